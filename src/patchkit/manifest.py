@@ -5,11 +5,19 @@ Nothing past this module handles raw dicts.
 
 from __future__ import annotations
 
+import difflib
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, NoReturn
 
-from packaging.specifiers import SpecifierSet
+import unidiff
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from patchkit import paths
+from patchkit.errors import ManifestError
 
 PREDICATES = ("defines", "calls", "has_key", "contains", "not")
 KINDS = ("diff", "transform", "overlay")
@@ -46,6 +54,8 @@ class Patch:
     replaces: Mapping[str, str] = field(default_factory=dict)  # overlay: file -> upstream blob
     line: int = 0              # line of the entry in patchset.yaml
     index: int = 0             # position in `patches:`
+    # line of each key's value (e.g. "vllm", "diff"), so that edits and messages can point at it
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def label(self) -> str:
@@ -81,3 +91,415 @@ class Manifest:
             if p.id == patch_id:
                 return p
         raise KeyError(patch_id)
+
+
+# ------------------------------------------------------------------------------------ loading
+
+TOP_KEYS = ("name", "vllm", "image", "patches")
+VLLM_KEYS = ("repo", "ref")
+IMAGE_KEYS = ("base", "platform", "tag")
+PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "verify", "replaces")
+ASSERTION_KEYS = ("file", "in", *PREDICATES)
+
+ID_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
+_DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+_SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
+_PLATFORM_RE = re.compile(r"[a-z0-9_]+/[a-z0-9_]+(/[a-z0-9_]+)?\Z")
+_ONE_OF_KINDS = "give exactly one of " + ", ".join(KINDS)
+_ONE_OF_PREDICATES = "give exactly one of " + ", ".join(PREDICATES)
+
+
+def load(path: Path | str) -> Manifest:
+    """Read and check ``path``; raise :class:`ManifestError` at the first mistake.
+
+    Messages name the manifest as the caller spelled it (``patchset.yaml:LINE: ...``); the
+    returned ``Manifest`` holds absolute paths.
+    """
+    given = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError("no such file", path=given) from None
+    except IsADirectoryError:
+        raise ManifestError("is a directory, not a manifest file", path=given) from None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"not UTF-8 text ({exc.reason} at byte {exc.start})",
+                            path=given) from None
+    except OSError as exc:
+        raise ManifestError(f"cannot read: {exc.strerror}", path=given) from None
+    absolute = Path(os.path.abspath(path))
+    return _Loader(given, absolute, text).load()
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _where(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
+class _Loader:
+    """Walks the composed YAML nodes, so that every message can name a line."""
+
+    def __init__(self, given: str, path: Path, text: str) -> None:
+        self.given = given
+        self.path = path
+        self.root = path.parent
+        self.text = text
+        self.entry: str | None = None
+        self.yaml = yaml.SafeLoader(text)
+
+    def fail(self, message: str, node: yaml.Node | None = None) -> NoReturn:
+        raise ManifestError(message, path=self.given,
+                            line=_line(node) if node is not None else None, entry=self.entry)
+
+    # -- YAML plumbing ---------------------------------------------------------------------
+
+    def load(self) -> Manifest:
+        try:
+            try:
+                document = self.yaml.get_single_node()
+            except yaml.MarkedYAMLError as exc:
+                mark = exc.problem_mark or exc.context_mark
+                problem = exc.problem or "invalid YAML"
+                if exc.context:
+                    problem += f" ({exc.context})"
+                raise ManifestError(f"YAML syntax error: {problem}", path=self.given,
+                                    line=mark.line + 1 if mark else None) from None
+            except yaml.YAMLError as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
+                raise ManifestError(f"YAML syntax error: {first}", path=self.given) from None
+            if document is None:
+                self.fail("the manifest is empty; it needs at least name and vllm")
+            return self.manifest(document)
+        finally:
+            self.yaml.dispose()
+
+    def value(self, node: yaml.Node) -> object:
+        """The Python value of a scalar node (strings, numbers, booleans, null, dates)."""
+        try:
+            return self.yaml.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            self.fail(f"unsupported YAML value: {problem}", node)
+
+    def kind(self, node: yaml.Node) -> str:
+        if isinstance(node, yaml.MappingNode):
+            return "a mapping"
+        if isinstance(node, yaml.SequenceNode):
+            return "a list"
+        value = self.value(node)
+        if value is None:
+            return "nothing (null)"
+        if isinstance(value, bool):
+            return f"the boolean {node.value}"
+        if isinstance(value, (int, float)):
+            return f"the number {node.value}"
+        if isinstance(value, str):
+            return f"the string {value!r}"
+        return f"the {type(value).__name__} {node.value}"
+
+    def string(self, node: yaml.Node, what: str, *, empty_ok: bool = False) -> str:
+        if isinstance(node, yaml.ScalarNode):
+            value = self.value(node)
+            if isinstance(value, str):
+                if not value.strip() and not empty_ok:
+                    self.fail(f"{what}: must not be empty", node)
+                return value
+            if value is not None:
+                self.fail(f"{what}: expected a string, got {self.kind(node)} "
+                          "(quote it to make it a string)", node)
+        self.fail(f"{what}: expected a string, got {self.kind(node)}", node)
+
+    def mapping(self, node: yaml.Node, where: str, allowed: tuple[str, ...] | None,
+                required: tuple[str, ...] = (), what: str = "a mapping",
+                ) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """The entries of a mapping node by key, in document order, with both nodes kept."""
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(f"{_where(where)}expected {what}, got {self.kind(node)}", node)
+        seen: dict[object, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                self.fail(f"{_where(where)}keys must be strings, got {self.kind(key_node)}",
+                          key_node)
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.value(key_node)
+            if key in seen:
+                self.fail(f"{_where(where)}duplicate key {key!r} "
+                          f"(first on line {_line(seen[key])})", key_node)
+            seen[key] = key_node
+        try:
+            self.yaml.flatten_mapping(node)  # `<<: *anchor` merges; own keys win
+        except yaml.YAMLError as exc:
+            self.fail(f"{_where(where)}bad merge: {getattr(exc, 'problem', exc)}", node)
+        entries: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key_node, value_node in node.value:
+            key = self.value(key_node)
+            if not isinstance(key, str):
+                self.fail(f"{_where(where)}keys must be strings, got {self.kind(key_node)}",
+                          key_node)
+            if allowed is not None and key not in allowed:
+                self.fail(f"{_where(where)}unknown key {key!r}{_suggest(key, allowed)}", key_node)
+            entries[key] = (key_node, value_node)
+        for key in required:
+            if key not in entries:
+                self.fail(f"{_where(where)}missing required key {key!r}", node)
+        return entries
+
+    # -- the schema ------------------------------------------------------------------------
+
+    def manifest(self, node: yaml.Node) -> Manifest:
+        top = self.mapping(node, "", TOP_KEYS, required=("name", "vllm"),
+                           what="a mapping with name, vllm and patches")
+        name = self.string(top["name"][1], "name").strip()
+        vllm = self.vllm(*top["vllm"])
+        image = self.image(top["image"][1]) if "image" in top else ImageDefaults()
+        patches: list[Patch] = []
+        if "patches" in top:
+            patches_node = top["patches"][1]
+            items = self.sequence(patches_node, "patches", "a list of patch entries")
+            first_line: dict[str, int] = {}
+            for index, item in enumerate(items):
+                patches.append(self.patch(item, index, first_line))
+            self.entry = None
+        return Manifest(name=name, root=self.root, path=self.path, vllm=vllm, image=image,
+                        patches=tuple(patches))
+
+    def sequence(self, node: yaml.Node, where: str, what: str) -> list[yaml.Node]:
+        if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
+            return []  # `patches:` with nothing under it is an empty series
+        if not isinstance(node, yaml.SequenceNode):
+            self.fail(f"{where}: expected {what}, got {self.kind(node)}", node)
+        return list(node.value)
+
+    def vllm(self, key_node: yaml.Node, node: yaml.Node) -> VllmSource:
+        fields = self.mapping(node, "vllm", VLLM_KEYS, required=("repo", "ref"))
+        repo_node = fields["repo"][1]
+        if isinstance(repo_node, yaml.SequenceNode):
+            if not repo_node.value:
+                self.fail("vllm.repo: the list of repositories is empty", repo_node)
+            repos = tuple(self.string(item, f"vllm.repo[{i}]").strip()
+                          for i, item in enumerate(repo_node.value))
+        elif isinstance(repo_node, yaml.ScalarNode) and isinstance(self.value(repo_node), str):
+            repos = (self.string(repo_node, "vllm.repo").strip(),)
+        else:
+            self.fail("vllm.repo: expected a string or a list of strings, "
+                      f"got {self.kind(repo_node)}", repo_node)
+        ref_node = fields["ref"][1]
+        ref = self.string(ref_node, "vllm.ref").strip()
+        return VllmSource(repos=repos, ref=ref, line=_line(key_node), ref_line=_line(ref_node))
+
+    def image(self, node: yaml.Node) -> ImageDefaults:
+        fields = self.mapping(node, "image", IMAGE_KEYS)
+        values: dict[str, str] = {}
+        for key, (_, value_node) in fields.items():
+            values[key] = self.string(value_node, f"image.{key}").strip()
+        if "platform" in values and not _PLATFORM_RE.match(values["platform"]):
+            self.fail(f"image.platform: {values['platform']!r} is not a platform like "
+                      "linux/arm64", fields["platform"][1])
+        return ImageDefaults(**values)
+
+    def patch(self, node: yaml.Node, index: int, first_line: dict[str, int]) -> Patch:
+        self.entry = f"patches[{index}]"
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if (isinstance(key_node, yaml.ScalarNode) and key_node.value == "id"
+                        and isinstance(value_node, yaml.ScalarNode)
+                        and isinstance(self.value(value_node), str)):
+                    self.entry = f"patches[{index}] (id={value_node.value})"
+        fields = self.mapping(node, "", PATCH_KEYS, required=("id", "summary"),
+                              what="a patch entry (a mapping)")
+        lines = {key: _line(value_node) for key, (_, value_node) in fields.items()}
+
+        id_node = fields["id"][1]
+        patch_id = self.string(id_node, "id")
+        if not ID_RE.match(patch_id):
+            self.fail(f"id: {patch_id!r} is not a valid id (lowercase letters, digits and "
+                      "'-', starting with a letter or digit)", id_node)
+        if patch_id in first_line:
+            self.fail(f"id: duplicate id {patch_id!r} (first used on line "
+                      f"{first_line[patch_id]})", id_node)
+        first_line[patch_id] = _line(id_node)
+
+        summary_node = fields["summary"][1]
+        summary = self.string(summary_node, "summary").strip()
+        if "\n" in summary:
+            self.fail("summary: must be one line", summary_node)
+
+        upstream = None
+        if "upstream" in fields:
+            upstream = self.string(fields["upstream"][1], "upstream").strip()
+
+        kinds = [key for key in fields if key in KINDS]
+        if not kinds:
+            self.fail(f"no patch kind: {_ONE_OF_KINDS}", node)
+        if len(kinds) > 1:
+            self.fail(f"{kinds[1]}: two patch kinds ({kinds[0]} and {kinds[1]}) in one entry; "
+                      f"{_ONE_OF_KINDS}", fields[kinds[1]][0])
+        kind = kinds[0]
+        rel = self.patch_file(kind, fields[kind][1])
+
+        spec = None
+        if "vllm" in fields:
+            spec_node = fields["vllm"][1]
+            text = self.string(spec_node, "vllm").strip()
+            try:
+                spec = SpecifierSet(text)
+            except InvalidSpecifier:
+                self.fail(f"vllm: invalid PEP 440 version specifier {text!r} "
+                          "(e.g. \">=0.27.1,<0.33\")", spec_node)
+
+        replaces: dict[str, str] = {}
+        if "replaces" in fields:
+            key_node, value_node = fields["replaces"]
+            if kind != "overlay":
+                self.fail(f"replaces: only an overlay patch replaces files (this is a {kind} "
+                          "patch)", key_node)
+            replaces = self.replaces(value_node, rel)
+
+        verify: list[Assertion] = []
+        if "verify" in fields:
+            items = self.sequence(fields["verify"][1], "verify", "a list of assertions")
+            verify = [self.assertion(item, f"verify[{i}]") for i, item in enumerate(items)]
+
+        patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
+                      vllm=spec, verify=tuple(verify), replaces=replaces, line=_line(node),
+                      index=index, lines=lines)
+        return patch
+
+    def checked_path(self, node: yaml.Node, what: str) -> str:
+        rel = self.string(node, what).strip()
+        try:
+            return str(paths.check_relative(rel))
+        except paths.UnsafePathError as exc:
+            self.fail(f"{what}: {exc}", node)
+
+    def patch_file(self, kind: str, node: yaml.Node) -> str:
+        rel = self.checked_path(node, kind)
+        full = self.root / rel
+        if os.path.lexists(full) and not paths.is_within(self.root, full):
+            self.fail(f"{kind}: {rel} leads outside the manifest's folder (through a symlink)",
+                      node)
+        if kind == "overlay":
+            if not full.is_dir():
+                self.fail(f"overlay: no such directory: {rel}", node)
+            return rel
+        if not full.exists():
+            self.fail(f"{kind}: no such file: {rel}", node)
+        if not full.is_file():
+            self.fail(f"{kind}: {rel} is not a file", node)
+        if kind == "transform":
+            if full.suffix != ".py":
+                self.fail(f"transform: {rel} is not a Python file (.py)", node)
+            return rel
+        self.check_diff(full, rel, node)
+        return rel
+
+    def check_diff(self, full: Path, rel: str, node: yaml.Node) -> None:
+        try:
+            text = full.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            self.fail(f"diff: {rel} is not UTF-8 text ({exc.reason} at byte {exc.start})", node)
+        except OSError as exc:
+            self.fail(f"diff: cannot read {rel}: {exc.strerror}", node)
+        try:
+            patch_set = unidiff.PatchSet(text)
+        except unidiff.UnidiffParseError as exc:
+            self.fail(f"diff: {rel} is not a valid unified diff: {exc}", node)
+        if len(patch_set) == 0:
+            self.fail(f"diff: {rel} holds no file changes (not a unified diff?)", node)
+        for patched in patch_set:
+            try:
+                paths.check_relative(patched.path)
+            except paths.UnsafePathError as exc:
+                self.fail(f"diff: {rel} touches an unsafe path: {exc}", node)
+
+    def replaces(self, node: yaml.Node, overlay: str) -> dict[str, str]:
+        fields = self.mapping(node, "replaces", None,
+                              what="a mapping of checkout file -> upstream blob sha")
+        out: dict[str, str] = {}
+        for key, (key_node, value_node) in fields.items():
+            try:
+                rel = str(paths.check_relative(key))
+            except paths.UnsafePathError as exc:
+                self.fail(f"replaces: {exc}", key_node)
+            full = self.root / overlay / rel
+            if not full.is_file() or not paths.is_within(self.root / overlay, full):
+                self.fail(f"replaces: {rel} is not a file under the overlay {overlay}", key_node)
+            sha = self.string(value_node, f"replaces[{rel}]").strip()
+            if not _SHA_RE.match(sha):
+                self.fail(f"replaces[{rel}]: expected the upstream git blob sha (40 hex "
+                          f"digits), got {sha!r}", value_node)
+            out[rel] = sha.lower()
+        return out
+
+    def assertion(self, node: yaml.Node, where: str) -> Assertion:
+        fields = self.mapping(node, where, ASSERTION_KEYS, required=("file",),
+                              what="an assertion (a mapping)")
+        predicates = [key for key in fields if key in PREDICATES]
+        if not predicates:
+            self.fail(f"{where}: no predicate; {_ONE_OF_PREDICATES}", node)
+        if len(predicates) > 1:
+            self.fail(f"{where}: two predicates ({predicates[0]} and {predicates[1]}); "
+                      f"{_ONE_OF_PREDICATES}", fields[predicates[1]][0])
+        file = self.checked_path(fields["file"][1], f"{where}.file")
+        scope = None
+        if "in" in fields:
+            scope_node = fields["in"][1]
+            scope = self.string(scope_node, f"{where}.in").strip()
+            if not _DOTTED_RE.match(scope):
+                self.fail(f"{where}.in: {scope!r} is not a dotted name like Class.method",
+                          scope_node)
+        predicate = predicates[0]
+        key_node, value_node = fields[predicate]
+        if predicate != "not":
+            value = self.predicate_value(predicate, value_node, where)
+            return Assertion(file=file, scope=scope, predicate=predicate, value=value,
+                             line=_line(node))
+        inner_where = f"{where}.not"
+        if isinstance(value_node, yaml.MappingNode):
+            for inner_key, _ in value_node.value:
+                if isinstance(inner_key, yaml.ScalarNode) and inner_key.value in ("file", "in"):
+                    self.fail(f"{inner_where}: {inner_key.value!r} is not allowed inside 'not' "
+                              "(it checks the assertion's own file and scope)", inner_key)
+        allowed = tuple(p for p in PREDICATES if p != "not")
+        inner = self.mapping(value_node, inner_where, PREDICATES,
+                             what="a mapping with one predicate")
+        inner_predicates = list(inner)
+        if not inner_predicates:
+            self.fail(f"{inner_where}: no predicate; give exactly one of {', '.join(allowed)}",
+                      value_node)
+        if len(inner_predicates) > 1:
+            self.fail(f"{inner_where}: two predicates ({inner_predicates[0]} and "
+                      f"{inner_predicates[1]}); give exactly one of {', '.join(allowed)}",
+                      inner[inner_predicates[1]][0])
+        inner_predicate = inner_predicates[0]
+        inner_key, inner_value = inner[inner_predicate]
+        if inner_predicate == "not":
+            self.fail(f"{inner_where}: 'not' inside 'not'; state the predicate itself",
+                      inner_key)
+        value = self.predicate_value(inner_predicate, inner_value, inner_where)
+        negated = Assertion(file=file, scope=scope, predicate=inner_predicate, value=value,
+                            line=_line(inner_key))
+        return Assertion(file=file, scope=scope, predicate="not", value=None, negated=negated,
+                         line=_line(node))
+
+    def predicate_value(self, predicate: str, node: yaml.Node, where: str) -> str:
+        what = f"{where}.{predicate}"
+        if predicate == "has_key":
+            return self.string(node, what, empty_ok=True)
+        value = self.string(node, what)
+        if predicate == "defines" and not value.isidentifier():
+            self.fail(f"{what}: {value!r} is not a Python name", node)
+        if predicate == "calls" and not _DOTTED_RE.match(value):
+            self.fail(f"{what}: {value!r} is not a dotted name like self.method", node)
+        return value
+
+
+def _suggest(key: str, allowed: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f" (expected one of: {', '.join(allowed)})"
