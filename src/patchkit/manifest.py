@@ -163,7 +163,9 @@ class _Loader:
             except yaml.MarkedYAMLError as exc:
                 mark = exc.problem_mark or exc.context_mark
                 problem = exc.problem or "invalid YAML"
-                if exc.context:
+                if exc.context and problem.startswith("but "):
+                    problem = f"{exc.context}, {problem}"
+                elif exc.context:
                     problem += f" ({exc.context})"
                 raise ManifestError(f"YAML syntax error: {problem}", path=self.given,
                                     line=mark.line + 1 if mark else None) from None
