@@ -157,7 +157,8 @@ def load_transforms(py_file: Path) -> list[type[Transform]]:
              and obj.__module__ == name]
     if not found:
         raise TransformLoadError(f"{py_file}: defines no patchkit.transform.Transform subclass")
-    found.sort(key=lambda cls: inspect.getsourcelines(cls)[1])
+    # A module's namespace keeps definition order, which is the source order we promise;
+    # inspect.getsourcelines() cannot be used here, the module is gone from sys.modules.
     for cls in found:
         if not isinstance(cls.path, str) or not cls.path:
             raise TransformLoadError(f"{py_file}: {cls.__name__} sets no `path`")
