@@ -7,15 +7,17 @@
 #   serve.sh --print    check the settings, print the command line it would exec, and exit
 #
 # Settings, from the environment (defaults in brackets):
-#   DSPARK_NODE_RANK          0 or 1                                   [0]
+#   DSPARK_NODE_RANK          0 or 1                                    [0]
 #   DSPARK_MASTER_ADDR        rank 0's address on the node-to-node link [192.168.100.10]
 #   DSPARK_MASTER_PORT        rank 0's torch.distributed port           [29501]
 #   DSPARK_HEADLESS           auto, 0 or 1; auto = headless on rank 1   [auto]
 #   DSPARK_HOST               address the API listens on (rank 0)       [0.0.0.0]
 #   DSPARK_PORT               port the API listens on (rank 0)          [8000]
-#   DSPARK_MODEL              the model directory, same path on both    [/models/DeepSeek-V4-Flash-NVFP4]
+#   DSPARK_MODEL              the checkpoint, same path on both nodes
+#                                                       [/models/DeepSeek-V4-Flash-NVFP4]
 #   DSPARK_SERVED_NAME        the model name the API answers to         [deepseek-v4-flash]
-#   DSPARK_DRAFT_MOE_BACKEND  the draft's MoE backend                   [b12x]
+#   DSPARK_DRAFT_MOE_BACKEND  the draft's MoE backend; vLLM 0.27.1 has no b12x,
+#                             use auto there                            [b12x]
 # Anything missing, empty or malformed stops the script before vLLM starts, naming the setting.
 set -euo pipefail
 
@@ -29,7 +31,7 @@ case "${1-}" in
     "") ;;
     --print | --dry-run) print_only=1 ;;
     -h | --help)
-        sed -n '2,20p' "$0"
+        sed -n '2,21p' "$0"
         exit 0
         ;;
     *) die "unknown argument '$1' (use --print, or no argument)" ;;
@@ -65,7 +67,7 @@ host_name() { # NAME VALUE: an IPv4 address or a DNS name
 
 require DSPARK_NODE_RANK "$node_rank"
 [[ $node_rank == 0 || $node_rank == 1 ]] ||
-    die "DSPARK_NODE_RANK='$node_rank' is not 0 or 1 (two nodes: rank 0 serves the API, rank 1 is headless)"
+    die "DSPARK_NODE_RANK='$node_rank' is not 0 or 1 (rank 0 serves the API, rank 1 is headless)"
 host_name DSPARK_MASTER_ADDR "$master_addr"
 port_number DSPARK_MASTER_PORT "$master_port"
 host_name DSPARK_HOST "$host"
@@ -77,7 +79,7 @@ require DSPARK_SERVED_NAME "$served_name"
     die "DSPARK_SERVED_NAME='$served_name' is not a model name (letters, digits, . _ / : -)"
 require DSPARK_DRAFT_MOE_BACKEND "$draft_moe_backend"
 [[ $draft_moe_backend =~ ^[a-z0-9_]+$ ]] ||
-    die "DSPARK_DRAFT_MOE_BACKEND='$draft_moe_backend' is not a MoE backend name (a-z, 0-9, _)"
+    die "DSPARK_DRAFT_MOE_BACKEND='$draft_moe_backend' is not a MoE backend name (a-z 0-9 _)"
 
 case "$headless" in
     auto) [ "$node_rank" = 1 ] && headless=1 || headless=0 ;;
@@ -86,7 +88,8 @@ case "$headless" in
     *) die "DSPARK_HEADLESS='$headless' is not auto, 0 or 1" ;;
 esac
 [ "$headless" = "$node_rank" ] ||
-    die "DSPARK_HEADLESS=$headless does not fit DSPARK_NODE_RANK=$node_rank (rank 1 runs headless, rank 0 serves the API)"
+    die "DSPARK_HEADLESS=$headless does not fit DSPARK_NODE_RANK=$node_rank" \
+        "(rank 1 runs headless, rank 0 serves the API)"
 [ "$node_rank" = 1 ] || [ "$port" != "$master_port" ] ||
     die "DSPARK_PORT and DSPARK_MASTER_PORT are both $port on rank 0"
 
@@ -95,7 +98,8 @@ if [ "$print_only" = 0 ]; then
     command -v vllm >/dev/null || die "vllm is not on PATH"
 fi
 
-speculative_config="{\"method\":\"dspark\",\"num_speculative_tokens\":5,\"moe_backend\":\"$draft_moe_backend\"}"
+speculative_config='{"method":"dspark","num_speculative_tokens":5,"moe_backend":"'
+speculative_config+=$draft_moe_backend'"}'
 
 cmd=(
     vllm serve "$model"
