@@ -13,7 +13,9 @@ the cause:
   else the error names each missing family per stage.  A stage without them would run with
   uninitialized experts.
 
-The pure check lives in a module-level function, ``_dspark_missing_expert_families``.
+The pure check lives in a module-level function, ``_dspark_missing_expert_families``.  From
+0.33.0 the mega-MoE expert module can load the shared experts itself, under
+``...experts.shared_*`` names; those count as shared.
 
 Anchors: the ``self.model = ...`` assignment at the top level of
 ``DSparkDeepseekV4ForCausalLM.__init__`` and the final ``return loaded_params`` of
@@ -38,15 +40,26 @@ _FUNCTION_SOURCE = '''_ = None
 def _dspark_missing_expert_families(
     loaded_params: Iterable[str], num_stages: int
 ) -> list[str]:
-    """Name each (stage, expert family) of the draft that loaded no weight."""
-    families = (("routed", ".experts."), ("shared", ".shared_experts."))
+    """Name each (stage, expert family) of the draft that loaded no weight.
+
+    Shared experts fused into the routed-expert module (mega MoE) load as
+    ``...experts.shared_*`` and count as shared.
+    """
     missing = []
     for stage in range(num_stages):
         prefix = f"model.layers.{stage}."
-        names = [name for name in loaded_params if name.startswith(prefix)]
-        for family, marker in families:
-            if not any(marker in name for name in names):
-                missing.append(f"stage {stage}: {family} experts ({marker})")
+        routed = shared = False
+        for name in loaded_params:
+            if not name.startswith(prefix):
+                continue
+            if ".shared_experts." in name or ".experts.shared_" in name:
+                shared = True
+            elif ".experts." in name:
+                routed = True
+        if not routed:
+            missing.append(f"stage {stage}: routed experts (.experts.)")
+        if not shared:
+            missing.append(f"stage {stage}: shared experts (.shared_experts.)")
     return missing
 '''
 

@@ -17,7 +17,7 @@ from patchkit import engine, manifest
 from lift import base_text
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RELEASES = ("v0.27.1",)
+RELEASES = ("v0.27.1", "v0.31.0", "v0.32.0", "v0.33.0")
 
 
 def _real_cache() -> Path:

@@ -11,6 +11,8 @@ import copy
 import dataclasses
 import enum
 import subprocess
+import sys
+import types
 import typing
 from types import SimpleNamespace
 
@@ -65,7 +67,16 @@ class _Log:
     info = info_once = warning = warning_once = debug = _record
 
 
-def _kv_quant_mode(patched):
+@pytest.fixture
+def kv_quant_mode(patched, monkeypatch):
+    """KVQuantMode and a namespace to lift its helpers into.  From 0.33.0 get_kv_quant_mode
+    first asks vllm.config.cache for a plugin dtype handler; none is registered here."""
+    cache = types.ModuleType("vllm.config.cache")
+    cache.get_kv_cache_dtype_handler = lambda name: None
+    for name, module in (("vllm", types.ModuleType("vllm")),
+                         ("vllm.config", types.ModuleType("vllm.config")),
+                         ("vllm.config.cache", cache)):
+        monkeypatch.setitem(sys.modules, name, module)
     ns: dict = {"IntEnum": enum.IntEnum}
     return lift(patched.text(KVI), "KVQuantMode", ns), ns
 
@@ -85,11 +96,13 @@ def test_nvfp4_ds_mla_is_an_accepted_cache_dtype(patched):
 
 
 @pytest.mark.parametrize("dtype", ["fp8_ds_mla", "nvfp4_ds_mla"])
-def test_nvfp4_ds_mla_counts_as_quantized_like_fp8_ds_mla(patched, dtype):
-    is_quantized = lift(patched.text(TORCH_UTILS), "is_quantized_kv_cache", {})
-    assert is_quantized(dtype) and not is_quantized("auto")
-    mode, ns = _kv_quant_mode(patched)
+def test_nvfp4_ds_mla_counts_as_quantized_like_fp8_ds_mla(patched, kv_quant_mode, dtype):
+    mode, ns = kv_quant_mode
     get_mode = lift(patched.text(KVI), "get_kv_quant_mode", ns)
+    # torch_utils has its own copy up to 0.32.0; from 0.33.0 it lives next to the mode.
+    home = TORCH_UTILS if "def is_quantized_kv_cache" in patched.text(TORCH_UTILS) else KVI
+    is_quantized = lift(patched.text(home), "is_quantized_kv_cache", ns)
+    assert is_quantized(dtype) and not is_quantized("auto")
     # The runner asks the backend for the packed shape only when the mode is not NONE.
     assert get_mode(dtype) != mode.NONE
     assert get_mode("auto") == mode.NONE
@@ -127,16 +140,27 @@ def test_resolver_keeps_fp8_behaviour(patched, requested):
 
 def test_resolver_still_refuses_other_dtypes_for_the_ds_mla_layout(patched):
     resolve, _ = _resolver(patched)
-    with pytest.raises(AssertionError):
+    with pytest.raises((AssertionError, ValueError)):  # ValueError from 0.31.0
         resolve(True, "bfloat16", SimpleNamespace(cache_dtype="bfloat16"))
 
 
 # --------------------------------------------------------------------- stage C: the envelope
+#
+# Up to 0.27.1 the backends' get_kv_cache_shape and the specs' real_page_size_bytes size the
+# cache from the dtype string; from 0.31.0 both follow the spec's state_content_bytes, which the
+# DeepSeek-V4 layers pass.  Each release is checked in its own form.
+
+
+def _sized_by_spec(patched) -> bool:
+    return "state_content_bytes" in patched.text(KVI)
 
 
 @pytest.mark.parametrize("rel, backend", [(SPARSE_MLA, "DeepseekV4FlashMLABackend"),
                                           (SWA, "DeepseekSparseSWABackend")])
 def test_cache_shapes_give_nvfp4_ds_mla_584_bytes_per_token(patched, rel, backend):
+    if _sized_by_spec(patched):
+        assert "def get_kv_cache_shape" not in patched.text(rel)
+        return  # the shape is the spec's: see test_specs_carry_the_envelope
     shape = lift(patched.text(rel), f"{backend}.get_kv_cache_shape", {})
     assert shape(10, 64, 1, 512, "nvfp4_ds_mla") == (10, 64, 584)
     assert shape(10, 64, 1, 512, "nvfp4_ds_mla") == shape(10, 64, 1, 512, "fp8_ds_mla")
@@ -150,8 +174,12 @@ def _spec(mode, dtype_str, model_version="deepseek_v4"):
 
 
 @pytest.mark.parametrize("spec", ["MLAAttentionSpec", "SlidingWindowMLASpec"])
-def test_page_sizes_give_nvfp4_ds_mla_the_deepseek_v4_envelope(patched, spec):
-    mode, ns = _kv_quant_mode(patched)
+def test_page_sizes_give_nvfp4_ds_mla_the_deepseek_v4_envelope(patched, kv_quant_mode, spec):
+    mode, ns = kv_quant_mode
+    if _sized_by_spec(patched):
+        size = lift(patched.text(KVI), "AttentionSpec.state_content_size_bytes", ns)
+        assert size(SimpleNamespace(state_content_bytes=584)) == 584
+        return  # which spec carries 584: test_specs_carry_the_envelope
     ns["get_dtype_size"] = lambda dtype: 1
     page = lift(patched.text(KVI), f"{spec}.real_page_size_bytes", ns)
     assert page(_spec(mode, "nvfp4_ds_mla")) == 64 * 584
@@ -167,38 +195,56 @@ class _Recorder:
         self.kwargs = kwargs
 
 
-def _alignment(patched, rel, dotted, layer, cache_dtype):
+def _spec_kwargs(patched, rel, dotted, layer, cache_dtype):
     vllm_config = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype=cache_dtype,
                                                                block_size=256))
     ns = {"torch": TORCH, "MLAAttentionSpec": _Recorder, "SlidingWindowMLASpec": _Recorder,
           "get_kv_quant_mode": lambda dtype: None}
-    spec = lift(patched.text(rel), dotted, ns)(layer, vllm_config)
-    return spec.kwargs["alignment"]
+    return lift(patched.text(rel), dotted, ns)(layer, vllm_config).kwargs
 
 
 def _layers(cache_dtype):
     cache_config = SimpleNamespace(cache_dtype=cache_dtype, block_size=256)
     common = dict(cache_config=cache_config, block_size=64, head_dim=512, dtype=TORCH.uint8)
+    # The SWA cache's own envelope attributes exist from 0.31.0 on.
+    swa = dict(window_size=128, bounded_replay=False, packed_bytes_per_token=584,
+               packed_page_alignment=576, packed_block_stride_alignment=None)
     return {
-        (SWA, "DeepseekV4SWACache.get_kv_cache_spec"):
-            SimpleNamespace(**common, window_size=128),
+        (SWA, "DeepseekV4SWACache.get_kv_cache_spec"): SimpleNamespace(**common, **swa),
         (COMPRESSOR, "CompressorStateCache.get_kv_cache_spec"):
             SimpleNamespace(**common, state_dim=1024, sliding_window=8),
         (ATTN, "DeepseekV4IndexerCache.get_kv_cache_spec"):
             SimpleNamespace(**common, compress_ratio=4),
         (ATTN, "DeepseekV4Attention.get_kv_cache_spec"):
             SimpleNamespace(**common, compress_ratio=4, kv_cache_dtype=cache_dtype,
-                            kv_cache_torch_dtype=TORCH.uint8),
+                            kv_cache_torch_dtype=TORCH.bfloat16),
     }
 
 
-def test_nvfp4_ds_mla_pages_are_aligned_like_fp8_ds_mla(patched):
-    for (rel, dotted), layer in _layers("nvfp4_ds_mla").items():
-        assert _alignment(patched, rel, dotted, layer, "nvfp4_ds_mla") == 576, dotted
-    for (rel, dotted), layer in _layers("fp8_ds_mla").items():
-        assert _alignment(patched, rel, dotted, layer, "fp8_ds_mla") == 576, dotted
-    for (rel, dotted), layer in _layers("bfloat16").items():
-        assert _alignment(patched, rel, dotted, layer, "bfloat16") == 512, dotted
+@pytest.mark.parametrize("cache_dtype, alignment", [("nvfp4_ds_mla", 576), ("fp8_ds_mla", 576),
+                                                    ("bfloat16", 512)])
+def test_nvfp4_ds_mla_pages_are_aligned_like_fp8_ds_mla(patched, cache_dtype, alignment):
+    for (rel, dotted), layer in _layers(cache_dtype).items():
+        assert _spec_kwargs(patched, rel, dotted, layer, cache_dtype)["alignment"] == alignment, \
+            dotted
+
+
+def test_specs_carry_the_envelope(patched):
+    """The main MLA layer stores nvfp4_ds_mla packed in uint8, like fp8_ds_mla; from 0.31.0
+    the MLA and SWA specs also carry its 584 bytes per token."""
+    key = (ATTN, "DeepseekV4Attention.get_kv_cache_spec")
+    swa_key = (SWA, "DeepseekV4SWACache.get_kv_cache_spec")
+    for cache_dtype in ("nvfp4_ds_mla", "fp8_ds_mla"):
+        main = _spec_kwargs(patched, *key, _layers(cache_dtype)[key], cache_dtype)
+        assert main["dtype"] is TORCH.uint8 and main["cache_dtype_str"] == cache_dtype
+        if _sized_by_spec(patched):
+            assert main["state_content_bytes"] == 584
+            swa = _spec_kwargs(patched, *swa_key, _layers(cache_dtype)[swa_key], cache_dtype)
+            assert swa["state_content_bytes"] == 584
+    plain = _spec_kwargs(patched, *key, _layers("bfloat16")[key], "bfloat16")
+    assert plain["dtype"] is TORCH.bfloat16
+    if _sized_by_spec(patched):
+        assert plain["state_content_bytes"] is None
 
 
 # --------------------------------------------------------------------- draft quantization
@@ -386,6 +432,18 @@ def test_coverage_guard_names_missing_shared_experts(patched):
     message = str(info.value)
     assert "stage 1: shared experts (.shared_experts.)" in message
     assert "stage 0" not in message and "stage 2" not in message and "routed" not in message
+
+
+def test_coverage_guard_counts_fused_shared_experts(patched):
+    guard = _coverage_guard(patched)
+    draft = SimpleNamespace(model=SimpleNamespace(layers=[object()]))
+    fused = _weights(1, without=("model.layers.0.ffn.shared_experts.",)) | {
+        "model.layers.0.ffn.experts.shared_l1_weight",
+        "model.layers.0.ffn.experts.shared_l2_weight"}
+    assert guard(draft, fused) is None
+    only_fused_shared = {n for n in fused if "shared_" in n}
+    with pytest.raises(RuntimeError, match="stage 0: routed experts"):
+        guard(draft, only_fused_shared)
 
 
 def test_coverage_guard_does_not_count_shared_experts_as_routed(patched):
