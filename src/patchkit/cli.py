@@ -184,6 +184,40 @@ def verify(tree, image, manifest_path, fmt) -> int:
     return 0 if ok else 1
 
 
+@cli.command("build-image")
+@click.option("--vllm-ref", "ref", help="Tag, branch or commit (default: vllm.ref of the manifest).")
+@click.option("--vllm-repo", "repos", multiple=True, help="As for apply.")
+@click.option("--workdir", default=".patchkit/vllm", show_default=True, type=click.Path(file_okay=False),
+              help="The applied checkout the image is made from.")
+@click.option("--no-apply", is_flag=True, help="Use --workdir as it is instead of applying first.")
+@click.option("--base", help="Base image (default: image.base of the manifest).")
+@click.option("--tag", help="Tag of the new image; {ref} is replaced (default: image.tag).")
+@click.option("--platform", help="OS/ARCH (default: image.platform, else linux/arm64).")
+@click.option("--mode", type=click.Choice(["auto", "overlay", "source"]), default="auto",
+              show_default=True, help="Overlay the patched files on the base, or build vLLM from source.")
+@click.option("--max-jobs", type=int, help="Source mode: parallel compile jobs.")
+@click.option("--nvcc-threads", type=int, help="Source mode: threads per nvcc.")
+@click.option("--push", is_flag=True, help="Push the tag to its registry.")
+@click.option("--save", type=click.Path(dir_okay=False), help="Also write a 'docker load' archive.")
+@MANIFEST
+@FORMAT
+def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
+                    nvcc_threads, push, save, manifest_path, fmt) -> int:
+    """Build the image through the Docker Engine that DOCKER_HOST names."""
+    import json
+
+    from patchkit.commands.build_image import build_image, render_summary
+
+    m = _load(manifest_path)
+    code, result = build_image(m, workdir=Path(workdir), ref=ref, repos=repos or None, base=base,
+                               tag=tag, platform=platform, push=push,
+                               save=Path(save) if save else None, mode=mode, apply=not no_apply,
+                               max_jobs=max_jobs, nvcc_threads=nvcc_threads,
+                               progress=TextProgress(err=True))
+    echo(json.dumps(result, indent=2) if fmt == "json" else render_summary(result))
+    return code
+
+
 def _log_file() -> Path:
     from patchkit.util import cache_dir
 
