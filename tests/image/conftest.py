@@ -17,9 +17,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
-RELEASE = "0.27.1"        # the release the test patchset is applied to
-OTHER_RELEASE = "0.33.0"  # a base holding another release, for the refusal
+from imageproject import OTHER_RELEASE, REGISTRY, RELEASE  # noqa: E402
 
 
 def _unavailable(why: str):

@@ -17,6 +17,10 @@ from pathlib import Path
 
 from baseimage import find_wheel
 
+REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+RELEASE = "0.27.1"        # the release the test patchset is applied to
+OTHER_RELEASE = "0.33.0"  # a base holding another release, for the refusal
+
 SPEC = "vllm/config/speculative.py"
 DTYPES = "vllm/utils/torch_utils.py"
 NEW = "vllm/patchkit_extra/draft_guard.py"

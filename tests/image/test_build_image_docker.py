@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import imageproject as ip
-from conftest import OTHER_RELEASE, RELEASE
+from imageproject import OTHER_RELEASE, RELEASE
 from patchkit import cli, manifest
 from patchkit.commands.build_image import build_image, verify_image
 from patchkit.engine import apply_series
@@ -77,12 +77,11 @@ def project(tmp_path_factory, bases, registry):
 @pytest.fixture(scope="module")
 def built(project, docker_client):
     m, workdir = project
-    for ref in (f"{REGISTRY_TAG}:v{RELEASE}",):
-        try:
-            docker_client.images.remove(ref, noprune=True)
-        except Exception:
-            pass
+    # Images of earlier runs would be reused; this run must make its own.
+    for img in docker_client.images.list(filters={"label": "io.patchkit.patchset.name=pk-e2e"}):
+        docker_client.images.remove(img.id, force=True)
     code, summary = build_image(m, workdir=workdir, apply=False)
+    assert summary["reused"] is False
     assert code == 0
     return summary
 
