@@ -166,16 +166,20 @@ def layer_tar(entries: Iterable[LayerEntry], mtime: int) -> Layer:
     """
     buf = io.BytesIO()
     files = whiteouts = content = 0
-    ordered = sorted(entries, key=lambda e: PurePosixPath(e.path).parts)
+    named = []
+    for e in entries:
+        parent, _, name = e.path.rpartition("/")
+        member = (parent + "/" if parent else "") + ".wh." + name if e.kind == "whiteout" else e.path
+        named.append((PurePosixPath(member).parts, member, e))
+    named.sort(key=lambda t: t[0])
     seen: set[str] = set()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for e in ordered:
+        for _, member, e in named:
             if e.path in seen:
                 raise ImageError(f"the layer would hold {e.path} twice")
             seen.add(e.path)
             if e.kind == "whiteout":
-                parent, _, name = e.path.rpartition("/")
-                info = tarfile.TarInfo((parent + "/" if parent else "") + ".wh." + name)
+                info = tarfile.TarInfo(member)
                 info.mode = 0o644
                 whiteouts += 1
             elif e.kind == "dir":

@@ -32,7 +32,7 @@ from patchkit.errors import ImageError, UsageError
 from patchkit.manifest import Manifest
 from patchkit.report import AssertionResult
 
-LAYER_FORMAT = "1"  # bump when the layer or config layout changes: it is part of the inputs key
+LAYER_FORMAT = "2"  # bump when the layer or config layout changes: it is part of the inputs key
 PACKAGE = "vllm"
 SERVE_SCRIPT = "build/serve.sh"
 SERVE_PATH = "usr/local/bin/patchkit-serve"
