@@ -374,9 +374,12 @@ class _Loader:
     def checked_path(self, node: yaml.Node, what: str) -> str:
         rel = self.string(node, what).strip()
         try:
-            return str(paths.check_relative(rel))
+            pure = paths.check_relative(rel)
         except paths.UnsafePathError as exc:
             self.fail(f"{what}: {exc}", node)
+        if not pure.parts:
+            self.fail(f"{what}: {rel!r} names the folder itself, not a path inside it", node)
+        return str(pure)
 
     def patch_file(self, kind: str, node: yaml.Node) -> str:
         rel = self.checked_path(node, kind)
