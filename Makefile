@@ -1,0 +1,27 @@
+# Two entry points that do all the set-up on a fresh machine (Debian, root or sudo-less root):
+#   make apply   apply and verify the DSpark patchset on its pinned vLLM
+#   make test    the whole test suite, with the real Docker Engine, registry and arm64 emulation
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: apply test venv clean
+
+$(PY): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(PY)
+
+venv: $(PY)
+
+apply: $(PY)
+	$(VENV)/bin/patchkit validate
+	$(VENV)/bin/patchkit apply
+	$(VENV)/bin/patchkit verify --tree .patchkit/vllm
+
+test: $(PY)
+	bash .ci/setup.sh
+	. /tmp/pk-services.env && $(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .patchkit

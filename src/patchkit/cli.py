@@ -1,0 +1,231 @@
+"""The command line: parses, calls the core, maps errors to exit codes.  No logic here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from patchkit import __version__
+from patchkit.errors import PatchkitError
+from patchkit.report import ApplyReport, AssertionResult, PatchResult
+
+COLORS = {"applied": "green", "upstream": "cyan", "skipped": "yellow", "failed": "red"}
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is so that cleanup runs as for ^C."""
+
+
+def _on_sigterm(signum, frame):  # pragma: no cover - exercised by the signal tests
+    raise Terminated()
+
+
+def echo(message: str = "", err: bool = False) -> None:
+    click.echo(message, err=err)
+
+
+def status_word(status: str, stream_is_tty: bool) -> str:
+    word = f"{status:<9}"
+    return click.style(word, fg=COLORS.get(status), bold=status == "failed") if stream_is_tty else word
+
+
+def patch_line(r: PatchResult, tty: bool = False) -> str:
+    detail = f"{r.reason}: {r.message}" if r.status == "failed" else r.message
+    line = f"{status_word(r.status, tty)} {r.id}"
+    if r.commit:
+        line += f" [{r.commit[:10]}]"
+    if r.offsets:
+        line += " (" + "; ".join(r.offsets) + ")"
+    if detail:
+        line += f": {detail}"
+    return line
+
+
+def assertion_line(a: AssertionResult) -> str:
+    return f"{a.file}:{a.line or 0}:{a.col or 0}: [{a.patch}] {a.message}"
+
+
+class TextProgress:
+    """Prints a line per patch as it goes."""
+
+    def __init__(self, err: bool = False) -> None:
+        self.err = err
+        self.tty = (sys.stderr if err else sys.stdout).isatty()
+
+    def info(self, message: str) -> None:
+        echo(message, err=True)
+
+    def patch(self, result: PatchResult) -> None:
+        echo(patch_line(result, self.tty), err=self.err)
+
+
+def summary(report: ApplyReport) -> str:
+    counts: dict[str, int] = {}
+    for p in report.patches:
+        counts[p.status] = counts.get(p.status, 0) + 1
+    parts = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no patches"
+    passed = sum(a.ok for a in report.verify)
+    text = (f"{parts}; {passed}/{len(report.verify)} assertions passed "
+            f"(vLLM {report.vllm.ref} = {report.vllm.commit[:12]}, version {report.vllm.version})")
+    return text
+
+
+def render_apply(report: ApplyReport, fmt: str) -> None:
+    if fmt == "json":
+        echo(report.to_json())
+        return
+    for a in report.verify:
+        if not a.ok:
+            echo(assertion_line(a))
+    if report.ok:
+        echo(f"ok: {summary(report)}; checkout at {report.workdir}")
+    else:
+        echo(f"FAILED: {summary(report)}")
+        if report.keep_failed:
+            echo(f"the failed checkout is kept at {report.keep_failed}")
+        else:
+            echo(f"{report.workdir} is left as it was")
+
+
+FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+                      show_default=True, help="Report format.")
+MANIFEST = click.option("--manifest", "manifest_path", default="patchset.yaml", show_default=True,
+                        type=click.Path(dir_okay=False), help="The patchset manifest.")
+
+
+def _load(manifest_path: str):
+    from patchkit import manifest
+
+    return manifest.load(Path(manifest_path))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="patchkit")
+def cli() -> None:
+    """Exact, fail-closed patch series for vLLM.
+
+    \b
+    Typical use:
+      patchkit validate                      check patchset.yaml and the files it names
+      patchkit apply                         apply the series to the pinned vLLM (.patchkit/vllm)
+      patchkit verify --tree .patchkit/vllm  re-run the AST assertions
+      patchkit build-image                   build the linux/arm64 image
+      patchkit rebase-check --releases       how the series fares on newer vLLM releases
+    """
+
+
+@cli.command()
+@MANIFEST
+def validate(manifest_path: str) -> int:
+    """Check the manifest and the files it names, and nothing else."""
+    m = _load(manifest_path)
+    echo(f"{manifest_path}: ok ({len(m.patches)} patches, vLLM {m.vllm.ref})")
+    return 0
+
+
+@cli.command()
+@click.option("--vllm-ref", "ref", help="Tag, branch or commit (default: vllm.ref of the manifest).")
+@click.option("--vllm-repo", "repos", multiple=True,
+              help="Git URL, local git path, or 'pypi'; repeat to try several in order "
+                   "(default: vllm.repo of the manifest).")
+@click.option("--workdir", default=".patchkit/vllm", show_default=True, type=click.Path(file_okay=False),
+              help="Where the patched checkout goes.")
+@click.option("--keep-failed", is_flag=True, help="Keep the scratch checkout of a failed run and say where.")
+@MANIFEST
+@FORMAT
+def apply(ref, repos, workdir, keep_failed, manifest_path, fmt) -> int:
+    """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
+    from patchkit.engine import apply_series
+
+    m = _load(manifest_path)
+    report = apply_series(m, ref=ref, repos=repos or None, workdir=Path(workdir),
+                          keep_failed=keep_failed, progress=TextProgress(err=fmt == "json"))
+    render_apply(report, fmt)
+    return 0 if report.ok else 1
+
+
+@cli.command()
+@click.option("--tree", type=click.Path(file_okay=False), help="A patched checkout (default: .patchkit/vllm).")
+@click.option("--image", help="An image: read its files without running it.")
+@MANIFEST
+@FORMAT
+def verify(tree, image, manifest_path, fmt) -> int:
+    """Run the AST assertions alone, on a tree or an image."""
+    import json
+
+    from patchkit import commands
+
+    m = _load(manifest_path)
+    if tree and image:
+        raise click.UsageError("give --tree or --image, not both")
+    if image:
+        from patchkit.commands.build_image import verify_image
+
+        results, where = verify_image(m, image), image
+    else:
+        where = tree or ".patchkit/vllm"
+        results = commands.verify_tree(m, Path(where))
+    ok = all(a.ok for a in results)
+    if fmt == "json":
+        echo(json.dumps({"ok": ok, "target": where,
+                         "verify": [a.__dict__ for a in results]}, indent=2))
+    else:
+        for a in results:
+            if not a.ok:
+                echo(assertion_line(a))
+        passed = sum(a.ok for a in results)
+        echo(f"{'ok' if ok else 'FAILED'}: {passed}/{len(results)} assertions passed on {where}")
+    return 0 if ok else 1
+
+
+def _log_file() -> Path:
+    from patchkit.util import cache_dir
+
+    try:
+        d = cache_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        return d / "patchkit.log"
+    except OSError:
+        return Path("/tmp/patchkit.log")
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        rv = cli.main(args=argv, prog_name="patchkit", standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        echo("patchkit: interrupted", err=True)
+        return 130
+    except click.ClickException as exc:
+        where = f"patchkit {exc.ctx.info_name}" if getattr(exc, "ctx", None) and exc.ctx.info_name != "patchkit" else "patchkit"
+        echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
+        return 2
+    except PatchkitError as exc:
+        echo(f"patchkit: error: {exc}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        echo("patchkit: interrupted", err=True)
+        return 130
+    except Terminated:
+        echo("patchkit: terminated", err=True)
+        return 143
+    except Exception as exc:  # a bug: one line here, the traceback in the log
+        log = _log_file()
+        try:
+            with open(log, "a") as fh:
+                fh.write(f"patchkit {__version__} {' '.join(sys.argv)}\n")
+                fh.write(traceback.format_exc() + "\n")
+        except OSError:
+            pass
+        echo(f"patchkit: unexpected error: {type(exc).__name__}: {exc} (traceback in {log})", err=True)
+        return 3

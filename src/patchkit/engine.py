@@ -1,0 +1,198 @@
+"""The apply engine: the series, in order, in a scratch checkout; into place only on success.
+
+``run_series`` applies every patch to a checkout (one commit per patch that changed the tree)
+and runs every assertion; it is shared by ``apply``, ``rebase-check`` and ``rebase``.
+``apply_series`` wraps it with the fail-closed contract: scratch next to the workdir, swapped
+in atomically when everything passed, removed otherwise (or kept with ``keep_failed``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from filelock import FileLock
+from packaging.version import InvalidVersion, Version
+
+from patchkit import diffapply, overlay, source, transform
+from patchkit import git as g
+from patchkit.errors import UsageError
+from patchkit.manifest import Manifest, Patch
+from patchkit.report import ApplyReport, PatchResult, VllmInfo
+from patchkit.util import cache_dir
+
+REPORT_FILE = "patchkit-report.json"
+BASE_TAG = "patchkit/base"
+APPLIED_TAG = "patchkit/applied"
+
+
+class Progress:
+    """What the engine tells as it goes; the CLI decides how it looks.  Defaults say nothing."""
+
+    def info(self, message: str) -> None:
+        pass
+
+    def patch(self, result: PatchResult) -> None:
+        pass
+
+
+def commit_message(patch: Patch) -> str:
+    msg = f"patchkit: {patch.id}: {patch.summary}"
+    if patch.upstream:
+        msg += f"\n\nUpstream: {patch.upstream}"
+    return msg
+
+
+def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
+    if patch.vllm is None:
+        return True, ""
+    if version is None:
+        return False, f"the vLLM version is unknown, so the range {patch.vllm} cannot be checked"
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return False, f"vLLM version {version!r} is not PEP 440"
+    if patch.vllm.contains(v, prereleases=True):
+        return True, ""
+    return False, f"vLLM {version} is outside {patch.vllm}"
+
+
+def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
+              version: str | None, mirror: Path | None = None) -> PatchResult:
+    """Apply one patch to the checkout at ``root`` and commit it; never raises for a bad patch."""
+    ok, why = in_range(patch, version)
+    if not ok:
+        if version is None:
+            return PatchResult(patch.id, patch.kind, "failed", "error", message=why)
+        return PatchResult(patch.id, patch.kind, "skipped", message=why)
+    file = manifest.root / patch.path
+    try:
+        if patch.kind == "diff":
+            out = diffapply.apply(file, root)
+            offsets = out.offsets
+        elif patch.kind == "transform":
+            out = transform.run_transform_file(file, root, Version(version) if version else None)
+            offsets = []
+        else:
+            out = overlay.apply(file, root, base_commit, patch.replaces, mirror)
+            offsets = []
+    except OSError as exc:
+        _reset(root)
+        return PatchResult(patch.id, patch.kind, "failed", "error", message=f"{exc}")
+    result = PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
+                         out.message, offsets)
+    if out.status == "applied":
+        result.commit = g.commit_all(root, commit_message(patch), out.files)
+        if result.commit is None:  # wrote bytes identical to what was there
+            result.status, result.message = "upstream", "the tree already has this change"
+    elif out.status == "failed":
+        _reset(root)
+    return result
+
+
+def _reset(root: Path) -> None:
+    """Throw away whatever a failed patch left in the scratch tree."""
+    g.git("reset", "--quiet", "--hard", "HEAD", cwd=root, check=False)
+    g.git("clean", "-q", "-fd", cwd=root, check=False)
+
+
+def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
+               progress: Progress | None = None, patches: Sequence[Patch] | None = None
+               ) -> ApplyReport:
+    """Apply the series to the fresh checkout at ``root`` and run the assertions."""
+    from patchkit import verify  # the assertion engine
+
+    progress = progress or Progress()
+    report = ApplyReport(VllmInfo(resolved.ref, resolved.commit, resolved.version, resolved.source),
+                         workdir=None)
+    series = list(manifest.patches if patches is None else patches)
+    for patch in series:
+        result = apply_one(manifest, patch, root, resolved.commit, resolved.version, resolved.repo)
+        report.patches.append(result)
+        progress.patch(result)
+    active = [p for p, r in zip(series, report.patches) if r.status != "skipped"]
+    report.verify = verify.run_assertions(active, verify.tree_reader(root))
+    failed_by = {}
+    for a in report.verify:
+        if not a.ok:
+            failed_by.setdefault(a.patch, a)
+    for r in report.patches:
+        if r.id in failed_by and r.status != "failed":
+            a = failed_by[r.id]
+            r.status, r.reason = "failed", "assertion"
+            r.message = f"{a.file}:{a.line}:{a.col}: {a.message}"
+    g.tag(root, APPLIED_TAG, g.out("rev-parse", "HEAD", cwd=root))
+    return report
+
+
+@contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """No SIGINT/SIGTERM between the two renames of the swap."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def is_checkout(path: Path) -> bool:
+    return (path / ".git" / REPORT_FILE).is_file()
+
+
+def read_report(path: Path) -> dict | None:
+    try:
+        return json.loads((path / ".git" / REPORT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def apply_series(manifest: Manifest, *, ref: str | None = None,
+                 repos: Sequence[str] | None = None, workdir: Path,
+                 keep_failed: bool = False, progress: Progress | None = None,
+                 cache: Path | None = None) -> ApplyReport:
+    """Check out the pinned vLLM, apply the series, verify; move into ``workdir`` only if all
+    passed.  On failure ``workdir`` is exactly as it was."""
+    progress = progress or Progress()
+    workdir = Path(workdir).absolute()
+    if workdir.exists() and not is_checkout(workdir) and (not workdir.is_dir() or any(workdir.iterdir())):
+        raise UsageError(f"--workdir {workdir} exists and is not a patchkit checkout; "
+                         "remove it or name another")
+    ref = ref or manifest.vllm.ref
+    repos = tuple(repos or manifest.vllm.repos)
+    cache = cache or cache_dir()
+    resolved = source.resolve(repos, ref, cache, progress.info)
+    workdir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{workdir.name}.patchkit-", dir=workdir.parent))
+    moved = kept = False
+    try:
+        source.checkout(resolved, scratch / "t")
+        tree = scratch / "t"
+        report = run_series(manifest, tree, resolved, progress)
+        report.workdir = str(workdir)
+        if not report.ok:
+            if keep_failed:
+                kept = True
+                report.keep_failed = str(tree)
+            return report
+        (tree / ".git" / REPORT_FILE).write_text(report.to_json() + "\n")
+        with FileLock(str(workdir.parent / f".{workdir.name}.patchkit.lock")):
+            _swap(tree, workdir, scratch)
+        moved = True
+        return report
+    finally:
+        if not kept:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _swap(new: Path, workdir: Path, scratch: Path) -> None:
+    with _signals_blocked():
+        if workdir.exists() or workdir.is_symlink():
+            os.rename(workdir, scratch / "old")
+        os.rename(new, workdir)

@@ -1,0 +1,165 @@
+"""The pinned vLLM source: cached bare mirrors, ref resolution, cheap checkouts.
+
+A source is a git URL, a local git path, or the word ``pypi``.  Git sources are mirrored once
+into ``<cache>/repos/`` and fetched again only when the ref is not already there or names a
+branch (branches move; tags and commits do not).  Every mirror is guarded by a file lock, so
+concurrent runs share it safely; a first clone lands in place by rename, so an interrupted run
+never leaves a broken mirror.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from filelock import FileLock
+from packaging.version import InvalidVersion, Version
+
+from patchkit import git as g
+from patchkit import pypi
+from patchkit.errors import CommandError, SourceError
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A ref pinned to a commit in a local repository we may borrow objects from."""
+
+    source: str      # what the user named (URL, path or "pypi")
+    repo: Path       # the local mirror
+    ref: str
+    commit: str
+    version: str | None
+
+
+def _slug(url: str) -> str:
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "-", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "repo"
+    return f"{tail}-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
+
+
+def _is_local(source: str) -> bool:
+    return source.startswith(("/", "./", "../", "~", "file://")) or Path(source).exists()
+
+
+def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: None) -> Resolved:
+    """Try each source in order; the first that has ``ref`` wins.  Each attempt is logged."""
+    if not ref or ref.startswith("-"):
+        raise SourceError(f"bad vLLM ref {ref!r}")
+    failures: list[str] = []
+    for source in sources:
+        try:
+            resolved = _resolve_one(source, ref, cache, log)
+        except SourceError as exc:
+            if len(sources) > 1:
+                log(f"source {source}: {exc}")
+            failures.append(f"{source}: {exc}")
+            continue
+        log(f"vLLM {ref} = {resolved.commit[:12]} from {source}")
+        return resolved
+    if len(failures) == 1:
+        raise SourceError(failures[0])
+    raise SourceError("no source has vLLM " + repr(ref) + ": " + "; ".join(failures))
+
+
+def _resolve_one(source: str, ref: str, cache: Path, log: Log) -> Resolved:
+    if source == pypi.WORD:
+        repo, tag = pypi.ensure_release(cache, ref, log)
+        commit = g.resolve_commit(repo, tag)
+        assert commit
+        return Resolved(source, repo, ref, commit, version_of(repo, commit))
+    url = source
+    if _is_local(source) and not source.startswith("file://"):
+        local = Path(source).expanduser().absolute()
+        if not local.exists():
+            raise SourceError(f"no such repository: {source}")
+        url = str(local)
+    repo = cache / "repos" / f"{_slug(url)}.git"
+    repo.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(repo) + ".lock"):
+        fresh = False
+        if not (repo / "HEAD").exists():
+            _clone_mirror(url, repo, log)
+            fresh = True
+        # Branches move, so a branch ref is always refetched; tags and shas are immutable.
+        commit = None if (not fresh and g.is_branch(repo, ref)) else g.resolve_commit(repo, ref)
+        if commit is None and not fresh:
+            log(f"fetching {source}")
+            _fetch(repo, url)
+            commit = g.resolve_commit(repo, ref)
+        if commit is None:
+            raise SourceError(f"unknown vLLM ref {ref!r} in {source}{_did_you_mean(repo, ref)}")
+        return Resolved(source, repo, ref, commit, version_of(repo, commit))
+
+
+def _clone_mirror(url: str, repo: Path, log: Log) -> None:
+    log(f"mirroring {url} (once; cached in {repo.parent})")
+    tmp = Path(tempfile.mkdtemp(prefix=repo.name + ".", dir=repo.parent))
+    try:
+        try:
+            g.git("clone", "--quiet", "--mirror", url, str(tmp / "m"))
+        except CommandError as exc:
+            raise SourceError(f"cannot clone {url}: {_first_error(exc.output)}") from None
+        (tmp / "m").rename(repo)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fetch(repo: Path, url: str) -> None:
+    try:
+        g.git("fetch", "--quiet", "--prune", "--tags", url,
+              "+refs/heads/*:refs/heads/*", cwd=repo)
+    except CommandError as exc:
+        raise SourceError(f"cannot fetch {url}: {_first_error(exc.output)}") from None
+
+
+def _first_error(output: str) -> str:
+    for line in output.splitlines():
+        line = line.strip()
+        if line.startswith(("fatal:", "error:")):
+            return line.split(":", 1)[1].strip()
+    return (output.strip().splitlines() or ["failed"])[-1]
+
+
+def _did_you_mean(repo: Path, ref: str) -> str:
+    close = difflib.get_close_matches(ref, g.tags(repo), n=3)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def version_of(repo: Path, commit: str) -> str | None:
+    """The vLLM release at ``commit``: its release tag, else vllm/_version.py, else the
+    nearest release tag below it with the commit as a local version segment."""
+    for tag in g.tags_at(repo, commit):
+        v = _tag_version(tag)
+        if v:
+            return v
+    text = g.show(repo, f"{commit}:vllm/_version.py")
+    if text:
+        m = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text)
+        if m and _tag_version(m.group(1)):
+            return m.group(1)
+    near = g.nearest_tag(repo, commit)
+    v = _tag_version(near) if near else None
+    return f"{v}+g{commit[:9]}" if v else None
+
+
+def _tag_version(tag: str) -> str | None:
+    text = tag[1:] if tag.startswith("v") else tag
+    if not re.match(r"^[0-9]", text):
+        return None
+    try:
+        return str(Version(text))
+    except InvalidVersion:
+        return None
+
+
+def checkout(resolved: Resolved, dest: Path) -> None:
+    """Check ``resolved.commit`` out at ``dest`` (new), sharing the mirror's objects."""
+    g.clone_shared(resolved.repo, dest, resolved.commit)
+    g.tag(dest, "patchkit/base", resolved.commit)

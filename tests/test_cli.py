@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fixtures import sh
+from project import make_project
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def patchkit(*args: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, **kw)
+
+
+def test_version_and_help(tmp_path):
+    assert patchkit("--version", cwd=tmp_path).stdout.startswith("patchkit, version ")
+    out = patchkit("--help", cwd=tmp_path).stdout
+    for cmd in ("apply", "verify", "validate"):
+        assert cmd in out
+
+
+def test_apply_text_and_exit_0(tmp_path):
+    proj = make_project(tmp_path)
+    p = patchkit("apply", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("applied   table-nvfp4 [")
+    assert lines[-1].startswith("ok: 3 applied; 3/3 assertions passed")
+    assert (proj / ".patchkit/vllm/pkg/extra.py").exists()
+
+
+def test_apply_json_report_on_failure_exit_1(tmp_path):
+    proj = make_project(tmp_path)
+    p = patchkit("apply", "--vllm-ref", "v4", "--format", "json", cwd=proj)
+    assert p.returncode == 1
+    report = json.loads(p.stdout)
+    assert report["ok"] is False
+    assert report["vllm"]["ref"] == "v4" and len(report["vllm"]["commit"]) == 40
+    assert [(x["id"], x["status"], x["reason"]) for x in report["patches"]] == [
+        ("table-nvfp4", "upstream", None), ("fast-mode", "failed", "anchor-missing"),
+        ("extra-file", "applied", None)]
+    assert {"patch", "file", "line", "ok", "message"} <= set(report["verify"][0])
+    assert not (proj / ".patchkit/vllm").exists()
+
+
+def test_manifest_error_exit_2_one_line(tmp_path):
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace("summary: make the mode fast", "sumary: x")
+    (proj / "patchset.yaml").write_text(text)
+    for cmd in ("validate", "apply"):
+        p = patchkit(cmd, cwd=proj)
+        assert p.returncode == 2
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert "patchset.yaml:" in p.stderr and "id=fast-mode" in p.stderr
+        assert "Traceback" not in p.stderr
+
+
+def test_unknown_ref_exit_2_naming_it(tmp_path):
+    proj = make_project(tmp_path)
+    p = patchkit("apply", "--vllm-ref", "v1.5", cwd=proj)
+    assert p.returncode == 2
+    assert "unknown vLLM ref 'v1.5'" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_bad_flag_is_one_line_exit_2(tmp_path):
+    p = patchkit("apply", "--frobnicate", cwd=tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "patchkit apply: error: No such option: --frobnicate (see 'patchkit apply --help')"]
+    p = patchkit("apply", "--format", "xml", cwd=tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_verify_tree(tmp_path):
+    proj = make_project(tmp_path)
+    assert patchkit("apply", cwd=proj).returncode == 0
+    ok = patchkit("verify", "--tree", ".patchkit/vllm", cwd=proj)
+    assert ok.returncode == 0 and "3/3 assertions passed" in ok.stdout
+    (proj / ".patchkit/vllm/pkg/extra.py").write_text("OTHER = 1\n")
+    bad = patchkit("verify", "--tree", ".patchkit/vllm", cwd=proj)
+    assert bad.returncode == 1
+    assert bad.stdout.startswith("pkg/extra.py:1:0: [extra-file] ")
+
+
+def test_pypi_source_needs_release_tag(tmp_path):
+    proj = make_project(tmp_path)
+    p = patchkit("apply", "--vllm-repo", "pypi", "--vllm-ref", "main", cwd=proj)
+    assert p.returncode == 2 and "takes a release tag such as v0.27.1" in p.stderr
+
+
+SLOW_TRANSFORM = '''\
+import os
+import time
+
+import libcst as cst
+from patchkit.transform import Transform
+
+
+class Slow(Transform):
+    path = "pkg/mod.py"
+
+    def postcondition(self, module):
+        return "# slow" in module.code
+
+    def transform(self, module):
+        time.sleep(float(os.environ.get("SLOW", "0")))
+        return cst.parse_module(module.code + "# slow\\n")
+'''
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.5, 0.8, 1.1, 1.6])
+@pytest.mark.parametrize("sig,prior", [(signal.SIGINT, False), (signal.SIGTERM, True)])
+def test_signal_leaves_workdir_absent_or_complete(tmp_path, delay, sig, prior):
+    proj = make_project(tmp_path)
+    (proj / "patches/slow.py").write_text(SLOW_TRANSFORM)
+    with open(proj / "patchset.yaml", "a") as fh:
+        fh.write("  - id: slow\n    summary: takes a while\n    transform: patches/slow.py\n")
+    wd = proj / ".patchkit/vllm"
+    if prior:  # a previous good checkout must survive any interruption
+        assert patchkit("apply", cwd=proj).returncode == 0
+        (wd / ".git/marker").write_text("old")
+    env = dict(os.environ, PYTHONPATH=str(SRC), SLOW="0.5")
+    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "apply"], cwd=proj, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode in (0, 130, 143), err
+    assert "Traceback" not in err
+    if proc.returncode != 0:
+        # interrupted: the workdir is exactly what it was before
+        assert wd.exists() == prior
+        if prior:
+            assert (wd / ".git/marker").read_text() == "old"
+    if wd.exists():  # never half-made: complete, clean, and verified
+        assert sh("git", "status", "--porcelain", cwd=wd) == ""
+        assert sh("git", "log", "-1", "--format=%s", cwd=wd) == "patchkit: slow: takes a while"
+        assert patchkit("verify", cwd=proj).returncode == 0
+    leftovers = [p.name for p in (proj / ".patchkit").iterdir() if "patchkit-" in p.name] \
+        if (proj / ".patchkit").exists() else []
+    assert leftovers == []
+    # the cache still works
+    assert patchkit("apply", cwd=proj).returncode == 0
+
+
+def test_concurrent_applies_share_one_cache(tmp_path):
+    proj = make_project(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    procs = [subprocess.Popen([sys.executable, "-m", "patchkit", "apply", "--workdir", f"wd{i % 2}",
+                               "--format", "json"], cwd=proj, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [o[1] for o in outs]
+    heads = {json.loads(o[0])["patches"][-1]["commit"] for o in outs}
+    assert len(heads) == 1
+    trees = {sh("git", "rev-parse", "HEAD^{tree}", cwd=proj / f"wd{i}") for i in range(2)}
+    assert len(trees) == 1
+    assert [p.name for p in proj.iterdir() if "patchkit-" in p.name] == []

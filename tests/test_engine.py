@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fixtures import sh
+from patchkit import engine, manifest
+from patchkit.errors import SourceError, UsageError
+from project import MOD_V1, make_project
+
+
+def load(proj: Path):
+    return manifest.load(proj / "patchset.yaml")
+
+
+def apply(proj: Path, workdir: Path, **kw):
+    return engine.apply_series(load(proj), workdir=workdir, **kw)
+
+
+def statuses(report):
+    return [(p.id, p.status, p.reason) for p in report.patches]
+
+
+def test_applies_one_commit_per_patch(tmp_path):
+    proj = make_project(tmp_path)
+    wd = tmp_path / "wd"
+    report = apply(proj, wd)
+    assert report.ok, report.to_json()
+    assert statuses(report) == [("table-nvfp4", "applied", None), ("fast-mode", "applied", None),
+                                ("extra-file", "applied", None)]
+    log = sh("git", "log", "--format=%s", "patchkit/base..HEAD", cwd=wd).splitlines()
+    assert log == ["patchkit: extra-file: add a new module", "patchkit: fast-mode: make the mode fast",
+                   "patchkit: table-nvfp4: add nvfp4 to the table"]
+    assert [p.commit for p in report.patches] == sh(
+        "git", "rev-list", "--reverse", "patchkit/base..HEAD", cwd=wd).splitlines()
+    assert sh("git", "rev-parse", "patchkit/applied", cwd=wd) == sh("git", "rev-parse", "HEAD", cwd=wd)
+    text = (wd / "pkg/mod.py").read_text()
+    assert '"nvfp4": 2' in text and '"fast"' in text
+    assert (wd / "pkg/extra.py").read_text() == "EXTRA = 1\n"
+    saved = json.loads((wd / ".git" / engine.REPORT_FILE).read_text())
+    assert saved["ok"] is True and saved["vllm"]["ref"] == "v1"
+    assert all(a.ok for a in report.verify) and len(report.verify) == 3
+    assert sh("git", "status", "--porcelain", cwd=wd) == ""
+
+
+def test_same_inputs_give_same_commits(tmp_path):
+    proj = make_project(tmp_path)
+    a, b = apply(proj, tmp_path / "a"), apply(proj, tmp_path / "b")
+    assert [p.commit for p in a.patches] == [p.commit for p in b.patches]
+
+
+def test_reapply_replaces_a_good_checkout(tmp_path):
+    proj = make_project(tmp_path)
+    wd = tmp_path / "wd"
+    apply(proj, wd)
+    (wd / "scribble.txt").write_text("x")
+    report = apply(proj, wd)
+    assert report.ok and not (wd / "scribble.txt").exists()
+    assert not [p for p in tmp_path.iterdir() if "patchkit-" in p.name]
+
+
+def test_failure_leaves_absent_workdir_absent_and_reports_every_patch(tmp_path):
+    proj = make_project(tmp_path)
+    wd = tmp_path / "wd"
+    report = apply(proj, wd, ref="v4")  # table is upstream, setup() rewritten: fast-mode fails
+    assert not report.ok
+    assert statuses(report) == [("table-nvfp4", "upstream", None),
+                                ("fast-mode", "failed", "anchor-missing"),
+                                ("extra-file", "applied", None)]
+    assert 'the "plain" mode' in report.patches[1].message
+    assert not wd.exists()
+    assert not [p for p in tmp_path.iterdir() if "patchkit-" in p.name]
+
+
+def test_failure_leaves_previous_good_state_byte_for_byte(tmp_path):
+    proj = make_project(tmp_path)
+    wd = tmp_path / "wd"
+    apply(proj, wd)
+    head = sh("git", "rev-parse", "HEAD", cwd=wd)
+    snapshot = {p: p.read_bytes() for p in wd.rglob("*") if p.is_file()}
+    report = apply(proj, wd, ref="v4")
+    assert not report.ok
+    assert sh("git", "rev-parse", "HEAD", cwd=wd) == head
+    assert {p: p.read_bytes() for p in wd.rglob("*") if p.is_file()} == snapshot
+
+
+def test_keep_failed_keeps_scratch(tmp_path):
+    proj = make_project(tmp_path)
+    report = apply(proj, tmp_path / "wd", ref="v4", keep_failed=True)
+    kept = Path(report.keep_failed)
+    assert kept.is_dir() and (kept / "pkg/extra.py").exists()
+    assert not (tmp_path / "wd").exists()
+
+
+def test_offset_is_reported(tmp_path):
+    proj = make_project(tmp_path)
+    report = apply(proj, tmp_path / "wd", ref="v2")
+    assert report.ok
+    assert report.patches[0].offsets == ["hunk 1 of pkg/mod.py at line 3 (offset +2)"]
+
+
+def test_out_of_range_patch_is_skipped_and_not_verified(tmp_path):
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace(
+        "    transform: patches/fast.py\n", "    transform: patches/fast.py\n    vllm: '<1'\n")
+    (proj / "patchset.yaml").write_text(text)
+    report = apply(proj, tmp_path / "wd", ref="v2")
+    assert report.ok
+    assert report.patches[1].status == "skipped"
+    assert "vLLM 2 is outside <1" in report.patches[1].message
+    assert {a.patch for a in report.verify} == {"table-nvfp4", "extra-file"}
+
+
+def test_failed_assertion_fails_the_patch_and_the_run(tmp_path):
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace("has_key: nvfp4", "has_key: mxfp4")
+    (proj / "patchset.yaml").write_text(text)
+    report = apply(proj, tmp_path / "wd")
+    assert not report.ok
+    assert statuses(report)[0] == ("table-nvfp4", "failed", "assertion")
+    assert report.patches[0].message.startswith("pkg/mod.py:")
+    assert not (tmp_path / "wd").exists()
+
+
+def test_overlay_replacing_upstream_file_needs_recorded_blob(tmp_path):
+    proj = make_project(tmp_path)
+    (proj / "overlays/extra/pkg/mod.py").write_text(MOD_V1 + "# ours\n")
+    report = apply(proj, tmp_path / "wd")
+    r = report.patches[2]
+    assert (r.status, r.reason) == ("failed", "overlay-drift")
+    assert "records no `replaces:" in r.message
+
+
+def test_overlay_drift_when_upstream_moved(tmp_path):
+    proj = make_project(tmp_path)
+    (proj / "overlays/extra/pkg/mod.py").write_text(MOD_V1 + "# ours\n")
+    v1_blob = sh("git", "rev-parse", "v1:pkg/mod.py", cwd=tmp_path / "upstream")
+    text = (proj / "patchset.yaml").read_text().replace(
+        "    overlay: overlays/extra\n",
+        f"    overlay: overlays/extra\n    replaces:\n      pkg/mod.py: {v1_blob}\n")
+    (proj / "patchset.yaml").write_text(text)
+    # drop the other patches' edits to pkg/mod.py so the overlay is the only writer
+    text = text.replace("    verify:\n      - file: pkg/mod.py\n        in: TABLE\n        has_key: nvfp4\n", "")
+    (proj / "patchset.yaml").write_text(text)
+    ok = apply(proj, tmp_path / "a", ref="v1")
+    assert ok.patches[2].status == "applied"
+    moved = apply(proj, tmp_path / "b", ref="v2")
+    r = moved.patches[2]
+    assert (r.status, r.reason) == ("failed", "overlay-drift")
+    assert "changed upstream" in r.message and "diff" in r.message
+
+
+def test_overlay_symlink_is_refused(tmp_path):
+    proj = make_project(tmp_path)
+    (proj / "overlays/extra/pkg/evil.py").symlink_to("/etc/passwd")
+    report = apply(proj, tmp_path / "wd")
+    assert (report.patches[2].status, report.patches[2].reason) == ("failed", "unsafe-path")
+
+
+def test_ambiguous_anchor(tmp_path):
+    proj = make_project(tmp_path)
+    (proj / "patches/fast.py").write_text((proj / "patches/fast.py").read_text().replace(
+        "m.SimpleString('\"plain\"')", "m.Name()").replace(
+        "cst.SimpleString('\"fast\"')", "cst.Name('x')"))
+    report = apply(proj, tmp_path / "wd")
+    assert (report.patches[1].status, report.patches[1].reason) == ("failed", "ambiguous-anchor")
+
+
+def test_unknown_ref_is_a_source_error(tmp_path):
+    proj = make_project(tmp_path)
+    with pytest.raises(SourceError, match=r"unknown vLLM ref 'v9'.*did you mean"):
+        apply(proj, tmp_path / "wd", ref="v9")
+    assert not (tmp_path / "wd").exists()
+
+
+def test_refuses_to_replace_a_foreign_directory(tmp_path):
+    proj = make_project(tmp_path)
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "precious.txt").write_text("keep me")
+    with pytest.raises(UsageError, match="not a patchkit checkout"):
+        apply(proj, wd)
+    assert (wd / "precious.txt").read_text() == "keep me"
+
+
+def test_branch_ref_is_refetched(tmp_path):
+    proj = make_project(tmp_path)
+    up = tmp_path / "upstream"
+    first = apply(proj, tmp_path / "a", ref="main")
+    (up / "pkg/more.py").write_text("MORE = 1\n")
+    sh("git", "add", "-A", cwd=up)
+    sh("git", "commit", "-qm", "more", cwd=up)
+    second = apply(proj, tmp_path / "b", ref="main")
+    assert first.vllm.commit != second.vllm.commit == sh("git", "rev-parse", "main", cwd=up)
