@@ -69,14 +69,17 @@ def test_unknown_ref_exit_2_naming_it(tmp_path):
     proj = make_project(tmp_path)
     p = patchkit("apply", "--vllm-ref", "v1.5", cwd=proj)
     assert p.returncode == 2
-    assert "unknown vLLM ref 'v1.5'" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("patchkit: error: unknown vLLM ref 'v1.5' in ")
+    assert last.endswith("(did you mean v1?)") and "Traceback" not in p.stderr
 
 
 def test_bad_flag_is_one_line_exit_2(tmp_path):
     p = patchkit("apply", "--frobnicate", cwd=tmp_path)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        "patchkit apply: error: No such option: --frobnicate (see 'patchkit apply --help')"]
+        "patchkit apply: error: No such option '--frobnicate'. Did you mean '--format'? "
+        "(see 'patchkit apply --help')"]
     p = patchkit("apply", "--format", "xml", cwd=tmp_path)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -11,19 +9,11 @@ from typing import Callable
 
 import click
 
-from patchkit import __version__
+from patchkit import __version__, interrupt
 from patchkit.errors import PatchkitError
 from patchkit.report import ApplyReport, AssertionResult, PatchResult
 
 COLORS = {"applied": "green", "upstream": "cyan", "skipped": "yellow", "failed": "red"}
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the process is so that cleanup runs as for ^C."""
-
-
-def _on_sigterm(signum, frame):  # pragma: no cover - exercised by the signal tests
-    raise Terminated()
 
 
 def echo(message: str = "", err: bool = False) -> None:
@@ -197,7 +187,7 @@ def _log_file() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupt.install()
     try:
         rv = cli.main(args=argv, prog_name="patchkit", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
@@ -216,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         echo("patchkit: interrupted", err=True)
         return 130
-    except Terminated:
-        echo("patchkit: terminated", err=True)
-        return 143
+    except interrupt.Interrupted as exc:
+        echo(f"patchkit: interrupted by {exc}; nothing was changed", err=True)
+        return exc.exit_code
     except Exception as exc:  # a bug: one line here, the traceback in the log
         log = _log_file()
         try:

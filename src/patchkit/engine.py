@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 from filelock import FileLock
 from packaging.version import InvalidVersion, Version
 
-from patchkit import diffapply, overlay, source, transform
+from patchkit import diffapply, interrupt, overlay, source, transform
 from patchkit import git as g
 from patchkit.errors import UsageError
 from patchkit.manifest import Manifest, Patch
@@ -113,6 +113,7 @@ def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
                          workdir=None)
     series = list(manifest.patches if patches is None else patches)
     for patch in series:
+        interrupt.check()
         result = apply_one(manifest, patch, root, resolved.commit, resolved.version, resolved.repo)
         report.patches.append(result)
         progress.patch(result)
@@ -170,7 +171,7 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
     resolved = source.resolve(repos, ref, cache, progress.info)
     workdir.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{workdir.name}.patchkit-", dir=workdir.parent))
-    moved = kept = False
+    kept = False
     try:
         source.checkout(resolved, scratch / "t")
         tree = scratch / "t"
@@ -183,8 +184,8 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
             return report
         (tree / ".git" / REPORT_FILE).write_text(report.to_json() + "\n")
         with FileLock(str(workdir.parent / f".{workdir.name}.patchkit.lock")):
+            interrupt.check()  # the last point where stopping leaves the workdir as it was
             _swap(tree, workdir, scratch)
-        moved = True
         return report
     finally:
         if not kept:

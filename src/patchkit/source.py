@@ -57,14 +57,13 @@ def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: 
         try:
             resolved = _resolve_one(source, ref, cache, log)
         except SourceError as exc:
-            if len(sources) > 1:
-                log(f"source {source}: {exc}")
+            if len(sources) == 1:
+                raise
+            log(f"source {source}: {exc}; trying the next")
             failures.append(f"{source}: {exc}")
             continue
         log(f"vLLM {ref} = {resolved.commit[:12]} from {source}")
         return resolved
-    if len(failures) == 1:
-        raise SourceError(failures[0])
     raise SourceError("no source has vLLM " + repr(ref) + ": " + "; ".join(failures))
 
 

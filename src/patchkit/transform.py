@@ -157,7 +157,7 @@ def load_transforms(py_file: Path) -> list[type[Transform]]:
              and obj.__module__ == name]
     if not found:
         raise TransformLoadError(f"{py_file}: defines no patchkit.transform.Transform subclass")
-    found.sort(key=lambda cls: inspect.getsourcelines(cls)[1])
+    # vars() keeps definition order, which is the order the classes run in
     for cls in found:
         if not isinstance(cls.path, str) or not cls.path:
             raise TransformLoadError(f"{py_file}: {cls.__name__} sets no `path`")
