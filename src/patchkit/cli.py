@@ -11,7 +11,8 @@ import click
 
 from patchkit import __version__, interrupt
 from patchkit.errors import PatchkitError
-from patchkit.report import ApplyReport, AssertionResult, PatchResult
+from patchkit.report import ApplyReport, PatchResult
+from patchkit.verify import format_failure
 
 COLORS = {"applied": "green", "upstream": "cyan", "skipped": "yellow", "failed": "red"}
 
@@ -35,10 +36,6 @@ def patch_line(r: PatchResult, tty: bool = False) -> str:
     if detail:
         line += f": {detail}"
     return line
-
-
-def assertion_line(a: AssertionResult) -> str:
-    return f"{a.file}:{a.line or 0}:{a.col or 0}: [{a.patch}] {a.message}"
 
 
 class TextProgress:
@@ -72,7 +69,7 @@ def render_apply(report: ApplyReport, fmt: str) -> None:
         return
     for a in report.verify:
         if not a.ok:
-            echo(assertion_line(a))
+            echo(format_failure(a))
     if report.ok:
         echo(f"ok: {summary(report)}; checkout at {report.workdir}")
     else:
@@ -168,7 +165,7 @@ def verify(tree, image, manifest_path, fmt) -> int:
     else:
         for a in results:
             if not a.ok:
-                echo(assertion_line(a))
+                echo(format_failure(a))
         passed = sum(a.ok for a in results)
         echo(f"{'ok' if ok else 'FAILED'}: {passed}/{len(results)} assertions passed on {where}")
     return 0 if ok else 1

@@ -17,7 +17,8 @@ A transform patch is a Python file under ``patches/`` that defines one or more s
         def transform(self, module: cst.Module) -> cst.Module:
             # anchor() demands exactly one match: 0 -> anchor-missing, 2+ -> ambiguous-anchor.
             old = self.anchor(module, m.SimpleString('"flashinfer_b12x"'), "the draft MoE backend")
-            return module.deep_replace(old, cst.SimpleString('"b12x"'))
+            # with_changes keeps the node's parentheses and comments; a fresh node would drop them
+            return module.deep_replace(old, old.with_changes(value='"b12x"'))
 
 The runner never skips silently: a missing anchor, a second hit, a postcondition that does not
 hold afterwards, or a result that does not re-parse and compile fails the patch.  Classes run in
