@@ -107,7 +107,7 @@ def apply(diff_file: Path, root: Path) -> DiffOutcome:
 def _applies_with_fuzz(diff_file: Path, root: Path) -> bool:
     """Would a fuzzy tool take it?  Only to name the refusal: the tree is never touched."""
     if shutil.which("patch"):
-        proc = run(["patch", "--dry-run", "--batch", "--silent", "--fuzz=3", "-p1", "-i",
+        proc = run(["patch", "--dry-run", "--batch", "--silent", "--fuzz=2", "-p1", "-i",
                     str(diff_file.absolute())], cwd=root, check=False)
         return proc.returncode == 0
     # Without GNU patch, git's reduced-context mode is the nearest equivalent.
