@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from patchkit import engine, manifest, source  # noqa: E402
-from patchkit import git as g  # noqa: E402
-from patchkit.util import cache_dir  # noqa: E402
+from patchkit import engine, manifest, source
+from patchkit import git as g
+from patchkit.util import cache_dir
 
 FILES = ["vllm/utils/torch_utils.py", "vllm/config/speculative.py", "vllm/v1/kv_cache_interface.py"]
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fixtures import dedent, make_diff, make_upstream, sh
+
 from patchkit import diffapply
 
 BASE = """\

@@ -4,11 +4,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from fixtures import sh
+from project import MOD_V1, make_project
+
 from patchkit import engine, manifest
 from patchkit.errors import SourceError, UsageError
-from project import MOD_V1, make_project
 
 
 def load(proj: Path):

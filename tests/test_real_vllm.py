@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import difflib
 import json
-from pathlib import Path
 
 import pytest
-
 from fixtures import sh
+
 from patchkit import engine, manifest, pypi
 
 pytestmark = pytest.mark.real_vllm

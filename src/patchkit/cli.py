@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable
 
 import click
 

@@ -13,9 +13,9 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from filelock import FileLock
 from packaging.version import InvalidVersion, Version
@@ -75,18 +75,15 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     try:
         if patch.kind == "diff":
             out = diffapply.apply(file, root)
-            offsets = out.offsets
         elif patch.kind == "transform":
             out = transform.run_transform_file(file, root, Version(version) if version else None)
-            offsets = []
         else:
             out = overlay.apply(file, root, base_commit, patch.replaces, mirror)
-            offsets = []
     except OSError as exc:
         _reset(root)
         return PatchResult(patch.id, patch.kind, "failed", "error", message=f"{exc}")
     result = PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
-                         out.message, offsets)
+                         out.message, out.offsets)
     if out.status == "applied":
         result.commit = g.commit_all(root, commit_message(patch), out.files)
         if result.commit is None:  # wrote bytes identical to what was there
