@@ -170,3 +170,31 @@ def test_concurrent_applies_share_one_cache(tmp_path):
     trees = {sh("git", "rev-parse", "HEAD^{tree}", cwd=proj / f"wd{i}") for i in range(2)}
     assert len(trees) == 1
     assert [p.name for p in proj.iterdir() if "patchkit-" in p.name] == []
+
+
+def test_unexpected_error_is_one_line_and_logged(tmp_path, monkeypatch, capsys):
+    from patchkit import cli, engine
+
+    proj = make_project(tmp_path)
+    monkeypatch.chdir(proj)
+
+    def boom(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(engine, "apply_series", boom)
+    assert cli.main(["apply"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("patchkit: unexpected error: RuntimeError: disk on fire")
+    log = Path(err[0].rsplit("traceback in ", 1)[1].rstrip(")"))
+    assert "Traceback" in log.read_text() and "disk on fire" in log.read_text()
+
+
+def test_relative_local_repo_is_taken_from_the_manifest_folder(tmp_path):
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text()
+    text = text.replace(f"repo: {tmp_path / 'upstream'}", "repo: ../upstream")
+    (proj / "patchset.yaml").write_text(text)
+    (proj / "sub").mkdir()
+    p = patchkit("apply", "--manifest", "../patchset.yaml", "--workdir", "wd", cwd=proj / "sub")
+    assert p.returncode == 0, p.stderr
+    assert (proj / "sub/wd/pkg/extra.py").exists()

@@ -151,6 +151,16 @@ def read_report(path: Path) -> dict | None:
         return None
 
 
+def manifest_sources(manifest: Manifest) -> tuple[str, ...]:
+    """The manifest's sources, with relative local paths taken from the manifest's folder."""
+    out = []
+    for repo in manifest.vllm.repos:
+        if repo.startswith(("./", "../")):
+            repo = str((manifest.root / repo).resolve())
+        out.append(repo)
+    return tuple(out)
+
+
 def apply_series(manifest: Manifest, *, ref: str | None = None,
                  repos: Sequence[str] | None = None, workdir: Path,
                  keep_failed: bool = False, progress: Progress | None = None,
@@ -163,7 +173,7 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
         raise UsageError(f"--workdir {workdir} exists and is not a patchkit checkout; "
                          "remove it or name another")
     ref = ref or manifest.vllm.ref
-    repos = tuple(repos or manifest.vllm.repos)
+    repos = tuple(repos or manifest_sources(manifest))
     cache = cache or cache_dir()
     resolved = source.resolve(repos, ref, cache, progress.info)
     workdir.parent.mkdir(parents=True, exist_ok=True)
