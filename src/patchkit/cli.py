@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable
 
 import click
 
-from patchkit import __version__
+from patchkit import __version__, interrupt
 from patchkit.errors import PatchkitError
-from patchkit.report import ApplyReport, AssertionResult, PatchResult
+from patchkit.report import ApplyReport, PatchResult
+from patchkit.verify import format_failure
 
 COLORS = {"applied": "green", "upstream": "cyan", "skipped": "yellow", "failed": "red"}
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the process is so that cleanup runs as for ^C."""
-
-
-def _on_sigterm(signum, frame):  # pragma: no cover - exercised by the signal tests
-    raise Terminated()
 
 
 def echo(message: str = "", err: bool = False) -> None:
@@ -45,10 +35,6 @@ def patch_line(r: PatchResult, tty: bool = False) -> str:
     if detail:
         line += f": {detail}"
     return line
-
-
-def assertion_line(a: AssertionResult) -> str:
-    return f"{a.file}:{a.line or 0}:{a.col or 0}: [{a.patch}] {a.message}"
 
 
 class TextProgress:
@@ -82,7 +68,7 @@ def render_apply(report: ApplyReport, fmt: str) -> None:
         return
     for a in report.verify:
         if not a.ok:
-            echo(assertion_line(a))
+            echo(format_failure(a))
     if report.ok:
         echo(f"ok: {summary(report)}; checkout at {report.workdir}")
     else:
@@ -178,7 +164,7 @@ def verify(tree, image, manifest_path, fmt) -> int:
     else:
         for a in results:
             if not a.ok:
-                echo(assertion_line(a))
+                echo(format_failure(a))
         passed = sum(a.ok for a in results)
         echo(f"{'ok' if ok else 'FAILED'}: {passed}/{len(results)} assertions passed on {where}")
     return 0 if ok else 1
@@ -231,7 +217,7 @@ def _log_file() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupt.install()
     try:
         rv = cli.main(args=argv, prog_name="patchkit", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
@@ -250,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         echo("patchkit: interrupted", err=True)
         return 130
-    except Terminated:
-        echo("patchkit: terminated", err=True)
-        return 143
+    except interrupt.Interrupted as exc:
+        echo(f"patchkit: interrupted by {exc}; nothing was changed", err=True)
+        return exc.exit_code
     except Exception as exc:  # a bug: one line here, the traceback in the log
         log = _log_file()
         try:
