@@ -440,3 +440,11 @@ def test_verify_image_reads_the_package_files(tmp_path):
     results = bi.verify_image(m, "reg:5000/vllm/base:0.27.1", engine=engine)
     assert [r.ok for r in results] == [True, False]
     assert not api.containers  # the scratch container is removed
+
+
+def test_verify_image_of_a_missing_image_is_one_line(tmp_path):
+    engine, _ = _engine()
+    m = Manifest(name="demo", root=tmp_path, path=tmp_path / "patchset.yaml",
+                 vllm=VllmSource(("x",), "v0.27.1"), image=ImageDefaults(), patches=())
+    with pytest.raises(ImageError, match=r"^image reg:5000/none:1 not found: manifest for"):
+        bi.verify_image(m, "reg:5000/none:1", engine=engine)

@@ -591,7 +591,10 @@ def verify_image(manifest: Manifest, image: str, *, engine: im.Engine | None = N
     attrs = engine.inspect(image)
     if attrs is None:
         plat = im.Platform.parse(manifest.image.platform or "linux/arm64")
-        engine.resolve_base(image, plat)
+        try:
+            engine.resolve_base(image, plat)
+        except ImageError as exc:
+            raise ImageError(str(exc).replace("base image ", "image ", 1)) from exc
         attrs = engine.inspect(image)
     if attrs is None:
         raise ImageError(f"image {image} not found on the engine at {engine.host}")
