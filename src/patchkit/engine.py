@@ -85,7 +85,9 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     result = PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
                          out.message, out.offsets)
     if out.status == "applied":
-        result.commit = g.commit_all(root, commit_message(patch), out.files)
+        # `git apply --index` has staged a diff's changes, deletions included
+        staged = [] if patch.kind == "diff" else out.files
+        result.commit = g.commit_all(root, commit_message(patch), staged)
         if result.commit is None:  # wrote bytes identical to what was there
             result.status, result.message = "upstream", "the tree already has this change"
     elif out.status == "failed":
