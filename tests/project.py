@@ -7,6 +7,10 @@ from pathlib import Path
 from fixtures import dedent, make_diff, make_upstream
 
 MOD_V1 = """\
+\"\"\"A module of the fixture upstream.\"\"\"
+
+import os
+
 TABLE = {
     "fp8": 1,
 }

@@ -360,6 +360,7 @@ def test_diff_that_is_not_a_diff(repo: Path, content: str, expected: str) -> Non
     ("../outside.diff", "climbs out of the tree with '..'"),
     ("patches/../../outside.diff", "climbs out of the tree with '..'"),
     ("/etc/passwd", "absolute path"),
+    ("./", "'./' names the folder itself"),
 ])
 def test_unsafe_patch_path(repo: Path, rel: str, expected: str) -> None:
     message = patch_error(repo, f"""\

@@ -1,9 +1,10 @@
 import sys
 
-try:
-    from patchkit.cli import main
-except KeyboardInterrupt:  # ^C while still importing: nothing was started
-    sys.exit(130)
+from patchkit import interrupt
+
+interrupt.install()  # before the heavier imports, so an early ^C is handled like a late one
+
+from patchkit.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

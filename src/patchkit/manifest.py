@@ -8,9 +8,10 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, NoReturn
+from typing import NoReturn
 
 import unidiff
 import yaml
@@ -32,7 +33,7 @@ class Assertion:
     scope: str | None          # the `in:` dotted scope, or None for the whole module
     predicate: str
     value: str | None
-    negated: "Assertion | None" = None
+    negated: Assertion | None = None
     line: int = 0              # line of the assertion in patchset.yaml
 
     def describe(self) -> str:
@@ -374,9 +375,12 @@ class _Loader:
     def checked_path(self, node: yaml.Node, what: str) -> str:
         rel = self.string(node, what).strip()
         try:
-            return str(paths.check_relative(rel))
+            pure = paths.check_relative(rel)
         except paths.UnsafePathError as exc:
             self.fail(f"{what}: {exc}", node)
+        if not pure.parts:
+            self.fail(f"{what}: {rel!r} names the folder itself, not a path inside it", node)
+        return str(pure)
 
     def patch_file(self, kind: str, node: yaml.Node) -> str:
         rel = self.checked_path(node, kind)

@@ -14,9 +14,9 @@ import hashlib
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from filelock import FileLock
 from packaging.version import InvalidVersion, Version
@@ -57,14 +57,13 @@ def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: 
         try:
             resolved = _resolve_one(source, ref, cache, log)
         except SourceError as exc:
-            if len(sources) > 1:
-                log(f"source {source}: {exc}")
+            if len(sources) == 1:
+                raise
+            log(f"source {source}: {exc}; trying the next")
             failures.append(f"{source}: {exc}")
             continue
         log(f"vLLM {ref} = {resolved.commit[:12]} from {source}")
         return resolved
-    if len(failures) == 1:
-        raise SourceError(failures[0])
     raise SourceError("no source has vLLM " + repr(ref) + ": " + "; ".join(failures))
 
 
@@ -150,7 +149,7 @@ def version_of(repo: Path, commit: str) -> str | None:
 
 
 def _tag_version(tag: str) -> str | None:
-    text = tag[1:] if tag.startswith("v") else tag
+    text = tag.removeprefix("v")
     if not re.match(r"^[0-9]", text):
         return None
     try:

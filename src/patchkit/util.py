@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
+from patchkit import interrupt
 from patchkit.errors import CommandError
 
 
@@ -24,6 +25,7 @@ def run(cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
                               stdin=None if input is not None else subprocess.DEVNULL)
     except FileNotFoundError as exc:
         raise CommandError(list(cmd), 127, f"{cmd[0]}: not found ({exc})") from exc
+    interrupt.check()  # a child stopped by ^C is an interruption, not a failed command
     if check and proc.returncode != 0:
         raise CommandError(list(cmd), proc.returncode, (proc.stdout or "") + (proc.stderr or ""))
     return proc
