@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RELEASES = ("v0.27.1", "v0.31.0", "v0.32.0", "v0.33.0")
 
 
-def _real_cache() -> Path:
+def real_cache() -> Path:
     env = os.environ.get("PATCHKIT_REAL_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "patchkit"
 
@@ -46,7 +46,7 @@ def patched(request, tmp_path_factory) -> Applied:
     series = manifest.load(REPO_ROOT / "patchset.yaml")
     workdir = tmp_path_factory.mktemp(f"vllm-{release}") / "tree"
     report = engine.apply_series(series, ref=release, repos=("pypi",), workdir=workdir,
-                                 cache=_real_cache())
+                                 cache=real_cache())
     failed = [(p.id, p.status, p.reason, p.message) for p in report.patches
               if p.status not in ("applied", "upstream", "skipped")]
     assert report.ok and not failed, failed or [v for v in report.verify if not v.ok]
