@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from pathlib import Path
 
 import pytest
 from fixtures import sh
@@ -113,3 +114,21 @@ def test_fuzz_is_refused_on_a_real_file(project, real_vllm, tmp_path):
     report = engine.apply_series(manifest.load(project / "patchset.yaml"), workdir=tmp_path / "wd")
     assert (report.patches[0].status, report.patches[0].reason) == ("failed", "fuzz")
     assert not (tmp_path / "wd").exists()
+
+
+def test_readme_transform_example_works_on_the_real_file(real_vllm, tmp_path):
+    import re
+
+    from patchkit.transform import run_transform_file
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n(import libcst as cst\n.*?)```", readme, re.S).group(1)
+    (tmp_path / "t.py").write_text(code)
+    repo, tag = pypi.ensure_release(real_vllm, "v0.27.1")
+    rel = "vllm/v1/worker/gpu/spec_decode/dspark/utils.py"
+    (tmp_path / "tree" / rel).parent.mkdir(parents=True)
+    (tmp_path / "tree" / rel).write_text(sh("git", "show", f"{tag}:{rel}", cwd=repo) + "\n")
+    first = run_transform_file(tmp_path / "t.py", tmp_path / "tree", None)
+    assert (first.status, first.reason) == ("applied", None), first.message
+    assert "moe_backend=speculative_config.moe_backend" in (tmp_path / "tree" / rel).read_text()
+    assert run_transform_file(tmp_path / "t.py", tmp_path / "tree", None).status == "upstream"

@@ -14,7 +14,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVE = REPO_ROOT / "build" / "serve.sh"
-DOCS = REPO_ROOT / "docs" / "patchset.md"
+DOCS = REPO_ROOT / "README.md"
 BASH = shutil.which("bash") or "/bin/bash"
 
 
@@ -33,10 +33,10 @@ def printed(env: dict[str, str] | None = None) -> list[str]:
 
 
 def documented() -> list[str]:
-    """The rank-0 command in docs/patchset.md, as words."""
+    """The rank-0 command in README.md, as words."""
     text = DOCS.read_text()
     match = re.search(r"<!-- serve-command: rank 0 -->\n```sh\n(.*?)```", text, re.S)
-    assert match, "docs/patchset.md has no rank-0 serve command block"
+    assert match, "README.md has no rank-0 serve command block"
     return shlex.split(match.group(1).replace("\\\n", " "))
 
 
