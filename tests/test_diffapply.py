@@ -124,3 +124,57 @@ def test_symlink_creation_is_refused(tree, tmp_path):
 def test_not_a_diff(tree, tmp_path):
     out = diffapply.apply(write(tmp_path, "hello\n"), tree)
     assert (out.status, out.reason) == ("failed", "error")
+
+
+def test_crlf_diff_against_lf_file_names_the_line_ends(tree, tmp_path):
+    diff = tmp_path / "p.diff"
+    diff.write_bytes(make_diff(BASE, CHANGED, "pkg/mod.py").replace("\n", "\r\n").encode())
+    out = diffapply.apply(diff, tree)
+    assert (out.status, out.reason) == ("failed", "error")
+    assert out.message == ("p.diff has CRLF line ends and pkg/mod.py has LF ones: convert the "
+                           "diff (e.g. dos2unix) and try again")
+    assert sh("git", "status", "--porcelain", cwd=tree) == ""
+
+
+def test_binary_change_without_its_content_is_an_error_not_fuzz(tree, tmp_path):
+    diff = ("diff --git a/pkg/blob.bin b/pkg/blob.bin\nnew file mode 100644\n"
+            "index 0000000..c94be36\nBinary files /dev/null and b/pkg/blob.bin differ\n")
+    out = diffapply.apply(write(tmp_path, diff), tree)
+    assert (out.status, out.reason) == ("failed", "error")
+    assert "git diff --binary" in out.message
+    assert not (tree / "pkg/blob.bin").exists()
+
+
+def test_a_diff_git_cannot_use_is_an_error_not_fuzz(tree, tmp_path):
+    # a binary patch with a short index line: git refuses the diff itself, no hunk is involved
+    diff = ("diff --git a/pkg/blob.bin b/pkg/blob.bin\nnew file mode 100644\n"
+            "index 0000000..c94be36\nGIT binary patch\nliteral 10\nRcmZQzWJ=1+ODw8n000X)0*L?s\n\n"
+            "literal 0\nHcmV?d00001\n\n")
+    out = diffapply.apply(write(tmp_path, diff), tree)
+    assert (out.status, out.reason) == ("failed", "error")
+    assert "full index line" in out.message
+
+
+def test_quoted_names_are_checked_and_reported_as_the_tree_has_them(tree, tmp_path):
+    target = tree / "pkg/dïr x/mödule.py"
+    target.parent.mkdir()
+    target.write_text("A = 1\n")
+    sh("git", "add", "-A", cwd=tree)
+    sh("git", "commit", "-qm", "non-ascii", cwd=tree)
+    quoted = '"a/pkg/d\\303\\257r x/m\\303\\266dule.py"', '"b/pkg/d\\303\\257r x/m\\303\\266dule.py"'
+    diff = (f"diff --git {quoted[0]} {quoted[1]}\n--- {quoted[0]}\n+++ {quoted[1]}\n"
+            "@@ -1 +1 @@\n-A = 1\n+A = 2\n")
+    out = diffapply.apply(write(tmp_path, diff), tree)
+    assert (out.status, out.files) == ("applied", ["pkg/dïr x/mödule.py"])
+    assert target.read_text() == "A = 2\n"
+
+
+def test_write_through_a_symlink_with_a_quoted_name_is_refused(tree, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tree / "lïnk").symlink_to(outside)
+    diff = ('diff --git "a/l\\303\\257nk/evil.py" "b/l\\303\\257nk/evil.py"\nnew file mode 100644\n'
+            '--- /dev/null\n+++ "b/l\\303\\257nk/evil.py"\n@@ -0,0 +1 @@\n+owned = True\n')
+    out = diffapply.apply(write(tmp_path, diff), tree)
+    assert (out.status, out.reason) == ("failed", "unsafe-path")
+    assert not (outside / "evil.py").exists()

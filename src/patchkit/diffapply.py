@@ -52,6 +52,47 @@ def touched(patch: PatchSet) -> list[str]:
 
 
 _SYMLINK = re.compile(r"^(new file mode|new mode|old mode|deleted file mode) 120000", re.MULTILINE)
+# `git diff` without --binary names a binary change without carrying it
+_BINARY_WITHOUT_DATA = re.compile(r"^Binary files (.+) and (.+) differ$", re.MULTILINE)
+
+
+def binary_without_data(text: str) -> str | None:
+    """The line of a diff that names a binary change it does not carry, or None."""
+    m = _BINARY_WITHOUT_DATA.search(text)
+    return m.group(0) if m else None
+
+
+def _numstat_paths(stdout: str) -> list[str]:
+    """The paths of ``git apply --numstat -z``: ``added TAB deleted TAB path NUL``, or for a
+    rename or copy ``added TAB deleted TAB NUL old NUL new NUL``."""
+    out: list[str] = []
+    fields = stdout.split("\0")
+    i = 0
+    while i < len(fields):
+        head = fields[i]
+        i += 1
+        if not head:
+            continue
+        path = head.split("\t", 2)[2] if head.count("\t") >= 2 else ""
+        found = [path] if path else fields[i:i + 2]
+        if not path:
+            i += 2
+        for p in found:
+            if p and p not in out:
+                out.append(p)
+    return out
+
+
+def _crlf_mismatch(diff_file: Path, root: Path, files: list[str]) -> str | None:
+    """A diff with CRLF line ends against files with LF ones: the usual harm of an editor or a
+    checkout that converted the diff.  Names the first such file."""
+    if b"\r\n" not in diff_file.read_bytes():
+        return None
+    for rel in files:
+        target = root / rel
+        if target.is_file() and b"\r\n" not in target.read_bytes():
+            return rel
+    return None
 
 
 def apply(diff_file: Path, root: Path) -> Outcome:
@@ -69,10 +110,21 @@ def apply(diff_file: Path, root: Path) -> Outcome:
             return Outcome("failed", "unsafe-path", str(exc), files)
     if _SYMLINK.search(text):
         return Outcome("failed", "unsafe-path", "the diff creates or changes a symlink", files)
-    # Ask git for its own view of the paths too: it expands renames and copies.
+    binary = binary_without_data(text)
+    if binary:
+        return Outcome("failed", "error", f"{diff_file.name}: {binary!r}: the diff names a binary "
+                       "change without its content (make it with `git diff --binary`)", files)
+    # Ask git for its own view of the paths too: it expands renames and copies, and unquotes
+    # the names git quotes (non-ASCII, spaces), which are the names the tree has.
     numstat = g.git("apply", "--numstat", "-z", str(diff_file), cwd=root, check=False)
     if numstat.returncode != 0:
         return Outcome("failed", "error", _first_line(numstat.stderr), files)
+    files = _numstat_paths(numstat.stdout) or files
+    for rel in files:
+        try:
+            paths.safe_join(root, rel)
+        except paths.UnsafePathError as exc:
+            return Outcome("failed", "unsafe-path", str(exc), files)
 
     fwd = g.git("apply", "--index", "--verbose", "--whitespace=nowarn", str(diff_file),
                 cwd=root, check=False)
@@ -88,6 +140,13 @@ def apply(diff_file: Path, root: Path) -> Outcome:
     if missing:
         return Outcome("failed", "anchor-missing",
                            f"{missing.group(1)}: the file to patch does not exist", files)
+    if not _FAILED_AT.search(fwd.stderr) and "already exists" not in fwd.stderr:
+        # not a hunk that missed its lines: git could not use the diff at all
+        return Outcome("failed", "error", f"{diff_file.name}: {_first_line(fwd.stderr)}", files)
+    crlf = _crlf_mismatch(diff_file, root, files)
+    if crlf:
+        return Outcome("failed", "error", f"{diff_file.name} has CRLF line ends and {crlf} has LF "
+                       "ones: convert the diff (e.g. dos2unix) and try again", files)
     reason = "fuzz" if _applies_with_fuzz(diff_file, root) else "conflict"
     message = _conflict_message(patch, fwd.stderr)
     if reason == "fuzz":
