@@ -41,6 +41,11 @@ def out(*args: str, cwd: str | os.PathLike[str] | None = None, **kw) -> str:
     return git(*args, cwd=cwd, **kw).stdout.strip()
 
 
+def is_repository(path: Path) -> bool:
+    """True when ``path`` is a git directory git can open (a bare repo or a ``.git``)."""
+    return git(f"--git-dir={path}", "rev-parse", "--is-bare-repository", check=False).returncode == 0
+
+
 def resolve_commit(repo: Path, ref: str) -> str | None:
     """The commit ``ref`` names in ``repo`` (tag, branch, remote branch or sha), or None."""
     candidates = [f"refs/tags/{ref}", f"refs/heads/{ref}", f"refs/remotes/origin/{ref}", ref]

@@ -9,6 +9,7 @@ cache on every machine agrees.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -21,7 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from patchkit import git as g
 from patchkit.errors import CommandError, SourceError, UsageError
-from patchkit.util import run
+from patchkit.util import cache_subdir, discard, run
 
 PACKAGE = "vllm"
 WORD = "pypi"
@@ -48,9 +49,12 @@ def ensure_release(cache: Path, ref: str, log=lambda msg: None) -> tuple[Path, s
     version = release_of(ref)
     tag = f"v{version}"
     repo = repo_path(cache)
-    base = cache / WORD
-    base.mkdir(parents=True, exist_ok=True)
+    base = cache_subdir(cache, WORD)
     with FileLock(str(base / "vllm.lock")):
+        if os.path.lexists(repo) and not g.is_repository(repo):
+            # The cache is disposable: a repository broken by outside hands is made again.
+            log(f"the cached repository {repo} is broken; making it again")
+            discard(repo)
         if not (repo / "HEAD").exists():
             tmp = Path(tempfile.mkdtemp(prefix="vllm.git.", dir=base))
             g.git("init", "--quiet", "--bare", str(tmp))
@@ -59,13 +63,29 @@ def ensure_release(cache: Path, ref: str, log=lambda msg: None) -> tuple[Path, s
             return repo, tag
         wheel = _wheel(cache, version, log)
         log(f"laying out vLLM {version} from {wheel.name}")
-        _commit_wheel(repo, wheel, version, tag)
+        try:
+            _commit_wheel(repo, wheel, version, tag)
+        except zipfile.BadZipFile:
+            # Only outside hands truncate a cached wheel (downloads land by rename): fetch it anew.
+            log(f"the cached {wheel.name} is not a valid wheel; downloading it again")
+            wheel.unlink(missing_ok=True)
+            wheel = _wheel(cache, version, log)
+            try:
+                _commit_wheel(repo, wheel, version, tag)
+            except zipfile.BadZipFile:
+                wheel.unlink(missing_ok=True)
+                raise SourceError(f"PyPI gave a wheel for vLLM {version} that is not a valid "
+                                  "zip file") from None
+        except CommandError:
+            if not g.is_repository(repo):
+                raise SourceError(f"the cached repository {repo} went away while vLLM {version} "
+                                  "was laid out into it (was the cache deleted?); run again") from None
+            raise
     return repo, tag
 
 
 def _wheel(cache: Path, version: str, log) -> Path:
-    wheels = cache / WORD / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
+    wheels = cache_subdir(cache, WORD, "wheels")
     found = sorted(wheels.glob(f"{PACKAGE}-{version}-*.whl"))
     if found:
         return found[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import re
 import shutil
 import tempfile
@@ -24,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 from patchkit import git as g
 from patchkit import pypi
 from patchkit.errors import CommandError, SourceError
+from patchkit.util import cache_subdir, discard
 
 Log = Callable[[str], None]
 
@@ -48,10 +50,54 @@ def _is_local(source: str) -> bool:
     return source.startswith(("/", "./", "../", "~", "file://")) or Path(source).exists()
 
 
+# What git's ref names may not hold (git check-ref-format), and what makes a revision expression.
+_REF_SPACE = re.compile(r"[\x00-\x20\x7f]")
+_REF_EXPRESSION = re.compile(r"[~^:?*\[\\]|\.\.|@\{")
+
+
+def ref_problem(ref: str) -> str | None:
+    """Why ``ref`` cannot name a tag, branch or commit, or None.
+
+    Lexical only, so that the manifest loader can say it before anything is fetched.  A revision
+    expression (``HEAD~1``, ``v1^``, ``main@{1}``) is refused: it names no fixed commit, and a
+    mirror never refetches what it does not know to be a branch.
+    """
+    if not ref:
+        return "the ref is empty"
+    if ref.startswith("-"):
+        return f"{ref!r} starts with '-'"
+    if _REF_SPACE.search(ref):
+        return f"{ref!r} holds whitespace or a control character"
+    if _REF_EXPRESSION.search(ref) or ref == "@":
+        return f"{ref!r} is a revision expression; give a tag, branch or commit"
+    if ref == "HEAD":
+        return "'HEAD' is whatever the mirror's default branch was when it was made; name the branch"
+    if (ref.startswith("/") or ref.endswith(("/", ".", ".lock")) or "//" in ref
+            or any(part.startswith(".") for part in ref.split("/"))):
+        return f"{ref!r} is not a valid git ref name"
+    return None
+
+
+def source_problem(source: str) -> str | None:
+    """Why ``source`` cannot be a vLLM source, or None."""
+    if not source.strip():
+        return "the repository is empty"
+    if source.startswith("-"):
+        return f"{source!r} starts with '-'"
+    return None
+
+
 def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: None) -> Resolved:
     """Try each source in order; the first that has ``ref`` wins.  Each attempt is logged."""
-    if not ref or ref.startswith("-"):
-        raise SourceError(f"bad vLLM ref {ref!r}")
+    problem = ref_problem(ref)
+    if problem:
+        raise SourceError(f"bad vLLM ref: {problem}")
+    if not sources:
+        raise SourceError("no vLLM repository to take the ref from")
+    for source in sources:
+        problem = source_problem(source)
+        if problem:
+            raise SourceError(f"bad vLLM repository: {problem}")
     failures: list[str] = []
     for source in sources:
         try:
@@ -78,11 +124,16 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log) -> Resolved:
         local = Path(source).expanduser().absolute()
         if not local.exists():
             raise SourceError(f"no such repository: {source}")
+        if local.is_dir() and not _looks_like_git(local):
+            raise SourceError(f"{source} is not a git repository")
         url = str(local)
-    repo = cache / "repos" / f"{_slug(url)}.git"
-    repo.parent.mkdir(parents=True, exist_ok=True)
+    repo = cache_subdir(cache, "repos") / f"{_slug(url)}.git"
     with FileLock(str(repo) + ".lock"):
         fresh = False
+        if os.path.lexists(repo) and not g.is_repository(repo):
+            # The cache is disposable: a mirror broken by outside hands is made again.
+            log(f"the cached mirror {repo} is broken; mirroring again")
+            discard(repo)
         if not (repo / "HEAD").exists():
             _clone_mirror(url, repo, log)
             fresh = True
@@ -97,12 +148,17 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log) -> Resolved:
         return Resolved(source, repo, ref, commit, version_of(repo, commit))
 
 
+def _looks_like_git(path: Path) -> bool:
+    """A work tree (``.git`` folder or file) or a bare repository."""
+    return (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
+
+
 def _clone_mirror(url: str, repo: Path, log: Log) -> None:
     log(f"mirroring {url} (once; cached in {repo.parent})")
     tmp = Path(tempfile.mkdtemp(prefix=repo.name + ".", dir=repo.parent))
     try:
         try:
-            g.git("clone", "--quiet", "--mirror", url, str(tmp / "m"))
+            g.git("clone", "--quiet", "--mirror", "--", url, str(tmp / "m"))
         except CommandError as exc:
             raise SourceError(f"cannot clone {url}: {_first_error(exc.output)}") from None
         (tmp / "m").rename(repo)
@@ -112,7 +168,7 @@ def _clone_mirror(url: str, repo: Path, log: Log) -> None:
 
 def _fetch(repo: Path, url: str) -> None:
     try:
-        g.git("fetch", "--quiet", "--prune", "--tags", url,
+        g.git("fetch", "--quiet", "--prune", "--tags", "--", url,
               "+refs/heads/*:refs/heads/*", cwd=repo)
     except CommandError as exc:
         raise SourceError(f"cannot fetch {url}: {_first_error(exc.output)}") from None
@@ -123,7 +179,11 @@ def _first_error(output: str) -> str:
         line = line.strip()
         if line.startswith(("fatal:", "error:")):
             return line.split(":", 1)[1].strip()
-    return (output.strip().splitlines() or ["failed"])[-1]
+    helper = re.search(r"'remote-([^']+)' is not a git command", output)
+    if helper:
+        return f"git has no transport for {helper.group(1)}:// URLs"
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[0] if lines else "failed"
 
 
 def _did_you_mean(repo: Path, ref: str) -> str:

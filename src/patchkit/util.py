@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from patchkit import interrupt
-from patchkit.errors import CommandError
+from patchkit.errors import CommandError, UsageError
 
 
 def run(cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
@@ -39,3 +41,24 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("patchkit", appauthor=False))
+
+
+def cache_subdir(cache: Path, *parts: str) -> Path:
+    """``cache/parts...``, created; a cache that cannot be written is the user's to fix."""
+    path = cache.joinpath(*parts)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"the cache {cache} (PATCHKIT_CACHE_DIR) cannot be written: {path}: "
+                         f"{exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"the cache {cache} (PATCHKIT_CACHE_DIR) cannot be written: {path}: "
+                         "Permission denied")
+    return path
+
+
+def discard(path: Path) -> None:
+    """Move ``path`` (a file or a folder) out of the way at once, by a rename; then delete it."""
+    trash = Path(tempfile.mkdtemp(prefix=path.name + ".broken.", dir=path.parent))
+    os.rename(path, trash / "x")
+    shutil.rmtree(trash, ignore_errors=True)

@@ -1,0 +1,183 @@
+"""Refs, repositories and the cache of source.py and pypi.py, on fixture upstreams and tiny wheels."""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+from fixtures import make_upstream
+
+from patchkit import pypi, source
+from patchkit.errors import SourceError, UsageError
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    return make_upstream(tmp_path / "up", {"v1": {"pkg/mod.py": "A = 1\n"},
+                                           "v2": {"pkg/mod.py": "A = 2\n"}})
+
+
+@pytest.mark.parametrize("ref,needle", [
+    ("", "the ref is empty"),
+    ("-x", "starts with '-'"),
+    ("--upload-pack=touch x", "starts with '-'"),
+    ("v1 v2", "whitespace"),
+    ("v1\n", "whitespace"),
+    ("HEAD~1", "revision expression"),
+    ("v1^", "revision expression"),
+    ("v1^{tree}", "revision expression"),
+    ("main@{1}", "revision expression"),
+    ("v1..v2", "revision expression"),
+    (":/release", "revision expression"),
+    ("HEAD", "name the branch"),
+    ("a//b", "not a valid git ref name"),
+    ("release/", "not a valid git ref name"),
+    ("x.lock", "not a valid git ref name"),
+])
+def test_refs_that_name_no_fixed_commit_are_refused_before_anything_runs(tmp_path, upstream,
+                                                                          ref, needle):
+    assert needle in source.ref_problem(ref)
+    cache = tmp_path / "cache"
+    with pytest.raises(SourceError) as info:
+        source.resolve([str(upstream)], ref, cache)
+    assert str(info.value).startswith("bad vLLM ref: ") and needle in str(info.value)
+    assert "\n" not in str(info.value)
+    assert not cache.exists()  # refused before any mirror was made
+
+
+@pytest.mark.parametrize("ref", ["v0.27.1", "main", "release/0.27", "c1a53ebe",
+                                 "deadbeefdeadbeefdeadbeefdeadbeefdeadbeef"])
+def test_tags_branches_and_shas_pass(ref):
+    assert source.ref_problem(ref) is None
+
+
+def test_a_sha_prefix_resolves(tmp_path, upstream):
+    full = source.resolve([str(upstream)], "v1", tmp_path / "cache").commit
+    assert source.resolve([str(upstream)], full[:8], tmp_path / "cache").commit == full
+
+
+@pytest.mark.parametrize("repo,needle", [("", "the repository is empty"),
+                                         ("--upload-pack=touch pwned", "starts with '-'")])
+def test_bad_repositories_are_refused_before_git_sees_them(tmp_path, repo, needle):
+    with pytest.raises(SourceError, match=needle):
+        source.resolve([repo], "v1", tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+    assert not Path("pwned").exists()
+
+
+def test_a_folder_that_is_not_a_git_repository_is_named_as_such(tmp_path):
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "f").write_text("x")
+    with pytest.raises(SourceError) as info:
+        source.resolve([str(folder)], "v1", tmp_path / "cache")
+    assert str(info.value) == f"{folder} is not a git repository"
+
+
+def test_an_unknown_url_scheme_is_one_clear_line(tmp_path):
+    with pytest.raises(SourceError) as info:
+        source.resolve(["foo://bar/vllm.git"], "v1", tmp_path / "cache")
+    assert str(info.value) == ("cannot clone foo://bar/vllm.git: git has no transport for foo:// "
+                               "URLs")
+
+
+@pytest.mark.parametrize("damage", ["objects", "refs", "HEAD-garbage", "a-file"])
+def test_a_mirror_broken_by_outside_hands_is_made_again(tmp_path, upstream, damage):
+    cache = tmp_path / "cache"
+    first = source.resolve([str(upstream)], "v2", cache)
+    mirror = first.repo
+    if damage == "HEAD-garbage":
+        (mirror / "HEAD").write_text("garbage\n")
+    elif damage == "a-file":
+        shutil.rmtree(mirror)
+        mirror.write_text("not a repository")
+    else:
+        shutil.rmtree(mirror / damage)
+    said: list[str] = []
+    again = source.resolve([str(upstream)], "v2", cache, said.append)
+    assert again.commit == first.commit and again.repo == mirror
+    assert any("is broken; mirroring again" in m for m in said)
+    assert [p.name for p in mirror.parent.iterdir() if ".broken." in p.name] == []
+
+
+def test_a_cache_that_cannot_be_written_is_a_usage_error(tmp_path, upstream):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UsageError) as info:
+        source.resolve([str(upstream)], "v1", blocker / "cache")
+    assert str(info.value).startswith(f"the cache {blocker / 'cache'} (PATCHKIT_CACHE_DIR) "
+                                      "cannot be written: ")
+
+
+# ------------------------------------------------------------------------------------ pypi
+
+def fake_wheel(folder: Path, version: str, text: str = "A = 1\n") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"vllm-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("vllm/__init__.py", f"__version__ = '{version}'\n")
+        zf.writestr("vllm/mod.py", text)
+    return wheel
+
+
+def test_pypi_repository_broken_by_outside_hands_is_made_again(tmp_path):
+    cache = tmp_path / "cache"
+    fake_wheel(cache / "pypi/wheels", "9.9.9")
+    repo, tag = pypi.ensure_release(cache, "v9.9.9")
+    shutil.rmtree(repo / "objects")
+    said: list[str] = []
+    again, tag2 = pypi.ensure_release(cache, "v9.9.9", said.append)
+    assert (again, tag2) == (repo, tag) and (repo / "HEAD").exists()
+    assert any("is broken; making it again" in m for m in said)
+    shutil.rmtree(repo)
+    repo.write_text("a file where the repository was")
+    assert pypi.ensure_release(cache, "v9.9.9")[0] == repo and repo.is_dir()
+
+
+def test_a_truncated_cached_wheel_is_downloaded_again(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    good = fake_wheel(tmp_path / "index", "9.9.9")
+    wheels = cache / "pypi/wheels"
+    wheels.mkdir(parents=True)
+    (wheels / good.name).write_bytes(good.read_bytes()[:40])
+    downloads = []
+
+    def pip_download(cmd, **kw):
+        downloads.append(cmd)
+        dest = Path(cmd[cmd.index("-d") + 1])
+        shutil.copy(good, dest / good.name)
+
+    monkeypatch.setattr(pypi, "run", pip_download)
+    said: list[str] = []
+    repo, tag = pypi.ensure_release(cache, "v9.9.9", said.append)
+    assert len(downloads) == 1
+    assert any("is not a valid wheel; downloading it again" in m for m in said)
+    assert (wheels / good.name).read_bytes() == good.read_bytes()
+    assert source.version_of(repo, source.g.resolve_commit(repo, tag)) == "9.9.9"
+
+
+def test_a_pypi_cache_that_cannot_be_written_is_a_usage_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UsageError, match=r"\(PATCHKIT_CACHE_DIR\) cannot be written"):
+        pypi.ensure_release(blocker, "v9.9.9")
+
+
+def test_a_pypi_repository_deleted_while_a_release_is_laid_out_is_one_line(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    fake_wheel(cache / "pypi/wheels", "9.9.9")
+    real = pypi._commit_wheel
+
+    def deleted_meanwhile(repo, *args):
+        shutil.rmtree(repo)
+        real(repo, *args)
+
+    monkeypatch.setattr(pypi, "_commit_wheel", deleted_meanwhile)
+    with pytest.raises(SourceError) as info:
+        pypi.ensure_release(cache, "v9.9.9")
+    assert str(info.value) == (f"the cached repository {pypi.repo_path(cache)} went away while vLLM "
+                               "9.9.9 was laid out into it (was the cache deleted?); run again")
+    monkeypatch.setattr(pypi, "_commit_wheel", real)
+    assert pypi.ensure_release(cache, "v9.9.9")[1] == "v9.9.9"
