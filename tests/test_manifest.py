@@ -199,6 +199,34 @@ def test_ref_that_yaml_reads_as_a_number(repo: Path) -> None:
         "(quote it to make it a string)")
 
 
+@pytest.mark.parametrize("ref_yaml, expected", [
+    ('"-x"', "patchset.yaml:4: vllm.ref: '-x' starts with '-'"),
+    ('"v1 v2"', "patchset.yaml:4: vllm.ref: 'v1 v2' holds whitespace or a control character"),
+    ("HEAD~1", "patchset.yaml:4: vllm.ref: 'HEAD~1' is a revision expression; give a tag, "
+               "branch or commit"),
+])
+def test_ref_that_names_no_fixed_commit(repo: Path, ref_yaml: str, expected: str) -> None:
+    assert error(repo, f"name: demo\nvllm:\n  repo: pypi\n  ref: {ref_yaml}\n") == expected
+
+
+def test_yaml_nested_too_deeply_is_a_manifest_error(repo: Path) -> None:
+    assert error(repo, "name: " + "[" * 5000 + "]" * 5000 + "\n") == (
+        "patchset.yaml: YAML nested too deeply to read")
+
+
+def test_binary_change_without_content_is_refused_by_validate(repo: Path) -> None:
+    (repo / "patches" / "bin.diff").write_text(
+        "diff --git a/vllm/b.bin b/vllm/b.bin\nnew file mode 100644\nindex 0000000..c94be36\n"
+        "Binary files /dev/null and b/vllm/b.bin differ\n")
+    assert patch_error(repo, """\
+        - id: foo
+          summary: x
+          diff: patches/bin.diff
+        """) == ("patchset.yaml:8: patches[0] (id=foo): diff: patches/bin.diff names a binary "
+                 "change without its content ('Binary files /dev/null and b/vllm/b.bin differ'); "
+                 "make it with `git diff --binary`")
+
+
 @pytest.mark.parametrize("repo_yaml, expected", [
     ("5", "patchset.yaml:3: vllm.repo: expected a string or a list of strings, "
           "got the number 5"),
@@ -329,7 +357,8 @@ def test_two_kinds(repo: Path) -> None:
     ("overlay", "overlays/nope", "overlay: no such directory: overlays/nope"),
     ("transform", "patches/a.diff", "transform: patches/a.diff is not a Python file (.py)"),
     ("diff", "patches", "diff: patches is not a file"),
-    ("overlay", "patches/t.py", "overlay: no such directory: patches/t.py"),
+    ("overlay", "patches/t.py", "overlay: patches/t.py is a file; an overlay is a directory of "
+                                "files laid over the checkout"),
 ])
 def test_missing_or_wrong_patch_file(repo: Path, kind: str, rel: str, expected: str) -> None:
     assert patch_error(repo, f"""\

@@ -18,7 +18,9 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from patchkit import paths
+from patchkit.diffapply import binary_without_data
 from patchkit.errors import ManifestError
+from patchkit.source import ref_problem
 
 PREDICATES = ("defines", "calls", "has_key", "contains", "not")
 KINDS = ("diff", "transform", "overlay")
@@ -173,9 +175,14 @@ class _Loader:
             except yaml.YAMLError as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
                 raise ManifestError(f"YAML syntax error: {first}", path=self.given) from None
+            except RecursionError:
+                raise ManifestError("YAML nested too deeply to read", path=self.given) from None
             if document is None:
                 self.fail("the manifest is empty; it needs at least name and vllm")
-            return self.manifest(document)
+            try:
+                return self.manifest(document)
+            except RecursionError:
+                raise ManifestError("YAML nested too deeply to read", path=self.given) from None
         finally:
             self.yaml.dispose()
 
@@ -292,6 +299,9 @@ class _Loader:
                       f"got {self.kind(repo_node)}", repo_node)
         ref_node = fields["ref"][1]
         ref = self.string(ref_node, "vllm.ref").strip()
+        problem = ref_problem(ref)
+        if problem:
+            self.fail(f"vllm.ref: {problem}", ref_node)
         return VllmSource(repos=repos, ref=ref, line=_line(key_node), ref_line=_line(ref_node))
 
     def image(self, node: yaml.Node) -> ImageDefaults:
@@ -389,6 +399,9 @@ class _Loader:
             self.fail(f"{kind}: {rel} leads outside the manifest's folder (through a symlink)",
                       node)
         if kind == "overlay":
+            if full.exists() and not full.is_dir():
+                self.fail(f"overlay: {rel} is a file; an overlay is a directory of files laid "
+                          "over the checkout", node)
             if not full.is_dir():
                 self.fail(f"overlay: no such directory: {rel}", node)
             return rel
@@ -416,6 +429,10 @@ class _Loader:
             self.fail(f"diff: {rel} is not a valid unified diff: {exc}", node)
         if len(patch_set) == 0:
             self.fail(f"diff: {rel} holds no file changes (not a unified diff?)", node)
+        binary = binary_without_data(text)
+        if binary:
+            self.fail(f"diff: {rel} names a binary change without its content ({binary!r}); "
+                      "make it with `git diff --binary`", node)
         for patched in patch_set:
             try:
                 paths.check_relative(patched.path)
