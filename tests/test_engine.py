@@ -209,3 +209,92 @@ def test_diff_that_deletes_a_file(tmp_path):
     assert statuses(report) == [("drop", "applied", None)], report.patches[0].message
     assert not (tmp_path / "wd/pkg/mod.py").exists()
     assert sh("git", "show", "--name-status", "--format=", "HEAD", cwd=tmp_path / "wd") == "D\tpkg/mod.py"
+
+
+def test_a_workdir_under_a_file_is_refused_before_any_source_is_read(tmp_path):
+    proj = make_project(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    cache = tmp_path / "cache"
+    with pytest.raises(UsageError) as info:
+        apply(proj, tmp_path / "afile" / "wd", cache=cache)
+    assert str(info.value) == (f"--workdir {tmp_path / 'afile' / 'wd'}: {tmp_path / 'afile'} is a "
+                               "file, not a folder")
+    assert not cache.exists()
+
+
+def test_a_workdir_whose_folder_cannot_be_written_is_a_usage_error(tmp_path):
+    proj = make_project(tmp_path)
+    # /proc refuses new entries even to root, where file modes would not
+    with pytest.raises(UsageError, match=r"^--workdir /proc/wd: cannot write in /proc: "):
+        apply(proj, Path("/proc/wd"), cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_an_empty_ref_is_an_error_not_the_manifest_default(tmp_path):
+    proj = make_project(tmp_path)
+    with pytest.raises(SourceError, match="bad vLLM ref: the ref is empty"):
+        apply(proj, tmp_path / "wd", ref="")
+    assert not (tmp_path / "wd").exists()
+
+
+STRAY_TRANSFORM = '''\
+import pathlib
+
+import libcst as cst
+import libcst.matchers as m
+from patchkit.transform import Transform
+
+ROOT = None
+
+
+class Fast(Transform):
+    path = "pkg/mod.py"
+
+    def postcondition(self, module):
+        return self.has(module, m.SimpleString('"fast"'))
+
+    def transform(self, module):
+        # the author's code reaches past its path into the checkout
+        for tree in pathlib.Path(__file__).parents[2].glob(".wd.patchkit-*/t"):
+            (tree / "pkg" / "stray.py").write_text("STRAY = 1\\n")
+        old = self.anchor(module, m.SimpleString('"plain"'), 'the "plain" mode')
+        return module.deep_replace(old, cst.SimpleString('"fast"'))
+'''
+
+
+def test_a_transform_that_writes_files_it_does_not_name_fails_and_leaves_nothing(tmp_path):
+    proj = make_project(tmp_path)
+    (proj / "patches/fast.py").write_text(STRAY_TRANSFORM)
+    wd = tmp_path / "wd"
+    report = apply(proj, wd, keep_failed=True)
+    assert statuses(report)[1] == ("fast-mode", "failed", "unsafe-path")
+    assert report.patches[1].message == "it changed files it does not name: pkg/stray.py"
+    assert report.patches[1].commit is None
+    kept = Path(report.keep_failed)
+    assert not (kept / "pkg/stray.py").exists()
+    assert sh("git", "status", "--porcelain", cwd=kept) == ""
+    assert not wd.exists()
+
+
+def test_a_cache_deleted_during_the_run_is_one_line_and_changes_nothing(tmp_path, monkeypatch):
+    import shutil
+
+    from patchkit import diffapply
+
+    proj = make_project(tmp_path)
+    wd, cache = tmp_path / "wd", tmp_path / "cache"
+    real_apply = diffapply.apply
+
+    def cache_deleted_meanwhile(diff_file, root):
+        shutil.rmtree(cache)
+        return real_apply(diff_file, root)
+
+    monkeypatch.setattr(diffapply, "apply", cache_deleted_meanwhile)
+    with pytest.raises(SourceError) as info:
+        apply(proj, wd, cache=cache)
+    message = str(info.value)
+    assert message.startswith(f"the cached vLLM repository {cache / 'repos'}")
+    assert message.endswith("went away during the run (was the cache deleted?); nothing was "
+                            "changed, run again")
+    assert not wd.exists()
+    assert not [p for p in tmp_path.iterdir() if "patchkit-" in p.name]

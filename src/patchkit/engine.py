@@ -22,7 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from patchkit import diffapply, interrupt, overlay, source, transform
 from patchkit import git as g
-from patchkit.errors import UsageError
+from patchkit.errors import CommandError, SourceError, UsageError
 from patchkit.manifest import Manifest, Patch
 from patchkit.report import ApplyReport, PatchResult, VllmInfo
 from patchkit.util import cache_dir
@@ -84,6 +84,16 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
         return PatchResult(patch.id, patch.kind, "failed", "error", message=f"{exc}")
     result = PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
                          out.message, out.offsets)
+    if patch.kind == "transform" and out.status in ("applied", "upstream"):
+        # A transform is the author's code and may write anywhere in the tree; what it did not
+        # name would be left out of the commit yet ride along in the workdir.  (Diffs and
+        # overlays write only the paths they name.)
+        stray = [p for p in g.dirty_paths(root) if p not in out.files]
+        if stray:
+            _reset(root)
+            shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
+            return PatchResult(patch.id, patch.kind, "failed", "unsafe-path", None, out.files,
+                               f"it changed files it does not name: {shown}")
     if out.status == "applied":
         # `git apply --index` has staged a diff's changes, deletions included
         staged = [] if patch.kind == "diff" else out.files
@@ -174,17 +184,25 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
     if workdir.exists() and not is_checkout(workdir) and (not workdir.is_dir() or any(workdir.iterdir())):
         raise UsageError(f"--workdir {workdir} exists and is not a patchkit checkout; "
                          "remove it or name another")
-    ref = ref or manifest.vllm.ref
-    repos = tuple(repos or manifest_sources(manifest))
+    ref = manifest.vllm.ref if ref is None else ref   # an empty --vllm-ref is an error, not a default
+    repos = manifest_sources(manifest) if repos is None else tuple(repos)
     cache = cache or cache_dir()
-    resolved = source.resolve(repos, ref, cache, progress.info)
-    workdir.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{workdir.name}.patchkit-", dir=workdir.parent))
+    # Before any download: a workdir that cannot be made is known at once.
+    scratch = _scratch_beside(workdir)
     kept = False
     try:
-        source.checkout(resolved, scratch / "t")
+        resolved = source.resolve(repos, ref, cache, progress.info)
         tree = scratch / "t"
-        report = run_series(manifest, tree, resolved, progress)
+        try:
+            source.checkout(resolved, tree)
+            report = run_series(manifest, tree, resolved, progress)
+        except CommandError:
+            # the checkout borrows the cached repository's objects
+            if not g.is_repository(resolved.repo):
+                raise SourceError(f"the cached vLLM repository {resolved.repo} went away during "
+                                  "the run (was the cache deleted?); nothing was changed, run "
+                                  "again") from None
+            raise
         report.workdir = str(workdir)
         if not report.ok:
             if keep_failed:
@@ -199,6 +217,19 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
     finally:
         if not kept:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch_beside(workdir: Path) -> Path:
+    """A scratch folder next to ``workdir``: on its file system, so the swap is a rename."""
+    parent = workdir.parent
+    existing = next((p for p in (parent, *parent.parents) if os.path.lexists(p)), None)
+    if existing is not None and not existing.is_dir():
+        raise UsageError(f"--workdir {workdir}: {existing} is a file, not a folder")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{workdir.name}.patchkit-", dir=parent))
+    except OSError as exc:
+        raise UsageError(f"--workdir {workdir}: cannot write in {parent}: {exc.strerror}") from None
 
 
 def _swap(new: Path, workdir: Path, scratch: Path) -> None:

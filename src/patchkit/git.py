@@ -110,6 +110,13 @@ def commit_all(repo: Path, message: str, paths: Iterable[str] | None = None) -> 
     return out("rev-parse", "HEAD", cwd=repo)
 
 
+def dirty_paths(repo: Path) -> list[str]:
+    """Every path of the work tree that differs from HEAD, staged or not, untracked included."""
+    text = git("status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames",
+               cwd=repo).stdout
+    return [entry[3:] for entry in text.split("\0") if len(entry) > 3]
+
+
 def tag(repo: Path, name: str, commit: str) -> None:
     git("tag", "-f", name, commit, cwd=repo)
 
