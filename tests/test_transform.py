@@ -138,6 +138,24 @@ class Boom(Transform):
     assert "Boom (pkg/spec.py): ValueError: bad idea" in out.message
 
 
+def test_sys_exit_in_author_code_is_a_failure_not_the_end_of_the_run(tmp_path):
+    code = HEADER + '''
+class Quits(Transform):
+    path = "pkg/spec.py"
+
+    def postcondition(self, module):
+        return False
+
+    def transform(self, module):
+        import sys
+        sys.exit(3)
+'''
+    out, root = run(tmp_path, code, {"pkg/spec.py": "x = 1\n"})
+    assert (out.status, out.reason, out.message) == (
+        "failed", "error", "Quits (pkg/spec.py): SystemExit: 3")
+    assert (root / "pkg/spec.py").read_text() == "x = 1\n"
+
+
 def test_all_or_nothing_across_classes(tmp_path):
     code = RENAME + '''
 
@@ -169,6 +187,9 @@ def test_unsafe_path(tmp_path):
     ("x = (\n", "import failed: SyntaxError"),
     ("import libcst\n", "defines no patchkit.transform.Transform subclass"),
     (HEADER + "class NoPath(Transform):\n    pass\n", "NoPath sets no `path`"),
+    (HEADER + "class IntPath(Transform):\n    path = 5\n",
+     "IntPath.path must be a checkout-relative path string, not 5"),
+    ("import sys\nsys.exit(5)\n", "import failed: SystemExit: 5"),
 ])
 def test_load_errors(tmp_path, code, needle):
     out, _ = run(tmp_path, code, {"pkg/spec.py": "x = 1\n"})

@@ -139,7 +139,7 @@ def load_transforms(py_file: Path) -> list[type[Transform]]:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # the author's code: report, never a traceback
+    except (Exception, SystemExit) as exc:  # the author's code: report, never a traceback
         raise TransformLoadError(f"{py_file}: import failed: {type(exc).__name__}: {exc}") from exc
     finally:
         sys.modules.pop(name, None)
@@ -150,8 +150,11 @@ def load_transforms(py_file: Path) -> list[type[Transform]]:
         raise TransformLoadError(f"{py_file}: defines no patchkit.transform.Transform subclass")
     # vars() keeps definition order, which is the order the classes run in
     for cls in found:
-        if not isinstance(cls.path, str) or not cls.path:
+        if not cls.path:
             raise TransformLoadError(f"{py_file}: {cls.__name__} sets no `path`")
+        if not isinstance(cls.path, str):
+            raise TransformLoadError(f"{py_file}: {cls.__name__}.path must be a checkout-relative "
+                                     f"path string, not {cls.path!r}")
     return found
 
 
@@ -206,7 +209,7 @@ def _run_one(cls: type[Transform], source: str, version: Version | None
         after = instance.transform(before)
     except AnchorError as exc:
         return Outcome("failed", exc.reason, f"{label}: {exc}")
-    except Exception as exc:  # the author's code
+    except (Exception, SystemExit) as exc:  # the author's code; sys.exit() there ends no run
         return Outcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
     if not isinstance(after, cst.Module):
         return Outcome("failed", "error", f"{label}: transform() returned "
@@ -223,7 +226,7 @@ def _run_one(cls: type[Transform], source: str, version: Version | None
         return Outcome("failed", "error", f"{label}: result does not compile: {exc}")
     try:
         holds = instance.postcondition(reparsed)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         return Outcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
     if not holds:
         return Outcome("failed", "error",
