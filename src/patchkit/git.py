@@ -46,6 +46,18 @@ def is_repository(path: Path) -> bool:
     return git(f"--git-dir={path}", "rev-parse", "--is-bare-repository", check=False).returncode == 0
 
 
+def missing_alternates(work_tree: Path) -> list[str]:
+    """The object stores a checkout borrows from (``git clone --shared``) that no longer exist."""
+    info = work_tree / ".git" / "objects" / "info" / "alternates"
+    try:
+        lines = info.read_text().splitlines()
+    except OSError:
+        return []
+    base = work_tree / ".git" / "objects"
+    return [line for line in (x.strip() for x in lines)
+            if line and not line.startswith("#") and not (base / line).is_dir()]
+
+
 def resolve_commit(repo: Path, ref: str) -> str | None:
     """The commit ``ref`` names in ``repo`` (tag, branch, remote branch or sha), or None."""
     candidates = [f"refs/tags/{ref}", f"refs/heads/{ref}", f"refs/remotes/origin/{ref}", ref]

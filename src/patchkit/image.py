@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator, Sequence
 
-from patchkit.errors import ImageError
+from patchkit.errors import ImageError, UsageError
 
 Log = Callable[[str], None]
 
@@ -59,7 +59,7 @@ class Platform:
     def parse(cls, text: str) -> "Platform":
         parts = text.strip().lower().split("/")
         if len(parts) not in (2, 3) or not all(parts):
-            raise ImageError(f"--platform {text!r}: expected OS/ARCH[/VARIANT], e.g. linux/arm64")
+            raise UsageError(f"--platform {text!r}: expected OS/ARCH[/VARIANT], e.g. linux/arm64")
         arch = {"aarch64": "arm64", "x86_64": "amd64"}.get(parts[1], parts[1])
         return cls(parts[0], arch, parts[2] if len(parts) == 3 else None)
 
@@ -309,6 +309,40 @@ def _repository(name: str) -> str:
     return name
 
 
+# The reference grammar of the distribution project, which the engine enforces.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = (r"(?:localhost|\[[0-9a-fA-F:]+\]|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+           r"(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*)(?::[0-9]+)?")
+_NAME = re.compile(rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG = re.compile(r"[\w][\w.-]{0,127}")
+_DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
+
+
+def reference_problem(ref: str, *, digest_ok: bool = True) -> str | None:
+    """Why ``ref`` is not an image reference the engine would take, or None.  Checked before
+    anything is built, so that a bad ``--tag`` is known before the work, not after it."""
+    if not ref.strip():
+        return "it is empty"
+    rest, _, digest = ref.partition("@")
+    if digest and not digest_ok:
+        return "a tag names no digest (drop the @...)"
+    if digest and not _DIGEST.fullmatch(digest):
+        return f"{digest!r} is not a digest like sha256:<64 hex digits>"
+    name, tag = rest, None
+    last = rest.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = rest[: len(rest) - len(last)] + last.split(":", 1)[0], last.split(":", 1)[1]
+    if tag is not None and not _TAG.fullmatch(tag):
+        return f"the tag {tag!r} is not [A-Za-z0-9_.-], at most 128 characters"
+    if len(name) > 255:
+        return "the name is longer than 255 characters"
+    if not _NAME.fullmatch(name):
+        if _NAME.fullmatch(name.lower()):
+            return "the repository name must be lowercase"
+        return "it is not NAME[:TAG] (lowercase letters, digits, and . _ - / as separators)"
+    return None
+
+
 def split_tag(ref: str) -> tuple[str, str]:
     repo = _repository(ref)
     rest = ref[len(repo):]
@@ -443,16 +477,17 @@ class Engine:
     # -- files of an image, without running it
 
     @contextmanager
-    def files(self, image: str) -> Iterator["ImageFiles"]:
+    def files(self, image: str, name: str | None = None) -> Iterator["ImageFiles"]:
         """The image's filesystem, readable through a container that is created, never started,
-        and removed on the way out."""
+        and removed on the way out.  ``name`` is how messages call the image (what the user
+        gave), when ``image`` is its id."""
         with _border(f"creating a stopped container of {image}"):
             created = self.api.create_container(
                 image, command=["/.patchkit-never-started"], entrypoint=[],
                 network_disabled=True, labels={"io.patchkit.scratch": "1"})
         cid = created["Id"]
         try:
-            yield ImageFiles(self.api, cid, image)
+            yield ImageFiles(self.api, cid, name or image)
         finally:
             try:
                 self.api.remove_container(cid, force=True, v=True)

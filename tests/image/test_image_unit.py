@@ -15,7 +15,7 @@ import pytest
 
 from patchkit import image as im
 from patchkit.commands import build_image as bi
-from patchkit.errors import ImageError
+from patchkit.errors import ImageError, UsageError
 from patchkit.manifest import ImageDefaults, Manifest, VllmSource
 
 SITE = "/opt/venv/lib/python3.12/site-packages"
@@ -103,7 +103,7 @@ def test_platform_parse_and_match():
     assert str(im.Platform.parse("linux/aarch64")) == "linux/arm64"
     assert im.Platform.parse("linux/arm64").matches(im.Platform("linux", "arm64", "v8"))
     assert not im.Platform.parse("linux/arm64").matches(im.Platform("linux", "amd64"))
-    with pytest.raises(ImageError, match="OS/ARCH"):
+    with pytest.raises(UsageError, match="OS/ARCH"):  # a bad flag: exit 2
         im.Platform.parse("arm64")
 
 
@@ -389,7 +389,8 @@ def test_overlay_lays_exactly_the_patched_files_into_the_found_package(project, 
      "base reg:5000/vllm/base:0.27.1 already has vllm/dspark/guard.py"),
     ({k: v for k, v in _base_fs().items() if "old.py" not in k},
      "base reg:5000/vllm/base:0.27.1 has no vllm/utils/old.py"),
-    ({"/usr/bin/python3": b""}, "has no installed vllm package"),
+    ({"/usr/bin/python3": b""},
+     "reg:5000/vllm/base:0.27.1 has no installed vllm package"),  # named as given, not by id
 ])
 def test_a_base_that_is_not_the_pristine_release_is_refused_and_nothing_tagged(
         project, workdir, fs, message):
@@ -448,3 +449,82 @@ def test_verify_image_of_a_missing_image_is_one_line(tmp_path):
                  vllm=VllmSource(("x",), "v0.27.1"), image=ImageDefaults(), patches=())
     with pytest.raises(ImageError, match=r"^image reg:5000/none:1 not found: manifest for"):
         bi.verify_image(m, "reg:5000/none:1", engine=engine)
+
+
+@pytest.mark.parametrize("ref,problem", [
+    ("UPPER:x", "the repository name must be lowercase"),
+    ("ghcr.io/Org/x:1", "the repository name must be lowercase"),
+    ("a b c", "it is not NAME[:TAG]"),
+    ("", "it is empty"),
+    ("x:release/0.27", "it is not NAME[:TAG]"),
+    ("a:b:c", "the tag 'b:c' is not"),
+    ("repo@sha256:abc", "is not a digest"),
+])
+def test_bad_references_are_named(ref, problem):
+    assert problem in im.reference_problem(ref)
+
+
+@pytest.mark.parametrize("ref", ["qa/dspark:v0.27.1", "127.0.0.1:5055/pk-test/vllm-base:0.27.1",
+                                 "vllm/vllm-openai", "localhost:5000/a/b_c.d-e:1.0",
+                                 "x@sha256:" + "a" * 64, "sha256:" + "b" * 64, "[::1]:5000/x:y"])
+def test_good_references_pass(ref):
+    assert im.reference_problem(ref) is None
+
+
+def _refused_before_the_apply(project, tmp_path, **kw) -> str:
+    """build_image with apply=True on a manifest whose source does not exist: a flag refused
+    first never reaches the apply (which would fail on the source)."""
+    with pytest.raises(UsageError) as info:
+        bi.build_image(project, workdir=tmp_path / "wd", engine=object(), **kw)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "wd").exists()
+    return str(info.value)
+
+
+def test_bad_tag_base_and_platform_are_refused_before_the_apply(project, tmp_path):
+    assert _refused_before_the_apply(project, tmp_path, tag="UPPER:{ref}") == (
+        "--tag 'UPPER:x' is not an image reference: the repository name must be lowercase")
+    assert _refused_before_the_apply(project, tmp_path, tag="") == (
+        "--tag '' is not an image reference: it is empty")
+    assert _refused_before_the_apply(project, tmp_path, tag="x@sha256:" + "a" * 64).startswith(
+        "--tag 'x@sha256:")
+    assert _refused_before_the_apply(project, tmp_path, base="Not A Ref").startswith(
+        "--base 'Not A Ref' is not an image reference: ")
+    assert _refused_before_the_apply(project, tmp_path, platform="arm64").startswith(
+        "--platform 'arm64': expected OS/ARCH")
+
+
+def test_no_apply_with_a_ref_or_repo_is_a_conflict(project, workdir):
+    for kw in ({"ref": "v0.33.0"}, {"repos": ["pypi"]}):
+        with pytest.raises(UsageError, match="with --no-apply the workdir is used as it is"):
+            bi.build_image(project, workdir=workdir, apply=False, engine=object(), **kw)
+
+
+def test_a_branch_ref_makes_a_valid_tag(project):
+    assert bi.default_tag(project, {"ref": "release/0.27", "version": "0.27.1"}, None) == (
+        "demo:release-0.27")
+    assert im.reference_problem("demo:release-0.27") is None
+
+
+def test_a_workdir_whose_borrowed_objects_are_gone_is_one_line(project, tmp_path):
+    from fixtures import make_upstream, sh
+
+    up = make_upstream(tmp_path / "mirror", {"v1": {"vllm/__init__.py": "X = 1\n"}})
+    wd = tmp_path / "wd"
+    sh("git", "clone", "-q", "--shared", str(up), str(wd))
+    sh("git", "tag", "patchkit/base", cwd=wd)
+    (wd / ".git" / "patchkit-report.json").write_text('{"ok": true, "vllm": {"ref": "v1"}}')
+    import shutil
+
+    shutil.rmtree(up)
+    with pytest.raises(UsageError) as info:
+        bi.build_image(project, workdir=wd, apply=False, engine=object())
+    assert str(info.value) == (f"{wd} borrows its git objects from {up / '.git' / 'objects'}, "
+                               "which is gone (was the cache deleted?); run 'patchkit apply' again")
+
+
+def test_verify_image_of_a_bad_reference_is_a_usage_error(tmp_path):
+    m = Manifest(name="demo", root=tmp_path, path=tmp_path / "patchset.yaml",
+                 vllm=VllmSource(("x",), "v0.27.1"), image=ImageDefaults(), patches=())
+    with pytest.raises(UsageError, match=r"^--image 'BAD REF' is not an image reference: "):
+        bi.verify_image(m, "BAD REF", engine=object())

@@ -87,6 +87,10 @@ class AppliedTree:
         if report is None:
             raise UsageError(f"{workdir} is not an applied checkout (no .git/"
                              f"{apply_engine.REPORT_FILE}); run 'patchkit apply' first")
+        gone = g.missing_alternates(workdir)
+        if gone:
+            raise UsageError(f"{workdir} borrows its git objects from {gone[0]}, which is gone "
+                             "(was the cache deleted?); run 'patchkit apply' again")
         base = g.resolve_commit(workdir, apply_engine.BASE_TAG) or (report.get("vllm") or {}).get("commit")
         if not base:
             raise UsageError(f"{workdir} has no {apply_engine.BASE_TAG} tag")
@@ -372,7 +376,7 @@ def build_overlay(manifest: Manifest, tree: AppliedTree, choice: ModeChoice, eng
                           "whiteouts": int(got.get("io.patchkit.layer.whiteouts", 0))},
                 "vllm_dir": got.get("io.patchkit.vllm.dir"),
                 "installed": got.get("io.patchkit.vllm.installed") or None}
-    with engine.files(base.image_id) as files:
+    with engine.files(base.image_id, base.name) as files:
         plan = plan_overlay(files, base, tree, choice.shipped, serve, log)
     layer = im.layer_tar(plan.entries, created)
     labels.update({
@@ -458,10 +462,18 @@ def build_source(manifest: Manifest, tree: AppliedTree, choice: ModeChoice, engi
 # ------------------------------------------------------------------------------ command
 
 def default_tag(manifest: Manifest, tree_vllm: dict, tag: str | None) -> str:
-    template = tag or manifest.image.tag or f"{manifest.name}:{{ref}}"
-    ref = str(tree_vllm.get("ref") or "latest")
-    text = template.replace("{ref}", ref).replace("{version}", str(tree_vllm.get("version") or ref))
+    template = tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
+    # a branch ref such as release/0.27 holds characters no image tag may
+    ref = re.sub(r"[^\w.-]", "-", str(tree_vllm.get("ref") or "latest"))
+    version = re.sub(r"[^\w.-]", "-", str(tree_vllm.get("version") or ref))
+    text = template.replace("{ref}", ref).replace("{version}", version)
     return text.replace("{name}", manifest.name)
+
+
+def check_reference(flag: str, ref: str, *, digest_ok: bool = True) -> None:
+    problem = im.reference_problem(ref, digest_ok=digest_ok)
+    if problem:
+        raise UsageError(f"{flag} {ref!r} is not an image reference: {problem}")
 
 
 def build_image(manifest: Manifest, *, workdir: Path, ref: str | None = None,
@@ -479,6 +491,16 @@ def build_image(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     workdir = Path(workdir)
     if mode not in ("auto", "overlay", "source"):
         raise UsageError(f"--mode {mode!r}: expected auto, overlay or source")
+    # What can be refused is refused before the apply, which takes a while.
+    if not apply and (ref is not None or repos):
+        raise UsageError("--vllm-ref and --vllm-repo choose what to apply; with --no-apply the "
+                         "workdir is used as it is")
+    if base is not None:
+        check_reference("--base", base)
+    if tag is not None:
+        check_reference("--tag", default_tag(manifest, {"ref": "x", "version": "x"}, tag),
+                        digest_ok=False)
+    plat = im.Platform.parse(platform or manifest.image.platform or "linux/arm64")
     if apply:
         report = apply_engine.apply_series(manifest, ref=ref, repos=repos, workdir=workdir,
                                            progress=progress)
@@ -488,12 +510,12 @@ def build_image(manifest: Manifest, *, workdir: Path, ref: str | None = None,
                        + (f" ({', '.join(failed)} failed)" if failed else " (assertions failed)"),
                        "vllm": report.to_dict()["vllm"], "patches": report.to_dict()["patches"]}
     tree = AppliedTree.open(workdir)
-    plat = im.Platform.parse(platform or manifest.image.platform or "linux/arm64")
     choice = choose_mode(tree.changes(), mode)
     log(f"mode: {choice.mode} ({choice.reason})")
     if choice.not_shipped:
         log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
     final_tag = default_tag(manifest, tree.vllm, tag)
+    check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
     engine = engine or im.Engine.connect()
     previous = (engine.inspect(final_tag) or {}).get("Id")
     if choice.mode == "overlay":
@@ -587,6 +609,7 @@ def verify_image(manifest: Manifest, image: str, *, engine: im.Engine | None = N
     """The manifest's assertions on the files inside ``image``, read without running it."""
     from patchkit import verify
 
+    check_reference("--image", image)
     engine = engine or im.Engine.connect()
     attrs = engine.inspect(image)
     if attrs is None:
@@ -601,7 +624,7 @@ def verify_image(manifest: Manifest, image: str, *, engine: im.Engine | None = N
     config = attrs.get("Config") or {}
     labels = config.get("Labels") or {}
     env = dict(item.partition("=")[::2] for item in config.get("Env") or ())
-    with engine.files(attrs["Id"]) as files:
+    with engine.files(attrs["Id"], image) as files:
         hinted = labels.get("io.patchkit.vllm.dir")
         if hinted and files.exists(hinted.rstrip("/") + "/__init__.py"):
             pkg = im.Package(str(PurePosixPath(hinted).parent), None)
