@@ -399,6 +399,12 @@ class Engine:
         docker = _docker()
         host = host or os.environ.get("DOCKER_HOST") or None
         shown = host or "unix:///var/run/docker.sock"
+        if host and host.startswith("ssh://"):
+            try:
+                import paramiko  # noqa: F401  the SDK loads its ssh transport only with it
+            except ImportError:
+                raise ImageError(f"DOCKER_HOST={host} needs the paramiko package, which is not "
+                                 "installed: pip install 'docker[ssh]'") from None
         try:
             if host:
                 # ssh:// goes through the system's ssh, so ~/.ssh/config and agents apply.

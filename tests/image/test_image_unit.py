@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -425,6 +426,14 @@ def test_refused_push_puts_the_tag_back(project, workdir):
 def test_no_engine_is_one_line():
     with pytest.raises(ImageError, match=r"^no Docker Engine answers at unix:///nonexistent/pk.sock: "):
         im.Engine.connect("unix:///nonexistent/pk.sock", timeout=5)
+
+
+def test_an_ssh_engine_without_paramiko_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "paramiko", None)  # as if it were not installed
+    with pytest.raises(ImageError) as info:
+        im.Engine.connect("ssh://user@127.0.0.1:9", timeout=5)
+    assert str(info.value) == ("DOCKER_HOST=ssh://user@127.0.0.1:9 needs the paramiko package, "
+                               "which is not installed: pip install 'docker[ssh]'")
 
 
 def test_verify_image_reads_the_package_files(tmp_path):
