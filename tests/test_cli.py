@@ -83,6 +83,13 @@ def test_bad_flag_is_one_line_exit_2(tmp_path):
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("flag", ["--max-jobs", "--nvcc-threads"])
+def test_build_image_counts_must_be_positive(tmp_path, flag):
+    p = patchkit("build-image", flag, "0", cwd=tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert f"Invalid value for '{flag}': 0 is not in the range x>=1" in p.stderr
+
+
 def test_verify_tree(tmp_path):
     proj = make_project(tmp_path)
     assert patchkit("apply", cwd=proj).returncode == 0

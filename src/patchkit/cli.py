@@ -181,8 +181,8 @@ def verify(tree, image, manifest_path, fmt) -> int:
 @click.option("--platform", help="OS/ARCH (default: image.platform, else linux/arm64).")
 @click.option("--mode", type=click.Choice(["auto", "overlay", "source"]), default="auto",
               show_default=True, help="Overlay the patched files on the base, or build vLLM from source.")
-@click.option("--max-jobs", type=int, help="Source mode: parallel compile jobs.")
-@click.option("--nvcc-threads", type=int, help="Source mode: threads per nvcc.")
+@click.option("--max-jobs", type=click.IntRange(min=1), help="Source mode: parallel compile jobs.")
+@click.option("--nvcc-threads", type=click.IntRange(min=1), help="Source mode: threads per nvcc.")
 @click.option("--push", is_flag=True, help="Push the tag to its registry.")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write a 'docker load' archive.")
 @MANIFEST
