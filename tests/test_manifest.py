@@ -209,6 +209,24 @@ def test_ref_that_names_no_fixed_commit(repo: Path, ref_yaml: str, expected: str
     assert error(repo, f"name: demo\nvllm:\n  repo: pypi\n  ref: {ref_yaml}\n") == expected
 
 
+@pytest.mark.parametrize("image_yaml, expected", [
+    ("tag: 'UPPER:{ref}'", "patchset.yaml:6: image.tag: 'UPPER:{ref}' is not an image reference: "
+                           "the repository name must be lowercase"),
+    ("base: vllm/vllm openai", "patchset.yaml:6: image.base: 'vllm/vllm openai' is not an image "
+                               "reference: it is not NAME[:TAG] (lowercase letters, digits, and "
+                               ". _ - / as separators)"),
+])
+def test_image_references_are_checked(repo: Path, image_yaml: str, expected: str) -> None:
+    assert error(repo, f"name: demo\nvllm:\n  repo: pypi\n  ref: v1\nimage:\n  {image_yaml}\n") == (
+        expected)
+
+
+def test_image_tag_placeholders_are_fine(repo: Path) -> None:
+    write(repo, "name: demo\nvllm:\n  repo: pypi\n  ref: v1\nimage:\n"
+                "  base: vllm/vllm-openai@sha256:" + "a" * 64 + "\n  tag: '{name}:{ref}-{version}'\n")
+    assert manifest.load("patchset.yaml").image.tag == "{name}:{ref}-{version}"
+
+
 def test_yaml_nested_too_deeply_is_a_manifest_error(repo: Path) -> None:
     assert error(repo, "name: " + "[" * 5000 + "]" * 5000 + "\n") == (
         "patchset.yaml: YAML nested too deeply to read")

@@ -20,6 +20,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from patchkit import paths
 from patchkit.diffapply import binary_without_data
 from patchkit.errors import ManifestError
+from patchkit.image import reference_problem
 from patchkit.source import ref_problem
 
 PREDICATES = ("defines", "calls", "has_key", "contains", "not")
@@ -312,6 +313,14 @@ class _Loader:
         if "platform" in values and not _PLATFORM_RE.match(values["platform"]):
             self.fail(f"image.platform: {values['platform']!r} is not a platform like "
                       "linux/arm64", fields["platform"][1])
+        for key in ("base", "tag"):
+            if key not in values:
+                continue
+            filled = re.sub(r"\{(ref|version|name)\}", "x", values[key])
+            problem = reference_problem(filled, digest_ok=key == "base")
+            if problem:
+                self.fail(f"image.{key}: {values[key]!r} is not an image reference: {problem}",
+                          fields[key][1])
         return ImageDefaults(**values)
 
     def patch(self, node: yaml.Node, index: int, first_line: dict[str, int]) -> Patch:
