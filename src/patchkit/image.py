@@ -456,7 +456,8 @@ class Engine:
             except ImageError as exc:
                 if str(exc).startswith("base image"):
                     raise
-                raise ImageError(f"base image {ref} not found: {exc}") from exc
+                why = _explain(exc.__cause__) if exc.__cause__ is not None else str(exc)
+                raise ImageError(f"base image {ref} not found: {why}") from exc
             attrs = self.inspect(ref)
         if attrs is None:
             raise ImageError(f"base image {ref} not found on the engine at {self.host}")

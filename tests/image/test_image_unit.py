@@ -537,3 +537,17 @@ def test_verify_image_of_a_bad_reference_is_a_usage_error(tmp_path):
                  vllm=VllmSource(("x",), "v0.27.1"), image=ImageDefaults(), patches=())
     with pytest.raises(UsageError, match=r"^--image 'BAD REF' is not an image reference: "):
         bi.verify_image(m, "BAD REF", engine=object())
+
+
+def test_a_pull_the_engine_refuses_is_named_once(project, workdir, monkeypatch):
+    engine, api = _engine()
+
+    def refused(repo, tag=None, **kw):
+        raise docker.errors.NotFound("manifest for reg:5000/other:1 not found: manifest unknown")
+        yield  # a generator, as the SDK's pull
+
+    monkeypatch.setattr(api, "pull", refused)
+    with pytest.raises(ImageError) as info:
+        bi.build_image(project, workdir=workdir, apply=False, engine=engine, base="reg:5000/other:1")
+    assert str(info.value) == ("base image reg:5000/other:1 not found: manifest for "
+                               "reg:5000/other:1 not found: manifest unknown")
