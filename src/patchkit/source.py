@@ -97,6 +97,42 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log) -> Resolved:
         return Resolved(source, repo, ref, commit, version_of(repo, commit))
 
 
+def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None
+              ) -> tuple[str, list[str]]:
+    """Every tag the first source that answers has now (a git source is fetched first, so new
+    releases show), and that source; ``pypi`` lists the releases on PyPI as ``vX.Y.Z``."""
+    failures: list[str] = []
+    for source in sources:
+        try:
+            return source, _tags_of(source, cache, log)
+        except SourceError as exc:
+            if len(sources) == 1:
+                raise
+            log(f"source {source}: {exc}; trying the next")
+            failures.append(f"{source}: {exc}")
+    raise SourceError("no source could list vLLM releases: " + "; ".join(failures))
+
+
+def _tags_of(source: str, cache: Path, log: Log) -> list[str]:
+    if source == pypi.WORD:
+        return [f"v{v}" for v in pypi.release_versions()]
+    url = source
+    if _is_local(source) and not source.startswith("file://"):
+        local = Path(source).expanduser().absolute()
+        if not local.exists():
+            raise SourceError(f"no such repository: {source}")
+        url = str(local)
+    repo = cache / "repos" / f"{_slug(url)}.git"
+    repo.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(repo) + ".lock"):
+        if not (repo / "HEAD").exists():
+            _clone_mirror(url, repo, log)
+        else:
+            log(f"fetching tags of {source}")
+            _fetch(repo, url)
+        return g.tags(repo)
+
+
 def _clone_mirror(url: str, repo: Path, log: Log) -> None:
     log(f"mirroring {url} (once; cached in {repo.parent})")
     tmp = Path(tempfile.mkdtemp(prefix=repo.name + ".", dir=repo.parent))
