@@ -134,9 +134,13 @@ class ManifestText:
         if first > 0 and lines[first - 1].strip() == "-":  # the dash alone on the line above
             first -= 1
         before_blank = first > 0 and not lines[first - 1].strip()
-        after_blank = last + 1 < len(lines) and not lines[last + 1].strip()
-        if before_blank and after_blank:
-            last += 1  # do not leave two blank lines where one entry was
+        at_end = last + 1 >= len(lines)
+        if before_blank and (at_end or not lines[last + 1].strip()):
+            # one blank line separated it from its neighbours: keep one, or none at the end
+            if at_end:
+                first -= 1
+            else:
+                last += 1
         del lines[first:last + 1]
         self.text = "".join(lines)
 
