@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from patchkit import engine, manifest, source  # noqa: E402
-from patchkit import git as g  # noqa: E402
-from patchkit.util import cache_dir  # noqa: E402
+from patchkit import engine, manifest, source
+from patchkit import git as g
+from patchkit.util import cache_dir
 
 FILES = ["vllm/utils/torch_utils.py", "vllm/config/speculative.py", "vllm/v1/kv_cache_interface.py"]
 
@@ -35,14 +35,13 @@ def make_series(resolved: source.Resolved, proj: Path) -> list[Path]:
     for i, rel in enumerate(FILES):
         before = g.show(resolved.repo, f"{resolved.commit}:{rel}")
         lines = before.splitlines(keepends=True)
-        at = len(lines) // 2
-        after = lines[:at] + [f"# bench edit {i}\n"] + lines[at:]
+        after = lines + [f"BENCH_EDIT_{i} = {i}\n"]
         body = "".join(difflib.unified_diff(lines, after, f"a/{rel}", f"b/{rel}"))
         diff = proj / "patches" / f"edit{i}.diff"
         diff.write_text(f"diff --git a/{rel} b/{rel}\n{body}")
         diffs.append(diff)
         entries.append(f"  - id: edit{i}\n    summary: bench edit {i}\n    diff: patches/edit{i}.diff\n"
-                       f"    verify:\n      - file: {rel}\n        contains: x\n"
+                       f"    verify:\n      - file: {rel}\n        defines: BENCH_EDIT_{i}\n"
                        f"      - file: {rel}\n        not: {{defines: no_such_name_{i}}}\n")
     (proj / "patchset.yaml").write_text(
         f"name: bench\nvllm:\n  repo: pypi\n  ref: {resolved.ref}\npatches:\n" + "".join(entries))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 ENV = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "up@example.invalid",
        "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "up@example.invalid",

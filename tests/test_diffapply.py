@@ -3,8 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fixtures import dedent, make_diff, make_upstream, sh
+
 from patchkit import diffapply
 
 BASE = """\
@@ -60,8 +60,8 @@ def test_reverse_applying_diff_is_upstream(tree, tmp_path):
 
 
 def test_fuzz_is_refused(tree, tmp_path):
-    # one context line changed upstream: `patch -F` would take it, patchkit must not
-    (tree / "pkg/mod.py").write_text(BASE.replace("    x = 1\n", "    x = 1  # note\n"))
+    # an outer context line changed upstream: `patch -F2` would take it, patchkit must not
+    (tree / "pkg/mod.py").write_text(BASE.replace("def beta():\n", "def beta():  # note\n"))
     sh("git", "commit", "-qam", "drift", cwd=tree)
     before = (tree / "pkg/mod.py").read_text()
     out = diffapply.apply(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)

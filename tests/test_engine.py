@@ -4,11 +4,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from fixtures import sh
+from project import MOD_V1, make_project
+
 from patchkit import engine, manifest
 from patchkit.errors import SourceError, UsageError
-from project import MOD_V1, make_project
 
 
 def load(proj: Path):
@@ -194,3 +194,18 @@ def test_branch_ref_is_refetched(tmp_path):
     sh("git", "commit", "-qm", "more", cwd=up)
     second = apply(proj, tmp_path / "b", ref="main")
     assert first.vllm.commit != second.vllm.commit == sh("git", "rev-parse", "main", cwd=up)
+
+
+def test_diff_that_deletes_a_file(tmp_path):
+    proj = make_project(tmp_path)
+    scratch = tmp_path / "scratch"
+    sh("git", "clone", "-q", "--branch", "v1", str(tmp_path / "upstream"), str(scratch))
+    sh("git", "rm", "-q", "pkg/mod.py", cwd=scratch)
+    (proj / "patches/drop.diff").write_text(sh("git", "diff", "--cached", cwd=scratch) + "\n")
+    (proj / "patchset.yaml").write_text(
+        f"name: demo\nvllm:\n  repo: {tmp_path / 'upstream'}\n  ref: v1\npatches:\n"
+        "  - id: drop\n    summary: remove the module\n    diff: patches/drop.diff\n")
+    report = apply(proj, tmp_path / "wd")
+    assert statuses(report) == [("drop", "applied", None)], report.patches[0].message
+    assert not (tmp_path / "wd/pkg/mod.py").exists()
+    assert sh("git", "show", "--name-status", "--format=", "HEAD", cwd=tmp_path / "wd") == "D\tpkg/mod.py"

@@ -4,7 +4,7 @@ from patchkit import interrupt
 
 interrupt.install()  # before the heavier imports, so an early ^C is handled like a late one
 
-from patchkit.cli import main  # noqa: E402
+from patchkit.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

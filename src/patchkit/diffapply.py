@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from unidiff import PatchSet
@@ -17,16 +16,8 @@ from unidiff.errors import UnidiffParseError
 
 from patchkit import git as g
 from patchkit import paths
+from patchkit.report import Outcome
 from patchkit.util import run
-
-
-@dataclass
-class DiffOutcome:
-    status: str
-    reason: str | None = None
-    message: str = ""
-    files: list[str] = field(default_factory=list)
-    offsets: list[str] = field(default_factory=list)
 
 
 class DiffParseError(Exception):
@@ -60,54 +51,54 @@ def touched(patch: PatchSet) -> list[str]:
     return out
 
 
-_SYMLINK = re.compile(r"^(new file mode|new mode|old mode|deleted file mode) 120000", re.M)
+_SYMLINK = re.compile(r"^(new file mode|new mode|old mode|deleted file mode) 120000", re.MULTILINE)
 
 
-def apply(diff_file: Path, root: Path) -> DiffOutcome:
+def apply(diff_file: Path, root: Path) -> Outcome:
     """Apply ``diff_file`` to the checkout at ``root`` (index and tree), all or nothing."""
     text = diff_file.read_text(encoding="utf-8", errors="surrogateescape")
     try:
         patch = parse(text)
     except DiffParseError as exc:
-        return DiffOutcome("failed", "error", f"{diff_file.name}: {exc}")
+        return Outcome("failed", "error", f"{diff_file.name}: {exc}")
     files = touched(patch)
     for rel in files:
         try:
             paths.safe_join(root, rel)
         except paths.UnsafePathError as exc:
-            return DiffOutcome("failed", "unsafe-path", str(exc), files)
+            return Outcome("failed", "unsafe-path", str(exc), files)
     if _SYMLINK.search(text):
-        return DiffOutcome("failed", "unsafe-path", "the diff creates or changes a symlink", files)
+        return Outcome("failed", "unsafe-path", "the diff creates or changes a symlink", files)
     # Ask git for its own view of the paths too: it expands renames and copies.
     numstat = g.git("apply", "--numstat", "-z", str(diff_file), cwd=root, check=False)
     if numstat.returncode != 0:
-        return DiffOutcome("failed", "error", _first_line(numstat.stderr), files)
+        return Outcome("failed", "error", _first_line(numstat.stderr), files)
 
     fwd = g.git("apply", "--index", "--verbose", "--whitespace=nowarn", str(diff_file),
                 cwd=root, check=False)
     if fwd.returncode == 0:
-        return DiffOutcome("applied", None, "", files, _offsets(fwd.stderr))
+        return Outcome("applied", None, "", files, _offsets(fwd.stderr))
     rev = g.git("apply", "--check", "--reverse", "--whitespace=nowarn", str(diff_file),
                 cwd=root, check=False)
     if rev.returncode == 0:
-        return DiffOutcome("upstream", None, "the tree already has this change (it reverse-applies)",
+        return Outcome("upstream", None, "the tree already has this change (it reverse-applies)",
                            files)
     missing = re.search(r"error: (\S+): (No such file or directory|does not exist in index)",
                         fwd.stderr)
     if missing:
-        return DiffOutcome("failed", "anchor-missing",
+        return Outcome("failed", "anchor-missing",
                            f"{missing.group(1)}: the file to patch does not exist", files)
     reason = "fuzz" if _applies_with_fuzz(diff_file, root) else "conflict"
     message = _conflict_message(patch, fwd.stderr)
     if reason == "fuzz":
         message += " (it would apply only with fuzz, which is never accepted)"
-    return DiffOutcome("failed", reason, message, files)
+    return Outcome("failed", reason, message, files)
 
 
 def _applies_with_fuzz(diff_file: Path, root: Path) -> bool:
     """Would a fuzzy tool take it?  Only to name the refusal: the tree is never touched."""
     if shutil.which("patch"):
-        proc = run(["patch", "--dry-run", "--batch", "--silent", "--fuzz=3", "-p1", "-i",
+        proc = run(["patch", "--dry-run", "--batch", "--silent", "--fuzz=2", "-p1", "-i",
                     str(diff_file.absolute())], cwd=root, check=False)
         return proc.returncode == 0
     # Without GNU patch, git's reduced-context mode is the nearest equivalent.

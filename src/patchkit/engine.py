@@ -13,9 +13,9 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from filelock import FileLock
 from packaging.version import InvalidVersion, Version
@@ -75,20 +75,19 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     try:
         if patch.kind == "diff":
             out = diffapply.apply(file, root)
-            offsets = out.offsets
         elif patch.kind == "transform":
             out = transform.run_transform_file(file, root, Version(version) if version else None)
-            offsets = []
         else:
             out = overlay.apply(file, root, base_commit, patch.replaces, mirror)
-            offsets = []
     except OSError as exc:
         _reset(root)
         return PatchResult(patch.id, patch.kind, "failed", "error", message=f"{exc}")
     result = PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
-                         out.message, offsets)
+                         out.message, out.offsets)
     if out.status == "applied":
-        result.commit = g.commit_all(root, commit_message(patch), out.files)
+        # `git apply --index` has staged a diff's changes, deletions included
+        staged = [] if patch.kind == "diff" else out.files
+        result.commit = g.commit_all(root, commit_message(patch), staged)
         if result.commit is None:  # wrote bytes identical to what was there
             result.status, result.message = "upstream", "the tree already has this change"
     elif out.status == "failed":
@@ -154,6 +153,16 @@ def read_report(path: Path) -> dict | None:
         return None
 
 
+def manifest_sources(manifest: Manifest) -> tuple[str, ...]:
+    """The manifest's sources, with relative local paths taken from the manifest's folder."""
+    out = []
+    for repo in manifest.vllm.repos:
+        if repo.startswith(("./", "../")):
+            repo = str((manifest.root / repo).resolve())
+        out.append(repo)
+    return tuple(out)
+
+
 def apply_series(manifest: Manifest, *, ref: str | None = None,
                  repos: Sequence[str] | None = None, workdir: Path,
                  keep_failed: bool = False, progress: Progress | None = None,
@@ -166,7 +175,7 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
         raise UsageError(f"--workdir {workdir} exists and is not a patchkit checkout; "
                          "remove it or name another")
     ref = ref or manifest.vllm.ref
-    repos = tuple(repos or manifest.vllm.repos)
+    repos = tuple(repos or manifest_sources(manifest))
     cache = cache or cache_dir()
     resolved = source.resolve(repos, ref, cache, progress.info)
     workdir.parent.mkdir(parents=True, exist_ok=True)

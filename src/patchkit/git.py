@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from patchkit.util import run
 
@@ -107,3 +107,49 @@ def commit_all(repo: Path, message: str, paths: Iterable[str] | None = None) -> 
 
 def tag(repo: Path, name: str, commit: str) -> None:
     git("tag", "-f", name, commit, cwd=repo)
+
+
+def changed_files(repo: Path, old: str, new: str) -> list[tuple[str, str, str, str, str]]:
+    """``(status, path, old_mode, new_mode, new_blob)`` for each file that differs between two
+    commits, renames split into a deletion and an addition; status is A, M, D or T."""
+    text = out("diff", "--raw", "-z", "--no-renames", "--no-abbrev", old, new, cwd=repo)
+    fields = text.split("\0")
+    result = []
+    for i in range(0, len(fields) - 1, 2):
+        meta, path = fields[i], fields[i + 1]
+        old_mode, new_mode, _old_blob, new_blob, status = meta.lstrip(":").split()
+        result.append((status[0], path, old_mode, new_mode, new_blob))
+    return result
+
+
+def read_blobs(repo: Path, specs: Iterable[str]) -> dict[str, bytes | None]:
+    """The exact bytes of each object spec (``commit:path`` or a blob id), None when missing.
+
+    One ``git cat-file --batch`` for all of them; bytes, not text, so that content compares
+    byte for byte.
+    """
+    import subprocess
+
+    wanted = list(dict.fromkeys(specs))
+    if not wanted:
+        return {}
+    env = dict(os.environ, **QUIET)
+    proc = subprocess.run(["git", *BASE_ARGS, "cat-file", "--batch"], cwd=repo, env=env,
+                          input=("\n".join(wanted) + "\n").encode(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, check=False)
+    if proc.returncode:
+        from patchkit.errors import CommandError
+
+        raise CommandError(["git", "cat-file", "--batch"], proc.returncode, proc.stderr.decode())
+    data, pos, result = proc.stdout, 0, {}
+    for spec in wanted:
+        end = data.index(b"\n", pos)
+        header = data[pos:end].decode()
+        pos = end + 1
+        if header.endswith(" missing") or header.endswith(" ambiguous"):
+            result[spec] = None
+            continue
+        size = int(header.rsplit(" ", 1)[1])
+        result[spec] = data[pos:pos + size]
+        pos += size + 1
+    return result

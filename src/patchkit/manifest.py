@@ -8,9 +8,10 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, NoReturn
+from typing import NoReturn
 
 import unidiff
 import yaml
@@ -32,7 +33,7 @@ class Assertion:
     scope: str | None          # the `in:` dotted scope, or None for the whole module
     predicate: str
     value: str | None
-    negated: "Assertion | None" = None
+    negated: Assertion | None = None
     line: int = 0              # line of the assertion in patchset.yaml
 
     def describe(self) -> str:

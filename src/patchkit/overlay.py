@@ -9,20 +9,12 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from patchkit import git as g
 from patchkit import paths
-
-
-@dataclass
-class OverlayOutcome:
-    status: str
-    reason: str | None = None
-    message: str = ""
-    files: list[str] = field(default_factory=list)
+from patchkit.report import Outcome
 
 
 def files_of(overlay: Path) -> list[str]:
@@ -37,10 +29,10 @@ def files_of(overlay: Path) -> list[str]:
 
 
 def apply(overlay: Path, root: Path, base_commit: str, replaces: Mapping[str, str],
-          mirror: Path | None = None) -> OverlayOutcome:
+          mirror: Path | None = None) -> Outcome:
     rels = files_of(overlay)
     if not rels:
-        return OverlayOutcome("failed", "error", f"{overlay.name}: the overlay holds no files")
+        return Outcome("failed", "error", f"{overlay.name}: the overlay holds no files")
     plan: list[tuple[Path, Path]] = []
     same = 0
     for rel in rels:
@@ -48,14 +40,14 @@ def apply(overlay: Path, root: Path, base_commit: str, replaces: Mapping[str, st
         mode = os.lstat(src).st_mode
         if not stat.S_ISREG(mode):
             kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
-            return OverlayOutcome("failed", "unsafe-path", f"{rel}: {kind}; overlays copy regular "
+            return Outcome("failed", "unsafe-path", f"{rel}: {kind}; overlays copy regular "
                                   "files only", rels)
         try:
             dest = paths.safe_join(root, rel)
         except paths.UnsafePathError as exc:
-            return OverlayOutcome("failed", "unsafe-path", str(exc), rels)
+            return Outcome("failed", "unsafe-path", str(exc), rels)
         if dest.exists() and not dest.is_file():
-            return OverlayOutcome("failed", "conflict", f"{rel}: the checkout has a directory there",
+            return Outcome("failed", "conflict", f"{rel}: the checkout has a directory there",
                                   rels)
         if dest.is_file() and dest.read_bytes() == src.read_bytes():
             same += 1
@@ -64,23 +56,23 @@ def apply(overlay: Path, root: Path, base_commit: str, replaces: Mapping[str, st
         if upstream_blob is not None:
             recorded = replaces.get(rel)
             if recorded is None:
-                return OverlayOutcome(
+                return Outcome(
                     "failed", "overlay-drift",
                     f"{rel} replaces an upstream file (blob {upstream_blob[:12]}) but the manifest "
                     f"records no `replaces: {{{rel}: <blob>}}` for it", rels)
             if recorded != upstream_blob:
                 where = f"git -C {mirror or root} diff {recorded[:12]} {upstream_blob[:12]}"
-                return OverlayOutcome(
+                return Outcome(
                     "failed", "overlay-drift",
                     f"{rel} changed upstream since the overlay was written (recorded blob "
                     f"{recorded[:12]}, now {upstream_blob[:12]}); see the upstream change with: "
                     f"{where}", rels)
         plan.append((src, dest))
     if same == len(rels):
-        return OverlayOutcome("upstream", None, "the tree already holds every overlay file", rels)
+        return Outcome("upstream", None, "the tree already holds every overlay file", rels)
     for src, dest in plan:
         dest.parent.mkdir(parents=True, exist_ok=True)
         # Re-check right before writing: nothing may be written through a link.
         paths.safe_join(root, dest.relative_to(root).as_posix())
         dest.write_bytes(src.read_bytes())
-    return OverlayOutcome("applied", None, "", rels)
+    return Outcome("applied", None, "", rels)

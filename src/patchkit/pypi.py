@@ -29,7 +29,7 @@ WORD = "pypi"
 
 def release_of(ref: str) -> str:
     """``v0.27.1`` or ``0.27.1`` -> ``0.27.1``; anything else is a usage error."""
-    text = ref[1:] if ref.startswith("v") else ref
+    text = ref.removeprefix("v")
     try:
         Version(text)
     except InvalidVersion:

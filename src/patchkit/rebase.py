@@ -172,7 +172,7 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
         if (sdir / "state.json").exists():
             raise UsageError("a rebase is already in progress; go on with `patchkit rebase "
                              "--continue` or undo it with `patchkit rebase --abort`")
-        repos = tuple(repos or m.vllm.repos)
+        repos = tuple(repos or engine.manifest_sources(m))
         cache = cache or cache_dir()
         resolved = source.resolve(repos, to, cache, progress.info)
         shutil.rmtree(sdir, ignore_errors=True)  # the leftovers of a start that never finished

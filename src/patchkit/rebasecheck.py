@@ -75,7 +75,7 @@ def release_targets(manifest: Manifest, *, repos: Sequence[str] | None = None,
                     cache: Path | None = None, pre: bool = False,
                     log=lambda m: None) -> list[str]:
     """The release tags after the pin, oldest first; pre-releases only with ``pre``."""
-    repos = tuple(repos or manifest.vllm.repos)
+    repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
     pin = pin_version(manifest, repos, cache, log)
     _, tags = source.list_tags(repos, cache, log)
@@ -193,7 +193,7 @@ def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | Non
           progress: CheckProgress | None = None, sparse: bool = True) -> Matrix:
     """Apply the series to each of ``refs`` in a scratch checkout and run the assertions."""
     progress = progress or CheckProgress()
-    repos = tuple(repos or manifest.vllm.repos)
+    repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
     resolved = [source.resolve(repos, ref, cache, progress.info) for ref in dict.fromkeys(refs)]
     resolved = _by_version(resolved)

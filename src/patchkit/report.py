@@ -15,6 +15,17 @@ REASONS = ("conflict", "fuzz", "anchor-missing", "ambiguous-anchor", "unsafe-pat
 
 
 @dataclass
+class Outcome:
+    """What one patch kind's applier did to the tree, before the engine commits it."""
+
+    status: str  # applied | upstream | failed
+    reason: str | None = None
+    message: str = ""
+    files: list[str] = field(default_factory=list)
+    offsets: list[str] = field(default_factory=list)
+
+
+@dataclass
 class VllmInfo:
     ref: str
     commit: str

@@ -14,9 +14,9 @@ import hashlib
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from filelock import FileLock
 from packaging.version import InvalidVersion, Version
@@ -185,7 +185,7 @@ def version_of(repo: Path, commit: str) -> str | None:
 
 
 def _tag_version(tag: str) -> str | None:
-    text = tag[1:] if tag.startswith("v") else tag
+    text = tag.removeprefix("v")
     if not re.match(r"^[0-9]", text):
         return None
     try:

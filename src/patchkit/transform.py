@@ -17,7 +17,8 @@ A transform patch is a Python file under ``patches/`` that defines one or more s
         def transform(self, module: cst.Module) -> cst.Module:
             # anchor() demands exactly one match: 0 -> anchor-missing, 2+ -> ambiguous-anchor.
             old = self.anchor(module, m.SimpleString('"flashinfer_b12x"'), "the draft MoE backend")
-            return module.deep_replace(old, cst.SimpleString('"b12x"'))
+            # with_changes keeps the node's parentheses and comments; a fresh node would drop them
+            return module.deep_replace(old, old.with_changes(value='"b12x"'))
 
 The runner never skips silently: a missing anchor, a second hit, a postcondition that does not
 hold afterwards, or a result that does not re-parse and compile fails the patch.  Classes run in
@@ -31,15 +32,15 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import libcst as cst
 import libcst.matchers as m
 from packaging.version import Version
 
 from patchkit import paths
+from patchkit.report import Outcome
 
 
 class AnchorError(Exception):
@@ -124,16 +125,6 @@ def _body_of(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
     return inner if inner is not None else ()
 
 
-@dataclass
-class TransformOutcome:
-    """What one transform file did to the tree."""
-
-    status: str  # applied | upstream | failed
-    reason: str | None = None
-    message: str = ""
-    files: list[str] = field(default_factory=list)
-
-
 class TransformLoadError(Exception):
     """The transform file cannot be imported or defines no Transform."""
 
@@ -164,12 +155,12 @@ def load_transforms(py_file: Path) -> list[type[Transform]]:
     return found
 
 
-def run_transform_file(py_file: Path, root: Path, version: Version | None) -> TransformOutcome:
+def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Outcome:
     """Apply every transform in ``py_file`` to the checkout at ``root``, all or nothing."""
     try:
         classes = load_transforms(py_file)
     except TransformLoadError as exc:
-        return TransformOutcome("failed", "error", str(exc))
+        return Outcome("failed", "error", str(exc))
     files = list(dict.fromkeys(cls.path for cls in classes))
     pending: dict[str, str] = {}  # path -> new text, written only when every class succeeded
     upstream = 0
@@ -177,16 +168,16 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Tr
         try:
             target = paths.safe_join(root, cls.path)
         except paths.UnsafePathError as exc:
-            return TransformOutcome("failed", "unsafe-path", f"{cls.__name__}: {exc}", files)
+            return Outcome("failed", "unsafe-path", f"{cls.__name__}: {exc}", files)
         if cls.path in pending:
             source = pending[cls.path]
         elif target.is_file():
             source = target.read_text(encoding="utf-8")
         else:
-            return TransformOutcome("failed", "anchor-missing",
+            return Outcome("failed", "anchor-missing",
                                     f"{cls.__name__}: {cls.path} does not exist", files)
         outcome = _run_one(cls, source, version)
-        if isinstance(outcome, TransformOutcome):
+        if isinstance(outcome, Outcome):
             outcome.files = files
             return outcome
         if outcome is None:
@@ -194,47 +185,47 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Tr
         else:
             pending[cls.path] = outcome
     if upstream == len(classes):
-        return TransformOutcome("upstream", None, "postcondition already holds", files)
+        return Outcome("upstream", None, "postcondition already holds", files)
     for rel, text in pending.items():
         paths.safe_join(root, rel).write_text(text, encoding="utf-8")
-    return TransformOutcome("applied", None, "", files)
+    return Outcome("applied", None, "", files)
 
 
 def _run_one(cls: type[Transform], source: str, version: Version | None
-             ) -> str | None | TransformOutcome:
+             ) -> str | None | Outcome:
     """New text, ``None`` when already applied, or a failed outcome."""
     label = f"{cls.__name__} ({cls.path})"
     try:
         before = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        return TransformOutcome("failed", "error", f"{label}: cannot parse: {exc.message}")
+        return Outcome("failed", "error", f"{label}: cannot parse: {exc.message}")
     instance = cls(version)
     try:
         if instance.postcondition(before):
             return None
         after = instance.transform(before)
     except AnchorError as exc:
-        return TransformOutcome("failed", exc.reason, f"{label}: {exc}")
+        return Outcome("failed", exc.reason, f"{label}: {exc}")
     except Exception as exc:  # the author's code
-        return TransformOutcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
+        return Outcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
     if not isinstance(after, cst.Module):
-        return TransformOutcome("failed", "error", f"{label}: transform() returned "
+        return Outcome("failed", "error", f"{label}: transform() returned "
                                 f"{type(after).__name__}, not libcst.Module")
     text = after.code
     if text == source:
-        return TransformOutcome("failed", "error",
+        return Outcome("failed", "error",
                                 f"{label}: transform changed nothing and the postcondition "
                                 "does not hold")
     try:
         reparsed = cst.parse_module(text)
         compile(text, cls.path, "exec")
     except (cst.ParserSyntaxError, SyntaxError) as exc:
-        return TransformOutcome("failed", "error", f"{label}: result does not compile: {exc}")
+        return Outcome("failed", "error", f"{label}: result does not compile: {exc}")
     try:
         holds = instance.postcondition(reparsed)
     except Exception as exc:
-        return TransformOutcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
+        return Outcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
     if not holds:
-        return TransformOutcome("failed", "error",
+        return Outcome("failed", "error",
                                 f"{label}: postcondition does not hold after the transform")
     return text

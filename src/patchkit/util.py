@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from patchkit import interrupt
 from patchkit.errors import CommandError

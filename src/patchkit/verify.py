@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import ast
 import difflib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from patchkit import paths
 from patchkit.manifest import Assertion, Patch

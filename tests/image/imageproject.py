@@ -1,0 +1,121 @@
+"""A patchset project against the real vLLM 0.27.1 (its PyPI layout), for the image tests.
+
+The series touches what the real DSpark series touches, in miniature: a diff on
+vllm/config/speculative.py and one on vllm/utils/torch_utils.py (the dtype map), a new module in
+a new package folder.  ``remove_module`` adds the removal of a small module as a commit on top
+of an applied checkout, as a user would before ``patchkit export``.  Each patched module carries a marker
+that the tests look for inside the running arm64 container.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+from baseimage import find_wheel
+
+REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+RELEASE = "0.27.1"        # the release the test patchset is applied to
+OTHER_RELEASE = "0.33.0"  # a base holding another release, for the refusal
+
+SPEC = "vllm/config/speculative.py"
+DTYPES = "vllm/utils/torch_utils.py"
+NEW = "vllm/patchkit_extra/draft_guard.py"
+GONE = "vllm/utils/print_utils.py"
+MARK_SPEC = "PATCHKIT_E2E_SPEC_MARKER"
+MARK_NEW = "PATCHKIT_E2E_NEW_MARKER"
+SERVE = "#!/bin/sh\necho \"patchkit-serve: vllm serve $*\"\n"
+
+
+def wheel_text(version: str, rel: str) -> str:
+    with zipfile.ZipFile(find_wheel(version)) as zf:
+        return zf.read(rel).decode()
+
+
+def _diff(path: str, before: str | None, after: str | None) -> str:
+    a = before.splitlines(keepends=True) if before is not None else []
+    b = after.splitlines(keepends=True) if after is not None else []
+    old = f"a/{path}" if before is not None else "/dev/null"
+    new = f"b/{path}" if after is not None else "/dev/null"
+    head = f"diff --git a/{path} b/{path}\n"
+    if before is None:
+        head += "new file mode 100644\n"
+    if after is None:
+        head += "deleted file mode 100644\n"
+    return head + "".join(difflib.unified_diff(a, b, old, new))
+
+
+def patched_texts(version: str = "0.27.1") -> dict[str, str | None]:
+    """What each touched file holds after the series (None: removed)."""
+    spec = wheel_text(version, SPEC)
+    dtypes = wheel_text(version, DTYPES)
+    anchor = '    "bfloat16": torch.bfloat16,\n'
+    assert dtypes.count(anchor) == 1
+    return {
+        SPEC: spec + f'\n\n{MARK_SPEC} = "draft quant config normalized"\n',
+        DTYPES: dtypes.replace(anchor, anchor + '    "nvfp4_ds_mla": torch.uint8,\n'),
+        NEW: f'"""Fail-closed guard for DSpark draft loading."""\n\n{MARK_NEW} = True\n\n\n'
+             'def guard(weights):\n    if not weights:\n        raise ValueError("no draft weights")\n'
+             '    return weights\n',
+    }
+
+
+def remove_module(workdir: Path) -> None:
+    """Commit the removal of GONE on top of the applied checkout."""
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid",
+               GIT_AUTHOR_DATE="2001-01-01T00:00:00+0000", GIT_COMMITTER_DATE="2001-01-01T00:00:00+0000")
+    subprocess.run(["git", "rm", "-q", GONE], cwd=workdir, env=env, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "drop print_utils"], cwd=workdir, env=env, check=True)
+
+
+MANIFEST = """\
+name: pk-e2e
+vllm:
+  repo: pypi
+  ref: v{version}
+image:
+  base: {base}
+  platform: linux/arm64
+  tag: {tag}
+patches:
+  - id: draft-quant-config
+    summary: normalize the draft quantization config
+    diff: patches/draft-quant-config.diff
+    verify:
+      - file: vllm/config/speculative.py
+        defines: {mark_spec}
+  - id: nvfp4-ds-mla-dtype
+    summary: map the nvfp4_ds_mla cache dtype
+    diff: patches/nvfp4-ds-mla-dtype.diff
+    verify:
+      - file: vllm/utils/torch_utils.py
+        in: STR_DTYPE_TO_TORCH_DTYPE
+        has_key: nvfp4_ds_mla
+  - id: draft-guard
+    summary: fail-closed guard for DSpark draft loading
+    diff: patches/draft-guard.diff
+    verify:
+      - file: vllm/patchkit_extra/draft_guard.py
+        defines: guard
+"""
+
+
+def make_project(root: Path, *, base: str, tag: str, version: str = "0.27.1",
+                 serve: bool = True) -> Path:
+    """Writes patchset.yaml, patches/ and build/serve.sh under ``root``; returns the manifest."""
+    texts = patched_texts(version)
+    (root / "patches").mkdir(parents=True, exist_ok=True)
+    pristine = {p: (wheel_text(version, p) if p != NEW else None) for p in texts}
+    files = {"draft-quant-config": SPEC, "nvfp4-ds-mla-dtype": DTYPES, "draft-guard": NEW}
+    for pid, rel in files.items():
+        (root / "patches" / f"{pid}.diff").write_text(_diff(rel, pristine[rel], texts[rel]))
+    if serve:
+        (root / "build").mkdir(exist_ok=True)
+        (root / "build" / "serve.sh").write_text(SERVE)
+    path = root / "patchset.yaml"
+    path.write_text(MANIFEST.format(version=version, base=base, tag=tag, mark_spec=MARK_SPEC))
+    return path

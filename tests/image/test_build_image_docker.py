@@ -1,0 +1,331 @@
+"""build-image and verify --image through the real Docker Engine, registry and arm64 emulation.
+
+The series is applied to the real vLLM 0.27.1 (its PyPI layout) and laid over an arm64 base
+that holds the same release, byte-code caches included.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import imageproject as ip
+from imageproject import OTHER_RELEASE, RELEASE
+from patchkit import cli, manifest
+from patchkit.commands.build_image import build_image, verify_image
+from patchkit.engine import apply_series
+from patchkit.errors import ImageError
+
+pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+
+
+def real_cache() -> Path:
+    env = os.environ.get("PATCHKIT_REAL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "patchkit"
+
+
+def files_of(client, image: str, paths: list[str]) -> dict[str, bytes | None]:
+    """Reads files out of an image through a container that is never started."""
+    import docker
+
+    c = client.api.create_container(image, command=["/x"], entrypoint=[])
+    try:
+        out = {}
+        for p in paths:
+            try:
+                stream, _ = client.api.get_archive(c["Id"], p)
+            except docker.errors.NotFound:
+                out[p] = None
+                continue
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = tar.next()
+                out[p] = tar.extractfile(member).read() if member.isfile() else b"<not a file>"
+        return out
+    finally:
+        client.api.remove_container(c["Id"], force=True)
+
+
+def run_arm64(client, image: str, *args: str, entrypoint=None) -> str:
+    out = client.containers.run(image, list(args) if args else None, entrypoint=entrypoint,
+                                remove=True, platform="linux/arm64", network_disabled=True,
+                                stdout=True, stderr=True)
+    return out.decode()
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, bases, registry):
+    root = tmp_path_factory.mktemp("proj")
+    path = ip.make_project(root, base=bases[RELEASE]["tag"],
+                           tag=f"{registry}/pk-test/dspark-e2e:{{ref}}")
+    m = manifest.load(path)
+    workdir = root / ".patchkit" / "vllm"
+    report = apply_series(m, workdir=workdir, cache=real_cache())
+    assert report.ok, report.to_json()
+    ip.remove_module(workdir)
+    return m, workdir
+
+
+@pytest.fixture(scope="module")
+def built(project, docker_client):
+    m, workdir = project
+    # Images of earlier runs would be reused; this run must make its own.
+    for img in docker_client.images.list(filters={"label": "io.patchkit.patchset.name=pk-e2e"}):
+        docker_client.images.remove(img.id, force=True)
+    code, summary = build_image(m, workdir=workdir, apply=False)
+    assert summary["reused"] is False
+    assert code == 0
+    return summary
+
+
+REGISTRY_TAG = f"{os.environ.get('PK_REGISTRY', '127.0.0.1:5055')}/pk-test/dspark-e2e"
+
+
+def test_summary_names_tag_mode_base_and_layer(built, bases):
+    assert built["ok"] is True
+    assert built["mode"] == "overlay"
+    assert built["tag"] == f"{REGISTRY_TAG}:v{RELEASE}"
+    assert built["platform"] == "linux/arm64"
+    base_digest = bases[RELEASE]["repo_digest"].split("@", 1)[1]
+    assert built["base"] == {"name": bases[RELEASE]["tag"], "digest": base_digest,
+                             "pinned_by": "digest", "image_id": bases[RELEASE]["id"]}
+    assert built["vllm"]["dir"] == f"{SITE}/vllm"
+    assert built["vllm"]["installed"] == RELEASE
+    assert [p["id"] for p in built["patches"]] == ["draft-quant-config", "nvfp4-ds-mla-dtype",
+                                                   "draft-guard"]
+    # three patched files and the serve script; whiteouts: the removed module, its cache and
+    # the caches of the two replaced modules
+    assert built["layer"]["files"] == 4
+    assert built["layer"]["whiteouts"] == 4
+
+
+def test_image_is_arm64_on_the_base_plus_one_layer(built, docker_client, bases):
+    attrs = docker_client.api.inspect_image(built["tag"])
+    base = docker_client.api.inspect_image(bases[RELEASE]["tag"])
+    assert attrs["Id"] == built["image_id"]
+    assert (attrs["Os"], attrs["Architecture"]) == ("linux", "arm64")
+    assert attrs["RootFS"]["Layers"] == base["RootFS"]["Layers"] + [built["layer"]["diff_id"]]
+
+
+def test_labels_say_what_the_image_is(built, docker_client, bases, project):
+    m, workdir = project
+    labels = docker_client.api.inspect_image(built["tag"])["Config"]["Labels"]
+    commit = built["vllm"]["commit"]
+    assert labels["org.opencontainers.image.revision"] == commit
+    assert labels["org.opencontainers.image.version"] == f"{RELEASE}+pk-e2e"
+    assert labels["org.opencontainers.image.source"] == f"pypi:vllm=={RELEASE}"
+    assert labels["org.opencontainers.image.created"].endswith("Z")
+    assert labels["org.opencontainers.image.base.name"] == bases[RELEASE]["tag"]
+    assert labels["org.opencontainers.image.base.digest"] == built["base"]["digest"]
+    assert labels["io.patchkit.vllm.ref"] == f"v{RELEASE}"
+    assert labels["io.patchkit.vllm.commit"] == commit
+    assert labels["io.patchkit.patchset.digest"].startswith("sha256:")
+    assert json.loads(labels["io.patchkit.patches"]) == [
+        {"id": "draft-quant-config", "status": "applied"},
+        {"id": "nvfp4-ds-mla-dtype", "status": "applied"},
+        {"id": "draft-guard", "status": "applied"}]
+
+
+def test_image_files_are_the_patched_tree(built, docker_client, project):
+    _, workdir = project
+    wanted = [ip.SPEC, ip.DTYPES, ip.NEW]
+    stale = [f"{SITE}/vllm/config/__pycache__/speculative.cpython-311.pyc",
+             f"{SITE}/vllm/utils/__pycache__/torch_utils.cpython-311.pyc",
+             f"{SITE}/vllm/utils/__pycache__/print_utils.cpython-311.pyc"]
+    got = files_of(docker_client, built["tag"], [f"{SITE}/{p}" for p in wanted]
+                   + [f"{SITE}/{ip.GONE}"] + stale + [f"{SITE}/vllm/utils/__pycache__/"
+                                                        "mem_constants.cpython-311.pyc"])
+    for rel in wanted:
+        assert got[f"{SITE}/{rel}"] == (workdir / rel).read_bytes(), rel
+    assert got[f"{SITE}/{ip.GONE}"] is None
+    for cache in stale:
+        assert got[cache] is None, cache
+    # caches of modules the series left alone are kept
+    assert got[f"{SITE}/vllm/utils/__pycache__/mem_constants.cpython-311.pyc"] is not None
+
+
+def test_patched_modules_compile_and_win_over_stale_caches_in_arm64(built, docker_client):
+    script = f"""
+import importlib.machinery, platform, sys
+print(platform.machine())
+site = {SITE!r}
+for mod, rel, want in [("vllm.config.speculative", {ip.SPEC!r}, {ip.MARK_SPEC!r}),
+                       ("vllm.patchkit_extra.draft_guard", {ip.NEW!r}, {ip.MARK_NEW!r}),
+                       ("vllm.utils.torch_utils", {ip.DTYPES!r}, "nvfp4_ds_mla")]:
+    code = importlib.machinery.SourceFileLoader(mod, site + "/" + rel).get_code(mod)
+    print(mod, want in code.co_names or want in code.co_consts)
+"""
+    out = run_arm64(docker_client, built["tag"], "-c", script, entrypoint=["/usr/bin/python3"])
+    lines = out.strip().splitlines()
+    assert lines[0] == "aarch64"
+    assert lines[1:] == ["vllm.config.speculative True", "vllm.patchkit_extra.draft_guard True",
+                         "vllm.utils.torch_utils True"]
+
+
+def test_stale_cache_would_have_shadowed_the_patch_in_the_base(bases, docker_client):
+    # The base's cache of speculative.py is unchecked-hash: Python loads it whatever the source
+    # says.  This is what the layer's whiteouts protect against.
+    script = f"""
+import importlib.util
+print(open(importlib.util.cache_from_source({SITE!r} + "/vllm/config/speculative.py"), "rb").read(8)[4:8].hex())
+"""
+    out = run_arm64(docker_client, bases[RELEASE]["tag"], "-c", script,
+                    entrypoint=["/usr/bin/python3"])
+    assert out.strip() == "01000000"  # flags: hash-based, unchecked
+
+
+def test_serve_recipe_is_the_default_command(built, docker_client):
+    out = run_arm64(docker_client, built["tag"])
+    assert out.strip() == "patchkit-serve: vllm serve"
+
+
+def test_rebuild_with_nothing_changed_reuses_the_image(built, project, monkeypatch):
+    m, workdir = project
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    code, again = build_image(m, workdir=workdir, apply=False)
+    assert code == 0
+    assert again["reused"] is True
+    assert again["image_id"] == built["image_id"]
+    assert again["layer"]["files"] == built["layer"]["files"]
+
+
+def test_same_inputs_give_the_same_layer_and_image(built, project, docker_client, tmp_path):
+    # A second checkout of the same series, and the image from it removed first: the engine
+    # gets the layer again and must arrive at the same ids.
+    m, workdir = project
+    other = tmp_path / "vllm"
+    shutil.copytree(workdir, other, symlinks=True)
+    docker_client.images.remove(built["image_id"], force=True)
+    code, again = build_image(m, workdir=other, apply=False, tag=f"{REGISTRY_TAG}:again")
+    assert code == 0 and again["reused"] is False
+    assert again["image_id"] == built["image_id"]
+    assert again["layer"]["diff_id"] == built["layer"]["diff_id"]
+    docker_client.api.tag(again["image_id"], REGISTRY_TAG, f"v{RELEASE}")
+
+
+def test_push_then_read_back_from_the_registry(built, project, registry):
+    m, workdir = project
+    code, pushed = build_image(m, workdir=workdir, apply=False, push=True)
+    assert code == 0 and pushed["digest"].startswith("sha256:")
+    ref = f"docker://{REGISTRY_TAG}:v{RELEASE}"
+    raw = json.loads(subprocess.run(["skopeo", "inspect", "--tls-verify=false", ref], check=True,
+                                    stdout=subprocess.PIPE, text=True).stdout)
+    assert raw["Digest"] == pushed["digest"]
+    assert raw["Architecture"] == "arm64"
+    assert raw["Labels"]["io.patchkit.vllm.commit"] == built["vllm"]["commit"]
+    config = json.loads(subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--config", ref],
+                                       check=True, stdout=subprocess.PIPE, text=True).stdout)
+    assert config["rootfs"]["diff_ids"][-1] == built["layer"]["diff_id"]
+
+
+def test_save_writes_an_archive_for_docker_load(built, project, tmp_path):
+    m, workdir = project
+    target = tmp_path / "image.tar"
+    code, saved = build_image(m, workdir=workdir, apply=False, save=target)
+    assert code == 0 and saved["saved"]["path"] == str(target)
+    with tarfile.open(target) as tar:
+        man = json.load(tar.extractfile("manifest.json"))
+        assert man[0]["RepoTags"] == [f"{REGISTRY_TAG}:v{RELEASE}"]
+        assert man[0]["Config"].split(".")[0].split("/")[-1] == built["image_id"].split(":")[1]
+        assert len(man[0]["Layers"]) == 2
+
+
+def _absent(client, ref: str) -> bool:
+    import docker
+
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return True
+    return False
+
+
+def test_base_holding_another_release_is_refused(project, bases, docker_client):
+    m, workdir = project
+    tag = f"{REGISTRY_TAG}:refused-release"
+    with pytest.raises(ImageError) as exc:
+        build_image(m, workdir=workdir, apply=False, base=bases[OTHER_RELEASE]["tag"], tag=tag)
+    assert f"holds vLLM {OTHER_RELEASE}, not {RELEASE}" in str(exc.value)
+    assert "\n" not in str(exc.value)
+    assert _absent(docker_client, tag)
+
+
+def test_base_with_a_changed_file_is_refused(project, bases, docker_client, tmp_path):
+    m, workdir = project
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "speculative.py").write_text(ip.wheel_text(RELEASE, ip.SPEC) + "\n# local edit\n")
+    (ctx / "Dockerfile").write_text(f"FROM {bases[RELEASE]['tag']}\n"
+                                    f"COPY speculative.py {SITE}/{ip.SPEC}\n")
+    docker_client.images.build(path=str(ctx), tag="pk-test/vllm-base-edited:1",
+                               platform="linux/arm64")
+    tag = f"{REGISTRY_TAG}:refused-file"
+    with pytest.raises(ImageError) as exc:
+        build_image(m, workdir=workdir, apply=False, base="pk-test/vllm-base-edited:1", tag=tag)
+    assert f"{ip.SPEC} is not the pristine file of vLLM v{RELEASE}" in str(exc.value)
+    assert _absent(docker_client, tag)
+
+
+def test_base_of_another_architecture_is_refused(project, docker_client, tmp_path):
+    m, workdir = project
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "f").write_text("x\n")
+    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY f /f\n")
+    docker_client.images.build(path=str(ctx), tag="pk-test/amd64-base:1", platform="linux/amd64")
+    tag = f"{REGISTRY_TAG}:refused-arch"
+    with pytest.raises(ImageError, match=r"base image pk-test/amd64-base:1 is linux/amd64, "
+                                         r"not linux/arm64"):
+        build_image(m, workdir=workdir, apply=False, base="pk-test/amd64-base:1", tag=tag)
+    assert _absent(docker_client, tag)
+
+
+def test_missing_base_is_one_line(project, registry):
+    m, workdir = project
+    with pytest.raises(ImageError) as exc:
+        build_image(m, workdir=workdir, apply=False, base=f"{registry}/pk-test/no-such-base:1",
+                    tag=f"{REGISTRY_TAG}:nobase")
+    assert str(exc.value).startswith(f"base image {registry}/pk-test/no-such-base:1 not found")
+    assert "\n" not in str(exc.value)
+
+
+def test_refused_push_leaves_nothing_tagged(built, project, docker_client):
+    m, workdir = project
+    tag = "127.0.0.1:5999/pk-test/nowhere:1"  # no registry listens there
+    with pytest.raises(ImageError) as exc:
+        build_image(m, workdir=workdir, apply=False, tag=tag, push=True)
+    assert str(exc.value).startswith(f"push of {tag} refused") or "pushing" in str(exc.value)
+    assert "\n" not in str(exc.value)
+    assert _absent(docker_client, tag)
+
+
+def test_verify_image_runs_the_assertions_on_the_image_files(built, project, bases):
+    m, _ = project
+    results = verify_image(m, built["tag"])
+    assert [r.ok for r in results] == [True, True, True]
+    on_base = verify_image(m, bases[RELEASE]["tag"])
+    assert [r.ok for r in on_base] == [False, False, False]
+    assert "draft_guard.py" in on_base[2].file
+
+
+def test_cli_build_image_json_and_verify_image(built, project, capsys):
+    m, workdir = project
+    code = cli.main(["build-image", "--no-apply", "--workdir", str(workdir), "--manifest",
+                     str(m.path), "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert {"ok", "tag", "image_id", "digest", "platform", "base", "vllm", "patches",
+            "layer"} <= set(out)
+    assert set(out["base"]) >= {"name", "digest"} and set(out["layer"]) >= {"files", "bytes"}
+    assert out["image_id"] == built["image_id"]
+    code = cli.main(["verify", "--image", built["tag"], "--manifest", str(m.path)])
+    assert code == 0
+    assert "3/3 assertions passed" in capsys.readouterr().out

@@ -1,0 +1,450 @@
+"""The image module's own logic, with the docker client faked at the module's border."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import docker.errors
+import pytest
+
+from patchkit import image as im
+from patchkit.commands import build_image as bi
+from patchkit.errors import ImageError
+from patchkit.manifest import ImageDefaults, Manifest, VllmSource
+
+SITE = "/opt/venv/lib/python3.12/site-packages"
+SPEC_V1 = "class SpeculativeConfig:\n    method = 'ngram'\n"
+SPEC_V2 = SPEC_V1 + "    draft_quant = 'normalized'\n"
+
+
+# --------------------------------------------------------------------------- pure pieces
+
+def _members(layer: im.Layer) -> list[tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(layer.data)) as tar:
+        return tar.getmembers()
+
+
+def test_layer_is_sorted_owned_by_root_and_timed_once_whatever_the_input_order():
+    entries = [im.LayerEntry("usr/lib/vllm/z.py", data=b"z"),
+               im.LayerEntry("usr/lib/vllm/a/__pycache__/m.cpython-312.pyc", "whiteout"),
+               im.LayerEntry("usr/lib/vllm/a", "dir", mode=0o755),
+               im.LayerEntry("usr/lib/vllm/a/m.py", data=b"m = 1\n", mode=0o755)]
+    one = im.layer_tar(entries, 1234)
+    two = im.layer_tar(list(reversed(entries)), 1234)
+    assert one.data == two.data and one.diff_id == two.diff_id
+    assert one.diff_id == "sha256:" + hashlib.sha256(one.data).hexdigest()
+    members = _members(one)
+    assert [m.name for m in members] == ["usr/lib/vllm/a", "usr/lib/vllm/a/__pycache__/.wh.m.cpython-312.pyc",
+                                         "usr/lib/vllm/a/m.py", "usr/lib/vllm/z.py"]
+    assert {(m.uid, m.gid, m.uname, m.gname, m.mtime) for m in members} == {(0, 0, "", "", 1234)}
+    assert [m.mode for m in members] == [0o755, 0o644, 0o755, 0o644]
+    assert (one.files, one.whiteouts, one.content_bytes) == (2, 1, 7)
+    assert im.layer_tar(entries, 1235).diff_id != one.diff_id
+
+
+def test_layer_refuses_a_path_twice():
+    with pytest.raises(ImageError, match="twice"):
+        im.layer_tar([im.LayerEntry("a/b.py", data=b"1"), im.LayerEntry("a/b.py", "whiteout")], 0)
+
+
+def _base(**kw) -> im.BaseImage:
+    values = dict(name="reg:5000/vllm/base:1", image_id="sha256:" + "b" * 64,
+                  digest="sha256:" + "d" * 64, platform=im.Platform("linux", "arm64"),
+                  config={"Env": ["PATH=/opt/venv/bin:/usr/bin"], "Entrypoint": ["vllm", "serve"],
+                          "Cmd": None, "Labels": {"keep": "1", "mine": "base"}, "Hostname": "x"},
+                  diff_ids=("sha256:" + "1" * 64,),
+                  history=({"created": "2020-01-01T00:00:00Z", "created_by": "ADD x"},))
+    values.update(kw)
+    return im.BaseImage(**values)
+
+
+def test_config_keeps_the_base_adds_labels_command_and_layer():
+    layer = im.layer_tar([im.LayerEntry("f", data=b"x")], 0)
+    raw = im.image_config(_base(), layer, labels={"mine": "new"}, created=86400,
+                          created_by="patchkit", cmd=["/usr/local/bin/patchkit-serve"],
+                          reset_entrypoint=True)
+    doc = json.loads(raw)
+    assert raw == json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    assert doc["architecture"] == "arm64" and doc["os"] == "linux"
+    assert doc["config"]["Labels"] == {"keep": "1", "mine": "new"}
+    assert "Entrypoint" not in doc["config"] and "Hostname" not in doc["config"]
+    assert doc["config"]["Cmd"] == ["/usr/local/bin/patchkit-serve"]
+    assert doc["rootfs"]["diff_ids"] == ["sha256:" + "1" * 64, layer.diff_id]
+    assert doc["created"] == "1970-01-02T00:00:00Z"
+    assert doc["history"][-1] == {"created": "1970-01-02T00:00:00Z", "created_by": "patchkit"}
+    assert im.image_id_of(raw) == "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def test_history_marks_empty_entries_and_falls_back_when_it_cannot_count():
+    api = [{"Created": 3, "CreatedBy": "/bin/sh -c #(nop)  CMD [\"x\"]", "Size": 0},
+           {"Created": 2, "CreatedBy": "RUN mkdir /x # buildkit", "Size": 0},
+           {"Created": 1, "CreatedBy": "/bin/sh -c #(nop) ADD file:abc in / ", "Size": 10}]
+    two = im.history_of(api, 2, "b")
+    assert [h.get("empty_layer", False) for h in two] == [False, False, True]
+    assert two[0]["created"] == "1970-01-01T00:00:01Z"
+    fallback = im.history_of(api, 3, "b")
+    assert [h["created_by"] for h in fallback] == ["layer 1 of b", "layer 2 of b", "layer 3 of b"]
+
+
+@pytest.mark.parametrize("ref,repo,tag", [("reg:5000/a/b:1", "reg:5000/a/b", "1"),
+                                          ("reg:5000/a/b", "reg:5000/a/b", "latest"),
+                                          ("a/b@sha256:" + "0" * 64, "a/b", "latest")])
+def test_split_tag_knows_registry_ports(ref, repo, tag):
+    assert im.split_tag(ref) == (repo, tag)
+
+
+def test_platform_parse_and_match():
+    assert str(im.Platform.parse("linux/aarch64")) == "linux/arm64"
+    assert im.Platform.parse("linux/arm64").matches(im.Platform("linux", "arm64", "v8"))
+    assert not im.Platform.parse("linux/arm64").matches(im.Platform("linux", "amd64"))
+    with pytest.raises(ImageError, match="OS/ARCH"):
+        im.Platform.parse("arm64")
+
+
+def _c(path, status="M"):
+    return bi.Change(status, path, 0o100644 if status != "D" else 0, "0" * 40)
+
+
+def test_mode_overlay_for_python_of_the_package_and_source_for_native_code():
+    choice = bi.choose_mode([_c("vllm/config/speculative.py"), _c("tests/test_spec.py"),
+                             _c("docs/x.md"), _c("vllm/configs/moe.json", "A")])
+    assert choice.mode == "overlay"
+    assert [c.path for c in choice.shipped] == ["vllm/config/speculative.py", "vllm/configs/moe.json"]
+    assert choice.not_shipped == ("tests/test_spec.py", "docs/x.md")
+    src = bi.choose_mode([_c("vllm/config/speculative.py"), _c("csrc/attention/mla.cu")])
+    assert src.mode == "source"
+    assert src.reason == "csrc/attention/mla.cu is outside the vllm package and feeds vLLM's build"
+    assert bi.choose_mode([_c("vllm/kernels/x.cuh")]).reason.startswith("vllm/kernels/x.cuh is not Python")
+    assert bi.choose_mode([_c("setup.py")]).mode == "source"
+    with pytest.raises(ImageError, match="--mode overlay cannot ship this series: csrc/a.cu"):
+        bi.choose_mode([_c("csrc/a.cu")], "overlay")
+
+
+def test_buildkit_syntax_is_detected_with_its_line():
+    assert bi.buildkit_need("FROM x AS a\nRUN make\nCOPY a /b\n") is None
+    assert bi.buildkit_need("FROM x\nRUN --mount=type=cache,target=/c make\n") == \
+        "line 2: RUN --mount=type=cache,target=/c make"
+    assert bi.buildkit_need("# syntax=docker/dockerfile:1\nFROM x\n").startswith("line 1")
+    assert bi.buildkit_need("FROM x\nCOPY --link a /b\n") == "line 2: COPY --link a /b"
+
+
+def test_same_release_ignores_local_build_labels():
+    assert bi.same_release("0.27.1+cu130", "0.27.1")
+    assert not bi.same_release("0.27.1rc1", "0.27.1")
+    assert bi.expected_version({"ref": "v0.33.0"}) == "0.33.0"
+    assert bi.expected_version({"ref": "main"}) is None
+
+
+# ------------------------------------------------------------ the fake engine at the border
+
+DIR = object()
+
+
+class FakeResponse:
+    def __init__(self, status, stat=None):
+        self.status_code = status
+        self.headers = {}
+        if stat is not None:
+            self.headers["X-Docker-Container-Path-Stat"] = base64.b64encode(json.dumps(stat).encode())
+
+
+class FakeAPI:
+    """The slice of docker.APIClient that patchkit.image calls, over in-memory images."""
+
+    def __init__(self, images: dict, containerd: bool = False):
+        self.images_ = images            # id -> {"attrs": ..., "fs": {path: bytes | DIR}}
+        self.tags: dict[str, str] = {}
+        self.containers: dict[str, str] = {}
+        self.loaded: list[bytes] = []
+        self.containerd = containerd
+
+    def _image(self, ref):
+        iid = self.tags.get(ref, ref)
+        if iid not in self.images_:
+            raise docker.errors.ImageNotFound(f"no such image: {ref}")
+        return iid
+
+    def info(self):
+        status = [["driver-type", "io.containerd.snapshotter.v1"]] if self.containerd else []
+        return {"DriverStatus": status}
+
+    def inspect_image(self, ref):
+        iid = self._image(ref)
+        attrs = dict(self.images_[iid]["attrs"], Id=iid)
+        attrs["RepoTags"] = [t for t, i in self.tags.items() if i == iid]
+        return attrs
+
+    def history(self, ref):
+        return [{"Created": 1, "CreatedBy": "ADD rootfs", "Size": 5}]
+
+    def pull(self, repo, tag=None, **kw):
+        yield {"error": f"manifest for {repo}:{tag} not found"}
+
+    def images(self, filters=None):
+        key, _, value = filters["label"].partition("=")
+        return [{"Id": i} for i, img in self.images_.items()
+                if ((img["attrs"].get("Config") or {}).get("Labels") or {}).get(key) == value]
+
+    def create_container(self, image, **kw):
+        cid = f"c{len(self.containers)}"
+        self.containers[cid] = self._image(image)
+        return {"Id": cid}
+
+    def remove_container(self, cid, **kw):
+        self.containers.pop(cid, None)
+
+    def _url(self, fmt, *args):
+        return fmt.format(*args)
+
+    def _raise_for_status(self, res):
+        assert res.status_code == 200
+
+    def _fs(self, cid):
+        return self.images_[self.containers[cid]]["fs"]
+
+    def _stat(self, fs, path):
+        path = path.rstrip("/")
+        if path in fs:
+            return {"name": path.rsplit("/", 1)[-1], "size": 0, "linkTarget": "",
+                    "mode": (1 << 31) if fs[path] is DIR else 0o644}
+        if any(p.startswith(path + "/") for p in fs):
+            return {"name": path.rsplit("/", 1)[-1], "size": 0, "mode": 1 << 31, "linkTarget": ""}
+        return None
+
+    def head(self, url, params):
+        cid = url.split("/")[2]
+        st = self._stat(self._fs(cid), params["path"])
+        return FakeResponse(200, st) if st else FakeResponse(404)
+
+    def get_archive(self, cid, path):
+        fs = self._fs(cid)
+        st = self._stat(fs, path)
+        if st is None:
+            raise docker.errors.NotFound(f"no {path}")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            if fs.get(path, DIR) is not DIR:
+                info = tarfile.TarInfo(path.rsplit("/", 1)[-1])
+                info.size = len(fs[path])
+                tar.addfile(info, io.BytesIO(fs[path]))
+        return iter([buf.getvalue()]), st
+
+    def load_image(self, data):
+        self.loaded.append(data)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            man = json.load(tar.extractfile("manifest.json"))[0]
+            config = tar.extractfile(man["Config"]).read()
+            doc = json.loads(config)
+            self.images_[im.image_id_of(config)] = {
+                "attrs": {"Config": doc["config"], "Architecture": doc["architecture"],
+                          "Os": doc["os"], "RootFS": {"Layers": doc["rootfs"]["diff_ids"]}},
+                "fs": {}}
+        yield {"stream": "Loaded image ID: x\n"}
+
+    def tag(self, image_id, repo, tag, force=False):
+        self.tags[f"{repo}:{tag}"] = image_id
+        return True
+
+    def remove_image(self, ref, noprune=False):
+        self.tags.pop(ref, None)
+
+    def push(self, repo, tag=None, **kw):
+        yield {"status": "The push refers to repository"}
+        yield {"error": "denied: requested access to the resource is denied"}
+
+
+class FakeClient:
+    def __init__(self, api):
+        self.api = api
+
+
+def _git(cwd, *args):
+    env = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@e.invalid", "GIT_COMMITTER_NAME": "u",
+           "GIT_COMMITTER_EMAIL": "u@e.invalid", "GIT_AUTHOR_DATE": "2024-01-01T00:00:00+0000",
+           "GIT_COMMITTER_DATE": "2024-01-01T00:00:00+0000", "PATH": "/usr/bin:/bin",
+           "HOME": str(cwd)}
+    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, stdout=subprocess.PIPE)
+
+
+@pytest.fixture
+def workdir(tmp_path) -> Path:
+    """An applied checkout by hand: one modified, one added, one removed module, one test."""
+    wd = tmp_path / "vllm"
+    files = {"vllm/__init__.py": "", "vllm/config/speculative.py": SPEC_V1,
+             "vllm/utils/old.py": "OLD = 1\n"}
+    for rel, text in files.items():
+        (wd / rel).parent.mkdir(parents=True, exist_ok=True)
+        (wd / rel).write_text(text)
+    _git(wd, "init", "-q")
+    _git(wd, "add", "-A")
+    _git(wd, "commit", "-qm", "upstream")
+    _git(wd, "tag", "patchkit/base")
+    (wd / "vllm/config/speculative.py").write_text(SPEC_V2)
+    (wd / "vllm/dspark").mkdir()
+    (wd / "vllm/dspark/guard.py").write_text("GUARD = True\n")
+    (wd / "vllm/utils/old.py").unlink()
+    (wd / "tests").mkdir()
+    (wd / "tests/test_guard.py").write_text("def test(): pass\n")
+    _git(wd, "add", "-A")
+    _git(wd, "commit", "-qm", "patched")
+    (wd / ".git" / "patchkit-report.json").write_text(json.dumps({
+        "ok": True, "vllm": {"ref": "v0.27.1", "commit": "c" * 40, "version": "0.27.1",
+                             "repo": "https://example.invalid/vllm.git"},
+        "patches": [{"id": "p1", "status": "applied"}, {"id": "p2", "status": "upstream"}]}))
+    return wd
+
+
+@pytest.fixture
+def project(tmp_path) -> Manifest:
+    root = tmp_path / "proj"
+    (root / "build").mkdir(parents=True)
+    (root / "patchset.yaml").write_text("name: demo\n")
+    (root / "build" / "serve.sh").write_text("#!/bin/sh\nexec vllm serve \"$@\"\n")
+    return Manifest(name="demo", root=root, path=root / "patchset.yaml",
+                    vllm=VllmSource(("https://example.invalid/vllm.git",), "v0.27.1"),
+                    image=ImageDefaults(base="reg:5000/vllm/base:0.27.1", tag="demo:{ref}"),
+                    patches=())
+
+
+def _base_fs(version="0.27.1", spec=SPEC_V1):
+    return {f"{SITE}/vllm/__init__.py": b"", f"{SITE}/vllm/config/speculative.py": spec.encode(),
+            f"{SITE}/vllm/utils/old.py": b"OLD = 1\n",
+            f"{SITE}/vllm/_version.py": f"__version__ = version = '{version}'\n".encode(),
+            f"{SITE}/vllm-{version}.dist-info/METADATA": f"Name: vllm\nVersion: {version}\n".encode(),
+            f"{SITE}/vllm/config/__pycache__/speculative.cpython-312.pyc": b"stale",
+            f"{SITE}/vllm/config/__pycache__/speculative.cpython-312.opt-1.pyc": b"stale",
+            f"{SITE}/vllm/utils/__pycache__/old.cpython-312.pyc": b"stale",
+            "/usr/local/lib/python3.11/dist-packages/yaml/__init__.py": b""}
+
+
+def _engine(fs=None, arch="arm64", containerd=False) -> tuple[im.Engine, FakeAPI]:
+    base_id = "sha256:" + "b" * 64
+    api = FakeAPI({base_id: {"attrs": {
+        "Architecture": arch, "Os": "linux",
+        "RepoDigests": ["reg:5000/vllm/base@sha256:" + "d" * 64],
+        "RootFS": {"Layers": ["sha256:" + "1" * 64]},
+        "Config": {"Env": ["PATH=/opt/venv/bin:/usr/local/bin:/usr/bin", "VIRTUAL_ENV=/opt/venv"],
+                   "Entrypoint": ["vllm", "serve"]}},
+        "fs": fs if fs is not None else _base_fs()}}, containerd=containerd)
+    api.tags["reg:5000/vllm/base:0.27.1"] = base_id
+    return im.Engine(FakeClient(api), "unix:///fake.sock"), api
+
+
+def _layer_of(api: FakeAPI) -> list[tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(api.loaded[-1])) as outer:
+        man = json.load(outer.extractfile("manifest.json"))[0]
+        data = outer.extractfile(man["Layers"][-1]).read()
+        assert man["Layers"][0] == "base-0/layer.tar" and len(outer.getmembers()) == 3
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return [(m.name, tar.extractfile(m).read() if m.isfile() else None) for m in tar]
+
+
+def test_overlay_lays_exactly_the_patched_files_into_the_found_package(project, workdir):
+    engine, api = _engine()
+    code, summary = bi.build_image(project, workdir=workdir, apply=False, engine=engine)
+    assert code == 0
+    site = SITE.lstrip("/")
+    assert _layer_of(api) == [
+        (f"{site}/vllm/config/__pycache__/.wh.speculative.cpython-312.opt-1.pyc", b""),
+        (f"{site}/vllm/config/__pycache__/.wh.speculative.cpython-312.pyc", b""),
+        (f"{site}/vllm/config/speculative.py", SPEC_V2.encode()),
+        (f"{site}/vllm/dspark", None),
+        (f"{site}/vllm/dspark/guard.py", b"GUARD = True\n"),
+        (f"{site}/vllm/utils/.wh.old.py", b""),
+        (f"{site}/vllm/utils/__pycache__/.wh.old.cpython-312.pyc", b""),
+        ("usr/local/bin/patchkit-serve", b"#!/bin/sh\nexec vllm serve \"$@\"\n"),
+    ]
+    assert summary["tag"] == "demo:v0.27.1"
+    assert api.tags["demo:v0.27.1"] == summary["image_id"]
+    assert summary["not_shipped"] == ["tests/test_guard.py"]
+    assert summary["base"]["digest"] == "sha256:" + "d" * 64
+    assert summary["vllm"]["dir"] == f"{SITE}/vllm"
+    assert (summary["layer"]["files"], summary["layer"]["whiteouts"]) == (3, 4)
+    labels = api.inspect_image(summary["image_id"])["Config"]["Labels"]
+    assert labels["org.opencontainers.image.source"] == "https://example.invalid/vllm.git"
+    assert labels["org.opencontainers.image.base.digest"] == "sha256:" + "d" * 64
+    assert json.loads(labels["io.patchkit.patches"]) == [{"id": "p1", "status": "applied"},
+                                                         {"id": "p2", "status": "upstream"}]
+    config = api.inspect_image(summary["image_id"])["Config"]
+    assert config["Cmd"] == ["/usr/local/bin/patchkit-serve"] and "Entrypoint" not in config
+
+    # Nothing changed: found by its inputs, nothing loaded again.
+    code, again = bi.build_image(project, workdir=workdir, apply=False, engine=engine)
+    assert again["reused"] is True and again["image_id"] == summary["image_id"]
+    assert len(api.loaded) == 1
+
+
+@pytest.mark.parametrize("fs,message", [
+    (_base_fs(version="0.33.0"), "base reg:5000/vllm/base:0.27.1 holds vLLM 0.33.0, not 0.27.1"),
+    (_base_fs(spec=SPEC_V1 + "# edited\n"),
+     "base reg:5000/vllm/base:0.27.1: vllm/config/speculative.py is not the pristine file of "
+     "vLLM v0.27.1"),
+    ({**_base_fs(), f"{SITE}/vllm/dspark/guard.py": b"X = 1\n"},
+     "base reg:5000/vllm/base:0.27.1 already has vllm/dspark/guard.py"),
+    ({k: v for k, v in _base_fs().items() if "old.py" not in k},
+     "base reg:5000/vllm/base:0.27.1 has no vllm/utils/old.py"),
+    ({"/usr/bin/python3": b""}, "has no installed vllm package"),
+])
+def test_a_base_that_is_not_the_pristine_release_is_refused_and_nothing_tagged(
+        project, workdir, fs, message):
+    engine, api = _engine(fs)
+    with pytest.raises(ImageError) as exc:
+        bi.build_image(project, workdir=workdir, apply=False, engine=engine)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    assert "demo:v0.27.1" not in api.tags and not api.loaded
+
+
+def test_wrong_architecture_missing_base_and_containerd_store_are_one_line(project, workdir):
+    engine, api = _engine(arch="amd64")
+    with pytest.raises(ImageError, match=r"^base image reg:5000/vllm/base:0.27.1 is linux/amd64, "
+                                         r"not linux/arm64$"):
+        bi.build_image(project, workdir=workdir, apply=False, engine=engine)
+    engine, api = _engine()
+    with pytest.raises(ImageError, match=r"^base image reg:5000/other:1 not found: manifest for"):
+        bi.build_image(project, workdir=workdir, apply=False, engine=engine, base="reg:5000/other:1")
+    engine, api = _engine(containerd=True)
+    with pytest.raises(ImageError, match="containerd's store"):
+        bi.build_image(project, workdir=workdir, apply=False, engine=engine)
+    assert not api.loaded and "demo:v0.27.1" not in api.tags
+
+
+def test_refused_push_puts_the_tag_back(project, workdir):
+    engine, api = _engine()
+    with pytest.raises(ImageError, match=r"^push of demo:v0.27.1 refused: denied"):
+        bi.build_image(project, workdir=workdir, apply=False, engine=engine, push=True)
+    assert "demo:v0.27.1" not in api.tags
+
+
+def test_no_engine_is_one_line():
+    with pytest.raises(ImageError, match=r"^no Docker Engine answers at unix:///nonexistent/pk.sock: "):
+        im.Engine.connect("unix:///nonexistent/pk.sock", timeout=5)
+
+
+def test_verify_image_reads_the_package_files(tmp_path):
+    from patchkit.manifest import Assertion, Patch
+
+    fs = _base_fs(spec=SPEC_V2)
+    engine, api = _engine(fs)
+    patch = Patch(id="p1", summary="s", kind="diff", path="p.diff",
+                  verify=(Assertion("vllm/config/speculative.py", "SpeculativeConfig", "defines",
+                                    "draft_quant"),
+                          Assertion("vllm/missing.py", None, "defines", "X")))
+    m = Manifest(name="demo", root=tmp_path, path=tmp_path / "patchset.yaml",
+                 vllm=VllmSource(("x",), "v0.27.1"), image=ImageDefaults(), patches=(patch,))
+    results = bi.verify_image(m, "reg:5000/vllm/base:0.27.1", engine=engine)
+    assert [r.ok for r in results] == [True, False]
+    assert not api.containers  # the scratch container is removed
+
+
+def test_verify_image_of_a_missing_image_is_one_line(tmp_path):
+    engine, _ = _engine()
+    m = Manifest(name="demo", root=tmp_path, path=tmp_path / "patchset.yaml",
+                 vllm=VllmSource(("x",), "v0.27.1"), image=ImageDefaults(), patches=())
+    with pytest.raises(ImageError, match=r"^image reg:5000/none:1 not found: manifest for"):
+        bi.verify_image(m, "reg:5000/none:1", engine=engine)

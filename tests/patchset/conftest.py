@@ -1,0 +1,53 @@
+"""The repository's own patchset, applied by the engine to real vLLM releases from PyPI.
+
+``patched`` is one applied checkout per release, made once per session: tests read the patched
+files (HEAD) and the upstream ones (the ``patchkit/base`` tag) from it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from patchkit import engine, manifest
+
+from lift import base_text
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RELEASES = ("v0.27.1", "v0.31.0", "v0.32.0", "v0.33.0")
+
+
+def real_cache() -> Path:
+    env = os.environ.get("PATCHKIT_REAL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "patchkit"
+
+
+@dataclass(frozen=True)
+class Applied:
+    release: str
+    tree: Path
+    statuses: dict[str, str]   # patch id -> applied | upstream | skipped
+
+    def text(self, rel: str) -> str:
+        return (self.tree / rel).read_text(encoding="utf-8")
+
+    def base(self, rel: str) -> str:
+        return base_text(self.tree, rel)
+
+
+@pytest.fixture(scope="session",
+                params=[pytest.param(r, marks=pytest.mark.real_vllm) for r in RELEASES])
+def patched(request, tmp_path_factory) -> Applied:
+    """The whole series on one real release: each patch applied, upstream or out of range."""
+    release = request.param
+    series = manifest.load(REPO_ROOT / "patchset.yaml")
+    workdir = tmp_path_factory.mktemp(f"vllm-{release}") / "tree"
+    report = engine.apply_series(series, ref=release, repos=("pypi",), workdir=workdir,
+                                 cache=real_cache())
+    failed = [(p.id, p.status, p.reason, p.message) for p in report.patches
+              if p.status not in ("applied", "upstream", "skipped")]
+    assert report.ok and not failed, failed or [v for v in report.verify if not v.ok]
+    return Applied(release, workdir, {p.id: p.status for p in report.patches})

@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from patchkit.transform import run_transform_file
+
+HEADER = """\
+import libcst as cst
+import libcst.matchers as m
+from patchkit.transform import Transform
+"""
+
+RENAME = HEADER + '''
+class UseB12x(Transform):
+    path = "pkg/spec.py"
+
+    def postcondition(self, module):
+        return self.has(module, m.SimpleString('"b12x"'))
+
+    def transform(self, module):
+        fn = self.scope(module, "Spec.backend")
+        old = self.anchor(fn, m.SimpleString('"flashinfer_b12x"'), "the backend default")
+        return module.deep_replace(old, old.with_changes(value='"b12x"'))
+'''
+
+
+def run(tmp_path: Path, code: str, files: dict[str, str]):
+    root = tmp_path / "tree"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(textwrap.dedent(text))
+    t = tmp_path / "t.py"
+    t.write_text(code)
+    return run_transform_file(t, root, None), root
+
+
+def assert_transform(tmp_path, code, before, after):
+    """before -> after, and a second run on the output is `upstream` and changes nothing."""
+    out, root = run(tmp_path, code, {"pkg/spec.py": before})
+    assert (out.status, out.reason) == ("applied", None), out.message
+    assert (root / "pkg/spec.py").read_text() == textwrap.dedent(after)
+    again = run_transform_file(tmp_path / "t.py", root, None)
+    assert again.status == "upstream"
+    assert (root / "pkg/spec.py").read_text() == textwrap.dedent(after)
+
+
+def test_keeps_comments_and_odd_formatting(tmp_path):
+    assert_transform(tmp_path, RENAME, """\
+        class Spec:
+            def backend(self):   # odd spacing stays
+                return (
+                    "flashinfer_b12x"    # the default
+                )  ;  x = 1
+        """, """\
+        class Spec:
+            def backend(self):   # odd spacing stays
+                return (
+                    "b12x"    # the default
+                )  ;  x = 1
+        """)
+
+
+def test_postcondition_before_means_upstream_and_nothing_written(tmp_path):
+    src = 'class Spec:\n    def backend(self):\n        return "b12x"\n'
+    out, root = run(tmp_path, RENAME, {"pkg/spec.py": src})
+    assert out.status == "upstream"
+    assert (root / "pkg/spec.py").read_text() == src
+
+
+def test_anchor_missing(tmp_path):
+    out, _ = run(tmp_path, RENAME, {"pkg/spec.py": 'class Spec:\n    def backend(self):\n        return "cutlass"\n'})
+    assert (out.status, out.reason) == ("failed", "anchor-missing")
+    assert "the backend default" in out.message
+
+
+def test_scope_missing_is_anchor_missing(tmp_path):
+    out, _ = run(tmp_path, RENAME, {"pkg/spec.py": 'class Other:\n    pass\n'})
+    assert (out.status, out.reason) == ("failed", "anchor-missing")
+    assert "Spec" in out.message
+
+
+def test_ambiguous_anchor_writes_nothing(tmp_path):
+    src = ('class Spec:\n    def backend(self, a):\n        if a:\n            return "flashinfer_b12x"\n'
+           '        return "flashinfer_b12x"\n')
+    out, root = run(tmp_path, RENAME, {"pkg/spec.py": src})
+    assert (out.status, out.reason) == ("failed", "ambiguous-anchor")
+    assert "2 places" in out.message
+    assert (root / "pkg/spec.py").read_text() == src
+
+
+def test_file_missing_is_anchor_missing(tmp_path):
+    out, _ = run(tmp_path, RENAME, {"pkg/other.py": "x = 1\n"})
+    assert (out.status, out.reason) == ("failed", "anchor-missing")
+    assert "pkg/spec.py does not exist" in out.message
+
+
+def test_postcondition_must_hold_after(tmp_path):
+    code = RENAME.replace("value='\"b12x\"'", "value='\"cutlass\"'")
+    out, _ = run(tmp_path, code, {"pkg/spec.py": 'class Spec:\n    def backend(self):\n        return "flashinfer_b12x"\n'})
+    assert (out.status, out.reason) == ("failed", "error")
+    assert "postcondition does not hold after" in out.message
+
+
+def test_result_must_compile(tmp_path):
+    code = HEADER + '''
+class Broken(Transform):
+    path = "pkg/spec.py"
+
+    def postcondition(self, module):
+        return "return" in module.code and "yield" in module.code
+
+    def transform(self, module):
+        # a return outside a function parses but does not compile... at module level it does not
+        return cst.parse_module(module.code + "return 1\\nyield 2\\n")
+'''
+    out, root = run(tmp_path, code, {"pkg/spec.py": "x = 1\n"})
+    assert (out.status, out.reason) == ("failed", "error")
+    assert "does not compile" in out.message
+    assert (root / "pkg/spec.py").read_text() == "x = 1\n"
+
+
+def test_exception_in_author_code_is_a_failure_not_a_crash(tmp_path):
+    code = HEADER + '''
+class Boom(Transform):
+    path = "pkg/spec.py"
+
+    def postcondition(self, module):
+        return False
+
+    def transform(self, module):
+        raise ValueError("bad idea")
+'''
+    out, _ = run(tmp_path, code, {"pkg/spec.py": "x = 1\n"})
+    assert (out.status, out.reason) == ("failed", "error")
+    assert "Boom (pkg/spec.py): ValueError: bad idea" in out.message
+
+
+def test_all_or_nothing_across_classes(tmp_path):
+    code = RENAME + '''
+
+class Second(Transform):
+    path = "pkg/other.py"
+
+    def postcondition(self, module):
+        return False
+
+    def transform(self, module):
+        self.anchor(module, m.Name("nowhere"), "a name that is not there")
+        return module
+'''
+    src = 'class Spec:\n    def backend(self):\n        return "flashinfer_b12x"\n'
+    out, root = run(tmp_path, code, {"pkg/spec.py": src, "pkg/other.py": "y = 2\n"})
+    assert (out.status, out.reason) == ("failed", "anchor-missing")
+    assert out.files == ["pkg/spec.py", "pkg/other.py"]
+    assert (root / "pkg/spec.py").read_text() == src  # the first class's edit was not written
+
+
+def test_unsafe_path(tmp_path):
+    code = RENAME.replace('path = "pkg/spec.py"', 'path = "../escape.py"')
+    out, _ = run(tmp_path, code, {"pkg/spec.py": "x = 1\n"})
+    assert (out.status, out.reason) == ("failed", "unsafe-path")
+    assert not (tmp_path / "escape.py").exists()
+
+
+@pytest.mark.parametrize("code,needle", [
+    ("x = (\n", "import failed: SyntaxError"),
+    ("import libcst\n", "defines no patchkit.transform.Transform subclass"),
+    (HEADER + "class NoPath(Transform):\n    pass\n", "NoPath sets no `path`"),
+])
+def test_load_errors(tmp_path, code, needle):
+    out, _ = run(tmp_path, code, {"pkg/spec.py": "x = 1\n"})
+    assert (out.status, out.reason) == ("failed", "error")
+    assert needle in out.message
