@@ -165,3 +165,32 @@ def snapshot(proj: Path) -> dict[str, bytes]:
     return {p.relative_to(proj).as_posix(): p.read_bytes() for p in proj.rglob("*")
             if p.is_file() and ".git" not in p.parts and ".patchkit" not in p.parts
             and "__pycache__" not in p.parts}
+
+
+SLOW_TRANSFORM = '''\
+import os
+import time
+
+import libcst as cst
+from patchkit.transform import Transform
+
+
+class Slow(Transform):
+    path = "pkg/util.py"
+
+    def postcondition(self, module):
+        return "# slow" in module.code
+
+    def transform(self, module):
+        time.sleep(float(os.environ.get("SLOW", "0")))
+        return cst.parse_module(module.code + "# slow\\n")
+'''
+
+
+def add_slow(proj: Path) -> None:
+    """A last patch that sleeps $SLOW seconds: time to send a signal mid-run."""
+    (proj / "patches/slow.py").write_text(SLOW_TRANSFORM)
+    with open(proj / "patchset.yaml", "a") as fh:
+        fh.write("  - id: slow\n    summary: takes a while\n    transform: patches/slow.py\n")
+    sh("git", "add", "-A", cwd=proj)
+    sh("git", "commit", "-qm", "slow", cwd=proj)

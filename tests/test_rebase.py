@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,8 +13,8 @@ import yaml
 from fixtures import sh
 from patchkit import engine, manifest, rebase
 from patchkit.errors import UsageError
-from rebase_project import (CONF_OURS_V13, OTHER_RESOLVED, TRANSFORM_V13, make_fates,
-                            snapshot)
+from rebase_project import (CONF_OURS_V13, OTHER_RESOLVED, TRANSFORM_V13, add_slow,
+                            make_fates, snapshot)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -228,3 +230,38 @@ def test_cli_rebase_conflict_continue_abort(tmp_path):
     p = patchkit("rebase", "--abort", cwd=proj)
     assert p.returncode == 0 and p.stdout.startswith("rebase aborted; restored")
     assert yaml.safe_load((proj / "patchset.yaml").read_text())["vllm"]["ref"] == "v1.2.0"
+
+
+@pytest.mark.parametrize("then", ["continue", "abort"])
+def test_interrupted_rebase_goes_on_or_goes_back(tmp_path, then):
+    proj = make_fates(tmp_path)
+    add_slow(proj)
+    before = snapshot(proj)
+    env = dict(os.environ, PYTHONPATH=str(SRC), SLOW="2")
+    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "rebase", "--to", "v1.1.0"],
+                            cwd=proj, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    state = proj / ".patchkit/rebase/state.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and '"already-in"' not in (
+            state.read_text() if state.exists() else ""):
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside the slow patch, the last one
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert rebase.in_progress(proj)
+    if then == "abort":
+        assert patchkit("rebase", "--abort", cwd=proj).returncode == 0
+        assert snapshot(proj) == before
+        return
+    p = patchkit("rebase", "--continue", cwd=proj)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [ln.split()[:2] for ln in p.stdout.splitlines()[:7]] == [
+        ["refreshed", "table-nvfp4:"], ["applied", "fast-mode"], ["applied", "other-fix"],
+        ["applied", "conf-overlay"], ["skipped", "legacy:"], ["upstream", "already-in:"],
+        ["applied", "slow"]]
+    report = applies_cleanly(proj, tmp_path)
+    assert (tmp_path / "wd/pkg/util.py").read_text().endswith("# slow\n")
+    assert report.patches[-1].status == "applied"

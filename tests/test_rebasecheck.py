@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 
 from patchkit import manifest, rebasecheck, source
 from patchkit.errors import SourceError
-from rebase_project import PULL, make_fates, snapshot
+from rebase_project import PULL, add_slow, make_fates, snapshot
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TARGETS = ["v1.1.0", "v1.2.0", "v1.3.0"]
@@ -232,3 +234,27 @@ def test_no_release_after_the_pin(tmp_path):
     p = patchkit("rebase-check", "--releases", "--format", "json", cwd=proj)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["targets"] == []
+
+
+def test_interrupt_stops_every_worker_and_cleans_up(tmp_path):
+    """^C at a terminal reaches the whole process group: the parent and each worker."""
+    proj = make_fates(tmp_path)
+    add_slow(proj)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(SRC), SLOW="3", TMPDIR=str(scratch))
+    err = tmp_path / "stderr"
+    with open(err, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "patchkit", "rebase-check", "--releases"],
+                                cwd=proj, env=env, stdout=subprocess.DEVNULL, stderr=fh,
+                                start_new_session=True)
+    deadline = time.monotonic() + 60
+    while "vLLM v1.3.0 = " not in err.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # the workers are inside the slow patch now
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    text = err.read_text()
+    assert "Traceback" not in text
+    assert text.splitlines()[-1] == "patchkit: interrupted by SIGINT; nothing was changed"
+    assert list(scratch.iterdir()) == []
