@@ -25,8 +25,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from patchkit import source  # noqa: E402
 from patchkit import git as g  # noqa: E402
+from patchkit import source  # noqa: E402
 from patchkit.util import cache_dir  # noqa: E402
 
 PIN = "v0.27.1"
@@ -75,7 +75,7 @@ def rebase_check(proj: Path, targets: list[str]) -> float:
         args += ["--to", t]
     env = dict(os.environ, PYTHONPATH=str(SRC))
     t0 = time.perf_counter()
-    proc = subprocess.run(args, cwd=proj, env=env, capture_output=True, text=True)
+    proc = subprocess.run(args, cwd=proj, env=env, capture_output=True, text=True, check=False)
     took = time.perf_counter() - t0
     if proc.returncode not in (0, 1) or '"targets"' not in proc.stdout:
         raise SystemExit(f"rebase-check failed ({proc.returncode}):\n{proc.stderr}")

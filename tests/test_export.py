@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from fixtures import sh
+from rebase_project import make_fates, snapshot
+
 from patchkit import engine, manifest
 from patchkit.errors import UsageError
 from patchkit.export import export, slug
-from rebase_project import make_fates, snapshot
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -160,8 +160,9 @@ def test_cli_export(applied):
     commit(wd, "Speed up helper", {"pkg/mod.py": (wd / "pkg/mod.py").read_text().replace(
         "return x + 1", "return x + 2")})
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    run = lambda: subprocess.run([sys.executable, "-m", "patchkit", "export"], cwd=proj, env=env,
-                                 text=True, capture_output=True)
+    def run():
+        return subprocess.run([sys.executable, "-m", "patchkit", "export"], cwd=proj, env=env,
+                              text=True, capture_output=True, check=False)
     p = run()
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("added     speed-up-helper: patches/speed-up-helper.diff from ")

@@ -4,8 +4,8 @@ import difflib
 
 import pytest
 import yaml
-
 from fixtures import dedent
+
 from patchkit.errors import ManifestError
 from patchkit.manifestedit import ManifestText, scalar, write_if_changed
 

@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from fixtures import sh
+from rebase_project import (
+    CONF_OURS_V13,
+    OTHER_RESOLVED,
+    TRANSFORM_V13,
+    add_slow,
+    make_fates,
+    snapshot,
+)
+
 from patchkit import engine, manifest, rebase
 from patchkit.errors import UsageError
-from rebase_project import (CONF_OURS_V13, OTHER_RESOLVED, TRANSFORM_V13, add_slow,
-                            make_fates, snapshot)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -22,7 +28,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 def patchkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(SRC))
     return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True)
+                          capture_output=True, check=False)
 
 
 def manifest_diff(proj: Path) -> list[str]:
@@ -114,7 +120,7 @@ def test_conflict_stop_continue_to_the_end(tmp_path):
     assert third.stop.patch == "conf-overlay" and third.stop.reason == "overlay-drift"
     blob = sh("git", "rev-parse", "v1.3.0:pkg/conf.py", cwd=tmp_path / "upstream")
     assert third.stop.drift == {"pkg/conf.py": blob}
-    assert any(f"git -C .patchkit/rebase/tree diff " in ln or "diff" in ln
+    assert any("git -C .patchkit/rebase/tree diff " in ln or "diff" in ln
                for ln in third.stop.instructions)
     assert third.stop.edit == ["overlays/conf/pkg/conf.py"]
 
@@ -175,7 +181,7 @@ def test_empty_resolution_marks_the_patch_upstream(tmp_path):
     sh("git", "checkout", "--", ".", cwd=proj / ".patchkit/rebase/tree")  # take upstream's side
     done = rebase.resume(proj / "patchset.yaml")
     assert done.done
-    step = [s for s in done.steps if s.id == "other-fix"][0]
+    step = next(s for s in done.steps if s.id == "other-fix")
     assert step.action == "upstream" and "resolved to no change" in step.detail
     assert yaml.safe_load((proj / "patchset.yaml").read_text())["patches"][2]["vllm"] == "<1.2.0"
 

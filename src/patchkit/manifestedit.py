@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence, Union
 
 import yaml
 
 from patchkit.errors import ManifestError
 
-Key = Union[str, int]
+Key = str | int
 
 
 class ManifestText:
@@ -30,7 +30,7 @@ class ManifestText:
         self.name = name
 
     @classmethod
-    def read(cls, path: Path) -> "ManifestText":
+    def read(cls, path: Path) -> ManifestText:
         return cls(path.read_text(encoding="utf-8"), path.name)
 
     def write(self, path: Path) -> bool:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from filelock import FileLock
 
@@ -40,6 +40,7 @@ from patchkit.util import cache_dir
 
 STATE_FORMAT = 1
 IGNORED = "__pycache__/\n*.pyc\n"  # byte code from running the checkout is never part of a patch
+ABORT = "`patchkit rebase --abort` puts the manifest and every patch file back as they were."
 
 
 @dataclass
@@ -120,7 +121,7 @@ class _State:
                          (json.dumps(self.data, indent=2) + "\n").encode())
 
     @classmethod
-    def load(cls, sdir: Path) -> "_State":
+    def load(cls, sdir: Path) -> _State:
         try:
             data = json.loads((sdir / "state.json").read_text())
         except FileNotFoundError:
@@ -352,20 +353,20 @@ def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
     tree, to = state.tree, state.data["to"]
     shown = _rel(tree)
     head = f"{p.id} ({p.kind} {p.path}) does not apply to vLLM {to}: {r.reason}: {r.message}"
-    tail = ["`patchkit rebase --abort` puts the manifest and every patch file back as they were."]
+    tail = [ABORT]
     if p.kind == "diff" and r.reason in ("conflict", "fuzz", "anchor-missing"):
         marked, notes = _merge_into(state, m, p, progress)
         lines = [head, "",
-                 f"The checkout {shown} holds vLLM {to} with the patches before {p.id}, and "
-                 f"{p.id} merged in as far as it goes:"]
+                 (f"The checkout {shown} holds vLLM {to} with the patches before {p.id}, and "
+                  f"{p.id} merged in as far as it goes:")]
         lines += [f"  {f}: {n} conflict{'s' if n != 1 else ''} between <<<<<<< and >>>>>>>"
                   for f, n in marked.items()]
         lines += [f"  {n}" for n in notes]
-        lines += ["", f"Edit the checkout until it makes the change {p.id} should make (no "
-                      "conflict marker left), then",
+        lines += ["", (f"Edit the checkout until it makes the change {p.id} should make (no "
+                       "conflict marker left), then"),
                   f"`patchkit rebase --continue` writes that change to {p.path} and goes on.",
-                  "Leaving the checkout as upstream has it (no change) marks the patch as "
-                  "upstream."] + tail
+                  ("Leaving the checkout as upstream has it (no change) marks the patch as "
+                   "upstream.")] + tail
         return Stop(p.id, p.kind, r.reason or "error", r.message,
                     [f"{shown}/{f}" for f in marked] or [shown], lines)
     if p.kind == "transform":
@@ -374,8 +375,8 @@ def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
                     r.reason or "", "it fails on the new code")
         files = ", ".join(f"{shown}/{f}" for f in r.files) or shown
         lines = [head, "",
-                 f"The checkout {shown} holds vLLM {to} with the patches before {p.id} (left "
-                 "unchanged).",
+                 (f"The checkout {shown} holds vLLM {to} with the patches before {p.id} (left "
+                  "unchanged)."),
                  f"Change {p.path}: {what}.  Match its anchors against {files}, then",
                  f"`patchkit rebase --continue` runs {p.path} again and goes on."] + tail
         return Stop(p.id, p.kind, r.reason or "error", r.message, [p.path], lines)
@@ -392,7 +393,7 @@ def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
                              f"upstream's file: git -C {shown} show {new[:12]}")
         lines += ["", "Carry those upstream changes into "
                       + ", ".join(f"{p.path}/{rel}" for rel in drift) + ", then",
-                  f"`patchkit rebase --continue` records `replaces:` "
+                  "`patchkit rebase --continue` records `replaces:` "
                   + ", ".join(f"{rel}: {new}" for rel, new in drift.items())
                   + f" in {m.path.name} and goes on."] + tail
         return Stop(p.id, p.kind, "overlay-drift", r.message,
@@ -565,13 +566,11 @@ def _finish(state: _State, progress: engine.Progress) -> RebaseResult:
     active = [p for p in m.patches if engine.in_range(p, res.version)[0]]
     failed = [a for a in verify.run_assertions(active, verify.tree_reader(tree)) if not a.ok]
     if failed:
-        lines = [f"every patch is through, but {len(failed)} assertion"
-                 f"{'s do' if len(failed) > 1 else ' does'} not hold on vLLM {res.ref}:"]
+        lines = [(f"every patch is through, but {len(failed)} assertion"
+                  f"{'s do' if len(failed) > 1 else ' does'} not hold on vLLM {res.ref}:")]
         lines += [f"  {verify.format_failure(a)}" for a in failed]
-        lines += ["", f"Fix the `verify:` entries in {m.path.name} (or --abort and fix the "
-                      "patches), then `patchkit rebase --continue` checks again.",
-                  "`patchkit rebase --abort` puts the manifest and every patch file back as "
-                  "they were."]
+        lines += ["", (f"Fix the `verify:` entries in {m.path.name} (or --abort and fix the "
+                       "patches), then `patchkit rebase --continue` checks again."), ABORT]
         state.stopped = Stop("", "verify", "assertion", lines[0], [m.path.name], lines)
         state.save()
         return _result(state)

@@ -21,10 +21,10 @@ import shutil
 import tempfile
 import traceback
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from packaging.version import InvalidVersion, Version
 
@@ -230,7 +230,7 @@ def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] 
         return "interrupted", exc.signum
     except PatchkitError as exc:
         return "error", (type(exc).exit_code, str(exc))
-    except Exception as exc:  # a bug: carried to the parent, which reports it as one
+    except Exception as exc:  # noqa: BLE001  # a bug: carried to the parent, reported as one
         return "bug", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
 
 
@@ -324,8 +324,8 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
     head = ["patch", *matrix.refs, "notes"]
     table = [[r.patch.id, *[cell_word(c) for c in r.cells], "; ".join(notes(r))] for r in rows]
     widths = [max(len(x[i]) for x in [head, *table]) for i in range(len(head) - 1)]
-    lines = [f"{m.name}: {len(rows)} patches x {len(matrix.targets)} vLLM targets "
-             f"(pinned at {m.vllm.ref})", ""]
+    lines = [(f"{m.name}: {len(rows)} patches x {len(matrix.targets)} vLLM targets "
+              f"(pinned at {m.vllm.ref})"), ""]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  notes")
     for r, cells in zip(rows, table):
         out = [cells[0].ljust(widths[0])]
@@ -342,8 +342,8 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
         lines += [f"  {r.id} @ {t.vllm.ref}: {'; '.join(r.offsets)}" for t, r in offsets]
     drop = [r.patch.id for r in rows if r.drop]
     if drop:
-        lines += ["", f"upstream in every target, to drop: {', '.join(drop)} "
-                      f"(patchkit rebase --to {matrix.refs[-1]} --drop-upstream)"]
+        lines += ["", (f"upstream in every target, to drop: {', '.join(drop)} "
+                       f"(patchkit rebase --to {matrix.refs[-1]} --drop-upstream)")]
     lines.append("")
     if matrix.ok:
         lines.append(f"ok: the series applies to {len(matrix.targets)} of {len(matrix.targets)} "
@@ -374,8 +374,8 @@ def render_markdown(matrix: Matrix) -> str:
         return "\n".join(out) + "\n"
     verdict = ("✅ the series applies to every target" if matrix.ok else
                f"❌ {_failures(len(matrix.failures()))}")
-    out += [f"Pinned at `{m.vllm.ref}`; {len(m.patches)} patches x {len(matrix.targets)} "
-            f"targets: {verdict}.", ""]
+    out += [(f"Pinned at `{m.vllm.ref}`; {len(m.patches)} patches x {len(matrix.targets)} "
+             f"targets: {verdict}."), ""]
     out.append("| patch | " + " | ".join(f"`{ref}`" for ref in matrix.refs) + " | notes |")
     out.append("|---" * (len(matrix.targets) + 2) + "|")
     rows = matrix.rows()
@@ -393,13 +393,13 @@ def render_markdown(matrix: Matrix) -> str:
     if failed:
         out += ["", "### Failures", ""]
         for t, r in failed:
-            out += [f"<details><summary><code>{r.id}</code> on <code>{t.vllm.ref}</code>: "
-                    f"{r.reason}</summary>", "", "```text", failure_text(matrix, t, r), "```", "",
+            out += [(f"<details><summary><code>{r.id}</code> on <code>{t.vllm.ref}</code>: "
+                     f"{r.reason}</summary>"), "", "```text", failure_text(matrix, t, r), "```", "",
                     "</details>", ""]
     drop = [r.patch.id for r in rows if r.drop]
     if drop:
-        out += ["", f"Upstream in every target: {', '.join(f'`{d}`' for d in drop)}. "
-                    f"Drop with `patchkit rebase --to {matrix.refs[-1]} --drop-upstream`."]
+        out += ["", (f"Upstream in every target: {', '.join(f'`{d}`' for d in drop)}. "
+                     f"Drop with `patchkit rebase --to {matrix.refs[-1]} --drop-upstream`.")]
     return "\n".join(out).rstrip() + "\n"
 
 
