@@ -115,7 +115,7 @@ def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None
 
 def _tags_of(source: str, cache: Path, log: Log) -> list[str]:
     if source == pypi.WORD:
-        return [f"v{v}" for v in pypi.release_versions()]
+        return [f"v{v}" for v in pypi.release_versions(pre=True)]
     url = source
     if _is_local(source) and not source.startswith("file://"):
         local = Path(source).expanduser().absolute()
