@@ -195,7 +195,7 @@ class CheckProgress:
 @click.option("--pre", is_flag=True, help="With --releases: pre-releases too.")
 @VLLM_REPO
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Targets checked at once "
-              "(default: one per core).")
+              "(default: two per core).")
 @click.option("--output", "outputs", multiple=True, metavar="FORMAT:FILE",
               help="Also write the report in FORMAT (text, json, markdown, junit) to FILE; repeat.")
 @MANIFEST
