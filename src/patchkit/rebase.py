@@ -30,7 +30,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from patchkit import diffwrite, engine, interrupt, manifest, overlay, source, verify
+from patchkit import diffwrite, engine, interrupt, manifest, overlay, rebasecheck, source, verify
 from patchkit import git as g
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import Manifest, Patch
@@ -465,7 +465,7 @@ def _merge_from_old_pin(state: _State, p: Patch, progress: engine.Progress
     old = state.sdir / "old"
     shutil.rmtree(old, ignore_errors=True)
     try:
-        source.checkout(old_res, old)
+        rebasecheck.checkout(old_res, old, rebasecheck.needed_paths(old_m))
         for q in old_m.patches:
             if q.id == p.id:
                 break
@@ -599,7 +599,8 @@ def _prove(state: _State, m: Manifest) -> None:
     proof = state.sdir / "proof"
     shutil.rmtree(proof, ignore_errors=True)
     try:
-        source.checkout(res, proof)
+        # sparse, like rebase-check: commit trees hold every file either way
+        rebasecheck.checkout(res, proof, rebasecheck.needed_paths(m))
         report = engine.run_series(m, proof, res)
         bad = [f"{r.id}: {r.status} {r.reason or ''} {r.message} {'; '.join(r.offsets)}".strip()
                for r in report.patches if r.status == "failed" or r.offsets]
