@@ -170,6 +170,132 @@ def verify(tree, image, manifest_path, fmt) -> int:
     return 0 if ok else 1
 
 
+VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
+                         help="Git URL, local git path, or 'pypi'; repeat to try several in order "
+                              "(default: vllm.repo of the manifest).")
+
+
+class CheckProgress:
+    """rebase-check tells on stderr as each target is done; the matrix goes to stdout."""
+
+    def info(self, message: str) -> None:
+        echo(message, err=True)
+
+    def patch(self, result: PatchResult) -> None:
+        pass
+
+    def target(self, report: ApplyReport) -> None:
+        failed = sum(p.status == "failed" for p in report.patches)
+        echo(f"vLLM {report.vllm.ref}: {'ok' if report.ok else f'{failed} failed'}", err=True)
+
+
+@cli.command("rebase-check")
+@click.option("--to", "refs", multiple=True, metavar="REF", help="A vLLM ref to check; repeat.")
+@click.option("--releases", is_flag=True, help="Every release tag vX.Y.Z after the pin.")
+@click.option("--pre", is_flag=True, help="With --releases: pre-releases too.")
+@VLLM_REPO
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="Targets checked at once "
+              "(default: two per core).")
+@click.option("--output", "outputs", multiple=True, metavar="FORMAT:FILE",
+              help="Also write the report in FORMAT (text, json, markdown, junit) to FILE; repeat.")
+@MANIFEST
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "junit"]),
+              default="text", show_default=True, help="Report format on stdout.")
+def rebase_check(refs, releases, pre, repos, jobs, outputs, manifest_path, fmt) -> int:
+    """Apply the series to newer vLLM refs in scratch checkouts; print the patch x release
+    matrix.  Exit 1 if any patch fails anywhere."""
+    from patchkit import rebasecheck
+
+    if not refs and not releases:
+        raise click.UsageError("give --to REF (repeatable) or --releases")
+    if pre and not releases:
+        raise click.UsageError("--pre goes with --releases")
+    sinks = []
+    for spec in outputs:
+        kind, sep, path = spec.partition(":")
+        if not sep or not path or kind not in ("text", "json", "markdown", "junit"):
+            raise click.UsageError(f"--output {spec!r}: expected FORMAT:FILE with FORMAT one of "
+                                   "text, json, markdown, junit")
+        sinks.append((kind, Path(path)))
+    m = _load(manifest_path)
+    progress = CheckProgress()
+    targets = list(refs)
+    if releases:
+        found = rebasecheck.release_targets(m, repos=repos or None, pre=pre, log=progress.info)
+        echo(f"releases after {m.vllm.ref}: {', '.join(found) or 'none'}", err=True)
+        targets += found
+    matrix = rebasecheck.check(m, targets, repos=repos or None, jobs=jobs, progress=progress)
+    for kind, path in sinks:
+        path.write_text(rebasecheck.render(matrix, kind))
+    click.echo(rebasecheck.render(matrix, fmt, color=fmt == "text" and sys.stdout.isatty()),
+               nl=False)
+    return 0 if matrix.ok else 1
+
+
+@cli.command()
+@click.option("--to", "ref", metavar="REF", help="The vLLM ref to move the pin to.")
+@click.option("--continue", "cont", is_flag=True, help="Go on after resolving a stop.")
+@click.option("--abort", is_flag=True, help="Put the manifest and every patch file back.")
+@click.option("--drop-upstream", is_flag=True,
+              help="Remove patches the target already has, instead of marking them with a "
+                   "vllm: range.")
+@VLLM_REPO
+@MANIFEST
+def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
+    """Move the pin to REF: refresh what drifted, mark what went upstream, stop at a conflict.
+
+    \b
+    patchkit rebase --to v0.33.0     start; stops where a person must decide
+    patchkit rebase --continue       take the resolution and go on
+    patchkit rebase --abort          put everything back as it was
+    """
+    from patchkit import rebase as rb
+
+    if sum(bool(x) for x in (ref, cont, abort)) != 1:
+        raise click.UsageError("give exactly one of --to REF, --continue, --abort")
+    if (cont or abort) and (drop_upstream or repos):
+        raise click.UsageError("--drop-upstream and --vllm-repo go with --to")
+    progress = TextProgress(err=True)
+    if abort:
+        restored = rb.abort(Path(manifest_path))
+        echo(f"rebase aborted; restored {', '.join(restored) if restored else 'nothing (no file had changed)'}")
+        return 0
+    if cont:
+        result = rb.resume(Path(manifest_path), progress=progress)
+    else:
+        result = rb.start(Path(manifest_path), ref, repos=repos or None,
+                          drop_upstream=drop_upstream, progress=progress)
+    for step in result.steps:
+        echo(f"{step.action:<9} {step.id}" + (f": {step.detail}" if step.detail else ""))
+    for note in result.notes:
+        echo(f"note: {note}")
+    if result.stop:
+        echo()
+        for line in result.stop.instructions:
+            echo(line)
+        return 1
+    echo(f"ok: rebased from vLLM {result.from_ref} to {result.to_ref}; review with `git diff`")
+    return 0
+
+
+@cli.command()
+@click.option("--workdir", default=".patchkit/vllm", show_default=True,
+              type=click.Path(file_okay=False), help="The applied checkout with new commits.")
+@MANIFEST
+def export(workdir, manifest_path) -> int:
+    """Turn commits made after patchkit/applied in WORKDIR into patches and manifest entries."""
+    from patchkit.export import export as run_export
+
+    result = run_export(Path(manifest_path), Path(workdir))
+    for e in result.exported:
+        echo(f"{e.action:<9} {e.id}: {e.path} from {e.commit[:12]} {e.summary}")
+    for note in result.notes:
+        echo(f"note: {note}")
+    if not result.exported:
+        echo(f"nothing to export: no commit after patchkit/applied in {workdir}")
+    return 0
+
+
 @cli.command("build-image")
 @click.option("--vllm-ref", "ref", help="Tag, branch or commit (default: vllm.ref of the manifest).")
 @click.option("--vllm-repo", "repos", multiple=True, help="As for apply.")

@@ -143,11 +143,11 @@ def _commit_wheel(repo: Path, wheel: Path, version: str, tag: str) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def release_versions() -> list[str]:
-    """Every vLLM release version on PyPI, oldest first."""
+def release_versions(pre: bool = False) -> list[str]:
+    """Every vLLM release version on PyPI, oldest first; pre-releases too with ``pre``."""
     try:
         proc = run([sys.executable, "-m", "pip", "index", "versions", PACKAGE,
-                    "--disable-pip-version-check"])
+                    "--disable-pip-version-check", *(["--pre"] if pre else [])])
     except CommandError as exc:
         raise SourceError(f"could not list vLLM releases on PyPI: {exc.output.strip()[:200]}") from None
     for line in proc.stdout.splitlines():

@@ -119,24 +119,10 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log) -> Resolved:
         commit = g.resolve_commit(repo, tag)
         assert commit
         return Resolved(source, repo, ref, commit, version_of(repo, commit))
-    url = source
-    if _is_local(source) and not source.startswith("file://"):
-        local = Path(source).expanduser().absolute()
-        if not local.exists():
-            raise SourceError(f"no such repository: {source}")
-        if local.is_dir() and not _looks_like_git(local):
-            raise SourceError(f"{source} is not a git repository")
-        url = str(local)
+    url = _url_of(source)
     repo = cache_subdir(cache, "repos") / f"{_slug(url)}.git"
     with FileLock(str(repo) + ".lock"):
-        fresh = False
-        if os.path.lexists(repo) and not g.is_repository(repo):
-            # The cache is disposable: a mirror broken by outside hands is made again.
-            log(f"the cached mirror {repo} is broken; mirroring again")
-            discard(repo)
-        if not (repo / "HEAD").exists():
-            _clone_mirror(url, repo, log)
-            fresh = True
+        fresh = _open_mirror(url, repo, log)
         # Branches move, so a branch ref is always refetched; tags and shas are immutable.
         commit = None if (not fresh and g.is_branch(repo, ref)) else g.resolve_commit(repo, ref)
         if commit is None and not fresh:
@@ -146,6 +132,59 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log) -> Resolved:
         if commit is None:
             raise SourceError(f"unknown vLLM ref {ref!r} in {source}{_did_you_mean(repo, ref)}")
         return Resolved(source, repo, ref, commit, version_of(repo, commit))
+
+
+def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None
+              ) -> tuple[str, list[str]]:
+    """Every tag the first source that answers has now (a git source is fetched first, so new
+    releases show), and that source; ``pypi`` lists the releases on PyPI as ``vX.Y.Z``."""
+    failures: list[str] = []
+    for source in sources:
+        try:
+            return source, _tags_of(source, cache, log)
+        except SourceError as exc:
+            if len(sources) == 1:
+                raise
+            log(f"source {source}: {exc}; trying the next")
+            failures.append(f"{source}: {exc}")
+    raise SourceError("no source could list vLLM releases: " + "; ".join(failures))
+
+
+def _tags_of(source: str, cache: Path, log: Log) -> list[str]:
+    if source == pypi.WORD:
+        return [f"v{v}" for v in pypi.release_versions(pre=True)]
+    url = _url_of(source)
+    repo = cache_subdir(cache, "repos") / f"{_slug(url)}.git"
+    with FileLock(str(repo) + ".lock"):
+        if not _open_mirror(url, repo, log):
+            log(f"fetching tags of {source}")
+            _fetch(repo, url)
+        return g.tags(repo)
+
+
+def _url_of(source: str) -> str:
+    """What git is given for ``source``: a local path made absolute and checked first."""
+    if not _is_local(source) or source.startswith("file://"):
+        return source
+    local = Path(source).expanduser().absolute()
+    if not local.exists():
+        raise SourceError(f"no such repository: {source}")
+    if local.is_dir() and not _looks_like_git(local):
+        raise SourceError(f"{source} is not a git repository")
+    return str(local)
+
+
+def _open_mirror(url: str, repo: Path, log: Log) -> bool:
+    """Make sure the mirror at ``repo`` is there (the caller holds its lock); True when it was
+    just cloned, so it needs no fetch."""
+    if os.path.lexists(repo) and not g.is_repository(repo):
+        # The cache is disposable: a mirror broken by outside hands is made again.
+        log(f"the cached mirror {repo} is broken; mirroring again")
+        discard(repo)
+    if (repo / "HEAD").exists():
+        return False
+    _clone_mirror(url, repo, log)
+    return True
 
 
 def _looks_like_git(path: Path) -> bool:

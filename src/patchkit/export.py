@@ -1,0 +1,167 @@
+"""export: commits made on top of an applied checkout become patches of the series.
+
+``patchkit apply`` leaves ``patchkit/applied`` at the last patch; a developer commits fixes on
+top and ``export`` turns each commit, oldest first, into ``patches/<id>.diff`` and a manifest
+entry appended to ``patches:``.  The id comes from a ``Patchkit-Id:`` trailer, else from a
+``patchkit: <id>: ...`` subject, else from the subject itself; the summary is the subject, and
+an ``Upstream:`` trailer becomes ``upstream:``.  The diff text is pinned (see ``diffwrite``) and
+an entry that is already there is updated in place, so exporting the same commits again
+changes no byte.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from patchkit import diffwrite, engine, manifest
+from patchkit import git as g
+from patchkit.errors import UsageError
+from patchkit.manifest import ID_RE, Manifest
+from patchkit.manifestedit import ManifestText, write_if_changed
+
+PATCH_DIR = "patches"
+_OWN_SUBJECT = re.compile(r"^patchkit: ([a-z0-9][a-z0-9-]*): (.+)$")
+
+
+@dataclass
+class Exported:
+    id: str
+    commit: str
+    path: str
+    summary: str
+    action: str  # added | updated | unchanged
+
+
+@dataclass
+class ExportResult:
+    exported: list[Exported] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return any(e.action != "unchanged" for e in self.exported)
+
+
+@dataclass
+class _Commit:
+    sha: str
+    subject: str
+    id: str | None
+    upstream: str | None
+
+
+def slug(text: str, limit: int = 48) -> str:
+    """A patch id from free text: lowercase words joined by '-', cut at a word boundary."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    out = ""
+    for w in words:
+        nxt = f"{out}-{w}" if out else w
+        if len(nxt) > limit:
+            break
+        out = nxt
+    return out or (words[0][:limit] if words else "")
+
+
+def _commits(workdir: Path) -> list[_Commit]:
+    if g.git("rev-parse", "--verify", "--quiet", f"refs/tags/{engine.APPLIED_TAG}",
+             cwd=workdir, check=False).returncode != 0:
+        raise UsageError(f"{workdir} has no tag {engine.APPLIED_TAG}: it is not a checkout "
+                         "`patchkit apply` made")
+    merges = g.out("rev-list", "--merges", f"{engine.APPLIED_TAG}..HEAD", cwd=workdir)
+    if merges:
+        raise UsageError(f"{workdir}: merge commit {merges.split()[0][:12]} after "
+                         f"{engine.APPLIED_TAG}; export takes a straight line of commits "
+                         "(rebase them first)")
+    shas = g.out("rev-list", "--reverse", f"{engine.APPLIED_TAG}..HEAD", cwd=workdir).split()
+    out = []
+    for sha in shas:
+        subject = g.out("log", "-1", "--format=%s", sha, cwd=workdir)
+        trailers = g.out("log", "-1", "--format=%(trailers:unfold,only)", sha, cwd=workdir)
+        found: dict[str, str] = {}
+        for line in trailers.splitlines():
+            key, _, value = line.partition(":")
+            found.setdefault(key.strip().lower(), value.strip())
+        pid = found.get("patchkit-id")
+        own = _OWN_SUBJECT.match(subject)
+        if own:
+            pid = pid or own.group(1)
+            subject = own.group(2)
+        out.append(_Commit(sha, subject.strip(), pid, found.get("upstream")))
+    return out
+
+
+def export(manifest_path: Path, workdir: Path) -> ExportResult:
+    """Turn the commits after ``patchkit/applied`` in ``workdir`` into patches."""
+    m = manifest.load(manifest_path)
+    workdir = Path(workdir)
+    if not (workdir / ".git").exists():
+        raise UsageError(f"--workdir {workdir}: not a checkout (run `patchkit apply` first)")
+    result = ExportResult()
+    commits = _commits(workdir)
+    if g.out("status", "--porcelain", cwd=workdir):
+        result.notes.append(f"{workdir} has uncommitted changes; only commits are exported")
+    report = engine.read_report(workdir) or {}
+    applied = [p.get("id") for p in report.get("patches", [])]
+    if applied and applied != [p.id for p in m.patches][:len(applied)]:
+        result.notes.append(f"{workdir} was applied from another series than "
+                            f"{m.path.name} holds now; the exported patches go at its end")
+    text = ManifestText.read(m.path)
+    taken = {p.id: p for p in m.patches}
+    below = _applied_ids(workdir) | set(applied)
+    claimed: set[str] = set()
+    new_entries: list[list[tuple[str, str]]] = []
+    for c in commits:
+        diff = diffwrite.diff_text(workdir, f"{c.sha}~1", c.sha)
+        if not diff.strip():
+            result.notes.append(f"{c.sha[:12]} {c.subject!r} changes nothing; not exported")
+            continue
+        pid = _id_for(c, m, taken, claimed | below)
+        claimed.add(pid)
+        rel = f"{PATCH_DIR}/{pid}.diff"
+        existing = taken.get(pid)
+        file_changed = write_if_changed(m.root / rel, diff.encode("utf-8", "surrogateescape"))
+        if existing is not None:
+            action = "updated" if file_changed else "unchanged"
+            if existing.summary != c.subject and c.subject:
+                text.set_scalar(("patches", existing.index, "summary"), c.subject)
+                action = "updated"
+        else:
+            entry = [("id", pid), ("summary", c.subject or pid)]
+            if c.upstream:
+                entry.append(("upstream", c.upstream))
+            entry.append(("diff", rel))
+            new_entries.append(entry)
+            action = "added"
+        result.exported.append(Exported(pid, c.sha, rel, c.subject, action))
+    for entry in new_entries:
+        text.append_item(("patches",), entry)
+    text.write(m.path)
+    manifest.load(m.path)  # what was written must load
+    return result
+
+
+def _applied_ids(workdir: Path) -> set[str]:
+    """Ids of the patches below ``patchkit/applied``: the series the checkout was made from."""
+    subjects = g.out("log", "--format=%s", f"{engine.BASE_TAG}..{engine.APPLIED_TAG}",
+                     cwd=workdir, check=False)
+    return {m.group(1) for m in map(_OWN_SUBJECT.match, subjects.splitlines()) if m}
+
+
+def _id_for(c: _Commit, m: Manifest, taken: dict, unavailable: set[str]) -> str:
+    """The commit's id: its own when it has one, else a slug of its subject, with -2, -3 ...
+    when that is taken.  An entry of an earlier export (a diff at patches/<id>.diff that is not
+    part of the applied series) is this commit's own, and is reused."""
+    base = c.id if c.id and ID_RE.match(c.id) else slug(c.subject) or "patch"
+    pid, n = base, 1
+    while True:
+        if pid not in unavailable:
+            existing = taken.get(pid)
+            rel = f"{PATCH_DIR}/{pid}.diff"
+            if existing is None and not (m.root / rel).exists():
+                return pid
+            if existing is not None and existing.kind == "diff" and existing.path == rel:
+                return pid
+        n += 1
+        pid = f"{base}-{n}"

@@ -1,0 +1,260 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from rebase_project import PULL, add_slow, make_fates, snapshot
+
+from patchkit import manifest, rebasecheck, source
+from patchkit.errors import SourceError
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TARGETS = ["v1.1.0", "v1.2.0", "v1.3.0"]
+FATES = {
+    "table-nvfp4": ["applied (offset)", "upstream", "upstream"],
+    "fast-mode": ["applied", "applied", "anchor-missing"],
+    "other-fix": ["applied", "conflict", "conflict"],
+    "conf-overlay": ["applied", "applied", "overlay-drift"],
+    "legacy": ["skipped", "skipped", "skipped"],
+    "already-in": ["upstream", "upstream", "upstream"],
+}
+
+
+def patchkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    """One matrix over the three releases (given newest first), shared by the rendering tests."""
+    tmp = tmp_path_factory.mktemp("fates")
+    (tmp / "gitconfig").write_text("")
+    with pytest.MonkeyPatch.context() as mp:  # the autouse isolation is per test, so again here
+        mp.setenv("GIT_CONFIG_GLOBAL", str(tmp / "gitconfig"))
+        mp.setenv("GIT_TEMPLATE_DIR", "")
+        proj = make_fates(tmp)
+        m = manifest.load(proj / "patchset.yaml")
+        return rebasecheck.check(m, list(reversed(TARGETS)), cache=tmp / "cache", jobs=2)
+
+
+def test_every_fate_in_the_matrix(checked):
+    assert checked.refs == TARGETS  # given newest first, ordered by version
+    assert not checked.ok
+    got = {r.patch.id: [rebasecheck.cell_word(c) for c in r.cells] for r in checked.rows()}
+    assert got == FATES
+    table = checked.targets[0].patches[0]
+    assert table.offsets == ["hunk 1 of pkg/mod.py at line 6 (offset +2)"]
+    fast = checked.targets[2].patches[1]
+    assert 'anchor not found: the "plain" mode' in fast.message
+    drift = checked.targets[2].patches[3]
+    assert "pkg/conf.py changed upstream" in drift.message
+
+
+def test_upstream_since_drop_and_pull(checked):
+    rows = {r.patch.id: r for r in checked.rows()}
+    assert (rows["table-nvfp4"].upstream_since, rows["table-nvfp4"].drop) == ("v1.2.0", False)
+    assert rows["table-nvfp4"].pull == 4242
+    assert (rows["already-in"].upstream_since, rows["already-in"].drop) == ("v1.1.0", True)
+    assert rows["fast-mode"].upstream_since is None and rows["fast-mode"].pull is None
+
+
+def test_text_matrix(checked):
+    text = rebasecheck.render_text(checked)
+    lines = text.splitlines()
+    assert lines[0] == "fates: 6 patches x 3 vLLM targets (pinned at v1.0.0)"
+    assert lines[2].split() == ["patch", *TARGETS, "notes"]
+    row = {ln.split()[0]: ln for ln in lines[3:9]}
+    assert row["table-nvfp4"].endswith("upstream since v1.2.0; vllm#4242")
+    assert row["already-in"].endswith("upstream in every target: drop it")
+    # the cells line up under their release
+    col = lines[2].index("v1.3.0")
+    assert row["fast-mode"][col:].startswith("anchor-missing")
+    assert row["conf-overlay"][col:].startswith("overlay-drift")
+    assert "  other-fix @ v1.2.0: conflict: hunk 1 of pkg/other.py" in text
+    assert "  table-nvfp4 @ v1.1.0: hunk 1 of pkg/mod.py at line 6 (offset +2)" in text
+    assert "to drop: already-in (patchkit rebase --to v1.3.0 --drop-upstream)" in text
+    assert lines[-1] == "FAILED: 4 patch failures on 2 of 3 targets (v1.2.0, v1.3.0)"
+    assert "\033[" not in text
+    colored = rebasecheck.render_text(checked, color=True)
+    assert "\033[1;31manchor-missing\033[0m" in colored and "\033[36mupstream\033[0m" in colored
+    # colour codes do not shift the columns
+    strip = colored.replace("\033[0m", "")
+    for code in ("1;31", "32", "36", "2", "33"):
+        strip = strip.replace(f"\033[{code}m", "")
+    assert strip == text
+
+
+def test_json_has_one_apply_report_per_target(checked):
+    data = json.loads(rebasecheck.render_json(checked))
+    assert data["ok"] is False and data["pin"] == "v1.0.0"
+    assert [t["vllm"]["ref"] for t in data["targets"]] == TARGETS
+    for t in data["targets"]:
+        assert {"ok", "vllm", "workdir", "patches", "verify"} <= set(t)
+        assert [p["id"] for p in t["patches"]] == list(FATES)
+    assert data["targets"][1]["patches"][2]["reason"] == "conflict"
+    table = data["patches"][0]
+    assert table == {"id": "table-nvfp4", "kind": "diff", "upstream": PULL, "pull": 4242,
+                     "upstream_since": "v1.2.0", "drop": False,
+                     "status": {"v1.1.0": "applied", "v1.2.0": "upstream", "v1.3.0": "upstream"}}
+
+
+def test_markdown_for_a_job_summary(checked):
+    md = rebasecheck.render_markdown(checked)
+    lines = md.splitlines()
+    assert lines[0] == "## vLLM rebase-check: fates"
+    header = lines.index("| patch | `v1.1.0` | `v1.2.0` | `v1.3.0` | notes |")
+    assert lines[header + 1] == "|---|---|---|---|---|"
+    assert lines[header + 2] == (f"| `table-nvfp4` | ✅ applied (offset) | ⬆️ upstream | ⬆️ upstream | "
+                                 f"upstream since `v1.2.0` · [vllm#4242]({PULL}) |")
+    assert "| `other-fix` | ✅ applied | ❌ conflict | ❌ conflict |  |" in lines
+    assert "<details><summary><code>fast-mode</code> on <code>v1.3.0</code>: anchor-missing</summary>" in lines
+    assert "❌ 4 patch failures" in md
+    assert "Upstream in every target: `already-in`" in md
+
+
+def test_junit_one_testcase_per_patch_and_release(checked):
+    root = ET.fromstring(rebasecheck.render_junit(checked))
+    assert root.tag == "testsuites"
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("18", "4", "3")
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == [f"vLLM {t}" for t in TARGETS]
+    cases = {(s.get("name"), c.get("name")): c for s in suites for c in s.findall("testcase")}
+    assert len(cases) == 18
+    conflict = cases[("vLLM v1.2.0", "other-fix")].find("failure")
+    assert conflict.get("type") == "conflict"
+    # the failure carries the hunk that did not apply
+    assert "the hunk:\n@@ -1,3 +1,3 @@\n def compute(a, b):\n-    total = a + b\n+    total = a + b + 1" in conflict.text
+    anchor = cases[("vLLM v1.3.0", "fast-mode")].find("failure")
+    assert anchor.get("type") == "anchor-missing" and 'the "plain" mode' in anchor.text
+    assert "assertions that do not hold:\n  pkg/mod.py:" in anchor.text
+    assert cases[("vLLM v1.1.0", "legacy")].find("skipped") is not None
+    assert cases[("vLLM v1.1.0", "already-in")].find("failure") is None
+    assert "offset +2" in cases[("vLLM v1.1.0", "table-nvfp4")].find("system-out").text
+
+
+def test_releases_after_the_pin(tmp_path):
+    proj = make_fates(tmp_path)
+    m = manifest.load(proj / "patchset.yaml")
+    cache = tmp_path / "cache"
+    assert rebasecheck.release_targets(m, cache=cache) == TARGETS
+    assert rebasecheck.release_targets(m, cache=cache, pre=True) == [*TARGETS, "v1.4.0rc1"]
+    # a new upstream release shows up: the mirror is fetched again
+    from fixtures import sh
+    sh("git", "tag", "v1.5.0", "v1.3.0", cwd=tmp_path / "upstream")
+    assert rebasecheck.release_targets(m, cache=cache)[-1] == "v1.5.0"
+
+
+def test_release_version():
+    assert rebasecheck.release_version("v0.8.5.post1") is not None
+    assert rebasecheck.release_version("v1.4.0rc1").is_prerelease
+    for tag in ("nightly", "1.0.0", "v01.0", "v1.0+local", "vX"):
+        assert rebasecheck.release_version(tag) is None
+
+
+def test_resolves_each_target_once_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    proj = make_fates(tmp_path)
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch_root))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    calls = []
+    real = source.resolve
+
+    def counting(repos, ref, cache, log=lambda m: None):
+        calls.append(ref)
+        return real(repos, ref, cache, log)
+
+    monkeypatch.setattr(source, "resolve", counting)
+    m = manifest.load(proj / "patchset.yaml")
+    before = snapshot(proj)
+    matrix = rebasecheck.check(m, TARGETS + ["v1.2.0"], cache=tmp_path / "cache", jobs=2)
+    assert sorted(calls) == TARGETS
+    assert len(matrix.targets) == 3
+    assert list(scratch_root.iterdir()) == []
+    assert snapshot(proj) == before and not (proj / ".patchkit").exists()
+
+
+def test_sparse_checkout_gives_the_same_reports_as_a_full_one(tmp_path):
+    proj = make_fates(tmp_path)
+    m = manifest.load(proj / "patchset.yaml")
+    assert rebasecheck.needed_paths(m) == ["pkg/conf.py", "pkg/mod.py", "pkg/other.py",
+                                           "pkg/util.py"]
+    sparse = rebasecheck.check(m, TARGETS, cache=tmp_path / "cache", jobs=1)
+    full = rebasecheck.check(m, TARGETS, cache=tmp_path / "cache", jobs=1, sparse=False)
+    assert rebasecheck.render_json(sparse) == rebasecheck.render_json(full)
+
+
+def test_unknown_target_is_a_source_error(tmp_path):
+    proj = make_fates(tmp_path)
+    m = manifest.load(proj / "patchset.yaml")
+    with pytest.raises(SourceError, match="unknown vLLM ref 'v9.9.9'"):
+        rebasecheck.check(m, ["v1.1.0", "v9.9.9"], cache=tmp_path / "cache")
+
+
+def test_cli_exit_codes_formats_and_outputs(tmp_path):
+    proj = make_fates(tmp_path)
+    p = patchkit("rebase-check", "--to", "v1.1.0", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1] == "ok: the series applies to 1 of 1 targets"
+    p = patchkit("rebase-check", "--releases", "--format", "junit", "--output",
+                 "markdown:summary.md", "--output", "json:report.json", cwd=proj)
+    assert p.returncode == 1
+    assert ET.fromstring(p.stdout).get("tests") == "18"
+    assert (proj / "summary.md").read_text().startswith("## vLLM rebase-check: fates\n")
+    assert len(json.loads((proj / "report.json").read_text())["targets"]) == 3
+    assert "releases after v1.0.0: v1.1.0, v1.2.0, v1.3.0" in p.stderr
+    assert not (proj / ".patchkit").exists()
+
+
+def test_cli_usage_errors(tmp_path):
+    proj = make_fates(tmp_path)
+    for args, msg in ((["rebase-check"], "give --to REF"),
+                      (["rebase-check", "--to", "v1.1.0", "--pre"], "--pre goes with --releases"),
+                      (["rebase-check", "--to", "v1.1.0", "--output", "xml:x"], "FORMAT:FILE")):
+        p = patchkit(*args, cwd=proj)
+        assert p.returncode == 2 and msg in p.stderr and len(p.stderr.splitlines()) == 1, p.stderr
+    p = patchkit("rebase-check", "--to", "v7", cwd=proj)
+    assert p.returncode == 2 and "unknown vLLM ref 'v7'" in p.stderr
+
+
+def test_no_release_after_the_pin(tmp_path):
+    proj = make_fates(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace("ref: v1.0.0", "ref: v1.3.0")
+    (proj / "patchset.yaml").write_text(text)
+    p = patchkit("rebase-check", "--releases", "--format", "json", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["targets"] == []
+
+
+def test_interrupt_stops_every_worker_and_cleans_up(tmp_path):
+    """^C at a terminal reaches the whole process group: the parent and each worker."""
+    proj = make_fates(tmp_path)
+    add_slow(proj)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(SRC), SLOW="3", TMPDIR=str(scratch))
+    err = tmp_path / "stderr"
+    with open(err, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "patchkit", "rebase-check", "--releases"],
+                                cwd=proj, env=env, stdout=subprocess.DEVNULL, stderr=fh,
+                                start_new_session=True)
+    deadline = time.monotonic() + 60
+    while "vLLM v1.3.0 = " not in err.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # the workers are inside the slow patch now
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    text = err.read_text()
+    assert "Traceback" not in text
+    assert text.splitlines()[-1] == "patchkit: interrupted by SIGINT; nothing was changed"
+    assert list(scratch.iterdir()) == []
