@@ -18,29 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from fixtures import dedent, make_diff, make_upstream, sh
+from project import MOD_V1, MOD_V2, MOD_V3, MOD_V4, TRANSFORM
 
-MOD = """\
-\"\"\"A module of the fixture upstream.\"\"\"
-
-import os
-
-TABLE = {
-    "fp8": 1,
-}
-
-
-class Config:
-    def setup(self):
-        self.mode = "plain"
-        return self.mode
-
-
-def helper(x):
-    return x + 1
-"""
-MOD_HEADER = "# header added upstream\n# another\n" + MOD
-MOD_NVFP4 = MOD_HEADER.replace('    "fp8": 1,\n', '    "fp8": 1,\n    "nvfp4": 2,\n')
-MOD_COMPUTE = MOD_NVFP4.replace('        self.mode = "plain"\n', '        self.mode = compute()\n')
+# the fixture module's releases are the engine tests' own
+MOD, MOD_HEADER, MOD_NVFP4, MOD_COMPUTE = MOD_V1, MOD_V2, MOD_V3, MOD_V4
 
 UTIL = "def util():\n    return 0\n"
 UTIL2 = UTIL + "\n\ndef util2():\n    return 2\n"
@@ -55,22 +36,6 @@ CONF_V13 = "SETTING = 1\nOTHER = 3\n"
 CONF_OURS = "SETTING = 2\n"
 CONF_OURS_V13 = "SETTING = 2\nOTHER = 3\n"
 
-TRANSFORM = '''\
-import libcst as cst
-import libcst.matchers as m
-from patchkit.transform import Transform
-
-
-class Fast(Transform):
-    path = "pkg/mod.py"
-
-    def postcondition(self, module):
-        return self.has(module, m.SimpleString('"fast"'))
-
-    def transform(self, module):
-        old = self.anchor(module, m.SimpleString('"plain"'), 'the "plain" mode')
-        return module.deep_replace(old, cst.SimpleString('"fast"'))
-'''
 # what a person writes once v1.3.0 computes the mode
 TRANSFORM_V13 = TRANSFORM.replace("""m.SimpleString('"plain"'), 'the "plain" mode'""",
                                   """m.Call(func=m.Name("compute")), 'the compute() call'""")
