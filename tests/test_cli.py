@@ -15,8 +15,8 @@ from project import make_project
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def patchkit(*args: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(SRC))
+def patchkit(*args: str, cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    env = dict(env or os.environ, PYTHONPATH=str(SRC))
     return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=env, text=True,
                           capture_output=True, **kw)
 
@@ -205,3 +205,23 @@ def test_relative_local_repo_is_taken_from_the_manifest_folder(tmp_path):
     p = patchkit("apply", "--manifest", "../patchset.yaml", "--workdir", "wd", cwd=proj / "sub")
     assert p.returncode == 0, p.stderr
     assert (proj / "sub/wd/pkg/extra.py").exists()
+
+
+def test_scratch_of_a_killed_run_is_removed_by_the_next(tmp_path):
+    proj = make_project(tmp_path)
+    (proj / "patches/slow.py").write_text(SLOW_TRANSFORM)
+    with open(proj / "patchset.yaml", "a") as fh:
+        fh.write("  - id: slow\n    summary: takes a while\n    transform: patches/slow.py\n")
+    env = dict(os.environ, PYTHONPATH=str(SRC), SLOW="30")
+    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "apply"], cwd=proj, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and not list((proj / ".patchkit").glob(".vllm.patchkit-*/t/pkg")):
+        time.sleep(0.1)
+    proc.kill()  # SIGKILL: no cleanup runs
+    proc.communicate()
+    orphans = list((proj / ".patchkit").glob(".vllm.patchkit-*"))
+    assert orphans
+    assert patchkit("apply", cwd=proj, env=dict(env, SLOW="0")).returncode == 0
+    assert not any(p.exists() for p in orphans)
+    assert (proj / ".patchkit/vllm/pkg/extra.py").exists()

@@ -225,11 +225,37 @@ def _scratch_beside(workdir: Path) -> Path:
     existing = next((p for p in (parent, *parent.parents) if os.path.lexists(p)), None)
     if existing is not None and not existing.is_dir():
         raise UsageError(f"--workdir {workdir}: {existing} is a file, not a folder")
+    prefix = f".{workdir.name}.patchkit-"
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{workdir.name}.patchkit-", dir=parent))
+        _remove_orphans(parent, prefix)
+        scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        (scratch / "pid").write_text(str(os.getpid()))
+        return scratch
     except OSError as exc:
         raise UsageError(f"--workdir {workdir}: cannot write in {parent}: {exc.strerror}") from None
+
+
+def _remove_orphans(parent: Path, prefix: str) -> None:
+    """Scratch folders of runs that were killed outright (SIGKILL, power loss): their owner is
+    gone, so nothing else will remove them."""
+    for stale in parent.glob(prefix + "*"):
+        try:
+            pid = int((stale / "pid").read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or still being set up
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _swap(new: Path, workdir: Path, scratch: Path) -> None:
