@@ -170,7 +170,7 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
     m = manifest.load(manifest_path)
     sdir = state_dir(m.root)
     with _lock(sdir):
-        if (sdir / "state.json").exists():
+        if in_progress(m.root):
             raise UsageError("a rebase is already in progress; go on with `patchkit rebase "
                              "--continue` or undo it with `patchkit rebase --abort`")
         repos = tuple(repos or engine.manifest_sources(m))
