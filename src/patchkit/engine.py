@@ -28,7 +28,7 @@ from patchkit.report import ApplyReport, PatchResult, VllmInfo
 from patchkit.util import cache_dir
 
 REPORT_FILE = "patchkit-report.json"
-BASE_TAG = "patchkit/base"
+BASE_TAG = source.BASE_TAG
 APPLIED_TAG = "patchkit/applied"
 
 

@@ -465,7 +465,7 @@ def _merge_from_old_pin(state: _State, p: Patch, progress: engine.Progress
     old = state.sdir / "old"
     shutil.rmtree(old, ignore_errors=True)
     try:
-        rebasecheck.checkout(old_res, old, rebasecheck.needed_paths(old_m))
+        source.checkout(old_res, old, rebasecheck.needed_paths(old_m))
         for q in old_m.patches:
             if q.id == p.id:
                 break
@@ -600,7 +600,7 @@ def _prove(state: _State, m: Manifest) -> None:
     shutil.rmtree(proof, ignore_errors=True)
     try:
         # sparse, like rebase-check: commit trees hold every file either way
-        rebasecheck.checkout(res, proof, rebasecheck.needed_paths(m))
+        source.checkout(res, proof, rebasecheck.needed_paths(m))
         report = engine.run_series(m, proof, res)
         bad = [f"{r.id}: {r.status} {r.reason or ''} {r.message} {'; '.join(r.offsets)}".strip()
                for r in report.patches if r.status == "failed" or r.offsets]

@@ -29,6 +29,7 @@ from patchkit.errors import CommandError, SourceError
 from patchkit.util import cache_subdir, discard
 
 Log = Callable[[str], None]
+BASE_TAG = "patchkit/base"  # the pristine upstream commit of every checkout
 T = TypeVar("T")
 
 # A source that stops answering (a dropped route, a stalled proxy) fails within a minute, so the
@@ -265,7 +266,8 @@ def _tag_version(tag: str) -> str | None:
         return None
 
 
-def checkout(resolved: Resolved, dest: Path) -> None:
-    """Check ``resolved.commit`` out at ``dest`` (new), sharing the mirror's objects."""
-    g.clone_shared(resolved.repo, dest, resolved.commit)
-    g.tag(dest, "patchkit/base", resolved.commit)
+def checkout(resolved: Resolved, dest: Path, paths: Sequence[str] | None = None) -> None:
+    """Check ``resolved.commit`` out at ``dest`` (new), sharing the mirror's objects; only
+    ``paths`` when given."""
+    g.clone_shared(resolved.repo, dest, resolved.commit, paths)
+    g.tag(dest, BASE_TAG, resolved.commit)
