@@ -290,7 +290,7 @@ def _run(state: _State, progress: engine.Progress) -> RebaseResult:
             state.save()
             return _result(state)
         state.save()
-    return _finish(state, progress)
+    return _finish(state)
 
 
 def _result(state: _State, done: bool = False) -> RebaseResult:
@@ -560,7 +560,7 @@ def _record_replaces(m: Manifest, p: Patch, drift: dict[str, str]) -> None:
 
 # ------------------------------------------------------------------------------ finishing
 
-def _finish(state: _State, progress: engine.Progress) -> RebaseResult:
+def _finish(state: _State) -> RebaseResult:
     tree, res = state.tree, state.resolved
     m = manifest.load(state.manifest_path)
     active = [p for p in m.patches if engine.in_range(p, res.version)[0]]

@@ -340,7 +340,7 @@ def _find_by_key(engine: im.Engine, key: str) -> str | None:
 
 
 def build_overlay(manifest: Manifest, tree: AppliedTree, choice: ModeChoice, engine: im.Engine, *,
-                  base_ref: str, platform: im.Platform, tag: str, log) -> dict:
+                  base_ref: str, platform: im.Platform, log) -> dict:
     if engine.uses_containerd_store():
         raise ImageError(f"the engine at {engine.host} keeps images in containerd's store; overlay "
                          "mode needs the classic store (set \"features\": {\"containerd-snapshotter\""
@@ -408,7 +408,7 @@ def buildkit_need(dockerfile_text: str) -> str | None:
     return f"line {line_no}: {line[:80]}"
 
 
-def build_source(manifest: Manifest, tree: AppliedTree, choice: ModeChoice, engine: im.Engine, *,
+def build_source(manifest: Manifest, tree: AppliedTree, engine: im.Engine, *,
                  platform: im.Platform, tag: str, push: bool, max_jobs: int | None,
                  nvcc_threads: int | None, log) -> dict:
     dockerfile = tree.root / DOCKERFILE
@@ -516,10 +516,10 @@ def build_image(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not base_ref:
             raise UsageError("no base image: give --base or set image.base in patchset.yaml")
         built = build_overlay(manifest, tree, choice, engine, base_ref=base_ref, platform=plat,
-                              tag=final_tag, log=log)
+                              log=log)
         engine.tag(built["image_id"], final_tag)
     else:
-        built = build_source(manifest, tree, choice, engine, platform=plat, tag=final_tag,
+        built = build_source(manifest, tree, engine, platform=plat, tag=final_tag,
                              push=push, max_jobs=max_jobs, nvcc_threads=nvcc_threads, log=log)
     log(f"tagged {final_tag}")
     digest = None
