@@ -124,6 +124,15 @@ def test_failed_assertion_fails_the_patch_and_the_run(tmp_path):
     assert not (tmp_path / "wd").exists()
 
 
+def test_an_assertion_on_a_missing_file_names_the_file_alone(tmp_path):
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace("file: pkg/extra.py", "file: pkg/gone.py")
+    (proj / "patchset.yaml").write_text(text)
+    report = apply(proj, tmp_path / "wd")
+    assert statuses(report)[2] == ("extra-file", "failed", "assertion")
+    assert report.patches[2].message.startswith("pkg/gone.py: ")
+
+
 def test_overlay_replacing_upstream_file_needs_recorded_blob(tmp_path):
     proj = make_project(tmp_path)
     (proj / "overlays/extra/pkg/mod.py").write_text(MOD_V1 + "# ours\n")

@@ -220,7 +220,9 @@ def test_cli_usage_errors(tmp_path):
     proj = make_fates(tmp_path)
     for args, msg in ((["rebase-check"], "give --to REF"),
                       (["rebase-check", "--to", "v1.1.0", "--pre"], "--pre goes with --releases"),
-                      (["rebase-check", "--to", "v1.1.0", "--output", "xml:x"], "FORMAT:FILE")):
+                      (["rebase-check", "--to", "v1.1.0", "--output", "xml:x"], "FORMAT:FILE"),
+                      (["rebase-check", "--to", "v1.1.0", "--output", "json:nowhere/r.json"],
+                       "no folder nowhere")):
         p = patchkit(*args, cwd=proj)
         assert p.returncode == 2 and msg in p.stderr and len(p.stderr.splitlines()) == 1, p.stderr
     p = patchkit("rebase-check", "--to", "v7", cwd=proj)

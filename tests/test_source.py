@@ -181,3 +181,15 @@ def test_a_pypi_repository_deleted_while_a_release_is_laid_out_is_one_line(tmp_p
                                "9.9.9 was laid out into it (was the cache deleted?); run again")
     monkeypatch.setattr(pypi, "_commit_wheel", real)
     assert pypi.ensure_release(cache, "v9.9.9")[1] == "v9.9.9"
+
+
+def test_a_checkout_with_paths_writes_out_only_those_files(tmp_path):
+    up = make_upstream(tmp_path / "up", {"v1": {"pkg/mod.py": "A = 1\n", "pkg/other.py": "B = 1\n",
+                                                "pkg/[odd] name.py": "C = 1\n"}})
+    resolved = source.resolve([str(up)], "v1", tmp_path / "cache")
+    source.checkout(resolved, tmp_path / "sparse", ["pkg/mod.py", "pkg/[odd] name.py"])
+    written = sorted(str(p.relative_to(tmp_path / "sparse"))
+                     for p in (tmp_path / "sparse" / "pkg").iterdir())
+    assert written == ["pkg/[odd] name.py", "pkg/mod.py"]
+    source.checkout(resolved, tmp_path / "full")
+    assert (tmp_path / "full" / "pkg" / "other.py").exists()

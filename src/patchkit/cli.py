@@ -83,6 +83,17 @@ FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), de
                       show_default=True, help="Report format.")
 MANIFEST = click.option("--manifest", "manifest_path", default="patchset.yaml", show_default=True,
                         type=click.Path(dir_okay=False), help="The patchset manifest.")
+VLLM_REF = click.option("--vllm-ref", "ref",
+                        help="Tag, branch or commit (default: vllm.ref of the manifest).")
+VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
+                         help="Git URL, local git path, or 'pypi'; repeat to try several in order "
+                              "(default: vllm.repo of the manifest).")
+DEFAULT_WORKDIR = ".patchkit/vllm"
+
+
+def workdir_option(help: str):
+    return click.option("--workdir", default=DEFAULT_WORKDIR, show_default=True,
+                        type=click.Path(file_okay=False), help=help)
 
 
 def _load(manifest_path: str):
@@ -116,12 +127,9 @@ def validate(manifest_path: str) -> int:
 
 
 @cli.command()
-@click.option("--vllm-ref", "ref", help="Tag, branch or commit (default: vllm.ref of the manifest).")
-@click.option("--vllm-repo", "repos", multiple=True,
-              help="Git URL, local git path, or 'pypi'; repeat to try several in order "
-                   "(default: vllm.repo of the manifest).")
-@click.option("--workdir", default=".patchkit/vllm", show_default=True, type=click.Path(file_okay=False),
-              help="Where the patched checkout goes.")
+@VLLM_REF
+@VLLM_REPO
+@workdir_option("Where the patched checkout goes.")
 @click.option("--keep-failed", is_flag=True, help="Keep the scratch checkout of a failed run and say where.")
 @MANIFEST
 @FORMAT
@@ -137,7 +145,8 @@ def apply(ref, repos, workdir, keep_failed, manifest_path, fmt) -> int:
 
 
 @cli.command()
-@click.option("--tree", type=click.Path(file_okay=False), help="A patched checkout (default: .patchkit/vllm).")
+@click.option("--tree", type=click.Path(file_okay=False),
+              help=f"A patched checkout (default: {DEFAULT_WORKDIR}).")
 @click.option("--image", help="An image: read its files without running it.")
 @MANIFEST
 @FORMAT
@@ -155,7 +164,7 @@ def verify(tree, image, manifest_path, fmt) -> int:
 
         results, where = verify_image(m, image), image
     else:
-        where = tree or ".patchkit/vllm"
+        where = tree or DEFAULT_WORKDIR
         results = commands.verify_tree(m, Path(where))
     ok = all(a.ok for a in results)
     if fmt == "json":
@@ -170,9 +179,7 @@ def verify(tree, image, manifest_path, fmt) -> int:
     return 0 if ok else 1
 
 
-VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
-                         help="Git URL, local git path, or 'pypi'; repeat to try several in order "
-                              "(default: vllm.repo of the manifest).")
+MATRIX_FORMATS = ("text", "json", "markdown", "junit")
 
 
 class CheckProgress:
@@ -199,7 +206,7 @@ class CheckProgress:
 @click.option("--output", "outputs", multiple=True, metavar="FORMAT:FILE",
               help="Also write the report in FORMAT (text, json, markdown, junit) to FILE; repeat.")
 @MANIFEST
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "junit"]),
+@click.option("--format", "fmt", type=click.Choice(MATRIX_FORMATS),
               default="text", show_default=True, help="Report format on stdout.")
 def rebase_check(refs, releases, pre, repos, jobs, outputs, manifest_path, fmt) -> int:
     """Apply the series to newer vLLM refs in scratch checkouts; print the patch x release
@@ -213,9 +220,11 @@ def rebase_check(refs, releases, pre, repos, jobs, outputs, manifest_path, fmt) 
     sinks = []
     for spec in outputs:
         kind, sep, path = spec.partition(":")
-        if not sep or not path or kind not in ("text", "json", "markdown", "junit"):
+        if not sep or not path or kind not in MATRIX_FORMATS:
             raise click.UsageError(f"--output {spec!r}: expected FORMAT:FILE with FORMAT one of "
-                                   "text, json, markdown, junit")
+                                   + ", ".join(MATRIX_FORMATS))
+        if not Path(path).parent.is_dir():
+            raise click.UsageError(f"--output {spec!r}: no folder {Path(path).parent}")
         sinks.append((kind, Path(path)))
     m = _load(manifest_path)
     progress = CheckProgress()
@@ -226,7 +235,10 @@ def rebase_check(refs, releases, pre, repos, jobs, outputs, manifest_path, fmt) 
         targets += found
     matrix = rebasecheck.check(m, targets, repos=repos or None, jobs=jobs, progress=progress)
     for kind, path in sinks:
-        path.write_text(rebasecheck.render(matrix, kind))
+        try:
+            path.write_text(rebasecheck.render(matrix, kind))
+        except OSError as exc:
+            raise click.FileError(str(path), exc.strerror) from None
     click.echo(rebasecheck.render(matrix, fmt, color=fmt == "text" and sys.stdout.isatty()),
                nl=False)
     return 0 if matrix.ok else 1
@@ -279,8 +291,7 @@ def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
 
 
 @cli.command()
-@click.option("--workdir", default=".patchkit/vllm", show_default=True,
-              type=click.Path(file_okay=False), help="The applied checkout with new commits.")
+@workdir_option("The applied checkout with new commits.")
 @MANIFEST
 def export(workdir, manifest_path) -> int:
     """Turn commits made after patchkit/applied in WORKDIR into patches and manifest entries."""
@@ -297,10 +308,9 @@ def export(workdir, manifest_path) -> int:
 
 
 @cli.command("build-image")
-@click.option("--vllm-ref", "ref", help="Tag, branch or commit (default: vllm.ref of the manifest).")
-@click.option("--vllm-repo", "repos", multiple=True, help="As for apply.")
-@click.option("--workdir", default=".patchkit/vllm", show_default=True, type=click.Path(file_okay=False),
-              help="The applied checkout the image is made from.")
+@VLLM_REF
+@VLLM_REPO
+@workdir_option("The applied checkout the image is made from.")
 @click.option("--no-apply", is_flag=True, help="Use --workdir as it is instead of applying first.")
 @click.option("--base", help="Base image (default: image.base of the manifest).")
 @click.option("--tag", help="Tag of the new image; {ref} is replaced (default: image.tag).")

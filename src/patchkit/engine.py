@@ -28,7 +28,7 @@ from patchkit.report import ApplyReport, PatchResult, VllmInfo
 from patchkit.util import cache_dir
 
 REPORT_FILE = "patchkit-report.json"
-BASE_TAG = "patchkit/base"
+BASE_TAG = source.BASE_TAG
 APPLIED_TAG = "patchkit/applied"
 
 
@@ -136,7 +136,7 @@ def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
         if r.id in failed_by and r.status != "failed":
             a = failed_by[r.id]
             r.status, r.reason = "failed", "assertion"
-            r.message = f"{a.file}:{a.line}:{a.col}: {a.message}"
+            r.message = f"{a.location()}: {a.message}"
     g.tag(root, APPLIED_TAG, g.out("rev-parse", "HEAD", cwd=root))
     return report
 

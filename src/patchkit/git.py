@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from patchkit.util import run
@@ -102,10 +102,21 @@ def hash_file(path: Path) -> str:
     return out("hash-object", "--no-filters", str(path))
 
 
-def clone_shared(source: Path, dest: Path, commit: str) -> None:
-    """A checkout of ``commit`` at ``dest`` borrowing ``source``'s objects (no copy)."""
+def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None
+                 ) -> None:
+    """A checkout of ``commit`` at ``dest`` borrowing ``source``'s objects (no copy); with
+    ``paths``, sparse: only those files are written out."""
     git("clone", "--quiet", "--shared", "--no-checkout", str(source), str(dest))
+    if paths is not None:
+        git("config", "core.sparseCheckout", "true", cwd=dest)
+        info = dest / ".git" / "info"
+        info.mkdir(exist_ok=True)
+        (info / "sparse-checkout").write_text("".join(_sparse_pattern(p) + "\n" for p in paths))
     git("checkout", "--quiet", "-B", "patchkit", commit, cwd=dest)
+
+
+def _sparse_pattern(path: str) -> str:
+    return "/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", path)
 
 
 def commit_all(repo: Path, message: str, paths: Iterable[str] | None = None) -> str | None:

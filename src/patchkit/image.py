@@ -565,8 +565,11 @@ class Engine:
     def save(self, ref: str, path: Path) -> int:
         """``docker save`` of ``ref`` into ``path`` (atomically); returns its size."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        except OSError as exc:
+            raise ImageError(f"--save {path}: cannot write there: {exc.strerror}") from None
         try:
             with _border(f"saving {ref}"), os.fdopen(fd, "wb") as out:
                 for chunk in self.api.get_image(ref):

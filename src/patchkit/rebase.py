@@ -170,7 +170,7 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
     m = manifest.load(manifest_path)
     sdir = state_dir(m.root)
     with _lock(sdir):
-        if (sdir / "state.json").exists():
+        if in_progress(m.root):
             raise UsageError("a rebase is already in progress; go on with `patchkit rebase "
                              "--continue` or undo it with `patchkit rebase --abort`")
         repos = tuple(repos or engine.manifest_sources(m))
@@ -290,7 +290,7 @@ def _run(state: _State, progress: engine.Progress) -> RebaseResult:
             state.save()
             return _result(state)
         state.save()
-    return _finish(state, progress)
+    return _finish(state)
 
 
 def _result(state: _State, done: bool = False) -> RebaseResult:
@@ -465,7 +465,7 @@ def _merge_from_old_pin(state: _State, p: Patch, progress: engine.Progress
     old = state.sdir / "old"
     shutil.rmtree(old, ignore_errors=True)
     try:
-        rebasecheck.checkout(old_res, old, rebasecheck.needed_paths(old_m))
+        source.checkout(old_res, old, rebasecheck.needed_paths(old_m))
         for q in old_m.patches:
             if q.id == p.id:
                 break
@@ -560,7 +560,7 @@ def _record_replaces(m: Manifest, p: Patch, drift: dict[str, str]) -> None:
 
 # ------------------------------------------------------------------------------ finishing
 
-def _finish(state: _State, progress: engine.Progress) -> RebaseResult:
+def _finish(state: _State) -> RebaseResult:
     tree, res = state.tree, state.resolved
     m = manifest.load(state.manifest_path)
     active = [p for p in m.patches if engine.in_range(p, res.version)[0]]
@@ -600,7 +600,7 @@ def _prove(state: _State, m: Manifest) -> None:
     shutil.rmtree(proof, ignore_errors=True)
     try:
         # sparse, like rebase-check: commit trees hold every file either way
-        rebasecheck.checkout(res, proof, rebasecheck.needed_paths(m))
+        source.checkout(res, proof, rebasecheck.needed_paths(m))
         report = engine.run_series(m, proof, res)
         bad = [f"{r.id}: {r.status} {r.reason or ''} {r.message} {'; '.join(r.offsets)}".strip()
                for r in report.patches if r.status == "failed" or r.offsets]

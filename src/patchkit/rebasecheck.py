@@ -29,7 +29,6 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from patchkit import diffapply, engine, interrupt, overlay, source, transform
-from patchkit import git as g
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.manifest import Manifest, Patch
 from patchkit.report import ApplyReport, PatchResult
@@ -170,24 +169,6 @@ def needed_paths(manifest: Manifest) -> list[str] | None:
     return sorted(set(found))
 
 
-def _sparse_pattern(path: str) -> str:
-    return "/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", path)
-
-
-def checkout(resolved: source.Resolved, dest: Path, paths: Sequence[str] | None) -> None:
-    """``source.checkout``, writing out only ``paths`` when given."""
-    if paths is None:
-        source.checkout(resolved, dest)
-        return
-    g.git("clone", "--quiet", "--shared", "--no-checkout", str(resolved.repo), str(dest))
-    g.git("config", "core.sparseCheckout", "true", cwd=dest)
-    info = dest / ".git" / "info"
-    info.mkdir(exist_ok=True)
-    (info / "sparse-checkout").write_text("".join(_sparse_pattern(p) + "\n" for p in paths))
-    g.git("checkout", "--quiet", "-B", "patchkit", resolved.commit, cwd=dest)
-    g.tag(dest, engine.BASE_TAG, resolved.commit)
-
-
 def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | None = None,
           cache: Path | None = None, jobs: int | None = None,
           progress: CheckProgress | None = None, sparse: bool = True) -> Matrix:
@@ -224,7 +205,7 @@ def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] 
     exception survives pickling)."""
     try:
         try:
-            checkout(res, tree, paths)
+            source.checkout(res, tree, paths)
             return "report", engine.run_series(manifest, tree, res)
         finally:
             shutil.rmtree(tree, ignore_errors=True)

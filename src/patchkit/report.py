@@ -60,7 +60,8 @@ class AssertionResult:
     message: str
 
     def location(self) -> str:
-        return f"{self.file}:{self.line or 0}:{self.col or 0}"
+        """``file:line:col``, or ``file`` alone when there is no line (the file is missing)."""
+        return f"{self.file}:{self.line}:{self.col or 0}" if self.line else self.file
 
 
 @dataclass

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from filelock import FileLock
 from packaging.version import InvalidVersion, Version
@@ -28,6 +29,8 @@ from patchkit.errors import CommandError, SourceError
 from patchkit.util import cache_subdir, discard
 
 Log = Callable[[str], None]
+BASE_TAG = "patchkit/base"  # the pristine upstream commit of every checkout
+T = TypeVar("T")
 
 # A source that stops answering (a dropped route, a stalled proxy) fails within a minute, so the
 # next source in the list gets its turn instead of the run hanging.
@@ -102,19 +105,25 @@ def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: 
         problem = source_problem(source)
         if problem:
             raise SourceError(f"bad vLLM repository: {problem}")
+    source, resolved = _first_answer(sources, lambda s: _resolve_one(s, ref, cache, log), log,
+                                     f"no source has vLLM {ref!r}")
+    log(f"vLLM {ref} = {resolved.commit[:12]} from {source}")
+    return resolved
+
+
+def _first_answer(sources: Sequence[str], attempt: Callable[[str], T], log: Log,
+                  none_answered: str) -> tuple[str, T]:
+    """The first source ``attempt`` succeeds on, and its answer; a lone source's error as is."""
     failures: list[str] = []
     for source in sources:
         try:
-            resolved = _resolve_one(source, ref, cache, log)
+            return source, attempt(source)
         except SourceError as exc:
             if len(sources) == 1:
                 raise
             log(f"source {source}: {exc}; trying the next")
             failures.append(f"{source}: {exc}")
-            continue
-        log(f"vLLM {ref} = {resolved.commit[:12]} from {source}")
-        return resolved
-    raise SourceError("no source has vLLM " + repr(ref) + ": " + "; ".join(failures))
+    raise SourceError(f"{none_answered}: " + "; ".join(failures))
 
 
 def _resolve_one(source: str, ref: str, cache: Path, log: Log) -> Resolved:
@@ -123,8 +132,7 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log) -> Resolved:
         commit = g.resolve_commit(repo, tag)
         assert commit
         return Resolved(source, repo, ref, commit, version_of(repo, commit))
-    url = _url_of(source)
-    repo = cache_subdir(cache, "repos") / f"{_slug(url)}.git"
+    url, repo = _mirror_of(source, cache)
     with FileLock(str(repo) + ".lock"):
         fresh = _open_mirror(url, repo, log)
         # Branches move, so a branch ref is always refetched; tags and shas are immutable.
@@ -142,28 +150,25 @@ def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None
               ) -> tuple[str, list[str]]:
     """Every tag the first source that answers has now (a git source is fetched first, so new
     releases show), and that source; ``pypi`` lists the releases on PyPI as ``vX.Y.Z``."""
-    failures: list[str] = []
-    for source in sources:
-        try:
-            return source, _tags_of(source, cache, log)
-        except SourceError as exc:
-            if len(sources) == 1:
-                raise
-            log(f"source {source}: {exc}; trying the next")
-            failures.append(f"{source}: {exc}")
-    raise SourceError("no source could list vLLM releases: " + "; ".join(failures))
+    return _first_answer(sources, lambda s: _tags_of(s, cache, log), log,
+                         "no source could list vLLM releases")
 
 
 def _tags_of(source: str, cache: Path, log: Log) -> list[str]:
     if source == pypi.WORD:
         return [f"v{v}" for v in pypi.release_versions(pre=True)]
-    url = _url_of(source)
-    repo = cache_subdir(cache, "repos") / f"{_slug(url)}.git"
+    url, repo = _mirror_of(source, cache)
     with FileLock(str(repo) + ".lock"):
         if not _open_mirror(url, repo, log):
             log(f"fetching tags of {source}")
             _fetch(repo, url)
         return g.tags(repo)
+
+
+def _mirror_of(source: str, cache: Path) -> tuple[str, Path]:
+    """What git is given for ``source``, and where its mirror lives in ``cache``."""
+    url = _url_of(source)
+    return url, cache_subdir(cache, "repos") / f"{_slug(url)}.git"
 
 
 def _url_of(source: str) -> str:
@@ -261,7 +266,8 @@ def _tag_version(tag: str) -> str | None:
         return None
 
 
-def checkout(resolved: Resolved, dest: Path) -> None:
-    """Check ``resolved.commit`` out at ``dest`` (new), sharing the mirror's objects."""
-    g.clone_shared(resolved.repo, dest, resolved.commit)
-    g.tag(dest, "patchkit/base", resolved.commit)
+def checkout(resolved: Resolved, dest: Path, paths: Sequence[str] | None = None) -> None:
+    """Check ``resolved.commit`` out at ``dest`` (new), sharing the mirror's objects; only
+    ``paths`` when given."""
+    g.clone_shared(resolved.repo, dest, resolved.commit, paths)
+    g.tag(dest, BASE_TAG, resolved.commit)

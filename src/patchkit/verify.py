@@ -50,8 +50,7 @@ def run_assertions(patches: Iterable[Patch], read: Reader) -> list[AssertionResu
 
 def format_failure(result: AssertionResult) -> str:
     """``file:line:col: [patch-id] message`` (``file: [patch-id] ...`` when there is no line)."""
-    where = f"{result.file}:{result.line}:{result.col or 0}" if result.line else result.file
-    return f"{where}: [{result.patch}] {result.message}"
+    return f"{result.location()}: [{result.patch}] {result.message}"
 
 
 # ------------------------------------------------------------------------------------ files

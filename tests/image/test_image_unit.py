@@ -423,6 +423,15 @@ def test_refused_push_puts_the_tag_back(project, workdir):
     assert "demo:v0.27.1" not in api.tags
 
 
+def test_a_save_where_nothing_can_be_written_is_one_line_and_untags(project, workdir):
+    engine, api = _engine()
+    (workdir.parent / "afile").write_text("")
+    with pytest.raises(ImageError, match=r"^--save .*afile/out.tar: cannot write there: "):
+        bi.build_image(project, workdir=workdir, apply=False, engine=engine,
+                       save=workdir.parent / "afile" / "out.tar")
+    assert "demo:v0.27.1" not in api.tags
+
+
 def test_no_engine_is_one_line():
     with pytest.raises(ImageError, match=r"^no Docker Engine answers at unix:///nonexistent/pk.sock: "):
         im.Engine.connect("unix:///nonexistent/pk.sock", timeout=5)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from patchkit import engine, verify
 from patchkit.errors import UsageError
-from patchkit.manifest import Manifest
+from patchkit.manifest import Manifest, Patch
 from patchkit.report import AssertionResult
 
 
@@ -18,6 +18,12 @@ def verify_tree(manifest: Manifest, tree: Path) -> list[AssertionResult]:
     report = engine.read_report(tree) or {}
     version = (report.get("vllm") or {}).get("version")
     skipped = {p["id"] for p in report.get("patches", []) if p.get("status") == "skipped"}
-    active = [p for p in manifest.patches
-              if p.id not in skipped and (version is None or engine.in_range(p, version)[0])]
-    return verify.run_assertions(active, verify.tree_reader(tree))
+    return verify.run_assertions(active_patches(manifest, skipped, version),
+                                 verify.tree_reader(tree))
+
+
+def active_patches(manifest: Manifest, skipped: set[str], version: str | None) -> list[Patch]:
+    """The patches whose assertions apply: neither skipped by the apply nor outside the range
+    of the release found (when one was found)."""
+    return [p for p in manifest.patches
+            if p.id not in skipped and (not version or engine.in_range(p, version)[0])]

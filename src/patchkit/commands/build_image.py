@@ -52,15 +52,6 @@ BUILDKIT_ONLY = re.compile(r"^\s*(?:#\s*syntax\s*=|(?:RUN|COPY|ADD)\b[^\n]*?(?:-
 INPUTS_LABEL = "io.patchkit.inputs"
 
 
-class _Log:
-    def __init__(self, progress) -> None:
-        self.progress = progress
-
-    def __call__(self, message: str) -> None:
-        if self.progress is not None and hasattr(self.progress, "info"):
-            self.progress.info(message)
-
-
 # ------------------------------------------------------------------------ the applied tree
 
 @dataclass(frozen=True)
@@ -349,7 +340,7 @@ def _find_by_key(engine: im.Engine, key: str) -> str | None:
 
 
 def build_overlay(manifest: Manifest, tree: AppliedTree, choice: ModeChoice, engine: im.Engine, *,
-                  base_ref: str, platform: im.Platform, tag: str, log) -> dict:
+                  base_ref: str, platform: im.Platform, log) -> dict:
     if engine.uses_containerd_store():
         raise ImageError(f"the engine at {engine.host} keeps images in containerd's store; overlay "
                          "mode needs the classic store (set \"features\": {\"containerd-snapshotter\""
@@ -417,7 +408,7 @@ def buildkit_need(dockerfile_text: str) -> str | None:
     return f"line {line_no}: {line[:80]}"
 
 
-def build_source(manifest: Manifest, tree: AppliedTree, choice: ModeChoice, engine: im.Engine, *,
+def build_source(manifest: Manifest, tree: AppliedTree, engine: im.Engine, *,
                  platform: im.Platform, tag: str, push: bool, max_jobs: int | None,
                  nvcc_threads: int | None, log) -> dict:
     dockerfile = tree.root / DOCKERFILE
@@ -481,12 +472,14 @@ def build_image(manifest: Manifest, *, workdir: Path, ref: str | None = None,
                 tag: str | None = None, platform: str | None = None, push: bool = False,
                 save: Path | None = None, mode: str = "auto", apply: bool = True,
                 max_jobs: int | None = None, nvcc_threads: int | None = None,
-                progress=None, engine: im.Engine | None = None) -> tuple[int, dict]:
+                progress: apply_engine.Progress | None = None,
+                engine: im.Engine | None = None) -> tuple[int, dict]:
     """Build (and optionally push and save) the image; returns ``(exit code, summary)``.
 
     Expected failures raise :class:`~patchkit.errors.PatchkitError` before anything is tagged.
     """
-    log = _Log(progress)
+    progress = progress or apply_engine.Progress()
+    log = progress.info
     started = time.monotonic()
     workdir = Path(workdir)
     if mode not in ("auto", "overlay", "source"):
@@ -523,10 +516,10 @@ def build_image(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not base_ref:
             raise UsageError("no base image: give --base or set image.base in patchset.yaml")
         built = build_overlay(manifest, tree, choice, engine, base_ref=base_ref, platform=plat,
-                              tag=final_tag, log=log)
+                              log=log)
         engine.tag(built["image_id"], final_tag)
     else:
-        built = build_source(manifest, tree, choice, engine, platform=plat, tag=final_tag,
+        built = build_source(manifest, tree, engine, platform=plat, tag=final_tag,
                              push=push, max_jobs=max_jobs, nvcc_threads=nvcc_threads, log=log)
     log(f"tagged {final_tag}")
     digest = None
@@ -608,6 +601,7 @@ def verify_image(manifest: Manifest, image: str, *, engine: im.Engine | None = N
                  ) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
     from patchkit import verify
+    from patchkit.commands import active_patches
 
     check_reference("--image", image)
     engine = engine or im.Engine.connect()
@@ -631,13 +625,12 @@ def verify_image(manifest: Manifest, image: str, *, engine: im.Engine | None = N
         else:
             pkg = im.find_package(files, env)
         version = labels.get("io.patchkit.vllm.installed") or im.installed_version(files, pkg, None)
-        statuses = {}
         try:
             statuses = {p["id"]: p["status"] for p in json.loads(labels.get("io.patchkit.patches") or "[]")}
         except (ValueError, TypeError, KeyError):
             statuses = {}
-        active = [p for p in manifest.patches if statuses.get(p.id) != "skipped"
-                  and (not version or apply_engine.in_range(p, version)[0])]
+        skipped = {pid for pid, status in statuses.items() if status == "skipped"}
+        active = active_patches(manifest, skipped, version)
         cache: dict[str, str | None] = {}
 
         def read(rel: str) -> str | None:
