@@ -499,9 +499,10 @@ def build_image(manifest: Manifest, *, workdir: Path, ref: str | None = None,
                                            progress=progress)
         if not report.ok:
             failed = [p.id for p in report.patches if p.status == "failed"]
+            data = report.to_dict()
             return 1, {"ok": False, "error": "the series did not apply"
                        + (f" ({', '.join(failed)} failed)" if failed else " (assertions failed)"),
-                       "vllm": report.to_dict()["vllm"], "patches": report.to_dict()["patches"]}
+                       "vllm": data["vllm"], "patches": data["patches"]}
     tree = AppliedTree.open(workdir)
     choice = choose_mode(tree.changes(), mode)
     log(f"mode: {choice.mode} ({choice.reason})")
