@@ -225,3 +225,22 @@ def test_scratch_of_a_killed_run_is_removed_by_the_next(tmp_path):
     assert patchkit("apply", cwd=proj, env=dict(env, SLOW="0")).returncode == 0
     assert not any(p.exists() for p in orphans)
     assert (proj / ".patchkit/vllm/pkg/extra.py").exists()
+
+
+def test_error_under_format_json_is_also_json_on_stdout(tmp_path):
+    proj = make_project(tmp_path)
+    p = patchkit("apply", "--vllm-ref", "v9", "--format", "json", cwd=proj)
+    assert p.returncode == 2
+    answer = json.loads(p.stdout)
+    assert answer["ok"] is False and answer["exit_code"] == 2
+    assert answer["error"].startswith("unknown vLLM ref 'v9'")
+    assert p.stderr.strip().splitlines()[-1].startswith("patchkit: error: unknown vLLM ref 'v9'")
+    text = patchkit("apply", "--vllm-ref", "v9", cwd=proj)
+    assert text.returncode == 2 and text.stdout == ""
+
+
+def test_bad_flag_under_format_json_is_json_too(tmp_path):
+    p = patchkit("apply", "--format", "json", "--frobnicate", cwd=tmp_path)
+    assert p.returncode == 2
+    assert json.loads(p.stdout) == {"ok": False, "exit_code": 2,
+                                    "error": "No such option '--frobnicate'. Did you mean '--format'?"}

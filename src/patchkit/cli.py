@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import traceback
 from pathlib import Path
@@ -352,6 +353,16 @@ def _log_file() -> Path:
 
 
 
+def _json_error(argv: list[str] | None, message: str, code: int) -> int:
+    """Under ``--format json`` an error is also an object on stdout: a script that parses stdout
+    gets an answer, not silence."""
+    args = sys.argv[1:] if argv is None else argv
+    if any(a == "--format=json" or (a == "--format" and nxt == "json")
+           for a, nxt in zip(args, [*args[1:], ""])):
+        echo(json.dumps({"ok": False, "error": message, "exit_code": code}))
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
     try:
@@ -365,10 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         where = f"patchkit {exc.ctx.info_name}" if getattr(exc, "ctx", None) and exc.ctx.info_name != "patchkit" else "patchkit"
         echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
-        return 2
+        return _json_error(argv, exc.format_message(), 2)
     except PatchkitError as exc:
         echo(f"patchkit: error: {exc}", err=True)
-        return exc.exit_code
+        return _json_error(argv, str(exc), exc.exit_code)
     except KeyboardInterrupt:
         echo("patchkit: interrupted", err=True)
         return 130
@@ -383,5 +394,6 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(traceback.format_exc() + "\n")
         except OSError:
             pass
-        echo(f"patchkit: unexpected error: {type(exc).__name__}: {exc} (traceback in {log})", err=True)
-        return 3
+        message = f"unexpected error: {type(exc).__name__}: {exc} (traceback in {log})"
+        echo(f"patchkit: {message}", err=True)
+        return _json_error(argv, message, 3)
