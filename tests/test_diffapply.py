@@ -76,8 +76,9 @@ def test_conflict_names_hunk_and_expected_lines(tree, tmp_path):
     sh("git", "commit", "-qam", "rewrite", cwd=tree)
     out = diffapply.apply(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
     assert (out.status, out.reason) == ("failed", "conflict")
-    assert out.message.startswith("hunk 1 of pkg/mod.py: expected at line")
-    assert "x = 1" in out.message
+    assert out.message.startswith("hunk 1 of pkg/mod.py: expected at line 4 (lines 4-10): ")
+    # the first line where the file is not what the hunk expects, both sides quoted
+    assert out.message.endswith("line 6 is '    return 42', the hunk expects '    x = 1'")
 
 
 def test_missing_file_is_anchor_missing(tree, tmp_path):

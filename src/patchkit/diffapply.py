@@ -148,7 +148,7 @@ def apply(diff_file: Path, root: Path) -> Outcome:
         return Outcome("failed", "error", f"{diff_file.name} has CRLF line ends and {crlf} has LF "
                        "ones: convert the diff (e.g. dos2unix) and try again", files)
     reason = "fuzz" if _applies_with_fuzz(diff_file, root) else "conflict"
-    message = _conflict_message(patch, fwd.stderr)
+    message = _conflict_message(patch, fwd.stderr, root)
     if reason == "fuzz":
         message += " (it would apply only with fuzz, which is never accepted)"
     return Outcome("failed", reason, message, files)
@@ -163,6 +163,21 @@ def _applies_with_fuzz(diff_file: Path, root: Path) -> bool:
     # Without GNU patch, git's reduced-context mode is the nearest equivalent.
     return g.git("apply", "--check", "-C1", "--whitespace=nowarn", str(diff_file), cwd=root,
                  check=False).returncode == 0
+
+
+def _first_difference(root: Path, path: str, line: int, expected: list[str]) -> str:
+    """Where the file differs from what the hunk expects at its own position, or ''."""
+    try:
+        have = paths.safe_join(root, path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except (OSError, paths.UnsafePathError):
+        return ""
+    for k, want in enumerate(expected):
+        at = line + k
+        if at > len(have):
+            return f"the file ends at line {len(have)}, the hunk expects {want!r} at line {at}"
+        if have[at - 1] != want:
+            return f"line {at} is {have[at - 1]!r}, the hunk expects {want!r}"
+    return ""
 
 
 def _first_line(stderr: str) -> str:
@@ -195,7 +210,7 @@ def _offsets(stderr: str) -> list[str]:
 _FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
 
 
-def _conflict_message(patch: PatchSet, stderr: str) -> str:
+def _conflict_message(patch: PatchSet, stderr: str, root: Path) -> str:
     m = _FAILED_AT.search(stderr)
     if not m:
         return _first_line(stderr)
@@ -205,9 +220,13 @@ def _conflict_message(patch: PatchSet, stderr: str) -> str:
             continue
         for n, hunk in enumerate(pf, 1):
             if hunk.source_start == line:
-                expected = [ln.value.rstrip("\n") for ln in hunk
-                            if ln.is_context or ln.is_removed][:3]
-                shown = " | ".join(s.strip() for s in expected if s.strip())
-                return (f"hunk {n} of {path}: expected at line {line} "
-                        f"(lines {line}-{line + max(hunk.source_length - 1, 0)}): {shown!r} not found")
+                expected = [ln.value.rstrip("\r\n") for ln in hunk
+                            if ln.is_context or ln.is_removed]
+                where = (f"hunk {n} of {path}: expected at line {line} "
+                         f"(lines {line}-{line + max(hunk.source_length - 1, 0)})")
+                first = _first_difference(root, path, line, expected)
+                if first:
+                    return f"{where}: {first}"
+                shown = " | ".join(s.strip() for s in expected[:3] if s.strip())
+                return f"{where}: {shown!r} not found"
     return f"hunk at line {line} of {path} does not apply"
