@@ -4,55 +4,22 @@ known fate at v0.33.0: upstream, applied at an offset, conflict, anchor missing.
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 
 import pytest
 from fixtures import sh
+from realdiffs import CHAT_UTILS, TORCH_UTILS, real_diffs
 
 from patchkit import engine, manifest, pypi
 
 pytestmark = pytest.mark.real_vllm
 
-TORCH_UTILS = "vllm/utils/torch_utils.py"
-CHAT_UTILS = "vllm/entrypoints/chat_utils.py"  # gone by v0.33.0
-
-
-def _diff(before: str, after: str, rel: str) -> str:
-    assert before != after, rel
-    body = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
-                                        f"a/{rel}", f"b/{rel}"))
-    return f"diff --git a/{rel} b/{rel}\n{body}"
-
-
-def _replace_once(text: str, old: str, new: str) -> str:
-    assert text.count(old) == 1, old
-    return text.replace(old, new)
-
-
 @pytest.fixture
 def project(real_vllm, tmp_path):
     repo, tag = pypi.ensure_release(real_vllm, "v0.27.1")
     pypi.ensure_release(real_vllm, "v0.33.0")
-    torch_utils = sh("git", "show", f"{tag}:{TORCH_UTILS}", cwd=repo) + "\n"
-    chat_utils = sh("git", "show", f"{tag}:{CHAT_UTILS}", cwd=repo) + "\n"
-    diffs = {
-        # v0.33.0 has this very line: the diff reverse-applies there
-        "dtype-map": _diff(torch_utils, _replace_once(
-            torch_utils, '    "fp8_ds_mla": torch.uint8,\n',
-            '    "fp8_ds_mla": torch.uint8,\n    "nvfp4_ds_mla": torch.uint8,\n'), TORCH_UTILS),
-        # unchanged function that moved down by 135 lines
-        "dtype-size": _diff(torch_utils, _replace_once(
-            torch_utils, '    """Get the size of the data type in bytes."""\n',
-            '    """Get the size of the data type in bytes (patched)."""\n'), TORCH_UTILS),
-        # v0.33.0 added entries right after "nvfp4": the hunk's context is gone
-        "dtype-tail": _diff(torch_utils, _replace_once(
-            torch_utils, '    "nvfp4": torch.uint8,\n}\n',
-            '    "nvfp4": torch.uint8,\n    "nvfp4_tail": torch.uint8,\n}\n'), TORCH_UTILS),
-        "chat-utils": _diff(chat_utils, _replace_once(
-            chat_utils, "def _detect_field(\n", "def _detect_field(  # patched\n"), CHAT_UTILS),
-    }
+    diffs = real_diffs(repo, tag)
     proj = tmp_path / "proj"
     (proj / "patches").mkdir(parents=True)
     entries = []

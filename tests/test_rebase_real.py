@@ -5,7 +5,6 @@ v0.31.0, v0.32.0 and v0.33.0 through `--vllm-repo pypi`, as CI does with `--rele
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import subprocess
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures import sh
+from realdiffs import TORCH_UTILS, real_diffs
 
 from patchkit import engine, manifest, pypi, rebase
 
@@ -23,8 +22,6 @@ pytestmark = pytest.mark.real_vllm
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TARGETS = ["v0.31.0", "v0.32.0", "v0.33.0"]
-TORCH_UTILS = "vllm/utils/torch_utils.py"
-CHAT_UTILS = "vllm/entrypoints/chat_utils.py"  # gone by v0.33.0
 SPECULATIVE = "vllm/config/speculative.py"
 
 MARKER = '''\
@@ -45,18 +42,6 @@ class Marker(Transform):
 '''
 
 
-def _diff(before: str, after: str, rel: str) -> str:
-    assert before != after, rel
-    body = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
-                                        f"a/{rel}", f"b/{rel}"))
-    return f"diff --git a/{rel} b/{rel}\n{body}"
-
-
-def _once(text: str, old: str, new: str) -> str:
-    assert text.count(old) == 1, old
-    return text.replace(old, new)
-
-
 def patchkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(SRC))
     return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=env, text=True,
@@ -68,21 +53,7 @@ def project(real_vllm, tmp_path):
     repo, tag = pypi.ensure_release(real_vllm, "v0.27.1")
     for t in TARGETS:
         pypi.ensure_release(real_vllm, t)
-    torch_utils = sh("git", "show", f"{tag}:{TORCH_UTILS}", cwd=repo) + "\n"
-    chat_utils = sh("git", "show", f"{tag}:{CHAT_UTILS}", cwd=repo) + "\n"
-    diffs = {
-        "dtype-map": _diff(torch_utils, _once(
-            torch_utils, '    "fp8_ds_mla": torch.uint8,\n',
-            '    "fp8_ds_mla": torch.uint8,\n    "nvfp4_ds_mla": torch.uint8,\n'), TORCH_UTILS),
-        "dtype-size": _diff(torch_utils, _once(
-            torch_utils, '    """Get the size of the data type in bytes."""\n',
-            '    """Get the size of the data type in bytes (patched)."""\n'), TORCH_UTILS),
-        "dtype-tail": _diff(torch_utils, _once(
-            torch_utils, '    "nvfp4": torch.uint8,\n}\n',
-            '    "nvfp4": torch.uint8,\n    "nvfp4_tail": torch.uint8,\n}\n'), TORCH_UTILS),
-        "chat-utils": _diff(chat_utils, _once(
-            chat_utils, "def _detect_field(\n", "def _detect_field(  # patched\n"), CHAT_UTILS),
-    }
+    diffs = real_diffs(repo, tag)
     proj = tmp_path / "proj"
     (proj / "patches").mkdir(parents=True)
     entries = []

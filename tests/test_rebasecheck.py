@@ -116,6 +116,8 @@ def test_markdown_for_a_job_summary(checked):
     assert lines[header + 2] == (f"| `table-nvfp4` | ✅ applied (offset) | ⬆️ upstream | ⬆️ upstream | "
                                  f"upstream since `v1.2.0` · [vllm#4242]({PULL}) |")
     assert "| `other-fix` | ✅ applied | ❌ conflict | ❌ conflict |  |" in lines
+    assert any(ln.startswith("| `already-in` |") and
+               ln.endswith("| **upstream in every target: drop it** |") for ln in lines)
     assert "<details><summary><code>fast-mode</code> on <code>v1.3.0</code>: anchor-missing</summary>" in lines
     assert "❌ 4 patch failures" in md
     assert "Upstream in every target: `already-in`" in md

@@ -288,14 +288,18 @@ def _paint(word: str, status: str, offsets: bool, color: bool) -> str:
     return f"\033[{code}m{word}\033[0m"
 
 
-def notes(row: Row) -> list[str]:
+def notes(row: Row, markdown: bool = False) -> list[str]:
+    """The notes column: drop candidate or upstream-since, and the vLLM pull request."""
     out = []
     if row.drop:
-        out.append("upstream in every target: drop it")
+        drop = "upstream in every target: drop it"
+        out.append(f"**{drop}**" if markdown else drop)
     elif row.upstream_since:
-        out.append(f"upstream since {row.upstream_since}")
+        since = f"`{row.upstream_since}`" if markdown else row.upstream_since
+        out.append(f"upstream since {since}")
     if row.pull:
-        out.append(f"vllm#{row.pull}")
+        pull = f"vllm#{row.pull}"
+        out.append(f"[{pull}]({row.patch.upstream})" if markdown else pull)
     return out
 
 
@@ -364,14 +368,8 @@ def render_markdown(matrix: Matrix) -> str:
     rows = matrix.rows()
     for r in rows:
         cells = [f"{_MD_ICON[c.status]} {cell_word(c)}" for c in r.cells]
-        note = []
-        if r.drop:
-            note.append("**upstream in every target: drop it**")
-        elif r.upstream_since:
-            note.append(f"upstream since `{r.upstream_since}`")
-        if r.pull:
-            note.append(f"[vllm#{r.pull}]({r.patch.upstream})")
-        out.append(f"| `{r.patch.id}` | " + " | ".join(cells) + f" | {_md(' · '.join(note))} |")
+        note = " · ".join(notes(r, markdown=True))
+        out.append(f"| `{r.patch.id}` | " + " | ".join(cells) + f" | {_md(note)} |")
     failed = matrix.failures()
     if failed:
         out += ["", "### Failures", ""]
