@@ -285,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
         code, message = 2, exc.format_message()
     except (Exception, KeyboardInterrupt, interrupt.Interrupted) as exc:  # the one handler
-        code, line, message = errors.handle(exc, " ".join(sys.argv), __version__)
+        from patchkit.util import log_file
+
+        code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file)
         echo(line, err=True)
         if not isinstance(exc, (errors.PatchkitError, Exception)):
             return code  # an interruption: nothing to report

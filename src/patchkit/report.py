@@ -159,7 +159,7 @@ class ApplyReport:
         """The one reader of an apply report; raises ValueError for what is not one."""
         try:
             v = data["vllm"]
-            vllm = VllmInfo(str(v["ref"]), str(v["commit"]), v.get("version"), v.get("repo"))
+            vllm = VllmInfo(str(v["ref"]), str(v.get("commit") or ""), v.get("version"), v.get("repo"))
             return cls(vllm, data.get("workdir"),
                        [PatchResult.from_dict(p) for p in data.get("patches") or []],
                        [AssertionResult.from_dict(a) for a in data.get("verify") or []],

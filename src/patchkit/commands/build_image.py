@@ -10,7 +10,7 @@ from typing import Sequence
 
 from patchkit.errors import UsageError
 from patchkit.image import build
-from patchkit.image.reference import Platform, check_reference
+from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout

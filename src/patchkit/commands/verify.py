@@ -49,7 +49,7 @@ def verify_image(manifest: Manifest, image: str, *, engine=None) -> list[Asserti
     from patchkit.image import package
     from patchkit.image.build import ImageFacts
     from patchkit.image.engine import Engine
-    from patchkit.image.reference import Platform, check_reference
+    from patchkit.imageref import Platform, check_reference
 
     check_reference("--image", image)
     engine = engine or Engine.connect()

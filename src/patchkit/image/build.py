@@ -25,7 +25,7 @@ from patchkit import versions
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import layer, package
 from patchkit.image.engine import Engine
-from patchkit.image.reference import Platform
+from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
 from patchkit.series.checkout import AppliedCheckout, Change
 

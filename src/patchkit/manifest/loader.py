@@ -16,7 +16,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from patchkit import kinds, paths
 from patchkit.errors import ManifestError
-from patchkit.image.reference import reference_problem
+from patchkit.imageref import reference_problem
 from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Patch,
                                      VllmSource)
 from patchkit.source.refs import ref_problem

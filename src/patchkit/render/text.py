@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from patchkit.image.reference import split_tag
+from patchkit.imageref import split_tag
 from patchkit.render.colors import paint
 from patchkit.report import ApplyReport, AssertionResult, PatchResult
 
