@@ -268,6 +268,32 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
     return 0 if report.ok else 1
 
 
+@cli.command()
+@click.argument("url")
+@click.option("--model", metavar="NAME",
+              help="The served model to ask (default: the only one /v1/models lists).")
+@click.option("--min-acceptance", type=click.FloatRange(0, 1), metavar="RATE",
+              help="Also require this speculative-decoding acceptance (0 to 1) over the request, "
+                   "from /metrics.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True, metavar="SECONDS", help="Longest wait for each request.")
+@click.option("--api-key", envvar="VLLM_API_KEY", show_envvar=True, metavar="KEY",
+              help="Bearer token of a server started with --api-key.")
+@FORMAT
+def smoke(url, model, min_acceptance, timeout, api_key, fmt) -> int:
+    """Check a running vLLM OpenAI-compatible server at URL: /health, /v1/models, one chat
+    answer with content, and with --min-acceptance the spec-decode acceptance.  Exit 1 if a
+    check fails."""
+    from patchkit.commands.smoke import run
+    from patchkit.render.smoke import render_text
+
+    report = run(url, model=model, min_acceptance=min_acceptance, timeout=timeout,
+                 api_key=api_key)
+    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render_text(report))
+    return 0 if report.ok else 1
+
+
+
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
     args = sys.argv[1:] if argv is None else list(argv)
