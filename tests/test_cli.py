@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures import sh
-from project import make_project
+from testing.upstream import sh
+from testing.project import make_project
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

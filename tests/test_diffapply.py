@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fixtures import dedent, make_diff, make_upstream, sh
+from testing.upstream import dedent, make_diff, make_upstream, sh
 
 from patchkit.kinds import diff as diffapply
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures import sh
-from rebase_project import make_fates, snapshot
+from testing.upstream import sh
+from testing.rebase_project import make_fates, snapshot
 
 from patchkit import manifest
 from patchkit.series import checkout, engine

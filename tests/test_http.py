@@ -4,7 +4,7 @@ failure is one HttpError, one line, naming the URL."""
 from __future__ import annotations
 
 import pytest
-from standin_vllm import MODEL, Behaviour, refusing_port, serve
+from testing.standin_vllm import MODEL, Behaviour, refusing_port, serve
 
 from patchkit import http
 

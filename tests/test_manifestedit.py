@@ -4,7 +4,7 @@ import difflib
 
 import pytest
 import yaml
-from fixtures import dedent
+from testing.upstream import dedent
 
 from patchkit.errors import ManifestError
 from patchkit.manifest.edit import ManifestText, scalar, write_if_changed

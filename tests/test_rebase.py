@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures import sh
-from rebase_project import (
+from testing.upstream import sh
+from testing.rebase_project import (
     CONF_OURS_V13,
     OTHER_RESOLVED,
     TRANSFORM_V13,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from realdiffs import TORCH_UTILS, real_diffs
+from testing.realdiffs import TORCH_UTILS, real_diffs
 
 from patchkit import manifest
 from patchkit.commands import rebase

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from rebase_project import PULL, add_slow, make_fates, snapshot
+from testing.rebase_project import PULL, add_slow, make_fates, snapshot
 
 from patchkit import manifest, source
 from patchkit import versions
@@ -154,7 +154,7 @@ def test_releases_after_the_pin(tmp_path):
     assert rebasecheck.release_targets(m, cache=cache) == TARGETS
     assert rebasecheck.release_targets(m, cache=cache, pre=True) == [*TARGETS, "v1.4.0rc1"]
     # a new upstream release shows up: the mirror is fetched again
-    from fixtures import sh
+    from testing.upstream import sh
     sh("git", "tag", "v1.5.0", "v1.3.0", cwd=tmp_path / "upstream")
     assert rebasecheck.release_targets(m, cache=cache)[-1] == "v1.5.0"
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from standin_vllm import ANSWER, MODEL, Behaviour, refusing_port, serve
+from testing.standin_vllm import ANSWER, MODEL, Behaviour, refusing_port, serve
 
 from patchkit import cli, http
 from patchkit.commands import smoke

@@ -7,7 +7,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fixtures import make_upstream
+from testing.upstream import make_upstream
 
 from patchkit import source
 from patchkit.source import pypi

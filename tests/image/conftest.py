@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # baseimage, imageproject (the shared fixtures: tests/testing)
 
 from imageproject import OTHER_RELEASE, REGISTRY, RELEASE  # noqa: E402
 

@@ -534,7 +534,7 @@ def test_a_branch_ref_makes_a_valid_tag(project):
 
 
 def test_a_workdir_whose_borrowed_objects_are_gone_is_one_line(project, tmp_path):
-    from fixtures import make_upstream, sh
+    from testing.upstream import make_upstream, sh
 
     up = make_upstream(tmp_path / "mirror", {"v1": {"vllm/__init__.py": "X = 1\n"}})
     wd = tmp_path / "wd"

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from fixtures import make_diff, make_upstream
+from testing.upstream import make_diff, make_upstream
 from patchkit import manifest
 from patchkit.commands.build_image import run as build_image
 from patchkit.series.engine import apply_series

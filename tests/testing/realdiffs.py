@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from fixtures import sh
+from testing.upstream import sh
 
 TORCH_UTILS = "vllm/utils/torch_utils.py"
 CHAT_UTILS = "vllm/entrypoints/chat_utils.py"  # gone by v0.33.0

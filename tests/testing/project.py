@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fixtures import dedent, make_diff, make_upstream
+from testing.upstream import dedent, make_diff, make_upstream
 
 MOD_V1 = """\
 \"\"\"A module of the fixture upstream.\"\"\"

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fixtures import dedent, make_diff, make_upstream, sh
-from project import MOD_V1, MOD_V2, MOD_V3, MOD_V4, TRANSFORM
+from testing.upstream import dedent, make_diff, make_upstream, sh
+from testing.project import MOD_V1, MOD_V2, MOD_V3, MOD_V4, TRANSFORM
 
 # the fixture module's releases are the engine tests' own
 MOD, MOD_HEADER, MOD_NVFP4, MOD_COMPUTE = MOD_V1, MOD_V2, MOD_V3, MOD_V4
