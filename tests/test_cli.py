@@ -3,22 +3,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from testing import patchkit, spawn
+from testing.project import add_slow, make_project
 from testing.upstream import sh
-from testing.project import make_project
-
-SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def patchkit(*args: str, cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    env = dict(env or os.environ, PYTHONPATH=str(SRC))
-    return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, **kw)
 
 
 def test_version_and_help(tmp_path):
@@ -107,40 +98,16 @@ def test_pypi_source_needs_release_tag(tmp_path):
     assert p.returncode == 2 and "takes a release tag such as v0.27.1" in p.stderr
 
 
-SLOW_TRANSFORM = '''\
-import os
-import time
-
-import libcst as cst
-from patchkit.transform import Transform
-
-
-class Slow(Transform):
-    path = "pkg/mod.py"
-
-    def postcondition(self, module):
-        return "# slow" in module.code
-
-    def transform(self, module):
-        time.sleep(float(os.environ.get("SLOW", "0")))
-        return cst.parse_module(module.code + "# slow\\n")
-'''
-
-
 @pytest.mark.parametrize("delay", [0.2, 0.5, 0.8, 1.1, 1.6])
 @pytest.mark.parametrize("sig,prior", [(signal.SIGINT, False), (signal.SIGTERM, True)])
 def test_signal_leaves_workdir_absent_or_complete(tmp_path, delay, sig, prior):
     proj = make_project(tmp_path)
-    (proj / "patches/slow.py").write_text(SLOW_TRANSFORM)
-    with open(proj / "patchset.yaml", "a") as fh:
-        fh.write("  - id: slow\n    summary: takes a while\n    transform: patches/slow.py\n")
+    add_slow(proj, "pkg/mod.py")
     wd = proj / ".patchkit/vllm"
     if prior:  # a previous good checkout must survive any interruption
         assert patchkit("apply", cwd=proj).returncode == 0
         (wd / ".git/marker").write_text("old")
-    env = dict(os.environ, PYTHONPATH=str(SRC), SLOW="0.5")
-    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "apply"], cwd=proj, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn("apply", cwd=proj, env=dict(os.environ, SLOW="0.5"))
     time.sleep(delay)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -166,10 +133,8 @@ def test_signal_leaves_workdir_absent_or_complete(tmp_path, delay, sig, prior):
 
 def test_concurrent_applies_share_one_cache(tmp_path):
     proj = make_project(tmp_path)
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    procs = [subprocess.Popen([sys.executable, "-m", "patchkit", "apply", "--workdir", f"wd{i % 2}",
-                               "--format", "json"], cwd=proj, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    procs = [spawn("apply", "--workdir", f"wd{i % 2}", "--format", "json", cwd=proj)
+             for i in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [o[1] for o in outs]
     heads = {json.loads(o[0])["patches"][-1]["commit"] for o in outs}
@@ -210,12 +175,9 @@ def test_relative_local_repo_is_taken_from_the_manifest_folder(tmp_path):
 
 def test_scratch_of_a_killed_run_is_removed_by_the_next(tmp_path):
     proj = make_project(tmp_path)
-    (proj / "patches/slow.py").write_text(SLOW_TRANSFORM)
-    with open(proj / "patchset.yaml", "a") as fh:
-        fh.write("  - id: slow\n    summary: takes a while\n    transform: patches/slow.py\n")
-    env = dict(os.environ, PYTHONPATH=str(SRC), SLOW="30")
-    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "apply"], cwd=proj, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    add_slow(proj, "pkg/mod.py")
+    env = dict(os.environ, SLOW="30")
+    proc = spawn("apply", cwd=proj, env=env)
     deadline = time.time() + 30
     while time.time() < deadline and not list((proj / ".patchkit").glob(".vllm.patchkit-*/t/pkg")):
         time.sleep(0.1)

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-from testing.upstream import sh
 from testing.project import MOD_V1, make_project
+from testing.upstream import sh
 
 from patchkit import manifest
 from patchkit.series import checkout, engine

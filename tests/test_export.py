@@ -1,34 +1,17 @@
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from testing.upstream import sh
-from testing.rebase_project import make_fates, snapshot
+from testing import patchkit
+from testing.project import make_fates, snapshot
+from testing.upstream import commit, sh
 
 from patchkit import manifest
 from patchkit.series import checkout, engine
 from patchkit.errors import UsageError
 from patchkit.commands.export import export, slug
-
-SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def commit(wd: Path, message: str, files: dict[str, str | None]) -> str:
-    for rel, text in files.items():
-        if text is None:
-            (wd / rel).unlink()
-        else:
-            (wd / rel).parent.mkdir(parents=True, exist_ok=True)
-            (wd / rel).write_text(text)
-    sh("git", "add", "-A", cwd=wd)
-    sh("git", "commit", "-qm", message, cwd=wd)
-    return sh("git", "rev-parse", "HEAD", cwd=wd)
-
 
 @pytest.fixture
 def applied(tmp_path):
@@ -160,10 +143,8 @@ def test_cli_export(applied):
     proj, wd = applied
     commit(wd, "Speed up helper", {"pkg/mod.py": (wd / "pkg/mod.py").read_text().replace(
         "return x + 1", "return x + 2")})
-    env = dict(os.environ, PYTHONPATH=str(SRC))
     def run():
-        return subprocess.run([sys.executable, "-m", "patchkit", "export"], cwd=proj, env=env,
-                              text=True, capture_output=True, check=False)
+        return patchkit("export", cwd=proj)
     p = run()
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("added     speed-up-helper: patches/speed-up-helper.diff from ")

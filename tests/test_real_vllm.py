@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from testing.upstream import sh
 from testing.realdiffs import CHAT_UTILS, TORCH_UTILS, real_diffs
+from testing.upstream import sh
 
 from patchkit import manifest
 from patchkit.series import engine

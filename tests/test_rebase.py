@@ -3,14 +3,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from testing.upstream import sh
-from testing.rebase_project import (
+from testing import patchkit, spawn
+from testing.project import (
     CONF_OURS_V13,
     OTHER_RESOLVED,
     TRANSFORM_V13,
@@ -18,20 +17,12 @@ from testing.rebase_project import (
     make_fates,
     snapshot,
 )
+from testing.upstream import sh
 
 from patchkit import manifest
 from patchkit.commands import rebase
 from patchkit.series import engine
 from patchkit.errors import UsageError
-
-SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def patchkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, check=False)
-
 
 def manifest_diff(proj: Path) -> list[str]:
     """The changed lines of patchset.yaml against the last commit."""
@@ -245,10 +236,8 @@ def test_interrupted_rebase_goes_on_or_goes_back(tmp_path, then):
     proj = make_fates(tmp_path)
     add_slow(proj)
     before = snapshot(proj)
-    env = dict(os.environ, PYTHONPATH=str(SRC), SLOW="2")
-    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "rebase", "--to", "v1.1.0"],
-                            cwd=proj, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = spawn("rebase", "--to", "v1.1.0", cwd=proj, env=dict(os.environ, SLOW="2"),
+                 stdout=subprocess.DEVNULL, start_new_session=True)
     state = proj / ".patchkit/rebase/state.json"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and '"already-in"' not in (

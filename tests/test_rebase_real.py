@@ -6,14 +6,11 @@ v0.31.0, v0.32.0 and v0.33.0 through `--vllm-repo pypi`, as CI does with `--rele
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 import yaml
+from testing import patchkit
 from testing.realdiffs import TORCH_UTILS, real_diffs
 
 from patchkit import manifest
@@ -23,7 +20,6 @@ from patchkit.source import pypi
 
 pytestmark = pytest.mark.real_vllm
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 TARGETS = ["v0.31.0", "v0.32.0", "v0.33.0"]
 SPECULATIVE = "vllm/config/speculative.py"
 
@@ -43,12 +39,6 @@ class Marker(Transform):
         return module.with_changes(
             body=[*module.body, cst.parse_statement("_PATCHKIT_MARKER = True\\n")])
 '''
-
-
-def patchkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, check=False)
 
 
 @pytest.fixture

@@ -4,13 +4,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
-from testing.rebase_project import PULL, add_slow, make_fates, snapshot
+from testing import isolate, patchkit, spawn
+from testing.project import PULL, add_slow, make_fates, snapshot
 
 from patchkit import manifest, source
 from patchkit import versions
@@ -19,7 +18,6 @@ from patchkit.render import matrix as render
 from patchkit.series import engine
 from patchkit.errors import SourceError
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 TARGETS = ["v1.1.0", "v1.2.0", "v1.3.0"]
 FATES = {
     "table-nvfp4": ["applied (offset)", "upstream", "upstream"],
@@ -31,20 +29,12 @@ FATES = {
 }
 
 
-def patchkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, check=False)
-
-
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory):
     """One matrix over the three releases (given newest first), shared by the rendering tests."""
     tmp = tmp_path_factory.mktemp("fates")
-    (tmp / "gitconfig").write_text("")
     with pytest.MonkeyPatch.context() as mp:  # the autouse isolation is per test, so again here
-        mp.setenv("GIT_CONFIG_GLOBAL", str(tmp / "gitconfig"))
-        mp.setenv("GIT_TEMPLATE_DIR", "")
+        isolate(mp, tmp / "home")
         proj = make_fates(tmp)
         m = manifest.load(proj / "patchset.yaml")
         return rebasecheck.check(m, list(reversed(TARGETS)), cache=tmp / "cache", jobs=2)
@@ -250,12 +240,11 @@ def test_interrupt_stops_every_worker_and_cleans_up(tmp_path):
     add_slow(proj)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(SRC), SLOW="3", TMPDIR=str(scratch))
+    env = dict(os.environ, SLOW="3", TMPDIR=str(scratch))
     err = tmp_path / "stderr"
     with open(err, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "patchkit", "rebase-check", "--releases"],
-                                cwd=proj, env=env, stdout=subprocess.DEVNULL, stderr=fh,
-                                start_new_session=True)
+        proc = spawn("rebase-check", "--releases", cwd=proj, env=env, stdout=subprocess.DEVNULL,
+                     stderr=fh, start_new_session=True)
     deadline = time.monotonic() + 60
     while "vLLM v1.3.0 = " not in err.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)

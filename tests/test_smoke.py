@@ -1,7 +1,7 @@
 """``patchkit smoke`` against a stand-in of vLLM's OpenAI-compatible server.
 
 vLLM itself cannot serve on this machine (it needs a GPU), so each test starts
-``standin_vllm``, a small server on 127.0.0.1 that answers ``/health``, ``/v1/models``,
+``testing.standin_vllm``, a small server on 127.0.0.1 that answers ``/health``, ``/v1/models``,
 ``/v1/chat/completions`` and ``/metrics`` with the JSON and metric shapes of vLLM 0.33.0 (the
 metrics rendered by ``prometheus_client``, as vLLM renders them), and sets one fault at a time.
 The core (``commands.smoke.run``) is checked for values, the CLI for exit codes and lines.
@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from testing import patchkit
 from testing.standin_vllm import ANSWER, MODEL, Behaviour, refusing_port, serve
 
 from patchkit import cli, http
@@ -26,7 +24,6 @@ from patchkit.commands.smoke import (ACCEPTED_TOKENS, DRAFT_TOKENS, MetricsForma
 from patchkit.errors import UsageError
 from patchkit.render.smoke import render_text
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 CHAT = "/v1/chat/completions"
 
 
@@ -410,9 +407,7 @@ def test_cli_bad_input_is_exit_2_one_line(capsys, args):
 
 def test_cli_console_script_runs(tmp_path):
     with serve() as s:
-        p = subprocess.run([sys.executable, "-m", "patchkit", "smoke", s.url, "--format", "json"],
-                           env=dict(os.environ, PYTHONPATH=str(SRC)), cwd=tmp_path, text=True,
-                           capture_output=True, timeout=60)
+        p = patchkit("smoke", s.url, "--format", "json", cwd=tmp_path, timeout=60)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["ok"] is True
 

@@ -9,13 +9,12 @@ that the tests look for inside the running arm64 container.
 
 from __future__ import annotations
 
-import difflib
 import os
-import subprocess
 import zipfile
 from pathlib import Path
 
 from baseimage import find_wheel
+from testing.upstream import commit, unified
 
 REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
 RELEASE = "0.27.1"        # the release the test patchset is applied to
@@ -35,19 +34,6 @@ def wheel_text(version: str, rel: str) -> str:
         return zf.read(rel).decode()
 
 
-def _diff(path: str, before: str | None, after: str | None) -> str:
-    a = before.splitlines(keepends=True) if before is not None else []
-    b = after.splitlines(keepends=True) if after is not None else []
-    old = f"a/{path}" if before is not None else "/dev/null"
-    new = f"b/{path}" if after is not None else "/dev/null"
-    head = f"diff --git a/{path} b/{path}\n"
-    if before is None:
-        head += "new file mode 100644\n"
-    if after is None:
-        head += "deleted file mode 100644\n"
-    return head + "".join(difflib.unified_diff(a, b, old, new))
-
-
 def patched_texts(version: str = "0.27.1") -> dict[str, str | None]:
     """What each touched file holds after the series (None: removed)."""
     spec = wheel_text(version, SPEC)
@@ -65,11 +51,7 @@ def patched_texts(version: str = "0.27.1") -> dict[str, str | None]:
 
 def remove_module(workdir: Path) -> None:
     """Commit the removal of GONE on top of the applied checkout."""
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid",
-               GIT_AUTHOR_DATE="2001-01-01T00:00:00+0000", GIT_COMMITTER_DATE="2001-01-01T00:00:00+0000")
-    subprocess.run(["git", "rm", "-q", GONE], cwd=workdir, env=env, check=True)
-    subprocess.run(["git", "commit", "-q", "-m", "drop print_utils"], cwd=workdir, env=env, check=True)
+    commit(workdir, "drop print_utils", {GONE: None})
 
 
 MANIFEST = """\
@@ -112,7 +94,7 @@ def make_project(root: Path, *, base: str, tag: str, version: str = "0.27.1",
     pristine = {p: (wheel_text(version, p) if p != NEW else None) for p in texts}
     files = {"draft-quant-config": SPEC, "nvfp4-ds-mla-dtype": DTYPES, "draft-guard": NEW}
     for pid, rel in files.items():
-        (root / "patches" / f"{pid}.diff").write_text(_diff(rel, pristine[rel], texts[rel]))
+        (root / "patches" / f"{pid}.diff").write_text(unified(rel, pristine[rel], texts[rel]))
     if serve:
         (root / "build").mkdir(exist_ok=True)
         (root / "build" / "serve.sh").write_text(SERVE)

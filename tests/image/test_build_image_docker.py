@@ -23,6 +23,7 @@ from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
 from patchkit.series.engine import apply_series
 from patchkit.errors import ImageError
+from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
@@ -31,11 +32,6 @@ SITE = "/usr/local/lib/python3.11/dist-packages"
 def _summary(report):
     """``(exit code, --format json object)`` of a build-image run."""
     return (0 if report.ok else 1), report.to_dict()
-
-
-def real_cache() -> Path:
-    env = os.environ.get("PATCHKIT_REAL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "patchkit"
 
 
 def files_of(client, image: str, paths: list[str]) -> dict[str, bytes | None]:

@@ -6,7 +6,6 @@ files (HEAD) and the upstream ones (the ``patchkit/base`` tag) from it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,16 +13,11 @@ import pytest
 
 from patchkit import manifest
 from patchkit.series import engine
+from testing import REPO_ROOT, real_cache
 
 from lift import base_text
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 RELEASES = ("v0.27.1", "v0.31.0", "v0.32.0", "v0.33.0")
-
-
-def real_cache() -> Path:
-    env = os.environ.get("PATCHKIT_REAL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "patchkit"
 
 
 @dataclass(frozen=True)

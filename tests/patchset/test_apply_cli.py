@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO_ROOT, real_cache
+from testing import REPO_ROOT, patchkit, real_cache
 
 
 V027 = {
@@ -39,13 +37,11 @@ V033 = dict(V027, **{"nvfp4-ds-mla-stage-a": "skipped", "nvfp4-ds-mla-stage-b": 
 @pytest.mark.parametrize("ref,version,expected", [(None, "0.33.0", V033),
                                                   ("v0.27.1", "0.27.1", V027)])
 def test_apply_the_whole_patchset(tmp_path, ref, version, expected):
-    env = dict(os.environ, PATCHKIT_CACHE_DIR=str(real_cache()),
-               PYTHONPATH=str(REPO_ROOT / "src"))
+    env = dict(os.environ, PATCHKIT_CACHE_DIR=str(real_cache()))
     workdir = tmp_path / "vllm"
     args = ["--vllm-ref", ref] if ref else []
-    out = subprocess.run([sys.executable, "-m", "patchkit", "apply", "--vllm-repo", "pypi",
-                          *args, "--workdir", str(workdir), "--format", "json"],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = patchkit("apply", "--vllm-repo", "pypi", *args, "--workdir", str(workdir),
+                   "--format", "json", cwd=REPO_ROOT, env=env, timeout=900)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["ok"] and report["vllm"]["version"] == version

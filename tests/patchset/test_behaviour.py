@@ -21,7 +21,7 @@ import pytest
 from patchkit import manifest
 from patchkit.series.verify import run_assertions
 
-from conftest import REPO_ROOT
+from testing import REPO_ROOT
 from lift import find, lift
 
 ATTN = "vllm/models/deepseek_v4/attention.py"

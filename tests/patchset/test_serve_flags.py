@@ -10,7 +10,7 @@ import shlex
 import shutil
 import subprocess
 
-from conftest import REPO_ROOT
+from testing import REPO_ROOT
 
 SERVE = REPO_ROOT / "build" / "serve.sh"
 # The serve parser's files: the engine's, and the frontend's cli_args.py, which moved from

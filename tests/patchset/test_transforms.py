@@ -12,7 +12,7 @@ import pytest
 from patchkit import manifest
 from patchkit.transform import run_transform_file
 
-from conftest import REPO_ROOT
+from testing import REPO_ROOT
 
 PATCHES = REPO_ROOT / "patches"
 SPEC = "vllm/config/speculative.py"

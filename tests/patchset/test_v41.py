@@ -21,7 +21,7 @@ import pytest
 
 from patchkit.transform import run_transform_file
 
-from conftest import REPO_ROOT
+from testing import REPO_ROOT
 from lift import find, lift
 
 DSPARK41 = "vllm/models/deepseek_v41/nvidia/dspark.py"

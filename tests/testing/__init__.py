@@ -1,2 +1,60 @@
-"""The fixtures every test folder shares; pyproject's ``pythonpath`` puts tests/ on the import
-path, so any test imports ``testing``."""
+"""The fixtures every test folder shares: the CLI run as a user runs it, the real-vLLM cache, and
+(in the submodules) small upstreams and patchset projects built on the fly.
+
+pyproject's ``pythonpath`` puts tests/ on the import path, so any test imports ``testing``:
+
+* ``testing`` -- ``patchkit()`` and ``spawn()`` (the CLI in a child process), ``real_cache()``,
+  ``isolate()`` (no user git config, no user cache);
+* ``testing.upstream`` -- throwaway git upstreams with one tagged commit per release, diffs;
+* ``testing.project`` -- the engine's small project and the rebase "fates" project, and the
+  held patch that keeps a run inside the series until the test lets it go on;
+* ``testing.realdiffs`` -- diffs cut from the real vLLM v0.27.1 files;
+* ``testing.standin_vllm`` -- a stand-in for vLLM's OpenAI-compatible server.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SRC = REPO_ROOT / "src"
+
+
+def cli_env(env: dict | None = None, **extra: str) -> dict[str, str]:
+    """``env`` (default: this process's) with this checkout's sources first on the path."""
+    return dict(env if env is not None else os.environ, PYTHONPATH=str(SRC), **extra)
+
+
+def patchkit(*args: str, cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    """``patchkit ARGS`` in ``cwd``, to the end: its exit code, stdout and stderr as text."""
+    return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=cli_env(env),
+                          text=True, capture_output=True, check=False, **kw)
+
+
+def spawn(*args: str, cwd: Path, env: dict | None = None, **kw) -> subprocess.Popen:
+    """``patchkit ARGS`` started in the background (stdout and stderr piped unless given)."""
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", "patchkit", *args], cwd=cwd,
+                            env=cli_env(env), text=True, **kw)
+
+
+def real_cache() -> Path:
+    """The persistent cache the real-vLLM tests share between runs (wheels, the PyPI upstream,
+    the image tests' .debs), never a test's own."""
+    env = os.environ.get("PATCHKIT_REAL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "patchkit"
+
+
+def isolate(monkeypatch, home: Path) -> None:
+    """No git run reads the user's config or template, no patchkit run the user's cache: a
+    git identity and ``main`` as the first branch in ``home``, the cache under it."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / ".gitconfig").write_text("[user]\n\tname = test\n\temail = test@example.invalid\n"
+                                     "[init]\n\tdefaultBranch = main\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
+    monkeypatch.setenv("GIT_TEMPLATE_DIR", "")
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(home / "cache"))

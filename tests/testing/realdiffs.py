@@ -5,10 +5,10 @@ function moved down), ``dtype-tail`` conflict (entries were added right after it
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 from testing.upstream import sh
+from testing.upstream import unified as _unified
 
 TORCH_UTILS = "vllm/utils/torch_utils.py"
 CHAT_UTILS = "vllm/entrypoints/chat_utils.py"  # gone by v0.33.0
@@ -16,9 +16,7 @@ CHAT_UTILS = "vllm/entrypoints/chat_utils.py"  # gone by v0.33.0
 
 def unified(before: str, after: str, rel: str) -> str:
     assert before != after, rel
-    body = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
-                                        f"a/{rel}", f"b/{rel}"))
-    return f"diff --git a/{rel} b/{rel}\n{body}"
+    return _unified(rel, before, after)
 
 
 def _once(text: str, old: str, new: str) -> str:
