@@ -1,14 +1,12 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from testing import patchkit, spawn
-from testing.project import add_slow, make_project
+from testing.project import Hold, add_slow, make_project
 from testing.upstream import sh
 
 
@@ -98,31 +96,38 @@ def test_pypi_source_needs_release_tag(tmp_path):
     assert p.returncode == 2 and "takes a release tag such as v0.27.1" in p.stderr
 
 
-@pytest.mark.parametrize("delay", [0.2, 0.5, 0.8, 1.1, 1.6])
-@pytest.mark.parametrize("sig,prior", [(signal.SIGINT, False), (signal.SIGTERM, True)])
-def test_signal_leaves_workdir_absent_or_complete(tmp_path, delay, sig, prior):
+# where the held patch sits: first, between two patches, or last (stopped before the swap)
+HELD_BEFORE = {"first": "table-nvfp4", "middle": "extra-file", "last": None}
+
+
+@pytest.mark.parametrize("where", list(HELD_BEFORE))
+@pytest.mark.parametrize("prior", [False, True], ids=["no-checkout", "prior-checkout"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_leaves_workdir_absent_or_complete(tmp_path, sig, prior, where):
+    """A signal while the series runs stops it: exit 130 for SIGINT, 143 for SIGTERM, and the
+    workdir exactly as it was.  The run is held inside a patch while the signal is sent."""
     proj = make_project(tmp_path)
-    add_slow(proj, "pkg/mod.py")
+    add_slow(proj, "pkg/mod.py", before=HELD_BEFORE[where])
     wd = proj / ".patchkit/vllm"
     if prior:  # a previous good checkout must survive any interruption
         assert patchkit("apply", cwd=proj).returncode == 0
         (wd / ".git/marker").write_text("old")
-    proc = spawn("apply", cwd=proj, env=dict(os.environ, SLOW="0.5"))
-    time.sleep(delay)
+    hold = Hold(tmp_path / "hold")
+    proc = spawn("apply", cwd=proj, env=hold.env)
+    hold.wait(proc)
     proc.send_signal(sig)
+    hold.release()
     _, err = proc.communicate(timeout=60)
-    # -sig: the signal came before the handler was installed or during interpreter shutdown,
-    # after the work was done; either way the checks below hold
-    assert proc.returncode in (0, 130, 143, -sig), err
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
     assert "Traceback" not in err
-    if proc.returncode in (130, 143):
-        # interrupted: the workdir is exactly what it was before
-        assert wd.exists() == prior
-        if prior:
-            assert (wd / ".git/marker").read_text() == "old"
+    # interrupted: the workdir is exactly what it was before
+    assert wd.exists() == prior
+    if prior:
+        assert (wd / ".git/marker").read_text() == "old"
     if wd.exists():  # never half-made: complete, clean, and verified
+        last = "slow: takes a while" if where == "last" else "extra-file: add a new module"
         assert sh("git", "status", "--porcelain", cwd=wd) == ""
-        assert sh("git", "log", "-1", "--format=%s", cwd=wd) == "patchkit: slow: takes a while"
+        assert sh("git", "log", "-1", "--format=%s", cwd=wd) == f"patchkit: {last}"
         assert patchkit("verify", cwd=proj).returncode == 0
     leftovers = [p.name for p in (proj / ".patchkit").iterdir() if "patchkit-" in p.name] \
         if (proj / ".patchkit").exists() else []
@@ -176,16 +181,14 @@ def test_relative_local_repo_is_taken_from_the_manifest_folder(tmp_path):
 def test_scratch_of_a_killed_run_is_removed_by_the_next(tmp_path):
     proj = make_project(tmp_path)
     add_slow(proj, "pkg/mod.py")
-    env = dict(os.environ, SLOW="30")
-    proc = spawn("apply", cwd=proj, env=env)
-    deadline = time.time() + 30
-    while time.time() < deadline and not list((proj / ".patchkit").glob(".vllm.patchkit-*/t/pkg")):
-        time.sleep(0.1)
+    hold = Hold(tmp_path / "hold")
+    proc = spawn("apply", cwd=proj, env=hold.env)
+    hold.wait(proc)  # inside the series, in its scratch checkout
     proc.kill()  # SIGKILL: no cleanup runs
     proc.communicate()
     orphans = list((proj / ".patchkit").glob(".vllm.patchkit-*"))
     assert orphans
-    assert patchkit("apply", cwd=proj, env=dict(env, SLOW="0")).returncode == 0
+    assert patchkit("apply", cwd=proj).returncode == 0
     assert not any(p.exists() for p in orphans)
     assert (proj / ".patchkit/vllm/pkg/extra.py").exists()
 

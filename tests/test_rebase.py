@@ -3,7 +3,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from testing.project import (
     CONF_OURS_V13,
     OTHER_RESOLVED,
     TRANSFORM_V13,
+    Hold,
     add_slow,
     make_fates,
     snapshot,
@@ -236,15 +236,12 @@ def test_interrupted_rebase_goes_on_or_goes_back(tmp_path, then):
     proj = make_fates(tmp_path)
     add_slow(proj)
     before = snapshot(proj)
-    proc = spawn("rebase", "--to", "v1.1.0", cwd=proj, env=dict(os.environ, SLOW="2"),
+    hold = Hold(tmp_path / "hold")
+    proc = spawn("rebase", "--to", "v1.1.0", cwd=proj, env=hold.env,
                  stdout=subprocess.DEVNULL, start_new_session=True)
-    state = proj / ".patchkit/rebase/state.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and '"already-in"' not in (
-            state.read_text() if state.exists() else ""):
-        time.sleep(0.05)
-    time.sleep(0.5)  # inside the slow patch, the last one
+    hold.wait(proc)  # inside the slow patch, the last one
     os.killpg(proc.pid, signal.SIGINT)
+    hold.release()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err

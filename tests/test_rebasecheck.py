@@ -4,12 +4,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
 from testing import isolate, patchkit, spawn
-from testing.project import PULL, add_slow, make_fates, snapshot
+from testing.project import PULL, Hold, add_slow, make_fates, snapshot
 
 from patchkit import manifest, source
 from patchkit import versions
@@ -240,16 +239,15 @@ def test_interrupt_stops_every_worker_and_cleans_up(tmp_path):
     add_slow(proj)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    env = dict(os.environ, SLOW="3", TMPDIR=str(scratch))
+    hold = Hold(tmp_path / "hold")
+    env = dict(hold.env, TMPDIR=str(scratch))
     err = tmp_path / "stderr"
     with open(err, "w") as fh:
         proc = spawn("rebase-check", "--releases", cwd=proj, env=env, stdout=subprocess.DEVNULL,
                      stderr=fh, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while "vLLM v1.3.0 = " not in err.read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # the workers are inside the slow patch now
+    hold.wait(proc)  # a worker is inside the slow patch now
     os.killpg(proc.pid, signal.SIGINT)
+    hold.release()
     assert proc.wait(timeout=60) == 130
     text = err.read_text()
     assert "Traceback" not in text
