@@ -16,8 +16,7 @@ from patchkit.series import engine
 from testing import REPO_ROOT, real_cache
 
 from lift import base_text
-
-RELEASES = ("v0.27.1", "v0.31.0", "v0.32.0", "v0.33.0")
+from releases import RELEASES, STATUSES, since
 
 
 @dataclass(frozen=True)
@@ -32,11 +31,17 @@ class Applied:
     def base(self, rel: str) -> str:
         return base_text(self.tree, rel)
 
+    def since(self, first: str) -> bool:
+        """Whether this is release ``first`` or a later one: what a test expects follows
+        from it, not from what the tree holds."""
+        return since(self.release, first)
+
 
 @pytest.fixture(scope="session",
                 params=[pytest.param(r, marks=pytest.mark.real_vllm) for r in RELEASES])
 def patched(request, tmp_path_factory) -> Applied:
-    """The whole series on one real release: each patch applied, upstream or out of range."""
+    """The whole series on one real release: each patch applied, upstream or out of range,
+    as releases.STATUSES says for that release."""
     release = request.param
     series = manifest.load(REPO_ROOT / "patchset.yaml")
     workdir = tmp_path_factory.mktemp(f"vllm-{release}") / "tree"
@@ -45,4 +50,6 @@ def patched(request, tmp_path_factory) -> Applied:
     failed = [(p.id, p.status, p.reason, p.message) for p in report.patches
               if p.status not in ("applied", "upstream", "skipped")]
     assert report.ok and not failed, failed or [v for v in report.verify if not v.ok]
-    return Applied(release, workdir, {p.id: p.status for p in report.patches})
+    statuses = {p.id: p.status for p in report.patches}
+    assert statuses == STATUSES[release]
+    return Applied(release, workdir, statuses)

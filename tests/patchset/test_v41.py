@@ -36,8 +36,9 @@ STAGES = 3
 def _has_v41(patched) -> bool:
     """V4.1 from 0.31.0; before it the V4.1 patches are out of range and the file is absent."""
     statuses = {patched.statuses[p] for p in V41_PATCHES}
-    if not (patched.tree / DSPARK41).exists():
+    if not patched.since("v0.31.0"):
         assert statuses == {"skipped"}, statuses
+        assert not (patched.tree / DSPARK41).exists()
         return False
     assert statuses == {"applied"}, statuses
     return True
@@ -45,7 +46,7 @@ def _has_v41(patched) -> bool:
 
 def _per_layer(patched) -> bool:
     """From 0.32.0 the V4.1 quant config chooses NVFP4 per expert layer (ModelOpt ``ignore``)."""
-    return "def _is_nvfp4_expert_layer" in patched.text(QUANT41)
+    return patched.since("v0.32.0")
 
 
 class _Tensor:
@@ -382,8 +383,8 @@ def test_v41_draft_counts_shared_experts_the_mega_moe_module_loads(patched, good
         return
     load_weights = ast.unparse(find(patched.text(DSPARK41),
                                     "DSparkDeepseekV4ForCausalLM.load_weights"))
-    if "has_fused_shared_experts" not in load_weights:
-        assert patched.release in ("v0.31.0", "v0.32.0")  # fused shared experts from 0.33.0
+    if not patched.since("v0.33.0"):  # fused shared experts from 0.33.0
+        assert "has_fused_shared_experts" not in load_weights
         return
     loaded, _ = load(good_draft(fused_shared=True), checkpoint())
     assert "model.layers.2.ffn.experts.shared_l1_weight" in loaded
