@@ -8,11 +8,10 @@ import re
 import shlex
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
+from testing import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVE = REPO_ROOT / "build" / "serve.sh"
 DOCS = REPO_ROOT / "README.md"
 BASH = shutil.which("bash") or "/bin/bash"

@@ -5,9 +5,9 @@ known fate at v0.33.0: upstream, applied at an offset, conflict, anchor missing.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from testing import REPO_ROOT
 from testing.realdiffs import CHAT_UTILS, TORCH_UTILS, real_diffs
 from testing.upstream import sh
 
@@ -90,7 +90,7 @@ def test_readme_transform_example_works_on_the_real_file(real_vllm, tmp_path):
 
     from patchkit.transform import run_transform_file
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
     code = re.search(r"```python\n(import libcst as cst\n.*?)```", readme, re.S).group(1)
     (tmp_path / "t.py").write_text(code)
     repo, tag = pypi.ensure_release(real_vllm, "v0.27.1")
