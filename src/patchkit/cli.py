@@ -76,6 +76,17 @@ VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
                               "(default: vllm.repo of the manifest).")
 
 
+def _one_variant(ctx, param, values):
+    if len(values) > 1:
+        raise click.BadParameter("give it once: a build is one variant", ctx, param)
+    return values[0] if values else None
+
+
+VARIANT = click.option("--variant", multiple=True, callback=_one_variant, metavar="NAME",
+                       help="Build the variant NAME of patchset.yaml's variants: the patches "
+                            "naming no variant plus those naming NAME (default: no variant).")
+
+
 def workdir_option(help: str):
     return click.option("--workdir", default=DEFAULT_WORKDIR, show_default=True,
                         type=click.Path(file_okay=False), help=help)
@@ -118,16 +129,17 @@ def validate(manifest_path: str) -> int:
 @VLLM_REPO
 @workdir_option("Where the patched checkout goes.")
 @click.option("--keep-failed", is_flag=True, help="Keep the scratch checkout of a failed run and say where.")
+@VARIANT
 @MANIFEST
 @FORMAT
-def apply(ref, repos, workdir, keep_failed, manifest_path, fmt) -> int:
+def apply(ref, repos, workdir, keep_failed, variant, manifest_path, fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
     from patchkit.render import text
 
     report = command.run(_load(manifest_path), ref=ref, repos=repos or None,
                          workdir=Path(workdir), keep_failed=keep_failed,
-                         progress=TextProgress(err=fmt == "json"))
+                         progress=TextProgress(err=fmt == "json"), variant=variant)
     echo(report.to_json() if fmt == "json" else text.apply(report))
     return 0 if report.ok else 1
 
@@ -136,9 +148,10 @@ def apply(ref, repos, workdir, keep_failed, manifest_path, fmt) -> int:
 @click.option("--tree", type=click.Path(file_okay=False),
               help=f"A patched checkout (default: {DEFAULT_WORKDIR}).")
 @click.option("--image", help="An image: read its files without running it.")
+@VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, manifest_path, fmt) -> int:
+def verify(tree, image, variant, manifest_path, fmt) -> int:
     """Run the AST assertions alone, on a tree or an image."""
     from patchkit.commands import verify as command
     from patchkit.render import text
@@ -147,7 +160,7 @@ def verify(tree, image, manifest_path, fmt) -> int:
     if tree and image:
         raise click.UsageError("give --tree or --image, not both")
     report = command.run(m, tree=Path(tree) if tree else None, image=image,
-                         default_tree=Path(DEFAULT_WORKDIR))
+                         default_tree=Path(DEFAULT_WORKDIR), variant=variant)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
 
@@ -161,10 +174,11 @@ def verify(tree, image, manifest_path, fmt) -> int:
               "(default: two per core).")
 @click.option("--output", "outputs", multiple=True, metavar="FORMAT:FILE",
               help="Also write the report in FORMAT (text, json, markdown, junit) to FILE; repeat.")
+@VARIANT
 @MANIFEST
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "junit"]),
               default="text", show_default=True, help="Report format on stdout.")
-def rebase_check(refs, releases, pre, repos, jobs, outputs, manifest_path, fmt) -> int:
+def rebase_check(refs, releases, pre, repos, jobs, outputs, variant, manifest_path, fmt) -> int:
     """Apply the series to newer vLLM refs in scratch checkouts; print the patch x release
     matrix.  Exit 1 if any patch fails anywhere."""
     from patchkit.commands import rebase_check as command
@@ -180,7 +194,8 @@ def rebase_check(refs, releases, pre, repos, jobs, outputs, manifest_path, fmt) 
     except UsageError as exc:
         raise click.UsageError(str(exc)) from None
     result = command.run(_load(manifest_path), refs=refs, releases=releases, pre=pre,
-                         repos=repos or None, jobs=jobs, progress=CheckProgress())
+                         repos=repos or None, jobs=jobs, progress=CheckProgress(),
+                         variant=variant)
     for kind, path in sinks:
         try:
             path.write_text(render.render(result, kind))
@@ -251,10 +266,11 @@ def export(workdir, manifest_path) -> int:
 @click.option("--nvcc-threads", type=click.IntRange(min=1), help="Source mode: threads per nvcc.")
 @click.option("--push", is_flag=True, help="Push the tag to its registry.")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write a 'docker load' archive.")
+@VARIANT
 @MANIFEST
 @FORMAT
 def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
-                    nvcc_threads, push, save, manifest_path, fmt) -> int:
+                    nvcc_threads, push, save, variant, manifest_path, fmt) -> int:
     """Build the image through the Docker Engine that DOCKER_HOST names."""
     from patchkit.commands import build_image as command
     from patchkit.render import text
@@ -263,7 +279,7 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
                          repos=repos or None, base=base, tag=tag, platform=platform, push=push,
                          save=Path(save) if save else None, mode=mode, apply=not no_apply,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                         progress=TextProgress(err=True))
+                         progress=TextProgress(err=True), variant=variant)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.build_image(report))
     return 0 if report.ok else 1
 

@@ -47,6 +47,7 @@ BUILDKIT_ONLY = re.compile(r"^\s*(?:#\s*syntax\s*=|(?:RUN|COPY|ADD)\b[^\n]*?(?:-
                            r"(?:RUN|COPY)\b[^\n]*<<-?\s*['\"]?\w+)", re.I | re.M)
 
 INPUTS_LABEL = "io.patchkit.inputs"
+VARIANT_LABEL = "io.patchkit.variant"  # the variant built; empty for the default build
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,7 @@ def base_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created
         "io.patchkit.vllm.version": str(vllm.version or ""),
         "io.patchkit.vllm.tree": tree.tree_id(),
         "io.patchkit.patches": json.dumps(patches, separators=(",", ":")),
+        VARIANT_LABEL: tree.report.variant or "",
     }
 
 
@@ -401,6 +403,8 @@ class ImageFacts:
     statuses: dict[str, str]       # patch id -> status
     vllm_dir: str | None
     installed: str | None
+    variant: str | None = None     # the variant built (None: the default build)
+    variant_known: bool = False    # the labels say which variant (images patchkit made)
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
@@ -410,7 +414,8 @@ class ImageFacts:
         except (ValueError, TypeError, KeyError):
             statuses = {}
         return cls(statuses, labels.get("io.patchkit.vllm.dir") or None,
-                   labels.get("io.patchkit.vllm.installed") or None)
+                   labels.get("io.patchkit.vllm.installed") or None,
+                   labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels)
 
     def skipped(self) -> set[str]:
         return {pid for pid, status in self.statuses.items() if status == "skipped"}
