@@ -252,6 +252,26 @@ def export(workdir, manifest_path) -> int:
     return 0
 
 
+@cli.command("add-pr")
+@click.argument("pr", metavar="N|URL")
+@click.option("--id", "patch_id", metavar="ID", help="The new patch's id (default: pr-N).")
+@click.option("--include", multiple=True, metavar="GLOB",
+              help="Keep files under tests/, docs/, benchmarks/ or .github/ that match; repeat.")
+@MANIFEST
+@FORMAT
+def add_pr(pr, patch_id, include, manifest_path, fmt) -> int:
+    """Fetch pull request N (of the manifest's GitHub repository) or URL as a diff, prove the
+    series applies with it at the pin, then save patches/<id>.diff and append its entry.
+    The host is $PATCHKIT_GITHUB (default https://github.com)."""
+    from patchkit.commands import add_pr as command
+    from patchkit.render import porting
+
+    result = command.run(Path(manifest_path), pr, patch_id=patch_id, include=include,
+                         progress=TextProgress(err=True))
+    echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else porting.add_pr(result))
+    return 0
+
+
 @cli.command("build-image")
 @VLLM_REF
 @VLLM_REPO

@@ -28,11 +28,13 @@ KINDS = kinds.NAMES
 TOP_KEYS = ("name", "vllm", "image", "patches", "variants")
 VLLM_KEYS = ("repo", "ref")
 IMAGE_KEYS = ("base", "platform", "tag")
-PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "variants", "verify", "replaces")
+PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "variants", "verify", "replaces",
+              "sha256")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
 
 _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
+_SHA256_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
 _PLATFORM_RE = re.compile(r"[a-z0-9_]+/[a-z0-9_]+(/[a-z0-9_]+)?\Z")
 _ONE_OF_KINDS = "give exactly one of " + ", ".join(KINDS)
 _ONE_OF_PREDICATES = "give exactly one of " + ", ".join(PREDICATES)
@@ -309,6 +311,15 @@ class _Loader:
                           "patch)", key_node)
             replaces = self.replaces(value_node, rel)
 
+        sha256 = None
+        if "sha256" in fields:
+            sha_node = fields["sha256"][1]
+            sha256 = self.string(sha_node, "sha256").strip()
+            if not _SHA256_RE.match(sha256):
+                self.fail(f"sha256: expected the sha256 of the fetched diff (64 hex digits), got "
+                          f"{sha256!r}", sha_node)
+            sha256 = sha256.lower()
+
         in_variants: tuple[str, ...] = ()
         if "variants" in fields:
             in_variants = self.patch_variants(fields["variants"][1])
@@ -320,7 +331,7 @@ class _Loader:
 
         patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
                       vllm=spec, verify=tuple(verify), replaces=replaces, line=_line(node),
-                      index=index, lines=lines, variants=in_variants)
+                      index=index, lines=lines, variants=in_variants, sha256=sha256)
         return patch
 
     def variants(self, node: yaml.Node) -> dict[str, Variant]:

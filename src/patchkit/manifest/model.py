@@ -42,6 +42,7 @@ class Patch:
     verify: tuple[Assertion, ...] = ()
     replaces: Mapping[str, str] = field(default_factory=dict)  # overlay: file -> upstream blob
     variants: tuple[str, ...] = ()  # the variants it is in; () = every build
+    sha256: str | None = None  # add-pr: the sha256 of the pull request's diff as fetched
     line: int = 0              # line of the entry in patchset.yaml
     index: int = 0             # position in `patches:`
     # line of each key's value (e.g. "vllm", "diff"), so that edits and messages can point at it
