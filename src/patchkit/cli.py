@@ -272,6 +272,46 @@ def add_pr(pr, patch_id, include, manifest_path, fmt) -> int:
     return 0
 
 
+@cli.command("import")
+@click.argument("ref", required=False)
+@click.option("--from", "from_repo", metavar="REPO",
+              help="The fork's git URL or path (default: the manifest's vLLM sources).")
+@click.option("--overlay", type=click.Path(file_okay=False), metavar="DIR",
+              help="Import a tree of whole files (a copy of dist-packages/vllm, or laid out as "
+                   "the checkout) instead of commits.")
+@click.option("--onto", metavar="REF", help="--overlay: the vLLM ref its files were copied from "
+              "(default: what DIR/upstream.lock names, else the pin).")
+@click.option("--id", "patch_id", metavar="ID", help="--overlay: the new patch's id.")
+@click.option("--summary", help="--overlay: the new patch's summary.")
+@MANIFEST
+@FORMAT
+def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, fmt) -> int:
+    """Turn the commits merge-base(pin, REF)..REF of a fork branch, or an overlay tree, into
+    diff patches at the end of the series; written only when the series applies with them.
+
+    \b
+    patchkit import dspark-nvfp4-a4w4 --from https://github.com/someone/vllm.git
+    patchkit import --overlay ./vllm-overlay
+    """
+    from patchkit.commands import import_ as command
+    from patchkit.render import porting
+
+    if bool(ref) == bool(overlay):
+        raise click.UsageError("give REF (a fork branch) or --overlay DIR")
+    if ref and (onto or patch_id or summary):
+        raise click.UsageError("--onto, --id and --summary go with --overlay")
+    if overlay and from_repo:
+        raise click.UsageError("--from goes with REF")
+    progress = TextProgress(err=True)
+    if overlay:
+        result = command.run_overlay(Path(manifest_path), Path(overlay), onto=onto,
+                                     patch_id=patch_id, summary=summary, progress=progress)
+    else:
+        result = command.run(Path(manifest_path), ref, from_repo=from_repo, progress=progress)
+    echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else porting.import_(result))
+    return 0
+
+
 @cli.command("build-image")
 @VLLM_REF
 @VLLM_REPO

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from patchkit import git as g
 from patchkit import kinds, manifest, source
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import ID_RE, Manifest, Patch
@@ -28,6 +30,7 @@ from patchkit.util import cache_dir, write_if_changed
 
 PATCH_DIR = "patches"
 DIFF = "diff"  # the manifest key of the entries written here
+OWN_SUBJECT = re.compile(r"^patchkit: ([a-z0-9][a-z0-9-]*): (.+)$")
 
 
 class NotAppliedError(PatchkitError):
@@ -59,6 +62,72 @@ class NewPatch:
         if self.sha256:
             out.append(("sha256", self.sha256))
         return out
+
+
+# ------------------------------------------------------------------------------ commits
+
+@dataclass
+class CommitInfo:
+    """What a commit says about the patch it becomes."""
+
+    sha: str
+    subject: str        # the summary (a `patchkit: <id>: ` prefix taken off)
+    id: str | None      # a `Patchkit-Id:` trailer, else the id of a `patchkit: <id>: ...` subject
+    upstream: str | None  # an `Upstream:` trailer
+
+
+def read_commit(repo: Path, sha: str) -> CommitInfo:
+    subject = g.subject(repo, sha)
+    found: dict[str, str] = {}
+    for key, value in g.trailers(repo, sha):
+        found.setdefault(key.lower(), value)
+    pid = found.get("patchkit-id")
+    own = OWN_SUBJECT.match(subject)
+    if own:
+        pid = pid or own.group(1)
+        subject = own.group(2)
+    return CommitInfo(sha, subject.strip(), pid, found.get("upstream"))
+
+
+def slug(text: str, limit: int = 48) -> str:
+    """A patch id from free text: lowercase words joined by '-', cut at a word boundary."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    out = ""
+    for w in words:
+        nxt = f"{out}-{w}" if out else w
+        if len(nxt) > limit:
+            break
+        out = nxt
+    return out or (words[0][:limit] if words else "")
+
+
+def wanted_id(c: CommitInfo) -> str:
+    """The id a commit asks for: its own when it has a valid one, else a slug of its subject."""
+    return c.id if c.id and ID_RE.match(c.id) else slug(c.subject) or "patch"
+
+
+def free_id(base: str, m: Manifest, unavailable: set[str], *, reuse: bool) -> str:
+    """``base``, else ``base-2``, ``base-3`` ...: the first id no entry and no file under
+    patches/ has.  With ``reuse``, an entry whose diff is ``patches/<id>.diff`` counts as free:
+    it is the same patch, written before, to be updated in place."""
+    taken = {p.id: p for p in m.patches}
+    pid, n = base, 1
+    while True:
+        if pid not in unavailable:
+            existing = taken.get(pid)
+            rel = f"{PATCH_DIR}/{pid}.diff"
+            if existing is None and not os.path.lexists(m.root / rel):
+                return pid
+            if reuse and existing is not None and existing.path == rel:  # only a diff is a .diff
+                return pid
+        n += 1
+        pid = f"{base}-{n}"
+
+
+# ------------------------------------------------------------------------------ new patches
+
+def from_commit(c: CommitInfo, pid: str, text: str) -> NewPatch:
+    return NewPatch(pid, c.subject or pid, text, upstream=c.upstream, source=c.sha)
 
 
 def check_new_id(m: Manifest, patch_id: str, flag: str = "--id") -> str:
