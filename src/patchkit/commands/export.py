@@ -18,7 +18,6 @@ from patchkit import git as g
 from patchkit import manifest
 from patchkit.commands import intake
 from patchkit.errors import UsageError
-from patchkit.manifest import Manifest
 from patchkit.manifest.edit import ManifestText
 from patchkit.series import checkout
 from patchkit.util import write_if_changed

@@ -312,12 +312,12 @@ def keep_files(text: str, keep) -> tuple[str, list[str], list[str]]:
     out = [_without_diffstat(head)]
     kept: list[str] = []
     dropped: list[str] = []
-    for paths, chunk in sections:
-        if any(keep(p) for p in paths):
+    for named, chunk in sections:
+        if any(keep(p) for p in named):
             out.append(chunk)
-            kept += [p for p in paths if p not in kept]
+            kept += [p for p in named if p not in kept]
         else:
-            dropped += [p for p in paths if p not in dropped]
+            dropped += [p for p in named if p not in dropped]
     return "".join(out), kept, dropped
 
 
