@@ -9,11 +9,12 @@ The first-parent line of ``main`` runs from v1.0.0 to v2.0.0; along it:
 * ``table-entry`` conflicts from BREAK on, and ``table-more``, which needs it, fails with it;
 * ``fast-mode`` is upstream from UPSTREAM on (its ``vllm:`` range ends before v2.0.0, yet bisect
   tests it at every commit);
-* ``stable`` applies everywhere.
+* ``stable`` applies everywhere on that line.
 
 Besides: every commit also edits a noise file (``noise_files`` of them, never checked out by a
-sparse checkout), v1.0.1 sits on a release branch off v1.0.0, v2.1.0rc1 (a pre-release) and
-``nightly`` come after v2.0.0.
+sparse checkout); v1.0.1 sits on a release branch off v1.0.0 (its cherry-pick appends a line to
+the stable file, where ``stable`` then needs fuzz), v1.9.0 on another off main 90% of the way;
+v2.1.0rc1 (a pre-release) and ``nightly`` come after v2.0.0; ``island`` is a history of its own.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def build(root: Path, n: int = 300, noise_files: int = 10) -> Upstream:
     h.tag("v1.0.0", base)
     h.tag("v1.0.1", h.commit("releases/v1.0", "[Release] v1.0.1 (#9001)",
                              {"pkg/stable.py": STABLE + "# 1.0.1\n"}, base))
-    fork_at, merge_at = n // 5, n // 3
+    fork_at, merge_at, release_at = n // 5, n // 3, (n * 9) // 10
     at = {"header": n // 2, "break": (n * 3) // 5, "upstream": (n * 4) // 5}
     change = {"header": ("[Misc] a header for the mode file", {"pkg/mode.py": MODE_HEADER + MODE}),
               "break": ("[Kernel] add int4 to the table", {"pkg/table.py": TABLE_BROKEN}),
@@ -157,12 +158,18 @@ def build(root: Path, n: int = 300, noise_files: int = 10) -> Upstream:
         for name, when in at.items():
             if i == when:
                 marks[name] = prev
+        if i == release_at:  # a release of its own branch, as vLLM tags them
+            marks["v1.9.0"] = h.commit("releases/v1.9", "[Release] v1.9.0 (#9002)",
+                                       {"RELEASE": "1.9.0\n"}, prev)
+            h.tag("v1.9.0", marks["v1.9.0"])
+            marks["v1.9-fork"] = prev
     marks["v2.0.0"] = prev
     h.tag("v2.0.0", prev)
     rc = h.commit("main", "[Core] after the release (#99999)", {"pkg/stable.py": STABLE + "# rc\n"},
                   prev)
     h.tag("v2.1.0rc1", rc)
     h.tag("nightly", rc)
+    h.tag("island", h.commit("island", "an unrelated history", {"README": "elsewhere\n"}, None))
     shas = h.write(root)
     return Upstream(root, n, {name: shas[m] for name, m in marks.items()})
 

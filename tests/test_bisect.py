@@ -147,6 +147,24 @@ def test_explicit_ends(hist):
     assert not r.changed and r.first_bad is None
 
 
+def test_from_a_release_branch_to_another_the_search_starts_at_their_merge_base(hist):
+    # v1.0.1 and v1.9.0 each sit on a release branch of their own, as vLLM tags releases
+    r = hist.run("table-entry", good="v1.0.1", bad="v1.9.0")
+    assert r.base is not None and r.base.commit == hist.sha["v1.0.0"]
+    assert str(r.good.fate) == str(r.base.fate) == "applied"
+    assert r.first_bad is not None and r.first_bad.commit == hist.sha["break"]
+    fork = sh("git", "rev-list", "--first-parent", "--count", f"v1.0.0..{hist.sha['v1.9-fork']}",
+              cwd=hist.up.repo)
+    assert r.commits == int(fork) + 1  # main up to the fork, then the release commit
+    assert r.tested <= r.limit == bisect.limit_for(r.commits) + 1
+    text = render_text(r)
+    assert (f"  v1.0.1 is not an ancestor of v1.9.0 (a release branch?): searched from their "
+            f"merge base {hist.sha['v1.0.0'][:10]} (applied)") in text
+    assert r.to_dict()["base"] == {"ref": "merge base", "commit": hist.sha["v1.0.0"],
+                                   "fate": "applied", "message": ""}
+    assert hist.run("table-entry").base is None
+
+
 def test_scratch_is_removed_and_the_workdir_untouched(hist, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     r = bisect.run(hist.m, "fast-mode", good=hist.sha["header"], bad=hist.sha["upstream"],
@@ -207,9 +225,10 @@ def test_cli_json_shape(hist):
 @pytest.mark.parametrize("args, code, words", [
     (["table-entyr"], 2, "no patch 'table-entyr' in patchset.yaml; did you mean 'table-entry'?"),
     (["table-entry", "--bad", "v9.9.9"], 2, "unknown vLLM ref 'v9.9.9'"),
-    (["table-entry", "--good", "v1.0.1"], 2,
-     "--good v1.0.1 is not an ancestor of --bad v2.0.0 (it is on a side line, such as a release "
-     "branch); bisect from their merge base: --good "),
+    (["table-entry", "--good", "island"], 2,
+     "--good island is not an ancestor of --bad v2.0.0: their histories never meet"),
+    (["stable", "--good", "v1.0.1"], 2,
+     "--good v1.0.1 is not an ancestor of --bad v2.0.0, and at their merge base "),
     (["table-entry", "--good", "v2.0.0", "--bad", "v1.0.0"], 2,
      "--good v2.0.0 is not an ancestor of --bad v1.0.0: it comes after it (swap them?)"),
     (["table-entry", "--good", "v1.0.0", "--bad", "v1.0.0"], 2,

@@ -13,6 +13,11 @@ files the series reads or writes) in a scratch folder that is removed afterwards
 the first-parent line is one step: the side branch it brings in is not walked, so the answer
 is the merge that landed the change.
 
+vLLM tags a release on its own release branch (cut from main, with cherry-picks), so one
+release is seldom an ancestor of the next.  When ``--good`` is not an ancestor of ``--bad`` the
+search starts from their merge base instead, provided the patch has the good fate there too
+(one more test); where it does not, the change happened on good's own line and it says so.
+
 The ``pypi`` source holds one orphan commit per release and nothing between them; there the
 same search runs over the releases from ``--good`` to ``--bad`` and ends at the pair of
 adjacent releases where the fate changes.
@@ -106,6 +111,7 @@ class BisectResult:
     files: list[str] = field(default_factory=list)   # what the diff is limited to
     diff: str = ""            # the upstream change of those files at first_bad (pypi: between
                               # the two releases of `narrowed`)
+    base: End | None = None   # where the search starts when good is on a side line: the merge base
     narrowed: tuple[End, End] | None = None   # pypi: the adjacent releases where it changes
     why: str | None = None    # pypi: why the search stops at a pair of releases
 
@@ -115,7 +121,7 @@ class BisectResult:
 
     @property
     def limit(self) -> int:
-        return limit_for(self.commits)
+        return limit_for(self.commits) + (self.base is not None)
 
     @property
     def ok(self) -> bool:
@@ -124,7 +130,8 @@ class BisectResult:
 
     def to_dict(self) -> dict:
         data = {"ok": self.ok, "patch": self.patch, "source": self.source,
-                "good": self.good.to_dict(), "bad": self.bad.to_dict(), "changed": self.changed,
+                "good": self.good.to_dict(), "bad": self.bad.to_dict(),
+                "base": self.base.to_dict() if self.base else None, "changed": self.changed,
                 "first_bad": self.first_bad.to_dict() if self.first_bad else None,
                 "tested": self.tested, "commits": self.commits, "limit": self.limit,
                 "files": list(self.files), "diff": self.diff}
@@ -236,20 +243,20 @@ def _at_commit(end: source.Resolved, commit: str) -> source.Resolved:
     return source.Resolved(end.source, end.repo, commit, commit, source.version_of(end.repo, commit))
 
 
-def _line_of(good: source.Resolved, bad: source.Resolved) -> list[str]:
-    """``rev-list --first-parent good..bad``, oldest first, once good is known to come before
-    bad; one line saying why not otherwise."""
+def _merge_base(good: source.Resolved, bad: source.Resolved) -> str | None:
+    """None when good is an ancestor of bad; else the merge base the search starts from (good
+    is on a side line: vLLM tags each release on its own release branch, off main); one line
+    when good comes after bad or the two share no history."""
     repo, old, new = good.repo, good.commit, bad.commit
-    if not g.is_ancestor(repo, old, new):
-        what = f"--good {good.ref} is not an ancestor of --bad {bad.ref}"
-        if g.is_ancestor(repo, new, old):
-            raise UsageError(f"{what}: it comes after it (swap them?)")
-        base = g.merge_base(repo, old, new)
-        if base is None:
-            raise UsageError(f"{what}: their histories never meet")
-        raise UsageError(f"{what} (it is on a side line, such as a release branch); "
-                         f"bisect from their merge base: --good {base[:12]}")
-    return g.first_parent_commits(repo, old, new)
+    if g.is_ancestor(repo, old, new):
+        return None
+    what = f"--good {good.ref} is not an ancestor of --bad {bad.ref}"
+    if g.is_ancestor(repo, new, old):
+        raise UsageError(f"{what}: it comes after it (swap them?)")
+    base = g.merge_base(repo, old, new)
+    if base is None:
+        raise UsageError(f"{what}: their histories never meet")
+    return base
 
 
 def _releases_between(good: source.Resolved, bad: source.Resolved, cache: Path,
@@ -303,7 +310,8 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
                          f"{good.commit[:12]}: nothing lies between them")
     history = source.has_history(good.source)
     # What can be checked without a checkout is checked before the first one.
-    candidates = (_line_of(good, bad) if history
+    base = _merge_base(good, bad) if history else None
+    candidates = (g.first_parent_commits(good.repo, base or good.commit, bad.commit) if history
                   else _releases_between(good, bad, cache, oracle.log))
     asked: set[str] = set()
 
@@ -314,6 +322,16 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
     result = BisectResult(patch.id, good.source, End(good.ref, good.commit, fate(good)),
                           End(bad.ref, bad.commit, fate(bad)), commits=len(candidates),
                           files=_files(manifest, patch))
+    start = good
+    if result.changed and base is not None:
+        start = _at_commit(bad, base)
+        result.base = End("merge base", base, fate(start))
+        if result.base.fate != result.good.fate:
+            raise UsageError(
+                f"--good {good.ref} is not an ancestor of --bad {bad.ref}, and at their merge "
+                f"base {base[:12]} the patch is {result.base.fate}, not {result.good.fate}: its "
+                f"fate changes on {good.ref}'s own line; give --good a commit of {bad.ref}'s "
+                "history")
     if result.changed:
         found: dict[str, source.Resolved] = {}
 
@@ -332,7 +350,7 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
                                         fate(at))
             result.diff = g.diff_paths(good.repo, f"{at.commit}^1", at.commit, result.files)
         else:
-            before = resolved(candidates[i - 1]) if i else good
+            before = resolved(candidates[i - 1]) if i else start
             result.narrowed = (End(before.ref, before.commit, fate(before)),
                                End(at.ref, at.commit, fate(at)))
             result.why = (f"the {good.source} source cannot narrow it further: {NO_HISTORY}; "

@@ -30,6 +30,9 @@ def render_text(result: BisectResult) -> str:
     good, bad = result.good, result.bad
     lines = [f"{result.patch}: {good.fate} at {good.ref} ({good.commit[:SHORT]}), "
              f"{bad.fate} at {bad.ref} ({bad.commit[:SHORT]})"]
+    if result.base is not None:
+        lines.append(f"  {good.ref} is not an ancestor of {bad.ref} (a release branch?): searched "
+                     f"from their merge base {result.base.commit[:SHORT]} ({result.base.fate})")
     unit = "releases" if result.narrowed else "first-parent commits"
     if not result.changed:
         lines.append(f"the same fate at both ends: nothing changes between {good.ref} and "
