@@ -19,10 +19,12 @@ def echo(message: str = "", err: bool = False) -> None:
 
 
 class TextProgress:
-    """Prints a line per patch as it goes."""
+    """Tells as it goes: a line per patch (``patches``), a line per rebase-check target; the
+    report itself goes to stdout."""
 
-    def __init__(self, err: bool = False) -> None:
+    def __init__(self, err: bool = False, patches: bool = True) -> None:
         self.err = err
+        self.patches = patches
         self.tty = (sys.stderr if err else sys.stdout).isatty()
 
     def info(self, message: str) -> None:
@@ -31,14 +33,8 @@ class TextProgress:
     def patch(self, result) -> None:
         from patchkit.render.text import patch_line
 
-        echo(patch_line(result, self.tty), err=self.err)
-
-
-class CheckProgress(TextProgress):
-    """rebase-check tells on stderr as each target is done; the matrix goes to stdout."""
-
-    def patch(self, result) -> None:
-        pass
+        if self.patches:
+            echo(patch_line(result, self.tty), err=self.err)
 
     def target(self, report) -> None:
         failed = sum(p.status == "failed" for p in report.patches)
@@ -174,16 +170,12 @@ def rebase_check(refs, releases, pre, repos, jobs, bisect, outputs, manifest_pat
     from patchkit.render import matrix as render
 
     try:
-        if not refs and not releases:
-            raise UsageError("give --to REF (repeatable) or --releases")
-        if pre and not releases:
-            raise UsageError("--pre goes with --releases")
-        sinks = command.parse_outputs(outputs)
-    except UsageError as exc:
+        sinks = command.check_flags(refs, releases, pre, outputs)
+    except UsageError as exc:  # a flag problem reads like click's own
         raise click.UsageError(str(exc)) from None
     result = command.run(_load(manifest_path), refs=refs, releases=releases, pre=pre,
-                         repos=repos or None, jobs=jobs, progress=CheckProgress(),
-                         bisect=bisect)
+                         repos=repos or None, jobs=jobs,
+                         progress=TextProgress(err=True, patches=False), bisect=bisect)
     for kind, path in sinks:
         try:
             path.write_text(render.render(result, kind))
@@ -244,7 +236,7 @@ def bisect(patch_id, good, bad, repos, manifest_path, fmt) -> int:
     from patchkit.render.bisect import render_text
 
     result = command.run(_load(manifest_path), patch_id, good=good, bad=bad,
-                         repos=repos or None, progress=TextProgress(err=True))
+                         repos=repos or None, progress=TextProgress(err=True, patches=False))
     if fmt == "json":
         echo(json.dumps(result.to_dict(), indent=2))
     else:

@@ -16,7 +16,7 @@ from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.series.engine import Progress, apply_series
 
-MODES = ("auto", "overlay", "source")
+MODES = ("auto", build.OVERLAY_MODE, build.SOURCE_MODE)
 
 
 @dataclass
@@ -115,7 +115,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
 
         engine = Engine.connect()
     previous = (engine.inspect(final_tag) or {}).get("Id")
-    if choice.mode == "overlay":
+    if choice.mode == build.OVERLAY_MODE:
         base_ref = base or manifest.image.base
         if not base_ref:
             raise UsageError("no base image: give --base or set image.base in patchset.yaml")

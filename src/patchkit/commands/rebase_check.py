@@ -42,10 +42,15 @@ class CheckProgress(engine.Progress):
         pass
 
 
-def parse_outputs(specs: Sequence[str]) -> list[tuple[str, Path]]:
-    """``--output FORMAT:FILE`` values, checked before the run."""
+def check_flags(refs: Sequence[str], releases: bool, pre: bool,
+                outputs: Sequence[str]) -> list[tuple[str, Path]]:
+    """What the flags ask for, checked before the run; the ``--output FORMAT:FILE`` sinks."""
+    if not refs and not releases:
+        raise UsageError("give --to REF (repeatable) or --releases")
+    if pre and not releases:
+        raise UsageError("--pre goes with --releases")
     sinks = []
-    for spec in specs:
+    for spec in outputs:
         kind, sep, path = spec.partition(":")
         if not sep or not path or kind not in FORMATS:
             raise UsageError(f"--output {spec!r}: expected FORMAT:FILE with FORMAT one of "
@@ -269,10 +274,7 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
     """The targets named and, with ``releases``, every release after the pin; then the check;
     with ``bisect``, the upstream commit that broke each failure (``commands.bisect``)."""
     progress = progress or CheckProgress()
-    if not refs and not releases:
-        raise UsageError("give --to REF (repeatable) or --releases")
-    if pre and not releases:
-        raise UsageError("--pre goes with --releases")
+    check_flags(refs, releases, pre, ())
     targets = list(refs)
     if releases:
         found = release_targets(manifest, repos=repos, pre=pre, log=progress.info)
