@@ -71,7 +71,8 @@ def test_limits_and_pull_numbers():
 
 def test_the_commit_that_broke_it(hist):
     r = hist.run("table-entry")
-    assert (r.good.ref, r.good.commit, str(r.good.fate)) == ("v1.0.0", hist.sha["v1.0.0"], "applied")
+    assert (r.good.ref, r.good.commit, str(r.good.fate)) == ("v1.0.0", hist.sha["v1.0.0"],
+                                                             "applied")
     # --bad is the newest release tag: not the pre-release, not `nightly`
     assert (r.bad.ref, r.bad.commit, str(r.bad.fate)) == ("v2.0.0", hist.sha["v2.0.0"],
                                                           "failed/conflict")
@@ -212,7 +213,8 @@ def test_cli_json_shape(hist):
     data = json.loads(p.stdout)
     assert {"ok", "patch", "good", "bad", "first_bad", "tested", "diff"} <= set(data)
     assert data["ok"] is True and data["patch"] == "side-fix"
-    assert {"ref", "commit", "fate"} <= set(data["good"]) and {"ref", "commit", "fate"} <= set(data["bad"])
+    for end in ("good", "bad"):
+        assert {"ref", "commit", "fate"} <= set(data[end])
     assert data["good"]["fate"] == "applied" and data["bad"]["fate"] == "failed/conflict"
     assert {"commit", "subject", "pull", "date"} <= set(data["first_bad"])
     assert data["first_bad"]["commit"] == hist.sha["merge"] and data["first_bad"]["pull"] == 10100

@@ -57,7 +57,8 @@ def project(real_vllm, tmp_path):
     entries = []
     for pid, after in diffs.items():
         (proj / "patches" / f"{pid}.diff").write_text(unified(text, after, TORCH_UTILS))
-        entries.append(f"  - id: {pid}\n    summary: real edit {pid}\n    diff: patches/{pid}.diff\n")
+        entries.append(f"  - id: {pid}\n    summary: real edit {pid}\n"
+                       f"    diff: patches/{pid}.diff\n")
     (proj / "patchset.yaml").write_text(
         "name: real\nvllm:\n  repo: pypi\n  ref: v0.31.0\npatches:\n" + "".join(entries))
     return proj

@@ -240,7 +240,8 @@ def _first_change(candidates: Sequence[str], fate_of: Callable[[str], Fate], goo
 
 
 def _at_commit(end: source.Resolved, commit: str) -> source.Resolved:
-    return source.Resolved(end.source, end.repo, commit, commit, source.version_of(end.repo, commit))
+    version = source.version_of(end.repo, commit)
+    return source.Resolved(end.source, end.repo, commit, commit, version)
 
 
 def _merge_base(good: source.Resolved, bad: source.Resolved) -> str | None:
