@@ -2,7 +2,7 @@
 
 The fixture upstream of the tests (tests/bisect_history.py) made long: 2,000 first-parent
 commits from v1.0.0 to v2.0.0 (a side branch merged on the way), a tree of 4,000 files, the
-five-patch series pinned at v1.0.0.  `bisect table-entry` (broken 60% of the way) and `bisect
+fixture's series pinned at v1.0.0.  `bisect table-entry` (broken 60% of the way) and `bisect
 side-fix` (broken by the merge) each test at most ceil(log2 n) + 2 commits, each in a sparse
 checkout.  Beside them: one `patchkit apply` of the series (full checkout, every patch,
 assertions, atomic move), and as many sparse tests of single commits as the search may make,
@@ -89,7 +89,7 @@ def main() -> int:
             shutil.rmtree(work / f"wd{i}")
         one = statistics.median(apply_t)
         print(f"fixture: {args.commits} first-parent commits, {args.files + 4} files, "
-              f"5 patches; written in {made:.2f} s; runs: {args.runs}")
+              f"{len(m.patches)} patches; written in {made:.2f} s; runs: {args.runs}")
         print(f"one apply (full checkout, series, assertions): median {one:.3f} s")
         for pid in expected:
             b = statistics.median(took[pid])

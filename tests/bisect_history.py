@@ -9,7 +9,8 @@ The first-parent line of ``main`` runs from v1.0.0 to v2.0.0; along it:
 * ``table-entry`` conflicts from BREAK on, and ``table-more``, which needs it, fails with it;
 * ``fast-mode`` is upstream from UPSTREAM on (its ``vllm:`` range ends before v2.0.0, yet bisect
   tests it at every commit);
-* ``stable`` applies everywhere on that line.
+* ``stable`` applies everywhere on that line;
+* ``diag-mode``, only in the variant ``diag``, adds to the mode file after fast-mode's hunk.
 
 Besides: every commit also edits a noise file (``noise_files`` of them, never checked out by a
 sparse checkout); v1.0.1 sits on a release branch off v1.0.0 (its cherry-pick appends a line to
@@ -40,7 +41,13 @@ name: history
 vllm:
   repo: {repo}
   ref: v1.0.0
+variants:
+  diag: diagnostics on
 patches:
+  - id: diag-mode
+    summary: a diagnostics flag beside the mode
+    diff: patches/diag-mode.diff
+    variants: [diag]
   - id: table-entry
     summary: add nvfp4 to the table
     diff: patches/table-entry.diff
@@ -177,7 +184,8 @@ def build(root: Path, n: int = 300, noise_files: int = 10) -> Upstream:
 def make_project(tmp: Path, upstream: Upstream) -> Path:
     proj = tmp / "proj"
     (proj / "patches").mkdir(parents=True)
-    diffs = {"table-entry": (TABLE, TABLE_ENTRY, "pkg/table.py"),
+    diffs = {"diag-mode": (MODE, MODE + "\n\nDIAG = True\n", "pkg/mode.py"),
+             "table-entry": (TABLE, TABLE_ENTRY, "pkg/table.py"),
              "table-more": (TABLE_ENTRY, TABLE_MORE, "pkg/table.py"),
              "fast-mode": (MODE, MODE_FAST, "pkg/mode.py"),
              "stable": (STABLE, STABLE.replace("1", "2"), "pkg/stable.py"),

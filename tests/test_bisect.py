@@ -166,6 +166,19 @@ def test_from_a_release_branch_to_another_the_search_starts_at_their_merge_base(
     assert hist.run("table-entry").base is None
 
 
+def test_the_earlier_patches_are_those_of_the_build(hist, tmp_path):
+    fast = hist.m.patch("fast-mode")
+    assert bisect.Oracle(hist.m, fast, tmp_path).before == ()
+    diag = bisect.Oracle(hist.m, fast, tmp_path, variant="diag")
+    assert [p.id for p in diag.before] == ["diag-mode"]
+    r = hist.run("fast-mode", variant="diag")
+    assert r.variant == "diag" and r.to_dict()["variant"] == "diag"
+    assert r.first_bad is not None and r.first_bad.commit == hist.sha["upstream"]
+    assert hist.run("fast-mode").variant is None
+    # a patch that names a variant is tested whatever the build
+    assert str(hist.run("diag-mode", bad=hist.sha["break"]).good.fate) == "applied"
+
+
 def test_scratch_is_removed_and_the_workdir_untouched(hist, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     r = bisect.run(hist.m, "fast-mode", good=hist.sha["header"], bad=hist.sha["upstream"],
@@ -236,6 +249,7 @@ def test_cli_json_shape(hist):
     (["table-entry", "--good", "v1.0.0", "--bad", "v1.0.0"], 2,
      "--good v1.0.0 and --bad v1.0.0 are the same commit"),
     (["table-entry", "--good", "HEAD~3"], 2, "is a revision expression"),
+    (["table-entry", "--variant", "dag"], 2, "--variant 'dag': unknown variant; did you mean 'diag'?"),
 ])
 def test_bad_inputs_are_one_line(hist, tmp_path, args, code, words):
     p = hist.cli("bisect", *args, tmpdir=tmp_path)

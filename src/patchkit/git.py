@@ -170,6 +170,19 @@ def _sparse_pattern(path: str) -> str:
     return "/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", path)
 
 
+def borrowing_repository(dest: Path, sources: Sequence[Path]) -> None:
+    """A new bare repository at ``dest`` that sees every object of ``sources`` (their object
+    stores as alternates, nothing copied): commits of two repositories meet in it."""
+    _run("init", "--quiet", "--bare", str(dest))
+    stores = []
+    for src in sources:
+        objects = Path(src) / "objects"
+        if not objects.is_dir():
+            objects = Path(src) / ".git" / "objects"
+        stores.append(str(objects.resolve()))
+    (dest / "objects" / "info" / "alternates").write_text("".join(f"{s}\n" for s in stores))
+
+
 def exclude(work_tree: Path, patterns: str) -> None:
     """Untracked files matching ``patterns`` (gitignore lines) are never part of a change."""
     info = work_tree / ".git" / "info"
@@ -233,6 +246,12 @@ def commits_between(repo: Path, old: str, new: str, *, merges_only: bool = False
     """The commits in ``old..new``, oldest first (only the merges with ``merges_only``)."""
     args = ["rev-list", "--reverse"] + (["--merges"] if merges_only else [])
     return _run(*args, f"{old}..{new}", cwd=repo).split()
+
+
+def merge_base(repo: Path, a: str, b: str) -> str | None:
+    """The best common ancestor of two commits, or None when they share no history."""
+    r = _try("merge-base", a, b, cwd=repo)
+    return (r.stdout.strip() or None) if r.ok else None
 
 
 def subject(repo: Path, commit: str) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 from patchkit import kinds, source, versions
 from patchkit import git as g
 from patchkit.errors import PatchkitError, SourceError, UsageError
-from patchkit.manifest import Manifest, Patch
+from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
 from patchkit.util import cache_dir
@@ -109,6 +109,7 @@ class BisectResult:
     tested: int = 0           # commits whose fate was computed, both ends included
     commits: int = 0          # the candidates: first-parent commits in good..bad (pypi: releases)
     files: list[str] = field(default_factory=list)   # what the diff is limited to
+    variant: str | None = None  # the build whose earlier patches are applied
     diff: str = ""            # the upstream change of those files at first_bad (pypi: between
                               # the two releases of `narrowed`)
     base: End | None = None   # where the search starts when good is on a side line: the merge base
@@ -134,7 +135,7 @@ class BisectResult:
                 "base": self.base.to_dict() if self.base else None, "changed": self.changed,
                 "first_bad": self.first_bad.to_dict() if self.first_bad else None,
                 "tested": self.tested, "commits": self.commits, "limit": self.limit,
-                "files": list(self.files), "diff": self.diff}
+                "variant": self.variant, "files": list(self.files), "diff": self.diff}
         if self.narrowed:
             data["narrowed"] = {"good": self.narrowed[0].to_dict(),
                                 "bad": self.narrowed[1].to_dict(), "why": self.why}
@@ -158,13 +159,14 @@ def pull_of(subject: str) -> int | None:
 # ------------------------------------------------------------------------------ the predicate
 
 def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path,
-            paths: Sequence[str] | None = None, before: Sequence[Patch] | None = None) -> Fate:
-    """This patch's fate at ``at.commit``: the patches before it in the series (``before``,
-    default all of them) applied where they apply, then the patch itself with its ``vllm:``
-    range ignored, then its assertions; in a checkout under ``scratch`` of ``paths`` (default:
-    every file), removed afterwards."""
+            paths: Sequence[str] | None = None, before: Sequence[Patch] | None = None,
+            variant: str | None = None) -> Fate:
+    """This patch's fate at ``at.commit``: the patches before it in the build of ``variant``
+    (``before``, default all of them) applied where they apply, then the patch itself with its
+    ``vllm:`` range ignored (and whatever variants it names), then its assertions; in a checkout
+    under ``scratch`` of ``paths`` (default: every file), removed afterwards."""
     if before is None:
-        before = manifest.patches[:_position(manifest, patch)]
+        before = _earlier(manifest, patch, variant)
     series = [*before, dataclasses.replace(patch, vllm=None)]
     work = Path(tempfile.mkdtemp(prefix="at-", dir=scratch))
     try:
@@ -180,12 +182,18 @@ def _position(manifest: Manifest, patch: Patch) -> int:
     return next(i for i, p in enumerate(manifest.patches) if p.id == patch.id)
 
 
-def _reaching(manifest: Manifest, patch: Patch) -> tuple[Patch, ...]:
+def _earlier(manifest: Manifest, patch: Patch, variant: str | None) -> list[Patch]:
+    """The patches before ``patch`` in the build of ``variant``."""
+    return [q for q in manifest.patches[:_position(manifest, patch)]
+            if variants.left_out(q, variant) is None]
+
+
+def _reaching(manifest: Manifest, patch: Patch, variant: str | None) -> tuple[Patch, ...]:
     """The patches before ``patch`` that can change its fate: those that touch a file it reads,
     or a file read by another such patch.  The others touch only files it never sees, so
     leaving them out gives the same fate for less work.  All of them when some patch cannot
     say what it touches."""
-    earlier = manifest.patches[:_position(manifest, patch)]
+    earlier = _earlier(manifest, patch, variant)
     try:
         reads = set(_touched(manifest, patch)) | {a.file for a in patch.verify}
         keep = []
@@ -208,9 +216,10 @@ class Oracle:
     the pin's fate once for all its targets)."""
 
     def __init__(self, manifest: Manifest, patch: Patch, scratch: Path,
-                 log: Callable[[str], None] = lambda m: None) -> None:
+                 log: Callable[[str], None] = lambda m: None, variant: str | None = None) -> None:
         self.manifest, self.patch, self.scratch, self.log = manifest, patch, scratch, log
-        self.before = _reaching(manifest, patch)
+        self.variant = variant
+        self.before = _reaching(manifest, patch, variant)
         upto = (*self.before, patch)
         self.paths = engine.needed_paths(dataclasses.replace(manifest, patches=upto))
         self.fates: dict[str, Fate] = {}
@@ -322,7 +331,7 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
 
     result = BisectResult(patch.id, good.source, End(good.ref, good.commit, fate(good)),
                           End(bad.ref, bad.commit, fate(bad)), commits=len(candidates),
-                          files=_files(manifest, patch))
+                          files=_files(manifest, patch), variant=oracle.variant)
     start = good
     if result.changed and base is not None:
         start = _at_commit(bad, base)
@@ -363,10 +372,12 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
 
 def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str | None = None,
         repos: Sequence[str] | None = None, cache: Path | None = None,
-        progress: engine.Progress | None = None) -> BisectResult:
+        progress: engine.Progress | None = None, variant: str | None = None) -> BisectResult:
     """The first commit between ``good`` (default: the pin) and ``bad`` (default: the newest
-    release tag) at which the patch's fate changes."""
+    release tag) at which the patch's fate changes, with the patches before it that the build
+    of ``variant`` (None: the default build) has."""
     progress = progress or engine.Progress()
+    variants.check(manifest, variant)
     patch = _patch(manifest, patch_id)
     repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
@@ -375,8 +386,8 @@ def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str 
     hi = source.resolve([lo.source], hi_ref, cache, progress.info)
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-"))
     try:
-        return between(manifest, patch, lo, hi, Oracle(manifest, patch, scratch, progress.info),
-                       cache)
+        oracle = Oracle(manifest, patch, scratch, progress.info, variant)
+        return between(manifest, patch, lo, hi, oracle, cache)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -385,7 +396,7 @@ def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str 
 
 def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, PatchResult]], *,
                     repos: Sequence[str] | None = None, cache: Path | None = None,
-                    progress: engine.Progress | None = None
+                    progress: engine.Progress | None = None, variant: str | None = None
                     ) -> dict[tuple[str, str], BisectResult | str]:
     """``rebase-check --bisect``: for each failed patch x target, the bisect from the pin to
     that target; where it cannot run, why (one line)."""
@@ -411,7 +422,7 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
                     pins[src] = source.resolve([src], manifest.vllm.ref, cache, progress.info)
                 bad = source.resolve([src], target.vllm.ref, cache, progress.info)
                 oracle = oracles.setdefault(patch.id, Oracle(manifest, patch, scratch,
-                                                             progress.info))
+                                                             progress.info, variant))
                 out[key] = between(manifest, patch, pins[src], bad, oracle, cache)
             except PatchkitError as exc:
                 out[key] = f"cannot bisect: {exc}"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from patchkit import interrupt, source, versions
 from patchkit.errors import PatchkitError, SourceError, UsageError
-from patchkit.manifest import Manifest, Patch
+from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
 from patchkit.util import cache_dir
@@ -116,6 +116,7 @@ class Row:
 class Matrix:
     manifest: Manifest
     targets: list[ApplyReport] = field(default_factory=list)
+    variant: str | None = None
     # --bisect: (target ref, patch id) -> BisectResult, or why it could not run
     bisects: dict[tuple[str, str], object] = field(default_factory=dict)
 
@@ -160,6 +161,7 @@ class Matrix:
             "ok": self.ok,
             "name": self.manifest.name,
             "pin": self.manifest.vllm.ref,
+            "variant": self.variant,
             "targets": targets,
             "patches": [{"id": r.patch.id, "kind": r.patch.kind, "upstream": r.patch.upstream,
                          "pull": r.pull, "upstream_since": r.upstream_since, "drop": r.drop,
@@ -171,14 +173,17 @@ class Matrix:
 
 def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | None = None,
           cache: Path | None = None, jobs: int | None = None,
-          progress: CheckProgress | None = None, sparse: bool = True) -> Matrix:
-    """Apply the series to each of ``refs`` in a scratch checkout and run the assertions."""
+          progress: CheckProgress | None = None, sparse: bool = True,
+          variant: str | None = None) -> Matrix:
+    """Apply the series of ``variant`` (None: the default build) to each of ``refs`` in a
+    scratch checkout and run the assertions."""
+    variants.check(manifest, variant)
     progress = progress or CheckProgress()
     repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
     resolved = [source.resolve(repos, ref, cache, progress.info) for ref in dict.fromkeys(refs)]
     resolved = _by_version(resolved)
-    matrix = Matrix(manifest)
+    matrix = Matrix(manifest, variant=variant)
     if not resolved:
         return matrix
     # Two per core: with 3 targets on 2 cores, 2 workers would leave a core idle while the
@@ -187,7 +192,8 @@ def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | Non
     paths = engine.needed_paths(manifest) if sparse else None
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-rebase-check-"))
     try:
-        work = [(manifest, res, scratch / str(n), paths) for n, res in enumerate(resolved)]
+        work = [(manifest, res, scratch / str(n), paths, variant)
+                for n, res in enumerate(resolved)]
         if workers == 1:
             for job in work:
                 matrix.targets.append(_unwrap(_one(*job)))
@@ -199,14 +205,14 @@ def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | Non
     return matrix
 
 
-def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] | None
-         ) -> tuple[str, object]:
+def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] | None,
+         variant: str | None = None) -> tuple[str, object]:
     """One target, in a worker: an ApplyReport, or what stopped it as plain values (not every
     exception survives pickling)."""
     try:
         try:
             source.checkout(res, tree, paths)
-            return "report", engine.run_series(manifest, tree, res)
+            return "report", engine.run_series(manifest, tree, res, variant=variant)
         finally:
             shutil.rmtree(tree, ignore_errors=True)
     except interrupt.Interrupted as exc:
@@ -270,9 +276,11 @@ def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:
 
 def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         pre: bool = False, repos: Sequence[str] | None = None, jobs: int | None = None,
-        progress: CheckProgress | None = None, bisect: bool = False) -> Matrix:
+        progress: CheckProgress | None = None, variant: str | None = None,
+        bisect: bool = False) -> Matrix:
     """The targets named and, with ``releases``, every release after the pin; then the check;
     with ``bisect``, the upstream commit that broke each failure (``commands.bisect``)."""
+    variants.check(manifest, variant)
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
     targets = list(refs)
@@ -280,10 +288,11 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         found = release_targets(manifest, repos=repos, pre=pre, log=progress.info)
         progress.info(f"releases after {manifest.vllm.ref}: {', '.join(found) or 'none'}")
         targets += found
-    matrix = check(manifest, targets, repos=repos, jobs=jobs, progress=progress)
+    matrix = check(manifest, targets, repos=repos, jobs=jobs, progress=progress,
+                   variant=variant)
     if bisect:
         from patchkit.commands.bisect import bisect_failures
 
         matrix.bisects = bisect_failures(manifest, matrix.failures(), repos=repos,
-                                         progress=progress)
+                                         progress=progress, variant=variant)
     return matrix

@@ -47,6 +47,7 @@ BUILDKIT_ONLY = re.compile(r"^\s*(?:#\s*syntax\s*=|(?:RUN|COPY|ADD)\b[^\n]*?(?:-
                            r"(?:RUN|COPY)\b[^\n]*<<-?\s*['\"]?\w+)", re.I | re.M)
 
 INPUTS_LABEL = "io.patchkit.inputs"
+VARIANT_LABEL = "io.patchkit.variant"  # the variant built; empty for the default build
 # The two build modes (not patch kinds: a series of any kinds builds either way).
 OVERLAY_MODE = "overlay"
 SOURCE_MODE = "source"
@@ -184,6 +185,7 @@ def base_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created
         "io.patchkit.vllm.version": str(vllm.version or ""),
         "io.patchkit.vllm.tree": tree.tree_id(),
         "io.patchkit.patches": json.dumps(patches, separators=(",", ":")),
+        VARIANT_LABEL: tree.report.variant or "",
     }
 
 
@@ -405,6 +407,8 @@ class ImageFacts:
     statuses: dict[str, str]       # patch id -> status
     vllm_dir: str | None
     installed: str | None
+    variant: str | None = None     # the variant built (None: the default build)
+    variant_known: bool = False    # the labels say which variant (images patchkit made)
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
@@ -414,7 +418,8 @@ class ImageFacts:
         except (ValueError, TypeError, KeyError):
             statuses = {}
         return cls(statuses, labels.get("io.patchkit.vllm.dir") or None,
-                   labels.get("io.patchkit.vllm.installed") or None)
+                   labels.get("io.patchkit.vllm.installed") or None,
+                   labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels)
 
     def skipped(self) -> set[str]:
         return {pid for pid, status in self.statuses.items() if status == "skipped"}

@@ -62,7 +62,8 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
     table = [[r.patch.id, *[cell_word(c) for c in r.cells], "; ".join(notes(r))] for r in rows]
     widths = [max(len(x[i]) for x in [head, *table]) for i in range(len(head) - 1)]
     lines = [(f"{m.name}: {len(rows)} patches x {len(matrix.targets)} vLLM targets "
-              f"(pinned at {m.vllm.ref})"), ""]
+              f"(pinned at {m.vllm.ref}"
+              + (f", variant {matrix.variant})" if matrix.variant else ")")), ""]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  notes")
     for r, cells in zip(rows, table):
         out = [cells[0].ljust(widths[0])]

@@ -33,8 +33,10 @@ def summary(report: ApplyReport) -> str:
         counts[p.status] = counts.get(p.status, 0) + 1
     parts = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no patches"
     passed = sum(a.ok for a in report.verify)
+    variant = f", variant {report.variant}" if report.variant else ""
     return (f"{parts}; {passed}/{len(report.verify)} assertions passed "
-            f"(vLLM {report.vllm.ref} = {report.vllm.commit[:12]}, version {report.vllm.version})")
+            f"(vLLM {report.vllm.ref} = {report.vllm.commit[:12]}, version {report.vllm.version}"
+            f"{variant})")
 
 
 def apply(report: ApplyReport) -> str:
