@@ -249,7 +249,8 @@ def test_cli_json_shape(hist):
     (["table-entry", "--good", "v1.0.0", "--bad", "v1.0.0"], 2,
      "--good v1.0.0 and --bad v1.0.0 are the same commit"),
     (["table-entry", "--good", "HEAD~3"], 2, "is a revision expression"),
-    (["table-entry", "--variant", "dag"], 2, "--variant 'dag': unknown variant; did you mean 'diag'?"),
+    (["table-entry", "--variant", "dag"], 2,
+     "--variant 'dag': unknown variant; did you mean 'diag'?"),
 ])
 def test_bad_inputs_are_one_line(hist, tmp_path, args, code, words):
     p = hist.cli("bisect", *args, tmpdir=tmp_path)
