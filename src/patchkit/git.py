@@ -305,12 +305,6 @@ def is_ancestor(repo: Path, old: str, new: str) -> bool:
     return _try("merge-base", "--is-ancestor", old, new, cwd=repo).ok
 
 
-def merge_base(repo: Path, a: str, b: str) -> str | None:
-    """The best common ancestor of two commits, None when their histories never meet."""
-    r = _try("merge-base", a, b, cwd=repo)
-    return (r.stdout.strip() or None) if r.ok else None
-
-
 # ------------------------------------------------------------------------------ objects
 
 def _object_db(repo: Path):
