@@ -168,13 +168,16 @@ def verify(tree, image, variant, manifest_path, fmt) -> int:
 @VLLM_REPO
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Targets checked at once "
               "(default: two per core).")
+@click.option("--bisect", is_flag=True, help="For each failure on a git source, also find the "
+              "upstream commit that broke it (patchkit bisect from the pin to that target).")
 @click.option("--output", "outputs", multiple=True, metavar="FORMAT:FILE",
               help="Also write the report in FORMAT (text, json, markdown, junit) to FILE; repeat.")
 @VARIANT
 @MANIFEST
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "junit"]),
               default="text", show_default=True, help="Report format on stdout.")
-def rebase_check(refs, releases, pre, repos, jobs, outputs, variant, manifest_path, fmt) -> int:
+def rebase_check(refs, releases, pre, repos, jobs, bisect, outputs, variant, manifest_path,
+                 fmt) -> int:
     """Apply the series to newer vLLM refs in scratch checkouts; print the patch x release
     matrix.  Exit 1 if any patch fails anywhere."""
     from patchkit.commands import rebase_check as command
@@ -187,7 +190,8 @@ def rebase_check(refs, releases, pre, repos, jobs, outputs, variant, manifest_pa
         raise click.UsageError(str(exc)) from None
     result = command.run(_load(manifest_path), refs=refs, releases=releases, pre=pre,
                          repos=repos or None, jobs=jobs,
-                         progress=TextProgress(err=True, patches=False), variant=variant)
+                         progress=TextProgress(err=True, patches=False), variant=variant,
+                         bisect=bisect)
     for kind, path in sinks:
         try:
             path.write_text(render.render(result, kind))
@@ -229,6 +233,33 @@ def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
         return 0
     echo(text.rebase(result))
     return 1 if result.stop else 0
+
+
+@cli.command()
+@click.argument("patch_id")
+@click.option("--good", metavar="REF", help="Where the patch has its old fate (default: the pin).")
+@click.option("--bad", metavar="REF", help="Where it has its new fate (default: the newest "
+              "release tag of the source).")
+@VLLM_REPO
+@VARIANT
+@MANIFEST
+@FORMAT
+def bisect(patch_id, good, bad, repos, variant, manifest_path, fmt) -> int:
+    """Find the first upstream commit at which PATCH_ID's fate changes between --good and
+    --bad: the commit that broke it, or the one from which it is upstream.  Exit 0 when the
+    commit is named or the fate is the same at both ends, 1 when it cannot be named (the pypi
+    source narrows it to two releases)."""
+    from patchkit.commands import bisect as command
+    from patchkit.render.bisect import render_text
+
+    result = command.run(_load(manifest_path), patch_id, good=good, bad=bad,
+                         repos=repos or None, progress=TextProgress(err=True, patches=False),
+                         variant=variant)
+    if fmt == "json":
+        echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        click.echo(render_text(result), nl=False)
+    return 0 if result.ok else 1
 
 
 @cli.command()

@@ -279,6 +279,32 @@ def commit_time(repo: Path, commit: str) -> int:
     return int(_line("show", "-s", "--format=%ct", commit, cwd=repo))
 
 
+@dataclass(frozen=True)
+class CommitInfo:
+    """What a person reads of a commit: its full sha, subject and committer date (ISO 8601)."""
+
+    sha: str
+    subject: str
+    date: str
+
+
+def commit_info(repo: Path, commit: str) -> CommitInfo:
+    sha, subject, date = _run("log", "-1", "--no-walk", "--format=%H%x00%s%x00%cI", commit,
+                              cwd=repo).rstrip("\n").split("\0")
+    return CommitInfo(sha, subject, date)
+
+
+def first_parent_commits(repo: Path, old: str, new: str) -> list[str]:
+    """``git rev-list --first-parent old..new``, oldest first: the line of history ``new``
+    was built on, each merge as one step (the side branch it brings in is not walked)."""
+    return _run("rev-list", "--first-parent", "--reverse", f"{old}..{new}", cwd=repo).split()
+
+
+def is_ancestor(repo: Path, old: str, new: str) -> bool:
+    """True when ``old`` is ``new`` or one of its ancestors."""
+    return _try("merge-base", "--is-ancestor", old, new, cwd=repo).ok
+
+
 # ------------------------------------------------------------------------------ objects
 
 def _object_db(repo: Path):
@@ -419,6 +445,14 @@ def diff(repo: Path, *revs: str, cached: bool = False) -> str:
     every output option pinned."""
     args = [*DIFF_ARGS] + (["--cached"] if cached else [])
     return _run(*args, *revs, "--", cwd=repo)
+
+
+def diff_paths(repo: Path, old: str, new: str, paths: Sequence[str]) -> str:
+    """``git diff old new -- paths``, with every output option pinned; empty when no path
+    differs (or none is given)."""
+    if not paths:
+        return ""
+    return _run(*DIFF_ARGS, old, new, "--", *(f":(literal){p}" for p in paths), cwd=repo)
 
 
 def apply(repo: Path, diff_file: Path, *, index: bool = False, check: bool = False,

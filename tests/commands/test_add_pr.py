@@ -117,8 +117,8 @@ def proj(tmp_path, server):
     text = git_out("diff", "v1...pr", cwd=conflicting).replace('-    "fp8": 1,', '-    "fp8": 5,')
     server.routes["/vllm-project/vllm/pull/103.diff"] = text.encode()
     server.routes["/vllm-project/vllm/pull/104.diff"] = (
-        f"diff --git a/tests/a.py b/tests/a.py\nnew file mode 100644\n--- /dev/null\n"
-        f"+++ b/tests/a.py\n@@ -0,0 +1 @@\n+A = 1\n").encode()
+        "diff --git a/tests/a.py b/tests/a.py\nnew file mode 100644\n--- /dev/null\n"
+        "+++ b/tests/a.py\n@@ -0,0 +1 @@\n+A = 1\n").encode()
     return proj
 
 

@@ -103,6 +103,8 @@ class Row:
     cells: list[PatchResult]
     upstream_since: str | None = None  # the first target of the run of `upstream` to the last
     drop: bool = False                 # upstream in every target
+    # --bisect: (target ref, the bisect from the pin to it, or why there is none) per failure
+    bisects: list[tuple[str, object]] = field(default_factory=list)
 
     @property
     def pull(self) -> int | None:
@@ -115,6 +117,8 @@ class Matrix:
     manifest: Manifest
     targets: list[ApplyReport] = field(default_factory=list)
     variant: str | None = None
+    # --bisect: (target ref, patch id) -> BisectResult, or why it could not run
+    bisects: dict[tuple[str, str], object] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -128,7 +132,9 @@ class Matrix:
         rows = []
         for i, patch in enumerate(self.manifest.patches):
             cells = [t.patches[i] for t in self.targets]
-            row = Row(patch, cells)
+            row = Row(patch, cells, bisects=[(t.vllm.ref, self.bisects[(t.vllm.ref, patch.id)])
+                                             for t in self.targets
+                                             if (t.vllm.ref, patch.id) in self.bisects])
             run = 0
             for c in reversed(cells):
                 if c.status != "upstream":
@@ -144,12 +150,19 @@ class Matrix:
         return [(t, r) for t in self.targets for r in t.patches if r.status == "failed"]
 
     def to_dict(self) -> dict:
+        targets = [t.to_dict() for t in self.targets]
+        for t, data in zip(self.targets, targets):
+            for entry in data["patches"]:
+                found = self.bisects.get((t.vllm.ref, entry["id"]))
+                if found is not None:
+                    entry["bisect"] = ({"ok": False, "error": found} if isinstance(found, str)
+                                       else found.to_dict())
         return {
             "ok": self.ok,
             "name": self.manifest.name,
             "pin": self.manifest.vllm.ref,
             "variant": self.variant,
-            "targets": [t.to_dict() for t in self.targets],
+            "targets": targets,
             "patches": [{"id": r.patch.id, "kind": r.patch.kind, "upstream": r.patch.upstream,
                          "pull": r.pull, "upstream_since": r.upstream_since, "drop": r.drop,
                          "status": {t.vllm.ref: c.status if c.status != "failed" else
@@ -263,8 +276,10 @@ def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:
 
 def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         pre: bool = False, repos: Sequence[str] | None = None, jobs: int | None = None,
-        progress: CheckProgress | None = None, variant: str | None = None) -> Matrix:
-    """The targets named and, with ``releases``, every release after the pin; then the check."""
+        progress: CheckProgress | None = None, variant: str | None = None,
+        bisect: bool = False) -> Matrix:
+    """The targets named and, with ``releases``, every release after the pin; then the check;
+    with ``bisect``, the upstream commit that broke each failure (``commands.bisect``)."""
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
@@ -273,4 +288,11 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         found = release_targets(manifest, repos=repos, pre=pre, log=progress.info)
         progress.info(f"releases after {manifest.vllm.ref}: {', '.join(found) or 'none'}")
         targets += found
-    return check(manifest, targets, repos=repos, jobs=jobs, progress=progress, variant=variant)
+    matrix = check(manifest, targets, repos=repos, jobs=jobs, progress=progress,
+                   variant=variant)
+    if bisect:
+        from patchkit.commands.bisect import bisect_failures
+
+        matrix.bisects = bisect_failures(manifest, matrix.failures(), repos=repos,
+                                         progress=progress, variant=variant)
+    return matrix

@@ -39,7 +39,18 @@ def notes(row: Row, markdown: bool = False) -> list[str]:
     if row.pull:
         pull = f"vllm#{row.pull}"
         out.append(f"[{pull}]({row.patch.upstream})" if markdown else pull)
-    return out
+    return out + _bisected(row)
+
+
+def _bisected(row: Row) -> list[str]:
+    """rebase-check --bisect: "broken by <sha> (#PR)", once when every target agrees."""
+    from patchkit.render.bisect import short
+
+    said = [(ref, found if isinstance(found, str) else short(found)) for ref, found in row.bisects]
+    distinct = list(dict.fromkeys(phrase for _, phrase in said))
+    if len(distinct) <= 1:
+        return distinct
+    return [f"{phrase} (at {ref})" for ref, phrase in said]
 
 
 def render_text(matrix: Matrix, color: bool = False) -> str:
