@@ -261,7 +261,8 @@ ERRORS = [
         - id: foo
           sumary: x
           diff: patches/a.diff
-        """), "patchset.yaml:7: patches[0] (id=foo): unknown key 'sumary'; did you mean 'summary'?"),
+        """), "patchset.yaml:7: patches[0] (id=foo): unknown key 'sumary'; did you mean "
+              "'summary'?"),
     case("summary-number", entries("""\
         - id: ok
           summary: fine
@@ -307,7 +308,8 @@ ERRORS = [
         - id: foo
           summary: z
           diff: patches/a.diff
-        """), "patchset.yaml:12: patches[2] (id=foo): id: duplicate id 'foo' (first used on line 6)"),
+        """), "patchset.yaml:12: patches[2] (id=foo): id: duplicate id 'foo' (first used on "
+              "line 6)"),
     case("no-kind", entries("""\
         - id: foo
           summary: x
@@ -345,7 +347,8 @@ ERRORS = [
          "is not a valid unified diff: …",
          setup=bad_diff("--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n-a\n")),
     case("diff-unsafe-path", foo("diff", "patches/bad.diff"),
-         "patchset.yaml:8: patches[0] (id=foo): diff: patches/bad.diff …touches an unsafe path: …",
+         "patchset.yaml:8: patches[0] (id=foo): diff: patches/bad.diff …"
+         "touches an unsafe path: …",
          setup=bad_diff("--- a/../x\n+++ b/../x\n@@ -1 +1 @@\n-a\n+b\n")),
     case("diff-binary", foo("diff", "patches/bin.diff"),
          "patchset.yaml:8: patches[0] (id=foo): diff: patches/bin.diff names a binary "
