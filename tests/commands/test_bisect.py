@@ -1,19 +1,20 @@
-"""patchkit bisect on a fixture upstream of 300 first-parent commits (bisect_history.py): the
-commit that broke a patch, the one from which another is upstream, a patch whose fate does not
-change, a merge on the first-parent line; rebase-check --bisect; the bad inputs."""
+"""patchkit bisect on a fixture upstream of 300 first-parent commits
+(testing/bisect_history.py): the commit that broke a patch, the one from which another is
+upstream, a patch whose fate does not change, a merge on the first-parent line; rebase-check
+--bisect; the bad inputs."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
 
-import bisect_history as bh
 import pytest
+from testing import bisect_history as bh
+from testing import isolate, patchkit
 from testing.upstream import sh
 
 from patchkit import manifest, source
@@ -23,7 +24,6 @@ from patchkit.errors import SourceError, UsageError
 from patchkit.render import matrix as render
 from patchkit.render.bisect import render_text
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 N = 300
 LIMIT = 11  # ceil(log2 300) + 2
 
@@ -33,10 +33,8 @@ def hist(tmp_path_factory):
     """The upstream, the project pinned at v1.0.0 and one cache, shared by the module; each
     bisect is run once and its result kept."""
     tmp = tmp_path_factory.mktemp("history")
-    (tmp / "gitconfig").write_text("")
     with pytest.MonkeyPatch.context() as mp:  # the autouse isolation is per test, so again here
-        mp.setenv("GIT_CONFIG_GLOBAL", str(tmp / "gitconfig"))
-        mp.setenv("GIT_TEMPLATE_DIR", "")
+        isolate(mp, tmp / "home")
         up = bh.build(tmp / "upstream.git", n=N)
         proj = bh.make_project(tmp, up)
         yield History(up, proj, manifest.load(proj / "patchset.yaml"), tmp / "cache")
@@ -55,11 +53,10 @@ class History:
         return self._runs[key]
 
     def cli(self, *args: str, tmpdir: Path | None = None) -> subprocess.CompletedProcess:
-        env = dict(os.environ, PYTHONPATH=str(SRC), PATCHKIT_CACHE_DIR=str(self.cache))
+        env = dict(os.environ, PATCHKIT_CACHE_DIR=str(self.cache))
         if tmpdir is not None:
             env["TMPDIR"] = str(tmpdir)
-        return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=self.proj, env=env,
-                              text=True, capture_output=True, check=False)
+        return patchkit(*args, cwd=self.proj, env=env)
 
 
 def test_limits_and_pull_numbers():

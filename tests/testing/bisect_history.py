@@ -24,6 +24,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testing.project import write_project
 from testing.upstream import make_diff
 
 TABLE = '"""The table."""\n\nTABLE = {\n    "fp8": 1,\n    "bf16": 4,\n}\n'
@@ -182,15 +183,12 @@ def build(root: Path, n: int = 300, noise_files: int = 10) -> Upstream:
 
 
 def make_project(tmp: Path, upstream: Upstream) -> Path:
-    proj = tmp / "proj"
-    (proj / "patches").mkdir(parents=True)
     diffs = {"diag-mode": (MODE, MODE + "\n\nDIAG = True\n", "pkg/mode.py"),
              "table-entry": (TABLE, TABLE_ENTRY, "pkg/table.py"),
              "table-more": (TABLE_ENTRY, TABLE_MORE, "pkg/table.py"),
              "fast-mode": (MODE, MODE_FAST, "pkg/mode.py"),
              "stable": (STABLE, STABLE.replace("1", "2"), "pkg/stable.py"),
              "side-fix": (SIDE, SIDE.replace("1", "2"), "pkg/side.py")}
-    for pid, (before, after, rel) in diffs.items():
-        (proj / "patches" / f"{pid}.diff").write_text(make_diff(before, after, rel))
-    (proj / "patchset.yaml").write_text(MANIFEST.format(repo=upstream.repo))
-    return proj
+    return write_project(tmp / "proj", {f"patches/{pid}.diff": make_diff(before, after, rel)
+                                        for pid, (before, after, rel) in diffs.items()},
+                         MANIFEST.format(repo=upstream.repo))

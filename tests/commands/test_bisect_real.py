@@ -11,12 +11,9 @@ Three diffs cut from the real v0.31.0 vllm/utils/torch_utils.py:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from testing import patchkit
 from testing.upstream import sh
 from testing.realdiffs import TORCH_UTILS, unified
 
@@ -29,7 +26,6 @@ from patchkit.source import pypi
 
 pytestmark = pytest.mark.real_vllm
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 RELEASES = ("v0.31.0", "v0.32.0", "v0.33.0")
 
 
@@ -96,10 +92,7 @@ def test_pypi_narrows_to_the_pair_of_releases_and_says_why(project):
 
 
 def test_pypi_bisect_cli_exits_1_with_the_pair(project):
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    p = subprocess.run([sys.executable, "-m", "patchkit", "bisect", "imports", "--bad", "v0.33.0",
-                        "--format", "json"], cwd=project, env=env, text=True,
-                       capture_output=True, check=False)
+    p = patchkit("bisect", "imports", "--bad", "v0.33.0", "--format", "json", cwd=project)
     assert p.returncode == 1, p.stderr
     data = json.loads(p.stdout)
     assert data["ok"] is False and data["first_bad"] is None and data["changed"] is True
@@ -108,9 +101,7 @@ def test_pypi_bisect_cli_exits_1_with_the_pair(project):
     assert data["narrowed"]["bad"]["fate"] == "failed/conflict"
     assert "no history between releases" in data["narrowed"]["why"]
     # a good that is not older than bad is one line
-    p = subprocess.run([sys.executable, "-m", "patchkit", "bisect", "imports", "--good", "v0.33.0",
-                        "--bad", "v0.32.0"], cwd=project, env=env, text=True,
-                       capture_output=True, check=False)
+    p = patchkit("bisect", "imports", "--good", "v0.33.0", "--bad", "v0.32.0", cwd=project)
     assert p.returncode == 2
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("patchkit")]
     assert errors == ["patchkit: error: --good v0.33.0 is not older than --bad v0.32.0 "
