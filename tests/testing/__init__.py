@@ -9,6 +9,7 @@ pyproject's ``pythonpath`` puts tests/ on the import path, so any test imports `
 * ``testing.project`` -- the engine's small project and the rebase "fates" project, and the
   held patch that keeps a run inside the series until the test lets it go on;
 * ``testing.realdiffs`` -- diffs cut from the real vLLM v0.27.1 files;
+* ``testing.bisect_history`` -- an upstream with a long first-parent history, for bisect;
 * ``testing.standin_vllm`` -- a stand-in for vLLM's OpenAI-compatible server.
 """
 
