@@ -73,19 +73,28 @@ pk_write() {
     mv -f "$tmp" "$1"
 }
 
-# pk_install PACKAGE...: from Debian's archive, with no service started by the packages
-# (openssh-server would start an sshd on 0.0.0.0:22, docker-registry one on :5000).
+# pk_install PACKAGE... [-- PACKAGE...]: from Debian's archive, those after `--` without their
+# recommends (Podman's and openssh-server's would bring systemd), and with no service started
+# by the packages (openssh-server would start an sshd on 0.0.0.0:22, docker-registry one on
+# :5000).
 pk_install() {
-    local policy=/usr/sbin/policy-rc.d made="" rc=0
-    pk_say "installing $*"
+    local policy=/usr/sbin/policy-rc.d made="" rc=0 full=() lean=()
+    while (($#)) && [ "$1" != -- ]; do full+=("$1"); shift; done
+    (($#)) && shift
+    lean=("$@")
+    local all=("${full[@]}" "${lean[@]}")
+    pk_say "installing ${all[*]}"
     if [ ! -e "$policy" ]; then
         printf '#!/bin/sh\n# no daemons started while .ci/services.sh installs packages\nexit 101\n' >"$policy"
         chmod 755 "$policy"
         made=1
     fi
     apt-get update -qq || rc=$?
-    if [ "$rc" = 0 ]; then
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
+    if [ "$rc" = 0 ] && ((${#full[@]})); then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${full[@]}" >/dev/null || rc=$?
+    fi
+    if [ "$rc" = 0 ] && ((${#lean[@]})); then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${lean[@]}" \
             >/dev/null || rc=$?
     fi
     [ -z "$made" ] || rm -f "$policy"
@@ -311,11 +320,12 @@ pk_services_main() {
     command -v qemu-aarch64-static >/dev/null || missing+=(qemu-user-static)
     command -v skopeo >/dev/null || missing+=(skopeo)
     command -v curl >/dev/null || missing+=(curl)
-    command -v podman >/dev/null || missing+=(podman)
-    [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
-    command -v ssh >/dev/null || missing+=(openssh-client)
-    if ((${#missing[@]})); then
-        pk_install "${missing[@]}"
+    local lean=()
+    command -v podman >/dev/null || lean+=(podman)
+    [ -x /usr/sbin/sshd ] || lean+=(openssh-server)
+    command -v ssh >/dev/null || lean+=(openssh-client)
+    if ((${#missing[@]} + ${#lean[@]})); then
+        pk_install "${missing[@]}" -- "${lean[@]}"
     fi
 
     # arm64 binaries run through qemu; the F flag opens the interpreter when it is registered,

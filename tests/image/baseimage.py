@@ -11,9 +11,9 @@ checks against the source.  Such a pyc left beside a patched module would be loa
 it, so the end-to-end test proves that ``build-image`` leaves none behind.
 
 Besides bases holding a release as PyPI ships it, a ``Flavour`` gives the builds users really
-have: a dev build (a release's sources reporting ``0.31.1.dev7+g<sha>``, as a build from that
-commit of main does) and a vendor build (a release's sources with the vendor's own edits,
-reporting ``0.31.0+nv25.11``).
+have: a dev build (a release's sources reporting ``0.31.1.dev7+g<sha>``, the shape of version
+a build from a commit of main reports) and a vendor build (a release's sources with the
+vendor's own edits, reporting ``0.31.0+nv25.11``).
 
 Everything expensive is cached and keyed by content: the .debs under the cache folder, and the
 image itself, which carries its key in a label and is rebuilt only when the key changes.
@@ -149,8 +149,9 @@ DEV_RELEASE = "0.31.0"
 
 
 def dev_flavour(commit: str) -> Flavour:
-    """A build from ``commit``, the commit of release 0.31.0, versioned as setuptools-scm does
-    for a tree seven commits past a tag it takes for 0.31.0's successor."""
+    """A build of ``commit``, release 0.31.0's commit, with a version of the shape setuptools-scm
+    gives a build seven commits past v0.31.0 (``0.31.1.dev7+g<short sha>``): the base holds
+    exactly the pinned commit's files, whatever its version string says."""
     short = commit[:9]
     return Flavour(release=DEV_RELEASE, version=f"0.31.1.dev7+g{short}", commit_id=f"g{short}")
 
