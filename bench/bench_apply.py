@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from patchkit import engine, manifest, source
+from patchkit import manifest, source
+from patchkit.series import engine
 from patchkit import git as g
 from patchkit.util import cache_dir
 

@@ -35,10 +35,14 @@ import docker  # noqa: E402
 import baseimage  # noqa: E402
 import imageproject as ip  # noqa: E402
 from patchkit import manifest  # noqa: E402
-from patchkit.commands.build_image import build_image  # noqa: E402
-from patchkit.engine import apply_series  # noqa: E402
+from patchkit.commands.build_image import run as build_image  # noqa: E402
+from patchkit.series.engine import apply_series  # noqa: E402
 
 SITE = "usr/local/lib/python3.11/dist-packages"
+
+def _summary(report):
+    """``(exit code, --format json object)`` of a build-image run."""
+    return (0 if report.ok else 1), report.to_dict()
 
 
 def tar_overhead_size(entries: list[tuple[str, int]]) -> int:
@@ -91,11 +95,11 @@ def main() -> int:
             for img in client.images.list(filters={"label": "io.patchkit.patchset.name=pk-e2e"}):
                 client.images.remove(img.id, force=True)
             t = time.monotonic()
-            _, summary = build_image(m, workdir=workdir, apply=False)
+            _, summary = _summary(build_image(m, workdir=workdir, apply=False))
             cold.append(time.monotonic() - t)
             assert not summary["reused"]
             t = time.monotonic()
-            _, again = build_image(m, workdir=workdir, apply=False)
+            _, again = _summary(build_image(m, workdir=workdir, apply=False))
             warm.append(time.monotonic() - t)
             assert again["reused"] and again["image_id"] == summary["image_id"]
             dcold.append(docker_build(client, base["tag"], patched, "pk-bench/docker:cold", True))

@@ -180,7 +180,8 @@ def test_concurrent_applies_share_one_cache(tmp_path):
 
 
 def test_unexpected_error_is_one_line_and_logged(tmp_path, monkeypatch, capsys):
-    from patchkit import cli, engine
+    from patchkit import cli
+    from patchkit.series import engine
 
     proj = make_project(tmp_path)
     monkeypatch.chdir(proj)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from fixtures import dedent, make_diff, make_upstream, sh
 
-from patchkit import diffapply
+from patchkit.kinds import diff as diffapply
 
 BASE = """\
 def alpha():
@@ -36,7 +36,7 @@ def write(tmp_path: Path, text: str, name="p.diff") -> Path:
 
 
 def test_applies_exactly(tree, tmp_path):
-    out = diffapply.apply(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
+    out = diffapply.apply_file(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
     assert (out.status, out.reason, out.offsets) == ("applied", None, [])
     assert "y = 20" in (tree / "pkg/mod.py").read_text()
     # staged, so the engine can commit exactly what the diff did
@@ -46,15 +46,15 @@ def test_applies_exactly(tree, tmp_path):
 def test_offset_is_applied_and_reported(tree, tmp_path):
     (tree / "pkg/mod.py").write_text("# one\n# two\n# three\n" + BASE)
     sh("git", "commit", "-qam", "shift", cwd=tree)
-    out = diffapply.apply(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
+    out = diffapply.apply_file(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
     assert out.status == "applied"
-    assert out.offsets == ["hunk 1 of pkg/mod.py at line 7 (offset +3)"]
+    assert [str(o) for o in out.offsets] == ["hunk 1 of pkg/mod.py at line 7 (offset +3)"]
 
 
 def test_reverse_applying_diff_is_upstream(tree, tmp_path):
     (tree / "pkg/mod.py").write_text(CHANGED)
     sh("git", "commit", "-qam", "fixed upstream", cwd=tree)
-    out = diffapply.apply(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
+    out = diffapply.apply_file(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
     assert out.status == "upstream"
     assert (tree / "pkg/mod.py").read_text() == dedent(CHANGED)
 
@@ -64,7 +64,7 @@ def test_fuzz_is_refused(tree, tmp_path):
     (tree / "pkg/mod.py").write_text(BASE.replace("def beta():\n", "def beta():  # note\n"))
     sh("git", "commit", "-qam", "drift", cwd=tree)
     before = (tree / "pkg/mod.py").read_text()
-    out = diffapply.apply(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
+    out = diffapply.apply_file(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
     assert (out.status, out.reason) == ("failed", "fuzz")
     assert "hunk 1 of pkg/mod.py" in out.message
     assert (tree / "pkg/mod.py").read_text() == before
@@ -74,7 +74,7 @@ def test_conflict_names_hunk_and_expected_lines(tree, tmp_path):
     (tree / "pkg/mod.py").write_text(BASE.replace("    x = 1\n    y = 2\n    return x + y\n",
                                                   "    return 42\n"))
     sh("git", "commit", "-qam", "rewrite", cwd=tree)
-    out = diffapply.apply(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
+    out = diffapply.apply_file(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
     assert (out.status, out.reason) == ("failed", "conflict")
     assert out.message.startswith("hunk 1 of pkg/mod.py: expected at line 4 (lines 4-10): ")
     # the first line where the file is not what the hunk expects, both sides quoted
@@ -82,7 +82,7 @@ def test_conflict_names_hunk_and_expected_lines(tree, tmp_path):
 
 
 def test_missing_file_is_anchor_missing(tree, tmp_path):
-    out = diffapply.apply(write(tmp_path, make_diff(BASE, CHANGED, "pkg/gone.py")), tree)
+    out = diffapply.apply_file(write(tmp_path, make_diff(BASE, CHANGED, "pkg/gone.py")), tree)
     assert (out.status, out.reason) == ("failed", "anchor-missing")
     assert "pkg/gone.py" in out.message
 
@@ -90,7 +90,7 @@ def test_missing_file_is_anchor_missing(tree, tmp_path):
 @pytest.mark.parametrize("path", ["../outside.py", "pkg/../../outside.py", ".git/config"])
 def test_escaping_paths_are_refused(tree, tmp_path, path):
     diff = f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+owned = True\n"
-    out = diffapply.apply(write(tmp_path, diff), tree)
+    out = diffapply.apply_file(write(tmp_path, diff), tree)
     assert (out.status, out.reason) == ("failed", "unsafe-path")
     assert not (tree.parent / "outside.py").exists()
 
@@ -98,7 +98,7 @@ def test_escaping_paths_are_refused(tree, tmp_path, path):
 def test_absolute_path_is_refused(tree, tmp_path):
     target = tmp_path / "abs.py"
     diff = f"--- /dev/null\n+++ {target}\n@@ -0,0 +1 @@\n+owned = True\n"
-    out = diffapply.apply(write(tmp_path, diff), tree)
+    out = diffapply.apply_file(write(tmp_path, diff), tree)
     assert out.status == "failed" and out.reason == "unsafe-path"
     assert not target.exists()
 
@@ -108,7 +108,7 @@ def test_write_through_symlink_is_refused(tree, tmp_path):
     outside.mkdir()
     (tree / "link").symlink_to(outside)
     diff = "--- /dev/null\n+++ b/link/evil.py\n@@ -0,0 +1 @@\n+owned = True\n"
-    out = diffapply.apply(write(tmp_path, diff), tree)
+    out = diffapply.apply_file(write(tmp_path, diff), tree)
     assert (out.status, out.reason) == ("failed", "unsafe-path")
     assert "symlink" in out.message
     assert not (outside / "evil.py").exists()
@@ -117,20 +117,20 @@ def test_write_through_symlink_is_refused(tree, tmp_path):
 def test_symlink_creation_is_refused(tree, tmp_path):
     diff = ("diff --git a/pkg/ln b/pkg/ln\nnew file mode 120000\n--- /dev/null\n+++ b/pkg/ln\n"
             "@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n")
-    out = diffapply.apply(write(tmp_path, diff), tree)
+    out = diffapply.apply_file(write(tmp_path, diff), tree)
     assert (out.status, out.reason) == ("failed", "unsafe-path")
     assert not (tree / "pkg/ln").exists()
 
 
 def test_not_a_diff(tree, tmp_path):
-    out = diffapply.apply(write(tmp_path, "hello\n"), tree)
+    out = diffapply.apply_file(write(tmp_path, "hello\n"), tree)
     assert (out.status, out.reason) == ("failed", "error")
 
 
 def test_crlf_diff_against_lf_file_names_the_line_ends(tree, tmp_path):
     diff = tmp_path / "p.diff"
     diff.write_bytes(make_diff(BASE, CHANGED, "pkg/mod.py").replace("\n", "\r\n").encode())
-    out = diffapply.apply(diff, tree)
+    out = diffapply.apply_file(diff, tree)
     assert (out.status, out.reason) == ("failed", "error")
     assert out.message == ("p.diff has CRLF line ends and pkg/mod.py has LF ones: convert the "
                            "diff (e.g. dos2unix) and try again")
@@ -140,7 +140,7 @@ def test_crlf_diff_against_lf_file_names_the_line_ends(tree, tmp_path):
 def test_binary_change_without_its_content_is_an_error_not_fuzz(tree, tmp_path):
     diff = ("diff --git a/pkg/blob.bin b/pkg/blob.bin\nnew file mode 100644\n"
             "index 0000000..c94be36\nBinary files /dev/null and b/pkg/blob.bin differ\n")
-    out = diffapply.apply(write(tmp_path, diff), tree)
+    out = diffapply.apply_file(write(tmp_path, diff), tree)
     assert (out.status, out.reason) == ("failed", "error")
     assert "git diff --binary" in out.message
     assert not (tree / "pkg/blob.bin").exists()
@@ -151,7 +151,7 @@ def test_a_diff_git_cannot_use_is_an_error_not_fuzz(tree, tmp_path):
     diff = ("diff --git a/pkg/blob.bin b/pkg/blob.bin\nnew file mode 100644\n"
             "index 0000000..c94be36\nGIT binary patch\nliteral 10\nRcmZQzWJ=1+ODw8n000X)0*L?s\n\n"
             "literal 0\nHcmV?d00001\n\n")
-    out = diffapply.apply(write(tmp_path, diff), tree)
+    out = diffapply.apply_file(write(tmp_path, diff), tree)
     assert (out.status, out.reason) == ("failed", "error")
     assert "full index line" in out.message
 
@@ -165,7 +165,7 @@ def test_quoted_names_are_checked_and_reported_as_the_tree_has_them(tree, tmp_pa
     quoted = '"a/pkg/d\\303\\257r x/m\\303\\266dule.py"', '"b/pkg/d\\303\\257r x/m\\303\\266dule.py"'
     diff = (f"diff --git {quoted[0]} {quoted[1]}\n--- {quoted[0]}\n+++ {quoted[1]}\n"
             "@@ -1 +1 @@\n-A = 1\n+A = 2\n")
-    out = diffapply.apply(write(tmp_path, diff), tree)
+    out = diffapply.apply_file(write(tmp_path, diff), tree)
     assert (out.status, out.files) == ("applied", ["pkg/dïr x/mödule.py"])
     assert target.read_text() == "A = 2\n"
 
@@ -176,6 +176,6 @@ def test_write_through_a_symlink_with_a_quoted_name_is_refused(tree, tmp_path):
     (tree / "lïnk").symlink_to(outside)
     diff = ('diff --git "a/l\\303\\257nk/evil.py" "b/l\\303\\257nk/evil.py"\nnew file mode 100644\n'
             '--- /dev/null\n+++ "b/l\\303\\257nk/evil.py"\n@@ -0,0 +1 @@\n+owned = True\n')
-    out = diffapply.apply(write(tmp_path, diff), tree)
+    out = diffapply.apply_file(write(tmp_path, diff), tree)
     assert (out.status, out.reason) == ("failed", "unsafe-path")
     assert not (outside / "evil.py").exists()

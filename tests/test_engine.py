@@ -7,7 +7,8 @@ import pytest
 from fixtures import sh
 from project import MOD_V1, make_project
 
-from patchkit import engine, manifest
+from patchkit import manifest
+from patchkit.series import checkout, engine
 from patchkit.errors import SourceError, UsageError
 
 
@@ -39,7 +40,7 @@ def test_applies_one_commit_per_patch(tmp_path):
     text = (wd / "pkg/mod.py").read_text()
     assert '"nvfp4": 2' in text and '"fast"' in text
     assert (wd / "pkg/extra.py").read_text() == "EXTRA = 1\n"
-    saved = json.loads((wd / ".git" / engine.REPORT_FILE).read_text())
+    saved = json.loads((wd / ".git" / checkout.REPORT_FILE).read_text())
     assert saved["ok"] is True and saved["vllm"]["ref"] == "v1"
     assert all(a.ok for a in report.verify) and len(report.verify) == 3
     assert sh("git", "status", "--porcelain", cwd=wd) == ""
@@ -98,7 +99,7 @@ def test_offset_is_reported(tmp_path):
     proj = make_project(tmp_path)
     report = apply(proj, tmp_path / "wd", ref="v2")
     assert report.ok
-    assert report.patches[0].offsets == ["hunk 1 of pkg/mod.py at line 6 (offset +2)"]
+    assert [str(o) for o in report.patches[0].offsets] == ["hunk 1 of pkg/mod.py at line 6 (offset +2)"]
 
 
 def test_out_of_range_patch_is_skipped_and_not_verified(tmp_path):
@@ -288,17 +289,17 @@ def test_a_transform_that_writes_files_it_does_not_name_fails_and_leaves_nothing
 def test_a_cache_deleted_during_the_run_is_one_line_and_changes_nothing(tmp_path, monkeypatch):
     import shutil
 
-    from patchkit import diffapply
+    from patchkit.kinds import diff as diffapply
 
     proj = make_project(tmp_path)
     wd, cache = tmp_path / "wd", tmp_path / "cache"
-    real_apply = diffapply.apply
+    real_apply = diffapply.apply_file
 
     def cache_deleted_meanwhile(diff_file, root):
         shutil.rmtree(cache)
         return real_apply(diff_file, root)
 
-    monkeypatch.setattr(diffapply, "apply", cache_deleted_meanwhile)
+    monkeypatch.setattr(diffapply, "apply_file", cache_deleted_meanwhile)
     with pytest.raises(SourceError) as info:
         apply(proj, wd, cache=cache)
     message = str(info.value)

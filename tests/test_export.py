@@ -10,9 +10,10 @@ import yaml
 from fixtures import sh
 from rebase_project import make_fates, snapshot
 
-from patchkit import engine, manifest
+from patchkit import manifest
+from patchkit.series import checkout, engine
 from patchkit.errors import UsageError
-from patchkit.export import export, slug
+from patchkit.commands.export import export, slug
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -133,7 +134,7 @@ def test_nothing_to_export_and_not_a_checkout(applied, tmp_path):
     assert snapshot(proj) == before
     with pytest.raises(UsageError, match="not a checkout"):
         export(proj / "patchset.yaml", tmp_path / "nowhere")
-    sh("git", "tag", "-d", engine.APPLIED_TAG, cwd=wd)
+    sh("git", "tag", "-d", checkout.APPLIED_TAG, cwd=wd)
     with pytest.raises(UsageError, match="no tag patchkit/applied"):
         export(proj / "patchset.yaml", wd)
 

@@ -7,7 +7,7 @@ import yaml
 from fixtures import dedent
 
 from patchkit.errors import ManifestError
-from patchkit.manifestedit import ManifestText, scalar, write_if_changed
+from patchkit.manifest.edit import ManifestText, scalar, write_if_changed
 
 TEXT = dedent("""
     # top comment

@@ -11,7 +11,9 @@ import pytest
 from fixtures import sh
 from realdiffs import CHAT_UTILS, TORCH_UTILS, real_diffs
 
-from patchkit import engine, manifest, pypi
+from patchkit import manifest
+from patchkit.series import engine
+from patchkit.source import pypi
 
 pytestmark = pytest.mark.real_vllm
 
@@ -64,7 +66,7 @@ def test_series_at_v0_33_0_reports_each_true_fate_and_leaves_workdir(project, tm
     assert fates == {"dtype-map": ("upstream", None), "dtype-size": ("applied", None),
                      "dtype-tail": ("failed", "conflict"), "chat-utils": ("failed", "anchor-missing")}
     size = report.patches[1]
-    assert size.offsets and "offset +" in size.offsets[0]
+    assert size.offsets and "offset +" in str(size.offsets[0])
     assert report.patches[2].message.startswith(f"hunk 1 of {TORCH_UTILS}: expected at line")
     assert report.vllm.version == "0.33.0"
     # the earlier good checkout is untouched

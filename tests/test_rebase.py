@@ -19,7 +19,9 @@ from rebase_project import (
     snapshot,
 )
 
-from patchkit import engine, manifest, rebase
+from patchkit import manifest
+from patchkit.commands import rebase
+from patchkit.series import engine
 from patchkit.errors import UsageError
 
 SRC = Path(__file__).resolve().parents[1] / "src"

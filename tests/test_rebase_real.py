@@ -16,7 +16,10 @@ import pytest
 import yaml
 from realdiffs import TORCH_UTILS, real_diffs
 
-from patchkit import engine, manifest, pypi, rebase
+from patchkit import manifest
+from patchkit.commands import rebase
+from patchkit.series import engine
+from patchkit.source import pypi
 
 pytestmark = pytest.mark.real_vllm
 

@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 from rebase_project import PULL, add_slow, make_fates, snapshot
 
-from patchkit import manifest, rebasecheck, source
+from patchkit import manifest, source
+from patchkit import versions
+from patchkit.commands import rebase_check as rebasecheck
+from patchkit.render import matrix as render
+from patchkit.series import engine
 from patchkit.errors import SourceError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -49,10 +53,10 @@ def checked(tmp_path_factory):
 def test_every_fate_in_the_matrix(checked):
     assert checked.refs == TARGETS  # given newest first, ordered by version
     assert not checked.ok
-    got = {r.patch.id: [rebasecheck.cell_word(c) for c in r.cells] for r in checked.rows()}
+    got = {r.patch.id: [render.cell_word(c) for c in r.cells] for r in checked.rows()}
     assert got == FATES
     table = checked.targets[0].patches[0]
-    assert table.offsets == ["hunk 1 of pkg/mod.py at line 6 (offset +2)"]
+    assert [str(o) for o in table.offsets] == ["hunk 1 of pkg/mod.py at line 6 (offset +2)"]
     fast = checked.targets[2].patches[1]
     assert 'anchor not found: the "plain" mode' in fast.message
     drift = checked.targets[2].patches[3]
@@ -68,7 +72,7 @@ def test_upstream_since_drop_and_pull(checked):
 
 
 def test_text_matrix(checked):
-    text = rebasecheck.render_text(checked)
+    text = render.render_text(checked)
     lines = text.splitlines()
     assert lines[0] == "fates: 6 patches x 3 vLLM targets (pinned at v1.0.0)"
     assert lines[2].split() == ["patch", *TARGETS, "notes"]
@@ -84,7 +88,7 @@ def test_text_matrix(checked):
     assert "to drop: already-in (patchkit rebase --to v1.3.0 --drop-upstream)" in text
     assert lines[-1] == "FAILED: 4 patch failures on 2 of 3 targets (v1.2.0, v1.3.0)"
     assert "\033[" not in text
-    colored = rebasecheck.render_text(checked, color=True)
+    colored = render.render_text(checked, color=True)
     assert "\033[1;31manchor-missing\033[0m" in colored and "\033[36mupstream\033[0m" in colored
     # colour codes do not shift the columns
     strip = colored.replace("\033[0m", "")
@@ -94,7 +98,7 @@ def test_text_matrix(checked):
 
 
 def test_json_has_one_apply_report_per_target(checked):
-    data = json.loads(rebasecheck.render_json(checked))
+    data = json.loads(render.render_json(checked))
     assert data["ok"] is False and data["pin"] == "v1.0.0"
     assert [t["vllm"]["ref"] for t in data["targets"]] == TARGETS
     for t in data["targets"]:
@@ -108,7 +112,7 @@ def test_json_has_one_apply_report_per_target(checked):
 
 
 def test_markdown_for_a_job_summary(checked):
-    md = rebasecheck.render_markdown(checked)
+    md = render.render_markdown(checked)
     lines = md.splitlines()
     assert lines[0] == "## vLLM rebase-check: fates"
     header = lines.index("| patch | `v1.1.0` | `v1.2.0` | `v1.3.0` | notes |")
@@ -124,7 +128,7 @@ def test_markdown_for_a_job_summary(checked):
 
 
 def test_junit_one_testcase_per_patch_and_release(checked):
-    root = ET.fromstring(rebasecheck.render_junit(checked))
+    root = ET.fromstring(render.render_junit(checked))
     assert root.tag == "testsuites"
     assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("18", "4", "3")
     suites = root.findall("testsuite")
@@ -156,10 +160,10 @@ def test_releases_after_the_pin(tmp_path):
 
 
 def test_release_version():
-    assert rebasecheck.release_version("v0.8.5.post1") is not None
-    assert rebasecheck.release_version("v1.4.0rc1").is_prerelease
+    assert versions.release_tag("v0.8.5.post1") is not None
+    assert versions.release_tag("v1.4.0rc1").is_prerelease
     for tag in ("nightly", "1.0.0", "v01.0", "v1.0+local", "vX"):
-        assert rebasecheck.release_version(tag) is None
+        assert versions.release_tag(tag) is None
 
 
 def test_resolves_each_target_once_and_leaves_nothing_behind(tmp_path, monkeypatch):
@@ -189,11 +193,11 @@ def test_resolves_each_target_once_and_leaves_nothing_behind(tmp_path, monkeypat
 def test_sparse_checkout_gives_the_same_reports_as_a_full_one(tmp_path):
     proj = make_fates(tmp_path)
     m = manifest.load(proj / "patchset.yaml")
-    assert rebasecheck.needed_paths(m) == ["pkg/conf.py", "pkg/mod.py", "pkg/other.py",
+    assert engine.needed_paths(m) == ["pkg/conf.py", "pkg/mod.py", "pkg/other.py",
                                            "pkg/util.py"]
     sparse = rebasecheck.check(m, TARGETS, cache=tmp_path / "cache", jobs=1)
     full = rebasecheck.check(m, TARGETS, cache=tmp_path / "cache", jobs=1, sparse=False)
-    assert rebasecheck.render_json(sparse) == rebasecheck.render_json(full)
+    assert render.render_json(sparse) == render.render_json(full)
 
 
 def test_unknown_target_is_a_source_error(tmp_path):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from fixtures import make_upstream
 
-from patchkit import pypi, source
+from patchkit import source
+from patchkit.source import pypi
 from patchkit.errors import SourceError, UsageError
 
 

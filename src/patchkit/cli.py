@@ -1,41 +1,21 @@
-"""The command line: parses, calls the core, maps errors to exit codes.  No logic here."""
+"""The command line: click parsing only.  Each verb calls ``commands.<verb>.run`` and a renderer;
+errors go to the one handler in ``errors``."""
 
 from __future__ import annotations
 
 import json
 import sys
-import traceback
 from pathlib import Path
 
 import click
 
-from patchkit import __version__, interrupt
-from patchkit.errors import PatchkitError
-from patchkit.report import ApplyReport, PatchResult
-from patchkit.verify import format_failure
+from patchkit import __version__, errors, interrupt
 
-COLORS = {"applied": "green", "upstream": "cyan", "skipped": "yellow", "failed": "red"}
+DEFAULT_WORKDIR = ".patchkit/vllm"
 
 
 def echo(message: str = "", err: bool = False) -> None:
     click.echo(message, err=err)
-
-
-def status_word(status: str, stream_is_tty: bool) -> str:
-    word = f"{status:<9}"
-    return click.style(word, fg=COLORS.get(status), bold=status == "failed") if stream_is_tty else word
-
-
-def patch_line(r: PatchResult, tty: bool = False) -> str:
-    detail = f"{r.reason}: {r.message}" if r.status == "failed" else r.message
-    line = f"{status_word(r.status, tty)} {r.id}"
-    if r.commit:
-        line += f" [{r.commit[:10]}]"
-    if r.offsets:
-        line += " (" + "; ".join(r.offsets) + ")"
-    if detail:
-        line += f": {detail}"
-    return line
 
 
 class TextProgress:
@@ -48,36 +28,41 @@ class TextProgress:
     def info(self, message: str) -> None:
         echo(message, err=True)
 
-    def patch(self, result: PatchResult) -> None:
+    def patch(self, result) -> None:
+        from patchkit.render.text import patch_line
+
         echo(patch_line(result, self.tty), err=self.err)
 
 
-def summary(report: ApplyReport) -> str:
-    counts: dict[str, int] = {}
-    for p in report.patches:
-        counts[p.status] = counts.get(p.status, 0) + 1
-    parts = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no patches"
-    passed = sum(a.ok for a in report.verify)
-    text = (f"{parts}; {passed}/{len(report.verify)} assertions passed "
-            f"(vLLM {report.vllm.ref} = {report.vllm.commit[:12]}, version {report.vllm.version})")
-    return text
+class CheckProgress(TextProgress):
+    """rebase-check tells on stderr as each target is done; the matrix goes to stdout."""
+
+    def patch(self, result) -> None:
+        pass
+
+    def target(self, report) -> None:
+        failed = sum(p.status == "failed" for p in report.patches)
+        echo(f"vLLM {report.vllm.ref}: {'ok' if report.ok else f'{failed} failed'}", err=True)
 
 
-def render_apply(report: ApplyReport, fmt: str) -> None:
-    if fmt == "json":
-        echo(report.to_json())
-        return
-    for a in report.verify:
-        if not a.ok:
-            echo(format_failure(a))
-    if report.ok:
-        echo(f"ok: {summary(report)}; checkout at {report.workdir}")
-    else:
-        echo(f"FAILED: {summary(report)}")
-        if report.keep_failed:
-            echo(f"the failed checkout is kept at {report.keep_failed}")
-        else:
-            echo(f"{report.workdir} is left as it was")
+class Verb(click.Command):
+    """A subcommand that knows whether it was asked for JSON, even when its flags do not parse:
+    then an error is also a JSON object on stdout, so a script that parses stdout gets an
+    answer, not silence."""
+
+    def wants_json(self, args: list[str]) -> bool:
+        opts = [o for p in self.params if p.name == "fmt" for o in p.opts]
+        return any(a in (f"{o}=json" for o in opts) or (a in opts and nxt == "json")
+                   for a, nxt in zip(args, [*args[1:], ""]))
+
+
+class Group(click.Group):
+    command_class = Verb
+
+    def wants_json(self, args: list[str]) -> bool:
+        name = next((a for a in args if not a.startswith("-")), None)
+        cmd = self.commands.get(name) if name else None
+        return isinstance(cmd, Verb) and cmd.wants_json(args[args.index(name) + 1:])
 
 
 FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
@@ -89,7 +74,6 @@ VLLM_REF = click.option("--vllm-ref", "ref",
 VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
                          help="Git URL, local git path, or 'pypi'; repeat to try several in order "
                               "(default: vllm.repo of the manifest).")
-DEFAULT_WORKDIR = ".patchkit/vllm"
 
 
 def workdir_option(help: str):
@@ -103,7 +87,7 @@ def _load(manifest_path: str):
     return manifest.load(Path(manifest_path))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="patchkit")
 def cli() -> None:
     """Exact, fail-closed patch series for vLLM.
@@ -122,7 +106,9 @@ def cli() -> None:
 @MANIFEST
 def validate(manifest_path: str) -> int:
     """Check the manifest and the files it names, and nothing else."""
-    m = _load(manifest_path)
+    from patchkit.commands import validate as command
+
+    m = command.run(Path(manifest_path))
     echo(f"{manifest_path}: ok ({len(m.patches)} patches, vLLM {m.vllm.ref})")
     return 0
 
@@ -136,12 +122,13 @@ def validate(manifest_path: str) -> int:
 @FORMAT
 def apply(ref, repos, workdir, keep_failed, manifest_path, fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
-    from patchkit.engine import apply_series
+    from patchkit.commands import apply as command
+    from patchkit.render import text
 
-    m = _load(manifest_path)
-    report = apply_series(m, ref=ref, repos=repos or None, workdir=Path(workdir),
-                          keep_failed=keep_failed, progress=TextProgress(err=fmt == "json"))
-    render_apply(report, fmt)
+    report = command.run(_load(manifest_path), ref=ref, repos=repos or None,
+                         workdir=Path(workdir), keep_failed=keep_failed,
+                         progress=TextProgress(err=fmt == "json"))
+    echo(report.to_json() if fmt == "json" else text.apply(report))
     return 0 if report.ok else 1
 
 
@@ -153,48 +140,16 @@ def apply(ref, repos, workdir, keep_failed, manifest_path, fmt) -> int:
 @FORMAT
 def verify(tree, image, manifest_path, fmt) -> int:
     """Run the AST assertions alone, on a tree or an image."""
-    import json
-
-    from patchkit import commands
+    from patchkit.commands import verify as command
+    from patchkit.render import text
 
     m = _load(manifest_path)
     if tree and image:
         raise click.UsageError("give --tree or --image, not both")
-    if image:
-        from patchkit.commands.build_image import verify_image
-
-        results, where = verify_image(m, image), image
-    else:
-        where = tree or DEFAULT_WORKDIR
-        results = commands.verify_tree(m, Path(where))
-    ok = all(a.ok for a in results)
-    if fmt == "json":
-        echo(json.dumps({"ok": ok, "target": where,
-                         "verify": [a.__dict__ for a in results]}, indent=2))
-    else:
-        for a in results:
-            if not a.ok:
-                echo(format_failure(a))
-        passed = sum(a.ok for a in results)
-        echo(f"{'ok' if ok else 'FAILED'}: {passed}/{len(results)} assertions passed on {where}")
-    return 0 if ok else 1
-
-
-MATRIX_FORMATS = ("text", "json", "markdown", "junit")
-
-
-class CheckProgress:
-    """rebase-check tells on stderr as each target is done; the matrix goes to stdout."""
-
-    def info(self, message: str) -> None:
-        echo(message, err=True)
-
-    def patch(self, result: PatchResult) -> None:
-        pass
-
-    def target(self, report: ApplyReport) -> None:
-        failed = sum(p.status == "failed" for p in report.patches)
-        echo(f"vLLM {report.vllm.ref}: {'ok' if report.ok else f'{failed} failed'}", err=True)
+    report = command.run(m, tree=Path(tree) if tree else None, image=image,
+                         default_tree=Path(DEFAULT_WORKDIR))
+    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
+    return 0 if report.ok else 1
 
 
 @cli.command("rebase-check")
@@ -207,42 +162,32 @@ class CheckProgress:
 @click.option("--output", "outputs", multiple=True, metavar="FORMAT:FILE",
               help="Also write the report in FORMAT (text, json, markdown, junit) to FILE; repeat.")
 @MANIFEST
-@click.option("--format", "fmt", type=click.Choice(MATRIX_FORMATS),
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "junit"]),
               default="text", show_default=True, help="Report format on stdout.")
 def rebase_check(refs, releases, pre, repos, jobs, outputs, manifest_path, fmt) -> int:
     """Apply the series to newer vLLM refs in scratch checkouts; print the patch x release
     matrix.  Exit 1 if any patch fails anywhere."""
-    from patchkit import rebasecheck
+    from patchkit.commands import rebase_check as command
+    from patchkit.errors import UsageError
+    from patchkit.render import matrix as render
 
-    if not refs and not releases:
-        raise click.UsageError("give --to REF (repeatable) or --releases")
-    if pre and not releases:
-        raise click.UsageError("--pre goes with --releases")
-    sinks = []
-    for spec in outputs:
-        kind, sep, path = spec.partition(":")
-        if not sep or not path or kind not in MATRIX_FORMATS:
-            raise click.UsageError(f"--output {spec!r}: expected FORMAT:FILE with FORMAT one of "
-                                   + ", ".join(MATRIX_FORMATS))
-        if not Path(path).parent.is_dir():
-            raise click.UsageError(f"--output {spec!r}: no folder {Path(path).parent}")
-        sinks.append((kind, Path(path)))
-    m = _load(manifest_path)
-    progress = CheckProgress()
-    targets = list(refs)
-    if releases:
-        found = rebasecheck.release_targets(m, repos=repos or None, pre=pre, log=progress.info)
-        echo(f"releases after {m.vllm.ref}: {', '.join(found) or 'none'}", err=True)
-        targets += found
-    matrix = rebasecheck.check(m, targets, repos=repos or None, jobs=jobs, progress=progress)
+    try:
+        if not refs and not releases:
+            raise UsageError("give --to REF (repeatable) or --releases")
+        if pre and not releases:
+            raise UsageError("--pre goes with --releases")
+        sinks = command.parse_outputs(outputs)
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
+    result = command.run(_load(manifest_path), refs=refs, releases=releases, pre=pre,
+                         repos=repos or None, jobs=jobs, progress=CheckProgress())
     for kind, path in sinks:
         try:
-            path.write_text(rebasecheck.render(matrix, kind))
+            path.write_text(render.render(result, kind))
         except OSError as exc:
             raise click.FileError(str(path), exc.strerror) from None
-    click.echo(rebasecheck.render(matrix, fmt, color=fmt == "text" and sys.stdout.isatty()),
-               nl=False)
-    return 0 if matrix.ok else 1
+    click.echo(render.render(result, fmt, color=fmt == "text" and sys.stdout.isatty()), nl=False)
+    return 0 if result.ok else 1
 
 
 @cli.command()
@@ -262,33 +207,21 @@ def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
     patchkit rebase --continue       take the resolution and go on
     patchkit rebase --abort          put everything back as it was
     """
-    from patchkit import rebase as rb
+    from patchkit.commands import rebase as command
+    from patchkit.render import text
 
     if sum(bool(x) for x in (ref, cont, abort)) != 1:
         raise click.UsageError("give exactly one of --to REF, --continue, --abort")
     if (cont or abort) and (drop_upstream or repos):
         raise click.UsageError("--drop-upstream and --vllm-repo go with --to")
-    progress = TextProgress(err=True)
-    if abort:
-        restored = rb.abort(Path(manifest_path))
-        echo(f"rebase aborted; restored {', '.join(restored) if restored else 'nothing (no file had changed)'}")
+    result = command.run(Path(manifest_path), to=ref, cont=cont, abort_=abort,
+                         drop_upstream=drop_upstream, repos=repos or None,
+                         progress=TextProgress(err=True))
+    if isinstance(result, list):
+        echo(f"rebase aborted; restored {', '.join(result) if result else 'nothing (no file had changed)'}")
         return 0
-    if cont:
-        result = rb.resume(Path(manifest_path), progress=progress)
-    else:
-        result = rb.start(Path(manifest_path), ref, repos=repos or None,
-                          drop_upstream=drop_upstream, progress=progress)
-    for step in result.steps:
-        echo(f"{step.action:<9} {step.id}" + (f": {step.detail}" if step.detail else ""))
-    for note in result.notes:
-        echo(f"note: {note}")
-    if result.stop:
-        echo()
-        for line in result.stop.instructions:
-            echo(line)
-        return 1
-    echo(f"ok: rebased from vLLM {result.from_ref} to {result.to_ref}; review with `git diff`")
-    return 0
+    echo(text.rebase(result))
+    return 1 if result.stop else 0
 
 
 @cli.command()
@@ -296,15 +229,11 @@ def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
 @MANIFEST
 def export(workdir, manifest_path) -> int:
     """Turn commits made after patchkit/applied in WORKDIR into patches and manifest entries."""
-    from patchkit.export import export as run_export
+    from patchkit.commands import export as command
+    from patchkit.render import text
 
-    result = run_export(Path(manifest_path), Path(workdir))
-    for e in result.exported:
-        echo(f"{e.action:<9} {e.id}: {e.path} from {e.commit[:12]} {e.summary}")
-    for note in result.notes:
-        echo(f"note: {note}")
-    if not result.exported:
-        echo(f"nothing to export: no commit after patchkit/applied in {workdir}")
+    result = command.run(Path(manifest_path), Path(workdir))
+    echo(text.export(result, workdir))
     return 0
 
 
@@ -327,46 +256,23 @@ def export(workdir, manifest_path) -> int:
 def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
                     nvcc_threads, push, save, manifest_path, fmt) -> int:
     """Build the image through the Docker Engine that DOCKER_HOST names."""
-    import json
+    from patchkit.commands import build_image as command
+    from patchkit.render import text
 
-    from patchkit.commands.build_image import build_image, render_summary
-
-    m = _load(manifest_path)
-    code, result = build_image(m, workdir=Path(workdir), ref=ref, repos=repos or None, base=base,
-                               tag=tag, platform=platform, push=push,
-                               save=Path(save) if save else None, mode=mode, apply=not no_apply,
-                               max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                               progress=TextProgress(err=True))
-    echo(json.dumps(result, indent=2) if fmt == "json" else render_summary(result))
-    return code
-
-
-def _log_file() -> Path:
-    from patchkit.util import cache_dir
-
-    try:
-        d = cache_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        return d / "patchkit.log"
-    except OSError:
-        return Path("/tmp/patchkit.log")
-
-
-
-def _json_error(argv: list[str] | None, message: str, code: int) -> int:
-    """Under ``--format json`` an error is also an object on stdout: a script that parses stdout
-    gets an answer, not silence."""
-    args = sys.argv[1:] if argv is None else argv
-    if any(a == "--format=json" or (a == "--format" and nxt == "json")
-           for a, nxt in zip(args, [*args[1:], ""])):
-        echo(json.dumps({"ok": False, "error": message, "exit_code": code}))
-    return code
+    report = command.run(_load(manifest_path), workdir=Path(workdir), ref=ref,
+                         repos=repos or None, base=base, tag=tag, platform=platform, push=push,
+                         save=Path(save) if save else None, mode=mode, apply=not no_apply,
+                         max_jobs=max_jobs, nvcc_threads=nvcc_threads,
+                         progress=TextProgress(err=True))
+    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.build_image(report))
+    return 0 if report.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        rv = cli.main(args=argv, prog_name="patchkit", standalone_mode=False)
+        rv = cli.main(args=args, prog_name="patchkit", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
@@ -374,26 +280,15 @@ def main(argv: list[str] | None = None) -> int:
         echo("patchkit: interrupted", err=True)
         return 130
     except click.ClickException as exc:
-        where = f"patchkit {exc.ctx.info_name}" if getattr(exc, "ctx", None) and exc.ctx.info_name != "patchkit" else "patchkit"
+        ctx = getattr(exc, "ctx", None)
+        where = f"patchkit {ctx.info_name}" if ctx and ctx.info_name != "patchkit" else "patchkit"
         echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
-        return _json_error(argv, exc.format_message(), 2)
-    except PatchkitError as exc:
-        echo(f"patchkit: error: {exc}", err=True)
-        return _json_error(argv, str(exc), exc.exit_code)
-    except KeyboardInterrupt:
-        echo("patchkit: interrupted", err=True)
-        return 130
-    except interrupt.Interrupted as exc:
-        echo(f"patchkit: interrupted by {exc}; nothing was changed", err=True)
-        return exc.exit_code
-    except Exception as exc:  # a bug: one line here, the traceback in the log
-        log = _log_file()
-        try:
-            with open(log, "a") as fh:
-                fh.write(f"patchkit {__version__} {' '.join(sys.argv)}\n")
-                fh.write(traceback.format_exc() + "\n")
-        except OSError:
-            pass
-        message = f"unexpected error: {type(exc).__name__}: {exc} (traceback in {log})"
-        echo(f"patchkit: {message}", err=True)
-        return _json_error(argv, message, 3)
+        code, message = 2, exc.format_message()
+    except (Exception, KeyboardInterrupt, interrupt.Interrupted) as exc:  # the one handler
+        code, line, message = errors.handle(exc, " ".join(sys.argv), __version__)
+        echo(line, err=True)
+        if not isinstance(exc, (errors.PatchkitError, Exception)):
+            return code  # an interruption: nothing to report
+    if cli.wants_json(args):
+        echo(json.dumps({"ok": False, "error": message, "exit_code": code}))
+    return code

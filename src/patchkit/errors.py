@@ -7,6 +7,8 @@ Anything else is a bug: the CLI logs the traceback and exits 3.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class PatchkitError(Exception):
     """An expected failure, reported as one line."""
@@ -62,3 +64,43 @@ class ImageError(PatchkitError):
     """The Docker Engine refused, or the base image does not fit."""
 
     exit_code = 1
+
+
+def log_file() -> Path:
+    """Where an unexpected error's traceback goes: the cache folder, else /tmp."""
+    from patchkit.util import cache_dir
+
+    try:
+        d = cache_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        return d / "patchkit.log"
+    except OSError:
+        return Path("/tmp/patchkit.log")
+
+
+def handle(exc: BaseException, command_line: str, version: str) -> tuple[int, str, str]:
+    """The one handler: an exception the CLI caught -> ``(exit code, stderr line, message)``.
+
+    Expected errors say what and where in one line; an interruption is 130 or 143; anything
+    else is a bug: one line here, the traceback in the log file, exit 3.
+    """
+    import traceback
+
+    from patchkit import interrupt
+
+    if isinstance(exc, PatchkitError):
+        return exc.exit_code, f"patchkit: error: {exc}", str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "patchkit: interrupted", "interrupted"
+    if isinstance(exc, interrupt.Interrupted):
+        return (exc.exit_code, f"patchkit: interrupted by {exc}; nothing was changed",
+                f"interrupted by {exc}")
+    log = log_file()
+    try:
+        with open(log, "a") as fh:
+            fh.write(f"patchkit {version} {command_line}\n")
+            fh.write("".join(traceback.format_exception(exc)) + "\n")
+    except OSError:
+        pass
+    message = f"unexpected error: {type(exc).__name__}: {exc} (traceback in {log})"
+    return 3, f"patchkit: {message}", message

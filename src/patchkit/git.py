@@ -1,13 +1,26 @@
-"""Every git query and mutation patchkit makes, in one place."""
+"""The git border: every git query and mutation patchkit makes, and the only module that runs git.
+
+It drives git through GitPython (its command wrapper for porcelain and plumbing, its object
+database for reading blobs) and offers typed functions; no caller builds a git argument list.
+Failures leave it as :class:`~patchkit.errors.CommandError` (the command, its exit code, its
+output), or as the answer of a query (``None``, ``False``) where failing is an answer.
+
+Every command runs with the same pinned options: no hooks, no signing, no CRLF conversion, no
+quoting of paths, no prompt for credentials, and none of the system's git config, so that a
+user's setup changes nothing patchkit writes.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from patchkit.util import run
+from patchkit import interrupt
+from patchkit.errors import CommandError
 
 # Commits patchkit makes are reproducible: the same manifest on the same vLLM commit gives the
 # same commit ids on every machine.
@@ -25,25 +38,92 @@ QUIET = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "",
 BASE_ARGS = ("-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false",
              "-c", "tag.gpgsign=false", "-c", "core.autocrlf=false", "-c", "advice.detachedHead=false",
              "-c", "init.defaultBranch=main", "-c", "core.quotePath=false")
+# A source that stops answering (a dropped route, a stalled proxy) fails within a minute, so the
+# next source in the list gets its turn instead of the run hanging.
+NETWORK = ("-c", "http.lowSpeedLimit=1000", "-c", "http.lowSpeedTime=60")
+# Every option of `git diff` that a user's config could otherwise change: the same change gives
+# the same bytes on every machine.
+DIFF_ARGS = ("-c", "diff.suppressBlankEmpty=false", "-c", "diff.mnemonicPrefix=false",
+             "-c", "diff.noprefix=false", "diff", "--no-color", "--no-ext-diff", "--no-textconv",
+             "--no-renames", "--no-relative", "--full-index", "--binary", "--unified=3",
+             "--diff-algorithm=myers", "--indent-heuristic", "--src-prefix=a/", "--dst-prefix=b/")
 
 SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
 
 
-def git(*args: str, cwd: str | os.PathLike[str] | None = None, check: bool = True,
-        env: dict[str, str] | None = None, input: str | None = None):
-    full = dict(QUIET)
+@dataclass(frozen=True)
+class Result:
+    """What a git command that may fail said."""
+
+    ok: bool
+    code: int
+    stdout: str
+    stderr: str
+
+
+def _gitpython():
+    import git  # GitPython: imported when git is first needed, not by every CLI start
+
+    return git
+
+
+def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
+             env: dict[str, str] | None = None, input: bytes | None = None) -> tuple[int, bytes, bytes]:
+    cmd = _gitpython().cmd.Git(str(cwd) if cwd is not None else None)
+    full_env = dict(QUIET)
     if env:
-        full.update(env)
-    return run(("git", *BASE_ARGS, *args), cwd=cwd, env=full, check=check, input=input)
+        full_env.update(env)
+    argv = ["git", *BASE_ARGS, *args]
+    stdin = None
+    try:
+        if input is not None:
+            stdin = tempfile.TemporaryFile()
+            stdin.write(input)
+            stdin.seek(0)
+        code, out, err = cmd.execute(argv, istream=stdin, with_extended_output=True,
+                                     with_exceptions=False, stdout_as_string=False,
+                                     strip_newline_in_stdout=False, env=full_env)
+    except _gitpython().exc.GitCommandNotFound as exc:
+        raise CommandError(argv, 127, f"git: not found ({exc})") from None
+    finally:
+        if stdin is not None:
+            stdin.close()
+    interrupt.check()  # a child stopped by ^C is an interruption, not a failed command
+    if isinstance(err, str):
+        err = err.encode("utf-8", "surrogateescape")
+    return code, out or b"", err or b""
 
 
-def out(*args: str, cwd: str | os.PathLike[str] | None = None, **kw) -> str:
-    return git(*args, cwd=cwd, **kw).stdout.strip()
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
 
+
+def _try(*args: str, cwd=None, env=None, input: bytes | None = None) -> Result:
+    code, out, err = _execute(args, cwd=cwd, env=env, input=input)
+    return Result(code == 0, code, _text(out), _text(err))
+
+
+def _run(*args: str, cwd=None, env=None, input: bytes | None = None) -> str:
+    """Stdout of a command that must succeed."""
+    code, out, err = _execute(args, cwd=cwd, env=env, input=input)
+    if code != 0:
+        raise CommandError(["git", *args], code, _text(out) + _text(err))
+    return _text(out)
+
+
+def _line(*args: str, cwd=None, env=None) -> str:
+    return _run(*args, cwd=cwd, env=env).strip()
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line]
+
+
+# ------------------------------------------------------------------------------ repositories
 
 def is_repository(path: Path) -> bool:
     """True when ``path`` is a git directory git can open (a bare repo or a ``.git``)."""
-    return git(f"--git-dir={path}", "rev-parse", "--is-bare-repository", check=False).returncode == 0
+    return _try(f"--git-dir={path}", "rev-parse", "--is-bare-repository").ok
 
 
 def missing_alternates(work_tree: Path) -> list[str]:
@@ -58,96 +138,252 @@ def missing_alternates(work_tree: Path) -> list[str]:
             if line and not line.startswith("#") and not (base / line).is_dir()]
 
 
-def resolve_commit(repo: Path, ref: str) -> str | None:
-    """The commit ``ref`` names in ``repo`` (tag, branch, remote branch or sha), or None."""
-    candidates = [f"refs/tags/{ref}", f"refs/heads/{ref}", f"refs/remotes/origin/{ref}", ref]
-    for cand in candidates:
-        proc = git("rev-parse", "--verify", "--quiet", f"{cand}^{{commit}}", cwd=repo, check=False)
-        if proc.returncode == 0 and proc.stdout.strip():
-            return proc.stdout.strip()
-    return None
+def init_bare(path: Path) -> None:
+    _run("init", "--quiet", "--bare", str(path))
 
 
-def is_branch(repo: Path, ref: str) -> bool:
-    return git("show-ref", "--verify", "--quiet", f"refs/heads/{ref}", cwd=repo,
-               check=False).returncode == 0
+def clone_mirror(url: str, dest: Path) -> None:
+    """A bare mirror of ``url`` at ``dest``; CommandError when the source does not answer."""
+    _run(*NETWORK, "clone", "--quiet", "--mirror", "--", url, str(dest))
 
 
-def tags(repo: Path) -> list[str]:
-    text = out("tag", "--list", cwd=repo)
-    return [t for t in text.splitlines() if t]
-
-
-def tags_at(repo: Path, commit: str) -> list[str]:
-    text = out("tag", "--points-at", commit, cwd=repo)
-    return [t for t in text.splitlines() if t]
-
-
-def nearest_tag(repo: Path, commit: str) -> str | None:
-    proc = git("describe", "--tags", "--abbrev=0", commit, cwd=repo, check=False)
-    return proc.stdout.strip() or None if proc.returncode == 0 else None
-
-
-def show(repo: Path, spec: str) -> str | None:
-    proc = git("show", spec, cwd=repo, check=False)
-    return proc.stdout if proc.returncode == 0 else None
-
-
-def blob_id(repo: Path, commit: str, path: str) -> str | None:
-    proc = git("rev-parse", "--verify", "--quiet", f"{commit}:{path}", cwd=repo, check=False)
-    return proc.stdout.strip() or None if proc.returncode == 0 else None
-
-
-def hash_file(path: Path) -> str:
-    return out("hash-object", "--no-filters", str(path))
+def fetch_mirror(repo: Path, url: str) -> None:
+    """Every branch and tag of ``url`` into the mirror ``repo``, pruning what went away."""
+    _run(*NETWORK, "fetch", "--quiet", "--prune", "--tags", "--", url,
+         "+refs/heads/*:refs/heads/*", cwd=repo)
 
 
 def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None
                  ) -> None:
     """A checkout of ``commit`` at ``dest`` borrowing ``source``'s objects (no copy); with
     ``paths``, sparse: only those files are written out."""
-    git("clone", "--quiet", "--shared", "--no-checkout", str(source), str(dest))
+    _run("clone", "--quiet", "--shared", "--no-checkout", str(source), str(dest))
     if paths is not None:
-        git("config", "core.sparseCheckout", "true", cwd=dest)
+        _run("config", "core.sparseCheckout", "true", cwd=dest)
         info = dest / ".git" / "info"
         info.mkdir(exist_ok=True)
         (info / "sparse-checkout").write_text("".join(_sparse_pattern(p) + "\n" for p in paths))
-    git("checkout", "--quiet", "-B", "patchkit", commit, cwd=dest)
+    _run("checkout", "--quiet", "-B", "patchkit", commit, cwd=dest)
 
 
 def _sparse_pattern(path: str) -> str:
     return "/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", path)
 
 
+def exclude(work_tree: Path, patterns: str) -> None:
+    """Untracked files matching ``patterns`` (gitignore lines) are never part of a change."""
+    info = work_tree / ".git" / "info"
+    info.mkdir(exist_ok=True)
+    (info / "exclude").write_text(patterns)
+
+
+# ------------------------------------------------------------------------------ refs
+
+def resolve_commit(repo: Path, ref: str) -> str | None:
+    """The commit ``ref`` names in ``repo`` (tag, branch, remote branch or sha), or None."""
+    candidates = [f"refs/tags/{ref}", f"refs/heads/{ref}", f"refs/remotes/origin/{ref}", ref]
+    for cand in candidates:
+        r = _try("rev-parse", "--verify", "--quiet", f"{cand}^{{commit}}", cwd=repo)
+        if r.ok and r.stdout.strip():
+            return r.stdout.strip()
+    return None
+
+
+def head(repo: Path) -> str:
+    return _line("rev-parse", "HEAD", cwd=repo)
+
+
+def tree_of(repo: Path, rev: str) -> str:
+    """The tree id of commit ``rev``."""
+    return _line("rev-parse", f"{rev}^{{tree}}", cwd=repo)
+
+
+def has_tag(repo: Path, name: str) -> bool:
+    return _try("rev-parse", "--verify", "--quiet", f"refs/tags/{name}", cwd=repo).ok
+
+
+def is_branch(repo: Path, ref: str) -> bool:
+    return _try("show-ref", "--verify", "--quiet", f"refs/heads/{ref}", cwd=repo).ok
+
+
+def tags(repo: Path) -> list[str]:
+    return _lines(_run("tag", "--list", cwd=repo))
+
+
+def tags_at(repo: Path, commit: str) -> list[str]:
+    return _lines(_run("tag", "--points-at", commit, cwd=repo))
+
+
+def nearest_tag(repo: Path, commit: str) -> str | None:
+    r = _try("describe", "--tags", "--abbrev=0", commit, cwd=repo)
+    return (r.stdout.strip() or None) if r.ok else None
+
+
+def tag(repo: Path, name: str, commit: str) -> None:
+    _run("tag", "-f", name, commit, cwd=repo)
+
+
+def update_ref(repo: Path, ref: str, commit: str) -> None:
+    _run("update-ref", ref, commit, cwd=repo)
+
+
+# ------------------------------------------------------------------------------ history
+
+def commits_between(repo: Path, old: str, new: str, *, merges_only: bool = False) -> list[str]:
+    """The commits in ``old..new``, oldest first (only the merges with ``merges_only``)."""
+    args = ["rev-list", "--reverse"] + (["--merges"] if merges_only else [])
+    return _run(*args, f"{old}..{new}", cwd=repo).split()
+
+
+def subject(repo: Path, commit: str) -> str:
+    return _line("log", "-1", "--format=%s", commit, cwd=repo)
+
+
+def trailers(repo: Path, commit: str) -> list[tuple[str, str]]:
+    """``(key, value)`` of each trailer of the commit's message, unfolded, in order."""
+    text = _run("log", "-1", "--format=%(trailers:unfold,only)", commit, cwd=repo)
+    out = []
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out.append((key.strip(), value.strip()))
+    return out
+
+
+def subjects_between(repo: Path, old: str, new: str) -> list[str]:
+    """Subjects of ``old..new``, newest first; none when a ref is missing."""
+    r = _try("log", "--format=%s", f"{old}..{new}", cwd=repo)
+    return _lines(r.stdout) if r.ok else []
+
+
+def commit_time(repo: Path, commit: str) -> int:
+    return int(_line("show", "-s", "--format=%ct", commit, cwd=repo))
+
+
+# ------------------------------------------------------------------------------ objects
+
+def _object_db(repo: Path):
+    return _gitpython().Repo(str(repo))
+
+
+def show(repo: Path, spec: str) -> str | None:
+    """The text of ``commit:path`` (or any object spec), None when there is no such object."""
+    data = read_blobs(repo, [spec])[spec]
+    return None if data is None else data.decode("utf-8", "surrogateescape")
+
+
+def blob_id(repo: Path, commit: str, path: str) -> str | None:
+    r = _try("rev-parse", "--verify", "--quiet", f"{commit}:{path}", cwd=repo)
+    return (r.stdout.strip() or None) if r.ok else None
+
+
+def has_path(repo: Path, commit: str, path: str) -> bool:
+    return _try("cat-file", "-e", f"{commit}:{path}", cwd=repo).ok
+
+
+def hash_file(path: Path) -> str:
+    return _line("hash-object", "--no-filters", str(path))
+
+
+def read_blobs(repo: Path, specs: Iterable[str]) -> dict[str, bytes | None]:
+    """The exact bytes of each object spec (``commit:path`` or a blob id), None when missing.
+
+    Read through GitPython's object database (one ``cat-file`` process for all of them); bytes,
+    not text, so that content compares byte for byte.
+    """
+    wanted = list(dict.fromkeys(specs))
+    if not wanted:
+        return {}
+    git = _gitpython()
+    env = dict(os.environ, **QUIET)
+    try:
+        db = git.Repo(str(repo))
+    except (git.exc.InvalidGitRepositoryError, git.exc.NoSuchPathError) as exc:
+        raise CommandError(["git", "cat-file", "--batch"], 128, f"not a git repository: {exc}"
+                           ) from None
+    result: dict[str, bytes | None] = {}
+    try:
+        db.git.update_environment(**{k: v for k, v in env.items() if k in QUIET})
+        for spec in wanted:
+            interrupt.check()
+            try:
+                _sha, kind, _size, data = db.git.get_object_data(spec)
+            except ValueError:  # missing or ambiguous: GitPython's word for cat-file's answer
+                result[spec] = None
+                continue
+            result[spec] = data
+    except git.exc.GitCommandError as exc:
+        raise CommandError(["git", "cat-file", "--batch"], exc.status or 1,
+                           str(exc.stderr or exc)) from None
+    finally:
+        db.close()
+    return result
+
+
+# ------------------------------------------------------------------------------ the work tree
+
 def commit_all(repo: Path, message: str, paths: Iterable[str] | None = None) -> str | None:
     """Stage ``paths`` (everything when None) and commit; None when nothing changed."""
     if paths is None:
-        git("add", "-A", cwd=repo)
+        _run("add", "-A", cwd=repo)
     else:
         plist = list(paths)
         if plist:
-            git("add", "-A", "--", *plist, cwd=repo)
-    if git("diff", "--cached", "--quiet", cwd=repo, check=False).returncode == 0:
+            _run("add", "-A", "--", *plist, cwd=repo)
+    if _try("diff", "--cached", "--quiet", cwd=repo).ok:
         return None
-    git("commit", "--quiet", "--no-verify", "-m", message, cwd=repo, env=IDENTITY)
-    return out("rev-parse", "HEAD", cwd=repo)
+    _run("commit", "--quiet", "--no-verify", "-m", message, cwd=repo, env=IDENTITY)
+    return head(repo)
+
+
+def stage_all(repo: Path) -> None:
+    _run("add", "-A", cwd=repo)
+
+
+def unstage_all(repo: Path) -> None:
+    """The index back at HEAD; the work tree as it is."""
+    _run("reset", "--quiet", cwd=repo)
+
+
+def discard_changes(repo: Path, rev: str = "HEAD", *, check: bool = True) -> None:
+    """Work tree and index exactly at ``rev``: changes and untracked files thrown away."""
+    for args in (("reset", "--quiet", "--hard", rev), ("clean", "-q", "-fd")):
+        if check:
+            _run(*args, cwd=repo)
+        else:
+            _try(*args, cwd=repo)
 
 
 def dirty_paths(repo: Path) -> list[str]:
     """Every path of the work tree that differs from HEAD, staged or not, untracked included."""
-    text = git("status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames",
-               cwd=repo).stdout
+    text = _run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", cwd=repo)
     return [entry[3:] for entry in text.split("\0") if len(entry) > 3]
 
 
-def tag(repo: Path, name: str, commit: str) -> None:
-    git("tag", "-f", name, commit, cwd=repo)
+def is_dirty(repo: Path) -> bool:
+    return bool(_run("status", "--porcelain", "--untracked-files=all", cwd=repo).strip())
+
+
+def has_uncommitted(repo: Path) -> bool:
+    """Changes or untracked files outside .gitignore (git status' own default)."""
+    return bool(_run("status", "--porcelain", cwd=repo).strip())
+
+
+def untracked(repo: Path, pattern: str | None = None) -> list[str]:
+    """Untracked files not ignored, optionally only those matching the pathspec ``pattern``."""
+    args = ["ls-files", "--others", "--exclude-standard"] + (["--", pattern] if pattern else [])
+    return _lines(_run(*args, cwd=repo))
+
+
+def modified(repo: Path) -> list[str]:
+    """Tracked files whose work-tree content differs from the index."""
+    return _lines(_run("diff", "--name-only", cwd=repo))
 
 
 def changed_files(repo: Path, old: str, new: str) -> list[tuple[str, str, str, str, str]]:
     """``(status, path, old_mode, new_mode, new_blob)`` for each file that differs between two
     commits, renames split into a deletion and an addition; status is A, M, D or T."""
-    text = out("diff", "--raw", "-z", "--no-renames", "--no-abbrev", old, new, cwd=repo)
+    text = _line("diff", "--raw", "-z", "--no-renames", "--no-abbrev", old, new, cwd=repo)
     fields = text.split("\0")
     result = []
     for i in range(0, len(fields) - 1, 2):
@@ -157,34 +393,60 @@ def changed_files(repo: Path, old: str, new: str) -> list[tuple[str, str, str, s
     return result
 
 
-def read_blobs(repo: Path, specs: Iterable[str]) -> dict[str, bytes | None]:
-    """The exact bytes of each object spec (``commit:path`` or a blob id), None when missing.
+# ------------------------------------------------------------------------------ diffs
 
-    One ``git cat-file --batch`` for all of them; bytes, not text, so that content compares
-    byte for byte.
-    """
-    import subprocess
+def diff(repo: Path, *revs: str, cached: bool = False) -> str:
+    """``git diff`` of ``revs`` (or of the index against ``revs[0]`` with ``cached``), with
+    every output option pinned."""
+    args = [*DIFF_ARGS] + (["--cached"] if cached else [])
+    return _run(*args, *revs, "--", cwd=repo)
 
-    wanted = list(dict.fromkeys(specs))
-    if not wanted:
-        return {}
-    env = dict(os.environ, **QUIET)
-    proc = subprocess.run(["git", *BASE_ARGS, "cat-file", "--batch"], cwd=repo, env=env,
-                          input=("\n".join(wanted) + "\n").encode(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, check=False)
-    if proc.returncode:
-        from patchkit.errors import CommandError
 
-        raise CommandError(["git", "cat-file", "--batch"], proc.returncode, proc.stderr.decode())
-    data, pos, result = proc.stdout, 0, {}
-    for spec in wanted:
-        end = data.index(b"\n", pos)
-        header = data[pos:end].decode()
-        pos = end + 1
-        if header.endswith(" missing") or header.endswith(" ambiguous"):
-            result[spec] = None
-            continue
-        size = int(header.rsplit(" ", 1)[1])
-        result[spec] = data[pos:pos + size]
-        pos += size + 1
-    return result
+def apply(repo: Path, diff_file: Path, *, index: bool = False, check: bool = False,
+          reverse: bool = False, context: int | None = None, three_way: bool = False,
+          reject: bool = False, numstat: bool = False, verbose: bool = False) -> Result:
+    """``git apply`` of ``diff_file`` in ``repo``; what it said, whether it took or not."""
+    args = ["apply"]
+    if numstat:
+        args += ["--numstat", "-z"]
+    else:
+        args += (["--index"] if index else []) + (["--check"] if check else [])
+        args += (["--reverse"] if reverse else []) + (["--3way"] if three_way else [])
+        args += (["--reject"] if reject else []) + (["--verbose"] if verbose else [])
+        args += [f"-C{context}"] if context is not None else []
+        args.append("--whitespace=nowarn")
+    return _try(*args, str(diff_file), cwd=repo)
+
+
+def tree_with_diff(repo: Path, diff_file: Path, parent: str) -> tuple[str | None, str]:
+    """The tree ``diff_file`` makes of commit ``parent``'s tree, in a throwaway index (the
+    checkout is not touched), and what git said; None when it does not apply."""
+    with tempfile.TemporaryDirectory(prefix="patchkit-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        _run("read-tree", parent, cwd=repo, env=env)
+        r = _try("apply", "--cached", "--verbose", "--whitespace=nowarn", str(diff_file),
+                 cwd=repo, env=env)
+        if not r.ok:
+            return None, r.stderr
+        return _line("write-tree", cwd=repo, env=env), r.stderr
+
+
+def merge_file(ours: Path, base: Path, theirs: Path, labels: tuple[str, str, str]) -> int:
+    """A three-way merge of one file into ``ours``: the number of conflicts, or -1 when git
+    could not merge at all."""
+    r = _try("merge-file", "-L", labels[0], "-L", labels[1], "-L", labels[2],
+             str(ours), str(base), str(theirs))
+    return r.code if 0 <= r.code <= 127 else -1
+
+
+def commit_directory(repo: Path, folder: Path, message: str) -> str:
+    """An orphan commit in ``repo`` of every file under ``folder``, with the fixed identity;
+    the repository's own index and HEAD are not touched."""
+    index = folder.parent / f"{folder.name}.index"
+    env = dict(IDENTITY, GIT_INDEX_FILE=str(index), GIT_DIR=str(repo), GIT_WORK_TREE=str(folder))
+    try:
+        _run("add", "--all", "--force", ".", cwd=folder, env=env)
+        tree = _line("write-tree", cwd=folder, env=env)
+        return _line("commit-tree", tree, "-m", message, cwd=folder, env=env)
+    finally:
+        index.unlink(missing_ok=True)

@@ -1,17 +1,50 @@
-"""Results: what happened to each patch and each assertion, and how it is rendered.
+"""Results: what happened to each patch and each assertion, as typed values.
 
 The words are the contract's: status ``applied | upstream | skipped | failed`` and, for
-``failed``, one reason of ``REASONS``.
+``failed``, one reason of ``REASONS``.  An :class:`ApplyReport` is written as JSON (the apply
+report of a checkout, ``--format json``) by :meth:`ApplyReport.to_dict` and read back by
+:meth:`ApplyReport.from_dict`, the one reader of that shape.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 STATUSES = ("applied", "upstream", "skipped", "failed")
 REASONS = ("conflict", "fuzz", "anchor-missing", "ambiguous-anchor", "unsafe-path",
            "overlay-drift", "assertion", "error")
+
+_OFFSET = re.compile(r"^hunk (\d+) of (.+) at line (\d+) \(offset ([+-]\d+)\)$")
+
+
+@dataclass(frozen=True)
+class Offset:
+    """A hunk that applied at another line than its header says."""
+
+    hunk: int        # 1-based, within its file
+    path: str
+    line: int        # where it applied
+    offset: int      # lines from where its header said
+
+    def __str__(self) -> str:
+        return f"hunk {self.hunk} of {self.path} at line {self.line} (offset {self.offset:+d})"
+
+    @classmethod
+    def parse(cls, text: str) -> Offset:
+        m = _OFFSET.match(text)
+        if not m:
+            raise ValueError(f"not an offset: {text!r}")
+        return cls(int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)))
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """Which hunk of a diff did not apply."""
+
+    path: str
+    number: int      # 1-based, within its file
 
 
 @dataclass
@@ -22,7 +55,9 @@ class Outcome:
     reason: str | None = None
     message: str = ""
     files: list[str] = field(default_factory=list)
-    offsets: list[str] = field(default_factory=list)
+    offsets: list[Offset] = field(default_factory=list)
+    hunk: Hunk | None = None
+    staged: bool = False   # the applier staged its own changes (deletions included)
 
 
 @dataclass
@@ -42,12 +77,25 @@ class PatchResult:
     commit: str | None = None
     files: list[str] = field(default_factory=list)
     message: str = ""
-    offsets: list[str] = field(default_factory=list)  # "hunk 2 of f.py at +3", when any
+    offsets: list[Offset] = field(default_factory=list)
+    hunk: Hunk | None = None    # a conflict's hunk; not part of the JSON report
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
         assert (self.reason is None) == (self.status != "failed"), (self.status, self.reason)
         assert self.reason is None or self.reason in REASONS, self.reason
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "kind": self.kind, "status": self.status, "reason": self.reason,
+                "commit": self.commit, "files": list(self.files), "message": self.message,
+                "offsets": [str(o) for o in self.offsets]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PatchResult:
+        return cls(str(data["id"]), str(data.get("kind") or ""), str(data["status"]),
+                   data.get("reason"), data.get("commit"), list(data.get("files") or []),
+                   str(data.get("message") or ""),
+                   [Offset.parse(o) for o in data.get("offsets") or []])
 
 
 @dataclass
@@ -63,6 +111,18 @@ class AssertionResult:
         """``file:line:col``, or ``file`` alone when there is no line (the file is missing)."""
         return f"{self.file}:{self.line}:{self.col or 0}" if self.line else self.file
 
+    def failure_line(self) -> str:
+        """``file:line:col: [patch-id] message`` (``file: [patch-id] ...`` without a line)."""
+        return f"{self.location()}: [{self.patch}] {self.message}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AssertionResult:
+        return cls(str(data["patch"]), str(data["file"]), data.get("line"), data.get("col"),
+                   bool(data["ok"]), str(data.get("message") or ""))
+
 
 @dataclass
 class ApplyReport:
@@ -77,13 +137,42 @@ class ApplyReport:
         return (all(p.status != "failed" for p in self.patches)
                 and all(a.ok for a in self.verify))
 
+    def status_of(self, patch_id: str) -> str | None:
+        return next((p.status for p in self.patches if p.id == patch_id), None)
+
+    def skipped(self) -> set[str]:
+        return {p.id for p in self.patches if p.status == "skipped"}
+
     def to_dict(self) -> dict:
         data = {"ok": self.ok, "vllm": asdict(self.vllm), "workdir": self.workdir,
-                "patches": [asdict(p) for p in self.patches],
-                "verify": [asdict(a) for a in self.verify]}
+                "patches": [p.to_dict() for p in self.patches],
+                "verify": [a.to_dict() for a in self.verify]}
         if self.keep_failed:
             data["kept"] = self.keep_failed
         return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ApplyReport:
+        """The one reader of an apply report; raises ValueError for what is not one."""
+        try:
+            v = data["vllm"]
+            vllm = VllmInfo(str(v["ref"]), str(v["commit"]), v.get("version"), v.get("repo"))
+            return cls(vllm, data.get("workdir"),
+                       [PatchResult.from_dict(p) for p in data.get("patches") or []],
+                       [AssertionResult.from_dict(a) for a in data.get("verify") or []],
+                       data.get("kept"))
+        except (KeyError, TypeError, AttributeError, AssertionError) as exc:
+            raise ValueError(f"not an apply report: {exc!r}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> ApplyReport:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError("not an apply report: not an object")
+        return cls.from_dict(data)

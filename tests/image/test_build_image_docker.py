@@ -19,13 +19,18 @@ import pytest
 import imageproject as ip
 from imageproject import OTHER_RELEASE, RELEASE
 from patchkit import cli, manifest
-from patchkit.commands.build_image import build_image, verify_image
-from patchkit.engine import apply_series
+from patchkit.commands.build_image import run as build_image
+from patchkit.commands.verify import verify_image
+from patchkit.series.engine import apply_series
 from patchkit.errors import ImageError
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
 SITE = "/usr/local/lib/python3.11/dist-packages"
+
+def _summary(report):
+    """``(exit code, --format json object)`` of a build-image run."""
+    return (0 if report.ok else 1), report.to_dict()
 
 
 def real_cache() -> Path:
@@ -80,7 +85,7 @@ def built(project, docker_client):
     # Images of earlier runs would be reused; this run must make its own.
     for img in docker_client.images.list(filters={"label": "io.patchkit.patchset.name=pk-e2e"}):
         docker_client.images.remove(img.id, force=True)
-    code, summary = build_image(m, workdir=workdir, apply=False)
+    code, summary = _summary(build_image(m, workdir=workdir, apply=False))
     assert summary["reused"] is False
     assert code == 0
     return summary
@@ -190,7 +195,7 @@ def test_serve_recipe_is_the_default_command(built, docker_client):
 def test_rebuild_with_nothing_changed_reuses_the_image(built, project, monkeypatch):
     m, workdir = project
     monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
-    code, again = build_image(m, workdir=workdir, apply=False)
+    code, again = _summary(build_image(m, workdir=workdir, apply=False))
     assert code == 0
     assert again["reused"] is True
     assert again["image_id"] == built["image_id"]
@@ -204,7 +209,7 @@ def test_same_inputs_give_the_same_layer_and_image(built, project, docker_client
     other = tmp_path / "vllm"
     shutil.copytree(workdir, other, symlinks=True)
     docker_client.images.remove(built["image_id"], force=True)
-    code, again = build_image(m, workdir=other, apply=False, tag=f"{REGISTRY_TAG}:again")
+    code, again = _summary(build_image(m, workdir=other, apply=False, tag=f"{REGISTRY_TAG}:again"))
     assert code == 0 and again["reused"] is False
     assert again["image_id"] == built["image_id"]
     assert again["layer"]["diff_id"] == built["layer"]["diff_id"]
@@ -213,7 +218,7 @@ def test_same_inputs_give_the_same_layer_and_image(built, project, docker_client
 
 def test_push_then_read_back_from_the_registry(built, project, registry):
     m, workdir = project
-    code, pushed = build_image(m, workdir=workdir, apply=False, push=True)
+    code, pushed = _summary(build_image(m, workdir=workdir, apply=False, push=True))
     assert code == 0 and pushed["digest"].startswith("sha256:")
     ref = f"docker://{REGISTRY_TAG}:v{RELEASE}"
     raw = json.loads(subprocess.run(["skopeo", "inspect", "--tls-verify=false", ref], check=True,
@@ -229,7 +234,7 @@ def test_push_then_read_back_from_the_registry(built, project, registry):
 def test_save_writes_an_archive_for_docker_load(built, project, tmp_path):
     m, workdir = project
     target = tmp_path / "image.tar"
-    code, saved = build_image(m, workdir=workdir, apply=False, save=target)
+    code, saved = _summary(build_image(m, workdir=workdir, apply=False, save=target))
     assert code == 0 and saved["saved"]["path"] == str(target)
     with tarfile.open(target) as tar:
         man = json.load(tar.extractfile("manifest.json"))

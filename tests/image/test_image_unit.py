@@ -14,8 +14,12 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from patchkit import image as im
+from patchkit import versions
 from patchkit.commands import build_image as bi
+from patchkit.commands.verify import verify_image
+from patchkit.image import build, layer, reference
+from patchkit.image.engine import Engine
+from patchkit.series.checkout import Change
 from patchkit.errors import ImageError, UsageError
 from patchkit.manifest import ImageDefaults, Manifest, VllmSource
 
@@ -23,21 +27,25 @@ SITE = "/opt/venv/lib/python3.12/site-packages"
 SPEC_V1 = "class SpeculativeConfig:\n    method = 'ngram'\n"
 SPEC_V2 = SPEC_V1 + "    draft_quant = 'normalized'\n"
 
+def _summary(report):
+    """``(exit code, --format json object)`` of a build-image run."""
+    return (0 if report.ok else 1), report.to_dict()
+
 
 # --------------------------------------------------------------------------- pure pieces
 
-def _members(layer: im.Layer) -> list[tarfile.TarInfo]:
-    with tarfile.open(fileobj=io.BytesIO(layer.data)) as tar:
+def _members(made: layer.Layer) -> list[tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(made.data)) as tar:
         return tar.getmembers()
 
 
 def test_layer_is_sorted_owned_by_root_and_timed_once_whatever_the_input_order():
-    entries = [im.LayerEntry("usr/lib/vllm/z.py", data=b"z"),
-               im.LayerEntry("usr/lib/vllm/a/__pycache__/m.cpython-312.pyc", "whiteout"),
-               im.LayerEntry("usr/lib/vllm/a", "dir", mode=0o755),
-               im.LayerEntry("usr/lib/vllm/a/m.py", data=b"m = 1\n", mode=0o755)]
-    one = im.layer_tar(entries, 1234)
-    two = im.layer_tar(list(reversed(entries)), 1234)
+    entries = [layer.LayerEntry("usr/lib/vllm/z.py", data=b"z"),
+               layer.LayerEntry("usr/lib/vllm/a/__pycache__/m.cpython-312.pyc", "whiteout"),
+               layer.LayerEntry("usr/lib/vllm/a", "dir", mode=0o755),
+               layer.LayerEntry("usr/lib/vllm/a/m.py", data=b"m = 1\n", mode=0o755)]
+    one = layer.layer_tar(entries, 1234)
+    two = layer.layer_tar(list(reversed(entries)), 1234)
     assert one.data == two.data and one.diff_id == two.diff_id
     assert one.diff_id == "sha256:" + hashlib.sha256(one.data).hexdigest()
     members = _members(one)
@@ -46,28 +54,28 @@ def test_layer_is_sorted_owned_by_root_and_timed_once_whatever_the_input_order()
     assert {(m.uid, m.gid, m.uname, m.gname, m.mtime) for m in members} == {(0, 0, "", "", 1234)}
     assert [m.mode for m in members] == [0o755, 0o644, 0o755, 0o644]
     assert (one.files, one.whiteouts, one.content_bytes) == (2, 1, 7)
-    assert im.layer_tar(entries, 1235).diff_id != one.diff_id
+    assert layer.layer_tar(entries, 1235).diff_id != one.diff_id
 
 
 def test_layer_refuses_a_path_twice():
     with pytest.raises(ImageError, match="twice"):
-        im.layer_tar([im.LayerEntry("a/b.py", data=b"1"), im.LayerEntry("a/b.py", "whiteout")], 0)
+        layer.layer_tar([layer.LayerEntry("a/b.py", data=b"1"), layer.LayerEntry("a/b.py", "whiteout")], 0)
 
 
-def _base(**kw) -> im.BaseImage:
+def _base(**kw) -> layer.BaseImage:
     values = dict(name="reg:5000/vllm/base:1", image_id="sha256:" + "b" * 64,
-                  digest="sha256:" + "d" * 64, platform=im.Platform("linux", "arm64"),
+                  digest="sha256:" + "d" * 64, platform=reference.Platform("linux", "arm64"),
                   config={"Env": ["PATH=/opt/venv/bin:/usr/bin"], "Entrypoint": ["vllm", "serve"],
                           "Cmd": None, "Labels": {"keep": "1", "mine": "base"}, "Hostname": "x"},
                   diff_ids=("sha256:" + "1" * 64,),
                   history=({"created": "2020-01-01T00:00:00Z", "created_by": "ADD x"},))
     values.update(kw)
-    return im.BaseImage(**values)
+    return layer.BaseImage(**values)
 
 
 def test_config_keeps_the_base_adds_labels_command_and_layer():
-    layer = im.layer_tar([im.LayerEntry("f", data=b"x")], 0)
-    raw = im.image_config(_base(), layer, labels={"mine": "new"}, created=86400,
+    made = layer.layer_tar([layer.LayerEntry("f", data=b"x")], 0)
+    raw = layer.image_config(_base(), made, labels={"mine": "new"}, created=86400,
                           created_by="patchkit", cmd=["/usr/local/bin/patchkit-serve"],
                           reset_entrypoint=True)
     doc = json.loads(raw)
@@ -76,20 +84,20 @@ def test_config_keeps_the_base_adds_labels_command_and_layer():
     assert doc["config"]["Labels"] == {"keep": "1", "mine": "new"}
     assert "Entrypoint" not in doc["config"] and "Hostname" not in doc["config"]
     assert doc["config"]["Cmd"] == ["/usr/local/bin/patchkit-serve"]
-    assert doc["rootfs"]["diff_ids"] == ["sha256:" + "1" * 64, layer.diff_id]
+    assert doc["rootfs"]["diff_ids"] == ["sha256:" + "1" * 64, made.diff_id]
     assert doc["created"] == "1970-01-02T00:00:00Z"
     assert doc["history"][-1] == {"created": "1970-01-02T00:00:00Z", "created_by": "patchkit"}
-    assert im.image_id_of(raw) == "sha256:" + hashlib.sha256(raw).hexdigest()
+    assert layer.image_id_of(raw) == "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 def test_history_marks_empty_entries_and_falls_back_when_it_cannot_count():
     api = [{"Created": 3, "CreatedBy": "/bin/sh -c #(nop)  CMD [\"x\"]", "Size": 0},
            {"Created": 2, "CreatedBy": "RUN mkdir /x # buildkit", "Size": 0},
            {"Created": 1, "CreatedBy": "/bin/sh -c #(nop) ADD file:abc in / ", "Size": 10}]
-    two = im.history_of(api, 2, "b")
+    two = layer.history_of(api, 2, "b")
     assert [h.get("empty_layer", False) for h in two] == [False, False, True]
     assert two[0]["created"] == "1970-01-01T00:00:01Z"
-    fallback = im.history_of(api, 3, "b")
+    fallback = layer.history_of(api, 3, "b")
     assert [h["created_by"] for h in fallback] == ["layer 1 of b", "layer 2 of b", "layer 3 of b"]
 
 
@@ -97,49 +105,49 @@ def test_history_marks_empty_entries_and_falls_back_when_it_cannot_count():
                                           ("reg:5000/a/b", "reg:5000/a/b", "latest"),
                                           ("a/b@sha256:" + "0" * 64, "a/b", "latest")])
 def test_split_tag_knows_registry_ports(ref, repo, tag):
-    assert im.split_tag(ref) == (repo, tag)
+    assert reference.split_tag(ref) == (repo, tag)
 
 
 def test_platform_parse_and_match():
-    assert str(im.Platform.parse("linux/aarch64")) == "linux/arm64"
-    assert im.Platform.parse("linux/arm64").matches(im.Platform("linux", "arm64", "v8"))
-    assert not im.Platform.parse("linux/arm64").matches(im.Platform("linux", "amd64"))
+    assert str(reference.Platform.parse("linux/aarch64")) == "linux/arm64"
+    assert reference.Platform.parse("linux/arm64").matches(reference.Platform("linux", "arm64", "v8"))
+    assert not reference.Platform.parse("linux/arm64").matches(reference.Platform("linux", "amd64"))
     with pytest.raises(UsageError, match="OS/ARCH"):  # a bad flag: exit 2
-        im.Platform.parse("arm64")
+        reference.Platform.parse("arm64")
 
 
 def _c(path, status="M"):
-    return bi.Change(status, path, 0o100644 if status != "D" else 0, "0" * 40)
+    return Change(status, path, 0o100644 if status != "D" else 0, "0" * 40)
 
 
 def test_mode_overlay_for_python_of_the_package_and_source_for_native_code():
-    choice = bi.choose_mode([_c("vllm/config/speculative.py"), _c("tests/test_spec.py"),
+    choice = build.choose_mode([_c("vllm/config/speculative.py"), _c("tests/test_spec.py"),
                              _c("docs/x.md"), _c("vllm/configs/moe.json", "A")])
     assert choice.mode == "overlay"
     assert [c.path for c in choice.shipped] == ["vllm/config/speculative.py", "vllm/configs/moe.json"]
     assert choice.not_shipped == ("tests/test_spec.py", "docs/x.md")
-    src = bi.choose_mode([_c("vllm/config/speculative.py"), _c("csrc/attention/mla.cu")])
+    src = build.choose_mode([_c("vllm/config/speculative.py"), _c("csrc/attention/mla.cu")])
     assert src.mode == "source"
     assert src.reason == "csrc/attention/mla.cu is outside the vllm package and feeds vLLM's build"
-    assert bi.choose_mode([_c("vllm/kernels/x.cuh")]).reason.startswith("vllm/kernels/x.cuh is not Python")
-    assert bi.choose_mode([_c("setup.py")]).mode == "source"
+    assert build.choose_mode([_c("vllm/kernels/x.cuh")]).reason.startswith("vllm/kernels/x.cuh is not Python")
+    assert build.choose_mode([_c("setup.py")]).mode == "source"
     with pytest.raises(ImageError, match="--mode overlay cannot ship this series: csrc/a.cu"):
-        bi.choose_mode([_c("csrc/a.cu")], "overlay")
+        build.choose_mode([_c("csrc/a.cu")], "overlay")
 
 
 def test_buildkit_syntax_is_detected_with_its_line():
-    assert bi.buildkit_need("FROM x AS a\nRUN make\nCOPY a /b\n") is None
-    assert bi.buildkit_need("FROM x\nRUN --mount=type=cache,target=/c make\n") == \
+    assert build.buildkit_need("FROM x AS a\nRUN make\nCOPY a /b\n") is None
+    assert build.buildkit_need("FROM x\nRUN --mount=type=cache,target=/c make\n") == \
         "line 2: RUN --mount=type=cache,target=/c make"
-    assert bi.buildkit_need("# syntax=docker/dockerfile:1\nFROM x\n").startswith("line 1")
-    assert bi.buildkit_need("FROM x\nCOPY --link a /b\n") == "line 2: COPY --link a /b"
+    assert build.buildkit_need("# syntax=docker/dockerfile:1\nFROM x\n").startswith("line 1")
+    assert build.buildkit_need("FROM x\nCOPY --link a /b\n") == "line 2: COPY --link a /b"
 
 
 def test_same_release_ignores_local_build_labels():
-    assert bi.same_release("0.27.1+cu130", "0.27.1")
-    assert not bi.same_release("0.27.1rc1", "0.27.1")
-    assert bi.expected_version({"ref": "v0.33.0"}) == "0.33.0"
-    assert bi.expected_version({"ref": "main"}) is None
+    assert versions.same_release("0.27.1+cu130", "0.27.1")
+    assert not versions.same_release("0.27.1rc1", "0.27.1")
+    assert versions.expected(None, "v0.33.0") == "0.33.0"
+    assert versions.expected(None, "main") is None
 
 
 # ------------------------------------------------------------ the fake engine at the border
@@ -242,7 +250,7 @@ class FakeAPI:
             man = json.load(tar.extractfile("manifest.json"))[0]
             config = tar.extractfile(man["Config"]).read()
             doc = json.loads(config)
-            self.images_[im.image_id_of(config)] = {
+            self.images_[layer.image_id_of(config)] = {
                 "attrs": {"Config": doc["config"], "Architecture": doc["architecture"],
                           "Os": doc["os"], "RootFS": {"Layers": doc["rootfs"]["diff_ids"]}},
                 "fs": {}}
@@ -324,7 +332,7 @@ def _base_fs(version="0.27.1", spec=SPEC_V1):
             "/usr/local/lib/python3.11/dist-packages/yaml/__init__.py": b""}
 
 
-def _engine(fs=None, arch="arm64", containerd=False) -> tuple[im.Engine, FakeAPI]:
+def _engine(fs=None, arch="arm64", containerd=False) -> tuple[Engine, FakeAPI]:
     base_id = "sha256:" + "b" * 64
     api = FakeAPI({base_id: {"attrs": {
         "Architecture": arch, "Os": "linux",
@@ -334,7 +342,7 @@ def _engine(fs=None, arch="arm64", containerd=False) -> tuple[im.Engine, FakeAPI
                    "Entrypoint": ["vllm", "serve"]}},
         "fs": fs if fs is not None else _base_fs()}}, containerd=containerd)
     api.tags["reg:5000/vllm/base:0.27.1"] = base_id
-    return im.Engine(FakeClient(api), "unix:///fake.sock"), api
+    return Engine(FakeClient(api), "unix:///fake.sock"), api
 
 
 def _layer_of(api: FakeAPI) -> list[tarfile.TarInfo]:
@@ -348,7 +356,7 @@ def _layer_of(api: FakeAPI) -> list[tarfile.TarInfo]:
 
 def test_overlay_lays_exactly_the_patched_files_into_the_found_package(project, workdir):
     engine, api = _engine()
-    code, summary = bi.build_image(project, workdir=workdir, apply=False, engine=engine)
+    code, summary = _summary(bi.run(project, workdir=workdir, apply=False, engine=engine))
     assert code == 0
     site = SITE.lstrip("/")
     assert _layer_of(api) == [
@@ -376,7 +384,7 @@ def test_overlay_lays_exactly_the_patched_files_into_the_found_package(project, 
     assert config["Cmd"] == ["/usr/local/bin/patchkit-serve"] and "Entrypoint" not in config
 
     # Nothing changed: found by its inputs, nothing loaded again.
-    code, again = bi.build_image(project, workdir=workdir, apply=False, engine=engine)
+    code, again = _summary(bi.run(project, workdir=workdir, apply=False, engine=engine))
     assert again["reused"] is True and again["image_id"] == summary["image_id"]
     assert len(api.loaded) == 1
 
@@ -397,7 +405,7 @@ def test_a_base_that_is_not_the_pristine_release_is_refused_and_nothing_tagged(
         project, workdir, fs, message):
     engine, api = _engine(fs)
     with pytest.raises(ImageError) as exc:
-        bi.build_image(project, workdir=workdir, apply=False, engine=engine)
+        bi.run(project, workdir=workdir, apply=False, engine=engine)
     assert message in str(exc.value) and "\n" not in str(exc.value)
     assert "demo:v0.27.1" not in api.tags and not api.loaded
 
@@ -406,20 +414,20 @@ def test_wrong_architecture_missing_base_and_containerd_store_are_one_line(proje
     engine, api = _engine(arch="amd64")
     with pytest.raises(ImageError, match=r"^base image reg:5000/vllm/base:0.27.1 is linux/amd64, "
                                          r"not linux/arm64$"):
-        bi.build_image(project, workdir=workdir, apply=False, engine=engine)
+        bi.run(project, workdir=workdir, apply=False, engine=engine)
     engine, api = _engine()
     with pytest.raises(ImageError, match=r"^base image reg:5000/other:1 not found: manifest for"):
-        bi.build_image(project, workdir=workdir, apply=False, engine=engine, base="reg:5000/other:1")
+        bi.run(project, workdir=workdir, apply=False, engine=engine, base="reg:5000/other:1")
     engine, api = _engine(containerd=True)
     with pytest.raises(ImageError, match="containerd's store"):
-        bi.build_image(project, workdir=workdir, apply=False, engine=engine)
+        bi.run(project, workdir=workdir, apply=False, engine=engine)
     assert not api.loaded and "demo:v0.27.1" not in api.tags
 
 
 def test_refused_push_puts_the_tag_back(project, workdir):
     engine, api = _engine()
     with pytest.raises(ImageError, match=r"^push of demo:v0.27.1 refused: denied"):
-        bi.build_image(project, workdir=workdir, apply=False, engine=engine, push=True)
+        bi.run(project, workdir=workdir, apply=False, engine=engine, push=True)
     assert "demo:v0.27.1" not in api.tags
 
 
@@ -427,20 +435,20 @@ def test_a_save_where_nothing_can_be_written_is_one_line_and_untags(project, wor
     engine, api = _engine()
     (workdir.parent / "afile").write_text("")
     with pytest.raises(ImageError, match=r"^--save .*afile/out.tar: cannot write there: "):
-        bi.build_image(project, workdir=workdir, apply=False, engine=engine,
+        bi.run(project, workdir=workdir, apply=False, engine=engine,
                        save=workdir.parent / "afile" / "out.tar")
     assert "demo:v0.27.1" not in api.tags
 
 
 def test_no_engine_is_one_line():
     with pytest.raises(ImageError, match=r"^no Docker Engine answers at unix:///nonexistent/pk.sock: "):
-        im.Engine.connect("unix:///nonexistent/pk.sock", timeout=5)
+        Engine.connect("unix:///nonexistent/pk.sock", timeout=5)
 
 
 def test_an_ssh_engine_without_paramiko_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "paramiko", None)  # as if it were not installed
     with pytest.raises(ImageError) as info:
-        im.Engine.connect("ssh://user@127.0.0.1:9", timeout=5)
+        Engine.connect("ssh://user@127.0.0.1:9", timeout=5)
     assert str(info.value) == ("DOCKER_HOST=ssh://user@127.0.0.1:9 needs the paramiko package, "
                                "which is not installed: pip install 'docker[ssh]'")
 
@@ -456,7 +464,7 @@ def test_verify_image_reads_the_package_files(tmp_path):
                           Assertion("vllm/missing.py", None, "defines", "X")))
     m = Manifest(name="demo", root=tmp_path, path=tmp_path / "patchset.yaml",
                  vllm=VllmSource(("x",), "v0.27.1"), image=ImageDefaults(), patches=(patch,))
-    results = bi.verify_image(m, "reg:5000/vllm/base:0.27.1", engine=engine)
+    results = verify_image(m, "reg:5000/vllm/base:0.27.1", engine=engine)
     assert [r.ok for r in results] == [True, False]
     assert not api.containers  # the scratch container is removed
 
@@ -466,7 +474,7 @@ def test_verify_image_of_a_missing_image_is_one_line(tmp_path):
     m = Manifest(name="demo", root=tmp_path, path=tmp_path / "patchset.yaml",
                  vllm=VllmSource(("x",), "v0.27.1"), image=ImageDefaults(), patches=())
     with pytest.raises(ImageError, match=r"^image reg:5000/none:1 not found: manifest for"):
-        bi.verify_image(m, "reg:5000/none:1", engine=engine)
+        verify_image(m, "reg:5000/none:1", engine=engine)
 
 
 @pytest.mark.parametrize("ref,problem", [
@@ -479,21 +487,21 @@ def test_verify_image_of_a_missing_image_is_one_line(tmp_path):
     ("repo@sha256:abc", "is not a digest"),
 ])
 def test_bad_references_are_named(ref, problem):
-    assert problem in im.reference_problem(ref)
+    assert problem in reference.reference_problem(ref)
 
 
 @pytest.mark.parametrize("ref", ["qa/dspark:v0.27.1", "127.0.0.1:5055/pk-test/vllm-base:0.27.1",
                                  "vllm/vllm-openai", "localhost:5000/a/b_c.d-e:1.0",
                                  "x@sha256:" + "a" * 64, "sha256:" + "b" * 64, "[::1]:5000/x:y"])
 def test_good_references_pass(ref):
-    assert im.reference_problem(ref) is None
+    assert reference.reference_problem(ref) is None
 
 
 def _refused_before_the_apply(project, tmp_path, **kw) -> str:
     """build_image with apply=True on a manifest whose source does not exist: a flag refused
     first never reaches the apply (which would fail on the source)."""
     with pytest.raises(UsageError) as info:
-        bi.build_image(project, workdir=tmp_path / "wd", engine=object(), **kw)
+        bi.run(project, workdir=tmp_path / "wd", engine=object(), **kw)
     assert "\n" not in str(info.value)
     assert not (tmp_path / "wd").exists()
     return str(info.value)
@@ -515,13 +523,13 @@ def test_bad_tag_base_and_platform_are_refused_before_the_apply(project, tmp_pat
 def test_no_apply_with_a_ref_or_repo_is_a_conflict(project, workdir):
     for kw in ({"ref": "v0.33.0"}, {"repos": ["pypi"]}):
         with pytest.raises(UsageError, match="with --no-apply the workdir is used as it is"):
-            bi.build_image(project, workdir=workdir, apply=False, engine=object(), **kw)
+            bi.run(project, workdir=workdir, apply=False, engine=object(), **kw)
 
 
 def test_a_branch_ref_makes_a_valid_tag(project):
-    assert bi.default_tag(project, {"ref": "release/0.27", "version": "0.27.1"}, None) == (
+    assert bi.default_tag(project, "release/0.27", "0.27.1", None) == (
         "demo:release-0.27")
-    assert im.reference_problem("demo:release-0.27") is None
+    assert reference.reference_problem("demo:release-0.27") is None
 
 
 def test_a_workdir_whose_borrowed_objects_are_gone_is_one_line(project, tmp_path):
@@ -536,7 +544,7 @@ def test_a_workdir_whose_borrowed_objects_are_gone_is_one_line(project, tmp_path
 
     shutil.rmtree(up)
     with pytest.raises(UsageError) as info:
-        bi.build_image(project, workdir=wd, apply=False, engine=object())
+        bi.run(project, workdir=wd, apply=False, engine=object())
     assert str(info.value) == (f"{wd} borrows its git objects from {up / '.git' / 'objects'}, "
                                "which is gone (was the cache deleted?); run 'patchkit apply' again")
 
@@ -545,7 +553,7 @@ def test_verify_image_of_a_bad_reference_is_a_usage_error(tmp_path):
     m = Manifest(name="demo", root=tmp_path, path=tmp_path / "patchset.yaml",
                  vllm=VllmSource(("x",), "v0.27.1"), image=ImageDefaults(), patches=())
     with pytest.raises(UsageError, match=r"^--image 'BAD REF' is not an image reference: "):
-        bi.verify_image(m, "BAD REF", engine=object())
+        verify_image(m, "BAD REF", engine=object())
 
 
 def test_a_pull_the_engine_refuses_is_named_once(project, workdir, monkeypatch):
@@ -557,6 +565,6 @@ def test_a_pull_the_engine_refuses_is_named_once(project, workdir, monkeypatch):
 
     monkeypatch.setattr(api, "pull", refused)
     with pytest.raises(ImageError) as info:
-        bi.build_image(project, workdir=workdir, apply=False, engine=engine, base="reg:5000/other:1")
+        bi.run(project, workdir=workdir, apply=False, engine=engine, base="reg:5000/other:1")
     assert str(info.value) == ("base image reg:5000/other:1 not found: manifest for "
                                "reg:5000/other:1 not found: manifest unknown")

@@ -9,8 +9,8 @@ import pytest
 
 from fixtures import make_diff, make_upstream
 from patchkit import manifest
-from patchkit.commands.build_image import build_image
-from patchkit.engine import apply_series
+from patchkit.commands.build_image import run as build_image
+from patchkit.series.engine import apply_series
 from patchkit.errors import ImageError
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -58,6 +58,10 @@ patches:
     diff: patches/nvfp4-pack-kernel.diff
 """
 
+def _summary(report):
+    """``(exit code, --format json object)`` of a build-image run."""
+    return (0 if report.ok else 1), report.to_dict()
+
 
 def _project(root, dockerfile: str, tag: str):
     upstream = make_upstream(root / "upstream", {"v0.1.0": {
@@ -80,7 +84,7 @@ def _project(root, dockerfile: str, tag: str):
 def test_native_change_builds_vllm_from_the_patched_checkout(tmp_path, docker_client):
     tag = "pk-test/source-mode:v0.1.0"
     m, workdir = _project(tmp_path, DOCKERFILE, tag)
-    code, summary = build_image(m, workdir=workdir, apply=False, max_jobs=6, nvcc_threads=3)
+    code, summary = _summary(build_image(m, workdir=workdir, apply=False, max_jobs=6, nvcc_threads=3))
     assert code == 0
     assert summary["mode"] == "source"
     assert summary["mode_reason"] == "csrc/ops.cu is outside the vllm package and feeds vLLM's build"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import engine, manifest
+from patchkit import manifest
+from patchkit.series import engine
 
 from lift import base_text
 

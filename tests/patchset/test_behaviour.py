@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from patchkit import manifest
-from patchkit.verify import run_assertions
+from patchkit.series.verify import run_assertions
 
 from conftest import REPO_ROOT
 from lift import find, lift

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit import paths
-from patchkit.manifest import Assertion, Patch
+from patchkit.manifest.model import Assertion, Patch
 from patchkit.report import AssertionResult
 
 Reader = Callable[[str], "str | None"]
@@ -49,8 +49,7 @@ def run_assertions(patches: Iterable[Patch], read: Reader) -> list[AssertionResu
 
 
 def format_failure(result: AssertionResult) -> str:
-    """``file:line:col: [patch-id] message`` (``file: [patch-id] ...`` when there is no line)."""
-    return f"{result.location()}: [{result.patch}] {result.message}"
+    return result.failure_line()
 
 
 # ------------------------------------------------------------------------------------ files

@@ -10,14 +10,13 @@ re-composes the text, so a chain of edits never works from stale positions.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
 
 from patchkit.errors import ManifestError
+from patchkit.util import write_if_changed
 
 Key = str | int
 
@@ -248,24 +247,3 @@ def _plain_ok(value: str) -> bool:
         return yaml.safe_load(f"k: {value}\n") == {"k": value}
     except yaml.YAMLError:
         return False
-
-
-def write_if_changed(path: Path, data: bytes) -> bool:
-    """Replace ``path`` with ``data`` atomically, keeping its mode; False when already equal."""
-    try:
-        if path.read_bytes() == data:
-            return False
-        mode = path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o644
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return True

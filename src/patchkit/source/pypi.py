@@ -10,7 +10,6 @@ cache on every machine agrees.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -18,26 +17,25 @@ import zipfile
 from pathlib import Path
 
 from filelock import FileLock
-from packaging.version import InvalidVersion, Version
-
 from patchkit import git as g
-from patchkit.errors import CommandError, SourceError, UsageError
+from patchkit import versions
+from patchkit.errors import CommandError, SourceError
+from patchkit.source.resolved import Log, Resolved, version_of
 from patchkit.util import cache_subdir, discard, run
 
 PACKAGE = "vllm"
 WORD = "pypi"
 
 
-def release_of(ref: str) -> str:
-    """``v0.27.1`` or ``0.27.1`` -> ``0.27.1``; anything else is a usage error."""
-    text = ref.removeprefix("v")
-    try:
-        Version(text)
-    except InvalidVersion:
-        raise UsageError(f"--vllm-repo pypi takes a release tag such as v0.27.1, not {ref!r}") from None
-    if not re.fullmatch(r"[0-9][0-9A-Za-z.+\-]*", text):
-        raise UsageError(f"--vllm-repo pypi takes a release tag such as v0.27.1, not {ref!r}")
-    return text
+def resolve(source: str, ref: str, cache: Path, log: Log) -> Resolved:
+    repo, tag = ensure_release(cache, ref, log)
+    commit = g.resolve_commit(repo, tag)
+    assert commit
+    return Resolved(source, repo, ref, commit, version_of(repo, commit))
+
+
+def tags(source: str, cache: Path, log: Log) -> list[str]:
+    return [f"v{v}" for v in release_versions(pre=True)]
 
 
 def repo_path(cache: Path) -> Path:
@@ -46,7 +44,7 @@ def repo_path(cache: Path) -> Path:
 
 def ensure_release(cache: Path, ref: str, log=lambda msg: None) -> tuple[Path, str]:
     """The cached repo and the tag holding release ``ref``, building it if needed."""
-    version = release_of(ref)
+    version = versions.pypi_release(ref)
     tag = f"v{version}"
     repo = repo_path(cache)
     base = cache_subdir(cache, WORD)
@@ -57,7 +55,7 @@ def ensure_release(cache: Path, ref: str, log=lambda msg: None) -> tuple[Path, s
             discard(repo)
         if not (repo / "HEAD").exists():
             tmp = Path(tempfile.mkdtemp(prefix="vllm.git.", dir=base))
-            g.git("init", "--quiet", "--bare", str(tmp))
+            g.init_bare(tmp)
             tmp.rename(repo)
         if g.resolve_commit(repo, tag):
             return repo, tag
@@ -131,14 +129,8 @@ def _commit_wheel(repo: Path, wheel: Path, version: str, tag: str) -> None:
                 dest = work / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(data)
-        index = work.parent / f"{work.name}.index"
-        env = dict(g.IDENTITY, GIT_INDEX_FILE=str(index), GIT_DIR=str(repo), GIT_WORK_TREE=str(work))
-        g.git("add", "--all", "--force", ".", cwd=work, env=env)
-        tree = g.out("write-tree", cwd=work, env=env)
-        commit = g.out("commit-tree", tree, "-m", f"vLLM {version}\n\nPython sources of {wheel.name}",
-                       cwd=work, env=env)
-        g.git("update-ref", f"refs/tags/{tag}", commit, cwd=repo)
-        index.unlink(missing_ok=True)
+        commit = g.commit_directory(repo, work, f"vLLM {version}\n\nPython sources of {wheel.name}")
+        g.update_ref(repo, f"refs/tags/{tag}", commit)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -153,5 +145,5 @@ def release_versions(pre: bool = False) -> list[str]:
     for line in proc.stdout.splitlines():
         if line.strip().startswith("Available versions:"):
             items = [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
-            return sorted(items, key=Version)
+            return sorted(items, key=versions.sort_key)
     raise SourceError("could not read vLLM releases from `pip index versions vllm`")

@@ -8,7 +8,6 @@ in atomically when everything passed, removed otherwise (or kept with ``keep_fai
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -18,18 +17,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock
-from packaging.version import InvalidVersion, Version
 
-from patchkit import diffapply, interrupt, overlay, source, transform
+from patchkit import interrupt, kinds, source, versions
 from patchkit import git as g
 from patchkit.errors import CommandError, SourceError, UsageError
+from patchkit.kinds.common import commit_message
 from patchkit.manifest import Manifest, Patch
 from patchkit.report import ApplyReport, PatchResult, VllmInfo
+from patchkit.series import checkout as applied
+from patchkit.series import verify
 from patchkit.util import cache_dir
 
-REPORT_FILE = "patchkit-report.json"
-BASE_TAG = source.BASE_TAG
-APPLIED_TAG = "patchkit/applied"
+__all__ = ["Progress", "apply_one", "apply_series", "commit_message", "in_range",
+           "manifest_sources", "needed_paths", "run_series"]
 
 
 class Progress:
@@ -42,25 +42,8 @@ class Progress:
         pass
 
 
-def commit_message(patch: Patch) -> str:
-    msg = f"patchkit: {patch.id}: {patch.summary}"
-    if patch.upstream:
-        msg += f"\n\nUpstream: {patch.upstream}"
-    return msg
-
-
 def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
-    if patch.vllm is None:
-        return True, ""
-    if version is None:
-        return False, f"the vLLM version is unknown, so the range {patch.vllm} cannot be checked"
-    try:
-        v = Version(version)
-    except InvalidVersion:
-        return False, f"vLLM version {version!r} is not PEP 440"
-    if patch.vllm.contains(v, prereleases=True):
-        return True, ""
-    return False, f"vLLM {version} is outside {patch.vllm}"
+    return versions.in_range(patch.vllm, version)
 
 
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
@@ -71,23 +54,17 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
         if version is None:
             return PatchResult(patch.id, patch.kind, "failed", "error", message=why)
         return PatchResult(patch.id, patch.kind, "skipped", message=why)
-    file = manifest.root / patch.path
+    kind = kinds.get(patch.kind)
     try:
-        if patch.kind == "diff":
-            out = diffapply.apply(file, root)
-        elif patch.kind == "transform":
-            out = transform.run_transform_file(file, root, Version(version) if version else None)
-        else:
-            out = overlay.apply(file, root, base_commit, patch.replaces, mirror)
+        out = kind.apply(patch, manifest.root / patch.path,
+                         kinds.Target(root, base_commit, version, mirror))
     except OSError as exc:
         _reset(root)
         return PatchResult(patch.id, patch.kind, "failed", "error", message=f"{exc}")
     result = PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
-                         out.message, out.offsets)
-    if patch.kind == "transform" and out.status in ("applied", "upstream"):
-        # A transform is the author's code and may write anywhere in the tree; what it did not
-        # name would be left out of the commit yet ride along in the workdir.  (Diffs and
-        # overlays write only the paths they name.)
+                         out.message, out.offsets, out.hunk)
+    if not kind.writes_only_named and out.status in ("applied", "upstream"):
+        # What it did not name would be left out of the commit yet ride along in the workdir.
         stray = [p for p in g.dirty_paths(root) if p not in out.files]
         if stray:
             _reset(root)
@@ -95,9 +72,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
             return PatchResult(patch.id, patch.kind, "failed", "unsafe-path", None, out.files,
                                f"it changed files it does not name: {shown}")
     if out.status == "applied":
-        # `git apply --index` has staged a diff's changes, deletions included
-        staged = [] if patch.kind == "diff" else out.files
-        result.commit = g.commit_all(root, commit_message(patch), staged)
+        result.commit = g.commit_all(root, commit_message(patch), [] if out.staged else out.files)
         if result.commit is None:  # wrote bytes identical to what was there
             result.status, result.message = "upstream", "the tree already has this change"
     elif out.status == "failed":
@@ -107,16 +82,13 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
 
 def _reset(root: Path) -> None:
     """Throw away whatever a failed patch left in the scratch tree."""
-    g.git("reset", "--quiet", "--hard", "HEAD", cwd=root, check=False)
-    g.git("clean", "-q", "-fd", cwd=root, check=False)
+    g.discard_changes(root, check=False)
 
 
 def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
                progress: Progress | None = None, patches: Sequence[Patch] | None = None
                ) -> ApplyReport:
     """Apply the series to the fresh checkout at ``root`` and run the assertions."""
-    from patchkit import verify  # the assertion engine
-
     progress = progress or Progress()
     report = ApplyReport(VllmInfo(resolved.ref, resolved.commit, resolved.version, resolved.source),
                          workdir=None)
@@ -137,7 +109,7 @@ def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
             a = failed_by[r.id]
             r.status, r.reason = "failed", "assertion"
             r.message = f"{a.location()}: {a.message}"
-    g.tag(root, APPLIED_TAG, g.out("rev-parse", "HEAD", cwd=root))
+    g.tag(root, applied.APPLIED_TAG, g.head(root))
     return report
 
 
@@ -150,17 +122,6 @@ def _signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def is_checkout(path: Path) -> bool:
-    return (path / ".git" / REPORT_FILE).is_file()
-
-
-def read_report(path: Path) -> dict | None:
-    try:
-        return json.loads((path / ".git" / REPORT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def manifest_sources(manifest: Manifest) -> tuple[str, ...]:
@@ -181,7 +142,7 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
     passed.  On failure ``workdir`` is exactly as it was."""
     progress = progress or Progress()
     workdir = Path(workdir).absolute()
-    if workdir.exists() and not is_checkout(workdir) and (not workdir.is_dir() or any(workdir.iterdir())):
+    if workdir.exists() and not applied.is_checkout(workdir) and (not workdir.is_dir() or any(workdir.iterdir())):
         raise UsageError(f"--workdir {workdir} exists and is not a patchkit checkout; "
                          "remove it or name another")
     ref = manifest.vllm.ref if ref is None else ref   # an empty --vllm-ref is an error, not a default
@@ -209,7 +170,7 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
                 kept = True
                 report.keep_failed = str(tree)
             return report
-        (tree / ".git" / REPORT_FILE).write_text(report.to_json() + "\n")
+        applied.write_report(tree, report)
         with FileLock(str(workdir.parent / f".{workdir.name}.patchkit.lock")):
             interrupt.check()  # the last point where stopping leaves the workdir as it was
             _swap(tree, workdir, scratch)
@@ -263,3 +224,16 @@ def _swap(new: Path, workdir: Path, scratch: Path) -> None:
         if workdir.exists() or workdir.is_symlink():
             os.rename(workdir, scratch / "old")
         os.rename(new, workdir)
+
+
+def needed_paths(manifest: Manifest) -> list[str] | None:
+    """Every checkout path the series can read or write, or None when some cannot be named
+    (then a checkout must be full, so the engine reports the failure as ``apply`` would)."""
+    found: list[str] = []
+    for p in manifest.patches:
+        try:
+            found += kinds.get(p.kind).touched(manifest.root / p.path)
+        except (OSError, kinds.KindError):
+            return None
+        found += [a.file for a in p.verify]
+    return sorted(set(found))

@@ -15,11 +15,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import diffwrite, engine, manifest
 from patchkit import git as g
+from patchkit import manifest
 from patchkit.errors import UsageError
 from patchkit.manifest import ID_RE, Manifest
-from patchkit.manifestedit import ManifestText, write_if_changed
+from patchkit.manifest.edit import ManifestText
+from patchkit.series import checkout
+from patchkit.util import write_if_changed
+
+DIFF = "diff"  # the manifest key of the entries export writes
 
 PATCH_DIR = "patches"
 _OWN_SUBJECT = re.compile(r"^patchkit: ([a-z0-9][a-z0-9-]*): (.+)$")
@@ -65,24 +69,20 @@ def slug(text: str, limit: int = 48) -> str:
 
 
 def _commits(workdir: Path) -> list[_Commit]:
-    if g.git("rev-parse", "--verify", "--quiet", f"refs/tags/{engine.APPLIED_TAG}",
-             cwd=workdir, check=False).returncode != 0:
-        raise UsageError(f"{workdir} has no tag {engine.APPLIED_TAG}: it is not a checkout "
+    if not checkout.has_applied_tag(workdir):
+        raise UsageError(f"{workdir} has no tag {checkout.APPLIED_TAG}: it is not a checkout "
                          "`patchkit apply` made")
-    merges = g.out("rev-list", "--merges", f"{engine.APPLIED_TAG}..HEAD", cwd=workdir)
+    merges = checkout.commits_after_series(workdir, merges_only=True)
     if merges:
-        raise UsageError(f"{workdir}: merge commit {merges.split()[0][:12]} after "
-                         f"{engine.APPLIED_TAG}; export takes a straight line of commits "
+        raise UsageError(f"{workdir}: merge commit {merges[-1][:12]} after "
+                         f"{checkout.APPLIED_TAG}; export takes a straight line of commits "
                          "(rebase them first)")
-    shas = g.out("rev-list", "--reverse", f"{engine.APPLIED_TAG}..HEAD", cwd=workdir).split()
     out = []
-    for sha in shas:
-        subject = g.out("log", "-1", "--format=%s", sha, cwd=workdir)
-        trailers = g.out("log", "-1", "--format=%(trailers:unfold,only)", sha, cwd=workdir)
+    for sha in checkout.commits_after_series(workdir):
+        subject = g.subject(workdir, sha)
         found: dict[str, str] = {}
-        for line in trailers.splitlines():
-            key, _, value = line.partition(":")
-            found.setdefault(key.strip().lower(), value.strip())
+        for key, value in g.trailers(workdir, sha):
+            found.setdefault(key.lower(), value)
         pid = found.get("patchkit-id")
         own = _OWN_SUBJECT.match(subject)
         if own:
@@ -100,10 +100,10 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
         raise UsageError(f"--workdir {workdir}: not a checkout (run `patchkit apply` first)")
     result = ExportResult()
     commits = _commits(workdir)
-    if g.out("status", "--porcelain", cwd=workdir):
+    if g.has_uncommitted(workdir):
         result.notes.append(f"{workdir} has uncommitted changes; only commits are exported")
-    report = engine.read_report(workdir) or {}
-    applied = [p.get("id") for p in report.get("patches", [])]
+    report = checkout.read_report(workdir)
+    applied = [p.id for p in report.patches] if report else []
     if applied and applied != [p.id for p in m.patches][:len(applied)]:
         result.notes.append(f"{workdir} was applied from another series than "
                             f"{m.path.name} holds now; the exported patches go at its end")
@@ -113,7 +113,7 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
     claimed: set[str] = set()
     new_entries: list[list[tuple[str, str]]] = []
     for c in commits:
-        diff = diffwrite.diff_text(workdir, f"{c.sha}~1", c.sha)
+        diff = g.diff(workdir, f"{c.sha}~1", c.sha)
         if not diff.strip():
             result.notes.append(f"{c.sha[:12]} {c.subject!r} changes nothing; not exported")
             continue
@@ -131,7 +131,7 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
             entry = [("id", pid), ("summary", c.subject or pid)]
             if c.upstream:
                 entry.append(("upstream", c.upstream))
-            entry.append(("diff", rel))
+            entry.append((DIFF, rel))
             new_entries.append(entry)
             action = "added"
         result.exported.append(Exported(pid, c.sha, rel, c.subject, action))
@@ -144,9 +144,7 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
 
 def _applied_ids(workdir: Path) -> set[str]:
     """Ids of the patches below ``patchkit/applied``: the series the checkout was made from."""
-    subjects = g.out("log", "--format=%s", f"{engine.BASE_TAG}..{engine.APPLIED_TAG}",
-                     cwd=workdir, check=False)
-    return {m.group(1) for m in map(_OWN_SUBJECT.match, subjects.splitlines()) if m}
+    return {m.group(1) for m in map(_OWN_SUBJECT.match, checkout.series_subjects(workdir)) if m}
 
 
 def _id_for(c: _Commit, m: Manifest, taken: dict, unavailable: set[str]) -> str:
@@ -161,7 +159,10 @@ def _id_for(c: _Commit, m: Manifest, taken: dict, unavailable: set[str]) -> str:
             rel = f"{PATCH_DIR}/{pid}.diff"
             if existing is None and not (m.root / rel).exists():
                 return pid
-            if existing is not None and existing.kind == "diff" and existing.path == rel:
+            if existing is not None and existing.path == rel:  # only a diff is a .diff file
                 return pid
         n += 1
         pid = f"{base}-{n}"
+
+
+run = export

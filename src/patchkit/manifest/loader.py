@@ -8,94 +8,20 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-import unidiff
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from patchkit import paths
-from patchkit.diffapply import binary_without_data
+from patchkit import kinds, paths
 from patchkit.errors import ManifestError
-from patchkit.image import reference_problem
-from patchkit.source import ref_problem
+from patchkit.image.reference import reference_problem
+from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Patch,
+                                     VllmSource)
+from patchkit.source.refs import ref_problem
 
-PREDICATES = ("defines", "calls", "has_key", "contains", "not")
-KINDS = ("diff", "transform", "overlay")
-
-
-@dataclass(frozen=True)
-class Assertion:
-    """One AST assertion.  ``predicate`` is one of PREDICATES; for ``not``, ``negated`` holds the
-    inner assertion (same file and scope) and ``value`` is ``None``."""
-
-    file: str
-    scope: str | None          # the `in:` dotted scope, or None for the whole module
-    predicate: str
-    value: str | None
-    negated: Assertion | None = None
-    line: int = 0              # line of the assertion in patchset.yaml
-
-    def describe(self) -> str:
-        if self.predicate == "not" and self.negated is not None:
-            return "not " + self.negated.describe()
-        where = f" in {self.scope}" if self.scope else ""
-        return f"{self.predicate} {self.value}{where}"
-
-
-@dataclass(frozen=True)
-class Patch:
-    id: str
-    summary: str
-    kind: str                  # one of KINDS
-    path: str                  # the diff file, transform file or overlay dir, manifest-relative
-    upstream: str | None = None
-    vllm: SpecifierSet | None = None
-    verify: tuple[Assertion, ...] = ()
-    replaces: Mapping[str, str] = field(default_factory=dict)  # overlay: file -> upstream blob
-    line: int = 0              # line of the entry in patchset.yaml
-    index: int = 0             # position in `patches:`
-    # line of each key's value (e.g. "vllm", "diff"), so that edits and messages can point at it
-    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
-
-    @property
-    def label(self) -> str:
-        return f"patches[{self.index}] (id={self.id})"
-
-
-@dataclass(frozen=True)
-class VllmSource:
-    repos: tuple[str, ...]     # git URLs, local paths or "pypi", tried in order
-    ref: str
-    line: int = 0
-    ref_line: int = 0
-
-
-@dataclass(frozen=True)
-class ImageDefaults:
-    base: str | None = None
-    platform: str = "linux/arm64"
-    tag: str | None = None     # may hold "{ref}"
-
-
-@dataclass(frozen=True)
-class Manifest:
-    name: str
-    root: Path                 # the folder holding patchset.yaml; patch paths are relative to it
-    path: Path                 # patchset.yaml itself
-    vllm: VllmSource
-    image: ImageDefaults
-    patches: tuple[Patch, ...]
-
-    def patch(self, patch_id: str) -> Patch:
-        for p in self.patches:
-            if p.id == patch_id:
-                return p
-        raise KeyError(patch_id)
-
+KINDS = kinds.NAMES
 
 # ------------------------------------------------------------------------------------ loading
 
@@ -105,7 +31,6 @@ IMAGE_KEYS = ("base", "platform", "tag")
 PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "verify", "replaces")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
 
-ID_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
 _PLATFORM_RE = re.compile(r"[a-z0-9_]+/[a-z0-9_]+(/[a-z0-9_]+)?\Z")
@@ -354,13 +279,13 @@ class _Loader:
         if "upstream" in fields:
             upstream = self.string(fields["upstream"][1], "upstream").strip()
 
-        kinds = [key for key in fields if key in KINDS]
-        if not kinds:
+        given = [key for key in fields if key in KINDS]
+        if not given:
             self.fail(f"no patch kind: {_ONE_OF_KINDS}", node)
-        if len(kinds) > 1:
-            self.fail(f"{kinds[1]}: two patch kinds ({kinds[0]} and {kinds[1]}) in one entry; "
-                      f"{_ONE_OF_KINDS}", fields[kinds[1]][0])
-        kind = kinds[0]
+        if len(given) > 1:
+            self.fail(f"{given[1]}: two patch kinds ({given[0]} and {given[1]}) in one entry; "
+                      f"{_ONE_OF_KINDS}", fields[given[1]][0])
+        kind = given[0]
         rel = self.patch_file(kind, fields[kind][1])
 
         spec = None
@@ -376,7 +301,7 @@ class _Loader:
         replaces: dict[str, str] = {}
         if "replaces" in fields:
             key_node, value_node = fields["replaces"]
-            if kind != "overlay":
+            if not kinds.get(kind).replaces_files:
                 self.fail(f"replaces: only an overlay patch replaces files (this is a {kind} "
                           "patch)", key_node)
             replaces = self.replaces(value_node, rel)
@@ -407,46 +332,22 @@ class _Loader:
         if os.path.lexists(full) and not paths.is_within(self.root, full):
             self.fail(f"{kind}: {rel} leads outside the manifest's folder (through a symlink)",
                       node)
-        if kind == "overlay":
+        plugin = kinds.get(kind)
+        if plugin.is_folder:
             if full.exists() and not full.is_dir():
-                self.fail(f"overlay: {rel} is a file; an overlay is a directory of files laid "
+                self.fail(f"{kind}: {rel} is a file; an {kind} is a directory of files laid "
                           "over the checkout", node)
             if not full.is_dir():
-                self.fail(f"overlay: no such directory: {rel}", node)
-            return rel
-        if not full.exists():
-            self.fail(f"{kind}: no such file: {rel}", node)
-        if not full.is_file():
-            self.fail(f"{kind}: {rel} is not a file", node)
-        if kind == "transform":
-            if full.suffix != ".py":
-                self.fail(f"transform: {rel} is not a Python file (.py)", node)
-            return rel
-        self.check_diff(full, rel, node)
+                self.fail(f"{kind}: no such directory: {rel}", node)
+        else:
+            if not full.exists():
+                self.fail(f"{kind}: no such file: {rel}", node)
+            if not full.is_file():
+                self.fail(f"{kind}: {rel} is not a file", node)
+        problem = plugin.check(full, rel)
+        if problem:
+            self.fail(f"{kind}: {problem}", node)
         return rel
-
-    def check_diff(self, full: Path, rel: str, node: yaml.Node) -> None:
-        try:
-            text = full.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            self.fail(f"diff: {rel} is not UTF-8 text ({exc.reason} at byte {exc.start})", node)
-        except OSError as exc:
-            self.fail(f"diff: cannot read {rel}: {exc.strerror}", node)
-        try:
-            patch_set = unidiff.PatchSet(text)
-        except unidiff.UnidiffParseError as exc:
-            self.fail(f"diff: {rel} is not a valid unified diff: {exc}", node)
-        if len(patch_set) == 0:
-            self.fail(f"diff: {rel} holds no file changes (not a unified diff?)", node)
-        binary = binary_without_data(text)
-        if binary:
-            self.fail(f"diff: {rel} names a binary change without its content ({binary!r}); "
-                      "make it with `git diff --binary`", node)
-        for patched in patch_set:
-            try:
-                paths.check_relative(patched.path)
-            except paths.UnsafePathError as exc:
-                self.fail(f"diff: {rel} touches an unsafe path: {exc}", node)
 
     def replaces(self, node: yaml.Node, overlay: str) -> dict[str, str]:
         fields = self.mapping(node, "replaces", None,

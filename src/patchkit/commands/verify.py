@@ -1,0 +1,96 @@
+"""``patchkit verify``: the AST assertions alone, on an applied checkout or inside an image."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from patchkit import paths, versions
+from patchkit.errors import ImageError, UsageError
+from patchkit.manifest import Manifest, Patch
+from patchkit.report import AssertionResult
+from patchkit.series import checkout, verify
+
+
+@dataclass
+class VerifyReport:
+    target: str
+    verify: list[AssertionResult]
+
+    @property
+    def ok(self) -> bool:
+        return all(a.ok for a in self.verify)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "target": self.target, "verify": [a.to_dict() for a in self.verify]}
+
+
+def active_patches(manifest: Manifest, skipped: set[str], version: str | None) -> list[Patch]:
+    """The patches whose assertions apply: neither skipped by the apply nor outside the range
+    of the release found (when one was found)."""
+    return [p for p in manifest.patches
+            if p.id not in skipped and (not version or versions.in_range(p.vllm, version)[0])]
+
+
+def verify_tree(manifest: Manifest, tree: Path) -> list[AssertionResult]:
+    """The manifest's assertions on a patched tree, leaving out patches the tree's release is
+    outside of (known from the apply report, when the tree has one)."""
+    if not tree.is_dir():
+        raise UsageError(f"--tree {tree}: no such directory")
+    report = checkout.read_report(tree)
+    version = report.vllm.version if report else None
+    skipped = report.skipped() if report else set()
+    return verify.run_assertions(active_patches(manifest, skipped, version),
+                                 verify.tree_reader(tree))
+
+
+def verify_image(manifest: Manifest, image: str, *, engine=None) -> list[AssertionResult]:
+    """The manifest's assertions on the files inside ``image``, read without running it."""
+    from patchkit.image import package
+    from patchkit.image.build import ImageFacts
+    from patchkit.image.engine import Engine
+    from patchkit.image.reference import Platform, check_reference
+
+    check_reference("--image", image)
+    engine = engine or Engine.connect()
+    attrs = engine.inspect(image)
+    if attrs is None:
+        plat = Platform.parse(manifest.image.platform or "linux/arm64")
+        try:
+            engine.resolve_base(image, plat)
+        except ImageError as exc:
+            raise ImageError(str(exc).replace("base image ", "image ", 1)) from exc
+        attrs = engine.inspect(image)
+    if attrs is None:
+        raise ImageError(f"image {image} not found on the engine at {engine.host}")
+    config = attrs.get("Config") or {}
+    facts = ImageFacts.from_labels(config.get("Labels") or {})
+    env = dict(item.partition("=")[::2] for item in config.get("Env") or ())
+    with engine.files(attrs["Id"], image) as files:
+        hinted = facts.vllm_dir
+        if hinted and files.exists(hinted.rstrip("/") + "/__init__.py"):
+            pkg = package.Package(str(PurePosixPath(hinted).parent), None)
+        else:
+            pkg = package.find_package(files, env)
+        version = facts.installed or package.installed_version(files, pkg, None)
+        active = active_patches(manifest, facts.skipped(), version)
+        cache: dict[str, str | None] = {}
+
+        def read(rel: str) -> str | None:
+            paths.check_relative(rel)
+            if rel not in cache:
+                data = files.read(pkg.path_of(rel))
+                cache[rel] = None if data is None else data.decode("utf-8")
+            return cache[rel]
+
+        return verify.run_assertions(active, read)
+
+
+def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
+        default_tree: Path) -> VerifyReport:
+    if tree and image:
+        raise UsageError("give --tree or --image, not both")
+    if image:
+        return VerifyReport(image, verify_image(manifest, image))
+    where = tree or default_tree
+    return VerifyReport(str(where), verify_tree(manifest, Path(where)))

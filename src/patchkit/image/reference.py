@@ -1,0 +1,88 @@
+"""Image references and platforms: pure values, checked before any engine is asked."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from patchkit.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Platform:
+    os: str
+    arch: str
+    variant: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Platform":
+        parts = text.strip().lower().split("/")
+        if len(parts) not in (2, 3) or not all(parts):
+            raise UsageError(f"--platform {text!r}: expected OS/ARCH[/VARIANT], e.g. linux/arm64")
+        arch = {"aarch64": "arm64", "x86_64": "amd64"}.get(parts[1], parts[1])
+        return cls(parts[0], arch, parts[2] if len(parts) == 3 else None)
+
+    def matches(self, other: "Platform") -> bool:
+        if (self.os, self.arch) != (other.os, other.arch):
+            return False
+        # arm64 images often carry no variant; v8 is the only one there is.
+        return not (self.variant and other.variant) or self.variant == other.variant
+
+    def __str__(self) -> str:
+        return "/".join(p for p in (self.os, self.arch, self.variant) if p)
+
+
+def repository(name: str) -> str:
+    """``host:5000/a/b:tag`` or ``a/b@sha256:..`` -> ``host:5000/a/b``."""
+    name = name.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    return name
+
+
+# The reference grammar of the distribution project, which the engine enforces.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = (r"(?:localhost|\[[0-9a-fA-F:]+\]|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+           r"(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*)(?::[0-9]+)?")
+_NAME = re.compile(rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG = re.compile(r"[\w][\w.-]{0,127}")
+_DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
+
+
+def reference_problem(ref: str, *, digest_ok: bool = True) -> str | None:
+    """Why ``ref`` is not an image reference the engine would take, or None.  Checked before
+    anything is built, so that a bad ``--tag`` is known before the work, not after it."""
+    if not ref.strip():
+        return "it is empty"
+    rest, _, digest = ref.partition("@")
+    if digest and not digest_ok:
+        return "a tag names no digest (drop the @...)"
+    if digest and not _DIGEST.fullmatch(digest):
+        return f"{digest!r} is not a digest like sha256:<64 hex digits>"
+    name, tag = rest, None
+    last = rest.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = rest[: len(rest) - len(last)] + last.split(":", 1)[0], last.split(":", 1)[1]
+    if tag is not None and not _TAG.fullmatch(tag):
+        return f"the tag {tag!r} is not [A-Za-z0-9_.-], at most 128 characters"
+    if len(name) > 255:
+        return "the name is longer than 255 characters"
+    if not _NAME.fullmatch(name):
+        if _NAME.fullmatch(name.lower()):
+            return "the repository name must be lowercase"
+        return "it is not NAME[:TAG] (lowercase letters, digits, and . _ - / as separators)"
+    return None
+
+
+def split_tag(ref: str) -> tuple[str, str]:
+    repo = repository(ref)
+    rest = ref[len(repo):]
+    return repo, rest[1:] if rest.startswith(":") else "latest"
+
+
+def check_reference(flag: str, ref: str, *, digest_ok: bool = True) -> None:
+    """A usage error naming ``flag`` when ``ref`` is no image reference."""
+    problem = reference_problem(ref, digest_ok=digest_ok)
+    if problem:
+        raise UsageError(f"{flag} {ref!r} is not an image reference: {problem}")

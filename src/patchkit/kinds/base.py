@@ -1,0 +1,96 @@
+"""The protocol every patch kind implements, and the values kinds hand back.
+
+A kind is one module under ``kinds/`` with a ``KIND`` object of this shape, named once in the
+registry (``kinds/__init__.py``).  Callers look the kind up by the manifest key and never ask
+which kind it is: what differs between kinds (how the manifest entry is checked, which checkout
+paths it touches, how it applies, what ``rebase`` does when it applied at an offset, stopped,
+or is taken up again) is the kind's to say.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from patchkit.report import Outcome, PatchResult
+
+if TYPE_CHECKING:
+    from patchkit.manifest.model import Manifest, Patch
+
+
+class KindError(Exception):
+    """The kind cannot say what a patch touches (it does not parse, it does not import)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The checkout a patch is applied to."""
+
+    root: Path                 # the work tree
+    base_commit: str           # the pristine upstream commit
+    version: str | None        # the vLLM release, when known
+    mirror: Path | None = None  # the cached repository the checkout borrows from
+
+
+@dataclass
+class Stop:
+    """Where a rebase stopped and what the user is to do."""
+
+    patch: str
+    kind: str
+    reason: str
+    message: str
+    edit: list[str] = field(default_factory=list)          # the files to change
+    instructions: list[str] = field(default_factory=list)  # lines for a person
+    drift: dict[str, str] = field(default_factory=dict)    # overlay file -> new upstream blob
+
+
+class Rebase(Protocol):
+    """What a kind may ask of a rebase in progress."""
+
+    tree: Path          # the checkout of the target with the patches before this one
+    to: str             # the target ref
+    frm: str            # the old pin
+    shown: str          # how to name the checkout to a person
+    manifest: Manifest
+    base_commit: str    # the target's pristine commit
+
+    def old_pin(self, patch: Patch) -> AbstractContextManager[tuple[Path, PatchResult] | None]:
+        """A checkout of the old pin with the patches before ``patch`` and then ``patch``
+        applied, and ``patch``'s result there; None when the old pin cannot give it."""
+        ...
+
+    def mark_upstream(self, patch: Patch, why: str) -> None: ...
+
+    def resolved(self, patch: Patch, commit: str, detail: str) -> None: ...
+
+
+class PatchKind(Protocol):
+    name: str                  # the manifest key: `diff: FILE`
+    is_folder: bool            # the patch is a folder of files rather than one file
+    replaces_files: bool       # the entry may record `replaces:`
+    writes_only_named: bool    # it cannot write a path it does not report
+
+    def check(self, full: Path, rel: str) -> str | None:
+        """What is wrong with the patch file, for the manifest loader; None when fine."""
+
+    def sources(self, full: Path, rel: str) -> list[str]:
+        """The manifest-relative files the patch is made of."""
+
+    def touched(self, full: Path) -> list[str]:
+        """Every checkout path the patch reads or writes; KindError when it cannot tell."""
+
+    def apply(self, patch: Patch, full: Path, target: Target) -> Outcome:
+        """Apply to ``target.root``, all or nothing; never raises for a bad patch."""
+
+    def refresh(self, patch: Patch, full: Path, tree: Path, result: PatchResult) -> str | None:
+        """After it applied at an offset in a rebase: rewrite it to apply exactly; what was
+        done, or None when the kind has nothing to rewrite."""
+
+    def stop(self, rebase: Rebase, patch: Patch, result: PatchResult, head: str) -> Stop:
+        """The rebase stops at ``patch``: prepare the checkout and say what to do."""
+
+    def resume(self, rebase: Rebase, patch: Patch, stop: Stop) -> None:
+        """``rebase --continue`` after a stop at ``patch``: take the user's resolution."""

@@ -1,0 +1,285 @@
+"""The libcst transform kind, owner of libcst: authoring API, runner and plug-in.
+
+A transform patch is a Python file under ``patches/`` that defines one or more subclasses of
+:class:`Transform`, each editing one file of the checkout::
+
+    import libcst as cst
+    import libcst.matchers as m
+    from patchkit.transform import Transform
+
+    class UseB12x(Transform):
+        path = "vllm/config/speculative.py"
+
+        def postcondition(self, module: cst.Module) -> bool:
+            # True once the change is in place; checked before (True -> "upstream") and after.
+            return self.has(module, m.SimpleString('"b12x"'))
+
+        def transform(self, module: cst.Module) -> cst.Module:
+            # anchor() demands exactly one match: 0 -> anchor-missing, 2+ -> ambiguous-anchor.
+            old = self.anchor(module, m.SimpleString('"flashinfer_b12x"'), "the draft MoE backend")
+            # with_changes keeps the node's parentheses and comments; a fresh node would drop them
+            return module.deep_replace(old, old.with_changes(value='"b12x"'))
+
+The runner never skips silently: a missing anchor, a second hit, a postcondition that does not
+hold afterwards, or a result that does not re-parse and compile fails the patch.  Classes run in
+the order they are defined.  ``self.version`` is the vLLM release being patched (a
+``packaging.version.Version``, or ``None`` when unknown), for the rare fix that must differ by
+release; prefer a ``vllm:`` range in the manifest.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import libcst as cst
+import libcst.matchers as m
+from packaging.version import Version
+
+from patchkit import paths
+from patchkit.kinds.base import KindError, Rebase, Stop, Target
+from patchkit.kinds.common import ABORT, dirty_resume
+from patchkit.report import Outcome, PatchResult
+
+
+class AnchorError(Exception):
+    """Raised by :meth:`Transform.anchor`; ``reason`` is a contract failure reason."""
+
+    reason = "anchor-missing"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class AnchorMissingError(AnchorError):
+    reason = "anchor-missing"
+
+
+class AmbiguousAnchorError(AnchorError):
+    reason = "ambiguous-anchor"
+
+
+class Transform:
+    """Base class of a transform.  Subclasses set ``path`` and define two methods."""
+
+    #: the file this transform edits, relative to the checkout root
+    path: str = ""
+
+    def __init__(self, version: Version | None = None) -> None:
+        self.version = version
+
+    # -- to be written by the patch author ---------------------------------------------------
+    def postcondition(self, module: cst.Module) -> bool:
+        """True when the file already has the change."""
+        raise NotImplementedError
+
+    def transform(self, module: cst.Module) -> cst.Module:
+        """Return the changed module.  Find every edit point with :meth:`anchor`."""
+        raise NotImplementedError
+
+    # -- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def find(tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> Sequence[cst.CSTNode]:
+        """Every node under ``tree`` (itself included) that ``matcher`` matches."""
+        return m.findall(tree, matcher)
+
+    @classmethod
+    def has(cls, tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
+        return bool(cls.find(tree, matcher))
+
+    @classmethod
+    def anchor(cls, tree: cst.CSTNode, matcher: m.BaseMatcherNode, what: str) -> cst.CSTNode:
+        """The one node under ``tree`` that ``matcher`` matches; anything else fails the patch."""
+        hits = cls.find(tree, matcher)
+        if not hits:
+            raise AnchorMissingError(f"anchor not found: {what}")
+        if len(hits) > 1:
+            raise AmbiguousAnchorError(f"anchor matches {len(hits)} places: {what}")
+        return hits[0]
+
+    @classmethod
+    def scope(cls, module: cst.Module, dotted: str) -> cst.CSTNode:
+        """The class or function named by ``Class.method`` (top level first), exactly once."""
+        node: cst.CSTNode = module
+        walked: list[str] = []
+        for name in dotted.split("."):
+            walked.append(name)
+            body = _body_of(node)
+            hits = [s for s in body if isinstance(s, (cst.ClassDef, cst.FunctionDef))
+                    and s.name.value == name]
+            if not hits:
+                raise AnchorMissingError(f"anchor not found: {'.'.join(walked)}")
+            if len(hits) > 1:
+                raise AmbiguousAnchorError(
+                    f"anchor matches {len(hits)} places: {'.'.join(walked)}")
+            node = hits[0]
+        return node
+
+
+def _body_of(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
+    if isinstance(node, cst.Module):
+        return node.body
+    body = getattr(node, "body", None)
+    inner = getattr(body, "body", None)
+    return inner if inner is not None else ()
+
+
+class TransformLoadError(Exception):
+    """The transform file cannot be imported or defines no Transform."""
+
+
+def load_transforms(py_file: Path) -> list[type[Transform]]:
+    """Import ``py_file`` under a private name; return its Transform subclasses in source order."""
+    name = f"_patchkit_transform_{abs(hash(str(py_file.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, py_file)
+    if spec is None or spec.loader is None:
+        raise TransformLoadError(f"{py_file}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:  # the author's code: report, never a traceback
+        raise TransformLoadError(f"{py_file}: import failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.modules.pop(name, None)
+    found = [obj for obj in vars(module).values()
+             if inspect.isclass(obj) and issubclass(obj, Transform) and obj is not Transform
+             and obj.__module__ == name]
+    if not found:
+        raise TransformLoadError(f"{py_file}: defines no patchkit.transform.Transform subclass")
+    # vars() keeps definition order, which is the order the classes run in
+    for cls in found:
+        if not cls.path:
+            raise TransformLoadError(f"{py_file}: {cls.__name__} sets no `path`")
+        if not isinstance(cls.path, str):
+            raise TransformLoadError(f"{py_file}: {cls.__name__}.path must be a checkout-relative "
+                                     f"path string, not {cls.path!r}")
+    return found
+
+
+def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Outcome:
+    """Apply every transform in ``py_file`` to the checkout at ``root``, all or nothing."""
+    try:
+        classes = load_transforms(py_file)
+    except TransformLoadError as exc:
+        return Outcome("failed", "error", str(exc))
+    files = list(dict.fromkeys(cls.path for cls in classes))
+    pending: dict[str, str] = {}  # path -> new text, written only when every class succeeded
+    upstream = 0
+    for cls in classes:
+        try:
+            target = paths.safe_join(root, cls.path)
+        except paths.UnsafePathError as exc:
+            return Outcome("failed", "unsafe-path", f"{cls.__name__}: {exc}", files)
+        if cls.path in pending:
+            source = pending[cls.path]
+        elif target.is_file():
+            source = target.read_text(encoding="utf-8")
+        else:
+            return Outcome("failed", "anchor-missing",
+                                    f"{cls.__name__}: {cls.path} does not exist", files)
+        outcome = _run_one(cls, source, version)
+        if isinstance(outcome, Outcome):
+            outcome.files = files
+            return outcome
+        if outcome is None:
+            upstream += 1
+        else:
+            pending[cls.path] = outcome
+    if upstream == len(classes):
+        return Outcome("upstream", None, "postcondition already holds", files)
+    for rel, text in pending.items():
+        paths.safe_join(root, rel).write_text(text, encoding="utf-8")
+    return Outcome("applied", None, "", files)
+
+
+def _run_one(cls: type[Transform], source: str, version: Version | None
+             ) -> str | None | Outcome:
+    """New text, ``None`` when already applied, or a failed outcome."""
+    label = f"{cls.__name__} ({cls.path})"
+    try:
+        before = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        return Outcome("failed", "error", f"{label}: cannot parse: {exc.message}")
+    instance = cls(version)
+    try:
+        if instance.postcondition(before):
+            return None
+        after = instance.transform(before)
+    except AnchorError as exc:
+        return Outcome("failed", exc.reason, f"{label}: {exc}")
+    except (Exception, SystemExit) as exc:  # the author's code; sys.exit() there ends no run
+        return Outcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
+    if not isinstance(after, cst.Module):
+        return Outcome("failed", "error", f"{label}: transform() returned "
+                                f"{type(after).__name__}, not libcst.Module")
+    text = after.code
+    if text == source:
+        return Outcome("failed", "error",
+                                f"{label}: transform changed nothing and the postcondition "
+                                "does not hold")
+    try:
+        reparsed = cst.parse_module(text)
+        compile(text, cls.path, "exec")
+    except (cst.ParserSyntaxError, SyntaxError) as exc:
+        return Outcome("failed", "error", f"{label}: result does not compile: {exc}")
+    try:
+        holds = instance.postcondition(reparsed)
+    except (Exception, SystemExit) as exc:
+        return Outcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
+    if not holds:
+        return Outcome("failed", "error",
+                                f"{label}: postcondition does not hold after the transform")
+    return text
+
+
+class TransformKind:
+    name = "transform"
+    is_folder = False
+    replaces_files = False
+    # A transform is the author's code and may write anywhere in the tree: the engine checks
+    # that it wrote only what it names.
+    writes_only_named = False
+
+    def check(self, full: Path, rel: str) -> str | None:
+        if full.suffix != ".py":
+            return f"{rel} is not a Python file (.py)"
+        return None
+
+    def sources(self, full: Path, rel: str) -> list[str]:
+        return [rel]
+
+    def touched(self, full: Path) -> list[str]:
+        try:
+            return [cls.path for cls in load_transforms(full)]
+        except TransformLoadError as exc:
+            raise KindError(str(exc)) from None
+
+    def apply(self, patch, full: Path, target: Target) -> Outcome:
+        return run_transform_file(full, target.root, Version(target.version) if target.version else None)
+
+    def refresh(self, patch, full: Path, tree: Path, result: PatchResult) -> str | None:
+        return None  # a transform finds its anchors wherever they moved
+
+    def stop(self, rebase: Rebase, patch, result: PatchResult, head: str) -> Stop:
+        shown = rebase.shown
+        what = {"anchor-missing": "its anchor is not in the file any more",
+                "ambiguous-anchor": "its anchor matches more than one place now"}.get(
+                    result.reason or "", "it fails on the new code")
+        files = ", ".join(f"{shown}/{f}" for f in result.files) or shown
+        lines = [head, "",
+                 (f"The checkout {shown} holds vLLM {rebase.to} with the patches before "
+                  f"{patch.id} (left unchanged)."),
+                 f"Change {patch.path}: {what}.  Match its anchors against {files}, then",
+                 f"`patchkit rebase --continue` runs {patch.path} again and goes on.", ABORT]
+        return Stop(patch.id, self.name, result.reason or "error", result.message, [patch.path],
+                    lines)
+
+    def resume(self, rebase: Rebase, patch, stop: Stop) -> None:
+        dirty_resume(rebase, patch)
+
+
+KIND = TransformKind()

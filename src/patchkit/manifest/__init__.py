@@ -1,0 +1,18 @@
+"""patchset.yaml: the model (frozen dataclasses), the line-keeping loader, and text edits.
+
+``load`` is the one way in; nothing past it handles raw dicts.
+"""
+
+from patchkit.manifest.loader import KINDS, load
+from patchkit.manifest.model import (
+    ID_RE,
+    PREDICATES,
+    Assertion,
+    ImageDefaults,
+    Manifest,
+    Patch,
+    VllmSource,
+)
+
+__all__ = ["ID_RE", "KINDS", "PREDICATES", "Assertion", "ImageDefaults", "Manifest", "Patch",
+           "VllmSource", "load"]

@@ -1,0 +1,85 @@
+"""The manifest as values: frozen dataclasses that keep their YAML line numbers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+
+PREDICATES = ("defines", "calls", "has_key", "contains", "not")
+
+
+@dataclass(frozen=True)
+class Assertion:
+    """One AST assertion.  ``predicate`` is one of PREDICATES; for ``not``, ``negated`` holds the
+    inner assertion (same file and scope) and ``value`` is ``None``."""
+
+    file: str
+    scope: str | None          # the `in:` dotted scope, or None for the whole module
+    predicate: str
+    value: str | None
+    negated: Assertion | None = None
+    line: int = 0              # line of the assertion in patchset.yaml
+
+    def describe(self) -> str:
+        if self.predicate == "not" and self.negated is not None:
+            return "not " + self.negated.describe()
+        where = f" in {self.scope}" if self.scope else ""
+        return f"{self.predicate} {self.value}{where}"
+
+
+@dataclass(frozen=True)
+class Patch:
+    id: str
+    summary: str
+    kind: str                  # a name of patchkit.kinds.NAMES
+    path: str                  # the diff file, transform file or overlay dir, manifest-relative
+    upstream: str | None = None
+    vllm: SpecifierSet | None = None
+    verify: tuple[Assertion, ...] = ()
+    replaces: Mapping[str, str] = field(default_factory=dict)  # overlay: file -> upstream blob
+    line: int = 0              # line of the entry in patchset.yaml
+    index: int = 0             # position in `patches:`
+    # line of each key's value (e.g. "vllm", "diff"), so that edits and messages can point at it
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
+
+    @property
+    def label(self) -> str:
+        return f"patches[{self.index}] (id={self.id})"
+
+
+@dataclass(frozen=True)
+class VllmSource:
+    repos: tuple[str, ...]     # git URLs, local paths or "pypi", tried in order
+    ref: str
+    line: int = 0
+    ref_line: int = 0
+
+
+@dataclass(frozen=True)
+class ImageDefaults:
+    base: str | None = None
+    platform: str = "linux/arm64"
+    tag: str | None = None     # may hold "{ref}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    root: Path                 # the folder holding patchset.yaml; patch paths are relative to it
+    path: Path                 # patchset.yaml itself
+    vllm: VllmSource
+    image: ImageDefaults
+    patches: tuple[Patch, ...]
+
+    def patch(self, patch_id: str) -> Patch:
+        for p in self.patches:
+            if p.id == patch_id:
+                return p
+        raise KeyError(patch_id)
+
+
+ID_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")

@@ -1,0 +1,1 @@
+"""Turning results into text, Markdown, JUnit or JSON; the one colour table."""

@@ -1,0 +1,196 @@
+"""rebase-check's patch x release matrix as text for a person, JSON for scripts, Markdown for a
+CI job summary and JUnit XML for a CI test report."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+from patchkit.commands.rebase_check import FORMATS, Matrix, Row
+from patchkit.errors import UsageError
+from patchkit.manifest import Manifest
+from patchkit.render.colors import paint
+from patchkit.report import ApplyReport, PatchResult
+
+__all__ = ["FORMATS", "render"]
+
+
+def cell_word(r: PatchResult) -> str:
+    if r.status == "failed":
+        return r.reason or "failed"
+    if r.status == "applied" and r.offsets:
+        return "applied (offset)"
+    return r.status
+
+
+def _paint(word: str, status: str, offsets: bool, color: bool) -> str:
+    return paint(word, "offset" if status == "applied" and offsets else status, color)
+
+
+def notes(row: Row, markdown: bool = False) -> list[str]:
+    """The notes column: drop candidate or upstream-since, and the vLLM pull request."""
+    out = []
+    if row.drop:
+        drop = "upstream in every target: drop it"
+        out.append(f"**{drop}**" if markdown else drop)
+    elif row.upstream_since:
+        since = f"`{row.upstream_since}`" if markdown else row.upstream_since
+        out.append(f"upstream since {since}")
+    if row.pull:
+        pull = f"vllm#{row.pull}"
+        out.append(f"[{pull}]({row.patch.upstream})" if markdown else pull)
+    return out
+
+
+def render_text(matrix: Matrix, color: bool = False) -> str:
+    m = matrix.manifest
+    if not matrix.targets:
+        return f"{m.name}: no targets (no vLLM release after the pin {m.vllm.ref})\n"
+    rows = matrix.rows()
+    head = ["patch", *matrix.refs, "notes"]
+    table = [[r.patch.id, *[cell_word(c) for c in r.cells], "; ".join(notes(r))] for r in rows]
+    widths = [max(len(x[i]) for x in [head, *table]) for i in range(len(head) - 1)]
+    lines = [(f"{m.name}: {len(rows)} patches x {len(matrix.targets)} vLLM targets "
+              f"(pinned at {m.vllm.ref})"), ""]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  notes")
+    for r, cells in zip(rows, table):
+        out = [cells[0].ljust(widths[0])]
+        for c, word, w in zip(r.cells, cells[1:-1], widths[1:]):
+            out.append(_paint(word, c.status, bool(c.offsets), color) + " " * (w - len(word)))
+        lines.append(("  ".join(out) + "  " + cells[-1]).rstrip())
+    failed = matrix.failures()
+    if failed:
+        lines += ["", "failed:"]
+        lines += [f"  {r.id} @ {t.vllm.ref}: {r.reason}: {r.message}" for t, r in failed]
+    offsets = [(t, r) for t in matrix.targets for r in t.patches if r.offsets]
+    if offsets:
+        lines += ["", "offsets (fine; `patchkit rebase` rewrites them to apply exactly):"]
+        lines += [f"  {r.id} @ {t.vllm.ref}: {'; '.join(map(str, r.offsets))}" for t, r in offsets]
+    drop = [r.patch.id for r in rows if r.drop]
+    if drop:
+        lines += ["", (f"upstream in every target, to drop: {', '.join(drop)} "
+                       f"(patchkit rebase --to {matrix.refs[-1]} --drop-upstream)")]
+    lines.append("")
+    if matrix.ok:
+        lines.append(f"ok: the series applies to {len(matrix.targets)} of {len(matrix.targets)} "
+                     "targets")
+    else:
+        bad = [t.vllm.ref for t in matrix.targets if not t.ok]
+        lines.append(f"FAILED: {_failures(len(failed))} on {len(bad)} of "
+                     f"{len(matrix.targets)} targets ({', '.join(bad)})")
+    return "\n".join(lines) + "\n"
+
+
+def _failures(n: int) -> str:
+    return f"{n} patch failure{'s' if n != 1 else ''}"
+
+
+_MD_ICON = {"applied": "✅", "upstream": "⬆️", "skipped": "⏭️", "failed": "❌"}
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(matrix: Matrix) -> str:
+    m = matrix.manifest
+    out = [f"## vLLM rebase-check: {m.name}", ""]
+    if not matrix.targets:
+        out.append(f"No vLLM release after the pin `{m.vllm.ref}`: nothing to check.")
+        return "\n".join(out) + "\n"
+    verdict = ("✅ the series applies to every target" if matrix.ok else
+               f"❌ {_failures(len(matrix.failures()))}")
+    out += [(f"Pinned at `{m.vllm.ref}`; {len(m.patches)} patches x {len(matrix.targets)} "
+             f"targets: {verdict}."), ""]
+    out.append("| patch | " + " | ".join(f"`{ref}`" for ref in matrix.refs) + " | notes |")
+    out.append("|---" * (len(matrix.targets) + 2) + "|")
+    rows = matrix.rows()
+    for r in rows:
+        cells = [f"{_MD_ICON[c.status]} {cell_word(c)}" for c in r.cells]
+        note = " · ".join(notes(r, markdown=True))
+        out.append(f"| `{r.patch.id}` | " + " | ".join(cells) + f" | {_md(note)} |")
+    failed = matrix.failures()
+    if failed:
+        out += ["", "### Failures", ""]
+        for t, r in failed:
+            out += [(f"<details><summary><code>{r.id}</code> on <code>{t.vllm.ref}</code>: "
+                     f"{r.reason}</summary>"), "", "```text", failure_text(matrix, t, r), "```", "",
+                    "</details>", ""]
+    drop = [r.patch.id for r in rows if r.drop]
+    if drop:
+        out += ["", (f"Upstream in every target: {', '.join(f'`{d}`' for d in drop)}. "
+                     f"Drop with `patchkit rebase --to {matrix.refs[-1]} --drop-upstream`.")]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def failure_text(matrix: Matrix, target: ApplyReport, r: PatchResult) -> str:
+    """The whole story of one failure: the message, then the hunk that did not apply or the
+    assertions that did not hold."""
+    lines = [f"{r.reason}: {r.message}"]
+    if r.reason in ("conflict", "fuzz") and r.hunk is not None:
+        hunk = _failed_hunk(matrix.manifest, r)
+        if hunk:
+            lines += ["", "the hunk:", hunk.rstrip("\n")]
+    failed = [a for a in target.verify if a.patch == r.id and not a.ok]
+    if failed:
+        lines += ["", "assertions that do not hold:"]
+        lines += [f"  {a.location()}: {a.message}" for a in failed]
+    return "\n".join(lines)
+
+
+def _failed_hunk(manifest: Manifest, r: PatchResult) -> str | None:
+    from patchkit.kinds.diff import hunk_text
+
+    try:
+        patch = manifest.patch(r.id)
+    except KeyError:
+        return None
+    return hunk_text(manifest.root / patch.path, r.hunk) if r.hunk else None
+
+
+def render_junit(matrix: Matrix) -> str:
+    """One testsuite per target, one testcase per patch."""
+    total = sum(len(t.patches) for t in matrix.targets)
+    failures = len(matrix.failures())
+    skipped = sum(r.status == "skipped" for t in matrix.targets for r in t.patches)
+    suites = ET.Element("testsuites", name=f"patchkit rebase-check {matrix.manifest.name}",
+                        tests=str(total), failures=str(failures), errors="0",
+                        skipped=str(skipped))
+    for t in matrix.targets:
+        suite = ET.SubElement(
+            suites, "testsuite", name=f"vLLM {t.vllm.ref}", tests=str(len(t.patches)),
+            failures=str(sum(r.status == "failed" for r in t.patches)), errors="0",
+            skipped=str(sum(r.status == "skipped" for r in t.patches)))
+        props = ET.SubElement(suite, "properties")
+        for name, value in (("vllm.ref", t.vllm.ref), ("vllm.commit", t.vllm.commit),
+                            ("vllm.version", t.vllm.version or "")):
+            ET.SubElement(props, "property", name=name, value=value)
+        for r in t.patches:
+            case = ET.SubElement(suite, "testcase", classname=f"vllm-{t.vllm.ref}", name=r.id)
+            if r.status == "failed":
+                fail = ET.SubElement(case, "failure", type=r.reason or "failed",
+                                     message=f"{r.reason}: {r.message}"[:500])
+                fail.text = failure_text(matrix, t, r)
+            elif r.status == "skipped":
+                ET.SubElement(case, "skipped", message=r.message)
+            else:
+                detail = [r.status] + ([r.message] if r.message else []) + [str(o) for o in r.offsets]
+                ET.SubElement(case, "system-out").text = "\n".join(detail)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def render_json(matrix: Matrix) -> str:
+    return json.dumps(matrix.to_dict(), indent=2) + "\n"
+
+
+RENDERERS = {"json": render_json, "markdown": render_markdown, "junit": render_junit}
+
+
+def render(matrix: Matrix, fmt: str, color: bool = False) -> str:
+    if fmt == "text":
+        return render_text(matrix, color)
+    try:
+        return RENDERERS[fmt](matrix)
+    except KeyError:
+        raise UsageError(f"unknown format {fmt!r}") from None

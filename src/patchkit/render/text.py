@@ -1,0 +1,110 @@
+"""Text for a person: per-patch lines, closing summaries, and the lines of each verb."""
+
+from __future__ import annotations
+
+from patchkit.image.reference import split_tag
+from patchkit.render.colors import paint
+from patchkit.report import ApplyReport, AssertionResult, PatchResult
+
+
+def status_word(status: str, color: bool) -> str:
+    return paint(f"{status:<9}", status, color)
+
+
+def patch_line(r: PatchResult, color: bool = False) -> str:
+    detail = f"{r.reason}: {r.message}" if r.status == "failed" else r.message
+    line = f"{status_word(r.status, color)} {r.id}"
+    if r.commit:
+        line += f" [{r.commit[:10]}]"
+    if r.offsets:
+        line += " (" + "; ".join(map(str, r.offsets)) + ")"
+    if detail:
+        line += f": {detail}"
+    return line
+
+
+def assertion_failure(result: AssertionResult) -> str:
+    return result.failure_line()
+
+
+def summary(report: ApplyReport) -> str:
+    counts: dict[str, int] = {}
+    for p in report.patches:
+        counts[p.status] = counts.get(p.status, 0) + 1
+    parts = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no patches"
+    passed = sum(a.ok for a in report.verify)
+    return (f"{parts}; {passed}/{len(report.verify)} assertions passed "
+            f"(vLLM {report.vllm.ref} = {report.vllm.commit[:12]}, version {report.vllm.version})")
+
+
+def apply(report: ApplyReport) -> str:
+    lines = [assertion_failure(a) for a in report.verify if not a.ok]
+    if report.ok:
+        lines.append(f"ok: {summary(report)}; checkout at {report.workdir}")
+    else:
+        lines.append(f"FAILED: {summary(report)}")
+        if report.keep_failed:
+            lines.append(f"the failed checkout is kept at {report.keep_failed}")
+        else:
+            lines.append(f"{report.workdir} is left as it was")
+    return "\n".join(lines)
+
+
+def verify(report) -> str:
+    lines = [assertion_failure(a) for a in report.verify if not a.ok]
+    passed = sum(a.ok for a in report.verify)
+    lines.append(f"{'ok' if report.ok else 'FAILED'}: {passed}/{len(report.verify)} assertions "
+                 f"passed on {report.target}")
+    return "\n".join(lines)
+
+
+def rebase(result) -> str:
+    lines = [f"{step.action:<9} {step.id}" + (f": {step.detail}" if step.detail else "")
+             for step in result.steps]
+    lines += [f"note: {note}" for note in result.notes]
+    if result.stop:
+        lines.append("")
+        lines += result.stop.instructions
+    else:
+        lines.append(f"ok: rebased from vLLM {result.from_ref} to {result.to_ref}; review with "
+                     "`git diff`")
+    return "\n".join(lines)
+
+
+def export(result, workdir: str) -> str:
+    lines = [f"{e.action:<9} {e.id}: {e.path} from {e.commit[:12]} {e.summary}"
+             for e in result.exported]
+    lines += [f"note: {note}" for note in result.notes]
+    if not result.exported:
+        lines.append(f"nothing to export: no commit after patchkit/applied in {workdir}")
+    return "\n".join(lines)
+
+
+def build_image(report) -> str:
+    """The closing lines of a text run of build-image."""
+    summary = report.to_dict()
+    if not summary.get("ok"):
+        return f"FAILED: {summary.get('error', 'build-image failed')}"
+    lines = []
+    image_id = summary.get("image_id") or "(pushed by the build)"
+    what = f"{summary['tag']} {image_id[:19]} ({summary['platform']}, {summary['mode']} mode"
+    what += ", reused)" if summary.get("reused") else ")"
+    lines.append(f"ok: {what}")
+    layer = summary.get("layer")
+    if layer:
+        lines.append(f"  layer: {layer['files']} file(s), {layer['bytes']} bytes"
+                     + (f", {layer.get('whiteouts')} whiteout(s)" if layer.get("whiteouts") else ""))
+    if summary.get("base"):
+        lines.append(f"  base: {summary['base']['name']} @ {summary['base']['digest']}")
+    if summary.get("digest"):
+        lines.append(f"  digest: {summary['digest']}")
+        repo = split_tag(summary["tag"])[0]
+        lines.append(f"  other node: docker pull {repo}@{summary['digest']}")
+    if summary.get("saved"):
+        lines.append(f"  other node: docker load -i {summary['saved']['path']}")
+    if summary["mode"] == "overlay" and not summary.get("digest") and not summary.get("saved"):
+        lines.append(f"  other node: the same command against the same base gives image "
+                     f"{image_id[:19]}")
+    return "\n".join(lines)
+
+

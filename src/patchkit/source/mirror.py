@@ -1,0 +1,132 @@
+"""Git sources: bare mirrors cached in ``<cache>/repos/``, one per URL or local path.
+
+A mirror is cloned once and fetched again only when the ref is not already there or names a
+branch (branches move; tags and commits do not).  Every mirror is guarded by a file lock, so
+concurrent runs share it safely; a first clone lands in place by rename, so an interrupted run
+never leaves a broken mirror.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from filelock import FileLock
+
+from patchkit import git as g
+from patchkit.errors import CommandError, SourceError
+from patchkit.source.resolved import Log, Resolved, version_of
+from patchkit.util import cache_subdir, discard
+
+
+def resolve(source: str, ref: str, cache: Path, log: Log) -> Resolved:
+    """``ref`` in the mirror of the git source ``source``, cloned or fetched as needed."""
+    url, repo = _mirror_of(source, cache)
+    with FileLock(str(repo) + ".lock"):
+        fresh = _open_mirror(url, repo, log)
+        # Branches move, so a branch ref is always refetched; tags and shas are immutable.
+        commit = None if (not fresh and g.is_branch(repo, ref)) else g.resolve_commit(repo, ref)
+        if commit is None and not fresh:
+            log(f"fetching {source}")
+            _fetch(repo, url)
+            commit = g.resolve_commit(repo, ref)
+        if commit is None:
+            raise SourceError(f"unknown vLLM ref {ref!r} in {source}{_did_you_mean(repo, ref)}")
+        return Resolved(source, repo, ref, commit, version_of(repo, commit))
+
+
+def tags(source: str, cache: Path, log: Log) -> list[str]:
+    """Every tag the source has now (fetched first, so new releases show)."""
+    url, repo = _mirror_of(source, cache)
+    with FileLock(str(repo) + ".lock"):
+        if not _open_mirror(url, repo, log):
+            log(f"fetching tags of {source}")
+            _fetch(repo, url)
+        return g.tags(repo)
+
+
+def _slug(url: str) -> str:
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "-", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "repo"
+    return f"{tail}-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
+
+
+def _is_local(source: str) -> bool:
+    return source.startswith(("/", "./", "../", "~", "file://")) or Path(source).exists()
+
+
+def _mirror_of(source: str, cache: Path) -> tuple[str, Path]:
+    """What git is given for ``source``, and where its mirror lives in ``cache``."""
+    url = _url_of(source)
+    return url, cache_subdir(cache, "repos") / f"{_slug(url)}.git"
+
+
+def _url_of(source: str) -> str:
+    """What git is given for ``source``: a local path made absolute and checked first."""
+    if not _is_local(source) or source.startswith("file://"):
+        return source
+    local = Path(source).expanduser().absolute()
+    if not local.exists():
+        raise SourceError(f"no such repository: {source}")
+    if local.is_dir() and not _looks_like_git(local):
+        raise SourceError(f"{source} is not a git repository")
+    return str(local)
+
+
+def _open_mirror(url: str, repo: Path, log: Log) -> bool:
+    """Make sure the mirror at ``repo`` is there (the caller holds its lock); True when it was
+    just cloned, so it needs no fetch."""
+    if os.path.lexists(repo) and not g.is_repository(repo):
+        # The cache is disposable: a mirror broken by outside hands is made again.
+        log(f"the cached mirror {repo} is broken; mirroring again")
+        discard(repo)
+    if (repo / "HEAD").exists():
+        return False
+    _clone_mirror(url, repo, log)
+    return True
+
+
+def _looks_like_git(path: Path) -> bool:
+    """A work tree (``.git`` folder or file) or a bare repository."""
+    return (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
+
+
+def _clone_mirror(url: str, repo: Path, log: Log) -> None:
+    log(f"mirroring {url} (once; cached in {repo.parent})")
+    tmp = Path(tempfile.mkdtemp(prefix=repo.name + ".", dir=repo.parent))
+    try:
+        try:
+            g.clone_mirror(url, tmp / "m")
+        except CommandError as exc:
+            raise SourceError(f"cannot clone {url}: {_first_error(exc.output)}") from None
+        (tmp / "m").rename(repo)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fetch(repo: Path, url: str) -> None:
+    try:
+        g.fetch_mirror(repo, url)
+    except CommandError as exc:
+        raise SourceError(f"cannot fetch {url}: {_first_error(exc.output)}") from None
+
+
+def _first_error(output: str) -> str:
+    for line in output.splitlines():
+        line = line.strip()
+        if line.startswith(("fatal:", "error:")):
+            return line.split(":", 1)[1].strip()
+    helper = re.search(r"'remote-([^']+)' is not a git command", output)
+    if helper:
+        return f"git has no transport for {helper.group(1)}:// URLs"
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[0] if lines else "failed"
+
+
+def _did_you_mean(repo: Path, ref: str) -> str:
+    close = difflib.get_close_matches(ref, g.tags(repo), n=3)
+    return f" (did you mean {', '.join(close)}?)" if close else ""

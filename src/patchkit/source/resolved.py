@@ -1,0 +1,41 @@
+"""A ref pinned to a commit, and the release a commit is."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchkit import git as g
+from patchkit import versions
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A ref pinned to a commit in a local repository we may borrow objects from."""
+
+    source: str      # what the user named (URL, path or "pypi")
+    repo: Path       # the local mirror
+    ref: str
+    commit: str
+    version: str | None
+
+
+def version_of(repo: Path, commit: str) -> str | None:
+    """The vLLM release at ``commit``: its release tag, else vllm/_version.py, else the
+    nearest release tag below it with the commit as a local version segment."""
+    for tag in g.tags_at(repo, commit):
+        v = versions.tag_version(tag)
+        if v:
+            return v
+    text = g.show(repo, f"{commit}:vllm/_version.py")
+    if text:
+        m = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text)
+        if m and versions.tag_version(m.group(1)):
+            return m.group(1)
+    near = g.nearest_tag(repo, commit)
+    v = versions.tag_version(near) if near else None
+    return f"{v}+g{commit[:9]}" if v else None

@@ -1,0 +1,92 @@
+"""vLLM versions and release tags: the one place that parses them.
+
+Three readings of a tag, on purpose of different strictness:
+
+* :func:`release_tag` is strict: ``vX.Y.Z`` exactly as PEP 440 normalises it, no local part.
+  rebase-check lists releases with it, so ``v0.27.1+cu130`` or ``v0.27`` never pass for one.
+* :func:`tag_version` is lenient: the version a tag or ``__version__`` string names, for telling
+  which release a commit is.
+* :func:`pypi_release` is what ``--vllm-repo pypi`` accepts, and says so when it is not one.
+"""
+
+from __future__ import annotations
+
+import re
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from patchkit.errors import UsageError
+
+__all__ = ["InvalidVersion", "Version", "parse", "release_tag", "tag_version", "pypi_release",
+           "in_range", "expected", "same_release", "sort_key"]
+
+
+def parse(text: str | None) -> Version | None:
+    """``text`` as a PEP 440 version, or None."""
+    if not text:
+        return None
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def release_tag(tag: str) -> Version | None:
+    """The version a release tag ``vX.Y.Z`` (also ``vX.Y.ZrcN``, ``.postN``) names, else None."""
+    if not tag.startswith("v"):
+        return None
+    v = parse(tag[1:])
+    return v if v is not None and str(v) == tag[1:] and not v.local else None
+
+
+def tag_version(tag: str) -> str | None:
+    """The normalised version a tag or version string names (``v`` prefix optional), else None."""
+    text = tag.removeprefix("v")
+    if not re.match(r"^[0-9]", text):
+        return None
+    v = parse(text)
+    return str(v) if v is not None else None
+
+
+def pypi_release(ref: str) -> str:
+    """``v0.27.1`` or ``0.27.1`` -> ``0.27.1``; anything else is a usage error."""
+    text = ref.removeprefix("v")
+    if parse(text) is None or not re.fullmatch(r"[0-9][0-9A-Za-z.+\-]*", text):
+        raise UsageError(f"--vllm-repo pypi takes a release tag such as v0.27.1, not {ref!r}")
+    return text
+
+
+def in_range(spec: SpecifierSet | None, version: str | None) -> tuple[bool, str]:
+    """Is ``version`` inside ``spec`` (no spec: always); the reason when it is not."""
+    if spec is None:
+        return True, ""
+    if version is None:
+        return False, f"the vLLM version is unknown, so the range {spec} cannot be checked"
+    v = parse(version)
+    if v is None:
+        return False, f"vLLM version {version!r} is not PEP 440"
+    if spec.contains(v, prereleases=True):
+        return True, ""
+    return False, f"vLLM {version} is outside {spec}"
+
+
+def expected(version: str | None, ref: str | None) -> str | None:
+    """The release a checkout holds: its version, else what a release-like ref names."""
+    if version:
+        return str(version)
+    m = re.fullmatch(r"v?(\d+\.\d+(?:\.\d+)?(?:[.\-]?(?:rc|post|dev)\d+)?)", ref or "")
+    return m.group(1) if m else None
+
+
+def same_release(installed: str, wanted: str) -> bool:
+    """Do two version strings name one release?  A local label (``+cu130``) names a build of it."""
+    a, b = parse(installed), parse(wanted)
+    if a is None or b is None:
+        return installed == wanted
+    return a.public == b.public
+
+
+def sort_key(version: str | None) -> Version:
+    """For sorting by release; raises InvalidVersion for what is none."""
+    return Version(version or "")
