@@ -358,7 +358,7 @@ def ensure_base(client: docker.DockerClient, version: str, tag: str, *, push: bo
 def release_commit(release: str) -> str:
     """The commit of ``release`` in patchkit's PyPI source (the cached repository with one
     tagged commit per release, whose ids depend on the release alone)."""
-    from patchkit import pypi
+    from patchkit.source import pypi
 
     repo, tag = pypi.ensure_release(cache_root(), f"v{release}")
     return _run(["git", "-C", str(repo), "rev-parse", "--verify", f"refs/tags/{tag}^{{commit}}"]).strip()

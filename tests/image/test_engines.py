@@ -80,7 +80,7 @@ def files_of(client, image: str, paths: list[str]) -> dict[str, str]:
 
 def pristine(rev: str, path: str) -> str:
     """``path`` at ``rev`` in patchkit's PyPI source, the repository the pins resolve in."""
-    from patchkit import pypi
+    from patchkit.source import pypi
 
     repo = pypi.repo_path(baseimage.cache_root())
     return subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{path}"], check=True,
