@@ -75,6 +75,9 @@ class Built:
     installed: str | None = None
     buildargs: dict[str, str] | None = None
     pushed_by_build: bool = False
+    config_digest: str | None = None   # overlay: the config made here (its image id where
+                                       # ids are config digests)
+    load: str | None = None            # overlay: "partial" or "complete", None when reused
 
 
 # ------------------------------------------------------------------------------ the mode
@@ -286,10 +289,7 @@ def _find_by_key(engine: Engine, key: str) -> str | None:
 
 def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice, engine: Engine, *,
                   base_ref: str, platform: Platform, log) -> Built:
-    if engine.uses_containerd_store():
-        raise ImageError(f"the engine at {engine.host} keeps images in containerd's store; overlay "
-                         "mode needs the classic store (set \"features\": {\"containerd-snapshotter\""
-                         ": false} in daemon.json) or use --mode source")
+    store = engine.store()
     log(f"resolving the base {base_ref} for {platform}")
     base = engine.resolve_base(base_ref, platform, log)
     log(f"base pinned by {base.pinned_by}: {base.pinned}")
@@ -329,14 +329,21 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
         reset_entrypoint=serve is not None)
     image_id = layer.image_id_of(config)
     reused = engine.has_image(image_id)
+    held = image_id
     if reused:
         log(f"image {image_id[:19]} is already in the engine")
-    else:
-        log(f"loading the layer ({made.files} files, {made.bytes} bytes) onto {base.pinned}")
+    elif store.partial_load:
+        log(f"loading the layer alone ({made.files} files, {made.bytes} bytes) onto {base.pinned}: "
+            f"the engine at {engine.host} keeps images in {store}, which holds the base's layers")
         engine.load(layer.load_archive(config, made, len(base.diff_ids)), image_id)
-    return Built(image_id, base, reused,
+    else:
+        log(f"loading a complete archive: the engine at {engine.host} keeps images in {store}, "
+            "which cannot take a partial load")
+        held = engine.load_complete(base, config, made, image_id)
+    return Built(held, base, reused,
                  LayerInfo(made.files, made.bytes, made.whiteouts, made.diff_id),
-                 plan.package.dir, plan.installed)
+                 plan.package.dir, plan.installed, config_digest=image_id,
+                 load=None if reused else ("partial" if store.partial_load else "complete"))
 
 
 # ------------------------------------------------------------------------------- source
