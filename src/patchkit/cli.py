@@ -251,10 +251,13 @@ def export(workdir, manifest_path) -> int:
 @click.option("--nvcc-threads", type=click.IntRange(min=1), help="Source mode: threads per nvcc.")
 @click.option("--push", is_flag=True, help="Push the tag to its registry.")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write a 'docker load' archive.")
+@click.option("--copy-to", "copy_to", multiple=True, metavar="ENGINE",
+              help="Then copy the image to this engine (ssh://[user@]host[:port], unix://, "
+                   "tcp://), as copy-image does; repeat for several.")
 @MANIFEST
 @FORMAT
 def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
-                    nvcc_threads, push, save, manifest_path, fmt) -> int:
+                    nvcc_threads, push, save, copy_to, manifest_path, fmt) -> int:
     """Build the image through the Docker Engine that DOCKER_HOST names."""
     from patchkit.commands import build_image as command
     from patchkit.render import text
@@ -263,8 +266,34 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
                          repos=repos or None, base=base, tag=tag, platform=platform, push=push,
                          save=Path(save) if save else None, mode=mode, apply=not no_apply,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                         progress=TextProgress(err=True))
-    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.build_image(report))
+                         progress=TextProgress(err=True), copy_to=copy_to)
+    summary = report.to_dict()
+    echo(json.dumps(summary, indent=2) if fmt == "json" else text.build_image(report))
+    return 0 if summary["ok"] else 1
+
+
+@cli.command("copy-image")
+@click.argument("image")
+@click.option("--to", "targets", multiple=True, metavar="ENGINE", required=True,
+              help="An engine to copy to: ssh://[user@]host[:port] (through the system ssh), "
+                   "unix:///path or tcp://host:port; repeat, or list more after it.")
+@click.argument("more", nargs=-1, metavar="[ENGINE...]")
+@FORMAT
+def copy_image_cmd(image, targets, more, fmt) -> int:
+    """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines.
+
+    \b
+    Judged by content (config digest and layer diff_ids), never by image id:
+      present   the target holds that content under the tag already; nothing is sent
+      copied    streamed from this engine into the target's load, no file in between
+      replaced  the tag named other content there, and now names this
+    Exit 1 if any target could not be reached or refused the load; the others are still tried.
+    """
+    from patchkit.commands import copy_image as command
+    from patchkit.render import copy as render
+
+    report = command.run(image, [*targets, *more], log=TextProgress(err=True).info)
+    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
     return 0 if report.ok else 1
 
 

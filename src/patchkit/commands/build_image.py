@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from patchkit.commands import copy_image
 from patchkit.errors import UsageError
 from patchkit.image import build
 from patchkit.imageref import Platform, check_reference
@@ -41,6 +42,8 @@ class BuildReport:
     not_shipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
     buildargs: dict | None = None
+    load: str | None = None         # overlay: "partial" or "complete" archive
+    copy: object | None = None      # copy_image.CopyReport of --copy-to
 
     @classmethod
     def failed_apply(cls, report: ApplyReport) -> BuildReport:
@@ -61,6 +64,11 @@ class BuildReport:
                 "seconds": self.seconds}
         if self.buildargs:
             data["buildargs"] = self.buildargs
+        if self.load:
+            data["load"] = self.load
+        if self.copy is not None:
+            data["copy"] = self.copy.to_dict()
+            data["ok"] = self.copy.ok
         return data
 
 
@@ -78,7 +86,8 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         tag: str | None = None, platform: str | None = None, push: bool = False,
         save: Path | None = None, mode: str = "auto", apply: bool = True,
         max_jobs: int | None = None, nvcc_threads: int | None = None,
-        progress: Progress | None = None, engine=None) -> BuildReport:
+        progress: Progress | None = None, engine=None, copy_to: Sequence[str] = ()
+        ) -> BuildReport:
     """Build (and optionally push and save) the image.
 
     Expected failures raise :class:`~patchkit.errors.PatchkitError` before anything is tagged;
@@ -99,6 +108,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     if tag is not None:
         check_reference("--tag", default_tag(manifest, "x", "x", tag), digest_ok=False)
     plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
+    copy_urls = copy_image.check_targets(copy_to, "--copy-to")
     if apply:
         report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress)
         if not report.ok:
@@ -141,6 +151,10 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not built.pushed_by_build:
             engine.restore_tag(final_tag, previous)
         raise
+    copied = None
+    if copy_urls:
+        log(f"copying {final_tag} to {', '.join(copy_urls)}")
+        copied = copy_image.copy(engine, final_tag, copy_urls, log=log)
     b = built.base
     vllm = asdict(tree.vllm)
     if built.vllm_dir:
@@ -155,7 +169,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         vllm=vllm, patches=[{"id": p.id, "status": p.status} for p in tree.report.patches],
         layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
         not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
-        buildargs=built.buildargs)
+        buildargs=built.buildargs, load=built.load, copy=copied)
 
 
 __all__ = ["BuildReport", "VllmInfo", "check_reference", "default_tag", "run"]

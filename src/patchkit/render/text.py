@@ -83,7 +83,7 @@ def export(result, workdir: str) -> str:
 def build_image(report) -> str:
     """The closing lines of a text run of build-image."""
     summary = report.to_dict()
-    if not summary.get("ok"):
+    if not summary.get("ok") and "copy" not in summary:
         return f"FAILED: {summary.get('error', 'build-image failed')}"
     lines = []
     image_id = summary.get("image_id") or "(pushed by the build)"
@@ -102,9 +102,18 @@ def build_image(report) -> str:
         lines.append(f"  other node: docker pull {repo}@{summary['digest']}")
     if summary.get("saved"):
         lines.append(f"  other node: docker load -i {summary['saved']['path']}")
-    if summary["mode"] == "overlay" and not summary.get("digest") and not summary.get("saved"):
+    if summary["mode"] == "overlay" and not summary.get("digest") and not summary.get("saved") \
+            and not summary.get("copy"):
         lines.append(f"  other node: the same command against the same base gives image "
                      f"{image_id[:19]}")
+    if summary.get("copy"):
+        from patchkit.render.copy import target_line
+
+        lines += [f"  copy: {target_line(t)}" for t in summary["copy"]["targets"]]
+        if not summary["copy"]["ok"]:
+            failed = sum(t["status"] == "failed" for t in summary["copy"]["targets"])
+            lines.append(f"FAILED: {summary['tag']} was built, but {failed} of "
+                         f"{len(summary['copy']['targets'])} copies failed")
     return "\n".join(lines)
 
 
