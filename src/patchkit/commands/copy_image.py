@@ -91,7 +91,7 @@ def check_targets(targets: Sequence[str], flag: str = "--to") -> list[str]:
 
 
 def run(image: str, targets: Sequence[str], *, source: Engine | None = None,
-        connect: Callable[[str], Engine] = Engine.connect, log: Log = lambda m: None
+        connect: Callable[[str], Engine] | None = None, log: Log = lambda m: None
         ) -> CopyReport:
     """Copy ``image`` from ``source`` (default: the engine DOCKER_HOST names) to each target."""
     if re.fullmatch(r"(sha256:)?[0-9a-f]{12,64}", image):
@@ -106,10 +106,11 @@ def run(image: str, targets: Sequence[str], *, source: Engine | None = None,
 
 
 def copy(source: Engine, image: str, urls: Sequence[str], *,
-         connect: Callable[[str], Engine] = Engine.connect, log: Log = lambda m: None
+         connect: Callable[[str], Engine] | None = None, log: Log = lambda m: None
          ) -> CopyReport:
     """``run`` once the targets are checked and the source is connected (build-image's
     ``--copy-to`` comes in here)."""
+    connect = connect or Engine.connect
     attrs = source.content(image)
     if attrs is None:
         raise ImageError(f"no image {image} on the engine at {source.host}")

@@ -274,8 +274,9 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
 def inputs_key(base: layer.BaseImage, labels: dict, shipped: Sequence[Change], serve: bytes | None,
                mtime: int) -> str:
     """What the overlay image is a function of.  An image carrying the same key was made from
-    the same base (by image id) and the same files, so it is the same image."""
-    doc = {"format": LAYER_FORMAT, "base": base.image_id, "platform": str(base.platform),
+    the same base (by what the image takes from it, the same on every store) and the same
+    files, so it is the same image."""
+    doc = {"format": LAYER_FORMAT, "base": base.identity, "platform": str(base.platform),
            "labels": labels, "mtime": mtime,
            "changes": [[c.status, c.path, c.mode, c.blob] for c in shipped],
            "serve": hashlib.sha256(serve).hexdigest() if serve is not None else None}

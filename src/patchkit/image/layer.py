@@ -54,6 +54,17 @@ class BaseImage:
     def pinned_by(self) -> str:
         return "digest" if self.digest else "image-id"
 
+    @property
+    def identity(self) -> str:
+        """A digest of what a new image takes from the base (layers, kept config, history,
+        platform): the same on every store, where the image id is not (a containerd store's
+        is the digest of a manifest of its own)."""
+        kept = {k: self.config[k] for k in CONFIG_FIELDS
+                if self.config.get(k) not in (None, "", [], {})}
+        doc = {"diff_ids": list(self.diff_ids), "config": kept, "history": list(self.history),
+               "platform": str(self.platform)}
+        return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
 
 @dataclass(frozen=True)
 class LayerEntry:
@@ -363,7 +374,7 @@ def relay(chunks: Iterable[bytes], facts: ArchiveFacts,
             for info in tar:
                 yield from _relay_member(tar, info, facts, skip)
         except tarfile.TarError as exc:
-            raise ImageError(f"the engine's export is not a whole tar archive: {exc}") from None
+            raise ImageError(f"the engine's export ends early or is no tar archive: {exc}") from None
     if "manifest.json" not in facts.small:
         raise ImageError("the engine's export has no manifest.json")
 
