@@ -520,3 +520,41 @@ def test_build_image_copy_to(project, workdir, monkeypatch, tmp_path):
     assert failed.to_dict()["ok"] is False and api.tags["demo:v0.27.1"] == summary["image_id"]
     assert text.build_image(failed).splitlines()[-1] == (
         "FAILED: demo:v0.27.1 was built, but 1 of 1 copies failed")
+
+
+def test_a_connection_that_breaks_is_sent_again_once_with_a_new_stream():
+    import requests
+
+    source, src_api, iid = _source()
+    engines, connect = _targets("classic")
+    (engine, api), = engines.values()
+    real_load = api.load_image
+    calls = []
+
+    def flaky(data):
+        calls.append(1)
+        if len(calls) == 1:
+            next(iter(data))  # a little of the stream went, then the session dropped
+            raise requests.exceptions.ConnectionError("('Connection aborted.', BrokenPipeError(32, 'Broken pipe'))")
+        yield from real_load(data)
+
+    api.load_image = flaky
+    said = []
+    report = copy_image.run(IMAGE, list(engines), source=source, connect=connect, log=said.append)
+    (t,) = report.targets
+    assert t.status == "copied" and len(calls) == 2 and src_api.exports == 2
+    assert t.sent.layers == 2 and t.sent.bytes == len(api.loaded[-1])
+    assert any("broke" in line and "sending again" in line for line in said)
+    # twice broken: one line, and nothing tagged
+    calls.clear()
+    api.tags.pop(IMAGE)
+    api.images_.pop(iid)
+
+    def broken(data):
+        next(iter(data))
+        raise requests.exceptions.ConnectionError("Connection aborted.")
+        yield
+
+    api.load_image = broken
+    (t,) = copy_image.run(IMAGE, list(engines), source=source, connect=connect).targets
+    assert t.status == "failed" and "Connection aborted" in t.error and IMAGE not in api.tags

@@ -135,7 +135,7 @@ def _copy_to(source: Engine, image: str, attrs: dict, want: str, url: str, targe
         return TargetResult(url, "present", want)
     previous = held["Id"] if held is not None else None
     status = "replaced" if held is not None else "copied"
-    facts = ArchiveFacts()
+    sent = [ArchiveFacts()]
     held_as = None
     try:
         same = (target.content(attrs["ConfigDigest"])
@@ -145,9 +145,12 @@ def _copy_to(source: Engine, image: str, attrs: dict, want: str, url: str, targe
             target.tag(same["Id"], image)
         else:
             log(f"{url}: streaming {image} from the engine at {source.host}")
-            diff_ids = (attrs.get("RootFS") or {}).get("Layers") or ()
-            held_as = target.load(relayed_export(source.export(image), facts),
-                                  attrs["ConfigDigest"], diff_ids)
+
+            def stream():
+                sent.append(ArchiveFacts())
+                return relayed_export(source.export(image), sent[-1])
+            held_as = target.load(stream, attrs["ConfigDigest"],
+                                  (attrs.get("RootFS") or {}).get("Layers") or (), log)
         after = target.content(image)
         if after is None and held_as:
             # The export named no tag (an image given by id), or the engine did not tag it.
@@ -161,6 +164,7 @@ def _copy_to(source: Engine, image: str, attrs: dict, want: str, url: str, targe
     except BaseException:
         _put_back(target, image, previous)
         raise
+    facts = sent[-1]
     return TargetResult(url, status, got,
                         sent=Sent(facts.sent, facts.layer_bytes(), facts.layer_count()))
 

@@ -340,7 +340,7 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
     else:
         log(f"loading a complete archive: the engine at {engine.host} keeps images in {store}, "
             "which cannot take a partial load")
-        held = engine.load_complete(base, config, made, image_id)
+        held = engine.load_complete(base, config, made, image_id, log)
     return Built(held, base, reused,
                  LayerInfo(made.files, made.bytes, made.whiteouts, made.diff_id),
                  plan.package.dir, plan.installed, config_digest=image_id,

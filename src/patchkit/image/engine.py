@@ -341,22 +341,27 @@ class Engine:
     def has_image(self, image_id: str) -> bool:
         return self.inspect(image_id) is not None
 
-    def load(self, archive: bytes | Iterable[bytes], expect_id: str,
-             diff_ids: Iterable[str] | None = None) -> str:
-        """``docker load`` of ``archive`` (bytes, or chunks streamed into the request); returns
-        the id the engine holds the image by: ``expect_id`` (the config digest) where ids are
-        config digests, else the loaded image whose layers are ``diff_ids``."""
+    def load(self, archive: bytes | Iterable[bytes] | Callable[[], Iterable[bytes]],
+             expect_id: str, diff_ids: Iterable[str] | None = None, log: Log = lambda m: None
+             ) -> str:
+        """``docker load`` of ``archive``: bytes, chunks streamed into the request, or a function
+        that makes such a stream (then a connection that breaks is tried once more with a new
+        stream: over ssh a session can drop under load).  Returns the id the engine holds the
+        image by: ``expect_id`` (the config digest) where ids are config digests, else the
+        loaded image whose layers are ``diff_ids``."""
+        import requests
+
         loaded: list[str] = []
-        with _border(f"loading the image into the engine at {self.host}"):
-            for line in self.api.load_image(archive):
-                if not isinstance(line, dict):
-                    continue
-                if line.get("error"):
-                    raise ImageError(f"the engine at {self.host} refused the image: "
-                                     f"{' '.join(str(line['error']).split())}")
-                said = re.search(r"Loaded image(?: ID)?: (\S+)", str(line.get("stream") or ""))
-                if said:
-                    loaded.append(said.group(1))
+        for attempt in (1, 2):
+            body = archive() if callable(archive) else archive
+            try:
+                loaded = self._load_once(body)
+                break
+            except ImageError as exc:
+                broken = isinstance(exc.__cause__, requests.exceptions.ConnectionError)
+                if attempt == 2 or not broken or not callable(archive):
+                    raise
+                log(f"the connection to {self.host} broke ({exc}); sending again")
         if self.store().ids_are_config_digests:
             if not self.has_image(expect_id):
                 raise ImageError(f"the engine at {self.host} loaded the archive but holds no "
@@ -370,11 +375,28 @@ class Engine:
         raise ImageError(f"the engine at {self.host} loaded the archive but holds no image of "
                          f"config {expect_id[:19]}")
 
-    def load_complete(self, base: BaseImage, config: bytes, layer: Layer, expect_id: str) -> str:
+    def _load_once(self, archive: bytes | Iterable[bytes]) -> list[str]:
+        """One ``docker load``; the refs the engine says it loaded."""
+        loaded: list[str] = []
+        with _border(f"loading the image into the engine at {self.host}"):
+            for line in self.api.load_image(archive):
+                if not isinstance(line, dict):
+                    continue
+                if line.get("error"):
+                    raise ImageError(f"the engine at {self.host} refused the image: "
+                                     f"{' '.join(str(line['error']).split())}")
+                said = re.search(r"Loaded image(?: ID)?: (\S+)", str(line.get("stream") or ""))
+                if said:
+                    loaded.append(said.group(1))
+        return loaded
+
+    def load_complete(self, base: BaseImage, config: bytes, layer: Layer, expect_id: str,
+                      log: Log = lambda m: None) -> str:
         """Load the whole image: the base as this engine exports it, then ``layer`` and
         ``config``, streamed from the export into the load without a file in between."""
-        archive = complete_archive(self.export(base.image_id), config, layer, base.diff_ids)
-        return self.load(archive, expect_id, [*base.diff_ids, layer.diff_id])
+        def archive() -> Iterator[bytes]:
+            return complete_archive(self.export(base.image_id), config, layer, base.diff_ids)
+        return self.load(archive, expect_id, [*base.diff_ids, layer.diff_id], log)
 
     def export(self, ref: str) -> Iterator[bytes]:
         """``docker save`` of ``ref`` as a stream of chunks; a failure while it streams is an
