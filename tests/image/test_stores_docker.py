@@ -104,7 +104,7 @@ def classic(project, docker_client):
 # --- Podman: containers-storage --------------------------------------------------------------
 
 def test_podman_builds_the_same_image_through_a_complete_archive(project, classic, bases,
-                                                                 podman_client):
+                                                                 podman_client, docker_client):
     m, workdir = project
     host = os.environ["PK_PODMAN_HOST"]
     tag = f"{REGISTRY}/pk-test/engines-podman:v{RELEASE}"
@@ -123,10 +123,11 @@ def test_podman_builds_the_same_image_through_a_complete_archive(project, classi
             "containers-storage, which cannot take a partial load") in said.lines
     # the same config, so the same config digest, and the same layer as the Docker Engine's
     assert got["image_id"] == classic["image_id"]
-    assert got["layer"]["diff_id"] == classic["layer"]["diff_id"]
-    assert fingerprint_of(podman_client, tag) == layer.fingerprint(engine.content(tag))
-    attrs = podman_client.api.inspect_image(tag)
-    assert attrs["RootFS"]["Layers"][-1] == classic["layer"]["diff_id"]
+    layers = docker_client.api.inspect_image(classic["image_id"])["RootFS"]["Layers"]
+    assert podman_client.api.inspect_image(tag)["RootFS"]["Layers"] == layers
+    assert got["layer"]["diff_id"] == layers[-1]
+    assert fingerprint_of(podman_client, tag) == layer.fingerprint(engine.content(tag)) \
+        == fingerprint_of(docker_client, classic["image_id"])
     assert run_python(podman_client, tag, PROBE) == "aarch64 True"
 
     # the partial archive the classic store takes is what Podman refuses
