@@ -310,19 +310,33 @@ def tag_of(version: str) -> str:
     return version.replace("+", "-")
 
 
+def keyed_tag(tag: str, key: str) -> str:
+    """``tag`` with the base's key in it: repo:0.27.1 -> repo:0.27.1-k<key>."""
+    repo, sep, name = tag.rpartition(":")
+    if not sep or "/" in name:  # no tag part: the colon was the registry's port
+        repo, name = tag, "latest"
+    return f"{repo}:{name}-k{key[:12]}"
+
+
 def ensure_base(client: docker.DockerClient, version: str, tag: str, *, push: bool = True,
                 log=print, flavour: Flavour | None = None) -> dict:
-    """The arm64 base holding vLLM ``version``, tagged ``tag``; built only when missing or stale.
-    With ``flavour`` (whose release must be ``version``) it holds that build instead.
+    """The arm64 base holding vLLM ``version``, tagged ``tag`` plus its key (``keyed_tag``);
+    built only when missing.  With ``flavour`` (whose release must be ``version``) it holds
+    that build instead.
 
-    Returns ``{"tag", "id", "repo_digest", "built", "seconds", "version"}``; ``version`` is
-    what the base reports.
+    The key in the tag lets checkouts whose builders differ share one engine and registry:
+    each finds its own base instead of rebuilding the other's under a shared tag (and pulling
+    it from under the other's running tests).
+
+    Returns ``{"tag", "id", "repo_digest", "built", "seconds", "version"}``; ``tag`` is the
+    keyed tag, ``version`` what the base reports.
     """
     if flavour is not None and flavour.release != version:
         raise ValueError(f"the flavour is of {flavour.release}, not {version}")
     debs = fetch_debs(cache_root() / "test-image" / "debs")
     wheel = find_wheel(version)
     key = base_key(version, debs, wheel, flavour)
+    tag = keyed_tag(tag, key)
     reported = flavour.version if flavour is not None else version
     started = time.monotonic()
     built = False

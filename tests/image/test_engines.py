@@ -122,7 +122,6 @@ def test_node2_is_another_engine_reached_through_ssh(node2, docker_client):
     assert far["ID"] != here["ID"]
     assert far["DockerRootDir"] != here["DockerRootDir"]
     # and the engine behind ssh is the one on the node's own socket
-    assert node2.direct is not None, "PK_NODE2_SOCKET is not set"
     assert node2.direct.info()["ID"] == far["ID"]
 
 
