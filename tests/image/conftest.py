@@ -9,6 +9,8 @@ CI=true it fails them.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
 import urllib.request
@@ -95,6 +97,22 @@ class Node:
     direct: object   # docker.DockerClient on ``socket``
 
 
+def _close_ssh_connections() -> None:
+    """Ends the ssh processes of the Docker SDK's ssh:// connections.  With use_ssh_client the
+    SDK makes a connection pool per request and leaves it to the garbage collector; closing a
+    connection whose ssh has already ended (the engine closed it) raises BrokenPipeError,
+    printed as a traceback when the interpreter exits.  Here they are closed quietly."""
+    from docker.transport.sshconn import SSHConnectionPool
+
+    for pool in [o for o in gc.get_objects() if isinstance(o, SSHConnectionPool)]:
+        queue = pool.pool
+        while queue is not None and not queue.empty():
+            conn = queue.get(block=False)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.close()
+
+
 @pytest.fixture(scope="session")
 def node2():
     """The second Docker Engine, reached through the system ssh (so ~/.ssh/config applies)."""
@@ -118,6 +136,7 @@ def node2():
     yield Node(url=url, client=client, socket=socket, direct=direct)
     client.close()
     direct.close()
+    _close_ssh_connections()
 
 
 @pytest.fixture(scope="session")
