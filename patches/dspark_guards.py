@@ -4,10 +4,11 @@ Two ways the draft used to go wrong silently, each now a RuntimeError with a mes
 the cause:
 
 * ``_verify_draft_quant_path``, called in ``DSparkDeepseekV4ForCausalLM.__init__`` just before
-  the draft layers are built: logs the draft's quantization (method, ``moe_quant_algo`` and the
-  hf ``quantization_config``) and refuses ``moe_quant_algo == "NVFP4"``, either declared by the
-  draft's config or resolved by its quant config.  The DeepSeek-V4 draft experts are MXFP4; built
-  as NVFP4 they load wrong scales and draft garbage (acceptance collapses, nothing is logged).
+  the draft layers are built: logs the recipe's startup signal through the module's vLLM logger,
+  ``DSpark draft quantization path: quant_config=<class name>, moe_quant_algo=<algo>``, and
+  refuses ``moe_quant_algo == "NVFP4"``, either declared by the draft's config or resolved by its
+  quant config.  The DeepSeek-V4 draft experts are MXFP4; built as NVFP4 they load wrong scales
+  and draft garbage (acceptance collapses, nothing is logged).
 * ``_verify_draft_expert_coverage``, called at the end of ``load_weights``: every draft stage must
   have loaded both its routed (``.experts.``) and shared (``.shared_experts.``) expert weights,
   else the error names each missing family per stage.  A stage without them would run with
@@ -17,9 +18,11 @@ The pure check lives in a module-level function, ``_dspark_missing_expert_famili
 0.33.0 the mega-MoE expert module can load the shared experts itself, under
 ``...experts.shared_*`` names; those count as shared.
 
-Anchors: the ``self.model = ...`` assignment at the top level of
-``DSparkDeepseekV4ForCausalLM.__init__`` and the final ``return loaded_params`` of
+Anchors: the module's ``logger = init_logger(...)``, the ``self.model = ...`` assignment at the
+top level of ``DSparkDeepseekV4ForCausalLM.__init__`` and the final ``return loaded_params`` of
 ``DSparkDeepseekV4ForCausalLM.load_weights``; the methods are appended to the class.
+``dspark_v41_guards.py`` reuses this transform for DeepSeek-V4.1's draft, whose class has the same
+name and anchors, with its own quant-path method.
 """
 
 from __future__ import annotations
@@ -63,8 +66,8 @@ def _dspark_missing_expert_families(
     return missing
 '''
 
-_METHODS_SOURCE = '''class _:
-    def _verify_draft_quant_path(self) -> None:
+# The methods appended to the class, each indented as in a class body.
+QUANT_PATH_METHOD = '''    def _verify_draft_quant_path(self) -> None:
         """Refuse to build a draft whose routed experts would load as NVFP4."""
         hf_quant = getattr(self.config, "quantization_config", None) or {}
         if not isinstance(hf_quant, dict):
@@ -72,13 +75,11 @@ _METHODS_SOURCE = '''class _:
         method = None if self.quant_config is None else self.quant_config.get_name()
         resolved = getattr(self.quant_config, "moe_quant_algo", None)
         declared = hf_quant.get("moe_quant_algo")
+        # The recipe's startup signal, word for word: operators grep for it.
         logger.info(
-            "DSpark draft quantization: method=%s, moe_quant_algo=%s "
-            "(declared %s), quantization_config=%s",
-            method,
-            resolved,
-            declared,
-            hf_quant,
+            "DSpark draft quantization path: quant_config=%s, moe_quant_algo=%s",
+            None if self.quant_config is None else type(self.quant_config).__name__,
+            resolved or "",
         )
         if any(str(algo or "").upper() == "NVFP4" for algo in (resolved, declared)):
             raise RuntimeError(
@@ -87,8 +88,9 @@ _METHODS_SOURCE = '''class _:
                 "DeepSeek-V4 draft experts are MXFP4: the draft was given the "
                 "target's quantization config instead of its own."
             )
+'''
 
-    def _verify_draft_expert_coverage(self, loaded_params: set[str]) -> None:
+COVERAGE_METHOD = '''    def _verify_draft_expert_coverage(self, loaded_params: set[str]) -> None:
         """Refuse a draft stage that loaded no routed or no shared experts."""
         missing = _dspark_missing_expert_families(
             loaded_params, len(self.model.layers)
@@ -110,6 +112,8 @@ _COVERAGE_CALL = f"self.{COVERAGE_GUARD}(loaded_params)\n"
 _SELF_MODEL_ASSIGN = m.SimpleStatementLine(body=[m.Assign(
     targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name("model")))])])
 _RETURN_LOADED = m.SimpleStatementLine(body=[m.Return(value=m.Name("loaded_params"))])
+_MODULE_LOGGER = m.Assign(targets=[m.AssignTarget(target=m.Name("logger"))],
+                          value=m.Call(func=m.Name("init_logger")))
 
 
 def _calls_self(name: str) -> m.BaseMatcherNode:
@@ -118,6 +122,9 @@ def _calls_self(name: str) -> m.BaseMatcherNode:
 
 class DsparkLoaderGuards(Transform):
     path = "vllm/models/deepseek_v4/nvidia/dspark.py"
+    # What a model with another quant-path rule (DeepSeek-V4.1) replaces.
+    quant_path_method = QUANT_PATH_METHOD
+    quant_call = _QUANT_CALL
 
     def postcondition(self, module: cst.Module) -> bool:
         init = self.scope(module, f"{CLASS}.__init__")
@@ -133,8 +140,10 @@ class DsparkLoaderGuards(Transform):
         )
 
     def transform(self, module: cst.Module) -> cst.Module:
+        # The quant-path guard logs through the module's own vLLM logger.
+        self.anchor(module, _MODULE_LOGGER, f"`logger = init_logger(...)` in {self.path}")
         init = self.scope(module, f"{CLASS}.__init__")
-        module = self._insert_before(module, init, _SELF_MODEL_ASSIGN, _QUANT_CALL,
+        module = self._insert_before(module, init, _SELF_MODEL_ASSIGN, self.quant_call,
                                      f"`self.model = ...` in {CLASS}.__init__")
         load = self.scope(module, f"{CLASS}.load_weights")
         module = self._insert_before(module, load, _RETURN_LOADED, _COVERAGE_CALL,
@@ -142,7 +151,9 @@ class DsparkLoaderGuards(Transform):
 
         cls = self.scope(module, CLASS)
         methods = [method.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
-                   for method in _body(cst.parse_module(_METHODS_SOURCE).body[0])]
+                   for method in _body(cst.parse_module(
+                       "class _:\n" + self.quant_path_method + "\n" + COVERAGE_METHOD
+                   ).body[0])]
         new_cls = cls.with_changes(body=cls.body.with_changes(
             body=list(cls.body.body) + methods))
         module = module.deep_replace(cls, new_cls)

@@ -7,6 +7,7 @@ Anything else is a bug: the CLI logs the traceback and exits 3.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -66,19 +67,8 @@ class ImageError(PatchkitError):
     exit_code = 1
 
 
-def log_file() -> Path:
-    """Where an unexpected error's traceback goes: the cache folder, else /tmp."""
-    from patchkit.util import cache_dir
-
-    try:
-        d = cache_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        return d / "patchkit.log"
-    except OSError:
-        return Path("/tmp/patchkit.log")
-
-
-def handle(exc: BaseException, command_line: str, version: str) -> tuple[int, str, str]:
+def handle(exc: BaseException, command_line: str, version: str,
+           log_file: Callable[[], Path]) -> tuple[int, str, str]:
     """The one handler: an exception the CLI caught -> ``(exit code, stderr line, message)``.
 
     Expected errors say what and where in one line; an interruption is 130 or 143; anything

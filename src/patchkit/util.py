@@ -83,3 +83,13 @@ def write_if_changed(path: Path, data: bytes) -> bool:
         Path(tmp).unlink(missing_ok=True)
         raise
     return True
+
+
+def log_file() -> Path:
+    """Where an unexpected error's traceback goes: the cache folder, else /tmp."""
+    try:
+        d = cache_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        return d / "patchkit.log"
+    except OSError:
+        return Path("/tmp/patchkit.log")

@@ -17,7 +17,8 @@ import pytest
 from patchkit import versions
 from patchkit.commands import build_image as bi
 from patchkit.commands.verify import verify_image
-from patchkit.image import build, layer, reference
+from patchkit import imageref as reference
+from patchkit.image import build, layer
 from patchkit.image.engine import Engine
 from patchkit.series.checkout import Change
 from patchkit.errors import ImageError, UsageError

@@ -22,12 +22,17 @@ V027 = {
     "nvfp4-ds-mla-stage-c-v031": "skipped",
     "dspark-loader-guards": "applied",
     "dspark-draft-moe-backend": "applied",
+    # DeepSeek-V4.1 (vllm/models/deepseek_v41) from 0.31.0
+    "dspark-v41-draft-quant-scope": "skipped",
+    "dspark-v41-loader-guards": "skipped",
 }
 # the pin: stage A is upstream from 0.31.0 and out of its range at 0.33.0; B and C use their
 # >=0.31 variants
 V033 = dict(V027, **{"nvfp4-ds-mla-stage-a": "skipped", "nvfp4-ds-mla-stage-b": "skipped",
                      "nvfp4-ds-mla-stage-b-v031": "applied", "nvfp4-ds-mla-stage-c": "skipped",
-                     "nvfp4-ds-mla-stage-c-v031": "applied"})
+                     "nvfp4-ds-mla-stage-c-v031": "applied",
+                     "dspark-v41-draft-quant-scope": "applied",
+                     "dspark-v41-loader-guards": "applied"})
 
 
 @pytest.mark.real_vllm

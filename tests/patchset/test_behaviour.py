@@ -325,7 +325,7 @@ def _lazy_quant_config_cls(patched, current_hf_config):
     resolve = lift(patched.text(QUANT), "DeepseekV4FP8Config._resolve_moe_overrides", ns)
     getter = lift(patched.text(QUANT), "DeepseekV4FP8Config.moe_quant_algo", ns)
 
-    class QuantConfig:
+    class DeepseekV4FP8Config:
         """DeepseekV4FP8Config's lazy moe_quant_algo, as the release ships it."""
 
         def __init__(self) -> None:
@@ -337,7 +337,7 @@ def _lazy_quant_config_cls(patched, current_hf_config):
         def get_name(self) -> str:
             return "deepseek_v4_fp8"
 
-    return QuantConfig
+    return DeepseekV4FP8Config
 
 
 def test_draft_moe_quant_algo_comes_from_the_draft_config(patched):
@@ -383,9 +383,10 @@ def test_quant_guard_refuses_an_nvfp4_draft(patched):
     guard, log = _quant_guard(patched)
     draft = SimpleNamespace(config=SimpleNamespace(quantization_config=MODELOPT_TARGET_QUANT),
                             quant_config=_QuantConfig("NVFP4"))
-    with pytest.raises(RuntimeError, match="NVFP4"):
+    with pytest.raises(RuntimeError, match="DSpark draft would build its routed experts as NVFP4"):
         guard(draft)
-    assert log.lines and "NVFP4" in log.lines[0]
+    assert log.lines == [
+        "DSpark draft quantization path: quant_config=_QuantConfig, moe_quant_algo=NVFP4"]
     declared_only = SimpleNamespace(
         config=SimpleNamespace(quantization_config={"moe_quant_algo": "nvfp4"}),
         quant_config=_QuantConfig(""))
@@ -393,16 +394,21 @@ def test_quant_guard_refuses_an_nvfp4_draft(patched):
         guard(declared_only)
 
 
-def test_quant_guard_passes_an_mxfp4_draft_and_logs_its_config(patched):
+def test_quant_guard_passes_an_mxfp4_draft_with_the_recipes_startup_line(patched):
     guard, log = _quant_guard(patched)
     clean = {k: v for k, v in MODELOPT_TARGET_QUANT.items() if k not in TARGET_ONLY}
-    draft = SimpleNamespace(config=SimpleNamespace(quantization_config=clean),
-                            quant_config=_QuantConfig(""))
-    assert guard(draft) is None
-    assert len(log.lines) == 1
-    assert "deepseek_v4_fp8" in log.lines[0] and "weight_block_size" in log.lines[0]
+    target = SimpleNamespace(quantization_config=copy.deepcopy(MODELOPT_TARGET_QUANT))
+    # The release's own lazy quant config, its moe_quant_algo scoped to the draft as patched.
+    quant_config = _lazy_quant_config_cls(patched, current_hf_config=target)()
+    draft_config = SimpleNamespace(quantization_config=clean)
+    lift(patched.text(DSPARK), "_scope_draft_moe_quant_algo", {})(quant_config, draft_config)
+    assert guard(SimpleNamespace(config=draft_config, quant_config=quant_config)) is None
+    assert log.lines == [
+        "DSpark draft quantization path: quant_config=DeepseekV4FP8Config, moe_quant_algo="]
     unquantized = SimpleNamespace(config=SimpleNamespace(), quant_config=None)
     assert guard(unquantized) is None
+    assert log.lines[1:] == [
+        "DSpark draft quantization path: quant_config=None, moe_quant_algo="]
 
 
 def _weights(stages, *, without=()):

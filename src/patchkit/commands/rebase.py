@@ -344,6 +344,19 @@ class _Rebase:
     def mark_upstream(self, patch: Patch, why: str) -> None:
         self.state.add(_mark_upstream(self.state, self.manifest, patch, why))
 
+    def record_replaces(self, patch: Patch, drift: dict[str, str]) -> None:
+        text = ManifestText.read(self.manifest.path)
+        entry = ("patches", patch.index)
+        for rel, blob in drift.items():
+            if text.has((*entry, "replaces", rel)):
+                text.set_scalar((*entry, "replaces", rel), blob)
+            elif text.has((*entry, "replaces")):
+                text.insert_key((*entry, "replaces"), rel, blob)
+            else:
+                text.insert_key(entry, "replaces", {rel: blob}, after=patch.kind)
+        text.write(self.manifest.path)
+        manifest.load(self.manifest.path)
+
     def resolved(self, patch: Patch, commit: str, detail: str) -> None:
         self.state.data["head"] = commit
         self.state.add(Step(patch.id, "resolved", detail))

@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from patchkit.errors import ImageError
 from patchkit.image.layer import BaseImage, history_of
-from patchkit.image.reference import Platform, repository, split_tag
+from patchkit.imageref import Platform, repository, split_tag
 
 Log = Callable[[str], None]
 

@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 from patchkit.errors import ImageError
 
-from patchkit.image.reference import Platform, repository
+from patchkit.imageref import Platform, repository
 
 # The image config fields kept from the base.  Inspect output differs between engine versions
 # (Hostname, AttachStdin, Image ...); keeping only these makes the config, and so the image id,

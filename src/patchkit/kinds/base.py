@@ -12,12 +12,28 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from patchkit.report import Outcome, PatchResult
 
-if TYPE_CHECKING:
-    from patchkit.manifest.model import Manifest, Patch
+
+class Patch(Protocol):
+    """What a kind reads of a manifest entry (``patchkit.manifest.Patch``)."""
+
+    id: str
+    summary: str
+    kind: str
+    path: str
+    upstream: str | None
+    replaces: dict[str, str]
+    index: int
+
+
+class Manifest(Protocol):
+    """What a kind reads of the manifest (``patchkit.manifest.Manifest``)."""
+
+    root: Path
+    path: Path
 
 
 class KindError(Exception):
@@ -65,6 +81,10 @@ class Rebase(Protocol):
     def mark_upstream(self, patch: Patch, why: str) -> None: ...
 
     def resolved(self, patch: Patch, commit: str, detail: str) -> None: ...
+
+    def record_replaces(self, patch: Patch, drift: dict[str, str]) -> None:
+        """Write ``replaces:`` of an overlay entry: file -> the upstream blob it replaces."""
+        ...
 
 
 class PatchKind(Protocol):

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from patchkit.kinds.base import Rebase, Stop
+from patchkit.kinds.base import Patch, Rebase, Stop
 from patchkit.report import PatchResult
-
-if TYPE_CHECKING:
-    from patchkit.manifest.model import Patch
 
 ABORT = "`patchkit rebase --abort` puts the manifest and every patch file back as they were."
 

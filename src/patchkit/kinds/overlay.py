@@ -141,21 +141,7 @@ class OverlayKind:
         if not stop.drift:
             dirty_resume(rebase, patch)
             return
-        from patchkit import manifest
-        from patchkit.manifest.edit import ManifestText
-
-        m = rebase.manifest
-        text = ManifestText.read(m.path)
-        for rel, blob in stop.drift.items():
-            entry = ("patches", patch.index)
-            if text.has((*entry, "replaces", rel)):
-                text.set_scalar((*entry, "replaces", rel), blob)
-            elif text.has((*entry, "replaces")):
-                text.insert_key((*entry, "replaces"), rel, blob)
-            else:
-                text.insert_key(entry, "replaces", {rel: blob}, after=self.name)
-        text.write(m.path)
-        manifest.load(m.path)
+        rebase.record_replaces(patch, stop.drift)
 
 
 KIND = OverlayKind()

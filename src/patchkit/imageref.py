@@ -1,4 +1,5 @@
-"""Image references and platforms: pure values, checked before any engine is asked."""
+"""Image references and platforms: pure values, checked before any engine is asked (the
+manifest loader checks ``image.base`` and ``image.tag`` with them)."""
 
 from __future__ import annotations
 
