@@ -61,7 +61,8 @@ def run_arm64(client, image: str, program: str, *args: str) -> str:
 
 
 def probe(client, image: str) -> dict:
-    return json.loads(run_arm64(client, image, "python3", "-c", VERSION_PROBE).strip().splitlines()[-1])
+    out = run_arm64(client, image, "python3", "-c", VERSION_PROBE)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def files_of(client, image: str, paths: list[str]) -> dict[str, str]:
@@ -136,7 +137,8 @@ def test_node2_ssh_sessions_talk_to_its_engine(node2):
 @pytest.mark.real_vllm
 def test_node2_pulls_from_the_registry_and_runs_arm64(node2, dev_base):
     tag = pulled(node2.client, dev_base["tag"])
-    out = run_arm64(node2.client, tag, "python3", "-c", "import platform; print(platform.machine())")
+    out = run_arm64(node2.client, tag, "python3", "-c",
+                    "import platform; print(platform.machine())")
     assert out.strip() == "aarch64"
     assert node2.direct.images.get(tag).id == node2.client.images.get(tag).id
 
