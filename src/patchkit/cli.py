@@ -250,12 +250,15 @@ def export(workdir, manifest_path) -> int:
 @click.option("--max-jobs", type=click.IntRange(min=1), help="Source mode: parallel compile jobs.")
 @click.option("--nvcc-threads", type=click.IntRange(min=1), help="Source mode: threads per nvcc.")
 @click.option("--push", is_flag=True, help="Push the tag to its registry.")
+@click.option("--no-daemon", is_flag=True,
+              help="With --push: build straight in the registry, with no engine (needs skopeo).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write a 'docker load' archive.")
 @MANIFEST
 @FORMAT
 def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
-                    nvcc_threads, push, save, manifest_path, fmt) -> int:
-    """Build the image through the Docker Engine that DOCKER_HOST names."""
+                    nvcc_threads, push, no_daemon, save, manifest_path, fmt) -> int:
+    """Build the image through the Docker Engine that DOCKER_HOST names, or with
+    --no-daemon --push straight in the registry."""
     from patchkit.commands import build_image as command
     from patchkit.render import text
 
@@ -263,7 +266,7 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
                          repos=repos or None, base=base, tag=tag, platform=platform, push=push,
                          save=Path(save) if save else None, mode=mode, apply=not no_apply,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                         progress=TextProgress(err=True))
+                         progress=TextProgress(err=True), no_daemon=no_daemon)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.build_image(report))
     return 0 if report.ok else 1
 
