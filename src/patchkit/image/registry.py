@@ -277,7 +277,8 @@ class Registry:
         digest_file = layout.parent / "pushed-digest"
         self._run(["copy", "--quiet", "--preserve-digests", *self._flags(host_of(ref), "dest-"),
                    "--digestfile", str(digest_file), f"dir:{layout}", f"docker://{ref}"],
-                  what=f"push of {ref} refused", missing=f"push of {ref} refused")
+                  what=f"push of {ref} refused, the tag is unchanged",
+                  missing=f"push of {ref} refused, the tag is unchanged")
         try:
             return digest_file.read_text().strip()
         except OSError:
