@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 from patchkit import paths, versions
 from patchkit.errors import ImageError, UsageError
-from patchkit.manifest import Manifest, Patch
+from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import AssertionResult
 from patchkit.series import checkout, verify
 
@@ -25,26 +25,46 @@ class VerifyReport:
         return {"ok": self.ok, "target": self.target, "verify": [a.to_dict() for a in self.verify]}
 
 
-def active_patches(manifest: Manifest, skipped: set[str], version: str | None) -> list[Patch]:
-    """The patches whose assertions apply: neither skipped by the apply nor outside the range
-    of the release found (when one was found)."""
-    return [p for p in manifest.patches
+def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
+                   variant: str | None = None) -> list[Patch]:
+    """The patches whose assertions apply: in the build of ``variant``, neither skipped by the
+    apply nor outside the range of the release found (when one was found)."""
+    return [p for p in variants.selected(manifest, variant)
             if p.id not in skipped and (not version or versions.in_range(p.vllm, version)[0])]
 
 
-def verify_tree(manifest: Manifest, tree: Path) -> list[AssertionResult]:
+def built_variant(manifest: Manifest, asked: str | None, recorded: str | None, known: bool,
+                  what: str) -> str | None:
+    """The variant to verify: the one ``what`` was built as when that is ``known`` (asking for
+    another is a usage error), else the one asked for."""
+    variants.check(manifest, asked)
+    if not known:
+        return asked
+    if asked is not None and asked != recorded:
+        raise UsageError(f"--variant {asked}: {what} was built as "
+                         f"{variants.describe(recorded)}; verify it as that (drop --variant"
+                         + (f" or give --variant {recorded})" if recorded else ")"))
+    return recorded
+
+
+def verify_tree(manifest: Manifest, tree: Path, variant: str | None = None
+                ) -> list[AssertionResult]:
     """The manifest's assertions on a patched tree, leaving out patches the tree's release is
-    outside of (known from the apply report, when the tree has one)."""
+    outside of and those of other variants (known from the apply report, when the tree has
+    one)."""
     if not tree.is_dir():
         raise UsageError(f"--tree {tree}: no such directory")
     report = checkout.read_report(tree)
+    variant = built_variant(manifest, variant, report.variant if report else None,
+                            report is not None, f"--tree {tree}")
     version = report.vllm.version if report else None
     skipped = report.skipped() if report else set()
-    return verify.run_assertions(active_patches(manifest, skipped, version),
+    return verify.run_assertions(active_patches(manifest, skipped, version, variant),
                                  verify.tree_reader(tree))
 
 
-def verify_image(manifest: Manifest, image: str, *, engine=None) -> list[AssertionResult]:
+def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
+                 ) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
     from patchkit.image import package
     from patchkit.image.build import ImageFacts
@@ -65,6 +85,8 @@ def verify_image(manifest: Manifest, image: str, *, engine=None) -> list[Asserti
         raise ImageError(f"image {image} not found on the engine at {engine.host}")
     config = attrs.get("Config") or {}
     facts = ImageFacts.from_labels(config.get("Labels") or {})
+    variant = built_variant(manifest, variant, facts.variant, facts.variant_known,
+                            f"image {image}")
     env = dict(item.partition("=")[::2] for item in config.get("Env") or ())
     with engine.files(attrs["Id"], image) as files:
         hinted = facts.vllm_dir
@@ -73,7 +95,7 @@ def verify_image(manifest: Manifest, image: str, *, engine=None) -> list[Asserti
         else:
             pkg = package.find_package(files, env)
         version = facts.installed or package.installed_version(files, pkg, None)
-        active = active_patches(manifest, facts.skipped(), version)
+        active = active_patches(manifest, facts.skipped(), version, variant)
         cache: dict[str, str | None] = {}
 
         def read(rel: str) -> str | None:
@@ -87,10 +109,11 @@ def verify_image(manifest: Manifest, image: str, *, engine=None) -> list[Asserti
 
 
 def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
-        default_tree: Path) -> VerifyReport:
+        default_tree: Path, variant: str | None = None) -> VerifyReport:
     if tree and image:
         raise UsageError("give --tree or --image, not both")
+    variants.check(manifest, variant)
     if image:
-        return VerifyReport(image, verify_image(manifest, image))
+        return VerifyReport(image, verify_image(manifest, image, variant=variant))
     where = tree or default_tree
-    return VerifyReport(str(where), verify_tree(manifest, Path(where)))
+    return VerifyReport(str(where), verify_tree(manifest, Path(where), variant))
