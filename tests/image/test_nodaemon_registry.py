@@ -291,13 +291,13 @@ def test_the_engine_path_gives_the_same_layer_and_config(built, project, docker_
 
 def test_cli_json_and_text(built, project, use_cache, capsys):
     m, workdir = project
-    code = cli.main(["build-image", "--no-daemon", "--push", "--no-apply", "--workdir", str(workdir),
-                     "--manifest", str(m.path), "--format", "json"])
+    args = ["build-image", "--no-daemon", "--push", "--no-apply", "--workdir", str(workdir),
+            "--manifest", str(m.path)]
+    code = cli.main([*args, "--format", "json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["ok"] is True and out["reused"] is True
     assert out["digest"] == built["summary"]["digest"] and out["tag"] == built["tag"]
-    code = cli.main(["build-image", "--no-daemon", "--push", "--no-apply", "--workdir", str(workdir),
-                     "--manifest", str(m.path)])
+    code = cli.main(args)
     captured = capsys.readouterr()
     assert code == 0
     assert f"digest: {built['summary']['digest']}" in captured.out

@@ -108,7 +108,8 @@ def test_package_proofs_read_through_the_layers(tmp_path):
                 (f"{site}/vllm/config/speculative.py", "f", b"x = 1\n"),
                 (f"{site}/vllm/config/__pycache__/speculative.cpython-311.pyc", "f", b"pyc"),
                 (f"{site}/vllm/config/__pycache__/speculative.cpython-311.opt-1.pyc", "f", b"pyc")])
-    high = _tar([(f"{site}/vllm/config/__pycache__/.wh.speculative.cpython-311.opt-1.pyc", "f", b"")])
+    high = _tar([(f"{site}/vllm/config/__pycache__/.wh.speculative.cpython-311.opt-1.pyc", "f",
+                  b"")])
     with layerfs.LayerFiles("img", _layers(tmp_path, low, high)) as files:
         pkg = find_package(files, {"PATH": "/usr/local/bin:/usr/bin"})
         assert pkg.dir == f"/{site}/vllm"
@@ -152,8 +153,10 @@ def test_index_checks_the_blob_digest_and_the_diff_id(tmp_path):
     blob = gzip.compress(data, mtime=0)
     path = tmp_path / "blob"
     path.write_bytes(blob)
-    with pytest.raises(ImageError, match=r"holds the tar sha256:\w+, not sha256:0+ as the image's config"):
-        layerfs.index_layer(path, _digest(blob), "sha256:" + "0" * 64, tmp_path / "i", "layer 1 of b")
+    with pytest.raises(ImageError,
+                       match=r"holds the tar sha256:\w+, not sha256:0+ as the image's config"):
+        layerfs.index_layer(path, _digest(blob), "sha256:" + "0" * 64, tmp_path / "i",
+                            "layer 1 of b")
     with pytest.raises(ImageError, match="the blob in the cache is .* it was removed"):
         layerfs.index_layer(path, "sha256:" + "1" * 64, None, tmp_path / "i", "layer 1 of b")
     assert not path.exists()
@@ -214,7 +217,8 @@ def test_manifest_keeps_the_base_layers_and_adds_one_uncompressed_layer():
                              "size": len(config), "digest": layer.image_id_of(config)}
     oci = json.loads(nodaemon.image_manifest(_remote(registry.OCI_MANIFEST), config, made))
     assert oci["layers"][2]["mediaType"] == "application/vnd.oci.image.layer.v1.tar"
-    assert nodaemon.image_manifest(remote, config, made) == nodaemon.image_manifest(remote, config, made)
+    again = nodaemon.image_manifest(remote, config, made)
+    assert nodaemon.image_manifest(remote, config, made) == again
 
 
 def test_base_seen_from_the_registry_is_the_base_the_engine_sees():
@@ -251,7 +255,8 @@ def test_hosts_and_which_are_insecure(monkeypatch):
     assert registry.is_insecure("[::1]:5000")
     assert not registry.is_insecure("registry.example:5000")
     monkeypatch.setenv(registry.INSECURE_ENV, "registry.example:5000, other.example")
-    assert registry.is_insecure("registry.example:5000") and registry.is_insecure("other.example:443")
+    assert registry.is_insecure("registry.example:5000")
+    assert registry.is_insecure("other.example:443")
     assert not registry.is_insecure("registry.example:5001")
 
 
@@ -279,7 +284,8 @@ def test_platform_is_picked_from_an_index():
 def test_skopeo_words_come_out_on_one_line():
     out = ('time="2026-01-01T00:00:00Z" level=fatal msg="Error parsing image name '
            '\\"docker://127.0.0.1:5999/x:1\\": pinging container registry 127.0.0.1:5999: '
-           'Get \\"http://127.0.0.1:5999/v2/\\": dial tcp 127.0.0.1:5999: connect: connection refused"\n')
+           'Get \\"http://127.0.0.1:5999/v2/\\": dial tcp 127.0.0.1:5999: connect: '
+           'connection refused"\n')
     assert registry.skopeo_message(out) == ('pinging container registry 127.0.0.1:5999: Get '
                                             '"http://127.0.0.1:5999/v2/": dial tcp 127.0.0.1:5999: '
                                             'connect: connection refused')
@@ -297,7 +303,8 @@ def test_missing_skopeo_is_one_line(monkeypatch):
 def _manifest(tmp_path: Path) -> Manifest:
     return Manifest(name="pk", root=tmp_path, path=tmp_path / "patchset.yaml",
                     vllm=VllmSource(("pypi",), "v1"),
-                    image=ImageDefaults("127.0.0.1:5055/b:1", "linux/arm64", "127.0.0.1:5055/t:{ref}"),
+                    image=ImageDefaults("127.0.0.1:5055/b:1", "linux/arm64",
+                                        "127.0.0.1:5055/t:{ref}"),
                     patches=())
 
 

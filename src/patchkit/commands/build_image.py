@@ -167,7 +167,8 @@ def _check_no_daemon(push: bool, save: Path | None, mode: str) -> None:
     if not push:
         raise UsageError("--no-daemon builds the image in the registry, so it needs --push")
     if save is not None:
-        raise UsageError("--save writes an engine's 'docker load' archive; --no-daemon has no engine")
+        raise UsageError("--save writes an engine's 'docker load' archive; --no-daemon has no "
+                         "engine")
     if mode == build.SOURCE_MODE:
         raise UsageError("--mode source builds vLLM through an engine; --no-daemon makes overlay "
                          "images only")

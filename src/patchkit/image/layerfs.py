@@ -241,7 +241,8 @@ class LayerFiles:
     are kept there by layer digest and offset, so that a later run reads none of them from the
     blobs again."""
 
-    def __init__(self, image: str, layers: Sequence[IndexedLayer], memo: Path | None = None) -> None:
+    def __init__(self, image: str, layers: Sequence[IndexedLayer],
+                 memo: Path | None = None) -> None:
         self.image = image
         self._layers = list(layers)
         self._memo = memo

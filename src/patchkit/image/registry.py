@@ -82,7 +82,8 @@ def is_insecure(host: str) -> bool:
 def auth_file() -> Path | None:
     """The Docker CLI's config file with registry credentials, when there is one."""
     base = os.environ.get("DOCKER_CONFIG")
-    path = Path(base).expanduser() / "config.json" if base else Path.home() / ".docker" / "config.json"
+    folder = Path(base).expanduser() if base else Path.home() / ".docker"
+    path = folder / "config.json"
     return path if path.is_file() else None
 
 
@@ -223,8 +224,8 @@ class Registry:
             doc = _json(raw, f"the {platform} manifest of {name}")
             kind = doc.get("mediaType") or OCI_MANIFEST
         if doc.get("schemaVersion") == 1:
-            raise ImageError(f"base image {name} has a schema 1 manifest, which registries no "
-                             "longer serve for pushing onto; push the base again with a current tool")
+            raise ImageError(f"base image {name} has a schema 1 manifest, which nothing builds "
+                             "on any more; push the base again with a current tool")
         if kind not in MANIFESTS or not isinstance(doc.get("config"), dict):
             raise ImageError(f"base image {name}: {kind} is not an image manifest")
         config = self._run(["inspect", "--raw", "--config", *self._flags(host_of(name)),
