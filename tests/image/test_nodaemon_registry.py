@@ -286,7 +286,7 @@ def test_the_engine_path_gives_the_same_layer_and_config(built, project, docker_
     ours, theirs = raw(built["tag"], "--config"), raw(tag, "--config")
     assert ours == theirs
     assert json.loads(theirs)["rootfs"]["diff_ids"] == json.loads(ours)["rootfs"]["diff_ids"]
-    docker_client.api.remove_image(tag, noprune=True)
+    docker_client.images.remove(engine["image_id"], force=True)  # names the relay's address
 
 
 def test_cli_json_and_text(built, project, use_cache, capsys):
