@@ -15,5 +15,5 @@ from patchkit.manifest.model import (
     VllmSource,
 )
 
-__all__ = ["ID_RE", "KINDS", "PREDICATES", "Assertion", "ImageDefaults", "Manifest", "Marker", "Patch",
-           "VllmSource", "load"]
+__all__ = ["ID_RE", "KINDS", "PREDICATES", "Assertion", "ImageDefaults", "Manifest", "Marker",
+           "Patch", "VllmSource", "load"]

@@ -56,7 +56,12 @@ class Marker:
         else:
             n = self.minimum or 1
             want = f"at least {n} line{'s' if n != 1 else ''}"
-        return f"{want} matching {self.log!r}"
+        return f"{want} matching {quoted(self.log)}"
+
+
+def quoted(regex: str) -> str:
+    """A regular expression in quotes, as written (no doubled backslashes)."""
+    return f'"{regex}"' if "'" in regex else f"'{regex}'"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from patchkit import versions
 from patchkit.manifest import Manifest, Marker
+from patchkit.manifest.model import quoted
 
 IN_STATUSES = ("applied", "upstream")
 SAMPLES = 3         # matching lines kept for a required or counted marker
@@ -86,9 +87,9 @@ class MarkerResult:
             return []
         if self.absent and self.hits:
             more = self.found - len(self.hits)
-            return ([f"{h.log}:{h.number}: [{self.label}] forbidden {self.log!r}: {h.text}"
+            return ([f"{h.log}:{h.number}: [{self.label}] forbidden {quoted(self.log)}: {h.text}"
                      for h in self.hits]
-                    + ([f"[{self.label}] ... and {more} more lines matching {self.log!r}"]
+                    + ([f"[{self.label}] ... and {more} more lines matching {quoted(self.log)}"]
                        if more > 0 else []))
         return [f"[{self.label}] {self.message}"]
 
@@ -157,20 +158,20 @@ def _verdict(scoped: ScopedMarker, per_log: list[tuple[str, _Tally]], keep: int)
     judged = [(name, t) for name, t in per_log if not t.left_out]
     if per_log and not judged:
         return MarkerResult(scoped.patch, marker.log, True, 0, [],
-                            f"not judged: every log has a line matching {marker.unless!r}",
+                            f"not judged: every log has a line matching {quoted(marker.unless)}",
                             judged=False, absent=marker.absent)
     found = sum(t.found for _, t in judged)
     hits = [hit for _, t in judged for hit in t.hits][:keep]
     where = _names([name for name, _ in judged]) or "no log"
     left = [name for name, t in per_log if t.left_out]
-    aside = f" ({_names(left)} left out: {marker.unless!r})" if left else ""
+    aside = f" ({_names(left)} left out: {quoted(marker.unless)})" if left else ""
     times = f"{found} time{'s' if found != 1 else ''}"
     if marker.absent:
         ok = found == 0
         if ok:
-            message = f"no line matches forbidden {marker.log!r} in {where}{aside}"
+            message = f"no line matches forbidden {quoted(marker.log)} in {where}{aside}"
         else:
-            message = (f"forbidden line {marker.log!r} appears {times} in {where}: "
+            message = (f"forbidden line {quoted(marker.log)} appears {times} in {where}: "
                        f"{hits[0]}" + (f" (and {found - 1} more)" if found > 1 else ""))
     elif marker.count is not None:
         ok = found == marker.count
@@ -182,7 +183,7 @@ def _verdict(scoped: ScopedMarker, per_log: list[tuple[str, _Tally]], keep: int)
         if ok:
             message = f"{marker.describe()}: found {found} in {where}{aside}"
         elif found == 0:
-            message = f"required line {marker.log!r} appears in none of {where}{aside}"
+            message = f"required line {quoted(marker.log)} appears in none of {where}{aside}"
         else:
             message = f"expected {marker.describe()}, found {found} in {where}{aside}"
     return MarkerResult(scoped.patch, marker.log, ok, found, hits, message,
