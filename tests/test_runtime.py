@@ -295,7 +295,8 @@ patches:
 """
 
 BAD = [
-    ("runtime:\n  - lgo: x\n", "patchset.yaml:6: runtime[0]: unknown key 'lgo'; did you mean 'log'?"),
+    ("runtime:\n  - lgo: x\n",
+     "patchset.yaml:6: runtime[0]: unknown key 'lgo'; did you mean 'log'?"),
     ("runtime:\n  - log: x\n    minimum: 2\n",
      "patchset.yaml:7: runtime[0]: unknown key 'minimum'; did you mean 'min'?"),
     ("runtime:\n  - absent: true\n", "patchset.yaml:6: runtime[0]: missing required key 'log'"),

@@ -1,22 +1,28 @@
 """`patchkit verify --container`: a container's log read through the real Docker Engine.
 
-An arm64 image made from the test base prints a server's startup lines, on stdout and stderr,
-under qemu; it runs to completion, then its log is judged against the markers of the patches the
-image's labels say are in, together with the AST assertions on the image's files.
+A small arm64 image (Debian's busybox-static and a stand-in vllm package with one module) prints
+a server's startup lines on stdout and stderr under qemu; it runs to completion, then its log is
+judged against the markers of the patches the image's labels say are in, together with the AST
+assertions on the image's files.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import textwrap
+import subprocess
+import tarfile
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
-from imageproject import RELEASE
+from baseimage import cache_root, fetch_debs
 from patchkit import cli
+
+RELEASE = "0.33.0"
+SITE = "usr/local/lib/python3.11/dist-packages"
 
 DIFF = "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 
@@ -67,27 +73,46 @@ echo '(APIServer pid=1) INFO:     Application startup complete.'
 """
 
 
+def _rootfs(out: Path) -> None:
+    """busybox (as /bin/sh) and a vllm package holding vllm/config/cache.py, as a tar."""
+    [busybox] = [d for d in fetch_debs(cache_root() / "test-image" / "debs")
+                 if d.name.startswith("busybox-static_")]
+    with tempfile.TemporaryDirectory(prefix="pk-rootfs-") as tmp:
+        root = Path(tmp)
+        subprocess.run(["dpkg", "-x", str(busybox), str(root)], check=True)
+        (root / "bin" / "sh").symlink_to("busybox")
+        package = root / SITE / "vllm"
+        (package / "config").mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "config" / "cache.py").write_text("class CacheConfig:\n    pass\n")
+        with tarfile.open(out, "w") as tar:
+            for entry in sorted(root.iterdir()):
+                tar.add(entry, arcname=entry.name)
+
+
 @pytest.fixture(scope="module")
-def served(docker_client, bases, tmp_path_factory):
-    """The log-printing image (labels: kv-cache and draft-guard applied, other-model skipped),
-    a good and a broken container of it run to completion, and the manifest."""
+def served(docker_client, tmp_path_factory):
+    """The log-printing image (labels: kv-cache and draft-guard in, other-model skipped), a good
+    and a broken container of it run to completion, and the manifest."""
     root = tmp_path_factory.mktemp("runtime-image")
     (root / "patches").mkdir()
     for name in ("kv", "guard", "other"):
         (root / "patches" / f"{name}.diff").write_text(DIFF)
     (root / "patchset.yaml").write_text(MANIFEST.format(release=RELEASE))
-    labels = {"io.patchkit.patches": json.dumps([
-        {"id": "kv-cache", "status": "applied"}, {"id": "draft-guard", "status": "upstream"},
-        {"id": "other-model", "status": "skipped"}])}
-    dockerfile = textwrap.dedent(f"""\
-        FROM {bases[RELEASE]['tag']}
-        ENTRYPOINT ["/bin/sh", "-c", {json.dumps(SCRIPT)}]
-        CMD []
-        """)
+    context = root / "context"
+    context.mkdir()
+    _rootfs(context / "rootfs.tar")
+    labels = json.dumps([{"id": "kv-cache", "status": "applied"},
+                         {"id": "draft-guard", "status": "upstream"},
+                         {"id": "other-model", "status": "skipped"}])
+    (context / "Dockerfile").write_text(
+        "FROM scratch\nADD rootfs.tar /\n"
+        f"LABEL io.patchkit.patches={json.dumps(labels)} "
+        f"io.patchkit.vllm.installed={RELEASE} io.patchkit.vllm.dir=/{SITE}/vllm\n"
+        f"ENTRYPOINT [\"/bin/sh\", \"-c\", {json.dumps(SCRIPT)}]\n")
     tag = f"pk-test/runtime-log:{uuid.uuid4().hex[:8]}"
-    image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag,
-                                          labels=labels, platform="linux/arm64", rm=True,
-                                          pull=False)
+    image, _ = docker_client.images.build(path=str(context), tag=tag, platform="linux/arm64",
+                                          rm=True, forcerm=True)
     containers = {}
     try:
         for which, broken in (("good", "0"), ("broken", "1")):
@@ -145,8 +170,8 @@ def test_a_broken_containers_log_names_the_patch_and_the_line(capsys, served, do
     lines = out.splitlines()
     assert lines[0] == "ok: 1/1 assertions passed on " + served["tag"]
     assert lines[1] == (
-        f"container:{served['broken']}:{number}: [draft-guard] forbidden 'w1_weight_scale_2 must match "
-        "w3_weight_scale_2\\\\. Accuracy may be affected\\\\.': (Worker_TP0 pid=201) WARNING "
+        f"container:{served['broken']}:{number}: [draft-guard] forbidden 'w1_weight_scale_2 "
+        "must match w3_weight_scale_2\\. Accuracy may be affected\\.': (Worker_TP0 pid=201) WARNING "
         "05-12 10:00:09 [modelopt.py:1059] w1_weight_scale_2 must match w3_weight_scale_2. "
         "Accuracy may be affected.")
     assert lines[2] == f"FAILED: 5/6 runtime markers hold in container:{served['broken']}"
