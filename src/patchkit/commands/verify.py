@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 from patchkit import paths, versions
 from patchkit.errors import ImageError, LogError, UsageError
-from patchkit.manifest import Manifest, Patch
+from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import AssertionResult
 from patchkit.series import checkout, runtime, verify
 from patchkit.series.runtime import MarkerResult
@@ -50,39 +50,61 @@ class _Checked:
     results: list[AssertionResult]
     statuses: Mapping[str, str]     # patch id -> status, from the report or the labels
     version: str | None
+    variant: str | None
 
 
-def active_patches(manifest: Manifest, skipped: set[str], version: str | None) -> list[Patch]:
-    """The patches whose assertions apply: neither skipped by the apply nor outside the range
-    of the release found (when one was found)."""
-    return [p for p in manifest.patches
+def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
+                   variant: str | None = None) -> list[Patch]:
+    """The patches whose assertions apply: in the build of ``variant``, neither skipped by the
+    apply nor outside the range of the release found (when one was found)."""
+    return [p for p in variants.selected(manifest, variant)
             if p.id not in skipped and (not version or versions.in_range(p.vllm, version)[0])]
 
 
-def verify_tree(manifest: Manifest, tree: Path) -> list[AssertionResult]:
+def built_variant(manifest: Manifest, asked: str | None, recorded: str | None, known: bool,
+                  what: str) -> str | None:
+    """The variant to verify: the one ``what`` was built as when that is ``known`` (asking for
+    another is a usage error), else the one asked for."""
+    variants.check(manifest, asked)
+    if not known:
+        return asked
+    if asked is not None and asked != recorded:
+        raise UsageError(f"--variant {asked}: {what} was built as "
+                         f"{variants.describe(recorded)}; verify it as that (drop --variant"
+                         + (f" or give --variant {recorded})" if recorded else ")"))
+    return recorded
+
+
+def verify_tree(manifest: Manifest, tree: Path, variant: str | None = None
+                ) -> list[AssertionResult]:
     """The manifest's assertions on a patched tree, leaving out patches the tree's release is
-    outside of (known from the apply report, when the tree has one)."""
-    return _check_tree(manifest, tree).results
+    outside of and those of other variants (known from the apply report, when the tree has
+    one)."""
+    return _check_tree(manifest, tree, variant).results
 
 
-def _check_tree(manifest: Manifest, tree: Path) -> _Checked:
+def _check_tree(manifest: Manifest, tree: Path, variant: str | None) -> _Checked:
     if not tree.is_dir():
         raise UsageError(f"--tree {tree}: no such directory")
     report = checkout.read_report(tree)
+    variant = built_variant(manifest, variant, report.variant if report else None,
+                            report is not None, f"--tree {tree}")
     version = report.vllm.version if report else None
     skipped = report.skipped() if report else set()
-    results = verify.run_assertions(active_patches(manifest, skipped, version),
+    results = verify.run_assertions(active_patches(manifest, skipped, version, variant),
                                     verify.tree_reader(tree))
     statuses = {p.id: p.status for p in report.patches} if report else {}
-    return _Checked(results, statuses, version)
+    return _Checked(results, statuses, version, variant)
 
 
-def verify_image(manifest: Manifest, image: str, *, engine=None) -> list[AssertionResult]:
+def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
+                 ) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
-    return _check_image(manifest, image, engine=engine).results
+    return _check_image(manifest, image, engine=engine, variant=variant).results
 
 
-def _check_image(manifest: Manifest, image: str, *, engine=None) -> _Checked:
+def _check_image(manifest: Manifest, image: str, *, engine=None,
+                 variant: str | None = None) -> _Checked:
     from patchkit.image import package
     from patchkit.image.build import ImageFacts
     from patchkit.image.engine import Engine
@@ -102,6 +124,8 @@ def _check_image(manifest: Manifest, image: str, *, engine=None) -> _Checked:
         raise ImageError(f"image {image} not found on the engine at {engine.host}")
     config = attrs.get("Config") or {}
     facts = ImageFacts.from_labels(config.get("Labels") or {})
+    variant = built_variant(manifest, variant, facts.variant, facts.variant_known,
+                            f"image {image}")
     env = dict(item.partition("=")[::2] for item in config.get("Env") or ())
     with engine.files(attrs["Id"], image) as files:
         hinted = facts.vllm_dir
@@ -110,7 +134,7 @@ def _check_image(manifest: Manifest, image: str, *, engine=None) -> _Checked:
         else:
             pkg = package.find_package(files, env)
         version = facts.installed or package.installed_version(files, pkg, None)
-        active = active_patches(manifest, facts.skipped(), version)
+        active = active_patches(manifest, facts.skipped(), version, variant)
         cache: dict[str, str | None] = {}
 
         def read(rel: str) -> str | None:
@@ -120,27 +144,29 @@ def _check_image(manifest: Manifest, image: str, *, engine=None) -> _Checked:
                 cache[rel] = None if data is None else data.decode("utf-8")
             return cache[rel]
 
-        return _Checked(verify.run_assertions(active, read), facts.statuses, version)
+        return _Checked(verify.run_assertions(active, read), facts.statuses, version, variant)
 
 
 def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
-        default_tree: Path, logs: tuple[str, ...] = (), containers: tuple[str, ...] = (),
-        stdin=None, engine=None) -> VerifyReport:
+        default_tree: Path, variant: str | None = None, logs: tuple[str, ...] = (),
+        containers: tuple[str, ...] = (), stdin=None, engine=None) -> VerifyReport:
     """The assertions on ``tree`` or ``image``; with ``logs`` (paths, ``-`` for ``stdin``) or
     ``containers`` (names or ids on the engine), the runtime markers too.  A log that cannot be
     had stops the command before anything is checked."""
     if tree and image:
         raise UsageError("give --tree or --image, not both")
+    variants.check(manifest, variant)
     with _Logs(logs, containers, stdin=stdin, engine=engine) as sources:
         if image:
             target = image
-            checked = _check_image(manifest, image, engine=sources.engine or engine)
+            checked = _check_image(manifest, image, engine=sources.engine or engine,
+                                   variant=variant)
         else:
             target = str(tree or default_tree)
-            checked = _check_tree(manifest, Path(target))
+            checked = _check_tree(manifest, Path(target), variant)
         report = VerifyReport(target, checked.results)
         if sources.logs:
-            report.runtime = sources.judge(manifest, checked.statuses, checked.version)
+            report.runtime = sources.judge(manifest, checked)
             report.logs = sources.names
     return report
 
@@ -202,10 +228,11 @@ class _Logs:
             self.logs.append(runtime.Log(f"container:{name}",
                                          _engine_lines(lines, f"--container {name}")))
 
-    def judge(self, manifest: Manifest, statuses: Mapping[str, str],
-              version: str | None) -> list[MarkerResult]:
-        markers = runtime.markers_of(manifest, runtime.patches_in(manifest, statuses, version))
-        return runtime.judge(markers, self.logs)
+    def judge(self, manifest: Manifest, checked: _Checked) -> list[MarkerResult]:
+        """The markers of the patches in the build ``checked`` looked at, on every log."""
+        built = {p.id for p in variants.selected(manifest, checked.variant)}
+        ids = runtime.patches_in(manifest, checked.statuses, checked.version) & built
+        return runtime.judge(runtime.markers_of(manifest, ids), self.logs)
 
     def close(self) -> None:
         for fh in self._open:
