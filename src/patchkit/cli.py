@@ -116,7 +116,9 @@ def validate(manifest_path: str) -> int:
     from patchkit.commands import validate as command
 
     m = command.run(Path(manifest_path))
-    echo(f"{manifest_path}: ok ({len(m.patches)} patches, vLLM {m.vllm.ref})")
+    markers = len(m.runtime) + sum(len(p.runtime) for p in m.patches)
+    counted = f", {markers} runtime markers" if markers else ""
+    echo(f"{manifest_path}: ok ({len(m.patches)} patches{counted}, vLLM {m.vllm.ref})")
     return 0
 
 
@@ -144,11 +146,18 @@ def apply(ref, repos, workdir, keep_failed, variant, manifest_path, fmt) -> int:
 @click.option("--tree", type=click.Path(file_okay=False),
               help=f"A patched checkout (default: {DEFAULT_WORKDIR}).")
 @click.option("--image", help="An image: read its files without running it.")
+@click.option("--log", "logs", multiple=True, metavar="FILE",
+              help="A server log to judge the runtime markers against ('-' is stdin); repeat "
+                   "for each node.")
+@click.option("--container", "containers", multiple=True, metavar="NAME|ID",
+              help="Judge the runtime markers against this container's log (stdout and "
+                   "stderr) on the engine DOCKER_HOST names; repeatable.")
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, variant, manifest_path, fmt) -> int:
-    """Run the AST assertions alone, on a tree or an image."""
+def verify(tree, image, logs, containers, variant, manifest_path, fmt) -> int:
+    """Run the AST assertions on a tree or an image; with --log or --container, also the
+    runtime markers of the patches that are in, against the server's logs."""
     from patchkit.commands import verify as command
     from patchkit.render import text
 
@@ -156,7 +165,9 @@ def verify(tree, image, variant, manifest_path, fmt) -> int:
     if tree and image:
         raise click.UsageError("give --tree or --image, not both")
     report = command.run(m, tree=Path(tree) if tree else None, image=image,
-                         default_tree=Path(DEFAULT_WORKDIR), variant=variant)
+                         default_tree=Path(DEFAULT_WORKDIR), variant=variant, logs=logs,
+                         containers=containers,
+                         stdin=click.get_binary_stream("stdin") if "-" in logs else None)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
 
