@@ -54,7 +54,8 @@ def main() -> int:
     node = os.environ.get("PK_NODE2")
     socket = os.environ.get("PK_NODE2_SOCKET")
     if not node or not socket:
-        print("PK_NODE2 and PK_NODE2_SOCKET are not set: run .ci/services.sh first", file=sys.stderr)
+        print("PK_NODE2 and PK_NODE2_SOCKET are not set: run .ci/services.sh first",
+              file=sys.stderr)
         return 2
     client = docker.from_env(timeout=900)
     direct = docker.DockerClient(base_url=socket, timeout=900)
@@ -71,7 +72,6 @@ def main() -> int:
         print(f"the DSpark image did not build: {built.get('error')}", file=sys.stderr)
         return 1
     attrs = client.api.inspect_image(tag)
-    sizes = [h["Size"] for h in client.api.history(tag)]
     print(f"image {tag} {built['image_id'][:19]}: {len(attrs['RootFS']['Layers'])} layers, "
           f"{attrs['Size']:,} bytes (the DSpark layer: {built['layer']['files']} files, "
           f"{built['layer']['bytes']:,} bytes); node {node}")

@@ -58,7 +58,8 @@ def _chunks(data: bytes, size: int = 7000):
 
 def _config(diff_ids, labels=None) -> bytes:
     doc = {"architecture": "arm64", "os": "linux",
-           "config": {"Env": ["PATH=/opt/venv/bin:/usr/local/bin:/usr/bin", "VIRTUAL_ENV=/opt/venv"],
+           "config": {"Env": ["PATH=/opt/venv/bin:/usr/local/bin:/usr/bin",
+                              "VIRTUAL_ENV=/opt/venv"],
                       "Entrypoint": ["vllm", "serve"], "Labels": labels or {}},
            "history": [{"created": "1970-01-01T00:00:01Z", "created_by": "ADD rootfs"}],
            "rootfs": {"type": "layers", "diff_ids": list(diff_ids)}}
@@ -111,7 +112,8 @@ class StoreAPI(unit.FakeAPI):
         for i, d in enumerate(diff_ids):
             hexd = d.split(":", 1)[1]
             if self.kind == "containers-storage":   # Podman's layout
-                members += [(f"{hexd}.tar", self.blobs[d]), (f"v1-{i}/layer.tar", "->", f"../{hexd}.tar")]
+                members += [(f"{hexd}.tar", self.blobs[d]),
+                            (f"v1-{i}/layer.tar", "->", f"../{hexd}.tar")]
                 paths.append(f"{hexd}.tar")
             elif self.kind == "containerd":          # an OCI layout beside manifest.json
                 members.append((f"blobs/sha256/{hexd}", self.blobs[d]))
@@ -145,7 +147,8 @@ class StoreAPI(unit.FakeAPI):
             for path, diff_id in zip(man["Layers"], diff_ids):
                 member = named.get(path)
                 if member is not None and member.issym():
-                    member = named.get(f"{path.rsplit('/', 1)[0]}/{member.linkname}".split("/../")[-1])
+                    linked = f"{path.rsplit('/', 1)[0]}/{member.linkname}"
+                    member = named.get(linked.split("/../")[-1])
                 if member is None:
                     if self.kind == "classic" and diff_id in self.blobs:
                         continue
@@ -227,9 +230,9 @@ def test_every_store_gets_the_same_config_and_layer(project, workdir, kind):
         assert got["load"] == "complete" and api.exports == 1
         assert man[0]["Layers"][0] in names  # the base's layer travelled with it
         assert "repositories" not in names and "index.json" not in names
+        store = "containers-storage" if kind != "containerd" else "containerd's image store"
         assert (f"loading a complete archive: the engine at unix:///fake.sock keeps images in "
-                f"{'containers-storage' if kind != 'containerd' else 'containerd' + chr(39) + 's image store'}"
-                ", which cannot take a partial load") in said.lines
+                f"{store}, which cannot take a partial load") in said.lines
 
     # unchanged: found again by its inputs, nothing loaded twice
     again = bi.run(project, workdir=workdir, apply=False, engine=engine).to_dict()
@@ -280,7 +283,8 @@ def test_a_copy_relays_the_export_and_counts_its_layer_bytes():
     assert facts.layer_bytes() == len(BASE_LAYER.data) and facts.layer_count() == 1
     with tarfile.open(fileobj=io.BytesIO(out)) as a, \
             tarfile.open(fileobj=io.BytesIO(b"".join(export))) as b:
-        assert [(m.name, m.size, m.linkname) for m in a] == [(m.name, m.size, m.linkname) for m in b]
+        assert [(m.name, m.size, m.linkname) for m in a] == \
+            [(m.name, m.size, m.linkname) for m in b]
 
 
 @pytest.mark.parametrize("chunks,message", [
@@ -309,7 +313,8 @@ def test_fingerprint_is_config_and_layers_never_the_image_id():
     attrs = {"Id": "sha256:" + "1" * 64, "ConfigDigest": "sha256:" + "2" * 64,
              "RootFS": {"Layers": ["sha256:" + "3" * 64]}}
     fp = layer.fingerprint(attrs)
-    assert fp.startswith("sha256:") and fp == layer.fingerprint({**attrs, "Id": "sha256:" + "9" * 64})
+    assert fp.startswith("sha256:")
+    assert fp == layer.fingerprint({**attrs, "Id": "sha256:" + "9" * 64})
     assert fp != layer.fingerprint({**attrs, "RootFS": {"Layers": []}})
     assert fp != layer.fingerprint({**attrs, "ConfigDigest": "sha256:" + "4" * 64})
     with pytest.raises(ImageError):
@@ -423,11 +428,13 @@ def test_a_refused_load_fails_that_target_alone_and_leaves_its_tag(held_before):
     source, _, iid = _source()
     engines, connect = _targets("containers-storage", "classic")
     (bad, bad_api), (good, good_api) = engines.values()
-    old = bad_api.add(_config([BASE_LAYER.diff_id], {"old": "1"}), {}, tag=IMAGE) if held_before else None
+    old = (bad_api.add(_config([BASE_LAYER.diff_id], {"old": "1"}), {}, tag=IMAGE)
+           if held_before else None)
     bad_api.refuse = "no space left on device"
     report = copy_image.run(IMAGE, list(engines), source=source, connect=connect)
     assert [t.status for t in report.targets] == ["failed", "copied"] and not report.ok
-    assert report.targets[0].error.startswith("loading the image into the engine at unix:///node0.sock")
+    assert report.targets[0].error.startswith(
+        "loading the image into the engine at unix:///node0.sock")
     assert "no space left on device" in report.targets[0].error
     assert bad_api.tags.get(IMAGE) == old
     assert good_api.tags[IMAGE] == iid
@@ -470,7 +477,8 @@ def test_copy_refuses_bad_input_before_any_engine_is_asked():
         with pytest.raises(UsageError, match=message.replace("(", r"\(").replace("?", r"\?")):
             copy_image.run(image, targets, connect=lambda url: pytest.fail("connected"))
     source, _, _ = _source()
-    with pytest.raises(ImageError, match=r"^no image reg:5000/none:1 on the engine at unix:///source.sock$"):
+    with pytest.raises(ImageError,
+                       match=r"^no image reg:5000/none:1 on the engine at unix:///source.sock$"):
         copy_image.run("reg:5000/none:1", ["tcp://h:1"], source=source, connect=lambda u: None)
 
 
@@ -483,7 +491,8 @@ def test_cli_copy_image_prints_a_line_per_target_and_exits_1_on_a_failure(monkey
     assert cli.main(["copy-image", IMAGE, "--to", url, "tcp://127.0.0.1:9"]) == 1
     out = capsys.readouterr().out.splitlines()
     want = layer.fingerprint(source.content(IMAGE))
-    assert out[0].startswith(f"copied    {url} {want} (") and "layer bytes (2 layer(s)) sent" in out[0]
+    assert out[0].startswith(f"copied    {url} {want} (")
+    assert "layer bytes (2 layer(s)) sent" in out[0]
     assert out[1] == ("failed    tcp://127.0.0.1:9: no Docker Engine answers at tcp://127.0.0.1:9: "
                       "[Errno 111] Connection refused")
     assert len(out) == 2
@@ -499,7 +508,8 @@ def test_cli_copy_image_prints_a_line_per_target_and_exits_1_on_a_failure(monkey
 def test_build_image_copy_to(project, workdir, monkeypatch, tmp_path):
     engine, api = store_engine("classic")
     engines, connect = _targets("containers-storage")
-    monkeypatch.setattr(Engine, "connect", classmethod(lambda cls, host=None, timeout=600: connect(host)))
+    monkeypatch.setattr(Engine, "connect",
+                        classmethod(lambda cls, host=None, timeout=600: connect(host)))
     url = next(iter(engines))
     with pytest.raises(UsageError, match="--copy-to 'node2' is not an engine address"):
         bi.run(project, workdir=tmp_path / "never-applied", engine=engine, copy_to=["node2"])
@@ -535,7 +545,8 @@ def test_a_connection_that_breaks_is_sent_again_once_with_a_new_stream():
         calls.append(1)
         if len(calls) == 1:
             next(iter(data))  # a little of the stream went, then the session dropped
-            raise requests.exceptions.ConnectionError("('Connection aborted.', BrokenPipeError(32, 'Broken pipe'))")
+            raise requests.exceptions.ConnectionError(
+                "('Connection aborted.', BrokenPipeError(32, 'Broken pipe'))")
         yield from real_load(data)
 
     api.load_image = flaky

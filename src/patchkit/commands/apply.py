@@ -11,6 +11,7 @@ from patchkit.series import engine
 
 
 def run(manifest: Manifest, *, ref: str | None, repos: Sequence[str] | None, workdir: Path,
-        keep_failed: bool = False, progress: engine.Progress | None = None) -> ApplyReport:
+        keep_failed: bool = False, progress: engine.Progress | None = None,
+        variant: str | None = None) -> ApplyReport:
     return engine.apply_series(manifest, ref=ref, repos=repos, workdir=workdir, keep_failed=keep_failed,
-                        progress=progress)
+                        progress=progress, variant=variant)

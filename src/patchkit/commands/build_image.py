@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Sequence
 
 from patchkit.commands import copy_image
-from patchkit.errors import UsageError
+from patchkit.errors import ImageError, UsageError
 from patchkit.image import build
 from patchkit.imageref import Platform, check_reference
-from patchkit.manifest import Manifest
+from patchkit.manifest import Manifest, variants
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.series.engine import Progress, apply_series
 
-MODES = ("auto", "overlay", "source")
+MODES = ("auto", build.OVERLAY_MODE, build.SOURCE_MODE)
 
 
 @dataclass
@@ -42,6 +42,7 @@ class BuildReport:
     not_shipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
     buildargs: dict | None = None
+    variant: str | None = None
     load: str | None = None         # overlay: "partial" or "complete" archive
     copy: object | None = None      # copy_image.CopyReport of --copy-to
 
@@ -61,7 +62,7 @@ class BuildReport:
                 "base": self.base, "vllm": self.vllm, "patches": self.patches,
                 "layer": self.layer.to_dict() if self.layer else None, "reused": self.reused,
                 "pushed": self.pushed, "saved": self.saved, "not_shipped": self.not_shipped,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "variant": self.variant}
         if self.buildargs:
             data["buildargs"] = self.buildargs
         if self.load:
@@ -72,12 +73,14 @@ class BuildReport:
         return data
 
 
-def default_tag(manifest: Manifest, ref: str | None, version: str | None, tag: str | None) -> str:
+def default_tag(manifest: Manifest, ref: str | None, version: str | None, tag: str | None,
+                variant: str | None = None) -> str:
     template = tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
     # a branch ref such as release/0.27 holds characters no image tag may
     ref_part = re.sub(r"[^\w.-]", "-", str(ref or "latest"))
     version_part = re.sub(r"[^\w.-]", "-", str(version or ref_part))
-    text = template.replace("{ref}", ref_part).replace("{version}", version_part)
+    text = variants.fill_tag(template, variant)
+    text = text.replace("{ref}", ref_part).replace("{version}", version_part)
     return text.replace("{name}", manifest.name)
 
 
@@ -86,9 +89,10 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         tag: str | None = None, platform: str | None = None, push: bool = False,
         save: Path | None = None, mode: str = "auto", apply: bool = True,
         max_jobs: int | None = None, nvcc_threads: int | None = None,
-        progress: Progress | None = None, engine=None, copy_to: Sequence[str] = ()
-        ) -> BuildReport:
-    """Build (and optionally push and save) the image.
+        progress: Progress | None = None, engine=None, variant: str | None = None,
+        no_daemon: bool = False, registry=None, copy_to: Sequence[str] = ()) -> BuildReport:
+    """Build (and optionally push and save) the image; with ``no_daemon``, straight in the
+    registry (``push`` required, no engine).
 
     Expected failures raise :class:`~patchkit.errors.PatchkitError` before anything is tagged;
     a series that does not apply is a report with ``ok`` false.
@@ -99,33 +103,49 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     workdir = Path(workdir)
     if mode not in MODES:
         raise UsageError(f"--mode {mode!r}: expected auto, overlay or source")
+    if no_daemon:
+        _check_no_daemon(push, save, mode)
     # What can be refused is refused before the apply, which takes a while.
     if not apply and (ref is not None or repos):
         raise UsageError("--vllm-ref and --vllm-repo choose what to apply; with --no-apply the "
                          "workdir is used as it is")
+    variants.check(manifest, variant)
     if base is not None:
         check_reference("--base", base)
     if tag is not None:
-        check_reference("--tag", default_tag(manifest, "x", "x", tag), digest_ok=False)
+        check_reference("--tag", default_tag(manifest, "x", "x", tag, variant), digest_ok=False)
     plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
     copy_urls = copy_image.check_targets(copy_to, "--copy-to")
+    if no_daemon and copy_urls:
+        raise UsageError("--copy-to copies from an engine, and --no-daemon has none: pull the "
+                         "pushed digest on the other node")
     if apply:
-        report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress)
+        report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress,
+                              variant=variant)
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = AppliedCheckout.open(workdir)
+    if not apply and variant is not None and variant != tree.report.variant:
+        raise UsageError(f"--variant {variant}: {workdir} was applied as "
+                         f"{variants.describe(tree.report.variant)}; with --no-apply the "
+                         "workdir is used as it is")
     choice = build.choose_mode(tree.changes(), mode)
     log(f"mode: {choice.mode} ({choice.reason})")
     if choice.not_shipped:
         log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
-    final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag)
+    final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
     check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
+    if no_daemon:
+        built, digest = _build_in_registry(manifest, tree, choice, base=base, platform=plat,
+                                           tag=final_tag, log=log, registry=registry)
+        return _report(tree, choice, plat, final_tag, built, digest, push=True, saved=None,
+                       started=started)
     if engine is None:
         from patchkit.image.engine import Engine
 
         engine = Engine.connect()
     previous = (engine.inspect(final_tag) or {}).get("Id")
-    if choice.mode == "overlay":
+    if choice.mode == build.OVERLAY_MODE:
         base_ref = base or manifest.image.base
         if not base_ref:
             raise UsageError("no base image: give --base or set image.base in patchset.yaml")
@@ -151,10 +171,43 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not built.pushed_by_build:
             engine.restore_tag(final_tag, previous)
         raise
-    copied = None
+    report = _report(tree, choice, plat, final_tag, built, digest, push=push, saved=saved,
+                     started=started)
     if copy_urls:
         log(f"copying {final_tag} to {', '.join(copy_urls)}")
-        copied = copy_image.copy(engine, final_tag, copy_urls, log=log)
+        report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log)
+    return report
+
+
+def _check_no_daemon(push: bool, save: Path | None, mode: str) -> None:
+    if not push:
+        raise UsageError("--no-daemon builds the image in the registry, so it needs --push")
+    if save is not None:
+        raise UsageError("--save writes an engine's 'docker load' archive; --no-daemon has no "
+                         "engine")
+    if mode == build.SOURCE_MODE:
+        raise UsageError("--mode source builds vLLM through an engine; --no-daemon makes overlay "
+                         "images only")
+
+
+def _build_in_registry(manifest: Manifest, tree: AppliedCheckout, choice, *, base, platform,
+                       tag, log, registry):
+    from patchkit.image import nodaemon
+
+    if choice.mode != build.OVERLAY_MODE:
+        raise ImageError(f"--no-daemon makes overlay images only, and this series needs source "
+                         f"mode ({choice.reason}): build it through an engine")
+    base_ref = base or manifest.image.base
+    if not base_ref:
+        raise UsageError("no base image: give --base or set image.base in patchset.yaml")
+    built, digest = nodaemon.build_overlay(manifest, tree, choice, base_ref=base_ref,
+                                           platform=platform, tag=tag, log=log, registry=registry)
+    log(f"{tag} is {digest}" + (" (already there)" if built.reused else ""))
+    return built, digest
+
+
+def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built, digest, *,
+            push: bool, saved: dict | None, started: float) -> BuildReport:
     b = built.base
     vllm = asdict(tree.vllm)
     if built.vllm_dir:
@@ -167,9 +220,10 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         base=({"name": b.name, "digest": b.digest or b.image_id, "pinned_by": b.pinned_by,
                "image_id": b.image_id} if b else None),
         vllm=vllm, patches=[{"id": p.id, "status": p.status} for p in tree.report.patches],
+        variant=tree.report.variant,
         layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
         not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
-        buildargs=built.buildargs, load=built.load, copy=copied)
+        buildargs=built.buildargs, load=built.load)
 
 
 __all__ = ["BuildReport", "VllmInfo", "check_reference", "default_tag", "run"]

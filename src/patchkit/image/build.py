@@ -47,6 +47,10 @@ BUILDKIT_ONLY = re.compile(r"^\s*(?:#\s*syntax\s*=|(?:RUN|COPY|ADD)\b[^\n]*?(?:-
                            r"(?:RUN|COPY)\b[^\n]*<<-?\s*['\"]?\w+)", re.I | re.M)
 
 INPUTS_LABEL = "io.patchkit.inputs"
+VARIANT_LABEL = "io.patchkit.variant"  # the variant built; empty for the default build
+# The two build modes (not patch kinds: a series of any kinds builds either way).
+OVERLAY_MODE = "overlay"
+SOURCE_MODE = "source"
 
 
 @dataclass(frozen=True)
@@ -111,18 +115,19 @@ def choose_mode(changes: Sequence[Change], forced: str = "auto") -> ModeChoice:
             raise ImageError(f"{c.path} became a symlink or changed type; the image lays "
                              "regular files only")
         shipped.append(c)
-    if forced == "source":
-        return ModeChoice("source", "--mode source was asked for", tuple(shipped), tuple(not_shipped))
+    if forced == SOURCE_MODE:
+        return ModeChoice(SOURCE_MODE, "--mode source was asked for", tuple(shipped),
+                          tuple(not_shipped))
     if needs_source:
-        if forced == "overlay":
+        if forced == OVERLAY_MODE:
             raise ImageError(f"--mode overlay cannot ship this series: {needs_source}")
-        return ModeChoice("source", needs_source, tuple(shipped), tuple(not_shipped))
+        return ModeChoice(SOURCE_MODE, needs_source, tuple(shipped), tuple(not_shipped))
     n = len(shipped)
     reason = (f"all {n} patched file{'s' if n != 1 else ''} of the image are Python files of the "
               f"vllm package" if n else "the series changes no file of the vllm package")
-    if forced == "overlay":
+    if forced == OVERLAY_MODE:
         reason = "--mode overlay was asked for; " + reason
-    return ModeChoice("overlay", reason, tuple(shipped), tuple(not_shipped))
+    return ModeChoice(OVERLAY_MODE, reason, tuple(shipped), tuple(not_shipped))
 
 
 # --------------------------------------------------------------------------------- labels
@@ -183,6 +188,7 @@ def base_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created
         "io.patchkit.vllm.version": str(vllm.version or ""),
         "io.patchkit.vllm.tree": tree.tree_id(),
         "io.patchkit.patches": json.dumps(patches, separators=(",", ":")),
+        VARIANT_LABEL: tree.report.variant or "",
     }
 
 
@@ -283,6 +289,50 @@ def inputs_key(base: layer.BaseImage, labels: dict, shipped: Sequence[Change], s
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class OverlayInputs:
+    """What an overlay image is made of besides the base's files: the same on every path."""
+
+    serve: bytes | None
+    created: int
+    labels: dict[str, str]
+    key: str
+
+
+def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
+                   base: layer.BaseImage) -> OverlayInputs:
+    serve_file = manifest.root / SERVE_SCRIPT
+    serve = serve_file.read_bytes() if serve_file.is_file() else None
+    created = source_date(tree)
+    labels = base_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
+                         digest=patchset_digest(manifest))
+    labels["org.opencontainers.image.base.name"] = base.name
+    labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
+    return OverlayInputs(serve, created, labels,
+                         inputs_key(base, labels, choice.shipped, serve, created))
+
+
+def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInputs
+                  ) -> tuple[layer.Layer, bytes]:
+    """The overlay layer and the new image's config, byte for byte, from the plan."""
+    made = layer.layer_tar(plan.entries, inputs.created)
+    labels = dict(inputs.labels)
+    labels.update({
+        INPUTS_LABEL: inputs.key,
+        "io.patchkit.vllm.dir": plan.package.dir,
+        "io.patchkit.vllm.installed": plan.installed or "",
+        "io.patchkit.layer.files": str(made.files),
+        "io.patchkit.layer.bytes": str(made.bytes),
+        "io.patchkit.layer.whiteouts": str(made.whiteouts),
+    })
+    config = layer.image_config(
+        base, made, labels=labels, created=inputs.created,
+        created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
+        cmd=["/" + SERVE_PATH] if inputs.serve is not None else None,
+        reset_entrypoint=inputs.serve is not None)
+    return made, config
+
+
 def _find_by_key(engine: Engine, key: str) -> str | None:
     found = engine.images_with_label(INPUTS_LABEL, key)
     return found[0] if found else None
@@ -294,15 +344,8 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
     log(f"resolving the base {base_ref} for {platform}")
     base = engine.resolve_base(base_ref, platform, log)
     log(f"base pinned by {base.pinned_by}: {base.pinned}")
-    serve_file = manifest.root / SERVE_SCRIPT
-    serve = serve_file.read_bytes() if serve_file.is_file() else None
-    created = source_date(tree)
-    labels = base_labels(manifest, tree, mode="overlay", created=created,
-                         digest=patchset_digest(manifest))
-    labels["org.opencontainers.image.base.name"] = base.name
-    labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
-    key = inputs_key(base, labels, choice.shipped, serve, created)
-    known = _find_by_key(engine, key)
+    inputs = overlay_inputs(manifest, tree, choice, base)
+    known = _find_by_key(engine, inputs.key)
     if known:
         attrs = engine.inspect(known) or {}
         got = (attrs.get("Config") or {}).get("Labels") or {}
@@ -313,21 +356,8 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
                                int(got.get("io.patchkit.layer.whiteouts", 0))),
                      got.get("io.patchkit.vllm.dir"), got.get("io.patchkit.vllm.installed") or None)
     with engine.files(base.image_id, base.name) as files:
-        plan = plan_overlay(files, base, tree, choice.shipped, serve, log)
-    made = layer.layer_tar(plan.entries, created)
-    labels.update({
-        INPUTS_LABEL: key,
-        "io.patchkit.vllm.dir": plan.package.dir,
-        "io.patchkit.vllm.installed": plan.installed or "",
-        "io.patchkit.layer.files": str(made.files),
-        "io.patchkit.layer.bytes": str(made.bytes),
-        "io.patchkit.layer.whiteouts": str(made.whiteouts),
-    })
-    config = layer.image_config(
-        base, made, labels=labels, created=created,
-        created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
-        cmd=["/" + SERVE_PATH] if serve is not None else None,
-        reset_entrypoint=serve is not None)
+        plan = plan_overlay(files, base, tree, choice.shipped, inputs.serve, log)
+    made, config = overlay_image(base, plan, inputs)
     image_id = layer.image_id_of(config)
     reused = engine.has_image(image_id)
     held = image_id
@@ -372,7 +402,7 @@ def build_source(manifest: Manifest, tree: AppliedCheckout, engine: Engine, *,
     if nvcc_threads is not None:
         buildargs["nvcc_threads"] = str(nvcc_threads)
     created = source_date(tree)
-    labels = base_labels(manifest, tree, mode="source", created=created,
+    labels = base_labels(manifest, tree, mode=SOURCE_MODE, created=created,
                          digest=patchset_digest(manifest))
     need = buildkit_need(text)
     pushed_by_build = False
@@ -409,6 +439,8 @@ class ImageFacts:
     statuses: dict[str, str]       # patch id -> status
     vllm_dir: str | None
     installed: str | None
+    variant: str | None = None     # the variant built (None: the default build)
+    variant_known: bool = False    # the labels say which variant (images patchkit made)
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
@@ -418,7 +450,8 @@ class ImageFacts:
         except (ValueError, TypeError, KeyError):
             statuses = {}
         return cls(statuses, labels.get("io.patchkit.vllm.dir") or None,
-                   labels.get("io.patchkit.vllm.installed") or None)
+                   labels.get("io.patchkit.vllm.installed") or None,
+                   labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels)
 
     def skipped(self) -> set[str]:
         return {pid for pid, status in self.statuses.items() if status == "skipped"}

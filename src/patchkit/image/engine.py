@@ -251,7 +251,8 @@ class Engine:
             facts = ArchiveFacts()
             for _ in relay(self.export(attrs["Id"]), facts):
                 pass
-            attrs["ConfigDigest"] = facts.config_digest((attrs.get("RootFS") or {}).get("Layers") or ())
+            layers = (attrs.get("RootFS") or {}).get("Layers") or ()
+            attrs["ConfigDigest"] = facts.config_digest(layers)
         return attrs
 
     def tagged(self, ref: str) -> str | None:
@@ -331,6 +332,34 @@ class Engine:
                 self.api.remove_container(cid, force=True, v=True)
             except Exception:  # the container is scratch; its removal is best effort
                 pass
+
+    # -- what a container logged
+
+    def container_log(self, name: str) -> Iterator[str] | None:
+        """The log of container ``name`` (a name or an id): stdout and stderr in the order the
+        engine recorded them, line by line (UTF-8, bad bytes replaced), or None when the engine
+        has no such container.  A log driver the engine cannot read back is an ImageError."""
+        docker = _docker()
+        try:
+            with _border(f"inspecting the container {name}"):
+                cid = self.api.inspect_container(name)["Id"]
+        except ImageError as exc:
+            if isinstance(exc.__cause__, docker.errors.NotFound):
+                return None
+            raise
+        return self._log_lines(cid, name)
+
+    def _log_lines(self, cid: str, name: str) -> Iterator[str]:
+        pending = b""
+        with _border(f"reading the log of the container {name}"):
+            for chunk in self.api.logs(cid, stdout=True, stderr=True, stream=True,
+                                       follow=False):
+                pending += chunk
+                *whole, pending = pending.split(b"\n")
+                for line in whole:
+                    yield line.decode("utf-8", errors="replace")
+        if pending:
+            yield pending.decode("utf-8", errors="replace")
 
     # -- making images
 

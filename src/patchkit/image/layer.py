@@ -309,12 +309,14 @@ class ArchiveFacts:
 
     def layer_bytes(self) -> int:
         """Bytes of the layer files the manifest names (each counted once)."""
-        seen = {self.resolve(_norm(p)) for entry in self.manifest for p in entry.get("Layers") or ()}
-        return sum(self.sizes.get(p, 0) for p in seen)
+        return sum(self.sizes.get(p, 0) for p in self._layers())
 
     def layer_count(self) -> int:
-        return len({self.resolve(_norm(p)) for entry in self.manifest
-                    for p in entry.get("Layers") or ()})
+        return len(self._layers())
+
+    def _layers(self) -> set[str]:
+        return {self.resolve(_norm(p)) for entry in self.manifest
+                for p in entry.get("Layers") or ()}
 
     def entry_for(self, diff_ids: Sequence[str]) -> dict:
         """The manifest entry whose config lists exactly ``diff_ids``."""
@@ -374,7 +376,8 @@ def relay(chunks: Iterable[bytes], facts: ArchiveFacts,
             for info in tar:
                 yield from _relay_member(tar, info, facts, skip)
         except tarfile.TarError as exc:
-            raise ImageError(f"the engine's export ends early or is no tar archive: {exc}") from None
+            raise ImageError(f"the engine's export ends early or is no tar archive: "
+                             f"{exc}") from None
     if "manifest.json" not in facts.small:
         raise ImageError("the engine's export has no manifest.json")
 
@@ -384,8 +387,9 @@ def _relay_member(tar: tarfile.TarFile, info: tarfile.TarInfo, facts: ArchiveFac
     name = _norm(info.name)
     if info.issym():
         target = info.linkname
-        where = target.lstrip("/") if target.startswith("/") else f"{PurePosixPath(name).parent}/{target}"
-        facts.links[name] = _collapse(where)
+        if not target.startswith("/"):
+            target = f"{PurePosixPath(name).parent}/{target}"
+        facts.links[name] = _collapse(target.lstrip("/"))
     elif info.islnk():
         facts.links[name] = _norm(info.linkname)
     fh = tar.extractfile(info) if info.isreg() else None
@@ -400,7 +404,8 @@ def _relay_member(tar: tarfile.TarFile, info: tarfile.TarInfo, facts: ArchiveFac
             try:
                 facts.manifest = json.loads(body)
             except ValueError:
-                raise ImageError("the engine's export has a manifest.json that is not JSON") from None
+                raise ImageError("the engine's export has a manifest.json that is not "
+                                 "JSON") from None
             facts.small[name] = body
     if name in skip:
         return

@@ -17,22 +17,25 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from patchkit import kinds, paths
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
-from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Patch,
-                                     VllmSource)
+from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Marker,
+                                     Patch, Variant, VllmSource)
 from patchkit.source.refs import ref_problem
 
 KINDS = kinds.NAMES
 
 # ------------------------------------------------------------------------------------ loading
 
-TOP_KEYS = ("name", "vllm", "image", "patches")
+TOP_KEYS = ("name", "vllm", "image", "patches", "variants", "runtime")
 VLLM_KEYS = ("repo", "ref")
 IMAGE_KEYS = ("base", "platform", "tag")
-PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "verify", "replaces")
+PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "variants", "verify", "replaces",
+              "sha256", "runtime")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
+MARKER_KEYS = ("log", "absent", "count", "min", "unless")
 
 _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
+_SHA256_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
 _PLATFORM_RE = re.compile(r"[a-z0-9_]+/[a-z0-9_]+(/[a-z0-9_]+)?\Z")
 _ONE_OF_KINDS = "give exactly one of " + ", ".join(KINDS)
 _ONE_OF_PREDICATES = "give exactly one of " + ", ".join(PREDICATES)
@@ -77,6 +80,7 @@ class _Loader:
         self.root = path.parent
         self.text = text
         self.entry: str | None = None
+        self.declared: dict[str, Variant] = {}
         self.yaml = yaml.SafeLoader(text)
 
     def fail(self, message: str, node: yaml.Node | None = None) -> NoReturn:
@@ -192,6 +196,8 @@ class _Loader:
         name = self.string(top["name"][1], "name").strip()
         vllm = self.vllm(*top["vllm"])
         image = self.image(top["image"][1]) if "image" in top else ImageDefaults()
+        if "variants" in top:
+            self.declared = self.variants(top["variants"][1])
         patches: list[Patch] = []
         if "patches" in top:
             patches_node = top["patches"][1]
@@ -200,8 +206,9 @@ class _Loader:
             for index, item in enumerate(items):
                 patches.append(self.patch(item, index, first_line))
             self.entry = None
+        runtime = self.runtime(top["runtime"][1]) if "runtime" in top else ()
         return Manifest(name=name, root=self.root, path=self.path, vllm=vllm, image=image,
-                        patches=tuple(patches))
+                        patches=tuple(patches), variants=self.declared, runtime=runtime)
 
     def sequence(self, node: yaml.Node, where: str, what: str) -> list[yaml.Node]:
         if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
@@ -241,7 +248,7 @@ class _Loader:
         for key in ("base", "tag"):
             if key not in values:
                 continue
-            filled = re.sub(r"\{(ref|version|name)\}", "x", values[key])
+            filled = re.sub(r"\{(ref|version|name|variant)\}", "x", values[key])
             problem = reference_problem(filled, digest_ok=key == "base")
             if problem:
                 self.fail(f"image.{key}: {values[key]!r} is not an image reference: {problem}",
@@ -306,15 +313,69 @@ class _Loader:
                           "patch)", key_node)
             replaces = self.replaces(value_node, rel)
 
+        sha256 = None
+        if "sha256" in fields:
+            sha_node = fields["sha256"][1]
+            sha256 = self.string(sha_node, "sha256").strip()
+            if not _SHA256_RE.match(sha256):
+                self.fail(f"sha256: expected the sha256 of the fetched diff (64 hex digits), got "
+                          f"{sha256!r}", sha_node)
+            sha256 = sha256.lower()
+
+        in_variants: tuple[str, ...] = ()
+        if "variants" in fields:
+            in_variants = self.patch_variants(fields["variants"][1])
+
         verify: list[Assertion] = []
         if "verify" in fields:
             items = self.sequence(fields["verify"][1], "verify", "a list of assertions")
             verify = [self.assertion(item, f"verify[{i}]") for i, item in enumerate(items)]
 
+        runtime = self.runtime(fields["runtime"][1]) if "runtime" in fields else ()
+
         patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
                       vllm=spec, verify=tuple(verify), replaces=replaces, line=_line(node),
-                      index=index, lines=lines)
+                      index=index, lines=lines, variants=in_variants, sha256=sha256,
+                      runtime=runtime)
         return patch
+
+    def variants(self, node: yaml.Node) -> dict[str, Variant]:
+        """``variants:`` at the top: ``name: one-line description`` each."""
+        if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
+            return {}
+        fields = self.mapping(node, "variants", None,
+                              what="a mapping of variant name -> one-line description")
+        out: dict[str, Variant] = {}
+        for name, (key_node, value_node) in fields.items():
+            if not ID_RE.match(name):
+                self.fail(f"variants: {name!r} is not a valid variant name (lowercase letters, "
+                          "digits and '-', starting with a letter or digit)", key_node)
+            description = self.string(value_node, f"variants.{name}").strip()
+            if "\n" in description:
+                self.fail(f"variants.{name}: the description must be one line", value_node)
+            out[name] = Variant(name, description, _line(key_node))
+        return out
+
+    def patch_variants(self, node: yaml.Node) -> tuple[str, ...]:
+        """A patch's ``variants: [NAME...]``: each declared at the top, none twice."""
+        if not isinstance(node, yaml.SequenceNode):
+            self.fail(f"variants: expected a list of variant names, got {self.kind(node)}", node)
+        if not node.value:
+            self.fail("variants: the list is empty; drop the key to put the patch in every "
+                      "build", node)
+        names: list[str] = []
+        for i, item in enumerate(node.value):
+            name = self.string(item, f"variants[{i}]").strip()
+            if name in names:
+                self.fail(f"variants[{i}]: {name!r} is named twice", item)
+            if name not in self.declared:
+                if not self.declared:
+                    self.fail(f"variants[{i}]: unknown variant {name!r}: the manifest declares "
+                              "no variants (add `variants:` at the top, name: description)", item)
+                self.fail(f"variants[{i}]: unknown variant {name!r}"
+                          f"{_suggest(name, tuple(self.declared))}", item)
+            names.append(name)
+        return tuple(names)
 
     def checked_path(self, node: yaml.Node, what: str) -> str:
         rel = self.string(node, what).strip()
@@ -428,6 +489,61 @@ class _Loader:
             self.fail(f"{what}: {value!r} is not a Python name", node)
         if predicate == "calls" and not _DOTTED_RE.match(value):
             self.fail(f"{what}: {value!r} is not a dotted name like self.method", node)
+        return value
+
+    # -- runtime markers -------------------------------------------------------------------
+
+    def runtime(self, node: yaml.Node) -> tuple[Marker, ...]:
+        items = self.sequence(node, "runtime", "a list of markers ({log: REGEX, ...})")
+        return tuple(self.marker(item, f"runtime[{i}]") for i, item in enumerate(items))
+
+    def marker(self, node: yaml.Node, where: str) -> Marker:
+        fields = self.mapping(node, where, MARKER_KEYS, required=("log",),
+                              what="a marker (a mapping with log: REGEX)")
+        log = self.regex(fields["log"][1], f"{where}.log")
+        absent = False
+        if "absent" in fields:
+            absent_node = fields["absent"][1]
+            absent = self.value(absent_node) if isinstance(absent_node, yaml.ScalarNode) else None
+            if not isinstance(absent, bool):
+                self.fail(f"{where}.absent: expected true or false, got "
+                          f"{self.kind(absent_node)}", absent_node)
+        counts = {key: self.whole_number(fields[key][1], f"{where}.{key}")
+                  for key in ("count", "min") if key in fields}
+        if len(counts) == 2:
+            self.fail(f"{where}: count and min together; give one (count: exactly N lines, "
+                      "min: at least N)", fields["min"][0])
+        for key in counts:
+            if absent:
+                self.fail(f"{where}: absent: true with {key}; a forbidden line has no count "
+                          f"(absent: true is count: 0)", fields[key][0])
+        if counts.get("min") == 0:
+            self.fail(f"{where}.min: 0 always holds; give min: 1 or more, or absent: true",
+                      fields["min"][1])
+        unless = self.regex(fields["unless"][1], f"{where}.unless") if "unless" in fields else None
+        return Marker(log=log, absent=absent, count=counts.get("count"),
+                      minimum=counts.get("min"), unless=unless, line=_line(node))
+
+    def regex(self, node: yaml.Node, what: str) -> str:
+        text = self.string(node, what)
+        try:
+            pattern = re.compile(text)
+        except re.error as exc:
+            at = f" at position {exc.pos}" if exc.pos is not None else ""
+            self.fail(f"{what}: {text!r} is not a valid regular expression: {exc.msg}{at}", node)
+        except (RecursionError, OverflowError, ValueError) as exc:
+            self.fail(f"{what}: {text!r} is not a valid regular expression: {exc}", node)
+        if pattern.search(""):
+            self.fail(f"{what}: {text!r} matches the empty string, so every line matches it",
+                      node)
+        return text
+
+    def whole_number(self, node: yaml.Node, what: str) -> int:
+        value = self.value(node) if isinstance(node, yaml.ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(f"{what}: expected a whole number of lines, got {self.kind(node)}", node)
+        if value < 0:
+            self.fail(f"{what}: {value} is negative; give a number of lines (0 or more)", node)
         return value
 
 

@@ -23,8 +23,8 @@ T = TypeVar("T")
 # The sources named by a word; anything else is a git URL or path.
 SPECIAL = {pypi.WORD: pypi}
 
-__all__ = ["BASE_TAG", "Resolved", "checkout", "list_tags", "ref_problem", "resolve",
-           "source_problem", "version_of"]
+__all__ = ["BASE_TAG", "Resolved", "checkout", "has_history", "list_tags", "ref_problem",
+           "resolve", "source_problem", "version_of"]
 
 
 def _kind(source: str):
@@ -73,6 +73,12 @@ def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None
     releases show), and that source; ``pypi`` lists the releases on PyPI as ``vX.Y.Z``."""
     return _first_answer(sources, lambda s: _kind(s).tags(s, cache, log), log,
                          "no source could list vLLM releases")
+
+
+def has_history(source: str) -> bool:
+    """Does the source hold the commits between its releases (a git source does; ``pypi``,
+    one commit per release, does not)?"""
+    return getattr(_kind(source), "HISTORY", True)
 
 
 def checkout(resolved: Resolved, dest: Path, paths: Sequence[str] | None = None) -> None:

@@ -25,6 +25,8 @@ from patchkit.util import cache_subdir, discard, run
 
 PACKAGE = "vllm"
 WORD = "pypi"
+# One orphan commit per release: there is no history between two releases to search.
+HISTORY = False
 
 
 def resolve(source: str, ref: str, cache: Path, log: Log) -> Resolved:
