@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from urllib.parse import urlsplit
 
 import docker
 import pytest
@@ -246,3 +247,12 @@ def test_build_image_copy_to_the_node(project, classic, node2, capsys):
     assert t["engine"] == node2.url and t["status"] == "copied"
     assert t["fingerprint"] == fingerprint_of(node2.direct, tag) == out["copy"]["fingerprint"]
     assert node2.direct.images.get(tag).id == out["image_id"]
+
+
+def test_an_ssh_url_without_a_port_takes_the_port_of_the_ssh_config(node2):
+    # pk-node2's Host block says Port 2222; the SDK alone would have passed port 22 to ssh
+    url = urlsplit(node2.url)
+    engine = Engine.connect(f"ssh://{url.hostname}")
+    assert engine.host == f"ssh://{url.hostname}"
+    assert engine.info()["ID"] == node2.direct.info()["ID"]
+    assert engine.store().kind == "classic"
