@@ -116,7 +116,9 @@ def validate(manifest_path: str) -> int:
     from patchkit.commands import validate as command
 
     m = command.run(Path(manifest_path))
-    echo(f"{manifest_path}: ok ({len(m.patches)} patches, vLLM {m.vllm.ref})")
+    markers = len(m.runtime) + sum(len(p.runtime) for p in m.patches)
+    counted = f", {markers} runtime markers" if markers else ""
+    echo(f"{manifest_path}: ok ({len(m.patches)} patches{counted}, vLLM {m.vllm.ref})")
     return 0
 
 
@@ -144,11 +146,18 @@ def apply(ref, repos, workdir, keep_failed, variant, manifest_path, fmt) -> int:
 @click.option("--tree", type=click.Path(file_okay=False),
               help=f"A patched checkout (default: {DEFAULT_WORKDIR}).")
 @click.option("--image", help="An image: read its files without running it.")
+@click.option("--log", "logs", multiple=True, metavar="FILE",
+              help="A server log to judge the runtime markers against ('-' is stdin); repeat "
+                   "for each node.")
+@click.option("--container", "containers", multiple=True, metavar="NAME|ID",
+              help="Judge the runtime markers against this container's log (stdout and "
+                   "stderr) on the engine DOCKER_HOST names; repeatable.")
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, variant, manifest_path, fmt) -> int:
-    """Run the AST assertions alone, on a tree or an image."""
+def verify(tree, image, logs, containers, variant, manifest_path, fmt) -> int:
+    """Run the AST assertions on a tree or an image; with --log or --container, also the
+    runtime markers of the patches that are in, against the server's logs."""
     from patchkit.commands import verify as command
     from patchkit.render import text
 
@@ -156,7 +165,9 @@ def verify(tree, image, variant, manifest_path, fmt) -> int:
     if tree and image:
         raise click.UsageError("give --tree or --image, not both")
     report = command.run(m, tree=Path(tree) if tree else None, image=image,
-                         default_tree=Path(DEFAULT_WORKDIR), variant=variant)
+                         default_tree=Path(DEFAULT_WORKDIR), variant=variant, logs=logs,
+                         containers=containers,
+                         stdin=click.get_binary_stream("stdin") if "-" in logs else None)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
 
@@ -348,13 +359,20 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, 
 @click.option("--max-jobs", type=click.IntRange(min=1), help="Source mode: parallel compile jobs.")
 @click.option("--nvcc-threads", type=click.IntRange(min=1), help="Source mode: threads per nvcc.")
 @click.option("--push", is_flag=True, help="Push the tag to its registry.")
+@click.option("--no-daemon", is_flag=True,
+              help="With --push: build straight in the registry, with no engine (needs skopeo).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write a 'docker load' archive.")
+@click.option("--copy-to", "copy_to", multiple=True, metavar="ENGINE",
+              help="Then copy the image to this engine (ssh://[user@]host[:port], unix://, "
+                   "tcp://), as copy-image does; repeat for several.")
 @VARIANT
 @MANIFEST
 @FORMAT
 def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
-                    nvcc_threads, push, save, variant, manifest_path, fmt) -> int:
-    """Build the image through the Docker Engine that DOCKER_HOST names."""
+                    nvcc_threads, push, no_daemon, save, copy_to, variant, manifest_path,
+                    fmt) -> int:
+    """Build the image through the Docker Engine that DOCKER_HOST names, or with
+    --no-daemon --push straight in the registry."""
     from patchkit.commands import build_image as command
     from patchkit.render import text
 
@@ -362,8 +380,35 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
                          repos=repos or None, base=base, tag=tag, platform=platform, push=push,
                          save=Path(save) if save else None, mode=mode, apply=not no_apply,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                         progress=TextProgress(err=True), variant=variant)
-    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.build_image(report))
+                         progress=TextProgress(err=True), variant=variant,
+                         no_daemon=no_daemon, copy_to=copy_to)
+    summary = report.to_dict()
+    echo(json.dumps(summary, indent=2) if fmt == "json" else text.build_image(report))
+    return 0 if summary["ok"] else 1
+
+
+@cli.command("copy-image")
+@click.argument("image")
+@click.option("--to", "targets", multiple=True, metavar="ENGINE", required=True,
+              help="An engine to copy to: ssh://[user@]host[:port] (through the system ssh), "
+                   "unix:///path or tcp://host:port; repeat, or list more after it.")
+@click.argument("more", nargs=-1, metavar="[ENGINE...]")
+@FORMAT
+def copy_image_cmd(image, targets, more, fmt) -> int:
+    """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines.
+
+    \b
+    Judged by content (config digest and layer diff_ids), never by image id:
+      present   the target holds that content under the tag already; nothing is sent
+      copied    streamed from this engine into the target's load, no file in between
+      replaced  the tag named other content there, and now names this
+    Exit 1 if any target could not be reached or refused the load; the others are still tried.
+    """
+    from patchkit.commands import copy_image as command
+    from patchkit.render import copy as render
+
+    report = command.run(image, [*targets, *more], log=TextProgress(err=True).info)
+    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
     return 0 if report.ok else 1
 
 

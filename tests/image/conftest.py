@@ -1,14 +1,20 @@
-"""Fixtures of the image tests: the real Docker Engine, the registry, and arm64 vLLM bases.
+"""Fixtures of the image tests: the real engines, the registry, and arm64 vLLM bases.
 
-They need the services of .ci/services.sh (DOCKER_HOST, a registry on PK_REGISTRY).  Outside CI
-a missing engine skips the docker tests; under CI=true it fails them.
+They need the services of .ci/services.sh: the Docker Engine (DOCKER_HOST), a registry on
+PK_REGISTRY, Podman's Docker-compatible API (PK_PODMAN_HOST) and a second Docker Engine behind
+sshd (PK_NODE2, an ssh:// URL; PK_NODE2_SOCKET, its own socket).  The last three default to
+where the script puts them.  Outside CI a missing service skips the tests that need it; under
+CI=true it fails them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,6 +23,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # baseimage, imageproject (the shared fixtures: tests/testing)
 
 from imageproject import OTHER_RELEASE, REGISTRY, RELEASE  # noqa: E402
+
+
+def _service(var: str, default: str) -> str:
+    """Where a service of .ci/services.sh is: its variable, else where the script puts it."""
+    return os.environ.get(var) or default.format(root=os.environ.get("PK_SERVICES_ROOT") or "/tmp")
 
 
 def _unavailable(why: str):
@@ -57,3 +68,91 @@ def bases(docker_client, registry) -> dict:
                                              f"{registry}/pk-test/vllm-base:{version}",
                                              log=lambda m: print(m, file=sys.stderr))
     return out
+
+
+@pytest.fixture(scope="session")
+def podman_client():
+    """A Docker SDK client on Podman's Docker-compatible API."""
+    import docker
+
+    host = _service("PK_PODMAN_HOST", "unix://{root}/pk-podman/podman.sock")
+    try:
+        client = docker.DockerClient(base_url=host, timeout=900)
+        client.ping()
+    except Exception as exc:
+        _unavailable(f"no Podman at {host}: {exc}")
+    yield client
+    client.close()
+
+
+@dataclass
+class Node:
+    """The second node, as a user names it (``url``, ``ssh://host:port``) and as a test may
+    look at it behind ssh's back (``direct``, a client on its engine's own socket)."""
+
+    url: str
+    client: object   # docker.DockerClient through the system ssh
+    socket: str      # unix:// of the node's engine
+    direct: object   # docker.DockerClient on ``socket``
+
+
+def _close_ssh_connections() -> None:
+    """Ends the ssh processes of the Docker SDK's ssh:// connections.  With use_ssh_client the
+    SDK makes a connection pool per request and leaves it to the garbage collector; closing a
+    connection whose ssh has already ended (the engine closed it) raises BrokenPipeError,
+    printed as a traceback when the interpreter exits.  Here they are closed quietly."""
+    from docker.transport.sshconn import SSHConnectionPool
+
+    for pool in [o for o in gc.get_objects() if isinstance(o, SSHConnectionPool)]:
+        queue = pool.pool
+        while queue is not None and not queue.empty():
+            conn = queue.get(block=False)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.close()
+
+
+@pytest.fixture(scope="session")
+def node2():
+    """The second Docker Engine, reached through the system ssh (so ~/.ssh/config applies)."""
+    import docker
+
+    url = _service("PK_NODE2", "ssh://pk-node2:2222")
+    socket = _service("PK_NODE2_SOCKET", "unix://{root}/pk-node2.sock")
+    try:
+        # The SDK's own ssh transport (paramiko) ignores ~/.ssh/config's host key settings;
+        # use_ssh_client runs the system ssh, as the docker CLI does.
+        client = docker.DockerClient(base_url=url, use_ssh_client=True, timeout=900)
+        client.ping()
+    except Exception as exc:
+        _unavailable(f"no engine at {url}: {exc}")
+    try:
+        direct = docker.DockerClient(base_url=socket, timeout=900)
+        direct.ping()
+    except Exception as exc:
+        client.close()
+        _unavailable(f"no engine at {socket} (PK_NODE2_SOCKET): {exc}")
+    yield Node(url=url, client=client, socket=socket, direct=direct)
+    client.close()
+    direct.close()
+    _close_ssh_connections()
+
+
+@pytest.fixture(scope="session")
+def dev_base(docker_client, registry) -> dict:
+    """The dev-build base: vLLM 0.31.0's sources reporting ``0.31.1.dev7+g<sha>``, where
+    <sha> is the v0.31.0 commit of patchkit's PyPI source (baseimage.ensure_dev_base)."""
+    import baseimage
+
+    return baseimage.ensure_dev_base(docker_client, registry,
+                                     log=lambda m: print(m, file=sys.stderr))
+
+
+@pytest.fixture(scope="session")
+def vendor_base(docker_client, registry) -> dict:
+    """The vendor base: vLLM 0.31.0's sources with the vendor's edits (``info["edits"]``),
+    reporting ``0.31.0+nv25.11`` (baseimage.ensure_vendor_base)."""
+    import baseimage
+
+    return baseimage.ensure_vendor_base(docker_client, registry,
+                                        log=lambda m: print(m, file=sys.stderr))

@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from patchkit.errors import UsageError
+from patchkit.commands import copy_image
+from patchkit.errors import ImageError, UsageError
 from patchkit.image import build
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
@@ -42,6 +43,8 @@ class BuildReport:
     seconds: float = 0.0
     buildargs: dict | None = None
     variant: str | None = None
+    load: str | None = None         # overlay: "partial" or "complete" archive
+    copy: object | None = None      # copy_image.CopyReport of --copy-to
 
     @classmethod
     def failed_apply(cls, report: ApplyReport) -> BuildReport:
@@ -62,6 +65,11 @@ class BuildReport:
                 "seconds": self.seconds, "variant": self.variant}
         if self.buildargs:
             data["buildargs"] = self.buildargs
+        if self.load:
+            data["load"] = self.load
+        if self.copy is not None:
+            data["copy"] = self.copy.to_dict()
+            data["ok"] = self.copy.ok
         return data
 
 
@@ -81,9 +89,10 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         tag: str | None = None, platform: str | None = None, push: bool = False,
         save: Path | None = None, mode: str = "auto", apply: bool = True,
         max_jobs: int | None = None, nvcc_threads: int | None = None,
-        progress: Progress | None = None, engine=None, variant: str | None = None
-        ) -> BuildReport:
-    """Build (and optionally push and save) the image.
+        progress: Progress | None = None, engine=None, variant: str | None = None,
+        no_daemon: bool = False, registry=None, copy_to: Sequence[str] = ()) -> BuildReport:
+    """Build (and optionally push and save) the image; with ``no_daemon``, straight in the
+    registry (``push`` required, no engine).
 
     Expected failures raise :class:`~patchkit.errors.PatchkitError` before anything is tagged;
     a series that does not apply is a report with ``ok`` false.
@@ -94,6 +103,8 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     workdir = Path(workdir)
     if mode not in MODES:
         raise UsageError(f"--mode {mode!r}: expected auto, overlay or source")
+    if no_daemon:
+        _check_no_daemon(push, save, mode)
     # What can be refused is refused before the apply, which takes a while.
     if not apply and (ref is not None or repos):
         raise UsageError("--vllm-ref and --vllm-repo choose what to apply; with --no-apply the "
@@ -104,6 +115,10 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     if tag is not None:
         check_reference("--tag", default_tag(manifest, "x", "x", tag, variant), digest_ok=False)
     plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
+    copy_urls = copy_image.check_targets(copy_to, "--copy-to")
+    if no_daemon and copy_urls:
+        raise UsageError("--copy-to copies from an engine, and --no-daemon has none: pull the "
+                         "pushed digest on the other node")
     if apply:
         report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress,
                               variant=variant)
@@ -120,6 +135,11 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
     final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
     check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
+    if no_daemon:
+        built, digest = _build_in_registry(manifest, tree, choice, base=base, platform=plat,
+                                           tag=final_tag, log=log, registry=registry)
+        return _report(tree, choice, plat, final_tag, built, digest, push=True, saved=None,
+                       started=started)
     if engine is None:
         from patchkit.image.engine import Engine
 
@@ -151,6 +171,43 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not built.pushed_by_build:
             engine.restore_tag(final_tag, previous)
         raise
+    report = _report(tree, choice, plat, final_tag, built, digest, push=push, saved=saved,
+                     started=started)
+    if copy_urls:
+        log(f"copying {final_tag} to {', '.join(copy_urls)}")
+        report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log)
+    return report
+
+
+def _check_no_daemon(push: bool, save: Path | None, mode: str) -> None:
+    if not push:
+        raise UsageError("--no-daemon builds the image in the registry, so it needs --push")
+    if save is not None:
+        raise UsageError("--save writes an engine's 'docker load' archive; --no-daemon has no "
+                         "engine")
+    if mode == build.SOURCE_MODE:
+        raise UsageError("--mode source builds vLLM through an engine; --no-daemon makes overlay "
+                         "images only")
+
+
+def _build_in_registry(manifest: Manifest, tree: AppliedCheckout, choice, *, base, platform,
+                       tag, log, registry):
+    from patchkit.image import nodaemon
+
+    if choice.mode != build.OVERLAY_MODE:
+        raise ImageError(f"--no-daemon makes overlay images only, and this series needs source "
+                         f"mode ({choice.reason}): build it through an engine")
+    base_ref = base or manifest.image.base
+    if not base_ref:
+        raise UsageError("no base image: give --base or set image.base in patchset.yaml")
+    built, digest = nodaemon.build_overlay(manifest, tree, choice, base_ref=base_ref,
+                                           platform=platform, tag=tag, log=log, registry=registry)
+    log(f"{tag} is {digest}" + (" (already there)" if built.reused else ""))
+    return built, digest
+
+
+def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built, digest, *,
+            push: bool, saved: dict | None, started: float) -> BuildReport:
     b = built.base
     vllm = asdict(tree.vllm)
     if built.vllm_dir:
@@ -166,7 +223,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         variant=tree.report.variant,
         layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
         not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
-        buildargs=built.buildargs)
+        buildargs=built.buildargs, load=built.load)
 
 
 __all__ = ["BuildReport", "VllmInfo", "check_reference", "default_tag", "run"]

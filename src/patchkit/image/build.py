@@ -79,6 +79,9 @@ class Built:
     installed: str | None = None
     buildargs: dict[str, str] | None = None
     pushed_by_build: bool = False
+    config_digest: str | None = None   # overlay: the config made here (its image id where
+                                       # ids are config digests)
+    load: str | None = None            # overlay: "partial" or "complete", None when reused
 
 
 # ------------------------------------------------------------------------------ the mode
@@ -277,12 +280,57 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
 def inputs_key(base: layer.BaseImage, labels: dict, shipped: Sequence[Change], serve: bytes | None,
                mtime: int) -> str:
     """What the overlay image is a function of.  An image carrying the same key was made from
-    the same base (by image id) and the same files, so it is the same image."""
-    doc = {"format": LAYER_FORMAT, "base": base.image_id, "platform": str(base.platform),
+    the same base (by what the image takes from it, the same on every store) and the same
+    files, so it is the same image."""
+    doc = {"format": LAYER_FORMAT, "base": base.identity, "platform": str(base.platform),
            "labels": labels, "mtime": mtime,
            "changes": [[c.status, c.path, c.mode, c.blob] for c in shipped],
            "serve": hashlib.sha256(serve).hexdigest() if serve is not None else None}
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class OverlayInputs:
+    """What an overlay image is made of besides the base's files: the same on every path."""
+
+    serve: bytes | None
+    created: int
+    labels: dict[str, str]
+    key: str
+
+
+def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
+                   base: layer.BaseImage) -> OverlayInputs:
+    serve_file = manifest.root / SERVE_SCRIPT
+    serve = serve_file.read_bytes() if serve_file.is_file() else None
+    created = source_date(tree)
+    labels = base_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
+                         digest=patchset_digest(manifest))
+    labels["org.opencontainers.image.base.name"] = base.name
+    labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
+    return OverlayInputs(serve, created, labels,
+                         inputs_key(base, labels, choice.shipped, serve, created))
+
+
+def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInputs
+                  ) -> tuple[layer.Layer, bytes]:
+    """The overlay layer and the new image's config, byte for byte, from the plan."""
+    made = layer.layer_tar(plan.entries, inputs.created)
+    labels = dict(inputs.labels)
+    labels.update({
+        INPUTS_LABEL: inputs.key,
+        "io.patchkit.vllm.dir": plan.package.dir,
+        "io.patchkit.vllm.installed": plan.installed or "",
+        "io.patchkit.layer.files": str(made.files),
+        "io.patchkit.layer.bytes": str(made.bytes),
+        "io.patchkit.layer.whiteouts": str(made.whiteouts),
+    })
+    config = layer.image_config(
+        base, made, labels=labels, created=inputs.created,
+        created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
+        cmd=["/" + SERVE_PATH] if inputs.serve is not None else None,
+        reset_entrypoint=inputs.serve is not None)
+    return made, config
 
 
 def _find_by_key(engine: Engine, key: str) -> str | None:
@@ -292,22 +340,12 @@ def _find_by_key(engine: Engine, key: str) -> str | None:
 
 def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice, engine: Engine, *,
                   base_ref: str, platform: Platform, log) -> Built:
-    if engine.uses_containerd_store():
-        raise ImageError(f"the engine at {engine.host} keeps images in containerd's store; overlay "
-                         "mode needs the classic store (set \"features\": {\"containerd-snapshotter\""
-                         ": false} in daemon.json) or use --mode source")
+    store = engine.store()
     log(f"resolving the base {base_ref} for {platform}")
     base = engine.resolve_base(base_ref, platform, log)
     log(f"base pinned by {base.pinned_by}: {base.pinned}")
-    serve_file = manifest.root / SERVE_SCRIPT
-    serve = serve_file.read_bytes() if serve_file.is_file() else None
-    created = source_date(tree)
-    labels = base_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
-                         digest=patchset_digest(manifest))
-    labels["org.opencontainers.image.base.name"] = base.name
-    labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
-    key = inputs_key(base, labels, choice.shipped, serve, created)
-    known = _find_by_key(engine, key)
+    inputs = overlay_inputs(manifest, tree, choice, base)
+    known = _find_by_key(engine, inputs.key)
     if known:
         attrs = engine.inspect(known) or {}
         got = (attrs.get("Config") or {}).get("Labels") or {}
@@ -318,31 +356,25 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
                                int(got.get("io.patchkit.layer.whiteouts", 0))),
                      got.get("io.patchkit.vllm.dir"), got.get("io.patchkit.vllm.installed") or None)
     with engine.files(base.image_id, base.name) as files:
-        plan = plan_overlay(files, base, tree, choice.shipped, serve, log)
-    made = layer.layer_tar(plan.entries, created)
-    labels.update({
-        INPUTS_LABEL: key,
-        "io.patchkit.vllm.dir": plan.package.dir,
-        "io.patchkit.vllm.installed": plan.installed or "",
-        "io.patchkit.layer.files": str(made.files),
-        "io.patchkit.layer.bytes": str(made.bytes),
-        "io.patchkit.layer.whiteouts": str(made.whiteouts),
-    })
-    config = layer.image_config(
-        base, made, labels=labels, created=created,
-        created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
-        cmd=["/" + SERVE_PATH] if serve is not None else None,
-        reset_entrypoint=serve is not None)
+        plan = plan_overlay(files, base, tree, choice.shipped, inputs.serve, log)
+    made, config = overlay_image(base, plan, inputs)
     image_id = layer.image_id_of(config)
     reused = engine.has_image(image_id)
+    held = image_id
     if reused:
         log(f"image {image_id[:19]} is already in the engine")
-    else:
-        log(f"loading the layer ({made.files} files, {made.bytes} bytes) onto {base.pinned}")
+    elif store.partial_load:
+        log(f"loading the layer alone ({made.files} files, {made.bytes} bytes) onto {base.pinned}: "
+            f"the engine at {engine.host} keeps images in {store}, which holds the base's layers")
         engine.load(layer.load_archive(config, made, len(base.diff_ids)), image_id)
-    return Built(image_id, base, reused,
+    else:
+        log(f"loading a complete archive: the engine at {engine.host} keeps images in {store}, "
+            "which cannot take a partial load")
+        held = engine.load_complete(base, config, made, image_id, log)
+    return Built(held, base, reused,
                  LayerInfo(made.files, made.bytes, made.whiteouts, made.diff_id),
-                 plan.package.dir, plan.installed)
+                 plan.package.dir, plan.installed, config_digest=image_id,
+                 load=None if reused else ("partial" if store.partial_load else "complete"))
 
 
 # ------------------------------------------------------------------------------- source

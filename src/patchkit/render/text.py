@@ -55,9 +55,24 @@ def apply(report: ApplyReport) -> str:
 def verify(report) -> str:
     lines = [assertion_failure(a) for a in report.verify if not a.ok]
     passed = sum(a.ok for a in report.verify)
-    lines.append(f"{'ok' if report.ok else 'FAILED'}: {passed}/{len(report.verify)} assertions "
-                 f"passed on {report.target}")
+    lines.append(f"{'ok' if report.assertions_ok else 'FAILED'}: {passed}/{len(report.verify)} "
+                 f"assertions passed on {report.target}")
+    if report.runtime is not None:
+        lines += runtime(report.runtime, report.logs)
     return "\n".join(lines)
+
+
+def runtime(results, logs: list[str]) -> list[str]:
+    """The failures of the runtime markers, one line each (a forbidden line with its
+    ``FILE:LINE:``), then one summary."""
+    lines = [line for r in results for line in r.failure_lines()]
+    held = sum(r.ok for r in results)
+    aside = sum(not r.judged for r in results)
+    note = f" ({aside} not judged: their `unless` left out every log)" if aside else ""
+    ok = all(r.ok for r in results)
+    lines.append(f"{'ok' if ok else 'FAILED'}: {held}/{len(results)} runtime markers hold in "
+                 f"{', '.join(logs)}{note}")
+    return lines
 
 
 def rebase(result) -> str:
@@ -100,8 +115,17 @@ def build_image(report) -> str:
         lines.append(f"  other node: docker pull {split_tag(report.tag)[0]}@{report.digest}")
     if report.saved:
         lines.append(f"  other node: docker load -i {report.saved['path']}")
-    if report.layer is not None and not report.digest and not report.saved:
+    if report.layer is not None and not report.digest and not report.saved and not report.copy:
         # an overlay image is a function of its inputs: the same build elsewhere gives the same id
         lines.append(f"  other node: the same command against the same base gives image "
                      f"{image_id[:19]}")
+    if report.copy is not None:
+        from patchkit.render.copy import target_line
+
+        copied = report.copy.to_dict()
+        lines += [f"  copy: {target_line(t)}" for t in copied["targets"]]
+        if not copied["ok"]:
+            failed = sum(t["status"] == "failed" for t in copied["targets"])
+            lines.append(f"FAILED: {report.tag} was built, but {failed} of "
+                         f"{len(copied['targets'])} copies failed")
     return "\n".join(lines)
