@@ -6,13 +6,11 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-from pathlib import Path
 
 import click
 
 from patchkit import cli
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from testing import REPO_ROOT
 
 
 def serve_help() -> list[list[str]]:

@@ -11,7 +11,6 @@ import io
 import json
 import subprocess
 import tarfile
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -20,10 +19,10 @@ from packaging.specifiers import SpecifierSet
 from unidiff import PatchSet
 
 import baseimage
+from testing import REPO_ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
 
-REPO = Path(__file__).resolve().parents[2]
 SITE = "/usr/local/lib/python3.11/dist-packages"
 
 # What a base's python says about the vLLM it holds.  The bases hold no torch, so `import
@@ -164,14 +163,14 @@ def test_dev_base_reports_a_dev_version_naming_the_release_commit(dev_base, dock
 
 def patchset_files() -> dict[str, list]:
     """Every file the DSpark patchset names, with the hunks of its diffs that apply to 0.31.0."""
-    doc = yaml.safe_load((REPO / "patchset.yaml").read_text())
+    doc = yaml.safe_load((REPO_ROOT / "patchset.yaml").read_text())
     out: dict[str, list] = {}
     for patch in doc["patches"]:
         for check in patch.get("verify") or []:
             out.setdefault(check["file"], [])
         if "diff" in patch:
             applies = SpecifierSet(patch.get("vllm") or "").contains(baseimage.DEV_RELEASE)
-            for pf in PatchSet((REPO / patch["diff"]).read_text()):
+            for pf in PatchSet((REPO_ROOT / patch["diff"]).read_text()):
                 out.setdefault(pf.path, []).extend(pf if applies else [])
     return out
 
