@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Stops what .ci/services.sh started, by the pid files it wrote, and nothing else.
+# Stops what .ci/services.sh started, by the pid files it wrote, and nothing else; removes the
+# `pk-node2` block it wrote into root's ~/.ssh/config.  Data (images, keys) stays for next time.
 set -euo pipefail
 root="${PK_SERVICES_ROOT:-/tmp}"
-for name in pk-registry pk-docker; do
+# name of the pid file, and a word its process's command line must hold (a recycled pid is
+# never taken for ours)
+for entry in "pk-node2-sshd:$root/pk-node2-ssh/sshd_config" "pk-node2:$root/pk-node2.sock" \
+             "pk-podman:$root/pk-podman/podman.sock" "pk-registry:$root/pk-registry" \
+             "pk-docker:$root/pk-docker.sock"; do
+    name="${entry%%:*}"
+    word="${entry#*:}"
     pidfile="$root/$name.pid"
     [ -f "$pidfile" ] || continue
     pid="$(cat "$pidfile")"
-    if kill -0 "$pid" 2>/dev/null; then
+    if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$word"; then
         echo "services: stopping $name ($pid)" >&2
         kill "$pid"
         for _ in $(seq 1 40); do
@@ -16,3 +23,17 @@ for name in pk-registry pk-docker; do
     fi
     rm -f "$pidfile"
 done
+
+cfg="$(getent passwd "$(id -u)" | cut -d: -f6)/.ssh/config"
+begin="# >>> patchkit test services: pk-node2 (written by .ci/services.sh) >>>"
+end="# <<< patchkit test services: pk-node2 <<<"
+if [ -f "$cfg" ] && grep -qxF -- "$begin" "$cfg"; then
+    awk -v b="$begin" -v e="$end" '
+        $0 == b { skip = 1; next }
+        skip && $0 == e { skip = 0; next }
+        skip { next }
+        { print }' "$cfg" >"$cfg.new.$$"
+    chmod 600 "$cfg.new.$$"
+    mv -f "$cfg.new.$$" "$cfg"
+    echo "services: removed the pk-node2 entry from $cfg" >&2
+fi

@@ -1,12 +1,307 @@
 #!/usr/bin/env bash
-# Starts what the image tests talk to: a Docker Engine on a socket of its own, a registry on
-# 127.0.0.1:5055, and arm64 emulation through qemu-user-static.  Idempotent: whatever already
-# answers is left alone.  Run it (`bash .ci/services.sh`) or source it; either way it writes
-# $PK_SERVICES_ENV (default /tmp/pk-services.env) with `export DOCKER_HOST=...`, and when
-# sourced it also exports DOCKER_HOST into the calling shell.
+# Starts what the image tests talk to, each on sockets and ports of its own:
+#   - a Docker Engine (DOCKER_HOST), with arm64 emulation through qemu-user-static;
+#   - a registry on 127.0.0.1:5055 (PK_REGISTRY);
+#   - Podman serving its Docker-compatible API (PK_PODMAN_HOST): an engine whose image store
+#     is containers-storage, not dockerd's;
+#   - a second Docker Engine reachable only through a real sshd on 127.0.0.1:2222, as the
+#     second node (PK_NODE2=ssh://pk-node2:2222; its socket is PK_NODE2_SOCKET, for tests that
+#     look at it directly).  `ssh pk-node2` works through a marked Host block in root's
+#     ~/.ssh/config, because the docker CLI and SDK reach ssh:// engines through the system ssh.
+# Idempotent: whatever already answers is left alone.  Run it (`bash .ci/services.sh`) or
+# source it; either way it writes $PK_SERVICES_ENV (default /tmp/pk-services.env) with the
+# exports above, and when sourced it also exports them into the calling shell.
 #
 # Everything lives under $PK_SERVICES_ROOT (default /tmp) so that it never touches a system
-# engine that may run on the same machine.
+# engine that may run on the same machine.  Nothing listens beyond 127.0.0.1.
+
+PK_NODE2_ALIAS=pk-node2
+PK_SSH_BEGIN="# >>> patchkit test services: $PK_NODE2_ALIAS (written by .ci/services.sh) >>>"
+PK_SSH_END="# <<< patchkit test services: $PK_NODE2_ALIAS <<<"
+
+pk_say() { echo "services: $*" >&2; }
+
+# pk_wait TRIES CMD...: runs CMD every half second until it succeeds, TRIES times at most.
+pk_wait() {
+    local tries="$1" _
+    shift
+    for _ in $(seq 1 "$tries"); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    "$@" >/dev/null 2>&1
+}
+
+pk_log_tail() {
+    pk_say "$1 did not answer; tail of $2:"
+    tail -n 20 "$2" >&2 2>/dev/null || true
+    return 1
+}
+
+# pk_ours PIDFILE WORD: the pid file names a live process whose command line holds WORD.
+# The word (a socket or config path of ours) keeps a recycled pid from being taken for ours.
+pk_ours() {
+    local pid
+    [ -f "$1" ] || return 1
+    pid="$(cat "$1" 2>/dev/null)" || return 1
+    [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$2"
+}
+
+# pk_stop_ours PIDFILE WORD: ends that process (and only it), then forgets the pid file.
+pk_stop_ours() {
+    local pid _
+    if pk_ours "$1" "$2"; then
+        pid="$(cat "$1")"
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 1 40); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.25
+        done
+    fi
+    rm -f "$1"
+}
+
+# pk_write FILE: stdin becomes FILE's content; succeeds when the content changed.
+pk_write() {
+    local tmp="$1.new.$$"
+    cat >"$tmp"
+    if [ -f "$1" ] && cmp -s "$tmp" "$1"; then
+        rm -f "$tmp"
+        return 1
+    fi
+    mv -f "$tmp" "$1"
+}
+
+# pk_install PACKAGE... [-- PACKAGE...]: from Debian's archive, those after `--` without their
+# recommends (Podman's and openssh-server's would bring systemd), and with no service started
+# by the packages (openssh-server would start an sshd on 0.0.0.0:22, docker-registry one on
+# :5000).
+pk_install() {
+    local policy=/usr/sbin/policy-rc.d made="" rc=0 full=() lean=()
+    while (($#)) && [ "$1" != -- ]; do full+=("$1"); shift; done
+    (($#)) && shift
+    lean=("$@")
+    local all=("${full[@]}" "${lean[@]}")
+    pk_say "installing ${all[*]}"
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# no daemons started while .ci/services.sh installs packages\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        made=1
+    fi
+    apt-get update -qq || rc=$?
+    if [ "$rc" = 0 ] && ((${#full[@]})); then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${full[@]}" >/dev/null || rc=$?
+    fi
+    if [ "$rc" = 0 ] && ((${#lean[@]})); then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${lean[@]}" \
+            >/dev/null || rc=$?
+    fi
+    [ -z "$made" ] || rm -f "$policy"
+    return "$rc"
+}
+
+pk_start_dockerd() { # NAME DATA EXEC_ROOT PIDFILE SOCKET REGISTRY LOG [extra flags...]
+    local name="$1" data="$2" exec_root="$3" pidfile="$4" host="$5" reg="$6" log="$7"
+    shift 7
+    mkdir -p "$data" "$exec_root"
+    pk_stop_ours "$pidfile" "$host"
+    rm -f "${host#unix://}"
+    # vfs needs no kernel overlay support; no bridge and no iptables because the tests need
+    # no container network and must leave the host's firewall alone.
+    setsid dockerd --storage-driver=vfs --iptables=false --ip6tables=false --bridge=none \
+        --data-root "$data" --exec-root "$exec_root" --pidfile "$pidfile" \
+        --host "$host" --insecure-registry "$reg" "$@" \
+        </dev/null >"$log" 2>&1 &
+    pk_wait 120 docker -H "$host" version || pk_log_tail "$name" "$log"
+}
+
+# pk_hard_limit PID WHAT: a process's hard limit ("open files", "processes") from /proc.
+pk_hard_limit() {
+    awk -v what="$2" 'index($0, "Max " what " ") == 1 { print $(NF - 1) }' "/proc/$1/limits"
+}
+
+pk_podman_conf() { # DIR REGISTRY NOFILE NPROC: writes Podman's config; succeeds when it changed
+    local dir="$1" reg="$2" changed=1
+    # Containers get the limits podman itself has: by default Podman asks for 1048576 open
+    # files and processes, and where root cannot raise its hard limits (no CAP_SYS_RESOURCE;
+    # here nofile stops at 20000) every container then fails with "error setting rlimit type
+    # 7" (6 for processes): "operation not permitted".
+    pk_write "$dir/containers.conf" <<EOF && changed=0
+[containers]
+default_ulimits = ["nofile=$3:$3", "nproc=$4:$4"]
+netns = "none"
+
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+tmp_dir = "$dir/tmp"
+EOF
+    pk_write "$dir/registries.conf" <<EOF && changed=0
+[[registry]]
+location = "$reg"
+insecure = true
+EOF
+    return "$changed"
+}
+
+pk_podman() { # ROOT REGISTRY
+    local root="$1" reg="$2"
+    local dir="$root/pk-podman"
+    local sock="$dir/podman.sock" pidfile="$root/pk-podman.pid" log="$dir/service.log"
+    local host="unix://$dir/podman.sock" changed="" nofile nproc pid_max
+    mkdir -p "$dir/root" "$dir/run" "$dir/tmp"
+    nofile="$(ulimit -Hn)"
+    nproc="$(ulimit -Hu)"
+    pid_max="$(cat /proc/sys/kernel/pid_max)"
+    [ "$nofile" != unlimited ] && [ "$nofile" -le 1048576 ] || nofile=1048576
+    [ "$nproc" != unlimited ] && [ "$nproc" -le "$pid_max" ] || nproc="$pid_max"
+    if pk_ours "$pidfile" "$sock"; then
+        # What the running service found it could have (see below) stays the truth.
+        nofile="$(pk_hard_limit "$(cat "$pidfile")" "open files")"
+        nproc="$(pk_hard_limit "$(cat "$pidfile")" processes)"
+    fi
+    pk_podman_conf "$dir" "$reg" "$nofile" "$nproc" && changed=1
+    if [ -z "$changed" ] && pk_ours "$pidfile" "$sock" && docker -H "$host" version >/dev/null 2>&1; then
+        return 0
+    fi
+    local t0=$SECONDS try
+    for try in 1 2; do
+        pk_say "starting Podman's API on $sock"
+        pk_stop_ours "$pidfile" "$sock"
+        rm -f "$sock"
+        CONTAINERS_CONF="$dir/containers.conf" CONTAINERS_REGISTRIES_CONF="$dir/registries.conf" \
+            setsid podman --root "$dir/root" --runroot "$dir/run" --storage-driver vfs \
+            system service --time=0 "$host" </dev/null >"$log" 2>&1 &
+        echo $! >"$pidfile"
+        pk_wait 120 docker -H "$host" version || pk_log_tail "Podman" "$log"
+        # Podman lowers its own process limit (to 32768 here) as it starts; its containers
+        # cannot have more than it has.
+        nofile="$(pk_hard_limit "$(cat "$pidfile")" "open files")"
+        nproc="$(pk_hard_limit "$(cat "$pidfile")" processes)"
+        pk_podman_conf "$dir" "$reg" "$nofile" "$nproc" || break
+        if [ "$try" = 2 ]; then
+            pk_say "Podman's limits do not settle; see $dir/containers.conf"
+            return 1
+        fi
+    done
+    pk_say "Podman answers ($((SECONDS - t0)) s)"
+}
+
+pk_node2() { # ROOT REGISTRY
+    local root="$1" reg="$2"
+    local port="${PK_NODE2_SSH_PORT:-2222}"
+    local d2="$root/pk-node2" d2_exec="$root/pk-node2-exec" d2_pid="$root/pk-node2.pid"
+    local d2_host="unix://$root/pk-node2.sock" d2_log="$root/pk-node2.log"
+    local ssh_dir="$root/pk-node2-ssh" ssh_pid="$root/pk-node2-sshd.pid"
+    local url="ssh://$PK_NODE2_ALIAS:$port" t0=$SECONDS started=""
+
+    if ! docker -H "$d2_host" version >/dev/null 2>&1; then
+        pk_say "starting the second node's dockerd on ${d2_host#unix://}"
+        started=1
+        # Before 23.0 a dockerd takes its ID from a key file, /etc/docker/key.json unless its
+        # config names another: without one of its own this engine would share the first
+        # one's ID.  Later versions keep the ID in the data root and know no such key.
+        local extra=() major
+        major="$(dockerd --version | sed -n 's/^Docker version \([0-9]*\)\..*/\1/p')"
+        if [ -n "$major" ] && [ "$major" -lt 23 ]; then
+            mkdir -p "$d2"
+            printf '{"deprecated-key-path": "%s"}\n' "$d2/key.json" | pk_write "$root/pk-node2.json" || true
+            extra+=(--config-file "$root/pk-node2.json")
+        fi
+        pk_start_dockerd "the second node's dockerd" "$d2" "$d2_exec" "$d2_pid" "$d2_host" \
+            "$reg" "$d2_log" "${extra[@]}"
+    fi
+
+    # Keys: made once, kept across runs (the client key must stay what authorized_keys says).
+    mkdir -p "$ssh_dir"
+    chmod 700 "$ssh_dir"
+    [ -f "$ssh_dir/host_key" ] || ssh-keygen -q -t ed25519 -N '' -C "$PK_NODE2_ALIAS host" -f "$ssh_dir/host_key"
+    [ -f "$ssh_dir/id" ] || ssh-keygen -q -t ed25519 -N '' -C "$PK_NODE2_ALIAS client" -f "$ssh_dir/id"
+    pk_write "$ssh_dir/authorized_keys" <"$ssh_dir/id.pub" || true
+    chmod 600 "$ssh_dir/authorized_keys"
+
+    local changed=""
+    pk_write "$ssh_dir/sshd_config" <<EOF && changed=1
+# The second node: key auth only, on 127.0.0.1 alone; every session talks to its dockerd.
+Port $port
+ListenAddress 127.0.0.1
+HostKey $ssh_dir/host_key
+PidFile $ssh_pid
+AuthorizedKeysFile $ssh_dir/authorized_keys
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+X11Forwarding no
+AllowAgentForwarding no
+AllowTcpForwarding no
+PrintMotd no
+SetEnv DOCKER_HOST=$d2_host
+EOF
+
+    # The client side: ssh's first match wins, so the block goes ahead of any other entry.
+    # ssh reads the config of the user's home in the password database, whatever $HOME says.
+    local home
+    home="$(pk_home)"
+    mkdir -p "$home/.ssh"
+    chmod 700 "$home/.ssh"
+    local cfg="$home/.ssh/config"
+    {
+        printf '%s\n' "$PK_SSH_BEGIN"
+        printf 'Host %s\n' "$PK_NODE2_ALIAS"
+        printf '    HostName 127.0.0.1\n    Port %s\n    User root\n' "$port"
+        printf '    IdentityFile %s\n    IdentitiesOnly yes\n' "$ssh_dir/id"
+        printf '    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n'
+        printf '    BatchMode yes\n    LogLevel ERROR\n'
+        printf '%s\n' "$PK_SSH_END"
+        if [ -f "$cfg" ]; then
+            pk_ssh_config_without_block <"$cfg"
+        fi
+    } | pk_write "$cfg" || true
+    chmod 600 "$cfg"
+
+    # The docker CLI dials the far side's `docker system dial-stdio` through the system ssh.
+    if [ -z "$changed$started" ] && pk_ours "$ssh_pid" "$ssh_dir/sshd_config" \
+            && DOCKER_HOST="$url" docker version >/dev/null 2>&1; then
+        return 0
+    fi
+    if [ -n "$changed" ] || ! pk_ours "$ssh_pid" "$ssh_dir/sshd_config" \
+            || ! ssh -o ConnectTimeout=5 "$PK_NODE2_ALIAS" true >/dev/null 2>&1; then
+        pk_say "starting sshd on 127.0.0.1:$port for the second node"
+        started=1
+        mkdir -p /run/sshd  # its privilege separation directory
+        chmod 755 /run/sshd
+        /usr/sbin/sshd -t -f "$ssh_dir/sshd_config"
+        pk_stop_ours "$ssh_pid" "$ssh_dir/sshd_config"
+        # A clean environment: sessions get only what sshd_config gives them.
+        env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+            /usr/sbin/sshd -f "$ssh_dir/sshd_config" -E "$ssh_dir/sshd.log"
+        pk_wait 60 ssh -o ConnectTimeout=5 "$PK_NODE2_ALIAS" true || pk_log_tail "sshd" "$ssh_dir/sshd.log"
+    fi
+
+    if ! DOCKER_HOST="$url" docker version >/dev/null 2>&1; then
+        pk_say "DOCKER_HOST=$url docker version failed:"
+        DOCKER_HOST="$url" docker version >&2 || true
+        pk_log_tail "the second node through ssh" "$ssh_dir/sshd.log" || true
+        pk_log_tail "the second node's dockerd" "$d2_log"
+        return 1
+    fi
+    [ -z "$started" ] || pk_say "the second node answers through $url ($((SECONDS - t0)) s)"
+}
+
+pk_home() { getent passwd "$(id -u)" | cut -d: -f6; }
+
+# Prints stdin without the marked block.
+pk_ssh_config_without_block() {
+    awk -v b="$PK_SSH_BEGIN" -v e="$PK_SSH_END" '
+        $0 == b { skip = 1; next }
+        skip && $0 == e { skip = 0; next }
+        skip { next }
+        { print }'
+}
 
 pk_services_main() {
     set -euo pipefail
@@ -24,10 +319,13 @@ pk_services_main() {
     command -v docker-registry >/dev/null || missing+=(docker-registry)
     command -v qemu-aarch64-static >/dev/null || missing+=(qemu-user-static)
     command -v skopeo >/dev/null || missing+=(skopeo)
-    if ((${#missing[@]})); then
-        echo "services: installing ${missing[*]}" >&2
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    command -v curl >/dev/null || missing+=(curl)
+    local lean=()
+    command -v podman >/dev/null || lean+=(podman)
+    [ -x /usr/sbin/sshd ] || lean+=(openssh-server)
+    command -v ssh >/dev/null || lean+=(openssh-client)
+    if ((${#missing[@]} + ${#lean[@]})); then
+        pk_install "${missing[@]}" -- "${lean[@]}"
     fi
 
     # arm64 binaries run through qemu; the F flag opens the interpreter when it is registered,
@@ -96,7 +394,15 @@ EOF
         fi
     fi
 
-    printf 'export DOCKER_HOST=%s\nexport PK_REGISTRY=%s\n' "$DOCKER_HOST" "$reg_addr" >"$env_file"
+    pk_podman "$root" "$reg_addr"
+    pk_node2 "$root" "$reg_addr"
+
+    {
+        printf 'export DOCKER_HOST=%s\nexport PK_REGISTRY=%s\n' "$DOCKER_HOST" "$reg_addr"
+        printf 'export PK_PODMAN_HOST=unix://%s\n' "$root/pk-podman/podman.sock"
+        printf 'export PK_NODE2=ssh://%s:%s\n' "$PK_NODE2_ALIAS" "${PK_NODE2_SSH_PORT:-2222}"
+        printf 'export PK_NODE2_SOCKET=unix://%s\n' "$root/pk-node2.sock"
+    } >"$env_file"
     cat "$env_file"
 }
 
@@ -105,8 +411,8 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
 else
     # Sourced: a subshell keeps `set -e` and a failure from ending the caller's shell.
     if (pk_services_main "$@"); then
-        export DOCKER_HOST="unix://${PK_SERVICES_ROOT:-/tmp}/pk-docker.sock"
-        export PK_REGISTRY="${PK_REGISTRY_ADDR:-127.0.0.1:5055}"
+        # shellcheck disable=SC1090
+        . "${PK_SERVICES_ENV:-/tmp/pk-services.env}"
     else
         echo "services: not started" >&2
     fi

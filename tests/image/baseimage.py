@@ -10,16 +10,22 @@ that the image tests patch are compiled again as *unchecked-hash* pycs, which Py
 checks against the source.  Such a pyc left beside a patched module would be loaded instead of
 it, so the end-to-end test proves that ``build-image`` leaves none behind.
 
+Besides bases holding a release as PyPI ships it, a ``Flavour`` gives the builds users really
+have: a dev build (a release's sources reporting ``0.31.1.dev7+g<sha>``, the shape of version
+a build from a commit of main reports) and a vendor build (a release's sources with the
+vendor's own edits, reporting ``0.31.0+nv25.11``).
+
 Everything expensive is cached and keyed by content: the .debs under the cache folder, and the
 image itself, which carries its key in a label and is rebuilt only when the key changes.
 
 Run as a script to (re)build the bases by hand:
-``python tests/image/baseimage.py 0.27.1 0.33.0``.
+``python tests/image/baseimage.py 0.27.1 0.33.0 dev vendor``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -28,9 +34,11 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import docker
+from packaging.version import Version
 
 DEBS = ("python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib", "libffi8",
         "libbz2-1.0", "liblzma5", "libc6", "libexpat1", "zlib1g", "libssl3", "busybox-static")
@@ -111,6 +119,133 @@ def install_wheel(wheel: Path, site: Path) -> int:
     return count
 
 
+@dataclass(frozen=True)
+class Edit:
+    """One change a vendor made to a release's file: ``added`` goes right after the one line
+    equal to ``after``, or at the end of the file when ``after`` is None.  ``marker`` is a
+    string found only in ``added``, for tests to look for."""
+
+    file: str
+    added: str
+    marker: str
+    after: str | None = None
+    touched_by_patchset: bool = False  # whether the DSpark patchset changes this file too
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """What a base holds beyond a release's wheel: the version it reports and its edits."""
+
+    release: str                  # the release whose sources the base holds
+    version: str                  # the version its _version.py and dist-info report
+    commit_id: str | None = None  # _version.py's commit_id; None keeps the wheel's
+    edits: tuple[Edit, ...] = field(default=())
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+DEV_RELEASE = "0.31.0"
+
+
+def dev_flavour(commit: str) -> Flavour:
+    """A build of ``commit``, release 0.31.0's commit, with a version of the shape setuptools-scm
+    gives a build seven commits past v0.31.0 (``0.31.1.dev7+g<short sha>``): the base holds
+    exactly the pinned commit's files, whatever its version string says."""
+    short = commit[:9]
+    return Flavour(release=DEV_RELEASE, version=f"0.31.1.dev7+g{short}", commit_id=f"g{short}")
+
+
+# Two files the DSpark patchset leaves alone, and one it patches (by diff) where the vendor's
+# addition lies far from the patch's hunks: a vendor's changes must survive patching.
+VENDOR_EDITS = (
+    Edit(file="vllm/envs.py",
+         added='\n\n# NVIDIA 25.11: the build id the container\'s support tooling reads.\n'
+               'NV_VLLM_BUILD = "nv25.11"  # PK_VENDOR_EDIT envs\n',
+         marker="PK_VENDOR_EDIT envs"),
+    Edit(file="vllm/platforms/cuda.py",
+         after="logger = init_logger(__name__)",
+         added='\n# NVIDIA 25.11: GB10 (sm_121) is validated with this build\'s kernels.\n'
+               'NV_VALIDATED_CAPABILITIES = ((12, 1),)  # PK_VENDOR_EDIT cuda\n',
+         marker="PK_VENDOR_EDIT cuda"),
+    Edit(file="vllm/models/deepseek_v4/attention.py",
+         added='\n\n# NVIDIA 25.11: DeepSeek-V4 attention as tuned for GB10.\n'
+               'NV_DSV4_ATTENTION_TUNED = True  # PK_VENDOR_EDIT attention\n',
+         marker="PK_VENDOR_EDIT attention", touched_by_patchset=True),
+)
+
+VENDOR = Flavour(release=DEV_RELEASE, version="0.31.0+nv25.11", edits=VENDOR_EDITS)
+
+
+def edited_text(text: str, edit: Edit) -> str:
+    """``text`` with ``edit`` made; the anchor line must occur exactly once."""
+    if edit.after is None:
+        return text + edit.added
+    lines = text.splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if line.rstrip("\n") == edit.after]
+    if len(hits) != 1:
+        raise RuntimeError(f"{edit.file}: the line {edit.after!r} occurs {len(hits)} times, not once")
+    i = hits[0] + 1
+    return "".join(lines[:i]) + edit.added + "".join(lines[i:])
+
+
+def _rewrite(path: Path, change) -> None:
+    """Rewrites ``path`` through ``change`` keeping its timestamps, as a vendor's build would
+    have them (the byte-code is compiled afterwards, from the changed text)."""
+    st = path.stat()
+    path.write_text(change(path.read_text(encoding="utf-8")), encoding="utf-8")
+    os.utime(path, (st.st_atime, st.st_mtime))
+
+
+def _replace_once(text: str, old: str, new: str, where: str) -> str:
+    if text.count(old) != 1:
+        raise RuntimeError(f"{where}: {old!r} occurs {text.count(old)} times, not once")
+    return text.replace(old, new)
+
+
+def version_tuple(version: str) -> tuple:
+    """The tuple setuptools-scm writes beside ``version``: (0, 31, 1, 'dev7', 'g1234abcd')."""
+    v = Version(version)
+    parts: list = list(v.release)
+    if v.pre:
+        parts.append(f"{v.pre[0]}{v.pre[1]}")
+    if v.dev is not None:
+        parts.append(f"dev{v.dev}")
+    if v.local:
+        parts.append(v.local)
+    return tuple(parts)
+
+
+def apply_flavour(site: Path, flavour: Flavour) -> None:
+    """Makes the release laid out under ``site`` into ``flavour``."""
+    for edit in flavour.edits:
+        _rewrite(site / edit.file, lambda text, e=edit: edited_text(text, e))
+    if flavour.version == flavour.release and flavour.commit_id is None:
+        return
+    rel = flavour.release
+
+    def version_py(text: str) -> str:
+        text = _replace_once(text, f"__version__ = version = {rel!r}\n",
+                             f"__version__ = version = {flavour.version!r}\n", "vllm/_version.py")
+        text = _replace_once(text, f"__version_tuple__ = version_tuple = {version_tuple(rel)!r}\n",
+                             f"__version_tuple__ = version_tuple = {version_tuple(flavour.version)!r}\n",
+                             "vllm/_version.py")
+        if flavour.commit_id is not None:
+            lines = [line for line in text.splitlines() if line.startswith("__commit_id__ = ")]
+            if len(lines) != 1:
+                raise RuntimeError("vllm/_version.py: no single __commit_id__ line")
+            text = text.replace(lines[0], f"__commit_id__ = commit_id = {flavour.commit_id!r}")
+        return text
+
+    _rewrite(site / "vllm" / "_version.py", version_py)
+    old_info = site / f"vllm-{rel}.dist-info"
+    new_info = site / f"vllm-{flavour.version}.dist-info"
+    _rewrite(old_info / "METADATA",
+             lambda text: _replace_once(text, f"\nVersion: {rel}\n", f"\nVersion: {flavour.version}\n",
+                                        "METADATA"))
+    old_info.rename(new_info)
+
+
 def compile_caches(site: Path) -> None:
     if sys.version_info[:2] != (3, 11):
         raise RuntimeError("the base images need byte-code for Python 3.11; run under 3.11")
@@ -120,7 +255,8 @@ def compile_caches(site: Path) -> None:
               "unchecked-hash", "-d", "/" + SITE + "/" + part, str(site / part)])
 
 
-def make_rootfs(version: str, debs: list[Path], wheel: Path, out_tar: Path) -> None:
+def make_rootfs(version: str, debs: list[Path], wheel: Path, out_tar: Path,
+                flavour: Flavour | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="pk-rootfs-") as tmp:
         root = Path(tmp)
         for deb in debs:
@@ -136,6 +272,8 @@ def make_rootfs(version: str, debs: list[Path], wheel: Path, out_tar: Path) -> N
         site = root / SITE
         site.mkdir(parents=True)
         install_wheel(wheel, site)
+        if flavour is not None:
+            apply_flavour(site, flavour)
         compile_caches(site)
         with tarfile.open(out_tar, "w", format=tarfile.PAX_FORMAT) as tar:
             def owner(ti: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -155,25 +293,37 @@ ENTRYPOINT ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
 """
 
 
-def base_key(version: str, debs: list[Path], wheel: Path) -> str:
+def base_key(version: str, debs: list[Path], wheel: Path, flavour: Flavour | None = None) -> str:
     h = hashlib.sha256(BUILDER_VERSION.encode())
     h.update(Path(__file__).read_bytes())
     for p in [*debs, wheel]:
         h.update(p.name.encode())
         h.update(str(p.stat().st_size).encode())
     h.update(version.encode())
+    if flavour is not None:
+        h.update(json.dumps(flavour.to_json(), sort_keys=True).encode())
     return h.hexdigest()[:24]
 
 
-def ensure_base(client: docker.DockerClient, version: str, tag: str, *, push: bool = True,
-                log=print) -> dict:
-    """The arm64 base holding vLLM ``version``, tagged ``tag``; built only when missing or stale.
+def tag_of(version: str) -> str:
+    """A version as an image tag, which cannot hold ``+``: 0.31.0+nv25.11 -> 0.31.0-nv25.11."""
+    return version.replace("+", "-")
 
-    Returns ``{"tag", "id", "repo_digest", "built", "seconds"}``.
+
+def ensure_base(client: docker.DockerClient, version: str, tag: str, *, push: bool = True,
+                log=print, flavour: Flavour | None = None) -> dict:
+    """The arm64 base holding vLLM ``version``, tagged ``tag``; built only when missing or stale.
+    With ``flavour`` (whose release must be ``version``) it holds that build instead.
+
+    Returns ``{"tag", "id", "repo_digest", "built", "seconds", "version"}``; ``version`` is
+    what the base reports.
     """
+    if flavour is not None and flavour.release != version:
+        raise ValueError(f"the flavour is of {flavour.release}, not {version}")
     debs = fetch_debs(cache_root() / "test-image" / "debs")
     wheel = find_wheel(version)
-    key = base_key(version, debs, wheel)
+    key = base_key(version, debs, wheel, flavour)
+    reported = flavour.version if flavour is not None else version
     started = time.monotonic()
     built = False
     try:
@@ -181,12 +331,12 @@ def ensure_base(client: docker.DockerClient, version: str, tag: str, *, push: bo
         if (image.labels or {}).get(KEY_LABEL) != key:
             raise docker.errors.ImageNotFound("stale")
     except docker.errors.ImageNotFound:
-        log(f"building the arm64 base {tag} (vLLM {version})")
+        log(f"building the arm64 base {tag} (vLLM {reported})")
         with tempfile.TemporaryDirectory(prefix="pk-base-") as ctx:
             ctxp = Path(ctx)
-            make_rootfs(version, debs, wheel, ctxp / "rootfs.tar")
+            make_rootfs(version, debs, wheel, ctxp / "rootfs.tar", flavour)
             (ctxp / "Dockerfile").write_text(DOCKERFILE.format(key_label=KEY_LABEL, key=key,
-                                                               version=version))
+                                                               version=reported))
             image, _ = client.images.build(path=ctx, tag=tag, platform="linux/arm64", rm=True,
                                            forcerm=True)
         built = True
@@ -202,14 +352,53 @@ def ensure_base(client: docker.DockerClient, version: str, tag: str, *, push: bo
             digests = [d for d in image.attrs.get("RepoDigests") or [] if d.startswith(repo + "@")]
         repo_digest = digests[0] if digests else None
     return {"tag": tag, "id": image.id, "repo_digest": repo_digest, "built": built,
-            "seconds": round(time.monotonic() - started, 1)}
+            "seconds": round(time.monotonic() - started, 1), "version": reported}
+
+
+def release_commit(release: str) -> str:
+    """The commit of ``release`` in patchkit's PyPI source (the cached repository with one
+    tagged commit per release, whose ids depend on the release alone)."""
+    from patchkit.source import pypi
+
+    repo, tag = pypi.ensure_release(cache_root(), f"v{release}")
+    return _run(["git", "-C", str(repo), "rev-parse", "--verify", f"refs/tags/{tag}^{{commit}}"]).strip()
+
+
+def ensure_dev_base(client: docker.DockerClient, registry: str, *, log=print) -> dict:
+    """The dev-build base: 0.31.0's sources reporting ``0.31.1.dev7+g<its commit>``.
+
+    Adds ``release``, ``ref``, ``commit`` (the full id the version names) to ensure_base's info.
+    """
+    commit = release_commit(DEV_RELEASE)
+    flavour = dev_flavour(commit)
+    info = ensure_base(client, flavour.release,
+                       f"{registry}/pk-test/vllm-base:{tag_of(flavour.version)}",
+                       flavour=flavour, log=log)
+    return {**info, "release": flavour.release, "ref": f"v{flavour.release}", "commit": commit}
+
+
+def ensure_vendor_base(client: docker.DockerClient, registry: str, *, log=print) -> dict:
+    """The vendor base: 0.31.0's sources with VENDOR_EDITS, reporting ``0.31.0+nv25.11``.
+
+    Adds ``release``, ``ref`` and ``edits`` (each Edit as a dict) to ensure_base's info.
+    """
+    info = ensure_base(client, VENDOR.release,
+                       f"{registry}/pk-test/vllm-base:{tag_of(VENDOR.version)}",
+                       flavour=VENDOR, log=log)
+    return {**info, "release": VENDOR.release, "ref": f"v{VENDOR.release}",
+            "edits": [asdict(e) for e in VENDOR.edits]}
 
 
 def main(argv: list[str]) -> int:
     registry = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
     client = docker.from_env(timeout=600)
-    for version in argv or ["0.27.1", "0.33.0"]:
-        info = ensure_base(client, version, f"{registry}/pk-test/vllm-base:{version}")
+    for what in argv or ["0.27.1", "0.33.0", "dev", "vendor"]:
+        if what == "dev":
+            info = ensure_dev_base(client, registry)
+        elif what == "vendor":
+            info = ensure_vendor_base(client, registry)
+        else:
+            info = ensure_base(client, what, f"{registry}/pk-test/vllm-base:{what}")
         print(info)
     return 0
 
