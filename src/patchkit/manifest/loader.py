@@ -19,7 +19,7 @@ from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
 from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Patch,
                                      VllmSource)
-from patchkit.source.refs import ref_problem
+from patchkit.source.refs import BASE_REF, ref_problem
 
 KINDS = kinds.NAMES
 
@@ -192,6 +192,9 @@ class _Loader:
         name = self.string(top["name"][1], "name").strip()
         vllm = self.vllm(*top["vllm"])
         image = self.image(top["image"][1]) if "image" in top else ImageDefaults()
+        if vllm.ref == BASE_REF and not image.base:
+            raise ManifestError(f"vllm.ref: {BASE_REF!r} pins what the base image holds, and "
+                                "image.base is not set", path=self.given, line=vllm.ref_line)
         patches: list[Patch] = []
         if "patches" in top:
             patches_node = top["patches"][1]

@@ -137,9 +137,10 @@ def manifest_sources(manifest: Manifest) -> tuple[str, ...]:
 def apply_series(manifest: Manifest, *, ref: str | None = None,
                  repos: Sequence[str] | None = None, workdir: Path,
                  keep_failed: bool = False, progress: Progress | None = None,
-                 cache: Path | None = None) -> ApplyReport:
+                 cache: Path | None = None, base: source.Base | None = None) -> ApplyReport:
     """Check out the pinned vLLM, apply the series, verify; move into ``workdir`` only if all
-    passed.  On failure ``workdir`` is exactly as it was."""
+    passed.  On failure ``workdir`` is exactly as it was.  ``base`` is the base image that the
+    ref ``base`` and the source ``image`` read."""
     progress = progress or Progress()
     workdir = Path(workdir).absolute()
     if workdir.exists() and not applied.is_checkout(workdir) and (not workdir.is_dir() or any(workdir.iterdir())):
@@ -152,7 +153,7 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
     scratch = _scratch_beside(workdir)
     kept = False
     try:
-        resolved = source.resolve(repos, ref, cache, progress.info)
+        resolved = source.resolve(repos, ref, cache, progress.info, base=base)
         tree = scratch / "t"
         try:
             source.checkout(resolved, tree)
