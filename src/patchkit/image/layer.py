@@ -54,6 +54,10 @@ class BaseImage:
     def pinned_by(self) -> str:
         return "digest" if self.digest else "image-id"
 
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_of(self.image_id, self.diff_ids)
+
 
 @dataclass(frozen=True)
 class LayerEntry:
@@ -184,6 +188,27 @@ def load_archive(config: bytes, layer: Layer, base_layers: int) -> bytes:
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
     return out.getvalue()
+
+
+def fingerprint_of(config_digest: str, diff_ids: Sequence[str]) -> str:
+    """An image's content as one value: sha256 over its config digest and its layers' diff_ids.
+
+    Two engines holding the same content agree on it whatever their image ids (snapshotters
+    and stores give the same content different ids); it changes with any byte of config or
+    layer."""
+    digest = config_digest if config_digest.startswith("sha256:") else f"sha256:{config_digest}"
+    text = "\n".join([digest, *diff_ids]) + "\n"
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def fingerprint(attrs: dict, config_digest: str | None = None) -> str:
+    """:func:`fingerprint_of` an image from an engine's inspect answer.
+
+    The config digest is the ``Id`` where an image id is its config's digest (the classic
+    store, Podman); an engine whose ids are manifest digests (containerd's store) must be
+    asked for the config digest, and the caller passes it as ``config_digest``."""
+    layers = tuple((attrs.get("RootFS") or {}).get("Layers") or ())
+    return fingerprint_of(config_digest or str(attrs["Id"]), layers)
 
 
 def history_of(entries: Sequence[dict], layers: int, base_name: str) -> tuple[dict, ...]:
