@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from patchkit import source
 from patchkit.errors import UsageError
-from patchkit.image import build
+from patchkit.image import basevllm, build, layer
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest
 from patchkit.report import ApplyReport, VllmInfo
@@ -41,6 +42,7 @@ class BuildReport:
     not_shipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
     buildargs: dict | None = None
+    holds: build.Holds | None = None
 
     @classmethod
     def failed_apply(cls, report: ApplyReport) -> BuildReport:
@@ -61,6 +63,8 @@ class BuildReport:
                 "seconds": self.seconds}
         if self.buildargs:
             data["buildargs"] = self.buildargs
+        if self.holds is not None:
+            data["holds"] = self.holds.to_dict()
         return data
 
 
@@ -100,7 +104,16 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         check_reference("--tag", default_tag(manifest, "x", "x", tag), digest_ok=False)
     plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
     if apply:
-        report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress)
+        needs = basevllm.needed(manifest, [manifest.vllm.ref if ref is None else ref], repos)
+        if needs and engine is None:
+            from patchkit.image.engine import Engine
+
+            engine = Engine.connect()
+        holder = basevllm.for_run(manifest, refs=[manifest.vllm.ref if ref is None else ref],
+                                  repos=repos, base=base, platform=str(plat), engine=engine,
+                                  log=log)
+        report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress,
+                              base=holder)
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = AppliedCheckout.open(workdir)
@@ -142,6 +155,10 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
             engine.restore_tag(final_tag, previous)
         raise
     b = built.base
+    attrs = None if built.pushed_by_build else engine.inspect(final_tag)
+    kind = source.kind_name(tree.vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos
+                                               else None))
+    holds = build.Holds.of(built.installed, kind, layer.fingerprint(attrs) if attrs else None)
     vllm = asdict(tree.vllm)
     if built.vllm_dir:
         vllm["dir"] = built.vllm_dir
@@ -151,11 +168,11 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         ok=True, mode=choice.mode, mode_reason=choice.reason, tag=final_tag,
         image_id=built.image_id, digest=digest, platform=str(plat),
         base=({"name": b.name, "digest": b.digest or b.image_id, "pinned_by": b.pinned_by,
-               "image_id": b.image_id} if b else None),
+               "image_id": b.image_id, "fingerprint": b.fingerprint} if b else None),
         vllm=vllm, patches=[{"id": p.id, "status": p.status} for p in tree.report.patches],
         layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
         not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
-        buildargs=built.buildargs)
+        buildargs=built.buildargs, holds=holds)
 
 
 __all__ = ["BuildReport", "VllmInfo", "check_reference", "default_tag", "run"]

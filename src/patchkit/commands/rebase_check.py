@@ -26,6 +26,7 @@ from pathlib import Path
 
 from patchkit import interrupt, source, versions
 from patchkit.errors import PatchkitError, SourceError, UsageError
+from patchkit.image import basevllm
 from patchkit.manifest import Manifest, Patch
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
@@ -59,11 +60,11 @@ def parse_outputs(specs: Sequence[str]) -> list[tuple[str, Path]]:
 # ------------------------------------------------------------------------------ the targets
 
 def pin_version(manifest: Manifest, repos: Sequence[str], cache: Path,
-                log=lambda m: None) -> versions.Version:
+                log=lambda m: None, base: source.Base | None = None) -> versions.Version:
     v = versions.release_tag(manifest.vllm.ref)
     if v is not None:
         return v
-    resolved = source.resolve(repos, manifest.vllm.ref, cache, log)
+    resolved = source.resolve(repos, manifest.vllm.ref, cache, log, base=base)
     try:
         return versions.sort_key(resolved.version)
     except versions.InvalidVersion:
@@ -73,11 +74,11 @@ def pin_version(manifest: Manifest, repos: Sequence[str], cache: Path,
 
 def release_targets(manifest: Manifest, *, repos: Sequence[str] | None = None,
                     cache: Path | None = None, pre: bool = False,
-                    log=lambda m: None) -> list[str]:
+                    log=lambda m: None, base: source.Base | None = None) -> list[str]:
     """The release tags after the pin, oldest first; pre-releases only with ``pre``."""
     repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
-    pin = pin_version(manifest, repos, cache, log)
+    pin = pin_version(manifest, repos, cache, log, base)
     _, tags = source.list_tags(repos, cache, log)
     found: dict[versions.Version, str] = {}
     for tag in tags:
@@ -153,12 +154,15 @@ class Matrix:
 
 def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | None = None,
           cache: Path | None = None, jobs: int | None = None,
-          progress: CheckProgress | None = None, sparse: bool = True) -> Matrix:
-    """Apply the series to each of ``refs`` in a scratch checkout and run the assertions."""
+          progress: CheckProgress | None = None, sparse: bool = True,
+          base: source.Base | None = None) -> Matrix:
+    """Apply the series to each of ``refs`` in a scratch checkout and run the assertions;
+    ``base`` is the base image the ref ``base`` and the source ``image`` read."""
     progress = progress or CheckProgress()
     repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
-    resolved = [source.resolve(repos, ref, cache, progress.info) for ref in dict.fromkeys(refs)]
+    resolved = [source.resolve(repos, ref, cache, progress.info, base=base)
+                for ref in dict.fromkeys(refs)]
     resolved = _by_version(resolved)
     matrix = Matrix(manifest)
     if not resolved:
@@ -252,16 +256,20 @@ def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:
 
 def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         pre: bool = False, repos: Sequence[str] | None = None, jobs: int | None = None,
-        progress: CheckProgress | None = None) -> Matrix:
-    """The targets named and, with ``releases``, every release after the pin; then the check."""
+        progress: CheckProgress | None = None, base: str | None = None) -> Matrix:
+    """The targets named and, with ``releases``, every release after the pin; then the check.
+    ``base`` names the base image (default image.base) of a target ``base`` and of the source
+    ``image``."""
     progress = progress or CheckProgress()
     if not refs and not releases:
         raise UsageError("give --to REF (repeatable) or --releases")
     if pre and not releases:
         raise UsageError("--pre goes with --releases")
     targets = list(refs)
+    holder = basevllm.for_run(manifest, refs=targets + ([manifest.vllm.ref] if releases else []),
+                              repos=repos, base=base, log=progress.info)
     if releases:
-        found = release_targets(manifest, repos=repos, pre=pre, log=progress.info)
+        found = release_targets(manifest, repos=repos, pre=pre, log=progress.info, base=holder)
         progress.info(f"releases after {manifest.vllm.ref}: {', '.join(found) or 'none'}")
         targets += found
-    return check(manifest, targets, repos=repos, jobs=jobs, progress=progress)
+    return check(manifest, targets, repos=repos, jobs=jobs, progress=progress, base=holder)

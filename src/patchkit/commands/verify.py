@@ -16,13 +16,18 @@ from patchkit.series import checkout, verify
 class VerifyReport:
     target: str
     verify: list[AssertionResult]
+    holds: object | None = None   # image.build.Holds, for --image
 
     @property
     def ok(self) -> bool:
         return all(a.ok for a in self.verify)
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "target": self.target, "verify": [a.to_dict() for a in self.verify]}
+        data = {"ok": self.ok, "target": self.target,
+                "verify": [a.to_dict() for a in self.verify]}
+        if self.holds is not None:
+            data["holds"] = self.holds.to_dict()
+        return data
 
 
 def active_patches(manifest: Manifest, skipped: set[str], version: str | None) -> list[Patch]:
@@ -32,13 +37,15 @@ def active_patches(manifest: Manifest, skipped: set[str], version: str | None) -
             if p.id not in skipped and (not version or versions.in_range(p.vllm, version)[0])]
 
 
-def verify_tree(manifest: Manifest, tree: Path) -> list[AssertionResult]:
+def verify_tree(manifest: Manifest, tree: Path, version: str | None = None
+                ) -> list[AssertionResult]:
     """The manifest's assertions on a patched tree, leaving out patches the tree's release is
-    outside of (known from the apply report, when the tree has one)."""
+    outside of (known from the apply report, when the tree has one; ``version`` instead when
+    given)."""
     if not tree.is_dir():
         raise UsageError(f"--tree {tree}: no such directory")
     report = checkout.read_report(tree)
-    version = report.vllm.version if report else None
+    version = version or (report.vllm.version if report else None)
     skipped = report.skipped() if report else set()
     return verify.run_assertions(active_patches(manifest, skipped, version),
                                  verify.tree_reader(tree))
@@ -46,8 +53,13 @@ def verify_tree(manifest: Manifest, tree: Path) -> list[AssertionResult]:
 
 def verify_image(manifest: Manifest, image: str, *, engine=None) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
-    from patchkit.image import package
-    from patchkit.image.build import ImageFacts
+    return check_image(manifest, image, engine=engine)[0]
+
+
+def check_image(manifest: Manifest, image: str, *, engine=None):
+    """The assertions on the files inside ``image``, and what it holds (image.build.Holds)."""
+    from patchkit.image import layer, package
+    from patchkit.image.build import Holds, ImageFacts
     from patchkit.image.engine import Engine
     from patchkit.imageref import Platform, check_reference
 
@@ -73,6 +85,7 @@ def verify_image(manifest: Manifest, image: str, *, engine=None) -> list[Asserti
         else:
             pkg = package.find_package(files, env)
         version = facts.installed or package.installed_version(files, pkg, None)
+        holds = Holds.of(version, facts.source, layer.fingerprint(attrs))
         active = active_patches(manifest, facts.skipped(), version)
         cache: dict[str, str | None] = {}
 
@@ -83,14 +96,29 @@ def verify_image(manifest: Manifest, image: str, *, engine=None) -> list[Asserti
                 cache[rel] = None if data is None else data.decode("utf-8")
             return cache[rel]
 
-        return verify.run_assertions(active, read)
+        return verify.run_assertions(active, read), holds
 
 
 def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
-        default_tree: Path) -> VerifyReport:
+        default_tree: Path, base: str | None = None, log=lambda m: None) -> VerifyReport:
+    """``base`` (with a tree): judge the patches' ranges on the vLLM that base image holds,
+    the one the tree is to be laid on, instead of the tree's own version."""
     if tree and image:
         raise UsageError("give --tree or --image, not both")
     if image:
-        return VerifyReport(image, verify_image(manifest, image))
+        if base:
+            raise UsageError("--base goes with --tree: an image's own files say what it holds")
+        results, holds = check_image(manifest, image)
+        return VerifyReport(image, results, holds)
     where = tree or default_tree
-    return VerifyReport(str(where), verify_tree(manifest, Path(where)))
+    version = None
+    if base:
+        from patchkit.image import basevllm
+        from patchkit.image.engine import Engine
+        from patchkit.imageref import Platform, check_reference
+
+        check_reference("--base", base)
+        held = basevllm.open_base(Engine.connect(), base,
+                                  Platform.parse(manifest.image.platform or "linux/arm64"), log)
+        version = held.version
+    return VerifyReport(str(where), verify_tree(manifest, Path(where), version))

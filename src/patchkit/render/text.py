@@ -50,8 +50,18 @@ def apply(report: ApplyReport) -> str:
     return "\n".join(lines)
 
 
+def holds(data: dict) -> str:
+    """What an image holds (image.build.Holds as a dict), as one line."""
+    installed = data.get("installed") or "(version unknown)"
+    commit = f" (commit {data['commit']})" if data.get("commit") else ""
+    return (f"vLLM {installed}{commit}, source {data.get('source') or 'unknown'}, "
+            f"fingerprint {data.get('fingerprint') or 'unknown'}")
+
+
 def verify(report) -> str:
     lines = [assertion_failure(a) for a in report.verify if not a.ok]
+    if getattr(report, "holds", None) is not None:
+        lines.insert(0, f"{report.target} holds {holds(report.holds.to_dict())}")
     passed = sum(a.ok for a in report.verify)
     lines.append(f"{'ok' if report.ok else 'FAILED'}: {passed}/{len(report.verify)} assertions "
                  f"passed on {report.target}")
@@ -94,6 +104,8 @@ def build_image(report) -> str:
     if layer:
         lines.append(f"  layer: {layer['files']} file(s), {layer['bytes']} bytes"
                      + (f", {layer.get('whiteouts')} whiteout(s)" if layer.get("whiteouts") else ""))
+    if summary.get("holds"):
+        lines.append(f"  holds: {holds(summary['holds'])}")
     if summary.get("base"):
         lines.append(f"  base: {summary['base']['name']} @ {summary['base']['digest']}")
     if summary.get("digest"):
