@@ -397,3 +397,16 @@ def test_holds_names_the_commit_of_a_dev_build():
     assert holds.to_dict() == {"installed": "0.31.1.dev7+ge07dd6f9b", "commit": "e07dd6f9b",
                                "source": "git", "fingerprint": "sha256:f"}
     assert build.Holds.of("0.31.0+nv25.11", "image", None).commit is None
+
+
+def test_rebase_refuses_a_pin_that_follows_the_base(tmp_path):
+    from patchkit.commands import rebase
+
+    path = tmp_path / "patchset.yaml"
+    path.write_text("name: t\nvllm:\n  repo: pypi\n  ref: base\nimage:\n  base: reg/vllm:1\n")
+    with pytest.raises(UsageError, match="follows the base image instead"):
+        rebase.start(path, "v0.33.0", cache=tmp_path / "cache")
+    path.write_text("name: t\nvllm:\n  repo: image\n  ref: v0.31.0\n")
+    with pytest.raises(UsageError, match="follows the base image instead"):
+        rebase.start(path, "v0.33.0", cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()

@@ -244,6 +244,19 @@ def test_verify_image_says_what_the_dev_build_holds(dev_built, dev_applied, dev_
             f"{dev_built['holds']['fingerprint']}") in text
 
 
+def test_verify_judges_ranges_on_the_base_given(dev_applied, bases, capsys):
+    # the tree's own version (the dev build) is >0.31.0, so all three patches count; judged on
+    # a 0.27.1 base, draft-guard (>0.31.0) is out and its assertion with it
+    m, workdir, _, _ = dev_applied
+    code = cli.main(["verify", "--tree", str(workdir), "--manifest", str(m.path), "--format", "json"])
+    assert code == 0 and len(json.loads(capsys.readouterr().out)["verify"]) == 3
+    code = cli.main(["verify", "--tree", str(workdir), "--base", bases[ip.RELEASE]["tag"],
+                     "--manifest", str(m.path), "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and [a["patch"] for a in out["verify"]] == ["draft-quant-config",
+                                                                 "nvfp4-ds-mla-dtype"]
+
+
 def test_dev_build_rebuilt_with_nothing_changed_is_the_same_image(dev_built, dev_applied):
     m, workdir, _, _ = dev_applied
     with cache_env():
