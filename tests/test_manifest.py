@@ -175,7 +175,7 @@ def test_unknown_top_level_key(repo: Path) -> None:
 
 def test_unknown_key_without_a_close_match_lists_the_keys(repo: Path) -> None:
     assert error(repo, HEAD + "  []\nzzz: 1\n") == (
-        "patchset.yaml:7: unknown key 'zzz' (expected one of: name, vllm, image, patches)")
+        "patchset.yaml:7: unknown key 'zzz' (expected one of: name, vllm, image, patches, variants)")
 
 
 def test_duplicate_key(repo: Path) -> None:

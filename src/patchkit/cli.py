@@ -19,10 +19,12 @@ def echo(message: str = "", err: bool = False) -> None:
 
 
 class TextProgress:
-    """Prints a line per patch as it goes."""
+    """Tells as it goes: a line per patch (``patches``), a line per rebase-check target; the
+    report itself goes to stdout."""
 
-    def __init__(self, err: bool = False) -> None:
+    def __init__(self, err: bool = False, patches: bool = True) -> None:
         self.err = err
+        self.patches = patches
         self.tty = (sys.stderr if err else sys.stdout).isatty()
 
     def info(self, message: str) -> None:
@@ -31,14 +33,8 @@ class TextProgress:
     def patch(self, result) -> None:
         from patchkit.render.text import patch_line
 
-        echo(patch_line(result, self.tty), err=self.err)
-
-
-class CheckProgress(TextProgress):
-    """rebase-check tells on stderr as each target is done; the matrix goes to stdout."""
-
-    def patch(self, result) -> None:
-        pass
+        if self.patches:
+            echo(patch_line(result, self.tty), err=self.err)
 
     def target(self, report) -> None:
         failed = sum(p.status == "failed" for p in report.patches)
@@ -78,6 +74,17 @@ VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
                               "(default: vllm.repo of the manifest).")
 BASE = click.option("--base", help="The base image that --vllm-ref base and --vllm-repo image "
                                    "read (default: image.base of the manifest).")
+
+
+def _one_variant(ctx, param, values):
+    if len(values) > 1:
+        raise click.BadParameter("give it once: a build is one variant", ctx, param)
+    return values[0] if values else None
+
+
+VARIANT = click.option("--variant", multiple=True, callback=_one_variant, metavar="NAME",
+                       help="Build the variant NAME of patchset.yaml's variants: the patches "
+                            "naming no variant plus those naming NAME (default: no variant).")
 
 
 def workdir_option(help: str):
@@ -123,16 +130,17 @@ def validate(manifest_path: str) -> int:
 @BASE
 @workdir_option("Where the patched checkout goes.")
 @click.option("--keep-failed", is_flag=True, help="Keep the scratch checkout of a failed run and say where.")
+@VARIANT
 @MANIFEST
 @FORMAT
-def apply(ref, repos, base, workdir, keep_failed, manifest_path, fmt) -> int:
+def apply(ref, repos, base, workdir, keep_failed, variant, manifest_path, fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
     from patchkit.render import text
 
     report = command.run(_load(manifest_path), ref=ref, repos=repos or None,
                          workdir=Path(workdir), keep_failed=keep_failed,
-                         progress=TextProgress(err=fmt == "json"), base=base)
+                         progress=TextProgress(err=fmt == "json"), variant=variant, base=base)
     echo(report.to_json() if fmt == "json" else text.apply(report))
     return 0 if report.ok else 1
 
@@ -144,9 +152,10 @@ def apply(ref, repos, base, workdir, keep_failed, manifest_path, fmt) -> int:
                              "holds (installed vLLM, its commit, the source, the fingerprint).")
 @click.option("--base", help="With a tree: judge the vllm: ranges on the vLLM this base image "
                              "holds.")
+@VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, base, manifest_path, fmt) -> int:
+def verify(tree, image, base, variant, manifest_path, fmt) -> int:
     """Run the AST assertions alone, on a tree or an image."""
     from patchkit.commands import verify as command
     from patchkit.render import text
@@ -155,7 +164,7 @@ def verify(tree, image, base, manifest_path, fmt) -> int:
     if tree and image:
         raise click.UsageError("give --tree or --image, not both")
     report = command.run(m, tree=Path(tree) if tree else None, image=image,
-                         default_tree=Path(DEFAULT_WORKDIR), base=base,
+                         default_tree=Path(DEFAULT_WORKDIR), variant=variant, base=base,
                          log=lambda msg: echo(msg, err=True))
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
@@ -169,12 +178,16 @@ def verify(tree, image, base, manifest_path, fmt) -> int:
 @BASE
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Targets checked at once "
               "(default: two per core).")
+@click.option("--bisect", is_flag=True, help="For each failure on a git source, also find the "
+              "upstream commit that broke it (patchkit bisect from the pin to that target).")
 @click.option("--output", "outputs", multiple=True, metavar="FORMAT:FILE",
               help="Also write the report in FORMAT (text, json, markdown, junit) to FILE; repeat.")
+@VARIANT
 @MANIFEST
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "junit"]),
               default="text", show_default=True, help="Report format on stdout.")
-def rebase_check(refs, releases, pre, repos, base, jobs, outputs, manifest_path, fmt) -> int:
+def rebase_check(refs, releases, pre, repos, base, jobs, bisect, outputs, variant, manifest_path,
+                 fmt) -> int:
     """Apply the series to newer vLLM refs in scratch checkouts; print the patch x release
     matrix.  Exit 1 if any patch fails anywhere."""
     from patchkit.commands import rebase_check as command
@@ -182,15 +195,13 @@ def rebase_check(refs, releases, pre, repos, base, jobs, outputs, manifest_path,
     from patchkit.render import matrix as render
 
     try:
-        if not refs and not releases:
-            raise UsageError("give --to REF (repeatable) or --releases")
-        if pre and not releases:
-            raise UsageError("--pre goes with --releases")
-        sinks = command.parse_outputs(outputs)
-    except UsageError as exc:
+        sinks = command.check_flags(refs, releases, pre, outputs)
+    except UsageError as exc:  # a flag problem reads like click's own
         raise click.UsageError(str(exc)) from None
     result = command.run(_load(manifest_path), refs=refs, releases=releases, pre=pre,
-                         repos=repos or None, jobs=jobs, progress=CheckProgress(), base=base)
+                         repos=repos or None, jobs=jobs,
+                         progress=TextProgress(err=True, patches=False), variant=variant,
+                         bisect=bisect, base=base)
     for kind, path in sinks:
         try:
             path.write_text(render.render(result, kind))
@@ -235,6 +246,33 @@ def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
 
 
 @cli.command()
+@click.argument("patch_id")
+@click.option("--good", metavar="REF", help="Where the patch has its old fate (default: the pin).")
+@click.option("--bad", metavar="REF", help="Where it has its new fate (default: the newest "
+              "release tag of the source).")
+@VLLM_REPO
+@VARIANT
+@MANIFEST
+@FORMAT
+def bisect(patch_id, good, bad, repos, variant, manifest_path, fmt) -> int:
+    """Find the first upstream commit at which PATCH_ID's fate changes between --good and
+    --bad: the commit that broke it, or the one from which it is upstream.  Exit 0 when the
+    commit is named or the fate is the same at both ends, 1 when it cannot be named (the pypi
+    source narrows it to two releases)."""
+    from patchkit.commands import bisect as command
+    from patchkit.render.bisect import render_text
+
+    result = command.run(_load(manifest_path), patch_id, good=good, bad=bad,
+                         repos=repos or None, progress=TextProgress(err=True, patches=False),
+                         variant=variant)
+    if fmt == "json":
+        echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        click.echo(render_text(result), nl=False)
+    return 0 if result.ok else 1
+
+
+@cli.command()
 @workdir_option("The applied checkout with new commits.")
 @MANIFEST
 def export(workdir, manifest_path) -> int:
@@ -244,6 +282,66 @@ def export(workdir, manifest_path) -> int:
 
     result = command.run(Path(manifest_path), Path(workdir))
     echo(text.export(result, workdir))
+    return 0
+
+
+@cli.command("add-pr")
+@click.argument("pr", metavar="N|URL")
+@click.option("--id", "patch_id", metavar="ID", help="The new patch's id (default: pr-N).")
+@click.option("--include", multiple=True, metavar="GLOB",
+              help="Keep files under tests/, docs/, benchmarks/ or .github/ that match; repeat.")
+@MANIFEST
+@FORMAT
+def add_pr(pr, patch_id, include, manifest_path, fmt) -> int:
+    """Fetch pull request N (of the manifest's GitHub repository) or URL as a diff, prove the
+    series applies with it at the pin, then save patches/<id>.diff and append its entry.
+    The host is $PATCHKIT_GITHUB (default https://github.com)."""
+    from patchkit.commands import add_pr as command
+    from patchkit.render import porting
+
+    result = command.run(Path(manifest_path), pr, patch_id=patch_id, include=include,
+                         progress=TextProgress(err=True))
+    echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else porting.add_pr(result))
+    return 0
+
+
+@cli.command("import")
+@click.argument("ref", required=False)
+@click.option("--from", "from_repo", metavar="REPO",
+              help="The fork's git URL or path (default: the manifest's vLLM sources).")
+@click.option("--overlay", type=click.Path(file_okay=False), metavar="DIR",
+              help="Import a tree of whole files (a copy of dist-packages/vllm, or laid out as "
+                   "the checkout) instead of commits.")
+@click.option("--onto", metavar="REF", help="--overlay: the vLLM ref its files were copied from "
+              "(default: what DIR/upstream.lock names, else the pin).")
+@click.option("--id", "patch_id", metavar="ID", help="--overlay: the new patch's id.")
+@click.option("--summary", help="--overlay: the new patch's summary.")
+@MANIFEST
+@FORMAT
+def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, fmt) -> int:
+    """Turn the commits merge-base(pin, REF)..REF of a fork branch, or an overlay tree, into
+    diff patches at the end of the series; written only when the series applies with them.
+
+    \b
+    patchkit import dspark-nvfp4-a4w4 --from https://github.com/someone/vllm.git
+    patchkit import --overlay ./vllm-overlay
+    """
+    from patchkit.commands import import_ as command
+    from patchkit.render import porting
+
+    if bool(ref) == bool(overlay):
+        raise click.UsageError("give REF (a fork branch) or --overlay DIR")
+    if ref and (onto or patch_id or summary):
+        raise click.UsageError("--onto, --id and --summary go with --overlay")
+    if overlay and from_repo:
+        raise click.UsageError("--from goes with REF")
+    progress = TextProgress(err=True)
+    if overlay:
+        result = command.run_overlay(Path(manifest_path), Path(overlay), onto=onto,
+                                     patch_id=patch_id, summary=summary, progress=progress)
+    else:
+        result = command.run(Path(manifest_path), ref, from_repo=from_repo, progress=progress)
+    echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else porting.import_(result))
     return 0
 
 
@@ -262,10 +360,11 @@ def export(workdir, manifest_path) -> int:
 @click.option("--nvcc-threads", type=click.IntRange(min=1), help="Source mode: threads per nvcc.")
 @click.option("--push", is_flag=True, help="Push the tag to its registry.")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write a 'docker load' archive.")
+@VARIANT
 @MANIFEST
 @FORMAT
 def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
-                    nvcc_threads, push, save, manifest_path, fmt) -> int:
+                    nvcc_threads, push, save, variant, manifest_path, fmt) -> int:
     """Build the image through the Docker Engine that DOCKER_HOST names."""
     from patchkit.commands import build_image as command
     from patchkit.render import text
@@ -274,7 +373,7 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
                          repos=repos or None, base=base, tag=tag, platform=platform, push=push,
                          save=Path(save) if save else None, mode=mode, apply=not no_apply,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                         progress=TextProgress(err=True))
+                         progress=TextProgress(err=True), variant=variant)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.build_image(report))
     return 0 if report.ok else 1
 

@@ -173,6 +173,19 @@ def _sparse_pattern(path: str) -> str:
     return "/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", path)
 
 
+def borrowing_repository(dest: Path, sources: Sequence[Path]) -> None:
+    """A new bare repository at ``dest`` that sees every object of ``sources`` (their object
+    stores as alternates, nothing copied): commits of two repositories meet in it."""
+    _run("init", "--quiet", "--bare", str(dest))
+    stores = []
+    for src in sources:
+        objects = Path(src) / "objects"
+        if not objects.is_dir():
+            objects = Path(src) / ".git" / "objects"
+        stores.append(str(objects.resolve()))
+    (dest / "objects" / "info" / "alternates").write_text("".join(f"{s}\n" for s in stores))
+
+
 def exclude(work_tree: Path, patterns: str) -> None:
     """Untracked files matching ``patterns`` (gitignore lines) are never part of a change."""
     info = work_tree / ".git" / "info"
@@ -238,6 +251,12 @@ def commits_between(repo: Path, old: str, new: str, *, merges_only: bool = False
     return _run(*args, f"{old}..{new}", cwd=repo).split()
 
 
+def merge_base(repo: Path, a: str, b: str) -> str | None:
+    """The best common ancestor of two commits, or None when they share no history."""
+    r = _try("merge-base", a, b, cwd=repo)
+    return (r.stdout.strip() or None) if r.ok else None
+
+
 def subject(repo: Path, commit: str) -> str:
     return _line("log", "-1", "--format=%s", commit, cwd=repo)
 
@@ -261,6 +280,32 @@ def subjects_between(repo: Path, old: str, new: str) -> list[str]:
 
 def commit_time(repo: Path, commit: str) -> int:
     return int(_line("show", "-s", "--format=%ct", commit, cwd=repo))
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What a person reads of a commit: its full sha, subject and committer date (ISO 8601)."""
+
+    sha: str
+    subject: str
+    date: str
+
+
+def commit_info(repo: Path, commit: str) -> CommitInfo:
+    sha, subject, date = _run("log", "-1", "--no-walk", "--format=%H%x00%s%x00%cI", commit,
+                              cwd=repo).rstrip("\n").split("\0")
+    return CommitInfo(sha, subject, date)
+
+
+def first_parent_commits(repo: Path, old: str, new: str) -> list[str]:
+    """``git rev-list --first-parent old..new``, oldest first: the line of history ``new``
+    was built on, each merge as one step (the side branch it brings in is not walked)."""
+    return _run("rev-list", "--first-parent", "--reverse", f"{old}..{new}", cwd=repo).split()
+
+
+def is_ancestor(repo: Path, old: str, new: str) -> bool:
+    """True when ``old`` is ``new`` or one of its ancestors."""
+    return _try("merge-base", "--is-ancestor", old, new, cwd=repo).ok
 
 
 # ------------------------------------------------------------------------------ objects
@@ -403,6 +448,14 @@ def diff(repo: Path, *revs: str, cached: bool = False) -> str:
     every output option pinned."""
     args = [*DIFF_ARGS] + (["--cached"] if cached else [])
     return _run(*args, *revs, "--", cwd=repo)
+
+
+def diff_paths(repo: Path, old: str, new: str, paths: Sequence[str]) -> str:
+    """``git diff old new -- paths``, with every output option pinned; empty when no path
+    differs (or none is given)."""
+    if not paths:
+        return ""
+    return _run(*DIFF_ARGS, old, new, "--", *(f":(literal){p}" for p in paths), cwd=repo)
 
 
 def apply(repo: Path, diff_file: Path, *, index: bool = False, check: bool = False,

@@ -131,6 +131,7 @@ class ApplyReport:
     patches: list[PatchResult] = field(default_factory=list)
     verify: list[AssertionResult] = field(default_factory=list)
     keep_failed: str | None = None  # the scratch checkout kept by --keep-failed
+    variant: str | None = None      # the variant built; None = the default build
 
     @property
     def ok(self) -> bool:
@@ -146,7 +147,7 @@ class ApplyReport:
     def to_dict(self) -> dict:
         data = {"ok": self.ok, "vllm": asdict(self.vllm), "workdir": self.workdir,
                 "patches": [p.to_dict() for p in self.patches],
-                "verify": [a.to_dict() for a in self.verify]}
+                "verify": [a.to_dict() for a in self.verify], "variant": self.variant}
         if self.keep_failed:
             data["kept"] = self.keep_failed
         return data
@@ -163,7 +164,7 @@ class ApplyReport:
             return cls(vllm, data.get("workdir"),
                        [PatchResult.from_dict(p) for p in data.get("patches") or []],
                        [AssertionResult.from_dict(a) for a in data.get("verify") or []],
-                       data.get("kept"))
+                       data.get("kept"), data.get("variant") or None)
         except (KeyError, TypeError, AttributeError, AssertionError) as exc:
             raise ValueError(f"not an apply report: {exc!r}") from None
 

@@ -12,12 +12,12 @@ from patchkit import source
 from patchkit.errors import UsageError
 from patchkit.image import basevllm, build, layer
 from patchkit.imageref import Platform, check_reference
-from patchkit.manifest import Manifest
+from patchkit.manifest import Manifest, variants
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.series.engine import Progress, apply_series
 
-MODES = ("auto", "overlay", "source")
+MODES = ("auto", build.OVERLAY_MODE, build.SOURCE_MODE)
 
 
 @dataclass
@@ -42,6 +42,7 @@ class BuildReport:
     not_shipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
     buildargs: dict | None = None
+    variant: str | None = None
     holds: build.Holds | None = None
 
     @classmethod
@@ -60,7 +61,7 @@ class BuildReport:
                 "base": self.base, "vllm": self.vllm, "patches": self.patches,
                 "layer": self.layer.to_dict() if self.layer else None, "reused": self.reused,
                 "pushed": self.pushed, "saved": self.saved, "not_shipped": self.not_shipped,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "variant": self.variant}
         if self.buildargs:
             data["buildargs"] = self.buildargs
         if self.holds is not None:
@@ -68,12 +69,14 @@ class BuildReport:
         return data
 
 
-def default_tag(manifest: Manifest, ref: str | None, version: str | None, tag: str | None) -> str:
+def default_tag(manifest: Manifest, ref: str | None, version: str | None, tag: str | None,
+                variant: str | None = None) -> str:
     template = tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
     # a branch ref such as release/0.27 holds characters no image tag may
     ref_part = re.sub(r"[^\w.-]", "-", str(ref or "latest"))
     version_part = re.sub(r"[^\w.-]", "-", str(version or ref_part))
-    text = template.replace("{ref}", ref_part).replace("{version}", version_part)
+    text = variants.fill_tag(template, variant)
+    text = text.replace("{ref}", ref_part).replace("{version}", version_part)
     return text.replace("{name}", manifest.name)
 
 
@@ -82,7 +85,8 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         tag: str | None = None, platform: str | None = None, push: bool = False,
         save: Path | None = None, mode: str = "auto", apply: bool = True,
         max_jobs: int | None = None, nvcc_threads: int | None = None,
-        progress: Progress | None = None, engine=None) -> BuildReport:
+        progress: Progress | None = None, engine=None, variant: str | None = None
+        ) -> BuildReport:
     """Build (and optionally push and save) the image.
 
     Expected failures raise :class:`~patchkit.errors.PatchkitError` before anything is tagged;
@@ -98,10 +102,11 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     if not apply and (ref is not None or repos):
         raise UsageError("--vllm-ref and --vllm-repo choose what to apply; with --no-apply the "
                          "workdir is used as it is")
+    variants.check(manifest, variant)
     if base is not None:
         check_reference("--base", base)
     if tag is not None:
-        check_reference("--tag", default_tag(manifest, "x", "x", tag), digest_ok=False)
+        check_reference("--tag", default_tag(manifest, "x", "x", tag, variant), digest_ok=False)
     plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
     if apply:
         needs = basevllm.needed(manifest, [manifest.vllm.ref if ref is None else ref], repos)
@@ -113,22 +118,26 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
                                   repos=repos, base=base, platform=str(plat), engine=engine,
                                   log=log)
         report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress,
-                              base=holder)
+                              variant=variant, base=holder)
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = AppliedCheckout.open(workdir)
+    if not apply and variant is not None and variant != tree.report.variant:
+        raise UsageError(f"--variant {variant}: {workdir} was applied as "
+                         f"{variants.describe(tree.report.variant)}; with --no-apply the "
+                         "workdir is used as it is")
     choice = build.choose_mode(tree.changes(), mode)
     log(f"mode: {choice.mode} ({choice.reason})")
     if choice.not_shipped:
         log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
-    final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag)
+    final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
     check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
     if engine is None:
         from patchkit.image.engine import Engine
 
         engine = Engine.connect()
     previous = (engine.inspect(final_tag) or {}).get("Id")
-    if choice.mode == "overlay":
+    if choice.mode == build.OVERLAY_MODE:
         base_ref = base or manifest.image.base
         if not base_ref:
             raise UsageError("no base image: give --base or set image.base in patchset.yaml")
@@ -170,6 +179,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         base=({"name": b.name, "digest": b.digest or b.image_id, "pinned_by": b.pinned_by,
                "image_id": b.image_id, "fingerprint": b.fingerprint} if b else None),
         vllm=vllm, patches=[{"id": p.id, "status": p.status} for p in tree.report.patches],
+        variant=tree.report.variant,
         layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
         not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
         buildargs=built.buildargs, holds=holds)

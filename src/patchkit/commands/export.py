@@ -11,22 +11,20 @@ changes no byte.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import git as g
 from patchkit import manifest
+from patchkit.commands import intake
 from patchkit.errors import UsageError
-from patchkit.manifest import ID_RE, Manifest
 from patchkit.manifest.edit import ManifestText
 from patchkit.series import checkout
 from patchkit.util import write_if_changed
 
-DIFF = "diff"  # the manifest key of the entries export writes
-
-PATCH_DIR = "patches"
-_OWN_SUBJECT = re.compile(r"^patchkit: ([a-z0-9][a-z0-9-]*): (.+)$")
+DIFF = intake.DIFF
+PATCH_DIR = intake.PATCH_DIR
+slug = intake.slug  # export's ids are the ones every new patch gets
 
 
 @dataclass
@@ -48,27 +46,7 @@ class ExportResult:
         return any(e.action != "unchanged" for e in self.exported)
 
 
-@dataclass
-class _Commit:
-    sha: str
-    subject: str
-    id: str | None
-    upstream: str | None
-
-
-def slug(text: str, limit: int = 48) -> str:
-    """A patch id from free text: lowercase words joined by '-', cut at a word boundary."""
-    words = re.findall(r"[a-z0-9]+", text.lower())
-    out = ""
-    for w in words:
-        nxt = f"{out}-{w}" if out else w
-        if len(nxt) > limit:
-            break
-        out = nxt
-    return out or (words[0][:limit] if words else "")
-
-
-def _commits(workdir: Path) -> list[_Commit]:
+def _commits(workdir: Path) -> list[intake.CommitInfo]:
     if not checkout.has_applied_tag(workdir):
         raise UsageError(f"{workdir} has no tag {checkout.APPLIED_TAG}: it is not a checkout "
                          "`patchkit apply` made")
@@ -77,19 +55,7 @@ def _commits(workdir: Path) -> list[_Commit]:
         raise UsageError(f"{workdir}: merge commit {merges[-1][:12]} after "
                          f"{checkout.APPLIED_TAG}; export takes a straight line of commits "
                          "(rebase them first)")
-    out = []
-    for sha in checkout.commits_after_series(workdir):
-        subject = g.subject(workdir, sha)
-        found: dict[str, str] = {}
-        for key, value in g.trailers(workdir, sha):
-            found.setdefault(key.lower(), value)
-        pid = found.get("patchkit-id")
-        own = _OWN_SUBJECT.match(subject)
-        if own:
-            pid = pid or own.group(1)
-            subject = own.group(2)
-        out.append(_Commit(sha, subject.strip(), pid, found.get("upstream")))
-    return out
+    return [intake.read_commit(workdir, sha) for sha in checkout.commits_after_series(workdir)]
 
 
 def export(manifest_path: Path, workdir: Path) -> ExportResult:
@@ -117,7 +83,9 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
         if not diff.strip():
             result.notes.append(f"{c.sha[:12]} {c.subject!r} changes nothing; not exported")
             continue
-        pid = _id_for(c, m, taken, claimed | below)
+        # an entry of an earlier export (patches/<id>.diff, not in the applied series) is this
+        # commit's own, and is updated in place
+        pid = intake.free_id(intake.wanted_id(c), m, claimed | below, reuse=True)
         claimed.add(pid)
         rel = f"{PATCH_DIR}/{pid}.diff"
         existing = taken.get(pid)
@@ -128,11 +96,7 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
                 text.set_scalar(("patches", existing.index, "summary"), c.subject)
                 action = "updated"
         else:
-            entry = [("id", pid), ("summary", c.subject or pid)]
-            if c.upstream:
-                entry.append(("upstream", c.upstream))
-            entry.append((DIFF, rel))
-            new_entries.append(entry)
+            new_entries.append(intake.from_commit(c, pid, diff).entry())
             action = "added"
         result.exported.append(Exported(pid, c.sha, rel, c.subject, action))
     for entry in new_entries:
@@ -144,25 +108,8 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
 
 def _applied_ids(workdir: Path) -> set[str]:
     """Ids of the patches below ``patchkit/applied``: the series the checkout was made from."""
-    return {m.group(1) for m in map(_OWN_SUBJECT.match, checkout.series_subjects(workdir)) if m}
-
-
-def _id_for(c: _Commit, m: Manifest, taken: dict, unavailable: set[str]) -> str:
-    """The commit's id: its own when it has one, else a slug of its subject, with -2, -3 ...
-    when that is taken.  An entry of an earlier export (a diff at patches/<id>.diff that is not
-    part of the applied series) is this commit's own, and is reused."""
-    base = c.id if c.id and ID_RE.match(c.id) else slug(c.subject) or "patch"
-    pid, n = base, 1
-    while True:
-        if pid not in unavailable:
-            existing = taken.get(pid)
-            rel = f"{PATCH_DIR}/{pid}.diff"
-            if existing is None and not (m.root / rel).exists():
-                return pid
-            if existing is not None and existing.path == rel:  # only a diff is a .diff file
-                return pid
-        n += 1
-        pid = f"{base}-{n}"
+    return {m.group(1) for m in map(intake.OWN_SUBJECT.match, checkout.series_subjects(workdir))
+            if m}
 
 
 run = export

@@ -27,7 +27,7 @@ from pathlib import Path
 from patchkit import interrupt, source, versions
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.image import basevllm
-from patchkit.manifest import Manifest, Patch
+from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
 from patchkit.util import cache_dir
@@ -43,10 +43,15 @@ class CheckProgress(engine.Progress):
         pass
 
 
-def parse_outputs(specs: Sequence[str]) -> list[tuple[str, Path]]:
-    """``--output FORMAT:FILE`` values, checked before the run."""
+def check_flags(refs: Sequence[str], releases: bool, pre: bool,
+                outputs: Sequence[str]) -> list[tuple[str, Path]]:
+    """What the flags ask for, checked before the run; the ``--output FORMAT:FILE`` sinks."""
+    if not refs and not releases:
+        raise UsageError("give --to REF (repeatable) or --releases")
+    if pre and not releases:
+        raise UsageError("--pre goes with --releases")
     sinks = []
-    for spec in specs:
+    for spec in outputs:
         kind, sep, path = spec.partition(":")
         if not sep or not path or kind not in FORMATS:
             raise UsageError(f"--output {spec!r}: expected FORMAT:FILE with FORMAT one of "
@@ -99,6 +104,8 @@ class Row:
     cells: list[PatchResult]
     upstream_since: str | None = None  # the first target of the run of `upstream` to the last
     drop: bool = False                 # upstream in every target
+    # --bisect: (target ref, the bisect from the pin to it, or why there is none) per failure
+    bisects: list[tuple[str, object]] = field(default_factory=list)
 
     @property
     def pull(self) -> int | None:
@@ -110,6 +117,9 @@ class Row:
 class Matrix:
     manifest: Manifest
     targets: list[ApplyReport] = field(default_factory=list)
+    variant: str | None = None
+    # --bisect: (target ref, patch id) -> BisectResult, or why it could not run
+    bisects: dict[tuple[str, str], object] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -123,7 +133,9 @@ class Matrix:
         rows = []
         for i, patch in enumerate(self.manifest.patches):
             cells = [t.patches[i] for t in self.targets]
-            row = Row(patch, cells)
+            row = Row(patch, cells, bisects=[(t.vllm.ref, self.bisects[(t.vllm.ref, patch.id)])
+                                             for t in self.targets
+                                             if (t.vllm.ref, patch.id) in self.bisects])
             run = 0
             for c in reversed(cells):
                 if c.status != "upstream":
@@ -139,11 +151,19 @@ class Matrix:
         return [(t, r) for t in self.targets for r in t.patches if r.status == "failed"]
 
     def to_dict(self) -> dict:
+        targets = [t.to_dict() for t in self.targets]
+        for t, data in zip(self.targets, targets):
+            for entry in data["patches"]:
+                found = self.bisects.get((t.vllm.ref, entry["id"]))
+                if found is not None:
+                    entry["bisect"] = ({"ok": False, "error": found} if isinstance(found, str)
+                                       else found.to_dict())
         return {
             "ok": self.ok,
             "name": self.manifest.name,
             "pin": self.manifest.vllm.ref,
-            "targets": [t.to_dict() for t in self.targets],
+            "variant": self.variant,
+            "targets": targets,
             "patches": [{"id": r.patch.id, "kind": r.patch.kind, "upstream": r.patch.upstream,
                          "pull": r.pull, "upstream_since": r.upstream_since, "drop": r.drop,
                          "status": {t.vllm.ref: c.status if c.status != "failed" else
@@ -155,16 +175,18 @@ class Matrix:
 def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | None = None,
           cache: Path | None = None, jobs: int | None = None,
           progress: CheckProgress | None = None, sparse: bool = True,
-          base: source.Base | None = None) -> Matrix:
-    """Apply the series to each of ``refs`` in a scratch checkout and run the assertions;
-    ``base`` is the base image the ref ``base`` and the source ``image`` read."""
+          variant: str | None = None, base: source.Base | None = None) -> Matrix:
+    """Apply the series of ``variant`` (None: the default build) to each of ``refs`` in a
+    scratch checkout and run the assertions; ``base`` is the base image the ref ``base`` and
+    the source ``image`` read."""
+    variants.check(manifest, variant)
     progress = progress or CheckProgress()
     repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
     resolved = [source.resolve(repos, ref, cache, progress.info, base=base)
                 for ref in dict.fromkeys(refs)]
     resolved = _by_version(resolved)
-    matrix = Matrix(manifest)
+    matrix = Matrix(manifest, variant=variant)
     if not resolved:
         return matrix
     # Two per core: with 3 targets on 2 cores, 2 workers would leave a core idle while the
@@ -173,7 +195,8 @@ def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | Non
     paths = engine.needed_paths(manifest) if sparse else None
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-rebase-check-"))
     try:
-        work = [(manifest, res, scratch / str(n), paths) for n, res in enumerate(resolved)]
+        work = [(manifest, res, scratch / str(n), paths, variant)
+                for n, res in enumerate(resolved)]
         if workers == 1:
             for job in work:
                 matrix.targets.append(_unwrap(_one(*job)))
@@ -185,14 +208,14 @@ def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | Non
     return matrix
 
 
-def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] | None
-         ) -> tuple[str, object]:
+def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] | None,
+         variant: str | None = None) -> tuple[str, object]:
     """One target, in a worker: an ApplyReport, or what stopped it as plain values (not every
     exception survives pickling)."""
     try:
         try:
             source.checkout(res, tree, paths)
-            return "report", engine.run_series(manifest, tree, res)
+            return "report", engine.run_series(manifest, tree, res, variant=variant)
         finally:
             shutil.rmtree(tree, ignore_errors=True)
     except interrupt.Interrupted as exc:
@@ -256,15 +279,15 @@ def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:
 
 def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         pre: bool = False, repos: Sequence[str] | None = None, jobs: int | None = None,
-        progress: CheckProgress | None = None, base: str | None = None) -> Matrix:
-    """The targets named and, with ``releases``, every release after the pin; then the check.
+        progress: CheckProgress | None = None, variant: str | None = None,
+        bisect: bool = False, base: str | None = None) -> Matrix:
+    """The targets named and, with ``releases``, every release after the pin; then the check;
+    with ``bisect``, the upstream commit that broke each failure (``commands.bisect``).
     ``base`` names the base image (default image.base) of a target ``base`` and of the source
     ``image``."""
+    variants.check(manifest, variant)
     progress = progress or CheckProgress()
-    if not refs and not releases:
-        raise UsageError("give --to REF (repeatable) or --releases")
-    if pre and not releases:
-        raise UsageError("--pre goes with --releases")
+    check_flags(refs, releases, pre, ())
     targets = list(refs)
     holder = basevllm.for_run(manifest, refs=targets + ([manifest.vllm.ref] if releases else []),
                               repos=repos, base=base, log=progress.info)
@@ -272,4 +295,11 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         found = release_targets(manifest, repos=repos, pre=pre, log=progress.info, base=holder)
         progress.info(f"releases after {manifest.vllm.ref}: {', '.join(found) or 'none'}")
         targets += found
-    return check(manifest, targets, repos=repos, jobs=jobs, progress=progress, base=holder)
+    matrix = check(manifest, targets, repos=repos, jobs=jobs, progress=progress,
+                   variant=variant, base=holder)
+    if bisect:
+        from patchkit.commands.bisect import bisect_failures
+
+        matrix.bisects = bisect_failures(manifest, matrix.failures(), repos=repos,
+                                         progress=progress, variant=variant)
+    return matrix

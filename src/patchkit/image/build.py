@@ -47,6 +47,10 @@ BUILDKIT_ONLY = re.compile(r"^\s*(?:#\s*syntax\s*=|(?:RUN|COPY|ADD)\b[^\n]*?(?:-
                            r"(?:RUN|COPY)\b[^\n]*<<-?\s*['\"]?\w+)", re.I | re.M)
 
 INPUTS_LABEL = "io.patchkit.inputs"
+VARIANT_LABEL = "io.patchkit.variant"  # the variant built; empty for the default build
+# The two build modes (not patch kinds: a series of any kinds builds either way).
+OVERLAY_MODE = "overlay"
+SOURCE_MODE = "source"
 # What the image holds (see Holds): the installed version, the commit it names, the kind of
 # source of the pristine tree, and the base's content fingerprint.
 INSTALLED_LABEL = "io.patchkit.vllm.installed"
@@ -114,18 +118,19 @@ def choose_mode(changes: Sequence[Change], forced: str = "auto") -> ModeChoice:
             raise ImageError(f"{c.path} became a symlink or changed type; the image lays "
                              "regular files only")
         shipped.append(c)
-    if forced == "source":
-        return ModeChoice("source", "--mode source was asked for", tuple(shipped), tuple(not_shipped))
+    if forced == SOURCE_MODE:
+        return ModeChoice(SOURCE_MODE, "--mode source was asked for", tuple(shipped),
+                          tuple(not_shipped))
     if needs_source:
-        if forced == "overlay":
+        if forced == OVERLAY_MODE:
             raise ImageError(f"--mode overlay cannot ship this series: {needs_source}")
-        return ModeChoice("source", needs_source, tuple(shipped), tuple(not_shipped))
+        return ModeChoice(SOURCE_MODE, needs_source, tuple(shipped), tuple(not_shipped))
     n = len(shipped)
     reason = (f"all {n} patched file{'s' if n != 1 else ''} of the image are Python files of the "
               f"vllm package" if n else "the series changes no file of the vllm package")
-    if forced == "overlay":
+    if forced == OVERLAY_MODE:
         reason = "--mode overlay was asked for; " + reason
-    return ModeChoice("overlay", reason, tuple(shipped), tuple(not_shipped))
+    return ModeChoice(OVERLAY_MODE, reason, tuple(shipped), tuple(not_shipped))
 
 
 # --------------------------------------------------------------------------------- labels
@@ -188,6 +193,7 @@ def base_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created
         "io.patchkit.vllm.tree": tree.tree_id(),
         SOURCE_LABEL: kind,
         "io.patchkit.patches": json.dumps(patches, separators=(",", ":")),
+        VARIANT_LABEL: tree.report.variant or "",
     }
 
 
@@ -339,7 +345,7 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
     serve_file = manifest.root / SERVE_SCRIPT
     serve = serve_file.read_bytes() if serve_file.is_file() else None
     created = source_date(tree)
-    labels = base_labels(manifest, tree, mode="overlay", created=created,
+    labels = base_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
                          digest=patchset_digest(manifest))
     labels["org.opencontainers.image.base.name"] = base.name
     labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
@@ -409,7 +415,7 @@ def build_source(manifest: Manifest, tree: AppliedCheckout, engine: Engine, *,
     if nvcc_threads is not None:
         buildargs["nvcc_threads"] = str(nvcc_threads)
     created = source_date(tree)
-    labels = base_labels(manifest, tree, mode="source", created=created,
+    labels = base_labels(manifest, tree, mode=SOURCE_MODE, created=created,
                          digest=patchset_digest(manifest))
     need = buildkit_need(text)
     pushed_by_build = False
@@ -446,6 +452,8 @@ class ImageFacts:
     statuses: dict[str, str]       # patch id -> status
     vllm_dir: str | None
     installed: str | None
+    variant: str | None = None     # the variant built (None: the default build)
+    variant_known: bool = False    # the labels say which variant (images patchkit made)
     source: str | None = None      # git | pypi | image
     base_fingerprint: str | None = None
 
@@ -457,8 +465,9 @@ class ImageFacts:
         except (ValueError, TypeError, KeyError):
             statuses = {}
         return cls(statuses, labels.get("io.patchkit.vllm.dir") or None,
-                   labels.get(INSTALLED_LABEL) or None, labels.get(SOURCE_LABEL) or None,
-                   labels.get(BASE_FINGERPRINT_LABEL) or None)
+                   labels.get(INSTALLED_LABEL) or None,
+                   labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels,
+                   labels.get(SOURCE_LABEL) or None, labels.get(BASE_FINGERPRINT_LABEL) or None)
 
     def skipped(self) -> set[str]:
         return {pid for pid, status in self.statuses.items() if status == "skipped"}

@@ -270,6 +270,92 @@ def preamble(text: str) -> str:
 _HEADER = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
 
 
+# ------------------------------------------------------------------------------ taking diffs in
+
+def _section_starts(lines: list[str]) -> list[int]:
+    """Where each file section begins: its ``diff --git`` line, or for a diff without them its
+    ``---`` line followed by a ``+++`` line.  Hunk lines never start with either."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("diff --git ")]
+    if starts:
+        return starts
+    return [i for i, line in enumerate(lines)
+            if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")]
+
+
+def file_sections(text: str) -> tuple[str, list[tuple[list[str], str]]]:
+    """``text`` cut into what precedes the first file and each file's section (its paths, and
+    its text byte for byte: binary patches and trailing lines included)."""
+    lines = text.splitlines(keepends=True)
+    starts = _section_starts(lines)
+    if not starts:
+        raise DiffParseError("holds no file changes")
+    sections = []
+    for n, start in enumerate(starts):
+        chunk = "".join(lines[start:starts[n + 1] if n + 1 < len(starts) else len(lines)])
+        try:
+            parsed = PatchSet(chunk)
+        except UnidiffParseError as exc:
+            raise DiffParseError(f"not a unified diff: {exc}") from None
+        paths = touched(parsed) if len(parsed) else []
+        if not paths:
+            raise DiffParseError(f"cannot tell which file this section changes: "
+                                 f"{lines[start].strip()[:80]!r}")
+        sections.append((paths, chunk))
+    return "".join(lines[:starts[0]]), sections
+
+
+def keep_files(text: str, keep) -> tuple[str, list[str], list[str]]:
+    """``text`` with only the file sections that have a path ``keep(path)`` is true of; the kept
+    and the dropped paths.  A mail header and message before the files stay, but not a
+    ``git format-patch`` diffstat, which would name the dropped files."""
+    head, sections = file_sections(text)
+    out = [_without_diffstat(head)]
+    kept: list[str] = []
+    dropped: list[str] = []
+    for named, chunk in sections:
+        if any(keep(p) for p in named):
+            out.append(chunk)
+            kept += [p for p in named if p not in kept]
+        else:
+            dropped += [p for p in named if p not in dropped]
+    return "".join(out), kept, dropped
+
+
+def _without_diffstat(head: str) -> str:
+    lines = head.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.rstrip("\n") == "---":  # format-patch: the message ends, the diffstat follows
+            return "".join(lines[:i])
+    return head
+
+
+# `[PATCH]`, `[PATCH v2 3/7]`, `[RFC PATCH]`: added by format-patch; a title's own `[Bugfix]` stays
+_SUBJECT_PREFIX = re.compile(r"^\s*(\[[^\]]*\bPATCH\b[^\]]*\]\s*)+", re.IGNORECASE)
+
+
+def subject(text: str) -> str | None:
+    """The title of a ``git format-patch`` style diff (its ``Subject:`` header, unfolded and
+    decoded, without ``[PATCH n/m]``), or None."""
+    import email.header
+
+    lines = preamble(text).splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("Subject:"):
+            continue
+        value = line[len("Subject:"):]
+        for more in lines[i + 1:]:
+            if not more[:1].isspace() or not more.strip():
+                break
+            value += more
+        try:
+            value = str(email.header.make_header(email.header.decode_header(value)))
+        except (ValueError, LookupError, UnicodeDecodeError):
+            pass
+        value = " ".join(_SUBJECT_PREFIX.sub("", value).split())
+        return value or None
+    return None
+
+
 def _header_path(path: str) -> str:
     path = path.split("\t", 1)[0].rstrip("\n")
     return path[2:] if path[:2] in ("a/", "b/") else path

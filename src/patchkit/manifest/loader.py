@@ -18,21 +18,23 @@ from patchkit import kinds, paths
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
 from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Patch,
-                                     VllmSource)
+                                     Variant, VllmSource)
 from patchkit.source.refs import BASE_REF, ref_problem
 
 KINDS = kinds.NAMES
 
 # ------------------------------------------------------------------------------------ loading
 
-TOP_KEYS = ("name", "vllm", "image", "patches")
+TOP_KEYS = ("name", "vllm", "image", "patches", "variants")
 VLLM_KEYS = ("repo", "ref")
 IMAGE_KEYS = ("base", "platform", "tag")
-PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "verify", "replaces")
+PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "variants", "verify", "replaces",
+              "sha256")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
 
 _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
+_SHA256_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
 _PLATFORM_RE = re.compile(r"[a-z0-9_]+/[a-z0-9_]+(/[a-z0-9_]+)?\Z")
 _ONE_OF_KINDS = "give exactly one of " + ", ".join(KINDS)
 _ONE_OF_PREDICATES = "give exactly one of " + ", ".join(PREDICATES)
@@ -77,6 +79,7 @@ class _Loader:
         self.root = path.parent
         self.text = text
         self.entry: str | None = None
+        self.declared: dict[str, Variant] = {}
         self.yaml = yaml.SafeLoader(text)
 
     def fail(self, message: str, node: yaml.Node | None = None) -> NoReturn:
@@ -195,6 +198,8 @@ class _Loader:
         if vllm.ref == BASE_REF and not image.base:
             raise ManifestError(f"vllm.ref: {BASE_REF!r} pins what the base image holds, and "
                                 "image.base is not set", path=self.given, line=vllm.ref_line)
+        if "variants" in top:
+            self.declared = self.variants(top["variants"][1])
         patches: list[Patch] = []
         if "patches" in top:
             patches_node = top["patches"][1]
@@ -204,7 +209,7 @@ class _Loader:
                 patches.append(self.patch(item, index, first_line))
             self.entry = None
         return Manifest(name=name, root=self.root, path=self.path, vllm=vllm, image=image,
-                        patches=tuple(patches))
+                        patches=tuple(patches), variants=self.declared)
 
     def sequence(self, node: yaml.Node, where: str, what: str) -> list[yaml.Node]:
         if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
@@ -244,7 +249,7 @@ class _Loader:
         for key in ("base", "tag"):
             if key not in values:
                 continue
-            filled = re.sub(r"\{(ref|version|name)\}", "x", values[key])
+            filled = re.sub(r"\{(ref|version|name|variant)\}", "x", values[key])
             problem = reference_problem(filled, digest_ok=key == "base")
             if problem:
                 self.fail(f"image.{key}: {values[key]!r} is not an image reference: {problem}",
@@ -309,6 +314,19 @@ class _Loader:
                           "patch)", key_node)
             replaces = self.replaces(value_node, rel)
 
+        sha256 = None
+        if "sha256" in fields:
+            sha_node = fields["sha256"][1]
+            sha256 = self.string(sha_node, "sha256").strip()
+            if not _SHA256_RE.match(sha256):
+                self.fail(f"sha256: expected the sha256 of the fetched diff (64 hex digits), got "
+                          f"{sha256!r}", sha_node)
+            sha256 = sha256.lower()
+
+        in_variants: tuple[str, ...] = ()
+        if "variants" in fields:
+            in_variants = self.patch_variants(fields["variants"][1])
+
         verify: list[Assertion] = []
         if "verify" in fields:
             items = self.sequence(fields["verify"][1], "verify", "a list of assertions")
@@ -316,8 +334,46 @@ class _Loader:
 
         patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
                       vllm=spec, verify=tuple(verify), replaces=replaces, line=_line(node),
-                      index=index, lines=lines)
+                      index=index, lines=lines, variants=in_variants, sha256=sha256)
         return patch
+
+    def variants(self, node: yaml.Node) -> dict[str, Variant]:
+        """``variants:`` at the top: ``name: one-line description`` each."""
+        if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
+            return {}
+        fields = self.mapping(node, "variants", None,
+                              what="a mapping of variant name -> one-line description")
+        out: dict[str, Variant] = {}
+        for name, (key_node, value_node) in fields.items():
+            if not ID_RE.match(name):
+                self.fail(f"variants: {name!r} is not a valid variant name (lowercase letters, "
+                          "digits and '-', starting with a letter or digit)", key_node)
+            description = self.string(value_node, f"variants.{name}").strip()
+            if "\n" in description:
+                self.fail(f"variants.{name}: the description must be one line", value_node)
+            out[name] = Variant(name, description, _line(key_node))
+        return out
+
+    def patch_variants(self, node: yaml.Node) -> tuple[str, ...]:
+        """A patch's ``variants: [NAME...]``: each declared at the top, none twice."""
+        if not isinstance(node, yaml.SequenceNode):
+            self.fail(f"variants: expected a list of variant names, got {self.kind(node)}", node)
+        if not node.value:
+            self.fail("variants: the list is empty; drop the key to put the patch in every "
+                      "build", node)
+        names: list[str] = []
+        for i, item in enumerate(node.value):
+            name = self.string(item, f"variants[{i}]").strip()
+            if name in names:
+                self.fail(f"variants[{i}]: {name!r} is named twice", item)
+            if name not in self.declared:
+                if not self.declared:
+                    self.fail(f"variants[{i}]: unknown variant {name!r}: the manifest declares "
+                              "no variants (add `variants:` at the top, name: description)", item)
+                self.fail(f"variants[{i}]: unknown variant {name!r}"
+                          f"{_suggest(name, tuple(self.declared))}", item)
+            names.append(name)
+        return tuple(names)
 
     def checked_path(self, node: yaml.Node, what: str) -> str:
         rel = self.string(node, what).strip()

@@ -41,6 +41,8 @@ class Patch:
     vllm: SpecifierSet | None = None
     verify: tuple[Assertion, ...] = ()
     replaces: Mapping[str, str] = field(default_factory=dict)  # overlay: file -> upstream blob
+    variants: tuple[str, ...] = ()  # the variants it is in; () = every build
+    sha256: str | None = None  # add-pr: the sha256 of the pull request's diff as fetched
     line: int = 0              # line of the entry in patchset.yaml
     index: int = 0             # position in `patches:`
     # line of each key's value (e.g. "vllm", "diff"), so that edits and messages can point at it
@@ -67,6 +69,15 @@ class ImageDefaults:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """A named build of the series: the patches naming no variant, plus those naming it."""
+
+    name: str
+    description: str
+    line: int = 0
+
+
+@dataclass(frozen=True)
 class Manifest:
     name: str
     root: Path                 # the folder holding patchset.yaml; patch paths are relative to it
@@ -74,6 +85,7 @@ class Manifest:
     vllm: VllmSource
     image: ImageDefaults
     patches: tuple[Patch, ...]
+    variants: Mapping[str, Variant] = field(default_factory=dict)  # declared, in order
 
     def patch(self, patch_id: str) -> Patch:
         for p in self.patches:

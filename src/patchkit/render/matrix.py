@@ -39,7 +39,18 @@ def notes(row: Row, markdown: bool = False) -> list[str]:
     if row.pull:
         pull = f"vllm#{row.pull}"
         out.append(f"[{pull}]({row.patch.upstream})" if markdown else pull)
-    return out
+    return out + _bisected(row)
+
+
+def _bisected(row: Row) -> list[str]:
+    """rebase-check --bisect: "broken by <sha> (#PR)", once when every target agrees."""
+    from patchkit.render.bisect import short
+
+    said = [(ref, found if isinstance(found, str) else short(found)) for ref, found in row.bisects]
+    distinct = list(dict.fromkeys(phrase for _, phrase in said))
+    if len(distinct) <= 1:
+        return distinct
+    return [f"{phrase} (at {ref})" for ref, phrase in said]
 
 
 def render_text(matrix: Matrix, color: bool = False) -> str:
@@ -51,7 +62,8 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
     table = [[r.patch.id, *[cell_word(c) for c in r.cells], "; ".join(notes(r))] for r in rows]
     widths = [max(len(x[i]) for x in [head, *table]) for i in range(len(head) - 1)]
     lines = [(f"{m.name}: {len(rows)} patches x {len(matrix.targets)} vLLM targets "
-              f"(pinned at {m.vllm.ref})"), ""]
+              f"(pinned at {m.vllm.ref}"
+              + (f", variant {matrix.variant})" if matrix.variant else ")")), ""]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  notes")
     for r, cells in zip(rows, table):
         out = [cells[0].ljust(widths[0])]

@@ -33,8 +33,10 @@ def summary(report: ApplyReport) -> str:
         counts[p.status] = counts.get(p.status, 0) + 1
     parts = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no patches"
     passed = sum(a.ok for a in report.verify)
+    variant = f", variant {report.variant}" if report.variant else ""
     return (f"{parts}; {passed}/{len(report.verify)} assertions passed "
-            f"(vLLM {report.vllm.ref} = {report.vllm.commit[:12]}, version {report.vllm.version})")
+            f"(vLLM {report.vllm.ref} = {report.vllm.commit[:12]}, version {report.vllm.version}"
+            f"{variant})")
 
 
 def apply(report: ApplyReport) -> str:
@@ -60,7 +62,7 @@ def holds(data: dict) -> str:
 
 def verify(report) -> str:
     lines = [assertion_failure(a) for a in report.verify if not a.ok]
-    if getattr(report, "holds", None) is not None:
+    if report.holds is not None:
         lines.insert(0, f"{report.target} holds {holds(report.holds.to_dict())}")
     passed = sum(a.ok for a in report.verify)
     lines.append(f"{'ok' if report.ok else 'FAILED'}: {passed}/{len(report.verify)} assertions "
@@ -91,32 +93,27 @@ def export(result, workdir: str) -> str:
 
 
 def build_image(report) -> str:
-    """The closing lines of a text run of build-image."""
-    summary = report.to_dict()
-    if not summary.get("ok"):
-        return f"FAILED: {summary.get('error', 'build-image failed')}"
-    lines = []
-    image_id = summary.get("image_id") or "(pushed by the build)"
-    what = f"{summary['tag']} {image_id[:19]} ({summary['platform']}, {summary['mode']} mode"
-    what += ", reused)" if summary.get("reused") else ")"
-    lines.append(f"ok: {what}")
-    layer = summary.get("layer")
-    if layer:
-        lines.append(f"  layer: {layer['files']} file(s), {layer['bytes']} bytes"
-                     + (f", {layer.get('whiteouts')} whiteout(s)" if layer.get("whiteouts") else ""))
-    if summary.get("holds"):
-        lines.append(f"  holds: {holds(summary['holds'])}")
-    if summary.get("base"):
-        lines.append(f"  base: {summary['base']['name']} @ {summary['base']['digest']}")
-    if summary.get("digest"):
-        lines.append(f"  digest: {summary['digest']}")
-        repo = split_tag(summary["tag"])[0]
-        lines.append(f"  other node: docker pull {repo}@{summary['digest']}")
-    if summary.get("saved"):
-        lines.append(f"  other node: docker load -i {summary['saved']['path']}")
-    if summary["mode"] == "overlay" and not summary.get("digest") and not summary.get("saved"):
+    """The closing lines of a text run of build-image (a ``commands.build_image.BuildReport``)."""
+    if not report.ok:
+        return f"FAILED: {report.error or 'build-image failed'}"
+    image_id = report.image_id or "(pushed by the build)"
+    what = f"{report.tag} {image_id[:19]} ({report.platform}, {report.mode} mode"
+    what += ", reused)" if report.reused else ")"
+    lines = [f"ok: {what}"]
+    if report.layer:
+        lines.append(f"  layer: {report.layer.files} file(s), {report.layer.bytes} bytes"
+                     + (f", {report.layer.whiteouts} whiteout(s)" if report.layer.whiteouts else ""))
+    if report.holds is not None:
+        lines.append(f"  holds: {holds(report.holds.to_dict())}")
+    if report.base:
+        lines.append(f"  base: {report.base['name']} @ {report.base['digest']}")
+    if report.digest:
+        lines.append(f"  digest: {report.digest}")
+        lines.append(f"  other node: docker pull {split_tag(report.tag)[0]}@{report.digest}")
+    if report.saved:
+        lines.append(f"  other node: docker load -i {report.saved['path']}")
+    if report.layer is not None and not report.digest and not report.saved:
+        # an overlay image is a function of its inputs: the same build elsewhere gives the same id
         lines.append(f"  other node: the same command against the same base gives image "
                      f"{image_id[:19]}")
     return "\n".join(lines)
-
-

@@ -23,6 +23,7 @@ from patchkit import git as g
 from patchkit.errors import CommandError, SourceError, UsageError
 from patchkit.kinds.common import commit_message
 from patchkit.manifest import Manifest, Patch
+from patchkit.manifest import variants
 from patchkit.report import ApplyReport, PatchResult, VllmInfo
 from patchkit.series import checkout as applied
 from patchkit.series import verify
@@ -86,16 +87,23 @@ def _reset(root: Path) -> None:
 
 
 def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
-               progress: Progress | None = None, patches: Sequence[Patch] | None = None
-               ) -> ApplyReport:
-    """Apply the series to the fresh checkout at ``root`` and run the assertions."""
+               progress: Progress | None = None, patches: Sequence[Patch] | None = None,
+               variant=variants.EVERY) -> ApplyReport:
+    """Apply the series to the fresh checkout at ``root`` and run the assertions.  With
+    ``variant`` (a name, or None for the default build) the patches outside that build are
+    ``skipped``; by default every patch is tried."""
     progress = progress or Progress()
     report = ApplyReport(VllmInfo(resolved.ref, resolved.commit, resolved.version, resolved.source),
-                         workdir=None)
+                         workdir=None, variant=variant if isinstance(variant, str) else None)
     series = list(manifest.patches if patches is None else patches)
     for patch in series:
         interrupt.check()
-        result = apply_one(manifest, patch, root, resolved.commit, resolved.version, resolved.repo)
+        why = variants.left_out(patch, variant)
+        if why:
+            result = PatchResult(patch.id, patch.kind, "skipped", message=why)
+        else:
+            result = apply_one(manifest, patch, root, resolved.commit, resolved.version,
+                               resolved.repo)
         report.patches.append(result)
         progress.patch(result)
     active = [p for p, r in zip(series, report.patches) if r.status != "skipped"]
@@ -137,10 +145,12 @@ def manifest_sources(manifest: Manifest) -> tuple[str, ...]:
 def apply_series(manifest: Manifest, *, ref: str | None = None,
                  repos: Sequence[str] | None = None, workdir: Path,
                  keep_failed: bool = False, progress: Progress | None = None,
-                 cache: Path | None = None, base: source.Base | None = None) -> ApplyReport:
-    """Check out the pinned vLLM, apply the series, verify; move into ``workdir`` only if all
-    passed.  On failure ``workdir`` is exactly as it was.  ``base`` is the base image that the
-    ref ``base`` and the source ``image`` read."""
+                 cache: Path | None = None, variant: str | None = None,
+                 base: source.Base | None = None) -> ApplyReport:
+    """Check out the pinned vLLM, apply the series of ``variant`` (None: the default build),
+    verify; move into ``workdir`` only if all passed.  On failure ``workdir`` is exactly as it
+    was.  ``base`` is the base image that the ref ``base`` and the source ``image`` read."""
+    variants.check(manifest, variant)
     progress = progress or Progress()
     workdir = Path(workdir).absolute()
     if workdir.exists() and not applied.is_checkout(workdir) and (not workdir.is_dir() or any(workdir.iterdir())):
@@ -157,7 +167,7 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
         tree = scratch / "t"
         try:
             source.checkout(resolved, tree)
-            report = run_series(manifest, tree, resolved, progress)
+            report = run_series(manifest, tree, resolved, progress, variant=variant)
         except CommandError:
             # the checkout borrows the cached repository's objects
             if not g.is_repository(resolved.repo):

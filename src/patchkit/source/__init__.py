@@ -31,8 +31,8 @@ T = TypeVar("T")
 # The sources named by a word; anything else is a git URL or path.
 SPECIAL = {pypi.WORD: pypi, image.WORD: image}
 
-__all__ = ["BASE_REF", "BASE_TAG", "Base", "Resolved", "checkout", "kind_name", "list_tags",
-           "reads_base", "ref_problem", "resolve", "source_problem", "version_of"]
+__all__ = ["BASE_REF", "BASE_TAG", "Base", "Resolved", "checkout", "has_history", "kind_name",
+           "list_tags", "reads_base", "ref_problem", "resolve", "source_problem", "version_of"]
 
 
 def _kind(source: str):
@@ -124,6 +124,12 @@ def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None
     releases show), and that source; ``pypi`` lists the releases on PyPI as ``vX.Y.Z``."""
     return _first_answer(sources, lambda s: _kind(s).tags(s, cache, log), log,
                          "no source could list vLLM releases")
+
+
+def has_history(source: str) -> bool:
+    """Does the source hold the commits between its releases (a git source does; ``pypi``,
+    one commit per release, does not)?"""
+    return getattr(_kind(source), "HISTORY", True)
 
 
 def checkout(resolved: Resolved, dest: Path, paths: Sequence[str] | None = None) -> None:

@@ -32,6 +32,7 @@ WORD = "image"
 NAME = WORD
 HOLDS_COMMITS = False  # one tree per base, of patchkit's making
 READS_BASE = True
+HISTORY = False        # one orphan commit per base: nothing to bisect
 
 NO_BASE = ("the vLLM source 'image' is the vllm package of a base image: give --base IMAGE or "
            "set image.base in patchset.yaml")

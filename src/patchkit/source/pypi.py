@@ -28,6 +28,8 @@ WORD = "pypi"
 NAME = WORD
 HOLDS_COMMITS = False  # releases only: their commits are patchkit's, not upstream's
 READS_BASE = False
+# One orphan commit per release: there is no history between two releases to search.
+HISTORY = False
 
 
 def resolve(source: str, ref: str, cache: Path, log: Log, *, base=None) -> Resolved:

@@ -1,0 +1,171 @@
+"""``patchkit add-pr N|URL``: an open vLLM pull request becomes a diff patch of the series.
+
+The pull request's diff is fetched from ``{host}/{owner}/{name}/pull/N.diff``: the host is
+``$PATCHKIT_GITHUB`` (default https://github.com), owner and name come from the manifest's
+GitHub source (or from the URL given).  Files under tests/, docs/, benchmarks/ and .github/ are
+left out (a test hunk of a PR breaks every build: no image holds tests) unless ``--include``
+keeps them.  The entry records the PR's URL and the sha256 of what was fetched; the series is
+proven to apply at the pin before anything is written.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import re
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from patchkit import http, manifest
+from patchkit.errors import PatchkitError, UsageError
+from patchkit.kinds import diff
+from patchkit.manifest import Manifest
+from patchkit.report import ApplyReport
+from patchkit.commands import intake
+from patchkit.series.engine import Progress
+
+GITHUB = "https://github.com"
+HOST_ENV = "PATCHKIT_GITHUB"
+LEFT_OUT = ("tests", "docs", "benchmarks", ".github")  # no image is built from them
+MAX_BYTES = 16 * 1024 * 1024
+TIMEOUT = 60.0
+
+_GITHUB_SOURCE = re.compile(r"^(?:https?://(?:www\.)?|ssh://git@|git@)github\.com[/:]"
+                            r"([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
+_PULL_PATH = re.compile(r"^(.*?)/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)/pull/(\d+)"
+                        r"(?:\.diff|\.patch|/[^?#]*)?/?$")
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    host: str        # scheme://host[/prefix] the diff is fetched from
+    owner: str
+    name: str
+    number: int
+
+    @property
+    def url(self) -> str:
+        return f"{self.host}/{self.owner}/{self.name}/pull/{self.number}"
+
+    @property
+    def diff_url(self) -> str:
+        return self.url + ".diff"
+
+
+@dataclass
+class AddedPr:
+    patch: intake.NewPatch
+    pull: PullRequest
+    kept: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    reports: list[ApplyReport] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        """The new patch's fate at the pin (applied or upstream)."""
+        return self.reports[0].status_of(self.patch.id) or "applied"
+
+    def to_dict(self) -> dict:
+        return {"ok": True, "id": self.patch.id, "path": self.patch.path,
+                "summary": self.patch.summary, "upstream": self.patch.upstream,
+                "sha256": self.patch.sha256, "fetched": self.pull.diff_url,
+                "files": self.kept, "left_out": self.dropped, "status": self.status}
+
+
+def github_host() -> str:
+    host = os.environ.get(HOST_ENV, "").strip() or GITHUB
+    try:
+        http.check_url(host)
+    except http.HttpError as exc:
+        raise UsageError(f"{HOST_ENV}={host!r}: {exc.detail}") from None
+    return host.rstrip("/")
+
+
+def parse_pull(arg: str, m: Manifest) -> PullRequest:
+    """``N``, ``#N`` or a pull request's URL."""
+    text = arg.strip()
+    number = text[1:] if text.startswith("#") else text
+    if number.isdigit():
+        if int(number) <= 0:
+            raise UsageError(f"{arg!r}: a pull request number is positive")
+        owner_name = _github_repo(m)
+        if owner_name is None:
+            raise UsageError(f"pull request {number}: vllm.repo of {m.path.name} names no GitHub "
+                             "repository to take OWNER/NAME from; give the pull request's URL")
+        return PullRequest(github_host(), *owner_name, int(number))
+    parts = urllib.parse.urlsplit(text)
+    found = _PULL_PATH.match(parts.path) if parts.scheme in ("http", "https") else None
+    if not found or not parts.netloc:
+        raise UsageError(f"{arg!r}: expected a pull request number or URL "
+                         "(https://github.com/OWNER/NAME/pull/N)")
+    prefix, owner, name, n = found.groups()
+    if parts.hostname in ("github.com", "www.github.com") and not prefix:
+        host = github_host()
+    else:  # a GitHub of its own (an enterprise install, a mirror): fetched where it lives
+        host = f"{parts.scheme}://{parts.netloc}{prefix}"
+    return PullRequest(host, owner, name, int(n))
+
+
+def _github_repo(m: Manifest) -> tuple[str, str] | None:
+    for repo in m.vllm.repos:
+        found = _GITHUB_SOURCE.match(repo.strip())
+        if found:
+            return found.group(1), found.group(2)
+    return None
+
+
+def _keeper(include: Sequence[str]):
+    for glob in include:
+        if not glob.strip():
+            raise UsageError("--include: an empty pattern")
+
+    def keep(path: str) -> bool:
+        if path.split("/", 1)[0] not in LEFT_OUT:
+            return True
+        return any(fnmatch.fnmatchcase(path, g) or path.startswith(g.rstrip("/") + "/")
+                   for g in include)
+    return keep
+
+
+def fetch(pull: PullRequest) -> bytes:
+    try:
+        return http.get_bytes(pull.diff_url, timeout=TIMEOUT, max_bytes=MAX_BYTES,
+                              headers={"Accept": "text/plain"})
+    except http.HttpError as exc:
+        if exc.status == 404:
+            raise PatchkitError(f"GET {pull.diff_url}: HTTP 404: no pull request {pull.number} in "
+                                f"{pull.owner}/{pull.name} (or it is private)") from None
+        raise PatchkitError(str(exc)) from None
+
+
+def run(manifest_path: Path, pr: str, *, patch_id: str | None = None,
+        include: Sequence[str] = (), progress: Progress | None = None,
+        cache: Path | None = None) -> AddedPr:
+    m = manifest.load(manifest_path)
+    pull = parse_pull(pr, m)
+    keep = _keeper(include)
+    pid = intake.check_new_id(m, patch_id if patch_id is not None else f"pr-{pull.number}")
+    data = fetch(pull)
+    sha = hashlib.sha256(data).hexdigest()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchkitError(f"{pull.diff_url}: the answer is not UTF-8 text (byte {exc.start}); "
+                            "not a diff") from None
+    try:
+        kept_text, kept, dropped = diff.keep_files(text, keep)
+    except diff.DiffParseError as exc:
+        raise PatchkitError(f"{pull.diff_url}: not a diff: {exc}") from None
+    if not kept:
+        raise PatchkitError(f"pull request {pull.number} changes only files no image holds "
+                            f"({', '.join(dropped[:3])}{' ...' if len(dropped) > 3 else ''}); "
+                            "keep some with --include GLOB")
+    title = diff.subject(text)
+    new = intake.NewPatch(pid, title or f"pull request {pull.number}", kept_text,
+                          upstream=pull.url, sha256=sha, source=pull.diff_url)
+    reports = intake.prove(m, [new], progress=progress, cache=cache)
+    intake.write(m, [new])
+    return AddedPr(new, pull, kept, dropped, reports)

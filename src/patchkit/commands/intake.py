@@ -1,0 +1,226 @@
+"""New diff patches taken in from outside (``add-pr``, ``import``): proven first, then written.
+
+A new patch is only text until it has been proven: the series with the new patches at its end
+is applied at the pin in a scratch checkout (sparse: the files the series and the new diffs
+touch), for the default build and each declared variant.  Only when every build applies are
+``patches/<id>.diff`` and the manifest entries written, and a failure while writing puts
+everything back, so the project is either as it was or has all of the new patches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchkit import git as g
+from patchkit import kinds, manifest, source
+from patchkit.errors import PatchkitError, UsageError
+from patchkit.manifest import ID_RE, Manifest, Patch
+from patchkit.manifest.edit import ManifestText
+from patchkit.manifest.variants import describe
+from patchkit.report import ApplyReport, PatchResult
+from patchkit.series import engine
+from patchkit.util import cache_dir, write_if_changed
+
+PATCH_DIR = "patches"
+DIFF = "diff"  # the manifest key of the entries written here
+OWN_SUBJECT = re.compile(r"^patchkit: ([a-z0-9][a-z0-9-]*): (.+)$")
+
+
+class NotAppliedError(PatchkitError):
+    """The new patches do not apply at the pin; nothing was written."""
+
+    exit_code = 1
+
+
+@dataclass
+class NewPatch:
+    """A diff patch to add at the end of the series."""
+
+    id: str
+    summary: str
+    text: str
+    upstream: str | None = None
+    sha256: str | None = None
+    source: str = ""     # where it came from, for messages (a URL, a commit)
+
+    @property
+    def path(self) -> str:
+        return f"{PATCH_DIR}/{self.id}.diff"
+
+    def entry(self) -> list[tuple[str, str]]:
+        out = [("id", self.id), ("summary", self.summary or self.id)]
+        if self.upstream:
+            out.append(("upstream", self.upstream))
+        out.append((DIFF, self.path))
+        if self.sha256:
+            out.append(("sha256", self.sha256))
+        return out
+
+
+# ------------------------------------------------------------------------------ commits
+
+@dataclass
+class CommitInfo:
+    """What a commit says about the patch it becomes."""
+
+    sha: str
+    subject: str        # the summary (a `patchkit: <id>: ` prefix taken off)
+    id: str | None      # a `Patchkit-Id:` trailer, else the id of a `patchkit: <id>: ...` subject
+    upstream: str | None  # an `Upstream:` trailer
+
+
+def read_commit(repo: Path, sha: str) -> CommitInfo:
+    subject = g.subject(repo, sha)
+    found: dict[str, str] = {}
+    for key, value in g.trailers(repo, sha):
+        found.setdefault(key.lower(), value)
+    pid = found.get("patchkit-id")
+    own = OWN_SUBJECT.match(subject)
+    if own:
+        pid = pid or own.group(1)
+        subject = own.group(2)
+    return CommitInfo(sha, subject.strip(), pid, found.get("upstream"))
+
+
+def slug(text: str, limit: int = 48) -> str:
+    """A patch id from free text: lowercase words joined by '-', cut at a word boundary."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    out = ""
+    for w in words:
+        nxt = f"{out}-{w}" if out else w
+        if len(nxt) > limit:
+            break
+        out = nxt
+    return out or (words[0][:limit] if words else "")
+
+
+def wanted_id(c: CommitInfo) -> str:
+    """The id a commit asks for: its own when it has a valid one, else a slug of its subject."""
+    return c.id if c.id and ID_RE.match(c.id) else slug(c.subject) or "patch"
+
+
+def free_id(base: str, m: Manifest, unavailable: set[str], *, reuse: bool) -> str:
+    """``base``, else ``base-2``, ``base-3`` ...: the first id no entry and no file under
+    patches/ has.  With ``reuse``, an entry whose diff is ``patches/<id>.diff`` counts as free:
+    it is the same patch, written before, to be updated in place."""
+    taken = {p.id: p for p in m.patches}
+    pid, n = base, 1
+    while True:
+        if pid not in unavailable:
+            existing = taken.get(pid)
+            rel = f"{PATCH_DIR}/{pid}.diff"
+            if existing is None and not os.path.lexists(m.root / rel):
+                return pid
+            if reuse and existing is not None and existing.path == rel:  # only a diff is a .diff
+                return pid
+        n += 1
+        pid = f"{base}-{n}"
+
+
+# ------------------------------------------------------------------------------ new patches
+
+def from_commit(c: CommitInfo, pid: str, text: str) -> NewPatch:
+    return NewPatch(pid, c.subject or pid, text, upstream=c.upstream, source=c.sha)
+
+
+def check_new_id(m: Manifest, patch_id: str, flag: str = "--id") -> str:
+    """``patch_id`` when it can name a new patch: a valid id, not in the series, no file there."""
+    if not ID_RE.match(patch_id):
+        raise UsageError(f"{flag} {patch_id!r}: not a valid id (lowercase letters, digits and "
+                         "'-', starting with a letter or digit)")
+    for p in m.patches:
+        if p.id == patch_id:
+            raise UsageError(f"{flag} {patch_id}: the series has that id already "
+                             f"({m.path.name}:{p.line}); give another with --id")
+    rel = f"{PATCH_DIR}/{patch_id}.diff"
+    if os.path.lexists(m.root / rel):
+        raise UsageError(f"{flag} {patch_id}: {rel} exists already and is no entry of the "
+                         "series; remove it or give another id")
+    return patch_id
+
+
+def prove(m: Manifest, new: Sequence[NewPatch], *, progress: engine.Progress | None = None,
+          cache: Path | None = None) -> list[ApplyReport]:
+    """Apply the series with ``new`` at its end at the pin, for the default build and each
+    variant; NotAppliedError (exit 1) naming the first failure when one does not apply."""
+    progress = progress or engine.Progress()
+    cache = cache or cache_dir()
+    with tempfile.TemporaryDirectory(prefix="patchkit-intake-") as tmp:
+        candidate = _candidate(m, new, Path(tmp))
+        for p in candidate.patches[len(m.patches):]:
+            problem = kinds.get(DIFF).check(Path(p.path), p.path)
+            if problem:
+                raise NotAppliedError(f"{p.id}: {problem.replace(p.path, 'the diff')}; nothing "
+                                      "was written")
+        resolved = source.resolve(engine.manifest_sources(m), m.vllm.ref, cache, progress.info)
+        paths = engine.needed_paths(candidate)
+        reports = []
+        for n, variant in enumerate([None, *m.variants]):
+            tree = Path(tmp) / f"t{n}"
+            try:
+                source.checkout(resolved, tree, paths)
+                report = engine.run_series(candidate, tree, resolved, variant=variant)
+            finally:
+                shutil.rmtree(tree, ignore_errors=True)
+            if not report.ok:
+                raise NotAppliedError(_failure(m, report, {p.id for p in new}, variant))
+            reports.append(report)
+        return reports
+
+
+def _candidate(m: Manifest, new: Sequence[NewPatch], tmp: Path) -> Manifest:
+    """The manifest with ``new`` at the end, their diffs in ``tmp`` (an absolute path joins
+    the manifest's folder as itself)."""
+    added = []
+    for n, p in enumerate(new):
+        file = tmp / f"{p.id}.diff"
+        file.write_text(p.text, encoding="utf-8", errors="surrogateescape")
+        added.append(Patch(id=p.id, summary=p.summary or p.id, kind=DIFF, path=str(file),
+                           upstream=p.upstream, index=len(m.patches) + n))
+    return dataclasses.replace(m, patches=(*m.patches, *added))
+
+
+def _failure(m: Manifest, report: ApplyReport, new_ids: set[str], variant: str | None) -> str:
+    where = f"vLLM {report.vllm.ref} ({report.vllm.commit[:12]})"
+    if m.variants:
+        where += f", {describe(variant)}"
+    failed: list[PatchResult] = [r for r in report.patches if r.status == "failed"]
+    first = next((r for r in failed if r.id in new_ids), failed[0] if failed else None)
+    if first is None:
+        bad = next(a for a in report.verify if not a.ok)
+        return f"the series does not verify at {where}: {bad.failure_line()}; nothing was written"
+    what = first.id if first.id in new_ids else f"the series ({first.id})"
+    return f"{what} does not apply at {where}: {first.reason}: {first.message}; nothing was written"
+
+
+def write(m: Manifest, new: Sequence[NewPatch]) -> None:
+    """Write each new diff and append its entry (only those lines are added to the manifest);
+    on any failure put the manifest back and remove what was written."""
+    text = ManifestText.read(m.path)
+    for p in new:
+        text.append_item(("patches",), p.entry())
+    before = m.path.read_bytes()
+    made_dir = not (m.root / PATCH_DIR).exists()
+    written: list[Path] = []
+    try:
+        (m.root / PATCH_DIR).mkdir(exist_ok=True)
+        for p in new:
+            file = m.root / p.path
+            write_if_changed(file, p.text.encode("utf-8", "surrogateescape"))
+            written.append(file)
+        text.write(m.path)
+        manifest.load(m.path)  # what was written must load
+    except BaseException:
+        m.path.write_bytes(before)
+        for file in written:
+            file.unlink(missing_ok=True)
+        if made_dir:
+            shutil.rmtree(m.root / PATCH_DIR, ignore_errors=True)
+        raise

@@ -1,0 +1,300 @@
+"""add-pr against a local HTTP server that answers as GitHub does for ``/OWNER/NAME/pull/N.diff``."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from fixtures import sh
+from project import MANIFEST, MOD_V1, make_project
+
+from patchkit import manifest
+from patchkit.errors import ManifestError
+from patchkit.kinds import diff
+from patchkit.series import engine
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+GH_MANIFEST = MANIFEST.replace("  repo: {repo}   # the fixture upstream\n",
+                               "  repo: [{repo}, https://github.com/vllm-project/vllm.git]  # mirror first\n")
+
+
+class Server:
+    """Serves ``routes`` (path -> bytes) on 127.0.0.1; anything else is a 404, as on GitHub."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, bytes] = {}
+        self.asked: list[str] = []
+        routes, asked = self.routes, self.asked
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                asked.append(self.path)
+                body = routes.get(self.path)
+                if body is None:
+                    self.send_response(404)
+                    self.send_header("Content-Type", "text/plain")
+                    self.end_headers()
+                    self.wfile.write(b"Not Found")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(monkeypatch):
+    s = Server()
+    monkeypatch.setenv("PATCHKIT_GITHUB", s.url)
+    yield s
+    s.close()
+
+
+def git_out(*args: str, cwd: Path) -> str:
+    """A git command's output as it is (``sh`` strips it, which would cut a hunk's last line)."""
+    from fixtures import ENV
+
+    return subprocess.run(["git", *args], cwd=cwd, env=dict(os.environ, **ENV), check=True,
+                          text=True, stdout=subprocess.PIPE).stdout
+
+
+def _pr_branch(upstream: Path, work: Path, files: dict[str, str], title: str) -> Path:
+    """A clone of the upstream at v1 with one commit on a branch, as a PR's head."""
+    sh("git", "clone", "-q", str(upstream), str(work))
+    sh("git", "checkout", "-q", "-b", "pr", "v1", cwd=work)
+    for rel, text in files.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(text)
+    sh("git", "add", "-A", cwd=work)
+    sh("git", "commit", "-qm", title, cwd=work)
+    return work
+
+
+PR_FILES = {
+    "pkg/mod.py": MOD_V1.replace("return x + 1", "return x + 2"),
+    "tests/test_mod.py": "from pkg.mod import helper\n\n\ndef test_helper():\n    assert helper(1) == 3\n",
+    "docs/usage.md": "# Usage\n\nhelper adds two.\n",
+    ".github/workflows/ci.yml": "on: push\n",
+    "benchmarks/bench_helper.py": "print('fast')\n",
+}
+
+
+@pytest.fixture
+def proj(tmp_path, server):
+    proj = make_project(tmp_path, GH_MANIFEST)
+    work = _pr_branch(tmp_path / "upstream", tmp_path / "pr", PR_FILES,
+                      "[Perf] Helper adds two (#101)")
+    # GitHub's .diff of a PR: `git diff base...head`, every file of the PR
+    server.routes["/vllm-project/vllm/pull/101.diff"] = git_out("diff", "v1...pr",
+                                                                cwd=work).encode()
+    # a format-patch style diff carries the title in its Subject: line
+    server.routes["/vllm-project/vllm/pull/102.diff"] = git_out(
+        "format-patch", "-1", "--stdout", "pr", cwd=work).encode()
+    # a PR against code that the pin does not have: its hunk conflicts
+    conflicting = _pr_branch(tmp_path / "upstream", tmp_path / "pr2",
+                             {"pkg/mod.py": MOD_V1.replace('"fp8": 1', '"fp8": 7')}, "x")
+    text = git_out("diff", "v1...pr", cwd=conflicting).replace('-    "fp8": 1,', '-    "fp8": 5,')
+    server.routes["/vllm-project/vllm/pull/103.diff"] = text.encode()
+    server.routes["/vllm-project/vllm/pull/104.diff"] = (
+        "diff --git a/tests/a.py b/tests/a.py\nnew file mode 100644\n--- /dev/null\n"
+        "+++ b/tests/a.py\n@@ -0,0 +1 @@\n+A = 1\n").encode()
+    return proj
+
+
+def patchkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    return subprocess.run([sys.executable, "-m", "patchkit", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, check=False)
+
+
+def _snapshot(proj: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(proj)): p.read_bytes() for p in sorted(proj.rglob("*"))
+            if p.is_file() and ".patchkit" not in p.parts}
+
+
+def test_a_pr_number_becomes_a_patch_without_its_tests_and_docs(proj, server):
+    before = (proj / "patchset.yaml").read_text()
+    p = patchkit("add-pr", "101", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    assert server.asked == ["/vllm-project/vllm/pull/101.diff"]
+    fetched = server.routes["/vllm-project/vllm/pull/101.diff"]
+    sha = hashlib.sha256(fetched).hexdigest()
+    assert p.stdout.splitlines() == [
+        f"added     pr-101: patches/pr-101.diff from {server.url}/vllm-project/vllm/pull/101.diff "
+        f"(sha256 {sha[:12]})",
+        "  summary: pull request 101",
+        "  left out (4 file(s) no image holds; --include GLOB keeps them): "
+        ".github/workflows/ci.yml, benchmarks/bench_helper.py, docs/usage.md, tests/test_mod.py",
+        "ok: the series applies at vLLM v1 with pr-101 (1 file(s))"]
+    saved = (proj / "patches/pr-101.diff").read_text()
+    assert diff.touched(diff.parse(saved)) == ["pkg/mod.py"]
+    assert saved in fetched.decode()  # the kept section byte for byte
+    after = (proj / "patchset.yaml").read_text()
+    assert after.startswith(before)  # only lines added: comments and all else stay
+    assert after[len(before):] == (
+        "  - id: pr-101\n"
+        "    summary: pull request 101\n"
+        f"    upstream: {server.url}/vllm-project/vllm/pull/101\n"
+        "    diff: patches/pr-101.diff\n"
+        f"    sha256: {sha}\n")
+    m = manifest.load(proj / "patchset.yaml")
+    assert m.patch("pr-101").sha256 == sha
+    report = engine.apply_series(m, workdir=proj / ".patchkit/vllm")
+    assert report.ok and report.status_of("pr-101") == "applied"
+    assert "return x + 2" in (proj / ".patchkit/vllm/pkg/mod.py").read_text()
+    assert not (proj / ".patchkit/vllm/tests").exists()
+
+
+def test_a_format_patch_gives_the_title_and_include_keeps_tests(proj, server):
+    p = patchkit("add-pr", "#102", "--id", "helper-adds-two", "--include", "tests/*",
+                 "--format", "json", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert data["id"] == "helper-adds-two" and data["summary"] == "[Perf] Helper adds two (#101)"
+    assert data["files"] == ["pkg/mod.py", "tests/test_mod.py"]
+    assert data["left_out"] == [".github/workflows/ci.yml", "benchmarks/bench_helper.py",
+                                "docs/usage.md"]
+    saved = (proj / "patches/helper-adds-two.diff").read_text()
+    assert saved.startswith("From ") and "Subject: [PATCH] [Perf] Helper adds two (#101)" in saved
+    assert "docs/usage.md" not in saved  # nor in a diffstat
+    entry = yaml.safe_load((proj / "patchset.yaml").read_text())["patches"][-1]
+    assert entry["summary"] == "[Perf] Helper adds two (#101)"
+    assert entry["upstream"] == f"{server.url}/vllm-project/vllm/pull/102"
+
+
+def test_a_github_url_is_fetched_from_the_configured_host(proj, server):
+    p = patchkit("add-pr", "https://github.com/vllm-project/vllm/pull/101/files", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    assert server.asked == ["/vllm-project/vllm/pull/101.diff"]
+
+
+def test_a_url_of_another_host_is_fetched_there(proj, server, monkeypatch):
+    server.routes["/ghe/someone/vllm-fork/pull/7.diff"] = server.routes[
+        "/vllm-project/vllm/pull/101.diff"]
+    monkeypatch.delenv("PATCHKIT_GITHUB")
+    p = patchkit("add-pr", f"{server.url}/ghe/someone/vllm-fork/pull/7", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    entry = yaml.safe_load((proj / "patchset.yaml").read_text())["patches"][-1]
+    assert (entry["id"], entry["upstream"]) == ("pr-7", f"{server.url}/ghe/someone/vllm-fork/pull/7")
+
+
+def test_a_conflicting_pr_writes_nothing_and_exits_1(proj):
+    before = _snapshot(proj)
+    p = patchkit("add-pr", "103", cwd=proj)
+    assert p.returncode == 1, p.stdout
+    assert p.stderr.splitlines()[-1].startswith(
+        "patchkit: error: pr-103 does not apply at vLLM v1 (")
+    assert "conflict: hunk 1 of pkg/mod.py" in p.stderr and "nothing was written" in p.stderr
+    assert _snapshot(proj) == before
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (("999",), 1, "patchkit: error: GET {url}/vllm-project/vllm/pull/999.diff: HTTP 404: no pull "
+                  "request 999 in vllm-project/vllm (or it is private)"),
+    (("104",), 1, "patchkit: error: pull request 104 changes only files no image holds "
+                  "(tests/a.py); keep some with --include GLOB"),
+    (("101", "--id", "table-nvfp4"), 2, "patchkit: error: --id table-nvfp4: the series has that "
+                                        "id already (patchset.yaml:6); give another with --id"),
+    (("101", "--id", "Bad_Id"), 2, "patchkit: error: --id 'Bad_Id': not a valid id (lowercase "
+                                   "letters, digits and '-', starting with a letter or digit)"),
+    (("pull-101",), 2, "patchkit: error: 'pull-101': expected a pull request number or URL "
+                       "(https://github.com/OWNER/NAME/pull/N)"),
+    (("https://github.com/vllm-project/vllm/issues/5",), 2,
+     "patchkit: error: 'https://github.com/vllm-project/vllm/issues/5': expected a pull request "
+     "number or URL (https://github.com/OWNER/NAME/pull/N)"),
+    (("101", "--include", ""), 2, "patchkit: error: --include: an empty pattern"),
+])
+def test_bad_inputs_are_one_line(proj, server, args, code, message):
+    before = _snapshot(proj)
+    p = patchkit("add-pr", *args, cwd=proj)
+    assert (p.returncode, p.stderr.strip()) == (code, message.format(url=server.url))
+    assert _snapshot(proj) == before
+
+
+def test_an_existing_file_of_the_id_is_refused(proj):
+    (proj / "patches/pr-101.diff").write_text("mine\n")
+    p = patchkit("add-pr", "101", cwd=proj)
+    assert (p.returncode, p.stderr.strip()) == (
+        2, "patchkit: error: --id pr-101: patches/pr-101.diff exists already and is no entry of "
+           "the series; remove it or give another id")
+
+
+def test_an_unreachable_host_is_one_line(proj, monkeypatch):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("PATCHKIT_GITHUB", f"http://127.0.0.1:{port}")
+    before = _snapshot(proj)
+    p = patchkit("add-pr", "101", cwd=proj)
+    assert (p.returncode, p.stderr.strip()) == (
+        1, f"patchkit: error: GET http://127.0.0.1:{port}/vllm-project/vllm/pull/101.diff: "
+           f"connection refused: nothing listens on 127.0.0.1:{port}")
+    assert _snapshot(proj) == before
+    monkeypatch.setenv("PATCHKIT_GITHUB", "127.0.0.1:80")
+    p = patchkit("add-pr", "101", cwd=proj)
+    assert (p.returncode, p.stderr.strip()) == (
+        2, "patchkit: error: PATCHKIT_GITHUB='127.0.0.1:80': no scheme; did you mean "
+           "'http://127.0.0.1:80'?")
+
+
+def test_a_number_needs_a_github_source(tmp_path, server):
+    proj = make_project(tmp_path)
+    p = patchkit("add-pr", "101", cwd=proj)
+    assert (p.returncode, p.stderr.strip()) == (
+        2, "patchkit: error: pull request 101: vllm.repo of patchset.yaml names no GitHub "
+           "repository to take OWNER/NAME from; give the pull request's URL")
+    assert not server.asked
+
+
+def test_the_sha256_key_is_checked(proj):
+    path = proj / "patchset.yaml"
+    path.write_text(path.read_text().replace("    diff: patches/table.diff\n",
+                                             "    diff: patches/table.diff\n    sha256: abc\n"))
+    with pytest.raises(ManifestError, match=r"patchset.yaml:9: patches\[0\] \(id=table-nvfp4\): "
+                       r"sha256: expected the sha256 of the fetched diff \(64 hex digits\), got "
+                       r"'abc'$"):
+        manifest.load(path)
+
+
+# ------------------------------------------------------------------------------ the diff kind
+
+def test_keep_files_keeps_sections_byte_for_byte(tmp_path):
+    binary = ("diff --git a/vllm/b.bin b/vllm/b.bin\nindex 88768efdf77ec78c9a995f94881793be6a41752b"
+              "..3e3315e1b02129d197721a8a0b56dd88862f454d 100644\nGIT binary patch\nliteral 5\n"
+              "McmZQzO3KUw00MIXJOBUy\n\nliteral 5\nMcmZQzOv=my00M6TI{*Lx\n\n")
+    tests = ("diff --git a/tests/t.py b/tests/t.py\nindex 587be6b..975fbec 100644\n--- a/tests/t.py\n"
+             "+++ b/tests/t.py\n@@ -1 +1 @@\n-x\n+y\n")
+    moved = ("diff --git a/tests/old.py b/vllm/new.py\nsimilarity index 100%\n"
+             "rename from tests/old.py\nrename to vllm/new.py\n")
+    head = ("From 0000 Mon Sep 17 00:00:00 2001\nSubject: [PATCH 2/3] =?UTF-8?q?Caf=C3=A9?=\n"
+            " for all\n\nWhy.\n---\n tests/t.py | 2 +-\n 1 file changed\n\n")
+    text = head + tests + binary + moved + "-- \n2.39.5\n"
+    kept_text, kept, dropped = diff.keep_files(text, lambda p: not p.startswith("tests/"))
+    assert kept_text == head.split("---\n")[0] + binary + moved + "-- \n2.39.5\n"
+    assert (kept, dropped) == (["vllm/b.bin", "tests/old.py", "vllm/new.py"], ["tests/t.py"])
+    assert diff.subject(text) == "Café for all"
+    assert diff.subject(tests) is None
+    with pytest.raises(diff.DiffParseError):
+        diff.keep_files("no diff here\n", lambda p: True)
