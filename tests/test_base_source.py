@@ -351,7 +351,8 @@ SHA = "e07dd6f9b" + "0" * 31
 
 
 def test_a_base_built_from_the_pinned_commit_fits_whatever_its_version_says():
-    assert build.installed_problem("b", "0.31.1.dev7+ge07dd6f9b", _tree("0.31.0", SHA), "/v") is None
+    assert build.installed_problem("b", "0.31.1.dev7+ge07dd6f9b", _tree("0.31.0", SHA),
+                                   "/v") is None
     assert build.installed_problem("b", "0.31.1.dev7+ge07dd6f9b.d20260101",
                                    _tree("0.31.1.dev7+ge07dd6f9b", SHA, ref="e07dd6f9b"),
                                    "/v") is None

@@ -248,7 +248,8 @@ def test_verify_judges_ranges_on_the_base_given(dev_applied, bases, capsys):
     # the tree's own version (the dev build) is >0.31.0, so all three patches count; judged on
     # a 0.27.1 base, draft-guard (>0.31.0) is out and its assertion with it
     m, workdir, _, _ = dev_applied
-    code = cli.main(["verify", "--tree", str(workdir), "--manifest", str(m.path), "--format", "json"])
+    code = cli.main(["verify", "--tree", str(workdir), "--manifest", str(m.path),
+                     "--format", "json"])
     assert code == 0 and len(json.loads(capsys.readouterr().out)["verify"]) == 3
     code = cli.main(["verify", "--tree", str(workdir), "--base", bases[ip.RELEASE]["tag"],
                      "--manifest", str(m.path), "--format", "json"])
@@ -440,7 +441,8 @@ def test_a_version_naming_no_commit_is_one_line_and_nothing_is_made(
     monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
     path = vendor_project(tmp_path, vendor_base, registry)
     workdir = tmp_path / "w"
-    for verb, extra in (("apply", []), ("build-image", ["--tag", f"{registry}/pk-test/x:nocommit"])):
+    tag = f"{registry}/pk-test/x:nocommit"
+    for verb, extra in (("apply", []), ("build-image", ["--tag", tag])):
         code = cli.main([verb, "--vllm-ref", "base", "--workdir", str(workdir), "--manifest",
                          str(path), *extra])
         (line,) = error_lines(capsys.readouterr().err)
@@ -449,7 +451,7 @@ def test_a_version_naming_no_commit_is_one_line_and_nothing_is_made(
                         "which names no commit (+g<sha>) and no release; patch it as it is "
                         "with --vllm-repo image")
         assert not workdir.exists()
-    assert absent(docker_client, f"{registry}/pk-test/x:nocommit")
+    assert absent(docker_client, tag)
 
 
 def test_the_image_source_with_no_base_is_one_line(tmp_path, capsys, monkeypatch, registry,

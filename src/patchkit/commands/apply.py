@@ -19,5 +19,6 @@ def run(manifest: Manifest, *, ref: str | None, repos: Sequence[str] | None, wor
     progress = progress or engine.Progress()
     holder = basevllm.for_run(manifest, refs=[manifest.vllm.ref if ref is None else ref],
                               repos=repos, base=base, log=progress.info)
-    return engine.apply_series(manifest, ref=ref, repos=repos, workdir=workdir, keep_failed=keep_failed,
-                               progress=progress, variant=variant, base=holder)
+    return engine.apply_series(manifest, ref=ref, repos=repos, workdir=workdir,
+                               keep_failed=keep_failed, progress=progress, variant=variant,
+                               base=holder)

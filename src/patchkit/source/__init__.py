@@ -77,8 +77,9 @@ def _pin_of(base: Base | None) -> versions.Pin:
         raise UsageError("--vllm-ref base reads the pin from a base image: give --base IMAGE or "
                          "set image.base in patchset.yaml")
     if base.version is None:
-        raise SourceError(f"base {base.name}: cannot tell which vLLM it holds (its {base.package_dir} "
-                          "has no version); patch it as it is with --vllm-repo image")
+        raise SourceError(f"base {base.name}: cannot tell which vLLM it holds (its "
+                          f"{base.package_dir} has no version); patch it as it is with "
+                          "--vllm-repo image")
     pin = versions.base_pin(base.version)
     if pin is None:
         raise SourceError(f"base {base.name} holds vLLM {base.version}, which names no commit "
@@ -110,7 +111,8 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None
     if pin.commit and not kind.HOLDS_COMMITS:
         raise SourceError(f"base {base.name} holds vLLM {base.version}, built from commit "
                           f"{pin.ref}, and the source {source} holds releases only; name a git "
-                          "source with --vllm-repo, or patch the base as it is with --vllm-repo image")
+                          "source with --vllm-repo, or patch the base as it is with "
+                          "--vllm-repo image")
     log(f"base {base.name} holds vLLM {base.version}: pinning "
         + (f"commit {pin.ref}" if pin.commit else pin.ref))
     found = kind.resolve(source, pin.ref, cache, log, base=base)
