@@ -411,3 +411,18 @@ def test_rebase_refuses_a_pin_that_follows_the_base(tmp_path):
     with pytest.raises(UsageError, match="follows the base image instead"):
         rebase.start(path, "v0.33.0", cache=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def test_build_image_text_says_what_the_image_holds():
+    from patchkit.commands.build_image import BuildReport
+    from patchkit.render import text
+
+    report = BuildReport(ok=True, mode="overlay", tag="reg/pk:e07dd6f9b",
+                         image_id="sha256:" + "1" * 64, platform="linux/arm64",
+                         base={"name": "reg/vllm:dev", "digest": "sha256:" + "2" * 64},
+                         layer=build.LayerInfo(3, 10240, 2),
+                         holds=build.Holds.of("0.31.1.dev7+ge07dd6f9b", "git", "sha256:" + "f" * 64))
+    lines = text.build_image(report).splitlines()
+    assert ("  holds: vLLM 0.31.1.dev7+ge07dd6f9b (commit e07dd6f9b), source git, fingerprint "
+            "sha256:" + "f" * 64) in lines
+    assert report.to_dict()["holds"]["commit"] == "e07dd6f9b"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from patchkit import paths, versions
 from patchkit.errors import ImageError, UsageError
@@ -11,12 +12,15 @@ from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import AssertionResult
 from patchkit.series import checkout, verify
 
+if TYPE_CHECKING:  # the image modules are imported only when an image is looked at
+    from patchkit.image.build import Holds
+
 
 @dataclass
 class VerifyReport:
     target: str
     verify: list[AssertionResult]
-    holds: object | None = None   # image.build.Holds, for --image
+    holds: Holds | None = None    # what the image holds, for --image
 
     @property
     def ok(self) -> bool:
