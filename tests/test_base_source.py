@@ -421,7 +421,8 @@ def test_build_image_text_says_what_the_image_holds():
                          image_id="sha256:" + "1" * 64, platform="linux/arm64",
                          base={"name": "reg/vllm:dev", "digest": "sha256:" + "2" * 64},
                          layer=build.LayerInfo(3, 10240, 2),
-                         holds=build.Holds.of("0.31.1.dev7+ge07dd6f9b", "git", "sha256:" + "f" * 64))
+                         holds=build.Holds.of("0.31.1.dev7+ge07dd6f9b", "git",
+                                              "sha256:" + "f" * 64))
     lines = text.build_image(report).splitlines()
     assert ("  holds: vLLM 0.31.1.dev7+ge07dd6f9b (commit e07dd6f9b), source git, fingerprint "
             "sha256:" + "f" * 64) in lines
