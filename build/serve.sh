@@ -19,6 +19,19 @@
 #   DSPARK_DRAFT_MOE_BACKEND  the draft's MoE backend; vLLM 0.27.1 has no b12x,
 #                             use auto there                            [b12x]
 # Anything missing, empty or malformed stops the script before vLLM starts, naming the setting.
+#
+# The two-node launch check, from a machine with patchkit and this repository (IMAGE is the same
+# image on both nodes, the image's default command is this script):
+#   1. rank 1 first:  DOCKER_HOST=ssh://spark-2 docker run -d --name dsv4-rank1 --gpus all \
+#                       --network host --ipc host -v /models:/models -e DSPARK_NODE_RANK=1 IMAGE
+#   2. then rank 0:   DOCKER_HOST=ssh://spark-1 docker run -d --name dsv4-rank0 --gpus all \
+#                       --network host --ipc host -v /models:/models -e DSPARK_NODE_RANK=0 IMAGE
+#   3. once rank 0 answers /health, each node's log against the patches in IMAGE
+#      (exit 0 every marker holds, 1 one does not, naming the patch and the line):
+#        DOCKER_HOST=ssh://spark-2 patchkit verify --image IMAGE --container dsv4-rank1
+#        DOCKER_HOST=ssh://spark-1 patchkit verify --image IMAGE --container dsv4-rank0
+#   4. one answer with content, and the draft accepted, from rank 0's API (on spark-1):
+#        patchkit smoke http://127.0.0.1:8000 --min-acceptance 0.5
 set -euo pipefail
 
 die() {
@@ -31,7 +44,7 @@ case "${1-}" in
     "") ;;
     --print | --dry-run) print_only=1 ;;
     -h | --help)
-        sed -n '2,21p' "$0"
+        awk 'NR == 1 { next } /^#/ { print; next } { exit }' "$0"
         exit 0
         ;;
     *) die "unknown argument '$1' (use --print, or no argument)" ;;

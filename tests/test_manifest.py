@@ -175,7 +175,8 @@ def test_unknown_top_level_key(repo: Path) -> None:
 
 def test_unknown_key_without_a_close_match_lists_the_keys(repo: Path) -> None:
     assert error(repo, HEAD + "  []\nzzz: 1\n") == (
-        "patchset.yaml:7: unknown key 'zzz' (expected one of: name, vllm, image, patches, variants)")
+        "patchset.yaml:7: unknown key 'zzz' (expected one of: name, vllm, image, patches, "
+        "variants, runtime)")
 
 
 def test_duplicate_key(repo: Path) -> None:

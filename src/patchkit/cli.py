@@ -120,7 +120,9 @@ def validate(manifest_path: str) -> int:
     from patchkit.commands import validate as command
 
     m = command.run(Path(manifest_path))
-    echo(f"{manifest_path}: ok ({len(m.patches)} patches, vLLM {m.vllm.ref})")
+    markers = len(m.runtime) + sum(len(p.runtime) for p in m.patches)
+    counted = f", {markers} runtime markers" if markers else ""
+    echo(f"{manifest_path}: ok ({len(m.patches)} patches{counted}, vLLM {m.vllm.ref})")
     return 0
 
 
@@ -152,11 +154,18 @@ def apply(ref, repos, base, workdir, keep_failed, variant, manifest_path, fmt) -
                              "holds (installed vLLM, its commit, the source, the fingerprint).")
 @click.option("--base", help="With a tree: judge the vllm: ranges on the vLLM this base image "
                              "holds.")
+@click.option("--log", "logs", multiple=True, metavar="FILE",
+              help="A server log to judge the runtime markers against ('-' is stdin); repeat "
+                   "for each node.")
+@click.option("--container", "containers", multiple=True, metavar="NAME|ID",
+              help="Judge the runtime markers against this container's log (stdout and "
+                   "stderr) on the engine DOCKER_HOST names; repeatable.")
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, base, variant, manifest_path, fmt) -> int:
-    """Run the AST assertions alone, on a tree or an image."""
+def verify(tree, image, base, logs, containers, variant, manifest_path, fmt) -> int:
+    """Run the AST assertions on a tree or an image; with --log or --container, also the
+    runtime markers of the patches that are in, against the server's logs."""
     from patchkit.commands import verify as command
     from patchkit.render import text
 
@@ -164,8 +173,10 @@ def verify(tree, image, base, variant, manifest_path, fmt) -> int:
     if tree and image:
         raise click.UsageError("give --tree or --image, not both")
     report = command.run(m, tree=Path(tree) if tree else None, image=image,
-                         default_tree=Path(DEFAULT_WORKDIR), variant=variant, base=base,
-                         log=lambda msg: echo(msg, err=True))
+                         default_tree=Path(DEFAULT_WORKDIR), variant=variant, logs=logs,
+                         containers=containers,
+                         stdin=click.get_binary_stream("stdin") if "-" in logs else None,
+                         base=base, log=lambda msg: echo(msg, err=True))
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
 
@@ -359,13 +370,16 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, 
 @click.option("--max-jobs", type=click.IntRange(min=1), help="Source mode: parallel compile jobs.")
 @click.option("--nvcc-threads", type=click.IntRange(min=1), help="Source mode: threads per nvcc.")
 @click.option("--push", is_flag=True, help="Push the tag to its registry.")
+@click.option("--no-daemon", is_flag=True,
+              help="With --push: build straight in the registry, with no engine (needs skopeo).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write a 'docker load' archive.")
 @VARIANT
 @MANIFEST
 @FORMAT
 def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
-                    nvcc_threads, push, save, variant, manifest_path, fmt) -> int:
-    """Build the image through the Docker Engine that DOCKER_HOST names."""
+                    nvcc_threads, push, no_daemon, save, variant, manifest_path, fmt) -> int:
+    """Build the image through the Docker Engine that DOCKER_HOST names, or with
+    --no-daemon --push straight in the registry."""
     from patchkit.commands import build_image as command
     from patchkit.render import text
 
@@ -373,7 +387,8 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
                          repos=repos or None, base=base, tag=tag, platform=platform, push=push,
                          save=Path(save) if save else None, mode=mode, apply=not no_apply,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                         progress=TextProgress(err=True), variant=variant)
+                         progress=TextProgress(err=True), variant=variant,
+                         no_daemon=no_daemon)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.build_image(report))
     return 0 if report.ok else 1
 

@@ -40,6 +40,10 @@ class ManifestError(UsageError):
         super().__init__(prefix + message)
 
 
+class LogError(UsageError):
+    """A log to judge runtime markers against is missing or unreadable, or names no container."""
+
+
 class SourceError(PatchkitError):
     """The vLLM source could not be had: unknown ref, unreachable repo, missing release."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from patchkit import source
-from patchkit.errors import UsageError
+from patchkit.errors import ImageError, UsageError
 from patchkit.image import basevllm, build, layer
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
@@ -85,9 +85,10 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         tag: str | None = None, platform: str | None = None, push: bool = False,
         save: Path | None = None, mode: str = "auto", apply: bool = True,
         max_jobs: int | None = None, nvcc_threads: int | None = None,
-        progress: Progress | None = None, engine=None, variant: str | None = None
-        ) -> BuildReport:
-    """Build (and optionally push and save) the image.
+        progress: Progress | None = None, engine=None, variant: str | None = None,
+        no_daemon: bool = False, registry=None) -> BuildReport:
+    """Build (and optionally push and save) the image; with ``no_daemon``, straight in the
+    registry (``push`` required, no engine).
 
     Expected failures raise :class:`~patchkit.errors.PatchkitError` before anything is tagged;
     a series that does not apply is a report with ``ok`` false.
@@ -98,6 +99,8 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     workdir = Path(workdir)
     if mode not in MODES:
         raise UsageError(f"--mode {mode!r}: expected auto, overlay or source")
+    if no_daemon:
+        _check_no_daemon(push, save, mode)
     # What can be refused is refused before the apply, which takes a while.
     if not apply and (ref is not None or repos):
         raise UsageError("--vllm-ref and --vllm-repo choose what to apply; with --no-apply the "
@@ -110,6 +113,9 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
     if apply:
         needs = basevllm.needed(manifest, [manifest.vllm.ref if ref is None else ref], repos)
+        if needs and no_daemon:
+            raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
+                             "with an engine first, then build-image --no-daemon --no-apply")
         if needs and engine is None:
             from patchkit.image.engine import Engine
 
@@ -132,6 +138,16 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
     final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
     check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
+    kind = source.kind_name(tree.vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos
+                                               else None))
+    if no_daemon:
+        built, digest = _build_in_registry(manifest, tree, choice, base=base, platform=plat,
+                                           tag=final_tag, log=log, registry=registry)
+        # the config is patchkit's own: its digest and the layers are known without an engine
+        fingerprint = layer.fingerprint_of(built.image_id, [*built.base.diff_ids,
+                                                            built.layer.diff_id])
+        return _report(tree, choice, plat, final_tag, built, digest, push=True, saved=None,
+                       started=started, holds=build.Holds.of(built.installed, kind, fingerprint))
     if engine is None:
         from patchkit.image.engine import Engine
 
@@ -163,11 +179,42 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not built.pushed_by_build:
             engine.restore_tag(final_tag, previous)
         raise
-    b = built.base
     attrs = None if built.pushed_by_build else engine.inspect(final_tag)
-    kind = source.kind_name(tree.vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos
-                                               else None))
     holds = build.Holds.of(built.installed, kind, layer.fingerprint(attrs) if attrs else None)
+    return _report(tree, choice, plat, final_tag, built, digest, push=push, saved=saved,
+                   started=started, holds=holds)
+
+
+def _check_no_daemon(push: bool, save: Path | None, mode: str) -> None:
+    if not push:
+        raise UsageError("--no-daemon builds the image in the registry, so it needs --push")
+    if save is not None:
+        raise UsageError("--save writes an engine's 'docker load' archive; --no-daemon has no "
+                         "engine")
+    if mode == build.SOURCE_MODE:
+        raise UsageError("--mode source builds vLLM through an engine; --no-daemon makes overlay "
+                         "images only")
+
+
+def _build_in_registry(manifest: Manifest, tree: AppliedCheckout, choice, *, base, platform,
+                       tag, log, registry):
+    from patchkit.image import nodaemon
+
+    if choice.mode != build.OVERLAY_MODE:
+        raise ImageError(f"--no-daemon makes overlay images only, and this series needs source "
+                         f"mode ({choice.reason}): build it through an engine")
+    base_ref = base or manifest.image.base
+    if not base_ref:
+        raise UsageError("no base image: give --base or set image.base in patchset.yaml")
+    built, digest = nodaemon.build_overlay(manifest, tree, choice, base_ref=base_ref,
+                                           platform=platform, tag=tag, log=log, registry=registry)
+    log(f"{tag} is {digest}" + (" (already there)" if built.reused else ""))
+    return built, digest
+
+
+def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built, digest, *,
+            push: bool, saved: dict | None, started: float, holds: build.Holds) -> BuildReport:
+    b = built.base
     vllm = asdict(tree.vllm)
     if built.vllm_dir:
         vllm["dir"] = built.vllm_dir

@@ -1,16 +1,20 @@
-"""``patchkit verify``: the AST assertions alone, on an applied checkout or inside an image."""
+"""``patchkit verify``: the AST assertions, on an applied checkout or inside an image; with
+``--log`` or ``--container``, also the runtime markers of the patches that are in, judged
+against the server's logs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from patchkit import paths, versions
-from patchkit.errors import ImageError, UsageError
+from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import AssertionResult
-from patchkit.series import checkout, verify
+from patchkit.series import checkout, runtime, verify
+from patchkit.series.runtime import MarkerResult
 
 if TYPE_CHECKING:  # the image modules are imported only when an image is looked at
     from patchkit.image.build import Holds
@@ -20,18 +24,40 @@ if TYPE_CHECKING:  # the image modules are imported only when an image is looked
 class VerifyReport:
     target: str
     verify: list[AssertionResult]
-    holds: Holds | None = None    # what the image holds, for --image
+    runtime: list[MarkerResult] | None = None   # None when no log was given
+    logs: list[str] = field(default_factory=list)
+    holds: Holds | None = None                  # what the image holds, for --image
+
+    @property
+    def assertions_ok(self) -> bool:
+        return all(a.ok for a in self.verify)
+
+    @property
+    def runtime_ok(self) -> bool:
+        return all(r.ok for r in self.runtime or ())
 
     @property
     def ok(self) -> bool:
-        return all(a.ok for a in self.verify)
+        return self.assertions_ok and self.runtime_ok
 
     def to_dict(self) -> dict:
-        data = {"ok": self.ok, "target": self.target,
-                "verify": [a.to_dict() for a in self.verify]}
+        out = {"ok": self.ok, "target": self.target, "verify": [a.to_dict() for a in self.verify]}
+        if self.runtime is not None:
+            out["runtime"] = [r.to_dict() for r in self.runtime]
         if self.holds is not None:
-            data["holds"] = self.holds.to_dict()
-        return data
+            out["holds"] = self.holds.to_dict()
+        return out
+
+
+@dataclass
+class _Checked:
+    """The assertions' results on a tree or image, and what it says of the patches in it."""
+
+    results: list[AssertionResult]
+    statuses: Mapping[str, str]     # patch id -> status, from the report or the labels
+    version: str | None
+    variant: str | None
+    holds: Holds | None = None
 
 
 def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
@@ -56,11 +82,17 @@ def built_variant(manifest: Manifest, asked: str | None, recorded: str | None, k
     return recorded
 
 
-def verify_tree(manifest: Manifest, tree: Path, variant: str | None = None,
-                version: str | None = None) -> list[AssertionResult]:
+def verify_tree(manifest: Manifest, tree: Path, variant: str | None = None
+                ) -> list[AssertionResult]:
     """The manifest's assertions on a patched tree, leaving out patches the tree's release is
     outside of and those of other variants (known from the apply report, when the tree has
-    one; ``version`` instead of the tree's release when given)."""
+    one)."""
+    return _check_tree(manifest, tree, variant).results
+
+
+def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
+                version: str | None = None) -> _Checked:
+    """``version``, when given, judges the ranges instead of the tree's own release."""
     if not tree.is_dir():
         raise UsageError(f"--tree {tree}: no such directory")
     report = checkout.read_report(tree)
@@ -68,18 +100,20 @@ def verify_tree(manifest: Manifest, tree: Path, variant: str | None = None,
                             report is not None, f"--tree {tree}")
     version = version or (report.vllm.version if report else None)
     skipped = report.skipped() if report else set()
-    return verify.run_assertions(active_patches(manifest, skipped, version, variant),
-                                 verify.tree_reader(tree))
+    results = verify.run_assertions(active_patches(manifest, skipped, version, variant),
+                                    verify.tree_reader(tree))
+    statuses = {p.id: p.status for p in report.patches} if report else {}
+    return _Checked(results, statuses, version, variant)
 
 
 def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
                  ) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
-    return check_image(manifest, image, engine=engine, variant=variant)[0]
+    return _check_image(manifest, image, engine=engine, variant=variant).results
 
 
-def check_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None):
-    """The assertions on the files inside ``image``, and what it holds (image.build.Holds)."""
+def _check_image(manifest: Manifest, image: str, *, engine=None,
+                 variant: str | None = None) -> _Checked:
     from patchkit.image import layer, package
     from patchkit.image.build import Holds, ImageFacts
     from patchkit.image.engine import Engine
@@ -120,31 +154,134 @@ def check_image(manifest: Manifest, image: str, *, engine=None, variant: str | N
                 cache[rel] = None if data is None else data.decode("utf-8")
             return cache[rel]
 
-        return verify.run_assertions(active, read), holds
+        return _Checked(verify.run_assertions(active, read), facts.statuses, version, variant,
+                        holds)
 
 
 def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
-        default_tree: Path, variant: str | None = None, base: str | None = None,
+        default_tree: Path, variant: str | None = None, logs: tuple[str, ...] = (),
+        containers: tuple[str, ...] = (), stdin=None, engine=None, base: str | None = None,
         log=lambda m: None) -> VerifyReport:
-    """``base`` (with a tree): judge the patches' ranges on the vLLM that base image holds,
-    the one the tree is to be laid on, instead of the tree's own version."""
+    """The assertions on ``tree`` or ``image``; with ``logs`` (paths, ``-`` for ``stdin``) or
+    ``containers`` (names or ids on the engine), the runtime markers too.  A log that cannot be
+    had stops the command before anything is checked.  ``base`` (with a tree): judge the
+    patches' ranges on the vLLM that base image holds, the one the tree is to be laid on."""
     if tree and image:
         raise UsageError("give --tree or --image, not both")
+    if image and base:
+        raise UsageError("--base goes with --tree: an image's own files say what it holds")
     variants.check(manifest, variant)
-    if image:
-        if base:
-            raise UsageError("--base goes with --tree: an image's own files say what it holds")
-        results, holds = check_image(manifest, image, variant=variant)
-        return VerifyReport(image, results, holds)
-    where = tree or default_tree
-    version = None
-    if base:
-        from patchkit.image import basevllm
-        from patchkit.image.engine import Engine
-        from patchkit.imageref import Platform, check_reference
+    version = _base_version(manifest, base, engine, log) if base else None
+    with _Logs(logs, containers, stdin=stdin, engine=engine) as sources:
+        if image:
+            target = image
+            checked = _check_image(manifest, image, engine=sources.engine or engine,
+                                   variant=variant)
+        else:
+            target = str(tree or default_tree)
+            checked = _check_tree(manifest, Path(target), variant, version)
+        report = VerifyReport(target, checked.results, holds=checked.holds)
+        if sources.logs:
+            report.runtime = sources.judge(manifest, checked)
+            report.logs = sources.names
+    return report
 
-        check_reference("--base", base)
-        held = basevllm.open_base(Engine.connect(), base,
-                                  Platform.parse(manifest.image.platform or "linux/arm64"), log)
-        version = held.version
-    return VerifyReport(str(where), verify_tree(manifest, Path(where), variant, version))
+
+def _base_version(manifest: Manifest, base: str, engine, log) -> str | None:
+    from patchkit.image import basevllm
+    from patchkit.image.engine import Engine
+    from patchkit.imageref import Platform, check_reference
+
+    check_reference("--base", base)
+    plat = Platform.parse(manifest.image.platform or "linux/arm64")
+    return basevllm.open_base(engine or Engine.connect(), base, plat, log).version
+
+
+class _Logs:
+    """The logs to judge, each checked to be there when the command starts: files (``-`` is
+    stdin) and containers' logs through the image border.  Read once, while judging."""
+
+    def __init__(self, paths_: tuple[str, ...], containers: tuple[str, ...], *,
+                 stdin: BinaryIO | None, engine=None) -> None:
+        self.engine = engine
+        self.logs: list[runtime.Log] = []
+        self._open: list[BinaryIO] = []
+        try:
+            self._add_files(paths_, stdin)
+            self._add_containers(containers)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def names(self) -> list[str]:
+        return [log.name for log in self.logs]
+
+    def _add_files(self, paths_: tuple[str, ...], stdin: BinaryIO | None) -> None:
+        if list(paths_).count("-") > 1:
+            raise LogError("--log -: standard input can be read only once; give it once")
+        for path in paths_:
+            if path == "-":
+                if stdin is None:
+                    raise LogError("--log -: no standard input to read")
+                self.logs.append(runtime.Log("<stdin>", _text_lines(stdin, "--log -")))
+                continue
+            try:
+                fh = open(path, "rb")
+            except FileNotFoundError:
+                raise LogError(f"--log {path}: no such file") from None
+            except IsADirectoryError:
+                raise LogError(f"--log {path}: is a directory, not a log file") from None
+            except OSError as exc:
+                raise LogError(f"--log {path}: cannot read: {exc.strerror}") from None
+            self._open.append(fh)
+            self.logs.append(runtime.Log(path, _text_lines(fh, f"--log {path}")))
+
+    def _add_containers(self, containers: tuple[str, ...]) -> None:
+        if not containers:
+            return
+        from patchkit.image.engine import Engine
+
+        for name in containers:
+            try:
+                self.engine = self.engine or Engine.connect()
+                lines = self.engine.container_log(name)
+            except ImageError as exc:
+                raise LogError(f"--container {name}: {exc}") from exc
+            if lines is None:
+                raise LogError(f"--container {name}: no such container on the engine at "
+                               f"{self.engine.host}")
+            self.logs.append(runtime.Log(f"container:{name}",
+                                         _engine_lines(lines, f"--container {name}")))
+
+    def judge(self, manifest: Manifest, checked: _Checked) -> list[MarkerResult]:
+        """The markers of the patches in the build ``checked`` looked at, on every log."""
+        built = {p.id for p in variants.selected(manifest, checked.variant)}
+        ids = runtime.patches_in(manifest, checked.statuses, checked.version) & built
+        return runtime.judge(runtime.markers_of(manifest, ids), self.logs)
+
+    def close(self) -> None:
+        for fh in self._open:
+            fh.close()
+        self._open = []
+
+    def __enter__(self) -> _Logs:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _text_lines(stream: BinaryIO, what: str) -> Iterator[str]:
+    try:
+        for raw in stream:
+            yield raw.decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise LogError(f"{what}: cannot read: {exc.strerror or exc}") from None
+
+
+def _engine_lines(lines: Iterable[str], what: str) -> Iterator[str]:
+    try:
+        yield from lines
+    except ImageError as exc:
+        raise LogError(f"{what}: {exc}") from exc

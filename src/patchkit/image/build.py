@@ -328,6 +328,52 @@ def inputs_key(base: layer.BaseImage, labels: dict, shipped: Sequence[Change], s
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class OverlayInputs:
+    """What an overlay image is made of besides the base's files: the same on every path."""
+
+    serve: bytes | None
+    created: int
+    labels: dict[str, str]
+    key: str
+
+
+def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
+                   base: layer.BaseImage) -> OverlayInputs:
+    serve_file = manifest.root / SERVE_SCRIPT
+    serve = serve_file.read_bytes() if serve_file.is_file() else None
+    created = source_date(tree)
+    labels = base_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
+                         digest=patchset_digest(manifest))
+    labels["org.opencontainers.image.base.name"] = base.name
+    labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
+    labels[BASE_FINGERPRINT_LABEL] = base.fingerprint
+    return OverlayInputs(serve, created, labels,
+                         inputs_key(base, labels, choice.shipped, serve, created))
+
+
+def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInputs
+                  ) -> tuple[layer.Layer, bytes]:
+    """The overlay layer and the new image's config, byte for byte, from the plan."""
+    made = layer.layer_tar(plan.entries, inputs.created)
+    labels = dict(inputs.labels)
+    labels.update({
+        INPUTS_LABEL: inputs.key,
+        "io.patchkit.vllm.dir": plan.package.dir,
+        INSTALLED_LABEL: plan.installed or "",
+        INSTALLED_COMMIT_LABEL: versions.named_commit(plan.installed) or "",
+        "io.patchkit.layer.files": str(made.files),
+        "io.patchkit.layer.bytes": str(made.bytes),
+        "io.patchkit.layer.whiteouts": str(made.whiteouts),
+    })
+    config = layer.image_config(
+        base, made, labels=labels, created=inputs.created,
+        created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
+        cmd=["/" + SERVE_PATH] if inputs.serve is not None else None,
+        reset_entrypoint=inputs.serve is not None)
+    return made, config
+
+
 def _find_by_key(engine: Engine, key: str) -> str | None:
     found = engine.images_with_label(INPUTS_LABEL, key)
     return found[0] if found else None
@@ -342,16 +388,8 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
     log(f"resolving the base {base_ref} for {platform}")
     base = engine.resolve_base(base_ref, platform, log)
     log(f"base pinned by {base.pinned_by}: {base.pinned}")
-    serve_file = manifest.root / SERVE_SCRIPT
-    serve = serve_file.read_bytes() if serve_file.is_file() else None
-    created = source_date(tree)
-    labels = base_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
-                         digest=patchset_digest(manifest))
-    labels["org.opencontainers.image.base.name"] = base.name
-    labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
-    labels[BASE_FINGERPRINT_LABEL] = base.fingerprint
-    key = inputs_key(base, labels, choice.shipped, serve, created)
-    known = _find_by_key(engine, key)
+    inputs = overlay_inputs(manifest, tree, choice, base)
+    known = _find_by_key(engine, inputs.key)
     if known:
         attrs = engine.inspect(known) or {}
         got = (attrs.get("Config") or {}).get("Labels") or {}
@@ -362,22 +400,8 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
                                int(got.get("io.patchkit.layer.whiteouts", 0))),
                      got.get("io.patchkit.vllm.dir"), got.get(INSTALLED_LABEL) or None)
     with engine.files(base.image_id, base.name) as files:
-        plan = plan_overlay(files, base, tree, choice.shipped, serve, log)
-    made = layer.layer_tar(plan.entries, created)
-    labels.update({
-        INPUTS_LABEL: key,
-        "io.patchkit.vllm.dir": plan.package.dir,
-        INSTALLED_LABEL: plan.installed or "",
-        INSTALLED_COMMIT_LABEL: versions.named_commit(plan.installed) or "",
-        "io.patchkit.layer.files": str(made.files),
-        "io.patchkit.layer.bytes": str(made.bytes),
-        "io.patchkit.layer.whiteouts": str(made.whiteouts),
-    })
-    config = layer.image_config(
-        base, made, labels=labels, created=created,
-        created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
-        cmd=["/" + SERVE_PATH] if serve is not None else None,
-        reset_entrypoint=serve is not None)
+        plan = plan_overlay(files, base, tree, choice.shipped, inputs.serve, log)
+    made, config = overlay_image(base, plan, inputs)
     image_id = layer.image_id_of(config)
     reused = engine.has_image(image_id)
     if reused:

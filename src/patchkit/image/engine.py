@@ -182,6 +182,34 @@ class Engine:
             except Exception:  # the container is scratch; its removal is best effort
                 pass
 
+    # -- what a container logged
+
+    def container_log(self, name: str) -> Iterator[str] | None:
+        """The log of container ``name`` (a name or an id): stdout and stderr in the order the
+        engine recorded them, line by line (UTF-8, bad bytes replaced), or None when the engine
+        has no such container.  A log driver the engine cannot read back is an ImageError."""
+        docker = _docker()
+        try:
+            with _border(f"inspecting the container {name}"):
+                cid = self.api.inspect_container(name)["Id"]
+        except ImageError as exc:
+            if isinstance(exc.__cause__, docker.errors.NotFound):
+                return None
+            raise
+        return self._log_lines(cid, name)
+
+    def _log_lines(self, cid: str, name: str) -> Iterator[str]:
+        pending = b""
+        with _border(f"reading the log of the container {name}"):
+            for chunk in self.api.logs(cid, stdout=True, stderr=True, stream=True,
+                                       follow=False):
+                pending += chunk
+                *whole, pending = pending.split(b"\n")
+                for line in whole:
+                    yield line.decode("utf-8", errors="replace")
+        if pending:
+            yield pending.decode("utf-8", errors="replace")
+
     # -- making images
 
     def images_with_label(self, key: str, value: str) -> list[str]:

@@ -10,9 +10,10 @@ from patchkit.manifest.model import (
     Assertion,
     ImageDefaults,
     Manifest,
+    Marker,
     Patch,
     VllmSource,
 )
 
-__all__ = ["ID_RE", "KINDS", "PREDICATES", "Assertion", "ImageDefaults", "Manifest", "Patch",
-           "VllmSource", "load"]
+__all__ = ["ID_RE", "KINDS", "PREDICATES", "Assertion", "ImageDefaults", "Manifest", "Marker",
+           "Patch", "VllmSource", "load"]

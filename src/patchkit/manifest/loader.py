@@ -17,20 +17,21 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from patchkit import kinds, paths
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
-from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Patch,
-                                     Variant, VllmSource)
+from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Marker,
+                                     Patch, Variant, VllmSource)
 from patchkit.source.refs import BASE_REF, ref_problem
 
 KINDS = kinds.NAMES
 
 # ------------------------------------------------------------------------------------ loading
 
-TOP_KEYS = ("name", "vllm", "image", "patches", "variants")
+TOP_KEYS = ("name", "vllm", "image", "patches", "variants", "runtime")
 VLLM_KEYS = ("repo", "ref")
 IMAGE_KEYS = ("base", "platform", "tag")
 PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "variants", "verify", "replaces",
-              "sha256")
+              "sha256", "runtime")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
+MARKER_KEYS = ("log", "absent", "count", "min", "unless")
 
 _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
@@ -208,8 +209,9 @@ class _Loader:
             for index, item in enumerate(items):
                 patches.append(self.patch(item, index, first_line))
             self.entry = None
+        runtime = self.runtime(top["runtime"][1]) if "runtime" in top else ()
         return Manifest(name=name, root=self.root, path=self.path, vllm=vllm, image=image,
-                        patches=tuple(patches), variants=self.declared)
+                        patches=tuple(patches), variants=self.declared, runtime=runtime)
 
     def sequence(self, node: yaml.Node, where: str, what: str) -> list[yaml.Node]:
         if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
@@ -332,9 +334,12 @@ class _Loader:
             items = self.sequence(fields["verify"][1], "verify", "a list of assertions")
             verify = [self.assertion(item, f"verify[{i}]") for i, item in enumerate(items)]
 
+        runtime = self.runtime(fields["runtime"][1]) if "runtime" in fields else ()
+
         patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
                       vllm=spec, verify=tuple(verify), replaces=replaces, line=_line(node),
-                      index=index, lines=lines, variants=in_variants, sha256=sha256)
+                      index=index, lines=lines, variants=in_variants, sha256=sha256,
+                      runtime=runtime)
         return patch
 
     def variants(self, node: yaml.Node) -> dict[str, Variant]:
@@ -487,6 +492,61 @@ class _Loader:
             self.fail(f"{what}: {value!r} is not a Python name", node)
         if predicate == "calls" and not _DOTTED_RE.match(value):
             self.fail(f"{what}: {value!r} is not a dotted name like self.method", node)
+        return value
+
+    # -- runtime markers -------------------------------------------------------------------
+
+    def runtime(self, node: yaml.Node) -> tuple[Marker, ...]:
+        items = self.sequence(node, "runtime", "a list of markers ({log: REGEX, ...})")
+        return tuple(self.marker(item, f"runtime[{i}]") for i, item in enumerate(items))
+
+    def marker(self, node: yaml.Node, where: str) -> Marker:
+        fields = self.mapping(node, where, MARKER_KEYS, required=("log",),
+                              what="a marker (a mapping with log: REGEX)")
+        log = self.regex(fields["log"][1], f"{where}.log")
+        absent = False
+        if "absent" in fields:
+            absent_node = fields["absent"][1]
+            absent = self.value(absent_node) if isinstance(absent_node, yaml.ScalarNode) else None
+            if not isinstance(absent, bool):
+                self.fail(f"{where}.absent: expected true or false, got "
+                          f"{self.kind(absent_node)}", absent_node)
+        counts = {key: self.whole_number(fields[key][1], f"{where}.{key}")
+                  for key in ("count", "min") if key in fields}
+        if len(counts) == 2:
+            self.fail(f"{where}: count and min together; give one (count: exactly N lines, "
+                      "min: at least N)", fields["min"][0])
+        for key in counts:
+            if absent:
+                self.fail(f"{where}: absent: true with {key}; a forbidden line has no count "
+                          f"(absent: true is count: 0)", fields[key][0])
+        if counts.get("min") == 0:
+            self.fail(f"{where}.min: 0 always holds; give min: 1 or more, or absent: true",
+                      fields["min"][1])
+        unless = self.regex(fields["unless"][1], f"{where}.unless") if "unless" in fields else None
+        return Marker(log=log, absent=absent, count=counts.get("count"),
+                      minimum=counts.get("min"), unless=unless, line=_line(node))
+
+    def regex(self, node: yaml.Node, what: str) -> str:
+        text = self.string(node, what)
+        try:
+            pattern = re.compile(text)
+        except re.error as exc:
+            at = f" at position {exc.pos}" if exc.pos is not None else ""
+            self.fail(f"{what}: {text!r} is not a valid regular expression: {exc.msg}{at}", node)
+        except (RecursionError, OverflowError, ValueError) as exc:
+            self.fail(f"{what}: {text!r} is not a valid regular expression: {exc}", node)
+        if pattern.search(""):
+            self.fail(f"{what}: {text!r} matches the empty string, so every line matches it",
+                      node)
+        return text
+
+    def whole_number(self, node: yaml.Node, what: str) -> int:
+        value = self.value(node) if isinstance(node, yaml.ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(f"{what}: expected a whole number of lines, got {self.kind(node)}", node)
+        if value < 0:
+            self.fail(f"{what}: {value} is negative; give a number of lines (0 or more)", node)
         return value
 
 

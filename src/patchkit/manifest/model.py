@@ -32,6 +32,39 @@ class Assertion:
 
 
 @dataclass(frozen=True)
+class Marker:
+    """One runtime marker: a line the server's startup log must, or must not, show.
+
+    ``log`` is a Python regular expression searched in each line.  Without ``absent``, ``count``
+    or ``min`` a marker needs at least one matching line; ``absent`` needs none; ``count`` exactly
+    that many; ``min`` at least that many (several logs judged together: the lines are summed).
+    A log with a line matching ``unless`` is left out of this marker's judgment."""
+
+    log: str
+    absent: bool = False
+    count: int | None = None
+    minimum: int | None = None   # the `min:` key
+    unless: str | None = None
+    line: int = 0              # line of the entry in patchset.yaml
+
+    def describe(self) -> str:
+        """What the marker asks for, e.g. ``at least 1 line matching 'X'``."""
+        if self.absent:
+            want = "no line"
+        elif self.count is not None:
+            want = f"exactly {self.count} line{'s' if self.count != 1 else ''}"
+        else:
+            n = self.minimum or 1
+            want = f"at least {n} line{'s' if n != 1 else ''}"
+        return f"{want} matching {quoted(self.log)}"
+
+
+def quoted(regex: str) -> str:
+    """A regular expression in quotes, as written (no doubled backslashes)."""
+    return f'"{regex}"' if "'" in regex else f"'{regex}'"
+
+
+@dataclass(frozen=True)
 class Patch:
     id: str
     summary: str
@@ -43,6 +76,7 @@ class Patch:
     replaces: Mapping[str, str] = field(default_factory=dict)  # overlay: file -> upstream blob
     variants: tuple[str, ...] = ()  # the variants it is in; () = every build
     sha256: str | None = None  # add-pr: the sha256 of the pull request's diff as fetched
+    runtime: tuple[Marker, ...] = ()   # lines the server's log shows when the patch is in
     line: int = 0              # line of the entry in patchset.yaml
     index: int = 0             # position in `patches:`
     # line of each key's value (e.g. "vllm", "diff"), so that edits and messages can point at it
@@ -86,6 +120,7 @@ class Manifest:
     image: ImageDefaults
     patches: tuple[Patch, ...]
     variants: Mapping[str, Variant] = field(default_factory=dict)  # declared, in order
+    runtime: tuple[Marker, ...] = ()   # markers of the whole series (they always count)
 
     def patch(self, patch_id: str) -> Patch:
         for p in self.patches:

@@ -65,9 +65,24 @@ def verify(report) -> str:
     if report.holds is not None:
         lines.insert(0, f"{report.target} holds {holds(report.holds.to_dict())}")
     passed = sum(a.ok for a in report.verify)
-    lines.append(f"{'ok' if report.ok else 'FAILED'}: {passed}/{len(report.verify)} assertions "
-                 f"passed on {report.target}")
+    lines.append(f"{'ok' if report.assertions_ok else 'FAILED'}: {passed}/{len(report.verify)} "
+                 f"assertions passed on {report.target}")
+    if report.runtime is not None:
+        lines += runtime(report.runtime, report.logs)
     return "\n".join(lines)
+
+
+def runtime(results, logs: list[str]) -> list[str]:
+    """The failures of the runtime markers, one line each (a forbidden line with its
+    ``FILE:LINE:``), then one summary."""
+    lines = [line for r in results for line in r.failure_lines()]
+    held = sum(r.ok for r in results)
+    aside = sum(not r.judged for r in results)
+    note = f" ({aside} not judged: their `unless` left out every log)" if aside else ""
+    ok = all(r.ok for r in results)
+    lines.append(f"{'ok' if ok else 'FAILED'}: {held}/{len(results)} runtime markers hold in "
+                 f"{', '.join(logs)}{note}")
+    return lines
 
 
 def rebase(result) -> str:

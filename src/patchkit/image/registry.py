@@ -1,0 +1,315 @@
+"""The registry border: everything patchkit asks of an image registry without an engine.
+
+This is the only module that talks to registries directly; it drives ``skopeo`` (the
+containers project's registry client) as a subprocess and never speaks HTTP itself.  Every
+failure leaves it as a one-line :class:`~patchkit.errors.ImageError`.
+
+* Credentials are the usual ``~/.docker/config.json`` (``$DOCKER_CONFIG/config.json`` when
+  that is set), handed to skopeo with ``--authfile``; without that file skopeo's own auth files
+  apply.
+* Plain-http registries: like the Docker Engine, a registry on a loopback address
+  (``localhost``, ``127.0.0.0/8``, ``[::1]``) is insecure by default (TLS not required, http
+  allowed); other hosts are so only when named in ``$PATCHKIT_INSECURE_REGISTRIES``
+  (comma-separated ``host[:port]``) or marked ``insecure = true`` in containers'
+  ``registries.conf``.
+* Blobs read from a registry land in a blob folder (``sha256/<hex>``, the OCI layout's) shared by
+  every base, so each blob is fetched once.  skopeo records where it saw each blob; a push to
+  the same registry then mounts a blob from the repository it was read from instead of sending
+  it again (a cross-repository mount), and copies it blob by blob elsewhere.
+* A push sends the blobs first and the manifest last, with the digests preserved: nothing is
+  visible under the tag until every blob is there, and the manifest stored is the one given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from patchkit.errors import CommandError, ImageError
+from patchkit.imageref import Platform, repository
+from patchkit.util import run
+
+Log = Callable[[str], None]
+
+INSECURE_ENV = "PATCHKIT_INSECURE_REGISTRIES"
+DOCKER_HUB = "docker.io"
+
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+INDEXES = (DOCKER_LIST, OCI_INDEX)
+MANIFESTS = (DOCKER_MANIFEST, OCI_MANIFEST)
+
+# What a registry says when the name or tag is not there (as skopeo words it).
+_MISSING = re.compile(r"manifest unknown|name unknown|not found|no such image", re.I)
+_UNREACHABLE = re.compile(r"pinging container registry|dial tcp|no such host|connection refused|"
+                          r"i/o timeout|network is unreachable|TLS handshake|server gave HTTP "
+                          r"response to HTTPS client", re.I)
+
+
+def host_of(name: str) -> str:
+    """The registry host a reference names: its first component when that looks like a host
+    (has a ``.`` or ``:``, or is ``localhost``), else Docker Hub, as the engine reads it."""
+    first, sep, _ = name.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return DOCKER_HUB
+
+
+def _bare_host(host: str) -> str:
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def is_insecure(host: str) -> bool:
+    """Whether patchkit lets skopeo talk plain http (or unverified TLS) to ``host``."""
+    bare = _bare_host(host)
+    if bare == "localhost" or bare == "::1" or re.fullmatch(r"127(?:\.\d{1,3}){3}", bare):
+        return True
+    named = [h.strip() for h in re.split(r"[,\s]+", os.environ.get(INSECURE_ENV, "")) if h.strip()]
+    return host in named or bare in named
+
+
+def auth_file() -> Path | None:
+    """The Docker CLI's config file with registry credentials, when there is one."""
+    base = os.environ.get("DOCKER_CONFIG")
+    folder = Path(base).expanduser() if base else Path.home() / ".docker"
+    path = folder / "config.json"
+    return path if path.is_file() else None
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _plain(name: str) -> str:
+    """skopeo takes a tag or a digest, not both: ``repo:tag@sha256:..`` -> ``repo@sha256:..``."""
+    if "@" in name:
+        return repository(name) + "@" + name.split("@", 1)[1]
+    return name
+
+
+def blob_path(blobs: Path, digest: str) -> Path:
+    """Where a blob lives in the shared blob folder (the OCI layout's ``<alg>/<hex>``)."""
+    alg, _, hexpart = digest.partition(":")
+    if not re.fullmatch(r"[a-z0-9]+", alg) or not re.fullmatch(r"[0-9a-f]{32,}", hexpart):
+        raise ImageError(f"{digest!r} is not a blob digest")
+    return blobs / alg / hexpart
+
+
+@dataclass(frozen=True)
+class RemoteImage:
+    """One platform's image in a registry, as the registry serves it."""
+
+    name: str                      # as the user gave it
+    repo: str                      # host/path, no tag
+    digest: str                    # what ``name`` resolves to: an index, or the manifest itself
+    manifest: dict                 # the platform's image manifest
+    manifest_digest: str
+    config: bytes                  # its config, byte for byte
+
+    @property
+    def media_type(self) -> str:
+        return self.manifest.get("mediaType") or OCI_MANIFEST
+
+    @property
+    def layers(self) -> tuple[dict, ...]:
+        return tuple(self.manifest.get("layers") or ())
+
+    @property
+    def pinned(self) -> str:
+        return f"{self.repo}@{self.manifest_digest}"
+
+
+def pick_platform(index: dict, platform: Platform, name: str) -> str:
+    """The digest of ``platform``'s manifest in an index (a multi-platform image)."""
+    offered = []
+    matches = []
+    for entry in index.get("manifests") or ():
+        p = entry.get("platform") or {}
+        if not p.get("architecture") or p.get("architecture") == "unknown":
+            continue  # attestations and other artifacts
+        got = Platform(p.get("os") or "linux", p["architecture"], p.get("variant") or None)
+        offered.append(str(got))
+        if got.matches(platform) and entry.get("mediaType", DOCKER_MANIFEST) in MANIFESTS:
+            matches.append((got.variant == platform.variant, entry["digest"]))
+    if not matches:
+        has = ", ".join(sorted(set(offered))) or "none"
+        raise ImageError(f"base image {name} has no {platform} image (it has: {has})")
+    matches.sort(key=lambda m: not m[0])
+    return matches[0][1]
+
+
+class Registry:
+    """skopeo, driven for the few things a build straight in a registry needs."""
+
+    def __init__(self, skopeo: str | None = None) -> None:
+        found = skopeo or shutil.which("skopeo")
+        if not found:
+            raise ImageError("--no-daemon needs skopeo, the containers project's registry client, "
+                             "and it is not on PATH (Debian and Ubuntu: apt-get install skopeo)")
+        self.skopeo = found
+
+    # -- the subprocess
+
+    def _flags(self, host: str, prefix: str = "") -> list[str]:
+        flags = []
+        if is_insecure(host):
+            flags.append(f"--{prefix}tls-verify=false")
+        auth = auth_file()
+        if auth is not None:
+            flags += [f"--{prefix}authfile", str(auth)]
+        return flags
+
+    def _run(self, args: Sequence[str], *, what: str, missing: str | None = None,
+             text: bool = True):
+        """skopeo ``args``; stdout, or None when the registry says the thing is not there and
+        ``missing`` is None; otherwise a one-line ImageError starting with ``what``."""
+        try:
+            return run([self.skopeo, *args], text=text).stdout
+        except CommandError as exc:
+            detail = skopeo_message(exc.output)
+            if _MISSING.search(detail) and not _UNREACHABLE.search(detail):
+                if missing is None:
+                    return None
+                raise ImageError(f"{missing}: {detail}") from None
+            raise ImageError(f"{what}: {detail}") from None
+
+    # -- reading
+
+    def raw_manifest(self, ref: str, *, what: str, missing: str | None = None) -> bytes | None:
+        """The manifest (or index) ``ref`` names, byte for byte; None when there is none."""
+        host = host_of(ref)
+        return self._run(["inspect", "--raw", *self._flags(host), f"docker://{_plain(ref)}"],
+                         what=what, missing=missing, text=False)
+
+    def digest_of(self, ref: str) -> str | None:
+        """The digest of what ``ref`` names now (None: nothing); a registry that cannot be
+        reached is an error."""
+        raw = self.raw_manifest(ref, what=f"asking the registry of {ref} what it holds")
+        return _digest(raw) if raw is not None else None
+
+    def resolve(self, name: str, platform: Platform) -> RemoteImage:
+        """``name``'s image for ``platform``: an index is followed to that platform's manifest."""
+        hint = ""
+        if host_of(name) == DOCKER_HUB and not name.startswith(("docker.io/", "index.docker.io/")):
+            hint = (" (the name has no registry host, so it means Docker Hub; --no-daemon reads "
+                    "the base from a registry: push it to one, or build through an engine)")
+        raw = self.raw_manifest(name, what=f"base image {name} is not in any registry it can "
+                                f"reach{hint}", missing=f"base image {name} not found in its "
+                                f"registry{hint}")
+        assert raw is not None
+        digest = _digest(raw)
+        repo = repository(name)
+        doc = _json(raw, f"the manifest of {name}")
+        kind = doc.get("mediaType") or (OCI_INDEX if "manifests" in doc else OCI_MANIFEST)
+        manifest_digest = digest
+        if kind in INDEXES:
+            manifest_digest = pick_platform(doc, platform, name)
+            raw = self.raw_manifest(f"{repo}@{manifest_digest}", what=f"reading {name}",
+                                    missing=f"base image {name}: its {platform} manifest is gone")
+            assert raw is not None
+            if _digest(raw) != manifest_digest:
+                raise ImageError(f"base image {name}: the registry served a {platform} manifest "
+                                 f"that is not {manifest_digest}")
+            doc = _json(raw, f"the {platform} manifest of {name}")
+            kind = doc.get("mediaType") or OCI_MANIFEST
+        if doc.get("schemaVersion") == 1:
+            raise ImageError(f"base image {name} has a schema 1 manifest, which nothing builds "
+                             "on any more; push the base again with a current tool")
+        if kind not in MANIFESTS or not isinstance(doc.get("config"), dict):
+            raise ImageError(f"base image {name}: {kind} is not an image manifest")
+        config = self._run(["inspect", "--raw", "--config", *self._flags(host_of(name)),
+                            f"docker://{repo}@{manifest_digest}"],
+                           what=f"reading the config of {name}",
+                           missing=f"base image {name}: its config is not in the registry",
+                           text=False)
+        if _digest(config) != doc["config"].get("digest"):
+            raise ImageError(f"base image {name}: the registry served a config that is not "
+                             f"{doc['config'].get('digest')}")
+        return RemoteImage(name=name, repo=repo, digest=digest, manifest=doc,
+                           manifest_digest=manifest_digest, config=config)
+
+    def fetch(self, image: RemoteImage, blobs: Path, log: Log = lambda m: None) -> int:
+        """Puts every layer blob of ``image`` that ``blobs`` lacks there; returns how many it
+        fetched.  Blobs already there are not read again."""
+        wanted = [d["digest"] for d in image.layers]
+        missing = [d for d in wanted if not blob_path(blobs, d).is_file()]
+        if not missing:
+            return 0
+        from filelock import FileLock
+
+        blobs.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(blobs.parent / "fetch.lock")):
+            missing = [d for d in wanted if not blob_path(blobs, d).is_file()]
+            if not missing:
+                return 0
+            log(f"reading {len(missing)} layer(s) of {image.name} from the registry")
+            tmp = Path(tempfile.mkdtemp(prefix="pull-", dir=blobs.parent))
+            try:
+                # Into an OCI layout whose blobs are the shared folder: skopeo skips the blobs
+                # that are there and checks the digest of each one it writes.
+                self._run(["copy", "--quiet", *self._flags(host_of(image.repo), "src-"),
+                           "--dest-shared-blob-dir", str(blobs),
+                           f"docker://{image.pinned}", f"oci:{tmp / 'layout'}:base"],
+                          what=f"reading the layers of {image.name}",
+                          missing=f"base image {image.name}: a layer is not in the registry")
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        still = [d for d in wanted if not blob_path(blobs, d).is_file()]
+        if still:
+            raise ImageError(f"base image {image.name}: skopeo read it but left no blob {still[0]}")
+        return len(missing)
+
+    # -- writing
+
+    def push(self, layout: Path, ref: str) -> str:
+        """Pushes the image in ``layout`` (skopeo's ``dir:`` layout) to ``ref``: blobs first,
+        the manifest last, digests preserved.  Returns the manifest digest the tag names."""
+        digest_file = layout.parent / "pushed-digest"
+        self._run(["copy", "--quiet", "--preserve-digests", *self._flags(host_of(ref), "dest-"),
+                   "--digestfile", str(digest_file), f"dir:{layout}", f"docker://{ref}"],
+                  what=f"push of {ref} refused, the tag is unchanged",
+                  missing=f"push of {ref} refused, the tag is unchanged")
+        try:
+            return digest_file.read_text().strip()
+        except OSError:
+            raise ImageError(f"push of {ref} gave no digest") from None
+
+
+def _json(raw: bytes, what: str) -> dict:
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise ImageError(f"{what} is not JSON") from None
+    if not isinstance(doc, dict):
+        raise ImageError(f"{what} is not a JSON object")
+    return doc
+
+
+def skopeo_message(output: str) -> str:
+    """skopeo's own words, on one line: the message of its last ``level=fatal`` (or error)
+    line, without the name of the image it already said."""
+    found = None
+    for line in output.splitlines():
+        m = re.search(r'msg="((?:[^"\\]|\\.)*)"', line)
+        if m:
+            try:
+                found = json.loads(f'"{m.group(1)}"')
+            except ValueError:
+                found = m.group(1)
+        elif line.strip() and found is None and "level=" not in line:
+            found = line.strip()
+    text = found or output.strip() or "skopeo failed"
+    text = re.sub(r'^(?:Error parsing image name|initializing source|Error initializing source) '
+                  r'"[^"]*": ', "", text)
+    return " ".join(text.split())

@@ -1,0 +1,382 @@
+"""Runtime markers: the manifest's `runtime:` entries, judged by `patchkit verify --log` against
+server logs together with the applied checkout that says which patches are in."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from patchkit import manifest
+from patchkit.errors import ManifestError
+from patchkit.manifest import Marker
+from patchkit.series import runtime
+from project import MANIFEST, make_project
+from test_cli import patchkit
+
+# The fixture project's three patches, each with markers; fast-mode is out of range on v1
+# (skipped), so its markers, which these logs would fail, must not count.
+RUNTIME_MANIFEST = (MANIFEST
+                    .replace("""    diff: patches/table.diff
+""", """    diff: patches/table.diff
+    runtime:
+      - log: 'table has nvfp4'
+      - log: 'event=layer_load'
+        count: 3
+      - log: 'mode=plain'
+        absent: true
+""")
+                    .replace("""    transform: patches/fast.py
+""", """    transform: patches/fast.py
+    vllm: '<1'
+    runtime:
+      - log: 'fast mode on'
+      - log: 'event='
+        absent: true
+""")
+                    .replace("""    overlay: overlays/extra
+""", """    overlay: overlays/extra
+    runtime:
+      - log: 'extra loaded'
+        min: 2
+""") + """\
+runtime:
+  - log: 'Application startup complete'
+    unless: 'headless'
+  - log: 'died unexpectedly'
+    absent: true
+""")
+
+RANK0 = """\
+INFO 05-12 10:00:01 [model.py:744] table has nvfp4
+INFO 05-12 10:00:02 [loader.py:10] event=layer_load layer=0
+INFO 05-12 10:00:02 [loader.py:10] event=layer_load layer=1
+(Worker pid=7) INFO 05-12 10:00:03 [extra.py:3] extra loaded
+(APIServer pid=1) INFO:     Application startup complete.
+"""
+RANK1 = """\
+INFO 05-12 10:00:00 [serve.py:225] Launching vLLM (v0.33.0) headless multiproc executor
+INFO 05-12 10:00:02 [loader.py:10] event=layer_load layer=2
+(Worker pid=9) INFO 05-12 10:00:03 [extra.py:3] extra loaded
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """The fixture project applied (fast-mode skipped), with the two nodes' logs beside it."""
+    proj = make_project(tmp_path_factory.mktemp("runtime"), RUNTIME_MANIFEST)
+    applied = patchkit("apply", cwd=proj)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "skipped   fast-mode" in applied.stdout
+    (proj / "rank0.log").write_text(RANK0)
+    (proj / "rank1.log").write_text(RANK1)
+    return proj
+
+
+def verify(proj: Path, *args: str, **kw):
+    return patchkit("verify", "--tree", ".patchkit/vllm", *args, cwd=proj, **kw)
+
+
+def write_log(proj: Path, name: str, text: str) -> str:
+    (proj / name).write_text(text)
+    return name
+
+
+# ------------------------------------------------------------------------------ the verdicts
+
+def test_two_good_logs_hold_together(project):
+    out = verify(project, "--log", "rank0.log", "--log", "rank1.log")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == [
+        "ok: 2/2 assertions passed on .patchkit/vllm",
+        "ok: 6/6 runtime markers hold in rank0.log, rank1.log"]
+
+
+def test_json_adds_runtime_and_keeps_the_rest(project):
+    plain = verify(project, "--format", "json")
+    judged = verify(project, "--log", "rank0.log", "--log", "rank1.log", "--format", "json")
+    assert plain.returncode == judged.returncode == 0
+    before, after = json.loads(plain.stdout), json.loads(judged.stdout)
+    assert list(after) == ["ok", "target", "verify", "runtime"]
+    assert {k: v for k, v in after.items() if k != "runtime"} == before
+    assert plain.stdout.rstrip().rstrip("}").rstrip().rstrip("]") in judged.stdout
+    rows = after["runtime"]
+    assert [(r["patch"], r["log"], r["ok"], r["found"]) for r in rows] == [
+        ("table-nvfp4", "table has nvfp4", True, 1),
+        ("table-nvfp4", "event=layer_load", True, 3),     # 2 on rank 0 + 1 on rank 1
+        ("table-nvfp4", "mode=plain", True, 0),
+        ("extra-file", "extra loaded", True, 2),          # 1 + 1
+        (None, "Application startup complete", True, 1),
+        (None, "died unexpectedly", True, 0)]
+    assert all(set(r) >= {"patch", "log", "ok", "found", "lines", "message"} for r in rows)
+    assert rows[1]["lines"] == [
+        "rank0.log:2: INFO 05-12 10:00:02 [loader.py:10] event=layer_load layer=0",
+        "rank0.log:3: INFO 05-12 10:00:02 [loader.py:10] event=layer_load layer=1",
+        "rank1.log:2: INFO 05-12 10:00:02 [loader.py:10] event=layer_load layer=2"]
+
+
+def test_a_skipped_patchs_markers_are_left_out(project):
+    """fast-mode is skipped: 'fast mode on' never appears and 'event=' does, yet all holds."""
+    out = verify(project, "--log", "rank0.log", "--log", "rank1.log", "--format", "json")
+    assert out.returncode == 0
+    assert "fast-mode" not in {r["patch"] for r in json.loads(out.stdout)["runtime"]}
+    # The same markers count once the report says the patch is in.
+    m = manifest.load(project / "patchset.yaml")
+    ids = runtime.patches_in(m, {"table-nvfp4": "applied", "fast-mode": "upstream",
+                                 "extra-file": "applied"}, "1")
+    results = runtime.judge(runtime.markers_of(m, ids),
+                            [runtime.Log("rank0.log", RANK0.splitlines(keepends=True))])
+    failed = [(r.patch, r.log) for r in results if not r.ok]
+    assert ("fast-mode", "fast mode on") in failed and ("fast-mode", "event=") in failed
+
+
+def test_which_patches_are_in():
+    m = manifest.load(_manifest_file(RUNTIME_MANIFEST))
+    assert runtime.patches_in(m, {"table-nvfp4": "applied", "fast-mode": "skipped",
+                                  "extra-file": "upstream"}, "1") == {"table-nvfp4", "extra-file"}
+    assert runtime.patches_in(m, {"table-nvfp4": "failed", "extra-file": "applied"},
+                              None) == {"extra-file"}
+    # No report or labels: the release's range decides, as for the AST assertions.
+    assert runtime.patches_in(m, {}, "1") == {"table-nvfp4", "extra-file"}
+    assert runtime.patches_in(m, {}, None) == {"table-nvfp4", "fast-mode", "extra-file"}
+
+
+def test_a_forbidden_line_names_the_patch_the_marker_and_file_line(project):
+    bad = write_log(project, "bad0.log", RANK0 + "INFO 05-12 10:00:04 [cfg.py:1] mode=plain\n")
+    out = verify(project, "--log", bad, "--log", "rank1.log")
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[1:] == [
+        "bad0.log:6: [table-nvfp4] forbidden 'mode=plain': INFO 05-12 10:00:04 [cfg.py:1] "
+        "mode=plain",
+        "FAILED: 5/6 runtime markers hold in bad0.log, rank1.log"]
+    row = next(r for r in json.loads(verify(project, "--log", bad, "--log", "rank1.log",
+                                            "--format", "json").stdout)["runtime"]
+               if r["log"] == "mode=plain")
+    assert row["ok"] is False and row["found"] == 1
+    assert row["lines"] == ["bad0.log:6: INFO 05-12 10:00:04 [cfg.py:1] mode=plain"]
+    assert "bad0.log:6:" in row["message"]
+
+
+def test_a_missing_required_line_names_the_patch(project):
+    bad = write_log(project, "nostart.log", RANK0.replace("table has nvfp4", "table as before"))
+    out = verify(project, "--log", bad, "--log", "rank1.log")
+    assert out.returncode == 1
+    assert ("[table-nvfp4] required line 'table has nvfp4' appears in none of nostart.log, "
+            "rank1.log") in out.stdout.splitlines()
+
+
+def test_counts_are_exact_and_summed(project):
+    extra = write_log(project, "extra1.log", RANK1 + "event=layer_load layer=3\n")
+    out = verify(project, "--log", "rank0.log", "--log", extra)
+    assert out.returncode == 1
+    assert ("[table-nvfp4] expected exactly 3 lines matching 'event=layer_load', found 4 in "
+            "rank0.log, extra1.log") in out.stdout.splitlines()
+    # Rank 0 alone: 2 of the 3 layer loads and 1 of the 2 'extra loaded'.
+    out = verify(project, "--log", "rank0.log")
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[1:] == [
+        "[table-nvfp4] expected exactly 3 lines matching 'event=layer_load', found 2 in "
+        "rank0.log",
+        "[extra-file] expected at least 2 lines matching 'extra loaded', found 1 in rank0.log",
+        "FAILED: 4/6 runtime markers hold in rank0.log"]
+
+
+def test_unless_leaves_out_each_log_that_matches_it(project):
+    """Rank 1 runs headless: it never logs the API's startup and is not judged for it."""
+    out = verify(project, "--log", "rank1.log", "--format", "json")
+    row = next(r for r in json.loads(out.stdout)["runtime"] if r["patch"] is None
+               and r["log"] == "Application startup complete")
+    assert row["ok"] is True and row["judged"] is False
+    # With rank 0 judged, its missing startup line fails, and rank 1 still does not count.
+    bad = write_log(project, "crashed0.log", RANK0.replace("Application startup complete",
+                                                           "Application starting"))
+    out = verify(project, "--log", bad, "--log", "rank1.log")
+    assert ("[series] required line 'Application startup complete' appears in none of "
+            "crashed0.log (rank1.log left out: 'headless')") in out.stdout.splitlines()
+
+
+def test_stdin_is_a_log(project):
+    out = verify(project, "--log", "-", "--log", "rank1.log", input=RANK0 + "Worker proc "
+                 "VllmWorker-0 died unexpectedly (exit code: -9)\n")
+    assert out.returncode == 1
+    assert ("<stdin>:6: [series] forbidden 'died unexpectedly': Worker proc VllmWorker-0 died "
+            "unexpectedly (exit code: -9)") in out.stdout.splitlines()
+    twice = verify(project, "--log", "-", "--log", "-", input=RANK0)
+    assert twice.returncode == 2 and len(twice.stderr.splitlines()) == 1
+    assert "standard input can be read only once" in twice.stderr
+
+
+def test_colours_and_carriage_returns_are_not_part_of_a_line(project):
+    coloured = "\x1b[32mINFO\x1b[0m table has nvfp4\r\n" + RANK0
+    (project / "tty0.log").write_bytes(coloured.encode())
+    out = verify(project, "--log", "tty0.log", "--log", "rank1.log", "--format", "json")
+    row = json.loads(out.stdout)["runtime"][0]
+    assert row["lines"][0] == "tty0.log:1: INFO table has nvfp4"
+
+
+@pytest.mark.parametrize("given, message", [
+    ("absent.log", "--log absent.log: no such file"),
+    ("patches", "--log patches: is a directory, not a log file"),
+])
+def test_a_log_that_cannot_be_read_is_one_line_and_exit_2(project, given, message):
+    out = verify(project, "--log", "rank0.log", "--log", given)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert out.stderr.splitlines() == [f"patchkit: error: {message}"]
+    as_json = verify(project, "--log", given, "--format", "json")
+    assert as_json.returncode == 2
+    assert json.loads(as_json.stdout) == {"ok": False, "error": message, "exit_code": 2}
+
+
+def test_validate_counts_the_markers(project):
+    out = patchkit("validate", cwd=project)
+    assert out.returncode == 0
+    assert out.stdout.strip() == "patchset.yaml: ok (3 patches, 8 runtime markers, vLLM v1)"
+
+
+# ------------------------------------------------------------------------------ the judge alone
+
+def _manifest_file(text: str) -> Path:
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="pk-runtime-"))
+    (root / "patches").mkdir()
+    (root / "patches/table.diff").write_text("--- a/pkg/mod.py\n+++ b/pkg/mod.py\n"
+                                             "@@ -1 +1 @@\n-a\n+b\n")
+    (root / "patches/fast.py").write_text("# a transform\n")
+    (root / "overlays/extra/pkg").mkdir(parents=True)
+    (root / "overlays/extra/pkg/extra.py").write_text("EXTRA = 1\n")
+    (root / "patchset.yaml").write_text(textwrap.dedent(text).format(repo="pypi"))
+    return root / "patchset.yaml"
+
+
+def judge(markers, *logs: str):
+    scoped = [runtime.ScopedMarker("p", m) for m in markers]
+    return runtime.judge(scoped, [runtime.Log(f"r{i}.log", text.splitlines())
+                                  for i, text in enumerate(logs)])
+
+
+def test_forbidden_lines_are_all_counted_and_the_first_twenty_kept():
+    [result] = judge([Marker("boom", absent=True)], "boom\n" * 15, "ok\n" + "boom\n" * 10)
+    assert not result.ok and result.found == 25
+    assert len(result.lines) == 20
+    assert result.lines[15] == "r1.log:2: boom"
+    assert result.failure_lines()[-1] == "[p] ... and 5 more lines matching 'boom'"
+
+
+def test_count_zero_and_min():
+    zero, least = judge([Marker("x", count=0), Marker("y", minimum=2)], "a\ny\n", "y again\n")
+    assert zero.ok and zero.found == 0
+    assert least.ok and least.found == 2
+
+
+def test_a_regex_is_searched_in_each_line():
+    [anchored, fp4] = judge([Marker(r"^INFO"), Marker(r"resolved to 'fp4'$")],
+                            "  INFO indented\nDeepSeek V4 expert_dtype resolved to 'fp4'\n")
+    assert not anchored.ok and fp4.ok
+
+
+# ------------------------------------------------------------------------------ bad manifests
+
+HEAD = """\
+name: demo
+vllm:
+  repo: pypi
+  ref: v0.33.0
+"""
+PATCH = """\
+patches:
+  - id: one
+    summary: a patch
+    diff: patches/table.diff
+    runtime:
+"""
+
+BAD = [
+    ("runtime:\n  - lgo: x\n",
+     "patchset.yaml:6: runtime[0]: unknown key 'lgo'; did you mean 'log'?"),
+    ("runtime:\n  - log: x\n    minimum: 2\n",
+     "patchset.yaml:7: runtime[0]: unknown key 'minimum'; did you mean 'min'?"),
+    ("runtime:\n  - absent: true\n", "patchset.yaml:6: runtime[0]: missing required key 'log'"),
+    ("runtime:\n  - log: 'x('\n", "patchset.yaml:6: runtime[0].log: 'x(' is not a valid regular "
+     "expression: missing ), unterminated subpattern at position 1"),
+    ("runtime:\n  - log: a\n    unless: '[a'\n", "patchset.yaml:7: runtime[0].unless: '[a' is not "
+     "a valid regular expression: unterminated character set at position 0"),
+    ("runtime:\n  - log: 'a|'\n", "patchset.yaml:6: runtime[0].log: 'a|' matches the empty "
+     "string, so every line matches it"),
+    ("runtime:\n  - log: ''\n", "patchset.yaml:6: runtime[0].log: must not be empty"),
+    ("runtime:\n  - log: 12\n", "patchset.yaml:6: runtime[0].log: expected a string, got the "
+     "number 12 (quote it to make it a string)"),
+    ("runtime:\n  - log: a\n    count: 2\n    min: 1\n", "patchset.yaml:8: runtime[0]: count and "
+     "min together; give one (count: exactly N lines, min: at least N)"),
+    ("runtime:\n  - log: a\n    count: -1\n", "patchset.yaml:7: runtime[0].count: -1 is negative; "
+     "give a number of lines (0 or more)"),
+    ("runtime:\n  - log: a\n    min: 1.5\n", "patchset.yaml:7: runtime[0].min: expected a whole "
+     "number of lines, got the number 1.5"),
+    ("runtime:\n  - log: a\n    count: '3'\n", "patchset.yaml:7: runtime[0].count: expected a "
+     "whole number of lines, got the string '3'"),
+    ("runtime:\n  - log: a\n    count: true\n", "patchset.yaml:7: runtime[0].count: expected a "
+     "whole number of lines, got the boolean true"),
+    ("runtime:\n  - log: a\n    min: 0\n", "patchset.yaml:7: runtime[0].min: 0 always holds; "
+     "give min: 1 or more, or absent: true"),
+    ("runtime:\n  - log: a\n    absent: true\n    count: 1\n", "patchset.yaml:8: runtime[0]: "
+     "absent: true with count; a forbidden line has no count (absent: true is count: 0)"),
+    ("runtime:\n  - log: a\n    absent: true\n    min: 2\n", "patchset.yaml:8: runtime[0]: "
+     "absent: true with min; a forbidden line has no count (absent: true is count: 0)"),
+    ("runtime:\n  - log: a\n    absent: 'no'\n", "patchset.yaml:7: runtime[0].absent: expected "
+     "true or false, got the string 'no'"),
+    ("runtime:\n  log: a\n", "patchset.yaml:6: runtime: expected a list of markers "
+     "({log: REGEX, ...}), got a mapping"),
+    ("runtime:\n  - a\n", "patchset.yaml:6: runtime[0]: expected a marker (a mapping with "
+     "log: REGEX), got the string 'a'"),
+    # In a patch entry the message names the entry.
+    (PATCH + "      - log: a\n        count: 1\n        min: 1\n",
+     "patchset.yaml:12: patches[0] (id=one): runtime[0]: count and min together; give one "
+     "(count: exactly N lines, min: at least N)"),
+    (PATCH + "      - log: 'a)'\n",
+     "patchset.yaml:10: patches[0] (id=one): runtime[0].log: 'a)' is not a valid regular "
+     "expression: unbalanced parenthesis at position 1"),
+    (PATCH + "      - {log: a, count: 2, cuont: 3}\n",
+     "patchset.yaml:10: patches[0] (id=one): runtime[0]: unknown key 'cuont'; did you mean "
+     "'count'?"),
+]
+
+
+@pytest.mark.parametrize("body, message", BAD, ids=[m.split(": ", 1)[1][:60] for _, m in BAD])
+def test_a_bad_marker_is_one_line_with_its_line(tmp_path, monkeypatch, body, message):
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches/table.diff").write_text("--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n")
+    (tmp_path / "patchset.yaml").write_text(HEAD + body)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ManifestError) as info:
+        manifest.load("patchset.yaml")
+    assert str(info.value) == message
+
+
+def test_a_bad_marker_exits_2_from_validate(tmp_path):
+    (tmp_path / "patchset.yaml").write_text(HEAD + "runtime:\n  - log: a\n    count: 1\n"
+                                            "    min: 1\n")
+    out = patchkit("validate", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "patchkit: error: patchset.yaml:8: runtime[0]: count and min together; give one "
+        "(count: exactly N lines, min: at least N)"]
+
+
+def test_markers_load_into_frozen_values(tmp_path, monkeypatch):
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches/table.diff").write_text("--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n")
+    (tmp_path / "patchset.yaml").write_text(
+        HEAD + PATCH + "      - log: 'event=layer_load'\n        count: 43\n"
+        "runtime:\n  - {log: 'startup complete', unless: headless}\n"
+        "  - {log: boom, absent: true}\n  - {log: ready, min: 2}\n")
+    monkeypatch.chdir(tmp_path)
+    m = manifest.load("patchset.yaml")
+    assert m.patches[0].runtime == (Marker("event=layer_load", count=43, line=10),)
+    assert m.runtime == (Marker("startup complete", unless="headless", line=13),
+                         Marker("boom", absent=True, line=14),
+                         Marker("ready", minimum=2, line=15))
+    with pytest.raises(AttributeError):
+        m.runtime[0].log = "x"  # type: ignore[misc]
