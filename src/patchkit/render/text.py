@@ -62,13 +62,13 @@ def holds(data: dict) -> str:
 
 def verify(report) -> str:
     lines = [assertion_failure(a) for a in report.verify if not a.ok]
-    if report.holds is not None:
-        lines.insert(0, f"{report.target} holds {holds(report.holds.to_dict())}")
     passed = sum(a.ok for a in report.verify)
     lines.append(f"{'ok' if report.assertions_ok else 'FAILED'}: {passed}/{len(report.verify)} "
                  f"assertions passed on {report.target}")
     if report.runtime is not None:
         lines += runtime(report.runtime, report.logs)
+    if report.holds is not None:
+        lines.append(f"{report.target} holds {holds(report.holds.to_dict())}")
     return "\n".join(lines)
 
 
