@@ -13,7 +13,8 @@ for entry in "pk-node2-sshd:$root/pk-node2-ssh/sshd_config" "pk-node2:$root/pk-n
     pidfile="$root/$name.pid"
     [ -f "$pidfile" ] || continue
     pid="$(cat "$pidfile")"
-    if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$word"; then
+    if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] \
+            && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$word"; then
         echo "services: stopping $name ($pid)" >&2
         kill "$pid"
         for _ in $(seq 1 40); do

@@ -85,7 +85,8 @@ pk_install() {
     local all=("${full[@]}" "${lean[@]}")
     pk_say "installing ${all[*]}"
     if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\n# no daemons started while .ci/services.sh installs packages\nexit 101\n' >"$policy"
+        printf '#!/bin/sh\n# no daemons while .ci/services.sh installs packages\nexit 101\n' \
+            >"$policy"
         chmod 755 "$policy"
         made=1
     fi
@@ -162,7 +163,9 @@ pk_podman() { # ROOT REGISTRY
         nproc="$(pk_hard_limit "$(cat "$pidfile")" processes)"
     fi
     pk_podman_conf "$dir" "$reg" "$nofile" "$nproc" && changed=1
-    if [ -z "$changed" ] && pk_ours "$pidfile" "$sock" && docker -H "$host" version >/dev/null 2>&1; then
+    # Its /_ping answers in milliseconds, its version in a good part of a second.
+    if [ -z "$changed" ] && pk_ours "$pidfile" "$sock" \
+            && curl -fsS --unix-socket "$sock" http://podman/_ping >/dev/null 2>&1; then
         return 0
     fi
     local t0=$SECONDS try
@@ -174,7 +177,9 @@ pk_podman() { # ROOT REGISTRY
             setsid podman --root "$dir/root" --runroot "$dir/run" --storage-driver vfs \
             system service --time=0 "$host" </dev/null >"$log" 2>&1 &
         echo $! >"$pidfile"
-        pk_wait 120 docker -H "$host" version || pk_log_tail "Podman" "$log"
+        pk_wait 120 curl -fsS --unix-socket "$sock" http://podman/_ping \
+            || pk_log_tail "Podman" "$log"
+        docker -H "$host" version >/dev/null || pk_log_tail "Podman's Docker API" "$log"
         # Podman lowers its own process limit (to 32768 here) as it starts; its containers
         # cannot have more than it has.
         nofile="$(pk_hard_limit "$(cat "$pidfile")" "open files")"
@@ -206,7 +211,8 @@ pk_node2() { # ROOT REGISTRY
         major="$(dockerd --version | sed -n 's/^Docker version \([0-9]*\)\..*/\1/p')"
         if [ -n "$major" ] && [ "$major" -lt 23 ]; then
             mkdir -p "$d2"
-            printf '{"deprecated-key-path": "%s"}\n' "$d2/key.json" | pk_write "$root/pk-node2.json" || true
+            printf '{"deprecated-key-path": "%s"}\n' "$d2/key.json" \
+                | pk_write "$root/pk-node2.json" || true
             extra+=(--config-file "$root/pk-node2.json")
         fi
         pk_start_dockerd "the second node's dockerd" "$d2" "$d2_exec" "$d2_pid" "$d2_host" \
@@ -216,8 +222,11 @@ pk_node2() { # ROOT REGISTRY
     # Keys: made once, kept across runs (the client key must stay what authorized_keys says).
     mkdir -p "$ssh_dir"
     chmod 700 "$ssh_dir"
-    [ -f "$ssh_dir/host_key" ] || ssh-keygen -q -t ed25519 -N '' -C "$PK_NODE2_ALIAS host" -f "$ssh_dir/host_key"
-    [ -f "$ssh_dir/id" ] || ssh-keygen -q -t ed25519 -N '' -C "$PK_NODE2_ALIAS client" -f "$ssh_dir/id"
+    local key
+    for key in host_key id; do
+        [ -f "$ssh_dir/$key" ] || ssh-keygen -q -t ed25519 -N '' -C "$PK_NODE2_ALIAS $key" \
+            -f "$ssh_dir/$key"
+    done
     pk_write "$ssh_dir/authorized_keys" <"$ssh_dir/id.pub" || true
     chmod 600 "$ssh_dir/authorized_keys"
 
@@ -279,7 +288,8 @@ EOF
         # A clean environment: sessions get only what sshd_config gives them.
         env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
             /usr/sbin/sshd -f "$ssh_dir/sshd_config" -E "$ssh_dir/sshd.log"
-        pk_wait 60 ssh -o ConnectTimeout=5 "$PK_NODE2_ALIAS" true || pk_log_tail "sshd" "$ssh_dir/sshd.log"
+        pk_wait 60 ssh -o ConnectTimeout=5 "$PK_NODE2_ALIAS" true \
+            || pk_log_tail "sshd" "$ssh_dir/sshd.log"
     fi
 
     if ! DOCKER_HOST="$url" docker version >/dev/null 2>&1; then

@@ -381,16 +381,20 @@ def test_a_tree_read_from_a_base_fits_a_base_holding_that_very_version():
 # ------------------------------------------------------------------------------ fingerprints
 
 def test_the_fingerprint_is_config_and_layers_not_the_image_id():
-    one = layer.fingerprint({"Id": "sha256:" + "1" * 64,
-                             "RootFS": {"Layers": ["sha256:" + "a" * 64]}})
-    assert one == layer.fingerprint_of("1" * 64, ["sha256:" + "a" * 64])
+    layers = ["sha256:" + "a" * 64]
+    one = layer.fingerprint({"Id": "sha256:" + "9" * 64, "ConfigDigest": "sha256:" + "1" * 64,
+                             "RootFS": {"Layers": layers}})
+    # the engine's image id plays no part: only the config digest and the layers
+    assert one == layer.fingerprint({"Id": "sha256:" + "8" * 64,
+                                     "ConfigDigest": "sha256:" + "1" * 64,
+                                     "RootFS": {"Layers": layers}})
+    assert one == layer.fingerprint_of("sha256:" + "1" * 64, layers)
     assert one.startswith("sha256:") and len(one) == 71
-    assert one != layer.fingerprint({"Id": "sha256:" + "1" * 64,
-                                     "RootFS": {"Layers": ["sha256:" + "b" * 64]}})
-    # an engine whose ids are not config digests passes the config digest it was given
-    assert layer.fingerprint({"Id": "sha256:" + "9" * 64,
-                              "RootFS": {"Layers": ["sha256:" + "a" * 64]}},
-                             config_digest="sha256:" + "1" * 64) == one
+    assert one != layer.fingerprint_of("sha256:" + "1" * 64, ["sha256:" + "b" * 64])
+    base = layer.BaseImage("b", "sha256:" + "9" * 64, None, None, {}, tuple(layers), ())
+    assert base.fingerprint is None  # a store whose ids are not config digests
+    assert layer.BaseImage("b", "sha256:" + "1" * 64, None, None, {}, tuple(layers), (),
+                           config_digest="sha256:" + "1" * 64).fingerprint == one
 
 
 def test_holds_names_the_commit_of_a_dev_build():

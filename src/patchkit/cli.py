@@ -373,11 +373,15 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, 
 @click.option("--no-daemon", is_flag=True,
               help="With --push: build straight in the registry, with no engine (needs skopeo).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write a 'docker load' archive.")
+@click.option("--copy-to", "copy_to", multiple=True, metavar="ENGINE",
+              help="Then copy the image to this engine (ssh://[user@]host[:port], unix://, "
+                   "tcp://), as copy-image does; repeat for several.")
 @VARIANT
 @MANIFEST
 @FORMAT
 def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
-                    nvcc_threads, push, no_daemon, save, variant, manifest_path, fmt) -> int:
+                    nvcc_threads, push, no_daemon, save, copy_to, variant, manifest_path,
+                    fmt) -> int:
     """Build the image through the Docker Engine that DOCKER_HOST names, or with
     --no-daemon --push straight in the registry."""
     from patchkit.commands import build_image as command
@@ -388,8 +392,34 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
                          save=Path(save) if save else None, mode=mode, apply=not no_apply,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
                          progress=TextProgress(err=True), variant=variant,
-                         no_daemon=no_daemon)
-    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.build_image(report))
+                         no_daemon=no_daemon, copy_to=copy_to)
+    summary = report.to_dict()
+    echo(json.dumps(summary, indent=2) if fmt == "json" else text.build_image(report))
+    return 0 if summary["ok"] else 1
+
+
+@cli.command("copy-image")
+@click.argument("image")
+@click.option("--to", "targets", multiple=True, metavar="ENGINE", required=True,
+              help="An engine to copy to: ssh://[user@]host[:port] (through the system ssh), "
+                   "unix:///path or tcp://host:port; repeat, or list more after it.")
+@click.argument("more", nargs=-1, metavar="[ENGINE...]")
+@FORMAT
+def copy_image_cmd(image, targets, more, fmt) -> int:
+    """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines.
+
+    \b
+    Judged by content (config digest and layer diff_ids), never by image id:
+      present   the target holds that content under the tag already; nothing is sent
+      copied    streamed from this engine into the target's load, no file in between
+      replaced  the tag named other content there, and now names this
+    Exit 1 if any target could not be reached or refused the load; the others are still tried.
+    """
+    from patchkit.commands import copy_image as command
+    from patchkit.render import copy as render
+
+    report = command.run(image, [*targets, *more], log=TextProgress(err=True).info)
+    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
     return 0 if report.ok else 1
 
 

@@ -184,7 +184,8 @@ def edited_text(text: str, edit: Edit) -> str:
     lines = text.splitlines(keepends=True)
     hits = [i for i, line in enumerate(lines) if line.rstrip("\n") == edit.after]
     if len(hits) != 1:
-        raise RuntimeError(f"{edit.file}: the line {edit.after!r} occurs {len(hits)} times, not once")
+        raise RuntimeError(f"{edit.file}: the line {edit.after!r} occurs {len(hits)} times, "
+                           "not once")
     i = hits[0] + 1
     return "".join(lines[:i]) + edit.added + "".join(lines[i:])
 
@@ -227,9 +228,9 @@ def apply_flavour(site: Path, flavour: Flavour) -> None:
     def version_py(text: str) -> str:
         text = _replace_once(text, f"__version__ = version = {rel!r}\n",
                              f"__version__ = version = {flavour.version!r}\n", "vllm/_version.py")
-        text = _replace_once(text, f"__version_tuple__ = version_tuple = {version_tuple(rel)!r}\n",
-                             f"__version_tuple__ = version_tuple = {version_tuple(flavour.version)!r}\n",
-                             "vllm/_version.py")
+        prefix = "__version_tuple__ = version_tuple = "
+        text = _replace_once(text, f"{prefix}{version_tuple(rel)!r}\n",
+                             f"{prefix}{version_tuple(flavour.version)!r}\n", "vllm/_version.py")
         if flavour.commit_id is not None:
             lines = [line for line in text.splitlines() if line.startswith("__commit_id__ = ")]
             if len(lines) != 1:
@@ -241,8 +242,8 @@ def apply_flavour(site: Path, flavour: Flavour) -> None:
     old_info = site / f"vllm-{rel}.dist-info"
     new_info = site / f"vllm-{flavour.version}.dist-info"
     _rewrite(old_info / "METADATA",
-             lambda text: _replace_once(text, f"\nVersion: {rel}\n", f"\nVersion: {flavour.version}\n",
-                                        "METADATA"))
+             lambda text: _replace_once(text, f"\nVersion: {rel}\n",
+                                        f"\nVersion: {flavour.version}\n", "METADATA"))
     old_info.rename(new_info)
 
 
@@ -310,19 +311,33 @@ def tag_of(version: str) -> str:
     return version.replace("+", "-")
 
 
+def keyed_tag(tag: str, key: str) -> str:
+    """``tag`` with the base's key in it: repo:0.27.1 -> repo:0.27.1-k<key>."""
+    repo, sep, name = tag.rpartition(":")
+    if not sep or "/" in name:  # no tag part: the colon was the registry's port
+        repo, name = tag, "latest"
+    return f"{repo}:{name}-k{key[:12]}"
+
+
 def ensure_base(client: docker.DockerClient, version: str, tag: str, *, push: bool = True,
                 log=print, flavour: Flavour | None = None) -> dict:
-    """The arm64 base holding vLLM ``version``, tagged ``tag``; built only when missing or stale.
-    With ``flavour`` (whose release must be ``version``) it holds that build instead.
+    """The arm64 base holding vLLM ``version``, tagged ``tag`` plus its key (``keyed_tag``);
+    built only when missing.  With ``flavour`` (whose release must be ``version``) it holds
+    that build instead.
 
-    Returns ``{"tag", "id", "repo_digest", "built", "seconds", "version"}``; ``version`` is
-    what the base reports.
+    The key in the tag lets checkouts whose builders differ share one engine and registry:
+    each finds its own base instead of rebuilding the other's under a shared tag (and pulling
+    it from under the other's running tests).
+
+    Returns ``{"tag", "id", "repo_digest", "built", "seconds", "version"}``; ``tag`` is the
+    keyed tag, ``version`` what the base reports.
     """
     if flavour is not None and flavour.release != version:
         raise ValueError(f"the flavour is of {flavour.release}, not {version}")
     debs = fetch_debs(cache_root() / "test-image" / "debs")
     wheel = find_wheel(version)
     key = base_key(version, debs, wheel, flavour)
+    tag = keyed_tag(tag, key)
     reported = flavour.version if flavour is not None else version
     started = time.monotonic()
     built = False
@@ -361,7 +376,8 @@ def release_commit(release: str) -> str:
     from patchkit.source import pypi
 
     repo, tag = pypi.ensure_release(cache_root(), f"v{release}")
-    return _run(["git", "-C", str(repo), "rev-parse", "--verify", f"refs/tags/{tag}^{{commit}}"]).strip()
+    return _run(["git", "-C", str(repo), "rev-parse", "--verify",
+                 f"refs/tags/{tag}^{{commit}}"]).strip()
 
 
 def ensure_dev_base(client: docker.DockerClient, registry: str, *, log=print) -> dict:

@@ -2,12 +2,15 @@
 
 They need the services of .ci/services.sh: the Docker Engine (DOCKER_HOST), a registry on
 PK_REGISTRY, Podman's Docker-compatible API (PK_PODMAN_HOST) and a second Docker Engine behind
-sshd (PK_NODE2, an ssh:// URL; PK_NODE2_SOCKET, its own socket).  Outside CI a missing service
-skips the tests that need it; under CI=true it fails them.
+sshd (PK_NODE2, an ssh:// URL; PK_NODE2_SOCKET, its own socket).  The last three default to
+where the script puts them.  Outside CI a missing service skips the tests that need it; under
+CI=true it fails them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
 import urllib.request
@@ -21,6 +24,11 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from imageproject import OTHER_RELEASE, REGISTRY, RELEASE  # noqa: E402
+
+
+def _service(var: str, default: str) -> str:
+    """Where a service of .ci/services.sh is: its variable, else where the script puts it."""
+    return os.environ.get(var) or default.format(root=os.environ.get("PK_SERVICES_ROOT") or "/tmp")
 
 
 def _unavailable(why: str):
@@ -68,9 +76,7 @@ def podman_client():
     """A Docker SDK client on Podman's Docker-compatible API."""
     import docker
 
-    host = os.environ.get("PK_PODMAN_HOST")
-    if not host:
-        _unavailable("PK_PODMAN_HOST is not set: no Podman service")
+    host = _service("PK_PODMAN_HOST", "unix://{root}/pk-podman/podman.sock")
     try:
         client = docker.DockerClient(base_url=host, timeout=900)
         client.ping()
@@ -87,8 +93,24 @@ class Node:
 
     url: str
     client: object   # docker.DockerClient through the system ssh
-    socket: str | None
-    direct: object   # docker.DockerClient on ``socket``, or None
+    socket: str      # unix:// of the node's engine
+    direct: object   # docker.DockerClient on ``socket``
+
+
+def _close_ssh_connections() -> None:
+    """Ends the ssh processes of the Docker SDK's ssh:// connections.  With use_ssh_client the
+    SDK makes a connection pool per request and leaves it to the garbage collector; closing a
+    connection whose ssh has already ended (the engine closed it) raises BrokenPipeError,
+    printed as a traceback when the interpreter exits.  Here they are closed quietly."""
+    from docker.transport.sshconn import SSHConnectionPool
+
+    for pool in [o for o in gc.get_objects() if isinstance(o, SSHConnectionPool)]:
+        queue = pool.pool
+        while queue is not None and not queue.empty():
+            conn = queue.get(block=False)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -96,10 +118,8 @@ def node2():
     """The second Docker Engine, reached through the system ssh (so ~/.ssh/config applies)."""
     import docker
 
-    url = os.environ.get("PK_NODE2")
-    if not url:
-        _unavailable("PK_NODE2 is not set: no second engine behind ssh")
-    socket = os.environ.get("PK_NODE2_SOCKET") or None
+    url = _service("PK_NODE2", "ssh://pk-node2:2222")
+    socket = _service("PK_NODE2_SOCKET", "unix://{root}/pk-node2.sock")
     try:
         # The SDK's own ssh transport (paramiko) ignores ~/.ssh/config's host key settings;
         # use_ssh_client runs the system ssh, as the docker CLI does.
@@ -107,18 +127,16 @@ def node2():
         client.ping()
     except Exception as exc:
         _unavailable(f"no engine at {url}: {exc}")
-    direct = None
-    if socket:
-        try:
-            direct = docker.DockerClient(base_url=socket, timeout=900)
-            direct.ping()
-        except Exception as exc:
-            client.close()
-            _unavailable(f"no engine at {socket} (PK_NODE2_SOCKET): {exc}")
+    try:
+        direct = docker.DockerClient(base_url=socket, timeout=900)
+        direct.ping()
+    except Exception as exc:
+        client.close()
+        _unavailable(f"no engine at {socket} (PK_NODE2_SOCKET): {exc}")
     yield Node(url=url, client=client, socket=socket, direct=direct)
     client.close()
-    if direct is not None:
-        direct.close()
+    direct.close()
+    _close_ssh_connections()
 
 
 @pytest.fixture(scope="session")

@@ -126,8 +126,10 @@ def absent(client, ref: str) -> bool:
 
 
 def fingerprint_by_hand(attrs: dict) -> str:
-    text = "\n".join([attrs["Id"], *attrs["RootFS"]["Layers"]]) + "\n"
-    return "sha256:" + sha256(text.encode())
+    """The config digest (the image id on this engine's classic store) and the diff_ids."""
+    doc = json.dumps({"config": attrs["Id"], "layers": attrs["RootFS"]["Layers"]},
+                     sort_keys=True, separators=(",", ":"))
+    return "sha256:" + sha256(doc.encode())
 
 
 def ls_files(workdir: Path) -> list[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from patchkit import source
+from patchkit.commands import copy_image
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import basevllm, build, layer
 from patchkit.imageref import Platform, check_reference
@@ -43,6 +44,8 @@ class BuildReport:
     seconds: float = 0.0
     buildargs: dict | None = None
     variant: str | None = None
+    load: str | None = None         # overlay: "partial" or "complete" archive
+    copy: object | None = None      # copy_image.CopyReport of --copy-to
     holds: build.Holds | None = None
 
     @classmethod
@@ -64,8 +67,13 @@ class BuildReport:
                 "seconds": self.seconds, "variant": self.variant}
         if self.buildargs:
             data["buildargs"] = self.buildargs
+        if self.load:
+            data["load"] = self.load
         if self.holds is not None:
             data["holds"] = self.holds.to_dict()
+        if self.copy is not None:
+            data["copy"] = self.copy.to_dict()
+            data["ok"] = self.copy.ok
         return data
 
 
@@ -86,7 +94,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         save: Path | None = None, mode: str = "auto", apply: bool = True,
         max_jobs: int | None = None, nvcc_threads: int | None = None,
         progress: Progress | None = None, engine=None, variant: str | None = None,
-        no_daemon: bool = False, registry=None) -> BuildReport:
+        no_daemon: bool = False, registry=None, copy_to: Sequence[str] = ()) -> BuildReport:
     """Build (and optionally push and save) the image; with ``no_daemon``, straight in the
     registry (``push`` required, no engine).
 
@@ -111,6 +119,10 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     if tag is not None:
         check_reference("--tag", default_tag(manifest, "x", "x", tag, variant), digest_ok=False)
     plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
+    copy_urls = copy_image.check_targets(copy_to, "--copy-to")
+    if no_daemon and copy_urls:
+        raise UsageError("--copy-to copies from an engine, and --no-daemon has none: pull the "
+                         "pushed digest on the other node")
     if apply:
         needs = basevllm.needed(manifest, [manifest.vllm.ref if ref is None else ref], repos)
         if needs and no_daemon:
@@ -179,10 +191,14 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not built.pushed_by_build:
             engine.restore_tag(final_tag, previous)
         raise
-    attrs = None if built.pushed_by_build else engine.inspect(final_tag)
-    holds = build.Holds.of(built.installed, kind, layer.fingerprint(attrs) if attrs else None)
-    return _report(tree, choice, plat, final_tag, built, digest, push=push, saved=saved,
-                   started=started, holds=holds)
+    content = None if built.pushed_by_build else engine.content(final_tag)
+    holds = build.Holds.of(built.installed, kind, layer.fingerprint(content) if content else None)
+    report = _report(tree, choice, plat, final_tag, built, digest, push=push, saved=saved,
+                     started=started, holds=holds)
+    if copy_urls:
+        log(f"copying {final_tag} to {', '.join(copy_urls)}")
+        report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log)
+    return report
 
 
 def _check_no_daemon(push: bool, save: Path | None, mode: str) -> None:
@@ -229,7 +245,7 @@ def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built
         variant=tree.report.variant,
         layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
         not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
-        buildargs=built.buildargs, holds=holds)
+        buildargs=built.buildargs, load=built.load, holds=holds)
 
 
 __all__ = ["BuildReport", "VllmInfo", "check_reference", "default_tag", "run"]

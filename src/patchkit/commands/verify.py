@@ -143,7 +143,7 @@ def _check_image(manifest: Manifest, image: str, *, engine=None,
         else:
             pkg = package.find_package(files, env)
         version = facts.installed or package.installed_version(files, pkg, None)
-        holds = Holds.of(version, facts.source, layer.fingerprint(attrs))
+        holds = Holds.of(version, facts.source, layer.fingerprint(engine.content(attrs["Id"])))
         active = active_patches(manifest, facts.skipped(), version, variant)
         cache: dict[str, str | None] = {}
 

@@ -85,6 +85,9 @@ class Built:
     installed: str | None = None
     buildargs: dict[str, str] | None = None
     pushed_by_build: bool = False
+    config_digest: str | None = None   # overlay: the config made here (its image id where
+                                       # ids are config digests)
+    load: str | None = None            # overlay: "partial" or "complete", None when reused
 
 
 # ------------------------------------------------------------------------------ the mode
@@ -320,8 +323,9 @@ def installed_problem(base_name: str, installed: str | None, tree: AppliedChecko
 def inputs_key(base: layer.BaseImage, labels: dict, shipped: Sequence[Change], serve: bytes | None,
                mtime: int) -> str:
     """What the overlay image is a function of.  An image carrying the same key was made from
-    the same base (by image id) and the same files, so it is the same image."""
-    doc = {"format": LAYER_FORMAT, "base": base.image_id, "platform": str(base.platform),
+    the same base (by what the image takes from it, the same on every store) and the same
+    files, so it is the same image."""
+    doc = {"format": LAYER_FORMAT, "base": base.identity, "platform": str(base.platform),
            "labels": labels, "mtime": mtime,
            "changes": [[c.status, c.path, c.mode, c.blob] for c in shipped],
            "serve": hashlib.sha256(serve).hexdigest() if serve is not None else None}
@@ -347,7 +351,8 @@ def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice
                          digest=patchset_digest(manifest))
     labels["org.opencontainers.image.base.name"] = base.name
     labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
-    labels[BASE_FINGERPRINT_LABEL] = base.fingerprint
+    if base.fingerprint:  # unknown on a store whose ids are not config digests
+        labels[BASE_FINGERPRINT_LABEL] = base.fingerprint
     return OverlayInputs(serve, created, labels,
                          inputs_key(base, labels, choice.shipped, serve, created))
 
@@ -381,10 +386,7 @@ def _find_by_key(engine: Engine, key: str) -> str | None:
 
 def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice, engine: Engine, *,
                   base_ref: str, platform: Platform, log) -> Built:
-    if engine.uses_containerd_store():
-        raise ImageError(f"the engine at {engine.host} keeps images in containerd's store; overlay "
-                         "mode needs the classic store (set \"features\": {\"containerd-snapshotter\""
-                         ": false} in daemon.json) or use --mode source")
+    store = engine.store()
     log(f"resolving the base {base_ref} for {platform}")
     base = engine.resolve_base(base_ref, platform, log)
     log(f"base pinned by {base.pinned_by}: {base.pinned}")
@@ -404,14 +406,21 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
     made, config = overlay_image(base, plan, inputs)
     image_id = layer.image_id_of(config)
     reused = engine.has_image(image_id)
+    held = image_id
     if reused:
         log(f"image {image_id[:19]} is already in the engine")
-    else:
-        log(f"loading the layer ({made.files} files, {made.bytes} bytes) onto {base.pinned}")
+    elif store.partial_load:
+        log(f"loading the layer alone ({made.files} files, {made.bytes} bytes) onto {base.pinned}: "
+            f"the engine at {engine.host} keeps images in {store}, which holds the base's layers")
         engine.load(layer.load_archive(config, made, len(base.diff_ids)), image_id)
-    return Built(image_id, base, reused,
+    else:
+        log(f"loading a complete archive: the engine at {engine.host} keeps images in {store}, "
+            "which cannot take a partial load")
+        held = engine.load_complete(base, config, made, image_id, log)
+    return Built(held, base, reused,
                  LayerInfo(made.files, made.bytes, made.whiteouts, made.diff_id),
-                 plan.package.dir, plan.installed)
+                 plan.package.dir, plan.installed, config_digest=image_id,
+                 load=None if reused else ("partial" if store.partial_load else "complete"))
 
 
 # ------------------------------------------------------------------------------- source

@@ -7,7 +7,13 @@ system's ssh client).
 
 An overlay image reaches the engine as a ``docker load`` archive (``layer.load_archive``) that
 omits the base's layers, which the engine already has (it skips any layer whose chain it
-holds); a rebuild with nothing changed finds the image already there.
+holds); a rebuild with nothing changed finds the image already there.  Only the classic image
+store can take such a partial load: containerd's image store and Podman's containers-storage
+get a complete archive instead, the base's layers as the engine exports them followed by the
+new layer, streamed from the export into the load (``Store`` tells which store an engine has).
+
+Other engines (``copy-image``, ``build-image --copy-to``) are named by URL: ``ssh://`` through
+the system's ssh (so ``~/.ssh/config`` applies), ``unix://`` or ``tcp://``.
 """
 
 from __future__ import annotations
@@ -16,16 +22,20 @@ import base64
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
+from urllib.parse import urlsplit
 
-from patchkit.errors import ImageError
-from patchkit.image.layer import BaseImage, history_of
+from patchkit.errors import ImageError, UsageError
+from patchkit.image.layer import (ArchiveFacts, BaseImage, Layer, complete_archive, history_of,
+                                  relay)
 from patchkit.imageref import Platform, repository, split_tag
 
 Log = Callable[[str], None]
@@ -67,6 +77,109 @@ def _border(what: str) -> Iterator[None]:
         raise ImageError(f"{what}: {_explain(exc)}") from exc
 
 
+# ------------------------------------------------------------------------ engine addresses
+
+ENGINE_FORMS = "ssh://[user@]host[:port], unix:///path/to/socket or tcp://host:port"
+
+
+def engine_url(text: str, what: str = "engine") -> str:
+    """``text`` checked to be an engine address (see ENGINE_FORMS); a usage error otherwise."""
+    def bad(why: str) -> UsageError:
+        return UsageError(f"{what} {text!r} is not an engine address: {why}")
+
+    try:
+        url = urlsplit(text)
+        port = url.port
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    if url.scheme not in ("ssh", "unix", "tcp"):
+        raise bad(f"expected {ENGINE_FORMS}")
+    if url.query or url.fragment:
+        raise bad("an engine address has no ?query or #fragment")
+    if url.scheme == "unix":
+        if url.netloc or not url.path.startswith("/"):
+            raise bad("a socket is unix:///absolute/path")
+        return text
+    if not url.hostname or url.path not in ("", "/") or url.password:
+        raise bad("expected ssh://[user@]host[:port]" if url.scheme == "ssh" else
+                  "expected tcp://host:port")
+    if url.scheme == "tcp" and (port is None or url.username):
+        raise bad("expected tcp://host:port")
+    return text.rstrip("/")
+
+
+def _ssh_dest(url) -> str:
+    return f"{url.username}@{url.hostname}" if url.username else url.hostname
+
+
+def _ssh_reach(host: str, timeout: int = 30) -> str:
+    """The ssh:// address with its port made explicit (the SDK would pass port 22 to ssh,
+    overriding ~/.ssh/config), once the system's ssh has reached the engine behind it.  The
+    check runs ssh itself so that its complaint becomes the one line of the error."""
+    if not shutil.which("ssh"):
+        raise ImageError(f"{host}: an ssh:// engine needs the ssh client, which is not installed")
+    url = urlsplit(host)
+    dest = _ssh_dest(url)
+    port = url.port
+    try:
+        if port is None:
+            shown = subprocess.run(["ssh", "-G", dest], stdin=subprocess.DEVNULL,
+                                   capture_output=True, text=True, timeout=timeout)
+            port = next((int(line.split()[1]) for line in shown.stdout.splitlines()
+                         if line.startswith("port ") and line.split()[1].isdigit()), 22)
+        probe = subprocess.run(
+            ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}", "-p", str(port),
+             "--", dest, "docker", "version", "--format", "{{.Server.APIVersion}}"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout * 2)
+    except subprocess.TimeoutExpired:
+        raise ImageError(f"no Docker Engine answers at {host}: ssh gave no answer in "
+                         f"{timeout * 2} s") from None
+    if probe.returncode:
+        said = [line.strip() for line in (probe.stderr + probe.stdout).splitlines() if line.strip()]
+        raise ImageError(f"no Docker Engine answers at {host}: "
+                         + (said[-1] if said else f"ssh exited with {probe.returncode}"))
+    return f"ssh://{dest}:{port}"
+
+
+# ----------------------------------------------------------------------------- image stores
+
+@dataclass(frozen=True)
+class Store:
+    """Where an engine keeps its images, which decides how an image may reach it."""
+
+    kind: str       # classic | containerd | containers-storage
+    detail: str     # how it was told
+
+    @property
+    def partial_load(self) -> bool:
+        """Whether a load archive may leave out the layers the engine already holds."""
+        return self.kind == "classic"
+
+    @property
+    def ids_are_config_digests(self) -> bool:
+        """A containerd store names an image by the digest of its manifest (or index)."""
+        return self.kind != "containerd"
+
+    def __str__(self) -> str:
+        return {"classic": "the classic image store", "containerd": "containerd's image store",
+                "containers-storage": "containers-storage"}[self.kind]
+
+
+def store_of(version: dict, info: dict) -> Store:
+    """The store an engine has, from its version and info answers."""
+    for component in version.get("Components") or ():
+        if component.get("Name") == "Podman Engine":
+            return Store("containers-storage", f"Podman {component.get('Version') or ''}".strip())
+    if "BuildahVersion" in info:  # only Podman's Docker API answers with Buildah's version
+        return Store("containers-storage", f"Podman {info.get('ServerVersion') or ''}".strip())
+    for pair in info.get("DriverStatus") or ():
+        if len(pair) == 2 and pair[0] == "driver-type" and "containerd" in str(pair[1]):
+            return Store("containerd", f"snapshotter {info.get('Driver') or pair[1]}")
+    if info.get("Driver") == "overlayfs":  # containerd's snapshotter; the classic one is overlay2
+        return Store("containerd", "snapshotter overlayfs")
+    return Store("classic", f"storage driver {info.get('Driver') or 'unknown'}")
+
+
 class Engine:
     """A connection to one Docker Engine."""
 
@@ -74,6 +187,7 @@ class Engine:
         self.client = client
         self.api = client.api
         self.host = host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        self._store: Store | None = None
 
     @classmethod
     def connect(cls, host: str | None = None, timeout: int = 600) -> "Engine":
@@ -86,16 +200,21 @@ class Engine:
             except ImportError:
                 raise ImageError(f"DOCKER_HOST={host} needs the paramiko package, which is not "
                                  "installed: pip install 'docker[ssh]'") from None
+        base_url = _ssh_reach(host) if host and host.startswith("ssh://") else host
         try:
-            if host:
+            if base_url:
                 # ssh:// goes through the system's ssh, so ~/.ssh/config and agents apply.
-                client = docker.DockerClient(base_url=host, timeout=timeout,
-                                             use_ssh_client=host.startswith("ssh://"))
+                client = docker.DockerClient(base_url=base_url, timeout=timeout,
+                                             use_ssh_client=base_url.startswith("ssh://"))
             else:
                 client = docker.from_env(timeout=timeout)
             client.ping()
         except Exception as exc:  # any transport failure means the same thing here
-            raise ImageError(f"no Docker Engine answers at {shown}: {_explain(exc)}") from exc
+            said = _explain(exc)
+            # requests buries the reason under its retry wording; the OS error is the news
+            errno = re.search(r"\[Errno -?\d+\] [^'\")]+", said)
+            raise ImageError(f"no Docker Engine answers at {shown}: "
+                             f"{errno.group(0).strip() if errno else said}") from exc
         return cls(client, shown)
 
     # -- facts
@@ -104,9 +223,41 @@ class Engine:
         with _border(f"asking the engine at {self.host} about itself"):
             return self.api.info()
 
+    def store(self) -> Store:
+        if self._store is None:
+            info = self.info()
+            version: dict = {}
+            if "BuildahVersion" not in info:  # Podman's info says so; its version is slow
+                with _border(f"asking the engine at {self.host} for its version"):
+                    version = self.api.version()
+            self._store = store_of(version, info)
+        return self._store
+
     def uses_containerd_store(self) -> bool:
-        status = self.info().get("DriverStatus") or []
-        return any(len(p) == 2 and p[0] == "driver-type" and "containerd" in p[1] for p in status)
+        return self.store().kind == "containerd"
+
+    def content(self, ref: str) -> dict | None:
+        """Inspect output of ``ref`` with ``ConfigDigest`` added (see ``layer.fingerprint``), or
+        None when the engine has no such image.  A containerd store's ids are manifest
+        digests, so there the config is read from the engine's export of the image."""
+        attrs = self.inspect(ref)
+        if attrs is None:
+            return None
+        attrs = dict(attrs)
+        if self.store().ids_are_config_digests:
+            iid = attrs["Id"]
+            attrs["ConfigDigest"] = iid if iid.startswith("sha256:") else f"sha256:{iid}"
+        else:
+            facts = ArchiveFacts()
+            for _ in relay(self.export(attrs["Id"]), facts):
+                pass
+            layers = (attrs.get("RootFS") or {}).get("Layers") or ()
+            attrs["ConfigDigest"] = facts.config_digest(layers)
+        return attrs
+
+    def tagged(self, ref: str) -> str | None:
+        """The id of the image ``ref`` names on this engine, or None."""
+        return (self.inspect(ref) or {}).get("Id")
 
     def inspect(self, ref: str) -> dict | None:
         docker = _docker()
@@ -160,7 +311,9 @@ class Engine:
             raw_history = self.api.history(attrs["Id"])
         return BaseImage(name=ref, image_id=attrs["Id"], digest=digest, platform=got,
                          config=attrs.get("Config") or {}, diff_ids=diff_ids,
-                         history=history_of(raw_history, len(diff_ids), ref))
+                         history=history_of(raw_history, len(diff_ids), ref),
+                         config_digest=(attrs["Id"] if self.store().ids_are_config_digests
+                                        else None))
 
     # -- files of an image, without running it
 
@@ -219,13 +372,68 @@ class Engine:
     def has_image(self, image_id: str) -> bool:
         return self.inspect(image_id) is not None
 
-    def load(self, archive: bytes, expect_id: str) -> None:
-        with _border("loading the image into the engine"):
+    def load(self, archive: bytes | Iterable[bytes] | Callable[[], Iterable[bytes]],
+             expect_id: str, diff_ids: Iterable[str] | None = None, log: Log = lambda m: None
+             ) -> str:
+        """``docker load`` of ``archive``: bytes, chunks streamed into the request, or a function
+        that makes such a stream (then a connection that breaks is tried once more with a new
+        stream: over ssh a session can drop under load).  Returns the id the engine holds the
+        image by: ``expect_id`` (the config digest) where ids are config digests, else the
+        loaded image whose layers are ``diff_ids``."""
+        import requests
+
+        loaded: list[str] = []
+        for attempt in (1, 2):
+            body = archive() if callable(archive) else archive
+            try:
+                loaded = self._load_once(body)
+                break
+            except ImageError as exc:
+                broken = isinstance(exc.__cause__, requests.exceptions.ConnectionError)
+                if attempt == 2 or not broken or not callable(archive):
+                    raise
+                log(f"the connection to {self.host} broke ({exc}); sending again")
+        if self.store().ids_are_config_digests:
+            if not self.has_image(expect_id):
+                raise ImageError(f"the engine at {self.host} loaded the archive but holds no "
+                                 f"image {expect_id[:19]}")
+            return expect_id
+        want = list(diff_ids or ())
+        for ref in loaded:
+            attrs = self.inspect(ref)
+            if attrs and list((attrs.get("RootFS") or {}).get("Layers") or ()) == want:
+                return attrs["Id"]
+        raise ImageError(f"the engine at {self.host} loaded the archive but holds no image of "
+                         f"config {expect_id[:19]}")
+
+    def _load_once(self, archive: bytes | Iterable[bytes]) -> list[str]:
+        """One ``docker load``; the refs the engine says it loaded."""
+        loaded: list[str] = []
+        with _border(f"loading the image into the engine at {self.host}"):
             for line in self.api.load_image(archive):
-                if isinstance(line, dict) and line.get("error"):
-                    raise ImageError(f"the engine refused the image: {line['error']}")
-        if not self.has_image(expect_id):
-            raise ImageError(f"the engine loaded the archive but holds no image {expect_id[:19]}")
+                if not isinstance(line, dict):
+                    continue
+                if line.get("error"):
+                    raise ImageError(f"the engine at {self.host} refused the image: "
+                                     f"{' '.join(str(line['error']).split())}")
+                said = re.search(r"Loaded image(?: ID)?: (\S+)", str(line.get("stream") or ""))
+                if said:
+                    loaded.append(said.group(1))
+        return loaded
+
+    def load_complete(self, base: BaseImage, config: bytes, layer: Layer, expect_id: str,
+                      log: Log = lambda m: None) -> str:
+        """Load the whole image: the base as this engine exports it, then ``layer`` and
+        ``config``, streamed from the export into the load without a file in between."""
+        def archive() -> Iterator[bytes]:
+            return complete_archive(self.export(base.image_id), config, layer, base.diff_ids)
+        return self.load(archive, expect_id, [*base.diff_ids, layer.diff_id], log)
+
+    def export(self, ref: str) -> Iterator[bytes]:
+        """``docker save`` of ``ref`` as a stream of chunks; a failure while it streams is an
+        ImageError (never an OSError, which a load reading this stream would take for its own)."""
+        with _border(f"exporting {ref} from the engine at {self.host}"):
+            yield from self.api.get_image(ref)
 
     def tag(self, image_id: str, ref: str) -> None:
         repo, tag = split_tag(ref)

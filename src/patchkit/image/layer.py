@@ -13,10 +13,10 @@ import io
 import json
 import re
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from patchkit.errors import ImageError
 
@@ -41,6 +41,7 @@ class BaseImage:
     config: dict                   # the container config (Env, Cmd, Labels ...)
     diff_ids: tuple[str, ...]
     history: tuple[dict, ...]      # oldest first, image-config form
+    config_digest: str | None = None  # known where an image id is its config's digest
 
     @property
     def pinned(self) -> str:
@@ -55,8 +56,20 @@ class BaseImage:
         return "digest" if self.digest else "image-id"
 
     @property
-    def fingerprint(self) -> str:
-        return fingerprint_of(self.image_id, self.diff_ids)
+    def identity(self) -> str:
+        """A digest of what a new image takes from the base (layers, kept config, history,
+        platform): the same on every store, where the image id is not (a containerd store's
+        is the digest of a manifest of its own)."""
+        kept = {k: self.config[k] for k in CONFIG_FIELDS
+                if self.config.get(k) not in (None, "", [], {})}
+        doc = {"diff_ids": list(self.diff_ids), "config": kept, "history": list(self.history),
+               "platform": str(self.platform)}
+        return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The base's :func:`fingerprint`, when its config digest is known without an export."""
+        return fingerprint_of(self.config_digest, self.diff_ids) if self.config_digest else None
 
 
 @dataclass(frozen=True)
@@ -190,27 +203,6 @@ def load_archive(config: bytes, layer: Layer, base_layers: int) -> bytes:
     return out.getvalue()
 
 
-def fingerprint_of(config_digest: str, diff_ids: Sequence[str]) -> str:
-    """An image's content as one value: sha256 over its config digest and its layers' diff_ids.
-
-    Two engines holding the same content agree on it whatever their image ids (snapshotters
-    and stores give the same content different ids); it changes with any byte of config or
-    layer."""
-    digest = config_digest if config_digest.startswith("sha256:") else f"sha256:{config_digest}"
-    text = "\n".join([digest, *diff_ids]) + "\n"
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
-def fingerprint(attrs: dict, config_digest: str | None = None) -> str:
-    """:func:`fingerprint_of` an image from an engine's inspect answer.
-
-    The config digest is the ``Id`` where an image id is its config's digest (the classic
-    store, Podman); an engine whose ids are manifest digests (containerd's store) must be
-    asked for the config digest, and the caller passes it as ``config_digest``."""
-    layers = tuple((attrs.get("RootFS") or {}).get("Layers") or ())
-    return fingerprint_of(config_digest or str(attrs["Id"]), layers)
-
-
 def history_of(entries: Sequence[dict], layers: int, base_name: str) -> tuple[dict, ...]:
     """The base's history in image-config form, from the engine's history API (newest first).
 
@@ -247,3 +239,253 @@ def _makes_layer(created_by: str) -> bool:
     if "#(nop)" in text:
         return bool(re.search(r"#\(nop\)\s+(COPY|ADD)\b", text))
     return bool(re.match(r"(RUN|COPY|ADD)\b|/bin/sh -c |\|\d+ ", text))
+
+
+# ------------------------------------------------------------------------------ fingerprints
+
+def fingerprint_of(config_digest: str, diff_ids: Sequence[str]) -> str:
+    """The content fingerprint of an image whose config digest and layers' diff_ids are known
+    (see :func:`fingerprint`)."""
+    doc = json.dumps({"config": config_digest, "layers": list(diff_ids)}, sort_keys=True,
+                     separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
+
+
+def fingerprint(attrs: dict) -> str:
+    """The content fingerprint of an image as an engine reports it: its config digest and its
+    layers' diff_ids, never the engine's image id (a containerd store's id is the digest of a
+    manifest it made, which differs between snapshotters and between loads).
+
+    ``attrs`` is inspect output with ``ConfigDigest`` added by the engine border, which knows
+    how its engine names the config.
+    """
+    config = attrs.get("ConfigDigest")
+    if not config:
+        raise ImageError("no config digest is known for this image; cannot fingerprint it")
+    return fingerprint_of(config, (attrs.get("RootFS") or {}).get("Layers") or ())
+
+
+# ---------------------------------------------------------------------- archives, streamed
+#
+# A ``docker load`` archive is relayed member by member from one engine's export into another
+# engine's load (or into a complete archive): nothing is written to disk and no member is
+# held whole in memory, except the small JSON ones, which say what the archive holds.
+
+CHUNK = 1 << 20
+_BLOCK = 512
+_SMALL = 4 << 20
+# What an export says about itself; a complete archive gets its own manifest instead.
+_EXPORT_METADATA = {"manifest.json", "repositories", "index.json", "oci-layout"}
+
+
+class ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (an engine's export stream)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._it = iter(chunks)
+        self._view = memoryview(b"")
+        self.bytes = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while not self._view:
+            try:
+                self._view = memoryview(next(self._it))
+            except StopIteration:
+                return 0
+        n = min(len(buf), len(self._view))
+        buf[:n] = self._view[:n]
+        self._view = self._view[n:]
+        self.bytes += n
+        return n
+
+
+@dataclass
+class ArchiveFacts:
+    """What a relayed archive held, learnt as it went by."""
+
+    manifest: list = field(default_factory=list)    # its manifest.json
+    sizes: dict = field(default_factory=dict)       # member -> size, regular files
+    links: dict = field(default_factory=dict)       # member -> the member it points at
+    small: dict = field(default_factory=dict)       # member -> bytes, small JSON members
+    sent: int = 0                                   # bytes of the archive relayed
+
+    def resolve(self, name: str) -> str:
+        for _ in range(8):
+            if name not in self.links:
+                break
+            name = self.links[name]
+        return name
+
+    def layer_bytes(self) -> int:
+        """Bytes of the layer files the manifest names (each counted once)."""
+        return sum(self.sizes.get(p, 0) for p in self._layers())
+
+    def layer_count(self) -> int:
+        return len(self._layers())
+
+    def _layers(self) -> set[str]:
+        return {self.resolve(_norm(p)) for entry in self.manifest
+                for p in entry.get("Layers") or ()}
+
+    def entry_for(self, diff_ids: Sequence[str]) -> dict:
+        """The manifest entry whose config lists exactly ``diff_ids``."""
+        for entry in self.manifest:
+            raw = self.small.get(self.resolve(_norm(entry.get("Config") or "")))
+            try:
+                got = (json.loads(raw or b"{}").get("rootfs") or {}).get("diff_ids")
+            except ValueError:
+                got = None
+            if got == list(diff_ids):
+                return entry
+        if len(self.manifest) == 1 and len(self.manifest[0].get("Layers") or ()) == len(diff_ids):
+            return self.manifest[0]
+        raise ImageError(f"the engine's export holds no image of these {len(diff_ids)} layer(s)")
+
+    def config_digest(self, diff_ids: Sequence[str]) -> str:
+        raw = self.small.get(self.resolve(_norm(self.entry_for(diff_ids).get("Config") or "")))
+        if raw is None:
+            raise ImageError("the engine's export holds no config for its image")
+        return image_id_of(raw)
+
+
+def _norm(name: str) -> str:
+    while name.startswith("./"):
+        name = name[2:]
+    return name.rstrip("/")
+
+
+def _header(info: tarfile.TarInfo) -> bytes:
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def _padding(size: int) -> bytes:
+    return b"\0" * (-size % _BLOCK)
+
+
+def _file_member(name: str, data: bytes) -> Iterator[bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    yield _header(info)
+    yield data
+    yield _padding(len(data))
+
+
+def relay(chunks: Iterable[bytes], facts: ArchiveFacts,
+          skip: frozenset | set = frozenset()) -> Iterator[bytes]:
+    """Re-emit the members of the archive in ``chunks`` (less those named in ``skip``) as tar
+    bytes, filling ``facts``; the end-of-archive blocks are left to the caller."""
+    reader = ChunkReader(chunks)
+    try:
+        tar = tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK)
+    except tarfile.TarError as exc:
+        raise ImageError(f"the engine's export is not a tar archive: {exc}") from None
+    with tar:
+        try:
+            for info in tar:
+                yield from _relay_member(tar, info, facts, skip)
+        except tarfile.TarError as exc:
+            raise ImageError(f"the engine's export ends early or is no tar archive: "
+                             f"{exc}") from None
+    if "manifest.json" not in facts.small:
+        raise ImageError("the engine's export has no manifest.json")
+
+
+def _relay_member(tar: tarfile.TarFile, info: tarfile.TarInfo, facts: ArchiveFacts,
+                  skip) -> Iterator[bytes]:
+    name = _norm(info.name)
+    if info.issym():
+        target = info.linkname
+        if not target.startswith("/"):
+            target = f"{PurePosixPath(name).parent}/{target}"
+        facts.links[name] = _collapse(target.lstrip("/"))
+    elif info.islnk():
+        facts.links[name] = _norm(info.linkname)
+    fh = tar.extractfile(info) if info.isreg() else None
+    body = None
+    if fh is not None and info.size <= _SMALL:
+        body = fh.read()
+        if len(body) != info.size:
+            raise ImageError(f"the engine's export ends inside {name}")
+        if body[:1] in (b"{", b"["):
+            facts.small[name] = body
+        if name == "manifest.json":
+            try:
+                facts.manifest = json.loads(body)
+            except ValueError:
+                raise ImageError("the engine's export has a manifest.json that is not "
+                                 "JSON") from None
+            facts.small[name] = body
+    if name in skip:
+        return
+    if info.isreg():
+        facts.sizes[name] = info.size
+    head = _header(info)
+    facts.sent += len(head)
+    yield head
+    if body is not None:
+        out = body + _padding(info.size)
+        facts.sent += len(out)
+        yield out
+    elif fh is not None:
+        left = info.size
+        while left:
+            data = fh.read(min(CHUNK, left))
+            if not data:
+                raise ImageError(f"the engine's export ends inside {name}")
+            left -= len(data)
+            facts.sent += len(data)
+            yield data
+        pad = _padding(info.size)
+        facts.sent += len(pad)
+        yield pad
+
+
+def _collapse(path: str) -> str:
+    parts: list[str] = []
+    for p in path.split("/"):
+        if p in ("", "."):
+            continue
+        if p == "..":
+            if parts:
+                parts.pop()
+            continue
+        parts.append(p)
+    return "/".join(parts)
+
+
+END_OF_ARCHIVE = b"\0" * (2 * _BLOCK)
+
+
+def relayed_export(chunks: Iterable[bytes], facts: ArchiveFacts) -> Iterator[bytes]:
+    """An engine's export, member for member, for another engine's load."""
+    yield from relay(chunks, facts)
+    yield END_OF_ARCHIVE
+    facts.sent += len(END_OF_ARCHIVE)
+
+
+def complete_archive(base_export: Iterable[bytes], config: bytes, layer: Layer,
+                     base_diff_ids: Sequence[str], facts: ArchiveFacts | None = None
+                     ) -> Iterator[bytes]:
+    """A ``docker load`` archive of the whole image, streamed: the base's layers as the engine
+    exported them, then the new layer and ``config`` (unchanged, so the image is the same
+    whichever way it was loaded), and a manifest naming them in order."""
+    facts = facts if facts is not None else ArchiveFacts()
+    yield from relay(base_export, facts, skip=_EXPORT_METADATA)
+    entry = facts.entry_for(base_diff_ids)
+    layers = [_norm(p) for p in entry.get("Layers") or ()]
+    cid = hashlib.sha256(config).hexdigest()
+    config_name = f"{cid}.json"
+    layer_name = f"{layer.diff_id.split(':', 1)[1]}/layer.tar"
+    tail = b""
+    for name, data in ((config_name, config), (layer_name, layer.data)):
+        if name not in facts.sizes:
+            tail += b"".join(_file_member(name, data))
+    manifest = [{"Config": config_name, "RepoTags": None, "Layers": layers + [layer_name]}]
+    tail += b"".join(_file_member("manifest.json", json.dumps(manifest).encode()))
+    tail += END_OF_ARCHIVE
+    facts.sent += len(tail)
+    yield tail

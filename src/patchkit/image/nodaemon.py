@@ -97,6 +97,7 @@ def base_image(remote: RemoteImage, layer_sizes: list[int], platform: Platform) 
                          f"layer(s) and its config {len(diff_ids)}")
     return layer.BaseImage(
         name=remote.name, image_id=layer.image_id_of(remote.config), digest=remote.digest,
+        config_digest=layer.image_id_of(remote.config),
         platform=got, config=doc.get("config") or {}, diff_ids=diff_ids,
         history=layer.history_of(engine_history(doc, layer_sizes), len(diff_ids), remote.name))
 

@@ -127,8 +127,17 @@ def build_image(report) -> str:
         lines.append(f"  other node: docker pull {split_tag(report.tag)[0]}@{report.digest}")
     if report.saved:
         lines.append(f"  other node: docker load -i {report.saved['path']}")
-    if report.layer is not None and not report.digest and not report.saved:
+    if report.layer is not None and not report.digest and not report.saved and not report.copy:
         # an overlay image is a function of its inputs: the same build elsewhere gives the same id
         lines.append(f"  other node: the same command against the same base gives image "
                      f"{image_id[:19]}")
+    if report.copy is not None:
+        from patchkit.render.copy import target_line
+
+        copied = report.copy.to_dict()
+        lines += [f"  copy: {target_line(t)}" for t in copied["targets"]]
+        if not copied["ok"]:
+            failed = sum(t["status"] == "failed" for t in copied["targets"])
+            lines.append(f"FAILED: {report.tag} was built, but {failed} of "
+                         f"{len(copied['targets'])} copies failed")
     return "\n".join(lines)
