@@ -216,7 +216,11 @@ def test_dev_build_summary_says_what_the_image_holds(dev_built, dev_base, docker
     assert labels["io.patchkit.vllm.installed"] == dev_base["version"]
     assert labels["io.patchkit.vllm.installed.commit"] == commit[:9]
     assert labels["io.patchkit.vllm.source"] == "git"
-    assert labels["io.patchkit.base.fingerprint"] == fingerprint_by_hand(base_attrs)
+    from patchkit.image.engine import Engine
+    from patchkit.imageref import Platform
+
+    base = Engine.connect().resolve_base(dev_base["tag"], Platform.parse("linux/arm64"))
+    assert labels["io.patchkit.base.identity"] == base.identity
     assert labels["io.patchkit.vllm.commit"] == commit
 
 
@@ -269,7 +273,8 @@ def test_dev_build_rebuilt_with_nothing_changed_is_the_same_image(dev_built, dev
     assert again["holds"] == dev_built["holds"]
 
 
-def test_a_release_pin_on_the_dev_build_of_its_commit_is_accepted(dev_applied, dev_base, registry,
+def test_a_release_pin_on_the_dev_build_of_its_commit_is_accepted(dev_applied, dev_built,
+                                                                   dev_base, registry,
                                                                    tmp_path, docker_client):
     # pinned by hand to v0.31.0 from PyPI: the dev build reports 0.31.1.dev7, yet was built from
     # exactly that commit, so the overlay lands on it
@@ -288,6 +293,10 @@ def test_a_release_pin_on_the_dev_build_of_its_commit_is_accepted(dev_applied, d
     assert [p["status"] for p in summary["patches"]] == ["applied", "applied", "skipped"]
     got = hashes_in(docker_client, tag, [ip.SPEC])
     assert got[ip.SPEC] == sha256((workdir / ip.SPEC).read_bytes())
+    # laid on the same base as the image pinned from it: the same base identity
+    labels = docker_client.api.inspect_image(tag)["Config"]["Labels"]
+    dev_labels = docker_client.api.inspect_image(dev_built["tag"])["Config"]["Labels"]
+    assert labels["io.patchkit.base.identity"] == dev_labels["io.patchkit.base.identity"]
 
 
 # ------------------------------------------------------------------ the vendor build, as it is

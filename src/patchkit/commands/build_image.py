@@ -155,11 +155,9 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     if no_daemon:
         built, digest = _build_in_registry(manifest, tree, choice, base=base, platform=plat,
                                            tag=final_tag, log=log, registry=registry)
-        # the config is patchkit's own: its digest and the layers are known without an engine
-        fingerprint = layer.fingerprint_of(built.image_id, [*built.base.diff_ids,
-                                                            built.layer.diff_id])
         return _report(tree, choice, plat, final_tag, built, digest, push=True, saved=None,
-                       started=started, holds=build.Holds.of(built.installed, kind, fingerprint))
+                       started=started,
+                       holds=build.Holds.of(built.installed, kind, _fingerprint(built, None, "")))
     if engine is None:
         from patchkit.image.engine import Engine
 
@@ -191,14 +189,25 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not built.pushed_by_build:
             engine.restore_tag(final_tag, previous)
         raise
-    content = None if built.pushed_by_build else engine.content(final_tag)
-    holds = build.Holds.of(built.installed, kind, layer.fingerprint(content) if content else None)
+    holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
     report = _report(tree, choice, plat, final_tag, built, digest, push=push, saved=saved,
                      started=started, holds=holds)
     if copy_urls:
         log(f"copying {final_tag} to {', '.join(copy_urls)}")
         report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log)
     return report
+
+
+def _fingerprint(built: build.Built, engine, tag: str) -> str | None:
+    """The built image's fingerprint: from the config patchkit made, when it made one; else
+    from the engine where that needs no export (its ids are config digests); else unknown."""
+    b, made = built.base, built.layer
+    if built.config_digest and b is not None and made is not None and made.diff_id:
+        return layer.fingerprint_of(built.config_digest, [*b.diff_ids, made.diff_id])
+    if engine is None or built.pushed_by_build or not engine.store().ids_are_config_digests:
+        return None
+    content = engine.content(tag)
+    return layer.fingerprint(content) if content else None
 
 
 def _check_no_daemon(push: bool, save: Path | None, mode: str) -> None:

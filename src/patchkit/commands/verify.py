@@ -143,7 +143,10 @@ def _check_image(manifest: Manifest, image: str, *, engine=None,
         else:
             pkg = package.find_package(files, env)
         version = facts.installed or package.installed_version(files, pkg, None)
-        holds = Holds.of(version, facts.source, layer.fingerprint(engine.content(attrs["Id"])))
+        # where ids are not config digests only an export of the whole image would tell it
+        fingerprint = (layer.fingerprint(engine.content(attrs["Id"]))
+                       if engine.store().ids_are_config_digests else None)
+        holds = Holds.of(version, facts.source, fingerprint)
         active = active_patches(manifest, facts.skipped(), version, variant)
         cache: dict[str, str | None] = {}
 

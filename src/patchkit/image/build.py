@@ -52,11 +52,12 @@ VARIANT_LABEL = "io.patchkit.variant"  # the variant built; empty for the defaul
 OVERLAY_MODE = "overlay"
 SOURCE_MODE = "source"
 # What the image holds (see Holds): the installed version, the commit it names, the kind of
-# source of the pristine tree, and the base's content fingerprint.
+# source of the pristine tree, and the identity of the base it was laid on (an image cannot
+# carry its own fingerprint, which its labels are part of).
 INSTALLED_LABEL = "io.patchkit.vllm.installed"
 INSTALLED_COMMIT_LABEL = "io.patchkit.vllm.installed.commit"
 SOURCE_LABEL = "io.patchkit.vllm.source"
-BASE_FINGERPRINT_LABEL = "io.patchkit.base.fingerprint"
+BASE_IDENTITY_LABEL = "io.patchkit.base.identity"
 
 
 @dataclass(frozen=True)
@@ -351,8 +352,9 @@ def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice
                          digest=patchset_digest(manifest))
     labels["org.opencontainers.image.base.name"] = base.name
     labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
-    if base.fingerprint:  # unknown on a store whose ids are not config digests
-        labels[BASE_FINGERPRINT_LABEL] = base.fingerprint
+    # store-independent, as the whole config must be: a base's fingerprint needs its config
+    # digest, which a containerd store tells only through an export
+    labels[BASE_IDENTITY_LABEL] = base.identity
     return OverlayInputs(serve, created, labels,
                          inputs_key(base, labels, choice.shipped, serve, created))
 
@@ -488,7 +490,7 @@ class ImageFacts:
     variant: str | None = None     # the variant built (None: the default build)
     variant_known: bool = False    # the labels say which variant (images patchkit made)
     source: str | None = None      # git | pypi | image
-    base_fingerprint: str | None = None
+    base_identity: str | None = None
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
@@ -500,7 +502,7 @@ class ImageFacts:
         return cls(statuses, labels.get("io.patchkit.vllm.dir") or None,
                    labels.get(INSTALLED_LABEL) or None,
                    labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels,
-                   labels.get(SOURCE_LABEL) or None, labels.get(BASE_FINGERPRINT_LABEL) or None)
+                   labels.get(SOURCE_LABEL) or None, labels.get(BASE_IDENTITY_LABEL) or None)
 
     def skipped(self) -> set[str]:
         return {pid for pid, status in self.statuses.items() if status == "skipped"}

@@ -188,5 +188,6 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: build.ModeC
                              "patchkit made")
     built = build.Built(layer.image_id_of(config), base, reused,
                         build.LayerInfo(made.files, made.bytes, made.whiteouts, made.diff_id),
-                        plan.package.dir, plan.installed, pushed_by_build=True)
+                        plan.package.dir, plan.installed, pushed_by_build=True,
+                        config_digest=layer.image_id_of(config))
     return built, digest
