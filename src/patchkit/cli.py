@@ -66,10 +66,14 @@ FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), de
 MANIFEST = click.option("--manifest", "manifest_path", default="patchset.yaml", show_default=True,
                         type=click.Path(dir_okay=False), help="The patchset manifest.")
 VLLM_REF = click.option("--vllm-ref", "ref",
-                        help="Tag, branch or commit (default: vllm.ref of the manifest).")
+                        help="Tag, branch or commit, or 'base': the commit or release the base "
+                             "image's installed vLLM names (default: vllm.ref of the manifest).")
 VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
-                         help="Git URL, local git path, or 'pypi'; repeat to try several in order "
+                         help="Git URL, local git path, 'pypi', or 'image' (the vLLM installed in "
+                              "the base image, patched as it is); repeat to try several in order "
                               "(default: vllm.repo of the manifest).")
+BASE = click.option("--base", help="The base image that --vllm-ref base and --vllm-repo image "
+                                   "read (default: image.base of the manifest).")
 
 
 def _one_variant(ctx, param, values):
@@ -125,19 +129,20 @@ def validate(manifest_path: str) -> int:
 @cli.command()
 @VLLM_REF
 @VLLM_REPO
+@BASE
 @workdir_option("Where the patched checkout goes.")
 @click.option("--keep-failed", is_flag=True, help="Keep the scratch checkout of a failed run and say where.")
 @VARIANT
 @MANIFEST
 @FORMAT
-def apply(ref, repos, workdir, keep_failed, variant, manifest_path, fmt) -> int:
+def apply(ref, repos, base, workdir, keep_failed, variant, manifest_path, fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
     from patchkit.render import text
 
     report = command.run(_load(manifest_path), ref=ref, repos=repos or None,
                          workdir=Path(workdir), keep_failed=keep_failed,
-                         progress=TextProgress(err=fmt == "json"), variant=variant)
+                         progress=TextProgress(err=fmt == "json"), variant=variant, base=base)
     echo(report.to_json() if fmt == "json" else text.apply(report))
     return 0 if report.ok else 1
 
@@ -145,7 +150,10 @@ def apply(ref, repos, workdir, keep_failed, variant, manifest_path, fmt) -> int:
 @cli.command()
 @click.option("--tree", type=click.Path(file_okay=False),
               help=f"A patched checkout (default: {DEFAULT_WORKDIR}).")
-@click.option("--image", help="An image: read its files without running it.")
+@click.option("--image", help="An image: read its files without running it; also say what it "
+                             "holds (installed vLLM, its commit, the source, the fingerprint).")
+@click.option("--base", help="With a tree: judge the vllm: ranges on the vLLM this base image "
+                             "holds.")
 @click.option("--log", "logs", multiple=True, metavar="FILE",
               help="A server log to judge the runtime markers against ('-' is stdin); repeat "
                    "for each node.")
@@ -155,7 +163,7 @@ def apply(ref, repos, workdir, keep_failed, variant, manifest_path, fmt) -> int:
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, logs, containers, variant, manifest_path, fmt) -> int:
+def verify(tree, image, base, logs, containers, variant, manifest_path, fmt) -> int:
     """Run the AST assertions on a tree or an image; with --log or --container, also the
     runtime markers of the patches that are in, against the server's logs."""
     from patchkit.commands import verify as command
@@ -167,7 +175,8 @@ def verify(tree, image, logs, containers, variant, manifest_path, fmt) -> int:
     report = command.run(m, tree=Path(tree) if tree else None, image=image,
                          default_tree=Path(DEFAULT_WORKDIR), variant=variant, logs=logs,
                          containers=containers,
-                         stdin=click.get_binary_stream("stdin") if "-" in logs else None)
+                         stdin=click.get_binary_stream("stdin") if "-" in logs else None,
+                         base=base, log=lambda msg: echo(msg, err=True))
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
 
@@ -177,6 +186,7 @@ def verify(tree, image, logs, containers, variant, manifest_path, fmt) -> int:
 @click.option("--releases", is_flag=True, help="Every release tag vX.Y.Z after the pin.")
 @click.option("--pre", is_flag=True, help="With --releases: pre-releases too.")
 @VLLM_REPO
+@BASE
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Targets checked at once "
               "(default: two per core).")
 @click.option("--bisect", is_flag=True, help="For each failure on a git source, also find the "
@@ -187,7 +197,7 @@ def verify(tree, image, logs, containers, variant, manifest_path, fmt) -> int:
 @MANIFEST
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "junit"]),
               default="text", show_default=True, help="Report format on stdout.")
-def rebase_check(refs, releases, pre, repos, jobs, bisect, outputs, variant, manifest_path,
+def rebase_check(refs, releases, pre, repos, base, jobs, bisect, outputs, variant, manifest_path,
                  fmt) -> int:
     """Apply the series to newer vLLM refs in scratch checkouts; print the patch x release
     matrix.  Exit 1 if any patch fails anywhere."""
@@ -202,7 +212,7 @@ def rebase_check(refs, releases, pre, repos, jobs, bisect, outputs, variant, man
     result = command.run(_load(manifest_path), refs=refs, releases=releases, pre=pre,
                          repos=repos or None, jobs=jobs,
                          progress=TextProgress(err=True, patches=False), variant=variant,
-                         bisect=bisect)
+                         bisect=bisect, base=base)
     for kind, path in sinks:
         try:
             path.write_text(render.render(result, kind))
@@ -351,7 +361,8 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, 
 @VLLM_REPO
 @workdir_option("The applied checkout the image is made from.")
 @click.option("--no-apply", is_flag=True, help="Use --workdir as it is instead of applying first.")
-@click.option("--base", help="Base image (default: image.base of the manifest).")
+@click.option("--base", help="Base image; also what --vllm-ref base and --vllm-repo image "
+                             "read (default: image.base of the manifest).")
 @click.option("--tag", help="Tag of the new image; {ref} is replaced (default: image.tag).")
 @click.option("--platform", help="OS/ARCH (default: image.platform, else linux/arm64).")
 @click.option("--mode", type=click.Choice(["auto", "overlay", "source"]), default="auto",

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from patchkit import interrupt
 from patchkit.errors import CommandError
@@ -68,7 +69,8 @@ def _gitpython():
 
 
 def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
-             env: dict[str, str] | None = None, input: bytes | None = None) -> tuple[int, bytes, bytes]:
+             env: dict[str, str] | None = None, input: bytes | IO[bytes] | None = None
+             ) -> tuple[int, bytes, bytes]:
     cmd = _gitpython().cmd.Git(str(cwd) if cwd is not None else None)
     full_env = dict(QUIET)
     if env:
@@ -76,11 +78,12 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     argv = ["git", *BASE_ARGS, *args]
     stdin = None
     try:
-        if input is not None:
+        if isinstance(input, bytes):
             stdin = tempfile.TemporaryFile()
             stdin.write(input)
             stdin.seek(0)
-        code, out, err = cmd.execute(argv, istream=stdin, with_extended_output=True,
+        code, out, err = cmd.execute(argv, istream=stdin if stdin is not None else input,
+                                     with_extended_output=True,
                                      with_exceptions=False, stdout_as_string=False,
                                      strip_newline_in_stdout=False, env=full_env)
     except _gitpython().exc.GitCommandNotFound as exc:
@@ -98,12 +101,12 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
-def _try(*args: str, cwd=None, env=None, input: bytes | None = None) -> Result:
+def _try(*args: str, cwd=None, env=None, input: bytes | IO[bytes] | None = None) -> Result:
     code, out, err = _execute(args, cwd=cwd, env=env, input=input)
     return Result(code == 0, code, _text(out), _text(err))
 
 
-def _run(*args: str, cwd=None, env=None, input: bytes | None = None) -> str:
+def _run(*args: str, cwd=None, env=None, input: bytes | IO[bytes] | None = None) -> str:
     """Stdout of a command that must succeed."""
     code, out, err = _execute(args, cwd=cwd, env=env, input=input)
     if code != 0:
@@ -503,3 +506,69 @@ def commit_directory(repo: Path, folder: Path, message: str) -> str:
         return _line("commit-tree", tree, "-m", message, cwd=folder, env=env)
     finally:
         index.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class TreeFile:
+    """One file of a tree to commit: ``path`` relative to the tree's root, ``mode`` one of
+    git's (0o100644, 0o100755, or 0o120000 with the link's target as ``data``).  ``same_as``
+    names an earlier file of the same listing whose bytes this one has (a hard link)."""
+
+    path: str
+    mode: int
+    data: bytes | None = None
+    same_as: str | None = None
+
+
+_MODES = {0o100644, 0o100755, 0o120000}
+
+
+def _quoted(path: str) -> str:
+    """A path as fast-import reads it: C-style quoted when it needs to be."""
+    if not any(c in path for c in '"\\\n') and not path.startswith('"'):
+        return path
+    return '"' + path.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def commit_files(repo: Path, ref: str, files: Iterable[TreeFile], message: str) -> tuple[str, int]:
+    """An orphan commit in the bare ``repo`` of exactly ``files``, with the fixed identity, at
+    ``ref`` (created or moved); returns the commit id and how many files it holds.
+
+    The files stream through ``git fast-import`` from a spooled file: nothing is laid out on
+    disk, so no path of the listing is ever opened (links included), and the same files give
+    the same commit id on every machine.
+    """
+    when = "946684800 +0000"  # IDENTITY's date
+    marks: dict[str, int] = {}
+    entries: list[bytes] = []
+    with tempfile.TemporaryFile() as stream:
+        for f in files:
+            interrupt.check()
+            if f.mode not in _MODES or not f.path or f.path.startswith("/") or \
+                    ".." in f.path.split("/") or "\0" in f.path:
+                raise ValueError(f"not a file git can commit: {f.path!r} (mode {f.mode:o})")
+            if f.same_as is not None:
+                if f.same_as not in marks:
+                    raise ValueError(f"{f.path}: a hard link to {f.same_as}, which is not "
+                                     "listed before it")
+                mark = marks[f.same_as]
+            else:
+                data = f.data or b""
+                mark = len(marks) + 2  # :1 is the commit
+                stream.write(b"blob\nmark :%d\ndata %d\n" % (mark, len(data)))
+                stream.write(data)
+                stream.write(b"\n")
+            marks[f.path] = mark
+            entries.append(f"M {f.mode:o} :{mark} {_quoted(f.path)}\n"
+                           .encode("utf-8", "surrogateescape"))
+        stream.write(f"commit {ref}\nmark :1\n".encode())
+        for who in ("author", "committer"):
+            stream.write(f"{who} patchkit <patchkit@localhost> {when}\n".encode())
+        text = message.rstrip("\n").encode() + b"\n"
+        stream.write(b"data %d\n%s" % (len(text), text))
+        stream.writelines(entries)
+        stream.write(b"\nget-mark :1\n")
+        stream.seek(0)
+        out = _run("fast-import", "--quiet", "--force", "--date-format=raw", cwd=repo,
+                   input=stream)
+    return out.strip().splitlines()[-1], len(entries)

@@ -7,11 +7,15 @@ Three readings of a tag, on purpose of different strictness:
 * :func:`tag_version` is lenient: the version a tag or ``__version__`` string names, for telling
   which release a commit is.
 * :func:`pypi_release` is what ``--vllm-repo pypi`` accepts, and says so when it is not one.
+
+And two readings of an installed version (what a base image holds): :func:`named_commit`, the
+commit a dev build's local part names, and :func:`base_pin`, what ``--vllm-ref base`` pins.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -19,7 +23,14 @@ from packaging.version import InvalidVersion, Version
 from patchkit.errors import UsageError
 
 __all__ = ["InvalidVersion", "Version", "parse", "release_tag", "tag_version", "pypi_release",
-           "in_range", "expected", "same_release", "sort_key"]
+           "in_range", "expected", "same_release", "sort_key", "named_commit", "Pin", "base_pin"]
+
+# A local part that names the commit a build was made from: setuptools-scm's ``g<sha>``,
+# optionally dated (``.d20260714``, a dirty tree), optionally with one of vLLM's own build
+# labels (``.cu130``), which its setup.py appends to a dev version.
+_BUILD_LABEL = r"(?:cu\d+|cpu|rocm\d*|xpu|tpu|hpu|neuron)"
+_COMMIT_LOCAL = re.compile(rf"g([0-9a-f]{{7,40}})(?:\.d\d{{8}})?(?:\.{_BUILD_LABEL})?")
+_RELEASE_LOCAL = re.compile(_BUILD_LABEL)
 
 
 def parse(text: str | None) -> Version | None:
@@ -90,3 +101,38 @@ def same_release(installed: str, wanted: str) -> bool:
 def sort_key(version: str | None) -> Version:
     """For sorting by release; raises InvalidVersion for what is none."""
     return Version(version or "")
+
+
+def named_commit(version: str | None) -> str | None:
+    """The (short) commit id a version's local part names, else None.
+
+    ``0.26.1rc1.dev1257+g94d96e244`` -> ``94d96e244``; ``0.25.2.dev0+g752a3a504.d20260714`` ->
+    ``752a3a504``; ``0.33.0``, ``0.31.0+nv25.11`` -> None.
+    """
+    v = parse(version)
+    if v is None or not v.local:
+        return None
+    m = _COMMIT_LOCAL.fullmatch(v.local)
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class Pin:
+    """What an installed version pins in a git source: a commit, or a release tag."""
+
+    ref: str        # ``94d96e244`` or ``v0.33.0``
+    commit: bool    # True when ``ref`` is a commit id
+
+
+def base_pin(version: str | None) -> Pin | None:
+    """What ``--vllm-ref base`` pins for a base holding ``version``: the commit its local part
+    names, else the tag of a plain release (``0.33.0`` -> ``v0.33.0``; upstream's own build
+    labels such as ``+cu130`` name the same release); None for anything else (a vendor's
+    ``0.31.0+nv25.11``, a dev version that names no commit)."""
+    commit = named_commit(version)
+    if commit:
+        return Pin(commit, True)
+    v = parse(version)
+    if v is None or v.is_devrelease or (v.local and not _RELEASE_LOCAL.fullmatch(v.local)):
+        return None
+    return Pin(f"v{v.public}", False)

@@ -165,9 +165,9 @@ def test_resolves_each_target_once_and_leaves_nothing_behind(tmp_path, monkeypat
     calls = []
     real = source.resolve
 
-    def counting(repos, ref, cache, log=lambda m: None):
+    def counting(repos, ref, cache, log=lambda m: None, **kw):
         calls.append(ref)
-        return real(repos, ref, cache, log)
+        return real(repos, ref, cache, log, **kw)
 
     monkeypatch.setattr(source, "resolve", counting)
     m = manifest.load(proj / "patchset.yaml")

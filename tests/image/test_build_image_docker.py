@@ -23,6 +23,7 @@ from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
 from patchkit.series.engine import apply_series
 from patchkit.errors import ImageError
+from patchkit.image import layer
 from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
@@ -90,14 +91,21 @@ def built(project, docker_client):
 REGISTRY_TAG = f"{os.environ.get('PK_REGISTRY', '127.0.0.1:5055')}/pk-test/dspark-e2e"
 
 
-def test_summary_names_tag_mode_base_and_layer(built, bases):
+def test_summary_names_tag_mode_base_and_layer(built, bases, docker_client):
     assert built["ok"] is True
     assert built["mode"] == "overlay"
     assert built["tag"] == f"{REGISTRY_TAG}:v{RELEASE}"
     assert built["platform"] == "linux/arm64"
     base_digest = bases[RELEASE]["repo_digest"].split("@", 1)[1]
-    assert built["base"] == {"name": bases[RELEASE]["tag"], "digest": base_digest,
-                             "pinned_by": "digest", "image_id": bases[RELEASE]["id"]}
+    base = dict(built["base"])
+    base_fp = base.pop("fingerprint")
+    assert base == {"name": bases[RELEASE]["tag"], "digest": base_digest,
+                    "pinned_by": "digest", "image_id": bases[RELEASE]["id"]}
+    assert base_fp == layer.fingerprint_of(bases[RELEASE]["id"],
+                                           docker_client.api.inspect_image(
+                                               bases[RELEASE]["tag"])["RootFS"]["Layers"])
+    assert built["holds"]["installed"] == RELEASE and built["holds"]["commit"] is None
+    assert built["holds"]["source"] == "pypi"
     assert built["vllm"]["dir"] == f"{SITE}/vllm"
     assert built["vllm"]["installed"] == RELEASE
     assert [p["id"] for p in built["patches"]] == ["draft-quant-config", "nvfp4-ds-mla-dtype",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from patchkit.image import basevllm
 from patchkit.manifest import Manifest
 from patchkit.report import ApplyReport
 from patchkit.series import engine
@@ -12,6 +13,12 @@ from patchkit.series import engine
 
 def run(manifest: Manifest, *, ref: str | None, repos: Sequence[str] | None, workdir: Path,
         keep_failed: bool = False, progress: engine.Progress | None = None,
-        variant: str | None = None) -> ApplyReport:
-    return engine.apply_series(manifest, ref=ref, repos=repos, workdir=workdir, keep_failed=keep_failed,
-                        progress=progress, variant=variant)
+        variant: str | None = None, base: str | None = None) -> ApplyReport:
+    """``base`` names the base image the ref ``base`` and the source ``image`` read (default
+    image.base); an engine is reached only when they are used."""
+    progress = progress or engine.Progress()
+    holder = basevllm.for_run(manifest, refs=[manifest.vllm.ref if ref is None else ref],
+                              repos=repos, base=base, log=progress.info)
+    return engine.apply_series(manifest, ref=ref, repos=repos, workdir=workdir,
+                               keep_failed=keep_failed, progress=progress, variant=variant,
+                               base=holder)

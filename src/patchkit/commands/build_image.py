@@ -8,9 +8,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from patchkit import source
 from patchkit.commands import copy_image
 from patchkit.errors import ImageError, UsageError
-from patchkit.image import build
+from patchkit.image import basevllm, build, layer
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.report import ApplyReport, VllmInfo
@@ -45,6 +46,7 @@ class BuildReport:
     variant: str | None = None
     load: str | None = None         # overlay: "partial" or "complete" archive
     copy: object | None = None      # copy_image.CopyReport of --copy-to
+    holds: build.Holds | None = None
 
     @classmethod
     def failed_apply(cls, report: ApplyReport) -> BuildReport:
@@ -67,6 +69,8 @@ class BuildReport:
             data["buildargs"] = self.buildargs
         if self.load:
             data["load"] = self.load
+        if self.holds is not None:
+            data["holds"] = self.holds.to_dict()
         if self.copy is not None:
             data["copy"] = self.copy.to_dict()
             data["ok"] = self.copy.ok
@@ -120,8 +124,19 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         raise UsageError("--copy-to copies from an engine, and --no-daemon has none: pull the "
                          "pushed digest on the other node")
     if apply:
+        needs = basevllm.needed(manifest, [manifest.vllm.ref if ref is None else ref], repos)
+        if needs and no_daemon:
+            raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
+                             "with an engine first, then build-image --no-daemon --no-apply")
+        if needs and engine is None:
+            from patchkit.image.engine import Engine
+
+            engine = Engine.connect()
+        holder = basevllm.for_run(manifest, refs=[manifest.vllm.ref if ref is None else ref],
+                                  repos=repos, base=base, platform=str(plat), engine=engine,
+                                  log=log)
         report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress,
-                              variant=variant)
+                              variant=variant, base=holder)
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = AppliedCheckout.open(workdir)
@@ -135,11 +150,14 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
     final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
     check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
+    kind = source.kind_name(tree.vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos
+                                               else None))
     if no_daemon:
         built, digest = _build_in_registry(manifest, tree, choice, base=base, platform=plat,
                                            tag=final_tag, log=log, registry=registry)
         return _report(tree, choice, plat, final_tag, built, digest, push=True, saved=None,
-                       started=started)
+                       started=started,
+                       holds=build.Holds.of(built.installed, kind, _fingerprint(built, None, "")))
     if engine is None:
         from patchkit.image.engine import Engine
 
@@ -171,12 +189,25 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not built.pushed_by_build:
             engine.restore_tag(final_tag, previous)
         raise
+    holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
     report = _report(tree, choice, plat, final_tag, built, digest, push=push, saved=saved,
-                     started=started)
+                     started=started, holds=holds)
     if copy_urls:
         log(f"copying {final_tag} to {', '.join(copy_urls)}")
         report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log)
     return report
+
+
+def _fingerprint(built: build.Built, engine, tag: str) -> str | None:
+    """The built image's fingerprint: from the config patchkit made, when it made one; else
+    from the engine where that needs no export (its ids are config digests); else unknown."""
+    b, made = built.base, built.layer
+    if built.config_digest and b is not None and made is not None and made.diff_id:
+        return layer.fingerprint_of(built.config_digest, [*b.diff_ids, made.diff_id])
+    if engine is None or built.pushed_by_build or not engine.store().ids_are_config_digests:
+        return None
+    content = engine.content(tag)
+    return layer.fingerprint(content) if content else None
 
 
 def _check_no_daemon(push: bool, save: Path | None, mode: str) -> None:
@@ -207,7 +238,7 @@ def _build_in_registry(manifest: Manifest, tree: AppliedCheckout, choice, *, bas
 
 
 def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built, digest, *,
-            push: bool, saved: dict | None, started: float) -> BuildReport:
+            push: bool, saved: dict | None, started: float, holds: build.Holds) -> BuildReport:
     b = built.base
     vllm = asdict(tree.vllm)
     if built.vllm_dir:
@@ -218,12 +249,12 @@ def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built
         ok=True, mode=choice.mode, mode_reason=choice.reason, tag=final_tag,
         image_id=built.image_id, digest=digest, platform=str(plat),
         base=({"name": b.name, "digest": b.digest or b.image_id, "pinned_by": b.pinned_by,
-               "image_id": b.image_id} if b else None),
+               "image_id": b.image_id, "fingerprint": b.fingerprint} if b else None),
         vllm=vllm, patches=[{"id": p.id, "status": p.status} for p in tree.report.patches],
         variant=tree.report.variant,
         layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
         not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
-        buildargs=built.buildargs, load=built.load)
+        buildargs=built.buildargs, load=built.load, holds=holds)
 
 
 __all__ = ["BuildReport", "VllmInfo", "check_reference", "default_tag", "run"]

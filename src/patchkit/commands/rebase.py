@@ -161,6 +161,10 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
                              "--continue` or undo it with `patchkit rebase --abort`")
         repos = tuple(repos or engine.manifest_sources(m))
         cache = cache or cache_dir()
+        if source.BASE_REF in (to, m.vllm.ref) or any(source.reads_base(r) for r in repos):
+            raise UsageError("rebase moves the pin between refs of git or PyPI sources; a pin "
+                             f"'{source.BASE_REF}' or the source 'image' follows the base image "
+                             "instead: change image.base, then check with rebase-check")
         resolved = source.resolve(repos, to, cache, progress.info)
         shutil.rmtree(sdir, ignore_errors=True)  # the leftovers of a start that never finished
         sdir.mkdir(parents=True)

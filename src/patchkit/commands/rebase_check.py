@@ -26,6 +26,7 @@ from pathlib import Path
 
 from patchkit import interrupt, source, versions
 from patchkit.errors import PatchkitError, SourceError, UsageError
+from patchkit.image import basevllm
 from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
@@ -64,11 +65,11 @@ def check_flags(refs: Sequence[str], releases: bool, pre: bool,
 # ------------------------------------------------------------------------------ the targets
 
 def pin_version(manifest: Manifest, repos: Sequence[str], cache: Path,
-                log=lambda m: None) -> versions.Version:
+                log=lambda m: None, base: source.Base | None = None) -> versions.Version:
     v = versions.release_tag(manifest.vllm.ref)
     if v is not None:
         return v
-    resolved = source.resolve(repos, manifest.vllm.ref, cache, log)
+    resolved = source.resolve(repos, manifest.vllm.ref, cache, log, base=base)
     try:
         return versions.sort_key(resolved.version)
     except versions.InvalidVersion:
@@ -78,11 +79,11 @@ def pin_version(manifest: Manifest, repos: Sequence[str], cache: Path,
 
 def release_targets(manifest: Manifest, *, repos: Sequence[str] | None = None,
                     cache: Path | None = None, pre: bool = False,
-                    log=lambda m: None) -> list[str]:
+                    log=lambda m: None, base: source.Base | None = None) -> list[str]:
     """The release tags after the pin, oldest first; pre-releases only with ``pre``."""
     repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
-    pin = pin_version(manifest, repos, cache, log)
+    pin = pin_version(manifest, repos, cache, log, base)
     _, tags = source.list_tags(repos, cache, log)
     found: dict[versions.Version, str] = {}
     for tag in tags:
@@ -174,14 +175,16 @@ class Matrix:
 def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | None = None,
           cache: Path | None = None, jobs: int | None = None,
           progress: CheckProgress | None = None, sparse: bool = True,
-          variant: str | None = None) -> Matrix:
+          variant: str | None = None, base: source.Base | None = None) -> Matrix:
     """Apply the series of ``variant`` (None: the default build) to each of ``refs`` in a
-    scratch checkout and run the assertions."""
+    scratch checkout and run the assertions; ``base`` is the base image the ref ``base`` and
+    the source ``image`` read."""
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
     repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
-    resolved = [source.resolve(repos, ref, cache, progress.info) for ref in dict.fromkeys(refs)]
+    resolved = [source.resolve(repos, ref, cache, progress.info, base=base)
+                for ref in dict.fromkeys(refs)]
     resolved = _by_version(resolved)
     matrix = Matrix(manifest, variant=variant)
     if not resolved:
@@ -277,19 +280,23 @@ def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:
 def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         pre: bool = False, repos: Sequence[str] | None = None, jobs: int | None = None,
         progress: CheckProgress | None = None, variant: str | None = None,
-        bisect: bool = False) -> Matrix:
+        bisect: bool = False, base: str | None = None) -> Matrix:
     """The targets named and, with ``releases``, every release after the pin; then the check;
-    with ``bisect``, the upstream commit that broke each failure (``commands.bisect``)."""
+    with ``bisect``, the upstream commit that broke each failure (``commands.bisect``).
+    ``base`` names the base image (default image.base) of a target ``base`` and of the source
+    ``image``."""
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
     targets = list(refs)
+    holder = basevllm.for_run(manifest, refs=targets + ([manifest.vllm.ref] if releases else []),
+                              repos=repos, base=base, log=progress.info)
     if releases:
-        found = release_targets(manifest, repos=repos, pre=pre, log=progress.info)
+        found = release_targets(manifest, repos=repos, pre=pre, log=progress.info, base=holder)
         progress.info(f"releases after {manifest.vllm.ref}: {', '.join(found) or 'none'}")
         targets += found
     matrix = check(manifest, targets, repos=repos, jobs=jobs, progress=progress,
-                   variant=variant)
+                   variant=variant, base=holder)
     if bisect:
         from patchkit.commands.bisect import bisect_failures
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from patchkit import paths, versions
 from patchkit.errors import ImageError, LogError, UsageError
@@ -16,6 +16,9 @@ from patchkit.report import AssertionResult
 from patchkit.series import checkout, runtime, verify
 from patchkit.series.runtime import MarkerResult
 
+if TYPE_CHECKING:  # the image modules are imported only when an image is looked at
+    from patchkit.image.build import Holds
+
 
 @dataclass
 class VerifyReport:
@@ -23,6 +26,7 @@ class VerifyReport:
     verify: list[AssertionResult]
     runtime: list[MarkerResult] | None = None   # None when no log was given
     logs: list[str] = field(default_factory=list)
+    holds: Holds | None = None                  # what the image holds, for --image
 
     @property
     def assertions_ok(self) -> bool:
@@ -40,6 +44,8 @@ class VerifyReport:
         out = {"ok": self.ok, "target": self.target, "verify": [a.to_dict() for a in self.verify]}
         if self.runtime is not None:
             out["runtime"] = [r.to_dict() for r in self.runtime]
+        if self.holds is not None:
+            out["holds"] = self.holds.to_dict()
         return out
 
 
@@ -51,6 +57,7 @@ class _Checked:
     statuses: Mapping[str, str]     # patch id -> status, from the report or the labels
     version: str | None
     variant: str | None
+    holds: Holds | None = None
 
 
 def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
@@ -83,13 +90,15 @@ def verify_tree(manifest: Manifest, tree: Path, variant: str | None = None
     return _check_tree(manifest, tree, variant).results
 
 
-def _check_tree(manifest: Manifest, tree: Path, variant: str | None) -> _Checked:
+def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
+                version: str | None = None) -> _Checked:
+    """``version``, when given, judges the ranges instead of the tree's own release."""
     if not tree.is_dir():
         raise UsageError(f"--tree {tree}: no such directory")
     report = checkout.read_report(tree)
     variant = built_variant(manifest, variant, report.variant if report else None,
                             report is not None, f"--tree {tree}")
-    version = report.vllm.version if report else None
+    version = version or (report.vllm.version if report else None)
     skipped = report.skipped() if report else set()
     results = verify.run_assertions(active_patches(manifest, skipped, version, variant),
                                     verify.tree_reader(tree))
@@ -105,8 +114,8 @@ def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | 
 
 def _check_image(manifest: Manifest, image: str, *, engine=None,
                  variant: str | None = None) -> _Checked:
-    from patchkit.image import package
-    from patchkit.image.build import ImageFacts
+    from patchkit.image import layer, package
+    from patchkit.image.build import Holds, ImageFacts
     from patchkit.image.engine import Engine
     from patchkit.imageref import Platform, check_reference
 
@@ -134,6 +143,10 @@ def _check_image(manifest: Manifest, image: str, *, engine=None,
         else:
             pkg = package.find_package(files, env)
         version = facts.installed or package.installed_version(files, pkg, None)
+        # where ids are not config digests only an export of the whole image would tell it
+        fingerprint = (layer.fingerprint(engine.content(attrs["Id"]))
+                       if engine.store().ids_are_config_digests else None)
+        holds = Holds.of(version, facts.source, fingerprint)
         active = active_patches(manifest, facts.skipped(), version, variant)
         cache: dict[str, str | None] = {}
 
@@ -144,18 +157,24 @@ def _check_image(manifest: Manifest, image: str, *, engine=None,
                 cache[rel] = None if data is None else data.decode("utf-8")
             return cache[rel]
 
-        return _Checked(verify.run_assertions(active, read), facts.statuses, version, variant)
+        return _Checked(verify.run_assertions(active, read), facts.statuses, version, variant,
+                        holds)
 
 
 def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
         default_tree: Path, variant: str | None = None, logs: tuple[str, ...] = (),
-        containers: tuple[str, ...] = (), stdin=None, engine=None) -> VerifyReport:
+        containers: tuple[str, ...] = (), stdin=None, engine=None, base: str | None = None,
+        log=lambda m: None) -> VerifyReport:
     """The assertions on ``tree`` or ``image``; with ``logs`` (paths, ``-`` for ``stdin``) or
     ``containers`` (names or ids on the engine), the runtime markers too.  A log that cannot be
-    had stops the command before anything is checked."""
+    had stops the command before anything is checked.  ``base`` (with a tree): judge the
+    patches' ranges on the vLLM that base image holds, the one the tree is to be laid on."""
     if tree and image:
         raise UsageError("give --tree or --image, not both")
+    if image and base:
+        raise UsageError("--base goes with --tree: an image's own files say what it holds")
     variants.check(manifest, variant)
+    version = _base_version(manifest, base, engine, log) if base else None
     with _Logs(logs, containers, stdin=stdin, engine=engine) as sources:
         if image:
             target = image
@@ -163,12 +182,22 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
                                    variant=variant)
         else:
             target = str(tree or default_tree)
-            checked = _check_tree(manifest, Path(target), variant)
-        report = VerifyReport(target, checked.results)
+            checked = _check_tree(manifest, Path(target), variant, version)
+        report = VerifyReport(target, checked.results, holds=checked.holds)
         if sources.logs:
             report.runtime = sources.judge(manifest, checked)
             report.logs = sources.names
     return report
+
+
+def _base_version(manifest: Manifest, base: str, engine, log) -> str | None:
+    from patchkit.image import basevllm
+    from patchkit.image.engine import Engine
+    from patchkit.imageref import Platform, check_reference
+
+    check_reference("--base", base)
+    plat = Platform.parse(manifest.image.platform or "linux/arm64")
+    return basevllm.open_base(engine or Engine.connect(), base, plat, log).version
 
 
 class _Logs:

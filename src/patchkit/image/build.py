@@ -17,11 +17,11 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Callable, Sequence
 
-from patchkit import versions
+from patchkit import source, versions
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import layer, package
 from patchkit.image.engine import Engine
@@ -51,6 +51,13 @@ VARIANT_LABEL = "io.patchkit.variant"  # the variant built; empty for the defaul
 # The two build modes (not patch kinds: a series of any kinds builds either way).
 OVERLAY_MODE = "overlay"
 SOURCE_MODE = "source"
+# What the image holds (see Holds): the installed version, the commit it names, the kind of
+# source of the pristine tree, and the identity of the base it was laid on (an image cannot
+# carry its own fingerprint, which its labels are part of).
+INSTALLED_LABEL = "io.patchkit.vllm.installed"
+INSTALLED_COMMIT_LABEL = "io.patchkit.vllm.installed.commit"
+SOURCE_LABEL = "io.patchkit.vllm.source"
+BASE_IDENTITY_LABEL = "io.patchkit.base.identity"
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,7 @@ def base_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created
                 digest: str) -> dict[str, str]:
     vllm = tree.vllm
     repo = vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos else "")
+    kind = source.kind_name(repo) or ""
     if repo == "pypi":
         repo = f"pypi:vllm=={vllm.version or vllm.ref}"
     version = vllm.version or vllm.ref or "unknown"
@@ -187,6 +195,7 @@ def base_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created
         "io.patchkit.vllm.commit": str(vllm.commit or tree.base),
         "io.patchkit.vllm.version": str(vllm.version or ""),
         "io.patchkit.vllm.tree": tree.tree_id(),
+        SOURCE_LABEL: kind,
         "io.patchkit.patches": json.dumps(patches, separators=(",", ":")),
         VARIANT_LABEL: tree.report.variant or "",
     }
@@ -220,12 +229,12 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
     expected = versions.expected(vllm.version, vllm.ref)
     installed = package.installed_version(files, pkg, expected)
     ref = vllm.ref or tree.base[:12]
-    if expected and installed and not versions.same_release(installed, expected):
-        raise ImageError(f"base {base.name} holds vLLM {installed}, not {expected}: the patches "
-                         f"were applied to vLLM {ref}; use a base of that release")
-    if expected and installed is None:
-        raise ImageError(f"base {base.name}: cannot tell its vLLM version (no {pkg.dir}/_version.py"
-                         f" nor vllm-{expected}.dist-info); refusing to lay vLLM {ref} files on it")
+    problem = installed_problem(base.name, installed, tree, pkg.dir)
+    if problem:
+        raise ImageError(problem)
+    named = versions.named_commit(installed)
+    if named and not (vllm.repo and source.reads_base(vllm.repo)):
+        log(f"base {base.name} was built from commit {named}, the pinned one")
     pristine = tree.pristine([c.path for c in shipped if c.status != "A"])
     where = f"vLLM {ref} (commit {tree.base[:12]})"
     for c in shipped:
@@ -277,6 +286,41 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
     return OverlayPlan(pkg, installed, entries)
 
 
+def installed_problem(base_name: str, installed: str | None, tree: AppliedCheckout,
+                      package_dir: str) -> str | None:
+    """Why a base holding vLLM ``installed`` is not what the tree was applied to, or None.
+
+    Commits before release strings: a base whose version names the pinned commit (a dev build,
+    ``0.31.1.dev7+g<sha>``) holds that commit whatever its release says.  A tree read from a
+    base image (the source ``image``) fits a base holding the very version it was read from.
+    Otherwise the installed release must be the pinned one.  The pristine bytes of every file
+    to replace are compared after this, whichever way it went.
+    """
+    vllm = tree.vllm
+    ref = vllm.ref or tree.base[:12]
+    if vllm.repo and source.reads_base(vllm.repo):
+        if installed != vllm.version:
+            return (f"base {base_name} holds vLLM {installed or '(version unknown)'}, and the tree "
+                    f"was read from a base holding vLLM {vllm.version or '(version unknown)'}: "
+                    "build on the base it was applied from")
+        return None
+    named = versions.named_commit(installed)
+    if named:
+        if (vllm.commit or tree.base).startswith(named) or tree.base.startswith(named):
+            return None
+        return (f"base {base_name} holds vLLM {installed}, built from commit {named}, not from "
+                f"the pinned commit {tree.base[:12]} (vLLM {ref}); use a base built from it, or "
+                "pin it with --vllm-ref base")
+    expected = versions.expected(vllm.version, vllm.ref)
+    if expected and installed and not versions.same_release(installed, expected):
+        return (f"base {base_name} holds vLLM {installed}, not {expected}: the patches were "
+                f"applied to vLLM {ref}; use a base of that release")
+    if expected and installed is None:
+        return (f"base {base_name}: cannot tell its vLLM version (no {package_dir}/_version.py "
+                f"nor vllm-{expected}.dist-info); refusing to lay vLLM {ref} files on it")
+    return None
+
+
 def inputs_key(base: layer.BaseImage, labels: dict, shipped: Sequence[Change], serve: bytes | None,
                mtime: int) -> str:
     """What the overlay image is a function of.  An image carrying the same key was made from
@@ -308,6 +352,9 @@ def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice
                          digest=patchset_digest(manifest))
     labels["org.opencontainers.image.base.name"] = base.name
     labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
+    # store-independent, as the whole config must be: a base's fingerprint needs its config
+    # digest, which a containerd store tells only through an export
+    labels[BASE_IDENTITY_LABEL] = base.identity
     return OverlayInputs(serve, created, labels,
                          inputs_key(base, labels, choice.shipped, serve, created))
 
@@ -320,7 +367,8 @@ def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInput
     labels.update({
         INPUTS_LABEL: inputs.key,
         "io.patchkit.vllm.dir": plan.package.dir,
-        "io.patchkit.vllm.installed": plan.installed or "",
+        INSTALLED_LABEL: plan.installed or "",
+        INSTALLED_COMMIT_LABEL: versions.named_commit(plan.installed) or "",
         "io.patchkit.layer.files": str(made.files),
         "io.patchkit.layer.bytes": str(made.bytes),
         "io.patchkit.layer.whiteouts": str(made.whiteouts),
@@ -354,7 +402,7 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
                      LayerInfo(int(got.get("io.patchkit.layer.files", 0)),
                                int(got.get("io.patchkit.layer.bytes", 0)),
                                int(got.get("io.patchkit.layer.whiteouts", 0))),
-                     got.get("io.patchkit.vllm.dir"), got.get("io.patchkit.vllm.installed") or None)
+                     got.get("io.patchkit.vllm.dir"), got.get(INSTALLED_LABEL) or None)
     with engine.files(base.image_id, base.name) as files:
         plan = plan_overlay(files, base, tree, choice.shipped, inputs.serve, log)
     made, config = overlay_image(base, plan, inputs)
@@ -441,6 +489,8 @@ class ImageFacts:
     installed: str | None
     variant: str | None = None     # the variant built (None: the default build)
     variant_known: bool = False    # the labels say which variant (images patchkit made)
+    source: str | None = None      # git | pypi | image
+    base_identity: str | None = None
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
@@ -450,8 +500,26 @@ class ImageFacts:
         except (ValueError, TypeError, KeyError):
             statuses = {}
         return cls(statuses, labels.get("io.patchkit.vllm.dir") or None,
-                   labels.get("io.patchkit.vllm.installed") or None,
-                   labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels)
+                   labels.get(INSTALLED_LABEL) or None,
+                   labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels,
+                   labels.get(SOURCE_LABEL) or None, labels.get(BASE_IDENTITY_LABEL) or None)
 
     def skipped(self) -> set[str]:
         return {pid for pid, status in self.statuses.items() if status == "skipped"}
+
+
+@dataclass(frozen=True)
+class Holds:
+    """What an image really holds, as build-image's summary and ``verify --image`` tell it."""
+
+    installed: str | None     # the vLLM version installed in it
+    commit: str | None        # the commit that version names (a dev build), else None
+    source: str | None        # where the pristine tree came from: git, pypi, image (None: unknown)
+    fingerprint: str | None   # its content: config digest + layer diff_ids (layer.fingerprint)
+
+    @classmethod
+    def of(cls, installed: str | None, source_kind: str | None, fingerprint: str | None) -> Holds:
+        return cls(installed, versions.named_commit(installed), source_kind, fingerprint)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

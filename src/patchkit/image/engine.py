@@ -311,7 +311,9 @@ class Engine:
             raw_history = self.api.history(attrs["Id"])
         return BaseImage(name=ref, image_id=attrs["Id"], digest=digest, platform=got,
                          config=attrs.get("Config") or {}, diff_ids=diff_ids,
-                         history=history_of(raw_history, len(diff_ids), ref))
+                         history=history_of(raw_history, len(diff_ids), ref),
+                         config_digest=(attrs["Id"] if self.store().ids_are_config_digests
+                                        else None))
 
     # -- files of an image, without running it
 
@@ -560,6 +562,28 @@ class Engine:
         return env
 
 
+class _Chunks(io.RawIOBase):
+    """The chunks of an HTTP body as a readable stream, for ``tarfile``'s stream mode."""
+
+    def __init__(self, chunks) -> None:
+        self._chunks = iter(chunks)
+        self._left = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while not self._left:
+            try:
+                self._left = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(buf), len(self._left))
+        buf[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n
+
+
 class ImageFiles:
     """Reads an image's files through a stopped container."""
 
@@ -583,6 +607,37 @@ class ImageFiles:
 
     def exists(self, path: str) -> bool:
         return self.stat(path) is not None
+
+    def walk(self, folder: str, _depth: int = 0) -> Iterator[tuple[tarfile.TarInfo, bytes | None]]:
+        """Every entry under ``folder`` with a regular file's bytes, from one archive the
+        engine streams: never one request per file, never the whole archive in memory.
+
+        Names start with the folder's own name (``vllm/...``; when ``folder`` is a symlink,
+        which is followed, its target's name); a hard link comes with no bytes and
+        ``linkname`` naming the earlier entry."""
+        st = self.stat(folder)
+        if st is None:
+            raise ImageError(f"{self.image} has no {folder}")
+        target = st.get("linkTarget")
+        if target and _depth < 8:
+            if not target.startswith("/"):
+                target = str(PurePosixPath(folder).parent / target)
+            yield from self.walk(target, _depth + 1)
+            return
+        with _border(f"reading {folder} from {self.image}"):
+            stream, _ = self.api.get_archive(self.cid, folder, chunk_size=1 << 20)
+            try:
+                with tarfile.open(fileobj=io.BufferedReader(_Chunks(stream), 1 << 20),
+                                  mode="r|") as tar:
+                    for member in tar:
+                        data = None
+                        if member.isreg():
+                            fh = tar.extractfile(member)
+                            data = fh.read() if fh else b""
+                        yield member, data
+            except tarfile.TarError as exc:
+                raise ImageError(f"reading {folder} from {self.image}: the engine's archive is "
+                                 f"not a tar stream ({exc})") from exc
 
     def read(self, path: str, _depth: int = 0) -> bytes | None:
         """The bytes of the regular file at ``path`` (symlinks followed), or None if absent."""

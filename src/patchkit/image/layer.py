@@ -41,6 +41,7 @@ class BaseImage:
     config: dict                   # the container config (Env, Cmd, Labels ...)
     diff_ids: tuple[str, ...]
     history: tuple[dict, ...]      # oldest first, image-config form
+    config_digest: str | None = None  # known where an image id is its config's digest
 
     @property
     def pinned(self) -> str:
@@ -64,6 +65,11 @@ class BaseImage:
         doc = {"diff_ids": list(self.diff_ids), "config": kept, "history": list(self.history),
                "platform": str(self.platform)}
         return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The base's :func:`fingerprint`, when its config digest is known without an export."""
+        return fingerprint_of(self.config_digest, self.diff_ids) if self.config_digest else None
 
 
 @dataclass(frozen=True)
@@ -237,6 +243,14 @@ def _makes_layer(created_by: str) -> bool:
 
 # ------------------------------------------------------------------------------ fingerprints
 
+def fingerprint_of(config_digest: str, diff_ids: Sequence[str]) -> str:
+    """The content fingerprint of an image whose config digest and layers' diff_ids are known
+    (see :func:`fingerprint`)."""
+    doc = json.dumps({"config": config_digest, "layers": list(diff_ids)}, sort_keys=True,
+                     separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
+
+
 def fingerprint(attrs: dict) -> str:
     """The content fingerprint of an image as an engine reports it: its config digest and its
     layers' diff_ids, never the engine's image id (a containerd store's id is the digest of a
@@ -248,9 +262,7 @@ def fingerprint(attrs: dict) -> str:
     config = attrs.get("ConfigDigest")
     if not config:
         raise ImageError("no config digest is known for this image; cannot fingerprint it")
-    layers = list((attrs.get("RootFS") or {}).get("Layers") or ())
-    doc = json.dumps({"config": config, "layers": layers}, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
+    return fingerprint_of(config, (attrs.get("RootFS") or {}).get("Layers") or ())
 
 
 # ---------------------------------------------------------------------- archives, streamed

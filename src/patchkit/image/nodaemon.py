@@ -97,6 +97,7 @@ def base_image(remote: RemoteImage, layer_sizes: list[int], platform: Platform) 
                          f"layer(s) and its config {len(diff_ids)}")
     return layer.BaseImage(
         name=remote.name, image_id=layer.image_id_of(remote.config), digest=remote.digest,
+        config_digest=layer.image_id_of(remote.config),
         platform=got, config=doc.get("config") or {}, diff_ids=diff_ids,
         history=layer.history_of(engine_history(doc, layer_sizes), len(diff_ids), remote.name))
 
@@ -187,5 +188,6 @@ def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: build.ModeC
                              "patchkit made")
     built = build.Built(layer.image_id_of(config), base, reused,
                         build.LayerInfo(made.files, made.bytes, made.whiteouts, made.diff_id),
-                        plan.package.dir, plan.installed, pushed_by_build=True)
+                        plan.package.dir, plan.installed, pushed_by_build=True,
+                        config_digest=layer.image_id_of(config))
     return built, digest

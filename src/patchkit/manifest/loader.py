@@ -19,7 +19,7 @@ from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
 from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Marker,
                                      Patch, Variant, VllmSource)
-from patchkit.source.refs import ref_problem
+from patchkit.source.refs import BASE_REF, ref_problem
 
 KINDS = kinds.NAMES
 
@@ -196,6 +196,9 @@ class _Loader:
         name = self.string(top["name"][1], "name").strip()
         vllm = self.vllm(*top["vllm"])
         image = self.image(top["image"][1]) if "image" in top else ImageDefaults()
+        if vllm.ref == BASE_REF and not image.base:
+            raise ManifestError(f"vllm.ref: {BASE_REF!r} pins what the base image holds, and "
+                                "image.base is not set", path=self.given, line=vllm.ref_line)
         if "variants" in top:
             self.declared = self.variants(top["variants"][1])
         patches: list[Patch] = []

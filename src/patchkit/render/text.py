@@ -52,6 +52,14 @@ def apply(report: ApplyReport) -> str:
     return "\n".join(lines)
 
 
+def holds(data: dict) -> str:
+    """What an image holds (image.build.Holds as a dict), as one line."""
+    installed = data.get("installed") or "(version unknown)"
+    commit = f" (commit {data['commit']})" if data.get("commit") else ""
+    return (f"vLLM {installed}{commit}, source {data.get('source') or 'unknown'}, "
+            f"fingerprint {data.get('fingerprint') or 'unknown'}")
+
+
 def verify(report) -> str:
     lines = [assertion_failure(a) for a in report.verify if not a.ok]
     passed = sum(a.ok for a in report.verify)
@@ -59,6 +67,8 @@ def verify(report) -> str:
                  f"assertions passed on {report.target}")
     if report.runtime is not None:
         lines += runtime(report.runtime, report.logs)
+    if report.holds is not None:
+        lines.append(f"{report.target} holds {holds(report.holds.to_dict())}")
     return "\n".join(lines)
 
 
@@ -108,6 +118,8 @@ def build_image(report) -> str:
     if report.layer:
         lines.append(f"  layer: {report.layer.files} file(s), {report.layer.bytes} bytes"
                      + (f", {report.layer.whiteouts} whiteout(s)" if report.layer.whiteouts else ""))
+    if report.holds is not None:
+        lines.append(f"  holds: {holds(report.holds.to_dict())}")
     if report.base:
         lines.append(f"  base: {report.base['name']} @ {report.base['digest']}")
     if report.digest:

@@ -145,10 +145,11 @@ def manifest_sources(manifest: Manifest) -> tuple[str, ...]:
 def apply_series(manifest: Manifest, *, ref: str | None = None,
                  repos: Sequence[str] | None = None, workdir: Path,
                  keep_failed: bool = False, progress: Progress | None = None,
-                 cache: Path | None = None, variant: str | None = None) -> ApplyReport:
+                 cache: Path | None = None, variant: str | None = None,
+                 base: source.Base | None = None) -> ApplyReport:
     """Check out the pinned vLLM, apply the series of ``variant`` (None: the default build),
     verify; move into ``workdir`` only if all passed.  On failure ``workdir`` is exactly as it
-    was."""
+    was.  ``base`` is the base image that the ref ``base`` and the source ``image`` read."""
     variants.check(manifest, variant)
     progress = progress or Progress()
     workdir = Path(workdir).absolute()
@@ -162,7 +163,7 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
     scratch = _scratch_beside(workdir)
     kept = False
     try:
-        resolved = source.resolve(repos, ref, cache, progress.info)
+        resolved = source.resolve(repos, ref, cache, progress.info, base=base)
         tree = scratch / "t"
         try:
             source.checkout(resolved, tree)

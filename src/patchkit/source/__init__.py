@@ -1,38 +1,59 @@
 """The pinned vLLM source: which sources there are, ref resolution, cheap checkouts.
 
-A source is a git URL or local git path (``mirror``), or the word ``pypi`` (``pypi``).  Each
-kind of source resolves a ref to a commit in a local repository and lists its tags; the first
-source of the list that has the ref wins.
+A source is a git URL or local git path (``mirror``), the word ``pypi`` (``pypi``), or the word
+``image``, the package installed in a base image (``image``).  Each kind of source resolves a
+ref to a commit in a local repository and lists its tags; the first source of the list that
+has the ref wins.
+
+The ref ``base`` means what the base image holds: the image source takes it as it is; for the
+others it becomes the commit the base's installed version names, or its release tag
+(:func:`patchkit.versions.base_pin`), and ranges are judged on the installed version.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
 from patchkit import git as g
-from patchkit.errors import SourceError
-from patchkit.source import mirror, pypi
-from patchkit.source.refs import ref_problem, source_problem
+from patchkit import versions
+from patchkit.errors import SourceError, UsageError
+from patchkit.source import image, mirror, pypi
+from patchkit.source.image import Base
+from patchkit.source.refs import BASE_REF, ref_problem, source_problem
 from patchkit.source.resolved import Log, Resolved, version_of
 
 BASE_TAG = "patchkit/base"  # the pristine upstream commit of every checkout
 T = TypeVar("T")
 
 # The sources named by a word; anything else is a git URL or path.
-SPECIAL = {pypi.WORD: pypi}
+SPECIAL = {pypi.WORD: pypi, image.WORD: image}
 
-__all__ = ["BASE_TAG", "Resolved", "checkout", "has_history", "list_tags", "ref_problem",
-           "resolve", "source_problem", "version_of"]
+__all__ = ["BASE_REF", "BASE_TAG", "Base", "Resolved", "checkout", "has_history", "kind_name",
+           "list_tags", "reads_base", "ref_problem", "resolve", "source_problem", "version_of"]
 
 
 def _kind(source: str):
     return SPECIAL.get(source, mirror)
 
 
-def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: None) -> Resolved:
-    """Try each source in order; the first that has ``ref`` wins.  Each attempt is logged."""
+def kind_name(source: str | None) -> str | None:
+    """``git``, ``pypi`` or ``image``: the kind of source ``source`` is (None for None)."""
+    return _kind(source).NAME if source else None
+
+
+def reads_base(source: str) -> bool:
+    """Whether ``source`` takes its tree from the base image itself."""
+    return _kind(source).READS_BASE
+
+
+def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: None,
+            base: Base | None = None) -> Resolved:
+    """Try each source in order; the first that has ``ref`` wins.  Each attempt is logged.
+
+    ``base`` is the base image a ref ``base`` and the source ``image`` read from."""
     problem = ref_problem(ref)
     if problem:
         raise SourceError(f"bad vLLM ref: {problem}")
@@ -42,10 +63,28 @@ def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: 
         problem = source_problem(source)
         if problem:
             raise SourceError(f"bad vLLM repository: {problem}")
-    source, resolved = _first_answer(sources, lambda s: _resolve_one(s, ref, cache, log), log,
-                                     f"no source has vLLM {ref!r}")
-    log(f"vLLM {ref} = {resolved.commit[:12]} from {source}")
+    if ref == BASE_REF and not any(reads_base(s) for s in sources):
+        _pin_of(base)  # a base that pins nothing is one error, not one per source
+    source, resolved = _first_answer(sources, lambda s: _resolve_one(s, ref, cache, log, base),
+                                     log, f"no source has vLLM {ref!r}")
+    log(f"vLLM {resolved.ref} = {resolved.commit[:12]} from {source}")
     return resolved
+
+
+def _pin_of(base: Base | None) -> versions.Pin:
+    """What ``--vllm-ref base`` pins in a git source, or why it pins nothing."""
+    if base is None:
+        raise UsageError("--vllm-ref base reads the pin from a base image: give --base IMAGE or "
+                         "set image.base in patchset.yaml")
+    if base.version is None:
+        raise SourceError(f"base {base.name}: cannot tell which vLLM it holds (its "
+                          f"{base.package_dir} has no version); patch it as it is with "
+                          "--vllm-repo image")
+    pin = versions.base_pin(base.version)
+    if pin is None:
+        raise SourceError(f"base {base.name} holds vLLM {base.version}, which names no commit "
+                          "(+g<sha>) and no release; patch it as it is with --vllm-repo image")
+    return pin
 
 
 def _first_answer(sources: Sequence[str], attempt: Callable[[str], T], log: Log,
@@ -63,8 +102,22 @@ def _first_answer(sources: Sequence[str], attempt: Callable[[str], T], log: Log,
     raise SourceError(f"{none_answered}: " + "; ".join(failures))
 
 
-def _resolve_one(source: str, ref: str, cache: Path, log: Log) -> Resolved:
-    return _kind(source).resolve(source, ref, cache, log)
+def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None) -> Resolved:
+    kind = _kind(source)
+    if ref != BASE_REF or kind.READS_BASE:
+        return kind.resolve(source, ref, cache, log, base=base)
+    pin = _pin_of(base)
+    assert base is not None
+    if pin.commit and not kind.HOLDS_COMMITS:
+        raise SourceError(f"base {base.name} holds vLLM {base.version}, built from commit "
+                          f"{pin.ref}, and the source {source} holds releases only; name a git "
+                          "source with --vllm-repo, or patch the base as it is with "
+                          "--vllm-repo image")
+    log(f"base {base.name} holds vLLM {base.version}: pinning "
+        + (f"commit {pin.ref}" if pin.commit else pin.ref))
+    found = kind.resolve(source, pin.ref, cache, log, base=base)
+    # ranges are judged on what the base holds (a dev build 0.31.1.dev7 is >=0.31)
+    return replace(found, version=base.version)
 
 
 def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None

@@ -23,8 +23,12 @@ from patchkit.errors import CommandError, SourceError
 from patchkit.source.resolved import Log, Resolved, version_of
 from patchkit.util import cache_subdir, discard
 
+NAME = "git"
+HOLDS_COMMITS = True   # any commit of the repository can be pinned
+READS_BASE = False     # the ref `base` is turned into a commit or tag before it gets here
 
-def resolve(source: str, ref: str, cache: Path, log: Log) -> Resolved:
+
+def resolve(source: str, ref: str, cache: Path, log: Log, *, base=None) -> Resolved:
     """``ref`` in the mirror of the git source ``source``, cloned or fetched as needed."""
     url, repo = _mirror_of(source, cache)
     with FileLock(str(repo) + ".lock"):

@@ -25,11 +25,14 @@ from patchkit.util import cache_subdir, discard, run
 
 PACKAGE = "vllm"
 WORD = "pypi"
+NAME = WORD
+HOLDS_COMMITS = False  # releases only: their commits are patchkit's, not upstream's
+READS_BASE = False
 # One orphan commit per release: there is no history between two releases to search.
 HISTORY = False
 
 
-def resolve(source: str, ref: str, cache: Path, log: Log) -> Resolved:
+def resolve(source: str, ref: str, cache: Path, log: Log, *, base=None) -> Resolved:
     repo, tag = ensure_release(cache, ref, log)
     commit = g.resolve_commit(repo, tag)
     assert commit

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import re
 
+# The ref that means "what the base image holds": ``--vllm-ref base`` / ``vllm.ref: base``.
+BASE_REF = "base"
+
 # What git's ref names may not hold (git check-ref-format), and what makes a revision expression.
 _REF_SPACE = re.compile(r"[\x00-\x20\x7f]")
 _REF_EXPRESSION = re.compile(r"[~^:?*\[\\]|\.\.|@\{")

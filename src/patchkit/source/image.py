@@ -1,0 +1,154 @@
+"""The vLLM a base image holds, as a source: ``vllm.repo: image`` / ``--vllm-repo image``.
+
+The pristine tree is the ``vllm`` package installed in the base, every file of its folder but
+byte-code caches and native objects (as for ``pypi``: what a patch can change), laid out
+checkout-relative (``vllm/...``) so that diffs and transforms written against upstream apply to
+the vendor's own files.  It is committed once as an orphan commit in ``<cache>/image/vllm.git``
+under a ref named by the base's digest (its image id when it has none) and platform, and reused
+from then on; its version is the one the base has installed.
+
+This module never reaches an engine: the caller hands it a :class:`Base`, which reads the
+image (``patchkit.image.basevllm``).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+from filelock import FileLock
+
+from patchkit import git as g
+from patchkit import versions
+from patchkit.errors import SourceError, UsageError
+from patchkit.source.refs import BASE_REF
+from patchkit.source.resolved import Log, Resolved
+from patchkit.util import cache_subdir, discard
+
+WORD = "image"
+NAME = WORD
+HOLDS_COMMITS = False  # one tree per base, of patchkit's making
+READS_BASE = True
+HISTORY = False        # one orphan commit per base: nothing to bisect
+
+NO_BASE = ("the vLLM source 'image' is the vllm package of a base image: give --base IMAGE or "
+           "set image.base in patchset.yaml")
+_SHA = re.compile(r"[0-9a-f]{7,40}")
+_REF_PART = re.compile(r"[A-Za-z0-9._-]+")
+
+
+class Base(Protocol):
+    """What this source needs of a base image."""
+
+    name: str            # as the user gave it
+    key: str             # what pins its content: registry digest, else image id (sha256:...)
+    platform: str        # linux/arm64
+    version: str | None  # the vLLM version it has installed
+    package_dir: str     # where the package lives in the image, for messages
+
+    def package_files(self) -> Iterator[g.TreeFile]:
+        """Every file of the package folder, paths relative to its parent (``vllm/...``)."""
+        ...
+
+
+def resolve(source: str, ref: str, cache: Path, log: Log, *, base: Base | None = None
+            ) -> Resolved:
+    if base is None:
+        raise UsageError(NO_BASE)
+    _check_ref(ref, base)
+    repo, commit = ensure_tree(cache, base, log)
+    return Resolved(source, repo, ref, commit, base.version)
+
+
+def tags(source: str, cache: Path, log: Log) -> list[str]:
+    raise SourceError("the vLLM source 'image' is one base's package and has no releases to "
+                      "list; name the targets with --to")
+
+
+def repo_path(cache: Path) -> Path:
+    return cache / WORD / "vllm.git"
+
+
+def ref_of(base: Base) -> str:
+    """The cache's ref for the tree of ``base``."""
+    parts = [base.key.replace(":", "-"), base.platform.replace("/", "-")]
+    if not all(_REF_PART.fullmatch(p) for p in parts):
+        raise SourceError(f"base {base.name}: cannot key the cache by {base.key!r} "
+                          f"({base.platform})")
+    return "refs/patchkit/bases/" + "/".join(parts)
+
+
+def ensure_tree(cache: Path, base: Base, log: Log = lambda m: None) -> tuple[Path, str]:
+    """The cached repository and the commit of ``base``'s package, made on first use."""
+    repo = repo_path(cache)
+    folder = cache_subdir(cache, WORD)
+    ref = ref_of(base)
+    with FileLock(str(folder / "vllm.lock")):
+        if (repo.exists() or repo.is_symlink()) and not g.is_repository(repo):
+            log(f"the cached repository {repo} is broken; making it again")
+            discard(repo)
+        if not (repo / "HEAD").exists():
+            tmp = Path(tempfile.mkdtemp(prefix="vllm.git.", dir=folder))
+            g.init_bare(tmp)
+            tmp.rename(repo)
+        commit = g.resolve_commit(repo, ref)
+        if commit:
+            log(f"vLLM {base.version or '(version unknown)'} of {base.name}: cached as "
+                f"{commit[:12]}")
+            return repo, commit
+        log(f"reading {base.package_dir} of {base.name} (once; cached by {base.key[:19]})")
+        message = (f"vLLM {base.version or '(version unknown)'} installed in {base.key}\n\n"
+                   f"{base.package_dir} on {base.platform}, byte-code and native objects left out")
+        try:
+            commit, count = g.commit_files(repo, ref, _sources(base), message)
+        except ValueError as exc:
+            raise SourceError(f"base {base.name}: {exc}") from None
+        log(f"{count} files of {base.package_dir} committed as {commit[:12]}")
+        return repo, commit
+
+
+def is_source(path: str, head: bytes) -> bool:
+    """Whether a file of the package belongs in the pristine tree: not a byte-code cache, not a
+    native object (by name or by its ELF header)."""
+    p = PurePosixPath(path)
+    if "__pycache__" in p.parts or p.suffix in (".pyc", ".pyo"):
+        return False
+    if p.suffix == ".so" or ".so." in p.name:
+        return False
+    return not head.startswith(b"\x7fELF")
+
+
+def _sources(base: Base) -> Iterator[g.TreeFile]:
+    kept: set[str] = set()
+    for f in base.package_files():
+        if f.same_as is not None:
+            if f.same_as in kept:
+                kept.add(f.path)
+                yield f
+            continue
+        head = b"" if f.mode == 0o120000 else (f.data or b"")[:4]
+        if not is_source(f.path, head):
+            continue
+        kept.add(f.path)
+        yield f
+    if not kept:
+        raise SourceError(f"base {base.name}: {base.package_dir} holds no source files")
+
+
+def _check_ref(ref: str, base: Base) -> None:
+    """The tree is what the base holds: a ref other than ``base`` must name that."""
+    if ref == BASE_REF:
+        return
+    installed = base.version
+    wanted = versions.tag_version(ref)
+    if installed and wanted and versions.same_release(installed, wanted):
+        return
+    named = versions.named_commit(installed)
+    if named and _SHA.fullmatch(ref) and (ref.startswith(named) or named.startswith(ref)):
+        return
+    raise SourceError(f"the vLLM source 'image' is what base {base.name} holds (vLLM "
+                      f"{installed or 'of unknown version'}), and the pin {ref} names something "
+                      "else; give --vllm-ref base")
