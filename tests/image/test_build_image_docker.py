@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-from pathlib import Path
 
 import pytest
 
