@@ -30,6 +30,7 @@ from patchkit.commands.build_image import run as build_image
 from patchkit.source import image as image_source
 from patchkit.source import pypi
 from testing import real_cache
+from testing.upstream import unified
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(2400)]
 
@@ -319,7 +320,7 @@ def vendor_project(root: Path, vendor_base: dict, registry: str, *, conflict: bo
         diffs["cuda-after-logger"] = (CUDA, cuda, cuda.replace(line, line + "PK_CUDA = 1\n", 1))
     entries = []
     for pid, (rel, before, after) in diffs.items():
-        (root / "patches" / f"{pid}.diff").write_text(ip._diff(rel, before, after))
+        (root / "patches" / f"{pid}.diff").write_text(unified(rel, before, after))
         entries.append(f"  - id: {pid}\n    summary: {pid}\n    diff: patches/{pid}.diff\n")
     path = root / "patchset.yaml"
     path.write_text(f"name: {VENDOR_NAME}\nvllm:\n  repo: pypi\n  ref: v{DEV_RELEASE}\nimage:\n"
