@@ -218,6 +218,13 @@ def test_a_conflicting_pr_writes_nothing_and_exits_1(proj):
      "patchkit: error: 'https://github.com/vllm-project/vllm/issues/5': expected a pull request "
      "number or URL (https://github.com/OWNER/NAME/pull/N)"),
     (("101", "--include", ""), 2, "patchkit: error: --include: an empty pattern"),
+    (("101", "--include", "tests/*", "--include", "nomatch/*"), 2,
+     "patchkit: error: --include 'nomatch/*' matches no file of pull request 101 (its files: "
+     ".github/workflows/ci.yml, benchmarks/bench_helper.py, docs/usage.md, pkg/mod.py, "
+     "tests/test_mod.py)"),
+    (("104", "--include", "test/"), 2,
+     "patchkit: error: --include 'test/' matches no file of pull request 104 (its files: "
+     "tests/a.py)"),
 ])
 def test_bad_inputs_are_one_line(proj, server, args, code, message):
     before = _snapshot(proj)

@@ -216,8 +216,10 @@ def test_a_package_copy_becomes_one_diff_against_its_lock(vproj, tmp_path):
     lines = p.stdout.splitlines()
     assert lines[0] == (f"added     dist-vllm: patches/dist-vllm.diff from {overlay} the files of "
                         f"dist-vllm, against vLLM {v1[:12]}")
-    assert lines[1] == "note: 1 file(s) that are not text left out: vllm/_C.abi3.so"
-    assert lines[2] == "note: vllm/_version.py: written by vLLM's build, not in the source; left out"
+    assert lines[1:4] == [
+        "note: left out, byte-code: vllm/__pycache__/",
+        "note: left out, not text: vllm/_C.abi3.so",
+        "note: vllm/_version.py: written by vLLM's build, not in the source; left out"]
     assert (vproj / "patchset.yaml").read_text().startswith(before)
     saved = (vproj / "patches/dist-vllm.diff").read_text()
     assert "vllm/config.py" not in saved and "_version" not in saved and "pyc" not in saved
@@ -282,8 +284,6 @@ def test_onto_names_the_base_and_wins_over_the_lock(vproj, tmp_path):
      "{d}/upstream.lock names vLLM " + "0" * 40 + ", which no source of patchset.yaml has: "),
     (lambda d: _package_copy(d, {"__init__.py": "", "mod.py": MOD_V1}, lock="a b c\n"), 2,
      "{d}/upstream.lock: names no commit (expected a 40-digit sha, or `commit: REF`)"),
-    (lambda d: _package_copy(d, {"__init__.py": "", "mod.py": MOD_V1}), 1,
-     "--overlay {d}: every file is as vLLM v2 ("),
 ])
 def test_bad_overlays_are_one_line(vproj, tmp_path, setup, code, message):
     d = tmp_path / "ov"
@@ -292,6 +292,50 @@ def test_bad_overlays_are_one_line(vproj, tmp_path, setup, code, message):
     p = patchkit("import", "--overlay", str(d), cwd=vproj)
     assert p.returncode == code, p.stderr
     assert error(p).startswith("patchkit: error: " + message.format(d=d)), p.stderr
+    assert _snapshot(vproj) == before
+
+
+def test_every_file_left_out_of_an_overlay_is_named(vproj, tmp_path):
+    root = tmp_path / "tree"
+    files = {"vllm/__init__.py": "", "vllm/mod.py": MOD_V1.replace("return x + 1", "return x + 5"),
+             "vllm/sub/__pycache__/mod.cpython-312.pyc": "stale",
+             "vllm/stray.pyc": "stale", "vllm/.git/HEAD": "ref: refs/heads/main\n",
+             "elsewhere/real.py": "REAL = 1\n"}
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "vllm/linked").symlink_to(root / "elsewhere", target_is_directory=True)
+    (root / "vllm/huge.json").write_bytes(b"{}" + b" " * import_.MAX_FILE)
+    (root / "vllm/blob.bin").write_bytes(b"\x00\x01")
+    p = patchkit("import", "--overlay", str(root), "--format", "json", cwd=vproj)
+    assert p.returncode == 0, p.stderr
+    notes = json.loads(p.stdout)["notes"]
+    assert sorted(notes) == sorted([
+        "left out, a link to a folder (an overlay holds regular files): vllm/linked/",
+        "left out, version control data: vllm/.git/",
+        "left out, byte-code: vllm/stray.pyc, vllm/sub/__pycache__/",
+        "left out, not text: vllm/blob.bin",
+        "left out, larger than 16 MiB (no source file is): vllm/huge.json"])
+    saved = (vproj / "patches/tree.diff").read_text()
+    assert "return x + 5" in saved and "elsewhere/real.py" in saved
+    assert not any(word in saved for word in ("linked", "pyc", "HEAD", "huge", "blob"))
+
+
+@pytest.mark.parametrize("how", ["overlay", "branch"])
+def test_nothing_to_import_is_exit_0_and_one_line_for_both(vproj, tmp_path, how):
+    if how == "overlay":
+        args = ("--overlay", str(_package_copy(tmp_path / "ov", {"__init__.py": "",
+                                                                 "mod.py": MOD_V1})))
+        said = f"note: every file of {tmp_path / 'ov'} is as vLLM v2 ("
+    else:
+        args = ("v2", "--from", str(tmp_path / "vllm-up"))
+        said = "note: v2 ("
+    before = _snapshot(vproj)
+    p = patchkit("import", *args, cwd=vproj)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[-1] == "nothing to import"
+    assert any(line.startswith(said) for line in lines[:-1]), p.stdout
     assert _snapshot(vproj) == before
 
 

@@ -69,6 +69,10 @@ echo '(Worker_TP0 pid=201) INFO 05-12 10:00:05 [dspark.py:412] DSpark draft quan
 if [ "$BROKEN" = 1 ]; then
   echo '(Worker_TP0 pid=201) WARNING 05-12 10:00:09 [modelopt.py:1059] w1_weight_scale_2 must match w3_weight_scale_2. Accuracy may be affected.' >&2
 fi
+if [ "$LONG" = 1 ]; then
+  printf "Worker proc VllmWorker-1 died unexpectedly "
+  /bin/busybox head -c 70000 /dev/zero | /bin/busybox tr "\\0" x; echo
+fi
 echo '(APIServer pid=1) INFO:     Application startup complete.'
 """
 
@@ -115,10 +119,12 @@ def served(docker_client, tmp_path_factory):
                                           rm=True, forcerm=True)
     containers = {}
     try:
-        for which, broken in (("good", "0"), ("broken", "1")):
+        for which, broken, long in (("good", "0", "0"), ("broken", "1", "0"),
+                                    ("long", "0", "1")):
             name = f"pk-runtime-{which}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
             container = docker_client.containers.run(tag, name=name, detach=True,
-                                                     environment={"BROKEN": broken},
+                                                     environment={"BROKEN": broken,
+                                                                  "LONG": long},
                                                      network_disabled=True)
             containers[which] = container
             assert container.wait(timeout=300)["StatusCode"] == 0
@@ -175,6 +181,22 @@ def test_a_broken_containers_log_names_the_patch_and_the_line(capsys, served, do
         "05-12 10:00:09 [modelopt.py:1059] w1_weight_scale_2 must match w3_weight_scale_2. "
         "Accuracy may be affected.")
     assert lines[2] == f"FAILED: 5/6 runtime markers hold in container:{served['broken']}"
+
+
+def test_a_long_line_in_a_containers_log_is_cut_and_noted(capsys, served, docker_client):
+    """The engine's log driver hands a 70 000-byte line over in pieces; patchkit's one line reader
+    puts it back together, judges its first 64 KiB and says so."""
+    code, out, err = verify(capsys, served, "--container", served["long"])
+    assert code == 1, out + err
+    logged = engine_order(docker_client, served["long"])
+    number = next(i for i, line in enumerate(logged, 1) if "VllmWorker-1" in line)
+    name = f"container:{served['long']}"
+    lines = out.splitlines()
+    assert lines[1] == (f"note: {name}: line {number} is longer than 64 KiB; judged on its "
+                        "first 64 KiB")
+    assert lines[2].startswith(f"{name}:{number}: [series] forbidden 'Worker proc \\S+ died "
+                               "unexpectedly': Worker proc VllmWorker-1 died unexpectedly xxx")
+    assert lines[3] == f"FAILED: 5/6 runtime markers hold in {name}"
 
 
 def test_a_container_by_id_and_a_file_judged_together(capsys, served, tmp_path):

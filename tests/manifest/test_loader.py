@@ -172,6 +172,12 @@ def bad_diff(content: str):
     return setup
 
 
+def huge_diff(repo: Path) -> None:
+    """A sparse file past the bound: the loader must refuse it without reading it."""
+    with open(repo / "patches" / "huge.diff", "wb") as fh:
+        fh.truncate(100 * 1024 * 1024)
+
+
 def binary_diff(repo: Path) -> None:
     (repo / "patches" / "bin.diff").write_text(
         "diff --git a/vllm/b.bin b/vllm/b.bin\nnew file mode 100644\nindex 0000000..c94be36\n"
@@ -350,6 +356,9 @@ ERRORS = [
          "patchset.yaml:8: patches[0] (id=foo): diff: patches/bad.diff …"
          "touches an unsafe path: …",
          setup=bad_diff("--- a/../x\n+++ b/../x\n@@ -1 +1 @@\n-a\n+b\n")),
+    case("diff-too-large", foo("diff", "patches/huge.diff"),
+         "patchset.yaml:8: patches[0] (id=foo): diff: patches/huge.diff is 100 MiB; a patch "
+         "file is at most 64 MiB", setup=huge_diff),
     case("diff-binary", foo("diff", "patches/bin.diff"),
          "patchset.yaml:8: patches[0] (id=foo): diff: patches/bin.diff names a binary "
          "change without its content ('Binary files /dev/null and b/vllm/b.bin differ'); "

@@ -4,6 +4,9 @@ server logs together with the applied checkout that says which patches are in.""
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -12,7 +15,7 @@ from testing import patchkit
 from testing.project import MANIFEST, make_project
 
 from patchkit import manifest
-from patchkit.errors import ManifestError
+from patchkit.errors import LogError, ManifestError
 from patchkit.manifest import Marker
 from patchkit.series import runtime
 
@@ -234,6 +237,123 @@ def test_validate_counts_the_markers(project):
     out = patchkit("validate", cwd=project)
     assert out.returncode == 0
     assert out.stdout.strip() == "patchset.yaml: ok (3 patches, 8 runtime markers, vLLM v1)"
+
+
+# ------------------------------------------------------------------------------ bounded reading
+
+MEMORY = 1 << 30   # the address space a verify run gets: far below what a whole log would take
+
+
+def _bounded() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
+def bounded_verify(proj: Path, *args: str, **kw):
+    """``verify`` under a 1 GiB address space and a time bound: a log read whole would fail."""
+    return verify(proj, *args, preexec_fn=_bounded, timeout=120, **kw)
+
+
+def test_dev_zero_ends_as_not_a_log_in_bounded_memory(project):
+    out = bounded_verify(project, "--log", "rank0.log", "--log", "/dev/zero")
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    assert out.stderr.splitlines() == [
+        "patchkit: error: --log /dev/zero: line 1 runs on past 64 MiB with no line end: "
+        "not a text log"]
+
+
+GENERATOR = """\
+import sys
+line = b"INFO 05-12 10:00:02 [loader.py:10] " + b"x" * 989 + b"\\n"
+block = line * 1000
+for _ in range(200):
+    sys.stdout.buffer.write(block)
+sys.stdout.buffer.write(b"Worker proc VllmWorker-0 died unexpectedly\\n" + block)
+"""
+
+
+def test_a_200_mb_log_through_stdin_names_the_forbidden_line_near_its_end(project):
+    gen = subprocess.Popen([sys.executable, "-c", GENERATOR], stdout=subprocess.PIPE)
+    try:
+        out = bounded_verify(project, "--log", "-", "--log", "rank1.log", stdin=gen.stdout)
+    finally:
+        gen.stdout.close()
+        gen.wait(timeout=30)
+    assert out.returncode == 1, out.stderr
+    assert ("<stdin>:200001: [series] forbidden 'died unexpectedly': Worker proc VllmWorker-0 "
+            "died unexpectedly") in out.stdout.splitlines()
+    assert "note:" not in out.stdout
+
+
+def test_a_binary_log_is_judged_with_bad_bytes_replaced(project):
+    junk = bytes(range(256)) * 64   # every byte, newlines among them
+    lines = junk.count(b"\n")
+    (project / "binary.log").write_bytes(
+        junk + b"\n\xff\xfe\x00 Worker proc X died unexpectedly \xc3\n" + RANK0.encode())
+    out = bounded_verify(project, "--log", "binary.log", "--log", "rank1.log")
+    assert out.returncode == 1, out.stderr
+    assert out.stderr == ""
+    assert (f"binary.log:{lines + 2}: [series] forbidden 'died unexpectedly': \ufffd\ufffd\x00 "
+            "Worker proc X died unexpectedly \ufffd") in out.stdout.splitlines()
+    # RANK0's required lines are still found after the junk
+    assert out.stdout.splitlines()[-1] == ("FAILED: 5/6 runtime markers hold in binary.log, "
+                                           "rank1.log")
+
+
+def test_a_long_line_is_judged_on_its_first_part_and_noted(project):
+    limit = runtime.MAX_LINE
+    first = "Worker proc X died unexpectedly " + "x" * limit     # the marker in its first part
+    second = "y" * limit + " table has nvfp4"                   # the marker past the cut
+    write_log(project, "long.log", first + "\n" + RANK0 + second + "\n")
+    out = bounded_verify(project, "--log", "long.log", "--log", "rank1.log")
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    note = ("note: long.log: 2 lines are longer than 64 KiB (lines 1, 7); each judged on its "
+            "first 64 KiB")
+    assert lines[1] == note
+    shown = first[:runtime.HIT_SHOWN] + "..."
+    assert f"long.log:1: [series] forbidden 'died unexpectedly': {shown}" in lines
+    as_json = json.loads(bounded_verify(project, "--log", "long.log", "--log", "rank1.log",
+                                        "--format", "json").stdout)
+    assert as_json["notes"] == [note.removeprefix("note: ")]
+    nvfp4 = next(r for r in as_json["runtime"] if r["log"] == "table has nvfp4")
+    assert nvfp4["found"] == 1 and nvfp4["lines"][0].startswith("long.log:2: ")
+
+
+def _lines(data: bytes, size: int) -> tuple[list[str], runtime.LogLines]:
+    reader = runtime.LogLines((data[i:i + size] for i in range(0, len(data), size)), "--log x")
+    return list(reader), reader
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096, runtime.MAX_LINE + 3, 1 << 20])
+def test_lines_do_not_depend_on_how_the_bytes_come(size):
+    limit = runtime.MAX_LINE
+    data = (b"a\r\n\nb" + b"c" * (limit + 10) + b"\nd\n" + b"e" * limit + b"\n"
+            + b"f" * (3 * limit) + b"\ng")
+    lines, reader = _lines(data, size)
+    assert lines == ["a\r", "", "b" + "c" * (limit - 1), "d", "e" * limit, "f" * limit, "g"]
+    assert (reader.cut_count, reader.cut) == (2, [3, 6])
+
+
+def test_a_note_names_the_first_lines_cut_and_counts_them_all():
+    data = b"".join(b"x" * (runtime.MAX_LINE + 1) + b"\nok\n" for _ in range(5))
+    lines, reader = _lines(data, 1 << 16)
+    assert len(lines) == 10 and lines[1] == "ok"
+    assert reader.note("big.log") == ("big.log: 5 lines are longer than 64 KiB (lines 1, 3, 5, "
+                                      "...); each judged on its first 64 KiB")
+    assert runtime.LogLines([b"short\n"], "--log x").note("x") is None
+
+
+def test_a_line_without_end_past_the_run_bound_is_an_error():
+    def zeros():
+        chunk = bytes(1 << 16)
+        while True:
+            yield chunk
+
+    reader = runtime.LogLines(zeros(), "--container c")
+    with pytest.raises(LogError, match=r"^--container c: line 1 runs on past 64 MiB with no "
+                                       "line end: not a text log$"):
+        list(reader)
 
 
 # ------------------------------------------------------------------------------ the judge alone

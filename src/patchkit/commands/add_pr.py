@@ -31,6 +31,7 @@ GITHUB = "https://github.com"
 HOST_ENV = "PATCHKIT_GITHUB"
 LEFT_OUT = ("tests", "docs", "benchmarks", ".github")  # no image is built from them
 MAX_BYTES = 16 * 1024 * 1024
+SHOWN = 5   # files of the pull request an error names
 TIMEOUT = 60.0
 
 _GITHUB_SOURCE = re.compile(r"^(?:https?://(?:www\.)?|ssh://git@|git@)github\.com[/:]"
@@ -125,9 +126,22 @@ def _keeper(include: Sequence[str]):
     def keep(path: str) -> bool:
         if path.split("/", 1)[0] not in LEFT_OUT:
             return True
-        return any(fnmatch.fnmatchcase(path, g) or path.startswith(g.rstrip("/") + "/")
-                   for g in include)
+        return any(_matches(path, g) for g in include)
     return keep
+
+
+def _matches(path: str, glob: str) -> bool:
+    """``glob`` as --include means it: a pattern, or a folder and what is under it."""
+    return fnmatch.fnmatchcase(path, glob) or path.startswith(glob.rstrip("/") + "/")
+
+
+def _check_include(include: Sequence[str], files: Sequence[str], number: int) -> None:
+    """An --include that matches no file of the pull request is a typo, not a no-op."""
+    for glob in include:
+        if not any(_matches(path, glob) for path in files):
+            shown = ", ".join(files[:SHOWN]) + (" ..." if len(files) > SHOWN else "")
+            raise UsageError(f"--include {glob!r} matches no file of pull request {number} "
+                             f"(its files: {shown or 'none'})")
 
 
 def fetch(pull: PullRequest) -> bytes:
@@ -159,6 +173,7 @@ def run(manifest_path: Path, pr: str, *, patch_id: str | None = None,
         kept_text, kept, dropped = diff.keep_files(text, keep)
     except diff.DiffParseError as exc:
         raise PatchkitError(f"{pull.diff_url}: not a diff: {exc}") from None
+    _check_include(include, sorted(kept + dropped), pull.number)
     if not kept:
         raise PatchkitError(f"pull request {pull.number} changes only files no image holds "
                             f"({', '.join(dropped[:3])}{' ...' if len(dropped) > 3 else ''}); "

@@ -38,9 +38,11 @@ from patchkit.util import cache_dir
 
 LOCK = "upstream.lock"
 PACKAGE = "vllm"
-# Never part of a source tree: byte-code, build output, VCS data.
-_SKIP_DIRS = {"__pycache__", ".git", ".mypy_cache", ".pytest_cache"}
+# Never part of a source tree: byte-code, VCS and tool data (folder -> why it is left out).
+_SKIP_DIRS = {"__pycache__": "byte-code", ".git": "version control data",
+              ".mypy_cache": "tool caches", ".pytest_cache": "tool caches"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
+MAX_FILE = 16 * 1024 * 1024   # bytes of a file taken into a diff; a larger one is no source
 # Written by vLLM's build into an installed package; a checkout has none.
 _GENERATED = {"vllm/_version.py"}
 _SHA = re.compile(r"\b[0-9a-f]{40}\b")
@@ -165,8 +167,12 @@ class OverlayTree:
     root: Path
     prefix: str                 # "" (laid out as the checkout) or "vllm/" (a package copy)
     files: dict[str, Path]      # checkout-relative path -> file in the tree
-    binary: list[str]           # files left out: not text
+    left_out: dict[str, list[str]]  # why -> the files and folders (ending in /) left out
     lock: str | None            # the ref or commit upstream.lock names
+
+    def notes(self) -> list[str]:
+        """One note per reason, naming every file and folder left out for it."""
+        return [f"left out, {why}: {', '.join(rels)}" for why, rels in self.left_out.items()]
 
 
 def read_overlay(folder: Path) -> OverlayTree:
@@ -181,30 +187,54 @@ def read_overlay(folder: Path) -> OverlayTree:
                          "the checkout) nor __init__.py (a copy of the installed vllm package) "
                          "at its top")
     files: dict[str, Path] = {}
-    binary: list[str] = []
+    left_out: dict[str, list[str]] = {}
     for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        here = Path(dirpath)
+        kept = []
+        for d in sorted(dirnames):
+            why = (_SKIP_DIRS.get(d) or
+                   ("a link to a folder (an overlay holds regular files)"
+                    if (here / d).is_symlink() else None))
+            if why:
+                left_out.setdefault(why, []).append(
+                    prefix + (here / d).relative_to(folder).as_posix() + "/")
+            else:
+                kept.append(d)
+        dirnames[:] = kept
         for name in sorted(filenames):
-            full = Path(dirpath) / name
+            full = here / name
             rel = full.relative_to(folder).as_posix()
-            if rel == LOCK or name.endswith(_SKIP_SUFFIXES):
+            if rel == LOCK:
                 continue
-            if full.is_symlink() or not full.is_file():
-                raise UsageError(f"--overlay {folder}: {rel} is not a regular file; an overlay "
-                                 "holds regular files only")
             target = prefix + rel
-            try:
-                paths.check_relative(target)
-            except paths.UnsafePathError as exc:
-                raise UsageError(f"--overlay {folder}: {exc}") from None
-            data = full.read_bytes()
-            if b"\0" in data[:8192] or not _is_utf8(data):
-                binary.append(target)
-                continue
-            files[target] = full
+            why = _left_out_why(folder, full, rel, target)
+            if why:
+                left_out.setdefault(why, []).append(target)
+            else:
+                files[target] = full
     if not files:
         raise UsageError(f"--overlay {folder}: holds no text files")
-    return OverlayTree(folder, prefix, files, binary, _read_lock(folder / LOCK))
+    return OverlayTree(folder, prefix, files, left_out, _read_lock(folder / LOCK))
+
+
+def _left_out_why(folder: Path, full: Path, rel: str, target: str) -> str | None:
+    """Why the tree's file ``rel`` is no source file of the patch, or None to take it."""
+    if full.name.endswith(_SKIP_SUFFIXES):
+        return "byte-code"
+    if full.is_symlink() or not full.is_file():
+        raise UsageError(f"--overlay {folder}: {rel} is not a regular file; an overlay "
+                         "holds regular files only")
+    try:
+        paths.check_relative(target)
+    except paths.UnsafePathError as exc:
+        raise UsageError(f"--overlay {folder}: {exc}") from None
+    if full.stat().st_size > MAX_FILE:
+        return f"larger than {MAX_FILE >> 20} MiB (no source file is)"
+    with open(full, "rb") as fh:
+        head = fh.read(8192)
+        if b"\0" in head or not _is_utf8(head + fh.read()):
+            return "not text"
+    return None
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -256,10 +286,7 @@ def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
     name = Path(folder).resolve().name
     pid = intake.check_new_id(m, patch_id if patch_id is not None else
                               (intake.slug(name) or "overlay"))
-    result = Imported()
-    if tree.binary:
-        shown = ", ".join(tree.binary[:3]) + (" ..." if len(tree.binary) > 3 else "")
-        result.notes.append(f"{len(tree.binary)} file(s) that are not text left out: {shown}")
+    result = Imported(notes=tree.notes())
     sources = engine.manifest_sources(m)
     if onto is not None:
         problem = source.ref_problem(onto)
@@ -279,9 +306,10 @@ def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
                          f"{exc}") from None
     result.base = base.commit
     text = _diff_against(base, tree, result.notes)
-    if not text.strip():
-        raise PatchkitError(f"--overlay {folder}: every file is as vLLM {base_ref} "
-                            f"({base.commit[:12]}) has it; nothing to import")
+    if not text.strip():  # as for a branch with nothing new: nothing failed, nothing written
+        result.notes.append(f"every file of {folder} is as vLLM {base_ref} "
+                            f"({base.commit[:12]}) has it")
+        return result
     label = base.commit[:12] if _SHA.fullmatch(base_ref) else base_ref
     new = intake.NewPatch(pid, summary or f"the files of {name}, against vLLM {label}", text,
                           source=str(folder))

@@ -19,6 +19,8 @@ from patchkit.series.runtime import MarkerResult
 if TYPE_CHECKING:  # the image modules are imported only when an image is looked at
     from patchkit.image.build import Holds
 
+CHUNK = 64 * 1024   # bytes read from a log file at a time
+
 
 @dataclass
 class VerifyReport:
@@ -27,6 +29,7 @@ class VerifyReport:
     runtime: list[MarkerResult] | None = None   # None when no log was given
     logs: list[str] = field(default_factory=list)
     holds: Holds | None = None                  # what the image holds, for --image
+    notes: list[str] = field(default_factory=list)  # how the logs were read (lines cut)
 
     @property
     def assertions_ok(self) -> bool:
@@ -46,6 +49,8 @@ class VerifyReport:
             out["runtime"] = [r.to_dict() for r in self.runtime]
         if self.holds is not None:
             out["holds"] = self.holds.to_dict()
+        if self.notes:
+            out["notes"] = self.notes
         return out
 
 
@@ -187,6 +192,7 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
         if sources.logs:
             report.runtime = sources.judge(manifest, checked)
             report.logs = sources.names
+            report.notes = sources.notes()
     return report
 
 
@@ -227,7 +233,8 @@ class _Logs:
             if path == "-":
                 if stdin is None:
                     raise LogError("--log -: no standard input to read")
-                self.logs.append(runtime.Log("<stdin>", _text_lines(stdin, "--log -")))
+                self.logs.append(runtime.Log("<stdin>", runtime.LogLines(
+                    _file_chunks(stdin, "--log -"), "--log -")))
                 continue
             try:
                 fh = open(path, "rb")
@@ -238,7 +245,8 @@ class _Logs:
             except OSError as exc:
                 raise LogError(f"--log {path}: cannot read: {exc.strerror}") from None
             self._open.append(fh)
-            self.logs.append(runtime.Log(path, _text_lines(fh, f"--log {path}")))
+            self.logs.append(runtime.Log(path, runtime.LogLines(
+                _file_chunks(fh, f"--log {path}"), f"--log {path}")))
 
     def _add_containers(self, containers: tuple[str, ...]) -> None:
         if not containers:
@@ -248,20 +256,27 @@ class _Logs:
         for name in containers:
             try:
                 self.engine = self.engine or Engine.connect()
-                lines = self.engine.container_log(name)
+                chunks = self.engine.container_log(name)
             except ImageError as exc:
                 raise LogError(f"--container {name}: {exc}") from exc
-            if lines is None:
+            if chunks is None:
                 raise LogError(f"--container {name}: no such container on the engine at "
                                f"{self.engine.host}")
+            what = f"--container {name}"
             self.logs.append(runtime.Log(f"container:{name}",
-                                         _engine_lines(lines, f"--container {name}")))
+                                         runtime.LogLines(_engine_chunks(chunks, what), what)))
 
     def judge(self, manifest: Manifest, checked: _Checked) -> list[MarkerResult]:
         """The markers of the patches in the build ``checked`` looked at, on every log."""
         built = {p.id for p in variants.selected(manifest, checked.variant)}
         ids = runtime.patches_in(manifest, checked.statuses, checked.version) & built
         return runtime.judge(runtime.markers_of(manifest, ids), self.logs)
+
+    def notes(self) -> list[str]:
+        """After judging: a note for each log with lines cut to the bound."""
+        notes = (log.lines.note(log.name) for log in self.logs
+                 if isinstance(log.lines, runtime.LogLines))
+        return [n for n in notes if n]
 
     def close(self) -> None:
         for fh in self._open:
@@ -275,16 +290,16 @@ class _Logs:
         self.close()
 
 
-def _text_lines(stream: BinaryIO, what: str) -> Iterator[str]:
+def _file_chunks(stream: BinaryIO, what: str) -> Iterator[bytes]:
     try:
-        for raw in stream:
-            yield raw.decode("utf-8", errors="replace")
+        while chunk := stream.read(CHUNK):
+            yield chunk
     except OSError as exc:
         raise LogError(f"{what}: cannot read: {exc.strerror or exc}") from None
 
 
-def _engine_lines(lines: Iterable[str], what: str) -> Iterator[str]:
+def _engine_chunks(chunks: Iterable[bytes], what: str) -> Iterator[bytes]:
     try:
-        yield from lines
+        yield from chunks
     except ImageError as exc:
         raise LogError(f"{what}: {exc}") from exc

@@ -337,10 +337,11 @@ class Engine:
 
     # -- what a container logged
 
-    def container_log(self, name: str) -> Iterator[str] | None:
+    def container_log(self, name: str) -> Iterator[bytes] | None:
         """The log of container ``name`` (a name or an id): stdout and stderr in the order the
-        engine recorded them, line by line (UTF-8, bad bytes replaced), or None when the engine
-        has no such container.  A log driver the engine cannot read back is an ImageError."""
+        engine recorded them, as the chunks of bytes the engine sends (the caller cuts them into
+        lines, within its bounds), or None when the engine has no such container.  A log driver
+        the engine cannot read back is an ImageError."""
         docker = _docker()
         try:
             with _border(f"inspecting the container {name}"):
@@ -349,19 +350,11 @@ class Engine:
             if isinstance(exc.__cause__, docker.errors.NotFound):
                 return None
             raise
-        return self._log_lines(cid, name)
+        return self._log_chunks(cid, name)
 
-    def _log_lines(self, cid: str, name: str) -> Iterator[str]:
-        pending = b""
+    def _log_chunks(self, cid: str, name: str) -> Iterator[bytes]:
         with _border(f"reading the log of the container {name}"):
-            for chunk in self.api.logs(cid, stdout=True, stderr=True, stream=True,
-                                       follow=False):
-                pending += chunk
-                *whole, pending = pending.split(b"\n")
-                for line in whole:
-                    yield line.decode("utf-8", errors="replace")
-        if pending:
-            yield pending.decode("utf-8", errors="replace")
+            yield from self.api.logs(cid, stdout=True, stderr=True, stream=True, follow=False)
 
     # -- making images
 

@@ -8,6 +8,7 @@ fails with ``overlay-drift`` instead of silently throwing the upstream change aw
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,7 +52,7 @@ def apply_tree(overlay: Path, root: Path, base_commit: str, replaces: Mapping[st
         if dest.exists() and not dest.is_file():
             return Outcome("failed", "conflict", f"{rel}: the checkout has a directory there",
                                   rels)
-        if dest.is_file() and dest.read_bytes() == src.read_bytes():
+        if dest.is_file() and same_bytes(dest, src):
             same += 1
             continue
         upstream_blob = g.blob_id(root, base_commit, rel)
@@ -76,8 +77,21 @@ def apply_tree(overlay: Path, root: Path, base_commit: str, replaces: Mapping[st
         dest.parent.mkdir(parents=True, exist_ok=True)
         # Re-check right before writing: nothing may be written through a link.
         paths.safe_join(root, dest.relative_to(root).as_posix())
-        dest.write_bytes(src.read_bytes())
+        shutil.copyfile(src, dest)   # streamed: an overlay file may be large
     return Outcome("applied", None, "", rels)
+
+
+def same_bytes(a: Path, b: Path, chunk: int = 1 << 20) -> bool:
+    """Whether two files hold the same bytes, read a chunk at a time."""
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            left, right = fa.read(chunk), fb.read(chunk)
+            if left != right:
+                return False
+            if not left:
+                return True
 
 
 def drift(patch, overlay: Path, tree: Path, base: str) -> dict[str, str]:

@@ -32,6 +32,7 @@ PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "variants", "verify",
               "sha256", "runtime")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
 MARKER_KEYS = ("log", "absent", "count", "min", "unless")
+MAX_PATCH_FILE = 64 * 1024 * 1024   # a diff or transform larger than this is no patch
 
 _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
@@ -408,6 +409,10 @@ class _Loader:
                 self.fail(f"{kind}: no such file: {rel}", node)
             if not full.is_file():
                 self.fail(f"{kind}: {rel} is not a file", node)
+            size = full.stat().st_size
+            if size > MAX_PATCH_FILE:  # read whole by every verb: refuse before reading
+                self.fail(f"{kind}: {rel} is {size >> 20} MiB; a patch file is at most "
+                          f"{MAX_PATCH_FILE >> 20} MiB", node)
         problem = plugin.check(full, rel)
         if problem:
             self.fail(f"{kind}: {problem}", node)

@@ -66,6 +66,7 @@ def verify(report) -> str:
     lines.append(f"{'ok' if report.assertions_ok else 'FAILED'}: {passed}/{len(report.verify)} "
                  f"assertions passed on {report.target}")
     if report.runtime is not None:
+        lines += [f"note: {note}" for note in report.notes]
         lines += runtime(report.runtime, report.logs)
     if report.holds is not None:
         lines.append(f"{report.target} holds {holds(report.holds.to_dict())}")

@@ -10,22 +10,29 @@ leaves out each log that has a line matching it (rank 1 runs headless and never 
 startup; a DeepSeek-V4.1 launch never takes a V4-only path).
 
 Pure: the caller reads the logs (files, stdin, a container's log through the image border) and
-hands them over as lines; nothing here reads, prints or raises for a marker that does not hold.
+hands them over as chunks of bytes, which :class:`LogLines` cuts into bounded lines; nothing here
+reads, prints or raises for a marker that does not hold.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from patchkit import versions
+from patchkit.errors import LogError
 from patchkit.manifest import Manifest, Marker
 from patchkit.manifest.model import quoted
 
 IN_STATUSES = ("applied", "upstream")
 SAMPLES = 3         # matching lines kept for a required or counted marker
 FORBIDDEN_LINES = 20  # matching lines kept for a forbidden one (found says how many in all)
+
+MAX_LINE = 64 * 1024     # bytes of a line judged; a longer one is judged on its first part
+MAX_RUN = 1024 * MAX_LINE  # a line with no end past this is not a log (/dev/zero, a core dump)
+CUT_SHOWN = 3            # numbers of cut lines a note names
+HIT_SHOWN = 400          # characters of a matching line a report shows
 
 # Colour and cursor sequences a server writes when its log is a terminal.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -38,6 +45,79 @@ class Log:
 
     name: str
     lines: Iterable[str]
+
+
+class LogLines:
+    """The lines of a log, from its bytes as they come (a file's reads, an engine's stream):
+    each decoded as UTF-8 with bad bytes replaced, without its line end, and at most
+    ``MAX_LINE`` bytes long; a longer line is judged on its first ``MAX_LINE`` bytes and
+    counted in ``cut``.  Memory stays within a line and a chunk whatever the input; a line that
+    runs past ``MAX_RUN`` with no end is a LogError naming ``what`` (the flag that gave it).
+    Iterable once."""
+
+    def __init__(self, chunks: Iterable[bytes], what: str) -> None:
+        self._chunks = chunks
+        self.what = what
+        self.cut: list[int] = []   # the numbers of the first CUT_SHOWN lines cut
+        self.cut_count = 0
+
+    def __iter__(self) -> Iterator[str]:
+        number = 0
+        pending = bytearray()   # the line so far; only new chunks are searched for its end
+        passed = 0   # bytes of a cut line's rest passed over while looking for its end
+        for chunk in self._chunks:
+            if passed:
+                end = chunk.find(b"\n")
+                if end < 0:
+                    passed += len(chunk)
+                    self._check_run(number, passed)
+                    continue
+                chunk, passed = chunk[end + 1:], 0
+            if b"\n" in chunk:
+                head, *whole, tail = chunk.split(b"\n")
+                pending += head
+                for line in (pending, *whole):
+                    number += 1
+                    yield self._text(number, line)
+                pending = bytearray(tail)
+            else:
+                pending += chunk
+            if len(pending) > MAX_LINE:
+                number += 1
+                yield self._text(number, pending)
+                passed, pending = len(pending) - MAX_LINE, bytearray()
+                self._check_run(number, passed)
+        if pending:
+            yield self._text(number + 1, pending)
+
+    def _text(self, number: int, line: bytes | bytearray) -> str:
+        if len(line) > MAX_LINE:
+            self.cut_count += 1
+            if len(self.cut) < CUT_SHOWN:
+                self.cut.append(number)
+            line = line[:MAX_LINE]
+        return line.decode("utf-8", errors="replace")
+
+    def _check_run(self, number: int, passed: int) -> None:
+        if MAX_LINE + passed > MAX_RUN:
+            raise LogError(f"{self.what}: line {number} runs on past {_size(MAX_RUN)} with no "
+                           "line end: not a text log")
+
+    def note(self, name: str) -> str | None:
+        """One line saying which lines of the log ``name`` were cut, or None."""
+        if not self.cut_count:
+            return None
+        if self.cut_count == 1:
+            return (f"{name}: line {self.cut[0]} is longer than {_size(MAX_LINE)}; judged on its "
+                    f"first {_size(MAX_LINE)}")
+        shown = ", ".join(map(str, self.cut)) + (", ..." if self.cut_count > len(self.cut)
+                                                 else "")
+        return (f"{name}: {self.cut_count} lines are longer than {_size(MAX_LINE)} (lines "
+                f"{shown}); each judged on its first {_size(MAX_LINE)}")
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 @dataclass(frozen=True)
@@ -144,13 +224,17 @@ def judge(markers: Sequence[ScopedMarker], logs: Iterable[Log]) -> list[MarkerRe
                     tally = here[i]
                     tally.found += 1
                     if len(tally.hits) < keep[i]:
-                        tally.hits.append(Hit(log.name, number, text))
+                        tally.hits.append(Hit(log.name, number, _shown(text)))
                 if unless is not None and not here[i].left_out and unless.search(text):
                     here[i].left_out = True
         for i, tally in enumerate(here):
             tallies[i].append(tally)
     return [_verdict(s, list(zip(names, t)), keep[i]) for i, (s, t)
             in enumerate(zip(markers, tallies))]
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= HIT_SHOWN else text[:HIT_SHOWN] + "..."
 
 
 def _verdict(scoped: ScopedMarker, per_log: list[tuple[str, _Tally]], keep: int) -> MarkerResult:
