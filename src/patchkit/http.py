@@ -230,7 +230,7 @@ class _TLSHandler(urllib.request.HTTPSHandler):
 
 
 def _late(method: str, url: str, timeout: float) -> HttpError:
-    return HttpError(TIMEOUT, method, url, f"no complete answer within {_seconds(timeout)}")
+    return HttpError(TIMEOUT, method, url, f"no answer within {_seconds(timeout)}")
 
 
 def _read(resp, method: str, url: str, max_bytes: int) -> bytes:

@@ -28,9 +28,9 @@ from typing import Any
 
 from patchkit import http, interrupt
 from patchkit.errors import UsageError
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 HEALTH, MODELS, CHAT, ACCEPTANCE = "health", "models", "chat", "acceptance"
-DEFAULT_TIMEOUT = 30.0
 MAX_TOKENS = 32
 PROMPT = "What is the capital of France? Answer in one short sentence."
 # The counters vLLM's SpecDecodingProm registers (vllm/v1/spec_decode/metrics.py), as the
