@@ -29,8 +29,9 @@ _deferring = 0
 class Interrupted(BaseException):
     """A signal arrived.  BaseException: never swallowed by an ``except Exception``."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, done: str | None = None) -> None:
         self.signum = signum
+        self.done = done  # what a critical section completed before the signal was raised
         super().__init__(signal.Signals(signum).name)
 
     @property
@@ -62,15 +63,18 @@ def check() -> None:
 
 
 @contextmanager
-def deferred() -> Iterator[None]:
+def deferred(done: str | None = None) -> Iterator[None]:
     """A critical section: a signal inside it is raised when the outermost section ends (also
-    when the section ends by an error: the interruption is what the user asked for)."""
+    when the section ends by an error: the interruption is what the user asked for).  ``done``
+    says what the section has changed once it completes, for the interruption's message."""
     global _deferring, _received
     _deferring += 1
+    completed = False
     try:
         yield
+        completed = True
     finally:
         _deferring -= 1
         if not _deferring and _received is not None and os.getpid() == _installed_pid:
             signum, _received = _received, None
-            raise Interrupted(signum)
+            raise Interrupted(signum, done if completed else None)

@@ -43,13 +43,32 @@ def _serving(handle) -> Iterator[int]:
         server.close()
 
 
+class Silent:
+    """A port where every connection is accepted and then nothing is ever sent on it;
+    ``accepted`` is set once a client has connected (so a test knows it is waiting)."""
+
+    def __init__(self, port: int, accepted: threading.Event) -> None:
+        self.port = port
+        self.accepted = accepted
+
+    @property
+    def tcp(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
 @contextmanager
-def silent_port() -> Iterator[int]:
-    """A port where a connection is accepted and then nothing is ever sent on it."""
+def silent_port() -> Iterator[Silent]:
+    accepted = threading.Event()
+
     def handle(conn: socket.socket, stop: threading.Event) -> None:
+        accepted.set()
         stop.wait()
     with _serving(handle) as port:
-        yield port
+        yield Silent(port, accepted)
 
 
 def _trickle(conn: socket.socket, stop: threading.Event, data: bytes, start: int) -> None:
