@@ -120,6 +120,8 @@ def test_signal_leaves_workdir_absent_or_complete(tmp_path, sig, prior, where):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
     assert "Traceback" not in err
+    # patchkit's own line, not Python's KeyboardInterrupt (which also exits 130)
+    assert err.splitlines()[-1] == f"patchkit: interrupted by {sig.name}; nothing was changed"
     # interrupted: the workdir is exactly what it was before
     assert wd.exists() == prior
     if prior:

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from patchkit import __version__, errors, interrupt
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 DEFAULT_WORKDIR = ".patchkit/vllm"
 
@@ -72,6 +73,10 @@ VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
                          help="Git URL, local git path, 'pypi', or 'image' (the vLLM installed in "
                               "the base image, patched as it is); repeat to try several in order "
                               "(default: vllm.repo of the manifest).")
+SECONDS = click.FloatRange(min=0, min_open=True, max=24 * 3600)
+TIMEOUT = click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
+                       metavar="SECONDS", help="Longest silence of an engine, node or registry "
+                       "before giving up (a transfer goes on while bytes flow).")
 BASE = click.option("--base", help="The base image that --vllm-ref base and --vllm-repo image "
                                    "read (default: image.base of the manifest).")
 
@@ -160,10 +165,11 @@ def apply(ref, repos, base, workdir, keep_failed, variant, manifest_path, fmt) -
 @click.option("--container", "containers", multiple=True, metavar="NAME|ID",
               help="Judge the runtime markers against this container's log (stdout and "
                    "stderr) on the engine DOCKER_HOST names; repeatable.")
+@TIMEOUT
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, base, logs, containers, variant, manifest_path, fmt) -> int:
+def verify(tree, image, base, logs, containers, timeout, variant, manifest_path, fmt) -> int:
     """Run the AST assertions on a tree or an image; with --log or --container, also the
     runtime markers of the patches that are in, against the server's logs."""
     from patchkit.commands import verify as command
@@ -176,7 +182,7 @@ def verify(tree, image, base, logs, containers, variant, manifest_path, fmt) -> 
                          default_tree=Path(DEFAULT_WORKDIR), variant=variant, logs=logs,
                          containers=containers,
                          stdin=click.get_binary_stream("stdin") if "-" in logs else None,
-                         base=base, log=lambda msg: echo(msg, err=True))
+                         base=base, log=lambda msg: echo(msg, err=True), timeout=timeout)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
 
@@ -376,12 +382,13 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, 
 @click.option("--copy-to", "copy_to", multiple=True, metavar="ENGINE",
               help="Then copy the image to this engine (ssh://[user@]host[:port], unix://, "
                    "tcp://), as copy-image does; repeat for several.")
+@TIMEOUT
 @VARIANT
 @MANIFEST
 @FORMAT
 def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
-                    nvcc_threads, push, no_daemon, save, copy_to, variant, manifest_path,
-                    fmt) -> int:
+                    nvcc_threads, push, no_daemon, save, copy_to, timeout, variant,
+                    manifest_path, fmt) -> int:
     """Build the image through the Docker Engine that DOCKER_HOST names, or with
     --no-daemon --push straight in the registry."""
     from patchkit.commands import build_image as command
@@ -392,7 +399,7 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
                          save=Path(save) if save else None, mode=mode, apply=not no_apply,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
                          progress=TextProgress(err=True), variant=variant,
-                         no_daemon=no_daemon, copy_to=copy_to)
+                         no_daemon=no_daemon, copy_to=copy_to, timeout=timeout)
     summary = report.to_dict()
     echo(json.dumps(summary, indent=2) if fmt == "json" else text.build_image(report))
     return 0 if summary["ok"] else 1
@@ -404,8 +411,9 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
               help="An engine to copy to: ssh://[user@]host[:port] (through the system ssh), "
                    "unix:///path or tcp://host:port; repeat, or list more after it.")
 @click.argument("more", nargs=-1, metavar="[ENGINE...]")
+@TIMEOUT
 @FORMAT
-def copy_image_cmd(image, targets, more, fmt) -> int:
+def copy_image_cmd(image, targets, more, timeout, fmt) -> int:
     """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines.
 
     \b
@@ -418,7 +426,8 @@ def copy_image_cmd(image, targets, more, fmt) -> int:
     from patchkit.commands import copy_image as command
     from patchkit.render import copy as render
 
-    report = command.run(image, [*targets, *more], log=TextProgress(err=True).info)
+    report = command.run(image, [*targets, *more], log=TextProgress(err=True).info,
+                         timeout=timeout)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
     return 0 if report.ok else 1
 
@@ -430,8 +439,8 @@ def copy_image_cmd(image, targets, more, fmt) -> int:
 @click.option("--min-acceptance", type=click.FloatRange(0, 1), metavar="RATE",
               help="Also require this speculative-decoding acceptance (0 to 1) over the request, "
                    "from /metrics.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
-              show_default=True, metavar="SECONDS", help="Longest wait for each request.")
+@click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
+              metavar="SECONDS", help="Deadline of each request as a whole.")
 @click.option("--api-key", envvar="VLLM_API_KEY", show_envvar=True, metavar="KEY",
               help="Bearer token of a server started with --api-key.")
 @FORMAT

@@ -87,8 +87,9 @@ def handle(exc: BaseException, command_line: str, version: str,
     if isinstance(exc, KeyboardInterrupt):
         return 130, "patchkit: interrupted", "interrupted"
     if isinstance(exc, interrupt.Interrupted):
-        return (exc.exit_code, f"patchkit: interrupted by {exc}; nothing was changed",
-                f"interrupted by {exc}")
+        said = f"interrupted by {exc} after {exc.done}" if exc.done else \
+            f"interrupted by {exc}; nothing was changed"
+        return exc.exit_code, f"patchkit: {said}", f"interrupted by {exc}"
     log = log_file()
     try:
         with open(log, "a") as fh:

@@ -1,9 +1,10 @@
 """The one owner of HTTP: small typed calls with bounded waits, every failure one ``HttpError``.
 
-Standard library only (``urllib``).  Each call takes a ``timeout`` in seconds that bounds the
-connection and every wait for data, and the whole answer is read within a deadline of the same
-length after the connection is made, so a server that trickles bytes cannot hold a call for long.
-Answers are read up to ``max_bytes``; a larger one is a failure, not a truncation.
+Standard library only (``urllib``).  Each call takes a ``timeout`` in seconds that is a deadline
+for the exchange as a whole (connect, headers and body): a watchdog shuts the connection's
+socket when it passes, so a server that trickles its headers or its body a byte at a time
+cannot hold a call longer than that.  Answers are read up to ``max_bytes``; a larger one is a
+failure, not a truncation.
 
 A failure of any kind (bad URL, nothing listening, unknown host, timeout, a status outside 2xx,
 a body that is not what was asked for) is an :class:`HttpError` whose message is one line naming
@@ -17,7 +18,7 @@ import http.client
 import json
 import socket
 import ssl
-import time
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from patchkit.errors import PatchkitError
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
-DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 SCHEMES = ("http", "https")
 USER_AGENT = "patchkit"
@@ -108,19 +109,26 @@ def request(method: str, url: str, *, body: bytes | None = None,
         raise ValueError(f"timeout must be positive, not {timeout}")
     all_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **(headers or {})}
     req = urllib.request.Request(url, data=body, method=method, headers=all_headers)
+    watch = _Watch(timeout)
+    opener = urllib.request.build_opener(_Handler(watch), _TLSHandler(watch))
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            data = _read(resp, method, url, timeout, max_bytes)
+        with opener.open(req, timeout=timeout) as resp:
+            data = _read(resp, method, url, max_bytes)
+            if watch.fired:  # a close-delimited body cut short by the watchdog
+                raise _late(method, url, timeout)
             return Response(url, resp.status, _lower(resp.headers), data)
     except urllib.error.HTTPError as exc:
         raise _status_error(method, url, exc, timeout) from None
     except urllib.error.URLError as exc:
-        raise _transport_error(method, url, exc.reason, timeout) from None
-    except HttpError:
-        raise
+        raise _late(method, url, timeout) if watch.fired else \
+            _transport_error(method, url, exc.reason, timeout) from None
+    except HttpError as exc:
+        raise _late(method, url, timeout) if watch.fired and exc.kind != TIMEOUT else exc
     except (http.client.HTTPException, OSError, ValueError) as exc:
-        raise _transport_error(method, url, exc, timeout) from None
-
+        raise _late(method, url, timeout) if watch.fired else \
+            _transport_error(method, url, exc, timeout) from None
+    finally:
+        watch.cancel()
 
 def get(url: str, *, headers: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT,
         max_bytes: int = DEFAULT_MAX_BYTES) -> Response:
@@ -161,8 +169,71 @@ def _lower(headers) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
 
 
-def _read(resp, method: str, url: str, timeout: float, max_bytes: int) -> bytes:
-    deadline = time.monotonic() + timeout
+class _Watch:
+    """The deadline of one exchange: when it passes, the connection's socket is shut, which
+    ends any read or write blocked on it (urllib's own timeout bounds each wait alone)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.fired = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def attach(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.fired:
+                self._shut()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            self._shut()
+
+    def _shut(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already
+
+
+def _watched(conn_class, watch: _Watch):
+    class Watched(conn_class):
+        def connect(self) -> None:
+            super().connect()
+            watch.attach(self.sock)
+    return Watched
+
+
+class _Handler(urllib.request.HTTPHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def do_open(self, http_class, req, **kw):
+        return super().do_open(_watched(http_class, self.watch), req, **kw)
+
+
+class _TLSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def do_open(self, http_class, req, **kw):
+        return super().do_open(_watched(http_class, self.watch), req, **kw)
+
+
+def _late(method: str, url: str, timeout: float) -> HttpError:
+    return HttpError(TIMEOUT, method, url, f"no answer within {_seconds(timeout)}")
+
+
+def _read(resp, method: str, url: str, max_bytes: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -173,9 +244,6 @@ def _read(resp, method: str, url: str, timeout: float, max_bytes: int) -> bytes:
         if size > max_bytes:
             raise HttpError(TOO_LARGE, method, url, f"answer larger than {max_bytes} bytes")
         chunks.append(chunk)
-        if time.monotonic() > deadline:
-            raise HttpError(TIMEOUT, method, url,
-                            f"answer not complete within {_seconds(timeout)}")
 
 
 def _seconds(timeout: float) -> str:

@@ -245,6 +245,7 @@ def test_interrupted_rebase_goes_on_or_goes_back(tmp_path, then):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("patchkit: interrupted by SIGINT")
     assert rebase.in_progress(proj)
     if then == "abort":
         assert patchkit("rebase", "--abort", cwd=proj).returncode == 0

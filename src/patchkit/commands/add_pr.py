@@ -26,13 +26,14 @@ from patchkit.manifest import Manifest
 from patchkit.report import ApplyReport
 from patchkit.commands import intake
 from patchkit.series.engine import Progress
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 GITHUB = "https://github.com"
 HOST_ENV = "PATCHKIT_GITHUB"
 LEFT_OUT = ("tests", "docs", "benchmarks", ".github")  # no image is built from them
 MAX_BYTES = 16 * 1024 * 1024
 SHOWN = 5   # files of the pull request an error names
-TIMEOUT = 60.0
+TIMEOUT = DEFAULT_TIMEOUT
 
 _GITHUB_SOURCE = re.compile(r"^(?:https?://(?:www\.)?|ssh://git@|git@)github\.com[/:]"
                             r"([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")

@@ -17,6 +17,7 @@ from patchkit.manifest import Manifest, variants
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.series.engine import Progress, apply_series
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 MODES = ("auto", build.OVERLAY_MODE, build.SOURCE_MODE)
 
@@ -94,9 +95,11 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         save: Path | None = None, mode: str = "auto", apply: bool = True,
         max_jobs: int | None = None, nvcc_threads: int | None = None,
         progress: Progress | None = None, engine=None, variant: str | None = None,
-        no_daemon: bool = False, registry=None, copy_to: Sequence[str] = ()) -> BuildReport:
+        no_daemon: bool = False, registry=None, copy_to: Sequence[str] = (),
+        timeout: float = DEFAULT_TIMEOUT) -> BuildReport:
     """Build (and optionally push and save) the image; with ``no_daemon``, straight in the
-    registry (``push`` required, no engine).
+    registry (``push`` required, no engine).  The engine (or the registry) is reached before
+    the series is applied; ``timeout`` bounds each of its silences.
 
     Expected failures raise :class:`~patchkit.errors.PatchkitError` before anything is tagged;
     a series that does not apply is a report with ``ok`` false.
@@ -123,15 +126,18 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     if no_daemon and copy_urls:
         raise UsageError("--copy-to copies from an engine, and --no-daemon has none: pull the "
                          "pushed digest on the other node")
+    # Reached before the apply too: an engine or registry that is not there is known at once.
+    if no_daemon:
+        registry = registry or _reach_registry(manifest, ref, tag, variant, timeout)
+    elif engine is None:
+        from patchkit.image.engine import Engine
+
+        engine = Engine.connect(timeout=timeout)
     if apply:
         needs = basevllm.needed(manifest, [manifest.vllm.ref if ref is None else ref], repos)
         if needs and no_daemon:
             raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
                              "with an engine first, then build-image --no-daemon --no-apply")
-        if needs and engine is None:
-            from patchkit.image.engine import Engine
-
-            engine = Engine.connect()
         holder = basevllm.for_run(manifest, refs=[manifest.vllm.ref if ref is None else ref],
                                   repos=repos, base=base, platform=str(plat), engine=engine,
                                   log=log)
@@ -158,10 +164,6 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         return _report(tree, choice, plat, final_tag, built, digest, push=True, saved=None,
                        started=started,
                        holds=build.Holds.of(built.installed, kind, _fingerprint(built, None, "")))
-    if engine is None:
-        from patchkit.image.engine import Engine
-
-        engine = Engine.connect()
     previous = (engine.inspect(final_tag) or {}).get("Id")
     if choice.mode == build.OVERLAY_MODE:
         base_ref = base or manifest.image.base
@@ -184,8 +186,8 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
             size = engine.save(final_tag, Path(save))
             saved = {"path": str(save), "bytes": size}
             log(f"saved {final_tag} to {save} ({size} bytes)")
-    except Exception:
-        # A refused push leaves no tag behind: the tag names what was delivered.
+    except BaseException:
+        # A refused or interrupted push leaves no tag behind: the tag names what was delivered.
         if not built.pushed_by_build:
             engine.restore_tag(final_tag, previous)
         raise
@@ -194,7 +196,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
                      started=started, holds=holds)
     if copy_urls:
         log(f"copying {final_tag} to {', '.join(copy_urls)}")
-        report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log)
+        report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log, timeout=timeout)
     return report
 
 
@@ -208,6 +210,18 @@ def _fingerprint(built: build.Built, engine, tag: str) -> str | None:
         return None
     content = engine.content(tag)
     return layer.fingerprint(content) if content else None
+
+
+def _reach_registry(manifest: Manifest, ref: str | None, tag: str | None,
+                    variant: str | None, timeout: float):
+    """The registry the tag goes to, asked once what it holds there: a registry that cannot be
+    reached is an error before any work (the tag's {version} is not known yet; its host is)."""
+    from patchkit.image.registry import Registry
+
+    registry = Registry(timeout=timeout)
+    registry.digest_of(default_tag(manifest, manifest.vllm.ref if ref is None else ref, None,
+                                   tag, variant))
+    return registry
 
 
 def _check_no_daemon(push: bool, save: Path | None, mode: str) -> None:

@@ -15,6 +15,7 @@ A target that cannot be reached, or refuses the load, fails alone: the others ar
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from patchkit.errors import ImageError, PatchkitError, UsageError
 from patchkit.image.engine import Engine, engine_url
 from patchkit.image.layer import ArchiveFacts, fingerprint, relayed_export
 from patchkit.imageref import check_reference
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 Log = Callable[[str], None]
 STATUSES = ("copied", "present", "replaced", "failed")
@@ -91,9 +93,10 @@ def check_targets(targets: Sequence[str], flag: str = "--to") -> list[str]:
 
 
 def run(image: str, targets: Sequence[str], *, source: Engine | None = None,
-        connect: Callable[[str], Engine] | None = None, log: Log = lambda m: None
-        ) -> CopyReport:
-    """Copy ``image`` from ``source`` (default: the engine DOCKER_HOST names) to each target."""
+        connect: Callable[[str], Engine] | None = None, log: Log = lambda m: None,
+        timeout: float = DEFAULT_TIMEOUT) -> CopyReport:
+    """Copy ``image`` from ``source`` (default: the engine DOCKER_HOST names) to each target;
+    ``timeout`` bounds each silence of an engine."""
     if re.fullmatch(r"(sha256:)?[0-9a-f]{12,64}", image):
         raise UsageError(f"IMAGE {image!r} is an image id; copy-image takes a tag, which the "
                          "targets then hold")
@@ -101,16 +104,16 @@ def run(image: str, targets: Sequence[str], *, source: Engine | None = None,
     urls = check_targets(targets)
     if not urls:
         raise UsageError("give the engines to copy to with --to ENGINE")
-    source = source or Engine.connect()
-    return copy(source, image, urls, connect=connect, log=log)
+    source = source or Engine.connect(timeout=timeout)
+    return copy(source, image, urls, connect=connect, log=log, timeout=timeout)
 
 
 def copy(source: Engine, image: str, urls: Sequence[str], *,
-         connect: Callable[[str], Engine] | None = None, log: Log = lambda m: None
-         ) -> CopyReport:
+         connect: Callable[[str], Engine] | None = None, log: Log = lambda m: None,
+         timeout: float = DEFAULT_TIMEOUT) -> CopyReport:
     """``run`` once the targets are checked and the source is connected (build-image's
     ``--copy-to`` comes in here)."""
-    connect = connect or Engine.connect
+    connect = connect or functools.partial(Engine.connect, timeout=timeout)
     attrs = source.content(image)
     if attrs is None:
         raise ImageError(f"no image {image} on the engine at {source.host}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import git as g
-from patchkit import manifest
+from patchkit import interrupt, manifest
 from patchkit.commands import intake
 from patchkit.errors import UsageError
 from patchkit.manifest.edit import ManifestText
@@ -77,32 +77,34 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
     taken = {p.id: p for p in m.patches}
     below = _applied_ids(workdir) | set(applied)
     claimed: set[str] = set()
-    new_entries: list[list[tuple[str, str]]] = []
-    for c in commits:
-        diff = g.diff(workdir, f"{c.sha}~1", c.sha)
-        if not diff.strip():
-            result.notes.append(f"{c.sha[:12]} {c.subject!r} changes nothing; not exported")
-            continue
-        # an entry of an earlier export (patches/<id>.diff, not in the applied series) is this
-        # commit's own, and is updated in place
-        pid = intake.free_id(intake.wanted_id(c), m, claimed | below, reuse=True)
-        claimed.add(pid)
-        rel = f"{PATCH_DIR}/{pid}.diff"
-        existing = taken.get(pid)
-        file_changed = write_if_changed(m.root / rel, diff.encode("utf-8", "surrogateescape"))
-        if existing is not None:
-            action = "updated" if file_changed else "unchanged"
-            if existing.summary != c.subject and c.subject:
-                text.set_scalar(("patches", existing.index, "summary"), c.subject)
-                action = "updated"
-        else:
-            new_entries.append(intake.from_commit(c, pid, diff).entry())
-            action = "added"
-        result.exported.append(Exported(pid, c.sha, rel, c.subject, action))
-    for entry in new_entries:
-        text.append_item(("patches",), entry)
-    text.write(m.path)
-    manifest.load(m.path)  # what was written must load
+    # the diffs and the manifest are written together: a signal waits for the end
+    with interrupt.deferred(done=f"the export to {PATCH_DIR}/ and {m.path.name}"):
+        new_entries: list[list[tuple[str, str]]] = []
+        for c in commits:
+            diff = g.diff(workdir, f"{c.sha}~1", c.sha)
+            if not diff.strip():
+                result.notes.append(f"{c.sha[:12]} {c.subject!r} changes nothing; not exported")
+                continue
+            # an entry of an earlier export (patches/<id>.diff, not in the applied series) is this
+            # commit's own, and is updated in place
+            pid = intake.free_id(intake.wanted_id(c), m, claimed | below, reuse=True)
+            claimed.add(pid)
+            rel = f"{PATCH_DIR}/{pid}.diff"
+            existing = taken.get(pid)
+            file_changed = write_if_changed(m.root / rel, diff.encode("utf-8", "surrogateescape"))
+            if existing is not None:
+                action = "updated" if file_changed else "unchanged"
+                if existing.summary != c.subject and c.subject:
+                    text.set_scalar(("patches", existing.index, "summary"), c.subject)
+                    action = "updated"
+            else:
+                new_entries.append(intake.from_commit(c, pid, diff).entry())
+                action = "added"
+            result.exported.append(Exported(pid, c.sha, rel, c.subject, action))
+        for entry in new_entries:
+            text.append_item(("patches",), entry)
+        text.write(m.path)
+        manifest.load(m.path)  # what was written must load
     return result
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit import git as g
-from patchkit import kinds, manifest, source
+from patchkit import interrupt, kinds, manifest, source
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import ID_RE, Manifest, Patch
 from patchkit.manifest.edit import ManifestText
@@ -202,7 +202,14 @@ def _failure(m: Manifest, report: ApplyReport, new_ids: set[str], variant: str |
 
 def write(m: Manifest, new: Sequence[NewPatch]) -> None:
     """Write each new diff and append its entry (only those lines are added to the manifest);
-    on any failure put the manifest back and remove what was written."""
+    on any failure put the manifest back and remove what was written.  A signal waits for the
+    end: the files and the entry are written together or not at all."""
+    names = ", ".join(p.path for p in new)
+    with interrupt.deferred(done=f"{names} and {m.path.name} were written"):
+        _write(m, new)
+
+
+def _write(m: Manifest, new: Sequence[NewPatch]) -> None:
     text = ManifestText.read(m.path)
     for p in new:
         text.append_item(("patches",), p.entry())

@@ -255,20 +255,22 @@ def _run(state: _State, progress: engine.Progress) -> RebaseResult:
             break
         r = engine.apply_one(m, p, tree, res.commit, res.version, res.repo)
         progress.patch(r)
-        if r.status == "applied":
-            assert r.commit
-            state.data["head"] = r.commit
-            refreshed = kinds.get(p.kind).refresh(p, m.root / p.path, tree, r)
-            state.add(Step(p.id, "refreshed", refreshed) if refreshed else Step(p.id, "applied"))
-        elif r.status == "upstream":
-            state.add(_mark_upstream(state, m, p, "already in the tree"))
-        elif r.status == "skipped":
-            state.add(Step(p.id, "skipped", r.message))
-        else:
-            state.stopped = _stop(state, m, p, r, progress)
+        with interrupt.deferred():  # a step's files and its record in state.json together
+            if r.status == "applied":
+                assert r.commit
+                state.data["head"] = r.commit
+                refreshed = kinds.get(p.kind).refresh(p, m.root / p.path, tree, r)
+                state.add(Step(p.id, "refreshed", refreshed) if refreshed
+                          else Step(p.id, "applied"))
+            elif r.status == "upstream":
+                state.add(_mark_upstream(state, m, p, "already in the tree"))
+            elif r.status == "skipped":
+                state.add(Step(p.id, "skipped", r.message))
+            else:
+                state.stopped = _stop(state, m, p, r, progress)
+                state.save()
+                return _result(state)
             state.save()
-            return _result(state)
-        state.save()
     return _finish(state)
 
 

@@ -28,9 +28,9 @@ from typing import Any
 
 from patchkit import http, interrupt
 from patchkit.errors import UsageError
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 HEALTH, MODELS, CHAT, ACCEPTANCE = "health", "models", "chat", "acceptance"
-DEFAULT_TIMEOUT = 30.0
 MAX_TOKENS = 32
 PROMPT = "What is the capital of France? Answer in one short sentence."
 # The counters vLLM's SpecDecodingProm registers (vllm/v1/spec_decode/metrics.py), as the
@@ -199,6 +199,7 @@ def run(url: str, model: str | None = None, min_acceptance: float | None = None,
         raise UsageError("--model: empty name")
     if not timeout > 0 or math.isinf(timeout):
         raise UsageError(f"--timeout {timeout}: a positive number of seconds")
+    check_api_key(api_key)
     client = _Client(base, timeout, api_key)
     checks: list[Check] = []
 
@@ -235,6 +236,24 @@ def run(url: str, model: str | None = None, min_acceptance: float | None = None,
             acceptance, check = _check_acceptance(before, after, min_acceptance)
             checks.append(check)
     return SmokeReport(base, chosen, tuple(checks), acceptance=acceptance, answer=chat.answer)
+
+
+def check_api_key(key: str | None) -> None:
+    """A key that cannot travel in an ``Authorization`` header is an --api-key error (exit 2),
+    said without the key itself, which is a secret."""
+    if key is None:
+        return
+    if not key.strip():
+        raise UsageError("--api-key (or VLLM_API_KEY): empty key")
+    bad = next((c for c in key if c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        what = "white space" if bad.isspace() else "a control character"
+        raise UsageError(f"--api-key (or VLLM_API_KEY): the key holds {what} "
+                         f"(at character {key.index(bad) + 1})")
+    if not key.isascii():
+        at = next(n for n, c in enumerate(key) if not c.isascii())
+        raise UsageError(f"--api-key (or VLLM_API_KEY): character {at + 1} is not ASCII; an "
+                         "HTTP header cannot carry it")
 
 
 def base_url(url: str) -> str:

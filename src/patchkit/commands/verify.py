@@ -15,6 +15,7 @@ from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import AssertionResult
 from patchkit.series import checkout, runtime, verify
 from patchkit.series.runtime import MarkerResult
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:  # the image modules are imported only when an image is looked at
     from patchkit.image.build import Holds
@@ -169,16 +170,21 @@ def _check_image(manifest: Manifest, image: str, *, engine=None,
 def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
         default_tree: Path, variant: str | None = None, logs: tuple[str, ...] = (),
         containers: tuple[str, ...] = (), stdin=None, engine=None, base: str | None = None,
-        log=lambda m: None) -> VerifyReport:
+        log=lambda m: None, timeout: float = DEFAULT_TIMEOUT) -> VerifyReport:
     """The assertions on ``tree`` or ``image``; with ``logs`` (paths, ``-`` for ``stdin``) or
     ``containers`` (names or ids on the engine), the runtime markers too.  A log that cannot be
     had stops the command before anything is checked.  ``base`` (with a tree): judge the
-    patches' ranges on the vLLM that base image holds, the one the tree is to be laid on."""
+    patches' ranges on the vLLM that base image holds, the one the tree is to be laid on.
+    ``timeout`` bounds each silence of the engine."""
     if tree and image:
         raise UsageError("give --tree or --image, not both")
     if image and base:
         raise UsageError("--base goes with --tree: an image's own files say what it holds")
     variants.check(manifest, variant)
+    if engine is None and (image or base or containers):
+        from patchkit.image.engine import Engine
+
+        engine = Engine.connect(timeout=timeout)
     version = _base_version(manifest, base, engine, log) if base else None
     with _Logs(logs, containers, stdin=stdin, engine=engine) as sources:
         if image:

@@ -13,17 +13,26 @@ get a complete archive instead, the base's layers as the engine exports them fol
 new layer, streamed from the export into the load (``Store`` tells which store an engine has).
 
 Other engines (``copy-image``, ``build-image --copy-to``) are named by URL: ``ssh://`` through
-the system's ssh (so ``~/.ssh/config`` applies), ``unix://`` or ``tcp://``.
+the system's ssh (so ``~/.ssh/config`` applies), ``unix://`` or ``tcp://``; ``engine_url`` is
+the one parser of such addresses, ``DOCKER_HOST``'s included.
+
+Every request waits at most ``timeout`` seconds of silence (``timeouts.DEFAULT_TIMEOUT``): the
+connection, then each wait for the next bytes, never a whole stream, so a load or export of
+gigabytes goes on while bytes flow.  Builds alone wait without a bound: a compile step may be
+silent for minutes.
 """
 
 from __future__ import annotations
 
 import base64
+import errno as errno_
 import io
 import json
 import os
 import re
+import math
 import shutil
+import socket
 import subprocess
 import tarfile
 import tempfile
@@ -37,6 +46,7 @@ from patchkit.errors import ImageError, UsageError
 from patchkit.image.layer import (ArchiveFacts, BaseImage, Layer, complete_archive, history_of,
                                   relay)
 from patchkit.imageref import Platform, repository, split_tag
+from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
 
 Log = Callable[[str], None]
 
@@ -58,7 +68,51 @@ def _explain(exc: BaseException) -> str:
         if isinstance(text, bytes):
             text = text.decode(errors="replace")
         return " ".join(str(text).split())
-    return " ".join(str(exc).split()) or type(exc).__name__
+    return _reason(exc) or " ".join(str(exc).split()) or type(exc).__name__
+
+
+_OS_WORDS = {errno_.ENOENT: "no such socket", errno_.ECONNREFUSED: "connection refused",
+             errno_.EACCES: "permission denied", errno_.ECONNRESET: "the connection was reset",
+             errno_.EPIPE: "the connection was cut", errno_.EHOSTUNREACH: "host unreachable",
+             errno_.ENETUNREACH: "network unreachable", errno_.ENOTSOCK: "not a socket"}
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it wraps: causes, contexts, and exceptions among its args (requests and
+    urllib3 carry the OS error there, inside a tuple's repr otherwise)."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
+
+
+def _reason(exc: BaseException) -> str:
+    """A transport failure in plain words ("no such socket", "no answer within 30 s"), or ""
+    when it is none patchkit knows."""
+    import requests
+    import urllib3.exceptions
+
+    found = list(_causes(exc))
+    for e in found:  # first: urllib3 words a refused connection as a kind of timeout
+        if isinstance(e, socket.gaierror):
+            return "cannot resolve the host name"
+        if isinstance(e, OSError) and e.errno in _OS_WORDS:
+            return _OS_WORDS[e.errno]
+    for e in found:
+        if isinstance(e, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError,
+                          socket.timeout, TimeoutError)):
+            said = re.search(r"timeout=([0-9.]+)", str(e))
+            return (f"no answer within {shown_seconds(float(said.group(1)))}" if said
+                    else "no answer in time")
+    for e in found:
+        if isinstance(e, OSError) and e.strerror:
+            return e.strerror[:1].lower() + e.strerror[1:]
+    return ""
 
 
 @contextmanager
@@ -108,11 +162,18 @@ def engine_url(text: str, what: str = "engine") -> str:
     return text.rstrip("/")
 
 
+def docker_host() -> str | None:
+    """The engine ``DOCKER_HOST`` names, checked like any engine address; None when it is unset
+    (the SDK's default socket)."""
+    text = os.environ.get("DOCKER_HOST", "")
+    return engine_url(text, "DOCKER_HOST") if text.strip() else None
+
+
 def _ssh_dest(url) -> str:
     return f"{url.username}@{url.hostname}" if url.username else url.hostname
 
 
-def _ssh_reach(host: str, timeout: int = 30) -> str:
+def _ssh_reach(host: str, timeout: float = DEFAULT_TIMEOUT) -> str:
     """The ssh:// address with its port made explicit (the SDK would pass port 22 to ssh,
     overriding ~/.ssh/config), once the system's ssh has reached the engine behind it.  The
     check runs ssh itself so that its complaint becomes the one line of the error."""
@@ -121,19 +182,20 @@ def _ssh_reach(host: str, timeout: int = 30) -> str:
     url = urlsplit(host)
     dest = _ssh_dest(url)
     port = url.port
+    wait = max(1, math.ceil(timeout))  # ssh takes whole seconds
     try:
         if port is None:
             shown = subprocess.run(["ssh", "-G", dest], stdin=subprocess.DEVNULL,
-                                   capture_output=True, text=True, timeout=timeout)
+                                   capture_output=True, text=True, timeout=wait)
             port = next((int(line.split()[1]) for line in shown.stdout.splitlines()
                          if line.startswith("port ") and line.split()[1].isdigit()), 22)
         probe = subprocess.run(
-            ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}", "-p", str(port),
+            ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={wait}", "-p", str(port),
              "--", dest, "docker", "version", "--format", "{{.Server.APIVersion}}"],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout * 2)
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=wait * 2)
     except subprocess.TimeoutExpired:
         raise ImageError(f"no Docker Engine answers at {host}: ssh gave no answer in "
-                         f"{timeout * 2} s") from None
+                         f"{wait * 2} s") from None
     if probe.returncode:
         said = [line.strip() for line in (probe.stderr + probe.stdout).splitlines() if line.strip()]
         raise ImageError(f"no Docker Engine answers at {host}: "
@@ -190,9 +252,11 @@ class Engine:
         self._store: Store | None = None
 
     @classmethod
-    def connect(cls, host: str | None = None, timeout: int = 600) -> "Engine":
+    def connect(cls, host: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> "Engine":
+        """The engine at ``host`` (an address ``engine_url`` took), else the one DOCKER_HOST
+        names, once it has answered; ``timeout`` bounds each silence of it."""
         docker = _docker()
-        host = host or os.environ.get("DOCKER_HOST") or None
+        host = host or docker_host()
         shown = host or "unix:///var/run/docker.sock"
         if host and host.startswith("ssh://"):
             try:
@@ -200,7 +264,7 @@ class Engine:
             except ImportError:
                 raise ImageError(f"DOCKER_HOST={host} needs the paramiko package, which is not "
                                  "installed: pip install 'docker[ssh]'") from None
-        base_url = _ssh_reach(host) if host and host.startswith("ssh://") else host
+        base_url = _ssh_reach(host, timeout) if host and host.startswith("ssh://") else host
         try:
             if base_url:
                 # ssh:// goes through the system's ssh, so ~/.ssh/config and agents apply.
@@ -210,11 +274,7 @@ class Engine:
                 client = docker.from_env(timeout=timeout)
             client.ping()
         except Exception as exc:  # any transport failure means the same thing here
-            said = _explain(exc)
-            # requests buries the reason under its retry wording; the OS error is the news
-            errno = re.search(r"\[Errno -?\d+\] [^'\")]+", said)
-            raise ImageError(f"no Docker Engine answers at {shown}: "
-                             f"{errno.group(0).strip() if errno else said}") from exc
+            raise ImageError(f"no Docker Engine answers at {shown}: {_explain(exc)}") from exc
         return cls(client, shown)
 
     # -- facts

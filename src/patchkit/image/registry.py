@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 
 from patchkit.errors import CommandError, ImageError
 from patchkit.imageref import Platform, repository
+from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.util import run
 
 Log = Callable[[str], None]
@@ -152,7 +153,8 @@ def pick_platform(index: dict, platform: Platform, name: str) -> str:
 class Registry:
     """skopeo, driven for the few things a build straight in a registry needs."""
 
-    def __init__(self, skopeo: str | None = None) -> None:
+    def __init__(self, skopeo: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.timeout = timeout  # the whole of a small request; blob copies go unbounded
         found = skopeo or shutil.which("skopeo")
         if not found:
             raise ImageError("--no-daemon needs skopeo, the containers project's registry client, "
@@ -189,8 +191,11 @@ class Registry:
     def raw_manifest(self, ref: str, *, what: str, missing: str | None = None) -> bytes | None:
         """The manifest (or index) ``ref`` names, byte for byte; None when there is none."""
         host = host_of(ref)
-        return self._run(["inspect", "--raw", *self._flags(host), f"docker://{_plain(ref)}"],
-                         what=what, missing=missing, text=False)
+        return self._run([*self._bounded(), "inspect", "--raw", *self._flags(host),
+                          f"docker://{_plain(ref)}"], what=what, missing=missing, text=False)
+
+    def _bounded(self) -> list[str]:
+        return ["--command-timeout", f"{max(self.timeout, 0.001):g}s"]
 
     def digest_of(self, ref: str) -> str | None:
         """The digest of what ``ref`` names now (None: nothing); a registry that cannot be
@@ -228,7 +233,8 @@ class Registry:
                              "on any more; push the base again with a current tool")
         if kind not in MANIFESTS or not isinstance(doc.get("config"), dict):
             raise ImageError(f"base image {name}: {kind} is not an image manifest")
-        config = self._run(["inspect", "--raw", "--config", *self._flags(host_of(name)),
+        config = self._run([*self._bounded(), "inspect", "--raw", "--config",
+                            *self._flags(host_of(name)),
                             f"docker://{repo}@{manifest_digest}"],
                            what=f"reading the config of {name}",
                            missing=f"base image {name}: its config is not in the registry",
