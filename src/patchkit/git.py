@@ -572,3 +572,54 @@ def commit_files(repo: Path, ref: str, files: Iterable[TreeFile], message: str) 
         out = _run("fast-import", "--quiet", "--force", "--date-format=raw", cwd=repo,
                    input=stream)
     return out.strip().splitlines()[-1], len(entries)
+
+
+# ------------------------------------------------------------------------------ a user's work
+
+def status(repo: Path) -> list[tuple[str, str]]:
+    """``(XY, path)`` of each path that differs from HEAD, staged or not, and of each untracked
+    file that no ignore rule covers (``??``); ignored files are not listed."""
+    text = _run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames",
+                cwd=repo)
+    return [(entry[:2], entry[3:]) for entry in text.split("\0") if len(entry) > 3]
+
+
+def local_commits(repo: Path, known: str) -> list[str]:
+    """The commits of HEAD and of every local branch that neither ``known`` nor any tag or
+    remote branch (what the clone came with) reaches, oldest first: the commits made here."""
+    return _run("rev-list", "--reverse", "HEAD", "--branches", "--not", known, "--tags",
+                "--remotes", cwd=repo).split()
+
+
+def local_branches(repo: Path) -> dict[str, str]:
+    """Each local branch's name and commit."""
+    text = _run("for-each-ref", "--format=%(refname:short)%00%(objectname)", "refs/heads/",
+                cwd=repo)
+    return dict(line.split("\0", 1) for line in _lines(text))
+
+
+def snapshot_commit(repo: Path, message: str) -> str | None:
+    """A commit on top of HEAD of the work tree as it is, changes and untracked files alike
+    (what ``git stash create`` makes, untracked files included); the repository's index, work
+    tree and refs are not touched.  None when the work tree is HEAD's tree."""
+    with tempfile.TemporaryDirectory(prefix="patchkit-index-") as tmp:
+        env = dict(IDENTITY, GIT_INDEX_FILE=str(Path(tmp) / "index"))
+        _run("read-tree", "HEAD", cwd=repo, env=env)
+        _run("add", "--all", ".", cwd=repo, env=env)
+        tree = _line("write-tree", cwd=repo, env=env)
+        if tree == tree_of(repo, "HEAD"):
+            return None
+        return _line("commit-tree", tree, "-p", "HEAD", "-m", message, cwd=repo, env=env)
+
+
+def write_bundle(repo: Path, dest: Path, refs: dict[str, str], known: str | None) -> None:
+    """A bundle at ``dest`` holding ``refs`` (full ref name -> commit) and the commits they
+    reach beyond ``known`` (every commit when None).  The refs are made in a throwaway
+    repository borrowing ``repo``'s objects, so ``repo`` itself is not changed."""
+    with tempfile.TemporaryDirectory(prefix="patchkit-bundle-") as tmp:
+        side = Path(tmp) / "side.git"
+        borrowing_repository(side, [repo / ".git"])
+        for ref, commit in refs.items():
+            _run("update-ref", ref, commit, cwd=side)
+        _run("bundle", "create", "--quiet", str(dest), *refs,
+             *(["--not", known] if known else []), cwd=side)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from patchkit import git as g
-from patchkit.errors import UsageError
+from patchkit.errors import CommandError, UsageError
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.source import BASE_TAG
 
@@ -113,3 +113,101 @@ def commits_after_series(path: Path, *, merges_only: bool = False) -> list[str]:
 def series_subjects(path: Path) -> list[str]:
     """The subjects of the series' own commits, newest first."""
     return g.subjects_between(path, BASE_TAG, APPLIED_TAG)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+@dataclass(frozen=True)
+class UserWork:
+    """What a person made in an applied checkout since ``patchkit apply`` left it: commits on
+    HEAD or a branch past the series, changed and untracked files, HEAD moved elsewhere."""
+
+    commits: int = 0
+    changed: int = 0
+    untracked: int = 0
+    moved_to: str | None = None      # HEAD's commit when it is not patchkit/applied or past it
+    unreadable: str | None = None    # why git could not say (the checkout is broken)
+
+    def __bool__(self) -> bool:
+        return bool(self.commits or self.changed or self.untracked or self.moved_to
+                    or self.unreadable)
+
+    def describe(self) -> str:
+        """One phrase: "2 commits after patchkit/applied, 3 changed files, 1 untracked file"."""
+        if self.unreadable:
+            return f"a checkout git cannot read ({self.unreadable})"
+        parts = []
+        if self.moved_to:
+            parts.append(f"HEAD moved to {self.moved_to[:12]} (not {APPLIED_TAG})")
+        if self.commits:
+            parts.append(_count(self.commits, "commit") + f" after {APPLIED_TAG}")
+        if self.changed:
+            parts.append(_count(self.changed, "changed file"))
+        if self.untracked:
+            parts.append(_count(self.untracked, "untracked file"))
+        return ", ".join(parts)
+
+
+def user_work(path: Path) -> UserWork:
+    """What of ``path``, an applied checkout, is a person's rather than patchkit's: the one
+    answer to "may this workdir be replaced as it is?" (it may when the answer is empty)."""
+    gone = g.missing_alternates(path)
+    if gone:
+        return UserWork(unreadable=f"its objects in {gone[0]} are gone")
+    applied = g.resolve_commit(path, APPLIED_TAG)
+    if applied is None:
+        return UserWork(unreadable=f"no tag {APPLIED_TAG}")
+    try:
+        head = g.head(path)
+        commits = g.local_commits(path, applied)
+        entries = g.status(path)
+    except CommandError as exc:
+        return UserWork(unreadable=exc.output.strip().splitlines()[-1] if exc.output.strip()
+                        else f"git exit {exc.returncode}")
+    moved = head != applied and not (commits and g.is_ancestor(path, applied, head))
+    untracked = sum(code == "??" for code, _ in entries)
+    return UserWork(len(commits), len(entries) - untracked, untracked, head if moved else None)
+
+
+DISCARDED_REFS = "refs/heads/discarded"
+
+
+@dataclass(frozen=True)
+class SavedWork:
+    """Where the work of a replaced checkout went: a bundle, and the refs it holds."""
+
+    bundle: Path | None
+    refs: tuple[str, ...]
+    head: str
+
+    def how_to_restore(self, workdir: Path) -> str:
+        if self.bundle is None:
+            return (f"nothing needed saving beyond HEAD {self.head[:12]}, a commit of the "
+                    "source itself")
+        return (f"saved in {self.bundle} ({', '.join(r.removeprefix('refs/heads/') for r in self.refs)}); "
+                f"get it back with: git -C {workdir} fetch {self.bundle} "
+                f"'{DISCARDED_REFS}/*:{DISCARDED_REFS}/*'")
+
+
+def save_work(path: Path, dest: Path) -> SavedWork:
+    """Keep what a person made in the checkout at ``path`` in a git bundle at ``dest``: HEAD as
+    ``discarded/head``, every other local branch as ``discarded/branches/NAME``, and the
+    uncommitted and untracked files as a commit on HEAD, ``discarded/changes``.  Commits of
+    the source itself are left out (the cache has them), so the bundle stays small."""
+    head = g.head(path)
+    applied = g.resolve_commit(path, APPLIED_TAG)
+    refs = {f"{DISCARDED_REFS}/head": head}
+    for name, commit in g.local_branches(path).items():
+        if commit not in (head, applied):
+            refs[f"{DISCARDED_REFS}/branches/{name}"] = commit
+    changes = g.snapshot_commit(path, "patchkit: the uncommitted changes of a replaced checkout")
+    if changes:
+        refs[f"{DISCARDED_REFS}/changes"] = changes
+    known = g.resolve_commit(path, BASE_TAG)
+    kept = {r: c for r, c in refs.items() if known is None or not g.is_ancestor(path, c, known)}
+    if not kept:
+        return SavedWork(None, (), head)
+    g.write_bundle(path, dest, kept, known)
+    return SavedWork(dest, tuple(kept), head)
