@@ -223,3 +223,21 @@ def test_the_lock_excludes_a_second_holder(tmp_path):
     out, _ = other.communicate(timeout=20)
     assert out == "in\n" and other.returncode == 0
     assert not lock.exists()
+
+
+def test_a_checkout_whose_cache_is_gone_is_refused_then_moved_aside_whole(tmp_path):
+    import shutil
+
+    proj = make_project(tmp_path)
+    wd = tmp_path / "wd"
+    assert apply(proj, wd, cache=tmp_path / "c1").ok
+    (wd / "notes.txt").write_text("mine\n")
+    shutil.rmtree(tmp_path / "c1")  # the objects the checkout borrows
+    with pytest.raises(UsageError, match=r"holds work: a checkout git cannot read \(its objects "):
+        apply(proj, wd, cache=tmp_path / "c2")
+    report = apply(proj, wd, cache=tmp_path / "c2", discard=True)
+    assert report.ok
+    aside = Path(report.discarded["moved_to"])
+    assert aside.parent == tmp_path and aside.name.startswith("wd.discarded-")
+    assert (aside / "notes.txt").read_text() == "mine\n"
+    assert not (wd / "notes.txt").exists()

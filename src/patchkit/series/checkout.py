@@ -71,7 +71,7 @@ class AppliedCheckout:
         gone = g.missing_alternates(workdir)
         if gone:
             raise UsageError(f"{workdir} borrows its git objects from {gone[0]}, which is gone "
-                             "(was the cache deleted?); run 'patchkit apply' again")
+                             "(was the cache deleted?); run 'patchkit apply --discard' again")
         base = g.resolve_commit(workdir, BASE_TAG) or report.vllm.commit
         if not base:
             raise UsageError(f"{workdir} has no {BASE_TAG} tag")

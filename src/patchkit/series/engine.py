@@ -216,20 +216,29 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
 
 
 def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:
-    """Keep the work of a workdir about to be replaced in a bundle beside it, and say where."""
+    """Keep the work of a workdir about to be replaced in a bundle beside it, and say where.
+    One git cannot read is kept whole instead, moved aside under the same name."""
     if work.unreadable:
-        progress.info(f"--discard: replacing {workdir}, {work.describe()}; nothing could be saved")
-        return {"what": work.describe(), "bundle": None, "refs": [], "head": None}
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    dest = workdir.parent / f"{workdir.name}.discarded-{stamp}.bundle"
-    n = 1
-    while dest.exists():
-        n += 1
-        dest = workdir.parent / f"{workdir.name}.discarded-{stamp}-{n}.bundle"
+        dest = _discard_name(workdir, "")
+        os.rename(workdir, dest)
+        progress.info(f"--discard: {workdir} is {work.describe()}; moved aside to {dest}")
+        return {"what": work.describe(), "moved_to": str(dest), "bundle": None, "refs": [],
+                "head": None}
+    dest = _discard_name(workdir, ".bundle")
     saved = applied.save_work(workdir, dest)
     progress.info(f"--discard: {work.describe()} of {workdir} {saved.how_to_restore(workdir)}")
     return {"what": work.describe(), "bundle": str(saved.bundle) if saved.bundle else None,
             "refs": list(saved.refs), "head": saved.head}
+
+
+def _discard_name(workdir: Path, suffix: str) -> Path:
+    """``NAME.discarded-<UTC time>SUFFIX`` beside the workdir, not yet taken."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dest, n = workdir.parent / f"{workdir.name}.discarded-{stamp}{suffix}", 1
+    while os.path.lexists(dest):
+        n += 1
+        dest = workdir.parent / f"{workdir.name}.discarded-{stamp}-{n}{suffix}"
+    return dest
 
 
 @contextmanager
