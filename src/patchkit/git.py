@@ -603,8 +603,13 @@ def snapshot_commit(repo: Path, message: str) -> str | None:
     (what ``git stash create`` makes, untracked files included); the repository's index, work
     tree and refs are not touched.  None when the work tree is HEAD's tree."""
     with tempfile.TemporaryDirectory(prefix="patchkit-index-") as tmp:
-        env = dict(IDENTITY, GIT_INDEX_FILE=str(Path(tmp) / "index"))
-        _run("read-tree", "HEAD", cwd=repo, env=env)
+        index = Path(tmp) / "index"
+        env = dict(IDENTITY, GIT_INDEX_FILE=str(index))
+        own = repo / ".git" / "index"
+        if own.is_file():  # its stat data spares hashing every file again
+            index.write_bytes(own.read_bytes())
+        else:
+            _run("read-tree", "HEAD", cwd=repo, env=env)
         _run("add", "--all", ".", cwd=repo, env=env)
         tree = _line("write-tree", cwd=repo, env=env)
         if tree == tree_of(repo, "HEAD"):
