@@ -584,11 +584,22 @@ def status(repo: Path) -> list[tuple[str, str]]:
     return [(entry[:2], entry[3:]) for entry in text.split("\0") if len(entry) > 3]
 
 
-def local_commits(repo: Path, known: str) -> list[str]:
-    """The commits of HEAD and of every local branch that neither ``known`` nor any tag or
-    remote branch (what the clone came with) reaches, oldest first: the commits made here."""
-    return _run("rev-list", "--reverse", "HEAD", "--branches", "--not", known, "--tags",
-                "--remotes", cwd=repo).split()
+def local_commits(repo: Path, known: str, tip: str | None = None) -> list[str]:
+    """The commits of ``tip`` (default: HEAD and every local branch) that neither ``known`` nor
+    any tag or remote branch (what the clone came with) reaches, oldest first: the commits
+    made here."""
+    tips = [tip] if tip else ["HEAD", "--branches"]
+    return _run("rev-list", "--reverse", *tips, "--not", known, "--tags", "--remotes",
+                cwd=repo).split()
+
+
+def published(repo: Path, but: str) -> list[str]:
+    """What every tag (except those under ``refs/tags/<but>``) and every remote branch
+    points at: the history the clone came with."""
+    text = _run("for-each-ref", "--format=%(refname)%00%(objectname)", "refs/tags/",
+                "refs/remotes/", cwd=repo)
+    pairs = [line.split("\0", 1) for line in _lines(text)]
+    return sorted({obj for ref, obj in pairs if not ref.startswith(f"refs/tags/{but}")})
 
 
 def local_branches(repo: Path) -> dict[str, str]:
@@ -617,14 +628,13 @@ def snapshot_commit(repo: Path, message: str) -> str | None:
         return _line("commit-tree", tree, "-p", "HEAD", "-m", message, cwd=repo, env=env)
 
 
-def write_bundle(repo: Path, dest: Path, refs: dict[str, str], known: str | None) -> None:
+def write_bundle(repo: Path, dest: Path, refs: dict[str, str], known: Sequence[str]) -> None:
     """A bundle at ``dest`` holding ``refs`` (full ref name -> commit) and the commits they
-    reach beyond ``known`` (every commit when None).  The refs are made in a throwaway
-    repository borrowing ``repo``'s objects, so ``repo`` itself is not changed."""
+    reach that no commit of ``known`` reaches (those are its prerequisites).  The refs are made
+    in a throwaway repository borrowing ``repo``'s objects, so ``repo`` itself is not changed."""
     with tempfile.TemporaryDirectory(prefix="patchkit-bundle-") as tmp:
         side = Path(tmp) / "side.git"
         borrowing_repository(side, [repo / ".git"])
         for ref, commit in refs.items():
             _run("update-ref", ref, commit, cwd=side)
-        _run("bundle", "create", "--quiet", str(dest), *refs,
-             *(["--not", known] if known else []), cwd=side)
+        _run("bundle", "create", "--quiet", str(dest), *refs, "--not", *known, cwd=side)

@@ -241,3 +241,14 @@ def test_a_checkout_whose_cache_is_gone_is_refused_then_moved_aside_whole(tmp_pa
     assert aside.parent == tmp_path and aside.name.startswith("wd.discarded-")
     assert (aside / "notes.txt").read_text() == "mine\n"
     assert not (wd / "notes.txt").exists()
+
+
+def test_a_head_moved_to_an_upstream_commit_needs_no_bundle(applied):
+    proj, wd = applied
+    sh("git", "checkout", "-q", "--detach", "patchkit/base", cwd=wd)
+    base = sh("git", "rev-parse", "HEAD", cwd=wd)
+    with pytest.raises(UsageError, match=f"HEAD moved to {base[:12]}"):
+        apply(proj, wd)
+    report = apply(proj, wd, discard=True)
+    assert report.ok and report.discarded["bundle"] is None and report.discarded["head"] == base
+    assert not list(wd.parent.glob("*.bundle"))

@@ -20,6 +20,6 @@ from patchkit.manifest.model import (
     summary_problem,
 )
 
-__all__ = ["ID_MAX", "ID_RE", "KINDS", "PREDICATES", "Assertion", "ImageDefaults", "Manifest", "Marker",
-           "Patch", "VllmSource", "capped_id", "id_problem", "load",
-           "shown_id", "summary_problem"]
+__all__ = ["ID_MAX", "ID_RE", "KINDS", "PREDICATES", "Assertion", "ImageDefaults", "Manifest",
+           "Marker", "Patch", "VllmSource", "capped_id", "id_problem", "load", "shown_id",
+           "summary_problem"]

@@ -3,7 +3,8 @@
 Tag ``patchkit/base`` is the pristine upstream commit, one commit per applied patch follows,
 tag ``patchkit/applied`` marks the end of the series, and ``.git/patchkit-report.json`` holds
 the apply report.  "Is this an applied checkout?" is :func:`is_checkout`; everything that reads
-one goes through :class:`AppliedCheckout`.
+one goes through :class:`AppliedCheckout`; "what of it is a person's work?" is
+:func:`user_work`, and :func:`save_work` keeps that work in a bundle before it is replaced.
 """
 
 from __future__ import annotations
@@ -184,9 +185,10 @@ class SavedWork:
 
     def how_to_restore(self, workdir: Path) -> str:
         if self.bundle is None:
-            return (f"nothing needed saving beyond HEAD {self.head[:12]}, a commit of the "
-                    "source itself")
-        return (f"saved in {self.bundle} ({', '.join(r.removeprefix('refs/heads/') for r in self.refs)}); "
+            return (f"replaced; nothing of its own needed saving (HEAD was {self.head[:12]}, "
+                    "a commit of the source or the series)")
+        names = ", ".join(r.removeprefix("refs/heads/") for r in self.refs)
+        return (f"saved in {self.bundle} ({names}); "
                 f"get it back with: git -C {workdir} fetch {self.bundle} "
                 f"'{DISCARDED_REFS}/*:{DISCARDED_REFS}/*'")
 
@@ -194,20 +196,20 @@ class SavedWork:
 def save_work(path: Path, dest: Path) -> SavedWork:
     """Keep what a person made in the checkout at ``path`` in a git bundle at ``dest``: HEAD as
     ``discarded/head``, every other local branch as ``discarded/branches/NAME``, and the
-    uncommitted and untracked files as a commit on HEAD, ``discarded/changes``.  Commits of
-    the source itself are left out (the cache has them), so the bundle stays small."""
+    uncommitted and untracked files as a commit on HEAD, ``discarded/changes``.  What the
+    clone came with is left out (any clone of the source has it), so the bundle stays small;
+    a ref with nothing of its own is not in it."""
     head = g.head(path)
-    applied = g.resolve_commit(path, APPLIED_TAG)
+    applied = g.resolve_commit(path, APPLIED_TAG) or head
     refs = {f"{DISCARDED_REFS}/head": head}
     for name, commit in g.local_branches(path).items():
-        if commit not in (head, applied):
+        if commit != head:
             refs[f"{DISCARDED_REFS}/branches/{name}"] = commit
+    kept = {r: c for r, c in refs.items() if g.local_commits(path, applied, c)}
     changes = g.snapshot_commit(path, "patchkit: the uncommitted changes of a replaced checkout")
     if changes:
-        refs[f"{DISCARDED_REFS}/changes"] = changes
-    known = g.resolve_commit(path, BASE_TAG)
-    kept = {r: c for r, c in refs.items() if known is None or not g.is_ancestor(path, c, known)}
+        kept[f"{DISCARDED_REFS}/changes"] = changes
     if not kept:
         return SavedWork(None, (), head)
-    g.write_bundle(path, dest, kept, known)
+    g.write_bundle(path, dest, kept, g.published(path, but="patchkit/"))
     return SavedWork(dest, tuple(kept), head)
