@@ -14,9 +14,9 @@ import shutil
 import signal
 import tempfile
 import time
-from datetime import datetime, timezone
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 
 from patchkit import interrupt, kinds, source, versions
