@@ -13,6 +13,9 @@ from patchkit import __version__, errors, interrupt
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 DEFAULT_WORKDIR = ".patchkit/vllm"
+DISCARD = click.option("--discard", is_flag=True,
+                       help="Replace a workdir that holds commits, changes or untracked files "
+                            "(they are saved in a git bundle beside it first).")
 
 
 def echo(message: str = "", err: bool = False) -> None:
@@ -137,17 +140,19 @@ def validate(manifest_path: str) -> int:
 @BASE
 @workdir_option("Where the patched checkout goes.")
 @click.option("--keep-failed", is_flag=True, help="Keep the scratch checkout of a failed run and say where.")
+@DISCARD
 @VARIANT
 @MANIFEST
 @FORMAT
-def apply(ref, repos, base, workdir, keep_failed, variant, manifest_path, fmt) -> int:
+def apply(ref, repos, base, workdir, keep_failed, discard, variant, manifest_path, fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
     from patchkit.render import text
 
     report = command.run(_load(manifest_path), ref=ref, repos=repos or None,
                          workdir=Path(workdir), keep_failed=keep_failed,
-                         progress=TextProgress(err=fmt == "json"), variant=variant, base=base)
+                         progress=TextProgress(err=fmt == "json"), variant=variant, base=base,
+                         discard=discard)
     echo(report.to_json() if fmt == "json" else text.apply(report))
     return 0 if report.ok else 1
 
@@ -367,6 +372,7 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, 
 @VLLM_REPO
 @workdir_option("The applied checkout the image is made from.")
 @click.option("--no-apply", is_flag=True, help="Use --workdir as it is instead of applying first.")
+@DISCARD
 @click.option("--base", help="Base image; also what --vllm-ref base and --vllm-repo image "
                              "read (default: image.base of the manifest).")
 @click.option("--tag", help="Tag of the new image; {ref} is replaced (default: image.tag).")
@@ -386,7 +392,7 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, 
 @VARIANT
 @MANIFEST
 @FORMAT
-def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, max_jobs,
+def build_image_cmd(ref, repos, workdir, no_apply, discard, base, tag, platform, mode, max_jobs,
                     nvcc_threads, push, no_daemon, save, copy_to, timeout, variant,
                     manifest_path, fmt) -> int:
     """Build the image through the Docker Engine that DOCKER_HOST names, or with
@@ -399,7 +405,8 @@ def build_image_cmd(ref, repos, workdir, no_apply, base, tag, platform, mode, ma
                          save=Path(save) if save else None, mode=mode, apply=not no_apply,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
                          progress=TextProgress(err=True), variant=variant,
-                         no_daemon=no_daemon, copy_to=copy_to, timeout=timeout)
+                         no_daemon=no_daemon, copy_to=copy_to, timeout=timeout,
+                         discard=discard)
     summary = report.to_dict()
     echo(json.dumps(summary, indent=2) if fmt == "json" else text.build_image(report))
     return 0 if summary["ok"] else 1

@@ -572,3 +572,69 @@ def commit_files(repo: Path, ref: str, files: Iterable[TreeFile], message: str) 
         out = _run("fast-import", "--quiet", "--force", "--date-format=raw", cwd=repo,
                    input=stream)
     return out.strip().splitlines()[-1], len(entries)
+
+
+# ------------------------------------------------------------------------------ a user's work
+
+def status(repo: Path) -> list[tuple[str, str]]:
+    """``(XY, path)`` of each path that differs from HEAD, staged or not, and of each untracked
+    file that no ignore rule covers (``??``); ignored files are not listed."""
+    text = _run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames",
+                cwd=repo)
+    return [(entry[:2], entry[3:]) for entry in text.split("\0") if len(entry) > 3]
+
+
+def local_commits(repo: Path, known: str, tip: str | None = None) -> list[str]:
+    """The commits of ``tip`` (default: HEAD and every local branch) that neither ``known`` nor
+    any tag or remote branch (what the clone came with) reaches, oldest first: the commits
+    made here."""
+    tips = [tip] if tip else ["HEAD", "--branches"]
+    return _run("rev-list", "--reverse", *tips, "--not", known, "--tags", "--remotes",
+                cwd=repo).split()
+
+
+def published(repo: Path, but: str) -> list[str]:
+    """What every tag (except those under ``refs/tags/<but>``) and every remote branch
+    points at: the history the clone came with."""
+    text = _run("for-each-ref", "--format=%(refname)%00%(objectname)", "refs/tags/",
+                "refs/remotes/", cwd=repo)
+    pairs = [line.split("\0", 1) for line in _lines(text)]
+    return sorted({obj for ref, obj in pairs if not ref.startswith(f"refs/tags/{but}")})
+
+
+def local_branches(repo: Path) -> dict[str, str]:
+    """Each local branch's name and commit."""
+    text = _run("for-each-ref", "--format=%(refname:short)%00%(objectname)", "refs/heads/",
+                cwd=repo)
+    return dict(line.split("\0", 1) for line in _lines(text))
+
+
+def snapshot_commit(repo: Path, message: str) -> str | None:
+    """A commit on top of HEAD of the work tree as it is, changes and untracked files alike
+    (what ``git stash create`` makes, untracked files included); the repository's index, work
+    tree and refs are not touched.  None when the work tree is HEAD's tree."""
+    with tempfile.TemporaryDirectory(prefix="patchkit-index-") as tmp:
+        index = Path(tmp) / "index"
+        env = dict(IDENTITY, GIT_INDEX_FILE=str(index))
+        own = repo / ".git" / "index"
+        if own.is_file():  # its stat data spares hashing every file again
+            index.write_bytes(own.read_bytes())
+        else:
+            _run("read-tree", "HEAD", cwd=repo, env=env)
+        _run("add", "--all", ".", cwd=repo, env=env)
+        tree = _line("write-tree", cwd=repo, env=env)
+        if tree == tree_of(repo, "HEAD"):
+            return None
+        return _line("commit-tree", tree, "-p", "HEAD", "-m", message, cwd=repo, env=env)
+
+
+def write_bundle(repo: Path, dest: Path, refs: dict[str, str], known: Sequence[str]) -> None:
+    """A bundle at ``dest`` holding ``refs`` (full ref name -> commit) and the commits they
+    reach that no commit of ``known`` reaches (those are its prerequisites).  The refs are made
+    in a throwaway repository borrowing ``repo``'s objects, so ``repo`` itself is not changed."""
+    with tempfile.TemporaryDirectory(prefix="patchkit-bundle-") as tmp:
+        side = Path(tmp) / "side.git"
+        borrowing_repository(side, [repo / ".git"])
+        for ref, commit in refs.items():
+            _run("update-ref", ref, commit, cwd=side)
+        _run("bundle", "create", "--quiet", str(dest), *refs, "--not", *known, cwd=side)

@@ -132,6 +132,7 @@ class ApplyReport:
     verify: list[AssertionResult] = field(default_factory=list)
     keep_failed: str | None = None  # the scratch checkout kept by --keep-failed
     variant: str | None = None      # the variant built; None = the default build
+    discarded: dict | None = None   # --discard: what the replaced workdir held, where it went
 
     @property
     def ok(self) -> bool:
@@ -150,6 +151,8 @@ class ApplyReport:
                 "verify": [a.to_dict() for a in self.verify], "variant": self.variant}
         if self.keep_failed:
             data["kept"] = self.keep_failed
+        if self.discarded:
+            data["discarded"] = self.discarded
         return data
 
     def to_json(self) -> str:

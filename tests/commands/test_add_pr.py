@@ -212,6 +212,8 @@ def test_a_conflicting_pr_writes_nothing_and_exits_1(proj):
                                         "id already (patchset.yaml:6); give another with --id"),
     (("101", "--id", "Bad_Id"), 2, "patchkit: error: --id 'Bad_Id': not a valid id (lowercase "
                                    "letters, digits and '-', starting with a letter or digit)"),
+    (("101", "--id", "a" * 101), 2, f"patchkit: error: --id '{'a' * 37}...': 101 characters "
+                                    "long; an id has at most 100"),
     (("pull-101",), 2, "patchkit: error: 'pull-101': expected a pull request number or URL "
                        "(https://github.com/OWNER/NAME/pull/N)"),
     (("https://github.com/vllm-project/vllm/issues/5",), 2,

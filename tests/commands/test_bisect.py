@@ -238,9 +238,12 @@ def test_cli_json_shape(hist):
     (["table-entyr"], 2, "no patch 'table-entyr' in patchset.yaml; did you mean 'table-entry'?"),
     (["table-entry", "--bad", "v9.9.9"], 2, "unknown vLLM ref 'v9.9.9'"),
     (["table-entry", "--good", "island"], 2,
-     "--good island is not an ancestor of --bad v2.0.0: their histories never meet"),
+     "--good island is not an ancestor of the newest release v2.0.0: their histories never "
+     "meet"),
     (["stable", "--good", "v1.0.1"], 2,
-     "--good v1.0.1 is not an ancestor of --bad v2.0.0, and at their merge base "),
+     "--good v1.0.1 is not an ancestor of the newest release v2.0.0, and at their merge base "),
+    # the end not given is named by the default that was taken, not by a flag
+    (["table-entry", "--bad", "v1.0.0"], 2, "the pin v1.0.0 and --bad v1.0.0 are the same commit"),
     (["table-entry", "--good", "v2.0.0", "--bad", "v1.0.0"], 2,
      "--good v2.0.0 is not an ancestor of --bad v1.0.0: it comes after it (swap them?)"),
     (["table-entry", "--good", "v1.0.0", "--bad", "v1.0.0"], 2,

@@ -149,3 +149,18 @@ def test_cli_export(applied):
     assert p.stdout.startswith("added     speed-up-helper: patches/speed-up-helper.diff from ")
     p = run()
     assert p.returncode == 0 and p.stdout.startswith("unchanged speed-up-helper")
+
+
+def test_an_id_a_commit_asks_for_is_capped_at_100_characters(applied):
+    proj, wd = applied
+    long_id = "x" * 99 + "-" + "y" * 200  # cut at 100 it would end in '-'
+    commit(wd, f"Long one\n\nPatchkit-Id: {long_id}\n", {"pkg/a.py": "A = 1\n"})
+    commit(wd, f"patchkit: {long_id}: long two", {"pkg/b.py": "B = 1\n"})
+    p = patchkit("export", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    ids = [e["id"] for e in yaml.safe_load((proj / "patchset.yaml").read_text())["patches"][-2:]]
+    assert ids == ["x" * 99, "x" * 98 + "-2"]
+    assert all(len(i) <= 100 and (proj / f"patches/{i}.diff").is_file() for i in ids)
+    before = snapshot(proj)
+    assert patchkit("export", cwd=proj).returncode == 0  # the same ids again: no churn
+    assert snapshot(proj) == before

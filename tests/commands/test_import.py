@@ -343,3 +343,27 @@ def test_an_overlay_id_that_exists_is_refused(vproj, tmp_path):
     overlay = _package_copy(tmp_path / "table-nvfp4", {"__init__.py": "", "mod.py": "X = 1\n"})
     with pytest.raises(UsageError, match=r"^--id table-nvfp4: the series has that id already"):
         import_.run_overlay(vproj / "patchset.yaml", overlay)
+
+
+@pytest.mark.parametrize("summary, problem", [("two\nlines", "must be one line"),
+                                              ("   ", "must not be empty")])
+def test_a_bad_summary_names_the_option_not_a_line_of_the_manifest(vproj, tmp_path, summary,
+                                                                    problem):
+    root = tmp_path / "tree"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm/__init__.py").write_text("")
+    (root / "vllm/probe.py").write_text("PROBE = 1\n")
+    before = _snapshot(vproj)
+    p = patchkit("import", "--overlay", str(root), "--summary", summary, cwd=vproj)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [f"patchkit: error: --summary: {problem}"]
+    assert _snapshot(vproj) == before
+
+
+def test_an_id_longer_than_100_characters_is_refused_before_any_work(vproj, tmp_path):
+    before = _snapshot(vproj)
+    p = patchkit("import", "--overlay", str(tmp_path / "nowhere"), "--id", "a" * 101, cwd=vproj)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        f"patchkit: error: --id '{'a' * 37}...': 101 characters long; an id has at most 100"]
+    assert _snapshot(vproj) == before

@@ -547,7 +547,8 @@ def test_a_workdir_whose_borrowed_objects_are_gone_is_one_line(project, tmp_path
     with pytest.raises(UsageError) as info:
         bi.run(project, workdir=wd, apply=False, engine=object())
     assert str(info.value) == (f"{wd} borrows its git objects from {up / '.git' / 'objects'}, "
-                               "which is gone (was the cache deleted?); run 'patchkit apply' again")
+                               "which is gone (was the cache deleted?); run 'patchkit apply --discard' "
+                               "again")
 
 
 def test_verify_image_of_a_bad_reference_is_a_usage_error(tmp_path):

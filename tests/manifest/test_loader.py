@@ -304,6 +304,12 @@ ERRORS = [
           diff: patches/a.diff
         """), f"patchset.yaml:6: patches[0] (id={bad_id}): id: '{bad_id}' is not a valid id…")
       for bad_id in ["Foo", "-foo", "foo_bar", "foo bar"]],
+    case("id-too-long", entries(f"""\
+        - id: {'a' * 101}
+          summary: x
+          diff: patches/a.diff
+        """), f"patchset.yaml:6: patches[0] (id={'a' * 37}...): id: '{'a' * 37}...' is 101 "
+              "characters long; an id has at most 100"),
     case("duplicate-id", entries("""\
         - id: foo
           summary: x

@@ -52,13 +52,16 @@ def test_same_inputs_give_same_commits(tmp_path):
     assert [p.commit for p in a.patches] == [p.commit for p in b.patches]
 
 
-def test_reapply_replaces_a_good_checkout(tmp_path):
+def test_reapply_with_discard_replaces_a_scribbled_checkout(tmp_path):
     proj = make_project(tmp_path)
     wd = tmp_path / "wd"
     apply(proj, wd)
     (wd / "scribble.txt").write_text("x")
-    report = apply(proj, wd)
+    with pytest.raises(UsageError, match="1 untracked file"):
+        apply(proj, wd)
+    report = apply(proj, wd, discard=True)
     assert report.ok and not (wd / "scribble.txt").exists()
+    assert Path(report.discarded["bundle"]).is_file()
     assert not [p for p in tmp_path.iterdir() if "patchkit-" in p.name]
 
 

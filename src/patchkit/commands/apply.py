@@ -13,12 +13,15 @@ from patchkit.series import engine
 
 def run(manifest: Manifest, *, ref: str | None, repos: Sequence[str] | None, workdir: Path,
         keep_failed: bool = False, progress: engine.Progress | None = None,
-        variant: str | None = None, base: str | None = None) -> ApplyReport:
+        variant: str | None = None, base: str | None = None,
+        discard: bool = False) -> ApplyReport:
     """``base`` names the base image the ref ``base`` and the source ``image`` read (default
-    image.base); an engine is reached only when they are used."""
+    image.base); an engine is reached only when they are used.  ``discard``: replace a
+    workdir holding a person's work (saved in a bundle beside it)."""
     progress = progress or engine.Progress()
+    engine.check_workdir(workdir, discard)  # before any source or engine is asked
     holder = basevllm.for_run(manifest, refs=[manifest.vllm.ref if ref is None else ref],
                               repos=repos, base=base, log=progress.info)
     return engine.apply_series(manifest, ref=ref, repos=repos, workdir=workdir,
                                keep_failed=keep_failed, progress=progress, variant=variant,
-                               base=holder)
+                               base=holder, discard=discard)

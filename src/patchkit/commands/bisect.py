@@ -248,19 +248,23 @@ def _first_change(candidates: Sequence[str], fate_of: Callable[[str], Fate], goo
     return hi
 
 
+# Where each end of a search came from, as messages name it: "--good" or "the pin", and so on.
+Names = tuple[str, str]
+
+
 def _at_commit(end: source.Resolved, commit: str) -> source.Resolved:
     version = source.version_of(end.repo, commit)
     return source.Resolved(end.source, end.repo, commit, commit, version)
 
 
-def _merge_base(good: source.Resolved, bad: source.Resolved) -> str | None:
+def _merge_base(good: source.Resolved, bad: source.Resolved, names: Names) -> str | None:
     """None when good is an ancestor of bad; else the merge base the search starts from (good
     is on a side line: vLLM tags each release on its own release branch, off main); one line
     when good comes after bad or the two share no history."""
     repo, old, new = good.repo, good.commit, bad.commit
     if g.is_ancestor(repo, old, new):
         return None
-    what = f"--good {good.ref} is not an ancestor of --bad {bad.ref}"
+    what = f"{names[0]} {good.ref} is not an ancestor of {names[1]} {bad.ref}"
     if g.is_ancestor(repo, new, old):
         raise UsageError(f"{what}: it comes after it (swap them?)")
     base = g.merge_base(repo, old, new)
@@ -270,14 +274,15 @@ def _merge_base(good: source.Resolved, bad: source.Resolved) -> str | None:
 
 
 def _releases_between(good: source.Resolved, bad: source.Resolved, cache: Path,
-                      log: Callable[[str], None]) -> list[str]:
+                      log: Callable[[str], None], names: Names) -> list[str]:
     """The release tags after good up to bad, oldest first, bad last (a source with no
     history has nothing else between them)."""
     lo, hi = versions.parse(good.version), versions.parse(bad.version)
     if lo is None or hi is None:
         raise SourceError(f"cannot order {good.ref} and {bad.ref}: not releases")
     if lo >= hi:
-        raise UsageError(f"--good {good.ref} is not older than --bad {bad.ref} (swap them?)")
+        raise UsageError(f"{names[0]} {good.ref} is not older than {names[1]} {bad.ref} "
+                         "(swap them?)")
     _, tags = source.list_tags([good.source], cache, log)
     found: dict[versions.Version, str] = {}
     for tag in tags:
@@ -313,16 +318,17 @@ def _files(manifest: Manifest, patch: Patch) -> list[str]:
 
 
 def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source.Resolved,
-            oracle: Oracle, cache: Path) -> BisectResult:
-    """Bisect ``patch`` from ``good`` to ``bad`` (both resolved in the same source)."""
+            oracle: Oracle, cache: Path, names: Names = ("--good", "--bad")) -> BisectResult:
+    """Bisect ``patch`` from ``good`` to ``bad`` (both resolved in the same source); ``names``
+    say in messages where each end came from: the flag given, or the default taken."""
     if good.commit == bad.commit:
-        raise UsageError(f"--good {good.ref} and --bad {bad.ref} are the same commit "
+        raise UsageError(f"{names[0]} {good.ref} and {names[1]} {bad.ref} are the same commit "
                          f"{good.commit[:12]}: nothing lies between them")
     history = source.has_history(good.source)
     # What can be checked without a checkout is checked before the first one.
-    base = _merge_base(good, bad) if history else None
+    base = _merge_base(good, bad, names) if history else None
     candidates = (g.first_parent_commits(good.repo, base or good.commit, bad.commit) if history
-                  else _releases_between(good, bad, cache, oracle.log))
+                  else _releases_between(good, bad, cache, oracle.log, names))
     asked: set[str] = set()
 
     def fate(at: source.Resolved) -> Fate:
@@ -338,10 +344,10 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
         result.base = End("merge base", base, fate(start))
         if result.base.fate != result.good.fate:
             raise UsageError(
-                f"--good {good.ref} is not an ancestor of --bad {bad.ref}, and at their merge "
-                f"base {base[:12]} the patch is {result.base.fate}, not {result.good.fate}: its "
-                f"fate changes on {good.ref}'s own line; give --good a commit of {bad.ref}'s "
-                "history")
+                f"{names[0]} {good.ref} is not an ancestor of {names[1]} {bad.ref}, and at "
+                f"their merge base {base[:12]} the patch is {result.base.fate}, not "
+                f"{result.good.fate}: its fate changes on {good.ref}'s own line; bisect from "
+                f"a commit of {bad.ref}'s history (--good REF)")
     if result.changed:
         found: dict[str, source.Resolved] = {}
 
@@ -387,7 +393,9 @@ def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str 
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-"))
     try:
         oracle = Oracle(manifest, patch, scratch, progress.info, variant)
-        return between(manifest, patch, lo, hi, oracle, cache)
+        names = ("--good" if good is not None else "the pin",
+                 "--bad" if bad is not None else "the newest release")
+        return between(manifest, patch, lo, hi, oracle, cache, names)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -423,7 +431,8 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
                 bad = source.resolve([src], target.vllm.ref, cache, progress.info)
                 oracle = oracles.setdefault(patch.id, Oracle(manifest, patch, scratch,
                                                              progress.info, variant))
-                out[key] = between(manifest, patch, pins[src], bad, oracle, cache)
+                out[key] = between(manifest, patch, pins[src], bad, oracle, cache,
+                                   ("the pin", "the target"))
             except PatchkitError as exc:
                 out[key] = f"cannot bisect: {exc}"
     finally:

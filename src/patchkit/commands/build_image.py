@@ -16,7 +16,7 @@ from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
-from patchkit.series.engine import Progress, apply_series
+from patchkit.series.engine import Progress, apply_series, check_workdir
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 MODES = ("auto", build.OVERLAY_MODE, build.SOURCE_MODE)
@@ -96,7 +96,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         max_jobs: int | None = None, nvcc_threads: int | None = None,
         progress: Progress | None = None, engine=None, variant: str | None = None,
         no_daemon: bool = False, registry=None, copy_to: Sequence[str] = (),
-        timeout: float = DEFAULT_TIMEOUT) -> BuildReport:
+        timeout: float = DEFAULT_TIMEOUT, discard: bool = False) -> BuildReport:
     """Build (and optionally push and save) the image; with ``no_daemon``, straight in the
     registry (``push`` required, no engine).  The engine (or the registry) is reached before
     the series is applied; ``timeout`` bounds each of its silences.
@@ -116,6 +116,11 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     if not apply and (ref is not None or repos):
         raise UsageError("--vllm-ref and --vllm-repo choose what to apply; with --no-apply the "
                          "workdir is used as it is")
+    if not apply and discard:
+        raise UsageError("--discard replaces the workdir by a new apply; with --no-apply the "
+                         "workdir is used as it is")
+    if apply:
+        check_workdir(workdir, discard)  # before any source or engine is asked
     variants.check(manifest, variant)
     if base is not None:
         check_reference("--base", base)
@@ -142,7 +147,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
                                   repos=repos, base=base, platform=str(plat), engine=engine,
                                   log=log)
         report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress,
-                              variant=variant, base=holder)
+                              variant=variant, base=holder, discard=discard)
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = AppliedCheckout.open(workdir)

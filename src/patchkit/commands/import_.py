@@ -30,7 +30,7 @@ from patchkit import git as g
 from patchkit import manifest, paths, source
 from patchkit.commands import intake
 from patchkit.errors import PatchkitError, UsageError
-from patchkit.manifest import Manifest
+from patchkit.manifest import Manifest, summary_problem
 from patchkit.report import ApplyReport
 from patchkit.series import engine
 from patchkit.source import mirror
@@ -280,12 +280,15 @@ def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
                 progress: engine.Progress | None = None, cache: Path | None = None) -> Imported:
     """The overlay tree at ``folder`` as one new diff patch at the end of the series."""
     m = manifest.load(manifest_path)
+    problem = summary_problem(summary) if summary is not None else None
+    if problem:  # said of the option: the manifest it would go in is not written yet
+        raise UsageError(f"--summary: {problem}")
     log = _log(progress)
     cache = cache or cache_dir()
-    tree = read_overlay(Path(folder))
     name = Path(folder).resolve().name
     pid = intake.check_new_id(m, patch_id if patch_id is not None else
                               (intake.slug(name) or "overlay"))
+    tree = read_overlay(Path(folder))
     result = Imported(notes=tree.notes())
     sources = engine.manifest_sources(m)
     if onto is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from patchkit import git as g
 from patchkit import interrupt, kinds, manifest, source
 from patchkit.errors import PatchkitError, UsageError
-from patchkit.manifest import ID_RE, Manifest, Patch
+from patchkit.manifest import ID_RE, Manifest, Patch, capped_id, id_problem, shown_id
 from patchkit.manifest.edit import ManifestText
 from patchkit.manifest.variants import describe
 from patchkit.report import ApplyReport, PatchResult
@@ -103,7 +103,9 @@ def slug(text: str, limit: int = 48) -> str:
 
 def wanted_id(c: CommitInfo) -> str:
     """The id a commit asks for: its own when it has a valid one, else a slug of its subject."""
-    return c.id if c.id and ID_RE.match(c.id) else slug(c.subject) or "patch"
+    if c.id and ID_RE.match(c.id):
+        return capped_id(c.id)
+    return slug(c.subject) or "patch"
 
 
 def free_id(base: str, m: Manifest, unavailable: set[str], *, reuse: bool) -> str:
@@ -121,7 +123,7 @@ def free_id(base: str, m: Manifest, unavailable: set[str], *, reuse: bool) -> st
             if reuse and existing is not None and existing.path == rel:  # only a diff is a .diff
                 return pid
         n += 1
-        pid = f"{base}-{n}"
+        pid = f"{capped_id(base, len(str(n)) + 1)}-{n}"
 
 
 # ------------------------------------------------------------------------------ new patches
@@ -132,9 +134,9 @@ def from_commit(c: CommitInfo, pid: str, text: str) -> NewPatch:
 
 def check_new_id(m: Manifest, patch_id: str, flag: str = "--id") -> str:
     """``patch_id`` when it can name a new patch: a valid id, not in the series, no file there."""
-    if not ID_RE.match(patch_id):
-        raise UsageError(f"{flag} {patch_id!r}: not a valid id (lowercase letters, digits and "
-                         "'-', starting with a letter or digit)")
+    problem = id_problem(patch_id)
+    if problem:
+        raise UsageError(f"{flag} {shown_id(patch_id)!r}: {problem}")
     for p in m.patches:
         if p.id == patch_id:
             raise UsageError(f"{flag} {patch_id}: the series has that id already "

@@ -5,6 +5,7 @@
 
 from patchkit.manifest.loader import KINDS, load
 from patchkit.manifest.model import (
+    ID_MAX,
     ID_RE,
     PREDICATES,
     Assertion,
@@ -13,7 +14,12 @@ from patchkit.manifest.model import (
     Marker,
     Patch,
     VllmSource,
+    capped_id,
+    id_problem,
+    shown_id,
+    summary_problem,
 )
 
-__all__ = ["ID_RE", "KINDS", "PREDICATES", "Assertion", "ImageDefaults", "Manifest", "Marker",
-           "Patch", "VllmSource", "load"]
+__all__ = ["ID_MAX", "ID_RE", "KINDS", "PREDICATES", "Assertion", "ImageDefaults", "Manifest",
+           "Marker", "Patch", "VllmSource", "capped_id", "id_problem", "load", "shown_id",
+           "summary_problem"]

@@ -18,7 +18,8 @@ from patchkit import kinds, paths
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
 from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Marker,
-                                     Patch, Variant, VllmSource)
+                                     Patch, Variant, VllmSource, id_problem, shown_id,
+                                     summary_problem)
 from patchkit.source.refs import BASE_REF, ref_problem
 
 KINDS = kinds.NAMES
@@ -266,16 +267,16 @@ class _Loader:
                 if (isinstance(key_node, yaml.ScalarNode) and key_node.value == "id"
                         and isinstance(value_node, yaml.ScalarNode)
                         and isinstance(self.value(value_node), str)):
-                    self.entry = f"patches[{index}] (id={value_node.value})"
+                    self.entry = f"patches[{index}] (id={shown_id(str(value_node.value))})"
         fields = self.mapping(node, "", PATCH_KEYS, required=("id", "summary"),
                               what="a patch entry (a mapping)")
         lines = {key: _line(value_node) for key, (_, value_node) in fields.items()}
 
         id_node = fields["id"][1]
         patch_id = self.string(id_node, "id")
-        if not ID_RE.match(patch_id):
-            self.fail(f"id: {patch_id!r} is not a valid id (lowercase letters, digits and "
-                      "'-', starting with a letter or digit)", id_node)
+        problem = id_problem(patch_id)
+        if problem:
+            self.fail(f"id: {shown_id(patch_id)!r} is {problem}", id_node)
         if patch_id in first_line:
             self.fail(f"id: duplicate id {patch_id!r} (first used on line "
                       f"{first_line[patch_id]})", id_node)
@@ -283,8 +284,9 @@ class _Loader:
 
         summary_node = fields["summary"][1]
         summary = self.string(summary_node, "summary").strip()
-        if "\n" in summary:
-            self.fail("summary: must be one line", summary_node)
+        problem = summary_problem(summary)
+        if problem:
+            self.fail(f"summary: {problem}", summary_node)
 
         upstream = None
         if "upstream" in fields:

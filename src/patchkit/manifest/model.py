@@ -130,3 +130,35 @@ class Manifest:
 
 
 ID_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
+# An id names the file patches/<id>.diff and a commit subject; 100 keeps every file name well
+# inside the 255 bytes file systems allow, with room for a "-N" that makes it unique.
+ID_MAX = 100
+
+
+def id_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a patch id, or None when it can."""
+    if not ID_RE.match(text):
+        return "not a valid id (lowercase letters, digits and '-', starting with a letter or digit)"
+    if len(text) > ID_MAX:
+        return f"{len(text)} characters long; an id has at most {ID_MAX}"
+    return None
+
+
+def summary_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a patch's summary, or None when it can."""
+    if not text.strip():
+        return "must not be empty"
+    if "\n" in text.strip():
+        return "must be one line"
+    return None
+
+
+def shown_id(text: str) -> str:
+    """An id as an error message quotes it: a long one by its start, so the line stays short."""
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def capped_id(text: str, room: int = 0) -> str:
+    """``text`` cut to leave ``room`` characters of the id limit for a suffix, never ending in
+    '-': the same text gives the same id on every run."""
+    return text[:ID_MAX - room].rstrip("-")

@@ -3,7 +3,8 @@
 Tag ``patchkit/base`` is the pristine upstream commit, one commit per applied patch follows,
 tag ``patchkit/applied`` marks the end of the series, and ``.git/patchkit-report.json`` holds
 the apply report.  "Is this an applied checkout?" is :func:`is_checkout`; everything that reads
-one goes through :class:`AppliedCheckout`.
+one goes through :class:`AppliedCheckout`; "what of it is a person's work?" is
+:func:`user_work`, and :func:`save_work` keeps that work in a bundle before it is replaced.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from patchkit import git as g
-from patchkit.errors import UsageError
+from patchkit.errors import CommandError, UsageError
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.source import BASE_TAG
 
@@ -71,7 +72,7 @@ class AppliedCheckout:
         gone = g.missing_alternates(workdir)
         if gone:
             raise UsageError(f"{workdir} borrows its git objects from {gone[0]}, which is gone "
-                             "(was the cache deleted?); run 'patchkit apply' again")
+                             "(was the cache deleted?); run 'patchkit apply --discard' again")
         base = g.resolve_commit(workdir, BASE_TAG) or report.vllm.commit
         if not base:
             raise UsageError(f"{workdir} has no {BASE_TAG} tag")
@@ -113,3 +114,102 @@ def commits_after_series(path: Path, *, merges_only: bool = False) -> list[str]:
 def series_subjects(path: Path) -> list[str]:
     """The subjects of the series' own commits, newest first."""
     return g.subjects_between(path, BASE_TAG, APPLIED_TAG)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+@dataclass(frozen=True)
+class UserWork:
+    """What a person made in an applied checkout since ``patchkit apply`` left it: commits on
+    HEAD or a branch past the series, changed and untracked files, HEAD moved elsewhere."""
+
+    commits: int = 0
+    changed: int = 0
+    untracked: int = 0
+    moved_to: str | None = None      # HEAD's commit when it is not patchkit/applied or past it
+    unreadable: str | None = None    # why git could not say (the checkout is broken)
+
+    def __bool__(self) -> bool:
+        return bool(self.commits or self.changed or self.untracked or self.moved_to
+                    or self.unreadable)
+
+    def describe(self) -> str:
+        """One phrase: "2 commits after patchkit/applied, 3 changed files, 1 untracked file"."""
+        if self.unreadable:
+            return f"a checkout git cannot read ({self.unreadable})"
+        parts = []
+        if self.moved_to:
+            parts.append(f"HEAD moved to {self.moved_to[:12]} (not {APPLIED_TAG})")
+        if self.commits:
+            parts.append(_count(self.commits, "commit") + f" after {APPLIED_TAG}")
+        if self.changed:
+            parts.append(_count(self.changed, "changed file"))
+        if self.untracked:
+            parts.append(_count(self.untracked, "untracked file"))
+        return ", ".join(parts)
+
+
+def user_work(path: Path) -> UserWork:
+    """What of ``path``, an applied checkout, is a person's rather than patchkit's: the one
+    answer to "may this workdir be replaced as it is?" (it may when the answer is empty)."""
+    gone = g.missing_alternates(path)
+    if gone:
+        return UserWork(unreadable=f"its objects in {gone[0]} are gone")
+    applied = g.resolve_commit(path, APPLIED_TAG)
+    if applied is None:
+        return UserWork(unreadable=f"no tag {APPLIED_TAG}")
+    try:
+        head = g.head(path)
+        commits = g.local_commits(path, applied)
+        entries = g.status(path)
+    except CommandError as exc:
+        return UserWork(unreadable=exc.output.strip().splitlines()[-1] if exc.output.strip()
+                        else f"git exit {exc.returncode}")
+    moved = head != applied and not (commits and g.is_ancestor(path, applied, head))
+    untracked = sum(code == "??" for code, _ in entries)
+    return UserWork(len(commits), len(entries) - untracked, untracked, head if moved else None)
+
+
+DISCARDED_REFS = "refs/heads/discarded"
+
+
+@dataclass(frozen=True)
+class SavedWork:
+    """Where the work of a replaced checkout went: a bundle, and the refs it holds."""
+
+    bundle: Path | None
+    refs: tuple[str, ...]
+    head: str
+
+    def how_to_restore(self, workdir: Path) -> str:
+        if self.bundle is None:
+            return (f"replaced; nothing of its own needed saving (HEAD was {self.head[:12]}, "
+                    "a commit of the source or the series)")
+        names = ", ".join(r.removeprefix("refs/heads/") for r in self.refs)
+        return (f"saved in {self.bundle} ({names}); "
+                f"get it back with: git -C {workdir} fetch {self.bundle} "
+                f"'{DISCARDED_REFS}/*:{DISCARDED_REFS}/*'")
+
+
+def save_work(path: Path, dest: Path) -> SavedWork:
+    """Keep what a person made in the checkout at ``path`` in a git bundle at ``dest``: HEAD as
+    ``discarded/head``, every other local branch as ``discarded/branches/NAME``, and the
+    uncommitted and untracked files as a commit on HEAD, ``discarded/changes``.  What the
+    clone came with is left out (any clone of the source has it), so the bundle stays small;
+    a ref with nothing of its own is not in it."""
+    head = g.head(path)
+    applied = g.resolve_commit(path, APPLIED_TAG) or head
+    refs = {f"{DISCARDED_REFS}/head": head}
+    for name, commit in g.local_branches(path).items():
+        if commit != head:
+            refs[f"{DISCARDED_REFS}/branches/{name}"] = commit
+    kept = {r: c for r, c in refs.items() if g.local_commits(path, applied, c)}
+    changes = g.snapshot_commit(path, "patchkit: the uncommitted changes of a replaced checkout")
+    if changes:
+        kept[f"{DISCARDED_REFS}/changes"] = changes
+    if not kept:
+        return SavedWork(None, (), head)
+    g.write_bundle(path, dest, kept, g.published(path, but="patchkit/"))
+    return SavedWork(dest, tuple(kept), head)

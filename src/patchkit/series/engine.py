@@ -8,15 +8,16 @@ in atomically when everything passed, removed otherwise (or kept with ``keep_fai
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
-
-from filelock import FileLock
 
 from patchkit import interrupt, kinds, source, versions
 from patchkit import git as g
@@ -29,7 +30,7 @@ from patchkit.series import checkout as applied
 from patchkit.series import verify
 from patchkit.util import cache_dir
 
-__all__ = ["Progress", "apply_one", "apply_series", "commit_message", "in_range",
+__all__ = ["Progress", "apply_one", "apply_series", "check_workdir", "commit_message", "in_range",
            "manifest_sources", "needed_paths", "run_series"]
 
 
@@ -142,20 +143,39 @@ def manifest_sources(manifest: Manifest) -> tuple[str, ...]:
     return tuple(out)
 
 
+def check_workdir(workdir: Path, discard: bool = False) -> applied.UserWork:
+    """Refuse, before any work, a ``workdir`` that ``apply`` may not replace: one that is not
+    a patchkit checkout, or one holding a person's work (unless ``discard``).  Returns that
+    work (empty for a checkout exactly as patchkit left it, or no checkout at all)."""
+    workdir = Path(workdir).absolute()
+    if not workdir.exists():
+        return applied.UserWork()
+    if not applied.is_checkout(workdir):
+        if workdir.is_dir() and not any(workdir.iterdir()):
+            return applied.UserWork()
+        raise UsageError(f"--workdir {workdir} exists and is not a patchkit checkout; "
+                         "remove it or name another")
+    work = applied.user_work(workdir)
+    if work and not discard:
+        raise UsageError(f"--workdir {workdir} holds work: {work.describe()}; turn commits into "
+                         "patches with 'patchkit export', or give --discard to replace it "
+                         "(what is there is saved in a bundle beside it)")
+    return work
+
+
 def apply_series(manifest: Manifest, *, ref: str | None = None,
                  repos: Sequence[str] | None = None, workdir: Path,
                  keep_failed: bool = False, progress: Progress | None = None,
                  cache: Path | None = None, variant: str | None = None,
-                 base: source.Base | None = None) -> ApplyReport:
+                 base: source.Base | None = None, discard: bool = False) -> ApplyReport:
     """Check out the pinned vLLM, apply the series of ``variant`` (None: the default build),
     verify; move into ``workdir`` only if all passed.  On failure ``workdir`` is exactly as it
-    was.  ``base`` is the base image that the ref ``base`` and the source ``image`` read."""
+    was.  ``base`` is the base image that the ref ``base`` and the source ``image`` read.  A
+    workdir holding a person's work is refused, or with ``discard`` saved, then replaced."""
     variants.check(manifest, variant)
     progress = progress or Progress()
     workdir = Path(workdir).absolute()
-    if workdir.exists() and not applied.is_checkout(workdir) and (not workdir.is_dir() or any(workdir.iterdir())):
-        raise UsageError(f"--workdir {workdir} exists and is not a patchkit checkout; "
-                         "remove it or name another")
+    check_workdir(workdir, discard)
     ref = manifest.vllm.ref if ref is None else ref   # an empty --vllm-ref is an error, not a default
     repos = manifest_sources(manifest) if repos is None else tuple(repos)
     cache = cache or cache_dir()
@@ -182,13 +202,77 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
                 report.keep_failed = str(tree)
             return report
         applied.write_report(tree, report)
-        with FileLock(str(workdir.parent / f".{workdir.name}.patchkit.lock")):
+        with _vanishing_lock(workdir.parent / f".{workdir.name}.patchkit.lock"):
             interrupt.check()  # the last point where stopping leaves the workdir as it was
+            # asked again: the person may have committed while the series ran
+            work = check_workdir(workdir, discard)
+            if work:
+                report.discarded = _save(workdir, work, progress)
             _swap(tree, workdir, scratch)
         return report
     finally:
         if not kept:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:
+    """Keep the work of a workdir about to be replaced in a bundle beside it, and say where.
+    One git cannot read is kept whole instead, moved aside under the same name."""
+    if work.unreadable:
+        dest = _discard_name(workdir, "")
+        os.rename(workdir, dest)
+        progress.info(f"--discard: {workdir} is {work.describe()}; moved aside to {dest}")
+        return {"what": work.describe(), "moved_to": str(dest), "bundle": None, "refs": [],
+                "head": None}
+    dest = _discard_name(workdir, ".bundle")
+    saved = applied.save_work(workdir, dest)
+    progress.info(f"--discard: {work.describe()} of {workdir} {saved.how_to_restore(workdir)}")
+    return {"what": work.describe(), "bundle": str(saved.bundle) if saved.bundle else None,
+            "refs": list(saved.refs), "head": saved.head}
+
+
+def _discard_name(workdir: Path, suffix: str) -> Path:
+    """``NAME.discarded-<UTC time>SUFFIX`` beside the workdir, not yet taken."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dest, n = workdir.parent / f"{workdir.name}.discarded-{stamp}{suffix}", 1
+    while os.path.lexists(dest):
+        n += 1
+        dest = workdir.parent / f"{workdir.name}.discarded-{stamp}-{n}{suffix}"
+    return dest
+
+
+@contextmanager
+def _vanishing_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock that leaves no file behind: the holder unlinks the file before it lets
+    go, and a waiter that won the lock on a file already unlinked tries again on the new one."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    interrupt.check()
+                    time.sleep(0.05)
+            try:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)  # still held: no one can have taken it in between
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _scratch_beside(workdir: Path) -> Path:
