@@ -206,9 +206,12 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
             interrupt.check()  # the last point where stopping leaves the workdir as it was
             # asked again: the person may have committed while the series ran
             work = check_workdir(workdir, discard)
-            if work:
-                report.discarded = _save(workdir, work, progress)
-            _swap(tree, workdir, scratch)
+            # once begun, the save and the swap finish: a signal is raised after them, and
+            # its line says the workdir was replaced
+            with interrupt.deferred(done=f"{workdir} was replaced by the new checkout"):
+                if work:
+                    report.discarded = _save(workdir, work, progress)
+                _swap(tree, workdir, scratch)
         return report
     finally:
         if not kept:
