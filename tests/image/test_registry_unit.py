@@ -312,6 +312,8 @@ def _manifest(tmp_path: Path) -> Manifest:
     ({}, "--no-daemon builds the image in the registry, so it needs --push"),
     ({"push": True, "save": Path("x.tar")}, "--save writes an engine's 'docker load' archive"),
     ({"push": True, "mode": "source"}, "--mode source builds vLLM through an engine"),
+    ({"push": True, "copy_to": ["tcp://127.0.0.1:9"]},
+     "--copy-to copies from an engine, and --no-daemon has none: pull the pushed digest"),
 ])
 def test_no_daemon_refuses_what_needs_an_engine_before_any_work(tmp_path, kw, message):
     with pytest.raises(UsageError) as exc:
