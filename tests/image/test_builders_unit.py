@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.errors import ImageError, UsageError
+from patchkit.errors import ImageError
 from patchkit.image import build, builders
 from patchkit.series.checkout import Change
 

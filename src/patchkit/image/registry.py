@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from patchkit.errors import CommandError, ImageError
-from patchkit.image.layer import (DOCKER_LIST, DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX,
-                                  OCI_MANIFEST, RemoteImage)
+from patchkit.image.layer import (DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX, OCI_MANIFEST,
+                                  RemoteImage)
 from patchkit.imageref import Platform, repository
 from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.util import run

@@ -33,8 +33,8 @@ from pathlib import Path
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import build, layer, layerfs
 from patchkit.image.builders import Asked, Job
-from patchkit.image.registry import Registry, blob_path, host_of
 from patchkit.image.layer import RemoteImage
+from patchkit.image.registry import Registry, blob_path, host_of
 from patchkit.util import cache_dir, cache_subdir
 
 DIR_VERSION = "Directory Transport Version: 1.1\n"  # skopeo's dir: layout
