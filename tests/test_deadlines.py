@@ -11,8 +11,9 @@ from testing import patchkit, spawn
 from testing.peers import silent_port, trickling_body, trickling_headers
 from testing.project import make_project
 
-from patchkit.errors import ImageError
+from patchkit.errors import CommandError, ImageError
 from patchkit.image.engine import Engine
+from patchkit.util import run
 
 SLACK = 15  # a 2 s deadline must end well before this
 
@@ -156,3 +157,21 @@ def test_smoke_api_key_mistakes_are_api_key_errors(tmp_path, key, words):
     assert p.returncode == 2
     assert line == f"patchkit: error: --api-key (or VLLM_API_KEY): {words}"
     assert "URL" not in line and (key.strip() == "" or key not in line)
+
+
+def test_a_command_past_its_timeout_is_killed_and_said_so():
+    started = time.monotonic()
+    with pytest.raises(CommandError) as exc:
+        run(["sh", "-c", "echo started; exec sleep 30"], timeout=1)
+    assert exc.value.timeout == 1 and time.monotonic() - started < 10
+    assert str(exc.value).startswith("command killed after 1 s: sh -c")
+
+
+def test_streamed_lines_come_as_they_are_written_and_a_failure_keeps_the_last():
+    seen: list[str] = []
+    with pytest.raises(CommandError) as exc:
+        run(["sh", "-c", "for i in $(seq 1 30); do echo line $i; done; echo oops >&2; exit 3"],
+            on_line=seen.append)
+    assert seen[:2] == ["line 1", "line 2"] and seen[-1] == "oops" and len(seen) == 31
+    assert exc.value.returncode == 3 and exc.value.output.splitlines()[-2:] == ["line 30", "oops"]
+    assert "line 1\n" not in exc.value.output  # only the tail is kept

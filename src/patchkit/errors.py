@@ -53,13 +53,16 @@ class SourceError(PatchkitError):
 class CommandError(PatchkitError):
     """A subprocess failed: says the command, its exit code and its indented output."""
 
-    def __init__(self, cmd: list[str], returncode: int, output: str) -> None:
+    def __init__(self, cmd: list[str], returncode: int, output: str,
+                 timeout: float | None = None) -> None:
         self.cmd = cmd
         self.returncode = returncode
         self.output = output
+        self.timeout = timeout  # set when the command was killed for running longer than it
         shown = " ".join(cmd)
         body = "\n".join("    " + line for line in output.rstrip().splitlines())
-        msg = f"command failed (exit {returncode}): {shown}"
+        msg = (f"command killed after {timeout:g} s: {shown}" if timeout is not None
+               else f"command failed (exit {returncode}): {shown}")
         if body:
             msg += "\n" + body
         super().__init__(msg)

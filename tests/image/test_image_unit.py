@@ -19,6 +19,7 @@ from patchkit.commands import build_image as bi
 from patchkit.commands.verify import verify_image
 from patchkit import imageref as reference
 from patchkit.image import build, layer
+from patchkit.image.builders import engine_source
 from patchkit.image.engine import Engine
 from patchkit.series.checkout import Change
 from patchkit.errors import ImageError, UsageError
@@ -137,11 +138,11 @@ def test_mode_overlay_for_python_of_the_package_and_source_for_native_code():
 
 
 def test_buildkit_syntax_is_detected_with_its_line():
-    assert build.buildkit_need("FROM x AS a\nRUN make\nCOPY a /b\n") is None
-    assert build.buildkit_need("FROM x\nRUN --mount=type=cache,target=/c make\n") == \
+    assert engine_source.buildkit_need("FROM x AS a\nRUN make\nCOPY a /b\n") is None
+    assert engine_source.buildkit_need("FROM x\nRUN --mount=type=cache,target=/c make\n") == \
         "line 2: RUN --mount=type=cache,target=/c make"
-    assert build.buildkit_need("# syntax=docker/dockerfile:1\nFROM x\n").startswith("line 1")
-    assert build.buildkit_need("FROM x\nCOPY --link a /b\n") == "line 2: COPY --link a /b"
+    assert engine_source.buildkit_need("# syntax=docker/dockerfile:1\nFROM x\n").startswith("line 1")
+    assert engine_source.buildkit_need("FROM x\nCOPY --link a /b\n") == "line 2: COPY --link a /b"
 
 
 def test_same_release_ignores_local_build_labels():

@@ -15,7 +15,7 @@ import pytest
 
 from patchkit.commands import build_image as bi
 from patchkit.errors import ImageError, UsageError
-from patchkit.image import layer, layerfs, nodaemon, registry
+from patchkit.image import layer, layerfs, registry
 from patchkit.image.package import find_package, installed_version, stale_caches
 from patchkit.imageref import Platform
 from patchkit.manifest import ImageDefaults, Manifest, VllmSource
@@ -208,21 +208,21 @@ def test_manifest_keeps_the_base_layers_and_adds_one_uncompressed_layer():
     remote = _remote()
     made = layer.layer_tar([layer.LayerEntry("x", data=b"1")], 0)
     config = b'{"config":{}}'
-    doc = json.loads(nodaemon.image_manifest(remote, config, made))
+    doc = json.loads(layer.image_manifest(remote, config, made))
     assert doc["mediaType"] == registry.DOCKER_MANIFEST
     assert doc["layers"][:2] == list(remote.layers)
     assert doc["layers"][2] == {"mediaType": "application/vnd.docker.image.rootfs.diff.tar",
                                 "size": made.bytes, "digest": made.diff_id}
     assert doc["config"] == {"mediaType": "application/vnd.docker.container.image.v1+json",
                              "size": len(config), "digest": layer.image_id_of(config)}
-    oci = json.loads(nodaemon.image_manifest(_remote(registry.OCI_MANIFEST), config, made))
+    oci = json.loads(layer.image_manifest(_remote(registry.OCI_MANIFEST), config, made))
     assert oci["layers"][2]["mediaType"] == "application/vnd.oci.image.layer.v1.tar"
-    again = nodaemon.image_manifest(remote, config, made)
-    assert nodaemon.image_manifest(remote, config, made) == again
+    again = layer.image_manifest(remote, config, made)
+    assert layer.image_manifest(remote, config, made) == again
 
 
 def test_base_seen_from_the_registry_is_the_base_the_engine_sees():
-    base = nodaemon.base_image(_remote(), [5, 0], Platform("linux", "arm64"))
+    base = layer.base_image(_remote(), [5, 0], Platform("linux", "arm64"))
     assert base.diff_ids == ("sha256:" + "a" * 64, "sha256:" + "b" * 64)
     assert base.digest == "sha256:" + "f" * 64
     assert base.config == {"Env": ["PATH=/usr/bin"], "Hostname": ""}
@@ -234,13 +234,13 @@ def test_base_seen_from_the_registry_is_the_base_the_engine_sees():
         {"created": "2024-05-06T07:08:10Z", "created_by": "RUN z", "comment": "c"})
     with pytest.raises(ImageError, match=r"base image reg.example:5000/base:1 is linux/amd64, "
                                          r"not linux/arm64"):
-        nodaemon.base_image(_remote(architecture="amd64"), [5, 0], Platform("linux", "arm64"))
+        layer.base_image(_remote(architecture="amd64"), [5, 0], Platform("linux", "arm64"))
 
 
 def test_times_read_as_the_engine_reads_them():
-    assert nodaemon.unix_time("1970-01-01T00:00:01.999Z") == 1
-    assert nodaemon.unix_time("1970-01-01T01:00:00+01:00") == 0
-    assert nodaemon.unix_time(None) == nodaemon.GO_ZERO_TIME
+    assert layer.unix_time("1970-01-01T00:00:01.999Z") == 1
+    assert layer.unix_time("1970-01-01T01:00:00+01:00") == 0
+    assert layer.unix_time(None) == layer.GO_ZERO_TIME
 
 
 # -------------------------------------------------------------------- the border's pure parts
@@ -312,6 +312,8 @@ def _manifest(tmp_path: Path) -> Manifest:
     ({}, "--no-daemon builds the image in the registry, so it needs --push"),
     ({"push": True, "save": Path("x.tar")}, "--save writes an engine's 'docker load' archive"),
     ({"push": True, "mode": "source"}, "--mode source builds vLLM through an engine"),
+    ({"push": True, "copy_to": ["tcp://127.0.0.1:9"]},
+     "--copy-to copies from an engine, and --no-daemon has none: pull the pushed digest"),
 ])
 def test_no_daemon_refuses_what_needs_an_engine_before_any_work(tmp_path, kw, message):
     with pytest.raises(UsageError) as exc:

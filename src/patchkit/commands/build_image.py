@@ -10,8 +10,8 @@ from typing import Sequence
 
 from patchkit import source
 from patchkit.commands import copy_image
-from patchkit.errors import ImageError, UsageError
-from patchkit.image import basevllm, build, layer
+from patchkit.errors import UsageError
+from patchkit.image import basevllm, build, builders, layer
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.report import ApplyReport, VllmInfo
@@ -108,101 +108,130 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     log = progress.info
     started = time.monotonic()
     workdir = Path(workdir)
-    if mode not in MODES:
-        raise UsageError(f"--mode {mode!r}: expected auto, overlay or source")
-    if no_daemon:
-        _check_no_daemon(push, save, mode)
     # What can be refused is refused before the apply, which takes a while.
+    asked = builders.Asked(push, save, mode, tuple(copy_to))
+    _check_options(asked, no_daemon, apply=apply, ref=ref, repos=repos, discard=discard)
+    if apply:
+        check_workdir(workdir, discard)  # before any source or engine is asked
+    plat, copy_urls = _check_inputs(manifest, base=base, tag=tag, variant=variant,
+                                    platform=platform, copy_to=copy_to)
+    # Reached before the apply too: an engine or registry that is not there is known at once.
+    engine, registry = _reach(manifest, no_daemon, engine, registry, ref=ref, tag=tag,
+                              variant=variant, timeout=timeout)
+    if apply:
+        report = _apply(manifest, workdir, engine, ref=ref, repos=repos, base=base, plat=plat,
+                        progress=progress, variant=variant, discard=discard)
+        if not report.ok:
+            return BuildReport.failed_apply(report)
+    tree = _applied(workdir, apply, variant)
+    choice = build.choose_mode(tree.changes(), mode)
+    _log_choice(choice, log)
+    final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
+    check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
+    builder = builders.choose(no_daemon, choice)
+    job = builders.Job(manifest, tree, choice, plat, final_tag, base, push, log, engine=engine,
+                       registry=registry, max_jobs=max_jobs, nvcc_threads=nvcc_threads)
+    previous = engine.tagged(final_tag) if engine is not None else None
+    built = builder.build(job)
+    digest, saved = _deliver(engine, built, final_tag, push=push, save=save, previous=previous,
+                             log=log)
+    kind = source.kind_name(tree.vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos
+                                               else None))
+    holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
+    report = _report(tree, choice, plat, final_tag, built, digest, push=push,
+                     saved=saved, started=started, holds=holds)
+    if copy_urls:
+        log(f"copying {final_tag} to {', '.join(copy_urls)}")
+        report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log, timeout=timeout)
+    return report
+
+
+def _check_options(asked: builders.Asked, no_daemon: bool, *, apply: bool, ref: str | None,
+                   repos: Sequence[str] | None, discard: bool) -> None:
+    if asked.mode not in MODES:
+        raise UsageError(f"--mode {asked.mode!r}: expected auto, overlay or source")
+    builders.refuse(no_daemon, asked)
     if not apply and (ref is not None or repos):
         raise UsageError("--vllm-ref and --vllm-repo choose what to apply; with --no-apply the "
                          "workdir is used as it is")
     if not apply and discard:
         raise UsageError("--discard replaces the workdir by a new apply; with --no-apply the "
                          "workdir is used as it is")
-    if apply:
-        check_workdir(workdir, discard)  # before any source or engine is asked
+
+
+def _check_inputs(manifest: Manifest, *, base: str | None, tag: str | None,
+                  variant: str | None, platform: str | None, copy_to: Sequence[str]
+                  ) -> tuple[Platform, list[str]]:
+    """The platform and the --copy-to engines, once every name given is known to be good."""
     variants.check(manifest, variant)
     if base is not None:
         check_reference("--base", base)
     if tag is not None:
         check_reference("--tag", default_tag(manifest, "x", "x", tag, variant), digest_ok=False)
     plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
-    copy_urls = copy_image.check_targets(copy_to, "--copy-to")
-    if no_daemon and copy_urls:
-        raise UsageError("--copy-to copies from an engine, and --no-daemon has none: pull the "
-                         "pushed digest on the other node")
-    # Reached before the apply too: an engine or registry that is not there is known at once.
+    return plat, copy_image.check_targets(copy_to, "--copy-to")
+
+
+def _reach(manifest: Manifest, no_daemon: bool, engine, registry, *, ref: str | None,
+           tag: str | None, variant: str | None, timeout: float):
+    """The engine, or with ``no_daemon`` the registry, once it has answered."""
     if no_daemon:
-        registry = registry or _reach_registry(manifest, ref, tag, variant, timeout)
-    elif engine is None:
+        return None, registry or _reach_registry(manifest, ref, tag, variant, timeout)
+    if engine is None:
         from patchkit.image.engine import Engine
 
         engine = Engine.connect(timeout=timeout)
-    if apply:
-        needs = basevllm.needed(manifest, [manifest.vllm.ref if ref is None else ref], repos)
-        if needs and no_daemon:
-            raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
-                             "with an engine first, then build-image --no-daemon --no-apply")
-        holder = basevllm.for_run(manifest, refs=[manifest.vllm.ref if ref is None else ref],
-                                  repos=repos, base=base, platform=str(plat), engine=engine,
-                                  log=log)
-        report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress,
-                              variant=variant, base=holder, discard=discard)
-        if not report.ok:
-            return BuildReport.failed_apply(report)
+    return engine, None
+
+
+def _apply(manifest: Manifest, workdir: Path, engine, *, ref: str | None,
+           repos: Sequence[str] | None, base: str | None, plat: Platform,
+           progress: Progress, variant: str | None, discard: bool) -> ApplyReport:
+    refs = [manifest.vllm.ref if ref is None else ref]
+    needs = basevllm.needed(manifest, refs, repos)
+    if needs and engine is None:
+        raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
+                         "with an engine first, then build-image --no-daemon --no-apply")
+    holder = basevllm.for_run(manifest, refs=refs, repos=repos, base=base, platform=str(plat),
+                              engine=engine, log=progress.info)
+    return apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress,
+                        variant=variant, base=holder, discard=discard)
+
+
+def _applied(workdir: Path, apply: bool, variant: str | None) -> AppliedCheckout:
     tree = AppliedCheckout.open(workdir)
     if not apply and variant is not None and variant != tree.report.variant:
         raise UsageError(f"--variant {variant}: {workdir} was applied as "
                          f"{variants.describe(tree.report.variant)}; with --no-apply the "
                          "workdir is used as it is")
-    choice = build.choose_mode(tree.changes(), mode)
+    return tree
+
+
+def _log_choice(choice: build.ModeChoice, log) -> None:
     log(f"mode: {choice.mode} ({choice.reason})")
     if choice.not_shipped:
         log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
-    final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
-    check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
-    kind = source.kind_name(tree.vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos
-                                               else None))
-    if no_daemon:
-        built, digest = _build_in_registry(manifest, tree, choice, base=base, platform=plat,
-                                           tag=final_tag, log=log, registry=registry)
-        return _report(tree, choice, plat, final_tag, built, digest, push=True, saved=None,
-                       started=started,
-                       holds=build.Holds.of(built.installed, kind, _fingerprint(built, None, "")))
-    previous = (engine.inspect(final_tag) or {}).get("Id")
-    if choice.mode == build.OVERLAY_MODE:
-        base_ref = base or manifest.image.base
-        if not base_ref:
-            raise UsageError("no base image: give --base or set image.base in patchset.yaml")
-        built = build.build_overlay(manifest, tree, choice, engine, base_ref=base_ref,
-                                    platform=plat, log=log)
-        engine.tag(built.image_id, final_tag)
-    else:
-        built = build.build_source(manifest, tree, engine, platform=plat, tag=final_tag,
-                                   push=push, max_jobs=max_jobs, nvcc_threads=nvcc_threads, log=log)
-    log(f"tagged {final_tag}")
-    digest = None
-    saved = None
+
+
+def _deliver(engine, built: build.Built, tag: str, *, push: bool, save: Path | None,
+             previous: str | None, log) -> tuple[str | None, dict | None]:
+    """Push and save what the build left in the engine (what a build pushed itself is
+    not pushed again): the manifest digest and the archive saved."""
+    digest, saved = built.digest, None
     try:
         if push and not built.pushed_by_build:
-            log(f"pushing {final_tag}")
-            digest = engine.push(final_tag, log)
+            log(f"pushing {tag}")
+            digest = engine.push(tag, log)
         if save is not None:
-            size = engine.save(final_tag, Path(save))
+            size = engine.save(tag, Path(save))
             saved = {"path": str(save), "bytes": size}
-            log(f"saved {final_tag} to {save} ({size} bytes)")
+            log(f"saved {tag} to {save} ({size} bytes)")
     except BaseException:
         # A refused or interrupted push leaves no tag behind: the tag names what was delivered.
         if not built.pushed_by_build:
-            engine.restore_tag(final_tag, previous)
+            engine.restore_tag(tag, previous)
         raise
-    holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
-    report = _report(tree, choice, plat, final_tag, built, digest, push=push, saved=saved,
-                     started=started, holds=holds)
-    if copy_urls:
-        log(f"copying {final_tag} to {', '.join(copy_urls)}")
-        report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log, timeout=timeout)
-    return report
+    return digest, saved
 
 
 def _fingerprint(built: build.Built, engine, tag: str) -> str | None:
@@ -227,33 +256,6 @@ def _reach_registry(manifest: Manifest, ref: str | None, tag: str | None,
     registry.digest_of(default_tag(manifest, manifest.vllm.ref if ref is None else ref, None,
                                    tag, variant))
     return registry
-
-
-def _check_no_daemon(push: bool, save: Path | None, mode: str) -> None:
-    if not push:
-        raise UsageError("--no-daemon builds the image in the registry, so it needs --push")
-    if save is not None:
-        raise UsageError("--save writes an engine's 'docker load' archive; --no-daemon has no "
-                         "engine")
-    if mode == build.SOURCE_MODE:
-        raise UsageError("--mode source builds vLLM through an engine; --no-daemon makes overlay "
-                         "images only")
-
-
-def _build_in_registry(manifest: Manifest, tree: AppliedCheckout, choice, *, base, platform,
-                       tag, log, registry):
-    from patchkit.image import nodaemon
-
-    if choice.mode != build.OVERLAY_MODE:
-        raise ImageError(f"--no-daemon makes overlay images only, and this series needs source "
-                         f"mode ({choice.reason}): build it through an engine")
-    base_ref = base or manifest.image.base
-    if not base_ref:
-        raise UsageError("no base image: give --base or set image.base in patchset.yaml")
-    built, digest = nodaemon.build_overlay(manifest, tree, choice, base_ref=base_ref,
-                                           platform=platform, tag=tag, log=log, registry=registry)
-    log(f"{tag} is {digest}" + (" (already there)" if built.reused else ""))
-    return built, digest
 
 
 def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built, digest, *,

@@ -121,7 +121,8 @@ def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | 
 def _check_image(manifest: Manifest, image: str, *, engine=None,
                  variant: str | None = None) -> _Checked:
     from patchkit.image import layer, package
-    from patchkit.image.build import Holds, ImageFacts
+    from patchkit.image.build import Holds
+    from patchkit.image.labels import ImageFacts
     from patchkit.image.engine import Engine
     from patchkit.imageref import Platform, check_reference
 

@@ -1,4 +1,4 @@
-"""Building the image from an applied checkout: the build mode, labels, overlay and source builds.
+"""What every build path shares: the build mode, the overlay's plan and image, the result.
 
 Two ways to make the image, chosen from what the series changed:
 
@@ -9,6 +9,7 @@ Two ways to make the image, chosen from what the series changed:
   run on the patched checkout with GB10's build arguments.
 
 Changes outside the package that no build reads (``tests/``, ``docs/`` ...) ship in neither.
+The paths that build them (through an engine, or straight in a registry) are ``builders/``.
 """
 
 from __future__ import annotations
@@ -16,16 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Callable, Sequence
 
 from patchkit import source, versions
 from patchkit.errors import ImageError, UsageError
+from patchkit.image import labels as image_labels
 from patchkit.image import layer, package
-from patchkit.image.engine import Engine
-from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
 from patchkit.series.checkout import AppliedCheckout, Change
 
@@ -33,31 +32,14 @@ LAYER_FORMAT = "2"  # bump when the layer or config layout changes: it is part o
 PACKAGE = "vllm"
 SERVE_SCRIPT = "build/serve.sh"
 SERVE_PATH = "usr/local/bin/patchkit-serve"
-GB10_ARCH = "12.1a"
-SOURCE_TARGET = "vllm-openai"
-DOCKERFILE = "docker/Dockerfile"
 NATIVE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".inl",
                    ".pyx", ".pxd", ".so", ".cmake"}
 # Top-level folders and files of a vLLM checkout that no image is built from.
 NOT_SHIPPED_TOPS = {"tests", "docs", "examples", "benchmarks", ".github", ".buildkite"}
 NOT_SHIPPED_SUFFIXES = {".md", ".rst"}
-# Dockerfile syntax the classic builder does not know.
-BUILDKIT_ONLY = re.compile(r"^\s*(?:#\s*syntax\s*=|(?:RUN|COPY|ADD)\b[^\n]*?(?:--mount|--link|"
-                           r"--chmod|--parents|--exclude|--checksum|--security|--network)\b|"
-                           r"(?:RUN|COPY)\b[^\n]*<<-?\s*['\"]?\w+)", re.I | re.M)
-
-INPUTS_LABEL = "io.patchkit.inputs"
-VARIANT_LABEL = "io.patchkit.variant"  # the variant built; empty for the default build
 # The two build modes (not patch kinds: a series of any kinds builds either way).
 OVERLAY_MODE = "overlay"
 SOURCE_MODE = "source"
-# What the image holds (see Holds): the installed version, the commit it names, the kind of
-# source of the pristine tree, and the identity of the base it was laid on (an image cannot
-# carry its own fingerprint, which its labels are part of).
-INSTALLED_LABEL = "io.patchkit.vllm.installed"
-INSTALLED_COMMIT_LABEL = "io.patchkit.vllm.installed.commit"
-SOURCE_LABEL = "io.patchkit.vllm.source"
-BASE_IDENTITY_LABEL = "io.patchkit.base.identity"
 
 
 @dataclass(frozen=True)
@@ -89,6 +71,8 @@ class Built:
     config_digest: str | None = None   # overlay: the config made here (its image id where
                                        # ids are config digests)
     load: str | None = None            # overlay: "partial" or "complete", None when reused
+    digest: str | None = None          # the manifest digest the tag names, when the build
+                                       # pushed it and the registry said
 
 
 # ------------------------------------------------------------------------------ the mode
@@ -137,7 +121,7 @@ def choose_mode(changes: Sequence[Change], forced: str = "auto") -> ModeChoice:
     return ModeChoice(OVERLAY_MODE, reason, tuple(shipped), tuple(not_shipped))
 
 
-# --------------------------------------------------------------------------------- labels
+# ---------------------------------------------------------------------------- the inputs
 
 def patchset_digest(manifest: Manifest) -> str:
     """sha256 over patchset.yaml and every file it names, plus the serve script."""
@@ -171,34 +155,6 @@ def source_date(tree: AppliedCheckout) -> int:
         except ValueError:
             raise UsageError(f"SOURCE_DATE_EPOCH={env!r} is not a number of seconds") from None
     return tree.commit_time(tree.base)
-
-
-def base_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created: int,
-                digest: str) -> dict[str, str]:
-    vllm = tree.vllm
-    repo = vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos else "")
-    kind = source.kind_name(repo) or ""
-    if repo == "pypi":
-        repo = f"pypi:vllm=={vllm.version or vllm.ref}"
-    version = vllm.version or vllm.ref or "unknown"
-    patches = [{"id": p.id, "status": p.status} for p in tree.report.patches]
-    return {
-        "org.opencontainers.image.title": manifest.name,
-        "org.opencontainers.image.source": str(repo),
-        "org.opencontainers.image.revision": str(vllm.commit or tree.base),
-        "org.opencontainers.image.version": f"{version}+{manifest.name}",
-        "org.opencontainers.image.created": layer.iso_time(created),
-        "io.patchkit.mode": mode,
-        "io.patchkit.patchset.name": manifest.name,
-        "io.patchkit.patchset.digest": digest,
-        "io.patchkit.vllm.ref": str(vllm.ref or ""),
-        "io.patchkit.vllm.commit": str(vllm.commit or tree.base),
-        "io.patchkit.vllm.version": str(vllm.version or ""),
-        "io.patchkit.vllm.tree": tree.tree_id(),
-        SOURCE_LABEL: kind,
-        "io.patchkit.patches": json.dumps(patches, separators=(",", ":")),
-        VARIANT_LABEL: tree.report.variant or "",
-    }
 
 
 # ------------------------------------------------------------------------------ overlay
@@ -348,13 +304,9 @@ def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice
     serve_file = manifest.root / SERVE_SCRIPT
     serve = serve_file.read_bytes() if serve_file.is_file() else None
     created = source_date(tree)
-    labels = base_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
-                         digest=patchset_digest(manifest))
-    labels["org.opencontainers.image.base.name"] = base.name
-    labels["org.opencontainers.image.base.digest"] = base.digest or base.image_id
-    # store-independent, as the whole config must be: a base's fingerprint needs its config
-    # digest, which a containerd store tells only through an export
-    labels[BASE_IDENTITY_LABEL] = base.identity
+    labels = image_labels.run_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
+                                     digest=patchset_digest(manifest))
+    labels.update(image_labels.base_labels(base))
     return OverlayInputs(serve, created, labels,
                          inputs_key(base, labels, choice.shipped, serve, created))
 
@@ -364,148 +316,14 @@ def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInput
     """The overlay layer and the new image's config, byte for byte, from the plan."""
     made = layer.layer_tar(plan.entries, inputs.created)
     labels = dict(inputs.labels)
-    labels.update({
-        INPUTS_LABEL: inputs.key,
-        "io.patchkit.vllm.dir": plan.package.dir,
-        INSTALLED_LABEL: plan.installed or "",
-        INSTALLED_COMMIT_LABEL: versions.named_commit(plan.installed) or "",
-        "io.patchkit.layer.files": str(made.files),
-        "io.patchkit.layer.bytes": str(made.bytes),
-        "io.patchkit.layer.whiteouts": str(made.whiteouts),
-    })
+    labels.update(image_labels.overlay_labels(inputs.key, plan.package.dir, plan.installed,
+                                              made))
     config = layer.image_config(
         base, made, labels=labels, created=inputs.created,
         created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
         cmd=["/" + SERVE_PATH] if inputs.serve is not None else None,
         reset_entrypoint=inputs.serve is not None)
     return made, config
-
-
-def _find_by_key(engine: Engine, key: str) -> str | None:
-    found = engine.images_with_label(INPUTS_LABEL, key)
-    return found[0] if found else None
-
-
-def build_overlay(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice, engine: Engine, *,
-                  base_ref: str, platform: Platform, log) -> Built:
-    store = engine.store()
-    log(f"resolving the base {base_ref} for {platform}")
-    base = engine.resolve_base(base_ref, platform, log)
-    log(f"base pinned by {base.pinned_by}: {base.pinned}")
-    inputs = overlay_inputs(manifest, tree, choice, base)
-    known = _find_by_key(engine, inputs.key)
-    if known:
-        attrs = engine.inspect(known) or {}
-        got = (attrs.get("Config") or {}).get("Labels") or {}
-        log(f"nothing changed since image {known[:19]}: reusing it")
-        return Built(known, base, True,
-                     LayerInfo(int(got.get("io.patchkit.layer.files", 0)),
-                               int(got.get("io.patchkit.layer.bytes", 0)),
-                               int(got.get("io.patchkit.layer.whiteouts", 0))),
-                     got.get("io.patchkit.vllm.dir"), got.get(INSTALLED_LABEL) or None)
-    with engine.files(base.image_id, base.name) as files:
-        plan = plan_overlay(files, base, tree, choice.shipped, inputs.serve, log)
-    made, config = overlay_image(base, plan, inputs)
-    image_id = layer.image_id_of(config)
-    reused = engine.has_image(image_id)
-    held = image_id
-    if reused:
-        log(f"image {image_id[:19]} is already in the engine")
-    elif store.partial_load:
-        log(f"loading the layer alone ({made.files} files, {made.bytes} bytes) onto {base.pinned}: "
-            f"the engine at {engine.host} keeps images in {store}, which holds the base's layers")
-        engine.load(layer.load_archive(config, made, len(base.diff_ids)), image_id)
-    else:
-        log(f"loading a complete archive: the engine at {engine.host} keeps images in {store}, "
-            "which cannot take a partial load")
-        held = engine.load_complete(base, config, made, image_id, log)
-    return Built(held, base, reused,
-                 LayerInfo(made.files, made.bytes, made.whiteouts, made.diff_id),
-                 plan.package.dir, plan.installed, config_digest=image_id,
-                 load=None if reused else ("partial" if store.partial_load else "complete"))
-
-
-# ------------------------------------------------------------------------------- source
-
-def buildkit_need(dockerfile_text: str) -> str | None:
-    """The first line that needs BuildKit, or None when the classic builder can run it."""
-    m = BUILDKIT_ONLY.search(dockerfile_text)
-    if not m:
-        return None
-    line_no = dockerfile_text.count("\n", 0, m.start()) + 1
-    line = dockerfile_text.splitlines()[line_no - 1].strip()
-    return f"line {line_no}: {line[:80]}"
-
-
-def build_source(manifest: Manifest, tree: AppliedCheckout, engine: Engine, *,
-                 platform: Platform, tag: str, push: bool, max_jobs: int | None,
-                 nvcc_threads: int | None, log) -> Built:
-    dockerfile = tree.root / DOCKERFILE
-    if not dockerfile.is_file():
-        raise ImageError(f"source mode needs {DOCKERFILE} in the checkout, and {tree.root} has none")
-    text = dockerfile.read_text(errors="replace")
-    buildargs = {"torch_cuda_arch_list": GB10_ARCH}
-    if max_jobs is not None:
-        buildargs["max_jobs"] = str(max_jobs)
-    if nvcc_threads is not None:
-        buildargs["nvcc_threads"] = str(nvcc_threads)
-    created = source_date(tree)
-    labels = base_labels(manifest, tree, mode=SOURCE_MODE, created=created,
-                         digest=patchset_digest(manifest))
-    need = buildkit_need(text)
-    pushed_by_build = False
-    if need:
-        if not engine.buildx_available():
-            raise ImageError(f"{DOCKERFILE} needs BuildKit ({need}) and 'docker buildx' is not "
-                             "installed here: install the buildx plugin, or run build-image on "
-                             "the DGX Spark")
-        log(f"{DOCKERFILE} needs BuildKit ({need}): building with docker buildx")
-        engine.buildx_build(tree.root, dockerfile=DOCKERFILE, target=SOURCE_TARGET,
-                            buildargs=buildargs, labels=labels, tag=tag, platform=platform,
-                            push=push, log=log)
-        pushed_by_build = push
-    else:
-        log(f"building {DOCKERFILE} (target {SOURCE_TARGET}) with the engine's builder")
-        engine.build(tree.root, dockerfile=DOCKERFILE, target=SOURCE_TARGET, buildargs=buildargs,
-                     labels=labels, tag=tag, platform=platform, log=log)
-    attrs = engine.inspect(tag) if not pushed_by_build else None
-    if attrs is not None:
-        got = Platform(attrs.get("Os") or "linux", attrs.get("Architecture") or "?",
-                          attrs.get("Variant"))
-        if not got.matches(platform):
-            raise ImageError(f"the build gave a {got} image, not {platform}")
-    return Built(attrs["Id"] if attrs else None, buildargs=buildargs,
-                 pushed_by_build=pushed_by_build)
-
-
-# ------------------------------------------------------------------------------ reading back
-
-@dataclass(frozen=True)
-class ImageFacts:
-    """What an image's labels say about how patchkit made it (nothing when it did not)."""
-
-    statuses: dict[str, str]       # patch id -> status
-    vllm_dir: str | None
-    installed: str | None
-    variant: str | None = None     # the variant built (None: the default build)
-    variant_known: bool = False    # the labels say which variant (images patchkit made)
-    source: str | None = None      # git | pypi | image
-    base_identity: str | None = None
-
-    @classmethod
-    def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
-        try:
-            statuses = {str(p["id"]): str(p["status"])
-                        for p in json.loads(labels.get("io.patchkit.patches") or "[]")}
-        except (ValueError, TypeError, KeyError):
-            statuses = {}
-        return cls(statuses, labels.get("io.patchkit.vllm.dir") or None,
-                   labels.get(INSTALLED_LABEL) or None,
-                   labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels,
-                   labels.get(SOURCE_LABEL) or None, labels.get(BASE_IDENTITY_LABEL) or None)
-
-    def skipped(self) -> set[str]:
-        return {pid for pid, status in self.statuses.items() if status == "skipped"}
 
 
 @dataclass(frozen=True)

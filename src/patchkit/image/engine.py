@@ -33,7 +33,6 @@ import re
 import math
 import shutil
 import socket
-import subprocess
 import tarfile
 import tempfile
 from contextlib import contextmanager
@@ -42,11 +41,12 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
-from patchkit.errors import ImageError, UsageError
-from patchkit.image.layer import (ArchiveFacts, BaseImage, Layer, complete_archive, history_of,
-                                  relay)
+from patchkit.errors import CommandError, ImageError, UsageError
+from patchkit.image.layer import (ArchiveFacts, BaseImage, ChunkReader, Layer, complete_archive,
+                                  history_of, relay)
 from patchkit.imageref import Platform, repository, split_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
+from patchkit.util import run
 
 Log = Callable[[str], None]
 
@@ -185,15 +185,15 @@ def _ssh_reach(host: str, timeout: float = DEFAULT_TIMEOUT) -> str:
     wait = max(1, math.ceil(timeout))  # ssh takes whole seconds
     try:
         if port is None:
-            shown = subprocess.run(["ssh", "-G", dest], stdin=subprocess.DEVNULL,
-                                   capture_output=True, text=True, timeout=wait)
+            shown = run(["ssh", "-G", dest], check=False, timeout=wait)
             port = next((int(line.split()[1]) for line in shown.stdout.splitlines()
                          if line.startswith("port ") and line.split()[1].isdigit()), 22)
-        probe = subprocess.run(
-            ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={wait}", "-p", str(port),
-             "--", dest, "docker", "version", "--format", "{{.Server.APIVersion}}"],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=wait * 2)
-    except subprocess.TimeoutExpired:
+        probe = run(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={wait}", "-p", str(port),
+                     "--", dest, "docker", "version", "--format", "{{.Server.APIVersion}}"],
+                    check=False, timeout=wait * 2)
+    except CommandError as exc:
+        if exc.timeout is None:
+            raise ImageError(f"no Docker Engine answers at {host}: {exc.output.strip()}") from None
         raise ImageError(f"no Docker Engine answers at {host}: ssh gave no answer in "
                          f"{wait * 2} s") from None
     if probe.returncode:
@@ -292,9 +292,6 @@ class Engine:
                     version = self.api.version()
             self._store = store_of(version, info)
         return self._store
-
-    def uses_containerd_store(self) -> bool:
-        return self.store().kind == "containerd"
 
     def content(self, ref: str) -> dict | None:
         """Inspect output of ``ref`` with ``ConfigDigest`` added (see ``layer.fingerprint``), or
@@ -580,9 +577,8 @@ class Engine:
     def buildx_available(self) -> bool:
         if not shutil.which("docker"):
             return False
-        proc = subprocess.run(["docker", "buildx", "version"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=self._cli_env())
-        return proc.returncode == 0
+        return run(["docker", "buildx", "version"], check=False, env=self._cli_env()
+                   ).returncode == 0
 
     def buildx_build(self, context: Path, *, dockerfile: str, target: str | None,
                      buildargs: dict, labels: dict, tag: str, platform: Platform,
@@ -598,43 +594,15 @@ class Engine:
         cmd += ["--push"] if push else ["--load"]
         cmd.append(str(context))
         log("$ " + " ".join(cmd))
-        tail: list[str] = []
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=self._cli_env()) as proc:
-            assert proc.stdout is not None
-            for text in proc.stdout:
-                log(text.rstrip("\n"))
-                tail = (tail + [text.strip()])[-3:]
-        if proc.returncode:
-            raise ImageError(f"docker buildx build of {tag} failed (exit {proc.returncode}): "
-                             + " | ".join(t for t in tail if t))
+        try:
+            run(cmd, env=self._cli_env(), on_line=log)
+        except CommandError as exc:
+            tail = [t.strip() for t in exc.output.splitlines()][-3:]
+            raise ImageError(f"docker buildx build of {tag} failed (exit {exc.returncode}): "
+                             + " | ".join(t for t in tail if t)) from None
 
     def _cli_env(self) -> dict:
-        env = dict(os.environ)
-        env["DOCKER_HOST"] = self.host
-        return env
-
-
-class _Chunks(io.RawIOBase):
-    """The chunks of an HTTP body as a readable stream, for ``tarfile``'s stream mode."""
-
-    def __init__(self, chunks) -> None:
-        self._chunks = iter(chunks)
-        self._left = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf) -> int:
-        while not self._left:
-            try:
-                self._left = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(buf), len(self._left))
-        buf[:n] = self._left[:n]
-        self._left = self._left[n:]
-        return n
+        return {"DOCKER_HOST": self.host}
 
 
 class ImageFiles:
@@ -680,7 +648,7 @@ class ImageFiles:
         with _border(f"reading {folder} from {self.image}"):
             stream, _ = self.api.get_archive(self.cid, folder, chunk_size=1 << 20)
             try:
-                with tarfile.open(fileobj=io.BufferedReader(_Chunks(stream), 1 << 20),
+                with tarfile.open(fileobj=io.BufferedReader(ChunkReader(stream), 1 << 20),
                                   mode="r|") as tar:
                     for member in tar:
                         data = None

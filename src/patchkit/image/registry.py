@@ -28,11 +28,12 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from patchkit.errors import CommandError, ImageError
+from patchkit.image.layer import (DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX, OCI_MANIFEST,
+                                  RemoteImage)
 from patchkit.imageref import Platform, repository
 from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.util import run
@@ -42,12 +43,6 @@ Log = Callable[[str], None]
 INSECURE_ENV = "PATCHKIT_INSECURE_REGISTRIES"
 DOCKER_HUB = "docker.io"
 
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-INDEXES = (DOCKER_LIST, OCI_INDEX)
-MANIFESTS = (DOCKER_MANIFEST, OCI_MANIFEST)
 
 # What a registry says when the name or tag is not there (as skopeo words it).
 _MISSING = re.compile(r"manifest unknown|name unknown|not found|no such image", re.I)
@@ -105,30 +100,6 @@ def blob_path(blobs: Path, digest: str) -> Path:
     if not re.fullmatch(r"[a-z0-9]+", alg) or not re.fullmatch(r"[0-9a-f]{32,}", hexpart):
         raise ImageError(f"{digest!r} is not a blob digest")
     return blobs / alg / hexpart
-
-
-@dataclass(frozen=True)
-class RemoteImage:
-    """One platform's image in a registry, as the registry serves it."""
-
-    name: str                      # as the user gave it
-    repo: str                      # host/path, no tag
-    digest: str                    # what ``name`` resolves to: an index, or the manifest itself
-    manifest: dict                 # the platform's image manifest
-    manifest_digest: str
-    config: bytes                  # its config, byte for byte
-
-    @property
-    def media_type(self) -> str:
-        return self.manifest.get("mediaType") or OCI_MANIFEST
-
-    @property
-    def layers(self) -> tuple[dict, ...]:
-        return tuple(self.manifest.get("layers") or ())
-
-    @property
-    def pinned(self) -> str:
-        return f"{self.repo}@{self.manifest_digest}"
 
 
 def pick_platform(index: dict, platform: Platform, name: str) -> str:

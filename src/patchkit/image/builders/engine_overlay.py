@@ -1,0 +1,82 @@
+"""The overlay image through an engine: the base as the engine holds it, plus one layer.
+
+The base's files are read through a stopped container, the layer and config are made here
+(:func:`~patchkit.image.build.overlay_image`), and the image reaches the engine as a load
+archive: the layer alone where the engine's store holds the base's layers, else complete.  An
+image carrying the same inputs key is found by its label and reused.
+"""
+
+from __future__ import annotations
+
+from patchkit.image import layer
+from patchkit.image.build import (OVERLAY_MODE, Built, LayerInfo, ModeChoice, overlay_image,
+                                  overlay_inputs, plan_overlay)
+from patchkit.image.builders import Asked, Job
+from patchkit.image.engine import Engine
+from patchkit.image.labels import INPUTS_LABEL, ImageFacts
+
+
+class EngineOverlay:
+    name = "engine-overlay"
+    mode = OVERLAY_MODE
+    needs_engine = True
+
+    def refuse(self, asked: Asked) -> None:
+        pass  # an engine takes every option
+
+    def unfit(self, choice: ModeChoice) -> str | None:
+        return None if choice.mode == OVERLAY_MODE else f"the series needs {choice.mode} mode"
+
+    def build(self, job: Job) -> Built:
+        engine: Engine = job.engine  # type: ignore[assignment]
+        base_ref, platform, log = job.base_ref(), job.platform, job.log
+        log(f"resolving the base {base_ref} for {platform}")
+        base = engine.resolve_base(base_ref, platform, log)
+        log(f"base pinned by {base.pinned_by}: {base.pinned}")
+        inputs = overlay_inputs(job.manifest, job.tree, job.choice, base)
+        built = _known(engine, inputs.key, base, log)
+        if built is None:
+            with engine.files(base.image_id, base.name) as files:
+                plan = plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log)
+            made, config = overlay_image(base, plan, inputs)
+            held, load = _load(engine, base, made, config, log)
+            built = Built(held, base, load is None,
+                          LayerInfo(made.files, made.bytes, made.whiteouts, made.diff_id),
+                          plan.package.dir, plan.installed, config_digest=layer.image_id_of(config),
+                          load=load)
+        engine.tag(built.image_id, job.tag)
+        log(f"tagged {job.tag}")
+        return built
+
+
+def _known(engine: Engine, key: str, base: layer.BaseImage, log) -> Built | None:
+    """The image an earlier run made of the same inputs, found by its label."""
+    found = engine.images_with_label(INPUTS_LABEL, key)
+    if not found:
+        return None
+    known = found[0]
+    attrs = engine.inspect(known) or {}
+    facts = ImageFacts.from_labels((attrs.get("Config") or {}).get("Labels") or {})
+    log(f"nothing changed since image {known[:19]}: reusing it")
+    return Built(known, base, True, LayerInfo(*facts.layer), facts.vllm_dir, facts.installed)
+
+
+def _load(engine: Engine, base: layer.BaseImage, made: layer.Layer, config: bytes, log
+          ) -> tuple[str, str | None]:
+    """The id the engine holds the image by, and how it was loaded (None: it was there)."""
+    image_id = layer.image_id_of(config)
+    store = engine.store()
+    if engine.has_image(image_id):
+        log(f"image {image_id[:19]} is already in the engine")
+        return image_id, None
+    if store.partial_load:
+        log(f"loading the layer alone ({made.files} files, {made.bytes} bytes) onto {base.pinned}: "
+            f"the engine at {engine.host} keeps images in {store}, which holds the base's layers")
+        engine.load(layer.load_archive(config, made, len(base.diff_ids)), image_id)
+        return image_id, "partial"
+    log(f"loading a complete archive: the engine at {engine.host} keeps images in {store}, "
+        "which cannot take a partial load")
+    return engine.load_complete(base, config, made, image_id, log), "complete"
+
+
+BUILDER = EngineOverlay()

@@ -1,0 +1,91 @@
+"""The source image through an engine: vLLM's ``docker/Dockerfile`` on the patched checkout,
+with GB10's build arguments; through ``docker buildx`` when the Dockerfile needs BuildKit,
+else through the engine's classic builder."""
+
+from __future__ import annotations
+
+import re
+
+from patchkit.errors import ImageError
+from patchkit.image.build import SOURCE_MODE, Built, ModeChoice, patchset_digest, source_date
+from patchkit.image.builders import Asked, Job
+from patchkit.image.engine import Engine
+from patchkit.image.labels import run_labels
+from patchkit.imageref import Platform
+
+GB10_ARCH = "12.1a"
+SOURCE_TARGET = "vllm-openai"
+DOCKERFILE = "docker/Dockerfile"
+# Dockerfile syntax the classic builder does not know.
+BUILDKIT_ONLY = re.compile(r"^\s*(?:#\s*syntax\s*=|(?:RUN|COPY|ADD)\b[^\n]*?(?:--mount|--link|"
+                           r"--chmod|--parents|--exclude|--checksum|--security|--network)\b|"
+                           r"(?:RUN|COPY)\b[^\n]*<<-?\s*['\"]?\w+)", re.I | re.M)
+
+
+def buildkit_need(dockerfile_text: str) -> str | None:
+    """The first line that needs BuildKit, or None when the classic builder can run it."""
+    m = BUILDKIT_ONLY.search(dockerfile_text)
+    if not m:
+        return None
+    line_no = dockerfile_text.count("\n", 0, m.start()) + 1
+    line = dockerfile_text.splitlines()[line_no - 1].strip()
+    return f"line {line_no}: {line[:80]}"
+
+
+class EngineSource:
+    name = "engine-source"
+    mode = SOURCE_MODE
+    needs_engine = True
+
+    def refuse(self, asked: Asked) -> None:
+        pass  # an engine takes every option
+
+    def unfit(self, choice: ModeChoice) -> str | None:
+        return None if choice.mode == SOURCE_MODE else f"the series needs {choice.mode} mode"
+
+    def build(self, job: Job) -> Built:
+        engine: Engine = job.engine  # type: ignore[assignment]
+        tree, tag, platform, log = job.tree, job.tag, job.platform, job.log
+        dockerfile = tree.root / DOCKERFILE
+        if not dockerfile.is_file():
+            raise ImageError(f"source mode needs {DOCKERFILE} in the checkout, and {tree.root} "
+                             "has none")
+        buildargs = {"torch_cuda_arch_list": GB10_ARCH}
+        if job.max_jobs is not None:
+            buildargs["max_jobs"] = str(job.max_jobs)
+        if job.nvcc_threads is not None:
+            buildargs["nvcc_threads"] = str(job.nvcc_threads)
+        labels = run_labels(job.manifest, tree, mode=SOURCE_MODE, created=source_date(tree),
+                            digest=patchset_digest(job.manifest))
+        need = buildkit_need(dockerfile.read_text(errors="replace"))
+        options = dict(dockerfile=DOCKERFILE, target=SOURCE_TARGET, buildargs=buildargs,
+                       labels=labels, tag=tag, platform=platform, log=log)
+        if need:
+            if not engine.buildx_available():
+                raise ImageError(f"{DOCKERFILE} needs BuildKit ({need}) and 'docker buildx' is "
+                                 "not installed here: install the buildx plugin, or run "
+                                 "build-image on the DGX Spark")
+            log(f"{DOCKERFILE} needs BuildKit ({need}): building with docker buildx")
+            engine.buildx_build(tree.root, push=job.push, **options)
+        else:
+            log(f"building {DOCKERFILE} (target {SOURCE_TARGET}) with the engine's builder")
+            engine.build(tree.root, **options)
+        pushed_by_build = bool(need) and job.push
+        image_id = None if pushed_by_build else _check_platform(engine, tag, platform)
+        log(f"tagged {tag}")
+        return Built(image_id, buildargs=buildargs, pushed_by_build=pushed_by_build)
+
+
+def _check_platform(engine: Engine, tag: str, platform: Platform) -> str | None:
+    """The id of the image built, once it is known to be of ``platform``."""
+    attrs = engine.inspect(tag)
+    if attrs is None:
+        return None
+    got = Platform(attrs.get("Os") or "linux", attrs.get("Architecture") or "?",
+                   attrs.get("Variant"))
+    if not got.matches(platform):
+        raise ImageError(f"the build gave a {got} image, not {platform}")
+    return attrs["Id"]
+
+
+BUILDER = EngineSource()

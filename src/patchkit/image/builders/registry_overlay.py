@@ -1,0 +1,158 @@
+"""``build-image --no-daemon --push``: the overlay image made straight in a registry.
+
+No engine takes part.  The base is resolved in its registry (an index is followed to the
+platform's manifest); its layer blobs are read once into the cache and indexed; the proofs of
+the engine path (the installed version, the pristine files, the stale byte-code caches) are
+made by :func:`~patchkit.image.build.plan_overlay` on those layers through
+:class:`~patchkit.image.layerfs.LayerFiles`.  The new layer and config are the engine path's,
+byte for byte (:func:`~patchkit.image.build.overlay_image`), so the same inputs give the same
+diff_id and the same config digest (the image id) on both paths.
+
+What is pushed under the tag: one image manifest for the platform, in the base manifest's own
+format, listing the base's layer descriptors unchanged followed by exactly one new layer.  The
+new layer is the uncompressed tar (media type ``...rootfs.diff.tar`` or
+``...layer.v1.tar``): its digest is its diff_id, the same on every machine, where a gzip stream
+would depend on the compressor.  A base that is a multi-platform index gives a single-platform
+image: the other platforms' files were never proven, so they are not carried over.
+
+The base's blobs stay where they are (mounted from the base's repository when the tag is in the
+same registry, else copied blob by blob); the manifest goes last, so a registry that refuses
+a blob leaves the tag as it was.  A tag that already names the very manifest is left alone:
+nothing is uploaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from patchkit.errors import ImageError, UsageError
+from patchkit.image import build, layer, layerfs
+from patchkit.image.builders import Asked, Job
+from patchkit.image.layer import RemoteImage
+from patchkit.image.registry import Registry, blob_path, host_of
+from patchkit.util import cache_dir, cache_subdir
+
+DIR_VERSION = "Directory Transport Version: 1.1\n"  # skopeo's dir: layout
+
+
+def write_layout(dest: Path, manifest: bytes, config: bytes, made: layer.Layer,
+                 remote: RemoteImage, blobs: Path) -> None:
+    """skopeo's ``dir:`` layout of the new image; the base's blobs are links into the cache."""
+    dest.mkdir()
+    (dest / "version").write_text(DIR_VERSION)
+    (dest / "manifest.json").write_bytes(manifest)
+    (dest / layer.image_id_of(config).split(":", 1)[1]).write_bytes(config)
+    (dest / made.diff_id.split(":", 1)[1]).write_bytes(made.data)
+    for d in remote.layers:
+        link = dest / d["digest"].split(":", 1)[1]
+        if not link.exists():
+            os.symlink(blob_path(blobs, d["digest"]), link)
+
+
+class RegistryOverlay:
+    name = "registry-overlay"
+    mode = build.OVERLAY_MODE
+    needs_engine = False
+
+    def refuse(self, asked: Asked) -> None:
+        if not asked.push:
+            raise UsageError("--no-daemon builds the image in the registry, so it needs --push")
+        if asked.save is not None:
+            raise UsageError("--save writes an engine's 'docker load' archive; --no-daemon has "
+                             "no engine")
+        if asked.mode == build.SOURCE_MODE:
+            raise UsageError("--mode source builds vLLM through an engine; --no-daemon makes "
+                             "overlay images only")
+        if asked.copy_to:
+            raise UsageError("--copy-to copies from an engine, and --no-daemon has none: pull "
+                             "the pushed digest on the other node")
+
+    def unfit(self, choice: build.ModeChoice) -> str | None:
+        if choice.mode == build.OVERLAY_MODE:
+            return None
+        return (f"--no-daemon makes overlay images only, and this series needs source mode "
+                f"({choice.reason}): build it through an engine")
+
+    def build(self, job: Job) -> build.Built:
+        base_ref = job.base_ref()
+        if base_ref.startswith("sha256:"):
+            raise ImageError(f"--base {base_ref} is an engine's image id; --no-daemon reads the "
+                             "base from a registry: name it as host/repository:tag")
+        built = build_overlay(job, base_ref, job.registry or Registry())  # type: ignore[arg-type]
+        job.log(f"{job.tag} is {built.digest}" + (" (already there)" if built.reused else ""))
+        return built
+
+
+def build_overlay(job: Job, base_ref: str, reg: Registry, cache: Path | None = None
+                  ) -> build.Built:
+    """Builds the overlay image in the registry under ``job.tag``; what was built carries the
+    manifest digest the tag names."""
+    tag, platform, log = job.tag, job.platform, job.log
+    log(f"path: straight in the registry at {host_of(tag)}, no engine (--no-daemon)")
+    log(f"resolving the base {base_ref} in its registry for {platform}")
+    remote = reg.resolve(base_ref, platform)
+    current = reg.digest_of(tag)  # an unreachable target is known before the base is read
+    store = cache_subdir(cache or cache_dir(), "registry")
+    blobs = store / "blobs"
+    if not reg.fetch(remote, blobs, log):
+        log(f"the base's {len(remote.layers)} layer(s) are in the cache")
+    layers = _indexed(remote, base_ref, blobs, store / "index")
+    base = layer.base_image(remote, [sum(m.size for m in one.members if m.kind == "f")
+                                     for one in layers], platform)
+    log(f"base pinned by digest: {base.pinned}")
+    inputs = build.overlay_inputs(job.manifest, job.tree, job.choice, base)
+    with layerfs.LayerFiles(base_ref, layers, store / "files") as files:
+        plan = build.plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log)
+    made, config = build.overlay_image(base, plan, inputs)
+    man = layer.image_manifest(remote, config, made)
+    digest = "sha256:" + hashlib.sha256(man).hexdigest()
+    reused = current == digest
+    if reused:
+        log(f"{tag} already names this image ({digest[:19]}): nothing to upload")
+    else:
+        log(f"pushing one layer ({made.files} files, {made.bytes} bytes), its config and the "
+            f"manifest onto {len(remote.layers)} base layer(s) of {remote.pinned}")
+        _push(reg, store, tag, digest, man, config, made, remote, blobs)
+    return build.Built(layer.image_id_of(config), base, reused,
+                       build.LayerInfo(made.files, made.bytes, made.whiteouts, made.diff_id),
+                       plan.package.dir, plan.installed, pushed_by_build=True,
+                       config_digest=layer.image_id_of(config), digest=digest)
+
+
+def _indexed(remote: RemoteImage, base_ref: str, blobs: Path, indexes: Path
+             ) -> list[layerfs.IndexedLayer]:
+    """The base's layer blobs, each indexed (once) and checked against its diff_id."""
+    try:
+        config_doc = json.loads(remote.config)
+        diff_ids = list((config_doc.get("rootfs") or {}).get("diff_ids") or ())
+    except ValueError:
+        raise ImageError(f"base image {remote.name}: its config is not JSON") from None
+    layers = []
+    for i, d in enumerate(remote.layers):
+        what = f"layer {i + 1} of {base_ref} ({d['digest'][:19]})"
+        path = blob_path(blobs, d["digest"])
+        members = layerfs.index_layer(path, d["digest"], diff_ids[i] if i < len(diff_ids) else None,
+                                      indexes, what)
+        layers.append(layerfs.IndexedLayer(path, d["digest"], members))
+    return layers
+
+
+def _push(reg: Registry, store: Path, tag: str, digest: str, man: bytes, config: bytes,
+          made: layer.Layer, remote: RemoteImage, blobs: Path) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="push-", dir=store))
+    try:
+        write_layout(tmp / "image", man, config, made, remote, blobs)
+        pushed = reg.push(tmp / "image", tag)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if pushed != digest:
+        raise ImageError(f"the registry stored {tag} as {pushed}, not the manifest {digest} "
+                         "patchkit made")
+
+
+BUILDER = RegistryOverlay()

@@ -1,0 +1,120 @@
+"""The labels patchkit puts on an image: written here, and read back here alone.
+
+``run_labels`` says what was applied (the patchset, the vLLM release, every patch's status);
+``base_labels`` the base an overlay was laid on; ``overlay_labels`` what the overlay layer
+holds and the inputs key that finds the image again.  :class:`ImageFacts` is the one reader.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from patchkit import source, versions
+from patchkit.image import layer
+from patchkit.manifest import Manifest
+from patchkit.series.checkout import AppliedCheckout
+
+INPUTS_LABEL = "io.patchkit.inputs"
+VARIANT_LABEL = "io.patchkit.variant"  # the variant built; empty for the default build
+PATCHES_LABEL = "io.patchkit.patches"
+VLLM_DIR_LABEL = "io.patchkit.vllm.dir"
+# What the image holds (see build.Holds): the installed version, the commit it names, the kind
+# of source of the pristine tree, and the identity of the base it was laid on (an image cannot
+# carry its own fingerprint, which its labels are part of).
+INSTALLED_LABEL = "io.patchkit.vllm.installed"
+INSTALLED_COMMIT_LABEL = "io.patchkit.vllm.installed.commit"
+SOURCE_LABEL = "io.patchkit.vllm.source"
+BASE_IDENTITY_LABEL = "io.patchkit.base.identity"
+LAYER_LABELS = ("io.patchkit.layer.files", "io.patchkit.layer.bytes",
+                "io.patchkit.layer.whiteouts")
+
+
+def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created: int,
+               digest: str) -> dict[str, str]:
+    """What every image patchkit builds says about the run that made it."""
+    vllm = tree.vllm
+    repo = vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos else "")
+    kind = source.kind_name(repo) or ""
+    if repo == "pypi":
+        repo = f"pypi:vllm=={vllm.version or vllm.ref}"
+    version = vllm.version or vllm.ref or "unknown"
+    patches = [{"id": p.id, "status": p.status} for p in tree.report.patches]
+    return {
+        "org.opencontainers.image.title": manifest.name,
+        "org.opencontainers.image.source": str(repo),
+        "org.opencontainers.image.revision": str(vllm.commit or tree.base),
+        "org.opencontainers.image.version": f"{version}+{manifest.name}",
+        "org.opencontainers.image.created": layer.iso_time(created),
+        "io.patchkit.mode": mode,
+        "io.patchkit.patchset.name": manifest.name,
+        "io.patchkit.patchset.digest": digest,
+        "io.patchkit.vllm.ref": str(vllm.ref or ""),
+        "io.patchkit.vllm.commit": str(vllm.commit or tree.base),
+        "io.patchkit.vllm.version": str(vllm.version or ""),
+        "io.patchkit.vllm.tree": tree.tree_id(),
+        SOURCE_LABEL: kind,
+        PATCHES_LABEL: json.dumps(patches, separators=(",", ":")),
+        VARIANT_LABEL: tree.report.variant or "",
+    }
+
+
+def base_labels(base: layer.BaseImage) -> dict[str, str]:
+    """The base an overlay is laid on."""
+    return {
+        "org.opencontainers.image.base.name": base.name,
+        "org.opencontainers.image.base.digest": base.digest or base.image_id,
+        # store-independent, as the whole config must be: a base's fingerprint needs its
+        # config digest, which a containerd store tells only through an export
+        BASE_IDENTITY_LABEL: base.identity,
+    }
+
+
+def overlay_labels(key: str, package_dir: str, installed: str | None,
+                   made: layer.Layer) -> dict[str, str]:
+    """What an overlay layer holds, and the inputs key it was made from."""
+    return {
+        INPUTS_LABEL: key,
+        VLLM_DIR_LABEL: package_dir,
+        INSTALLED_LABEL: installed or "",
+        INSTALLED_COMMIT_LABEL: versions.named_commit(installed) or "",
+        **dict(zip(LAYER_LABELS, (str(made.files), str(made.bytes), str(made.whiteouts)))),
+    }
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What an image's labels say about how patchkit made it (nothing when it did not)."""
+
+    statuses: dict[str, str]       # patch id -> status
+    vllm_dir: str | None
+    installed: str | None
+    variant: str | None = None     # the variant built (None: the default build)
+    variant_known: bool = False    # the labels say which variant (images patchkit made)
+    source: str | None = None      # git | pypi | image
+    base_identity: str | None = None
+    layer: tuple[int, int, int] = (0, 0, 0)  # the overlay layer's files, bytes, whiteouts
+
+    @classmethod
+    def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
+        try:
+            statuses = {str(p["id"]): str(p["status"])
+                        for p in json.loads(labels.get(PATCHES_LABEL) or "[]")}
+        except (ValueError, TypeError, KeyError):
+            statuses = {}
+        counts = tuple(_count(labels.get(k)) for k in LAYER_LABELS)
+        return cls(statuses, labels.get(VLLM_DIR_LABEL) or None,
+                   labels.get(INSTALLED_LABEL) or None,
+                   labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels,
+                   labels.get(SOURCE_LABEL) or None, labels.get(BASE_IDENTITY_LABEL) or None,
+                   counts)  # type: ignore[arg-type]
+
+    def skipped(self) -> set[str]:
+        return {pid for pid, status in self.statuses.items() if status == "skipped"}
+
+
+def _count(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0

@@ -1,0 +1,45 @@
+"""The build paths: which options each family refuses, and the one path chosen for a series.
+The refusal messages themselves are asserted through build-image in test_registry_unit.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from patchkit.errors import ImageError
+from patchkit.image import build, builders
+from patchkit.series.checkout import Change
+
+
+def _choice(*paths: str) -> build.ModeChoice:
+    return build.choose_mode([Change("M", p, 0o100644, "0" * 40) for p in paths])
+
+
+def test_an_engine_takes_every_option():
+    builders.refuse(False, builders.Asked(push=False, save=Path("x.tar"), mode="source",
+                                          copy_to=("tcp://127.0.0.1:9",)))
+
+
+def test_the_registry_path_takes_push_alone():
+    builders.refuse(True, builders.Asked(push=True, save=None, mode="overlay"))
+
+
+def test_one_path_is_chosen_from_the_family_and_the_mode():
+    overlay, source = _choice("vllm/config.py"), _choice("csrc/a.cu")
+    assert builders.choose(False, overlay).name == "engine-overlay"
+    assert builders.choose(False, source).name == "engine-source"
+    chosen = builders.choose(True, overlay)
+    assert chosen.name == "registry-overlay" and not chosen.needs_engine
+    with pytest.raises(ImageError) as exc:
+        builders.choose(True, source)
+    assert str(exc.value) == ("--no-daemon makes overlay images only, and this series needs "
+                              "source mode (csrc/a.cu is outside the vllm package and feeds "
+                              "vLLM's build): build it through an engine")
+
+
+def test_every_registered_path_says_its_mode_and_family():
+    for name in builders.REGISTRY:
+        path = builders.get(name)
+        assert path.name == name and path.mode in (build.OVERLAY_MODE, build.SOURCE_MODE)
+    assert {b.name for b in builders.family(True)} == {"registry-overlay"}
