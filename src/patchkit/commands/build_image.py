@@ -14,6 +14,7 @@ from patchkit.errors import ImageError, UsageError
 from patchkit.image import basevllm, build, layer
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
+from patchkit.manifest.runspec import run_spec
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.series.engine import Progress, apply_series, check_workdir
@@ -107,6 +108,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     progress = progress or Progress()
     log = progress.info
     started = time.monotonic()
+    spec = run_spec(manifest, ref=ref, repos=repos, base=base, platform=platform, variant=variant)
     workdir = Path(workdir)
     if mode not in MODES:
         raise UsageError(f"--mode {mode!r}: expected auto, overlay or source")
@@ -126,28 +128,26 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         check_reference("--base", base)
     if tag is not None:
         check_reference("--tag", default_tag(manifest, "x", "x", tag, variant), digest_ok=False)
-    plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
+    plat = Platform.parse(spec.platform)
     copy_urls = copy_image.check_targets(copy_to, "--copy-to")
     if no_daemon and copy_urls:
         raise UsageError("--copy-to copies from an engine, and --no-daemon has none: pull the "
                          "pushed digest on the other node")
     # Reached before the apply too: an engine or registry that is not there is known at once.
     if no_daemon:
-        registry = registry or _reach_registry(manifest, ref, tag, variant, timeout)
+        registry = registry or _reach_registry(manifest, spec.ref, tag, variant, timeout)
     elif engine is None:
         from patchkit.image.engine import Engine
 
         engine = Engine.connect(timeout=timeout)
     if apply:
-        needs = basevllm.needed(manifest, [manifest.vllm.ref if ref is None else ref], repos)
+        needs = basevllm.needed(spec)
         if needs and no_daemon:
             raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
                              "with an engine first, then build-image --no-daemon --no-apply")
-        holder = basevllm.for_run(manifest, refs=[manifest.vllm.ref if ref is None else ref],
-                                  repos=repos, base=base, platform=str(plat), engine=engine,
-                                  log=log)
-        report = apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress,
-                              variant=variant, base=holder, discard=discard)
+        holder = basevllm.for_run(spec, engine=engine, log=log)
+        report = apply_series(manifest, run=spec, workdir=workdir, progress=progress,
+                              base=holder, discard=discard)
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = AppliedCheckout.open(workdir)
@@ -161,8 +161,8 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
     final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
     check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
-    kind = source.kind_name(tree.vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos
-                                               else None))
+    repo = tree.vllm.repo or spec.sources[0]
+    kind = source.kind_of(repo).name
     if no_daemon:
         built, digest = _build_in_registry(manifest, tree, choice, base=base, platform=plat,
                                            tag=final_tag, log=log, registry=registry)
@@ -171,7 +171,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
                        holds=build.Holds.of(built.installed, kind, _fingerprint(built, None, "")))
     previous = (engine.inspect(final_tag) or {}).get("Id")
     if choice.mode == build.OVERLAY_MODE:
-        base_ref = base or manifest.image.base
+        base_ref = spec.base
         if not base_ref:
             raise UsageError("no base image: give --base or set image.base in patchset.yaml")
         built = build.build_overlay(manifest, tree, choice, engine, base_ref=base_ref,
@@ -217,15 +217,14 @@ def _fingerprint(built: build.Built, engine, tag: str) -> str | None:
     return layer.fingerprint(content) if content else None
 
 
-def _reach_registry(manifest: Manifest, ref: str | None, tag: str | None,
+def _reach_registry(manifest: Manifest, ref: str, tag: str | None,
                     variant: str | None, timeout: float):
     """The registry the tag goes to, asked once what it holds there: a registry that cannot be
     reached is an error before any work (the tag's {version} is not known yet; its host is)."""
     from patchkit.image.registry import Registry
 
     registry = Registry(timeout=timeout)
-    registry.digest_of(default_tag(manifest, manifest.vllm.ref if ref is None else ref, None,
-                                   tag, variant))
+    registry.digest_of(default_tag(manifest, ref, None, tag, variant))
     return registry
 
 

@@ -177,9 +177,9 @@ def base_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created
                 digest: str) -> dict[str, str]:
     vllm = tree.vllm
     repo = vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos else "")
-    kind = source.kind_name(repo) or ""
-    if repo == "pypi":
-        repo = f"pypi:vllm=={vllm.version or vllm.ref}"
+    kind = source.kind_of(repo) if repo else None
+    if kind is not None:
+        repo = kind.label(repo, str(vllm.version or vllm.ref))
     version = vllm.version or vllm.ref or "unknown"
     patches = [{"id": p.id, "status": p.status} for p in tree.report.patches]
     return {
@@ -195,7 +195,7 @@ def base_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created
         "io.patchkit.vllm.commit": str(vllm.commit or tree.base),
         "io.patchkit.vllm.version": str(vllm.version or ""),
         "io.patchkit.vllm.tree": tree.tree_id(),
-        SOURCE_LABEL: kind,
+        SOURCE_LABEL: kind.name if kind is not None else "",
         "io.patchkit.patches": json.dumps(patches, separators=(",", ":")),
         VARIANT_LABEL: tree.report.variant or "",
     }
@@ -233,7 +233,7 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
     if problem:
         raise ImageError(problem)
     named = versions.named_commit(installed)
-    if named and not (vllm.repo and source.reads_base(vllm.repo)):
+    if named and not (vllm.repo and source.kind_of(vllm.repo).reads_base):
         log(f"base {base.name} was built from commit {named}, the pinned one")
     pristine = tree.pristine([c.path for c in shipped if c.status != "A"])
     where = f"vLLM {ref} (commit {tree.base[:12]})"
@@ -298,7 +298,7 @@ def installed_problem(base_name: str, installed: str | None, tree: AppliedChecko
     """
     vllm = tree.vllm
     ref = vllm.ref or tree.base[:12]
-    if vllm.repo and source.reads_base(vllm.repo):
+    if vllm.repo and source.kind_of(vllm.repo).reads_base:
         if installed != vllm.version:
             return (f"base {base_name} holds vLLM {installed or '(version unknown)'}, and the tree "
                     f"was read from a base holding vLLM {vllm.version or '(version unknown)'}: "
