@@ -7,6 +7,7 @@ from typing import Sequence
 
 from patchkit.image import basevllm
 from patchkit.manifest import Manifest
+from patchkit.manifest.runspec import run_spec
 from patchkit.report import ApplyReport
 from patchkit.series import engine
 
@@ -19,9 +20,8 @@ def run(manifest: Manifest, *, ref: str | None, repos: Sequence[str] | None, wor
     image.base); an engine is reached only when they are used.  ``discard``: replace a
     workdir holding a person's work (saved in a bundle beside it)."""
     progress = progress or engine.Progress()
+    spec = run_spec(manifest, ref=ref, repos=repos, base=base, variant=variant)
     engine.check_workdir(workdir, discard)  # before any source or engine is asked
-    holder = basevllm.for_run(manifest, refs=[manifest.vllm.ref if ref is None else ref],
-                              repos=repos, base=base, log=progress.info)
-    return engine.apply_series(manifest, ref=ref, repos=repos, workdir=workdir,
-                               keep_failed=keep_failed, progress=progress, variant=variant,
-                               base=holder, discard=discard)
+    holder = basevllm.for_run(spec, log=progress.info)
+    return engine.apply_series(manifest, run=spec, workdir=workdir, keep_failed=keep_failed,
+                               progress=progress, base=holder, discard=discard)

@@ -39,6 +39,7 @@ from patchkit import kinds, source, versions
 from patchkit import git as g
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.manifest import Manifest, Patch, variants
+from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
 from patchkit.util import cache_dir
@@ -324,7 +325,7 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
     if good.commit == bad.commit:
         raise UsageError(f"{names[0]} {good.ref} and {names[1]} {bad.ref} are the same commit "
                          f"{good.commit[:12]}: nothing lies between them")
-    history = source.has_history(good.source)
+    history = source.kind_of(good.source).has_history
     # What can be checked without a checkout is checked before the first one.
     base = _merge_base(good, bad, names) if history else None
     candidates = (g.first_parent_commits(good.repo, base or good.commit, bad.commit) if history
@@ -385,14 +386,14 @@ def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str 
     progress = progress or engine.Progress()
     variants.check(manifest, variant)
     patch = _patch(manifest, patch_id)
-    repos = tuple(repos or engine.manifest_sources(manifest))
+    spec = run_spec(manifest, ref=good, repos=repos, variant=variant)
     cache = cache or cache_dir()
-    lo = source.resolve(repos, manifest.vllm.ref if good is None else good, cache, progress.info)
+    lo = source.resolve(spec.sources, spec.ref, cache, progress.info)
     hi_ref = newest_release(lo.source, cache, progress.info) if bad is None else bad
     hi = source.resolve([lo.source], hi_ref, cache, progress.info)
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-"))
     try:
-        oracle = Oracle(manifest, patch, scratch, progress.info, variant)
+        oracle = Oracle(manifest, patch, scratch, progress.info, spec.variant)
         names = ("--good" if good is not None else "the pin",
                  "--bad" if bad is not None else "the newest release")
         return between(manifest, patch, lo, hi, oracle, cache, names)
@@ -403,13 +404,12 @@ def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str 
 # ------------------------------------------------------------------------------ rebase-check
 
 def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, PatchResult]], *,
-                    repos: Sequence[str] | None = None, cache: Path | None = None,
-                    progress: engine.Progress | None = None, variant: str | None = None
+                    run: RunSpec, cache: Path | None = None,
+                    progress: engine.Progress | None = None
                     ) -> dict[tuple[str, str], BisectResult | str]:
-    """``rebase-check --bisect``: for each failed patch x target, the bisect from the pin to
-    that target; where it cannot run, why (one line)."""
+    """``rebase-check --bisect``: for each failed patch x target, the bisect from the pin of
+    ``run`` to that target, for its variant; where it cannot run, why (one line)."""
     progress = progress or engine.Progress()
-    repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
     out: dict[tuple[str, str], BisectResult | str] = {}
     if not failures:
@@ -420,17 +420,17 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
     try:
         for target, failed in failures:
             key = (target.vllm.ref, failed.id)
-            src = target.vllm.repo or repos[0]
-            if not source.has_history(src):
+            src = target.vllm.repo or run.sources[0]
+            if not source.kind_of(src).has_history:
                 out[key] = f"cannot bisect on the {src} source: {NO_HISTORY}"
                 continue
             patch = manifest.patch(failed.id)
             try:
                 if src not in pins:
-                    pins[src] = source.resolve([src], manifest.vllm.ref, cache, progress.info)
+                    pins[src] = source.resolve([src], run.ref, cache, progress.info)
                 bad = source.resolve([src], target.vllm.ref, cache, progress.info)
                 oracle = oracles.setdefault(patch.id, Oracle(manifest, patch, scratch,
-                                                             progress.info, variant))
+                                                             progress.info, run.variant))
                 out[key] = between(manifest, patch, pins[src], bad, oracle, cache,
                                    ("the pin", "the target"))
             except PatchkitError as exc:

@@ -14,6 +14,7 @@ from patchkit.errors import UsageError
 from patchkit.image import basevllm, build, builders, layer
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
+from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.series.engine import Progress, apply_series, check_workdir
@@ -107,20 +108,19 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     progress = progress or Progress()
     log = progress.info
     started = time.monotonic()
+    spec = run_spec(manifest, ref=ref, repos=repos, base=base, platform=platform, variant=variant)
     workdir = Path(workdir)
     # What can be refused is refused before the apply, which takes a while.
     asked = builders.Asked(push, save, mode, tuple(copy_to))
     _check_options(asked, no_daemon, apply=apply, ref=ref, repos=repos, discard=discard)
     if apply:
         check_workdir(workdir, discard)  # before any source or engine is asked
-    plat, copy_urls = _check_inputs(manifest, base=base, tag=tag, variant=variant,
-                                    platform=platform, copy_to=copy_to)
+    plat, copy_urls = _check_inputs(manifest, spec, base=base, tag=tag, copy_to=copy_to)
     # Reached before the apply too: an engine or registry that is not there is known at once.
-    engine, registry = _reach(manifest, no_daemon, engine, registry, ref=ref, tag=tag,
+    engine, registry = _reach(manifest, no_daemon, engine, registry, ref=spec.ref, tag=tag,
                               variant=variant, timeout=timeout)
     if apply:
-        report = _apply(manifest, workdir, engine, ref=ref, repos=repos, base=base, plat=plat,
-                        progress=progress, variant=variant, discard=discard)
+        report = _apply(manifest, spec, workdir, engine, progress=progress, discard=discard)
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = _applied(workdir, apply, variant)
@@ -135,8 +135,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     built = builder.build(job)
     digest, saved = _deliver(engine, built, final_tag, push=push, save=save, previous=previous,
                              log=log)
-    kind = source.kind_name(tree.vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos
-                                               else None))
+    kind = source.kind_of(tree.vllm.repo or spec.sources[0]).name
     holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
     report = _report(tree, choice, plat, final_tag, built, digest, push=push,
                      saved=saved, started=started, holds=holds)
@@ -159,17 +158,16 @@ def _check_options(asked: builders.Asked, no_daemon: bool, *, apply: bool, ref: 
                          "workdir is used as it is")
 
 
-def _check_inputs(manifest: Manifest, *, base: str | None, tag: str | None,
-                  variant: str | None, platform: str | None, copy_to: Sequence[str]
-                  ) -> tuple[Platform, list[str]]:
+def _check_inputs(manifest: Manifest, spec: RunSpec, *, base: str | None, tag: str | None,
+                  copy_to: Sequence[str]) -> tuple[Platform, list[str]]:
     """The platform and the --copy-to engines, once every name given is known to be good."""
-    variants.check(manifest, variant)
+    variants.check(manifest, spec.variant)
     if base is not None:
         check_reference("--base", base)
     if tag is not None:
-        check_reference("--tag", default_tag(manifest, "x", "x", tag, variant), digest_ok=False)
-    plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
-    return plat, copy_image.check_targets(copy_to, "--copy-to")
+        check_reference("--tag", default_tag(manifest, "x", "x", tag, spec.variant),
+                        digest_ok=False)
+    return Platform.parse(spec.platform), copy_image.check_targets(copy_to, "--copy-to")
 
 
 def _reach(manifest: Manifest, no_daemon: bool, engine, registry, *, ref: str | None,
@@ -184,18 +182,15 @@ def _reach(manifest: Manifest, no_daemon: bool, engine, registry, *, ref: str | 
     return engine, None
 
 
-def _apply(manifest: Manifest, workdir: Path, engine, *, ref: str | None,
-           repos: Sequence[str] | None, base: str | None, plat: Platform,
-           progress: Progress, variant: str | None, discard: bool) -> ApplyReport:
-    refs = [manifest.vllm.ref if ref is None else ref]
-    needs = basevllm.needed(manifest, refs, repos)
+def _apply(manifest: Manifest, spec: RunSpec, workdir: Path, engine, *, progress: Progress,
+           discard: bool) -> ApplyReport:
+    needs = basevllm.needed(spec)
     if needs and engine is None:
         raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
                          "with an engine first, then build-image --no-daemon --no-apply")
-    holder = basevllm.for_run(manifest, refs=refs, repos=repos, base=base, platform=str(plat),
-                              engine=engine, log=progress.info)
-    return apply_series(manifest, ref=ref, repos=repos, workdir=workdir, progress=progress,
-                        variant=variant, base=holder, discard=discard)
+    holder = basevllm.for_run(spec, engine=engine, log=progress.info)
+    return apply_series(manifest, run=spec, workdir=workdir, progress=progress, base=holder,
+                        discard=discard)
 
 
 def _applied(workdir: Path, apply: bool, variant: str | None) -> AppliedCheckout:
@@ -246,15 +241,14 @@ def _fingerprint(built: build.Built, engine, tag: str) -> str | None:
     return layer.fingerprint(content) if content else None
 
 
-def _reach_registry(manifest: Manifest, ref: str | None, tag: str | None,
+def _reach_registry(manifest: Manifest, ref: str, tag: str | None,
                     variant: str | None, timeout: float):
     """The registry the tag goes to, asked once what it holds there: a registry that cannot be
     reached is an error before any work (the tag's {version} is not known yet; its host is)."""
     from patchkit.image.registry import Registry
 
     registry = Registry(timeout=timeout)
-    registry.digest_of(default_tag(manifest, manifest.vllm.ref if ref is None else ref, None,
-                                   tag, variant))
+    registry.digest_of(default_tag(manifest, ref, None, tag, variant))
     return registry
 
 

@@ -31,6 +31,7 @@ from patchkit import manifest, paths, source
 from patchkit.commands import intake
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import Manifest, summary_problem
+from patchkit.manifest.runspec import run_spec
 from patchkit.report import ApplyReport
 from patchkit.series import engine
 from patchkit.source import mirror
@@ -93,21 +94,22 @@ def run(manifest_path: Path, ref: str, *, from_repo: str | None = None,
         problem = source.source_problem(from_repo)
         if problem:
             raise UsageError(f"--from: {problem}")
-    pin = source.resolve(engine.manifest_sources(m), m.vllm.ref, cache, log)
+    spec = run_spec(m)
+    pin = source.resolve(spec.sources, spec.ref, cache, log)
     if from_repo is not None:
         fork = mirror.resolve(_from_path(from_repo, m), ref, cache, log)
     else:
-        fork = source.resolve(engine.manifest_sources(m), ref, cache, log)
+        fork = source.resolve(spec.sources, ref, cache, log)
     result = Imported()
     with tempfile.TemporaryDirectory(prefix="patchkit-import-") as tmp:
         repo = Path(tmp) / "both.git"
         g.borrowing_repository(repo, [pin.repo, fork.repo])
         base = g.merge_base(repo, pin.commit, fork.commit)
         if base is None:
-            why = (" (the pin comes from pypi: one commit per release, no history)"
-                   if pin.source == "pypi" else "")
+            gap = source.kind_of(pin.source).no_history_why
+            why = f" (the pin comes from {pin.source}: {gap})" if gap else ""
             raise UsageError(f"{ref} ({fork.commit[:12]}) shares no history with the pin "
-                             f"{m.vllm.ref} ({pin.commit[:12]}){why}")
+                             f"{spec.ref} ({pin.commit[:12]}){why}")
         result.base = base
         merges = g.commits_between(repo, base, fork.commit, merges_only=True)
         if merges:
@@ -117,7 +119,7 @@ def run(manifest_path: Path, ref: str, *, from_repo: str | None = None,
         commits = g.commits_between(repo, base, fork.commit)
         if not commits:
             result.notes.append(f"{ref} ({fork.commit[:12]}) has no commit after its merge base "
-                                f"with the pin {m.vllm.ref}")
+                                f"with the pin {spec.ref}")
         claimed: set[str] = set()
         for sha in commits:
             c = intake.read_commit(repo, sha)
@@ -290,7 +292,7 @@ def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
                               (intake.slug(name) or "overlay"))
     tree = read_overlay(Path(folder))
     result = Imported(notes=tree.notes())
-    sources = engine.manifest_sources(m)
+    spec = run_spec(m)
     if onto is not None:
         problem = source.ref_problem(onto)
         if problem:
@@ -301,9 +303,9 @@ def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
     elif tree.lock:
         base_ref, said = _lock_ref(tree.lock), f"{folder}/{LOCK}"
     else:
-        base_ref, said = m.vllm.ref, "the pin"
+        base_ref, said = spec.ref, "the pin"
     try:
-        base = source.resolve(sources, base_ref, cache, log)
+        base = source.resolve(spec.sources, base_ref, cache, log)
     except PatchkitError as exc:
         raise UsageError(f"{said} names vLLM {base_ref}, which no source of {m.path.name} has: "
                          f"{exc}") from None

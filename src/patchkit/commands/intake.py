@@ -23,6 +23,7 @@ from patchkit import interrupt, kinds, manifest, source
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import ID_RE, Manifest, Patch, capped_id, id_problem, shown_id
 from patchkit.manifest.edit import ManifestText
+from patchkit.manifest.runspec import run_spec
 from patchkit.manifest.variants import describe
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
@@ -161,7 +162,8 @@ def prove(m: Manifest, new: Sequence[NewPatch], *, progress: engine.Progress | N
             if problem:
                 raise NotAppliedError(f"{p.id}: {problem.replace(p.path, 'the diff')}; nothing "
                                       "was written")
-        resolved = source.resolve(engine.manifest_sources(m), m.vllm.ref, cache, progress.info)
+        pin = run_spec(m)
+        resolved = source.resolve(pin.sources, pin.ref, cache, progress.info)
         paths = engine.needed_paths(candidate)
         reports = []
         for n, variant in enumerate([None, *m.variants]):

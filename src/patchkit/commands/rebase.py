@@ -38,6 +38,7 @@ from patchkit.kinds import Stop
 from patchkit.kinds.common import ABORT
 from patchkit.manifest import Manifest, Patch
 from patchkit.manifest.edit import ManifestText
+from patchkit.manifest.runspec import run_spec
 from patchkit.report import PatchResult
 from patchkit.series import engine, verify
 from patchkit.util import cache_dir, write_if_changed
@@ -159,9 +160,11 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
         if in_progress(m.root):
             raise UsageError("a rebase is already in progress; go on with `patchkit rebase "
                              "--continue` or undo it with `patchkit rebase --abort`")
-        repos = tuple(repos or engine.manifest_sources(m))
+        spec = run_spec(m, repos=repos)
+        repos = spec.sources
         cache = cache or cache_dir()
-        if source.BASE_REF in (to, m.vllm.ref) or any(source.reads_base(r) for r in repos):
+        if (source.BASE_REF in (to, spec.ref)
+                or any(source.kind_of(r).reads_base for r in repos)):
             raise UsageError("rebase moves the pin between refs of git or PyPI sources; a pin "
                              f"'{source.BASE_REF}' or the source 'image' follows the base image "
                              "instead: change image.base, then check with rebase-check")
@@ -177,7 +180,7 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
             source.checkout(resolved, sdir / "tree")
             g.exclude(sdir / "tree", IGNORED)
             state = _State(sdir, {
-                "format": STATE_FORMAT, "manifest": str(m.path), "from": m.vllm.ref, "to": to,
+                "format": STATE_FORMAT, "manifest": str(m.path), "from": spec.ref, "to": to,
                 "repos": list(repos), "cache": str(cache),
                 "resolved": {"source": resolved.source, "repo": str(resolved.repo),
                              "ref": resolved.ref, "commit": resolved.commit,

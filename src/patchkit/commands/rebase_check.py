@@ -28,6 +28,7 @@ from patchkit import interrupt, source, versions
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.image import basevllm
 from patchkit.manifest import Manifest, Patch, variants
+from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
 from patchkit.util import cache_dir
@@ -64,27 +65,29 @@ def check_flags(refs: Sequence[str], releases: bool, pre: bool,
 
 # ------------------------------------------------------------------------------ the targets
 
-def pin_version(manifest: Manifest, repos: Sequence[str], cache: Path,
-                log=lambda m: None, base: source.Base | None = None) -> versions.Version:
-    v = versions.release_tag(manifest.vllm.ref)
+def pin_version(run: RunSpec, cache: Path, log=lambda m: None,
+                base: source.Base | None = None) -> versions.Version:
+    """The release the pin of ``run`` is, or the one its commit lies after."""
+    v = versions.release_tag(run.ref)
     if v is not None:
         return v
-    resolved = source.resolve(repos, manifest.vllm.ref, cache, log, base=base)
+    resolved = source.resolve(run.sources, run.ref, cache, log, base=base)
     try:
         return versions.sort_key(resolved.version)
     except versions.InvalidVersion:
-        raise SourceError(f"cannot tell which releases come after the pin {manifest.vllm.ref!r}: "
+        raise SourceError(f"cannot tell which releases come after the pin {run.ref!r}: "
                           "it is no release and has none below it; name targets with --to") from None
 
 
-def release_targets(manifest: Manifest, *, repos: Sequence[str] | None = None,
+def release_targets(manifest: Manifest, *, run: RunSpec | None = None,
                     cache: Path | None = None, pre: bool = False,
                     log=lambda m: None, base: source.Base | None = None) -> list[str]:
-    """The release tags after the pin, oldest first; pre-releases only with ``pre``."""
-    repos = tuple(repos or engine.manifest_sources(manifest))
+    """The release tags after the pin of ``run`` (default: the manifest's), oldest first;
+    pre-releases only with ``pre``."""
+    run = run or run_spec(manifest)
     cache = cache or cache_dir()
-    pin = pin_version(manifest, repos, cache, log, base)
-    _, tags = source.list_tags(repos, cache, log)
+    pin = pin_version(run, cache, log, base)
+    _, tags = source.list_tags(run.sources, cache, log)
     found: dict[versions.Version, str] = {}
     for tag in tags:
         v = versions.release_tag(tag)
@@ -172,18 +175,19 @@ class Matrix:
         }
 
 
-def check(manifest: Manifest, refs: Sequence[str], *, repos: Sequence[str] | None = None,
+def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None,
           cache: Path | None = None, jobs: int | None = None,
           progress: CheckProgress | None = None, sparse: bool = True,
           variant: str | None = None, base: source.Base | None = None) -> Matrix:
-    """Apply the series of ``variant`` (None: the default build) to each of ``refs`` in a
-    scratch checkout and run the assertions; ``base`` is the base image the ref ``base`` and
-    the source ``image`` read."""
+    """Apply the series of the run's variant to each of ``refs`` in a scratch checkout and run
+    the assertions; ``run`` defaults to the manifest's with ``variant`` (None: the default
+    build).  ``base`` is the base image the ref ``base`` and the source ``image`` read."""
+    run = run or run_spec(manifest, variant=variant)
+    variant = run.variant
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
-    repos = tuple(repos or engine.manifest_sources(manifest))
     cache = cache or cache_dir()
-    resolved = [source.resolve(repos, ref, cache, progress.info, base=base)
+    resolved = [source.resolve(run.sources, ref, cache, progress.info, base=base)
                 for ref in dict.fromkeys(refs)]
     resolved = _by_version(resolved)
     matrix = Matrix(manifest, variant=variant)
@@ -288,18 +292,18 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
+    spec = run_spec(manifest, repos=repos, base=base, variant=variant)
     targets = list(refs)
-    holder = basevllm.for_run(manifest, refs=targets + ([manifest.vllm.ref] if releases else []),
-                              repos=repos, base=base, log=progress.info)
+    holder = basevllm.for_run(spec, refs=targets + ([spec.ref] if releases else []),
+                              log=progress.info)
     if releases:
-        found = release_targets(manifest, repos=repos, pre=pre, log=progress.info, base=holder)
-        progress.info(f"releases after {manifest.vllm.ref}: {', '.join(found) or 'none'}")
+        found = release_targets(manifest, run=spec, pre=pre, log=progress.info, base=holder)
+        progress.info(f"releases after {spec.ref}: {', '.join(found) or 'none'}")
         targets += found
-    matrix = check(manifest, targets, repos=repos, jobs=jobs, progress=progress,
-                   variant=variant, base=holder)
+    matrix = check(manifest, targets, run=spec, jobs=jobs, progress=progress, base=holder)
     if bisect:
         from patchkit.commands.bisect import bisect_failures
 
-        matrix.bisects = bisect_failures(manifest, matrix.failures(), repos=repos,
-                                         progress=progress, variant=variant)
+        matrix.bisects = bisect_failures(manifest, matrix.failures(), run=spec,
+                                         progress=progress)
     return matrix

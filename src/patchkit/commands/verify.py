@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from patchkit import paths, versions
 from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.manifest import Manifest, Patch, variants
+from patchkit.manifest.runspec import run_spec
 from patchkit.report import AssertionResult
 from patchkit.series import checkout, runtime, verify
 from patchkit.series.runtime import MarkerResult
@@ -115,10 +116,12 @@ def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
 def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
                  ) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
-    return _check_image(manifest, image, engine=engine, variant=variant).results
+    spec = run_spec(manifest, variant=variant)
+    return _check_image(manifest, image, spec.platform, engine=engine,
+                        variant=spec.variant).results
 
 
-def _check_image(manifest: Manifest, image: str, *, engine=None,
+def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
                  variant: str | None = None) -> _Checked:
     from patchkit.image import layer, package
     from patchkit.image.build import Holds
@@ -130,7 +133,7 @@ def _check_image(manifest: Manifest, image: str, *, engine=None,
     engine = engine or Engine.connect()
     attrs = engine.inspect(image)
     if attrs is None:
-        plat = Platform.parse(manifest.image.platform or "linux/arm64")
+        plat = Platform.parse(platform)
         try:
             engine.resolve_base(image, plat)
         except ImageError as exc:
@@ -186,12 +189,13 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
         from patchkit.image.engine import Engine
 
         engine = Engine.connect(timeout=timeout)
-    version = _base_version(manifest, base, engine, log) if base else None
+    spec = run_spec(manifest, variant=variant)
+    version = _base_version(base, spec.platform, engine, log) if base else None
     with _Logs(logs, containers, stdin=stdin, engine=engine) as sources:
         if image:
             target = image
-            checked = _check_image(manifest, image, engine=sources.engine or engine,
-                                   variant=variant)
+            checked = _check_image(manifest, image, spec.platform,
+                                   engine=sources.engine or engine, variant=variant)
         else:
             target = str(tree or default_tree)
             checked = _check_tree(manifest, Path(target), variant, version)
@@ -203,13 +207,13 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
     return report
 
 
-def _base_version(manifest: Manifest, base: str, engine, log) -> str | None:
+def _base_version(base: str, platform: str, engine, log) -> str | None:
     from patchkit.image import basevllm
     from patchkit.image.engine import Engine
     from patchkit.imageref import Platform, check_reference
 
     check_reference("--base", base)
-    plat = Platform.parse(manifest.image.platform or "linux/arm64")
+    plat = Platform.parse(platform)
     return basevllm.open_base(engine or Engine.connect(), base, plat, log).version
 
 

@@ -18,8 +18,7 @@ from patchkit.image import package
 from patchkit.image.engine import Engine, Log
 from patchkit.image.layer import BaseImage
 from patchkit.imageref import Platform, check_reference
-from patchkit.manifest import Manifest
-from patchkit.series.engine import manifest_sources
+from patchkit.manifest.runspec import RunSpec
 
 SYMLINK, EXECUTABLE, REGULAR = 0o120000, 0o100755, 0o100644
 
@@ -82,27 +81,23 @@ def open_base(engine: Engine, ref: str, platform: Platform, log: Log = lambda m:
     return BaseVllm(engine, image, pkg, version)
 
 
-def needed(manifest: Manifest, refs: Sequence[str], repos: Sequence[str] | None) -> str | None:
-    """Why a run of ``refs`` on ``repos`` (None: the manifest's) reads a base image, or None."""
-    sources = tuple(repos) if repos else manifest_sources(manifest)
-    if any(source.reads_base(s) for s in sources):
+def needed(run: RunSpec, refs: Sequence[str] | None = None) -> str | None:
+    """Why ``run`` (on ``refs``, default its ref) reads a base image, or None."""
+    if any(source.kind_of(s).reads_base for s in run.sources):
         return "the vLLM source 'image' is the vllm package of a base image"
-    if source.BASE_REF in refs:
+    if source.BASE_REF in ((run.ref,) if refs is None else refs):
         return f"--vllm-ref {source.BASE_REF} reads the pin from a base image"
     return None
 
 
-def for_run(manifest: Manifest, *, refs: Sequence[str], repos: Sequence[str] | None,
-            base: str | None, platform: str | None = None, engine: Engine | None = None,
+def for_run(run: RunSpec, *, refs: Sequence[str] | None = None, engine: Engine | None = None,
             log: Log = lambda m: None) -> BaseVllm | None:
-    """The base a run reads vLLM from (``base``, else image.base), when its refs or sources
-    need one; None when they do not."""
-    why = needed(manifest, refs, repos)
+    """The base ``run`` reads vLLM from, when its sources or ``refs`` (default: its ref) need
+    one; None when they do not."""
+    why = needed(run, refs)
     if why is None:
         return None
-    name = base or manifest.image.base
-    if not name:
+    if not run.base:
         raise UsageError(f"{why}: give --base IMAGE or set image.base in patchset.yaml")
-    check_reference("--base", name)
-    plat = Platform.parse(platform or manifest.image.platform or "linux/arm64")
-    return open_base(engine or Engine.connect(), name, plat, log)
+    check_reference("--base", run.base)
+    return open_base(engine or Engine.connect(), run.base, Platform.parse(run.platform), log)

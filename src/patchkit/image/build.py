@@ -189,7 +189,7 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
     if problem:
         raise ImageError(problem)
     named = versions.named_commit(installed)
-    if named and not (vllm.repo and source.reads_base(vllm.repo)):
+    if named and not (vllm.repo and source.kind_of(vllm.repo).reads_base):
         log(f"base {base.name} was built from commit {named}, the pinned one")
     pristine = tree.pristine([c.path for c in shipped if c.status != "A"])
     where = f"vLLM {ref} (commit {tree.base[:12]})"
@@ -254,7 +254,7 @@ def installed_problem(base_name: str, installed: str | None, tree: AppliedChecko
     """
     vllm = tree.vllm
     ref = vllm.ref or tree.base[:12]
-    if vllm.repo and source.reads_base(vllm.repo):
+    if vllm.repo and source.kind_of(vllm.repo).reads_base:
         if installed != vllm.version:
             return (f"base {base_name} holds vLLM {installed or '(version unknown)'}, and the tree "
                     f"was read from a base holding vLLM {vllm.version or '(version unknown)'}: "

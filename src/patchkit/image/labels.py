@@ -35,9 +35,9 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
     """What every image patchkit builds says about the run that made it."""
     vllm = tree.vllm
     repo = vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos else "")
-    kind = source.kind_name(repo) or ""
-    if repo == "pypi":
-        repo = f"pypi:vllm=={vllm.version or vllm.ref}"
+    kind = source.kind_of(repo) if repo else None
+    if kind is not None:
+        repo = kind.label(repo, str(vllm.version or vllm.ref))
     version = vllm.version or vllm.ref or "unknown"
     patches = [{"id": p.id, "status": p.status} for p in tree.report.patches]
     return {
@@ -53,7 +53,7 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
         "io.patchkit.vllm.commit": str(vllm.commit or tree.base),
         "io.patchkit.vllm.version": str(vllm.version or ""),
         "io.patchkit.vllm.tree": tree.tree_id(),
-        SOURCE_LABEL: kind,
+        SOURCE_LABEL: kind.name if kind is not None else "",
         PATCHES_LABEL: json.dumps(patches, separators=(",", ":")),
         VARIANT_LABEL: tree.report.variant or "",
     }

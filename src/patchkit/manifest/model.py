@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,6 +127,12 @@ class Manifest:
             if p.id == patch_id:
                 return p
         raise KeyError(patch_id)
+
+    def sources(self, repos: Sequence[str] | None = None) -> tuple[str, ...]:
+        """The sources ``repos`` (default: vllm.repo) name, relative local paths taken from
+        the manifest's folder, not the current one."""
+        return tuple(str((self.root / r).resolve()) if r.startswith(("./", "../")) else r
+                     for r in (self.vllm.repos if repos is None else repos))
 
 
 ID_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")

@@ -25,13 +25,14 @@ from patchkit.errors import CommandError, SourceError, UsageError
 from patchkit.kinds.common import commit_message
 from patchkit.manifest import Manifest, Patch
 from patchkit.manifest import variants
+from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult, VllmInfo
 from patchkit.series import checkout as applied
 from patchkit.series import verify
 from patchkit.util import cache_dir
 
 __all__ = ["Progress", "apply_one", "apply_series", "check_workdir", "commit_message", "in_range",
-           "manifest_sources", "needed_paths", "run_series"]
+           "needed_paths", "run_series"]
 
 
 class Progress:
@@ -133,16 +134,6 @@ def _signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def manifest_sources(manifest: Manifest) -> tuple[str, ...]:
-    """The manifest's sources, with relative local paths taken from the manifest's folder."""
-    out = []
-    for repo in manifest.vllm.repos:
-        if repo.startswith(("./", "../")):
-            repo = str((manifest.root / repo).resolve())
-        out.append(repo)
-    return tuple(out)
-
-
 def check_workdir(workdir: Path, discard: bool = False) -> applied.UserWork:
     """Refuse, before any work, a ``workdir`` that ``apply`` may not replace: one that is not
     a patchkit checkout, or one holding a person's work (unless ``discard``).  Returns that
@@ -163,38 +154,29 @@ def check_workdir(workdir: Path, discard: bool = False) -> applied.UserWork:
     return work
 
 
-def apply_series(manifest: Manifest, *, ref: str | None = None,
-                 repos: Sequence[str] | None = None, workdir: Path,
-                 keep_failed: bool = False, progress: Progress | None = None,
-                 cache: Path | None = None, variant: str | None = None,
+def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = None,
+                 ref: str | None = None, repos: Sequence[str] | None = None,
+                 variant: str | None = None, keep_failed: bool = False,
+                 progress: Progress | None = None, cache: Path | None = None,
                  base: source.Base | None = None, discard: bool = False) -> ApplyReport:
-    """Check out the pinned vLLM, apply the series of ``variant`` (None: the default build),
-    verify; move into ``workdir`` only if all passed.  On failure ``workdir`` is exactly as it
-    was.  ``base`` is the base image that the ref ``base`` and the source ``image`` read.  A
-    workdir holding a person's work is refused, or with ``discard`` saved, then replaced."""
-    variants.check(manifest, variant)
+    """Check out the pinned vLLM of ``run`` (default: the one ``ref``, ``repos`` and
+    ``variant`` make), apply the series of its variant, verify; move into ``workdir`` only if
+    all passed.  On failure ``workdir`` is exactly as it was.  ``base`` is the base image that
+    the ref ``base`` and the source ``image`` read.  A workdir holding a person's work is
+    refused, or with ``discard`` saved, then replaced."""
+    run = run or run_spec(manifest, ref=ref, repos=repos, variant=variant)
+    variants.check(manifest, run.variant)
     progress = progress or Progress()
     workdir = Path(workdir).absolute()
     check_workdir(workdir, discard)
-    ref = manifest.vllm.ref if ref is None else ref   # an empty --vllm-ref is an error, not a default
-    repos = manifest_sources(manifest) if repos is None else tuple(repos)
     cache = cache or cache_dir()
     # Before any download: a workdir that cannot be made is known at once.
     scratch = _scratch_beside(workdir)
     kept = False
     try:
-        resolved = source.resolve(repos, ref, cache, progress.info, base=base)
+        resolved = source.resolve(run.sources, run.ref, cache, progress.info, base=base)
         tree = scratch / "t"
-        try:
-            source.checkout(resolved, tree)
-            report = run_series(manifest, tree, resolved, progress, variant=variant)
-        except CommandError:
-            # the checkout borrows the cached repository's objects
-            if not g.is_repository(resolved.repo):
-                raise SourceError(f"the cached vLLM repository {resolved.repo} went away during "
-                                  "the run (was the cache deleted?); nothing was changed, run "
-                                  "again") from None
-            raise
+        report = _checked_out_series(manifest, resolved, tree, progress, run.variant)
         report.workdir = str(workdir)
         if not report.ok:
             if keep_failed:
@@ -216,6 +198,20 @@ def apply_series(manifest: Manifest, *, ref: str | None = None,
     finally:
         if not kept:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _checked_out_series(manifest: Manifest, resolved: source.Resolved, tree: Path,
+                        progress: Progress, variant: str | None) -> ApplyReport:
+    try:
+        source.checkout(resolved, tree)
+        return run_series(manifest, tree, resolved, progress, variant=variant)
+    except CommandError:
+        # the checkout borrows the cached repository's objects
+        if not g.is_repository(resolved.repo):
+            raise SourceError(f"the cached vLLM repository {resolved.repo} went away during "
+                              "the run (was the cache deleted?); nothing was changed, run "
+                              "again") from None
+        raise
 
 
 def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:

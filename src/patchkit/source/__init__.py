@@ -1,9 +1,10 @@
-"""The pinned vLLM source: which sources there are, ref resolution, cheap checkouts.
+"""A package's sources (vLLM's by default): which kinds there are, ref resolution, checkouts.
 
 A source is a git URL or local git path (``mirror``), the word ``pypi`` (``pypi``), or the word
-``image``, the package installed in a base image (``image``).  Each kind of source resolves a
-ref to a commit in a local repository and lists its tags; the first source of the list that
-has the ref wins.
+``image``, the package installed in a base image (``image``).  Each kind is a
+:class:`~patchkit.source.base.Source`, found by :func:`kind_of`; it resolves a ref to a commit
+in a local repository and lists its tags; the first source of the list that has the ref wins.
+Callers ask the kind what it can do (``kind_of(text).has_history``), never which one it is.
 
 The ref ``base`` means what the base image holds: the image source takes it as it is; for the
 others it becomes the commit the base's installed version names, or its release tag
@@ -21,6 +22,7 @@ from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
 from patchkit.source import image, mirror, pypi
+from patchkit.source.base import VLLM, PackageId, Source
 from patchkit.source.image import Base
 from patchkit.source.refs import BASE_REF, ref_problem, source_problem
 from patchkit.source.resolved import Log, Resolved, version_of
@@ -28,46 +30,40 @@ from patchkit.source.resolved import Log, Resolved, version_of
 BASE_TAG = "patchkit/base"  # the pristine upstream commit of every checkout
 T = TypeVar("T")
 
-# The sources named by a word; anything else is a git URL or path.
-SPECIAL = {pypi.WORD: pypi, image.WORD: image}
+# The kinds of source named by a word; any other text is a git URL or path.  A new kind is
+# one module under source/ and one line here.
+WORDS: dict[str, Source] = {pypi.WORD: pypi.SOURCE, image.WORD: image.SOURCE}
+GIT: Source = mirror.SOURCE
 
-__all__ = ["BASE_REF", "BASE_TAG", "Base", "Resolved", "checkout", "has_history", "kind_name",
-           "list_tags", "reads_base", "ref_problem", "resolve", "source_problem", "version_of"]
-
-
-def _kind(source: str):
-    return SPECIAL.get(source, mirror)
-
-
-def kind_name(source: str | None) -> str | None:
-    """``git``, ``pypi`` or ``image``: the kind of source ``source`` is (None for None)."""
-    return _kind(source).NAME if source else None
+__all__ = ["BASE_REF", "BASE_TAG", "GIT", "VLLM", "WORDS", "Base", "PackageId", "Resolved",
+           "Source", "checkout", "kind_of", "list_tags", "ref_problem", "resolve",
+           "source_problem", "version_of"]
 
 
-def reads_base(source: str) -> bool:
-    """Whether ``source`` takes its tree from the base image itself."""
-    return _kind(source).READS_BASE
+def kind_of(text: str) -> Source:
+    """The kind of source ``text`` names: a word of :data:`WORDS`, else a git URL or path."""
+    return WORDS.get(text, GIT)
 
 
 def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: None,
-            base: Base | None = None) -> Resolved:
-    """Try each source in order; the first that has ``ref`` wins.  Each attempt is logged.
-
-    ``base`` is the base image a ref ``base`` and the source ``image`` read from."""
+            base: Base | None = None, package: PackageId = VLLM) -> Resolved:
+    """Try each source of ``package`` in order; the first that has ``ref`` wins.  Each attempt
+    is logged.  ``base`` is the base image a ref ``base`` and the source ``image`` read from."""
     problem = ref_problem(ref)
     if problem:
-        raise SourceError(f"bad vLLM ref: {problem}")
+        raise SourceError(f"bad {package.label} ref: {problem}")
     if not sources:
-        raise SourceError("no vLLM repository to take the ref from")
+        raise SourceError(f"no {package.label} repository to take the ref from")
     for source in sources:
         problem = source_problem(source)
         if problem:
-            raise SourceError(f"bad vLLM repository: {problem}")
-    if ref == BASE_REF and not any(reads_base(s) for s in sources):
+            raise SourceError(f"bad {package.label} repository: {problem}")
+    if ref == BASE_REF and not any(kind_of(s).reads_base for s in sources):
         _pin_of(base)  # a base that pins nothing is one error, not one per source
-    source, resolved = _first_answer(sources, lambda s: _resolve_one(s, ref, cache, log, base),
-                                     log, f"no source has vLLM {ref!r}")
-    log(f"vLLM {resolved.ref} = {resolved.commit[:12]} from {source}")
+    source, resolved = _first_answer(
+        sources, lambda s: _resolve_one(s, ref, cache, log, base, package), log,
+        f"no source has {package.label} {ref!r}")
+    log(f"{package.label} {resolved.ref} = {resolved.commit[:12]} from {source}")
     return resolved
 
 
@@ -102,36 +98,31 @@ def _first_answer(sources: Sequence[str], attempt: Callable[[str], T], log: Log,
     raise SourceError(f"{none_answered}: " + "; ".join(failures))
 
 
-def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None) -> Resolved:
-    kind = _kind(source)
-    if ref != BASE_REF or kind.READS_BASE:
-        return kind.resolve(source, ref, cache, log, base=base)
+def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None,
+                 package: PackageId) -> Resolved:
+    kind = kind_of(source)
+    if ref != BASE_REF or kind.reads_base:
+        return kind.resolve(source, ref, cache, log, package=package, base=base)
     pin = _pin_of(base)
     assert base is not None
-    if pin.commit and not kind.HOLDS_COMMITS:
+    if pin.commit and not kind.holds_commits:
         raise SourceError(f"base {base.name} holds vLLM {base.version}, built from commit "
                           f"{pin.ref}, and the source {source} holds releases only; name a git "
                           "source with --vllm-repo, or patch the base as it is with "
                           "--vllm-repo image")
     log(f"base {base.name} holds vLLM {base.version}: pinning "
         + (f"commit {pin.ref}" if pin.commit else pin.ref))
-    found = kind.resolve(source, pin.ref, cache, log, base=base)
+    found = kind.resolve(source, pin.ref, cache, log, package=package, base=base)
     # ranges are judged on what the base holds (a dev build 0.31.1.dev7 is >=0.31)
     return replace(found, version=base.version)
 
 
-def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None
-              ) -> tuple[str, list[str]]:
+def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None,
+              package: PackageId = VLLM) -> tuple[str, list[str]]:
     """Every tag the first source that answers has now (a git source is fetched first, so new
     releases show), and that source; ``pypi`` lists the releases on PyPI as ``vX.Y.Z``."""
-    return _first_answer(sources, lambda s: _kind(s).tags(s, cache, log), log,
-                         "no source could list vLLM releases")
-
-
-def has_history(source: str) -> bool:
-    """Does the source hold the commits between its releases (a git source does; ``pypi``,
-    one commit per release, does not)?"""
-    return getattr(_kind(source), "HISTORY", True)
+    return _first_answer(sources, lambda s: kind_of(s).tags(s, cache, log, package=package),
+                         log, f"no source could list {package.label} releases")
 
 
 def checkout(resolved: Resolved, dest: Path, paths: Sequence[str] | None = None) -> None:

@@ -3,7 +3,7 @@
 The pristine tree is the ``vllm`` package installed in the base, every file of its folder but
 byte-code caches and native objects (as for ``pypi``: what a patch can change), laid out
 checkout-relative (``vllm/...``) so that diffs and transforms written against upstream apply to
-the vendor's own files.  It is committed once as an orphan commit in ``<cache>/image/vllm.git``
+the vendor's own files.  It is committed once as an orphan commit in ``<cache>/image/<dist>.git``
 under a ref named by the base's digest (its image id when it has none) and platform, and reused
 from then on; its version is the one the base has installed.
 
@@ -24,15 +24,12 @@ from filelock import FileLock
 from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
+from patchkit.source.base import VLLM, PackageId
 from patchkit.source.refs import BASE_REF
 from patchkit.source.resolved import Log, Resolved
 from patchkit.util import cache_subdir, discard
 
 WORD = "image"
-NAME = WORD
-HOLDS_COMMITS = False  # one tree per base, of patchkit's making
-READS_BASE = True
-HISTORY = False        # one orphan commit per base: nothing to bisect
 
 NO_BASE = ("the vLLM source 'image' is the vllm package of a base image: give --base IMAGE or "
            "set image.base in patchset.yaml")
@@ -54,22 +51,36 @@ class Base(Protocol):
         ...
 
 
-def resolve(source: str, ref: str, cache: Path, log: Log, *, base: Base | None = None
-            ) -> Resolved:
-    if base is None:
-        raise UsageError(NO_BASE)
-    _check_ref(ref, base)
-    repo, commit = ensure_tree(cache, base, log)
-    return Resolved(source, repo, ref, commit, base.version)
+class ImageSource:
+    """The word ``image``: the package a base image has installed, as one orphan commit."""
+
+    name = WORD
+    holds_commits = False  # one tree per base, of patchkit's making
+    reads_base = True
+    has_history = False    # one orphan commit per base: nothing to bisect
+    no_history_why = "one commit per base, no history"
+
+    def resolve(self, text: str, ref: str, cache: Path, log: Log, *,
+                package: PackageId = VLLM, base: Base | None = None) -> Resolved:
+        if base is None:
+            raise UsageError(NO_BASE)
+        _check_ref(ref, base)
+        repo, commit = ensure_tree(cache, base, log, package)
+        return Resolved(text, repo, ref, commit, base.version)
+
+    def tags(self, text: str, cache: Path, log: Log, *, package: PackageId = VLLM) -> list[str]:
+        raise SourceError(f"the {package.label} source 'image' is one base's package and has no "
+                          "releases to list; name the targets with --to")
+
+    def label(self, text: str, version: str, package: PackageId = VLLM) -> str:
+        return text
 
 
-def tags(source: str, cache: Path, log: Log) -> list[str]:
-    raise SourceError("the vLLM source 'image' is one base's package and has no releases to "
-                      "list; name the targets with --to")
+SOURCE = ImageSource()
 
 
-def repo_path(cache: Path) -> Path:
-    return cache / WORD / "vllm.git"
+def repo_path(cache: Path, package: PackageId = VLLM) -> Path:
+    return cache / WORD / f"{package.dist}.git"
 
 
 def ref_of(base: Base) -> str:
@@ -81,26 +92,28 @@ def ref_of(base: Base) -> str:
     return "refs/patchkit/bases/" + "/".join(parts)
 
 
-def ensure_tree(cache: Path, base: Base, log: Log = lambda m: None) -> tuple[Path, str]:
+def ensure_tree(cache: Path, base: Base, log: Log = lambda m: None,
+                package: PackageId = VLLM) -> tuple[Path, str]:
     """The cached repository and the commit of ``base``'s package, made on first use."""
-    repo = repo_path(cache)
+    repo = repo_path(cache, package)
     folder = cache_subdir(cache, WORD)
     ref = ref_of(base)
-    with FileLock(str(folder / "vllm.lock")):
+    with FileLock(str(folder / f"{package.dist}.lock")):
         if (repo.exists() or repo.is_symlink()) and not g.is_repository(repo):
             log(f"the cached repository {repo} is broken; making it again")
             discard(repo)
         if not (repo / "HEAD").exists():
-            tmp = Path(tempfile.mkdtemp(prefix="vllm.git.", dir=folder))
+            tmp = Path(tempfile.mkdtemp(prefix=f"{package.dist}.git.", dir=folder))
             g.init_bare(tmp)
             tmp.rename(repo)
         commit = g.resolve_commit(repo, ref)
         if commit:
-            log(f"vLLM {base.version or '(version unknown)'} of {base.name}: cached as "
+            log(f"{package.label} {base.version or '(version unknown)'} of {base.name}: cached as "
                 f"{commit[:12]}")
             return repo, commit
         log(f"reading {base.package_dir} of {base.name} (once; cached by {base.key[:19]})")
-        message = (f"vLLM {base.version or '(version unknown)'} installed in {base.key}\n\n"
+        message = (f"{package.label} {base.version or '(version unknown)'} installed in "
+                   f"{base.key}\n\n"
                    f"{base.package_dir} on {base.platform}, byte-code and native objects left out")
         try:
             commit, count = g.commit_files(repo, ref, _sources(base), message)

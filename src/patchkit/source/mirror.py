@@ -20,15 +20,36 @@ from filelock import FileLock
 
 from patchkit import git as g
 from patchkit.errors import CommandError, SourceError
+from patchkit.source.base import VLLM, PackageId
 from patchkit.source.resolved import Log, Resolved, version_of
 from patchkit.util import cache_subdir, discard
 
-NAME = "git"
-HOLDS_COMMITS = True   # any commit of the repository can be pinned
-READS_BASE = False     # the ref `base` is turned into a commit or tag before it gets here
+
+class Mirror:
+    """A git URL or local git path: every source that is not a word."""
+
+    name = "git"
+    holds_commits = True   # any commit of the repository can be pinned
+    reads_base = False     # the ref `base` is turned into a commit or tag before it gets here
+    has_history = True
+    no_history_why = None
+
+    def resolve(self, text: str, ref: str, cache: Path, log: Log, *,
+                package: PackageId = VLLM, base=None) -> Resolved:
+        return resolve(text, ref, cache, log, package=package)
+
+    def tags(self, text: str, cache: Path, log: Log, *, package: PackageId = VLLM) -> list[str]:
+        return tags(text, cache, log)
+
+    def label(self, text: str, version: str, package: PackageId = VLLM) -> str:
+        return text
 
 
-def resolve(source: str, ref: str, cache: Path, log: Log, *, base=None) -> Resolved:
+SOURCE = Mirror()
+
+
+def resolve(source: str, ref: str, cache: Path, log: Log, *, package: PackageId = VLLM,
+            base=None) -> Resolved:
     """``ref`` in the mirror of the git source ``source``, cloned or fetched as needed."""
     url, repo = _mirror_of(source, cache)
     with FileLock(str(repo) + ".lock"):
@@ -40,8 +61,9 @@ def resolve(source: str, ref: str, cache: Path, log: Log, *, base=None) -> Resol
             _fetch(repo, url)
             commit = g.resolve_commit(repo, ref)
         if commit is None:
-            raise SourceError(f"unknown vLLM ref {ref!r} in {source}{_did_you_mean(repo, ref)}")
-        return Resolved(source, repo, ref, commit, version_of(repo, commit))
+            raise SourceError(f"unknown {package.label} ref {ref!r} in {source}"
+                              f"{_did_you_mean(repo, ref)}")
+        return Resolved(source, repo, ref, commit, version_of(repo, commit, package.top))
 
 
 def tags(source: str, cache: Path, log: Log) -> list[str]:

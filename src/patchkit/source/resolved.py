@@ -17,21 +17,22 @@ Log = Callable[[str], None]
 class Resolved:
     """A ref pinned to a commit in a local repository we may borrow objects from."""
 
-    source: str      # what the user named (URL, path or "pypi")
+    source: str      # what the user named (URL, path, "pypi" or "image")
     repo: Path       # the local mirror
     ref: str
     commit: str
     version: str | None
 
 
-def version_of(repo: Path, commit: str) -> str | None:
-    """The vLLM release at ``commit``: its release tag, else vllm/_version.py, else the
-    nearest release tag below it with the commit as a local version segment."""
+def version_of(repo: Path, commit: str, top: str = "vllm") -> str | None:
+    """The release at ``commit``: its release tag, else ``<top>/_version.py`` (``top`` the
+    package's import folder), else the nearest release tag below it with the commit as a
+    local version segment."""
     for tag in g.tags_at(repo, commit):
         v = versions.tag_version(tag)
         if v:
             return v
-    text = g.show(repo, f"{commit}:vllm/_version.py")
+    text = g.show(repo, f"{commit}:{top}/_version.py")
     if text:
         m = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text)
         if m and versions.tag_version(m.group(1)):

@@ -1,0 +1,56 @@
+"""What every kind of source is: the ``Source`` protocol, and the package a source is asked for.
+
+A source answers for one package at a time (:class:`PackageId`), so that the same kinds serve
+vLLM and any other package a patchset names; vLLM's own identity is :data:`VLLM`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from patchkit.source.resolved import Log, Resolved
+
+if TYPE_CHECKING:
+    from patchkit.source.image import Base
+
+
+@dataclass(frozen=True)
+class PackageId:
+    """A package a source is asked for: its name in the patchset, its distribution on PyPI and
+    in an image's dist-info, the import package its wheel holds, and how messages name it."""
+
+    name: str = "vllm"
+    dist: str = "vllm"
+    top: str = "vllm"      # the folder of the wheel (and of site-packages) holding its files
+    label: str = "vLLM"
+
+
+VLLM = PackageId()
+
+
+class Source(Protocol):
+    """One kind of source (a git repository, PyPI, a base image).  ``text`` is the source as the
+    user named it (a URL, a path or a word), passed back to each call."""
+
+    name: ClassVar[str]           # how reports and image labels name the kind: git, pypi, image
+    holds_commits: ClassVar[bool]  # any upstream commit can be pinned (not only releases)
+    reads_base: ClassVar[bool]    # its tree is what a base image holds
+    has_history: ClassVar[bool]   # it holds the commits between its releases (bisect needs them)
+    # why it has no history, said where a merge base is missing (None when it has one)
+    no_history_why: ClassVar[str | None]
+
+    def resolve(self, text: str, ref: str, cache: Path, log: Log, *,
+                package: PackageId = VLLM, base: Base | None = None) -> Resolved:
+        """``ref`` pinned to a commit in a local repository, fetched or made as needed."""
+        ...
+
+    def tags(self, text: str, cache: Path, log: Log, *, package: PackageId = VLLM) -> list[str]:
+        """Every tag (release) the source has now."""
+        ...
+
+    def label(self, text: str, version: str, package: PackageId = VLLM) -> str:
+        """The source as an image's ``org.opencontainers.image.source`` label names it, for a
+        build of ``version``."""
+        ...

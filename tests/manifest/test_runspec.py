@@ -1,0 +1,35 @@
+"""The run value: the options given, else the manifest's defaults, settled in one place."""
+
+from __future__ import annotations
+
+from patchkit import manifest
+from patchkit.manifest.runspec import RunSpec, run_spec
+
+
+def _manifest(tmp_path, image: str = "image:\n  base: vllm/vllm-openai:v1\n"):
+    (tmp_path / "proj").mkdir()
+    path = tmp_path / "proj" / "patchset.yaml"
+    path.write_text("name: demo\nvllm:\n  repo: [./up, pypi, ../other]\n  ref: v1\n" + image
+                    + "patches: []\n")
+    return manifest.load(path)
+
+
+def test_the_manifest_gives_what_the_options_leave_out(tmp_path):
+    m = _manifest(tmp_path)
+    assert run_spec(m) == RunSpec(
+        ref="v1", sources=(str(tmp_path / "proj" / "up"), "pypi", str(tmp_path / "other")),
+        base="vllm/vllm-openai:v1", platform="linux/arm64", variant=None)
+
+
+def test_the_options_win_and_their_paths_stay_as_given(tmp_path):
+    m = _manifest(tmp_path, image="image:\n  platform: linux/amd64\n")
+    got = run_spec(m, ref="v2", repos=["./mine"], base="b:1", platform="linux/arm64",
+                   variant="diag")
+    assert got == RunSpec("v2", ("./mine",), "b:1", "linux/arm64", "diag")
+    assert run_spec(m).platform == "linux/amd64" and run_spec(m).base is None
+
+
+def test_an_empty_ref_is_kept_to_be_refused_and_no_repos_means_the_manifests(tmp_path):
+    m = _manifest(tmp_path)
+    assert run_spec(m, ref="").ref == ""
+    assert run_spec(m, repos=()).sources == run_spec(m).sources
