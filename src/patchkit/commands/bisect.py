@@ -41,7 +41,7 @@ from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
-from patchkit.util import cache_dir
+from patchkit.cache import cache_dir
 
 __all__ = ["BisectResult", "End", "Fate", "FirstBad", "Oracle", "bisect_failures", "fate_at",
            "limit_for", "pull_of", "run"]

@@ -20,7 +20,7 @@ from patchkit.commands import intake
 from patchkit.errors import UsageError
 from patchkit.manifest.edit import ManifestText
 from patchkit.series import checkout
-from patchkit.util import write_if_changed
+from patchkit.files import write_if_changed
 
 DIFF = intake.DIFF
 PATCH_DIR = intake.PATCH_DIR

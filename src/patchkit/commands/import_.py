@@ -34,7 +34,7 @@ from patchkit.manifest import Manifest, summary_problem
 from patchkit.report import ApplyReport
 from patchkit.series import engine
 from patchkit.source import mirror
-from patchkit.util import cache_dir
+from patchkit.cache import cache_dir
 
 LOCK = "upstream.lock"
 PACKAGE = "vllm"

@@ -26,7 +26,8 @@ from patchkit.manifest.edit import ManifestText
 from patchkit.manifest.variants import describe
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
-from patchkit.util import cache_dir, write_if_changed
+from patchkit.cache import cache_dir
+from patchkit.files import write_if_changed
 
 PATCH_DIR = "patches"
 DIFF = "diff"  # the manifest key of the entries written here

@@ -40,7 +40,8 @@ from patchkit.manifest import Manifest, Patch
 from patchkit.manifest.edit import ManifestText
 from patchkit.report import PatchResult
 from patchkit.series import engine, verify
-from patchkit.util import cache_dir, write_if_changed
+from patchkit.cache import cache_dir
+from patchkit.files import write_if_changed
 
 STATE_FORMAT = 1
 IGNORED = "__pycache__/\n*.pyc\n"  # byte code from running the checkout is never part of a patch

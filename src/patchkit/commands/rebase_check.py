@@ -30,7 +30,7 @@ from patchkit.image import basevllm
 from patchkit.manifest import Manifest, Patch, variants
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
-from patchkit.util import cache_dir
+from patchkit.cache import cache_dir
 
 FORMATS = ("text", "json", "markdown", "junit")
 _PULL = re.compile(r"github\.com/vllm-project/vllm/pull/(\d+)")

@@ -40,7 +40,7 @@ from patchkit.image.registry import (DOCKER_MANIFEST, OCI_MANIFEST, Registry, Re
 from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
 from patchkit.series.checkout import AppliedCheckout
-from patchkit.util import cache_dir, cache_subdir
+from patchkit.cache import cache_dir, cache_subdir
 
 Log = Callable[[str], None]
 

@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 from patchkit.errors import CommandError, ImageError
 from patchkit.imageref import Platform, repository
 from patchkit.timeouts import DEFAULT_TIMEOUT
-from patchkit.util import run
+from patchkit.process import run
 
 Log = Callable[[str], None]
 

@@ -22,12 +22,13 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from patchkit import git as g
-from patchkit import paths, util
+from patchkit import paths
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, commit_message, generic_stop
 from patchkit.report import Hunk, Offset, Outcome, PatchResult
-from patchkit.util import run
+from patchkit.files import write_if_changed
+from patchkit.process import run
 
 
 class DiffParseError(Exception):
@@ -435,7 +436,7 @@ def conflict_markers(text: str) -> list[str]:
 
 
 def write_if_changed(path: Path, text: str) -> bool:
-    return util.write_if_changed(path, text.encode("utf-8", errors="surrogateescape"))
+    return write_if_changed(path, text.encode("utf-8", errors="surrogateescape"))
 
 
 # ------------------------------------------------------------------------------ rebase

@@ -21,7 +21,8 @@ from filelock import FileLock
 from patchkit import git as g
 from patchkit.errors import CommandError, SourceError
 from patchkit.source.resolved import Log, Resolved, version_of
-from patchkit.util import cache_subdir, discard
+from patchkit.cache import cache_subdir
+from patchkit.files import discard
 
 NAME = "git"
 HOLDS_COMMITS = True   # any commit of the repository can be pinned
