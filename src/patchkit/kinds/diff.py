@@ -24,11 +24,11 @@ from unidiff.errors import UnidiffParseError
 from patchkit import git as g
 from patchkit import paths
 from patchkit.errors import PatchkitError, UsageError
+from patchkit.files import write_if_changed
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, commit_message, generic_stop
-from patchkit.report import Hunk, Offset, Outcome, PatchResult
-from patchkit.files import write_if_changed
 from patchkit.process import run
+from patchkit.report import Hunk, Offset, Outcome, PatchResult
 
 
 class DiffParseError(Exception):
