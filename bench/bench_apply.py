@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from patchkit import manifest, source
 from patchkit.series import engine
 from patchkit import git as g
-from patchkit.util import cache_dir
+from patchkit.cache import cache_dir
 
 FILES = ["vllm/utils/torch_utils.py", "vllm/config/speculative.py", "vllm/v1/kv_cache_interface.py"]
 

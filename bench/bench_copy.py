@@ -26,12 +26,11 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests" / "image"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import docker  # noqa: E402
 
-import baseimage  # noqa: E402
+from testing import baseimage  # noqa: E402
 from patchkit import manifest  # noqa: E402
 from patchkit.commands import copy_image  # noqa: E402
 from patchkit.commands.build_image import run as build_image  # noqa: E402

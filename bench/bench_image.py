@@ -27,13 +27,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests" / "image"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import docker  # noqa: E402
 
-import baseimage  # noqa: E402
-import imageproject as ip  # noqa: E402
+from testing import baseimage  # noqa: E402
+from testing import imageproject as ip  # noqa: E402
 from patchkit import manifest  # noqa: E402
 from patchkit.commands.build_image import run as build_image  # noqa: E402
 from patchkit.series.engine import apply_series  # noqa: E402

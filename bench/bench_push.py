@@ -3,7 +3,7 @@
 This repository's patchset is applied to the real vLLM v0.33.0 (its PyPI layout) and built,
 with no engine, straight in the registry onto the arm64 base that holds v0.33.0 (the image
 tests' base, start the services with .ci/services.sh).  Every byte the client sends to the
-registry is counted by a relay in front of it (tests/image/regproxy.py).  Measured:
+registry is counted by a relay in front of it (tests/testing/regproxy.py).  Measured:
 
 * cold: a fresh patchkit cache (the base's layers are read from the registry and indexed),
   pushed to a new repository;
@@ -33,16 +33,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests" / "image"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import docker  # noqa: E402
 
-import baseimage  # noqa: E402
+from testing import baseimage  # noqa: E402
 from patchkit import manifest  # noqa: E402
 from patchkit.commands.build_image import run as build_image  # noqa: E402
 from patchkit.series.engine import apply_series  # noqa: E402
-from regproxy import RegistryProxy  # noqa: E402
+from testing.regproxy import RegistryProxy  # noqa: E402
 
 RELEASE = "0.33.0"
 

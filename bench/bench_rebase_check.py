@@ -28,7 +28,7 @@ sys.path.insert(0, str(SRC))
 
 from patchkit import git as g  # noqa: E402
 from patchkit import source  # noqa: E402
-from patchkit.util import cache_dir  # noqa: E402
+from patchkit.cache import cache_dir  # noqa: E402
 
 PIN = "v0.27.1"
 TARGETS = ["v0.31.0", "v0.32.0", "v0.33.0"]

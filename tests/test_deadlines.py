@@ -13,7 +13,7 @@ from testing.project import make_project
 
 from patchkit.errors import CommandError, ImageError
 from patchkit.image.engine import Engine
-from patchkit.util import run
+from patchkit.process import run
 
 SLACK = 15  # a 2 s deadline must end well before this
 

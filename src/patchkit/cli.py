@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
         code, message = 2, exc.format_message()
     except (Exception, KeyboardInterrupt, interrupt.Interrupted) as exc:  # the one handler
-        from patchkit.util import log_file
+        from patchkit.cache import log_file
 
         code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file)
         echo(line, err=True)

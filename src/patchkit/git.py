@@ -257,21 +257,6 @@ def merge_base(repo: Path, a: str, b: str) -> str | None:
     return (r.stdout.strip() or None) if r.ok else None
 
 
-def subject(repo: Path, commit: str) -> str:
-    return _line("log", "-1", "--format=%s", commit, cwd=repo)
-
-
-def trailers(repo: Path, commit: str) -> list[tuple[str, str]]:
-    """``(key, value)`` of each trailer of the commit's message, unfolded, in order."""
-    text = _run("log", "-1", "--format=%(trailers:unfold,only)", commit, cwd=repo)
-    out = []
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            out.append((key.strip(), value.strip()))
-    return out
-
-
 def subjects_between(repo: Path, old: str, new: str) -> list[str]:
     """Subjects of ``old..new``, newest first; none when a ref is missing."""
     r = _try("log", "--format=%s", f"{old}..{new}", cwd=repo)
@@ -284,17 +269,25 @@ def commit_time(repo: Path, commit: str) -> int:
 
 @dataclass(frozen=True)
 class CommitInfo:
-    """What a person reads of a commit: its full sha, subject and committer date (ISO 8601)."""
+    """What git says of a commit: its full sha, subject, committer date (ISO 8601) and the
+    ``(key, value)`` of each trailer of its message, unfolded, in order."""
 
     sha: str
     subject: str
     date: str
+    trailers: tuple[tuple[str, str], ...] = ()
 
 
 def commit_info(repo: Path, commit: str) -> CommitInfo:
-    sha, subject, date = _run("log", "-1", "--no-walk", "--format=%H%x00%s%x00%cI", commit,
-                              cwd=repo).rstrip("\n").split("\0")
-    return CommitInfo(sha, subject, date)
+    out = _run("log", "-1", "--no-walk", "--format=%H%x00%s%x00%cI%x00%(trailers:unfold,only)",
+               commit, cwd=repo)
+    sha, subject, date, text = out.split("\0", 3)
+    trailers = []
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            trailers.append((key.strip(), value.strip()))
+    return CommitInfo(sha, subject, date, tuple(trailers))
 
 
 def first_parent_commits(repo: Path, old: str, new: str) -> list[str]:
@@ -310,10 +303,6 @@ def is_ancestor(repo: Path, old: str, new: str) -> bool:
 
 # ------------------------------------------------------------------------------ objects
 
-def _object_db(repo: Path):
-    return _gitpython().Repo(str(repo))
-
-
 def show(repo: Path, spec: str) -> str | None:
     """The text of ``commit:path`` (or any object spec), None when there is no such object."""
     data = read_blobs(repo, [spec])[spec]
@@ -323,10 +312,6 @@ def show(repo: Path, spec: str) -> str | None:
 def blob_id(repo: Path, commit: str, path: str) -> str | None:
     r = _try("rev-parse", "--verify", "--quiet", f"{commit}:{path}", cwd=repo)
     return (r.stdout.strip() or None) if r.ok else None
-
-
-def has_path(repo: Path, commit: str, path: str) -> bool:
-    return _try("cat-file", "-e", f"{commit}:{path}", cwd=repo).ok
 
 
 def hash_file(path: Path) -> str:

@@ -9,14 +9,11 @@ report of a checkout, ``--format json``) by :meth:`ApplyReport.to_dict` and read
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 
 STATUSES = ("applied", "upstream", "skipped", "failed")
 REASONS = ("conflict", "fuzz", "anchor-missing", "ambiguous-anchor", "unsafe-path",
            "overlay-drift", "assertion", "error")
-
-_OFFSET = re.compile(r"^hunk (\d+) of (.+) at line (\d+) \(offset ([+-]\d+)\)$")
 
 
 @dataclass(frozen=True)
@@ -31,12 +28,12 @@ class Offset:
     def __str__(self) -> str:
         return f"hunk {self.hunk} of {self.path} at line {self.line} (offset {self.offset:+d})"
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
     @classmethod
-    def parse(cls, text: str) -> Offset:
-        m = _OFFSET.match(text)
-        if not m:
-            raise ValueError(f"not an offset: {text!r}")
-        return cls(int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)))
+    def from_dict(cls, data: dict) -> Offset:
+        return cls(int(data["hunk"]), str(data["path"]), int(data["line"]), int(data["offset"]))
 
 
 @dataclass(frozen=True)
@@ -88,14 +85,17 @@ class PatchResult:
     def to_dict(self) -> dict:
         return {"id": self.id, "kind": self.kind, "status": self.status, "reason": self.reason,
                 "commit": self.commit, "files": list(self.files), "message": self.message,
-                "offsets": [str(o) for o in self.offsets]}
+                "offsets": [str(o) for o in self.offsets],
+                "offset_values": [o.to_dict() for o in self.offsets]}
 
     @classmethod
     def from_dict(cls, data: dict) -> PatchResult:
+        """``offsets`` (sentences) are for people; the values are read from ``offset_values``.
+        A report written before those were stored reads as having no offsets."""
         return cls(str(data["id"]), str(data.get("kind") or ""), str(data["status"]),
                    data.get("reason"), data.get("commit"), list(data.get("files") or []),
                    str(data.get("message") or ""),
-                   [Offset.parse(o) for o in data.get("offsets") or []])
+                   [Offset.from_dict(o) for o in data.get("offset_values") or []])
 
 
 @dataclass

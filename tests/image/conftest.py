@@ -15,14 +15,10 @@ import os
 import sys
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # baseimage, imageproject (the shared fixtures: tests/testing)
-
-from imageproject import OTHER_RELEASE, REGISTRY, RELEASE  # noqa: E402
+from testing.imageproject import OTHER_RELEASE, REGISTRY, RELEASE
 
 
 def _service(var: str, default: str) -> str:
@@ -60,7 +56,7 @@ def registry(docker_client) -> str:
 @pytest.fixture(scope="session")
 def bases(docker_client, registry) -> dict:
     """``{version: ensure_base info}`` for both test releases (built once, then cached)."""
-    import baseimage
+    from testing import baseimage
 
     out = {}
     for version in (RELEASE, OTHER_RELEASE):
@@ -142,7 +138,7 @@ def node2():
 def dev_base(docker_client, registry) -> dict:
     """The dev-build base: vLLM 0.31.0's sources reporting ``0.31.1.dev7+g<sha>``, where
     <sha> is the v0.31.0 commit of patchkit's PyPI source (baseimage.ensure_dev_base)."""
-    import baseimage
+    from testing import baseimage
 
     return baseimage.ensure_dev_base(docker_client, registry,
                                      log=lambda m: print(m, file=sys.stderr))
@@ -152,7 +148,7 @@ def dev_base(docker_client, registry) -> dict:
 def vendor_base(docker_client, registry) -> dict:
     """The vendor base: vLLM 0.31.0's sources with the vendor's edits (``info["edits"]``),
     reporting ``0.31.0+nv25.11`` (baseimage.ensure_vendor_base)."""
-    import baseimage
+    from testing import baseimage
 
     return baseimage.ensure_vendor_base(docker_client, registry,
                                         log=lambda m: print(m, file=sys.stderr))

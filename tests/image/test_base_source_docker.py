@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-import imageproject as ip
-from baseimage import DEV_RELEASE, SITE as BASE_SITE
+from testing import imageproject as ip
+from testing.baseimage import DEV_RELEASE, SITE as BASE_SITE
 from patchkit import cli, manifest
 from patchkit.commands import apply as apply_command
 from patchkit.commands.build_image import run as build_image

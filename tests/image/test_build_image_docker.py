@@ -15,8 +15,8 @@ import tarfile
 
 import pytest
 
-import imageproject as ip
-from imageproject import OTHER_RELEASE, RELEASE
+from testing import imageproject as ip
+from testing.imageproject import OTHER_RELEASE, RELEASE
 from patchkit import cli, manifest
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image

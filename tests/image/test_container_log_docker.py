@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from baseimage import cache_root, fetch_debs
+from testing.baseimage import cache_root, fetch_debs
 from patchkit import cli
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
 RELEASE = "0.33.0"
 SITE = "usr/local/lib/python3.11/dist-packages"

@@ -18,7 +18,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from unidiff import PatchSet
 
-import baseimage
+from testing import baseimage
 from testing import REPO_ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]

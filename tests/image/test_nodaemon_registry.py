@@ -3,7 +3,7 @@
 The series is applied to the real vLLM 0.27.1 (its PyPI layout) and built straight in the
 registry onto the arm64 base, which the registry holds under a repository of its own.  All
 traffic of this module goes through a byte-counting relay in front of the registry
-(regproxy.py), so a test can see what a run uploaded.  dockerd is used only to put the base
+(testing/regproxy.py), so a test can see what a run uploaded.  dockerd is used only to put the base
 in the registry, to pull and run the result, and for the engine path it is compared with.
 """
 
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-import imageproject as ip
-from imageproject import RELEASE
+from testing import imageproject as ip
+from testing.imageproject import RELEASE
 from patchkit import cli, manifest
 from patchkit.commands.build_image import run as build_image
 from patchkit.errors import ImageError
 from patchkit.series.engine import apply_series
-from regproxy import RegistryProxy
+from testing.regproxy import RegistryProxy
 from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]

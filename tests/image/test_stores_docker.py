@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import docker
 import pytest
 
-import imageproject as ip
-from imageproject import RELEASE
+from testing import imageproject as ip
+from testing.imageproject import RELEASE
 from patchkit import cli, manifest
 from patchkit.commands import copy_image
 from patchkit.commands.build_image import run as build_image

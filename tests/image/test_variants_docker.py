@@ -7,8 +7,8 @@ import json
 import pytest
 from test_build_image_docker import SITE, files_of
 
-import imageproject as ip
-from imageproject import RELEASE
+from testing import imageproject as ip
+from testing.imageproject import RELEASE
 from patchkit import manifest
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image

@@ -15,8 +15,8 @@ from patchkit import manifest
 from patchkit.series import engine
 from testing import REPO_ROOT, real_cache
 
-from lift import base_text
-from releases import RELEASES, STATUSES, since
+from testing.lift import base_text
+from testing.releases import RELEASES, STATUSES, since
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import pytest
 
 from testing import REPO_ROOT, patchkit, real_cache
 
-from releases import STATUSES
+from testing.releases import STATUSES
 
 
 @pytest.mark.real_vllm

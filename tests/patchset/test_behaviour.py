@@ -22,7 +22,7 @@ from patchkit import manifest
 from patchkit.series.verify import run_assertions
 
 from testing import REPO_ROOT
-from lift import find, lift
+from testing.lift import find, lift
 
 ATTN = "vllm/models/deepseek_v4/attention.py"
 COMPRESSOR = "vllm/models/deepseek_v4/compressor.py"

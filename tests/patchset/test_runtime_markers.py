@@ -17,7 +17,7 @@ from patchkit import manifest, versions
 from patchkit.series import runtime
 from testing import REPO_ROOT, patchkit
 
-from releases import RELEASES
+from testing.releases import RELEASES
 
 SERIES = manifest.load(REPO_ROOT / "patchset.yaml")
 

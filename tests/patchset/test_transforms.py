@@ -14,7 +14,7 @@ from patchkit.transform import run_transform_file
 
 from testing import REPO_ROOT
 
-from releases import STATUSES
+from testing.releases import STATUSES
 
 PATCHES = REPO_ROOT / "patches"
 SPEC = "vllm/config/speculative.py"

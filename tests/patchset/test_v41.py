@@ -22,7 +22,7 @@ import pytest
 from patchkit.transform import run_transform_file
 
 from testing import REPO_ROOT
-from lift import find, lift
+from testing.lift import find, lift
 
 DSPARK41 = "vllm/models/deepseek_v41/nvidia/dspark.py"
 QUANT41 = "vllm/models/deepseek_v41/quant_config.py"

@@ -10,7 +10,7 @@ import pytest
 
 from patchkit.manifest import Assertion, Patch
 from patchkit.report import AssertionResult
-from patchkit.series.verify import format_failure, run_assertions, tree_reader
+from patchkit.series.verify import run_assertions, tree_reader
 
 SOURCE = textwrap.dedent('''\
     import os
@@ -296,7 +296,7 @@ def test_missing_file() -> None:
     result = check("defines", "x", source=None)  # type: ignore[arg-type]
     assert not result.ok
     assert (result.line, result.col, result.message) == (None, None, "no such file")
-    assert format_failure(result) == "m.py: [p] no such file"
+    assert result.failure_line() == "m.py: [p] no such file"
 
 
 def test_syntax_error_gives_its_location() -> None:
@@ -304,12 +304,12 @@ def test_syntax_error_gives_its_location() -> None:
     assert not result.ok
     assert where(result) == (1, 6)
     assert result.message.startswith("does not parse: ")
-    assert format_failure(result).startswith("m.py:1:6: [p] does not parse: ")
+    assert result.failure_line().startswith("m.py:1:6: [p] does not parse: ")
 
 
-def test_format_failure() -> None:
+def test_a_failure_line_says_where_and_what() -> None:
     result = check("has_key", "nvfp4_ds_mla", "STR_DTYPE_TO_TORCH_DTYPE")
-    assert format_failure(result) == (
+    assert result.failure_line() == (
         "m.py:6:0: [p] no key 'nvfp4_ds_mla' in STR_DTYPE_TO_TORCH_DTYPE; keys there: "
         "'half', 'fp8'")
 

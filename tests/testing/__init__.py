@@ -11,6 +11,12 @@ pyproject's ``pythonpath`` puts tests/ on the import path, so any test imports `
 * ``testing.realdiffs`` -- diffs cut from the real vLLM v0.27.1 files;
 * ``testing.bisect_history`` -- an upstream with a long first-parent history, for bisect;
 * ``testing.standin_vllm`` -- a stand-in for vLLM's OpenAI-compatible server.
+* ``testing.releases`` -- the vLLM releases the DSpark patchset is tested on, and what the
+  series does on each; ``testing.lift`` -- one definition of the patched sources lifted out and
+  run against stubs;
+* ``testing.baseimage`` -- arm64 stand-ins for the vllm-openai base image (cached, keyed by
+  content); ``testing.imageproject`` -- the image tests' patchset project on the real vLLM
+  0.27.1; ``testing.regproxy`` -- a byte-counting relay in front of a registry.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from patchkit.errors import PatchkitError, UsageError
 from patchkit.kinds import diff
 from patchkit.manifest import Manifest
 from patchkit.report import ApplyReport
-from patchkit.commands import intake
+from patchkit.series import intake
 from patchkit.series.engine import Progress
 from patchkit.timeouts import DEFAULT_TIMEOUT
 

@@ -35,14 +35,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import kinds, source, versions
 from patchkit import git as g
+from patchkit import kinds, source, versions
+from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.manifest import Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
-from patchkit.util import cache_dir
 
 __all__ = ["BisectResult", "End", "Fate", "FirstBad", "Oracle", "bisect_failures", "fate_at",
            "limit_for", "pull_of", "run"]

@@ -16,11 +16,10 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import interrupt, manifest
-from patchkit.commands import intake
 from patchkit.errors import UsageError
+from patchkit.files import write_if_changed
 from patchkit.manifest.edit import ManifestText
-from patchkit.series import checkout
-from patchkit.util import write_if_changed
+from patchkit.series import checkout, intake
 
 DIFF = intake.DIFF
 PATCH_DIR = intake.PATCH_DIR
@@ -46,7 +45,7 @@ class ExportResult:
         return any(e.action != "unchanged" for e in self.exported)
 
 
-def _commits(workdir: Path) -> list[intake.CommitInfo]:
+def _commits(workdir: Path) -> list[g.CommitInfo]:
     if not checkout.has_applied_tag(workdir):
         raise UsageError(f"{workdir} has no tag {checkout.APPLIED_TAG}: it is not a checkout "
                          "`patchkit apply` made")
@@ -55,7 +54,7 @@ def _commits(workdir: Path) -> list[intake.CommitInfo]:
         raise UsageError(f"{workdir}: merge commit {merges[-1][:12]} after "
                          f"{checkout.APPLIED_TAG}; export takes a straight line of commits "
                          "(rebase them first)")
-    return [intake.read_commit(workdir, sha) for sha in checkout.commits_after_series(workdir)]
+    return [g.commit_info(workdir, sha) for sha in checkout.commits_after_series(workdir)]
 
 
 def export(manifest_path: Path, workdir: Path) -> ExportResult:
@@ -81,9 +80,10 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
     with interrupt.deferred(done=f"the export to {PATCH_DIR}/ and {m.path.name}"):
         new_entries: list[list[tuple[str, str]]] = []
         for c in commits:
+            summary = intake.summary(c)
             diff = g.diff(workdir, f"{c.sha}~1", c.sha)
             if not diff.strip():
-                result.notes.append(f"{c.sha[:12]} {c.subject!r} changes nothing; not exported")
+                result.notes.append(f"{c.sha[:12]} {summary!r} changes nothing; not exported")
                 continue
             # an entry of an earlier export (patches/<id>.diff, not in the applied series) is this
             # commit's own, and is updated in place
@@ -94,13 +94,13 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
             file_changed = write_if_changed(m.root / rel, diff.encode("utf-8", "surrogateescape"))
             if existing is not None:
                 action = "updated" if file_changed else "unchanged"
-                if existing.summary != c.subject and c.subject:
-                    text.set_scalar(("patches", existing.index, "summary"), c.subject)
+                if existing.summary != summary and summary:
+                    text.set_scalar(("patches", existing.index, "summary"), summary)
                     action = "updated"
             else:
                 new_entries.append(intake.from_commit(c, pid, diff).entry())
                 action = "added"
-            result.exported.append(Exported(pid, c.sha, rel, c.subject, action))
+            result.exported.append(Exported(pid, c.sha, rel, summary, action))
         for entry in new_entries:
             text.append_item(("patches",), entry)
         text.write(m.path)

@@ -28,14 +28,13 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import manifest, paths, source
-from patchkit.commands import intake
+from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import Manifest, summary_problem
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import ApplyReport
-from patchkit.series import engine
+from patchkit.series import engine, intake
 from patchkit.source import mirror
-from patchkit.util import cache_dir
 
 LOCK = "upstream.lock"
 PACKAGE = "vllm"
@@ -122,14 +121,15 @@ def run(manifest_path: Path, ref: str, *, from_repo: str | None = None,
                                 f"with the pin {spec.ref}")
         claimed: set[str] = set()
         for sha in commits:
-            c = intake.read_commit(repo, sha)
+            c = g.commit_info(repo, sha)
+            summary = intake.summary(c)
             text = g.diff(repo, f"{sha}~1", sha)
             if not text.strip():
-                result.notes.append(f"{sha[:12]} {c.subject!r} changes nothing; not imported")
+                result.notes.append(f"{sha[:12]} {summary!r} changes nothing; not imported")
                 continue
             same = _already_there(m, intake.wanted_id(c), text)
             if same:
-                result.notes.append(f"{sha[:12]} {c.subject!r} is in the series already as "
+                result.notes.append(f"{sha[:12]} {summary!r} is in the series already as "
                                     f"{same}; not imported again")
                 continue
             pid = intake.free_id(intake.wanted_id(c), m, claimed, reuse=False)

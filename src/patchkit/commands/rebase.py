@@ -31,9 +31,11 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from patchkit import interrupt, kinds, manifest, source
 from patchkit import git as g
+from patchkit import interrupt, kinds, manifest, source
+from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
+from patchkit.files import write_if_changed
 from patchkit.kinds import Stop
 from patchkit.kinds.common import ABORT
 from patchkit.manifest import Manifest, Patch
@@ -41,7 +43,6 @@ from patchkit.manifest.edit import ManifestText
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import PatchResult
 from patchkit.series import engine, verify
-from patchkit.util import cache_dir, write_if_changed
 
 STATE_FORMAT = 1
 IGNORED = "__pycache__/\n*.pyc\n"  # byte code from running the checkout is never part of a patch

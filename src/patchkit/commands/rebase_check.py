@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import interrupt, source, versions
+from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.image import basevllm
 from patchkit.manifest import Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
-from patchkit.util import cache_dir
 
 FORMATS = ("text", "json", "markdown", "junit")
 _PULL = re.compile(r"github\.com/vllm-project/vllm/pull/(\d+)")

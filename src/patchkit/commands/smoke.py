@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from patchkit import http, interrupt
 from patchkit.errors import UsageError
 from patchkit.timeouts import DEFAULT_TIMEOUT
@@ -87,13 +89,15 @@ class MetricsFormatError(ValueError):
     pass
 
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+# prometheus_client's parser is lax (it is documented to be): two things it lets through are
+# refused here, so that a garbled /metrics is said to be garbled and not read half-way.
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+_ESCAPE = re.compile(r'\\[\\"n]')
 
 
 def parse_metrics(text: str) -> list[Sample]:
-    """The samples of a Prometheus text exposition (version 0.0.4, or OpenMetrics text).
+    """The samples of a Prometheus text exposition (version 0.0.4, or OpenMetrics text), read
+    by ``prometheus_client``'s parser, the library vLLM renders them with.
 
     Comments (``# HELP``, ``# TYPE``, ``# EOF`` and any other) and blank lines are skipped;
     label values may hold escaped quotes, backslashes and newlines; a sample may carry a
@@ -106,80 +110,28 @@ def parse_metrics(text: str) -> list[Sample]:
         if not line or line.startswith("#"):
             continue
         try:
-            samples.append(_parse_sample(line))
-        except MetricsFormatError as exc:
-            raise MetricsFormatError(f"line {number}: {exc}: {http.snippet(line, 80)!r}") from None
+            samples += _parse_sample(line)
+        except ValueError as exc:  # the library's, translated here with the line it refused
+            said = " ".join(str(exc).split()) or "not a sample"
+            raise MetricsFormatError(f"line {number}: {said}: {http.snippet(line, 80)!r}") from None
     return samples
 
 
-def _parse_sample(line: str) -> Sample:
-    m = _NAME.match(line)
-    if not m:
-        raise MetricsFormatError("no metric name")
-    name, pos = m.group(), m.end()
-    labels: list[tuple[str, str]] = []
-    if pos < len(line) and line[pos] == "{":
-        labels, pos = _parse_labels(line, pos + 1)
-    rest = line[pos:]
-    if rest and not rest[0].isspace():
-        raise MetricsFormatError("no space before the value")
-    fields = rest.split("#", 1)[0].split()   # an OpenMetrics exemplar follows ' # '
-    if not fields or len(fields) > 2:
-        raise MetricsFormatError("expected a value and an optional timestamp")
-    try:
-        value = float(fields[0])
-    except ValueError:
-        raise MetricsFormatError(f"value {fields[0]!r} is not a number") from None
-    return Sample(name, tuple(labels), value)
-
-
-def _parse_labels(line: str, pos: int) -> tuple[list[tuple[str, str]], int]:
-    labels = []
-    while True:
-        while pos < len(line) and line[pos] in " \t":
-            pos += 1
-        if pos < len(line) and line[pos] == "}":
-            return labels, pos + 1
-        m = _LABEL.match(line, pos)
-        if not m:
-            raise MetricsFormatError("bad label name")
-        key, pos = m.group(), m.end()
-        while pos < len(line) and line[pos] in " \t":
-            pos += 1
-        if line[pos:pos + 2] != '="':
-            raise MetricsFormatError(f"label {key}: expected =\"")
-        pos += 2
-        value = []
-        while True:
-            if pos >= len(line):
-                raise MetricsFormatError(f"label {key}: unterminated value")
-            c = line[pos]
-            if c == "\\":
-                nxt = line[pos + 1:pos + 2]
-                if nxt not in _ESCAPES:
-                    raise MetricsFormatError(f"label {key}: bad escape")
-                value.append(_ESCAPES[nxt])
-                pos += 2
-            elif c == '"':
-                pos += 1
-                break
-            else:
-                value.append(c)
-                pos += 1
-        labels.append((key, "".join(value)))
-        while pos < len(line) and line[pos] in " \t":
-            pos += 1
-        if pos < len(line) and line[pos] == ",":
-            pos += 1
-        elif pos < len(line) and line[pos] == "}":
-            return labels, pos + 1
-        else:
-            raise MetricsFormatError("expected , or } after a label")
+def _parse_sample(line: str) -> list[Sample]:
+    if "\\" in _ESCAPE.sub("", line):
+        raise ValueError("bad escape in a label value")
+    bare = _QUOTED.sub('""', line)  # no brace, space or '#' left inside a label value
+    sample = bare.split(" # ", 1)[0]  # an OpenMetrics exemplar follows ' # '
+    rest = sample.split("}", 1)[-1] if "{" in sample else sample.split(None, 1)[-1]
+    if len(rest.split()) > 2:
+        raise ValueError("expected a value and an optional timestamp")
+    return [Sample(s.name, tuple(s.labels.items()), float(s.value))
+            for family in text_string_to_metric_families(line) for s in family.samples]
 
 
 def counter_total(samples: Iterable[Sample], name: str) -> float | None:
     """The sum of every series of ``name`` (all engines, all label sets); None when there is
-    none."""
+    none.  A counter's ``_created`` samples have their own name: they never count."""
     values = [s.value for s in samples if s.name == name]
     return math.fsum(values) if values else None
 

@@ -46,7 +46,7 @@ from patchkit.image.layer import (ArchiveFacts, BaseImage, ChunkReader, Layer, c
                                   history_of, relay)
 from patchkit.imageref import Platform, repository, split_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
-from patchkit.util import run
+from patchkit.process import run
 
 Log = Callable[[str], None]
 

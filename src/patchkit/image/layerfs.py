@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from patchkit.errors import ImageError
-from patchkit.util import write_if_changed
+from patchkit.files import write_if_changed
 
 INDEX_FORMAT = 1
 GZIP_MAGIC = b"\x1f\x8b"

@@ -36,7 +36,7 @@ from patchkit.image.layer import (DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX
                                   RemoteImage)
 from patchkit.imageref import Platform, repository
 from patchkit.timeouts import DEFAULT_TIMEOUT
-from patchkit.util import run
+from patchkit.process import run
 
 Log = Callable[[str], None]
 

@@ -21,13 +21,14 @@ from pathlib import Path
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
+from patchkit import files
 from patchkit import git as g
-from patchkit import paths, util
+from patchkit import paths
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, commit_message, generic_stop
+from patchkit.process import run
 from patchkit.report import Hunk, Offset, Outcome, PatchResult
-from patchkit.util import run
 
 
 class DiffParseError(Exception):
@@ -434,8 +435,8 @@ def conflict_markers(text: str) -> list[str]:
     return found
 
 
-def write_if_changed(path: Path, text: str) -> bool:
-    return util.write_if_changed(path, text.encode("utf-8", errors="surrogateescape"))
+def write_text_if_changed(path: Path, text: str) -> bool:
+    return files.write_if_changed(path, text.encode("utf-8", errors="surrogateescape"))
 
 
 # ------------------------------------------------------------------------------ rebase
@@ -575,7 +576,7 @@ class DiffKind:
             how = "rewritten from the commit"
             if not applies_exactly(tree, new, parent, commit):
                 raise PatchkitError(f"{patch.path}: could not rewrite it to apply exactly")
-        write_if_changed(full, new)
+        write_text_if_changed(full, new)
         return f"{how}: " + "; ".join(map(str, result.offsets))
 
     def stop(self, rebase: Rebase, patch, result: PatchResult, head: str) -> Stop:
@@ -621,7 +622,7 @@ class DiffKind:
         assert commit
         if not applies_exactly(tree, new, f"{commit}~1", commit):
             raise PatchkitError(f"{patch.path}: the resolution does not turn into a clean diff")
-        write_if_changed(file, new)
+        write_text_if_changed(file, new)
         rebase.resolved(patch, commit, f"{patch.path} rewritten from the checkout")
 
 

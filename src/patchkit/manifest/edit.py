@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from patchkit.errors import ManifestError
-from patchkit.util import write_if_changed
+from patchkit.files import write_if_changed
 
 Key = str | int
 

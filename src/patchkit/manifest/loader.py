@@ -261,26 +261,11 @@ class _Loader:
         return ImageDefaults(**values)
 
     def patch(self, node: yaml.Node, index: int, first_line: dict[str, int]) -> Patch:
-        self.entry = f"patches[{index}]"
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if (isinstance(key_node, yaml.ScalarNode) and key_node.value == "id"
-                        and isinstance(value_node, yaml.ScalarNode)
-                        and isinstance(self.value(value_node), str)):
-                    self.entry = f"patches[{index}] (id={shown_id(str(value_node.value))})"
+        self.entry = self.entry_name(node, index)
         fields = self.mapping(node, "", PATCH_KEYS, required=("id", "summary"),
                               what="a patch entry (a mapping)")
         lines = {key: _line(value_node) for key, (_, value_node) in fields.items()}
-
-        id_node = fields["id"][1]
-        patch_id = self.string(id_node, "id")
-        problem = id_problem(patch_id)
-        if problem:
-            self.fail(f"id: {shown_id(patch_id)!r} is {problem}", id_node)
-        if patch_id in first_line:
-            self.fail(f"id: duplicate id {patch_id!r} (first used on line "
-                      f"{first_line[patch_id]})", id_node)
-        first_line[patch_id] = _line(id_node)
+        patch_id = self.patch_id(fields["id"][1], first_line)
 
         summary_node = fields["summary"][1]
         summary = self.string(summary_node, "summary").strip()
@@ -361,6 +346,29 @@ class _Loader:
                 self.fail(f"variants.{name}: the description must be one line", value_node)
             out[name] = Variant(name, description, _line(key_node))
         return out
+
+    def entry_name(self, node: yaml.Node, index: int) -> str:
+        """``patches[N] (id=X)`` when the entry has a string id, else ``patches[N]``: errors
+        name the entry before its keys are checked."""
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if (isinstance(key_node, yaml.ScalarNode) and key_node.value == "id"
+                        and isinstance(value_node, yaml.ScalarNode)
+                        and isinstance(self.value(value_node), str)):
+                    return f"patches[{index}] (id={shown_id(str(value_node.value))})"
+        return f"patches[{index}]"
+
+    def patch_id(self, id_node: yaml.Node, first_line: dict[str, int]) -> str:
+        """A valid id no earlier entry has; ``first_line`` remembers where each was given."""
+        patch_id = self.string(id_node, "id")
+        problem = id_problem(patch_id)
+        if problem:
+            self.fail(f"id: {shown_id(patch_id)!r} is {problem}", id_node)
+        if patch_id in first_line:
+            self.fail(f"id: duplicate id {patch_id!r} (first used on line "
+                      f"{first_line[patch_id]})", id_node)
+        first_line[patch_id] = _line(id_node)
+        return patch_id
 
     def patch_variants(self, node: yaml.Node) -> tuple[str, ...]:
         """A patch's ``variants: [NAME...]``: each declared at the top, none twice."""

@@ -1,1 +1,2 @@
-"""The series: the apply engine, the applied checkout it leaves, and the AST assertions."""
+"""The series: the apply engine, the applied checkout it leaves, the AST assertions, and new
+patches taken in."""

@@ -29,7 +29,7 @@ from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult, VllmInfo
 from patchkit.series import checkout as applied
 from patchkit.series import verify
-from patchkit.util import cache_dir
+from patchkit.cache import cache_dir
 
 __all__ = ["Progress", "apply_one", "apply_series", "check_workdir", "commit_message", "in_range",
            "needed_paths", "run_series"]

@@ -48,10 +48,6 @@ def run_assertions(patches: Iterable[Patch], read: Reader) -> list[AssertionResu
     return [_check(patch.id, assertion, files) for patch in patches for assertion in patch.verify]
 
 
-def format_failure(result: AssertionResult) -> str:
-    return result.failure_line()
-
-
 # ------------------------------------------------------------------------------------ files
 
 @dataclass(frozen=True)

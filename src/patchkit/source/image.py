@@ -27,7 +27,8 @@ from patchkit.errors import SourceError, UsageError
 from patchkit.source.base import VLLM, PackageId
 from patchkit.source.refs import BASE_REF
 from patchkit.source.resolved import Log, Resolved
-from patchkit.util import cache_subdir, discard
+from patchkit.cache import cache_subdir
+from patchkit.files import discard
 
 WORD = "image"
 

@@ -22,7 +22,8 @@ from patchkit import git as g
 from patchkit.errors import CommandError, SourceError
 from patchkit.source.base import VLLM, PackageId
 from patchkit.source.resolved import Log, Resolved, version_of
-from patchkit.util import cache_subdir, discard
+from patchkit.cache import cache_subdir
+from patchkit.files import discard
 
 
 class Mirror:

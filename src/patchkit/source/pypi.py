@@ -22,7 +22,9 @@ from patchkit import versions
 from patchkit.errors import CommandError, SourceError
 from patchkit.source.base import VLLM, PackageId
 from patchkit.source.resolved import Log, Resolved, version_of
-from patchkit.util import cache_subdir, discard, run
+from patchkit.cache import cache_subdir
+from patchkit.files import discard
+from patchkit.process import run
 
 WORD = "pypi"
 

@@ -35,7 +35,7 @@ from patchkit.image import build, layer, layerfs
 from patchkit.image.builders import Asked, Job
 from patchkit.image.layer import RemoteImage
 from patchkit.image.registry import Registry, blob_path, host_of
-from patchkit.util import cache_dir, cache_subdir
+from patchkit.cache import cache_dir, cache_subdir
 
 DIR_VERSION = "Directory Transport Version: 1.1\n"  # skopeo's dir: layout
 

@@ -1,16 +1,14 @@
-"""The one subprocess wrapper, and the cache location."""
+"""The one subprocess wrapper, for the tools patchkit drives that have no library (``pip``,
+``patch``, ``skopeo``, ``ssh``, ``docker buildx``)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 from patchkit import interrupt
-from patchkit.errors import CommandError, UsageError
+from patchkit.errors import CommandError
 
 
 def run(cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
@@ -63,65 +61,3 @@ def _streamed(cmd: Sequence[str], cwd, env, on_line: Callable[[str], None],
             proc.kill()  # an interrupted build must not go on behind patchkit's back
             raise
     return subprocess.CompletedProcess(list(cmd), proc.returncode, "".join(tail), "")
-
-
-def cache_dir() -> Path:
-    """``$PATCHKIT_CACHE_DIR``, else the user cache dir (``~/.cache/patchkit``)."""
-    env = os.environ.get("PATCHKIT_CACHE_DIR")
-    if env:
-        return Path(env).expanduser().absolute()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("patchkit", appauthor=False))
-
-
-def cache_subdir(cache: Path, *parts: str) -> Path:
-    """``cache/parts...``, created; a cache that cannot be written is the user's to fix."""
-    path = cache.joinpath(*parts)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"the cache {cache} (PATCHKIT_CACHE_DIR) cannot be written: {path}: "
-                         f"{exc.strerror}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"the cache {cache} (PATCHKIT_CACHE_DIR) cannot be written: {path}: "
-                         "Permission denied")
-    return path
-
-
-def discard(path: Path) -> None:
-    """Move ``path`` (a file or a folder) out of the way at once, by a rename; then delete it."""
-    trash = Path(tempfile.mkdtemp(prefix=path.name + ".broken.", dir=path.parent))
-    os.rename(path, trash / "x")
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def write_if_changed(path: Path, data: bytes) -> bool:
-    """Replace ``path`` with ``data`` atomically, keeping its mode; False when already equal."""
-    try:
-        if path.read_bytes() == data:
-            return False
-        mode = path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o644
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return True
-
-
-def log_file() -> Path:
-    """Where an unexpected error's traceback goes: the cache folder, else /tmp."""
-    try:
-        d = cache_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        return d / "patchkit.log"
-    except OSError:
-        return Path("/tmp/patchkit.log")

@@ -13,7 +13,7 @@ import os
 import zipfile
 from pathlib import Path
 
-from baseimage import find_wheel
+from testing.baseimage import find_wheel
 from testing.upstream import commit, unified
 
 REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")

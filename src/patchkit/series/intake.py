@@ -20,14 +20,15 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import interrupt, kinds, manifest, source
+from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
+from patchkit.files import write_if_changed
 from patchkit.manifest import ID_RE, Manifest, Patch, capped_id, id_problem, shown_id
 from patchkit.manifest.edit import ManifestText
 from patchkit.manifest.runspec import run_spec
 from patchkit.manifest.variants import describe
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import engine
-from patchkit.util import cache_dir, write_if_changed
 
 PATCH_DIR = "patches"
 DIFF = "diff"  # the manifest key of the entries written here
@@ -67,27 +68,26 @@ class NewPatch:
 
 # ------------------------------------------------------------------------------ commits
 
-@dataclass
-class CommitInfo:
-    """What a commit says about the patch it becomes."""
-
-    sha: str
-    subject: str        # the summary (a `patchkit: <id>: ` prefix taken off)
-    id: str | None      # a `Patchkit-Id:` trailer, else the id of a `patchkit: <id>: ...` subject
-    upstream: str | None  # an `Upstream:` trailer
+def summary(c: g.CommitInfo) -> str:
+    """The summary a commit gives its patch: the subject, a ``patchkit: <id>: `` prefix taken
+    off."""
+    own = OWN_SUBJECT.match(c.subject.strip())
+    return (own.group(2) if own else c.subject).strip()
 
 
-def read_commit(repo: Path, sha: str) -> CommitInfo:
-    subject = g.subject(repo, sha)
-    found: dict[str, str] = {}
-    for key, value in g.trailers(repo, sha):
-        found.setdefault(key.lower(), value)
-    pid = found.get("patchkit-id")
-    own = OWN_SUBJECT.match(subject)
-    if own:
-        pid = pid or own.group(1)
-        subject = own.group(2)
-    return CommitInfo(sha, subject.strip(), pid, found.get("upstream"))
+def _trailer(c: g.CommitInfo, key: str) -> str | None:
+    return next((v for k, v in c.trailers if k.lower() == key), None)
+
+
+def claimed_id(c: g.CommitInfo) -> str | None:
+    """A ``Patchkit-Id:`` trailer, else the id of a ``patchkit: <id>: ...`` subject."""
+    own = OWN_SUBJECT.match(c.subject.strip())
+    return _trailer(c, "patchkit-id") or (own.group(1) if own else None)
+
+
+def upstream_of(c: g.CommitInfo) -> str | None:
+    """An ``Upstream:`` trailer."""
+    return _trailer(c, "upstream")
 
 
 def slug(text: str, limit: int = 48) -> str:
@@ -102,11 +102,12 @@ def slug(text: str, limit: int = 48) -> str:
     return out or (words[0][:limit] if words else "")
 
 
-def wanted_id(c: CommitInfo) -> str:
-    """The id a commit asks for: its own when it has a valid one, else a slug of its subject."""
-    if c.id and ID_RE.match(c.id):
-        return capped_id(c.id)
-    return slug(c.subject) or "patch"
+def wanted_id(c: g.CommitInfo) -> str:
+    """The id a commit asks for: its own when it has a valid one, else a slug of its summary."""
+    pid = claimed_id(c)
+    if pid and ID_RE.match(pid):
+        return capped_id(pid)
+    return slug(summary(c)) or "patch"
 
 
 def free_id(base: str, m: Manifest, unavailable: set[str], *, reuse: bool) -> str:
@@ -129,8 +130,8 @@ def free_id(base: str, m: Manifest, unavailable: set[str], *, reuse: bool) -> st
 
 # ------------------------------------------------------------------------------ new patches
 
-def from_commit(c: CommitInfo, pid: str, text: str) -> NewPatch:
-    return NewPatch(pid, c.subject or pid, text, upstream=c.upstream, source=c.sha)
+def from_commit(c: g.CommitInfo, pid: str, text: str) -> NewPatch:
+    return NewPatch(pid, summary(c) or pid, text, upstream=upstream_of(c), source=c.sha)
 
 
 def check_new_id(m: Manifest, patch_id: str, flag: str = "--id") -> str:

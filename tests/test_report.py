@@ -1,0 +1,50 @@
+"""The apply report stored in a checkout keeps offsets as values, beside the sentences people
+read; one written before the values were stored still reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from testing.project import make_project
+
+from patchkit import manifest
+from patchkit.report import ApplyReport, Offset
+from patchkit.series import checkout, engine
+
+
+def test_the_stored_report_gives_back_the_offsets_it_was_written_with(tmp_path):
+    proj = make_project(tmp_path)
+    wd = tmp_path / "wd"
+    report = engine.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd, ref="v2")
+    assert report.patches[0].offsets == [Offset(1, "pkg/mod.py", 6, 2)]
+    stored = json.loads(checkout.report_path(wd).read_text())["patches"][0]
+    assert stored["offsets"] == ["hunk 1 of pkg/mod.py at line 6 (offset +2)"]
+    assert stored["offset_values"] == [{"hunk": 1, "path": "pkg/mod.py", "line": 6, "offset": 2}]
+    assert checkout.read_report(wd).patches[0].offsets == [Offset(1, "pkg/mod.py", 6, 2)]
+
+
+def test_a_path_that_reads_like_the_sentence_survives():
+    odd = Offset(2, "a at line 9 (offset +1) b.py", 40, -3)
+    data = {"vllm": {"ref": "v1", "commit": "c"}, "workdir": None,
+            "patches": [{"id": "p", "kind": "diff", "status": "applied",
+                         "offsets": [str(odd)], "offset_values": [odd.to_dict()]}]}
+    assert ApplyReport.from_dict(data).patches[0].offsets == [odd]
+
+
+def test_a_report_of_an_older_version_reads_without_offsets():
+    text = json.dumps({"ok": True, "vllm": {"ref": "v1", "commit": "c", "version": None},
+                       "workdir": "wd", "patches": [
+                           {"id": "p", "kind": "diff", "status": "applied", "reason": None,
+                            "commit": "d", "files": ["m.py"], "message": "",
+                            "offsets": ["hunk 1 of m.py at line 6 (offset +2)"]}],
+                       "verify": [], "variant": None})
+    report = ApplyReport.from_json(text)
+    assert [(p.id, p.status, p.offsets) for p in report.patches] == [("p", "applied", [])]
+
+
+def test_a_broken_offset_value_is_not_a_report():
+    data = {"vllm": {"ref": "v1"}, "patches": [
+        {"id": "p", "status": "applied", "offset_values": [{"hunk": 1, "path": "m.py"}]}]}
+    with pytest.raises(ValueError, match="not an apply report"):
+        ApplyReport.from_dict(data)
