@@ -219,8 +219,8 @@ ERRORS = [
     case("unknown-key-close", HEAD + "  []\npatchs: []\n",
          "patchset.yaml:7: unknown key 'patchs'; did you mean 'patches'?"),
     case("unknown-key-far", HEAD + "  []\nzzz: 1\n",
-         "patchset.yaml:7: unknown key 'zzz' (expected one of: name, vllm, image, patches, "
-         "variants, runtime)"),
+         "patchset.yaml:7: unknown key 'zzz' (expected one of: name, vllm, packages, image, "
+         "patches, variants, runtime)"),
     case("duplicate-key", HEAD + "  []\nname: again\n",
          "patchset.yaml:7: duplicate key 'name' (first on line 1)"),
     case("missing-name", "vllm: {repo: pypi, ref: v1}\n",

@@ -45,7 +45,7 @@ class Progress:
 
 
 def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
-    return versions.in_range(patch.vllm, version)
+    return versions.in_ranges(patch.ranges, {"vllm": version})
 
 
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
