@@ -130,7 +130,8 @@ def validate(manifest_path: str) -> int:
     m = command.run(Path(manifest_path))
     markers = len(m.runtime) + sum(len(p.runtime) for p in m.patches)
     counted = f", {markers} runtime markers" if markers else ""
-    echo(f"{manifest_path}: ok ({len(m.patches)} patches{counted}, vLLM {m.vllm.ref})")
+    pins = "".join(f", {p.name} {p.ref}" for p in m.others)
+    echo(f"{manifest_path}: ok ({len(m.patches)} patches{counted}, vLLM {m.vllm.ref}{pins})")
     return 0
 
 

@@ -15,6 +15,7 @@ commit a dev build's local part names, and :func:`base_pin`, what ``--vllm-ref b
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
@@ -23,7 +24,8 @@ from packaging.version import InvalidVersion, Version
 from patchkit.errors import UsageError
 
 __all__ = ["InvalidVersion", "Version", "parse", "release_tag", "tag_version", "pypi_release",
-           "in_range", "expected", "same_release", "sort_key", "named_commit", "Pin", "base_pin"]
+           "in_range", "in_ranges", "expected", "same_release", "sort_key", "named_commit", "Pin",
+           "base_pin"]
 
 # A local part that names the commit a build was made from: setuptools-scm's ``g<sha>``,
 # optionally dated (``.d20260714``, a dirty tree), optionally with one of vLLM's own build
@@ -68,18 +70,37 @@ def pypi_release(ref: str) -> str:
     return text
 
 
-def in_range(spec: SpecifierSet | None, version: str | None) -> tuple[bool, str]:
-    """Is ``version`` inside ``spec`` (no spec: always); the reason when it is not."""
+_SHOWN = {"vllm": "vLLM"}   # how messages spell a package's name; the others as the manifest does
+
+
+def in_ranges(ranges: Mapping[str, SpecifierSet | None],
+              found: Mapping[str, str | None]) -> tuple[bool, str]:
+    """Do a patch's ``ranges`` (package name -> specifier) hold for the versions ``found``
+    (package name -> version, None when unknown)?  The reason of the first that does not, naming
+    the package and its version.  A package ``found`` leaves out is not judged: the caller has
+    no version of it to give."""
+    for package, spec in ranges.items():
+        if package in found:
+            ok, why = in_range(spec, found[package], package)
+            if not ok:
+                return False, why
+    return True, ""
+
+
+def in_range(spec: SpecifierSet | None, version: str | None,
+             package: str = "vllm") -> tuple[bool, str]:
+    """Is ``version`` of ``package`` inside ``spec`` (no spec: always); the reason when not."""
     if spec is None:
         return True, ""
+    name = _SHOWN.get(package, package)
     if version is None:
-        return False, f"the vLLM version is unknown, so the range {spec} cannot be checked"
+        return False, f"the {name} version is unknown, so the range {spec} cannot be checked"
     v = parse(version)
     if v is None:
-        return False, f"vLLM version {version!r} is not PEP 440"
+        return False, f"{name} version {version!r} is not PEP 440"
     if spec.contains(v, prereleases=True):
         return True, ""
-    return False, f"vLLM {version} is outside {spec}"
+    return False, f"{name} {version} is outside {spec}"
 
 
 def expected(version: str | None, ref: str | None) -> str | None:

@@ -103,6 +103,67 @@ def test_loads_a_full_manifest(repo: Path) -> None:
     assert m.patch("loader") is o
 
 
+def test_loads_packages_beside_vllm_and_ranges_on_any_of_them(repo: Path) -> None:
+    (repo / "patches" / "fi.diff").write_text(DIFF.replace("vllm/x.py", "flashinfer/x.py"))
+    write(repo, """\
+        name: demo
+        vllm:
+          repo: pypi
+          ref: v0.33.0
+        packages:
+          flashinfer:
+            dist: flashinfer-python
+            repo: [pypi]
+            ref: v0.6.15
+          b12x:
+            repo: [https://example.invalid/b12x.git, image]
+            ref: 1a2b3c4
+        patches:
+          - id: fi-weight-prefetch
+            summary: prefetch the weights
+            package: flashinfer
+            diff: patches/fi.diff
+            flashinfer: ">=0.6.15,<0.7"
+            verify:
+              - {file: flashinfer/x.py, contains: "a = 2"}
+          - id: stage-a
+            summary: a vLLM patch that needs an old FlashInfer
+            diff: patches/a.diff
+            flashinfer: "<0.6.16"
+            vllm: ">=0.27.1"
+        """)
+    m = manifest.load("patchset.yaml")
+    assert [p.name for p in m.packages] == ["vllm", "flashinfer", "b12x"]
+    assert m.package("vllm") is m.vllm
+    assert m.vllm == manifest.Package("vllm", "vllm", ("pypi",), "v0.33.0", 2, 4)
+    assert m.package("flashinfer") == manifest.Package("flashinfer", "flashinfer-python",
+                                                       ("pypi",), "v0.6.15", 6, 9)
+    b12x = m.package("b12x")
+    assert (b12x.dist, b12x.repos, b12x.ref) == (
+        "b12x", ("https://example.invalid/b12x.git", "image"), "1a2b3c4")
+    with pytest.raises(KeyError):
+        m.package("triton")
+    fi, stage = m.patches
+    assert (fi.package, fi.path, fi.vllm) == ("flashinfer", "patches/fi.diff", None)
+    assert list(fi.ranges) == ["flashinfer"] and fi.lines["flashinfer"] == 18
+    assert Version("0.6.15") in fi.ranges["flashinfer"]
+    assert Version("0.7.0") not in fi.ranges["flashinfer"]
+    assert fi.verify[0].file == "flashinfer/x.py"
+    assert stage.package == "vllm"
+    assert list(stage.ranges) == ["flashinfer", "vllm"]   # as written
+    assert str(stage.ranges["flashinfer"]) == "<0.6.16"
+    assert stage.vllm is stage.ranges["vllm"] and Version("0.27.1") in stage.vllm
+    assert stage.without_range("vllm").ranges == {"flashinfer": stage.ranges["flashinfer"]}
+
+
+def test_a_manifest_without_packages_has_vllm_alone(repo: Path) -> None:
+    for tail in ("", "packages:\n", "packages: {}\n"):
+        write(repo, HEAD.replace("patches:\n", tail))
+        m = manifest.load("patchset.yaml")
+        assert m.packages == (m.vllm,) and m.others == ()
+        assert (m.vllm.name, m.vllm.dist) == ("vllm", "vllm")
+
+
 def test_patches_may_be_empty_or_absent(repo: Path) -> None:
     for tail in ("patches: []\n", "patches:\n", ""):
         write(repo, HEAD.replace("patches:\n", "") + tail)
@@ -166,6 +227,29 @@ def foo(kind: str, rel: str) -> str:
         """)
 
 
+# Lines 1-4 as HEAD; `packages:` on line 5, its first entry on line 6.
+def packages(entries_text: str) -> str:
+    """A manifest whose `packages:` holds ``entries_text`` (indented under it)."""
+    return (HEAD.replace("patches:\n", "packages:\n") + textwrap.indent(entries_text, "  ")
+            + "patches: []\n")
+
+
+# flashinfer declared on lines 5-9, `patches:` on 10, entry foo on 11-13, then ``extra`` on 14.
+FLASHINFER = """\
+packages:
+  flashinfer:
+    dist: flashinfer-python
+    repo: [pypi]
+    ref: v0.6.15
+"""
+
+
+def with_flashinfer(extra: str) -> str:
+    """flashinfer declared, and one diff entry ``foo`` with ``extra`` as its last line."""
+    return (HEAD.replace("patches:\n", FLASHINFER + "patches:\n")
+            + "  - id: foo\n    summary: x\n    diff: patches/a.diff\n    " + extra)
+
+
 def bad_diff(content: str):
     def setup(repo: Path) -> None:
         (repo / "patches" / "bad.diff").write_text(content)
@@ -219,8 +303,8 @@ ERRORS = [
     case("unknown-key-close", HEAD + "  []\npatchs: []\n",
          "patchset.yaml:7: unknown key 'patchs'; did you mean 'patches'?"),
     case("unknown-key-far", HEAD + "  []\nzzz: 1\n",
-         "patchset.yaml:7: unknown key 'zzz' (expected one of: name, vllm, image, patches, "
-         "variants, runtime)"),
+         "patchset.yaml:7: unknown key 'zzz' (expected one of: name, vllm, packages, image, "
+         "patches, variants, runtime)"),
     case("duplicate-key", HEAD + "  []\nname: again\n",
          "patchset.yaml:7: duplicate key 'name' (first on line 1)"),
     case("missing-name", "vllm: {repo: pypi, ref: v1}\n",
@@ -459,6 +543,101 @@ ERRORS = [
           not: {not: {calls: f}}
         """), "patchset.yaml:11: patches[0] (id=foo): verify[0].not: 'not' inside 'not'; "
               "state the predicate itself"),
+    # packages beside vllm
+    case("packages-a-list", HEAD.replace("patches:\n", "packages: [flashinfer]\n"),
+         "patchset.yaml:5: packages: expected a mapping of package name -> {dist, repo, ref}, "
+         "got a list"),
+    case("package-entry-null", packages("flashinfer:\n"),
+         "patchset.yaml:6: packages.flashinfer: expected a mapping with dist, repo and ref, "
+         "got nothing (null)"),
+    case("package-unknown-key", packages("flashinfer: {dsit: x, repo: pypi, ref: v1}\n"),
+         "patchset.yaml:6: packages.flashinfer: unknown key 'dsit'; did you mean 'dist'?"),
+    case("package-missing-ref", packages("flashinfer:\n  repo: pypi\n"),
+         "patchset.yaml:7: packages.flashinfer: missing required key 'ref'"),
+    case("package-missing-repo", packages("flashinfer:\n  ref: v1\n"),
+         "patchset.yaml:7: packages.flashinfer: missing required key 'repo'"),
+    case("package-repo-number", packages("flashinfer:\n  repo: 5\n  ref: v1\n"),
+         "patchset.yaml:7: packages.flashinfer.repo: expected a string or a list of strings, "
+         "got the number 5"),
+    case("package-repo-empty-list", packages("flashinfer:\n  repo: []\n  ref: v1\n"),
+         "patchset.yaml:7: packages.flashinfer.repo: the list of repositories is empty"),
+    case("package-repo-list-mapping", packages("flashinfer:\n  repo: [pypi, {a: b}]\n"
+                                               "  ref: v1\n"),
+         "patchset.yaml:7: packages.flashinfer.repo[1]: expected a string, got a mapping"),
+    case("package-ref-expression", packages("flashinfer:\n  repo: pypi\n  ref: HEAD~1\n"),
+         "patchset.yaml:8: packages.flashinfer.ref: 'HEAD~1' is a revision expression; give a "
+         "tag, branch or commit"),
+    case("package-ref-base-without-a-base", packages("flashinfer:\n  repo: image\n"
+                                                     "  ref: base\n"),
+         "patchset.yaml:8: packages.flashinfer.ref: 'base' pins what the base image holds, and "
+         "image.base is not set"),
+    case("package-name-uppercase", packages("FlashInfer: {repo: pypi, ref: v1}\n"),
+         "patchset.yaml:6: packages: 'FlashInfer' is not a valid package name (lowercase "
+         "letters, digits and '-', starting with a letter or digit)"),
+    case("package-name-too-long", packages("a" * 101 + ": {repo: pypi, ref: v1}\n"),
+         "patchset.yaml:6: packages: 'aaaa…...' is 101 characters long; a package name has "
+         "at most 100"),
+    case("package-vllm-again", packages("vllm: {repo: pypi, ref: v1}\n"),
+         "patchset.yaml:6: packages: 'vllm' is pinned by the vllm: section; it cannot be "
+         "declared again under packages:"),
+    *[case(f"package-named-{key}", packages(f"{key}: {{repo: pypi, ref: v1}}\n"),
+           f"patchset.yaml:6: packages: {key!r} is a key of a patch entry, and a package's name "
+           f"is a range key on patches; name the package otherwise (dist: {key} keeps its "
+           "distribution name)")
+      for key in ("id", "summary", "diff", "verify", "variants", "runtime", "package",
+                  "replaces", "sha256", "upstream")],
+    case("package-dist-space", packages("flashinfer:\n  dist: flash infer\n  repo: pypi\n"
+                                        "  ref: v1\n"),
+         "patchset.yaml:7: packages.flashinfer.dist: 'flash infer' is not a distribution name "
+         "(letters, digits, '.', '_' and '-', starting and ending with a letter or digit)"),
+    case("package-dist-taken", packages("fi: {dist: flashinfer-python, repo: pypi, ref: v1}\n"
+                                        "flashinfer:\n  dist: Flashinfer_Python\n"
+                                        "  repo: pypi\n  ref: v1\n"),
+         "patchset.yaml:8: packages.flashinfer.dist: 'Flashinfer_Python' is already the "
+         "distribution of package 'fi' (line 6)"),
+    case("package-dist-is-vllm", packages("mine: {repo: pypi, ref: v1}\n"
+                                          "vllm-fork: {dist: vllm, repo: pypi, ref: v1}\n"),
+         "patchset.yaml:7: packages.vllm-fork.dist: 'vllm' is already the distribution of "
+         "package 'vllm' (line 2)"),
+    case("patch-unknown-package", with_flashinfer("package: flashinfr\n"),
+         "patchset.yaml:14: patches[0] (id=foo): package: unknown package 'flashinfr'; "
+         "did you mean 'flashinfer'?"),
+    case("patch-unknown-package-far", with_flashinfer("package: triton\n"),
+         "patchset.yaml:14: patches[0] (id=foo): package: unknown package 'triton' "
+         "(expected one of: vllm, flashinfer)"),
+    case("patch-package-none-declared", entries("""\
+        - id: foo
+          summary: x
+          package: flashinfer
+          diff: patches/a.diff
+        """), "patchset.yaml:8: patches[0] (id=foo): package: unknown package 'flashinfer': "
+              "the manifest has only vllm (declare others under packages:)"),
+    case("patch-package-number", with_flashinfer("package: 5\n"),
+         "patchset.yaml:14: patches[0] (id=foo): package: expected a string, got the number 5 "
+         "(quote it to make it a string)"),
+    case("range-on-an-undeclared-package", with_flashinfer("triton: \"<3.4\"\n"),
+         "patchset.yaml:14: patches[0] (id=foo): triton: a range on package 'triton', which "
+         "the manifest does not have (packages: vllm, flashinfer; declare it under packages:)"),
+    case("range-on-a-misspelt-package", with_flashinfer("flashnfer: \"<0.6.16\"\n"),
+         "patchset.yaml:14: patches[0] (id=foo): flashnfer: a range on package 'flashnfer', "
+         "which the manifest does not have; did you mean 'flashinfer'?"),
+    case("range-on-flashinfer-undeclared", entries("""\
+        - id: foo
+          summary: x
+          diff: patches/a.diff
+          flashinfer: "<0.6.16"
+        """), "patchset.yaml:9: patches[0] (id=foo): flashinfer: a range on package "
+              "'flashinfer', which the manifest does not have (packages: vllm; declare it under "
+              "packages:)"),
+    case("unknown-key-with-packages", with_flashinfer("flashinfer-x: yes\n"),
+         "patchset.yaml:14: patches[0] (id=foo): unknown key 'flashinfer-x'; did you mean "
+         "'flashinfer'?"),
+    case("range-bad-specifier", with_flashinfer("flashinfer: \">>0.6\"\n"),
+         "patchset.yaml:14: patches[0] (id=foo): flashinfer: invalid PEP 440 version specifier "
+         "'>>0.6' (e.g. \">=0.27.1,<0.33\")"),
+    case("range-a-number", with_flashinfer("flashinfer: 0.6\n"),
+         "patchset.yaml:14: patches[0] (id=foo): flashinfer: expected a string, got the number "
+         "0.6 (quote it to make it a string)"),
     *[case(f"assertion-{name}", assertions(verify + "\n"),
            "patchset.yaml:10: patches[0] (id=foo): " + expected + "…")
       for name, verify, expected in [

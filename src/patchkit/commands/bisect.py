@@ -168,7 +168,7 @@ def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path
     under ``scratch`` of ``paths`` (default: every file), removed afterwards."""
     if before is None:
         before = _earlier(manifest, patch, variant)
-    series = [*before, dataclasses.replace(patch, vllm=None)]
+    series = [*before, patch.without_range("vllm")]
     work = Path(tempfile.mkdtemp(prefix="at-", dir=scratch))
     try:
         tree = work / "t"

@@ -72,7 +72,8 @@ def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
     """The patches whose assertions apply: in the build of ``variant``, neither skipped by the
     apply nor outside the range of the release found (when one was found)."""
     return [p for p in variants.selected(manifest, variant)
-            if p.id not in skipped and (not version or versions.in_range(p.vllm, version)[0])]
+            if p.id not in skipped
+            and (not version or versions.in_ranges(p.ranges, {"vllm": version})[0])]
 
 
 def built_variant(manifest: Manifest, asked: str | None, recorded: str | None, known: bool,

@@ -12,7 +12,9 @@ from patchkit.manifest.model import (
     ImageDefaults,
     Manifest,
     Marker,
+    Package,
     Patch,
+    VLLM,
     VllmSource,
     capped_id,
     id_problem,
@@ -20,6 +22,6 @@ from patchkit.manifest.model import (
     summary_problem,
 )
 
-__all__ = ["ID_MAX", "ID_RE", "KINDS", "PREDICATES", "Assertion", "ImageDefaults", "Manifest",
-           "Marker", "Patch", "VllmSource", "capped_id", "id_problem", "load", "shown_id",
-           "summary_problem"]
+__all__ = ["ID_MAX", "ID_RE", "KINDS", "PREDICATES", "VLLM", "Assertion", "ImageDefaults",
+           "Manifest", "Marker", "Package", "Patch", "VllmSource", "capped_id", "id_problem",
+           "load", "shown_id", "summary_problem"]

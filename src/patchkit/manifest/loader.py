@@ -13,23 +13,27 @@ from typing import NoReturn
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 
 from patchkit import kinds, paths
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
-from patchkit.manifest.model import (PREDICATES, Assertion, ID_RE, ImageDefaults, Manifest, Marker,
-                                     Patch, Variant, VllmSource, id_problem, shown_id,
-                                     summary_problem)
+from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Assertion, ImageDefaults,
+                                     Manifest, Marker, Package, Patch, Variant, id_problem,
+                                     shown_id, summary_problem)
 from patchkit.source.refs import BASE_REF, ref_problem
 
 KINDS = kinds.NAMES
 
 # ------------------------------------------------------------------------------------ loading
 
-TOP_KEYS = ("name", "vllm", "image", "patches", "variants", "runtime")
+TOP_KEYS = ("name", "vllm", "packages", "image", "patches", "variants", "runtime")
 VLLM_KEYS = ("repo", "ref")
+PACKAGE_KEYS = ("dist", "repo", "ref")
 IMAGE_KEYS = ("base", "platform", "tag")
-PATCH_KEYS = ("id", "summary", "upstream", *KINDS, "vllm", "variants", "verify", "replaces",
+# The keys of a patch entry besides its ranges.  A range key is a package's name, in the same
+# mapping, so no package may take one of these names.
+ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verify", "replaces",
               "sha256", "runtime")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
 MARKER_KEYS = ("log", "absent", "count", "min", "unless")
@@ -39,6 +43,7 @@ _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
 _SHA256_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
 _PLATFORM_RE = re.compile(r"[a-z0-9_]+/[a-z0-9_]+(/[a-z0-9_]+)?\Z")
+_DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?\Z")   # PEP 508's name
 _ONE_OF_KINDS = "give exactly one of " + ", ".join(KINDS)
 _ONE_OF_PREDICATES = "give exactly one of " + ", ".join(PREDICATES)
 
@@ -83,6 +88,7 @@ class _Loader:
         self.text = text
         self.entry: str | None = None
         self.declared: dict[str, Variant] = {}
+        self.packages: dict[str, Package] = {}   # by name, vllm first
         self.yaml = yaml.SafeLoader(text)
 
     def fail(self, message: str, node: yaml.Node | None = None) -> NoReturn:
@@ -197,10 +203,15 @@ class _Loader:
                            what="a mapping with name, vllm and patches")
         name = self.string(top["name"][1], "name").strip()
         vllm = self.vllm(*top["vllm"])
+        self.packages = {VLLM: vllm}
+        others = self.package_entries(top["packages"][1]) if "packages" in top else ()
         image = self.image(top["image"][1]) if "image" in top else ImageDefaults()
-        if vllm.ref == BASE_REF and not image.base:
-            raise ManifestError(f"vllm.ref: {BASE_REF!r} pins what the base image holds, and "
-                                "image.base is not set", path=self.given, line=vllm.ref_line)
+        for package in (vllm, *others):
+            if package.ref == BASE_REF and not image.base:
+                where = VLLM if package.name == VLLM else f"packages.{package.name}"
+                raise ManifestError(f"{where}.ref: {BASE_REF!r} pins what the base image holds, "
+                                    "and image.base is not set", path=self.given,
+                                    line=package.ref_line)
         if "variants" in top:
             self.declared = self.variants(top["variants"][1])
         patches: list[Patch] = []
@@ -213,7 +224,8 @@ class _Loader:
             self.entry = None
         runtime = self.runtime(top["runtime"][1]) if "runtime" in top else ()
         return Manifest(name=name, root=self.root, path=self.path, vllm=vllm, image=image,
-                        patches=tuple(patches), variants=self.declared, runtime=runtime)
+                        patches=tuple(patches), variants=self.declared, runtime=runtime,
+                        others=others)
 
     def sequence(self, node: yaml.Node, where: str, what: str) -> list[yaml.Node]:
         if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
@@ -222,25 +234,84 @@ class _Loader:
             self.fail(f"{where}: expected {what}, got {self.kind(node)}", node)
         return list(node.value)
 
-    def vllm(self, key_node: yaml.Node, node: yaml.Node) -> VllmSource:
+    def vllm(self, key_node: yaml.Node, node: yaml.Node) -> Package:
         fields = self.mapping(node, "vllm", VLLM_KEYS, required=("repo", "ref"))
-        repo_node = fields["repo"][1]
-        if isinstance(repo_node, yaml.SequenceNode):
-            if not repo_node.value:
-                self.fail("vllm.repo: the list of repositories is empty", repo_node)
-            repos = tuple(self.string(item, f"vllm.repo[{i}]").strip()
-                          for i, item in enumerate(repo_node.value))
-        elif isinstance(repo_node, yaml.ScalarNode) and isinstance(self.value(repo_node), str):
-            repos = (self.string(repo_node, "vllm.repo").strip(),)
-        else:
-            self.fail("vllm.repo: expected a string or a list of strings, "
-                      f"got {self.kind(repo_node)}", repo_node)
+        repos = self.repos(fields["repo"][1], "vllm.repo")
         ref_node = fields["ref"][1]
-        ref = self.string(ref_node, "vllm.ref").strip()
+        return Package(VLLM, VLLM, repos, self.ref(ref_node, "vllm.ref"), _line(key_node),
+                       _line(ref_node))
+
+    def repos(self, node: yaml.Node, what: str) -> tuple[str, ...]:
+        """A package's ``repo:``: one source (git URL or path, pypi, image) or a list of them."""
+        if isinstance(node, yaml.SequenceNode):
+            if not node.value:
+                self.fail(f"{what}: the list of repositories is empty", node)
+            return tuple(self.string(item, f"{what}[{i}]").strip()
+                         for i, item in enumerate(node.value))
+        if isinstance(node, yaml.ScalarNode) and isinstance(self.value(node), str):
+            return (self.string(node, what).strip(),)
+        self.fail(f"{what}: expected a string or a list of strings, got {self.kind(node)}", node)
+
+    def ref(self, node: yaml.Node, what: str) -> str:
+        ref = self.string(node, what).strip()
         problem = ref_problem(ref)
         if problem:
-            self.fail(f"vllm.ref: {problem}", ref_node)
-        return VllmSource(repos=repos, ref=ref, line=_line(key_node), ref_line=_line(ref_node))
+            self.fail(f"{what}: {problem}", node)
+        return ref
+
+    # -- packages beside vllm --------------------------------------------------------------
+
+    def package_entries(self, node: yaml.Node) -> tuple[Package, ...]:
+        """``packages:`` at the top: ``NAME: {dist, repo, ref}`` each, in order."""
+        if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
+            return ()
+        fields = self.mapping(node, "packages", None,
+                              what="a mapping of package name -> {dist, repo, ref}")
+        out: list[Package] = []
+        for name, (key_node, value_node) in fields.items():
+            self.package_name(name, key_node)
+            package = self.package_entry(name, key_node, value_node)
+            self.packages[name] = package
+            out.append(package)
+        return tuple(out)
+
+    def package_name(self, name: str, node: yaml.Node) -> None:
+        shown = shown_id(name)
+        if name == VLLM:
+            self.fail("packages: 'vllm' is pinned by the vllm: section; it cannot be declared "
+                      "again under packages:", node)
+        if not ID_RE.match(name):
+            self.fail(f"packages: {shown!r} is not a valid package name (lowercase letters, "
+                      "digits and '-', starting with a letter or digit)", node)
+        if len(name) > ID_MAX:
+            self.fail(f"packages: {shown!r} is {len(name)} characters long; a package name has "
+                      f"at most {ID_MAX}", node)
+        if name in ENTRY_KEYS:
+            self.fail(f"packages: {name!r} is a key of a patch entry, and a package's name is a "
+                      f"range key on patches; name the package otherwise (dist: {name} keeps "
+                      "its distribution name)", node)
+
+    def package_entry(self, name: str, key_node: yaml.Node, node: yaml.Node) -> Package:
+        where = f"packages.{name}"
+        fields = self.mapping(node, where, PACKAGE_KEYS, required=("repo", "ref"),
+                              what="a mapping with dist, repo and ref")
+        dist = name
+        if "dist" in fields:
+            dist_node = fields["dist"][1]
+            dist = self.string(dist_node, f"{where}.dist").strip()
+            if not _DIST_RE.match(dist):
+                self.fail(f"{where}.dist: {dist!r} is not a distribution name (letters, digits, "
+                          "'.', '_' and '-', starting and ending with a letter or digit)",
+                          dist_node)
+        for other in self.packages.values():
+            if canonicalize_name(other.dist) == canonicalize_name(dist):
+                self.fail(f"{where}.dist: {dist!r} is already the distribution of package "
+                          f"{other.name!r} (line {other.line})",
+                          fields["dist"][1] if "dist" in fields else key_node)
+        repos = self.repos(fields["repo"][1], f"{where}.repo")
+        ref_node = fields["ref"][1]
+        return Package(name, dist, repos, self.ref(ref_node, f"{where}.ref"), _line(key_node),
+                       _line(ref_node))
 
     def image(self, node: yaml.Node) -> ImageDefaults:
         fields = self.mapping(node, "image", IMAGE_KEYS)
@@ -262,7 +333,8 @@ class _Loader:
 
     def patch(self, node: yaml.Node, index: int, first_line: dict[str, int]) -> Patch:
         self.entry = self.entry_name(node, index)
-        fields = self.mapping(node, "", PATCH_KEYS, required=("id", "summary"),
+        self.unknown_ranges(node)
+        fields = self.mapping(node, "", (*ENTRY_KEYS, *self.packages), required=("id", "summary"),
                               what="a patch entry (a mapping)")
         lines = {key: _line(value_node) for key, (_, value_node) in fields.items()}
         patch_id = self.patch_id(fields["id"][1], first_line)
@@ -286,15 +358,9 @@ class _Loader:
         kind = given[0]
         rel = self.patch_file(kind, fields[kind][1])
 
-        spec = None
-        if "vllm" in fields:
-            spec_node = fields["vllm"][1]
-            text = self.string(spec_node, "vllm").strip()
-            try:
-                spec = SpecifierSet(text)
-            except InvalidSpecifier:
-                self.fail(f"vllm: invalid PEP 440 version specifier {text!r} "
-                          "(e.g. \">=0.27.1,<0.33\")", spec_node)
+        package = self.patch_package(fields["package"][1]) if "package" in fields else VLLM
+        ranges = {key: self.specifier(value_node, key)
+                  for key, (_, value_node) in fields.items() if key in self.packages}
 
         replaces: dict[str, str] = {}
         if "replaces" in fields:
@@ -325,10 +391,46 @@ class _Loader:
         runtime = self.runtime(fields["runtime"][1]) if "runtime" in fields else ()
 
         patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
-                      vllm=spec, verify=tuple(verify), replaces=replaces, line=_line(node),
-                      index=index, lines=lines, variants=in_variants, sha256=sha256,
-                      runtime=runtime)
+                      package=package, ranges=ranges, verify=tuple(verify), replaces=replaces,
+                      line=_line(node), index=index, lines=lines, variants=in_variants,
+                      sha256=sha256, runtime=runtime)
         return patch
+
+    def unknown_ranges(self, node: yaml.Node) -> None:
+        """A key that holds a version range but names no package of the manifest: said as such,
+        before the loader calls it an unknown key."""
+        if not isinstance(node, yaml.MappingNode):
+            return
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if (not isinstance(key, str) or key in ENTRY_KEYS or key in self.packages
+                    or key_node.tag != "tag:yaml.org,2002:str"
+                    or not isinstance(value_node, yaml.ScalarNode)
+                    or not _is_specifier(str(value_node.value))):
+                continue
+            close = difflib.get_close_matches(key, tuple(self.packages), n=1, cutoff=0.6)
+            hint = (f"; did you mean {close[0]!r}?" if close else
+                    f" (packages: {', '.join(self.packages)}; declare it under packages:)")
+            self.fail(f"{key}: a range on package {key!r}, which the manifest does not "
+                      f"have{hint}", key_node)
+
+    def patch_package(self, node: yaml.Node) -> str:
+        name = self.string(node, "package").strip()
+        if name in self.packages:
+            return name
+        if len(self.packages) == 1:
+            self.fail(f"package: unknown package {name!r}: the manifest has only vllm (declare "
+                      "others under packages:)", node)
+        self.fail(f"package: unknown package {name!r}{_suggest(name, tuple(self.packages))}",
+                  node)
+
+    def specifier(self, node: yaml.Node, key: str) -> SpecifierSet:
+        text = self.string(node, key).strip()
+        try:
+            return SpecifierSet(text)
+        except InvalidSpecifier:
+            self.fail(f"{key}: invalid PEP 440 version specifier {text!r} "
+                      "(e.g. \">=0.27.1,<0.33\")", node)
 
     def variants(self, node: yaml.Node) -> dict[str, Variant]:
         """``variants:`` at the top: ``name: one-line description`` each."""
@@ -563,6 +665,16 @@ class _Loader:
         if value < 0:
             self.fail(f"{what}: {value} is negative; give a number of lines (0 or more)", node)
         return value
+
+
+def _is_specifier(text: str) -> bool:
+    if not re.match(r"\s*(==|!=|<=|>=|~=|<|>)", text):
+        return False   # a bare word is no range, even where PEP 440 would take it
+    try:
+        SpecifierSet(text)
+    except InvalidSpecifier:
+        return False
+    return True
 
 
 def _suggest(key: str, allowed: tuple[str, ...]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,7 +72,9 @@ class Patch:
     kind: str                  # a name of patchkit.kinds.NAMES
     path: str                  # the diff file, transform file or overlay dir, manifest-relative
     upstream: str | None = None
-    vllm: SpecifierSet | None = None
+    package: str = "vllm"      # the name of the package it patches; its paths are from that root
+    # the version ranges it holds on, by package name (any package of the manifest), as written
+    ranges: Mapping[str, SpecifierSet] = field(default_factory=dict)
     verify: tuple[Assertion, ...] = ()
     replaces: Mapping[str, str] = field(default_factory=dict)  # overlay: file -> upstream blob
     variants: tuple[str, ...] = ()  # the variants it is in; () = every build
@@ -86,13 +89,37 @@ class Patch:
     def label(self) -> str:
         return f"patches[{self.index}] (id={self.id})"
 
+    @property
+    def vllm(self) -> SpecifierSet | None:
+        """Its range on vLLM (the ``vllm:`` key), or None."""
+        return self.ranges.get(VLLM)
+
+    def without_range(self, package: str) -> Patch:
+        """The same patch, holding on no range of ``package``."""
+        kept = {name: spec for name, spec in self.ranges.items() if name != package}
+        return dataclasses.replace(self, ranges=kept)
+
+
+VLLM = "vllm"   # the package the `vllm:` section pins; a patch patches it unless it says otherwise
+
 
 @dataclass(frozen=True)
-class VllmSource:
-    repos: tuple[str, ...]     # git URLs, local paths or "pypi", tried in order
+class Package:
+    """One package of the stack the series patches: vLLM (the `vllm:` section) or an entry of
+    `packages:`.  Every package has the same four things, so no verb needs to tell them apart."""
+
+    name: str                  # the key in the manifest: `package:` and range keys name it
+    dist: str                  # its distribution name, on PyPI and in the installed dist-info
+    repos: tuple[str, ...]     # git URLs, local paths, "pypi" or "image", tried in order
     ref: str
-    line: int = 0
+    line: int = 0              # line of its key in patchset.yaml
     ref_line: int = 0
+
+
+def VllmSource(repos: tuple[str, ...], ref: str, line: int = 0,  # noqa: N802 (was a class)
+               ref_line: int = 0) -> Package:
+    """The vllm package, built the way callers built it before `packages:` existed."""
+    return Package(VLLM, VLLM, tuple(repos), ref, line, ref_line)
 
 
 @dataclass(frozen=True)
@@ -116,11 +143,23 @@ class Manifest:
     name: str
     root: Path                 # the folder holding patchset.yaml; patch paths are relative to it
     path: Path                 # patchset.yaml itself
-    vllm: VllmSource
+    vllm: Package              # the `vllm:` section: always there, always first
     image: ImageDefaults
     patches: tuple[Patch, ...]
     variants: Mapping[str, Variant] = field(default_factory=dict)  # declared, in order
     runtime: tuple[Marker, ...] = ()   # markers of the whole series (they always count)
+    others: tuple[Package, ...] = ()   # the entries of `packages:`, as written
+
+    @property
+    def packages(self) -> tuple[Package, ...]:
+        """Every package the series may patch or hold a range on: vllm first, then as written."""
+        return (self.vllm, *self.others)
+
+    def package(self, name: str) -> Package:
+        for p in self.packages:
+            if p.name == name:
+                return p
+        raise KeyError(name)
 
     def patch(self, patch_id: str) -> Patch:
         for p in self.patches:

@@ -23,7 +23,7 @@ from patchkit import interrupt, kinds, source, versions
 from patchkit import git as g
 from patchkit.errors import CommandError, SourceError, UsageError
 from patchkit.kinds.common import commit_message
-from patchkit.manifest import Manifest, Patch
+from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest import variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult, VllmInfo
@@ -46,12 +46,15 @@ class Progress:
 
 
 def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
-    return versions.in_range(patch.vllm, version)
+    return versions.in_ranges(patch.ranges, {"vllm": version})
 
 
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
               version: str | None, mirror: Path | None = None) -> PatchResult:
     """Apply one patch to the checkout at ``root`` and commit it; never raises for a bad patch."""
+    if patch.package != VLLM:   # ``root`` is vLLM's tree: another package's files are not here
+        return PatchResult(patch.id, patch.kind, "skipped", message=f"it patches {patch.package}, "
+                           "and only vllm's patches are applied (no other package has a checkout)")
     ok, why = in_range(patch, version)
     if not ok:
         if version is None:

@@ -187,7 +187,7 @@ def patches_in(manifest: Manifest, statuses: Mapping[str, str] | None,
     if statuses:
         return {p.id for p in manifest.patches if statuses.get(p.id) in IN_STATUSES}
     return {p.id for p in manifest.patches
-            if not version or versions.in_range(p.vllm, version)[0]}
+            if not version or versions.in_ranges(p.ranges, {"vllm": version})[0]}
 
 
 def markers_of(manifest: Manifest, patch_ids: set[str]) -> list[ScopedMarker]:

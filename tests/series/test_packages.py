@@ -1,0 +1,87 @@
+"""Packages beside vLLM, as far as they go: declared, named by patches, ranges on them read.
+
+Only vLLM has a checkout so far, so another package's patches are skipped, saying so."""
+
+from __future__ import annotations
+
+from testing import patchkit
+from testing.project import make_project
+
+from patchkit import manifest
+from patchkit.series import engine
+
+PACKAGES = """\
+packages:
+  flashinfer:
+    dist: flashinfer-python
+    repo: [pypi]
+    ref: v0.6.15
+patches:
+"""
+
+FI_DIFF = """\
+--- a/flashinfer/x.py
++++ b/flashinfer/x.py
+@@ -1,1 +1,1 @@
+-a = 1
++a = 2
+"""
+
+FI_ENTRY = """\
+  - id: fi-prefetch
+    summary: prefetch the weights
+    package: flashinfer
+    diff: patches/fi.diff
+    flashinfer: ">=0.6.15"
+"""
+
+
+def project(tmp_path, fast_range: str = '"<0.6.16"'):
+    proj = make_project(tmp_path)
+    (proj / "patches" / "fi.diff").write_text(FI_DIFF)
+    text = (proj / "patchset.yaml").read_text().replace("patches:\n", PACKAGES)
+    text = text.replace("    transform: patches/fast.py\n",
+                        f"    transform: patches/fast.py\n    flashinfer: {fast_range}\n")
+    (proj / "patchset.yaml").write_text(text + FI_ENTRY)
+    return proj
+
+
+def test_a_patch_of_another_package_is_skipped_and_vllm_patches_apply(tmp_path):
+    proj = project(tmp_path)
+    report = engine.apply_series(manifest.load(proj / "patchset.yaml"), workdir=tmp_path / "wd")
+    assert report.ok, report.to_json()
+    got = {p.id: (p.status, p.message) for p in report.patches}
+    assert got["fi-prefetch"] == ("skipped", "it patches flashinfer, and only vllm's patches are "
+                                  "applied (no other package has a checkout)")
+    # A range on FlashInfer is read, not judged yet: apply knows vLLM's version alone.
+    assert got["fast-mode"][0] == "applied"
+    assert not (tmp_path / "wd" / "flashinfer").exists()
+    assert {a.patch for a in report.verify} == {"table-nvfp4", "fast-mode", "extra-file"}
+
+
+def test_validate_reads_packages_and_ranges(tmp_path):
+    proj = project(tmp_path)
+    p = patchkit("validate", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "patchset.yaml: ok (4 patches, vLLM v1, flashinfer v0.6.15)"
+
+
+def test_validate_refuses_a_range_on_an_undeclared_package(tmp_path):
+    proj = project(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace("flashinfer: \"<0.6.16\"", 'triton: "<3"')
+    (proj / "patchset.yaml").write_text(text)
+    p = patchkit("validate", cwd=proj)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "patchkit: error: patchset.yaml:21: patches[1] (id=fast-mode): triton: a range on "
+        "package 'triton', which the manifest does not have (packages: vllm, flashinfer; "
+        "declare it under packages:)"]
+
+
+def test_validate_refuses_an_unknown_package(tmp_path):
+    proj = project(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace("package: flashinfer", "package: flash")
+    (proj / "patchset.yaml").write_text(text)
+    p = patchkit("validate", cwd=proj)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "patches[3] (id=fi-prefetch): package: unknown package 'flash'" in p.stderr
