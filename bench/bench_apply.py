@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from patchkit import manifest, source
-from patchkit.series import engine
+from patchkit.series import applier
 from patchkit import git as g
 from patchkit.cache import cache_dir
 
@@ -78,7 +78,7 @@ def main() -> int:
             plain_git(resolved, diffs, work / f"plain{i}")
             base.append(time.perf_counter() - t)
             t = time.perf_counter()
-            report = engine.apply_series(m, workdir=work / f"pk{i}")
+            report = applier.apply_series(m, workdir=work / f"pk{i}")
             pk.append(time.perf_counter() - t)
             assert report.ok, report.to_json()
             shutil.rmtree(work / f"plain{i}")

@@ -31,7 +31,7 @@ import bisect_history as history  # noqa: E402
 from patchkit import git as g  # noqa: E402
 from patchkit import manifest, source  # noqa: E402
 from patchkit.commands import bisect  # noqa: E402
-from patchkit.series import engine  # noqa: E402
+from patchkit.series import applier  # noqa: E402
 
 
 def timed(fn):
@@ -83,7 +83,7 @@ def main() -> int:
                 took[pid].append(t)
                 tested[pid] = r.tested
                 budget[pid].append(sparse_tests(m, pid, pin, spread, work))
-            t, report = timed(lambda: engine.apply_series(m, workdir=work / f"wd{i}", cache=cache))
+            t, report = timed(lambda: applier.apply_series(m, workdir=work / f"wd{i}", cache=cache))
             assert report.ok, report.to_json()
             apply_t.append(t)
             shutil.rmtree(work / f"wd{i}")

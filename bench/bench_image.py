@@ -35,7 +35,7 @@ from testing import baseimage  # noqa: E402
 from testing import imageproject as ip  # noqa: E402
 from patchkit import manifest  # noqa: E402
 from patchkit.commands.build_image import run as build_image  # noqa: E402
-from patchkit.series.engine import apply_series  # noqa: E402
+from patchkit.series.applier import apply_series  # noqa: E402
 
 SITE = "usr/local/lib/python3.11/dist-packages"
 

@@ -40,7 +40,7 @@ import docker  # noqa: E402
 from testing import baseimage  # noqa: E402
 from patchkit import manifest  # noqa: E402
 from patchkit.commands.build_image import run as build_image  # noqa: E402
-from patchkit.series.engine import apply_series  # noqa: E402
+from patchkit.series.applier import apply_series  # noqa: E402
 from testing.regproxy import RegistryProxy  # noqa: E402
 
 RELEASE = "0.33.0"

@@ -153,7 +153,7 @@ def test_concurrent_applies_share_one_cache(tmp_path):
 
 def test_unexpected_error_is_one_line_and_logged(tmp_path, monkeypatch, capsys):
     from patchkit import cli
-    from patchkit.series import engine
+    from patchkit.series import applier
 
     proj = make_project(tmp_path)
     monkeypatch.chdir(proj)
@@ -161,7 +161,7 @@ def test_unexpected_error_is_one_line_and_logged(tmp_path, monkeypatch, capsys):
     def boom(*a, **k):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(engine, "apply_series", boom)
+    monkeypatch.setattr(applier, "apply_series", boom)
     assert cli.main(["apply"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("patchkit: unexpected error: RuntimeError: disk on fire")

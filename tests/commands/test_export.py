@@ -8,7 +8,7 @@ from testing.project import make_fates, snapshot
 from testing.upstream import commit, sh
 
 from patchkit import manifest
-from patchkit.series import checkout, engine
+from patchkit.series import applier, checkout
 from patchkit.errors import UsageError
 from patchkit.commands.export import export, slug
 
@@ -16,7 +16,7 @@ from patchkit.commands.export import export, slug
 def applied(tmp_path):
     proj = make_fates(tmp_path)
     wd = proj / ".patchkit/vllm"
-    report = engine.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd)
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd)
     assert report.ok
     return proj, wd
 
@@ -47,7 +47,7 @@ def test_commits_become_patches_and_round_trip(applied, tmp_path):
     assert all(ln.startswith("+") for ln in changed) and len(changed) == 7
 
     # a fresh apply of the exported series gives the tree the developer committed
-    report = engine.apply_series(manifest.load(proj / "patchset.yaml"), workdir=tmp_path / "again")
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=tmp_path / "again")
     assert report.ok, report.to_json()
     assert [p.status for p in report.patches][-2:] == ["applied", "applied"]
     assert sh("git", "rev-parse", "HEAD^{tree}", cwd=tmp_path / "again") == head_tree

@@ -15,7 +15,7 @@ from testing.project import MOD_V1, make_project
 from patchkit import manifest
 from patchkit.commands import import_
 from patchkit.errors import PatchkitError, UsageError
-from patchkit.series import engine
+from patchkit.series import applier
 
 BRANCH = "dspark-nvfp4-a4w4"
 
@@ -77,7 +77,7 @@ def test_a_fork_branch_becomes_patches_oldest_first(proj, fork):
         {"id": "speed-up-helper-2", "summary": "Speed up helper",
          "diff": "patches/speed-up-helper-2.diff"}]
     wd = proj / ".patchkit/vllm"
-    report = engine.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd)
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd)
     assert report.ok and [p.status for p in report.patches][3:] == ["applied"] * 3
     for rel in ("pkg/guard.py", "pkg/other.py"):
         assert (wd / rel).read_text() == (fork / rel).read_text()
@@ -224,7 +224,7 @@ def test_a_package_copy_becomes_one_diff_against_its_lock(vproj, tmp_path):
     saved = (vproj / "patches/dist-vllm.diff").read_text()
     assert "vllm/config.py" not in saved and "_version" not in saved and "pyc" not in saved
     wd = vproj / ".patchkit/vllm"
-    report = engine.apply_series(manifest.load(vproj / "patchset.yaml"), workdir=wd)
+    report = applier.apply_series(manifest.load(vproj / "patchset.yaml"), workdir=wd)
     assert report.ok, report.to_json()
     assert (wd / "vllm/guard.py").read_text() == "GUARD = 1\n"
     assert "return x + 3" in (wd / "vllm/mod.py").read_text()
@@ -257,7 +257,7 @@ def test_applying_an_overlay_diff_reproduces_its_files(vproj, tmp_path):
     assert [(p.id, p.summary) for p in result.patches] == [("probe", "a probe")]
     assert result.base == sh("git", "rev-parse", "v2", cwd=tmp_path / "vllm-up")
     wd = vproj / ".patchkit/vllm"
-    assert engine.apply_series(manifest.load(path), workdir=wd).ok
+    assert applier.apply_series(manifest.load(path), workdir=wd).ok
     for rel, text in files.items():
         assert (wd / rel).read_text() == text
 

@@ -21,7 +21,7 @@ from testing.upstream import sh
 
 from patchkit import manifest
 from patchkit.commands import rebase
-from patchkit.series import engine
+from patchkit.series import applier
 from patchkit.errors import UsageError
 
 def manifest_diff(proj: Path) -> list[str]:
@@ -31,7 +31,7 @@ def manifest_diff(proj: Path) -> list[str]:
 
 
 def applies_cleanly(proj: Path, tmp: Path, name: str = "wd"):
-    report = engine.apply_series(manifest.load(proj / "patchset.yaml"), workdir=tmp / name)
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=tmp / name)
     assert report.ok, report.to_json()
     assert all(not p.offsets for p in report.patches)
     return report

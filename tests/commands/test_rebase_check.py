@@ -14,7 +14,7 @@ from patchkit import manifest, source
 from patchkit import versions
 from patchkit.commands import rebase_check as rebasecheck
 from patchkit.render import matrix as render
-from patchkit.series import engine
+from patchkit.series import applier
 from patchkit.errors import SourceError
 
 TARGETS = ["v1.1.0", "v1.2.0", "v1.3.0"]
@@ -182,7 +182,7 @@ def test_resolves_each_target_once_and_leaves_nothing_behind(tmp_path, monkeypat
 def test_sparse_checkout_gives_the_same_reports_as_a_full_one(tmp_path):
     proj = make_fates(tmp_path)
     m = manifest.load(proj / "patchset.yaml")
-    assert engine.needed_paths(m) == ["pkg/conf.py", "pkg/mod.py", "pkg/other.py",
+    assert applier.needed_paths(m) == ["pkg/conf.py", "pkg/mod.py", "pkg/other.py",
                                            "pkg/util.py"]
     sparse = rebasecheck.check(m, TARGETS, cache=tmp_path / "cache", jobs=1)
     full = rebasecheck.check(m, TARGETS, cache=tmp_path / "cache", jobs=1, sparse=False)

@@ -20,7 +20,7 @@ from testing.imageproject import OTHER_RELEASE, RELEASE
 from patchkit import cli, manifest
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
-from patchkit.series.engine import apply_series
+from patchkit.series.applier import apply_series
 from patchkit.errors import ImageError
 from patchkit.image import layer
 from testing import real_cache

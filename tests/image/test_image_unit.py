@@ -20,7 +20,7 @@ from patchkit.commands.verify import verify_image
 from patchkit import imageref as reference
 from patchkit.image import build, layer
 from patchkit.image.builders import engine_source
-from patchkit.image.engine import Engine
+from patchkit.image.docker import Engine
 from patchkit.series.checkout import Change
 from patchkit.errors import ImageError, UsageError
 from patchkit.manifest import ImageDefaults, Manifest, VllmSource

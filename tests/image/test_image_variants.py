@@ -14,7 +14,7 @@ from patchkit import manifest
 from patchkit.commands import build_image as bi
 from patchkit.commands.verify import verify_image
 from patchkit.errors import UsageError
-from patchkit.image.engine import Engine
+from patchkit.image.docker import Engine
 
 MOD = "MODE = 'plain'\n"
 BASE = "reg:5000/vllm/base:0.27.1"

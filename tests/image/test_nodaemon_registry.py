@@ -27,7 +27,7 @@ from testing.imageproject import RELEASE
 from patchkit import cli, manifest
 from patchkit.commands.build_image import run as build_image
 from patchkit.errors import ImageError
-from patchkit.series.engine import apply_series
+from patchkit.series.applier import apply_series
 from testing.regproxy import RegistryProxy
 from testing import real_cache
 

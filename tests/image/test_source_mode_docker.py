@@ -10,7 +10,7 @@ import pytest
 from testing.upstream import make_diff, make_upstream
 from patchkit import manifest
 from patchkit.commands.build_image import run as build_image
-from patchkit.series.engine import apply_series
+from patchkit.series.applier import apply_series
 from patchkit.errors import ImageError
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -108,7 +108,7 @@ def test_native_change_builds_vllm_from_the_patched_checkout(tmp_path, docker_cl
 
 
 def test_buildkit_dockerfile_needs_buildx(tmp_path, docker_client):
-    from patchkit.image.engine import Engine
+    from patchkit.image.docker import Engine
 
     if Engine.connect().buildx_available():
         pytest.skip("docker buildx is installed here; the refusal is for engines without it")

@@ -22,9 +22,9 @@ from patchkit.commands import copy_image
 from patchkit.commands.build_image import run as build_image
 from patchkit.errors import ImageError
 from patchkit.image import layer
-from patchkit.image.engine import Engine
+from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
-from patchkit.series.engine import Progress, apply_series
+from patchkit.series.applier import Progress, apply_series
 from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]

@@ -22,8 +22,8 @@ from patchkit.commands import build_image as bi
 from patchkit.commands import copy_image
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import layer
-from patchkit.image.engine import Engine, engine_url, store_of
-from patchkit.series.engine import Progress
+from patchkit.image.docker import Engine, engine_url, store_of
+from patchkit.series.applier import Progress
 
 workdir = unit.workdir
 project = unit.project

@@ -13,7 +13,7 @@ from patchkit import manifest
 from patchkit.commands import rebase_check, verify
 from patchkit.errors import ManifestError, UsageError
 from patchkit.manifest import variants
-from patchkit.series import checkout, engine
+from patchkit.series import applier, checkout
 
 
 MANIFEST = """\
@@ -160,7 +160,7 @@ def test_the_variant_in_a_tag(template, variant, tag):
 def test_apply_without_a_variant_skips_the_variant_patches_with_the_reason(proj):
     m = manifest.load(proj / "patchset.yaml")
     wd = proj / ".patchkit/vllm"
-    report = engine.apply_series(m, workdir=wd)
+    report = applier.apply_series(m, workdir=wd)
     assert report.ok, report.to_json()
     assert fates(report) == [("table-nvfp4", "applied", ""),
                              ("fast-mode", "skipped", "only in variant diag"),
@@ -179,11 +179,11 @@ def test_apply_without_a_variant_skips_the_variant_patches_with_the_reason(proj)
 def test_apply_of_a_variant_adds_its_patches_and_is_recorded(proj):
     m = manifest.load(proj / "patchset.yaml")
     wd = proj / ".patchkit/vllm"
-    report = engine.apply_series(m, workdir=wd, variant="diag")
+    report = applier.apply_series(m, workdir=wd, variant="diag")
     assert report.ok, report.to_json()
     assert fates(report) == [("table-nvfp4", "applied", ""), ("fast-mode", "applied", ""),
                              ("extra-file", "applied", "")]
-    report = engine.apply_series(m, workdir=wd, variant="trace")
+    report = applier.apply_series(m, workdir=wd, variant="trace")
     assert fates(report) == [("table-nvfp4", "applied", ""),
                              ("fast-mode", "skipped", "only in variant diag"),
                              ("extra-file", "applied", "")]
@@ -199,7 +199,7 @@ def test_apply_of_a_variant_adds_its_patches_and_is_recorded(proj):
 def test_a_tree_without_a_report_is_verified_as_the_variant_asked(proj, tmp_path):
     m = manifest.load(proj / "patchset.yaml")
     wd = proj / ".patchkit/vllm"
-    engine.apply_series(m, workdir=wd, variant="diag")
+    applier.apply_series(m, workdir=wd, variant="diag")
     checkout.report_path(wd).unlink()
     assert [a.patch for a in verify.verify_tree(m, wd)] == ["table-nvfp4"]
     assert [(a.patch, a.ok) for a in verify.verify_tree(m, wd, "diag")] == [

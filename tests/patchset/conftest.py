@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from patchkit import manifest
-from patchkit.series import engine
+from patchkit.series import applier
 from testing import REPO_ROOT, real_cache
 
 from testing.lift import base_text
@@ -45,7 +45,7 @@ def patched(request, tmp_path_factory) -> Applied:
     release = request.param
     series = manifest.load(REPO_ROOT / "patchset.yaml")
     workdir = tmp_path_factory.mktemp(f"vllm-{release}") / "tree"
-    report = engine.apply_series(series, ref=release, repos=("pypi",), workdir=workdir,
+    report = applier.apply_series(series, ref=release, repos=("pypi",), workdir=workdir,
                                  cache=real_cache())
     failed = [(p.id, p.status, p.reason, p.message) for p in report.patches
               if p.status not in ("applied", "upstream", "skipped")]

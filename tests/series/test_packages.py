@@ -8,7 +8,7 @@ from testing import patchkit
 from testing.project import make_project
 
 from patchkit import manifest
-from patchkit.series import engine
+from patchkit.series import applier
 
 PACKAGES = """\
 packages:
@@ -48,7 +48,7 @@ def project(tmp_path, fast_range: str = '"<0.6.16"'):
 
 def test_a_patch_of_another_package_is_skipped_and_vllm_patches_apply(tmp_path):
     proj = project(tmp_path)
-    report = engine.apply_series(manifest.load(proj / "patchset.yaml"), workdir=tmp_path / "wd")
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=tmp_path / "wd")
     assert report.ok, report.to_json()
     got = {p.id: (p.status, p.message) for p in report.patches}
     assert got["fi-prefetch"] == ("skipped", "it patches flashinfer, and only vllm's patches are "

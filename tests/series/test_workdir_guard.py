@@ -14,11 +14,11 @@ from testing.upstream import sh
 
 from patchkit import manifest
 from patchkit.errors import UsageError
-from patchkit.series import checkout, engine
+from patchkit.series import applier, checkout
 
 
 def apply(proj: Path, wd: Path, **kw):
-    return engine.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd, **kw)
+    return applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd, **kw)
 
 
 def commit(wd: Path, name: str, text: str, message: str) -> str:
@@ -177,14 +177,14 @@ def test_discard_that_fails_leaves_the_work_and_saves_nothing(applied):
 
 def test_work_made_while_the_series_ran_is_still_refused(applied, monkeypatch):
     proj, wd = applied
-    real = engine.run_series
+    real = applier.run_series
 
     def meanwhile(*a, **kw):
         report = real(*a, **kw)
         _untracked(wd)  # the person wrote a file while the series ran
         return report
 
-    monkeypatch.setattr(engine, "run_series", meanwhile)
+    monkeypatch.setattr(applier, "run_series", meanwhile)
     with pytest.raises(UsageError, match="1 untracked file"):
         apply(proj, wd)
     assert (wd / "notes.txt").read_text() == "mine\n"
@@ -213,9 +213,9 @@ def test_no_lock_file_is_left_beside_the_workdir(applied):
 
 def test_the_lock_excludes_a_second_holder(tmp_path):
     lock = tmp_path / ".wd.patchkit.lock"
-    code = ("import sys; from pathlib import Path; from patchkit.series import engine\n"
-            "with engine._vanishing_lock(Path(sys.argv[1])): print('in', flush=True)\n")
-    with engine._vanishing_lock(lock):
+    code = ("import sys; from pathlib import Path; from patchkit.series import applier\n"
+            "with applier._vanishing_lock(Path(sys.argv[1])): print('in', flush=True)\n")
+    with applier._vanishing_lock(lock):
         other = subprocess.Popen([__import__("sys").executable, "-c", code, str(lock)],
                                  stdout=subprocess.PIPE, text=True)
         with pytest.raises(subprocess.TimeoutExpired):

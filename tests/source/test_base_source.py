@@ -17,7 +17,7 @@ from patchkit.errors import ManifestError, SourceError, UsageError
 from patchkit.image import build, layer
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
-from patchkit.series.engine import apply_series
+from patchkit.series.applier import apply_series
 from patchkit.source import image as image_source
 
 ATTN = dedent("""

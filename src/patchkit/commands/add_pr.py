@@ -25,7 +25,7 @@ from patchkit.kinds import diff
 from patchkit.manifest import Manifest
 from patchkit.report import ApplyReport
 from patchkit.series import intake
-from patchkit.series.engine import Progress
+from patchkit.series.applier import Progress
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 GITHUB = "https://github.com"

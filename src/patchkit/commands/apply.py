@@ -9,19 +9,19 @@ from patchkit.image import basevllm
 from patchkit.manifest import Manifest
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import ApplyReport
-from patchkit.series import engine
+from patchkit.series import applier
 
 
 def run(manifest: Manifest, *, ref: str | None, repos: Sequence[str] | None, workdir: Path,
-        keep_failed: bool = False, progress: engine.Progress | None = None,
+        keep_failed: bool = False, progress: applier.Progress | None = None,
         variant: str | None = None, base: str | None = None,
         discard: bool = False) -> ApplyReport:
     """``base`` names the base image the ref ``base`` and the source ``image`` read (default
     image.base); an engine is reached only when they are used.  ``discard``: replace a
     workdir holding a person's work (saved in a bundle beside it)."""
-    progress = progress or engine.Progress()
+    progress = progress or applier.Progress()
     spec = run_spec(manifest, ref=ref, repos=repos, base=base, variant=variant)
-    engine.check_workdir(workdir, discard)  # before any source or engine is asked
+    applier.check_workdir(workdir, discard)  # before any source or engine is asked
     holder = basevllm.for_run(spec, log=progress.info)
-    return engine.apply_series(manifest, run=spec, workdir=workdir, keep_failed=keep_failed,
+    return applier.apply_series(manifest, run=spec, workdir=workdir, keep_failed=keep_failed,
                                progress=progress, base=holder, discard=discard)

@@ -42,7 +42,7 @@ from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.manifest import Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult
-from patchkit.series import engine
+from patchkit.series import applier
 
 __all__ = ["BisectResult", "End", "Fate", "FirstBad", "Oracle", "bisect_failures", "fate_at",
            "limit_for", "pull_of", "run"]
@@ -173,7 +173,7 @@ def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path
     try:
         tree = work / "t"
         source.checkout(at, tree, paths)
-        report = engine.run_series(manifest, tree, at, patches=series)
+        report = applier.run_series(manifest, tree, at, patches=series)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Fate.of(report.patches[-1])
@@ -222,7 +222,7 @@ class Oracle:
         self.variant = variant
         self.before = _reaching(manifest, patch, variant)
         upto = (*self.before, patch)
-        self.paths = engine.needed_paths(dataclasses.replace(manifest, patches=upto))
+        self.paths = applier.needed_paths(dataclasses.replace(manifest, patches=upto))
         self.fates: dict[str, Fate] = {}
 
     def __call__(self, at: source.Resolved) -> Fate:
@@ -315,7 +315,7 @@ def _patch(manifest: Manifest, patch_id: str) -> Patch:
 
 def _files(manifest: Manifest, patch: Patch) -> list[str]:
     """The files the patch reads or writes (its own and its assertions')."""
-    return engine.needed_paths(dataclasses.replace(manifest, patches=(patch,))) or []
+    return applier.needed_paths(dataclasses.replace(manifest, patches=(patch,))) or []
 
 
 def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source.Resolved,
@@ -379,11 +379,11 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
 
 def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str | None = None,
         repos: Sequence[str] | None = None, cache: Path | None = None,
-        progress: engine.Progress | None = None, variant: str | None = None) -> BisectResult:
+        progress: applier.Progress | None = None, variant: str | None = None) -> BisectResult:
     """The first commit between ``good`` (default: the pin) and ``bad`` (default: the newest
     release tag) at which the patch's fate changes, with the patches before it that the build
     of ``variant`` (None: the default build) has."""
-    progress = progress or engine.Progress()
+    progress = progress or applier.Progress()
     variants.check(manifest, variant)
     patch = _patch(manifest, patch_id)
     spec = run_spec(manifest, ref=good, repos=repos, variant=variant)
@@ -405,11 +405,11 @@ def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str 
 
 def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, PatchResult]], *,
                     run: RunSpec, cache: Path | None = None,
-                    progress: engine.Progress | None = None
+                    progress: applier.Progress | None = None
                     ) -> dict[tuple[str, str], BisectResult | str]:
     """``rebase-check --bisect``: for each failed patch x target, the bisect from the pin of
     ``run`` to that target, for its variant; where it cannot run, why (one line)."""
-    progress = progress or engine.Progress()
+    progress = progress or applier.Progress()
     cache = cache or cache_dir()
     out: dict[tuple[str, str], BisectResult | str] = {}
     if not failures:

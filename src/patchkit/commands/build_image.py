@@ -17,7 +17,7 @@ from patchkit.manifest import Manifest, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
-from patchkit.series.engine import Progress, apply_series, check_workdir
+from patchkit.series.applier import Progress, apply_series, check_workdir
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 MODES = ("auto", build.OVERLAY_MODE, build.SOURCE_MODE)
@@ -176,7 +176,7 @@ def _reach(manifest: Manifest, no_daemon: bool, engine, registry, *, ref: str | 
     if no_daemon:
         return None, registry or _reach_registry(manifest, ref, tag, variant, timeout)
     if engine is None:
-        from patchkit.image.engine import Engine
+        from patchkit.image.docker import Engine
 
         engine = Engine.connect(timeout=timeout)
     return engine, None

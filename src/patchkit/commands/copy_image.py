@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from patchkit.errors import ImageError, PatchkitError, UsageError
-from patchkit.image.engine import Engine, engine_url
+from patchkit.image.docker import Engine, engine_url
 from patchkit.image.layer import ArchiveFacts, fingerprint, relayed_export
 from patchkit.imageref import check_reference
 from patchkit.timeouts import DEFAULT_TIMEOUT

@@ -33,7 +33,7 @@ from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import Manifest, summary_problem
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import ApplyReport
-from patchkit.series import engine, intake
+from patchkit.series import applier, intake
 from patchkit.source import mirror
 
 LOCK = "upstream.lock"
@@ -74,14 +74,14 @@ class Imported:
                 "notes": self.notes}
 
 
-def _log(progress: engine.Progress | None):
-    return (progress or engine.Progress()).info
+def _log(progress: applier.Progress | None):
+    return (progress or applier.Progress()).info
 
 
 # ------------------------------------------------------------------------------ a fork branch
 
 def run(manifest_path: Path, ref: str, *, from_repo: str | None = None,
-        progress: engine.Progress | None = None, cache: Path | None = None) -> Imported:
+        progress: applier.Progress | None = None, cache: Path | None = None) -> Imported:
     """The commits ``merge-base(pin, REF)..REF`` as new diff patches at the end of the series."""
     m = manifest.load(manifest_path)
     log = _log(progress)
@@ -279,7 +279,7 @@ def _lock_ref(word: str) -> str:
 
 def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
                 patch_id: str | None = None, summary: str | None = None,
-                progress: engine.Progress | None = None, cache: Path | None = None) -> Imported:
+                progress: applier.Progress | None = None, cache: Path | None = None) -> Imported:
     """The overlay tree at ``folder`` as one new diff patch at the end of the series."""
     m = manifest.load(manifest_path)
     problem = summary_problem(summary) if summary is not None else None

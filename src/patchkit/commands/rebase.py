@@ -1,7 +1,7 @@
 """rebase: move the pin to a new vLLM ref, one patch at a time, stopping where a person decides.
 
 The series is applied to a checkout of the target in ``.patchkit/rebase/tree`` with the same
-``engine.apply_one`` as ``apply``.  Per patch (what a kind does is the kind's: ``kinds/``):
+``applier.apply_one`` as ``apply``.  Per patch (what a kind does is the kind's: ``kinds/``):
 
 - applied exactly: kept as is; applied at an offset: its hunk headers are moved so that it
   applies exactly (proved in a throwaway index; git's own diff of the commit otherwise);
@@ -42,7 +42,7 @@ from patchkit.manifest import Manifest, Patch
 from patchkit.manifest.edit import ManifestText
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import PatchResult
-from patchkit.series import engine, verify
+from patchkit.series import applier, verify
 
 STATE_FORMAT = 1
 IGNORED = "__pycache__/\n*.pyc\n"  # byte code from running the checkout is never part of a patch
@@ -152,9 +152,9 @@ def _rel(path: Path) -> str:
 
 def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
           drop_upstream: bool = False, cache: Path | None = None,
-          progress: engine.Progress | None = None) -> RebaseResult:
+          progress: applier.Progress | None = None) -> RebaseResult:
     """Begin moving the pin of ``manifest_path`` to ``to``; runs until done or stopped."""
-    progress = progress or engine.Progress()
+    progress = progress or applier.Progress()
     m = manifest.load(manifest_path)
     sdir = state_dir(m.root)
     with _lock(sdir):
@@ -195,9 +195,9 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
         return _run(state, progress)
 
 
-def resume(manifest_path: Path, *, progress: engine.Progress | None = None) -> RebaseResult:
+def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> RebaseResult:
     """``--continue``: take the user's resolution of the stop, then go on."""
-    progress = progress or engine.Progress()
+    progress = progress or applier.Progress()
     root = Path(os.path.abspath(manifest_path)).parent
     sdir = state_dir(root)
     with _lock(sdir):
@@ -245,7 +245,7 @@ def in_progress(root: Path) -> bool:
 
 # ------------------------------------------------------------------------------ the run
 
-def _run(state: _State, progress: engine.Progress) -> RebaseResult:
+def _run(state: _State, progress: applier.Progress) -> RebaseResult:
     tree = state.tree
     res = state.resolved
     # An interrupted run may have left a half-applied patch: start again from the last commit.
@@ -257,7 +257,7 @@ def _run(state: _State, progress: engine.Progress) -> RebaseResult:
         p = next((q for q in m.patches if q.id not in done), None)
         if p is None:
             break
-        r = engine.apply_one(m, p, tree, res.commit, res.version, res.repo)
+        r = applier.apply_one(m, p, tree, res.commit, res.version, res.repo)
         progress.patch(r)
         with interrupt.deferred():  # a step's files and its record in state.json together
             if r.status == "applied":
@@ -315,7 +315,7 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str) -> Step:
 class _Rebase:
     """What a kind may see and do of the rebase in progress (``kinds.Rebase``)."""
 
-    def __init__(self, state: _State, m: Manifest, progress: engine.Progress) -> None:
+    def __init__(self, state: _State, m: Manifest, progress: applier.Progress) -> None:
         self.state = state
         self.manifest = m
         self.progress = progress
@@ -341,12 +341,12 @@ class _Rebase:
         old = state.sdir / "old"
         shutil.rmtree(old, ignore_errors=True)
         try:
-            source.checkout(old_res, old, engine.needed_paths(old_m))
+            source.checkout(old_res, old, applier.needed_paths(old_m))
             for q in old_m.patches:
                 if q.id == patch.id:
                     break
-                engine.apply_one(old_m, q, old, old_res.commit, old_res.version, old_res.repo)
-            r = engine.apply_one(old_m, old_p, old, old_res.commit, old_res.version, old_res.repo)
+                applier.apply_one(old_m, q, old, old_res.commit, old_res.version, old_res.repo)
+            r = applier.apply_one(old_m, old_p, old, old_res.commit, old_res.version, old_res.repo)
             yield (old, r) if r.status == "applied" and r.commit else None
         finally:
             shutil.rmtree(old, ignore_errors=True)
@@ -374,7 +374,7 @@ class _Rebase:
 
 
 def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
-          progress: engine.Progress) -> Stop:
+          progress: applier.Progress) -> Stop:
     head = (f"{p.id} ({p.kind} {p.path}) does not apply to vLLM {state.data['to']}: "
             f"{r.reason}: {r.message}")
     return kinds.get(p.kind).stop(_Rebase(state, m, progress), p, r, head)
@@ -385,7 +385,7 @@ def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
 def _finish(state: _State) -> RebaseResult:
     tree, res = state.tree, state.resolved
     m = manifest.load(state.manifest_path)
-    active = [p for p in m.patches if engine.in_range(p, res.version)[0]]
+    active = [p for p in m.patches if applier.in_range(p, res.version)[0]]
     failed = [a for a in verify.run_assertions(active, verify.tree_reader(tree)) if not a.ok]
     if failed:
         lines = [(f"every patch is through, but {len(failed)} assertion"
@@ -422,8 +422,8 @@ def _prove(state: _State, m: Manifest) -> None:
     shutil.rmtree(proof, ignore_errors=True)
     try:
         # sparse, like rebase-check: commit trees hold every file either way
-        source.checkout(res, proof, engine.needed_paths(m))
-        report = engine.run_series(m, proof, res)
+        source.checkout(res, proof, applier.needed_paths(m))
+        report = applier.run_series(m, proof, res)
         bad = [f"{r.id}: {r.status} {r.reason or ''} {r.message} {'; '.join(map(str, r.offsets))}".strip()
                for r in report.patches if r.status == "failed" or r.offsets]
         same = g.tree_of(proof, "HEAD") == g.tree_of(state.tree, "HEAD")
@@ -437,7 +437,7 @@ def _prove(state: _State, m: Manifest) -> None:
 
 def run(manifest_path: Path, *, to: str | None = None, cont: bool = False, abort_: bool = False,
         drop_upstream: bool = False, repos: Sequence[str] | None = None,
-        progress: engine.Progress | None = None) -> RebaseResult | list[str]:
+        progress: applier.Progress | None = None) -> RebaseResult | list[str]:
     """One of start (``to``), ``--continue`` or ``--abort`` (which returns the files restored)."""
     if sum(bool(x) for x in (to, cont, abort_)) != 1:
         raise UsageError("give exactly one of --to REF, --continue, --abort")

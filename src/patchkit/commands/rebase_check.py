@@ -31,13 +31,13 @@ from patchkit.image import basevllm
 from patchkit.manifest import Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult
-from patchkit.series import engine
+from patchkit.series import applier
 
 FORMATS = ("text", "json", "markdown", "junit")
 _PULL = re.compile(r"github\.com/vllm-project/vllm/pull/(\d+)")
 
 
-class CheckProgress(engine.Progress):
+class CheckProgress(applier.Progress):
     """What rebase-check tells as it goes (in the calling process, as each target is done)."""
 
     def target(self, report: ApplyReport) -> None:
@@ -196,7 +196,7 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
     # Two per core: with 3 targets on 2 cores, 2 workers would leave a core idle while the
     # third target runs alone; 3 let the OS share both cores out (measured: 3.5 s vs 4.3 s).
     workers = max(1, min(jobs or 2 * (os.cpu_count() or 1), len(resolved)))
-    paths = engine.needed_paths(manifest) if sparse else None
+    paths = applier.needed_paths(manifest) if sparse else None
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-rebase-check-"))
     try:
         work = [(manifest, res, scratch / str(n), paths, variant)
@@ -219,7 +219,7 @@ def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] 
     try:
         try:
             source.checkout(res, tree, paths)
-            return "report", engine.run_series(manifest, tree, res, variant=variant)
+            return "report", applier.run_series(manifest, tree, res, variant=variant)
         finally:
             shutil.rmtree(tree, ignore_errors=True)
     except interrupt.Interrupted as exc:

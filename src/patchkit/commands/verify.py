@@ -127,7 +127,7 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
     from patchkit.image import layer, package
     from patchkit.image.build import Holds
     from patchkit.image.labels import ImageFacts
-    from patchkit.image.engine import Engine
+    from patchkit.image.docker import Engine
     from patchkit.imageref import Platform, check_reference
 
     check_reference("--image", image)
@@ -187,7 +187,7 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
         raise UsageError("--base goes with --tree: an image's own files say what it holds")
     variants.check(manifest, variant)
     if engine is None and (image or base or containers):
-        from patchkit.image.engine import Engine
+        from patchkit.image.docker import Engine
 
         engine = Engine.connect(timeout=timeout)
     spec = run_spec(manifest, variant=variant)
@@ -210,7 +210,7 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
 
 def _base_version(base: str, platform: str, engine, log) -> str | None:
     from patchkit.image import basevllm
-    from patchkit.image.engine import Engine
+    from patchkit.image.docker import Engine
     from patchkit.imageref import Platform, check_reference
 
     check_reference("--base", base)
@@ -263,7 +263,7 @@ class _Logs:
     def _add_containers(self, containers: tuple[str, ...]) -> None:
         if not containers:
             return
-        from patchkit.image.engine import Engine
+        from patchkit.image.docker import Engine
 
         for name in containers:
             try:

@@ -15,7 +15,7 @@ from patchkit import git as g
 from patchkit import source
 from patchkit.errors import UsageError
 from patchkit.image import package
-from patchkit.image.engine import Engine, Log
+from patchkit.image.docker import Engine, Log
 from patchkit.image.layer import BaseImage
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest.runspec import RunSpec

@@ -28,7 +28,7 @@ from patchkit.manifest.edit import ManifestText
 from patchkit.manifest.runspec import run_spec
 from patchkit.manifest.variants import describe
 from patchkit.report import ApplyReport, PatchResult
-from patchkit.series import engine
+from patchkit.series import applier
 
 PATCH_DIR = "patches"
 DIFF = "diff"  # the manifest key of the entries written here
@@ -150,11 +150,11 @@ def check_new_id(m: Manifest, patch_id: str, flag: str = "--id") -> str:
     return patch_id
 
 
-def prove(m: Manifest, new: Sequence[NewPatch], *, progress: engine.Progress | None = None,
+def prove(m: Manifest, new: Sequence[NewPatch], *, progress: applier.Progress | None = None,
           cache: Path | None = None) -> list[ApplyReport]:
     """Apply the series with ``new`` at its end at the pin, for the default build and each
     variant; NotAppliedError (exit 1) naming the first failure when one does not apply."""
-    progress = progress or engine.Progress()
+    progress = progress or applier.Progress()
     cache = cache or cache_dir()
     with tempfile.TemporaryDirectory(prefix="patchkit-intake-") as tmp:
         candidate = _candidate(m, new, Path(tmp))
@@ -165,13 +165,13 @@ def prove(m: Manifest, new: Sequence[NewPatch], *, progress: engine.Progress | N
                                       "was written")
         pin = run_spec(m)
         resolved = source.resolve(pin.sources, pin.ref, cache, progress.info)
-        paths = engine.needed_paths(candidate)
+        paths = applier.needed_paths(candidate)
         reports = []
         for n, variant in enumerate([None, *m.variants]):
             tree = Path(tmp) / f"t{n}"
             try:
                 source.checkout(resolved, tree, paths)
-                report = engine.run_series(candidate, tree, resolved, variant=variant)
+                report = applier.run_series(candidate, tree, resolved, variant=variant)
             finally:
                 shutil.rmtree(tree, ignore_errors=True)
             if not report.ok:

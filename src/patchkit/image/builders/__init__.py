@@ -51,7 +51,7 @@ class Job:
     base: str | None               # --base, else image.base of the manifest
     push: bool
     log: Callable[[str], None]
-    engine: object | None = None   # image.engine.Engine, for the paths through an engine
+    engine: object | None = None   # image.docker.Engine, for the paths through an engine
     registry: object | None = None  # image.registry.Registry, for the path without one
     max_jobs: int | None = None
     nvcc_threads: int | None = None

@@ -12,7 +12,7 @@ from patchkit.image import layer
 from patchkit.image.build import (OVERLAY_MODE, Built, LayerInfo, ModeChoice, overlay_image,
                                   overlay_inputs, plan_overlay)
 from patchkit.image.builders import Asked, Job
-from patchkit.image.engine import Engine
+from patchkit.image.docker import Engine
 from patchkit.image.labels import INPUTS_LABEL, ImageFacts
 
 

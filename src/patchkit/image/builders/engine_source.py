@@ -9,7 +9,7 @@ import re
 from patchkit.errors import ImageError
 from patchkit.image.build import SOURCE_MODE, Built, ModeChoice, patchset_digest, source_date
 from patchkit.image.builders import Asked, Job
-from patchkit.image.engine import Engine
+from patchkit.image.docker import Engine
 from patchkit.image.labels import run_labels
 from patchkit.imageref import Platform
 

@@ -8,7 +8,7 @@ from testing.project import MOD_V1, make_project
 from testing.upstream import sh
 
 from patchkit import manifest
-from patchkit.series import checkout, engine
+from patchkit.series import applier, checkout
 from patchkit.errors import SourceError, UsageError
 
 
@@ -17,7 +17,7 @@ def load(proj: Path):
 
 
 def apply(proj: Path, workdir: Path, **kw):
-    return engine.apply_series(load(proj), workdir=workdir, **kw)
+    return applier.apply_series(load(proj), workdir=workdir, **kw)
 
 
 def statuses(report):
