@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from patchkit import manifest
-from patchkit.series.verify import run_assertions
+from patchkit.series.assertions import run_assertions
 
 from testing import REPO_ROOT
 from testing.lift import find, lift

@@ -42,7 +42,7 @@ from patchkit.manifest import Manifest, Patch
 from patchkit.manifest.edit import ManifestText
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import PatchResult
-from patchkit.series import applier, verify
+from patchkit.series import applier, assertions
 
 STATE_FORMAT = 1
 IGNORED = "__pycache__/\n*.pyc\n"  # byte code from running the checkout is never part of a patch
@@ -386,7 +386,7 @@ def _finish(state: _State) -> RebaseResult:
     tree, res = state.tree, state.resolved
     m = manifest.load(state.manifest_path)
     active = [p for p in m.patches if applier.in_range(p, res.version)[0]]
-    failed = [a for a in verify.run_assertions(active, verify.tree_reader(tree)) if not a.ok]
+    failed = [a for a in assertions.run_assertions(active, assertions.tree_reader(tree)) if not a.ok]
     if failed:
         lines = [(f"every patch is through, but {len(failed)} assertion"
                   f"{'s do' if len(failed) > 1 else ' does'} not hold on vLLM {res.ref}:")]

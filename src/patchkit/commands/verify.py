@@ -14,7 +14,7 @@ from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.manifest import Manifest, Patch, variants
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import AssertionResult
-from patchkit.series import checkout, runtime, verify
+from patchkit.series import assertions, checkout, runtime
 from patchkit.series.runtime import MarkerResult
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
@@ -108,8 +108,8 @@ def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
                             report is not None, f"--tree {tree}")
     version = version or (report.vllm.version if report else None)
     skipped = report.skipped() if report else set()
-    results = verify.run_assertions(active_patches(manifest, skipped, version, variant),
-                                    verify.tree_reader(tree))
+    results = assertions.run_assertions(active_patches(manifest, skipped, version, variant),
+                                    assertions.tree_reader(tree))
     statuses = {p.id: p.status for p in report.patches} if report else {}
     return _Checked(results, statuses, version, variant)
 
@@ -168,7 +168,7 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
                 cache[rel] = None if data is None else data.decode("utf-8")
             return cache[rel]
 
-        return _Checked(verify.run_assertions(active, read), facts.statuses, version, variant,
+        return _Checked(assertions.run_assertions(active, read), facts.statuses, version, variant,
                         holds)
 
 

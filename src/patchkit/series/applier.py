@@ -28,7 +28,7 @@ from patchkit.manifest import variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult, VllmInfo
 from patchkit.series import checkout as applied
-from patchkit.series import verify
+from patchkit.series import assertions
 from patchkit.cache import cache_dir
 
 __all__ = ["Progress", "apply_one", "apply_series", "check_workdir", "commit_message", "in_range",
@@ -112,7 +112,7 @@ def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
         report.patches.append(result)
         progress.patch(result)
     active = [p for p, r in zip(series, report.patches) if r.status != "skipped"]
-    report.verify = verify.run_assertions(active, verify.tree_reader(root))
+    report.verify = assertions.run_assertions(active, assertions.tree_reader(root))
     failed_by = {}
     for a in report.verify:
         if not a.ok:

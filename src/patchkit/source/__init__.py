@@ -2,7 +2,7 @@
 
 A source is a git URL or local git path (``mirror``), the word ``pypi`` (``pypi``), or the word
 ``image``, the package installed in a base image (``image``).  Each kind is a
-:class:`~patchkit.source.base.Source`, found by :func:`kind_of`; it resolves a ref to a commit
+:class:`~patchkit.source.protocol.Source`, found by :func:`kind_of`; it resolves a ref to a commit
 in a local repository and lists its tags; the first source of the list that has the ref wins.
 Callers ask the kind what it can do (``kind_of(text).has_history``), never which one it is.
 
@@ -22,8 +22,8 @@ from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
 from patchkit.source import image, mirror, pypi
-from patchkit.source.base import VLLM, PackageId, Source
-from patchkit.source.image import Base
+from patchkit.source.protocol import VLLM, PackageId, Source
+from patchkit.source.protocol import Base
 from patchkit.source.refs import BASE_REF, ref_problem, source_problem
 from patchkit.source.resolved import Log, Resolved, version_of
 

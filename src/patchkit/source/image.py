@@ -17,14 +17,13 @@ import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Protocol
 
 from filelock import FileLock
 
 from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
-from patchkit.source.base import VLLM, PackageId
+from patchkit.source.protocol import VLLM, Base, PackageId
 from patchkit.source.refs import BASE_REF
 from patchkit.source.resolved import Log, Resolved
 from patchkit.cache import cache_subdir
@@ -36,20 +35,6 @@ NO_BASE = ("the vLLM source 'image' is the vllm package of a base image: give --
            "set image.base in patchset.yaml")
 _SHA = re.compile(r"[0-9a-f]{7,40}")
 _REF_PART = re.compile(r"[A-Za-z0-9._-]+")
-
-
-class Base(Protocol):
-    """What this source needs of a base image."""
-
-    name: str            # as the user gave it
-    key: str             # what pins its content: registry digest, else image id (sha256:...)
-    platform: str        # linux/arm64
-    version: str | None  # the vLLM version it has installed
-    package_dir: str     # where the package lives in the image, for messages
-
-    def package_files(self) -> Iterator[g.TreeFile]:
-        """Every file of the package folder, paths relative to its parent (``vllm/...``)."""
-        ...
 
 
 class ImageSource:

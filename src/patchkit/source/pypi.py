@@ -20,7 +20,7 @@ from filelock import FileLock
 from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import CommandError, SourceError
-from patchkit.source.base import VLLM, PackageId
+from patchkit.source.protocol import VLLM, PackageId
 from patchkit.source.resolved import Log, Resolved, version_of
 from patchkit.cache import cache_subdir
 from patchkit.files import discard

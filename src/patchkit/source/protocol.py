@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from collections.abc import Iterator
+from typing import ClassVar, Protocol
 
+from patchkit import git as g
 from patchkit.source.resolved import Log, Resolved
-
-if TYPE_CHECKING:
-    from patchkit.source.image import Base
 
 
 @dataclass(frozen=True)
@@ -28,6 +27,20 @@ class PackageId:
 
 
 VLLM = PackageId()
+
+
+class Base(Protocol):
+    """What the ``image`` source (and the ref ``base``) needs of a base image."""
+
+    name: str            # as the user gave it
+    key: str             # what pins its content: registry digest, else image id (sha256:...)
+    platform: str        # linux/arm64
+    version: str | None  # the vLLM version it has installed
+    package_dir: str     # where the package lives in the image, for messages
+
+    def package_files(self) -> Iterator[g.TreeFile]:
+        """Every file of the package folder, paths relative to its parent (``vllm/...``)."""
+        ...
 
 
 class Source(Protocol):

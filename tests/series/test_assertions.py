@@ -10,7 +10,7 @@ import pytest
 
 from patchkit.manifest import Assertion, Patch
 from patchkit.report import AssertionResult
-from patchkit.series.verify import run_assertions, tree_reader
+from patchkit.series.assertions import run_assertions, tree_reader
 
 SOURCE = textwrap.dedent('''\
     import os
