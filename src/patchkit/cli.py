@@ -84,6 +84,14 @@ BASE = click.option("--base", help="The base image that --vllm-ref base and --vl
                                    "read (default: image.base of the manifest).")
 
 
+PIN = click.option("--ref", "pins", multiple=True, metavar="NAME=REF",
+                   help="Move the pin of package NAME (of packages:, or vllm) to REF for this "
+                        "run; repeatable.")
+PACKAGE = click.option("--package", "packages", multiple=True, metavar="NAME",
+                       help="Limit the run to package NAME (vllm, or one of packages:); "
+                            "repeatable (default: every package).")
+
+
 def _one_variant(ctx, param, values):
     if len(values) > 1:
         raise click.BadParameter("give it once: a build is one variant", ctx, param)
@@ -138,14 +146,18 @@ def validate(manifest_path: str) -> int:
 @cli.command()
 @VLLM_REF
 @VLLM_REPO
+@PIN
+@PACKAGE
 @BASE
-@workdir_option("Where the patched checkout goes.")
+@workdir_option("Where vLLM's patched checkout goes; every other package's goes beside it, "
+                "under its name.")
 @click.option("--keep-failed", is_flag=True, help="Keep the scratch checkout of a failed run and say where.")
 @DISCARD
 @VARIANT
 @MANIFEST
 @FORMAT
-def apply(ref, repos, base, workdir, keep_failed, discard, variant, manifest_path, fmt) -> int:
+def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, variant, manifest_path,
+          fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
     from patchkit.render import text
@@ -153,7 +165,7 @@ def apply(ref, repos, base, workdir, keep_failed, discard, variant, manifest_pat
     report = command.run(_load(manifest_path), ref=ref, repos=repos or None,
                          workdir=Path(workdir), keep_failed=keep_failed,
                          progress=TextProgress(err=fmt == "json"), variant=variant, base=base,
-                         discard=discard)
+                         discard=discard, pins=pins, packages=packages)
     echo(report.to_json() if fmt == "json" else text.apply(report))
     return 0 if report.ok else 1
 
