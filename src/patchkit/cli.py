@@ -183,11 +183,13 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
 @click.option("--container", "containers", multiple=True, metavar="NAME|ID",
               help="Judge the runtime markers against this container's log (stdout and "
                    "stderr) on the engine DOCKER_HOST names; repeatable.")
+@PACKAGE
 @TIMEOUT
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, base, logs, containers, timeout, variant, manifest_path, fmt) -> int:
+def verify(tree, image, base, logs, containers, packages, timeout, variant, manifest_path,
+           fmt) -> int:
     """Run the AST assertions on a tree or an image; with --log or --container, also the
     runtime markers of the patches that are in, against the server's logs."""
     from patchkit.commands import verify as command
@@ -200,7 +202,8 @@ def verify(tree, image, base, logs, containers, timeout, variant, manifest_path,
                          default_tree=Path(DEFAULT_WORKDIR), variant=variant, logs=logs,
                          containers=containers,
                          stdin=click.get_binary_stream("stdin") if "-" in logs else None,
-                         base=base, log=lambda msg: echo(msg, err=True), timeout=timeout)
+                         base=base, log=lambda msg: echo(msg, err=True), timeout=timeout,
+                         packages=packages)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
 
@@ -210,6 +213,9 @@ def verify(tree, image, base, logs, containers, timeout, variant, manifest_path,
 @click.option("--releases", is_flag=True, help="Every release tag vX.Y.Z after the pin.")
 @click.option("--pre", is_flag=True, help="With --releases: pre-releases too.")
 @VLLM_REPO
+@click.option("--package", metavar="NAME", help="The matrix of package NAME: --to and "
+              "--releases name its refs, the rows are its patches (default: vllm).")
+@PIN
 @BASE
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Targets checked at once "
               "(default: two per core).")
@@ -221,8 +227,8 @@ def verify(tree, image, base, logs, containers, timeout, variant, manifest_path,
 @MANIFEST
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "junit"]),
               default="text", show_default=True, help="Report format on stdout.")
-def rebase_check(refs, releases, pre, repos, base, jobs, bisect, outputs, variant, manifest_path,
-                 fmt) -> int:
+def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, outputs, variant,
+                 manifest_path, fmt) -> int:
     """Apply the series to newer vLLM refs in scratch checkouts; print the patch x release
     matrix.  Exit 1 if any patch fails anywhere."""
     from patchkit.commands import rebase_check as command
@@ -236,7 +242,7 @@ def rebase_check(refs, releases, pre, repos, base, jobs, bisect, outputs, varian
     result = command.run(_load(manifest_path), refs=refs, releases=releases, pre=pre,
                          repos=repos or None, jobs=jobs,
                          progress=TextProgress(err=True, patches=False), variant=variant,
-                         bisect=bisect, base=base)
+                         bisect=bisect, base=base, package=package, pins=pins)
     for kind, path in sinks:
         try:
             path.write_text(render.render(result, kind))

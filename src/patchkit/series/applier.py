@@ -122,10 +122,10 @@ def _outside(manifest: Manifest, patch: Patch, tops: Sequence[str]) -> str | Non
             f"names paths from that package's root")
 
 
-def package_tops(tree: Path) -> list[str]:
-    """The import folders of a package's checkout: its root folders holding ``__init__.py``."""
-    return sorted(d.name for d in tree.iterdir()
-                  if d.name != ".git" and (d / "__init__.py").is_file())
+def package_tops(resolved: source.Resolved) -> tuple[str, ...]:
+    """The import folders of a package at its pin: its root folders holding ``__init__.py``
+    (for a release from PyPI, the folders its wheel holds)."""
+    return tuple(g.package_folders(resolved.repo, resolved.commit))
 
 
 def _reset(root: Path) -> None:
@@ -340,7 +340,7 @@ def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
         except CommandError:
             _gone(resolved, name)
             raise
-        made[name] = Tree(tree, resolved, () if name == VLLM else tuple(package_tops(tree)))
+        made[name] = Tree(tree, resolved, () if name == VLLM else package_tops(resolved))
     try:
         return run_stack(manifest, made, progress, variant=variant, pins=pins)
     except CommandError:
