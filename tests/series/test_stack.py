@@ -175,3 +175,35 @@ def test_flashinfers_releases_after_its_pin_come_from_pypi(tmp_path):
     # PyPI's history of flashinfer-python: what came right after 0.6.15 never changes
     assert found[:4] == ["v0.6.15.post1", "v0.6.16", "v0.6.16.post1", "v0.6.16.post2"]
     assert "v0.6.15" not in found and "v0.6.14" not in found
+
+
+def test_a_swap_that_fails_midway_puts_back_the_checkouts_already_moved(tmp_path, fi_cache,
+                                                                         monkeypatch):
+    proj = make_stack(tmp_path)
+    assert apply(proj, fi_cache).ok
+    vllm, fi = proj / ".patchkit" / "vllm", proj / ".patchkit" / "flashinfer"
+    before = state(vllm), state(fi)
+    real, failed = applier.os.rename, []
+
+    def rename(src, dst):
+        # vLLM's new checkout is in place by now; FlashInfer's fails, once
+        if Path(dst) == fi and Path(src).name == "t" and not failed:
+            failed.append(src)
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(applier.os, "rename", rename)
+    with pytest.raises(OSError):
+        apply(proj, fi_cache, refs=["vllm=v2"])
+    monkeypatch.undo()
+    assert failed and (state(vllm), state(fi)) == before
+    assert sorted(p.name for p in (proj / ".patchkit").iterdir()) == ["flashinfer", "vllm"]
+
+
+def test_a_pin_read_from_a_base_image_is_vllms_alone(tmp_path, fi_cache):
+    proj = make_stack(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace("    repo: [pypi]\n", "    repo: [image]\n")
+    (proj / "patchset.yaml").write_text(text)
+    with pytest.raises(UsageError, match=r"^flashinfer: a pin read from a base image"):
+        apply(proj, fi_cache)
+    assert not (proj / ".patchkit" / "vllm").exists()
