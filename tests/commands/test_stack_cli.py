@@ -94,6 +94,18 @@ def test_rebase_check_gives_flashinfers_matrix_over_its_releases(applied):
                                                                                "0.6.16"]
 
 
+def test_vllms_matrix_judges_a_flashinfer_range_at_flashinfers_pin(applied):
+    p = run(applied, "rebase-check", "--to", "v2", "--ref", "flashinfer=v0.6.16",
+            "--format", "json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    cells = {e["id"]: (e["status"], e["message"]) for e in data["targets"][0]["patches"]}
+    assert cells["fast-mode"] == ("skipped", "flashinfer 0.6.16 is outside <0.6.16")
+    assert cells["table-nvfp4"][0] == "applied"
+    assert cells["fi-moe-activations"] == ("skipped", "it patches flashinfer, which has no "
+                                                      "checkout in this run")
+
+
 @pytest.mark.parametrize("args, line", [
     (["apply", "--ref", "flashinfer"],
      "patchkit: error: --ref 'flashinfer': give NAME=REF, e.g. --ref flashinfer=v0.6.16"),

@@ -207,8 +207,8 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
     """Apply the series of the run's variant to each of ``refs`` of ``package`` in a scratch
     checkout and run the assertions; ``run`` defaults to the manifest's with ``variant`` (None:
     the default build).  ``base`` is the base image the ref ``base`` and the source ``image``
-    read.  For a package other than vLLM the rows are its patches, and every other package's
-    ranges are judged at its pin."""
+    read.  Every other package stays at its pin, and the ranges on it are judged there; for a
+    package other than vLLM the rows are its patches."""
     run = run or run_spec(manifest, variant=variant)
     variant = run.variant
     variants.check(manifest, variant)
@@ -221,11 +221,11 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
                 for ref in dict.fromkeys(refs)]
     resolved = _by_version(resolved)
     matrix = Matrix(manifest, variant=variant, package=package)
-    others: dict[str, source.Resolved] = {}
     if package != VLLM:
         matrix.series = tuple(p for p in manifest.patches if p.package == package)
-        others = applier.resolve_pins(run, cache, progress.info, base,
-                                      names=[p.name for p in run.pins if p.name != package])
+    # every other package at its pin: the ranges on it are judged at each target too
+    others = applier.resolve_pins(run, cache, progress.info, base,
+                                  names=[p.name for p in run.pins if p.name != package])
     if not resolved:
         return matrix
     # Two per core: with 3 targets on 2 cores, 2 workers would leave a core idle while the
@@ -256,9 +256,7 @@ def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] 
     try:
         try:
             source.checkout(res, tree, paths)
-            if package == VLLM:
-                return "report", applier.run_series(manifest, tree, res, variant=variant)
-            at = applier.Tree(tree, res, applier.package_tops(res))
+            at = applier.Tree(tree, res, () if package == VLLM else applier.package_tops(res))
             return "report", applier.run_stack(manifest, {package: at}, patches=series,
                                                variant=variant, pins={**(others or {}),
                                                                       package: res})
