@@ -42,7 +42,10 @@ class TextProgress:
 
     def target(self, report) -> None:
         failed = sum(p.status == "failed" for p in report.patches)
-        echo(f"vLLM {report.vllm.ref}: {'ok' if report.ok else f'{failed} failed'}", err=True)
+        # a matrix over another package has that package's checkout alone
+        name, info = next(iter(report.packages.items()), ("vllm", report.vllm))
+        what = "vLLM" if name == "vllm" else name
+        echo(f"{what} {info.ref}: {'ok' if report.ok else f'{failed} failed'}", err=True)
 
 
 class Verb(click.Command):

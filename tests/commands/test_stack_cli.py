@@ -92,6 +92,7 @@ def test_rebase_check_gives_flashinfers_matrix_over_its_releases(applied):
     assert data["patches"][0]["status"] == {"v0.6.15": "applied", "v0.6.16": "applied"}
     assert [t["packages"]["flashinfer"]["version"] for t in data["targets"]] == ["0.6.15",
                                                                                "0.6.16"]
+    assert "flashinfer v0.6.16: ok" in p.stderr.splitlines()
 
 
 def test_vllms_matrix_judges_a_flashinfer_range_at_flashinfers_pin(applied):

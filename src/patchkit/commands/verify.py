@@ -65,6 +65,7 @@ class _Checked:
     version: str | None
     variant: str | None
     holds: Holds | None = None
+    trees: list[Path] = field(default_factory=list)   # the checkouts a tree's check read
 
 
 def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
@@ -124,6 +125,7 @@ def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
     found[VLLM] = version or (report.vllm.version if report else None)
     results: list[AssertionResult] = []
     statuses: dict[str, str] = {}
+    checked: list[Path] = []
     for name, path in trees.items():
         own = report if path == first else checkout.read_report(path)
         mine = [p for p in active_patches(manifest, own.skipped() if own else set(), None,
@@ -134,9 +136,10 @@ def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
             raise UsageError(f"{name} has {len(mine)} patch{'es' if len(mine) > 1 else ''} with "
                              f"assertions but no checkout at {path}; run 'patchkit apply'")
         results += assertions.run_assertions(mine, assertions.tree_reader(path))
+        checked.append(path)
         statuses.update({p.id: p.status for p in own.patches if p.package == name} if own
                         else {})
-    return _Checked(results, statuses, found[VLLM], variant)
+    return _Checked(results, statuses, found[VLLM], variant, trees=checked)
 
 
 def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
@@ -227,6 +230,8 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
         else:
             target = str(tree or default_tree)
             checked = _check_tree(manifest, Path(target), variant, version, spec.only)
+            if len(checked.trees) > 1:   # vLLM's and the checkouts beside it
+                target = " and ".join(str(t) for t in checked.trees)
         report = VerifyReport(target, checked.results, holds=checked.holds)
         if sources.logs:
             report.runtime = sources.judge(manifest, checked)
