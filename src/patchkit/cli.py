@@ -42,7 +42,10 @@ class TextProgress:
 
     def target(self, report) -> None:
         failed = sum(p.status == "failed" for p in report.patches)
-        echo(f"vLLM {report.vllm.ref}: {'ok' if report.ok else f'{failed} failed'}", err=True)
+        # a matrix over another package has that package's checkout alone
+        name, info = next(iter(report.packages.items()), ("vllm", report.vllm))
+        what = "vLLM" if name == "vllm" else name
+        echo(f"{what} {info.ref}: {'ok' if report.ok else f'{failed} failed'}", err=True)
 
 
 class Verb(click.Command):
@@ -82,6 +85,14 @@ TIMEOUT = click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_
                        "before giving up (a transfer goes on while bytes flow).")
 BASE = click.option("--base", help="The base image that --vllm-ref base and --vllm-repo image "
                                    "read (default: image.base of the manifest).")
+
+
+PIN = click.option("--ref", "pins", multiple=True, metavar="NAME=REF",
+                   help="Move the pin of package NAME (of packages:, or vllm) to REF for this "
+                        "run; repeatable.")
+PACKAGE = click.option("--package", "packages", multiple=True, metavar="NAME",
+                       help="Limit the run to package NAME (vllm, or one of packages:); "
+                            "repeatable (default: every package).")
 
 
 def _one_variant(ctx, param, values):
@@ -138,14 +149,18 @@ def validate(manifest_path: str) -> int:
 @cli.command()
 @VLLM_REF
 @VLLM_REPO
+@PIN
+@PACKAGE
 @BASE
-@workdir_option("Where the patched checkout goes.")
+@workdir_option("Where vLLM's patched checkout goes; every other package's goes beside it, "
+                "under its name.")
 @click.option("--keep-failed", is_flag=True, help="Keep the scratch checkout of a failed run and say where.")
 @DISCARD
 @VARIANT
 @MANIFEST
 @FORMAT
-def apply(ref, repos, base, workdir, keep_failed, discard, variant, manifest_path, fmt) -> int:
+def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, variant, manifest_path,
+          fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
     from patchkit.render import text
@@ -153,7 +168,7 @@ def apply(ref, repos, base, workdir, keep_failed, discard, variant, manifest_pat
     report = command.run(_load(manifest_path), ref=ref, repos=repos or None,
                          workdir=Path(workdir), keep_failed=keep_failed,
                          progress=TextProgress(err=fmt == "json"), variant=variant, base=base,
-                         discard=discard)
+                         discard=discard, pins=pins, packages=packages)
     echo(report.to_json() if fmt == "json" else text.apply(report))
     return 0 if report.ok else 1
 
@@ -171,11 +186,13 @@ def apply(ref, repos, base, workdir, keep_failed, discard, variant, manifest_pat
 @click.option("--container", "containers", multiple=True, metavar="NAME|ID",
               help="Judge the runtime markers against this container's log (stdout and "
                    "stderr) on the engine DOCKER_HOST names; repeatable.")
+@PACKAGE
 @TIMEOUT
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, base, logs, containers, timeout, variant, manifest_path, fmt) -> int:
+def verify(tree, image, base, logs, containers, packages, timeout, variant, manifest_path,
+           fmt) -> int:
     """Run the AST assertions on a tree or an image; with --log or --container, also the
     runtime markers of the patches that are in, against the server's logs."""
     from patchkit.commands import verify as command
@@ -188,7 +205,8 @@ def verify(tree, image, base, logs, containers, timeout, variant, manifest_path,
                          default_tree=Path(DEFAULT_WORKDIR), variant=variant, logs=logs,
                          containers=containers,
                          stdin=click.get_binary_stream("stdin") if "-" in logs else None,
-                         base=base, log=lambda msg: echo(msg, err=True), timeout=timeout)
+                         base=base, log=lambda msg: echo(msg, err=True), timeout=timeout,
+                         packages=packages)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
 
@@ -198,6 +216,9 @@ def verify(tree, image, base, logs, containers, timeout, variant, manifest_path,
 @click.option("--releases", is_flag=True, help="Every release tag vX.Y.Z after the pin.")
 @click.option("--pre", is_flag=True, help="With --releases: pre-releases too.")
 @VLLM_REPO
+@click.option("--package", metavar="NAME", help="The matrix of package NAME: --to and "
+              "--releases name its refs, the rows are its patches (default: vllm).")
+@PIN
 @BASE
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Targets checked at once "
               "(default: two per core).")
@@ -209,8 +230,8 @@ def verify(tree, image, base, logs, containers, timeout, variant, manifest_path,
 @MANIFEST
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "junit"]),
               default="text", show_default=True, help="Report format on stdout.")
-def rebase_check(refs, releases, pre, repos, base, jobs, bisect, outputs, variant, manifest_path,
-                 fmt) -> int:
+def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, outputs, variant,
+                 manifest_path, fmt) -> int:
     """Apply the series to newer vLLM refs in scratch checkouts; print the patch x release
     matrix.  Exit 1 if any patch fails anywhere."""
     from patchkit.commands import rebase_check as command
@@ -224,7 +245,7 @@ def rebase_check(refs, releases, pre, repos, base, jobs, bisect, outputs, varian
     result = command.run(_load(manifest_path), refs=refs, releases=releases, pre=pre,
                          repos=repos or None, jobs=jobs,
                          progress=TextProgress(err=True, patches=False), variant=variant,
-                         bisect=bisect, base=base)
+                         bisect=bisect, base=base, package=package, pins=pins)
     for kind, path in sinks:
         try:
             path.write_text(render.render(result, kind))

@@ -314,6 +314,15 @@ def blob_id(repo: Path, commit: str, path: str) -> str | None:
     return (r.stdout.strip() or None) if r.ok else None
 
 
+def package_folders(repo: Path, commit: str) -> list[str]:
+    """The folders at the root of ``commit`` holding an ``__init__.py``: its import packages."""
+    folders = _lines(_run("ls-tree", "-d", "--name-only", commit, cwd=repo))
+    if not folders:
+        return []
+    found = read_blobs(repo, [f"{commit}:{f}/__init__.py" for f in folders])
+    return sorted(f for f in folders if found[f"{commit}:{f}/__init__.py"] is not None)
+
+
 def hash_file(path: Path) -> str:
     return _line("hash-object", "--no-filters", str(path))
 

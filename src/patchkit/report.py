@@ -66,6 +66,25 @@ class VllmInfo:
 
 
 @dataclass
+class PackageInfo:
+    """One package's section of a report: its pin, what it resolved to, where it went."""
+
+    ref: str
+    commit: str
+    version: str | None
+    source: str | None = None
+    workdir: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PackageInfo:
+        return cls(str(data["ref"]), str(data.get("commit") or ""), data.get("version"),
+                   data.get("source"), data.get("workdir"))
+
+
+@dataclass
 class PatchResult:
     id: str
     kind: str
@@ -76,6 +95,7 @@ class PatchResult:
     message: str = ""
     offsets: list[Offset] = field(default_factory=list)
     hunk: Hunk | None = None    # a conflict's hunk; not part of the JSON report
+    package: str = "vllm"       # the package it patches
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -86,7 +106,7 @@ class PatchResult:
         return {"id": self.id, "kind": self.kind, "status": self.status, "reason": self.reason,
                 "commit": self.commit, "files": list(self.files), "message": self.message,
                 "offsets": [str(o) for o in self.offsets],
-                "offset_values": [o.to_dict() for o in self.offsets]}
+                "offset_values": [o.to_dict() for o in self.offsets], "package": self.package}
 
     @classmethod
     def from_dict(cls, data: dict) -> PatchResult:
@@ -95,7 +115,8 @@ class PatchResult:
         return cls(str(data["id"]), str(data.get("kind") or ""), str(data["status"]),
                    data.get("reason"), data.get("commit"), list(data.get("files") or []),
                    str(data.get("message") or ""),
-                   [Offset.from_dict(o) for o in data.get("offset_values") or []])
+                   [Offset.from_dict(o) for o in data.get("offset_values") or []],
+                   package=str(data.get("package") or "vllm"))
 
 
 @dataclass
@@ -133,6 +154,8 @@ class ApplyReport:
     keep_failed: str | None = None  # the scratch checkout kept by --keep-failed
     variant: str | None = None      # the variant built; None = the default build
     discarded: dict | None = None   # --discard: what the replaced workdir held, where it went
+    # every package of the run by name, vllm first: its pin, version, commit, source, workdir
+    packages: dict[str, PackageInfo] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -148,7 +171,8 @@ class ApplyReport:
     def to_dict(self) -> dict:
         data = {"ok": self.ok, "vllm": asdict(self.vllm), "workdir": self.workdir,
                 "patches": [p.to_dict() for p in self.patches],
-                "verify": [a.to_dict() for a in self.verify], "variant": self.variant}
+                "verify": [a.to_dict() for a in self.verify], "variant": self.variant,
+                "packages": {n: p.to_dict() for n, p in self.packages.items()}}
         if self.keep_failed:
             data["kept"] = self.keep_failed
         if self.discarded:
@@ -167,7 +191,10 @@ class ApplyReport:
             return cls(vllm, data.get("workdir"),
                        [PatchResult.from_dict(p) for p in data.get("patches") or []],
                        [AssertionResult.from_dict(a) for a in data.get("verify") or []],
-                       data.get("kept"), data.get("variant") or None)
+                       data.get("kept"), data.get("variant") or None,
+                       data.get("discarded") or None,
+                       {str(n): PackageInfo.from_dict(p)
+                        for n, p in (data.get("packages") or {}).items()})
         except (KeyError, TypeError, AttributeError, AssertionError) as exc:
             raise ValueError(f"not an apply report: {exc!r}") from None
 

@@ -1,14 +1,11 @@
-"""Packages beside vLLM, as far as they go: declared, named by patches, ranges on them read.
-
-Only vLLM has a checkout so far, so another package's patches are skipped, saying so."""
+"""Packages beside vLLM in the manifest: declared, named by patches, ranges on them read.
+Applying them is test_stack.py's."""
 
 from __future__ import annotations
 
 from testing import patchkit
 from testing.project import make_project
 
-from patchkit import manifest
-from patchkit.series import applier
 
 PACKAGES = """\
 packages:
@@ -44,19 +41,6 @@ def project(tmp_path, fast_range: str = '"<0.6.16"'):
                         f"    transform: patches/fast.py\n    flashinfer: {fast_range}\n")
     (proj / "patchset.yaml").write_text(text + FI_ENTRY)
     return proj
-
-
-def test_a_patch_of_another_package_is_skipped_and_vllm_patches_apply(tmp_path):
-    proj = project(tmp_path)
-    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=tmp_path / "wd")
-    assert report.ok, report.to_json()
-    got = {p.id: (p.status, p.message) for p in report.patches}
-    assert got["fi-prefetch"] == ("skipped", "it patches flashinfer, and only vllm's patches are "
-                                  "applied (no other package has a checkout)")
-    # A range on FlashInfer is read, not judged yet: apply knows vLLM's version alone.
-    assert got["fast-mode"][0] == "applied"
-    assert not (tmp_path / "wd" / "flashinfer").exists()
-    assert {a.patch for a in report.verify} == {"table-nvfp4", "fast-mode", "extra-file"}
 
 
 def test_validate_reads_packages_and_ranges(tmp_path):

@@ -177,14 +177,14 @@ def test_discard_that_fails_leaves_the_work_and_saves_nothing(applied):
 
 def test_work_made_while_the_series_ran_is_still_refused(applied, monkeypatch):
     proj, wd = applied
-    real = applier.run_series
+    real = applier.run_stack
 
     def meanwhile(*a, **kw):
         report = real(*a, **kw)
         _untracked(wd)  # the person wrote a file while the series ran
         return report
 
-    monkeypatch.setattr(applier, "run_series", meanwhile)
+    monkeypatch.setattr(applier, "run_stack", meanwhile)
     with pytest.raises(UsageError, match="1 untracked file"):
         apply(proj, wd)
     assert (wd / "notes.txt").read_text() == "mine\n"

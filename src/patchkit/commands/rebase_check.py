@@ -28,7 +28,7 @@ from patchkit import interrupt, source, versions
 from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.image import basevllm
-from patchkit.manifest import Manifest, Patch, variants
+from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import applier
@@ -66,28 +66,34 @@ def check_flags(refs: Sequence[str], releases: bool, pre: bool,
 # ------------------------------------------------------------------------------ the targets
 
 def pin_version(run: RunSpec, cache: Path, log=lambda m: None,
-                base: source.Base | None = None) -> versions.Version:
-    """The release the pin of ``run`` is, or the one its commit lies after."""
-    v = versions.release_tag(run.ref)
+                base: source.Base | None = None, package: str = VLLM) -> versions.Version:
+    """The release the pin of ``package`` in ``run`` is, or the one its commit lies after."""
+    pin = run.pin(package)
+    v = versions.release_tag(pin.ref)
     if v is not None:
         return v
-    resolved = source.resolve(run.sources, run.ref, cache, log, base=base)
+    resolved = source.resolve(pin.sources, pin.ref, cache, log, base=base,
+                              package=source.package_id(pin.name, pin.dist))
     try:
         return versions.sort_key(resolved.version)
     except versions.InvalidVersion:
         raise SourceError(f"cannot tell which releases come after the pin {run.ref!r}: "
-                          "it is no release and has none below it; name targets with --to") from None
+                          "it is no release and has none below it; name targets with --to"
+                          ) from None
 
 
 def release_targets(manifest: Manifest, *, run: RunSpec | None = None,
                     cache: Path | None = None, pre: bool = False,
-                    log=lambda m: None, base: source.Base | None = None) -> list[str]:
-    """The release tags after the pin of ``run`` (default: the manifest's), oldest first;
-    pre-releases only with ``pre``."""
+                    log=lambda m: None, base: source.Base | None = None,
+                    package: str = VLLM) -> list[str]:
+    """The release tags of ``package`` after its pin in ``run`` (default: the manifest's),
+    oldest first; pre-releases only with ``pre``."""
     run = run or run_spec(manifest)
     cache = cache or cache_dir()
-    pin = pin_version(run, cache, log, base)
-    _, tags = source.list_tags(run.sources, cache, log)
+    pin = pin_version(run, cache, log, base, package)
+    at = run.pin(package)
+    _, tags = source.list_tags(at.sources, cache, log,
+                               package=source.package_id(at.name, at.dist))
     found: dict[versions.Version, str] = {}
     for tag in tags:
         v = versions.release_tag(tag)
@@ -123,6 +129,21 @@ class Matrix:
     variant: str | None = None
     # --bisect: (target ref, patch id) -> BisectResult, or why it could not run
     bisects: dict[tuple[str, str], object] = field(default_factory=dict)
+    package: str = VLLM           # the package whose refs the targets are
+    series: tuple[Patch, ...] | None = None   # the rows (default: every patch)
+
+    @property
+    def label(self) -> str:
+        return "vLLM" if self.package == VLLM else self.package
+
+    @property
+    def pin(self) -> str:
+        return self.manifest.package(self.package).ref
+
+    def ref_of(self, target: ApplyReport) -> str:
+        """The target's ref: of vLLM, or of the package the matrix is over."""
+        info = target.packages.get(self.package)
+        return target.vllm.ref if self.package == VLLM or info is None else info.ref
 
     @property
     def ok(self) -> bool:
@@ -130,11 +151,12 @@ class Matrix:
 
     @property
     def refs(self) -> list[str]:
-        return [t.vllm.ref for t in self.targets]
+        return [self.ref_of(t) for t in self.targets]
 
     def rows(self) -> list[Row]:
         rows = []
-        for i, patch in enumerate(self.manifest.patches):
+        series = self.manifest.patches if self.series is None else self.series
+        for i, patch in enumerate(series):
             cells = [t.patches[i] for t in self.targets]
             row = Row(patch, cells, bisects=[(t.vllm.ref, self.bisects[(t.vllm.ref, patch.id)])
                                              for t in self.targets
@@ -145,7 +167,7 @@ class Matrix:
                     break
                 run += 1
             if run:
-                row.upstream_since = self.targets[len(cells) - run].vllm.ref
+                row.upstream_since = self.ref_of(self.targets[len(cells) - run])
                 row.drop = run == len(cells)
             rows.append(row)
         return rows
@@ -165,11 +187,13 @@ class Matrix:
             "ok": self.ok,
             "name": self.manifest.name,
             "pin": self.manifest.vllm.ref,
+            "package": self.package,
+            "package_pin": self.pin,
             "variant": self.variant,
             "targets": targets,
             "patches": [{"id": r.patch.id, "kind": r.patch.kind, "upstream": r.patch.upstream,
                          "pull": r.pull, "upstream_since": r.upstream_since, "drop": r.drop,
-                         "status": {t.vllm.ref: c.status if c.status != "failed" else
+                         "status": {self.ref_of(t): c.status if c.status != "failed" else
                                     f"failed:{c.reason}" for t, c in zip(self.targets, r.cells)}}
                         for r in self.rows()],
         }
@@ -178,19 +202,30 @@ class Matrix:
 def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None,
           cache: Path | None = None, jobs: int | None = None,
           progress: CheckProgress | None = None, sparse: bool = True,
-          variant: str | None = None, base: source.Base | None = None) -> Matrix:
-    """Apply the series of the run's variant to each of ``refs`` in a scratch checkout and run
-    the assertions; ``run`` defaults to the manifest's with ``variant`` (None: the default
-    build).  ``base`` is the base image the ref ``base`` and the source ``image`` read."""
+          variant: str | None = None, base: source.Base | None = None,
+          package: str = VLLM) -> Matrix:
+    """Apply the series of the run's variant to each of ``refs`` of ``package`` in a scratch
+    checkout and run the assertions; ``run`` defaults to the manifest's with ``variant`` (None:
+    the default build).  ``base`` is the base image the ref ``base`` and the source ``image``
+    read.  Every other package stays at its pin, and the ranges on it are judged there; for a
+    package other than vLLM the rows are its patches."""
     run = run or run_spec(manifest, variant=variant)
     variant = run.variant
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
     cache = cache or cache_dir()
-    resolved = [source.resolve(run.sources, ref, cache, progress.info, base=base)
+    pin = run.pin(package)
+    resolved = [source.resolve(pin.sources, ref, cache, progress.info,
+                               base=base if package == VLLM else None,
+                               package=source.package_id(pin.name, pin.dist))
                 for ref in dict.fromkeys(refs)]
     resolved = _by_version(resolved)
-    matrix = Matrix(manifest, variant=variant)
+    matrix = Matrix(manifest, variant=variant, package=package)
+    if package != VLLM:
+        matrix.series = tuple(p for p in manifest.patches if p.package == package)
+    # every other package at its pin: the ranges on it are judged at each target too
+    others = applier.resolve_pins(run, cache, progress.info, base,
+                                  names=[p.name for p in run.pins if p.name != package])
     if not resolved:
         return matrix
     # Two per core: with 3 targets on 2 cores, 2 workers would leave a core idle while the
@@ -199,8 +234,8 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
     paths = applier.needed_paths(manifest) if sparse else None
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-rebase-check-"))
     try:
-        work = [(manifest, res, scratch / str(n), paths, variant)
-                for n, res in enumerate(resolved)]
+        work = [(manifest, res, scratch / str(n), paths, variant, package, others,
+                 matrix.series) for n, res in enumerate(resolved)]
         if workers == 1:
             for job in work:
                 matrix.targets.append(_unwrap(_one(*job)))
@@ -213,13 +248,18 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
 
 
 def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] | None,
-         variant: str | None = None) -> tuple[str, object]:
+         variant: str | None = None, package: str = VLLM,
+         others: dict[str, source.Resolved] | None = None,
+         series: tuple[Patch, ...] | None = None) -> tuple[str, object]:
     """One target, in a worker: an ApplyReport, or what stopped it as plain values (not every
     exception survives pickling)."""
     try:
         try:
             source.checkout(res, tree, paths)
-            return "report", applier.run_series(manifest, tree, res, variant=variant)
+            at = applier.Tree(tree, res, () if package == VLLM else applier.package_tops(res))
+            return "report", applier.run_stack(manifest, {package: at}, patches=series,
+                                               variant=variant, pins={**(others or {}),
+                                                                      package: res})
         finally:
             shutil.rmtree(tree, ignore_errors=True)
     except interrupt.Interrupted as exc:
@@ -284,15 +324,23 @@ def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:
 def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         pre: bool = False, repos: Sequence[str] | None = None, jobs: int | None = None,
         progress: CheckProgress | None = None, variant: str | None = None,
-        bisect: bool = False, base: str | None = None) -> Matrix:
+        bisect: bool = False, base: str | None = None, pins: Sequence[str] = (),
+        package: str | None = None) -> Matrix:
     """The targets named and, with ``releases``, every release after the pin; then the check;
     with ``bisect``, the upstream commit that broke each failure (``commands.bisect``).
     ``base`` names the base image (default image.base) of a target ``base`` and of the source
-    ``image``."""
+    ``image``.  ``package`` (``--package``) makes the targets that package's refs and the
+    rows its patches; ``pins`` (``--ref NAME=REF``) move the other packages' pins."""
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
-    spec = run_spec(manifest, repos=repos, base=base, variant=variant)
+    spec = run_spec(manifest, repos=repos, base=base, variant=variant, refs=pins,
+                    only=[package] if package else ())
+    package = package or VLLM
+    if package != VLLM:
+        if bisect:
+            raise UsageError(f"--bisect goes with vLLM's matrix, not --package {package}")
+        return _package_matrix(manifest, spec, package, refs, releases, pre, jobs, progress)
     targets = list(refs)
     holder = basevllm.for_run(spec, refs=targets + ([spec.ref] if releases else []),
                               log=progress.info)
@@ -307,3 +355,17 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         matrix.bisects = bisect_failures(manifest, matrix.failures(), run=spec,
                                          progress=progress)
     return matrix
+
+
+def _package_matrix(manifest: Manifest, spec: RunSpec, package: str, refs: Sequence[str],
+                    releases: bool, pre: bool, jobs: int | None,
+                    progress: CheckProgress) -> Matrix:
+    """The matrix of ``package`` over ``refs`` and, with ``releases``, its releases after its
+    pin; vLLM and the other packages stay at their pins."""
+    targets = list(refs)
+    if releases:
+        found = release_targets(manifest, run=spec, pre=pre, log=progress.info, package=package)
+        progress.info(f"{package} releases after {spec.pin(package).ref}: "
+                      f"{', '.join(found) or 'none'}")
+        targets += found
+    return check(manifest, targets, run=spec, jobs=jobs, progress=progress, package=package)

@@ -4,14 +4,14 @@ against the server's logs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
 from patchkit import paths, versions
 from patchkit.errors import ImageError, LogError, UsageError
-from patchkit.manifest import Manifest, Patch, variants
+from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import AssertionResult
 from patchkit.series import assertions, checkout, runtime
@@ -65,15 +65,18 @@ class _Checked:
     version: str | None
     variant: str | None
     holds: Holds | None = None
+    trees: list[Path] = field(default_factory=list)   # the checkouts a tree's check read
 
 
 def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
-                   variant: str | None = None) -> list[Patch]:
+                   variant: str | None = None,
+                   found: Mapping[str, str | None] | None = None) -> list[Patch]:
     """The patches whose assertions apply: in the build of ``variant``, neither skipped by the
-    apply nor outside the range of the release found (when one was found)."""
+    apply nor outside the ranges of the releases ``found`` (package name -> version; default:
+    vLLM's ``version``, when one was found)."""
+    found = {n: v for n, v in (found or {"vllm": version}).items() if v}
     return [p for p in variants.selected(manifest, variant)
-            if p.id not in skipped
-            and (not version or versions.in_ranges(p.ranges, {"vllm": version})[0])]
+            if p.id not in skipped and versions.in_ranges(p.ranges, found)[0]]
 
 
 def built_variant(manifest: Manifest, asked: str | None, recorded: str | None, known: bool,
@@ -98,20 +101,45 @@ def verify_tree(manifest: Manifest, tree: Path, variant: str | None = None
     return _check_tree(manifest, tree, variant).results
 
 
+def package_trees(manifest: Manifest, tree: Path,
+                  packages: Sequence[str] | None = None) -> dict[str, Path]:
+    """Where apply put each package (of ``packages``, default all): vLLM at ``tree``, every
+    other package beside it under its name."""
+    return {p.name: tree if p.name == VLLM else tree.parent / p.name for p in manifest.packages
+            if packages is None or p.name in packages}
+
+
 def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
-                version: str | None = None) -> _Checked:
-    """``version``, when given, judges the ranges instead of the tree's own release."""
-    if not tree.is_dir():
-        raise UsageError(f"--tree {tree}: no such directory")
-    report = checkout.read_report(tree)
+                version: str | None = None, packages: Sequence[str] | None = None) -> _Checked:
+    """Each package's assertions on its checkout (``tree`` for vLLM, the others beside it).
+    ``version``, when given, judges vLLM's ranges instead of the tree's own release."""
+    trees = package_trees(manifest, tree, packages)
+    first = next(iter(trees.values()))
+    if not first.is_dir():
+        raise UsageError(f"--tree {first}: no such directory")
+    report = checkout.read_report(first)
     variant = built_variant(manifest, variant, report.variant if report else None,
-                            report is not None, f"--tree {tree}")
-    version = version or (report.vllm.version if report else None)
-    skipped = report.skipped() if report else set()
-    results = assertions.run_assertions(active_patches(manifest, skipped, version, variant),
-                                    assertions.tree_reader(tree))
-    statuses = {p.id: p.status for p in report.patches} if report else {}
-    return _Checked(results, statuses, version, variant)
+                            report is not None, f"--tree {first}")
+    found: dict[str, str | None] = {n: p.version for n, p in report.packages.items()} if report \
+        else {}
+    found[VLLM] = version or (report.vllm.version if report else None)
+    results: list[AssertionResult] = []
+    statuses: dict[str, str] = {}
+    checked: list[Path] = []
+    for name, path in trees.items():
+        own = report if path == first else checkout.read_report(path)
+        mine = [p for p in active_patches(manifest, own.skipped() if own else set(), None,
+                                          variant, found) if p.package == name]
+        if not mine:
+            continue
+        if not path.is_dir():
+            raise UsageError(f"{name} has {len(mine)} patch{'es' if len(mine) > 1 else ''} with "
+                             f"assertions but no checkout at {path}; run 'patchkit apply'")
+        results += assertions.run_assertions(mine, assertions.tree_reader(path))
+        checked.append(path)
+        statuses.update({p.id: p.status for p in own.patches if p.package == name} if own
+                        else {})
+    return _Checked(results, statuses, found[VLLM], variant, trees=checked)
 
 
 def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
@@ -175,12 +203,14 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
 def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
         default_tree: Path, variant: str | None = None, logs: tuple[str, ...] = (),
         containers: tuple[str, ...] = (), stdin=None, engine=None, base: str | None = None,
-        log=lambda m: None, timeout: float = DEFAULT_TIMEOUT) -> VerifyReport:
+        log=lambda m: None, timeout: float = DEFAULT_TIMEOUT,
+        packages: Sequence[str] = ()) -> VerifyReport:
     """The assertions on ``tree`` or ``image``; with ``logs`` (paths, ``-`` for ``stdin``) or
     ``containers`` (names or ids on the engine), the runtime markers too.  A log that cannot be
     had stops the command before anything is checked.  ``base`` (with a tree): judge the
     patches' ranges on the vLLM that base image holds, the one the tree is to be laid on.
-    ``timeout`` bounds each silence of the engine."""
+    ``timeout`` bounds each silence of the engine.  With a tree, each package's assertions are
+    checked on its checkout beside the tree; ``packages`` (``--package``) limits them."""
     if tree and image:
         raise UsageError("give --tree or --image, not both")
     if image and base:
@@ -190,7 +220,7 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
         from patchkit.image.docker import Engine
 
         engine = Engine.connect(timeout=timeout)
-    spec = run_spec(manifest, variant=variant)
+    spec = run_spec(manifest, variant=variant, only=packages)
     version = _base_version(base, spec.platform, engine, log) if base else None
     with _Logs(logs, containers, stdin=stdin, engine=engine) as sources:
         if image:
@@ -199,7 +229,9 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
                                    engine=sources.engine or engine, variant=variant)
         else:
             target = str(tree or default_tree)
-            checked = _check_tree(manifest, Path(target), variant, version)
+            checked = _check_tree(manifest, Path(target), variant, version, spec.only)
+            if len(checked.trees) > 1:   # vLLM's and the checkouts beside it
+                target = " and ".join(str(t) for t in checked.trees)
         report = VerifyReport(target, checked.results, holds=checked.holds)
         if sources.logs:
             report.runtime = sources.judge(manifest, checked)

@@ -6,10 +6,22 @@ values of it (a ref, the sources, a base name) rather than the manifest's defaul
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from patchkit.manifest.model import Manifest
+from patchkit.errors import UsageError
+from patchkit.manifest.model import VLLM, Manifest
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One package's pin for the run: its ref and the sources to take it from."""
+
+    name: str
+    dist: str
+    ref: str
+    sources: tuple[str, ...]   # local paths from the manifest's folder
 
 
 @dataclass(frozen=True)
@@ -19,15 +31,63 @@ class RunSpec:
     base: str | None           # the base image name: --base, else image.base
     platform: str              # OS/ARCH: --platform, else image.platform
     variant: str | None = None  # the build of the series (None: the default build)
+    others: tuple[Pin, ...] = ()        # the pins of `packages:` (--ref NAME=REF moves one)
+    only: tuple[str, ...] | None = None  # --package: the packages the run is limited to
+
+    @property
+    def pins(self) -> tuple[Pin, ...]:
+        """Every package's pin, vLLM first."""
+        return (Pin(VLLM, VLLM, self.ref, self.sources), *self.others)
+
+    def in_run(self, name: str) -> bool:
+        return self.only is None or name in self.only
+
+    def pin(self, name: str) -> Pin:
+        return next(p for p in self.pins if p.name == name)
 
 
 def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str] | None = None,
              base: str | None = None, platform: str | None = None,
-             variant: str | None = None) -> RunSpec:
+             variant: str | None = None, refs: Sequence[str] = (),
+             only: Sequence[str] = ()) -> RunSpec:
     """The run ``manifest`` and the options given make.  An option left out (None; no
-    ``repos``) takes the manifest's value; an empty ``ref`` stays, to be refused as a ref."""
+    ``repos``) takes the manifest's value; an empty ``ref`` stays, to be refused as a ref.
+    ``refs`` are ``--ref NAME=REF`` texts, ``only`` the ``--package`` names."""
+    moved = _moved_pins(manifest, refs)
+    if VLLM in moved:
+        if ref is not None and ref != moved[VLLM]:
+            raise UsageError(f"--vllm-ref {ref} and --ref vllm={moved[VLLM]} disagree; give one")
+        ref = moved[VLLM]
+    for name in only:
+        _known(manifest, name, "--package")
+    others = tuple(Pin(p.name, p.dist, moved.get(p.name, p.ref), manifest.sources(p.repos))
+                   for p in manifest.others)
     return RunSpec(ref=manifest.vllm.ref if ref is None else ref,
                    sources=tuple(repos) if repos else manifest.sources(),
                    base=base or manifest.image.base,
                    platform=platform or manifest.image.platform,
-                   variant=variant)
+                   variant=variant, others=others,
+                   only=tuple(dict.fromkeys(only)) if only else None)
+
+
+def _moved_pins(manifest: Manifest, refs: Sequence[str]) -> dict[str, str]:
+    moved: dict[str, str] = {}
+    for text in refs:
+        name, eq, value = text.partition("=")
+        if not eq or not name.strip() or not value.strip():
+            raise UsageError(f"--ref {text!r}: give NAME=REF, e.g. --ref flashinfer=v0.6.16")
+        name, value = name.strip(), value.strip()
+        _known(manifest, name, "--ref")
+        if moved.get(name, value) != value:
+            raise UsageError(f"--ref {name}= is given twice ({moved[name]}, {value}); give it once")
+        moved[name] = value
+    return moved
+
+
+def _known(manifest: Manifest, name: str, flag: str) -> None:
+    names = [p.name for p in manifest.packages]
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UsageError(f"{flag} {name}: the manifest has no package {name!r} (packages: "
+                         f"{', '.join(names)}){hint}")

@@ -56,13 +56,13 @@ def _bisected(row: Row) -> list[str]:
 def render_text(matrix: Matrix, color: bool = False) -> str:
     m = matrix.manifest
     if not matrix.targets:
-        return f"{m.name}: no targets (no vLLM release after the pin {m.vllm.ref})\n"
+        return f"{m.name}: no targets (no {matrix.label} release after the pin {matrix.pin})\n"
     rows = matrix.rows()
     head = ["patch", *matrix.refs, "notes"]
     table = [[r.patch.id, *[cell_word(c) for c in r.cells], "; ".join(notes(r))] for r in rows]
     widths = [max(len(x[i]) for x in [head, *table]) for i in range(len(head) - 1)]
-    lines = [(f"{m.name}: {len(rows)} patches x {len(matrix.targets)} vLLM targets "
-              f"(pinned at {m.vllm.ref}"
+    lines = [(f"{m.name}: {len(rows)} patches x {len(matrix.targets)} {matrix.label} targets "
+              f"(pinned at {matrix.pin}"
               + (f", variant {matrix.variant})" if matrix.variant else ")")), ""]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  notes")
     for r, cells in zip(rows, table):
@@ -73,11 +73,11 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
     failed = matrix.failures()
     if failed:
         lines += ["", "failed:"]
-        lines += [f"  {r.id} @ {t.vllm.ref}: {r.reason}: {r.message}" for t, r in failed]
+        lines += [f"  {r.id} @ {matrix.ref_of(t)}: {r.reason}: {r.message}" for t, r in failed]
     offsets = [(t, r) for t in matrix.targets for r in t.patches if r.offsets]
     if offsets:
         lines += ["", "offsets (fine; `patchkit rebase` rewrites them to apply exactly):"]
-        lines += [f"  {r.id} @ {t.vllm.ref}: {'; '.join(map(str, r.offsets))}" for t, r in offsets]
+        lines += [f"  {r.id} @ {matrix.ref_of(t)}: {'; '.join(map(str, r.offsets))}" for t, r in offsets]
     drop = [r.patch.id for r in rows if r.drop]
     if drop:
         lines += ["", (f"upstream in every target, to drop: {', '.join(drop)} "
@@ -87,7 +87,7 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
         lines.append(f"ok: the series applies to {len(matrix.targets)} of {len(matrix.targets)} "
                      "targets")
     else:
-        bad = [t.vllm.ref for t in matrix.targets if not t.ok]
+        bad = [matrix.ref_of(t) for t in matrix.targets if not t.ok]
         lines.append(f"FAILED: {_failures(len(failed))} on {len(bad)} of "
                      f"{len(matrix.targets)} targets ({', '.join(bad)})")
     return "\n".join(lines) + "\n"
@@ -106,13 +106,13 @@ def _md(text: str) -> str:
 
 def render_markdown(matrix: Matrix) -> str:
     m = matrix.manifest
-    out = [f"## vLLM rebase-check: {m.name}", ""]
+    out = [f"## {matrix.label} rebase-check: {m.name}", ""]
     if not matrix.targets:
-        out.append(f"No vLLM release after the pin `{m.vllm.ref}`: nothing to check.")
+        out.append(f"No {matrix.label} release after the pin `{matrix.pin}`: nothing to check.")
         return "\n".join(out) + "\n"
     verdict = ("✅ the series applies to every target" if matrix.ok else
                f"❌ {_failures(len(matrix.failures()))}")
-    out += [(f"Pinned at `{m.vllm.ref}`; {len(m.patches)} patches x {len(matrix.targets)} "
+    out += [(f"Pinned at `{matrix.pin}`; {len(matrix.rows())} patches x {len(matrix.targets)} "
              f"targets: {verdict}."), ""]
     out.append("| patch | " + " | ".join(f"`{ref}`" for ref in matrix.refs) + " | notes |")
     out.append("|---" * (len(matrix.targets) + 2) + "|")
@@ -125,7 +125,7 @@ def render_markdown(matrix: Matrix) -> str:
     if failed:
         out += ["", "### Failures", ""]
         for t, r in failed:
-            out += [(f"<details><summary><code>{r.id}</code> on <code>{t.vllm.ref}</code>: "
+            out += [(f"<details><summary><code>{r.id}</code> on <code>{matrix.ref_of(t)}</code>: "
                      f"{r.reason}</summary>"), "", "```text", failure_text(matrix, t, r), "```", "",
                     "</details>", ""]
     drop = [r.patch.id for r in rows if r.drop]
@@ -170,7 +170,8 @@ def render_junit(matrix: Matrix) -> str:
                         skipped=str(skipped))
     for t in matrix.targets:
         suite = ET.SubElement(
-            suites, "testsuite", name=f"vLLM {t.vllm.ref}", tests=str(len(t.patches)),
+            suites, "testsuite", name=f"{matrix.label} {matrix.ref_of(t)}",
+            tests=str(len(t.patches)),
             failures=str(sum(r.status == "failed" for r in t.patches)), errors="0",
             skipped=str(sum(r.status == "skipped" for r in t.patches)))
         props = ET.SubElement(suite, "properties")
@@ -178,7 +179,8 @@ def render_junit(matrix: Matrix) -> str:
                             ("vllm.version", t.vllm.version or "")):
             ET.SubElement(props, "property", name=name, value=value)
         for r in t.patches:
-            case = ET.SubElement(suite, "testcase", classname=f"vllm-{t.vllm.ref}", name=r.id)
+            case = ET.SubElement(suite, "testcase", name=r.id,
+                                 classname=f"{matrix.package}-{matrix.ref_of(t)}")
             if r.status == "failed":
                 fail = ET.SubElement(case, "failure", type=r.reason or "failed",
                                      message=f"{r.reason}: {r.message}"[:500])

@@ -14,6 +14,8 @@ def status_word(status: str, color: bool) -> str:
 def patch_line(r: PatchResult, color: bool = False) -> str:
     detail = f"{r.reason}: {r.message}" if r.status == "failed" else r.message
     line = f"{status_word(r.status, color)} {r.id}"
+    if r.package != "vllm":
+        line += f" ({r.package})"
     if r.commit:
         line += f" [{r.commit[:10]}]"
     if r.offsets:
@@ -39,16 +41,35 @@ def summary(report: ApplyReport) -> str:
             f"{variant})")
 
 
+def pin_lines(report: ApplyReport) -> list[str]:
+    """One line per package other than vLLM (whose pin the summary gives): its pin, commit,
+    version and source, and where its checkout goes."""
+    lines = []
+    for name, p in report.packages.items():
+        if name != "vllm":
+            where = f", checkout at {p.workdir}" if p.workdir else ""
+            lines.append(f"{name} {p.ref} = {p.commit[:12]}, version {p.version}, from "
+                         f"{p.source}{where}")
+    return lines
+
+
 def apply(report: ApplyReport) -> str:
     lines = [assertion_failure(a) for a in report.verify if not a.ok]
+    others = pin_lines(report)
     if report.ok:
-        lines.append(f"ok: {summary(report)}; checkout at {report.workdir}")
+        where = f"; checkout at {report.workdir}" if report.workdir else ""
+        lines.append(f"ok: {summary(report)}{where}")
+        lines += others
     else:
         lines.append(f"FAILED: {summary(report)}")
+        lines += others
+        places = [p.workdir for p in report.packages.values() if p.workdir]
+        places = places or ([report.workdir] if report.workdir else [])
         if report.keep_failed:
             lines.append(f"the failed checkout is kept at {report.keep_failed}")
         else:
-            lines.append(f"{report.workdir} is left as it was")
+            lines.append(f"{', '.join(places)} {'is' if len(places) == 1 else 'are'} left as "
+                         f"{'it was' if len(places) == 1 else 'they were'}")
     return "\n".join(lines)
 
 

@@ -14,8 +14,9 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,13 +27,14 @@ from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest import variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import ApplyReport, PatchResult, VllmInfo
+from patchkit.report import ApplyReport, AssertionResult, PackageInfo, PatchResult, VllmInfo
 from patchkit.series import checkout as applied
 from patchkit.series import assertions
 from patchkit.cache import cache_dir
 
-__all__ = ["Progress", "apply_one", "apply_series", "check_workdir", "commit_message", "in_range",
-           "needed_paths", "run_series"]
+__all__ = ["Progress", "Tree", "apply_one", "apply_series", "check_workdir", "commit_message",
+           "in_range", "needed_paths", "package_tops", "resolve_pins", "run_series", "run_stack",
+           "workdirs"]
 
 
 class Progress:
@@ -50,25 +52,34 @@ def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
 
 
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
-              version: str | None, mirror: Path | None = None) -> PatchResult:
-    """Apply one patch to the checkout at ``root`` and commit it; never raises for a bad patch."""
-    if patch.package != VLLM:   # ``root`` is vLLM's tree: another package's files are not here
-        return PatchResult(patch.id, patch.kind, "skipped", message=f"it patches {patch.package}, "
-                           "and only vllm's patches are applied (no other package has a checkout)")
-    ok, why = in_range(patch, version)
+              version: str | None, mirror: Path | None = None, *, package: str = VLLM,
+              found: Mapping[str, str | None] | None = None,
+              tops: Sequence[str] = ()) -> PatchResult:
+    """Apply one patch to the checkout of ``package`` at ``root`` and commit it; never raises
+    for a bad patch.  Its ranges are judged on ``found`` (package name -> version; default: the
+    one ``version`` of ``package``); with ``tops`` (the package's import folders) a patch
+    touching a path outside them fails as ``unsafe-path``."""
+    if patch.package != package:   # ``root`` is another package's tree
+        return _result(patch, "skipped", message=f"it patches {patch.package}, which has no "
+                                                 "checkout in this run")
+    found = {package: version} if found is None else found
+    ok, why = versions.in_ranges(patch.ranges, found)
     if not ok:
-        if version is None:
-            return PatchResult(patch.id, patch.kind, "failed", "error", message=why)
-        return PatchResult(patch.id, patch.kind, "skipped", message=why)
+        if any(found.get(name, "") is None for name in patch.ranges):
+            return _result(patch, "failed", "error", message=why)
+        return _result(patch, "skipped", message=why)
+    outside = _outside(manifest, patch, tops)
+    if outside:
+        return _result(patch, "failed", "unsafe-path", message=outside)
     kind = kinds.get(patch.kind)
     try:
         out = kind.apply(patch, manifest.root / patch.path,
                          kinds.Target(root, base_commit, version, mirror))
     except OSError as exc:
         _reset(root)
-        return PatchResult(patch.id, patch.kind, "failed", "error", message=f"{exc}")
+        return _result(patch, "failed", "error", message=f"{exc}")
     result = PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
-                         out.message, out.offsets, out.hunk)
+                         out.message, out.offsets, out.hunk, package=patch.package)
     if not kind.writes_only_named and out.status in ("applied", "upstream"):
         # What it did not name would be left out of the commit yet ride along in the workdir.
         stray = [p for p in g.dirty_paths(root) if p not in out.files]
@@ -76,7 +87,8 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
             _reset(root)
             shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
             return PatchResult(patch.id, patch.kind, "failed", "unsafe-path", None, out.files,
-                               f"it changed files it does not name: {shown}")
+                               f"it changed files it does not name: {shown}",
+                               package=patch.package)
     if out.status == "applied":
         result.commit = g.commit_all(root, commit_message(patch), [] if out.staged else out.files)
         if result.commit is None:  # wrote bytes identical to what was there
@@ -84,6 +96,36 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     elif out.status == "failed":
         _reset(root)
     return result
+
+
+def _result(patch: Patch, status: str, reason: str | None = None, *,
+            message: str = "") -> PatchResult:
+    return PatchResult(patch.id, patch.kind, status, reason, message=message,
+                       package=patch.package)
+
+
+def _outside(manifest: Manifest, patch: Patch, tops: Sequence[str]) -> str | None:
+    """Why ``patch`` reaches outside its package's folders ``tops``, or None.  A kind that
+    cannot name its paths is left to fail as it applies."""
+    if not tops:
+        return None
+    try:
+        paths = kinds.get(patch.kind).touched(manifest.root / patch.path)
+    except (OSError, kinds.KindError):
+        return None
+    paths += [a.file for a in patch.verify]
+    bad = [p for p in paths if p.split("/", 1)[0] not in tops or "/" not in p]
+    if not bad:
+        return None
+    where = ", ".join(f"{t}/" for t in tops)
+    return (f"{bad[0]} is outside {patch.package}'s files ({where}); a {patch.package} patch "
+            f"names paths from that package's root")
+
+
+def package_tops(resolved: source.Resolved) -> tuple[str, ...]:
+    """The import folders of a package at its pin: its root folders holding ``__init__.py``
+    (for a release from PyPI, the folders its wheel holds)."""
+    return tuple(g.package_folders(resolved.repo, resolved.commit))
 
 
 def _reset(root: Path) -> None:
@@ -94,26 +136,58 @@ def _reset(root: Path) -> None:
 def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
                progress: Progress | None = None, patches: Sequence[Patch] | None = None,
                variant=variants.EVERY) -> ApplyReport:
-    """Apply the series to the fresh checkout at ``root`` and run the assertions.  With
+    """Apply the series to the fresh vLLM checkout at ``root`` and run the assertions.  With
     ``variant`` (a name, or None for the default build) the patches outside that build are
-    ``skipped``; by default every patch is tried."""
+    ``skipped``; by default every patch is tried.  Another package's patches are skipped."""
+    return run_stack(manifest, {VLLM: Tree(root, resolved)}, progress, patches, variant)
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One package's fresh checkout in a run, and the pin it was made from."""
+
+    root: Path
+    resolved: source.Resolved
+    tops: tuple[str, ...] = ()   # its import folders, for a package other than vLLM
+
+
+def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress | None = None,
+              patches: Sequence[Patch] | None = None, variant=variants.EVERY, *,
+              pins: Mapping[str, source.Resolved] | None = None,
+              vllm: source.Resolved | None = None) -> ApplyReport:
+    """Apply the series, each patch to its package's tree of ``trees``, and run every
+    assertion against the tree of its package.  Ranges are judged on the versions of ``pins``
+    (every pinned package of the run; default: those of ``trees``).  A patch whose package has
+    no tree is skipped.  ``vllm`` is vLLM's pin when it has no tree."""
     progress = progress or Progress()
-    report = ApplyReport(VllmInfo(resolved.ref, resolved.commit, resolved.version, resolved.source),
-                         workdir=None, variant=variant if isinstance(variant, str) else None)
+    pins = {n: t.resolved for n, t in trees.items()} if pins is None else pins
+    at = trees[VLLM].resolved if VLLM in trees else vllm or pins[VLLM]
+    report = ApplyReport(VllmInfo(at.ref, at.commit, at.version, at.source), workdir=None,
+                         variant=variant if isinstance(variant, str) else None)
+    report.packages = {n: PackageInfo(t.resolved.ref, t.resolved.commit, t.resolved.version,
+                                      t.resolved.source) for n, t in trees.items()}
+    found = {n: r.version for n, r in pins.items()}
     series = list(manifest.patches if patches is None else patches)
     for patch in series:
         interrupt.check()
         why = variants.left_out(patch, variant)
+        tree = trees.get(patch.package)
         if why:
-            result = PatchResult(patch.id, patch.kind, "skipped", message=why)
+            result = _result(patch, "skipped", message=why)
+        elif tree is None:
+            result = _result(patch, "skipped", message=f"it patches {patch.package}, which has "
+                                                       "no checkout in this run")
         else:
-            result = apply_one(manifest, patch, root, resolved.commit, resolved.version,
-                               resolved.repo)
+            result = apply_one(manifest, patch, tree.root, tree.resolved.commit,
+                               tree.resolved.version, tree.resolved.repo, package=patch.package,
+                               found=found, tops=tree.tops)
         report.patches.append(result)
         progress.patch(result)
-    active = [p for p, r in zip(series, report.patches) if r.status != "skipped"]
-    report.verify = assertions.run_assertions(active, assertions.tree_reader(root))
-    failed_by = {}
+    for name, tree in trees.items():
+        active = [p for p, r in zip(series, report.patches)
+                  if r.status != "skipped" and p.package == name]
+        report.verify += assertions.run_assertions(active, assertions.tree_reader(tree.root))
+    failed_by: dict[str, AssertionResult] = {}
     for a in report.verify:
         if not a.ok:
             failed_by.setdefault(a.patch, a)
@@ -122,7 +196,8 @@ def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
             a = failed_by[r.id]
             r.status, r.reason = "failed", "assertion"
             r.message = f"{a.location()}: {a.message}"
-    g.tag(root, applied.APPLIED_TAG, g.head(root))
+    for tree in trees.values():
+        g.tag(tree.root, applied.APPLIED_TAG, g.head(tree.root))
     return report
 
 
@@ -157,64 +232,129 @@ def check_workdir(workdir: Path, discard: bool = False) -> applied.UserWork:
     return work
 
 
+def workdirs(run: RunSpec, workdir: Path) -> dict[str, Path]:
+    """Where each package of ``run`` goes: vLLM at ``workdir``, every other package beside it
+    under its own name (``.patchkit/vllm``, ``.patchkit/flashinfer``)."""
+    workdir = Path(workdir).absolute()
+    places = {p.name: workdir if p.name == VLLM else workdir.parent / p.name
+              for p in run.pins if run.in_run(p.name)}
+    if len(set(places.values())) < len(places):
+        raise UsageError(f"--workdir {workdir}: {workdir.name}'s checkout goes beside vLLM's "
+                         f"under its own name, {workdir}; name another --workdir")
+    return places
+
+
+def resolve_pins(run: RunSpec, cache: Path, log, base: source.Base | None,
+                 names: Sequence[str] | None = None) -> dict[str, source.Resolved]:
+    """Every pin of ``run`` (or those ``names``) resolved to a commit, vLLM first."""
+    out = {}
+    for pin in run.pins:
+        if names is not None and pin.name not in names:
+            continue
+        if pin.name != VLLM and (pin.ref == source.BASE_REF
+                                 or any(source.kind_of(s).reads_base for s in pin.sources)):
+            raise UsageError(f"{pin.name}: a pin read from a base image (ref 'base', source "
+                             "'image') is built for vLLM alone so far; pin a release or a "
+                             "git source")
+        out[pin.name] = source.resolve(pin.sources, pin.ref, cache, log,
+                                       base=base if pin.name == VLLM else None,
+                                       package=source.package_id(pin.name, pin.dist))
+    return out
+
+
 def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = None,
                  ref: str | None = None, repos: Sequence[str] | None = None,
                  variant: str | None = None, keep_failed: bool = False,
                  progress: Progress | None = None, cache: Path | None = None,
                  base: source.Base | None = None, discard: bool = False) -> ApplyReport:
-    """Check out the pinned vLLM of ``run`` (default: the one ``ref``, ``repos`` and
-    ``variant`` make), apply the series of its variant, verify; move into ``workdir`` only if
-    all passed.  On failure ``workdir`` is exactly as it was.  ``base`` is the base image that
-    the ref ``base`` and the source ``image`` read.  A workdir holding a person's work is
-    refused, or with ``discard`` saved, then replaced."""
+    """Check out every package of ``run`` (default: the run ``ref``, ``repos`` and ``variant``
+    make) at its pin, apply the series of its variant, verify; move every checkout into place
+    (vLLM's at ``workdir``, the others beside it) only if all passed.  On failure every
+    workdir is exactly as it was.  ``base`` is the base image that the ref ``base`` and the
+    source ``image`` read.  A workdir holding a person's work is refused, or with ``discard``
+    saved, then replaced."""
     run = run or run_spec(manifest, ref=ref, repos=repos, variant=variant)
     variants.check(manifest, run.variant)
     progress = progress or Progress()
-    workdir = Path(workdir).absolute()
-    check_workdir(workdir, discard)
+    places = workdirs(run, workdir)
+    for place in places.values():
+        check_workdir(place, discard)
     cache = cache or cache_dir()
-    # Before any download: a workdir that cannot be made is known at once.
-    scratch = _scratch_beside(workdir)
+    scratches: dict[str, Path] = {}
     kept = False
     try:
-        resolved = source.resolve(run.sources, run.ref, cache, progress.info, base=base)
-        tree = scratch / "t"
-        report = _checked_out_series(manifest, resolved, tree, progress, run.variant)
-        report.workdir = str(workdir)
+        # Before any download: a workdir that cannot be made is known at once.
+        for name, place in places.items():
+            scratches[name] = _scratch_beside(place)
+        pins = resolve_pins(run, cache, progress.info, base)
+        trees = {name: scratches[name] / "t" for name in places}
+        report = _checked_out_stack(manifest, pins, trees, progress, run.variant)
+        for name, place in places.items():
+            report.packages[name].workdir = str(place)
+        report.workdir = str(places[VLLM]) if VLLM in places else None
         if not report.ok:
             if keep_failed:
                 kept = True
-                report.keep_failed = str(tree)
+                report.keep_failed = str(trees.get(VLLM) or next(iter(trees.values())))
             return report
-        applied.write_report(tree, report)
-        with _vanishing_lock(workdir.parent / f".{workdir.name}.patchkit.lock"):
-            interrupt.check()  # the last point where stopping leaves the workdir as it was
-            # asked again: the person may have committed while the series ran
-            work = check_workdir(workdir, discard)
-            # once begun, the save and the swap finish: a signal is raised after them, and
-            # its line says the workdir was replaced
-            with interrupt.deferred(done=f"{workdir} was replaced by the new checkout"):
-                if work:
-                    report.discarded = _save(workdir, work, progress)
-                _swap(tree, workdir, scratch)
+        for tree in trees.values():
+            applied.write_report(tree, report)
+        _move_in(trees, places, scratches, discard, report, progress)
         return report
     finally:
         if not kept:
-            shutil.rmtree(scratch, ignore_errors=True)
+            for scratch in scratches.values():
+                shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _checked_out_series(manifest: Manifest, resolved: source.Resolved, tree: Path,
-                        progress: Progress, variant: str | None) -> ApplyReport:
+def _move_in(trees: Mapping[str, Path], places: Mapping[str, Path], scratches: Mapping[str, Path],
+             discard: bool, report: ApplyReport, progress: Progress) -> None:
+    """Every checkout into its place together, the work of a replaced one saved first."""
+    with ExitStack() as locks:
+        for place in places.values():
+            locks.enter_context(_vanishing_lock(place.parent / f".{place.name}.patchkit.lock"))
+        interrupt.check()  # the last point where stopping leaves every workdir as it was
+        # asked again: the person may have committed while the series ran
+        works = {name: check_workdir(place, discard) for name, place in places.items()}
+        shown = ", ".join(str(p) for p in places.values())
+        # once begun, the saves and the swaps finish: a signal is raised after them, and its
+        # line says the workdirs were replaced
+        with interrupt.deferred(done=f"{shown} {'was' if len(places) == 1 else 'were'} "
+                                     "replaced by the new checkout"):
+            for name, work in works.items():
+                if work:
+                    saved = _save(places[name], work, progress)
+                    if report.discarded is None:
+                        report.discarded = dict(saved, package=name) if name != VLLM else saved
+            _swap_all(trees, places, scratches)
+
+
+def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
+                       trees: Mapping[str, Path], progress: Progress,
+                       variant: str | None) -> ApplyReport:
+    made: dict[str, Tree] = {}
+    for name, tree in trees.items():
+        resolved = pins[name]
+        try:
+            source.checkout(resolved, tree)
+        except CommandError:
+            _gone(resolved, name)
+            raise
+        made[name] = Tree(tree, resolved, () if name == VLLM else package_tops(resolved))
     try:
-        source.checkout(resolved, tree)
-        return run_series(manifest, tree, resolved, progress, variant=variant)
+        return run_stack(manifest, made, progress, variant=variant, pins=pins)
     except CommandError:
-        # the checkout borrows the cached repository's objects
-        if not g.is_repository(resolved.repo):
-            raise SourceError(f"the cached vLLM repository {resolved.repo} went away during "
-                              "the run (was the cache deleted?); nothing was changed, run "
-                              "again") from None
+        for name, tree in made.items():   # a checkout borrows the cached repository's objects
+            _gone(tree.resolved, name)
         raise
+
+
+def _gone(resolved: source.Resolved, name: str) -> None:
+    if not g.is_repository(resolved.repo):
+        what = "vLLM" if name == VLLM else name
+        raise SourceError(f"the cached {what} repository {resolved.repo} went away during "
+                          "the run (was the cache deleted?); nothing was changed, run "
+                          "again") from None
 
 
 def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:
@@ -316,11 +456,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _swap(new: Path, workdir: Path, scratch: Path) -> None:
+def _swap_all(trees: Mapping[str, Path], places: Mapping[str, Path],
+              scratches: Mapping[str, Path]) -> None:
+    """Each new checkout into its place, the old one into its scratch folder; a rename that
+    fails puts back the ones done, so the set moves together or not at all."""
+    done: list[str] = []
     with _signals_blocked():
-        if workdir.exists() or workdir.is_symlink():
-            os.rename(workdir, scratch / "old")
-        os.rename(new, workdir)
+        try:
+            for name, new in trees.items():
+                place, old = places[name], scratches[name] / "old"
+                if place.exists() or place.is_symlink():
+                    os.rename(place, old)
+                done.append(name)
+                os.rename(new, place)
+        except OSError:
+            for name in reversed(done):
+                place, old = places[name], scratches[name] / "old"
+                if not os.path.lexists(trees[name]) and os.path.lexists(place):
+                    os.rename(place, trees[name])
+                if os.path.lexists(old):
+                    os.rename(old, place)
+            raise
 
 
 def needed_paths(manifest: Manifest) -> list[str] | None:

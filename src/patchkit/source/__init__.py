@@ -22,7 +22,7 @@ from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
 from patchkit.source import image, mirror, pypi
-from patchkit.source.protocol import VLLM, PackageId, Source
+from patchkit.source.protocol import VLLM, PackageId, Source, package_id
 from patchkit.source.protocol import Base
 from patchkit.source.refs import BASE_REF, ref_problem, source_problem
 from patchkit.source.resolved import Log, Resolved, version_of
@@ -36,7 +36,7 @@ WORDS: dict[str, Source] = {pypi.WORD: pypi.SOURCE, image.WORD: image.SOURCE}
 GIT: Source = mirror.SOURCE
 
 __all__ = ["BASE_REF", "BASE_TAG", "GIT", "VLLM", "WORDS", "Base", "PackageId", "Resolved",
-           "Source", "checkout", "kind_of", "list_tags", "ref_problem", "resolve",
+           "Source", "checkout", "package_id", "kind_of", "list_tags", "ref_problem", "resolve",
            "source_problem", "version_of"]
 
 

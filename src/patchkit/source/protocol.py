@@ -22,11 +22,19 @@ class PackageId:
 
     name: str = "vllm"
     dist: str = "vllm"
-    top: str = "vllm"      # the folder of the wheel (and of site-packages) holding its files
+    # the folder of the wheel (and of site-packages) holding its files; "" when it is read from
+    # the release itself (a wheel's top_level.txt, or its root folders holding __init__.py)
+    top: str = "vllm"
     label: str = "vLLM"
 
 
 VLLM = PackageId()
+
+
+def package_id(name: str, dist: str) -> PackageId:
+    """The identity of the manifest's package ``name``: vLLM's as it always was (its cache paths
+    and commit ids must not change), any other's with its import folder read from its release."""
+    return VLLM if name == VLLM.name else PackageId(name, dist, "", name)
 
 
 class Base(Protocol):

@@ -117,7 +117,8 @@ def _wheel(cache: Path, version: str, log, package: PackageId = VLLM) -> Path:
                  "-d", str(tmp)])
         except CommandError as exc:
             if "No matching distribution" in exc.output or "Could not find a version" in exc.output:
-                raise SourceError(f"{package.label} release {version} is not on PyPI") from None
+                raise SourceError(f"{package.label} release {version} is not on PyPI (no "
+                                  f"{package.dist}=={version} wheel)") from None
             last = [line for line in exc.output.splitlines() if line.strip()][-1:] or ["?"]
             raise SourceError(f"could not download {package.label} {version} from PyPI: "
                               f"{last[0].strip()}") from None
@@ -137,14 +138,33 @@ def _is_source(name: str, head: bytes) -> bool:
     return not head.startswith(b"\x7fELF")
 
 
+def wheel_tops(names: list[str], data_of) -> list[str]:
+    """The import folders a wheel holds: those its ``*.dist-info/top_level.txt`` names (else
+    every root folder) that hold an ``__init__.py``; modules beside them (a wheel's build
+    helpers) are not a package's files."""
+    listed: list[str] | None = None
+    for name in names:
+        parts = name.split("/")
+        if len(parts) == 2 and parts[0].endswith(".dist-info") and parts[1] == "top_level.txt":
+            listed = data_of(name).decode("utf-8", "replace").split()
+    folders = {n.split("/", 1)[0] for n in names if n.count("/") == 1 and
+               n.endswith("/__init__.py")}
+    return sorted(folders if listed is None else folders & set(listed))
+
+
 def _commit_wheel(repo: Path, wheel: Path, version: str, tag: str,
                   package: PackageId = VLLM) -> None:
     work = Path(tempfile.mkdtemp(prefix=f"layout-{version}.", dir=repo.parent))
     try:
         with zipfile.ZipFile(wheel) as zf:
+            names = zf.namelist()
+            tops = [package.top] if package.top else wheel_tops(names, zf.read)
+            if not tops:
+                raise SourceError(f"the {package.label} {version} wheel {wheel.name} holds no "
+                                  "package folder (no top_level.txt entry with an __init__.py)")
             for info in zf.infolist():
                 name = info.filename
-                if not name.startswith(f"{package.top}/") or info.is_dir():
+                if name.split("/", 1)[0] not in tops or "/" not in name or info.is_dir():
                     continue
                 with zf.open(info) as fh:
                     data = fh.read()

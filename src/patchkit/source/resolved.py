@@ -32,7 +32,7 @@ def version_of(repo: Path, commit: str, top: str = "vllm") -> str | None:
         v = versions.tag_version(tag)
         if v:
             return v
-    text = g.show(repo, f"{commit}:{top}/_version.py")
+    text = g.show(repo, f"{commit}:{top}/_version.py") if top else None
     if text:
         m = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text)
         if m and versions.tag_version(m.group(1)):

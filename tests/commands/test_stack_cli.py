@@ -1,0 +1,134 @@
+"""The stack through the CLI: apply's report per package, verify on each checkout,
+rebase-check of FlashInfer over real releases, and one line for each bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from testing import patchkit, real_cache
+from testing.flashinfer import FI_FILE, ensure_releases, make_stack
+
+pytestmark = pytest.mark.real_vllm
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory) -> Path:
+    """The stack project, applied once through the CLI."""
+    ensure_releases(real_cache())
+    proj = make_stack(tmp_path_factory.mktemp("stack"))
+    p = run(proj, "apply")
+    assert p.returncode == 0, p.stderr
+    return proj
+
+
+def run(proj: Path, *args: str):
+    return patchkit(*args, cwd=proj, env={**os.environ, "PATCHKIT_CACHE_DIR": str(real_cache())})
+
+
+def test_apply_text_labels_each_package_and_prints_its_pin(applied):
+    p = run(applied, "apply", "--format", "text")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert any(line.startswith("applied   fi-moe-activations (flashinfer) [") for line in lines)
+    assert any(line.startswith("applied   table-nvfp4 [") for line in lines)
+    fi = applied / ".patchkit" / "flashinfer"
+    assert any(line.startswith("flashinfer v0.6.15 = ") and line.endswith(
+        f", version 0.6.15, from pypi, checkout at {fi}") for line in lines), lines
+
+
+def test_apply_json_has_a_section_per_package(applied):
+    p = run(applied, "apply", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert set(data["packages"]) == {"vllm", "flashinfer"}
+    assert data["packages"]["flashinfer"]["version"] == "0.6.15"
+    assert {e["id"]: e["package"] for e in data["patches"]}["fi-moe-activations"] == "flashinfer"
+
+
+def test_verify_checks_each_package_on_its_checkout(applied):
+    p = run(applied, "verify", "--format", "json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    files = {a["file"] for a in json.loads(p.stdout)["verify"]}
+    assert FI_FILE in files and "pkg/mod.py" in files
+    p = run(applied, "verify", "--package", "flashinfer", "--format", "json")
+    assert {a["file"] for a in json.loads(p.stdout)["verify"]} == {FI_FILE}
+    # FlashInfer's file overwritten: its assertions fail on its checkout, vLLM's still pass
+    fi = applied / ".patchkit" / "flashinfer"
+    good = (fi / FI_FILE).read_bytes()
+    try:
+        (fi / FI_FILE).write_text("x = 1\n")
+        p = run(applied, "verify", "--package", "vllm")
+        assert p.returncode == 0, p.stdout
+        p = run(applied, "verify")
+        assert p.returncode == 1
+        assert f"{FI_FILE}:1:0: [fi-moe-activations] " in p.stdout
+    finally:
+        (fi / FI_FILE).write_bytes(good)
+
+
+def test_verify_names_a_package_without_its_checkout(applied, tmp_path):
+    import shutil
+
+    tree = tmp_path / "t" / "vllm"
+    shutil.copytree(applied / ".patchkit" / "vllm", tree, symlinks=True)
+    p = run(applied, "verify", "--tree", str(tree))
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        f"patchkit: error: flashinfer has 1 patch with assertions but no checkout at "
+        f"{tmp_path / 't' / 'flashinfer'}; run 'patchkit apply'"]
+
+
+def test_rebase_check_gives_flashinfers_matrix_over_its_releases(applied):
+    p = run(applied, "rebase-check", "--package", "flashinfer", "--to", "v0.6.16",
+            "--to", "v0.6.15", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert data["package"] == "flashinfer" and data["package_pin"] == "v0.6.15"
+    assert [r["id"] for r in data["patches"]] == ["fi-moe-activations"]
+    assert data["patches"][0]["status"] == {"v0.6.15": "applied", "v0.6.16": "applied"}
+    assert [t["packages"]["flashinfer"]["version"] for t in data["targets"]] == ["0.6.15",
+                                                                               "0.6.16"]
+    assert "flashinfer v0.6.16: ok" in p.stderr.splitlines()
+
+
+def test_vllms_matrix_judges_a_flashinfer_range_at_flashinfers_pin(applied):
+    p = run(applied, "rebase-check", "--to", "v2", "--ref", "flashinfer=v0.6.16",
+            "--format", "json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    cells = {e["id"]: (e["status"], e["message"]) for e in data["targets"][0]["patches"]}
+    assert cells["fast-mode"] == ("skipped", "flashinfer 0.6.16 is outside <0.6.16")
+    assert cells["table-nvfp4"][0] == "applied"
+    assert cells["fi-moe-activations"] == ("skipped", "it patches flashinfer, which has no "
+                                                      "checkout in this run")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["apply", "--ref", "flashinfer"],
+     "patchkit: error: --ref 'flashinfer': give NAME=REF, e.g. --ref flashinfer=v0.6.16"),
+    (["apply", "--ref", "triton=v3"],
+     "patchkit: error: --ref triton: the manifest has no package 'triton' (packages: vllm, "
+     "flashinfer)"),
+    (["apply", "--package", "flashinfr"],
+     "patchkit: error: --package flashinfr: the manifest has no package 'flashinfr' "
+     "(packages: vllm, flashinfer); did you mean 'flashinfer'?"),
+    (["verify", "--package", "flashinfr"],
+     "patchkit: error: --package flashinfr: the manifest has no package 'flashinfr' "
+     "(packages: vllm, flashinfer); did you mean 'flashinfer'?"),
+    (["apply", "--ref", "flashinfer=v0.6.99"],
+     "patchkit: error: flashinfer release 0.6.99 is not on PyPI (no flashinfer-python==0.6.99 "
+     "wheel)"),
+])
+def test_bad_input_is_one_line_and_changes_nothing(applied, args, line):
+    before = sorted(p.name for p in (applied / ".patchkit").iterdir())
+    heads = [(applied / ".patchkit" / n / ".git" / "HEAD").read_text() for n in before]
+    p = run(applied, *args)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines()[-1:] == [line]
+    assert "Traceback" not in p.stderr
+    assert sorted(p.name for p in (applied / ".patchkit").iterdir()) == before
+    assert [(applied / ".patchkit" / n / ".git" / "HEAD").read_text() for n in before] == heads

@@ -1,0 +1,110 @@
+"""Real FlashInfer releases from PyPI (``flashinfer-python`` wheels are pure Python), a real
+patch written against FlashInfer 0.6.15, and a patchset project that pins vLLM (the engine's
+fixture upstream) and FlashInfer side by side.
+
+``FI_PATCH`` hoists the activations of the sm12x fused-MoE micro kernel into a module constant
+and refuses a ``swiglu_limit`` at or below zero, which would clamp every gate to nothing.  The
+file is the same in 0.6.15 and 0.6.16, so the patch applies on both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from patchkit import source
+from testing.project import make_project
+
+FI_RELEASES = ("v0.6.15", "v0.6.16")
+FI_FILE = "flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py"
+FI_PACKAGE = source.package_id("flashinfer", "flashinfer-python")
+
+FI_PATCH = """\
+--- a/flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py
++++ b/flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py
+@@ -130,6 +130,7 @@ from .moe_activation import gated_activation_f32, is_gated_activation
+ 
+ _SF_VEC_SIZE = 16
+ _COMPACT_STATIC_TILE_M = 128
++_SUPPORTED_ACTIVATIONS = frozenset({"silu", "relu2", "gelu_tanh", "swigluoai_uninterleave"})
+ 
+ 
+ @cute.jit
+@@ -374,8 +375,12 @@ class MoEMicroKernel:
+         share_expert_scales: bool = False,
+         single_token: bool = False,
+     ):
+-        if activation not in {"silu", "relu2", "gelu_tanh", "swigluoai_uninterleave"}:
++        if activation not in _SUPPORTED_ACTIVATIONS:
+             raise ValueError(f"unsupported activation {activation!r}")
++        # A limit at or below zero clamps every gate to nothing: the kernel would run and
++        # return zeros instead of failing.
++        if swiglu_limit is not None and swiglu_limit <= 0:
++            raise ValueError(f"swiglu_limit must be positive, got {swiglu_limit!r}")
+         self._dense_cls = DenseGemmKernel
+         self.acc_dtype = cutlass.Float32
+         self.sf_vec_size = sf_vec_size
+"""
+
+
+def patched(pristine: str) -> str:
+    """What FI_PATCH makes of the pristine file, written out by other means than the diff."""
+    out = pristine.replace(
+        "_COMPACT_STATIC_TILE_M = 128\n",
+        "_COMPACT_STATIC_TILE_M = 128\n_SUPPORTED_ACTIVATIONS = frozenset({\"silu\", \"relu2\", "
+        "\"gelu_tanh\", \"swigluoai_uninterleave\"})\n", 1)
+    old = ('        if activation not in {"silu", "relu2", "gelu_tanh", "swigluoai_uninterleave"}:\n'
+           '            raise ValueError(f"unsupported activation {activation!r}")\n')
+    assert pristine.count(old) == 1
+    return out.replace(old, (
+        "        if activation not in _SUPPORTED_ACTIVATIONS:\n"
+        '            raise ValueError(f"unsupported activation {activation!r}")\n'
+        "        # A limit at or below zero clamps every gate to nothing: the kernel would run and\n"
+        "        # return zeros instead of failing.\n"
+        "        if swiglu_limit is not None and swiglu_limit <= 0:\n"
+        '            raise ValueError(f"swiglu_limit must be positive, got {swiglu_limit!r}")\n'))
+
+
+def ensure_releases(cache: Path) -> Path:
+    """FlashInfer's FI_RELEASES laid out in ``cache``'s PyPI upstream, through the pypi source
+    (downloaded once; later runs find them there)."""
+    for ref in FI_RELEASES:
+        source.resolve(["pypi"], ref, cache, package=FI_PACKAGE)
+    return cache
+
+
+PACKAGES = """\
+packages:
+  flashinfer:
+    dist: flashinfer-python
+    repo: [pypi]
+    ref: v0.6.15
+patches:
+"""
+
+FI_ENTRY = """\
+  - id: fi-moe-activations
+    summary: one table of activations; refuse a swiglu_limit at or below zero
+    package: flashinfer
+    diff: patches/flashinfer/fi-moe-activations.diff
+    flashinfer: ">=0.6.15"
+    verify:
+      - file: flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py
+        in: MoEMicroKernel.__init__
+        contains: _SUPPORTED_ACTIVATIONS
+      - file: flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py
+        defines: _SUPPORTED_ACTIVATIONS
+"""
+
+
+def make_stack(tmp: Path, extra: str = "") -> Path:
+    """The engine's project (vLLM from its fixture upstream) with FlashInfer 0.6.15 from PyPI
+    beside it: FI_PATCH as a flashinfer patch, and the vLLM transform ``fast-mode`` held on
+    FlashInfer below 0.6.16.  ``extra`` is more patch entries, appended."""
+    proj = make_project(tmp)
+    (proj / "patches" / "flashinfer").mkdir()
+    (proj / "patches" / "flashinfer" / "fi-moe-activations.diff").write_text(FI_PATCH)
+    text = (proj / "patchset.yaml").read_text().replace("patches:\n", PACKAGES)
+    text = text.replace("    transform: patches/fast.py\n",
+                        "    transform: patches/fast.py\n    flashinfer: \"<0.6.16\"\n")
+    (proj / "patchset.yaml").write_text(text + FI_ENTRY + extra)
+    return proj
