@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from patchkit import source, versions
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import labels as image_labels
-from patchkit.image import layer, package
+from patchkit.image import layer, package, stack
 from patchkit.manifest import Manifest
 from patchkit.series.checkout import AppliedCheckout, Change
 
@@ -305,10 +305,16 @@ def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice
     serve = serve_file.read_bytes() if serve_file.is_file() else None
     created = source_date(tree)
     labels = image_labels.run_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
-                                     digest=patchset_digest(manifest))
+                                     digest=patchset_digest(manifest),
+                                     packages=packages_of(manifest, tree))
     labels.update(image_labels.base_labels(base))
     return OverlayInputs(serve, created, labels,
                          inputs_key(base, labels, choice.shipped, serve, created))
+
+
+def packages_of(manifest: Manifest, tree: AppliedCheckout) -> dict[str, dict[str, str]]:
+    """Each package's version, commit and source, as the labels record them."""
+    return {name: asdict(p) for name, p in stack.patched_packages(manifest, tree.root).items()}
 
 
 def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInputs

@@ -34,6 +34,7 @@ from patchkit import versions
 from patchkit.errors import ImageError, ManifestError, UsageError
 from patchkit.image.distinfo import Installed
 from patchkit.manifest import Manifest
+from patchkit.series import checkout
 from patchkit.source.refs import BASE_REF
 
 if sys.version_info >= (3, 11):
@@ -140,6 +141,32 @@ class Lock:
                        {str(k): _s(v) for k, v in data.get("installed", {}).items()})
         except (KeyError, TypeError, AttributeError) as exc:
             raise UsageError(f"{path}: not a lock file: missing or malformed {exc}") from None
+
+
+def checkout_dir(workdir: Path, name: str) -> Path:
+    """Where the applied checkout of package ``name`` is: vLLM's at ``workdir``, the others'
+    beside it (``.patchkit/<name>``)."""
+    return workdir if name == "vllm" else workdir.parent / name
+
+
+def patched_packages(manifest: Manifest, workdir: Path,
+                     installed: Installed | None = None) -> dict[str, Pinned]:
+    """Each package's version and commit: from its applied checkout when there is one
+    (``source = "checkout"``), else from the manifest's pin (``"pin"``: the version its ref
+    names, or with ``ref: base`` what ``installed`` holds; the commit unknown)."""
+    out: dict[str, Pinned] = {}
+    for package in manifest.packages:
+        where = checkout_dir(workdir, package.name)
+        if checkout.is_checkout(where):
+            info = checkout.AppliedCheckout.open(where)
+            out[package.name] = Pinned(str(info.vllm.version or info.vllm.ref),
+                                       str(info.vllm.commit or info.base), "checkout")
+            continue
+        version = versions.expected(None, package.ref) or package.ref
+        if package.ref == BASE_REF and installed is not None and installed.get(package.dist):
+            version = installed.get(package.dist).version
+        out[package.name] = Pinned(version, "", "pin")
+    return out
 
 
 def _q(text: str) -> str:
