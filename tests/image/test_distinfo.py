@@ -249,3 +249,37 @@ def test_differences_name_each_one():
     got = stack.package_differences(lock(), {"vllm": stack.Pinned("0.27.1", "d" * 40, "checkout")})
     assert got == ["package flashinfer is in the lock, not in the stack",
                    f"package vllm commit {'d' * 12}, the lock has {'c' * 12}"]
+
+
+# ------------------------------------------------- the proof on a package's applied checkout
+
+def test_an_applied_checkout_of_a_package_is_proven_on_the_base(tmp_path):
+    from testing.upstream import make_upstream, unified
+
+    from patchkit.series.applier import apply_series
+    from patchkit.series.checkout import AppliedCheckout
+
+    core = FI["flashinfer/fused_moe/core.py"].decode()
+    up = make_upstream(tmp_path / "fi", {"v0.6.15": {k: v.decode() for k, v in FI.items()}})
+    proj = tmp_path / "proj"
+    (proj / "patches").mkdir(parents=True)
+    (proj / "patches" / "p.diff").write_text(
+        unified("flashinfer/fused_moe/core.py", core, core + "PREFETCH = True\n")
+        + unified("flashinfer/extra.py", None, "X = 1\n"))
+    (proj / "patchset.yaml").write_text(
+        f"name: fi\nvllm:\n  repo: {up}\n  ref: v0.6.15\npatches:\n"
+        "  - id: p\n    summary: prefetch\n    diff: patches/p.diff\n")
+    workdir = proj / ".patchkit" / "flashinfer"
+    assert apply_series(loader.load(proj / "patchset.yaml"), workdir=workdir,
+                        cache=tmp_path / "cache").ok
+    tree = AppliedCheckout.open(workdir)
+    files = base_files()
+    fi = distinfo.installed(files, {}).get("flashinfer-python")
+    files.reads.clear()
+    proof = distinfo.prove_checkout(files, fi, tree, image="b")
+    assert proof.by_record == ("flashinfer/fused_moe/core.py",) and files.reads == []
+    files.files[f"{SITE}/flashinfer/extra.py"] = b"X = 0\n"
+    with pytest.raises(ImageError, match=r"base b already has flashinfer/extra.py, which "
+                                         r"flashinfer-python v0.6.15 \(commit [0-9a-f]{12}\) "
+                                         r"does not"):
+        distinfo.prove_checkout(files, fi, tree, image="b")

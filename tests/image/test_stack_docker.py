@@ -5,17 +5,23 @@ nvidia-cutlass-dsl; its pins and ``image.requires`` judged, ``patchset.lock`` wr
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
 from testing import imageproject as ip
 from testing import real_cache, stackbase
 from testing.imageproject import RELEASE
+from testing.upstream import commit, sh, unified, write_files
 from patchkit import manifest
 from patchkit.commands import build_image, lock, verify
 from patchkit.errors import ImageError, ManifestError
+from patchkit.image.docker import Engine
+from patchkit.imageref import Platform
 from patchkit.series.applier import Progress, apply_series
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
@@ -196,3 +202,50 @@ def test_cli_missing_and_malformed_lock_are_one_line_exit_2(project, tmp_path):
                 assert "patchset.lock" in proc.stderr
     finally:
         (root / "patchset.lock").write_bytes(saved)
+
+
+def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(project, locked,
+                                                                          stack_bases,
+                                                                          docker_client,
+                                                                          tmp_path):
+    """A real patch on a real FlashInfer 0.6.15 file, its applied checkout beside vLLM's,
+    proven on the base by RECORD; a RECORD that does not hash to the pristine file is refused."""
+    root, m, workdir = project
+    rel = "flashinfer/fused_moe/cute_dsl/moe_utils.py"
+    with zipfile.ZipFile(stackbase.flashinfer_wheel()) as zf:
+        text = zf.read(rel).decode()
+    up = tmp_path / "fi-up"   # the file as the release has it, byte for byte
+    write_files(up, {rel: text})
+    sh("git", "init", "-q", "-b", "main", cwd=up)
+    commit(up, "release v0.6.15")
+    sh("git", "tag", "v0.6.15", cwd=up)
+    fi_proj = tmp_path / "fi-proj"
+    (fi_proj / "patches").mkdir(parents=True)
+    (fi_proj / "patches" / "p.diff").write_text(
+        unified(rel, text, text + "\n\nPATCHKIT_FI_PREFETCH = True\n"))
+    (fi_proj / "patchset.yaml").write_text(
+        f"name: fi\nvllm:\n  repo: {up}\n  ref: v0.6.15\npatches:\n"
+        "  - id: fi-prefetch\n    summary: prefetch\n    diff: patches/p.diff\n")
+    sibling = workdir.parent / "flashinfer"
+    assert apply_series(manifest.load(fi_proj / "patchset.yaml"), workdir=sibling,
+                        cache=tmp_path / "cache").ok
+    try:
+        engine = Engine.connect()
+        held = lock.read_base(engine, stack_bases["2.11.0"]["tag"], Platform.parse("linux/arm64"))
+        lines: list[str] = []
+        proofs = lock.prove_packages(m, workdir, engine, held, lines.append)
+        assert proofs["flashinfer"].by_record == (rel,)
+        assert lines == ["flashinfer: the files to replace in /usr/local/lib/python3.11/"
+                         "dist-packages are pristine (1 proved by RECORD)"]
+        # a RECORD that does not hash to the pristine file: refused, naming it
+        dist = held.installed.get("flashinfer-python")
+        bad = dict(dist.record)
+        bad[rel] = dataclasses.replace(bad[rel], sha256="A" * 43)
+        broken = dataclasses.replace(held, installed=dataclasses.replace(
+            held.installed, dists={**held.installed.dists,
+                                   "flashinfer-python": dataclasses.replace(dist, record=bad)}))
+        with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
+                                             r"flashinfer-python v0.6.15 .*RECORD hash differs"):
+            lock.prove_packages(m, workdir, engine, broken)
+    finally:
+        shutil.rmtree(sibling)

@@ -130,6 +130,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = _applied(workdir, apply, variant)
+    lock_cmd.prove_packages(manifest, workdir, engine, held, log)
     if lock is not None:
         lock_cmd.check_packages(manifest, lock, stack.patched_packages(
             manifest, workdir, held.installed if held else None))

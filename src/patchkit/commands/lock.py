@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit import files
-from patchkit.errors import UsageError
+from patchkit.errors import ImageError, UsageError
 from patchkit.image import distinfo, stack
 from patchkit.image.layer import BaseImage
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest
 from patchkit.manifest.runspec import run_spec
+from patchkit.series import checkout
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,29 @@ def check_packages(manifest: Manifest, lock: stack.Lock, packages: dict[str, sta
     found = stack.package_differences(lock, packages)
     if found:
         raise stack.refused(found, lock_path(manifest), "the applied stack")
+
+
+def prove_packages(manifest: Manifest, workdir: Path, engine, base: BaseStack | None,
+                   log=lambda m: None) -> dict[str, distinfo.Proof]:
+    """Each package's applied checkout beside ``workdir`` (``.patchkit/<name>``) proven on the
+    base: the files its series changes are the pristine ones there (by RECORD where it has
+    their hashes).  vLLM's own proof is made by the overlay plan, with the same function."""
+    trees = [(p, stack.checkout_dir(workdir, p.name)) for p in manifest.others]
+    trees = [(p, d) for p, d in trees if checkout.is_checkout(d)]
+    if not trees or base is None or engine is None:
+        return {}
+    proofs = {}
+    with engine.files(base.image.image_id, base.image.name) as fs:
+        for package, where in trees:
+            dist = base.installed.get(package.dist)
+            if dist is None:  # check_base refused it already; a checkout made since is not
+                raise ImageError(f"base {base.image.name} has no {package.dist} installed "
+                                       f"({base.installed.missing(package.dist)})")
+            proofs[package.name] = distinfo.prove_checkout(
+                fs, dist, checkout.AppliedCheckout.open(where), image=base.image.name)
+            log(f"{package.name}: the files to replace in {dist.site} are pristine "
+                f"({proofs[package.name].describe()})")
+    return proofs
 
 
 def run(manifest: Manifest, *, workdir: Path, base: str | None = None,

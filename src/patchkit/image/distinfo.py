@@ -23,6 +23,7 @@ from packaging.utils import canonicalize_name
 
 from patchkit.errors import ImageError
 from patchkit.image import package
+from patchkit.series.checkout import AppliedCheckout
 
 INFO_SUFFIX = ".dist-info"
 MAX_RECORD = 64 * 1024 * 1024   # a RECORD larger than this is no RECORD
@@ -218,6 +219,17 @@ def prove_pristine(files: package.Files, dist: Dist, changed: Iterable[str],
                              "refusing to overwrite it")
         by_reading.append(rel)
     return Proof(tuple(by_record), tuple(by_reading))
+
+
+def prove_checkout(files: package.Files, dist: Dist, tree: AppliedCheckout, *, image: str,
+                   what: str | None = None) -> Proof:
+    """Prove the files an applied checkout of ``dist``'s package changes (paths from the
+    package's source root, the folder holding its dist-info) pristine in the image."""
+    changes = tree.changes()
+    changed = [c.path for c in changes if c.status != "A"]
+    what = what or f"{dist.name} {tree.vllm.ref or tree.base[:12]} (commit {tree.base[:12]})"
+    return prove_pristine(files, dist, changed, tree.pristine(changed), image=image, what=what,
+                          added=[c.path for c in changes if c.status == "A"])
 
 
 def _record_path(dist: Dist, absolute: str) -> str:
