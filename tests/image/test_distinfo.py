@@ -283,3 +283,34 @@ def test_an_applied_checkout_of_a_package_is_proven_on_the_base(tmp_path):
                                          r"flashinfer-python v0.6.15 \(commit [0-9a-f]{12}\) "
                                          r"does not"):
         distinfo.prove_checkout(files, fi, tree, image="b")
+
+
+def test_verify_locked_compares_the_labels_and_the_image_dist_info(tmp_path):
+    import json
+
+    from patchkit.commands.verify import _stack_checks
+    from patchkit.image import labels
+
+    m = manifest(tmp_path)
+    the_lock = stack.Lock("base:test", "sha256:" + "a" * 64,
+                          {"flashinfer": stack.Pinned("0.6.15", "", "pin")},
+                          {"flashinfer-python": "0.6.15", "nvidia-cutlass-dsl": "4.5.0",
+                           "torch": "2.11.0"})
+    recorded = {labels.BASE_DIGEST_LABEL: "sha256:" + "a" * 64, labels.PACKAGES_LABEL:
+                json.dumps({"flashinfer": {"version": "0.6.15", "commit": "", "source": "pin"}})}
+    facts = labels.ImageFacts.from_labels(recorded)
+    assert facts.packages == {"flashinfer": {"version": "0.6.15", "commit": "", "source": "pin"}}
+    assert _stack_checks(m, base_files(), {}, facts, the_lock, "img") == []
+    recorded[labels.PACKAGES_LABEL] = json.dumps(
+        {"flashinfer": {"version": "0.6.16", "commit": "", "source": "pin"}})
+    assert _stack_checks(m, base_files(), {}, labels.ImageFacts.from_labels(recorded), the_lock,
+                         "img") == ["package flashinfer version 0.6.16, the lock has 0.6.15"]
+    unlabelled = labels.ImageFacts.from_labels({})
+    assert _stack_checks(m, base_files(), {}, unlabelled, the_lock, "img") == [
+        f"base digest (not recorded), the lock has sha256:{'a' * 64}",
+        "the labels of img do not record its packages' versions and commits (it was not built "
+        "by this patchkit)"]
+    with pytest.raises(ImageError, match=r"^image img has torch 2.11.0, image.requires wants "
+                                         r"==2.10.\*$"):
+        _stack_checks(manifest(tmp_path, requires='    torch: "==2.10.*"'), base_files(), {},
+                      facts, None, "img")

@@ -191,11 +191,14 @@ def _stack_checks(manifest: Manifest, files, env: dict[str, str], facts, lock,
         raise ImageError("; ".join(problems).replace(f"base {image} ", f"image {image} "))
     if lock is None:
         return None
-    packages = {name: stack.Pinned(p.get("version", ""), p.get("commit", ""), p.get("source", ""))
-                for name, p in (facts.packages or {}).items()}
-    return (stack.base_differences(lock, facts.base_digest or "(not recorded)",
+    found = stack.base_differences(lock, facts.base_digest or "(not recorded)",
                                    installed.versions())
-            + stack.package_differences(lock, packages))
+    if facts.packages is None:
+        return [*found, f"the labels of {image} do not record its packages' versions and "
+                        "commits (it was not built by this patchkit)"]
+    packages = {name: stack.Pinned(p.get("version", ""), p.get("commit", ""), p.get("source", ""))
+                for name, p in facts.packages.items()}
+    return found + stack.package_differences(lock, packages)
 
 
 def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
