@@ -182,7 +182,7 @@ def test_a_base_is_refused_before_the_apply_for_each_reason(project, stack_bases
         write_manifest(root, base)
 
 
-def test_cli_missing_and_malformed_lock_are_one_line_exit_2(project, tmp_path):
+def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(project, locked):
     root, m, workdir = project
     saved = (root / "patchset.lock").read_bytes()
     try:
@@ -202,6 +202,12 @@ def test_cli_missing_and_malformed_lock_are_one_line_exit_2(project, tmp_path):
                 assert "patchset.lock" in proc.stderr
     finally:
         (root / "patchset.lock").write_bytes(saved)
+    proc = subprocess.run([sys.executable, "-m", "patchkit", "lock", "--workdir", str(workdir)],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"unchanged {root / 'patchset.lock'}: base ")
+    assert proc.stdout.rstrip().endswith("2 package(s), 4 installed distribution(s)")
+    assert (root / "patchset.lock").read_bytes() == saved
 
 
 def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(project, locked,
