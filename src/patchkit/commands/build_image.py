@@ -170,6 +170,9 @@ def _check_stack(manifest: Manifest, spec: RunSpec, plat: Platform, engine,
     """The base's installed distributions, judged before the apply: the packages' pins,
     ``image.requires`` and the lock.  None when nothing asks (or no engine reads it: the
     registry path judges them on the base's layers)."""
+    if lock is not None and not spec.base:
+        raise UsageError("--locked compares the base with the lock: give --base IMAGE or set "
+                         "image.base in patchset.yaml")
     if engine is None or not spec.base:
         return None
     if lock is None and not manifest.others and not manifest.image.requires:
