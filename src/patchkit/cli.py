@@ -187,12 +187,14 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
               help="Judge the runtime markers against this container's log (stdout and "
                    "stderr) on the engine DOCKER_HOST names; repeatable.")
 @PACKAGE
+@click.option("--locked", is_flag=True, help="With --image: also say whether it was built on the "
+              "stack patchset.lock names (base digest, packages, installed versions).")
 @TIMEOUT
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, base, logs, containers, packages, timeout, variant, manifest_path,
-           fmt) -> int:
+def verify(tree, image, base, logs, containers, packages, locked, timeout, variant,
+           manifest_path, fmt) -> int:
     """Run the AST assertions on a tree or an image; with --log or --container, also the
     runtime markers of the patches that are in, against the server's logs."""
     from patchkit.commands import verify as command
@@ -206,7 +208,7 @@ def verify(tree, image, base, logs, containers, packages, timeout, variant, mani
                          containers=containers,
                          stdin=click.get_binary_stream("stdin") if "-" in logs else None,
                          base=base, log=lambda msg: echo(msg, err=True), timeout=timeout,
-                         packages=packages)
+                         packages=packages, locked=locked)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
 
@@ -410,12 +412,14 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, 
 @click.option("--copy-to", "copy_to", multiple=True, metavar="ENGINE",
               help="Then copy the image to this engine (ssh://[user@]host[:port], unix://, "
                    "tcp://), as copy-image does; repeat for several.")
+@click.option("--locked", is_flag=True, help="Refuse a base or packages that differ from "
+              "patchset.lock (each difference named); nothing is tagged.")
 @TIMEOUT
 @VARIANT
 @MANIFEST
 @FORMAT
 def build_image_cmd(ref, repos, workdir, no_apply, discard, base, tag, platform, mode, max_jobs,
-                    nvcc_threads, push, no_daemon, save, copy_to, timeout, variant,
+                    nvcc_threads, push, no_daemon, save, copy_to, locked, timeout, variant,
                     manifest_path, fmt) -> int:
     """Build the image through the Docker Engine that DOCKER_HOST names, or with
     --no-daemon --push straight in the registry."""
@@ -428,10 +432,33 @@ def build_image_cmd(ref, repos, workdir, no_apply, discard, base, tag, platform,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
                          progress=TextProgress(err=True), variant=variant,
                          no_daemon=no_daemon, copy_to=copy_to, timeout=timeout,
-                         discard=discard)
+                         discard=discard, locked=locked)
     summary = report.to_dict()
     echo(json.dumps(summary, indent=2) if fmt == "json" else text.build_image(report))
     return 0 if summary["ok"] else 1
+
+
+@cli.command()
+@workdir_option("vLLM's applied checkout; other packages' are beside it.")
+@click.option("--base", help="The base image (default: image.base of the manifest).")
+@click.option("--platform", help="OS/ARCH (default: image.platform, else linux/arm64).")
+@MANIFEST
+@FORMAT
+def lock(workdir, base, platform, manifest_path, fmt) -> int:
+    """Write patchset.lock beside the manifest: the base's digest, each package's version and
+    commit, and the version of every distribution the base has installed."""
+    from patchkit.commands import lock as command
+
+    report = command.run(_load(manifest_path), workdir=Path(workdir), base=base,
+                         platform=platform, log=lambda msg: echo(msg, err=True))
+    if fmt == "json":
+        echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        lk = report.lock
+        echo(f"{'wrote' if report.written else 'unchanged'} {report.path}: base {lk.base_name} "
+             f"({lk.base_digest}), {len(lk.packages)} package(s), {len(lk.installed)} "
+             "installed distribution(s)")
+    return 0
 
 
 @cli.command("copy-image")

@@ -320,3 +320,27 @@ def test_no_daemon_refuses_what_needs_an_engine_before_any_work(tmp_path, kw, me
         bi.run(_manifest(tmp_path), workdir=tmp_path / "nowhere", no_daemon=True, **kw)
     assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
     assert exc.value.exit_code == 2
+
+
+def test_installed_dists_read_through_layer_blobs_with_whiteouts(tmp_path):
+    from patchkit.image import distinfo
+
+    site = "usr/lib/python3.11/site-packages"
+    meta = "Metadata-Version: 2.1\nName: {}\nVersion: {}\n"
+    low = _tar([("usr", "d", None), ("usr/lib", "d", None), ("usr/lib/python3.11", "d", None),
+                (site, "d", None),
+                (f"{site}/torch-2.10.0.dist-info/METADATA", "f", meta.format("torch", "2.10.0").encode()),
+                (f"{site}/old-1.0.dist-info/METADATA", "f", meta.format("old", "1.0").encode())])
+    high = _tar([(f"{site}/.wh.torch-2.10.0.dist-info", "f", b""),
+                 (f"{site}/.wh.old-1.0.dist-info", "f", b""),
+                 (f"{site}/torch-2.11.0.dist-info/METADATA", "f",
+                  meta.format("torch", "2.11.0").encode()),
+                 (f"{site}/torch-2.11.0.dist-info/RECORD", "f",
+                  b"torch/__init__.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0\n")])
+    with layerfs.LayerFiles("img", _layers(tmp_path, low, high)) as files:
+        assert files.names(f"/{site}") == ["torch-2.11.0.dist-info"]   # whiteouts applied
+        assert files.names(f"/{site}/torch-2.11.0.dist-info/METADATA") is None  # a file
+        assert files.names("/nowhere") is None
+        got = distinfo.installed(files, {})
+    assert got.versions() == {"torch": "2.11.0"}
+    assert got.get("torch").record["torch/__init__.py"].size == 0

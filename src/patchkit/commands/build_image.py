@@ -10,8 +10,9 @@ from typing import Sequence
 
 from patchkit import source
 from patchkit.commands import copy_image
+from patchkit.commands import lock as lock_cmd
 from patchkit.errors import UsageError
-from patchkit.image import basevllm, build, builders, layer
+from patchkit.image import basevllm, build, builders, layer, stack
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
@@ -97,10 +98,13 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         max_jobs: int | None = None, nvcc_threads: int | None = None,
         progress: Progress | None = None, engine=None, variant: str | None = None,
         no_daemon: bool = False, registry=None, copy_to: Sequence[str] = (),
-        timeout: float = DEFAULT_TIMEOUT, discard: bool = False) -> BuildReport:
+        timeout: float = DEFAULT_TIMEOUT, discard: bool = False,
+        locked: bool = False) -> BuildReport:
     """Build (and optionally push and save) the image; with ``no_daemon``, straight in the
     registry (``push`` required, no engine).  The engine (or the registry) is reached before
-    the series is applied; ``timeout`` bounds each of its silences.
+    the series is applied; ``timeout`` bounds each of its silences.  The base's installed
+    distributions are judged before the apply too (the packages' pins, ``image.requires``, and
+    with ``locked`` the lock).
 
     Expected failures raise :class:`~patchkit.errors.PatchkitError` before anything is tagged;
     a series that does not apply is a report with ``ok`` false.
@@ -116,14 +120,21 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     if apply:
         check_workdir(workdir, discard)  # before any source or engine is asked
     plat, copy_urls = _check_inputs(manifest, spec, base=base, tag=tag, copy_to=copy_to)
+    lock = _lock_of(manifest, locked, no_daemon)
     # Reached before the apply too: an engine or registry that is not there is known at once.
     engine, registry = _reach(manifest, no_daemon, engine, registry, ref=spec.ref, tag=tag,
                               variant=variant, timeout=timeout)
+    held = _check_stack(manifest, spec, plat, engine, lock, log)
     if apply:
         report = _apply(manifest, spec, workdir, engine, progress=progress, discard=discard)
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = _applied(workdir, apply, variant)
+    lock_cmd.prove_packages(manifest, workdir, engine, held, log)
+    if lock is not None:
+        lock_cmd.check_packages(manifest, lock, stack.patched_packages(
+            manifest, workdir, held.installed if held else None))
+        log(f"the base and the packages are the ones {stack.LOCK_FILE} names")
     choice = build.choose_mode(tree.changes(), mode)
     _log_choice(choice, log)
     final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
@@ -143,6 +154,33 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         log(f"copying {final_tag} to {', '.join(copy_urls)}")
         report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log, timeout=timeout)
     return report
+
+
+def _lock_of(manifest: Manifest, locked: bool, no_daemon: bool) -> stack.Lock | None:
+    if not locked:
+        return None
+    if no_daemon:
+        raise UsageError("--locked reads the base's installed distributions through an engine, "
+                         "and --no-daemon has none")
+    return lock_cmd.read_lock(manifest)
+
+
+def _check_stack(manifest: Manifest, spec: RunSpec, plat: Platform, engine,
+                 lock: stack.Lock | None, log) -> lock_cmd.BaseStack | None:
+    """The base's installed distributions, judged before the apply: the packages' pins,
+    ``image.requires`` and the lock.  None when nothing asks (or no engine reads it: the
+    registry path judges them on the base's layers)."""
+    if lock is not None and not spec.base:
+        raise UsageError("--locked compares the base with the lock: give --base IMAGE or set "
+                         "image.base in patchset.yaml")
+    if engine is None or not spec.base:
+        return None
+    if lock is None and not manifest.others and not manifest.image.requires:
+        return None
+    check_reference("--base", spec.base)
+    held = lock_cmd.read_base(engine, spec.base, plat, log)
+    lock_cmd.check_base(manifest, held, lock)
+    return held
 
 
 def _check_options(asked: builders.Asked, no_daemon: bool, *, apply: bool, ref: str | None,

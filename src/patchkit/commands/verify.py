@@ -32,6 +32,7 @@ class VerifyReport:
     logs: list[str] = field(default_factory=list)
     holds: Holds | None = None                  # what the image holds, for --image
     notes: list[str] = field(default_factory=list)  # how the logs were read (lines cut)
+    locked: list[str] | None = None             # --locked: how the image differs from the lock
 
     @property
     def assertions_ok(self) -> bool:
@@ -43,7 +44,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return self.assertions_ok and self.runtime_ok
+        return self.assertions_ok and self.runtime_ok and not self.locked
 
     def to_dict(self) -> dict:
         out = {"ok": self.ok, "target": self.target, "verify": [a.to_dict() for a in self.verify]}
@@ -53,6 +54,8 @@ class VerifyReport:
             out["holds"] = self.holds.to_dict()
         if self.notes:
             out["notes"] = self.notes
+        if self.locked is not None:
+            out["locked"] = {"ok": not self.locked, "differences": self.locked}
         return out
 
 
@@ -66,6 +69,7 @@ class _Checked:
     variant: str | None
     holds: Holds | None = None
     trees: list[Path] = field(default_factory=list)   # the checkouts a tree's check read
+    locked: list[str] | None = None
 
 
 def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
@@ -151,7 +155,7 @@ def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | 
 
 
 def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
-                 variant: str | None = None) -> _Checked:
+                 variant: str | None = None, lock=None) -> _Checked:
     from patchkit.image import layer, package
     from patchkit.image.build import Holds
     from patchkit.image.labels import ImageFacts
@@ -186,6 +190,7 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
         fingerprint = (layer.fingerprint(engine.content(attrs["Id"]))
                        if engine.store().ids_are_config_digests else None)
         holds = Holds.of(version, facts.source, fingerprint)
+        locked = _stack_checks(manifest, files, env, facts, lock, image)
         active = active_patches(manifest, facts.skipped(), version, variant)
         cache: dict[str, str | None] = {}
 
@@ -197,22 +202,55 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
             return cache[rel]
 
         return _Checked(assertions.run_assertions(active, read), facts.statuses, version, variant,
-                        holds)
+                        holds, locked)
+
+
+def _stack_checks(manifest: Manifest, files, env: dict[str, str], facts, lock,
+                  image: str) -> list[str] | None:
+    """The image's installed distributions, from its dist-info: ``image.requires`` must hold
+    (else one line, exit 1); with ``lock``, how the image's stack differs from it."""
+    from patchkit.image import distinfo, stack
+
+    if lock is None and not manifest.image.requires:
+        return None
+    installed = distinfo.installed(files, env)
+    problems = stack.requires_problems(manifest, installed, image)
+    if problems:
+        raise ImageError("; ".join(problems).replace(f"base {image} ", f"image {image} "))
+    if lock is None:
+        return None
+    found = stack.base_differences(lock, facts.base_digest or "(not recorded)",
+                                   installed.versions())
+    if facts.packages is None:
+        return [*found, f"the labels of {image} do not record its packages' versions and "
+                        "commits (it was not built by this patchkit)"]
+    packages = {name: stack.Pinned(p.get("version", ""), p.get("commit", ""), p.get("source", ""))
+                for name, p in facts.packages.items()}
+    return found + stack.package_differences(lock, packages)
 
 
 def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
         default_tree: Path, variant: str | None = None, logs: tuple[str, ...] = (),
         containers: tuple[str, ...] = (), stdin=None, engine=None, base: str | None = None,
         log=lambda m: None, timeout: float = DEFAULT_TIMEOUT,
-        packages: Sequence[str] = ()) -> VerifyReport:
+        packages: Sequence[str] = (), locked: bool = False) -> VerifyReport:
     """The assertions on ``tree`` or ``image``; with ``logs`` (paths, ``-`` for ``stdin``) or
     ``containers`` (names or ids on the engine), the runtime markers too.  A log that cannot be
     had stops the command before anything is checked.  ``base`` (with a tree): judge the
     patches' ranges on the vLLM that base image holds, the one the tree is to be laid on.
     ``timeout`` bounds each silence of the engine.  With a tree, each package's assertions are
-    checked on its checkout beside the tree; ``packages`` (``--package``) limits them."""
+    checked on its checkout beside the tree; ``packages`` (``--package``) limits them.
+    ``locked`` (with an image): also say how the stack it was built on differs from
+    ``patchset.lock``."""
     if tree and image:
         raise UsageError("give --tree or --image, not both")
+    if locked and not image:
+        raise UsageError("--locked goes with --image: it compares an image's stack with the lock")
+    lock = None
+    if locked:
+        from patchkit.commands.lock import read_lock
+
+        lock = read_lock(manifest)
     if image and base:
         raise UsageError("--base goes with --tree: an image's own files say what it holds")
     variants.check(manifest, variant)
@@ -226,13 +264,14 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
         if image:
             target = image
             checked = _check_image(manifest, image, spec.platform,
-                                   engine=sources.engine or engine, variant=variant)
+                                   engine=sources.engine or engine, variant=variant, lock=lock)
         else:
             target = str(tree or default_tree)
             checked = _check_tree(manifest, Path(target), variant, version, spec.only)
             if len(checked.trees) > 1:   # vLLM's and the checkouts beside it
                 target = " and ".join(str(t) for t in checked.trees)
-        report = VerifyReport(target, checked.results, holds=checked.holds)
+        report = VerifyReport(target, checked.results, holds=checked.holds,
+                              locked=checked.locked)
         if sources.logs:
             report.runtime = sources.judge(manifest, checked)
             report.logs = sources.names

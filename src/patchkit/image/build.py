@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from patchkit import source, versions
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import labels as image_labels
-from patchkit.image import layer, package
+from patchkit.image import distinfo, layer, package, stack
 from patchkit.manifest import Manifest
 from patchkit.series.checkout import AppliedCheckout, Change
 
@@ -193,21 +193,13 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
         log(f"base {base.name} was built from commit {named}, the pinned one")
     pristine = tree.pristine([c.path for c in shipped if c.status != "A"])
     where = f"vLLM {ref} (commit {tree.base[:12]})"
-    for c in shipped:
-        target = pkg.path_of(c.path)
-        if c.status == "A":
-            if files.exists(target):
-                raise ImageError(f"base {base.name} already has {c.path}, which {where} does not; "
-                                 "refusing to overwrite it")
-            continue
-        have = files.read(target)
-        if have is None:
-            raise ImageError(f"base {base.name} has no {c.path}, which {where} has")
-        if have != pristine[c.path]:
-            raise ImageError(f"base {base.name}: {c.path} is not the pristine file of {where}; "
-                             "refusing to overwrite it")
+    dist = _vllm_dist(files, pkg, installed)
+    proof = distinfo.prove_pristine(
+        files, dist, [c.path for c in shipped if c.status != "A"], pristine, image=base.name,
+        what=where, added=[c.path for c in shipped if c.status == "A"], to_image=pkg.path_of)
     log(f"base holds vLLM {installed or '(version unknown)'}; "
-        f"{sum(c.status != 'A' for c in shipped)} file(s) to replace are pristine")
+        f"{sum(c.status != 'A' for c in shipped)} file(s) to replace are pristine"
+        + (f" ({proof.describe()})" if proof.by_record or proof.by_reading else ""))
 
     contents = tree.blobs([c.blob for c in shipped if c.status != "D"])
     entries: list[layer.LayerEntry] = []
@@ -240,6 +232,14 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
     if stale:
         log(f"{len(stale)} byte-code cache(s) of patched modules removed in the layer")
     return OverlayPlan(pkg, installed, entries)
+
+
+def _vllm_dist(files: package.Files, pkg: package.Package, installed: str | None
+               ) -> distinfo.Dist:
+    """vLLM's dist-info, for its RECORD; without one, a dist whose files are all read."""
+    found = distinfo.read_dist(files, pkg.site, f"vllm-{installed}{distinfo.INFO_SUFFIX}") \
+        if installed else None
+    return found or distinfo.Dist("vllm", installed or "", pkg.site, "")
 
 
 def installed_problem(base_name: str, installed: str | None, tree: AppliedCheckout,
@@ -305,10 +305,16 @@ def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice
     serve = serve_file.read_bytes() if serve_file.is_file() else None
     created = source_date(tree)
     labels = image_labels.run_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
-                                     digest=patchset_digest(manifest))
+                                     digest=patchset_digest(manifest),
+                                     packages=packages_of(manifest, tree))
     labels.update(image_labels.base_labels(base))
     return OverlayInputs(serve, created, labels,
                          inputs_key(base, labels, choice.shipped, serve, created))
+
+
+def packages_of(manifest: Manifest, tree: AppliedCheckout) -> dict[str, dict[str, str]]:
+    """Each package's version, commit and source, as the labels record them."""
+    return {name: asdict(p) for name, p in stack.patched_packages(manifest, tree.root).items()}
 
 
 def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInputs

@@ -612,6 +612,7 @@ class ImageFiles:
         self.api = api
         self.cid = container_id
         self.image = image
+        self._kept: dict[str, bytes] = {}   # small files read on the way by names()
 
     def stat(self, path: str) -> dict | None:
         """``{"name", "size", "mode", "mtime", "linkTarget"}`` of ``path``, or None if absent."""
@@ -660,8 +661,29 @@ class ImageFiles:
                 raise ImageError(f"reading {folder} from {self.image}: the engine's archive is "
                                  f"not a tar stream ({exc})") from exc
 
+    def names(self, folder: str) -> list[str] | None:
+        """The names of ``folder``'s entries, or None when it is no folder.  The engine has
+        no listing but an archive of the folder, so that archive is streamed once; the
+        dist-info files met on the way (METADATA, RECORD) are kept for :meth:`read`, which
+        saves one request each."""
+        st = self.stat(folder)
+        if st is None or not st.get("mode", 0) & (1 << 31) and not st.get("linkTarget"):
+            return None
+        names: set[str] = set()
+        for info, data in self.walk(folder):
+            parts = info.name.rstrip("/").split("/")
+            if len(parts) < 2:
+                continue  # the folder itself
+            names.add(parts[1])
+            if (data is not None and len(parts) == 3 and parts[1].endswith(".dist-info")
+                    and parts[2] in ("METADATA", "RECORD")):
+                self._kept[f"{folder.rstrip('/')}/{parts[1]}/{parts[2]}"] = data
+        return sorted(names)
+
     def read(self, path: str, _depth: int = 0) -> bytes | None:
         """The bytes of the regular file at ``path`` (symlinks followed), or None if absent."""
+        if path in self._kept:
+            return self._kept[path]
         docker = _docker()
         try:
             with _border(f"reading {path} from {self.image}"):

@@ -26,13 +26,19 @@ INSTALLED_LABEL = "io.patchkit.vllm.installed"
 INSTALLED_COMMIT_LABEL = "io.patchkit.vllm.installed.commit"
 SOURCE_LABEL = "io.patchkit.vllm.source"
 BASE_IDENTITY_LABEL = "io.patchkit.base.identity"
+# Each package's version, commit and source ({name: {...}}, JSON), as `patchkit lock` records
+# them: `verify --image --locked` compares them with the lock.
+PACKAGES_LABEL = "io.patchkit.packages"
+BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
 LAYER_LABELS = ("io.patchkit.layer.files", "io.patchkit.layer.bytes",
                 "io.patchkit.layer.whiteouts")
 
 
 def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created: int,
-               digest: str) -> dict[str, str]:
-    """What every image patchkit builds says about the run that made it."""
+               digest: str, packages: dict[str, dict[str, str]] | None = None
+               ) -> dict[str, str]:
+    """What every image patchkit builds says about the run that made it; ``packages``: each
+    package's ``{"version", "commit", "source"}`` by name."""
     vllm = tree.vllm
     repo = vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos else "")
     kind = source.kind_of(repo) if repo else None
@@ -56,6 +62,7 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
         SOURCE_LABEL: kind.name if kind is not None else "",
         PATCHES_LABEL: json.dumps(patches, separators=(",", ":")),
         VARIANT_LABEL: tree.report.variant or "",
+        PACKAGES_LABEL: json.dumps(packages or {}, sort_keys=True, separators=(",", ":")),
     }
 
 
@@ -63,7 +70,7 @@ def base_labels(base: layer.BaseImage) -> dict[str, str]:
     """The base an overlay is laid on."""
     return {
         "org.opencontainers.image.base.name": base.name,
-        "org.opencontainers.image.base.digest": base.digest or base.image_id,
+        BASE_DIGEST_LABEL: base.digest or base.image_id,
         # store-independent, as the whole config must be: a base's fingerprint needs its
         # config digest, which a containerd store tells only through an export
         BASE_IDENTITY_LABEL: base.identity,
@@ -94,6 +101,8 @@ class ImageFacts:
     source: str | None = None      # git | pypi | image
     base_identity: str | None = None
     layer: tuple[int, int, int] = (0, 0, 0)  # the overlay layer's files, bytes, whiteouts
+    base_digest: str | None = None
+    packages: dict[str, dict[str, str]] | None = None   # None: the labels do not say
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
@@ -107,10 +116,22 @@ class ImageFacts:
                    labels.get(INSTALLED_LABEL) or None,
                    labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels,
                    labels.get(SOURCE_LABEL) or None, labels.get(BASE_IDENTITY_LABEL) or None,
-                   counts)  # type: ignore[arg-type]
+                   counts, labels.get(BASE_DIGEST_LABEL) or None,  # type: ignore[arg-type]
+                   _packages(labels.get(PACKAGES_LABEL)))
 
     def skipped(self) -> set[str]:
         return {pid for pid, status in self.statuses.items() if status == "skipped"}
+
+
+def _packages(text: str | None) -> dict[str, dict[str, str]] | None:
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {str(k): {str(a): str(b) for a, b in v.items()} for k, v in data.items()
+            if isinstance(v, dict)}
 
 
 def _count(text: str | None) -> int:

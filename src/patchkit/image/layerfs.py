@@ -340,6 +340,13 @@ class LayerFiles:
     def exists(self, path: str) -> bool:
         return self._resolve(path, follow_last=False) is not None
 
+    def names(self, folder: str) -> list[str] | None:
+        """The names of ``folder``'s entries (symlinks followed), or None when no folder."""
+        node = self._resolve(folder)
+        if node is None or node.children is None:
+            return None
+        return sorted(node.children)
+
     def read(self, path: str) -> bytes | None:
         """The bytes of the regular file at ``path`` (symlinks followed), or None."""
         node = self._resolve(path)

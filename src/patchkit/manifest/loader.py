@@ -30,7 +30,7 @@ KINDS = kinds.NAMES
 TOP_KEYS = ("name", "vllm", "packages", "image", "patches", "variants", "runtime")
 VLLM_KEYS = ("repo", "ref")
 PACKAGE_KEYS = ("dist", "repo", "ref")
-IMAGE_KEYS = ("base", "platform", "tag")
+IMAGE_KEYS = ("base", "platform", "tag", "requires")
 # The keys of a patch entry besides its ranges.  A range key is a package's name, in the same
 # mapping, so no package may take one of these names.
 ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verify", "replaces",
@@ -311,12 +311,18 @@ class _Loader:
         repos = self.repos(fields["repo"][1], f"{where}.repo")
         ref_node = fields["ref"][1]
         return Package(name, dist, repos, self.ref(ref_node, f"{where}.ref"), _line(key_node),
-                       _line(ref_node))
+                       _line(ref_node),
+                       _line(fields["dist"][1] if "dist" in fields else key_node))
 
     def image(self, node: yaml.Node) -> ImageDefaults:
         fields = self.mapping(node, "image", IMAGE_KEYS)
         values: dict[str, str] = {}
+        requires: dict[str, SpecifierSet] = {}
+        lines: dict[str, int] = {}
         for key, (_, value_node) in fields.items():
+            if key == "requires":
+                requires, lines = self.requires(value_node)
+                continue
             values[key] = self.string(value_node, f"image.{key}").strip()
         if "platform" in values and not _PLATFORM_RE.match(values["platform"]):
             self.fail(f"image.platform: {values['platform']!r} is not a platform like "
@@ -329,7 +335,28 @@ class _Loader:
             if problem:
                 self.fail(f"image.{key}: {values[key]!r} is not an image reference: {problem}",
                           fields[key][1])
-        return ImageDefaults(**values)
+        return ImageDefaults(**values, requires=requires, requires_lines=lines)
+
+    def requires(self, node: yaml.Node) -> tuple[dict[str, SpecifierSet], dict[str, int]]:
+        """``image.requires:``: ``DIST: SPECIFIER`` each, by normalized distribution name."""
+        if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
+            return {}, {}
+        fields = self.mapping(node, "image.requires", None,
+                              what='a mapping of distribution -> specifier (torch: "==2.11.*")')
+        specs: dict[str, SpecifierSet] = {}
+        lines: dict[str, int] = {}
+        for dist, (key_node, value_node) in fields.items():
+            if not _DIST_RE.match(dist):
+                self.fail(f"image.requires: {dist!r} is not a distribution name (letters, "
+                          "digits, '.', '_' and '-', starting and ending with a letter or digit)",
+                          key_node)
+            name = canonicalize_name(dist)
+            if name in specs:
+                self.fail(f"image.requires: {dist!r} is the distribution of line {lines[name]} "
+                          "again", key_node)
+            specs[name] = self.specifier(value_node, f"image.requires.{dist}")
+            lines[name] = _line(value_node)
+        return specs, lines
 
     def patch(self, node: yaml.Node, index: int, first_line: dict[str, int]) -> Patch:
         self.entry = self.entry_name(node, index)

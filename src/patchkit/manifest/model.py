@@ -114,6 +114,7 @@ class Package:
     ref: str
     line: int = 0              # line of its key in patchset.yaml
     ref_line: int = 0
+    dist_line: int = field(default=0, compare=False)  # line of `dist:` (else of its key)
 
 
 def VllmSource(repos: tuple[str, ...], ref: str, line: int = 0,  # noqa: N802 (was a class)
@@ -127,6 +128,9 @@ class ImageDefaults:
     base: str | None = None
     platform: str = "linux/arm64"
     tag: str | None = None     # may hold "{ref}"
+    # `requires:` distributions the patches depend on but do not patch, by normalized name
+    requires: Mapping[str, SpecifierSet] = field(default_factory=dict)
+    requires_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

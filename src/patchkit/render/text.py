@@ -91,6 +91,11 @@ def verify(report) -> str:
         lines += runtime(report.runtime, report.logs)
     if report.holds is not None:
         lines.append(f"{report.target} holds {holds(report.holds.to_dict())}")
+    if report.locked is not None:
+        lines += [f"  {d}" for d in report.locked]
+        lines.append(f"{'FAILED' if report.locked else 'ok'}: {report.target} was "
+                     f"{'not ' if report.locked else ''}built on the locked stack"
+                     + (f" ({len(report.locked)} difference(s) above)" if report.locked else ""))
     return "\n".join(lines)
 
 

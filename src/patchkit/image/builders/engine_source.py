@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 
 from patchkit.errors import ImageError
-from patchkit.image.build import SOURCE_MODE, Built, ModeChoice, patchset_digest, source_date
+from patchkit.image.build import (SOURCE_MODE, Built, ModeChoice, packages_of, patchset_digest,
+                                  source_date)
 from patchkit.image.builders import Asked, Job
 from patchkit.image.docker import Engine
 from patchkit.image.labels import run_labels
@@ -56,7 +57,8 @@ class EngineSource:
         if job.nvcc_threads is not None:
             buildargs["nvcc_threads"] = str(job.nvcc_threads)
         labels = run_labels(job.manifest, tree, mode=SOURCE_MODE, created=source_date(tree),
-                            digest=patchset_digest(job.manifest))
+                            digest=patchset_digest(job.manifest),
+                            packages=packages_of(job.manifest, tree))
         need = buildkit_need(dockerfile.read_text(errors="replace"))
         options = dict(dockerfile=DOCKERFILE, target=SOURCE_TARGET, buildargs=buildargs,
                        labels=labels, tag=tag, platform=platform, log=log)

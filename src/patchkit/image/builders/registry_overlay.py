@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 from patchkit.errors import ImageError, UsageError
-from patchkit.image import build, layer, layerfs
+from patchkit.image import build, distinfo, layer, layerfs, stack
 from patchkit.image.builders import Asked, Job
 from patchkit.image.layer import RemoteImage
 from patchkit.image.registry import Registry, blob_path, host_of
@@ -107,6 +107,10 @@ def build_overlay(job: Job, base_ref: str, reg: Registry, cache: Path | None = N
     log(f"base pinned by digest: {base.pinned}")
     inputs = build.overlay_inputs(job.manifest, job.tree, job.choice, base)
     with layerfs.LayerFiles(base_ref, layers, store / "files") as files:
+        if job.manifest.others or job.manifest.image.requires:
+            # no engine read the base before the apply: its pins and requires are judged here
+            env = dict(i.partition("=")[::2] for i in base.config.get("Env") or ())
+            stack.check_base(job.manifest, distinfo.installed(files, env), base.name)
         plan = build.plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log)
     made, config = build.overlay_image(base, plan, inputs)
     man = layer.image_manifest(remote, config, made)

@@ -1,0 +1,222 @@
+"""The stack an image is proven on: what the base must hold, and ``patchset.lock``.
+
+:func:`check_base` judges a base's installed distributions (read by :mod:`distinfo`) against
+the manifest: every package's ``dist`` installed at its pin, every ``image.requires``
+specifier met.  :class:`Lock` is the lock file, written by :meth:`Lock.render` and read back by
+:meth:`Lock.read` alone; :func:`differences` names what a stack has that the lock does not.
+
+The lock is TOML (read with ``tomllib``), sorted, one ``key = "value"`` a line::
+
+    [base]
+    name = "vllm/vllm-openai:v0.33.0"
+    digest = "sha256:..."
+
+    [packages.vllm]
+    version = "0.33.0"
+    commit = "..."
+    source = "checkout"     # checkout: the applied checkout said; pin: the manifest's pin
+
+    [installed]
+    flashinfer-python = "0.6.15"
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from patchkit import versions
+from patchkit.errors import ImageError, ManifestError, UsageError
+from patchkit.image.distinfo import Installed
+from patchkit.manifest import Manifest
+from patchkit.series import checkout
+from patchkit.source.refs import BASE_REF
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+LOCK_FILE = "patchset.lock"
+HEADER = ("# patchset.lock: the stack this patchset was proven on. Written by `patchkit lock`;\n"
+          "# review it and commit it. `build-image --locked` refuses a base that differs.\n")
+
+
+# ------------------------------------------------------------------------- the base's checks
+
+def requires_problems(manifest: Manifest, installed: Installed, base: str) -> list[str]:
+    """One line per ``image.requires`` entry the base does not meet."""
+    out = []
+    for name, spec in sorted(manifest.image.requires.items()):
+        dist = installed.get(name)
+        if dist is None:
+            out.append(f"base {base} has no {name} installed ({installed.missing(name)}), "
+                       f"image.requires wants {spec}")
+        elif not _satisfies(spec, dist.version):
+            out.append(f"base {base} has {name} {dist.version}, image.requires wants {spec}")
+    return out
+
+
+def _satisfies(spec, version: str) -> bool:
+    try:
+        return spec.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def check_base(manifest: Manifest, installed: Installed, base: str,
+               pins: Mapping[str, str | None] | None = None) -> None:
+    """Refuse a base that does not hold the manifest's packages at their pins (a ``dist`` not
+    installed is a manifest error at its line) or does not meet ``image.requires``.  ``pins``
+    (package name -> version) overrides the version a package's ref names, e.g. from its
+    applied checkout.  vLLM's own checks live in the overlay plan."""
+    for package in manifest.others:
+        dist = installed.get(package.dist)
+        if dist is None:
+            raise ManifestError(f"packages.{package.name}.dist: base {base} has no {package.dist} "
+                                f"installed ({installed.missing(package.dist)})",
+                                path=str(manifest.path.name), line=package.dist_line or None)
+        if package.ref == BASE_REF:
+            continue
+        pin = (pins or {}).get(package.name) or versions.expected(None, package.ref)
+        if pin and not versions.same_release(dist.version, pin):
+            raise ImageError(f"base {base} holds {package.dist} {dist.version}, the pin is "
+                             f"{package.ref}")
+    problems = requires_problems(manifest, installed, base)
+    if problems:
+        raise ImageError("; ".join(problems))
+
+
+# -------------------------------------------------------------------------------- the lock
+
+@dataclass(frozen=True)
+class Pinned:
+    """A patched package's version and commit, and what said so (``checkout`` or ``pin``)."""
+
+    version: str
+    commit: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Lock:
+    base_name: str
+    base_digest: str
+    packages: Mapping[str, Pinned] = field(default_factory=dict)
+    installed: Mapping[str, str] = field(default_factory=dict)
+
+    def render(self) -> bytes:
+        """The file's bytes: sorted, so that the same stack gives the same bytes."""
+        lines = [HEADER, "[base]", f"name = {_q(self.base_name)}",
+                 f"digest = {_q(self.base_digest)}"]
+        for name in sorted(self.packages):
+            p = self.packages[name]
+            lines += ["", f"[packages.{name}]", f"version = {_q(p.version)}",
+                      f"commit = {_q(p.commit)}", f"source = {_q(p.source)}"]
+        lines += ["", "[installed]"]
+        lines += [f"{name} = {_q(v)}" for name, v in sorted(self.installed.items())]
+        return ("\n".join(lines) + "\n").encode()
+
+    @classmethod
+    def read(cls, path: Path) -> Lock:
+        """The lock at ``path``; a missing or malformed one is a usage error (one line)."""
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise UsageError(f"{path}: no lock file; write it with `patchkit lock`") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{path}: cannot read the lock: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{path}: not a lock file: {exc}") from None
+        try:
+            base = data["base"]
+            packages = {str(k): Pinned(_s(v["version"]), _s(v["commit"]), _s(v["source"]))
+                        for k, v in data.get("packages", {}).items()}
+            return cls(_s(base["name"]), _s(base["digest"]), packages,
+                       {str(k): _s(v) for k, v in data.get("installed", {}).items()})
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise UsageError(f"{path}: not a lock file: missing or malformed {exc}") from None
+
+
+def checkout_dir(workdir: Path, name: str) -> Path:
+    """Where the applied checkout of package ``name`` is: vLLM's at ``workdir``, the others'
+    beside it (``.patchkit/<name>``)."""
+    return workdir if name == "vllm" else workdir.parent / name
+
+
+def patched_packages(manifest: Manifest, workdir: Path,
+                     installed: Installed | None = None) -> dict[str, Pinned]:
+    """Each package's version and commit: from its applied checkout when there is one
+    (``source = "checkout"``), else from the manifest's pin (``"pin"``: the version its ref
+    names, or with ``ref: base`` what ``installed`` holds; the commit unknown)."""
+    out: dict[str, Pinned] = {}
+    for package in manifest.packages:
+        where = checkout_dir(workdir, package.name)
+        if checkout.is_checkout(where):
+            info = checkout.AppliedCheckout.open(where)
+            out[package.name] = Pinned(str(info.vllm.version or info.vllm.ref),
+                                       str(info.vllm.commit or info.base), "checkout")
+            continue
+        version = versions.expected(None, package.ref) or package.ref
+        if package.ref == BASE_REF and installed is not None and installed.get(package.dist):
+            version = installed.get(package.dist).version
+        out[package.name] = Pinned(version, "", "pin")
+    return out
+
+
+def _q(text: str) -> str:
+    # a JSON string of printable text is a TOML basic string
+    return json.dumps(str(text), ensure_ascii=True)
+
+
+def _s(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"value {value!r} (expected a string)")
+    return value
+
+
+def base_differences(lock: Lock, digest: str, installed: Mapping[str, str]) -> list[str]:
+    """One line per way a base (its digest, its installed versions) differs from the lock."""
+    out = []
+    if digest != lock.base_digest:
+        out.append(f"base digest {digest}, the lock has {lock.base_digest}")
+    for name in sorted(set(lock.installed) | set(installed)):
+        have, want = installed.get(name), lock.installed.get(name)
+        if have == want:
+            continue
+        if want is None:
+            out.append(f"{name} {have} is installed, the lock has none")
+        elif have is None:
+            out.append(f"{name} is not installed, the lock has {want}")
+        else:
+            out.append(f"{name} {have}, the lock has {want}")
+    return out
+
+
+def package_differences(lock: Lock, packages: Mapping[str, Pinned]) -> list[str]:
+    """One line per patched package whose version or commit differs from the lock."""
+    out = []
+    for name in sorted(set(lock.packages) | set(packages)):
+        have, want = packages.get(name), lock.packages.get(name)
+        if want is None or have is None:
+            out.append(f"package {name} is in the {'stack' if want is None else 'lock'}, not "
+                       f"in the {'lock' if want is None else 'stack'}")
+            continue
+        if have.version != want.version:
+            out.append(f"package {name} version {have.version}, the lock has {want.version}")
+        if have.commit and want.commit and have.commit != want.commit:
+            out.append(f"package {name} commit {have.commit[:12]}, the lock has "
+                       f"{want.commit[:12]}")
+    return out
+
+
+def refused(differences: list[str], lock_path: Path, what: str) -> ImageError:
+    """The one error a stack that differs from the lock gets: a summary, one line each."""
+    head = (f"{what} differs from {lock_path.name} in {len(differences)} "
+            f"way{'s' if len(differences) != 1 else ''}")
+    return ImageError("\n".join([head, *("  " + d for d in differences)]))

@@ -1,0 +1,257 @@
+"""The stack an image is proven on, through the real Docker Engine: a base holding vLLM and
+FlashInfer as pip installs them (dist-info, METADATA, RECORD with sha256), torch and
+nvidia-cutlass-dsl; its pins and ``image.requires`` judged, ``patchset.lock`` written, and
+``--locked`` refusing a base that differs."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from testing import imageproject as ip
+from testing import real_cache, stackbase
+from testing.imageproject import RELEASE
+from testing.upstream import commit, sh, unified, write_files
+from patchkit import manifest
+from patchkit.commands import build_image, lock, verify
+from patchkit.errors import ImageError, ManifestError
+from patchkit.image.docker import Engine
+from patchkit.imageref import Platform
+from patchkit.series.applier import Progress, apply_series
+
+pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
+
+PACKAGES = """\
+packages:
+  flashinfer:
+    dist: flashinfer-python
+    repo: pypi
+    ref: {fi_ref}
+"""
+
+
+class Log(Progress):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, message: str) -> None:
+        self.lines.append(message)
+
+
+@pytest.fixture(scope="session")
+def stack_bases(docker_client, bases, registry) -> dict:
+    """The stack base (torch 2.11.0) and one like it holding torch 2.10.0."""
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    return {torch: stackbase.ensure_stack_base(docker_client, bases[RELEASE],
+                                               f"{registry}/pk-test/vllm-stack:{RELEASE}-t{torch}",
+                                               torch=torch, log=log)
+            for torch in ("2.11.0", "2.10.0")}
+
+
+def write_manifest(root, base: str, *, fi_ref="v0.6.15",
+                   requires='{torch: "==2.11.*", nvidia-cutlass-dsl: ">=4.5,<4.6"}',
+                   extra_package: str = ""):
+    path = root / "patchset.yaml"
+    original = root / "patchset.orig"   # the image project's manifest, before any change
+    if not original.exists():
+        original.write_text(path.read_text())
+    text = original.read_text().replace("name: pk-e2e\n", "name: pk-stack\n")
+    head, _, rest = text.partition("image:\n")
+    image_block, _, patches = rest.partition("patches:\n")
+    image_block = "\n".join(line for line in image_block.splitlines()
+                            if not line.startswith("  base:"))
+    path.write_text(head + PACKAGES.format(fi_ref=fi_ref) + extra_package + "image:\n"
+                    + f"  base: {base}\n" + image_block + f"\n  requires: {requires}\n"
+                    + "patches:\n" + patches)
+    return manifest.load(path)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, stack_bases, registry):
+    root = tmp_path_factory.mktemp("stack")
+    ip.make_project(root, base="x", tag=f"{registry}/pk-test/stack-e2e:{{ref}}")
+    m = write_manifest(root, stack_bases["2.11.0"]["tag"])
+    workdir = root / ".patchkit" / "vllm"
+    assert apply_series(m, workdir=workdir, cache=real_cache()).ok
+    return root, m, workdir
+
+
+@pytest.fixture(scope="module")
+def locked(project, docker_client):
+    """Built on the stack base, then locked."""
+    root, m, workdir = project
+    # an image of an earlier run would be reused; this run must make (and prove) its own
+    for img in docker_client.images.list(filters={"label": "io.patchkit.patchset.name=pk-stack"}):
+        docker_client.images.remove(img.id, force=True)
+    log = Log()
+    report = build_image.run(m, workdir=workdir, apply=False, progress=log)
+    assert report.ok and not report.reused, report.to_dict()
+    first = lock.run(m, workdir=workdir)
+    data = (root / "patchset.lock").read_bytes()
+    again = lock.run(m, workdir=workdir)
+    return report, log.lines, first, again, data
+
+
+def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(locked, stack_bases):
+    report, lines, first, again, data = locked
+    assert any(line.endswith("2 file(s) to replace are pristine (2 proved by RECORD)")
+               for line in lines), lines
+    assert any(line.startswith("base ") and "distribution(s) installed in "
+               "/usr/local/lib/python3.11/dist-packages" in line for line in lines), lines
+    text = data.decode()
+    base = stack_bases["2.11.0"]
+    assert f'name = "{base["tag"]}"' in text
+    assert f'digest = "{base["repo_digest"].split("@")[1]}"' in text
+    assert '[packages.vllm]\nversion = "0.27.1"\ncommit = "' in text
+    assert 'source = "checkout"' in text
+    assert '[packages.flashinfer]\nversion = "0.6.15"\ncommit = ""\nsource = "pin"' in text
+    installed = text.split("[installed]\n")[1].splitlines()
+    assert installed == ['flashinfer-python = "0.6.15"', 'nvidia-cutlass-dsl = "4.5.0"',
+                         'torch = "2.11.0"', 'vllm = "0.27.1"']
+    assert first.written and not again.written  # the second run wrote the same bytes
+
+
+def test_locked_build_and_verify_accept_the_same_stack(locked, project):
+    root, m, workdir = project
+    log = Log()
+    report = build_image.run(m, workdir=workdir, apply=False, progress=log, locked=True)
+    assert report.ok and report.reused
+    assert any("patchset.lock names" in line for line in log.lines)
+    checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True)
+    assert checked.ok and checked.locked == []
+    assert checked.to_dict()["locked"] == {"ok": True, "differences": []}
+
+
+def test_locked_refuses_a_base_that_differs_naming_each_difference(locked, project,
+                                                                   stack_bases, docker_client):
+    root, m, workdir = project
+    other = stack_bases["2.10.0"]
+    m2 = write_manifest(root, other["tag"], requires="{}")
+    tag = f"{ip.REGISTRY}/pk-test/stack-refused:1"
+    try:
+        with pytest.raises(ImageError) as err:
+            build_image.run(m2, workdir=workdir, apply=False, tag=tag, locked=True)
+        lines = str(err.value).splitlines()
+        assert lines[0] == f"base {other['tag']} differs from patchset.lock in 2 ways"
+        assert lines[1] == (f"  base digest {other['repo_digest'].split('@')[1]}, the lock has "
+                            f"{stack_bases['2.11.0']['repo_digest'].split('@')[1]}")
+        assert lines[2] == "  torch 2.10.0, the lock has 2.11.0"
+        assert not docker_client.images.list(name=tag)
+        # the image built on the locked stack, against a lock that names the other base
+        lock_text = (root / "patchset.lock").read_text()
+        (root / "patchset.lock").write_text(lock_text.replace('torch = "2.11.0"',
+                                                              'torch = "2.10.0"'))
+        checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True)
+        assert not checked.ok
+        assert checked.locked == ["torch 2.11.0, the lock has 2.10.0"]
+    finally:
+        write_manifest(root, stack_bases["2.11.0"]["tag"])
+        (root / "patchset.lock").write_bytes(locked[4])
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(requires='{torch: "==2.10.*"}'), ImageError,
+     "base {base} has torch 2.11.0, image.requires wants ==2.10.*"),
+    (dict(requires='{cuda-python: ">=12"}'), ImageError,
+     "base {base} has no cuda-python installed (no cuda_python-*.dist-info in "
+     "/usr/local/lib/python3.11/dist-packages), image.requires wants >=12"),
+    (dict(fi_ref="v0.6.16"), ImageError,
+     "base {base} holds flashinfer-python 0.6.15, the pin is v0.6.16"),
+    (dict(extra_package="  b12x:\n    repo: pypi\n    ref: v0.1.0\n"), ManifestError,
+     "patchset.yaml:10: packages.b12x.dist: base {base} has no b12x installed (no "
+     "b12x-*.dist-info in /usr/local/lib/python3.11/dist-packages)"),
+])
+def test_a_base_is_refused_before_the_apply_for_each_reason(project, stack_bases, tmp_path,
+                                                            docker_client, change, error,
+                                                            message):
+    root, m, workdir = project
+    base = stack_bases["2.11.0"]["tag"]
+    try:
+        bad = write_manifest(root, base, **change)
+        fresh = tmp_path / ".patchkit" / "vllm"
+        with pytest.raises(error) as err:
+            build_image.run(bad, workdir=fresh, tag=f"{ip.REGISTRY}/pk-test/stack-refused:2")
+        assert str(err.value) == message.format(base=base)
+        assert not fresh.exists()   # refused before the apply
+    finally:
+        write_manifest(root, base)
+
+
+def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(project, locked):
+    root, m, workdir = project
+    saved = (root / "patchset.lock").read_bytes()
+    try:
+        for content in (None, "[base\n"):
+            if content is None:
+                (root / "patchset.lock").unlink()
+            else:
+                (root / "patchset.lock").write_text(content)
+            for argv in (["build-image", "--no-apply", "--locked"],
+                         ["verify", "--image", "x:1", "--locked"]):
+                proc = subprocess.run([sys.executable, "-m", "patchkit", *argv, "--workdir"
+                                       if argv[0] == "build-image" else "--format",
+                                       str(workdir) if argv[0] == "build-image" else "text"],
+                                      cwd=root, capture_output=True, text=True, timeout=120)
+                assert proc.returncode == 2, proc.stderr
+                assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+                assert "patchset.lock" in proc.stderr
+    finally:
+        (root / "patchset.lock").write_bytes(saved)
+    proc = subprocess.run([sys.executable, "-m", "patchkit", "lock", "--workdir", str(workdir)],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"unchanged {root / 'patchset.lock'}: base ")
+    assert proc.stdout.rstrip().endswith("2 package(s), 4 installed distribution(s)")
+    assert (root / "patchset.lock").read_bytes() == saved
+
+
+def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(project, locked,
+                                                                          stack_bases,
+                                                                          docker_client,
+                                                                          tmp_path):
+    """A real patch on a real FlashInfer 0.6.15 file, its applied checkout beside vLLM's,
+    proven on the base by RECORD; a RECORD that does not hash to the pristine file is refused."""
+    root, m, workdir = project
+    rel = "flashinfer/fused_moe/cute_dsl/moe_utils.py"
+    with zipfile.ZipFile(stackbase.flashinfer_wheel()) as zf:
+        text = zf.read(rel).decode()
+    up = tmp_path / "fi-up"   # the file as the release has it, byte for byte
+    write_files(up, {rel: text})
+    sh("git", "init", "-q", "-b", "main", cwd=up)
+    commit(up, "release v0.6.15")
+    sh("git", "tag", "v0.6.15", cwd=up)
+    fi_proj = tmp_path / "fi-proj"
+    (fi_proj / "patches").mkdir(parents=True)
+    (fi_proj / "patches" / "p.diff").write_text(
+        unified(rel, text, text + "\n\nPATCHKIT_FI_PREFETCH = True\n"))
+    (fi_proj / "patchset.yaml").write_text(
+        f"name: fi\nvllm:\n  repo: {up}\n  ref: v0.6.15\npatches:\n"
+        "  - id: fi-prefetch\n    summary: prefetch\n    diff: patches/p.diff\n")
+    sibling = workdir.parent / "flashinfer"
+    assert apply_series(manifest.load(fi_proj / "patchset.yaml"), workdir=sibling,
+                        cache=tmp_path / "cache").ok
+    try:
+        engine = Engine.connect()
+        held = lock.read_base(engine, stack_bases["2.11.0"]["tag"], Platform.parse("linux/arm64"))
+        lines: list[str] = []
+        proofs = lock.prove_packages(m, workdir, engine, held, lines.append)
+        assert proofs["flashinfer"].by_record == (rel,)
+        assert lines == ["flashinfer: the files to replace in /usr/local/lib/python3.11/"
+                         "dist-packages are pristine (1 proved by RECORD)"]
+        # a RECORD that does not hash to the pristine file: refused, naming it
+        dist = held.installed.get("flashinfer-python")
+        bad = dict(dist.record)
+        bad[rel] = dataclasses.replace(bad[rel], sha256="A" * 43)
+        broken = dataclasses.replace(held, installed=dataclasses.replace(
+            held.installed, dists={**held.installed.dists,
+                                   "flashinfer-python": dataclasses.replace(dist, record=bad)}))
+        with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
+                                             r"flashinfer-python v0.6.15 .*RECORD hash differs"):
+            lock.prove_packages(m, workdir, engine, broken)
+    finally:
+        shutil.rmtree(sibling)
