@@ -6,6 +6,7 @@ nvidia-cutlass-dsl; its pins and ``image.requires`` judged, ``patchset.lock`` wr
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from testing.imageproject import RELEASE
 from testing.upstream import commit, sh, unified, write_files
 from patchkit import manifest
 from patchkit.commands import build_image, lock, verify
-from patchkit.errors import ImageError, ManifestError
+from patchkit.errors import ImageError, ManifestError, UsageError
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
 from patchkit.series.applier import Progress, apply_series
@@ -109,7 +110,9 @@ def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(locked, stack
     assert f'digest = "{base["repo_digest"].split("@")[1]}"' in text
     assert '[packages.vllm]\nversion = "0.27.1"\ncommit = "' in text
     assert 'source = "checkout"' in text
-    assert '[packages.flashinfer]\nversion = "0.6.15"\ncommit = ""\nsource = "pin"' in text
+    # apply made FlashInfer's checkout beside vLLM's (no patches of its own here)
+    assert re.search(r'\[packages\.flashinfer\]\nversion = "0\.6\.15"\ncommit = "[0-9a-f]{40}"\n'
+                     r'source = "checkout"', text), text
     installed = text.split("[installed]\n")[1].splitlines()
     assert installed == ['flashinfer-python = "0.6.15"', 'nvidia-cutlass-dsl = "4.5.0"',
                          'torch = "2.11.0"', 'vllm = "0.27.1"']
@@ -253,5 +256,10 @@ def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(projec
         with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
                                              r"flashinfer-python v0.6.15 .*RECORD hash differs"):
             lock.prove_packages(m, workdir, engine, broken)
+        # the image's layer does not hold FlashInfer's files yet: refused, never built without
+        with pytest.raises(UsageError, match=r"the series changes 1 file\(s\) of flashinfer "
+                                             rf"\({rel}\), and build-image ships vLLM's files "
+                                             "only"):
+            build_image.run(m, workdir=workdir, apply=False)
     finally:
         shutil.rmtree(sibling)

@@ -17,7 +17,7 @@ from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, VllmInfo
-from patchkit.series.checkout import AppliedCheckout
+from patchkit.series.checkout import AppliedCheckout, is_checkout
 from patchkit.series.applier import Progress, apply_series, check_workdir
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
@@ -130,6 +130,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = _applied(workdir, apply, variant)
+    _refuse_unshipped(manifest, workdir)
     lock_cmd.prove_packages(manifest, workdir, engine, held, log)
     if lock is not None:
         lock_cmd.check_packages(manifest, lock, stack.patched_packages(
@@ -154,6 +155,21 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         log(f"copying {final_tag} to {', '.join(copy_urls)}")
         report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log, timeout=timeout)
     return report
+
+
+def _refuse_unshipped(manifest: Manifest, workdir: Path) -> None:
+    """The image's layer holds vLLM's changed files only: a series that changes another
+    package's files is refused rather than built without them."""
+    for package in manifest.others:
+        where = stack.checkout_dir(workdir, package.name)
+        if not is_checkout(where):
+            continue
+        changed = AppliedCheckout.open(where).changes()
+        if changed:
+            raise UsageError(f"the series changes {len(changed)} file(s) of {package.name} "
+                             f"({changed[0].path}{', ...' if len(changed) > 1 else ''}), and "
+                             "build-image ships vLLM's files only: the image would not hold "
+                             f"them; build with --package vllm, or lay {where} in by hand")
 
 
 def _lock_of(manifest: Manifest, locked: bool, no_daemon: bool) -> stack.Lock | None:

@@ -202,7 +202,7 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
             return cache[rel]
 
         return _Checked(assertions.run_assertions(active, read), facts.statuses, version, variant,
-                        holds, locked)
+                        holds=holds, locked=locked)
 
 
 def _stack_checks(manifest: Manifest, files, env: dict[str, str], facts, lock,

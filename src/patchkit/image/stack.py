@@ -159,8 +159,11 @@ def patched_packages(manifest: Manifest, workdir: Path,
         where = checkout_dir(workdir, package.name)
         if checkout.is_checkout(where):
             info = checkout.AppliedCheckout.open(where)
-            out[package.name] = Pinned(str(info.vllm.version or info.vllm.ref),
-                                       str(info.vllm.commit or info.base), "checkout")
+            # each checkout holds the whole run's report: take this package's own section
+            own = info.report.packages.get(package.name)
+            pin = own if own is not None else info.vllm
+            out[package.name] = Pinned(str(pin.version or pin.ref), str(pin.commit or info.base),
+                                       "checkout")
             continue
         version = versions.expected(None, package.ref) or package.ref
         if package.ref == BASE_REF and installed is not None and installed.get(package.dist):
