@@ -68,7 +68,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
         _reset(root)
         return PatchResult(patch.id, patch.kind, "failed", "error", message=f"{exc}")
     result = PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
-                         out.message, out.offsets, out.hunk)
+                         out.message, out.offsets, out.hunk, out.in_the_way)
     if not kind.writes_only_named and out.status in ("applied", "upstream"):
         # What it did not name would be left out of the commit yet ride along in the workdir.
         stray = [p for p in g.dirty_paths(root) if p not in out.files]
