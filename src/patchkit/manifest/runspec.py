@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from patchkit.manifest.model import Manifest
+from patchkit.source.refs import BASE_REF, IMAGE_SOURCE
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,18 @@ def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str]
              variant: str | None = None) -> RunSpec:
     """The run ``manifest`` and the options given make.  An option left out (None; no
     ``repos``) takes the manifest's value; an empty ``ref`` stays, to be refused as a ref."""
-    return RunSpec(ref=manifest.vllm.ref if ref is None else ref,
+    return RunSpec(ref=_ref(manifest, ref, repos),
                    sources=tuple(repos) if repos else manifest.sources(),
                    base=base or manifest.image.base,
                    platform=platform or manifest.image.platform,
                    variant=variant)
+
+
+def _ref(manifest: Manifest, ref: str | None, repos: Sequence[str] | None) -> str:
+    """``--vllm-ref``, else ``base`` when the command line's only source is ``image`` (patch
+    what the image holds: one flag says it), else the manifest's ref."""
+    if ref is not None:
+        return ref
+    if repos and all(r == IMAGE_SOURCE for r in repos):
+        return BASE_REF
+    return manifest.vllm.ref
