@@ -87,3 +87,19 @@ def test_every_conflicting_hunk_and_the_gone_file_are_named(project, tmp_path):
     assert {(w["file"], w["hunk"], w["reason"]) for w in data["in_the_way"]} == want
     assert all(w["line"] for w in data["in_the_way"] if w["reason"] == "conflict")
     assert data["message"] == big.message and data["files"]
+
+
+def test_rebase_check_names_them_all_in_json_and_text(project, capsys):
+    from patchkit import cli
+
+    proj, expect = project
+    want = {(rel, n, "conflict") for rel, ns in expect.items() for n in ns}
+    want.add((CHAT_UTILS, None, "gone"))
+    args = ["rebase-check", "--to", "v0.33.0", "--manifest", str(proj / "patchset.yaml")]
+    assert cli.main(args + ["--format", "json"]) == 1
+    (target,) = json.loads(capsys.readouterr().out)["targets"]
+    (big,) = target["patches"]
+    assert {(w["file"], w["hunk"], w["reason"]) for w in big["in_the_way"]} == want
+    assert cli.main(args) == 1
+    out = capsys.readouterr().out
+    assert "in 2 of 3 files conflict: " in out and f"1 file is gone: {CHAT_UTILS}" in out
