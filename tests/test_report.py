@@ -48,3 +48,18 @@ def test_a_broken_offset_value_is_not_a_report():
         {"id": "p", "status": "applied", "offset_values": [{"hunk": 1, "path": "m.py"}]}]}
     with pytest.raises(ValueError, match="not an apply report"):
         ApplyReport.from_dict(data)
+
+
+def test_what_is_in_the_way_reads_back_and_an_older_report_has_none():
+    from patchkit.report import InTheWay, PatchResult, VllmInfo
+
+    ways = [InTheWay("vllm/a.py", 2, "conflict", 40), InTheWay("vllm/c.py", None, "gone")]
+    report = ApplyReport(VllmInfo("v1", "c" * 40, "1.0"), None,
+                         [PatchResult("p", "diff", "failed", "conflict", in_the_way=ways)])
+    data = json.loads(report.to_json())
+    assert data["patches"][0]["in_the_way"] == [
+        {"file": "vllm/a.py", "hunk": 2, "reason": "conflict", "line": 40},
+        {"file": "vllm/c.py", "hunk": None, "reason": "gone", "line": None}]
+    assert ApplyReport.from_dict(data).patches[0].in_the_way == ways
+    del data["patches"][0]["in_the_way"]
+    assert ApplyReport.from_dict(data).patches[0].in_the_way == []

@@ -44,6 +44,27 @@ class Hunk:
     number: int      # 1-based, within its file
 
 
+@dataclass(frozen=True)
+class InTheWay:
+    """One thing that keeps a diff from applying: a hunk that does not match (``conflict``,
+    with the line its header names), or a whole file (``hunk`` None): ``gone`` when the file
+    to patch is not there, ``exists`` when the file to create already is."""
+
+    file: str
+    hunk: int | None
+    reason: str
+    line: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> InTheWay:
+        hunk, line = data.get("hunk"), data.get("line")
+        return cls(str(data["file"]), None if hunk is None else int(hunk), str(data["reason"]),
+                   None if line is None else int(line))
+
+
 @dataclass
 class Outcome:
     """What one patch kind's applier did to the tree, before the engine commits it."""
@@ -55,6 +76,7 @@ class Outcome:
     offsets: list[Offset] = field(default_factory=list)
     hunk: Hunk | None = None
     staged: bool = False   # the applier staged its own changes (deletions included)
+    in_the_way: list[InTheWay] = field(default_factory=list)
 
 
 @dataclass
@@ -96,6 +118,7 @@ class PatchResult:
     offsets: list[Offset] = field(default_factory=list)
     hunk: Hunk | None = None    # a conflict's hunk; not part of the JSON report
     package: str = "vllm"       # the package it patches
+    in_the_way: list[InTheWay] = field(default_factory=list)   # every hunk and file in the way
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -106,7 +129,8 @@ class PatchResult:
         return {"id": self.id, "kind": self.kind, "status": self.status, "reason": self.reason,
                 "commit": self.commit, "files": list(self.files), "message": self.message,
                 "offsets": [str(o) for o in self.offsets],
-                "offset_values": [o.to_dict() for o in self.offsets], "package": self.package}
+                "offset_values": [o.to_dict() for o in self.offsets], "package": self.package,
+                "in_the_way": [w.to_dict() for w in self.in_the_way]}
 
     @classmethod
     def from_dict(cls, data: dict) -> PatchResult:
@@ -116,7 +140,8 @@ class PatchResult:
                    data.get("reason"), data.get("commit"), list(data.get("files") or []),
                    str(data.get("message") or ""),
                    [Offset.from_dict(o) for o in data.get("offset_values") or []],
-                   package=str(data.get("package") or "vllm"))
+                   package=str(data.get("package") or "vllm"),
+                   in_the_way=[InTheWay.from_dict(w) for w in data.get("in_the_way") or []])
 
 
 @dataclass

@@ -149,7 +149,7 @@ def test_a_pr_number_becomes_a_patch_without_its_tests_and_docs(proj, server):
     assert after[len(before):] == (
         "  - id: pr-101\n"
         "    summary: pull request 101\n"
-        f"    upstream: {server.url}/vllm-project/vllm/pull/101\n"
+        "    upstream: https://github.com/vllm-project/vllm/pull/101\n"  # not the fetch host
         "    diff: patches/pr-101.diff\n"
         f"    sha256: {sha}\n")
     m = manifest.load(proj / "patchset.yaml")
@@ -174,7 +174,7 @@ def test_a_format_patch_gives_the_title_and_include_keeps_tests(proj, server):
     assert "docs/usage.md" not in saved  # nor in a diffstat
     entry = yaml.safe_load((proj / "patchset.yaml").read_text())["patches"][-1]
     assert entry["summary"] == "[Perf] Helper adds two (#101)"
-    assert entry["upstream"] == f"{server.url}/vllm-project/vllm/pull/102"
+    assert entry["upstream"] == "https://github.com/vllm-project/vllm/pull/102"
 
 
 def test_a_github_url_is_fetched_from_the_configured_host(proj, server):
@@ -261,13 +261,28 @@ def test_an_unreachable_host_is_one_line(proj, monkeypatch):
            "'http://127.0.0.1:80'?")
 
 
-def test_a_number_needs_a_github_source(tmp_path, server):
-    proj = make_project(tmp_path)
+def test_a_number_without_a_github_source_means_vllm_project(proj, server):
+    path = proj / "patchset.yaml"
+    text = path.read_text()
+    path.write_text(text.replace(", https://github.com/vllm-project/vllm.git]", "]"))
+    assert "github.com" not in path.read_text()
     p = patchkit("add-pr", "101", cwd=proj)
-    assert (p.returncode, p.stderr.strip()) == (
-        2, "patchkit: error: pull request 101: vllm.repo of patchset.yaml names no GitHub "
-           "repository to take OWNER/NAME from; give the pull request's URL")
-    assert not server.asked
+    assert p.returncode == 0, p.stderr
+    assert server.asked == ["/vllm-project/vllm/pull/101.diff"]
+    assert ("note: vllm.repo of patchset.yaml names no GitHub repository: pull request 101 of "
+            "vllm-project/vllm (give a URL for another)") in p.stdout.splitlines()
+    entry = yaml.safe_load((proj / "patchset.yaml").read_text())["patches"][-1]
+    assert entry["upstream"] == "https://github.com/vllm-project/vllm/pull/101"
+
+
+def test_a_github_url_records_github_not_the_fetch_host(proj, server):
+    p = patchkit("add-pr", "https://github.com/vllm-project/vllm/pull/102", "--format", "json",
+                 cwd=proj)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert data["fetched"] == f"{server.url}/vllm-project/vllm/pull/102.diff"
+    assert data["upstream"] == "https://github.com/vllm-project/vllm/pull/102"
+    assert data["notes"] == []
 
 
 def test_the_sha256_key_is_checked(proj):

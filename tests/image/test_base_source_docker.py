@@ -518,3 +518,19 @@ def test_an_engine_that_cannot_be_reached_is_one_line(tmp_path, vendor_base, reg
         assert code == 1, line
         assert line.startswith(f"patchkit: error: no Docker Engine answers at {nowhere}")
     assert not (tmp_path / "w").exists() and absent(docker_client, tag)
+
+
+def test_the_image_source_alone_pins_base_without_vllm_ref(tmp_path, vendor_base, registry,
+                                                           capsys, monkeypatch):
+    """The manifest pins another release: ``--vllm-repo image`` still means what the base
+    holds, with no ``--vllm-ref base`` beside it."""
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    path = vendor_project(tmp_path, vendor_base, registry)
+    path.write_text(path.read_text().replace(f"  ref: v{DEV_RELEASE}\n", "  ref: v0.27.1\n"))
+    workdir = tmp_path / "w"
+    code = cli.main(["apply", "--vllm-repo", "image", "--base", vendor_base["tag"],
+                     "--workdir", str(workdir), "--manifest", str(path), "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    assert (out["vllm"]["ref"], out["vllm"]["repo"]) == ("base", "image")
+    assert [p["status"] for p in out["patches"]] == ["applied", "applied"]

@@ -179,3 +179,46 @@ def test_write_through_a_symlink_with_a_quoted_name_is_refused(tree, tmp_path):
     out = diffapply.apply_file(write(tmp_path, diff), tree)
     assert (out.status, out.reason) == ("failed", "unsafe-path")
     assert not (outside / "evil.py").exists()
+
+
+def test_every_hunk_and_file_in_the_way_is_named_and_the_tree_left_alone(tmp_path):
+    """Hunks 1 and 3 of a.txt and hunk 1 of b.txt meet changed lines, c.txt is gone and n.txt
+    is there already; hunk 2 of a.txt would apply."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+    sh("git", "init", "-q", cwd=repo)
+    for name, n in (("a.txt", 100), ("b.txt", 100), ("c.txt", 50)):
+        (repo / name).write_text("".join(f"{i}\n" for i in range(1, n + 1)))
+    sh("git", "add", ".", cwd=repo)
+    sh("git", "commit", "-qm", "base", cwd=repo)
+    edits = {"a.txt": ("10", "50", "90"), "b.txt": ("20",), "c.txt": ("5",)}
+    for name, lines in edits.items():
+        text = (repo / name).read_text()
+        for ln in lines:
+            text = text.replace(f"\n{ln}\n", f"\nX{ln}\n", 1)
+        (repo / name).write_text(text)
+    (repo / "n.txt").write_text("new\n")
+    sh("git", "add", "-N", "n.txt", cwd=repo)
+    diff_file = tmp_path / "p.diff"
+    diff_file.write_text(sh("git", "diff", cwd=repo) + "\n")
+    sh("git", "checkout", "-q", ".", cwd=repo)
+    for name, ln in (("a.txt", "11"), ("a.txt", "89"), ("b.txt", "21")):
+        text = (repo / name).read_text()
+        (repo / name).write_text(text.replace(f"\n{ln}\n", "\nQ\n", 1))
+    (repo / "c.txt").unlink()
+    (repo / "n.txt").write_text("mine\n")
+    sh("git", "add", "-A", ".", cwd=repo)
+    sh("git", "commit", "-qm", "target", cwd=repo)
+    patch = diffapply.parse(diff_file.read_text())
+    ways = diffapply.find_in_the_way(patch, diff_file, repo)
+    assert [(w.file, w.hunk, w.reason) for w in ways] == [
+        ("a.txt", 1, "conflict"), ("a.txt", 3, "conflict"), ("b.txt", 1, "conflict"),
+        ("c.txt", None, "gone"), ("n.txt", None, "exists")]
+    assert [w.line for w in ways[:3]] == [7, 87, 17]
+    assert diffapply.in_the_way_summary(patch, ways) == (
+        "3 of 6 hunks in 2 of 4 files conflict: a.txt hunks 1, 3; b.txt hunk 1; "
+        "1 file is gone: c.txt; 1 file is there already: n.txt")
+    assert sh("git", "status", "--porcelain", cwd=repo) == ""
+    out = diffapply.apply_file(diff_file, repo)
+    assert out.status == "failed" and out.in_the_way == ways
+    assert out.message.startswith("3 of 6 hunks in 2 of 4 files conflict: ")

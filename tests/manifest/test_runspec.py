@@ -33,3 +33,13 @@ def test_an_empty_ref_is_kept_to_be_refused_and_no_repos_means_the_manifests(tmp
     m = _manifest(tmp_path)
     assert run_spec(m, ref="").ref == ""
     assert run_spec(m, repos=()).sources == run_spec(m).sources
+
+
+def test_the_image_source_alone_on_the_command_line_pins_base(tmp_path):
+    m = _manifest(tmp_path)
+    assert run_spec(m, repos=["image"]).ref == "base"
+    assert run_spec(m, repos=["image", "image"]).ref == "base"
+    # a ref given wins; another source beside image, or none given, keeps the manifest's ref
+    assert run_spec(m, repos=["image"], ref="v1").ref == "v1"
+    assert run_spec(m, repos=["image", "pypi"]).ref == "v1"
+    assert run_spec(m, repos=["pypi"]).ref == "v1" and run_spec(m).ref == "v1"

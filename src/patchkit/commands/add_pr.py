@@ -5,7 +5,10 @@ The pull request's diff is fetched from ``{host}/{owner}/{name}/pull/N.diff``: t
 GitHub source (or from the URL given).  Files under tests/, docs/, benchmarks/ and .github/ are
 left out (a test hunk of a PR breaks every build: no image holds tests) unless ``--include``
 keeps them.  The entry records the PR's URL and the sha256 of what was fetched; the series is
-proven to apply at the pin before anything is written.
+proven to apply at the pin before anything is written.  A number with no GitHub source in
+``vllm.repo`` (a local mirror, ``pypi``) means a pull request of vllm-project/vllm.  The entry's
+``upstream:`` is the pull request's own URL (github.com, or the host a URL argument named),
+never the host it was fetched from.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from patchkit.timeouts import DEFAULT_TIMEOUT
 
 GITHUB = "https://github.com"
 HOST_ENV = "PATCHKIT_GITHUB"
+VLLM_GITHUB = ("vllm-project", "vllm")
 LEFT_OUT = ("tests", "docs", "benchmarks", ".github")  # no image is built from them
 MAX_BYTES = 16 * 1024 * 1024
 SHOWN = 5   # files of the pull request an error names
@@ -47,14 +51,16 @@ class PullRequest:
     owner: str
     name: str
     number: int
+    web: str = GITHUB   # scheme://host[/prefix] the pull request lives at: its URL's host
+    note: str = ""
 
     @property
     def url(self) -> str:
-        return f"{self.host}/{self.owner}/{self.name}/pull/{self.number}"
+        return f"{self.web}/{self.owner}/{self.name}/pull/{self.number}"
 
     @property
     def diff_url(self) -> str:
-        return self.url + ".diff"
+        return f"{self.host}/{self.owner}/{self.name}/pull/{self.number}.diff"
 
 
 @dataclass
@@ -74,7 +80,8 @@ class AddedPr:
         return {"ok": True, "id": self.patch.id, "path": self.patch.path,
                 "summary": self.patch.summary, "upstream": self.patch.upstream,
                 "sha256": self.patch.sha256, "fetched": self.pull.diff_url,
-                "files": self.kept, "left_out": self.dropped, "status": self.status}
+                "files": self.kept, "left_out": self.dropped, "status": self.status,
+                "notes": [self.pull.note] if self.pull.note else []}
 
 
 def github_host() -> str:
@@ -94,10 +101,12 @@ def parse_pull(arg: str, m: Manifest) -> PullRequest:
         if int(number) <= 0:
             raise UsageError(f"{arg!r}: a pull request number is positive")
         owner_name = _github_repo(m)
+        note = ""
         if owner_name is None:
-            raise UsageError(f"pull request {number}: vllm.repo of {m.path.name} names no GitHub "
-                             "repository to take OWNER/NAME from; give the pull request's URL")
-        return PullRequest(github_host(), *owner_name, int(number))
+            owner_name = VLLM_GITHUB
+            note = (f"vllm.repo of {m.path.name} names no GitHub repository: pull request "
+                    f"{number} of {'/'.join(VLLM_GITHUB)} (give a URL for another)")
+        return PullRequest(github_host(), *owner_name, int(number), note=note)
     parts = urllib.parse.urlsplit(text)
     found = _PULL_PATH.match(parts.path) if parts.scheme in ("http", "https") else None
     if not found or not parts.netloc:
@@ -105,10 +114,10 @@ def parse_pull(arg: str, m: Manifest) -> PullRequest:
                          "(https://github.com/OWNER/NAME/pull/N)")
     prefix, owner, name, n = found.groups()
     if parts.hostname in ("github.com", "www.github.com") and not prefix:
-        host = github_host()
-    else:  # a GitHub of its own (an enterprise install, a mirror): fetched where it lives
-        host = f"{parts.scheme}://{parts.netloc}{prefix}"
-    return PullRequest(host, owner, name, int(n))
+        return PullRequest(github_host(), owner, name, int(n))
+    # a GitHub of its own (an enterprise install, a mirror): fetched where it lives
+    host = f"{parts.scheme}://{parts.netloc}{prefix}"
+    return PullRequest(host, owner, name, int(n), web=host)
 
 
 def _github_repo(m: Manifest) -> tuple[str, str] | None:

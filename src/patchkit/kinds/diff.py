@@ -28,7 +28,7 @@ from patchkit.errors import PatchkitError, UsageError
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, commit_message, generic_stop
 from patchkit.process import run
-from patchkit.report import Hunk, Offset, Outcome, PatchResult
+from patchkit.report import Hunk, InTheWay, Offset, Outcome, PatchResult
 
 
 class DiffParseError(Exception):
@@ -143,11 +143,13 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
     if g.apply(root, diff_file, check=True, reverse=True).ok:
         return Outcome("upstream", None, "the tree already has this change (it reverse-applies)",
                            files)
+    in_the_way = find_in_the_way(patch, diff_file, root)
     missing = re.search(r"error: (\S+): (No such file or directory|does not exist in index)",
                         fwd.stderr)
     if missing:
-        return Outcome("failed", "anchor-missing",
-                           f"{missing.group(1)}: the file to patch does not exist", files)
+        message = f"{missing.group(1)}: the file to patch does not exist"
+        return Outcome("failed", "anchor-missing", _with_summary(message, patch, in_the_way),
+                       files, in_the_way=in_the_way)
     if not _FAILED_AT.search(fwd.stderr) and "already exists" not in fwd.stderr:
         # not a hunk that missed its lines: git could not use the diff at all
         return Outcome("failed", "error", f"{diff_file.name}: {_first_line(fwd.stderr)}", files)
@@ -159,7 +161,69 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
     message, hunk = _conflict_message(patch, fwd.stderr, root)
     if reason == "fuzz":
         message += " (it would apply only with fuzz, which is never accepted)"
-    return Outcome("failed", reason, message, files, hunk=hunk)
+    return Outcome("failed", reason, _with_summary(message, patch, in_the_way), files, hunk=hunk,
+                   in_the_way=in_the_way)
+
+
+_GONE = re.compile(r"error: (.+?): (No such file or directory|does not exist in index)$")
+_EXISTS = re.compile(r"error: (.+?): already exists in (working directory|index)$")
+
+
+def find_in_the_way(patch: PatchSet, diff_file: Path, root: Path) -> list[InTheWay]:
+    """Every hunk and file of the diff that does not apply to ``root``, in diff order.  One
+    ``git apply --check --reject``: with ``--reject`` git checks every hunk of every file
+    instead of stopping at the first, and ``--check`` leaves the tree alone."""
+    said = g.apply(root, diff_file, check=True, reject=True, verbose=True).stderr
+    numbers: dict[tuple[str, int], int] = {}
+    for pf in patch:
+        for n, hunk in enumerate(pf, 1):
+            for name in (_strip(pf.source_file), _strip(pf.target_file)):
+                if name:
+                    numbers.setdefault((name, hunk.source_start), n)
+    found: list[InTheWay] = []
+    for line in said.splitlines():
+        line = line.strip()
+        m = _FAILED_AT.match(line)
+        if m:
+            path, at = m.group(1), int(m.group(2))
+            found.append(InTheWay(path, numbers.get((path, at)), "conflict", at))
+            continue
+        m = _GONE.match(line) or _EXISTS.match(line)
+        if m:
+            found.append(InTheWay(m.group(1), None, "gone" if m.re is _GONE else "exists"))
+    return found
+
+
+def _with_summary(message: str, patch: PatchSet, in_the_way: list[InTheWay]) -> str:
+    """``message`` (the first thing in the way) after one sentence naming all of them, when
+    there is more than that one."""
+    if len(in_the_way) < 2:
+        return message
+    return f"{in_the_way_summary(patch, in_the_way)}; first: {message}"
+
+
+def in_the_way_summary(patch: PatchSet, in_the_way: list[InTheWay]) -> str:
+    """"3 of 41 hunks in 2 of 12 files conflict: a.py hunks 2, 5; b.py hunk 1; 1 file is gone:
+    c.py"."""
+    hunks: dict[str, list[str]] = {}
+    for w in in_the_way:
+        if w.reason == "conflict":
+            hunks.setdefault(w.file, []).append(str(w.hunk) if w.hunk else f"at line {w.line}")
+    parts = []
+    if hunks:
+        total = sum(len(pf) for pf in patch)
+        n = sum(len(v) for v in hunks.values())
+        listed = "; ".join(f"{f} hunk{'s' if len(v) > 1 else ''} {', '.join(v)}"
+                           for f, v in hunks.items())
+        parts.append(f"{n} of {total} hunk{'s' if total != 1 else ''} in {len(hunks)} of "
+                     f"{len(patch)} file{'s' if len(patch) != 1 else ''} "
+                     f"conflict{'s' if n == 1 else ''}: {listed}")
+    for reason, said in (("gone", "gone"), ("exists", "there already")):
+        named = [w.file for w in in_the_way if w.reason == reason]
+        if named:
+            parts.append(f"{len(named)} file{' is' if len(named) == 1 else 's are'} {said}: "
+                         f"{', '.join(named)}")
+    return "; ".join(parts)
 
 
 def _applies_with_fuzz(diff_file: Path, root: Path) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from patchkit.errors import UsageError
 from patchkit.manifest.model import VLLM, Manifest
+from patchkit.source.refs import BASE_REF
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str]
         _known(manifest, name, "--package")
     others = tuple(Pin(p.name, p.dist, moved.get(p.name, p.ref), manifest.sources(p.repos))
                    for p in manifest.others)
-    return RunSpec(ref=manifest.vllm.ref if ref is None else ref,
+    return RunSpec(ref=_ref(manifest, ref, repos),
                    sources=tuple(repos) if repos else manifest.sources(),
                    base=base or manifest.image.base,
                    platform=platform or manifest.image.platform,
@@ -91,3 +92,16 @@ def _known(manifest: Manifest, name: str, flag: str) -> None:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise UsageError(f"{flag} {name}: the manifest has no package {name!r} (packages: "
                          f"{', '.join(names)}){hint}")
+
+
+def _ref(manifest: Manifest, ref: str | None, repos: Sequence[str] | None) -> str:
+    """``--vllm-ref``, else ``base`` when the command line's only source reads the base image
+    (``--vllm-repo image``: patch what the image holds, one flag says it), else the manifest's
+    ref."""
+    from patchkit import source   # the source registry (git); the manifest's loader needs none
+
+    if ref is not None:
+        return ref
+    if repos and all(source.kind_of(r).reads_base for r in repos):
+        return BASE_REF
+    return manifest.vllm.ref

@@ -14,6 +14,8 @@ def add_pr(result) -> str:
     p = result.patch
     lines = [f"added     {p.id}: {p.path} from {result.pull.diff_url} (sha256 {p.sha256[:12]})",
              f"  summary: {p.summary}"]
+    if result.pull.note:
+        lines.append(f"note: {result.pull.note}")
     if result.dropped:
         lines.append(f"  left out ({len(result.dropped)} file(s) no image holds; --include GLOB "
                      f"keeps them): {', '.join(result.dropped)}")

@@ -79,7 +79,8 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
         _reset(root)
         return _result(patch, "failed", "error", message=f"{exc}")
     result = PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
-                         out.message, out.offsets, out.hunk, package=patch.package)
+                         out.message, out.offsets, out.hunk, in_the_way=out.in_the_way,
+                         package=patch.package)
     if not kind.writes_only_named and out.status in ("applied", "upstream"):
         # What it did not name would be left out of the commit yet ride along in the workdir.
         stray = [p for p in g.dirty_paths(root) if p not in out.files]

@@ -24,12 +24,12 @@ from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
 from patchkit.source.protocol import VLLM, Base, PackageId
-from patchkit.source.refs import BASE_REF
+from patchkit.source.refs import BASE_REF, IMAGE_SOURCE
 from patchkit.source.resolved import Log, Resolved
 from patchkit.cache import cache_subdir
 from patchkit.files import discard
 
-WORD = "image"
+WORD = IMAGE_SOURCE
 
 NO_BASE = ("the vLLM source 'image' is the vllm package of a base image: give --base IMAGE or "
            "set image.base in patchset.yaml")

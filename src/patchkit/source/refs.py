@@ -7,6 +7,8 @@ import re
 
 # The ref that means "what the base image holds": ``--vllm-ref base`` / ``vllm.ref: base``.
 BASE_REF = "base"
+# The source that is what the base image holds: ``--vllm-repo image`` / ``repo: image``.
+IMAGE_SOURCE = "image"
 
 # What git's ref names may not hold (git check-ref-format), and what makes a revision expression.
 _REF_SPACE = re.compile(r"[\x00-\x20\x7f]")
