@@ -314,6 +314,23 @@ def blob_id(repo: Path, commit: str, path: str) -> str | None:
     return (r.stdout.strip() or None) if r.ok else None
 
 
+def list_tree(repo: Path, commit: str, path: str = "") -> list[tuple[str, str, str]]:
+    """(mode, type, path) of every file under ``path`` at ``commit``, recursively (links and
+    submodules included, as git records them); empty when there is no such folder."""
+    spec = f"{commit}:{path}" if path else commit
+    if not _try("rev-parse", "--verify", "--quiet", f"{spec}^{{tree}}", cwd=repo).ok:
+        return []
+    out = _run("ls-tree", "-r", "-z", "--full-tree", commit, *(["--", path] if path else []),
+               cwd=repo)
+    entries = []
+    for item in out.split("\0"):
+        if item:
+            meta, name = item.split("\t", 1)
+            mode, kind, _sha = meta.split(" ")
+            entries.append((mode, kind, name))
+    return entries
+
+
 def hash_file(path: Path) -> str:
     return _line("hash-object", "--no-filters", str(path))
 
