@@ -318,7 +318,8 @@ def list_tree(repo: Path, commit: str, path: str = "") -> list[tuple[str, str, s
     """(mode, type, path) of every file under ``path`` at ``commit``, recursively (links and
     submodules included, as git records them); empty when there is no such folder."""
     spec = f"{commit}:{path}" if path else commit
-    if not _try("rev-parse", "--verify", "--quiet", f"{spec}^{{tree}}", cwd=repo).ok:
+    kind = _try("cat-file", "-t", spec, cwd=repo)
+    if not kind.ok or kind.stdout.strip() != "tree":
         return []
     out = _run("ls-tree", "-r", "-z", "--full-tree", commit, *(["--", path] if path else []),
                cwd=repo)

@@ -149,8 +149,10 @@ def test_merges_unknown_refs_and_unrelated_history_are_one_line(proj, fork, tmp_
     assert p.returncode == 2 and "merge commit" in error(p) and "straight line" in p.stderr
     for args, message in [((), "give REF (a fork branch) or --overlay DIR"),
                           (("x", "--overlay", "d"), "give REF (a fork branch) or --overlay DIR"),
-                          (("x", "--onto", "v1"), "--onto, --id, --summary and --split go with --overlay"),
-                          (("--overlay", "d", "--from", "r"), "--from r: with --overlay, give the fork as REPO@REF")]:
+                          (("x", "--onto", "v1"),
+                           "--onto, --id, --summary and --split go with --overlay"),
+                          (("--overlay", "d", "--from", "r"),
+                           "--from r: with --overlay, give the fork as REPO@REF")]:
         p = patchkit("import", *args, cwd=proj)
         assert p.returncode == 2 and message in error(p)
     assert _snapshot(proj) == before

@@ -191,8 +191,9 @@ def _layout(folder: Path, package: str) -> tuple[Path, str, list[str]]:
     below = sorted(d for d in folder.iterdir() if d.is_dir() and not d.is_symlink()
                    and d.name not in _SKIP_DIRS and (d / package).is_dir())
     if len(below) > 1:
-        raise UsageError(f"--overlay {folder}: {', '.join(d.name + '/' + package + '/' for d in below)}"
-                         f" are {package} folders one level down; give the one to import")
+        found = ", ".join(f"{d.name}/{package}/" for d in below)
+        raise UsageError(f"--overlay {folder}: {found} are {package} folders one level down; "
+                         "give the one to import")
     if not below:
         raise UsageError(f"--overlay {folder}: holds no {package}/ folder (at its top or one "
                          f"level down) and is no copy of the {package} package (no __init__.py "
@@ -345,10 +346,10 @@ def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
     fork = mirror.resolve(_from_path(repo, m), ref, cache, log)
     with tempfile.TemporaryDirectory(prefix="patchkit-fork-") as tmp:
         where = Path(tmp) / (Path(inside).name or Path(repo.rstrip("/")).name.removesuffix(".git"))
-        _extract(fork, inside, where, f"--from {from_repo}")
+        lock_said = _extract(fork, inside, where, f"--from {from_repo}")
         return _import_tree(m, where, f"{from_repo}:{inside}", onto=onto, patch_id=patch_id,
                             summary=summary, split=split, log=log, progress=progress,
-                            cache=cache)
+                            cache=cache, lock_said=lock_said and f"{from_repo}:{LOCK}")
 
 
 def _repo_at(text: str) -> tuple[str, str]:
@@ -373,9 +374,10 @@ def _inside_path(text: str) -> str:
     return rel
 
 
-def _extract(fork: source.Resolved, inside: str, dest: Path, said: str) -> None:
+def _extract(fork: source.Resolved, inside: str, dest: Path, said: str) -> bool:
     """The files under ``inside`` at the fork's commit, written to ``dest`` from the object
-    store (no checkout); a link or submodule there is refused."""
+    store (no checkout); a link or submodule there is refused.  True when the lock was taken
+    from the repository's top (a fork keeps it beside its overlay)."""
     entries = g.list_tree(fork.repo, fork.commit, "" if inside == "." else inside)
     if not entries:
         raise UsageError(f"{said}: no folder {inside} at {fork.ref} ({fork.commit[:12]})")
@@ -393,20 +395,23 @@ def _extract(fork: source.Resolved, inside: str, dest: Path, said: str) -> None:
         if mode == "100755":
             os.chmod(out, 0o755)
     lock = f"{fork.commit}:{LOCK}"
-    if prefix and not (dest / LOCK).exists():  # a fork keeps its lock beside its overlay
+    if prefix and not (dest / LOCK).exists():
         data = g.read_blobs(fork.repo, [lock])[lock]
         if data is not None:
             (dest / LOCK).write_bytes(data)
+            return True
+    return False
 
 
 def _import_tree(m: Manifest, folder: Path, shown: str, *, onto, patch_id, summary, split,
-                 log, progress, cache) -> Imported:
+                 log, progress, cache, lock_said: str | None = None) -> Imported:
     name = Path(folder).resolve().name
     wanted = patch_id if patch_id is not None else (intake.slug(name) or "overlay")
     pid = intake.check_new_id(m, wanted) if split == "one" or patch_id is not None else wanted
     tree = read_overlay(Path(folder))
     result = Imported(notes=tree.notes())
-    base, base_ref = _overlay_base(m, tree, shown, onto, result.notes, log, cache)
+    said = lock_said or _lock_said(tree, Path(folder), shown)
+    base, base_ref = _overlay_base(m, tree, said, onto, result.notes, log, cache)
     result.base = base.commit
     text = _diff_against(base, tree, result.notes)
     if not text.strip():  # as for a branch with nothing new: nothing failed, nothing written
@@ -425,13 +430,18 @@ def _import_tree(m: Manifest, folder: Path, shown: str, *, onto, patch_id, summa
     return result
 
 
-def _overlay_base(m: Manifest, tree: OverlayTree, shown: str, onto: str | None,
+def _lock_said(tree: OverlayTree, folder: Path, shown: str) -> str:
+    """The lock as the user knows it: in the folder given, or in the one below it."""
+    if tree.lock_path is None:
+        return ""
+    return f"{shown}/{tree.lock_path.relative_to(folder).as_posix()}"
+
+
+def _overlay_base(m: Manifest, tree: OverlayTree, said_lock: str, onto: str | None,
                   notes: list[str], log, cache: Path) -> tuple[source.Resolved, str]:
     """The commit the tree's files were copied from: --onto, else the first of the lock's
     commit, tag, version that a source has (a note when it is not the first), else the pin."""
     spec = run_spec(m)
-    said_lock = f"{shown}/{LOCK}" if tree.lock_path and tree.lock_path.parent == tree.root \
-        else f"{shown}/../{LOCK}" if tree.lock_path else ""
     if onto is not None:
         problem = source.ref_problem(onto)
         if problem:
