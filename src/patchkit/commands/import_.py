@@ -7,12 +7,14 @@
 any source; else the manifest's own sources) and the pin's repository meet in a scratch
 repository that borrows both object stores, so nothing is copied.
 
-``import --overlay DIR [--onto REF]`` turns a tree of whole files into one diff: a copy of
-``dist-packages/vllm`` (``__init__.py`` at its top) or a tree laid out as the checkout
-(``vllm/__init__.py`` at its top).  The diff is made against the commit the files were copied
-from (``--onto REF``, else the commit an ``upstream.lock`` in DIR names, else the pin), so that
-upstream changes made since are kept, not undone; new files are added; files of the base the
-tree lacks are left alone.
+``import --overlay DIR [--onto REF]`` turns a tree of whole files into one diff, or one per file
+or folder (``--split``): a copy of ``dist-packages/vllm``, a tree laid out as the checkout (a
+``vllm/`` folder at its top, ``__init__.py`` or not), or one such tree one level down; files
+beside the package folder (LICENSE, README) are left out.  The diff is made against the commit
+the files were copied from (``--onto REF``, else what an ``upstream.lock`` names: the package's
+own commit, else its tag or version, else the pin), so that upstream changes made since are
+kept, not undone; new files are added; files of the base the tree lacks are left alone.
+``--from REPO@REF`` reads DIR inside a fork's repository at REF, from its objects.
 
 Both prove the series applies with the new patches at the pin before anything is written.
 """
