@@ -334,8 +334,8 @@ def add_pr(pr, patch_id, include, manifest_path, fmt) -> int:
               help="The fork's git URL or path (default: the manifest's vLLM sources); with "
                    "--overlay, REPO@REF: read DIR inside REPO at REF.")
 @click.option("--overlay", type=click.Path(file_okay=False), metavar="DIR",
-              help="Import a tree of whole files (a copy of dist-packages/vllm, or laid out as "
-                   "the checkout) instead of commits.")
+              help="Import a tree of whole files (a copy of dist-packages/vllm, or a vllm/ "
+                   "folder at its top or one level down) instead of commits.")
 @click.option("--onto", metavar="REF", help="--overlay: the vLLM ref its files were copied from "
               "(default: what DIR/upstream.lock names, else the pin).")
 @click.option("--id", "patch_id", metavar="ID", help="--overlay: the new patch's id.")
