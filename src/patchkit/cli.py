@@ -354,37 +354,41 @@ def add_pr(pr, patch_id, include, manifest_path, fmt) -> int:
 @cli.command("import")
 @click.argument("ref", required=False)
 @click.option("--from", "from_repo", metavar="REPO",
-              help="The fork's git URL or path (default: the manifest's vLLM sources).")
+              help="The fork's git URL or path (default: the manifest's vLLM sources); with "
+                   "--overlay, REPO@REF: read DIR inside REPO at REF.")
 @click.option("--overlay", type=click.Path(file_okay=False), metavar="DIR",
-              help="Import a tree of whole files (a copy of dist-packages/vllm, or laid out as "
-                   "the checkout) instead of commits.")
+              help="Import a tree of whole files (a copy of dist-packages/vllm, or a vllm/ "
+                   "folder at its top or one level down) instead of commits.")
 @click.option("--onto", metavar="REF", help="--overlay: the vLLM ref its files were copied from "
               "(default: what DIR/upstream.lock names, else the pin).")
 @click.option("--id", "patch_id", metavar="ID", help="--overlay: the new patch's id.")
 @click.option("--summary", help="--overlay: the new patch's summary.")
+@click.option("--split", type=click.Choice(["file", "dir"]), default=None,
+              help="--overlay: one patch per changed file, or per folder (default: one patch).")
 @MANIFEST
 @FORMAT
-def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, manifest_path, fmt) -> int:
+def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, split, manifest_path,
+               fmt) -> int:
     """Turn the commits merge-base(pin, REF)..REF of a fork branch, or an overlay tree, into
     diff patches at the end of the series; written only when the series applies with them.
 
     \b
     patchkit import dspark-nvfp4-a4w4 --from https://github.com/someone/vllm.git
-    patchkit import --overlay ./vllm-overlay
+    patchkit import --overlay ./vllm-overlay --split file
+    patchkit import --overlay overlay --from https://github.com/someone/spark.git@main
     """
     from patchkit.commands import import_ as command
     from patchkit.render import porting
 
     if bool(ref) == bool(overlay):
         raise click.UsageError("give REF (a fork branch) or --overlay DIR")
-    if ref and (onto or patch_id or summary):
-        raise click.UsageError("--onto, --id and --summary go with --overlay")
-    if overlay and from_repo:
-        raise click.UsageError("--from goes with REF")
+    if ref and (onto or patch_id or summary or split):
+        raise click.UsageError("--onto, --id, --summary and --split go with --overlay")
     progress = TextProgress(err=True)
     if overlay:
         result = command.run_overlay(Path(manifest_path), Path(overlay), onto=onto,
-                                     patch_id=patch_id, summary=summary, progress=progress)
+                                     patch_id=patch_id, summary=summary, split=split or "one",
+                                     from_repo=from_repo, progress=progress)
     else:
         result = command.run(Path(manifest_path), ref, from_repo=from_repo, progress=progress)
     echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else porting.import_(result))

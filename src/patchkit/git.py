@@ -323,6 +323,24 @@ def package_folders(repo: Path, commit: str) -> list[str]:
     return sorted(f for f in folders if found[f"{commit}:{f}/__init__.py"] is not None)
 
 
+def list_tree(repo: Path, commit: str, path: str = "") -> list[tuple[str, str, str]]:
+    """(mode, type, path) of every file under ``path`` at ``commit``, recursively (links and
+    submodules included, as git records them); empty when there is no such folder."""
+    spec = f"{commit}:{path}" if path else commit
+    kind = _try("cat-file", "-t", spec, cwd=repo)
+    if not kind.ok or kind.stdout.strip() != "tree":
+        return []
+    out = _run("ls-tree", "-r", "-z", "--full-tree", commit, *(["--", path] if path else []),
+               cwd=repo)
+    entries = []
+    for item in out.split("\0"):
+        if item:
+            meta, name = item.split("\t", 1)
+            mode, kind, _sha = meta.split(" ")
+            entries.append((mode, kind, name))
+    return entries
+
+
 def hash_file(path: Path) -> str:
     return _line("hash-object", "--no-filters", str(path))
 

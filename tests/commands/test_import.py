@@ -149,8 +149,10 @@ def test_merges_unknown_refs_and_unrelated_history_are_one_line(proj, fork, tmp_
     assert p.returncode == 2 and "merge commit" in error(p) and "straight line" in p.stderr
     for args, message in [((), "give REF (a fork branch) or --overlay DIR"),
                           (("x", "--overlay", "d"), "give REF (a fork branch) or --overlay DIR"),
-                          (("x", "--onto", "v1"), "--onto, --id and --summary go with --overlay"),
-                          (("--overlay", "d", "--from", "r"), "--from goes with REF")]:
+                          (("x", "--onto", "v1"),
+                           "--onto, --id, --summary and --split go with --overlay"),
+                          (("--overlay", "d", "--from", "r"),
+                           "--from r: with --overlay, give the fork as REPO@REF")]:
         p = patchkit("import", *args, cwd=proj)
         assert p.returncode == 2 and message in error(p)
     assert _snapshot(proj) == before
@@ -278,8 +280,8 @@ def test_onto_names_the_base_and_wins_over_the_lock(vproj, tmp_path):
 @pytest.mark.parametrize("setup,code,message", [
     (lambda d: None, 2, "--overlay {d}: no such directory"),
     (lambda d: (d.mkdir(), (d / "x.py").write_text("X = 1\n")), 2,
-     "--overlay {d}: neither vllm/__init__.py (a tree laid out as the checkout) nor __init__.py "
-     "(a copy of the installed vllm package) at its top"),
+     "--overlay {d}: holds no vllm/ folder (at its top or one level down) and is no copy of the "
+     "vllm package (no __init__.py at its top)"),
     (lambda d: _package_copy(d, {"__init__.py": "", "mod.py": MOD_V1}, lock="0" * 40 + "\n"), 2,
      "{d}/upstream.lock names vLLM " + "0" * 40 + ", which no source of patchset.yaml has: "),
     (lambda d: _package_copy(d, {"__init__.py": "", "mod.py": MOD_V1}, lock="a b c\n"), 2,

@@ -7,12 +7,14 @@
 any source; else the manifest's own sources) and the pin's repository meet in a scratch
 repository that borrows both object stores, so nothing is copied.
 
-``import --overlay DIR [--onto REF]`` turns a tree of whole files into one diff: a copy of
-``dist-packages/vllm`` (``__init__.py`` at its top) or a tree laid out as the checkout
-(``vllm/__init__.py`` at its top).  The diff is made against the commit the files were copied
-from (``--onto REF``, else the commit an ``upstream.lock`` in DIR names, else the pin), so that
-upstream changes made since are kept, not undone; new files are added; files of the base the
-tree lacks are left alone.
+``import --overlay DIR [--onto REF]`` turns a tree of whole files into one diff, or one per file
+or folder (``--split``): a copy of ``dist-packages/vllm``, a tree laid out as the checkout (a
+``vllm/`` folder at its top, ``__init__.py`` or not), or one such tree one level down; files
+beside the package folder (LICENSE, README) are left out.  The diff is made against the commit
+the files were copied from (``--onto REF``, else what an ``upstream.lock`` names: the package's
+own commit, else its tag or version, else the pin), so that upstream changes made since are
+kept, not undone; new files are added; files of the base the tree lacks are left alone.
+``--from REPO@REF`` reads DIR inside a fork's repository at REF, from its objects.
 
 Both prove the series applies with the new patches at the pin before anything is written.
 """
@@ -30,7 +32,7 @@ from patchkit import git as g
 from patchkit import manifest, paths, source
 from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
-from patchkit.manifest import Manifest, summary_problem
+from patchkit.manifest import Manifest, capped_id, summary_problem
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import ApplyReport
 from patchkit.series import applier, intake
@@ -170,27 +172,46 @@ class OverlayTree:
     prefix: str                 # "" (laid out as the checkout) or "vllm/" (a package copy)
     files: dict[str, Path]      # checkout-relative path -> file in the tree
     left_out: dict[str, list[str]]  # why -> the files and folders (ending in /) left out
-    lock: str | None            # the ref or commit upstream.lock names
+    lock: Lock | None           # what upstream.lock names
+    lock_path: Path | None = None
 
     def notes(self) -> list[str]:
         """One note per reason, naming every file and folder left out for it."""
         return [f"left out, {why}: {', '.join(rels)}" for why, rels in self.left_out.items()]
 
 
-def read_overlay(folder: Path) -> OverlayTree:
+_BESIDE = "beside the package folder (not part of vLLM)"
+
+
+def _layout(folder: Path, package: str) -> tuple[Path, str, list[str]]:
+    """Where the tree's files are (the folder, or the one folder below it that holds the
+    package), the prefix its paths take, and what lies beside that folder (left out)."""
+    if (folder / package).is_dir() and not (folder / package).is_symlink():
+        return folder, "", []
+    if (folder / "__init__.py").is_file() or folder.resolve().name == package:
+        return folder, f"{package}/", []
+    below = sorted(d for d in folder.iterdir() if d.is_dir() and not d.is_symlink()
+                   and d.name not in _SKIP_DIRS and (d / package).is_dir())
+    if len(below) > 1:
+        found = ", ".join(f"{d.name}/{package}/" for d in below)
+        raise UsageError(f"--overlay {folder}: {found} are {package} folders one level down; "
+                         "give the one to import")
+    if not below:
+        raise UsageError(f"--overlay {folder}: holds no {package}/ folder (at its top or one "
+                         f"level down) and is no copy of the {package} package (no __init__.py "
+                         "at its top)")
+    beside = sorted(c.name + ("/" if c.is_dir() else "") for c in folder.iterdir()
+                    if c != below[0] and c.name != LOCK)
+    return below[0], "", beside
+
+
+def read_overlay(folder: Path, package: str = PACKAGE) -> OverlayTree:
     if not folder.is_dir():
         raise UsageError(f"--overlay {folder}: no such directory")
-    if (folder / PACKAGE / "__init__.py").is_file():
-        prefix = ""
-    elif (folder / "__init__.py").is_file():
-        prefix = f"{PACKAGE}/"
-    else:
-        raise UsageError(f"--overlay {folder}: neither {PACKAGE}/__init__.py (a tree laid out as "
-                         "the checkout) nor __init__.py (a copy of the installed vllm package) "
-                         "at its top")
+    root, prefix, beside = _layout(folder, package)
     files: dict[str, Path] = {}
-    left_out: dict[str, list[str]] = {}
-    for dirpath, dirnames, filenames in os.walk(folder):
+    left_out: dict[str, list[str]] = {_BESIDE: beside} if beside else {}
+    for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         kept = []
         for d in sorted(dirnames):
@@ -199,24 +220,29 @@ def read_overlay(folder: Path) -> OverlayTree:
                     if (here / d).is_symlink() else None))
             if why:
                 left_out.setdefault(why, []).append(
-                    prefix + (here / d).relative_to(folder).as_posix() + "/")
+                    prefix + (here / d).relative_to(root).as_posix() + "/")
             else:
                 kept.append(d)
         dirnames[:] = kept
         for name in sorted(filenames):
             full = here / name
-            rel = full.relative_to(folder).as_posix()
+            rel = full.relative_to(root).as_posix()
             if rel == LOCK:
                 continue
+            if not prefix and "/" not in rel:  # LICENSE, README: beside the package folder
+                left_out.setdefault(_BESIDE, []).append(rel)
+                continue
             target = prefix + rel
-            why = _left_out_why(folder, full, rel, target)
+            why = _left_out_why(root, full, rel, target)
             if why:
                 left_out.setdefault(why, []).append(target)
             else:
                 files[target] = full
     if not files:
         raise UsageError(f"--overlay {folder}: holds no text files")
-    return OverlayTree(folder, prefix, files, left_out, _read_lock(folder / LOCK))
+    lock_path = next((d / LOCK for d in (root, folder) if (d / LOCK).is_file()), None)
+    lock = _read_lock(lock_path, package) if lock_path else None
+    return OverlayTree(root, prefix, files, left_out, lock, lock_path)
 
 
 def _left_out_why(folder: Path, full: Path, rel: str, target: str) -> str | None:
@@ -247,25 +273,45 @@ def _is_utf8(data: bytes) -> bool:
     return True
 
 
-def _read_lock(path: Path) -> str | None:
-    """The commit (or ref) an ``upstream.lock`` names: a full sha anywhere in it, else the value
-    of a ``commit``/``ref``/``tag``/``version`` key, else its only word."""
+@dataclass(frozen=True)
+class Lock:
+    """What an ``upstream.lock`` names, each as (how the lock says it, the ref), best first:
+    the commit, then the tag or release it was taken from."""
+
+    refs: tuple[tuple[str, str], ...]
+
+
+_ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
+
+
+def _read_lock(path: Path, package: str = PACKAGE) -> Lock:
+    """``KEY=VALUE`` lines (the package's own ``<PKG>_COMMIT``, ``_TAG``, ``_VERSION``, never
+    another package's), else a full sha anywhere in it, else the value of a
+    ``commit``/``ref``/``tag``/``version`` key, else its only word."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
-    body = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    lines = [ln for ln in (raw.split("#", 1)[0] for raw in text.splitlines()) if ln.strip()]
+    assigned = [m for m in map(_ASSIGN.match, lines) if m]
+    if lines and len(assigned) == len(lines):
+        values = {m.group(1).upper(): m.group(2).strip("\"'") for m in assigned}
+        keys = [f"{package.upper()}_{k}" for k in ("COMMIT", "TAG", "VERSION")]
+        refs = tuple((k, values[k]) for k in keys if values.get(k))
+        if not refs:
+            raise UsageError(f"{path}: names no {package} commit, tag or version "
+                             f"(keys tried: {', '.join(keys)})")
+        return Lock(refs)
+    body = "\n".join(lines)
     sha = _SHA.search(body.lower())
     if sha:
-        return sha.group(0)
+        return Lock((("commit", sha.group(0)),))
     keyed = _KEYED.search(body)
     if keyed:
-        return keyed.group(1)
+        return Lock((("ref", keyed.group(1)),))
     words = body.split()
     if len(words) == 1:
-        return words[0]
+        return Lock((("ref", words[0]),))
     raise UsageError(f"{path}: names no commit (expected a 40-digit sha, or `commit: REF`)")
 
 
@@ -277,51 +323,197 @@ def _lock_ref(word: str) -> str:
         versions.tag_version(f"v{word}") else word
 
 
+SPLITS = ("one", "file", "dir")
+
+
 def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
                 patch_id: str | None = None, summary: str | None = None,
+                split: str = "one", from_repo: str | None = None,
                 progress: applier.Progress | None = None, cache: Path | None = None) -> Imported:
-    """The overlay tree at ``folder`` as one new diff patch at the end of the series."""
+    """The overlay tree at ``folder`` (a path inside ``from_repo`` when given, ``REPO@REF``)
+    as new diff patches at the end of the series: one, or one per file or folder (``split``)."""
     m = manifest.load(manifest_path)
     problem = summary_problem(summary) if summary is not None else None
     if problem:  # said of the option: the manifest it would go in is not written yet
         raise UsageError(f"--summary: {problem}")
+    if split not in SPLITS:
+        raise UsageError(f"--split {split!r}: expected one of {', '.join(SPLITS)}")
     log = _log(progress)
     cache = cache or cache_dir()
+    if from_repo is None:
+        return _import_tree(m, Path(folder), str(folder), onto=onto, patch_id=patch_id,
+                            summary=summary, split=split, log=log, progress=progress, cache=cache)
+    repo, ref = _repo_at(from_repo)
+    inside = _inside_path(str(folder))
+    fork = mirror.resolve(_from_path(repo, m), ref, cache, log)
+    with tempfile.TemporaryDirectory(prefix="patchkit-fork-") as tmp:
+        where = Path(tmp) / (Path(inside).name or Path(repo.rstrip("/")).name.removesuffix(".git"))
+        lock_said = _extract(fork, inside, where, f"--from {from_repo}")
+        return _import_tree(m, where, f"{from_repo}:{inside}", onto=onto, patch_id=patch_id,
+                            summary=summary, split=split, log=log, progress=progress,
+                            cache=cache, lock_said=lock_said and f"{from_repo}:{LOCK}")
+
+
+def _repo_at(text: str) -> tuple[str, str]:
+    """``REPO@REF`` split at its last ``@`` (a URL's ``git@host:`` keeps its own)."""
+    repo, at, ref = text.rpartition("@")
+    if not at or not repo or not ref or ":" in ref:  # git@host:x/y.git alone has no REF
+        raise UsageError(f"--from {text}: with --overlay, give the fork as REPO@REF "
+                         "(a git URL or path, and the branch, tag or commit holding the overlay)")
+    problem = source.ref_problem(ref) or source.source_problem(repo)
+    if problem:
+        raise UsageError(f"--from {text}: {problem}")
+    return repo, ref
+
+
+def _inside_path(text: str) -> str:
+    rel = text.strip().strip("/") or "."
+    try:
+        if rel != ".":
+            paths.check_relative(rel)
+    except paths.UnsafePathError as exc:
+        raise UsageError(f"--overlay {text}: {exc}") from None
+    return rel
+
+
+def _extract(fork: source.Resolved, inside: str, dest: Path, said: str) -> bool:
+    """The files under ``inside`` at the fork's commit, written to ``dest`` from the object
+    store (no checkout); a link or submodule there is refused.  True when the lock was taken
+    from the repository's top (a fork keeps it beside its overlay)."""
+    entries = g.list_tree(fork.repo, fork.commit, "" if inside == "." else inside)
+    if not entries:
+        raise UsageError(f"{said}: no folder {inside} at {fork.ref} ({fork.commit[:12]})")
+    for mode, _kind, rel in entries:
+        if mode not in ("100644", "100755"):
+            what = "a link" if mode == "120000" else "no regular file"
+            raise UsageError(f"{said}: {rel} at {fork.ref} is {what}; an overlay holds regular "
+                             "files only")
+    prefix = "" if inside == "." else inside + "/"
+    blobs = g.read_blobs(fork.repo, [f"{fork.commit}:{rel}" for _m, _k, rel in entries])
+    for mode, _kind, rel in entries:
+        out = dest / rel[len(prefix):]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(blobs[f"{fork.commit}:{rel}"] or b"")
+        if mode == "100755":
+            os.chmod(out, 0o755)
+    lock = f"{fork.commit}:{LOCK}"
+    if prefix and not (dest / LOCK).exists():
+        data = g.read_blobs(fork.repo, [lock])[lock]
+        if data is not None:
+            (dest / LOCK).write_bytes(data)
+            return True
+    return False
+
+
+def _import_tree(m: Manifest, folder: Path, shown: str, *, onto, patch_id, summary, split,
+                 log, progress, cache, lock_said: str | None = None) -> Imported:
     name = Path(folder).resolve().name
-    pid = intake.check_new_id(m, patch_id if patch_id is not None else
-                              (intake.slug(name) or "overlay"))
+    wanted = patch_id if patch_id is not None else (intake.slug(name) or "overlay")
+    pid = intake.check_new_id(m, wanted) if split == "one" or patch_id is not None else wanted
     tree = read_overlay(Path(folder))
     result = Imported(notes=tree.notes())
+    said = lock_said or _lock_said(tree, Path(folder), shown)
+    base, base_ref = _overlay_base(m, tree, said, onto, result.notes, log, cache)
+    result.base = base.commit
+    text = _diff_against(base, tree, result.notes)
+    if not text.strip():  # as for a branch with nothing new: nothing failed, nothing written
+        result.notes.append(f"every file of {shown} is as vLLM {base_ref} "
+                            f"({base.commit[:12]}) has it")
+        return result
+    label = base.commit[:12] if _SHA.fullmatch(base_ref) else base_ref
+    if split == "one":
+        result.patches.append(intake.NewPatch(
+            pid, summary or f"the files of {name}, against vLLM {label}", text, source=shown))
+    else:
+        result.patches += _split(m, text, split, pid if patch_id is not None else None,
+                                 summary, label, shown)
+    result.reports = intake.prove(m, result.patches, progress=progress, cache=cache)
+    intake.write(m, result.patches)
+    return result
+
+
+def _lock_said(tree: OverlayTree, folder: Path, shown: str) -> str:
+    """The lock as the user knows it: in the folder given, or in the one below it."""
+    if tree.lock_path is None:
+        return ""
+    return f"{shown}/{tree.lock_path.relative_to(folder).as_posix()}"
+
+
+def _overlay_base(m: Manifest, tree: OverlayTree, said_lock: str, onto: str | None,
+                  notes: list[str], log, cache: Path) -> tuple[source.Resolved, str]:
+    """The commit the tree's files were copied from: --onto, else the first of the lock's
+    commit, tag, version that a source has (a note when it is not the first), else the pin."""
     spec = run_spec(m)
     if onto is not None:
         problem = source.ref_problem(onto)
         if problem:
             raise UsageError(f"--onto: {problem}")
-        base_ref, said = onto, "--onto"
         if tree.lock:
-            result.notes.append(f"{LOCK} names {tree.lock}; --onto {onto} is used instead")
+            notes.append(f"{LOCK} names {tree.lock.refs[0][1]}; --onto {onto} is used instead")
+        tries = [("--onto", onto)]
     elif tree.lock:
-        base_ref, said = _lock_ref(tree.lock), f"{folder}/{LOCK}"
+        tries = [(f"{said_lock}", _lock_ref(ref)) for _key, ref in tree.lock.refs]
     else:
-        base_ref, said = spec.ref, "the pin"
-    try:
-        base = source.resolve(spec.sources, base_ref, cache, log)
-    except PatchkitError as exc:
-        raise UsageError(f"{said} names vLLM {base_ref}, which no source of {m.path.name} has: "
-                         f"{exc}") from None
-    result.base = base.commit
-    text = _diff_against(base, tree, result.notes)
-    if not text.strip():  # as for a branch with nothing new: nothing failed, nothing written
-        result.notes.append(f"every file of {folder} is as vLLM {base_ref} "
-                            f"({base.commit[:12]}) has it")
-        return result
-    label = base.commit[:12] if _SHA.fullmatch(base_ref) else base_ref
-    new = intake.NewPatch(pid, summary or f"the files of {name}, against vLLM {label}", text,
-                          source=str(folder))
-    result.patches.append(new)
-    result.reports = intake.prove(m, [new], progress=progress, cache=cache)
-    intake.write(m, [new])
-    return result
+        tries = [("the pin", spec.ref)]
+    failed: list[str] = []
+    for n, (said, ref) in enumerate(tries):
+        try:
+            base = source.resolve(spec.sources, ref, cache, log)
+        except PatchkitError as exc:
+            failed.append(f"{ref}: {exc}")
+            continue
+        if n:
+            missed = ", ".join(f"{k}={v}" for k, v in tree.lock.refs[:n])
+            notes.append(f"{said_lock}: {missed} is in no source of {m.path.name}; the files "
+                         f"are diffed against {tree.lock.refs[n][0]}={tree.lock.refs[n][1]} "
+                         "instead")
+        return base, ref
+    said = tries[0][0]
+    if len(tries) == 1:
+        raise UsageError(f"{said} names vLLM {tries[0][1]}, which no source of {m.path.name} "
+                         f"has: {failed[0].split(': ', 1)[1]}")
+    raise UsageError(f"{said} names vLLM " + ", ".join(f"{k}={v}" for k, v in tree.lock.refs) +
+                     f", none of which a source of {m.path.name} has (tried " +
+                     "; ".join(failed) + ")")
+
+
+def _file_diffs(text: str) -> list[tuple[str, str]]:
+    """``text`` cut into (path, the file's diff), in the diff's order."""
+    parts = re.split(r"(?m)^(?=diff --git )", text)
+    out = []
+    for part in parts:
+        if not part.startswith("diff --git "):
+            continue
+        header = part.split("\n", 1)[0][len("diff --git "):]
+        half = (len(header) - 1) // 2   # "a/X b/X": both halves the same path
+        rel = header[2:half] if header[:half] == "a/" + header[half + 3:] else header
+        out.append((rel.strip('"'), part))
+    return out
+
+
+def _split(m: Manifest, text: str, split: str, prefix: str | None, summary: str | None,
+           label: str, shown: str) -> list[intake.NewPatch]:
+    """One patch per changed file (``file``) or per folder holding changed files (``dir``),
+    in path order; ids from the path (the package's own name left off), capped, unique."""
+    groups: dict[str, list[str]] = {}
+    for rel, part in _file_diffs(text):
+        key = rel if split == "file" else (rel.rsplit("/", 1)[0] if "/" in rel else ".")
+        groups.setdefault(key, []).append(part)
+    claimed: set[str] = set()
+    out = []
+    for key in sorted(groups):
+        stem = key.removeprefix(f"{PACKAGE}/") if key != PACKAGE else key
+        if split == "file":
+            stem = stem.rsplit(".", 1)[0] if "." in stem.rsplit("/", 1)[-1] else stem
+        words = "-".join(re.findall(r"[a-z0-9]+", stem.lower())) or "top"
+        base = capped_id(f"{prefix}-{words}" if prefix else words)
+        pid = intake.free_id(base, m, claimed, reuse=False)
+        claimed.add(pid)
+        what = key + ("/" if split == "dir" else "")
+        said = f"{summary}: {what}" if summary else f"{what} from {Path(shown).name}, " \
+                                                    f"against vLLM {label}"
+        out.append(intake.NewPatch(pid, said, "".join(groups[key]), source=shown))
+    return out
 
 
 def _diff_against(base: source.Resolved, tree: OverlayTree, notes: list[str]) -> str:

@@ -147,6 +147,12 @@ class ManifestText:
         """Append a mapping ``entry`` (ordered key, value pairs) to the block sequence at
         ``path``, creating the sequence when the key is absent or empty.  Indentation follows
         the existing items."""
+        self.append_items(path, [entry])
+
+    def append_items(self, path: Sequence[Key],
+                     entries: Sequence[Sequence[tuple[str, str]]]) -> None:
+        """``append_item`` for each of ``entries``, in order, reading the manifest once (a
+        split import appends dozens)."""
         dash, keys = 2, 4
         try:
             key_node, node = self._find(path)
@@ -181,9 +187,10 @@ class ManifestText:
         else:
             raise ManifestError(f"cannot append to {_dotted(path)}: not a list", path=self.name)
         lines = []
-        for n, (k, v) in enumerate(entry):
-            prefix = " " * dash + "- " + " " * (keys - dash - 2) if n == 0 else " " * keys
-            lines.append(f"{prefix}{k}: {scalar(v)}")
+        for entry in entries:
+            for n, (k, v) in enumerate(entry):
+                prefix = " " * dash + "- " + " " * (keys - dash - 2) if n == 0 else " " * keys
+                lines.append(f"{prefix}{k}: {scalar(v)}")
         self._insert_lines(at, lines)
 
     def _insert_lines(self, at: int, new: Sequence[str]) -> None:

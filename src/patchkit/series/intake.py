@@ -216,8 +216,7 @@ def write(m: Manifest, new: Sequence[NewPatch]) -> None:
 
 def _write(m: Manifest, new: Sequence[NewPatch]) -> None:
     text = ManifestText.read(m.path)
-    for p in new:
-        text.append_item(("patches",), p.entry())
+    text.append_items(("patches",), [p.entry() for p in new])
     before = m.path.read_bytes()
     made_dir = not (m.root / PATCH_DIR).exists()
     written: list[Path] = []
