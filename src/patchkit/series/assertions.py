@@ -271,40 +271,7 @@ def _contains(scope: _Scope, text: str) -> _Search:
     return _first(_mentions(scope), lambda found: found == text)
 
 
-_PREDICATES: dict[str, Callable[[_Scope, str], _Search]] = {
-    "defines": _defines, "calls": _calls, "has_key": _has_key, "contains": _contains,
-}
-
-
-def _found(predicate: str, value: str, scope: _Scope, search: _Search) -> str:
-    label = scope.label
-    if predicate == "defines":
-        return f"{label} defines {value}"
-    if predicate == "calls":
-        return f"{label} calls {search.hit_text}"
-    if predicate == "has_key":
-        return f"{label} has the key {value!r}"
-    return f"{label} contains {value!r}"
-
-
-def _absent(predicate: str, value: str, scope: _Scope) -> str:
-    label = scope.label
-    if predicate == "defines":
-        return f"{value} is not defined in {label}"
-    if predicate == "calls":
-        return f"no call to {value} in {label}"
-    if predicate == "has_key":
-        return f"no key {value!r} in {label}"
-    return f"no string or name {value!r} in {label}"
-
-
-def _what_is_there(predicate: str, value: str, search: _Search) -> str:
-    if predicate == "defines":
-        return f"defined there: {_listing(search.seen)}"
-    if predicate == "calls":
-        return f"calls there: {_listing(search.seen)}"
-    if predicate == "has_key":
-        return f"keys there: {_listing([repr(k) for k in search.seen])}"
+def _closest(value: str, search: _Search) -> str:
     candidates = [text for text in dict.fromkeys(search.seen) if len(text) <= 200]
     close = [text for text in candidates if value in text][:5]
     close += [text for text in difflib.get_close_matches(value, candidates, n=5, cutoff=0.6)
@@ -312,6 +279,31 @@ def _what_is_there(predicate: str, value: str, search: _Search) -> str:
     if not close:
         return f"nothing close among {len(candidates)} strings and names there"
     return "closest there: " + ", ".join(repr(text) for text in close[:5])
+
+
+@dataclass(frozen=True)
+class _Predicate:
+    """One predicate: how it searches a scope, and how each outcome is said."""
+
+    search: Callable[[_Scope, str], _Search]
+    found: Callable[[str, str, _Search], str]    # (scope label, value, search)
+    absent: Callable[[str, str], str]            # (scope label, value)
+    there: Callable[[str, _Search], str]         # (value, search): what the scope holds
+
+
+_PREDICATES: dict[str, _Predicate] = {
+    "defines": _Predicate(_defines, lambda at, v, s: f"{at} defines {v}",
+                          lambda at, v: f"{v} is not defined in {at}",
+                          lambda v, s: f"defined there: {_listing(s.seen)}"),
+    "calls": _Predicate(_calls, lambda at, v, s: f"{at} calls {s.hit_text}",
+                        lambda at, v: f"no call to {v} in {at}",
+                        lambda v, s: f"calls there: {_listing(s.seen)}"),
+    "has_key": _Predicate(_has_key, lambda at, v, s: f"{at} has the key {v!r}",
+                          lambda at, v: f"no key {v!r} in {at}",
+                          lambda v, s: f"keys there: {_listing([repr(k) for k in s.seen])}"),
+    "contains": _Predicate(_contains, lambda at, v, s: f"{at} contains {v!r}",
+                           lambda at, v: f"no string or name {v!r} in {at}", _closest),
+}
 
 
 def _check(patch_id: str, assertion: Assertion, files: _Files) -> AssertionResult:
@@ -333,17 +325,18 @@ def _check(patch_id: str, assertion: Assertion, files: _Files) -> AssertionResul
     negate = assertion.predicate == "not"
     inner = assertion.negated if negate else assertion
     assert inner is not None and inner.value is not None, assertion
-    search = _PREDICATES[inner.predicate](scope, inner.value)
+    predicate = _PREDICATES[inner.predicate]
+    search = predicate.search(scope, inner.value)
     if search.hit is not None:
         line, col = search.hit.lineno, search.hit.col_offset  # type: ignore[attr-defined]
-        found = _found(inner.predicate, inner.value, scope, search)
+        found = predicate.found(scope.label, inner.value, search)
         if negate:
             return result(False, f"{found}, which it must not", line, col)
         return result(True, found, line, col)
-    absent = _absent(inner.predicate, inner.value, scope)
+    absent = predicate.absent(scope.label, inner.value)
     if negate:
         return result(True, absent, scope.line, scope.col)
-    there = _what_is_there(inner.predicate, inner.value, search)
+    there = predicate.there(inner.value, search)
     return result(False, f"{absent}; {there}", scope.line, scope.col)
 
 
