@@ -256,10 +256,12 @@ def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(projec
         with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
                                              r"flashinfer-python v0.6.15 .*RECORD hash differs"):
             lock.prove_packages(m, workdir, engine, broken)
-        # the image's layer does not hold FlashInfer's files yet: refused, never built without
-        with pytest.raises(UsageError, match=r"the series changes 1 file\(s\) of flashinfer "
-                                             rf"\({rel}\), and build-image ships vLLM's files "
-                                             "only"):
-            build_image.run(m, workdir=workdir, apply=False)
+        # the image's one layer holds FlashInfer's patched file where the base installed it
+        built = build_image.run(m, workdir=workdir, apply=False,
+                                base=stack_bases["2.11.0"]["tag"], tag="pk-stack-fi:ship")
+        assert built.ok
+        with engine.files(built.image_id, "pk-stack-fi:ship") as fs:
+            got = fs.read(f"/usr/local/lib/python3.11/dist-packages/{rel}")
+        assert got == (sibling / rel).read_bytes()
     finally:
         shutil.rmtree(sibling)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -130,19 +130,21 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = _applied(workdir, apply, variant)
-    _refuse_unshipped(manifest, workdir)
     lock_cmd.prove_packages(manifest, workdir, engine, held, log)
     if lock is not None:
         lock_cmd.check_packages(manifest, lock, stack.patched_packages(
             manifest, workdir, held.installed if held else None))
         log(f"the base and the packages are the ones {stack.LOCK_FILE} names")
-    choice = build.choose_mode(tree.changes(), mode)
+    packages = _shipped_packages(manifest, workdir, held)
+    choice = replace(build.choose_mode(tree.changes(), mode),
+                     packages=tuple(p.name for p in packages))
     _log_choice(choice, log)
     final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
     check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
     builder = builders.choose(no_daemon, choice)
     job = builders.Job(manifest, tree, choice, plat, final_tag, base, push, log, engine=engine,
-                       registry=registry, max_jobs=max_jobs, nvcc_threads=nvcc_threads)
+                       registry=registry, max_jobs=max_jobs, nvcc_threads=nvcc_threads,
+                       packages=packages)
     previous = engine.tagged(final_tag) if engine is not None else None
     built = builder.build(job)
     digest, saved = _deliver(engine, built, final_tag, push=push, save=save, previous=previous,
@@ -157,19 +159,24 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     return report
 
 
-def _refuse_unshipped(manifest: Manifest, workdir: Path) -> None:
-    """The image's layer holds vLLM's changed files only: a series that changes another
-    package's files is refused rather than built without them."""
+def _shipped_packages(manifest: Manifest, workdir: Path, held: lock_cmd.BaseStack | None
+                      ) -> tuple[build.PackageTree, ...]:
+    """The other packages whose applied checkouts change files the image ships, each with
+    the site the base installed it in when the base was read (and proven) here; the registry
+    path finds the others' sites on the base's layers."""
+    out = []
     for package in manifest.others:
         where = stack.checkout_dir(workdir, package.name)
         if not is_checkout(where):
             continue
-        changed = AppliedCheckout.open(where).changes()
-        if changed:
-            raise UsageError(f"the series changes {len(changed)} file(s) of {package.name} "
-                             f"({changed[0].path}{', ...' if len(changed) > 1 else ''}), and "
-                             "build-image ships vLLM's files only: the image would not hold "
-                             f"them; build with --package vllm, or lay {where} in by hand")
+        tree = AppliedCheckout.open(where)
+        shipped = build.package_shipped(tree.changes())
+        if not shipped:
+            continue
+        dist = held.installed.get(package.dist) if held is not None else None
+        out.append(build.PackageTree(package.name, package.dist, tree, shipped,
+                                     dist.site if dist is not None else None))
+    return tuple(out)
 
 
 def _lock_of(manifest: Manifest, locked: bool, no_daemon: bool) -> stack.Lock | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import PurePosixPath
 from typing import Callable, Sequence
 
@@ -83,6 +83,7 @@ class ModeChoice:
     reason: str
     shipped: tuple[Change, ...]    # the changes that go into the image (overlay)
     not_shipped: tuple[str, ...]   # changed paths no image is built from
+    packages: tuple[str, ...] = ()  # the other packages whose changed files the image ships
 
 
 def choose_mode(changes: Sequence[Change], forced: str = "auto") -> ModeChoice:
@@ -159,6 +160,33 @@ def source_date(tree: AppliedCheckout) -> int:
 
 # ------------------------------------------------------------------------------ overlay
 
+@dataclass(frozen=True)
+class PackageTree:
+    """A package other than vLLM whose changed files the image ships."""
+
+    name: str
+    dist: str                      # its distribution name, as the base installed it
+    tree: AppliedCheckout
+    shipped: tuple[Change, ...]    # its changes that go into the image
+    site: str | None = None        # the folder holding its dist-info in the base; None: not
+                                   # read yet (found on the base's files by the plan)
+
+
+def package_shipped(changes: Sequence[Change]) -> tuple[Change, ...]:
+    """The changes of a package other than vLLM that the image ships: all but the files no
+    install holds (tests, docs); a change of type is refused, as for vLLM's files."""
+    out = []
+    for c in changes:
+        p = PurePosixPath(c.path)
+        if p.parts[0] in NOT_SHIPPED_TOPS or p.suffix in NOT_SHIPPED_SUFFIXES:
+            continue
+        if c.status == "T" or c.mode == 0o120000:
+            raise ImageError(f"{c.path} became a symlink or changed type; the image lays "
+                             "regular files only")
+        out.append(c)
+    return tuple(out)
+
+
 @dataclass
 class OverlayPlan:
     package: package.Package
@@ -171,9 +199,10 @@ def _rel_in_image(path: str) -> str:
 
 
 def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheckout,
-                 shipped: Sequence[Change], serve: bytes | None, log: Callable[[str], None]
-                 ) -> OverlayPlan:
-    """Check that the base holds the pristine release, and list the layer's entries."""
+                 shipped: Sequence[Change], serve: bytes | None, log: Callable[[str], None],
+                 packages: Sequence[PackageTree] = ()) -> OverlayPlan:
+    """Check that the base holds the pristine release, and list the layer's entries: vLLM's
+    changed files, then each other package's where the base installed its ``dist``."""
     env = {}
     for item in base.config.get("Env") or ():
         k, _, v = item.partition("=")
@@ -201,15 +230,34 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
         f"{sum(c.status != 'A' for c in shipped)} file(s) to replace are pristine"
         + (f" ({proof.describe()})" if proof.by_record or proof.by_reading else ""))
 
-    contents = tree.blobs([c.blob for c in shipped if c.status != "D"])
     entries: list[layer.LayerEntry] = []
     made_dirs: set[str] = set()
-    stale: list[str] = []
+    stale = _entries(files, pkg, tree, shipped, pkg.path_of, entries, made_dirs)
+    for other in placed(files, base, packages, log):
+        stale += _entries(files, pkg, other.tree, other.shipped,
+                          lambda rel, site=other.site: site.rstrip("/") + "/" + rel,
+                          entries, made_dirs)
+        log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
+    if serve is not None:
+        entries.append(layer.LayerEntry(SERVE_PATH, "file", serve, 0o755))
+    if stale:
+        log(f"{stale} byte-code cache(s) of patched modules removed in the layer")
+    return OverlayPlan(pkg, installed, entries)
+
+
+def _entries(files: package.Files, pkg: package.Package, tree: AppliedCheckout,
+             shipped: Sequence[Change], to_image: Callable[[str], str],
+             entries: list[layer.LayerEntry], made_dirs: set[str]) -> int:
+    """Append the layer entries of one package's changes (``to_image`` maps a checkout path
+    into the image): new folders, files, deletions and stale byte-code caches as whiteouts.
+    Returns how many caches were whited out."""
+    contents = tree.blobs([c.blob for c in shipped if c.status != "D"])
+    stale = 0
     for c in shipped:
-        target = pkg.path_of(c.path)
+        target = to_image(c.path)
         if c.path.endswith(".py"):
             for cache in package.stale_caches(files, pkg, target):
-                stale.append(cache)
+                stale += 1
                 entries.append(layer.LayerEntry(_rel_in_image(cache), "whiteout"))
         if c.status == "D":
             entries.append(layer.LayerEntry(_rel_in_image(target), "whiteout"))
@@ -226,12 +274,32 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
             made_dirs.add(d)
             entries.append(layer.LayerEntry(_rel_in_image(d), "dir", mode=0o755))
         entries.append(layer.LayerEntry(_rel_in_image(target), "file", data,
-                                     0o755 if c.mode & 0o111 else 0o644))
-    if serve is not None:
-        entries.append(layer.LayerEntry(SERVE_PATH, "file", serve, 0o755))
-    if stale:
-        log(f"{len(stale)} byte-code cache(s) of patched modules removed in the layer")
-    return OverlayPlan(pkg, installed, entries)
+                                        0o755 if c.mode & 0o111 else 0o644))
+    return stale
+
+
+def placed(files: package.Files, base: layer.BaseImage, packages: Sequence[PackageTree],
+           log: Callable[[str], None]) -> list[PackageTree]:
+    """``packages`` each with the site its ``dist`` is installed in.  A package whose site is
+    not known yet (the base was not read before the build) is found and proven pristine here,
+    on the base's files."""
+    if all(p.site is not None for p in packages):
+        return list(packages)
+    env = dict(i.partition("=")[::2] for i in base.config.get("Env") or ())
+    installed = distinfo.installed(files, env)  # type: ignore[arg-type]
+    out = []
+    for p in packages:
+        if p.site is None:
+            dist = installed.get(p.dist)
+            if dist is None:
+                raise ImageError(f"base {base.name} has no {p.dist} installed "
+                                 f"({installed.missing(p.dist)})")
+            proof = distinfo.prove_checkout(files, dist, p.tree, image=base.name)
+            log(f"{p.name}: the files to replace in {dist.site} are pristine "
+                f"({proof.describe()})")
+            p = replace(p, site=dist.site)
+        out.append(p)
+    return out
 
 
 def _vllm_dist(files: package.Files, pkg: package.Package, installed: str | None
@@ -278,13 +346,16 @@ def installed_problem(base_name: str, installed: str | None, tree: AppliedChecko
 
 
 def inputs_key(base: layer.BaseImage, labels: dict, shipped: Sequence[Change], serve: bytes | None,
-               mtime: int) -> str:
+               mtime: int, packages: Sequence[PackageTree] = ()) -> str:
     """What the overlay image is a function of.  An image carrying the same key was made from
     the same base (by what the image takes from it, the same on every store) and the same
     files, so it is the same image."""
     doc = {"format": LAYER_FORMAT, "base": base.identity, "platform": str(base.platform),
            "labels": labels, "mtime": mtime,
            "changes": [[c.status, c.path, c.mode, c.blob] for c in shipped],
+           # the site is the base's (in the key already): the same key on every path
+           "packages": {p.name: [[c.status, c.path, c.mode, c.blob] for c in p.shipped]
+                        for p in packages},
            "serve": hashlib.sha256(serve).hexdigest() if serve is not None else None}
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -300,7 +371,8 @@ class OverlayInputs:
 
 
 def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
-                   base: layer.BaseImage) -> OverlayInputs:
+                   base: layer.BaseImage, packages: Sequence[PackageTree] = ()
+                   ) -> OverlayInputs:
     serve_file = manifest.root / SERVE_SCRIPT
     serve = serve_file.read_bytes() if serve_file.is_file() else None
     created = source_date(tree)
@@ -309,7 +381,7 @@ def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice
                                      packages=packages_of(manifest, tree))
     labels.update(image_labels.base_labels(base))
     return OverlayInputs(serve, created, labels,
-                         inputs_key(base, labels, choice.shipped, serve, created))
+                         inputs_key(base, labels, choice.shipped, serve, created, packages))
 
 
 def packages_of(manifest: Manifest, tree: AppliedCheckout) -> dict[str, dict[str, str]]:

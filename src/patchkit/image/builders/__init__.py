@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from patchkit.errors import ImageError, UsageError
-from patchkit.image.build import Built, ModeChoice
+from patchkit.image.build import Built, ModeChoice, PackageTree
 from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
 from patchkit.series.checkout import AppliedCheckout
@@ -55,6 +55,7 @@ class Job:
     registry: object | None = None  # image.registry.Registry, for the path without one
     max_jobs: int | None = None
     nvcc_threads: int | None = None
+    packages: tuple[PackageTree, ...] = ()  # the other packages' changes the image ships
 
     def base_ref(self) -> str:
         ref = self.base or self.manifest.image.base
@@ -100,7 +101,9 @@ def choose(no_daemon: bool, choice: ModeChoice) -> Builder:
     for builder in paths:
         if builder.unfit(choice) is None:
             return builder
-    raise ImageError(str(paths[0].unfit(choice)))
+    # the path of the series' own mode says best why it cannot ship it
+    said = next((b for b in paths if b.mode == choice.mode), paths[0])
+    raise ImageError(str(said.unfit(choice)))
 
 
 __all__ = ["Asked", "Builder", "Job", "REGISTRY", "choose", "family", "get", "refuse"]

@@ -33,11 +33,12 @@ class EngineOverlay:
         log(f"resolving the base {base_ref} for {platform}")
         base = engine.resolve_base(base_ref, platform, log)
         log(f"base pinned by {base.pinned_by}: {base.pinned}")
-        inputs = overlay_inputs(job.manifest, job.tree, job.choice, base)
+        inputs = overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages)
         built = _known(engine, inputs.key, base, log)
         if built is None:
             with engine.files(base.image_id, base.name) as files:
-                plan = plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log)
+                plan = plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log,
+                                    job.packages)
             made, config = overlay_image(base, plan, inputs)
             held, load = _load(engine, base, made, config, log)
             built = Built(held, base, load is None,

@@ -42,7 +42,14 @@ class EngineSource:
         pass  # an engine takes every option
 
     def unfit(self, choice: ModeChoice) -> str | None:
-        return None if choice.mode == SOURCE_MODE else f"the series needs {choice.mode} mode"
+        if choice.mode != SOURCE_MODE:
+            return f"the series needs {choice.mode} mode"
+        if choice.packages:
+            # vLLM's Dockerfile builds vLLM alone: it has no step that lays other packages
+            return (f"source mode builds vLLM's Dockerfile, which does not lay the changed "
+                    f"files of {', '.join(choice.packages)}: ship them in an overlay image "
+                    "(change no native vLLM file), or build with --package vllm")
+        return None
 
     def build(self, job: Job) -> Built:
         engine: Engine = job.engine  # type: ignore[assignment]

@@ -105,13 +105,14 @@ def build_overlay(job: Job, base_ref: str, reg: Registry, cache: Path | None = N
     base = layer.base_image(remote, [sum(m.size for m in one.members if m.kind == "f")
                                      for one in layers], platform)
     log(f"base pinned by digest: {base.pinned}")
-    inputs = build.overlay_inputs(job.manifest, job.tree, job.choice, base)
+    inputs = build.overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages)
     with layerfs.LayerFiles(base_ref, layers, store / "files") as files:
         if job.manifest.others or job.manifest.image.requires:
             # no engine read the base before the apply: its pins and requires are judged here
             env = dict(i.partition("=")[::2] for i in base.config.get("Env") or ())
             stack.check_base(job.manifest, distinfo.installed(files, env), base.name)
-        plan = build.plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log)
+        plan = build.plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log,
+                                  job.packages)
     made, config = build.overlay_image(base, plan, inputs)
     man = layer.image_manifest(remote, config, made)
     digest = "sha256:" + hashlib.sha256(man).hexdigest()
