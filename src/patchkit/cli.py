@@ -134,11 +134,15 @@ def cli() -> None:
 
 @cli.command()
 @MANIFEST
-def validate(manifest_path: str) -> int:
+@FORMAT
+def validate(manifest_path: str, fmt: str) -> int:
     """Check the manifest and the files it names, and nothing else."""
     from patchkit.commands import validate as command
 
     m = command.run(Path(manifest_path))
+    if fmt == "json":
+        echo(json.dumps(command.summary(m), indent=2))
+        return 0
     markers = len(m.runtime) + sum(len(p.runtime) for p in m.patches)
     counted = f", {markers} runtime markers" if markers else ""
     pins = "".join(f", {p.name} {p.ref}" for p in m.others)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from patchkit import manifest
+
 from testing import patchkit, real_cache
 from testing.flashinfer import FI_FILE, ensure_releases, make_stack
 
@@ -47,6 +49,17 @@ def test_apply_json_has_a_section_per_package(applied):
     assert set(data["packages"]) == {"vllm", "flashinfer"}
     assert data["packages"]["flashinfer"]["version"] == "0.6.15"
     assert {e["id"]: e["package"] for e in data["patches"]}["fi-moe-activations"] == "flashinfer"
+
+
+def test_validate_json_lists_every_package_for_a_ci_matrix(applied):
+    p = run(applied, "validate", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    pins = [(p.name, p.dist, p.ref) for p in manifest.load(applied / "patchset.yaml").packages]
+    assert [(e["name"], e["dist"], e["ref"]) for e in data["packages"]] == pins
+    assert pins[1] == ("flashinfer", "flashinfer-python", "v0.6.15")
+    counts = {e["name"]: e["patches"] for e in data["packages"]}
+    assert counts["flashinfer"] == 1 and counts["vllm"] == data["patches"] - 1
 
 
 def test_verify_checks_each_package_on_its_checkout(applied):

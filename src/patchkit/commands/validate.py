@@ -9,3 +9,11 @@ from patchkit import manifest
 
 def run(manifest_path: Path) -> manifest.Manifest:
     return manifest.load(manifest_path)
+
+
+def summary(m: manifest.Manifest) -> dict:
+    """The ``--format json`` shape: what a CI job needs to fan out over the packages."""
+    return {"ok": True, "name": m.name, "patches": len(m.patches),
+            "packages": [{"name": p.name, "dist": p.dist, "ref": p.ref,
+                          "patches": sum(1 for x in m.patches if x.package == p.name)}
+                         for p in m.packages]}
