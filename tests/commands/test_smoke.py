@@ -355,12 +355,14 @@ def test_cli_json_report(capsys):
         url = s.url
     doc = json.loads("\n".join(lines))
     assert code == 1
-    assert set(doc) == {"ok", "url", "model", "checks", "acceptance"}
+    assert set(doc) == {"ok", "url", "model", "checks", "acceptance", "spec_decode", "garble"}
     assert doc["ok"] is False and doc["url"] == url and doc["model"] == MODEL
-    assert doc["acceptance"] == 0.2
-    assert [(c["name"], c["ok"]) for c in doc["checks"]] == [
-        ("health", True), ("models", True), ("chat", True), ("acceptance", False)]
-    assert all(set(c) == {"name", "ok", "message"} for c in doc["checks"])
+    assert doc["acceptance"] == 0.2 and doc["garble"] is None
+    assert doc["spec_decode"]["draft_tokens"] == 10 and doc["spec_decode"]["accepted"] == 2
+    assert [(c["name"], c["ok"], c["status"]) for c in doc["checks"]] == [
+        ("health", True, "ok"), ("models", True, "ok"), ("chat", True, "ok"),
+        ("acceptance", False, "failed")]
+    assert all(set(c) == {"name", "ok", "status", "message"} for c in doc["checks"])
 
 
 @pytest.mark.parametrize("fault, args, failing, words", [
@@ -379,7 +381,7 @@ def test_cli_each_failure_exit_1_names_the_check(capsys, fault, args, failing, w
     with serve(fault) as s:
         code, lines, err = main(capsys, s.url, *args)
     assert code == 1 and err == ""
-    [line] = [x for x in lines if x.startswith("FAILED ")]
+    [line] = [x for x in lines if x.split()[0] in ("FAILED", "INCONCLUSIVE")]
     assert line.split()[1] == failing and words in line
     assert lines[-1].startswith("FAILED: ")
     # every check that could not run after it says so
