@@ -98,10 +98,12 @@ def check_repeat(text: str, unit: str) -> Garble | None:
             continue
         if unit.startswith(text[i:]):
             break   # cut off by the token budget inside a repeat
-        got = text[i:i + len(unit)]
+        same = next((n for n, (a, b) in enumerate(zip(unit, text[i:])) if a != b), len(unit))
+        i += same   # the first character that differs from the repeat
+        got = text[i:i + len(unit) - same]
         run = _RUN.match(text, i)
         what = (f"a run of repeats of {run.group(1)!r}" if run else
-                f"the repeat breaks: expected {unit!r}, got {got!r}")
+                f"the repeat breaks: expected {unit[same:]!r}, got {got!r}")
         if "\ufffd" in got:
             return _fffd(text)
         return _at(text, i, what)
