@@ -647,12 +647,11 @@ class _Loader:
 
     def marker(self, node: yaml.Node, where: str) -> Marker:
         fields = self.mapping(node, where, MARKER_KEYS,
-                              what="a marker (a mapping with log: REGEX or acceptance: {...})")
+                              what="a marker (a mapping with log: REGEX)")
         if "acceptance" in fields:
             return self.acceptance_marker(node, fields, where)
         if "log" not in fields:
-            self.fail(f"{where}: missing required key 'log' (or give acceptance: {{min: RATE}})",
-                      node)
+            self.fail(f"{_where(where)}missing required key 'log'", node)
         log = self.regex(fields["log"][1], f"{where}.log")
         absent = False
         if "absent" in fields:
