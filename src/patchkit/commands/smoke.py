@@ -220,7 +220,8 @@ def run(url: str, model: str | None = None, min_acceptance: float | None = None,
         else:
             interrupt.check()
             after = _settled_counters(client, settle)
-            accepted, check = _check_acceptance(before, after, floor)
+            over = "the request" if long is None else "the two requests"
+            accepted, check = _check_acceptance(before, after, floor, over)
             checks.append(check)
     return SmokeReport(base, chosen, tuple(checks),
                        acceptance=accepted.rate if accepted else None, answer=chat.answer,
@@ -517,7 +518,8 @@ def _settled_counters(client: _Client, settle: float,
 
 
 def _check_acceptance(before: _Counters | None, after: _Counters,
-                      floor: spec.Floor) -> tuple[spec.Acceptance | None, Check]:
+                      floor: spec.Floor, over: str = "the request",
+                      ) -> tuple[spec.Acceptance | None, Check]:
     def fail(message: str) -> tuple[None, Check]:
         return None, Check(ACCEPTANCE, False, message)
 
@@ -535,7 +537,7 @@ def _check_acceptance(before: _Counters | None, after: _Counters,
     drafts = (after.drafts - before.drafts
               if after.drafts is not None and before.drafts is not None else None)
     if drafted < 0 or accepted < 0 or (drafts is not None and drafts < 0):
-        return fail("the spec-decode counters went down over the request (did the server "
+        return fail(f"the spec-decode counters went down over {over} (did the server "
                     "restart?)")
     if accepted > drafted:
         return fail(f"more tokens accepted ({accepted:g}) than drafted ({drafted:g}): "
@@ -548,8 +550,8 @@ def _check_acceptance(before: _Counters | None, after: _Counters,
     value = spec.from_counts(drafts, drafted, accepted, per)
     if value.zero:
         return None, Check(ACCEPTANCE, False, f"inconclusive: spec decode did not run: no draft "
-                                              f"tokens over the request ({DRAFT_TOKENS} stayed "
+                                              f"tokens over {over} ({DRAFT_TOKENS} stayed "
                                               f"at {before.draft:g}); zero drafts prove no "
                                               "acceptance", inconclusive=True)
-    verdict = spec.judge(value, floor, "the request")
+    verdict = spec.judge(value, floor, over)
     return value, Check(ACCEPTANCE, verdict.ok, verdict.message)
