@@ -286,9 +286,9 @@ def _acceptance_verdict(floor: acceptance.Floor, lines: list[acceptance.LineMetr
     floor.  No line at all fails (the server logged no spec-decode metrics: stats off, or no
     request served yet); zero drafts fail as inconclusive."""
     if not lines:
-        return False, (f"no spec-decode metrics lines in {where}{aside} (vLLM logs them every "
-                       "few seconds while it serves with speculative decoding and log stats "
-                       f"on); {floor.describe()} not shown")
+        return False, (f"no spec-decode metrics lines in {where}{aside} (vLLM logs one every "
+                       "10 s while it serves with speculative decoding and log stats on); "
+                       f"{floor.describe()} not shown")
     count = f"{len(lines)} metrics line{'s' if len(lines) != 1 else ''} of {where}{aside}"
     verdict = acceptance.judge(acceptance.from_lines(lines), floor, count)
     return verdict.ok, verdict.message
