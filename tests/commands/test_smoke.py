@@ -540,3 +540,9 @@ def test_cli_bad_long_and_floors_are_exit_2_one_line(capsys, args):
         asked = s.requests()
     assert code == 2 and lines == [] and asked == []
     assert len(err.splitlines()) == 1 and args[-2] in err   # the flag at fault
+
+
+def test_a_long_answer_spent_on_reasoning_is_walked_there():
+    with serve(Behaviour(long_garble_after=800, reasoning_long=True)) as s:
+        report = run(s.url, long=1000)
+    assert not report.ok and report.garble.token == 800

@@ -69,6 +69,7 @@ class Behaviour:
     long_garble_after: int | None = None      # a long answer goes wrong from this token on
     long_garble: str = "fffd"                 # how: "fffd", "repeat" (one token again), "skip"
     long_stop_after: int | None = None        # a long answer ends (finish_reason stop) here
+    reasoning_long: bool = False              # a long answer comes as reasoning, no content
 
 
 class _Metrics:
@@ -241,9 +242,12 @@ class _Handler(BaseHTTPRequestHandler):
         prompt = body["messages"][-1].get("content") or ""
         tokens = self._long_tokens(b, prompt, int(body.get("max_tokens") or 16))
         content = b.content if tokens is None else "".join(tokens)
+        reasoning = b.reasoning
+        if tokens is not None and b.reasoning_long:
+            content, reasoning = None, content
         message = {"role": "assistant", "content": content, "refusal": None,
                    "annotations": None, "audio": None, "function_call": None,
-                   "reasoning": b.reasoning}
+                   "reasoning": reasoning}
         completion_tokens = len((b.content or "").split()) + 1 if tokens is None else len(tokens)
         logprobs = None
         if tokens is not None and body.get("logprobs"):

@@ -422,6 +422,9 @@ def _check_long_answer(client: _Client, model: str, tokens: int,
     choice = choices[0] if isinstance(choices, list) and choices else None
     message = choice.get("message") if isinstance(choice, dict) else None
     content = message.get("content") if isinstance(message, dict) else None
+    if not (isinstance(content, str) and content.strip()) and isinstance(message, dict):
+        # a reasoning model may spend the whole budget reasoning: that text is walked instead
+        content = message.get("reasoning") or message.get("reasoning_content")
     if not isinstance(content, str) or not content.strip():
         return Check(LONG, False, f"the long answer has no content: "
                                   f"{http.snippet(repr(doc))}"), None, True
