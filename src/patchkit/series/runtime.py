@@ -9,6 +9,10 @@ in any of them, a forbidden one in none, and counts are summed over them.  A mar
 leaves out each log that has a line matching it (rank 1 runs headless and never logs the API's
 startup; a DeepSeek-V4.1 launch never takes a V4-only path).
 
+An ``acceptance:`` marker is judged on the values of vLLM's periodic spec-decode metrics lines
+(:mod:`patchkit.acceptance` reads them) rather than on their number: the lines of the judged
+logs together must reach its floor.
+
 Pure: the caller reads the logs (files, stdin, a container's log through the image border) and
 hands them over as chunks of bytes, which :class:`LogLines` cuts into bounded lines; nothing here
 reads, prints or raises for a marker that does not hold.
@@ -226,8 +230,9 @@ def judge(markers: Sequence[ScopedMarker], logs: Iterable[Log]) -> list[MarkerRe
                     tally.found += 1
                     if len(tally.hits) < keep[i]:
                         tally.hits.append(Hit(log.name, number, _shown(text)))
-                    if markers[i].marker.acceptance is not None:
-                        tally.metrics.append(acceptance.parse_line(text))
+                    if markers[i].marker.acceptance is not None and \
+                            (metrics := acceptance.parse_line(text)) is not None:
+                        tally.metrics.append(metrics)
                 if unless is not None and not here[i].left_out and unless.search(text):
                     here[i].left_out = True
         for i, tally in enumerate(here):
