@@ -26,12 +26,14 @@
 #                       --network host --ipc host -v /models:/models -e DSPARK_NODE_RANK=1 IMAGE
 #   2. then rank 0:   DOCKER_HOST=ssh://spark-1 docker run -d --name dsv4-rank0 --gpus all \
 #                       --network host --ipc host -v /models:/models -e DSPARK_NODE_RANK=0 IMAGE
-#   3. once rank 0 answers /health, each node's log against the patches in IMAGE
-#      (exit 0 every marker holds, 1 one does not, naming the patch and the line):
+#   3. once rank 0 answers /health, one answer with content, a long one without garble, and
+#      the draft accepted, from rank 0's API (on spark-1):
+#        patchkit smoke http://127.0.0.1:8000 --long 4096 --timeout 600 --min-acceptance 0.25
+#   4. 10 s later (vLLM logs its spec-decode metrics every 10 s), each node's log against the
+#      patches in IMAGE and the series' acceptance floors (exit 0 every marker holds, 1 one
+#      does not, naming the patch and the line):
 #        DOCKER_HOST=ssh://spark-2 patchkit verify --image IMAGE --container dsv4-rank1
 #        DOCKER_HOST=ssh://spark-1 patchkit verify --image IMAGE --container dsv4-rank0
-#   4. one answer with content, and the draft accepted, from rank 0's API (on spark-1):
-#        patchkit smoke http://127.0.0.1:8000 --min-acceptance 0.5
 set -euo pipefail
 
 die() {

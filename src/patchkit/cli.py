@@ -500,23 +500,32 @@ def copy_image_cmd(image, targets, more, timeout, fmt) -> int:
 @click.argument("url")
 @click.option("--model", metavar="NAME",
               help="The served model to ask (default: the only one /v1/models lists).")
-@click.option("--min-acceptance", type=click.FloatRange(0, 1), metavar="RATE",
-              help="Also require this speculative-decoding acceptance (0 to 1) over the request, "
-                   "from /metrics.")
+@click.option("--min-acceptance", type=float, metavar="RATE",
+              help="Also require this speculative-decoding acceptance rate (0 to 1) over "
+                   "smoke's requests, from /metrics; nothing drafted is inconclusive (exit 1).")
+@click.option("--min-acceptance-length", type=float, metavar="L",
+              help="Also require this mean acceptance length (1 + accepted / drafts, 1 or "
+                   "more) over smoke's requests.")
+@click.option("--long", "long_tokens", type=int, metavar="N",
+              help="Also make one deterministic answer of N tokens (counting from 1) and check "
+                   "it for garble; the report gives the first bad token's offset.")
+@click.option("--text", metavar="T", help="With --long: the answer repeats T instead.")
 @click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
               metavar="SECONDS", help="Deadline of each request as a whole.")
 @click.option("--api-key", envvar="VLLM_API_KEY", show_envvar=True, metavar="KEY",
               help="Bearer token of a server started with --api-key.")
 @FORMAT
-def smoke(url, model, min_acceptance, timeout, api_key, fmt) -> int:
+def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, timeout,
+          api_key, fmt) -> int:
     """Check a running vLLM OpenAI-compatible server at URL: /health, /v1/models, one chat
-    answer with content, and with --min-acceptance the spec-decode acceptance.  Exit 1 if a
-    check fails."""
+    answer with content, with --long a long answer free of garble, and with --min-acceptance
+    or --min-acceptance-length the spec-decode acceptance.  Exit 1 if a check fails."""
     from patchkit.commands.smoke import run
     from patchkit.render.smoke import render_text
 
     report = run(url, model=model, min_acceptance=min_acceptance, timeout=timeout,
-                 api_key=api_key)
+                 api_key=api_key, min_acceptance_length=min_acceptance_length,
+                 long=long_tokens, text=text)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render_text(report))
     return 0 if report.ok else 1
 

@@ -355,12 +355,14 @@ def test_cli_json_report(capsys):
         url = s.url
     doc = json.loads("\n".join(lines))
     assert code == 1
-    assert set(doc) == {"ok", "url", "model", "checks", "acceptance"}
+    assert set(doc) == {"ok", "url", "model", "checks", "acceptance", "spec_decode", "garble"}
     assert doc["ok"] is False and doc["url"] == url and doc["model"] == MODEL
-    assert doc["acceptance"] == 0.2
-    assert [(c["name"], c["ok"]) for c in doc["checks"]] == [
-        ("health", True), ("models", True), ("chat", True), ("acceptance", False)]
-    assert all(set(c) == {"name", "ok", "message"} for c in doc["checks"])
+    assert doc["acceptance"] == 0.2 and doc["garble"] is None
+    assert doc["spec_decode"]["draft_tokens"] == 10 and doc["spec_decode"]["accepted"] == 2
+    assert [(c["name"], c["ok"], c["status"]) for c in doc["checks"]] == [
+        ("health", True, "ok"), ("models", True, "ok"), ("chat", True, "ok"),
+        ("acceptance", False, "failed")]
+    assert all(set(c) == {"name", "ok", "status", "message"} for c in doc["checks"])
 
 
 @pytest.mark.parametrize("fault, args, failing, words", [
@@ -379,7 +381,7 @@ def test_cli_each_failure_exit_1_names_the_check(capsys, fault, args, failing, w
     with serve(fault) as s:
         code, lines, err = main(capsys, s.url, *args)
     assert code == 1 and err == ""
-    [line] = [x for x in lines if x.startswith("FAILED ")]
+    [line] = [x for x in lines if x.split()[0] in ("FAILED", "INCONCLUSIVE")]
     assert line.split()[1] == failing and words in line
     assert lines[-1].startswith("FAILED: ")
     # every check that could not run after it says so
@@ -415,3 +417,132 @@ def test_cli_console_script_runs(tmp_path):
 def test_smoke_core_stays_apart_from_the_cli():
     text = Path(smoke.__file__).read_text()
     assert "import click" not in text and "print(" not in text
+
+
+# ------------------------------------------------------------------------ acceptance that cannot lie
+
+def test_mean_length_and_per_position_rates_come_from_the_drafts_counter():
+    # 24 draft tokens, 18 accepted over two engines; 3 draft positions: 4 drafts an engine
+    with serve(Behaviour(draft_tokens=24, accepted_tokens=18)) as s:
+        report = run(s.url, min_acceptance=0.7, min_acceptance_length=3.25)
+    got = report.spec_decode
+    assert report.ok
+    assert (got.drafts, got.draft_tokens, got.accepted) == (8, 24, 18)
+    assert got.mean_length == 1 + 18 / 8
+    assert got.per_position == (0.75, 0.75, 0.75)   # 6 accepted at each position over 8 drafts
+    message = by_name(report)["acceptance"].message
+    assert "mean length 3.25" in message and "per position 0.750, 0.750, 0.750" in message
+
+
+def test_a_mean_length_below_the_floor_fails_saying_so():
+    with serve(Behaviour(draft_tokens=24, accepted_tokens=18)) as s:
+        report = run(s.url, min_acceptance_length=3.5)
+    check = by_name(report)["acceptance"]
+    assert not report.ok and check.status == "failed"
+    assert "mean length below 3.5" in check.message and report.spec_decode.mean_length == 3.25
+
+
+def test_created_twins_are_served_and_never_read():
+    with serve(Behaviour(draft_tokens=30, accepted_tokens=7, engines=1)) as s:
+        text = http.get_text(s.url + "/metrics")
+        report = run(s.url, min_acceptance=0.1, min_acceptance_length=1.1)
+    samples = parse_metrics(text)
+    twins = [x for x in samples if x.name.endswith("_created") and "spec_decode" in x.name]
+    # the twins hold Unix times: read as counts they would give a rate and a length far off
+    assert {x.name for x in twins} >= {DRAFT_TOKENS.replace("_total", "_created"),
+                                       smoke.DRAFTS.replace("_total", "_created"),
+                                       smoke.PER_POSITION.replace("_total", "_created")}
+    assert all(x.value > 1e9 for x in twins)
+    got = report.spec_decode
+    assert (got.rate, got.drafts, got.mean_length) == (7 / 30, 10, 1.7)
+    assert got.per_position == (0.3, 0.2, 0.2)   # 3, 2 and 2 accepted over 10 drafts
+
+
+def test_zero_drafts_are_inconclusive_never_a_pass():
+    with serve(Behaviour(draft_tokens=0, accepted_tokens=0)) as s:
+        report = run(s.url, min_acceptance=0.0)   # even a floor of 0 is not met by nothing
+    check = by_name(report)["acceptance"]
+    assert not report.ok and check.inconclusive and check.status == "inconclusive"
+    assert check.message.startswith("inconclusive: ") and report.spec_decode is None
+
+
+def test_cli_zero_drafts_print_inconclusive_exit_1(capsys):
+    with serve(Behaviour(draft_tokens=0, accepted_tokens=0)) as s:
+        code, lines, _ = main(capsys, s.url, "--min-acceptance-length", "1.5")
+    assert code == 1
+    assert lines[3].split()[:2] == ["INCONCLUSIVE", "acceptance"]
+    assert lines[-1].startswith("FAILED: 1 of 4 checks")
+
+
+# ------------------------------------------------------------------------ --long
+
+def test_a_long_answer_that_counts_right_passes():
+    with serve() as s:
+        report = run(s.url, long=3000)
+        [*_, (_, _, body)] = s.requests(CHAT)
+    long = by_name(report)["long"]
+    assert report.ok and long.ok and report.garble is None
+    assert "counted from 1 to 3000" in long.message and "3000 of 3000 tokens" in long.message
+    assert body["max_tokens"] == 3000 and body["temperature"] == 0 and body["logprobs"] is True
+
+
+@pytest.mark.parametrize("kind, words", [("fffd", "U+FFFD"), ("repeat", "a run of repeats"),
+                                         ("skip", "the sequence breaks")])
+def test_a_long_answer_that_garbles_late_is_caught_at_its_token(kind, words):
+    with serve(Behaviour(long_garble_after=2345, long_garble=kind)) as s:
+        report = run(s.url, long=4000, min_acceptance=0.5)
+    long = by_name(report)["long"]
+    assert not report.ok and not long.ok
+    assert report.garble.token == 2345
+    assert words in long.message and "token 2345" in long.message
+    # the text around it shows the last good numbers
+    assert "2344" in report.garble.context
+    assert by_name(report)["chat"].ok and by_name(report)["acceptance"].ok   # ran all the same
+
+
+def test_a_long_answer_repeating_a_text_garbles_at_its_token():
+    with serve(Behaviour(long_garble_after=301, long_garble="repeat")) as s:
+        ok = run(s.url, long=300, text="the quick brown fox")
+        bad = run(s.url, long=500, text="the quick brown fox")
+    assert ok.ok and "repeated 'the quick brown fox'" in by_name(ok)["long"].message
+    assert not bad.ok and bad.garble.token == 301
+
+
+def test_a_long_answer_that_stops_early_is_no_garble():
+    with serve(Behaviour(long_stop_after=700)) as s:
+        report = run(s.url, long=1000)
+    assert report.ok and "700 of 1000 tokens, finish_reason stop" in by_name(report)["long"].message
+
+
+def test_a_hung_long_answer_is_bounded_by_the_timeout():
+    with serve(Behaviour(hang={CHAT})) as s:
+        report = run(s.url, long=8192, timeout=0.3)
+    assert not by_name(report)["long"].ok
+    assert "no answer within 0.3s" in by_name(report)["long"].message
+
+
+def test_cli_long_garble_exit_1_names_offset_and_text(capsys):
+    with serve(Behaviour(long_garble_after=1200)) as s:
+        code, lines, _ = main(capsys, s.url, "--long", "2000")
+    assert code == 1
+    [line] = [x for x in lines if x.startswith("FAILED  long")]
+    assert "garbled at token 1200 (character " in line and "1199" in line
+
+
+@pytest.mark.parametrize("args", [["--long", "0"], ["--long", "-5"], ["--text", "abc"],
+                                  ["--long", "10", "--text", " "],
+                                  ["--min-acceptance", "2"],
+                                  ["--min-acceptance-length", "0.5"],
+                                  ["--min-acceptance-length", "nan"]])
+def test_cli_bad_long_and_floors_are_exit_2_one_line(capsys, args):
+    with serve() as s:
+        code, lines, err = main(capsys, s.url, *args)
+        asked = s.requests()
+    assert code == 2 and lines == [] and asked == []
+    assert len(err.splitlines()) == 1 and args[-2] in err   # the flag at fault
+
+
+def test_a_long_answer_spent_on_reasoning_is_walked_there():
+    with serve(Behaviour(long_garble_after=800, reasoning_long=True)) as s:
+        report = run(s.url, long=1000)
+    assert not report.ok and report.garble.token == 800

@@ -18,7 +18,15 @@ shapes vLLM 0.33.0 gives them:
   process collectors, as on a real server.
 
 Each chat request adds ``draft_tokens`` and ``accepted_tokens`` to the counters, spread over
-``engines`` engines.  The faults a test can set are the fields of :class:`Behaviour`.
+``engines`` engines.  ``prometheus_client`` renders each counter with its ``_created`` twin (the
+Unix time the series was made, about 1.7e9): a reader that took those for the counts would get
+rates and lengths far off, so the tests catch it.
+
+A long request (smoke's ``--long`` prompts: "Count from 1 ..." or "Repeat the following text
+...") gets ``max_tokens`` tokens of the right answer, one number or word a token, with the
+OpenAI ``logprobs`` tokens when asked; with ``long_garble_after`` set, the tokens from that
+offset on are garbled the ``long_garble`` way.  The faults a test can set are the fields of
+:class:`Behaviour`.
 """
 
 from __future__ import annotations
@@ -58,6 +66,10 @@ class Behaviour:
     late_metrics: bool = False                # a request's counts show one /metrics read late
     hang: set[str] = field(default_factory=set)      # paths that do not answer
     api_key: str | None = None                # /v1/* wants "Authorization: Bearer KEY"
+    long_garble_after: int | None = None      # a long answer goes wrong from this token on
+    long_garble: str = "fffd"                 # how: "fffd", "repeat" (one token again), "skip"
+    long_stop_after: int | None = None        # a long answer ends (finish_reason stop) here
+    reasoning_long: bool = False              # a long answer comes as reasoning, no content
 
 
 class _Metrics:
@@ -197,6 +209,23 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, text, prom.CONTENT_TYPE_LATEST)
         self._json(404, {"detail": "Not Found"})
 
+    def _long_tokens(self, b: Behaviour, prompt: str, budget: int) -> list[str] | None:
+        """The tokens of a long answer, or None when ``prompt`` asks for none."""
+        if prompt.startswith("Count from 1"):
+            right = (f"{'' if n == 1 else ' '}{n}" for n in range(1, budget + 1))
+        elif prompt.startswith("Repeat the following text"):
+            words = prompt.split(": ", 1)[1].split()
+            right = (("" if i == 0 else " ") + words[i % len(words)] for i in range(budget))
+        else:
+            return None
+        tokens = list(right)[:b.long_stop_after or budget]
+        k = b.long_garble_after
+        if k is not None and k < len(tokens):
+            bad = {"fffd": lambda i: " \ufffd\ufffd", "repeat": lambda i: tokens[k - 1],
+                   "skip": lambda i: tokens[i] + "7"}[b.long_garble]
+            tokens[k:] = [bad(i) for i in range(k, len(tokens))]
+        return tokens
+
     def _chat(self, b: Behaviour, body) -> None:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return self._error(400, "messages: Field required", "BadRequestError")
@@ -210,14 +239,25 @@ class _Handler(BaseHTTPRequestHandler):
                 srv.pending.append((b.draft_tokens, b.accepted_tokens))
             else:
                 srv.metrics.observe(b.draft_tokens, b.accepted_tokens)
-        message = {"role": "assistant", "content": b.content, "refusal": None,
+        prompt = body["messages"][-1].get("content") or ""
+        tokens = self._long_tokens(b, prompt, int(body.get("max_tokens") or 16))
+        content = b.content if tokens is None else "".join(tokens)
+        reasoning = b.reasoning
+        if tokens is not None and b.reasoning_long:
+            content, reasoning = None, content
+        message = {"role": "assistant", "content": content, "refusal": None,
                    "annotations": None, "audio": None, "function_call": None,
-                   "reasoning": b.reasoning}
-        completion_tokens = len((b.content or "").split()) + 1
+                   "reasoning": reasoning}
+        completion_tokens = len((b.content or "").split()) + 1 if tokens is None else len(tokens)
+        logprobs = None
+        if tokens is not None and body.get("logprobs"):
+            logprobs = {"content": [{"token": t, "logprob": -0.01, "bytes": list(t.encode()),
+                                     "top_logprobs": []} for t in tokens]}
+        finish = "length" if tokens is not None and b.long_stop_after is None else "stop"
         doc = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                "created": int(time.time()), "model": model,
-               "choices": [{"index": 0, "message": message, "logprobs": None,
-                            "finish_reason": "stop", "stop_reason": None, "token_ids": None,
+               "choices": [{"index": 0, "message": message, "logprobs": logprobs,
+                            "finish_reason": finish, "stop_reason": None, "token_ids": None,
                             "routed_experts": None, "weight_versions": None}]
                if b.choices else [],
                "service_tier": None, "system_fingerprint": None,

@@ -6,11 +6,19 @@ Checks, in order, each giving one line:
 * ``models``: ``GET /v1/models`` lists the model asked for, or exactly one model when none is;
 * ``chat``: one ``POST /v1/chat/completions`` at temperature 0 with a small ``max_tokens`` gives
   an answer with content that is neither empty nor degenerate;
-* ``acceptance`` (with ``min_acceptance``): the speculative-decoding acceptance over that one
-  request, ``Δ vllm:spec_decode_num_accepted_tokens_total / Δ vllm:spec_decode_num_draft_tokens_total``
-  read from ``/metrics`` just before and just after it, reaches the rate.  vLLM counts one series
-  per engine (labels ``model_name`` and ``engine``); the series are summed.  Other traffic on the
-  server during the request counts too: smoke an idle server.
+* ``long`` (with ``long``): one deterministic generation at temperature 0 of that many tokens,
+  counting from 1 or repeating a given text, walked for garble (:mod:`patchkit.garble`): the
+  first bad token's offset and the text around it;
+* ``acceptance`` (with ``min_acceptance`` or ``min_acceptance_length``): the speculative-decoding
+  acceptance over smoke's requests (:mod:`patchkit.acceptance`), from the change in
+  ``vllm:spec_decode_num_accepted_tokens_total`` over that in
+  ``vllm:spec_decode_num_draft_tokens_total`` (the rate), in ``vllm:spec_decode_num_drafts_total``
+  (the mean acceptance length, ``1 + accepted / drafts``) and in
+  ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position=...}`` (the per-position rates),
+  read from ``/metrics`` just before and just after them, reaches the floor.  Nothing drafted is
+  ``inconclusive``, which fails.  vLLM counts one series per engine (labels ``model_name`` and
+  ``engine``); the series are summed.  Other traffic on the server during the requests counts
+  too: smoke an idle server.
 
 A check that needs an earlier one which failed is reported as not run.  Nothing here prints;
 the result is a :class:`SmokeReport`.
@@ -28,17 +36,24 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from patchkit import http, interrupt
+from patchkit import acceptance as spec, http, interrupt
+from patchkit import garble as long_answer
 from patchkit.errors import UsageError
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
-HEALTH, MODELS, CHAT, ACCEPTANCE = "health", "models", "chat", "acceptance"
+HEALTH, MODELS, CHAT, LONG, ACCEPTANCE = "health", "models", "chat", "long", "acceptance"
 MAX_TOKENS = 32
+LONG_MAX = 1 << 20   # tokens of one --long answer; no served context is longer
 PROMPT = "What is the capital of France? Answer in one short sentence."
 # The counters vLLM's SpecDecodingProm registers (vllm/v1/spec_decode/metrics.py), as the
 # Prometheus client exposes them: counter names get the ``_total`` suffix.
+# Their ``_created`` twins (the time each series was made) have names of their own and are never
+# read.
+DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+POSITION = "position"     # its label: the draft position, from "0"
 # vLLM records a step's counters just after it hands the outputs on, so the last step of the
 # request may land a moment after the answer: /metrics is read again until it holds still.
 SETTLE_SECONDS = 0.2
@@ -53,9 +68,17 @@ class Check:
     ok: bool
     message: str
     ran: bool = True
+    inconclusive: bool = False   # it ran but could not tell (zero drafts): a failure
+
+    @property
+    def status(self) -> str:
+        if self.ok:
+            return "ok"
+        return "inconclusive" if self.inconclusive else "failed" if self.ran else "not run"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "message": self.message}
+        return {"name": self.name, "ok": self.ok, "status": self.status,
+                "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -66,6 +89,8 @@ class SmokeReport:
     acceptance: float | None = None
     answer: str | None = None
     unreachable: str | None = None   # set when nothing answered at all: the one line to show
+    spec_decode: spec.Acceptance | None = None   # the acceptance measured, with its parts
+    garble: long_answer.Garble | None = None          # the first bad token of the long answer
 
     @property
     def ok(self) -> bool:
@@ -73,7 +98,9 @@ class SmokeReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "url": self.url, "model": self.model,
-                "checks": [c.to_dict() for c in self.checks], "acceptance": self.acceptance}
+                "checks": [c.to_dict() for c in self.checks], "acceptance": self.acceptance,
+                "spec_decode": self.spec_decode.to_dict() if self.spec_decode else None,
+                "garble": self.garble.to_dict() if self.garble else None}
 
 
 # ------------------------------------------------------------------------ Prometheus text
@@ -140,13 +167,14 @@ def counter_total(samples: Iterable[Sample], name: str) -> float | None:
 
 def run(url: str, model: str | None = None, min_acceptance: float | None = None, *,
         timeout: float = DEFAULT_TIMEOUT, api_key: str | None = None,
-        max_tokens: int = MAX_TOKENS, settle: float = SETTLE_SECONDS) -> SmokeReport:
-    """Smoke the server at ``url`` (its root; a trailing ``/v1`` is allowed).  A bad URL, rate or
-    timeout is an error (exit 2); everything the server does is in the report."""
+        max_tokens: int = MAX_TOKENS, settle: float = SETTLE_SECONDS,
+        min_acceptance_length: float | None = None, long: int | None = None,
+        text: str | None = None) -> SmokeReport:
+    """Smoke the server at ``url`` (its root; a trailing ``/v1`` is allowed).  A bad URL, floor,
+    token count or timeout is an error (exit 2); everything the server does is in the report."""
     base = base_url(url)
-    if min_acceptance is not None and not (isinstance(min_acceptance, (int, float))
-                                           and 0 <= min_acceptance <= 1):
-        raise UsageError(f"--min-acceptance {min_acceptance}: a rate from 0 to 1")
+    floor = _floor(min_acceptance, min_acceptance_length)
+    _check_long(long, text)
     if model is not None and not model.strip():
         raise UsageError("--model: empty name")
     if not timeout > 0 or math.isinf(timeout):
@@ -154,9 +182,10 @@ def run(url: str, model: str | None = None, min_acceptance: float | None = None,
     check_api_key(api_key)
     client = _Client(base, timeout, api_key)
     checks: list[Check] = []
+    names = [MODELS, CHAT] + ([LONG] if long is not None else []) + \
+        ([ACCEPTANCE] if floor is not None else [])
 
     def rest_not_run(after: str, because: str) -> None:
-        names = [MODELS, CHAT] + ([ACCEPTANCE] if min_acceptance is not None else [])
         for name in names[names.index(after) + 1:] if after in names else names:
             checks.append(Check(name, False, f"not run: {because}", ran=False))
 
@@ -175,19 +204,50 @@ def run(url: str, model: str | None = None, min_acceptance: float | None = None,
         return SmokeReport(base, model, tuple(checks))
     interrupt.check()
 
-    before = _read_counters(client) if min_acceptance is not None else None
+    before = _read_counters(client) if floor is not None else None
     chat = _check_chat(client, chosen, max_tokens)
     checks.append(chat.check)
-    acceptance = None
-    if min_acceptance is not None:
-        if not chat.answered:
-            rest_not_run(CHAT, "the chat request got no answer")
+    answered, bad = chat.answered, None
+    if long is not None:
+        interrupt.check()
+        long_check, bad, long_answered = _check_long_answer(client, chosen, long, text)
+        checks.append(long_check)
+        answered = answered or long_answered
+    accepted = None
+    if floor is not None:
+        if not answered:
+            rest_not_run(names[-2], "no request got an answer")
         else:
             interrupt.check()
             after = _settled_counters(client, settle)
-            acceptance, check = _check_acceptance(before, after, min_acceptance)
+            over = "the request" if long is None else "the two requests"
+            accepted, check = _check_acceptance(before, after, floor, over)
             checks.append(check)
-    return SmokeReport(base, chosen, tuple(checks), acceptance=acceptance, answer=chat.answer)
+    return SmokeReport(base, chosen, tuple(checks),
+                       acceptance=accepted.rate if accepted else None, answer=chat.answer,
+                       spec_decode=accepted, garble=bad)
+
+
+def _floor(rate: float | None, length: float | None) -> spec.Floor | None:
+    for value, flag, problem in ((rate, "--min-acceptance", spec.rate_problem),
+                                 (length, "--min-acceptance-length", spec.length_problem)):
+        if value is not None and (said := problem(value)):
+            raise UsageError(f"{flag} {value}: {said}")
+    return spec.Floor(rate, length) if rate is not None or length is not None else None
+
+
+def _check_long(long: int | None, text: str | None) -> None:
+    if long is None:
+        if text is not None:
+            raise UsageError("--text: only with --long N (the text the long answer repeats)")
+        return
+    if isinstance(long, bool) or not isinstance(long, int) or long <= 0:
+        raise UsageError(f"--long {long}: a number of tokens to generate, 1 or more")
+    if long > LONG_MAX:
+        raise UsageError(f"--long {long}: at most {LONG_MAX} tokens")
+    if text is not None and not text.strip():
+        raise UsageError("--text: empty text; give the text to repeat, or leave --text out to "
+                         "count from 1")
 
 
 def check_api_key(key: str | None) -> None:
@@ -347,6 +407,53 @@ def _check_chat(client: _Client, model: str, max_tokens: int) -> _Chat:
                  answered=True, answer=content)
 
 
+def _check_long_answer(client: _Client, model: str, tokens: int,
+                       text: str | None) -> tuple[Check, long_answer.Garble | None, bool]:
+    """The ``long`` check, the garble found (or None) and whether the request got an answer."""
+    prompt = long_answer.count_prompt(tokens) if text is None else long_answer.repeat_prompt(text)
+    # logprobs: the answer's tokens, so that a garble is placed by token, not only by character
+    payload = {"model": model, "messages": [{"role": "user", "content": prompt}],
+               "temperature": 0, "max_tokens": tokens, "stream": False, "logprobs": True}
+    try:
+        doc = client.post_json("/v1/chat/completions", payload)
+    except http.HttpError as exc:
+        return Check(LONG, False, str(exc)), None, False
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    if not (isinstance(content, str) and content.strip()) and isinstance(message, dict):
+        # a reasoning model may spend the whole budget reasoning: that text is walked instead
+        content = message.get("reasoning") or message.get("reasoning_content")
+    if not isinstance(content, str) or not content.strip():
+        return Check(LONG, False, f"the long answer has no content: "
+                                  f"{http.snippet(repr(doc))}"), None, True
+    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+    got = usage.get("completion_tokens")
+    facts = f" ({got} of {tokens} tokens" if isinstance(got, int) else f" (of {tokens} tokens"
+    facts += f", finish_reason {choice.get('finish_reason')})"
+    if text is None:
+        bad, last = long_answer.check_count(content)
+        said = f"counted from 1 to {last}"
+    else:
+        bad = long_answer.check_repeat(content, text)
+        said = f"repeated {text.strip()!r}"
+    bad = long_answer.with_tokens(bad, content, _tokens_of(choice))
+    if bad is not None:
+        return Check(LONG, False, bad.describe() + facts), bad, True
+    return Check(LONG, True, f"{said}, no garble{facts}"), None, True
+
+
+def _tokens_of(choice: dict) -> list[str]:
+    """The answer's tokens from the OpenAI ``logprobs`` of a choice, or [] when not given."""
+    logprobs = choice.get("logprobs")
+    items = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(items, list) or not all(isinstance(i, dict) and
+                                              isinstance(i.get("token"), str) for i in items):
+        return []
+    return [i["token"] for i in items]
+
+
 _REPEAT = re.compile(r"(.{1,8}?)\1{3,}", re.S)
 
 
@@ -371,6 +478,8 @@ class _Counters:
     draft: float | None = None
     accepted: float | None = None
     error: str | None = None
+    drafts: float | None = None
+    per_position: tuple[tuple[int, float], ...] = ()   # (position, accepted there)
 
 
 def _read_counters(client: _Client) -> _Counters:
@@ -382,7 +491,19 @@ def _read_counters(client: _Client) -> _Counters:
         samples = parse_metrics(text)
     except MetricsFormatError as exc:
         return _Counters(error=f"{client.url('/metrics')} is not Prometheus text: {exc}")
-    return _Counters(counter_total(samples, DRAFT_TOKENS), counter_total(samples, ACCEPTED_TOKENS))
+    return _Counters(counter_total(samples, DRAFT_TOKENS), counter_total(samples, ACCEPTED_TOKENS),
+                     drafts=counter_total(samples, DRAFTS),
+                     per_position=per_position(samples))
+
+
+def per_position(samples: Iterable[Sample]) -> tuple[tuple[int, float], ...]:
+    """The accepted tokens at each draft position, every engine summed, by position."""
+    by: dict[int, list[float]] = {}
+    for s in samples:
+        where = dict(s.labels).get(POSITION)
+        if s.name == PER_POSITION and where is not None and where.isdigit():
+            by.setdefault(int(where), []).append(s.value)
+    return tuple((p, math.fsum(v)) for p, v in sorted(by.items()))
 
 
 def _settled_counters(client: _Client, settle: float,
@@ -400,7 +521,8 @@ def _settled_counters(client: _Client, settle: float,
 
 
 def _check_acceptance(before: _Counters | None, after: _Counters,
-                      rate: float) -> tuple[float | None, Check]:
+                      floor: spec.Floor, over: str = "the request",
+                      ) -> tuple[spec.Acceptance | None, Check]:
     def fail(message: str) -> tuple[None, Check]:
         return None, Check(ACCEPTANCE, False, message)
 
@@ -415,17 +537,24 @@ def _check_acceptance(before: _Counters | None, after: _Counters,
         return fail(f"/metrics has {DRAFT_TOKENS} but no {ACCEPTED_TOKENS}")
     drafted = after.draft - before.draft
     accepted = after.accepted - before.accepted
-    if drafted < 0 or accepted < 0:
-        return fail("the spec-decode counters went down over the request (did the server "
+    drafts = (after.drafts - before.drafts
+              if after.drafts is not None and before.drafts is not None else None)
+    if drafted < 0 or accepted < 0 or (drafts is not None and drafts < 0):
+        return fail(f"the spec-decode counters went down over {over} (did the server "
                     "restart?)")
-    if drafted == 0:
-        return fail(f"spec decode did not run: no draft tokens over the request "
-                    f"({DRAFT_TOKENS} stayed at {before.draft:g})")
     if accepted > drafted:
         return fail(f"more tokens accepted ({accepted:g}) than drafted ({drafted:g}): "
                     "the counters do not add up")
-    value = accepted / drafted
-    said = f"{accepted:g} of {drafted:g} draft tokens accepted over the request: {value:.3f}"
-    if value >= rate:
-        return value, Check(ACCEPTANCE, True, f"{said}, at least {rate:g}")
-    return value, Check(ACCEPTANCE, False, f"{said}, below {rate:g}")
+    if floor.min_length is not None and drafts is None and drafted:
+        return fail(f"/metrics has no {DRAFTS}: no mean acceptance length to hold to "
+                    f"{floor.min_length:g}")
+    was = dict(before.per_position)
+    per = [n - was.get(p, 0.0) for p, n in after.per_position]
+    value = spec.from_counts(drafts, drafted, accepted, per)
+    if value.zero:
+        return None, Check(ACCEPTANCE, False, f"inconclusive: spec decode did not run: no draft "
+                                              f"tokens over {over} ({DRAFT_TOKENS} stayed "
+                                              f"at {before.draft:g}); zero drafts prove no "
+                                              "acceptance", inconclusive=True)
+    verdict = spec.judge(value, floor, over)
+    return value, Check(ACCEPTANCE, verdict.ok, verdict.message)

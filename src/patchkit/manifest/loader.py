@@ -15,7 +15,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from patchkit import kinds, paths
+from patchkit import acceptance, kinds, paths
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
 from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Assertion, ImageDefaults,
@@ -36,7 +36,8 @@ IMAGE_KEYS = ("base", "platform", "tag", "requires")
 ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verify", "replaces",
               "sha256", "runtime")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
-MARKER_KEYS = ("log", "absent", "count", "min", "unless")
+MARKER_KEYS = ("log", "absent", "count", "min", "unless", "acceptance")
+FLOOR_KEYS = ("min", "min_length")
 MAX_PATCH_FILE = 64 * 1024 * 1024   # a diff or transform larger than this is no patch
 
 _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
@@ -645,8 +646,12 @@ class _Loader:
         return tuple(self.marker(item, f"runtime[{i}]") for i, item in enumerate(items))
 
     def marker(self, node: yaml.Node, where: str) -> Marker:
-        fields = self.mapping(node, where, MARKER_KEYS, required=("log",),
+        fields = self.mapping(node, where, MARKER_KEYS,
                               what="a marker (a mapping with log: REGEX)")
+        if "acceptance" in fields:
+            return self.acceptance_marker(node, fields, where)
+        if "log" not in fields:
+            self.fail(f"{_where(where)}missing required key 'log'", node)
         log = self.regex(fields["log"][1], f"{where}.log")
         absent = False
         if "absent" in fields:
@@ -670,6 +675,37 @@ class _Loader:
         unless = self.regex(fields["unless"][1], f"{where}.unless") if "unless" in fields else None
         return Marker(log=log, absent=absent, count=counts.get("count"),
                       minimum=counts.get("min"), unless=unless, line=_line(node))
+
+    def acceptance_marker(self, node: yaml.Node, fields: dict, where: str) -> Marker:
+        """``acceptance: {min: RATE, min_length: L}``, with ``unless`` and nothing else."""
+        for key in fields:
+            if key not in ("acceptance", "unless"):
+                self.fail(f"{where}: {key!r} with acceptance; an acceptance marker takes only "
+                          "unless (it is judged on vLLM's spec-decode metrics lines)",
+                          fields[key][0])
+        what = f"{where}.acceptance"
+        floor_node = fields["acceptance"][1]
+        floor = self.mapping(floor_node, what, FLOOR_KEYS,
+                             what="a floor ({min: RATE, min_length: L})")
+        if not floor:
+            self.fail(f"{what}: give min (a rate from 0 to 1), min_length (1 or more) or both",
+                      floor_node)
+        values = {}
+        for key, check in (("min", acceptance.rate_problem),
+                           ("min_length", acceptance.length_problem)):
+            if key in floor:
+                value_node = floor[key][1]
+                value = self.value(value_node) if isinstance(value_node, yaml.ScalarNode) \
+                    else None
+                problem = check(value)
+                if problem:
+                    got = "" if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        else f", got {self.kind(value_node)}"
+                    self.fail(f"{what}.{key}: {problem}{got}", value_node)
+                values[key] = float(value)
+        unless = self.regex(fields["unless"][1], f"{where}.unless") if "unless" in fields else None
+        return Marker(log=acceptance.LINE, unless=unless, line=_line(node),
+                      acceptance=acceptance.Floor(values.get("min"), values.get("min_length")))
 
     def regex(self, node: yaml.Node, what: str) -> str:
         text = self.string(node, what)

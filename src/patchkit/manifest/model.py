@@ -10,6 +10,8 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
+from patchkit.acceptance import Floor
+
 PREDICATES = ("defines", "calls", "has_key", "contains", "not")
 
 
@@ -39,7 +41,11 @@ class Marker:
     ``log`` is a Python regular expression searched in each line.  Without ``absent``, ``count``
     or ``min`` a marker needs at least one matching line; ``absent`` needs none; ``count`` exactly
     that many; ``min`` at least that many (several logs judged together: the lines are summed).
-    A log with a line matching ``unless`` is left out of this marker's judgment."""
+    A log with a line matching ``unless`` is left out of this marker's judgment.
+
+    An ``acceptance:`` marker holds the speculative-decoding acceptance that vLLM's periodic
+    spec-decode metrics lines report to a floor; its ``log`` is the regular expression of those
+    lines (``acceptance.LINE``)."""
 
     log: str
     absent: bool = False
@@ -47,9 +53,12 @@ class Marker:
     minimum: int | None = None   # the `min:` key
     unless: str | None = None
     line: int = 0              # line of the entry in patchset.yaml
+    acceptance: Floor | None = None
 
     def describe(self) -> str:
         """What the marker asks for, e.g. ``at least 1 line matching 'X'``."""
+        if self.acceptance is not None:
+            return self.acceptance.describe() + " in the spec-decode metrics lines"
         if self.absent:
             want = "no line"
         elif self.count is not None:

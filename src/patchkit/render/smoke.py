@@ -11,7 +11,7 @@ def render_text(report: SmokeReport) -> str:
         return f"FAILED: {report.unreachable}"
     lines = []
     for c in report.checks:
-        word = "ok" if c.ok else "FAILED" if c.ran else "-"
+        word = {"ok": "ok", "failed": "FAILED", "inconclusive": "INCONCLUSIVE"}.get(c.status, "-")
         lines.append(f"{word:<7} {c.name:<11} {c.message}")
     failed = sum(not c.ok for c in report.checks)
     on = f"on {report.url}" + (f" (model {report.model})" if report.model else "")

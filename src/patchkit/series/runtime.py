@@ -9,6 +9,10 @@ in any of them, a forbidden one in none, and counts are summed over them.  A mar
 leaves out each log that has a line matching it (rank 1 runs headless and never logs the API's
 startup; a DeepSeek-V4.1 launch never takes a V4-only path).
 
+An ``acceptance:`` marker is judged on the values of vLLM's periodic spec-decode metrics lines
+(:mod:`patchkit.acceptance` reads them) rather than on their number: the lines of the judged
+logs together must reach its floor.
+
 Pure: the caller reads the logs (files, stdin, a container's log through the image border) and
 hands them over as chunks of bytes, which :class:`LogLines` cuts into bounded lines; nothing here
 reads, prints or raises for a marker that does not hold.
@@ -20,7 +24,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from patchkit import versions
+from patchkit import acceptance, versions
 from patchkit.errors import LogError
 from patchkit.manifest import Manifest, Marker
 from patchkit.manifest.model import quoted
@@ -205,6 +209,7 @@ class _Tally:
     found: int = 0
     hits: list[Hit] = field(default_factory=list)
     left_out: bool = False   # a line matched the marker's `unless`
+    metrics: list[acceptance.LineMetrics] = field(default_factory=list)  # acceptance markers
 
 
 def judge(markers: Sequence[ScopedMarker], logs: Iterable[Log]) -> list[MarkerResult]:
@@ -225,6 +230,9 @@ def judge(markers: Sequence[ScopedMarker], logs: Iterable[Log]) -> list[MarkerRe
                     tally.found += 1
                     if len(tally.hits) < keep[i]:
                         tally.hits.append(Hit(log.name, number, _shown(text)))
+                    if markers[i].marker.acceptance is not None and \
+                            (metrics := acceptance.parse_line(text)) is not None:
+                        tally.metrics.append(metrics)
                 if unless is not None and not here[i].left_out and unless.search(text):
                     here[i].left_out = True
         for i, tally in enumerate(here):
@@ -250,7 +258,10 @@ def _verdict(scoped: ScopedMarker, per_log: list[tuple[str, _Tally]], keep: int)
     left = [name for name, t in per_log if t.left_out]
     aside = f" ({_names(left)} left out: {quoted(marker.unless)})" if left else ""
     times = f"{found} time{'s' if found != 1 else ''}"
-    if marker.absent:
+    if marker.acceptance is not None:
+        ok, message = _acceptance_verdict(marker.acceptance, [m for _, t in judged
+                                                              for m in t.metrics], where, aside)
+    elif marker.absent:
         ok = found == 0
         if ok:
             message = f"no line matches forbidden {quoted(marker.log)} in {where}{aside}"
@@ -272,6 +283,20 @@ def _verdict(scoped: ScopedMarker, per_log: list[tuple[str, _Tally]], keep: int)
             message = f"expected {marker.describe()}, found {found} in {where}{aside}"
     return MarkerResult(scoped.patch, marker.log, ok, found, hits, message,
                         absent=marker.absent)
+
+
+def _acceptance_verdict(floor: acceptance.Floor, lines: list[acceptance.LineMetrics],
+                        where: str, aside: str) -> tuple[bool, str]:
+    """An acceptance marker: the metrics lines of the judged logs together, held to the
+    floor.  No line at all fails (the server logged no spec-decode metrics: stats off, or no
+    request served yet); zero drafts fail as inconclusive."""
+    if not lines:
+        return False, (f"no spec-decode metrics lines in {where}{aside} (vLLM logs one every "
+                       "10 s while it serves with speculative decoding and log stats on); "
+                       f"{floor.describe()} not shown")
+    count = f"{len(lines)} metrics line{'s' if len(lines) != 1 else ''} of {where}{aside}"
+    verdict = acceptance.judge(acceptance.from_lines(lines), floor, count)
+    return verdict.ok, verdict.message
 
 
 def _names(names: list[str]) -> str:

@@ -1,0 +1,140 @@
+"""Garble in a long deterministic answer: where a model that started right stops making sense.
+
+``patchkit smoke --long N`` asks for N tokens of something whose every next token is known: the
+numbers counting from 1, or a given text over and over.  A broken kernel or cache path often
+answers the first few hundred tokens right and garbles later, so the whole answer is walked
+and the first place it goes wrong is found:
+
+* the sequence breaks (a number skipped or wrong, a stray piece between numbers, a wrong word
+  in a repeat);
+* a run of repeats (the same number, or the same short piece, again and again);
+* U+FFFD, the replacement character a detokenizer writes for bytes that are not UTF-8.
+
+An answer cut off by the token budget may end inside a number or a repeat: that is no garble.
+Pure: the caller makes the request.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+CONTEXT = 40         # characters shown each side of the first bad one
+
+_ITEM = re.compile(r"\d+|\D+")
+_SEPARATOR = re.compile(r"[ \t\r\n,;]{1,8}")   # between two numbers
+_START = re.compile(r"(?<!\d)1(?!\d)")
+_GAP = re.compile(r"[\s,;]*")                   # between two repeats of the text
+_RUN = re.compile(r"(.{1,12}?)\1{3,}", re.S)
+PREAMBLE_MAX = 200   # characters a model may say before its first number
+
+
+def count_prompt(tokens: int) -> str:
+    return ("Count from 1 upwards: write the whole numbers in order, 1 2 3 4 and so on, "
+            f"separated by single spaces, and nothing else. Do not stop before {tokens} numbers.")
+
+
+def repeat_prompt(text: str) -> str:
+    return (f"Repeat the following text over and over, separated by single spaces, and write "
+            f"nothing else: {text}")
+
+
+@dataclass(frozen=True)
+class Garble:
+    """The first bad place: ``char`` its character offset in the answer, ``token`` its token
+    offset when the answer's tokens are known."""
+
+    char: int
+    what: str
+    context: str
+    token: int | None = None
+
+    @property
+    def where(self) -> str:
+        if self.token is not None:
+            return f"token {self.token} (character {self.char})"
+        return f"character {self.char}"
+
+    def describe(self) -> str:
+        return f"garbled at {self.where}: {self.what}; around it: {self.context!r}"
+
+    def to_dict(self) -> dict:
+        return {"token": self.token, "char": self.char, "what": self.what,
+                "context": self.context}
+
+
+def check_count(text: str) -> tuple[Garble | None, int]:
+    """The first garble in an answer that counts from 1, and the last number reached."""
+    start = _START.search(text)
+    if start is None or start.start() > PREAMBLE_MAX:
+        return _at(text, 0, "the answer does not count from 1"), 0
+    expected, last = 1, 0
+    for m in _ITEM.finditer(text, start.start()):
+        piece, at = m.group(), m.start()
+        if piece.isdigit() and piece.isascii():
+            if int(piece) == expected:
+                expected, last = expected + 1, expected
+                continue
+            if m.end() == len(text) and str(expected).startswith(piece):
+                break   # cut off by the token budget inside the number
+            if int(piece) == last:
+                return _at(text, at, f"a run of repeats: {piece} again after {last}"), last
+            return _at(text, at, f"the sequence breaks: expected {expected}, got {piece}"), last
+        if _SEPARATOR.fullmatch(piece) or (m.end() == len(text) and not piece.strip(" \n.,")):
+            continue
+        lead = len(piece) - len(piece.lstrip(" \t\r\n,;"))
+        return _at(text, at + lead, _stray(piece[lead:], expected)), last
+    return _fffd(text) if "\ufffd" in text else None, last
+
+
+def check_repeat(text: str, unit: str) -> Garble | None:
+    """The first garble in an answer that repeats ``unit`` over and over."""
+    unit = unit.strip()
+    i = _GAP.match(text).end()
+    while i < len(text):
+        if text.startswith(unit, i):
+            i = _GAP.match(text, i + len(unit)).end()
+            continue
+        if unit.startswith(text[i:]):
+            break   # cut off by the token budget inside a repeat
+        same = next((n for n, (a, b) in enumerate(zip(unit, text[i:])) if a != b), len(unit))
+        i += same   # the first character that differs from the repeat
+        got = text[i:i + len(unit) - same]
+        run = _RUN.match(text, i)
+        what = (f"a run of repeats of {run.group(1)!r}" if run else
+                f"the repeat breaks: expected {unit[same:]!r}, got {got!r}")
+        if "\ufffd" in got:
+            return _fffd(text)
+        return _at(text, i, what)
+    return _fffd(text) if "\ufffd" in text else None
+
+
+def _stray(piece: str, expected: int) -> str:
+    if "\ufffd" in piece:
+        return "a replacement character (U+FFFD): bytes that are not text"
+    run = _RUN.match(piece)
+    if run:
+        return f"a run of repeats of {run.group(1)!r} where {expected} should come"
+    return f"the sequence breaks: {piece[:CONTEXT]!r} where {expected} should come"
+
+
+def _fffd(text: str) -> Garble:
+    return _at(text, text.index("\ufffd"),
+               "a replacement character (U+FFFD): bytes that are not text")
+
+
+def _at(text: str, char: int, what: str) -> Garble:
+    return Garble(char, what, text[max(0, char - CONTEXT):char + CONTEXT])
+
+
+def with_tokens(garble: Garble | None, text: str, tokens: Sequence[str]) -> Garble | None:
+    """``garble`` with its token offset, when ``tokens`` are the pieces ``text`` is made of."""
+    if garble is None or "".join(tokens) != text:
+        return garble
+    end = 0
+    for index, token in enumerate(tokens):
+        end += len(token)
+        if garble.char < end:
+            return Garble(garble.char, garble.what, garble.context, index)
+    return garble
