@@ -190,6 +190,25 @@ def test_a_prefix_whose_tree_cannot_be_made_is_skipped(hist, tmp_path):
     assert len(r.runs) <= r.limit
 
 
+def test_what_fails_in_the_whole_series_is_left_out(hist, tmp_path):
+    # a patch that conflicts at the pin, in the middle of the series: bisect the rest
+    proj = tmp_path / "proj"
+    shutil.copytree(hist.proj, proj)
+    (proj / "patches" / "broken.diff").write_text(
+        bh.make_diff("def nothing():\n    pass\n", "def nothing():\n    return 0\n",
+                     "pkg/stable.py"))
+    text = (proj / "patchset.yaml").read_text()
+    (proj / "patchset.yaml").write_text(text.replace(
+        "  - id: stable\n", "  - id: broken\n    summary: written for another tree\n"
+        "    diff: patches/broken.diff\n  - id: stable\n"))
+    m = manifest.load(proj / "patchset.yaml")
+    r = bs.run(m, str(hist.fails_with("side-fix")), cache=hist.cache)
+    assert [p.id for p in r.series] == SERIES and r.culprit.id == "side-fix"
+    assert ("broken", "it fails in the whole series at the pin (conflict); bisected without "
+            "it") in r.left_out
+    assert _runs(r)[:2] == [(0, "good"), (5, "bad")] and len(r.runs) <= r.limit
+
+
 def test_only_skipped_prefixes_left_names_the_candidates(hist):
     cmd = hist.script("skip-all.sh", """\
 t="$PATCHKIT_TREE"
@@ -256,7 +275,7 @@ def test_cli_json_and_exit_codes(hist, tmp_path):
     assert data["series"] == SERIES and data["limit"] == 5 and data["tested"] <= 5
     assert data["tested"] == len(data["runs"])
     assert set(data["runs"][0]) == {"patches", "last", "outcome", "why", "seconds", "exit_code",
-                                    "image", "output", "truncated"}
+                                    "image", "output", "truncated", "failed"}
     assert [(x["patches"], x["outcome"]) for x in data["runs"][:2]] == [(0, "good"), (5, "bad")]
     assert data["vllm"]["ref"] == "v1.0.0" and data["image"] is False
     assert "up to table-more" in cp.stderr   # progress, one line a run

@@ -71,11 +71,13 @@ class Run:
     output: str = ""           # the last KEEP bytes CMD wrote (stdout and stderr together)
     truncated: bool = False
     image: str | None = None
+    failed: tuple[tuple[str, str], ...] = ()   # (id, reason) of what failed making the tree
 
     def to_dict(self) -> dict:
         return {"patches": self.patches, "last": self.last, "outcome": self.outcome,
                 "why": self.why, "seconds": round(self.seconds, 2), "exit_code": self.exit_code,
-                "image": self.image, "output": self.output, "truncated": self.truncated}
+                "image": self.image, "output": self.output, "truncated": self.truncated,
+                "failed": [i for i, _ in self.failed]}
 
 
 @dataclass
@@ -223,7 +225,9 @@ class Tester:
             report = applier.apply_series(m, run=self.spec, workdir=workdir, pins=self.pins,
                                           progress=quiet)
             if not report.ok:
-                return Run(k, last, SKIP, _unmade(report), quiet.seconds())
+                failed = tuple((p.id, p.reason or "") for p in report.patches
+                               if p.status == "failed")
+                return Run(k, last, SKIP, _unmade(report), quiet.seconds(), failed=failed)
             env = {"PATCHKIT_TREE": str(workdir)}
             if self.images is not None:
                 image = self.images.build(m, workdir, k)
@@ -305,19 +309,22 @@ class ImageMaker:
 
 # ------------------------------------------------------------------------------ the search
 
-def search(n: int, test: Callable[[int], Run], result: SeriesBisect) -> None:
-    """Fill ``result`` with the runs and the verdict of the search over prefixes 0..n."""
-    def record(k: int) -> str:
-        r = test(k)
+def search(n: int, test: Callable[[int], Run], result: SeriesBisect,
+           shrink: Callable[[Run], bool] | None = None) -> None:
+    """Fill ``result`` with the runs and the verdict of the search over prefixes 0..n.  When
+    the tree of the whole series cannot be made, ``shrink`` may leave out the patches that
+    failed in it (and say so): the search then runs on the subset that still applies."""
+    def record(r: Run) -> str:
         result.runs.append(r)
         if r.outcome == ERROR:
             result.verdict = STOPPED
-            result.error = (f"CMD {r.why} with {_count(k)}: an exit above 127 or a signal stops "
-                            "the bisect (as git bisect run)")
+            result.error = (f"CMD {r.why} with {_count(r.patches)}: an exit above 127 or a "
+                            "signal stops the bisect (as git bisect run)")
         return r.outcome
 
-    for k, expected, wrong in ((0, GOOD, FAILS_WITHOUT), (n, BAD, PASSES)):
-        got = record(k)
+    for end, expected, wrong in ((0, GOOD, FAILS_WITHOUT), (n, BAD, PASSES)):
+        r = test(0) if end == 0 else _whole(test, result, shrink)
+        got = record(r)
         if got == ERROR:
             return
         if got == SKIP:
@@ -326,14 +333,14 @@ def search(n: int, test: Callable[[int], Run], result: SeriesBisect) -> None:
         if got != expected:
             result.verdict = wrong
             return
-    lo, hi, skipped = 0, n, set()
+    lo, hi, skipped = 0, len(result.series), set()
     while True:
         open_ = [k for k in range(lo + 1, hi) if k not in skipped]
         if not open_:
             break
         mid = (lo + hi) / 2
         k = min(open_, key=lambda j: (abs(j - mid), j))
-        got = record(k)
+        got = record(test(k))
         if got == ERROR:
             return
         if got == GOOD:
@@ -347,6 +354,15 @@ def search(n: int, test: Callable[[int], Run], result: SeriesBisect) -> None:
         result.candidates = [p.id for p in result.series[lo:hi]]
     else:
         result.verdict, result.first_bad = FOUND, hi
+
+
+def _whole(test: Callable[[int], Run], result: SeriesBisect,
+           shrink: Callable[[Run], bool] | None) -> Run:
+    """The run of the whole series, after leaving out what fails in it (with ``shrink``)."""
+    while True:
+        r = test(len(result.series))
+        if not (r.failed and shrink is not None and shrink(r)) or not result.series:
+            return r
 
 
 def _count(k: int) -> str:
@@ -413,7 +429,16 @@ def run(manifest: Manifest, command: str, *, repos: Sequence[str] | None = None,
                           f"{r.outcome} ({r.why}, {r.seconds:.1f} s)")
             return r
 
-        search(len(series), logged, result)
+        def shrink(whole: Run) -> bool:
+            """Leave out what fails in the whole series: bisect the subset that applies."""
+            gone = dict(whole.failed)
+            series[:] = [p for p in series if p.id not in gone]
+            result.left_out += [(pid, f"it fails in the whole series at the pin ({why}); "
+                                      "bisected without it") for pid, why in gone.items()]
+            progress.info(f"left out, as they fail in the whole series: {', '.join(gone)}")
+            return bool(gone)
+
+        search(len(series), logged, result, shrink)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return result
