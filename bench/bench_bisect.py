@@ -124,7 +124,8 @@ def series_bench(work: Path, n: int) -> bool:
     for j in range(n):
         rel = f"noise/n{j:04d}.txt"
         files[f"patches/p{j:02d}.diff"] = make_diff(f"{j}\n", f"{j} patched\n", rel)
-        entries.append(f"  - id: p{j:02d}\n    summary: edit {rel}\n    diff: patches/p{j:02d}.diff\n")
+        entries.append(f"  - id: p{j:02d}\n    summary: edit {rel}\n"
+                       f"    diff: patches/p{j:02d}.diff\n")
     proj = write_project(work / "series-proj", files,
                          SERIES_MANIFEST.format(repo=up.repo) + "".join(entries))
     m = manifest.load(proj / "patchset.yaml")

@@ -88,11 +88,12 @@ def render_series(result: SeriesBisect) -> str:
     lines.append(f"runs: {len(result.runs)} (at most {result.limit} with one culprit)")
     width = max((len(_patches(r.patches)) for r in result.runs), default=0)
     why = max((len(r.why) for r in result.runs), default=0)
+    upto = max((len(f"up to {r.last}") for r in result.runs if r.last), default=0)
     for r in result.runs:
-        upto = f"up to {r.last}" if r.last else ""
+        last = f"up to {r.last}" if r.last else ""
         lines.append((f"  {_patches(r.patches):<{width}}  {r.outcome:<5}  {r.seconds:6.1f} s  "
-                      f"{r.why:<{why}}  {upto}" + (f"  image {r.image}" if r.image else ""))
-                     .rstrip())
+                      f"{r.why:<{why}}  {last:<{upto}}"
+                      + (f"  image {r.image}" if r.image else "")).rstrip())
     shown = _telling_run(result)
     if shown is not None and shown.output.strip():
         tail = shown.output.rstrip("\n").splitlines()[-TAIL:]
