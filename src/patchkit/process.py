@@ -106,7 +106,9 @@ def run_user(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float,
         _kill_session(proc)
         proc.wait()
         reader.join(timeout=5)
-        if proc.stdout is not None:
+        # a process that left the session may still hold the pipe: its reader is left to it
+        # (closing under a blocked read would wait for that read)
+        if proc.stdout is not None and not reader.is_alive():
             proc.stdout.close()
     interrupt.check()
     return Finished(None if timed_out else proc.returncode, tail.text(), tail.dropped > 0,
