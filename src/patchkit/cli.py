@@ -296,25 +296,63 @@ def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
 
 
 @cli.command()
-@click.argument("patch_id")
+@click.argument("patch_id", required=False)
 @click.option("--good", metavar="REF", help="Where the patch has its old fate (default: the pin).")
 @click.option("--bad", metavar="REF", help="Where it has its new fate (default: the newest "
               "release tag of the source).")
+@click.option("--series", is_flag=True, help="Instead: find the patch of the series (at the pin) "
+              "whose addition makes --run CMD fail.")
+@click.option("--run", "command", metavar="CMD", help="--series: the command run on each tree "
+              "(PATCHKIT_TREE names it): exit 0 good, 125 skip, 1-127 bad.")
+@click.option("--image", is_flag=True, help="--series: also build an image of each tree "
+              "(PATCHKIT_IMAGE names it), as build-image --no-apply does.")
+@click.option("--no-daemon", is_flag=True, help="--image: build it straight in the registry "
+              "of --tag, with no engine.")
+@click.option("--tag", metavar="NAME", help="--image: the images are REPOSITORY:bisect-K, "
+              "REPOSITORY that of NAME (default: image.tag).")
+@click.option("--base", help="--image: the base image (default: image.base).")
+@click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
+              metavar="SECONDS", help="--series: the deadline of each run of CMD (past it CMD "
+              "is killed, and the run is bad), and the longest silence of the engine.")
 @VLLM_REPO
 @VARIANT
 @MANIFEST
 @FORMAT
-def bisect(patch_id, good, bad, repos, variant, manifest_path, fmt) -> int:
+def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, timeout, repos,
+           variant, manifest_path, fmt) -> int:
     """Find the first upstream commit at which PATCH_ID's fate changes between --good and
     --bad: the commit that broke it, or the one from which it is upstream.  Exit 0 when the
     commit is named or the fate is the same at both ends, 1 when it cannot be named (the pypi
-    source narrows it to two releases)."""
-    from patchkit.commands import bisect as command
+    source narrows it to two releases).
+
+    \b
+    With --series --run CMD: the first patch of your series whose addition turns CMD from
+    passing to failing, each tree made from a prefix of the series as apply makes it.
+    Exit 0 when the patch is named, 1 when it cannot be.
+    """
+    from patchkit.commands import bisect_series
+
+    bisect_series.check_flags(series=series, patch_id=patch_id, good=good, bad=bad,
+                              command=command, image=image, no_daemon=no_daemon, tag=tag,
+                              base=base)
+    if series:
+        from patchkit.render.bisect import render_series
+
+        found = bisect_series.run(_load(manifest_path), command, repos=repos or None,
+                                  variant=variant, timeout=timeout, image=image,
+                                  no_daemon=no_daemon, tag=tag, base=base,
+                                  progress=TextProgress(err=True, patches=False))
+        if fmt == "json":
+            echo(json.dumps(found.to_dict(), indent=2))
+        else:
+            click.echo(render_series(found), nl=False)
+        return 0 if found.ok else 1
+    from patchkit.commands import bisect as command_
     from patchkit.render.bisect import render_text
 
-    result = command.run(_load(manifest_path), patch_id, good=good, bad=bad,
-                         repos=repos or None, progress=TextProgress(err=True, patches=False),
-                         variant=variant)
+    result = command_.run(_load(manifest_path), patch_id, good=good, bad=bad,
+                          repos=repos or None, progress=TextProgress(err=True, patches=False),
+                          variant=variant)
     if fmt == "json":
         echo(json.dumps(result.to_dict(), indent=2))
     else:

@@ -1,11 +1,16 @@
 """The one subprocess wrapper, for the tools patchkit drives that have no library (``pip``,
-``patch``, ``skopeo``, ``ssh``, ``docker buildx``)."""
+``patch``, ``skopeo``, ``ssh``, ``docker buildx``), and for a command the user gives
+(``bisect --series --run``): :func:`run_user`, with a deadline and its output bounded."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from patchkit import interrupt
 from patchkit.errors import CommandError
@@ -61,3 +66,78 @@ def _streamed(cmd: Sequence[str], cwd, env, on_line: Callable[[str], None],
             proc.kill()  # an interrupted build must not go on behind patchkit's back
             raise
     return subprocess.CompletedProcess(list(cmd), proc.returncode, "".join(tail), "")
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a user's command ended: its exit code (negative: the signal that ended it), or
+    ``timed_out`` when it ran past its deadline and was killed; the last bytes it wrote."""
+
+    returncode: int | None
+    output: str
+    truncated: bool        # it wrote more than was kept: ``output`` is the end of it
+    seconds: float
+    timed_out: bool = False
+
+
+def run_user(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float,
+             keep: int = 64 * 1024, cwd: str | os.PathLike[str] | None = None) -> Finished:
+    """Run a command the user gave, in a session of its own, stdout and stderr together; keep
+    the last ``keep`` bytes of what it writes.  Past ``timeout`` seconds, or on an interruption,
+    every process of its session is killed; so are those it leaves behind when it ends (they
+    hold its output open)."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(list(cmd), cwd=cwd, env={**os.environ, **env},
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        raise CommandError(list(cmd), 127, f"{cmd[0]}: cannot run it ({exc.strerror})") from None
+    tail = _Tail(keep)
+    reader = threading.Thread(target=tail.drain, args=(proc.stdout,), daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    finally:
+        _kill_session(proc)
+        proc.wait()
+        reader.join(timeout=5)
+        # a process that left the session may still hold the pipe: its reader is left to it
+        # (closing under a blocked read would wait for that read)
+        if proc.stdout is not None and not reader.is_alive():
+            proc.stdout.close()
+    interrupt.check()
+    return Finished(None if timed_out else proc.returncode, tail.text(), tail.dropped > 0,
+                    time.monotonic() - started, timed_out)
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Tail:
+    """The last ``keep`` bytes of a stream, and how many came before them."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep, self.data, self.dropped = keep, bytearray(), 0
+
+    def drain(self, stream) -> None:
+        try:
+            while chunk := stream.read1(65536):
+                self.data += chunk
+                if len(self.data) > self.keep:
+                    cut = len(self.data) - self.keep
+                    self.dropped += cut
+                    del self.data[:cut]
+        except (OSError, ValueError):
+            pass  # closed under it: the command is gone
+
+    def text(self) -> str:
+        return bytes(self.data).decode(errors="replace")

@@ -1,8 +1,12 @@
-"""``patchkit bisect`` as text for a person, and the short form rebase-check's notes use."""
+"""``patchkit bisect`` (and ``--series``) as text for a person, and the short form
+rebase-check's notes use."""
 
 from __future__ import annotations
 
+import shlex
+
 from patchkit.commands.bisect import BisectResult, Fate
+from patchkit.commands.bisect_series import SeriesBisect
 
 SHORT = 10  # hex digits of a commit shown to a person
 
@@ -63,3 +67,71 @@ def render_text(result: BisectResult) -> str:
         else:
             lines += ["", f"no upstream change to {files} {where}"]
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------ --series
+
+TAIL = 10  # lines of a run's output shown to a person
+
+
+def _patches(k: int) -> str:
+    return "the pin alone" if k == 0 else f"{k} patch{'es' if k != 1 else ''}"
+
+
+def render_series(result: SeriesBisect) -> str:
+    """``bisect --series``: the verdict, every run made, the output of the run that says most."""
+    n, v = len(result.series), result.vllm
+    lines = [f"series of {n} patch{'es' if n != 1 else ''} at vLLM {v['ref']} "
+             f"({v['commit'][:SHORT]})" + (f", variant {result.variant}" if result.variant
+                                            else "") + f"; CMD: {shlex.join(result.command)}"]
+    lines += _verdict(result)
+    lines.append(f"runs: {len(result.runs)} (at most {result.limit} with one culprit)")
+    width = max((len(_patches(r.patches)) for r in result.runs), default=0)
+    why = max((len(r.why) for r in result.runs), default=0)
+    upto = max((len(f"up to {r.last}") for r in result.runs if r.last), default=0)
+    for r in result.runs:
+        last = f"up to {r.last}" if r.last else ""
+        lines.append((f"  {_patches(r.patches):<{width}}  {r.outcome:<5}  {r.seconds:6.1f} s  "
+                      f"{r.why:<{why}}  {last:<{upto}}"
+                      + (f"  image {r.image}" if r.image else "")).rstrip())
+    shown = _telling_run(result)
+    if shown is not None and shown.output.strip():
+        tail = shown.output.rstrip("\n").splitlines()[-TAIL:]
+        cut = " (cut)" if shown.truncated else ""
+        lines += ["", f"output of CMD with {_patches(shown.patches)}, last lines{cut}:"]
+        lines += [f"  {line}" for line in tail]
+    if result.left_out:
+        lines += ["", "not searched (no apply at the pin has them):"]
+        lines += [f"  {pid}: {why}" for pid, why in result.left_out]
+    return "\n".join(lines) + "\n"
+
+
+def _verdict(result: SeriesBisect) -> list[str]:
+    n = len(result.series)
+    if result.verdict == "found":
+        k, c = result.first_bad, result.culprit
+        assert k is not None and c is not None
+        return [f"first bad patch: {c.id} ({k} of {n}): {c.summary}",
+                f"  CMD passes with {_patches(k - 1)} and fails once {c.id} is added"]
+    if result.verdict == "passes":
+        return [f"CMD passes with the whole series ({_patches(n)}): no patch of it makes "
+                "CMD fail"]
+    if result.verdict == "fails-without":
+        return ["CMD fails on the pin alone (no patch applied): the cause is not in the "
+                "series"]
+    if result.verdict == "only-skipped":
+        return ["only skipped trees are left: the first bad patch is one of "
+                + ", ".join(result.candidates)]
+    if result.verdict == "error":
+        return [f"stopped: {result.error}"]
+    last = result.runs[-1] if result.runs else None
+    end = "the pin alone" if last is None or last.patches == 0 else "the whole series"
+    return [f"cannot bisect: {end} could not be tested ({last.why if last else 'no run'}); "
+            "a bisect needs the pin alone to pass and the whole series to fail"]
+
+
+def _telling_run(result: SeriesBisect):
+    """The run whose output says most: the first bad prefix's, else the last run's."""
+    if result.first_bad is not None:
+        return result.run_of(result.first_bad)
+    return result.runs[-1] if result.runs else None

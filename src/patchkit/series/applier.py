@@ -267,13 +267,15 @@ def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = Non
                  ref: str | None = None, repos: Sequence[str] | None = None,
                  variant: str | None = None, keep_failed: bool = False,
                  progress: Progress | None = None, cache: Path | None = None,
-                 base: source.Base | None = None, discard: bool = False) -> ApplyReport:
+                 base: source.Base | None = None, discard: bool = False,
+                 pins: Mapping[str, source.Resolved] | None = None) -> ApplyReport:
     """Check out every package of ``run`` (default: the run ``ref``, ``repos`` and ``variant``
     make) at its pin, apply the series of its variant, verify; move every checkout into place
     (vLLM's at ``workdir``, the others beside it) only if all passed.  On failure every
     workdir is exactly as it was.  ``base`` is the base image that the ref ``base`` and the
     source ``image`` read.  A workdir holding a person's work is refused, or with ``discard``
-    saved, then replaced."""
+    saved, then replaced.  ``pins``: the pins of ``run`` already resolved (a caller that
+    applies the series many times resolves them once)."""
     run = run or run_spec(manifest, ref=ref, repos=repos, variant=variant)
     variants.check(manifest, run.variant)
     progress = progress or Progress()
@@ -287,7 +289,8 @@ def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = Non
         # Before any download: a workdir that cannot be made is known at once.
         for name, place in places.items():
             scratches[name] = _scratch_beside(place)
-        pins = resolve_pins(run, cache, progress.info, base)
+        if pins is None:
+            pins = resolve_pins(run, cache, progress.info, base)
         trees = {name: scratches[name] / "t" for name in places}
         report = _checked_out_stack(manifest, pins, trees, progress, run.variant)
         for name, place in places.items():

@@ -1,0 +1,444 @@
+"""``patchkit bisect --series --run CMD``: the patch of your own series that makes CMD fail.
+
+It is ``git bisect run`` over the series instead of the upstream history (``commands/bisect.py``
+moves the upstream commit under one patch; this moves how much of the series is applied at the
+pin).  A point of the search is a prefix of the series: its first k patches, applied to the
+pinned checkout as ``apply`` applies them, in a scratch folder.  The predicate is the user's
+command, run with ``PATCHKIT_TREE`` naming that tree (and with ``--image``, ``PATCHKIT_IMAGE``
+naming an image built from it as ``build-image --no-apply`` builds one).  Its exit code is read
+as ``git bisect run`` reads it: 0 good, 125 skip, 1 to 127 bad; above 127 or ended by a signal,
+an error that stops the search.  A command still running at ``--timeout`` is killed and counts
+as bad: a hang is one of the failures one bisects for.  A prefix whose tree cannot be made (a
+patch or an assertion fails in it) is skipped, as ``git bisect skip``.
+
+The series is the build's patches (the default build, or ``--variant``'s) that are in range at
+the pinned versions: the others are skipped by every apply and cannot be the culprit.  The empty
+series (the pin alone) must pass and the whole series must fail; both are run first.  Then a
+binary search keeps the longest prefix known good and the shortest known bad, and runs the
+untested prefix nearest the middle between them: with one culprit and no skip, ceil(log2 n)
+runs for n patches, ceil(log2 n) + 2 in all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from patchkit import imageref, process, versions
+from patchkit.cache import cache_dir
+from patchkit.commands.bisect import limit_for
+from patchkit.errors import UsageError
+from patchkit.image import basevllm
+from patchkit.manifest import Manifest, Patch, variants
+from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.report import ApplyReport
+from patchkit.series import applier
+from patchkit.timeouts import DEFAULT_TIMEOUT
+
+__all__ = ["GOOD", "BAD", "SKIP", "ERROR", "Run", "SeriesBisect", "check_command",
+           "check_flags", "outcome_of", "run", "search"]
+
+GOOD, BAD, SKIP, ERROR = "good", "bad", "skip", "error"
+KEEP = 16 * 1024   # bytes of each run's output kept for the report
+
+# What the search found: the verdict of a SeriesBisect.
+FOUND = "found"                 # the first bad patch is named
+PASSES = "passes"               # CMD passes with the whole series: nothing to find
+FAILS_WITHOUT = "fails-without"  # CMD fails on the pin alone: the cause is not in the series
+UNTESTABLE = "untestable"       # an end could not be tested (its tree, or CMD skipped it)
+ONLY_SKIPPED = "only-skipped"   # every prefix between the last good and first bad was skipped
+STOPPED = "error"               # CMD ended in a way that stops the search (>127, a signal)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One prefix tested: how many patches it held, what CMD made of it, and why."""
+
+    patches: int
+    last: str | None           # the last patch of the prefix (None: the pin alone)
+    outcome: str               # good | bad | skip | error
+    why: str                   # "exit 1", "killed after 30 s", "dspark-x failed (conflict)"
+    seconds: float
+    exit_code: int | None = None   # None: CMD did not run, or was killed at the deadline
+    output: str = ""           # the last KEEP bytes CMD wrote (stdout and stderr together)
+    truncated: bool = False
+    image: str | None = None
+    failed: tuple[tuple[str, str], ...] = ()   # (id, reason) of what failed making the tree
+
+    def to_dict(self) -> dict:
+        return {"patches": self.patches, "last": self.last, "outcome": self.outcome,
+                "why": self.why, "seconds": round(self.seconds, 2), "exit_code": self.exit_code,
+                "image": self.image, "output": self.output, "truncated": self.truncated,
+                "failed": [i for i, _ in self.failed]}
+
+
+@dataclass
+class SeriesBisect:
+    command: list[str]
+    series: list[Patch]                # the patches searched, in order
+    left_out: list[tuple[str, str]]    # (id, why) of the build's patches not searched
+    vllm: dict                         # ref, commit, version of the pin
+    variant: str | None = None
+    image: bool = False
+    runs: list[Run] = field(default_factory=list)
+    verdict: str = UNTESTABLE
+    first_bad: int | None = None       # the prefix length that first fails: patch series[k-1]
+    candidates: list[str] = field(default_factory=list)   # ONLY_SKIPPED: one of these
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == FOUND
+
+    @property
+    def limit(self) -> int:
+        return limit_for(len(self.series))
+
+    @property
+    def culprit(self) -> Patch | None:
+        return self.series[self.first_bad - 1] if self.first_bad else None
+
+    def run_of(self, patches: int) -> Run | None:
+        return next((r for r in self.runs if r.patches == patches), None)
+
+    def to_dict(self) -> dict:
+        c = self.culprit
+        return {"ok": self.ok, "verdict": self.verdict, "command": list(self.command),
+                "vllm": dict(self.vllm), "variant": self.variant, "image": self.image,
+                "series": [p.id for p in self.series],
+                "left_out": [{"id": i, "why": w} for i, w in self.left_out],
+                "first_bad": ({"id": c.id, "summary": c.summary, "position": self.first_bad}
+                              if c else None),
+                "candidates": list(self.candidates), "error": self.error,
+                "tested": len(self.runs), "limit": self.limit,
+                "runs": [r.to_dict() for r in self.runs]}
+
+
+# ------------------------------------------------------------------------------ bad input
+
+def check_flags(*, series: bool, patch_id: str | None, good: str | None, bad: str | None,
+                command: str | None, image: bool, no_daemon: bool, tag: str | None,
+                base: str | None = None) -> None:
+    """What cannot go together, one line each, before any work."""
+    if not series:
+        for given, flag in ((command is not None, "--run"), (image, "--image"),
+                            (no_daemon, "--no-daemon"), (tag is not None, "--tag"),
+                            (base is not None, "--base")):
+            if given:
+                raise UsageError(f"{flag} goes with --series (bisect the series with a command)")
+        if patch_id is None:
+            raise UsageError("give a PATCH_ID (the upstream commit that changed its fate), or "
+                             "--series --run CMD (the patch of the series that makes CMD fail)")
+        return
+    if patch_id is not None:
+        raise UsageError(f"--series bisects the whole series: drop the PATCH_ID {patch_id!r}")
+    for given, flag in ((good, "--good"), (bad, "--bad")):
+        if given is not None:
+            raise UsageError(f"{flag} moves the upstream commit under one patch; --series "
+                             "bisects the series at the pin: drop it")
+    if command is None:
+        raise UsageError("--series needs --run CMD: the command that passes (exit 0) or "
+                         "fails (1-127; 125 skips) on a tree")
+    for given, flag in ((no_daemon, "--no-daemon"), (tag is not None, "--tag"),
+                        (base is not None, "--base")):
+        if given and not image:
+            raise UsageError(f"{flag} goes with --image (an image of each tree)")
+
+
+def check_command(text: str) -> list[str]:
+    """``--run`` split as a shell splits words (no shell runs it), its program found."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--run {text!r}: {exc}") from None
+    if not argv:
+        raise UsageError("--run: the command is empty")
+    prog = argv[0]
+    if "/" not in prog:
+        if shutil.which(prog) is None:
+            hint = f" (the file here is ./{prog})" if Path(prog).is_file() else ""
+            raise UsageError(f"--run {text!r}: {prog}: command not found on PATH{hint}")
+        return argv
+    where = Path(prog)
+    if not where.exists():
+        raise UsageError(f"--run {text!r}: {prog}: no such file")
+    if where.is_dir():
+        raise UsageError(f"--run {text!r}: {prog} is a folder, not a command")
+    if not os.access(where, os.X_OK):
+        raise UsageError(f"--run {text!r}: {prog} is not executable (chmod +x it, or run it "
+                         f"through its interpreter: --run 'sh {prog}')")
+    return argv
+
+
+# ------------------------------------------------------------------------------ the predicate
+
+def outcome_of(done: process.Finished, timeout: float) -> tuple[str, str]:
+    """What a run of CMD says, as ``git bisect run`` reads an exit code; past the deadline,
+    bad."""
+    if done.timed_out:
+        return BAD, f"killed after {timeout:g} s (--timeout)"
+    rc = done.returncode
+    assert rc is not None
+    if rc < 0:
+        return ERROR, f"ended by {signal.Signals(-rc).name}"
+    if rc == 0:
+        return GOOD, "exit 0"
+    if rc == 125:
+        return SKIP, "exit 125"
+    return (BAD if rc <= 127 else ERROR), f"exit {rc}"
+
+
+def _unmade(report: ApplyReport) -> str:
+    failed = [f"{p.id} failed ({p.reason})" for p in report.patches if p.status == "failed"]
+    return "tree not made: " + (", ".join(failed) or "an assertion failed")
+
+
+@dataclass
+class Tester:
+    """Makes the tree of a prefix, runs CMD on it, removes the tree (and the image)."""
+
+    manifest: Manifest
+    spec: RunSpec
+    pins: dict
+    series: list[Patch]
+    command: list[str]
+    scratch: Path
+    timeout: float
+    log: Callable[[str], None]
+    images: ImageMaker | None = None
+
+    def __call__(self, k: int) -> Run:
+        last = self.series[k - 1].id if k else None
+        workdir = self.scratch / f"{k:03d}" / "vllm"
+        quiet = _Quiet(self.log)
+        m = dataclasses.replace(self.manifest, patches=tuple(self.series[:k]))
+        image = None
+        try:
+            report = applier.apply_series(m, run=self.spec, workdir=workdir, pins=self.pins,
+                                          progress=quiet)
+            if not report.ok:
+                failed = tuple((p.id, p.reason or "") for p in report.patches
+                               if p.status == "failed")
+                return Run(k, last, SKIP, _unmade(report), quiet.seconds(), failed=failed)
+            env = {"PATCHKIT_TREE": str(workdir)}
+            if self.images is not None:
+                image = self.images.build(m, workdir, k)
+                env["PATCHKIT_IMAGE"] = image
+            done = process.run_user(self.command, env=env, timeout=self.timeout, keep=KEEP)
+            outcome, why = outcome_of(done, self.timeout)
+            return Run(k, last, outcome, why, quiet.seconds(), done.returncode, done.output,
+                       done.truncated, image)
+        finally:
+            shutil.rmtree(workdir.parent, ignore_errors=True)
+            if image is not None and self.images is not None:
+                self.images.remove(image)
+
+
+class _Quiet(applier.Progress):
+    """The apply of a prefix says nothing per patch; its other lines go on; it times a run."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self._log, self._started = log, time.monotonic()
+
+    def info(self, message: str) -> None:
+        self._log(message)
+
+    def seconds(self) -> float:
+        return time.monotonic() - self._started
+
+
+@dataclass
+class ImageMaker:
+    """``--image``: each prefix's tree built into an image, tagged ``REPOSITORY:bisect-K``
+    (the repository of ``--tag``, else of image.tag), on the engine or with ``--no-daemon``
+    in the registry; on an engine the tag is put back where it was once CMD has run."""
+
+    repository: str
+    base: str | None
+    variant: str | None
+    no_daemon: bool
+    timeout: float
+    log: Callable[[str], None]
+    engine: object | None = None
+    previous: dict = field(default_factory=dict)
+
+    @classmethod
+    def reach(cls, manifest: Manifest, spec: RunSpec, *, tag: str | None, base: str | None,
+              no_daemon: bool, timeout: float, log: Callable[[str], None],
+              engine=None) -> ImageMaker:
+        """The image name checked and the engine reached, before any tree is made."""
+        from patchkit.commands.build_image import default_tag
+
+        template = tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
+        name = default_tag(manifest, spec.ref, None, template, spec.variant)
+        imageref.check_reference("--tag" if tag is not None else "image.tag", name,
+                                 digest_ok=False)
+        if base is not None:
+            imageref.check_reference("--base", base)
+        if engine is None and not no_daemon:
+            from patchkit.image.docker import Engine
+
+            engine = Engine.connect(timeout=timeout)
+        return cls(imageref.repository(name), base, spec.variant, no_daemon, timeout, log,
+                   engine)
+
+    def build(self, manifest: Manifest, workdir: Path, k: int) -> str:
+        from patchkit.commands import build_image
+
+        tag = f"{self.repository}:bisect-{k}"
+        if self.engine is not None:
+            self.previous[tag] = self.engine.tagged(tag)
+        report = build_image.run(manifest, workdir=workdir, apply=False, tag=tag, base=self.base,
+                                 push=self.no_daemon, no_daemon=self.no_daemon,
+                                 engine=self.engine, variant=self.variant, timeout=self.timeout,
+                                 progress=_Quiet(self.log))
+        return report.tag or tag
+
+    def remove(self, tag: str) -> None:
+        if self.engine is not None:
+            self.engine.restore_tag(tag, self.previous.pop(tag, None))
+
+
+# ------------------------------------------------------------------------------ the search
+
+def search(n: int, test: Callable[[int], Run], result: SeriesBisect,
+           shrink: Callable[[Run], bool] | None = None) -> None:
+    """Fill ``result`` with the runs and the verdict of the search over prefixes 0..n.  When
+    the tree of the whole series cannot be made, ``shrink`` may leave out the patches that
+    failed in it (and say so): the search then runs on the subset that still applies."""
+    def record(r: Run) -> str:
+        result.runs.append(r)
+        if r.outcome == ERROR:
+            result.verdict = STOPPED
+            result.error = (f"CMD {r.why} with {_count(r.patches)}: an exit above 127 or a "
+                            "signal stops the bisect (as git bisect run)")
+        return r.outcome
+
+    for end, expected, wrong in ((0, GOOD, FAILS_WITHOUT), (n, BAD, PASSES)):
+        r = test(0) if end == 0 else _whole(test, result, shrink)
+        got = record(r)
+        if got == ERROR:
+            return
+        if got == SKIP:
+            result.verdict = UNTESTABLE
+            return
+        if got != expected:
+            result.verdict = wrong
+            return
+    lo, hi, skipped = 0, len(result.series), set()
+    while True:
+        open_ = [k for k in range(lo + 1, hi) if k not in skipped]
+        if not open_:
+            break
+        mid = (lo + hi) / 2
+        k = min(open_, key=lambda j: (abs(j - mid), j))
+        got = record(test(k))
+        if got == ERROR:
+            return
+        if got == GOOD:
+            lo = k
+        elif got == BAD:
+            hi = k
+        else:
+            skipped.add(k)
+    if hi - lo > 1:
+        result.verdict = ONLY_SKIPPED
+        result.candidates = [p.id for p in result.series[lo:hi]]
+    else:
+        result.verdict, result.first_bad = FOUND, hi
+
+
+def _whole(test: Callable[[int], Run], result: SeriesBisect,
+           shrink: Callable[[Run], bool] | None) -> Run:
+    """The run of the whole series, after leaving out what fails in it (with ``shrink``)."""
+    while True:
+        r = test(len(result.series))
+        if not (r.failed and shrink is not None and shrink(r)) or not result.series:
+            return r
+
+
+def _count(k: int) -> str:
+    return "the pin alone (no patch)" if k == 0 else f"{k} patch{'es' if k != 1 else ''}"
+
+
+# ------------------------------------------------------------------------------ the verb
+
+def _series_at(manifest: Manifest, spec: RunSpec, pins: dict
+               ) -> tuple[list[Patch], list[tuple[str, str]]]:
+    """The build's patches in range at the pinned versions, and why each other one is out."""
+    found = {name: r.version for name, r in pins.items()}
+    kept, out = [], []
+    for p in manifest.patches:
+        why = variants.left_out(p, spec.variant)
+        if why is None and not spec.in_run(p.package):
+            why = f"it patches {p.package}, which is not in this run"
+        if why is None:
+            ok, range_why = versions.in_ranges(p.ranges, found)
+            why = None if ok else range_why
+        if why is None:
+            kept.append(p)
+        else:
+            out.append((p.id, why))
+    return kept, out
+
+
+def run(manifest: Manifest, command: str, *, repos: Sequence[str] | None = None,
+        variant: str | None = None, timeout: float = DEFAULT_TIMEOUT, image: bool = False,
+        no_daemon: bool = False, tag: str | None = None, base: str | None = None,
+        cache: Path | None = None, progress: applier.Progress | None = None,
+        engine=None) -> SeriesBisect:
+    """The first patch of the series (of ``variant``'s build, at the pin) whose addition turns
+    ``command`` from passing to failing, with every run made.  The command, the variant and
+    with ``image`` the engine are checked before any tree is made."""
+    progress = progress or applier.Progress()
+    argv = check_command(command)
+    variants.check(manifest, variant)
+    spec = run_spec(manifest, repos=repos, variant=variant, base=base)
+    images = None
+    if image:
+        images = ImageMaker.reach(manifest, spec, tag=tag, base=base, no_daemon=no_daemon,
+                                  timeout=timeout, log=progress.info, engine=engine)
+    holder = basevllm.for_run(spec, engine=getattr(images, "engine", None), log=progress.info)
+    pins = applier.resolve_pins(spec, cache or cache_dir(), progress.info, holder)
+    series, left_out = _series_at(manifest, spec, pins)
+    if not series:
+        raise UsageError(f"the build has no patch in range at the pin {spec.ref}: nothing to "
+                         "bisect")
+    at = pins["vllm"] if "vllm" in pins else next(iter(pins.values()))
+    result = SeriesBisect(argv, series, left_out,
+                          {"ref": at.ref, "commit": at.commit, "version": at.version},
+                          spec.variant, image)
+    progress.info(f"bisecting {len(series)} patches at {at.ref} with {shlex.join(argv)} "
+                  f"(at most {result.limit} runs)")
+    scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-series-"))
+    try:
+        tester = Tester(manifest, spec, pins, series, argv, scratch, timeout, progress.info,
+                        images)
+
+        def logged(k: int) -> Run:
+            r = tester(k)
+            progress.info(f"{_count(k)}{f' (up to {r.last})' if r.last else ''}: "
+                          f"{r.outcome} ({r.why}, {r.seconds:.1f} s)")
+            return r
+
+        def shrink(whole: Run) -> bool:
+            """Leave out what fails in the whole series: bisect the subset that applies."""
+            gone = dict(whole.failed)
+            series[:] = [p for p in series if p.id not in gone]
+            result.left_out += [(pid, f"it fails in the whole series at the pin ({why}); "
+                                      "bisected without it") for pid, why in gone.items()]
+            progress.info(f"left out, as they fail in the whole series: {', '.join(gone)}")
+            return bool(gone)
+
+        search(len(series), logged, result, shrink)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return result
