@@ -155,7 +155,7 @@ def test_a_good_containers_log_holds(capsys, served, docker_client):
     code, out, err = verify(capsys, served, "--container", served["good"], "--format", "json")
     assert code == 0, out + err
     report = json.loads(out)
-    assert list(report) == ["ok", "target", "verify", "runtime", "holds"]
+    assert list(report) == ["ok", "target", "verify", "runtime", "starts", "holds"]
     assert [v["ok"] for v in report["verify"]] == [True]
     name = f"container:{served['good']}"
     rows = {(r["patch"], r["log"]): r for r in report["runtime"]}

@@ -102,8 +102,11 @@ def test_json_adds_runtime_and_keeps_the_rest(project):
     judged = verify(project, "--log", "rank0.log", "--log", "rank1.log", "--format", "json")
     assert plain.returncode == judged.returncode == 0
     before, after = json.loads(plain.stdout), json.loads(judged.stdout)
-    assert list(after) == ["ok", "target", "verify", "runtime"]
-    assert {k: v for k, v in after.items() if k != "runtime"} == before
+    assert list(after) == ["ok", "target", "verify", "runtime", "starts"]
+    assert {k: v for k, v in after.items() if k not in ("runtime", "starts")} == before
+    # one start in each log: each judged from its first line
+    assert after["starts"] == [{"log": "rank0.log", "starts": 1, "line": 1},
+                               {"log": "rank1.log", "starts": 1, "line": 1}]
     assert plain.stdout.rstrip().rstrip("}").rstrip().rstrip("]") in judged.stdout
     rows = after["runtime"]
     assert [(r["patch"], r["log"], r["ok"], r["found"]) for r in rows] == [

@@ -9,6 +9,10 @@ in any of them, a forbidden one in none, and counts are summed over them.  A mar
 leaves out each log that has a line matching it (rank 1 runs headless and never logs the API's
 startup; a DeepSeek-V4.1 launch never takes a V4-only path).
 
+A log that holds several server starts (a restart appended to the same file) is judged on its
+last start only: the tallies begin anew at each start, and an earlier start's matching lines
+are kept only to say that a marker failing now held only before.
+
 Pure: the caller reads the logs (files, stdin, a container's log through the image border) and
 hands them over as chunks of bytes, which :class:`LogLines` cuts into bounded lines; nothing here
 reads, prints or raises for a marker that does not hold.
@@ -150,6 +154,7 @@ class MarkerResult:
     message: str = ""
     judged: bool = True  # False when `unless` left every log out
     absent: bool = False
+    earlier: list[str] = field(default_factory=list)  # LOG:A-B of earlier starts that matched
 
     @property
     def label(self) -> str:
@@ -175,7 +180,8 @@ class MarkerResult:
 
     def to_dict(self) -> dict:
         return {"patch": self.patch, "log": self.log, "ok": self.ok, "found": self.found,
-                "lines": self.lines, "message": self.message, "judged": self.judged}
+                "lines": self.lines, "message": self.message, "judged": self.judged,
+                "earlier": self.earlier}
 
 
 def patches_in(manifest: Manifest, statuses: Mapping[str, str] | None,
@@ -198,80 +204,196 @@ def markers_of(manifest: Manifest, patch_ids: set[str]) -> list[ScopedMarker]:
     return out + [ScopedMarker(None, m) for m in manifest.runtime]
 
 
+# Where a server start begins, in the words of the releases patchkit supports (0.27.1 to
+# 0.33.0).  Rank 0's API server logs its version before anything else of its own
+# (log_version_and_model): "vLLM server version X, serving model M", or, with vLLM's own log
+# formatter, a logo record whose top row is the first line with text; older releases said
+# "vLLM API server version X".  A headless rank logs nothing of its own before its engine
+# config, and only then "Launching vLLM (vX) headless multiproc executor" (or "Launching N data
+# parallel engine(s) in headless mode"): so after such a line, the next "Resolved
+# architecture" (the first line of the next config) begins the next start.
+_VERSION = re.compile(r"\bvLLM (?:API )?server version \S+|█ +█ +█▄ +▄█")
+_HEADLESS = re.compile(r"Launching vLLM \(v\S+\) headless multiproc executor|"
+                       r"Launching \d+ data parallel engine\(s\) in headless mode")
+_CONFIG = re.compile(r"\bResolved architecture: ")
+
+
+@dataclass
+class _StartCut:
+    """Where the starts of one log begin, found line by line: the first start begins at line 1
+    (what a process logs before its own first line belongs to it), each later one at its
+    version line, or at its config line after a headless launch."""
+
+    begun: bool = False      # the current start has logged its version or headless line
+    headless: bool = False   # ... its headless launch line
+    line: int = 1            # where the current start begins
+    count: int = 1
+
+    def begins(self, number: int, text: str) -> bool:
+        """Whether line ``number`` begins a new start (the first start's own line does not)."""
+        cut = False
+        if _VERSION.search(text):
+            cut, self.begun, self.headless = self.begun, True, False
+        elif self.headless and _CONFIG.search(text):
+            cut, self.headless = True, False
+        elif _HEADLESS.search(text):
+            self.begun = self.headless = True
+        if cut:
+            self.line, self.count = number, self.count + 1
+        return cut
+
+
+@dataclass(frozen=True)
+class Start:
+    """The start of one log that was judged: its ``line`` (from 1) and how many starts the log
+    holds (``count``; the earlier ones are not judged)."""
+
+    log: str
+    line: int
+    count: int
+
+    def to_dict(self) -> dict:
+        return {"log": self.log, "starts": self.count, "line": self.line}
+
+    def note(self) -> str | None:
+        """One line for a log with several starts, or None."""
+        if self.count == 1:
+            return None
+        return (f"{self.log}: {self.count} server starts; judged on the last, from line "
+                f"{self.line}")
+
+
+@dataclass
+class Judgment:
+    """The markers' results, and which start of each log they were judged on."""
+
+    results: list[MarkerResult]
+    starts: list[Start]
+
+
 @dataclass
 class _Tally:
-    """One marker in one log."""
+    """One marker in one start of one log."""
 
     found: int = 0
     hits: list[Hit] = field(default_factory=list)
     left_out: bool = False   # a line matched the marker's `unless`
+    lines: tuple[int, int] = (1, 1)   # the lines of an earlier start
+
+
+@dataclass
+class _LogTally:
+    """What one log says of each marker: its last start's tallies, and for each marker the
+    latest earlier start that had matching lines (or None), kept only to say so."""
+
+    name: str
+    start: _StartCut
+    last: list[_Tally]
+    earlier: list[_Tally | None]
+
+    @property
+    def shown(self) -> str:
+        return self.name if self.start.count == 1 else f"{self.name} from line {self.start.line}"
 
 
 def judge(markers: Sequence[ScopedMarker], logs: Iterable[Log]) -> list[MarkerResult]:
-    """Every marker against all ``logs`` together, in the order of ``markers``."""
+    """Every marker against all ``logs`` together, in the order of ``markers``: each log on
+    its last server start."""
+    return assess(markers, logs).results
+
+
+def assess(markers: Sequence[ScopedMarker], logs: Iterable[Log]) -> Judgment:
+    """As :func:`judge`, with where each log's judged start begins."""
     compiled = [(re.compile(s.marker.log), re.compile(s.marker.unless) if s.marker.unless
                  else None) for s in markers]
     keep = [FORBIDDEN_LINES if s.marker.absent else SAMPLES for s in markers]
-    names: list[str] = []
-    tallies: list[list[_Tally]] = [[] for _ in markers]
-    for log in logs:
-        names.append(log.name)
-        here = [_Tally() for _ in markers]
-        for number, raw in enumerate(log.lines, 1):
-            text = _ANSI.sub("", raw.rstrip("\r\n"))
-            for i, (pattern, unless) in enumerate(compiled):
-                if pattern.search(text):
-                    tally = here[i]
-                    tally.found += 1
-                    if len(tally.hits) < keep[i]:
-                        tally.hits.append(Hit(log.name, number, _shown(text)))
-                if unless is not None and not here[i].left_out and unless.search(text):
-                    here[i].left_out = True
-        for i, tally in enumerate(here):
-            tallies[i].append(tally)
-    return [_verdict(s, list(zip(names, t)), keep[i]) for i, (s, t)
-            in enumerate(zip(markers, tallies))]
+    tallies = [_read(log, compiled, keep) for log in logs]
+    results = [_verdict(s, [(t, t.last[i], t.earlier[i]) for t in tallies], keep[i])
+               for i, s in enumerate(markers)]
+    return Judgment(results, [Start(t.name, t.start.line, t.start.count) for t in tallies])
+
+
+def _read(log: Log, compiled, keep: list[int]) -> _LogTally:
+    """One pass over ``log``: the tallies are set anew at each start."""
+    start = _StartCut()
+    here = [_Tally() for _ in compiled]
+    earlier: list[_Tally | None] = [None] * len(compiled)
+    for number, raw in enumerate(log.lines, 1):
+        text = _ANSI.sub("", raw.rstrip("\r\n"))
+        first = start.line
+        if start.begins(number, text):
+            earlier = [_ended(t, first, number - 1) if t.found else e
+                       for t, e in zip(here, earlier)]
+            here = [_Tally() for _ in compiled]
+        for i, (pattern, unless) in enumerate(compiled):
+            if pattern.search(text):
+                tally = here[i]
+                tally.found += 1
+                if len(tally.hits) < keep[i]:
+                    tally.hits.append(Hit(log.name, number, _shown(text)))
+            if unless is not None and not here[i].left_out and unless.search(text):
+                here[i].left_out = True
+    return _LogTally(log.name, start, here, earlier)
+
+
+def _ended(tally: _Tally, first: int, last: int) -> _Tally:
+    tally.lines = (first, last)
+    return tally
 
 
 def _shown(text: str) -> str:
     return text if len(text) <= HIT_SHOWN else text[:HIT_SHOWN] + "..."
 
 
-def _verdict(scoped: ScopedMarker, per_log: list[tuple[str, _Tally]], keep: int) -> MarkerResult:
+def _verdict(scoped: ScopedMarker, per_log: list[tuple[_LogTally, _Tally, _Tally | None]],
+             keep: int) -> MarkerResult:
     marker = scoped.marker
-    judged = [(name, t) for name, t in per_log if not t.left_out]
+    judged = [(log, t, e) for log, t, e in per_log if not t.left_out]
     if per_log and not judged:
         return MarkerResult(scoped.patch, marker.log, True, 0, [],
                             f"not judged: every log has a line matching {quoted(marker.unless)}",
                             judged=False, absent=marker.absent)
-    found = sum(t.found for _, t in judged)
-    hits = [hit for _, t in judged for hit in t.hits][:keep]
-    where = _names([name for name, _ in judged]) or "no log"
-    left = [name for name, t in per_log if t.left_out]
+    found = sum(t.found for _, t, _ in judged)
+    hits = [hit for _, t, _ in judged for hit in t.hits][:keep]
+    where = _names([log.shown for log, _, _ in judged]) or "no log"
+    left = [log.shown for log, t, _ in per_log if t.left_out]
     aside = f" ({_names(left)} left out: {quoted(marker.unless)})" if left else ""
     times = f"{found} time{'s' if found != 1 else ''}"
+    earlier = [(log, e) for log, _, e in judged if e is not None]
     if marker.absent:
         ok = found == 0
         if ok:
-            message = f"no line matches forbidden {quoted(marker.log)} in {where}{aside}"
+            message = (f"no line matches forbidden {quoted(marker.log)} in {where}{aside}"
+                       + _before(earlier, "not counted"))
         else:
             message = (f"forbidden line {quoted(marker.log)} appears {times} in {where}: "
                        f"{hits[0]}" + (f" (and {found - 1} more)" if found > 1 else ""))
-    elif marker.count is not None:
-        ok = found == marker.count
-        message = (f"{marker.describe()}: found {found} in {where}{aside}" if ok else
-                   f"expected {marker.describe()}, found {found} in {where}{aside}")
     else:
-        need = marker.minimum or 1
-        ok = found >= need
+        ok = found == marker.count if marker.count is not None else found >= (marker.minimum
+                                                                              or 1)
         if ok:
             message = f"{marker.describe()}: found {found} in {where}{aside}"
-        elif found == 0:
-            message = f"required line {quoted(marker.log)} appears in none of {where}{aside}"
+        elif found == 0 and marker.count is None:
+            message = (f"required line {quoted(marker.log)} appears in none of {where}{aside}"
+                       + (f": only in an earlier start{_before(earlier)}" if earlier else ""))
         else:
-            message = f"expected {marker.describe()}, found {found} in {where}{aside}"
+            message = (f"expected {marker.describe()}, found {found} in {where}{aside}"
+                       + _before(earlier, "not counted"))
+    earlier_lines = [f"{log.name}:{e.lines[0]}-{e.lines[1]}" for log, e in earlier]
     return MarkerResult(scoped.patch, marker.log, ok, found, hits, message,
-                        absent=marker.absent)
+                        absent=marker.absent, earlier=earlier_lines)
+
+
+def _before(earlier: list[tuple[_LogTally, _Tally]], aside: str = "") -> str:
+    """`` (lines A-B of LOG, ...)``: the earlier starts that had matching lines; with
+    ``aside``, how many lines they had and the aside."""
+    if not earlier:
+        return ""
+    spans = ", ".join(f"lines {e.lines[0]}-{e.lines[1]} of {log.name}" for log, e in earlier)
+    if not aside:
+        return f" ({spans})"
+    found = sum(e.found for _, e in earlier)
+    return f" ({found} in an earlier start, {spans}, {aside})"
 
 
 def _names(names: list[str]) -> str:
