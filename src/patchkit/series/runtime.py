@@ -207,40 +207,46 @@ def markers_of(manifest: Manifest, patch_ids: set[str]) -> list[ScopedMarker]:
 # Where a server start begins, in the words of the releases patchkit supports (0.27.1 to
 # 0.33.0).  Rank 0's API server logs its version before anything else of its own
 # (log_version_and_model): "vLLM server version X, serving model M", or, with vLLM's own log
-# formatter, a logo record whose top row is the first line with text; older releases said
-# "vLLM API server version X".  A headless rank logs nothing of its own before its engine
-# config, and only then "Launching vLLM (vX) headless multiproc executor" (or "Launching N data
-# parallel engine(s) in headless mode"): so after such a line, the next "Resolved
-# architecture" (the first line of the next config) begins the next start.
-_VERSION = re.compile(r"\bvLLM (?:API )?server version \S+|█ +█ +█▄ +▄█")
+# formatter, a logo record (its header alone on the first line, the top row of the logo on the
+# next); older releases said "vLLM API server version X".  A headless rank logs nothing of its
+# own before its engine config, and only then "Launching vLLM (vX) headless multiproc executor"
+# (or "Launching N data parallel engine(s) in headless mode"): so after such a line, the next
+# "Resolved architecture" (the first line of the next config) begins the next start.
+_VERSION = re.compile(r"\bvLLM (?:API )?server version \S+|(?P<logo>█ +█ +█▄ +▄█)")
 _HEADLESS = re.compile(r"Launching vLLM \(v\S+\) headless multiproc executor|"
                        r"Launching \d+ data parallel engine\(s\) in headless mode")
 _CONFIG = re.compile(r"\bResolved architecture: ")
+_BARE_HEADER = re.compile(r"\[[\w.-]+:\d+\]\s*$")   # a log record's header with no text after
 
 
 @dataclass
 class _StartCut:
     """Where the starts of one log begin, found line by line: the first start begins at line 1
     (what a process logs before its own first line belongs to it), each later one at its
-    version line, or at its config line after a headless launch."""
+    version line (a logo's header), or at its config line after a headless launch."""
 
     begun: bool = False      # the current start has logged its version or headless line
     headless: bool = False   # ... its headless launch line
     line: int = 1            # where the current start begins
     count: int = 1
+    bare: bool = False       # the line before was a record's bare header
 
-    def begins(self, number: int, text: str) -> bool:
-        """Whether line ``number`` begins a new start (the first start's own line does not)."""
+    def begins(self, number: int, text: str) -> int | None:
+        """The line where a new start begins, when line ``number`` shows one (the first
+        start's own line does not), else None."""
+        bare, self.bare = self.bare, bool(_BARE_HEADER.search(text))
         cut = False
-        if _VERSION.search(text):
+        if version := _VERSION.search(text):
             cut, self.begun, self.headless = self.begun, True, False
+            number -= bool(version["logo"] and bare)
         elif self.headless and _CONFIG.search(text):
             cut, self.headless = True, False
         elif _HEADLESS.search(text):
             self.begun = self.headless = True
-        if cut:
-            self.line, self.count = number, self.count + 1
-        return cut
+        if not cut:
+            return None
+        self.line, self.count = number, self.count + 1
+        return number
 
 
 @dataclass(frozen=True)
@@ -321,8 +327,9 @@ def _read(log: Log, compiled, keep: list[int]) -> _LogTally:
     for number, raw in enumerate(log.lines, 1):
         text = _ANSI.sub("", raw.rstrip("\r\n"))
         first = start.line
-        if start.begins(number, text):
-            earlier = [_ended(t, first, number - 1) if t.found else e
+        if begins := start.begins(number, text):
+            # a logo's bare header, the line before, stays with the earlier start's tallies
+            earlier = [_ended(t, first, begins - 1) if t.found else e
                        for t, e in zip(here, earlier)]
             here = [_Tally() for _ in compiled]
         for i, (pattern, unless) in enumerate(compiled):
