@@ -452,6 +452,35 @@ def test_a_200_mb_log_through_stdin_names_the_forbidden_line_near_its_end(projec
     assert "note:" not in out.stdout
 
 
+RESTARTS = """\
+import sys
+version = b"(APIServer pid=1) INFO 05-12 10:00:00 [launcher.py:367] vLLM server version 0.33.0, serving model m\\n"
+line = b"INFO 05-12 10:00:02 [loader.py:10] " + b"x" * 989 + b"\\n"
+block = line * 1000
+good = (b"table has nvfp4\\n" + b"event=layer_load\\n" * 2 + b"extra loaded\\n"
+        + b"Application startup complete\\n")
+for start in range(200):
+    sys.stdout.buffer.write(version + block)
+    if start == 100:
+        sys.stdout.buffer.write(b"Worker proc VllmWorker-0 died unexpectedly\\n")
+sys.stdout.buffer.write(version + good + block)
+"""
+
+
+def test_200_mb_of_restarts_through_stdin_is_judged_on_the_last_in_bounded_memory(project):
+    """201 starts of 1001 lines each, then the good one: one pass, state per start only."""
+    gen = subprocess.Popen([sys.executable, "-c", RESTARTS], stdout=subprocess.PIPE)
+    try:
+        out = bounded_verify(project, "--log", "-", "--log", "rank1.log", stdin=gen.stdout)
+    finally:
+        gen.stdout.close()
+        gen.wait(timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    last = 200 * 1001 + 2   # the crashed start's extra line is before it
+    assert out.stdout.splitlines()[1] == (f"note: <stdin>: 201 server starts; judged on the "
+                                          f"last, from line {last}")
+
+
 def test_a_binary_log_is_judged_with_bad_bytes_replaced(project):
     junk = bytes(range(256)) * 64   # every byte, newlines among them
     lines = junk.count(b"\n")
