@@ -347,6 +347,9 @@ def test_where_starts_begin():
         "x.log", 8, 3)
     dp = "INFO [serve.py:240] Launching 2 data parallel engine(s) in headless mode, with head"
     assert _cut(ARCH, dp, "w", ARCH) == runtime.Start("x.log", 4, 2)
+    # headless launches with no config line between them: each launch line begins a start
+    assert _cut(headless, "w", headless, "w", headless) == runtime.Start("x.log", 5, 3)
+    assert _cut(ARCH, dp, ARCH, dp) == runtime.Start("x.log", 3, 2)
     # with no start line at all, the whole log is one start
     assert _cut("a", "b", ARCH, ARCH) == runtime.Start("x.log", 1, 1)
 

@@ -211,7 +211,8 @@ def markers_of(manifest: Manifest, patch_ids: set[str]) -> list[ScopedMarker]:
 # next); older releases said "vLLM API server version X".  A headless rank logs nothing of its
 # own before its engine config, and only then "Launching vLLM (vX) headless multiproc executor"
 # (or "Launching N data parallel engine(s) in headless mode"): so after such a line, the next
-# "Resolved architecture" (the first line of the next config) begins the next start.
+# "Resolved architecture" (the first line of the next config) begins the next start, or, in a
+# log without config lines, the next launch line.
 _VERSION = re.compile(r"\bvLLM (?:API )?server version \S+|(?P<logo>█ +█ +█▄ +▄█)")
 _HEADLESS = re.compile(r"Launching vLLM \(v\S+\) headless multiproc executor|"
                        r"Launching \d+ data parallel engine\(s\) in headless mode")
@@ -223,7 +224,8 @@ _BARE_HEADER = re.compile(r"\[[\w.-]+:\d+\]\s*$")   # a log record's header with
 class _StartCut:
     """Where the starts of one log begin, found line by line: the first start begins at line 1
     (what a process logs before its own first line belongs to it), each later one at its
-    version line (a logo's header), or at its config line after a headless launch."""
+    version line (a logo's header), or at its config line after a headless launch (at the next
+    launch line when no config line came between)."""
 
     begun: bool = False      # the current start has logged its version or headless line
     headless: bool = False   # ... its headless launch line
@@ -242,7 +244,8 @@ class _StartCut:
         elif self.headless and _CONFIG.search(text):
             cut, self.headless = True, False
         elif _HEADLESS.search(text):
-            self.begun = self.headless = True
+            # a second launch with no config line since (an excerpt without them) begins there
+            cut, self.begun, self.headless = self.headless, True, True
         if not cut:
             return None
         self.line, self.count = number, self.count + 1
