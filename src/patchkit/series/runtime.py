@@ -236,14 +236,16 @@ class _StartCut:
     def begins(self, number: int, text: str) -> int | None:
         """The line where a new start begins, when line ``number`` shows one (the first
         start's own line does not), else None."""
-        bare, self.bare = self.bare, bool(_BARE_HEADER.search(text))
+        # plain substring tests first: most lines are none of these, and this runs on each
+        bare, self.bare = self.bare, text.rstrip().endswith("]") and bool(
+            _BARE_HEADER.search(text))
         cut = False
-        if version := _VERSION.search(text):
+        if ("version" in text or "█" in text) and (version := _VERSION.search(text)):
             cut, self.begun, self.headless = self.begun, True, False
             number -= bool(version["logo"] and bare)
-        elif self.headless and _CONFIG.search(text):
+        elif self.headless and "Resolved" in text and _CONFIG.search(text):
             cut, self.headless = True, False
-        elif _HEADLESS.search(text):
+        elif "Launching" in text and _HEADLESS.search(text):
             # a second launch with no config line since (an excerpt without them) begins there
             cut, self.begun, self.headless = self.headless, True, True
         if not cut:
