@@ -350,6 +350,20 @@ def test_where_starts_begin():
     # headless launches with no config line between them: each launch line begins a start
     assert _cut(headless, "w", headless, "w", headless) == runtime.Start("x.log", 5, 3)
     assert _cut(ARCH, dp, ARCH, dp) == runtime.Start("x.log", 3, 2)
+    # a line each process logs once per start, logged again by the same process, in a log
+    # without version lines: a start began there (engine cores of two DP ranks do not)
+    engine = ("({}) INFO 05-12 10:00:20 [core.py:140] Initializing a V1 LLM engine (v0.33.0) "
+              "with config: model='/models/m'")
+    assert _cut(engine.format("EngineCore_DP0 pid=120"), engine.format("EngineCore_DP1 pid=121"),
+                "w", engine.format("EngineCore_DP0 pid=300"), engine.format("EngineCore_DP1 pid=301")
+                ) == runtime.Start("x.log", 4, 2)
+    serving = "(APIServer pid=1) INFO 05-12 10:06:01 [api_server.py:2011] Starting vLLM API server 0 on http://0.0.0.0:8000"
+    assert _cut("m", serving, "m", serving, "m") == runtime.Start("x.log", 4, 2)
+    assert _cut("m", serving.replace("API server 0", "server"), "m", serving, "m") == (
+        runtime.Start("x.log", 1, 1))   # two wordings: two kinds of line
+    # with the version lines, each start is cut there and only there
+    assert _cut(VERSION, engine.format("EngineCore pid=2"), serving, VERSION,
+                engine.format("EngineCore pid=3"), serving) == runtime.Start("x.log", 4, 2)
     # with no start line at all, the whole log is one start
     assert _cut("a", "b", ARCH, ARCH) == runtime.Start("x.log", 1, 1)
 

@@ -217,6 +217,13 @@ _VERSION = re.compile(r"\bvLLM (?:API )?server version \S+|(?P<logo>█ +█ +�
 _HEADLESS = re.compile(r"Launching vLLM \(v\S+\) headless multiproc executor|"
                        r"Launching \d+ data parallel engine\(s\) in headless mode")
 _CONFIG = re.compile(r"\bResolved architecture: ")
+# Lines each process logs once per start: an engine core's config, an API server's listen line
+# ("Starting vLLM server on ADDRESS"; later vLLM: "Starting vLLM API server N on ADDRESS").  The
+# same process logging one again in a start with no version line since began a new start there:
+# a log or excerpt without the version lines is still cut, if later than it began.
+_ONCE = re.compile(r"Initializing a V1 LLM engine \(v\S+\) with config|"
+                   r"Starting vLLM (?:API )?server (?:\d+ )?on ")
+_PROCESS = re.compile(r"\(([\w-]+) pid=\d+\)")   # vLLM's prefix of a child process's lines
 _BARE_HEADER = re.compile(r"\[[\w.-]+:\d+\]\s*$")   # a log record's header with no text after
 
 
@@ -225,13 +232,15 @@ class _StartCut:
     """Where the starts of one log begin, found line by line: the first start begins at line 1
     (what a process logs before its own first line belongs to it), each later one at its
     version line (a logo's header), or at its config line after a headless launch (at the next
-    launch line when no config line came between)."""
+    launch line when no config line came between), or where a process logs again a line it logs
+    once per start."""
 
     begun: bool = False      # the current start has logged its version or headless line
     headless: bool = False   # ... its headless launch line
     line: int = 1            # where the current start begins
     count: int = 1
     bare: bool = False       # the line before was a record's bare header
+    once: set[tuple[str, str]] = field(default_factory=set)   # _ONCE lines of this start
 
     def begins(self, number: int, text: str) -> int | None:
         """The line where a new start begins, when line ``number`` shows one (the first
@@ -239,15 +248,22 @@ class _StartCut:
         # plain substring tests first: most lines are none of these, and this runs on each
         bare, self.bare = self.bare, text.rstrip().endswith("]") and bool(
             _BARE_HEADER.search(text))
-        cut = False
-        if ("version" in text or "█" in text) and (version := _VERSION.search(text)):
-            cut, self.begun, self.headless = self.begun, True, False
-            number -= bool(version["logo"] and bare)
+        if ("version" in text or "█" in text) and (found := _VERSION.search(text)):
+            cut, self.begun, self.headless, self.once = self.begun, True, False, set()
+            number -= bool(found["logo"] and bare)
         elif self.headless and "Resolved" in text and _CONFIG.search(text):
-            cut, self.headless = True, False
+            cut, self.headless, self.once = True, False, set()
         elif "Launching" in text and _HEADLESS.search(text):
             # a second launch with no config line since (an excerpt without them) begins there
             cut, self.begun, self.headless = self.headless, True, True
+            self.once = set() if cut else self.once
+        elif ("Initializing" in text or "Starting" in text) and (once := _ONCE.search(text)):
+            process = _PROCESS.search(text)
+            key = (once[0].split(" on ")[0], process[1] if process else "")
+            cut, self.begun = key in self.once, True
+            self.once = {key} if cut else self.once | {key}
+        else:
+            return None
         if not cut:
             return None
         self.line, self.count = number, self.count + 1
