@@ -185,11 +185,12 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
 @click.option("--base", help="With a tree: judge the vllm: ranges on the vLLM this base image "
                              "holds.")
 @click.option("--log", "logs", multiple=True, metavar="FILE",
-              help="A server log to judge the runtime markers against ('-' is stdin); repeat "
-                   "for each node.")
+              help="A server log to judge the runtime markers against ('-' is stdin), on its "
+                   "last server start; repeat for each node.")
 @click.option("--container", "containers", multiple=True, metavar="NAME|ID",
               help="Judge the runtime markers against this container's log (stdout and "
-                   "stderr) on the engine DOCKER_HOST names; repeatable.")
+                   "stderr) since its current start, on the engine DOCKER_HOST names; "
+                   "repeatable.")
 @PACKAGE
 @click.option("--locked", is_flag=True, help="With --image: also say whether it was built on the "
               "stack patchset.lock names (base digest, packages, installed versions).")

@@ -62,8 +62,13 @@ patches:
       - log: 'a line this server never writes'
 """
 
-# The server's stand-in: stdout and stderr interleaved, one line at a time.
+# The server's stand-in: stdout and stderr interleaved, one line at a time.  With RESTART=1
+# its first start is broken and the next ones are good (the container's own file says which
+# start it is); with STAY=1 a good start keeps running, as a server does.
 SCRIPT = r"""
+if [ "$RESTART" = 1 ]; then
+  if [ -e /started ]; then BROKEN=0; else : > /started; BROKEN=1; fi
+fi
 echo 'INFO 05-12 10:00:01 [model.py:744] Resolved architecture: DeepseekV4ForCausalLM'
 echo 'INFO 05-12 10:00:01 [cache.py:478] Using nvfp4_ds_mla data type to store kv cache. It reduces the GPU memory footprint and boosts the performance.' >&2
 for layer in 0 1 2; do echo "event=layer_load layer=$layer"; done
@@ -76,6 +81,7 @@ if [ "$LONG" = 1 ]; then
   /bin/busybox head -c 70000 /dev/zero | /bin/busybox tr "\\0" x; echo
 fi
 echo '(APIServer pid=1) INFO:     Application startup complete.'
+if [ "$STAY" = 1 ] && [ "$BROKEN" = 0 ]; then exec /bin/busybox sleep 600; fi
 """
 
 
@@ -132,7 +138,7 @@ def served(docker_client, tmp_path_factory):
             assert container.wait(timeout=300)["StatusCode"] == 0
         yield {"tag": tag, "manifest": str(root / "patchset.yaml"), "root": root,
                **{which: c.name for which, c in containers.items()},
-               "good_id": containers["good"].id}
+               "good_id": containers["good"].id, "image": image}
     finally:
         for container in containers.values():
             container.remove(force=True)
@@ -155,7 +161,7 @@ def test_a_good_containers_log_holds(capsys, served, docker_client):
     code, out, err = verify(capsys, served, "--container", served["good"], "--format", "json")
     assert code == 0, out + err
     report = json.loads(out)
-    assert list(report) == ["ok", "target", "verify", "runtime", "holds"]
+    assert list(report) == ["ok", "target", "verify", "runtime", "starts", "holds"]
     assert [v["ok"] for v in report["verify"]] == [True]
     name = f"container:{served['good']}"
     rows = {(r["patch"], r["log"]): r for r in report["runtime"]}
@@ -223,3 +229,62 @@ def test_an_unknown_container_is_one_line_and_exit_2(capsys, served):
     assert err.splitlines() == [
         f"patchkit: error: --container pk-no-such-container: no such container on the engine "
         f"at {host}"]
+
+
+# ------------------------------------------------------------------------------ restarts
+
+def _wait_for(container, text: str, deadline: float = 300) -> None:
+    """Until ``text`` is in the container's log (its server is up)."""
+    import time
+
+    end = time.monotonic() + deadline
+    while text not in container.logs(stdout=True, stderr=True).decode():
+        assert time.monotonic() < end, f"{container.name} never logged {text!r}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def restarted(docker_client, served):
+    """Two containers whose first start was broken (the forbidden warning) and whose second,
+    restarted in the same container, is good: one that ran to its end, one still running."""
+    made = {}
+    try:
+        for which, stay in (("ended", "0"), ("running", "1")):
+            name = f"pk-runtime-restart-{which}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+            container = docker_client.containers.run(
+                served["tag"], name=name, detach=True, network_disabled=True,
+                environment={"RESTART": "1", "STAY": stay, "LONG": "0"})
+            made[which] = container
+            assert container.wait(timeout=300)["StatusCode"] == 0
+            container.start()
+            if stay == "1":
+                _wait_for(container, "Application startup complete")
+            else:
+                assert container.wait(timeout=300)["StatusCode"] == 0
+        yield {which: c.name for which, c in made.items()}
+    finally:
+        for container in made.values():
+            container.remove(force=True)
+
+
+@pytest.mark.parametrize("which", ["ended", "running"])
+def test_a_restarted_container_is_judged_on_its_current_start(capsys, served, restarted,
+                                                              docker_client, which):
+    """The engine keeps both starts' lines in the container's log; verify reads it from the
+    current start on, so the first start's forbidden line and its lines are not counted."""
+    name = restarted[which]
+    whole = engine_order(docker_client, name)
+    assert sum("w1_weight_scale_2" in line for line in whole) == 1   # the first start's
+    assert sum("event=layer_load" in line for line in whole) == 6    # both starts'
+    code, out, err = verify(capsys, served, "--container", name, "--format", "json")
+    assert code == 0, out + err
+    report = json.loads(out)
+    assert report["starts"] == [{"log": f"container:{name}", "starts": 1, "line": 1}]
+    rows = {r["log"]: r for r in report["runtime"]}
+    assert rows["event=layer_load"]["found"] == 3
+    # lines are numbered from the current start's first line, as `docker logs --since` gives
+    # them: the current start logged what a good container logs, at the log's end
+    current = whole[-len(engine_order(docker_client, served["good"])):]
+    number = next(i for i, line in enumerate(current, 1) if "Using nvfp4_ds_mla" in line)
+    assert rows["Using nvfp4_ds_mla data type to store kv cache"]["lines"] == [
+        f"container:{name}:{number}: {current[number - 1]}"]

@@ -571,3 +571,28 @@ def test_a_pull_the_engine_refuses_is_named_once(project, workdir, monkeypatch):
         bi.run(project, workdir=workdir, apply=False, engine=engine, base="reg:5000/other:1")
     assert str(info.value) == ("base image reg:5000/other:1 not found: manifest for "
                                "reg:5000/other:1 not found: manifest unknown")
+
+
+# ------------------------------------------------------------------------------ a container's start
+
+def test_a_containers_current_start_is_read_from_its_state():
+    from datetime import datetime, timezone
+
+    from patchkit.image.docker import since_start
+
+    started = "2026-12-02T01:50:00.123456789Z"
+    at = datetime(2026, 12, 2, 1, 50, tzinfo=timezone.utc).timestamp()
+    # an exited container: its FinishedAt is this start's end; the fraction floored to the µs
+    assert since_start({"StartedAt": started, "FinishedAt": "2026-12-02T01:51:00Z",
+                        "Running": False}) == pytest.approx(at + 0.123456, abs=1e-7)
+    # running after a restart: from the previous run's end, which the engine set once that
+    # run's output was drained
+    assert since_start({"StartedAt": started, "FinishedAt": "2026-12-02T01:49:59.5Z",
+                        "Running": True}) == at - 0.5
+    # running, never stopped before: Go's zero time
+    assert since_start({"StartedAt": started, "FinishedAt": "0001-01-01T00:00:00Z",
+                        "Running": True}) == pytest.approx(at + 0.123456, abs=1e-7)
+    assert since_start({"StartedAt": "2026-12-02T03:50:00+02:00"}) == at
+    # created, never started: the whole log (there is none)
+    assert since_start({"StartedAt": "0001-01-01T00:00:00Z"}) is None
+    assert since_start({}) is None

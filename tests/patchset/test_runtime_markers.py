@@ -53,6 +53,8 @@ SPEC_METRICS = ("(APIServer pid=1) INFO 05-12 10:07:12 [metrics.py:121] SpecDeco
                 "throughput: 100.00 tokens/s, Accepted: 347 tokens, Drafted: 1000 tokens, "
                 "Per-position acceptance rate: 0.710, 0.460, 0.270, 0.190, 0.105, Avg Draft "
                 "acceptance rate: 34.7%")
+SKIPPED_WEIGHT = ("(Worker_TP0 pid=201) DEBUG 05-12 10:03:20 [dspark.py:520] Skipping unknown "
+                  "DSpark weight: mtp.1.ffn.experts.7.w1.weight")
 WORKER_DIED = ("(EngineCore_DP0 pid=120) ERROR 05-12 10:02:41 [multiproc_executor.py:381] Worker "
                "proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down executor.")
 
@@ -63,8 +65,8 @@ def rank0(model: str = "v4") -> list[str]:
     kv = KV_LINE if model == "v4" else KV_LINE.replace("nvfp4_ds_mla", "fp8_ds_mla")
     return [
         "INFO 05-12 10:00:00 [__init__.py:239] Automatically detected platform cuda.",
-        "(APIServer pid=1) INFO 05-12 10:00:02 [api_server.py:1951] vLLM API server version "
-        "0.33.0",
+        "(APIServer pid=1) INFO 05-12 10:00:02 [launcher.py:367] vLLM server version 0.33.0, "
+        "serving model /models/DeepSeek-V4-Flash-NVFP4",
         f"(APIServer pid=1) INFO 05-12 10:00:09 [model.py:744] Resolved architecture: {arch}",
         "(APIServer pid=1) INFO 05-12 10:00:09 [model.py:1863] Using max model len 524288",
         f"(APIServer pid=1) INFO 05-12 10:00:10 [cache.py:478] {kv}",
@@ -216,6 +218,9 @@ def _broken_v4():
          {"draft-quant-normalization"}, None),
         ("a worker died", with_line(rank0(), "quantization path", WORKER_DIED), rank1(),
          {None}, WORKER_DIED),
+        ("a draft tensor skipped (a DEBUG line)",
+         rank0(), with_line(rank1(), "quantization path", SKIPPED_WEIGHT.replace("TP0", "TP1")),
+         {None}, SKIPPED_WEIGHT.replace("TP0", "TP1")),
         ("rank 0 never finished starting", without(rank0(), "startup complete"), rank1(),
          {None}, None),
     ]
@@ -276,6 +281,48 @@ def test_the_recipes_lines_with_one_fault(release):
                            (NVFP4_GUARD, {"dspark-loader-guards", "dspark-v41-loader-guards"})):
         expected = {p for p in patches if is_in(p, release)}
         assert failed(judge(release, recipe=recipe_only() + [fault])) == expected, fault
+
+
+# ------------------------------------------------------------------------------ restarts
+
+def assessed(release: str, **logs: list[str]) -> runtime.Judgment:
+    return runtime.assess(markers_for(release),
+                          [runtime.Log(f"{name}.log", lines) for name, lines in logs.items()])
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_both_nodes_restarted_after_a_fault_hold_on_their_last_start(release):
+    """Each node's log holds a failed start and then a good one, as a restart appends it: the
+    verdict is the good start's, and each log names the line where it begins (rank 0: its
+    version line; rank 1: the first config line after its headless launch)."""
+    broken0 = with_line(without(rank0(), "startup"), "expert_dtype",
+                        f"(Worker_TP0 pid=201) {MXFP4_BACKEND}")
+    broken1 = with_line(rank1(), "quantization path", f"(Worker_TP1 pid=88) {COVERAGE_GUARD}")
+    judged = assessed(release, rank0=broken0 + rank0(), rank1=broken1 + rank1())
+    assert not failed(judged.results), [r.message for r in judged.results if not r.ok]
+    assert [(s.log, s.count, s.line) for s in judged.starts] == [
+        ("rank0.log", 2, len(broken0) + 2), ("rank1.log", 2, len(broken1) + 2)]
+    assert (broken0 + rank0())[len(broken0) + 1].endswith("vLLM server version 0.33.0, serving "
+                                                          "model /models/DeepSeek-V4-Flash-NVFP4")
+    assert "Resolved architecture" in (broken1 + rank1())[len(broken1) + 1]
+    # the same starts the other way round fail for the patches that fix those faults
+    results = judge(release, rank0=rank0() + broken0, rank1=rank1() + broken1)
+    assert failed(results) == {p for p in ("dspark-draft-moe-backend", "dspark-loader-guards",
+                                           None) if p is None or is_in(p, release)}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_guards_line_only_before_the_restart_fails(release):
+    """The restarted server no longer logs the guard's quant-path line (an image without the
+    guard): the earlier start's lines do not count, and the failure says where they are."""
+    later = without(rank0(), "quantization path")
+    results = judge(release, rank0=rank0() + later, rank1=rank1() + without(rank1(),
+                                                                           "quantization path"))
+    assert failed(results) == {"dspark-loader-guards"}
+    [row] = [r for r in results if not r.ok]
+    # each restart's first line, the platform's, is logged before its start line
+    assert row.message.endswith(f": only in an earlier start (lines 1-{len(rank0()) + 1} of "
+                                f"rank0.log, lines 1-{len(rank1()) + 1} of rank1.log)")
 
 
 # ------------------------------------------------------------------------------ the command

@@ -102,8 +102,11 @@ def test_json_adds_runtime_and_keeps_the_rest(project):
     judged = verify(project, "--log", "rank0.log", "--log", "rank1.log", "--format", "json")
     assert plain.returncode == judged.returncode == 0
     before, after = json.loads(plain.stdout), json.loads(judged.stdout)
-    assert list(after) == ["ok", "target", "verify", "runtime"]
-    assert {k: v for k, v in after.items() if k != "runtime"} == before
+    assert list(after) == ["ok", "target", "verify", "runtime", "starts"]
+    assert {k: v for k, v in after.items() if k not in ("runtime", "starts")} == before
+    # one start in each log: each judged from its first line
+    assert after["starts"] == [{"log": "rank0.log", "starts": 1, "line": 1},
+                               {"log": "rank1.log", "starts": 1, "line": 1}]
     assert plain.stdout.rstrip().rstrip("}").rstrip().rstrip("]") in judged.stdout
     rows = after["runtime"]
     assert [(r["patch"], r["log"], r["ok"], r["found"]) for r in rows] == [
@@ -239,6 +242,187 @@ def test_validate_counts_the_markers(project):
     assert out.stdout.strip() == "patchset.yaml: ok (3 patches, 8 runtime markers, vLLM v1)"
 
 
+# ------------------------------------------------------------------------------ the last start
+
+# The first line of a server start, as vLLM 0.27.1 to 0.33.0 log it (see the real-source test
+# below): rank 0's version line; a headless rank's first config line.
+VERSION = ("(APIServer pid=1) INFO 05-12 10:00:00 [launcher.py:367] vLLM server version 0.33.0, "
+           "serving model /models/m\n")
+ARCH = "INFO 05-12 10:00:00 [model.py:744] Resolved architecture: DeepseekV4ForCausalLM\n"
+DIED = ("(EngineCore_DP0 pid=120) ERROR 05-12 10:02:41 [multiproc_executor.py:381] Worker proc "
+        "VllmWorker-0 died unexpectedly (exit code: -9)\n")
+
+
+def _numbered(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def test_a_restarted_rank0_log_is_judged_on_its_last_start(project):
+    """The first start died; the restart appended to the same file came up whole."""
+    crashed = VERSION + RANK0.replace("(APIServer pid=1) INFO:     Application startup complete.\n",
+                                      DIED)
+    log = crashed + VERSION + RANK0
+    write_log(project, "restart0.log", log)
+    second = len(crashed.splitlines()) + 1
+    out = verify(project, "--log", "restart0.log", "--log", "rank1.log")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == [
+        "ok: 2/2 assertions passed on .patchkit/vllm",
+        f"note: restart0.log: 2 server starts; judged on the last, from line {second}",
+        "ok: 6/6 runtime markers hold in restart0.log, rank1.log"]
+    report = json.loads(verify(project, "--log", "restart0.log", "--log", "rank1.log",
+                               "--format", "json").stdout)
+    assert report["starts"] == [{"log": "restart0.log", "starts": 2, "line": second},
+                                {"log": "rank1.log", "starts": 1, "line": 1}]
+    died = next(r for r in report["runtime"] if r["log"] == "died unexpectedly")
+    assert died["ok"] and died["found"] == 0 and died["lines"] == []
+    assert died["earlier"] == [f"restart0.log:1-{second - 1}"]
+    assert died["message"] == (
+        f"no line matches forbidden 'died unexpectedly' in restart0.log from line {second}, "
+        f"rank1.log (1 in an earlier start, lines 1-{second - 1} of restart0.log, not counted)")
+    # the lines shown are numbered in the whole file
+    nvfp4 = next(r for r in report["runtime"] if r["log"] == "table has nvfp4")
+    assert nvfp4["lines"] == [f"restart0.log:{second + 1}: {RANK0.splitlines()[0]}"]
+
+
+def test_a_marker_only_an_earlier_start_satisfies_fails_and_says_so(project):
+    log = VERSION + RANK0 + VERSION + RANK0.replace("table has nvfp4", "table as before")
+    write_log(project, "again0.log", log)
+    second = len((VERSION + RANK0).splitlines()) + 1
+    out = verify(project, "--log", "again0.log", "--log", "rank1.log")
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[1:] == [
+        f"note: again0.log: 2 server starts; judged on the last, from line {second}",
+        f"[table-nvfp4] required line 'table has nvfp4' appears in none of again0.log from line "
+        f"{second}, rank1.log: only in an earlier start (lines 1-{second - 1} of again0.log)",
+        "FAILED: 5/6 runtime markers hold in again0.log, rank1.log"]
+    row = json.loads(verify(project, "--log", "again0.log", "--log", "rank1.log",
+                            "--format", "json").stdout)["runtime"][0]
+    assert (row["log"], row["ok"], row["found"], row["lines"]) == ("table has nvfp4", False, 0,
+                                                                   [])
+    assert row["earlier"] == [f"again0.log:1-{second - 1}"]
+
+
+def test_a_restarted_headless_log_is_cut_at_its_next_config(project):
+    """A headless rank logs its config before its launch line: the start after a headless
+    launch begins at the next 'Resolved architecture', so the restart's own config lines (here
+    its first 'extra loaded' is missing) are its own."""
+    first = ARCH + RANK1
+    log = first + ARCH + RANK1.replace("extra loaded", "extra skipped")
+    write_log(project, "restart1.log", log)
+    second = len(first.splitlines()) + 1
+    assert _numbered(log, "Resolved architecture") == 1
+    out = verify(project, "--log", "rank0.log", "--log", "restart1.log")
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[1:] == [
+        f"note: restart1.log: 2 server starts; judged on the last, from line {second}",
+        f"[extra-file] expected at least 2 lines matching 'extra loaded', found 1 in rank0.log, "
+        f"restart1.log from line {second} (1 in an earlier start, lines 1-{second - 1} of "
+        "restart1.log, not counted)",
+        "FAILED: 5/6 runtime markers hold in rank0.log, restart1.log"]
+    # The draft's config line in the same start does not begin another one, and the crashed
+    # start's forbidden line does not count against the good restart.
+    good = ARCH + RANK1 + DIED + ARCH + "INFO [model.py:744] Resolved architecture: DSparkDraftModel\n" + RANK1
+    write_log(project, "good1.log", good)
+    out = verify(project, "--log", "rank0.log", "--log", "good1.log", "--format", "json")
+    assert out.returncode == 0, out.stdout
+    assert json.loads(out.stdout)["starts"][1] == {
+        "log": "good1.log", "starts": 2, "line": len((ARCH + RANK1 + DIED).splitlines()) + 1}
+
+
+def _cut(*lines: str) -> runtime.Start:
+    return runtime.assess([], [runtime.Log("x.log", list(lines))]).starts[0]
+
+
+def test_where_starts_begin():
+    # the first start begins at line 1, whatever its first lines are
+    assert _cut("INFO platform", VERSION, "Resolved architecture: A") == runtime.Start("x.log", 1, 1)
+    # rank 0: each later version line, in each wording vLLM used
+    assert _cut(VERSION, "a", VERSION, "b") == runtime.Start("x.log", 3, 2)
+    assert _cut(VERSION, "a", "INFO [api_server.py:1951] vLLM API server version 0.10.0", "b"
+                ) == runtime.Start("x.log", 3, 2)
+    # a headless start, then rank 0's (a node that changed roles), then a headless one again
+    headless = "INFO [serve.py:225] Launching vLLM (v0.33.0) headless multiproc executor, with"
+    assert _cut(ARCH, headless, VERSION, ARCH, ARCH, headless, "w", ARCH, "w") == runtime.Start(
+        "x.log", 8, 3)
+    dp = "INFO [serve.py:240] Launching 2 data parallel engine(s) in headless mode, with head"
+    assert _cut(ARCH, dp, "w", ARCH) == runtime.Start("x.log", 4, 2)
+    # headless launches with no config line between them: each launch line begins a start
+    assert _cut(headless, "w", headless, "w", headless) == runtime.Start("x.log", 5, 3)
+    assert _cut(ARCH, dp, ARCH, dp) == runtime.Start("x.log", 3, 2)
+    # a line each process logs once per start, logged again by the same process, in a log
+    # without version lines: a start began there (engine cores of two DP ranks do not)
+    engine = ("({}) INFO 05-12 10:00:20 [core.py:140] Initializing a V1 LLM engine (v0.33.0) "
+              "with config: model='/models/m'")
+    assert _cut(engine.format("EngineCore_DP0 pid=120"), engine.format("EngineCore_DP1 pid=121"),
+                "w", engine.format("EngineCore_DP0 pid=300"), engine.format("EngineCore_DP1 pid=301")
+                ) == runtime.Start("x.log", 4, 2)
+    serving = "(APIServer pid=1) INFO 05-12 10:06:01 [api_server.py:2011] Starting vLLM API server 0 on http://0.0.0.0:8000"
+    assert _cut("m", serving, "m", serving, "m") == runtime.Start("x.log", 4, 2)
+    assert _cut("m", serving.replace("API server 0", "server"), "m", serving, "m") == (
+        runtime.Start("x.log", 1, 1))   # two wordings: two kinds of line
+    # with the version lines, each start is cut there and only there
+    assert _cut(VERSION, engine.format("EngineCore pid=2"), serving, VERSION,
+                engine.format("EngineCore pid=3"), serving) == runtime.Start("x.log", 4, 2)
+    # with no start line at all, the whole log is one start
+    assert _cut("a", "b", ARCH, ARCH) == runtime.Start("x.log", 1, 1)
+
+
+def test_the_logo_record_begins_a_start_in_colour_too():
+    """vLLM's own formatter logs the version as a logo, one header per row; colour codes are
+    stripped before the rows are looked at."""
+    rows = ["       \x1b[1m█     █     █▄   ▄█\x1b[0m",
+            " \x1b[93m▄▄\x1b[0m \x1b[94m▄█\x1b[0m \x1b[1m█     █     █ ▀▄▀ █\x1b[0m  version "
+            "\x1b[1m0.33.0\x1b[0m",
+            "  \x1b[93m█\x1b[0m\x1b[94m▄█▀\x1b[0m \x1b[1m█     █     █     █\x1b[0m  model   "
+            "\x1b[1m/models/m\x1b[0m"]
+    head = "(APIServer pid=1) INFO 05-12 10:00:00 [launcher.py:367] "
+    logo = [head + "\r"] + [head + row + "\r" for row in rows]
+    # the start begins at the logo record's header, the line before its top row
+    assert _cut(*logo, "a", *logo, "b") == runtime.Start("x.log", 6, 2)
+    assert _cut(*logo, "a", *logo[1:], "b") == runtime.Start("x.log", 6, 2)
+    [result] = judge([Marker("table has nvfp4")], "\n".join(
+        [*logo, "table has nvfp4", *logo, "b"]))
+    assert not result.ok and result.earlier == ["r0.log:1-5"]
+    assert result.message == ("required line 'table has nvfp4' appears in none of r0.log from "
+                              "line 6: only in an earlier start (lines 1-5 of r0.log)")
+
+
+def test_each_start_is_judged_for_unless_on_its_own_lines():
+    """A V4.1 launch then a V4 one in the same log: the V4 start is judged by V4's marker."""
+    v4_only = Marker("nvfp4_ds_mla", unless="DeepseekV41ForCausalLM")
+    v41 = VERSION + "Resolved architecture: DeepseekV41ForCausalLM\nfp8_ds_mla\n"
+    [result] = judge([v4_only], v41 + VERSION + ARCH + "fp8_ds_mla\n")
+    assert result.judged and not result.ok
+    [result] = judge([v4_only], VERSION + ARCH + "nvfp4_ds_mla\n" + v41)
+    assert not result.judged
+
+
+@pytest.mark.real_vllm
+@pytest.mark.parametrize("release", ["v0.27.1", "v0.31.0", "v0.32.0", "v0.33.0"])
+def test_the_start_lines_are_the_real_releases_words(real_vllm, release):
+    """Each wording the start rule reads is logged by every release patchkit supports, and the
+    lines those format strings make are cut where they should be."""
+    from patchkit.source import pypi
+    from testing.upstream import sh
+
+    repo, tag = pypi.ensure_release(real_vllm, release)
+    words = {"version": "vLLM server version %s, serving model %s",
+             "logo": "█     █     █▄   ▄█",
+             "headless": "Launching vLLM (v%s) headless multiproc executor, ",
+             "dp": "Launching %d data parallel engine(s) in headless mode, ",
+             "config": '"Resolved architecture: %s"'}
+    for what, text in words.items():
+        assert sh("git", "grep", "-l", "-F", text, tag, "--", "vllm", cwd=repo), (what, text)
+    version = words["version"] % (release[1:], "/models/m")
+    headless = words["headless"] % release[1:] + "with head node address 10.0.0.1:29501"
+    config = words["config"].strip('"') % "DeepseekV4ForCausalLM"
+    assert _cut(version, "a", version) == runtime.Start("x.log", 3, 2)
+    assert _cut(config, config, headless, "w", config, config, headless) == runtime.Start(
+        "x.log", 5, 2)
+    assert _cut("x", "       " + words["logo"]) == runtime.Start("x.log", 1, 1)
+
+
 # ------------------------------------------------------------------------------ bounded reading
 
 MEMORY = 1 << 30   # the address space a verify run gets: far below what a whole log would take
@@ -283,6 +467,35 @@ def test_a_200_mb_log_through_stdin_names_the_forbidden_line_near_its_end(projec
     assert ("<stdin>:200001: [series] forbidden 'died unexpectedly': Worker proc VllmWorker-0 "
             "died unexpectedly") in out.stdout.splitlines()
     assert "note:" not in out.stdout
+
+
+RESTARTS = """\
+import sys
+version = b"(APIServer pid=1) INFO 05-12 10:00:00 [launcher.py:367] vLLM server version 0.33.0, serving model m\\n"
+line = b"INFO 05-12 10:00:02 [loader.py:10] " + b"x" * 989 + b"\\n"
+block = line * 1000
+good = (b"table has nvfp4\\n" + b"event=layer_load\\n" * 2 + b"extra loaded\\n"
+        + b"Application startup complete\\n")
+for start in range(200):
+    sys.stdout.buffer.write(version + block)
+    if start == 100:
+        sys.stdout.buffer.write(b"Worker proc VllmWorker-0 died unexpectedly\\n")
+sys.stdout.buffer.write(version + good + block)
+"""
+
+
+def test_200_mb_of_restarts_through_stdin_is_judged_on_the_last_in_bounded_memory(project):
+    """201 starts of 1001 lines each, then the good one: one pass, state per start only."""
+    gen = subprocess.Popen([sys.executable, "-c", RESTARTS], stdout=subprocess.PIPE)
+    try:
+        out = bounded_verify(project, "--log", "-", "--log", "rank1.log", stdin=gen.stdout)
+    finally:
+        gen.stdout.close()
+        gen.wait(timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    last = 200 * 1001 + 2   # the crashed start's extra line is before it
+    assert out.stdout.splitlines()[1] == (f"note: <stdin>: 201 server starts; judged on the "
+                                          f"last, from line {last}")
 
 
 def test_a_binary_log_is_judged_with_bad_bytes_replaced(project):

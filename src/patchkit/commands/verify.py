@@ -30,6 +30,7 @@ class VerifyReport:
     verify: list[AssertionResult]
     runtime: list[MarkerResult] | None = None   # None when no log was given
     logs: list[str] = field(default_factory=list)
+    starts: list[runtime.Start] = field(default_factory=list)  # the start judged in each log
     holds: Holds | None = None                  # what the image holds, for --image
     notes: list[str] = field(default_factory=list)  # how the logs were read (lines cut)
     locked: list[str] | None = None             # --locked: how the image differs from the lock
@@ -50,6 +51,7 @@ class VerifyReport:
         out = {"ok": self.ok, "target": self.target, "verify": [a.to_dict() for a in self.verify]}
         if self.runtime is not None:
             out["runtime"] = [r.to_dict() for r in self.runtime]
+            out["starts"] = [s.to_dict() for s in self.starts]
         if self.holds is not None:
             out["holds"] = self.holds.to_dict()
         if self.notes:
@@ -273,9 +275,11 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
         report = VerifyReport(target, checked.results, holds=checked.holds,
                               locked=checked.locked)
         if sources.logs:
-            report.runtime = sources.judge(manifest, checked)
+            judgment = sources.judge(manifest, checked)
+            report.runtime, report.starts = judgment.results, judgment.starts
             report.logs = sources.names
-            report.notes = sources.notes()
+            report.notes = sources.notes() + [n for n in map(runtime.Start.note,
+                                                             judgment.starts) if n]
     return report
 
 
@@ -349,11 +353,12 @@ class _Logs:
             self.logs.append(runtime.Log(f"container:{name}",
                                          runtime.LogLines(_engine_chunks(chunks, what), what)))
 
-    def judge(self, manifest: Manifest, checked: _Checked) -> list[MarkerResult]:
-        """The markers of the patches in the build ``checked`` looked at, on every log."""
+    def judge(self, manifest: Manifest, checked: _Checked) -> runtime.Judgment:
+        """The markers of the patches in the build ``checked`` looked at, on the last start of
+        every log."""
         built = {p.id for p in variants.selected(manifest, checked.variant)}
         ids = runtime.patches_in(manifest, checked.statuses, checked.version) & built
-        return runtime.judge(runtime.markers_of(manifest, ids), self.logs)
+        return runtime.assess(runtime.markers_of(manifest, ids), self.logs)
 
     def notes(self) -> list[str]:
         """After judging: a note for each log with lines cut to the bound."""

@@ -37,6 +37,7 @@ import tarfile
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator
 from urllib.parse import urlsplit
@@ -242,6 +243,37 @@ def store_of(version: dict, info: dict) -> Store:
     return Store("classic", f"storage driver {info.get('Driver') or 'unknown'}")
 
 
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+def since_start(state: dict) -> float | None:
+    """The time (Unix seconds, to the microsecond) from which a container's log is its current
+    start's, from its inspected ``State``; None when it never started (the whole log, empty).
+    That is ``StartedAt``; but a running container that stopped before (a restart) has the
+    previous run's ``FinishedAt`` before it, which the engine sets once that run's output is
+    drained, so its log is read from there: a line written before the engine recorded the new
+    start (a fast first line) still counts."""
+    started = _epoch(state.get("StartedAt"))
+    finished = _epoch(state.get("FinishedAt"))
+    if started and finished and state.get("Running") and finished < started:
+        return finished
+    return started
+
+
+def _epoch(stamp: str | None) -> float | None:
+    """An RFC 3339 time as the engine writes it (``2026-12-02T01:50:00.123456789Z``), in
+    Unix seconds floored to the microsecond; None for the zero time or no time."""
+    found = _STAMP.match(stamp or "")
+    if not found:
+        return None
+    whole, fraction, zone = found.groups()
+    seconds = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone)).timestamp()
+    if seconds <= 0:   # Go's zero time, 0001-01-01T00:00:00Z: never
+        return None
+    micros = int((fraction or ".0")[1:7].ljust(6, "0"))
+    return int(seconds) + micros / 1_000_000
+
+
 class Engine:
     """A connection to one Docker Engine."""
 
@@ -395,23 +427,25 @@ class Engine:
     # -- what a container logged
 
     def container_log(self, name: str) -> Iterator[bytes] | None:
-        """The log of container ``name`` (a name or an id): stdout and stderr in the order the
-        engine recorded them, as the chunks of bytes the engine sends (the caller cuts them into
-        lines, within its bounds), or None when the engine has no such container.  A log driver
-        the engine cannot read back is an ImageError."""
+        """The log of container ``name`` (a name or an id) since its current start: stdout and
+        stderr in the order the engine recorded them, as the chunks of bytes the engine sends
+        (the caller cuts them into lines, within its bounds), or None when the engine has no
+        such container.  What earlier starts of it logged is left out (``since_start``).  A log
+        driver the engine cannot read back is an ImageError."""
         docker = _docker()
         try:
             with _border(f"inspecting the container {name}"):
-                cid = self.api.inspect_container(name)["Id"]
+                attrs = self.api.inspect_container(name)
         except ImageError as exc:
             if isinstance(exc.__cause__, docker.errors.NotFound):
                 return None
             raise
-        return self._log_chunks(cid, name)
+        return self._log_chunks(attrs["Id"], name, since_start(attrs.get("State") or {}))
 
-    def _log_chunks(self, cid: str, name: str) -> Iterator[bytes]:
+    def _log_chunks(self, cid: str, name: str, since: float | None) -> Iterator[bytes]:
         with _border(f"reading the log of the container {name}"):
-            yield from self.api.logs(cid, stdout=True, stderr=True, stream=True, follow=False)
+            yield from self.api.logs(cid, stdout=True, stderr=True, stream=True, follow=False,
+                                     **({"since": since} if since else {}))
 
     # -- making images
 

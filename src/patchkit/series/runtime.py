@@ -13,6 +13,10 @@ An ``acceptance:`` marker is judged on the values of vLLM's periodic spec-decode
 (:mod:`patchkit.acceptance` reads them) rather than on their number: the lines of the judged
 logs together must reach its floor.
 
+A log that holds several server starts (a restart appended to the same file) is judged on its
+last start only: the tallies begin anew at each start, and an earlier start's matching lines
+are kept only to say that a marker failing now held only before.
+
 Pure: the caller reads the logs (files, stdin, a container's log through the image border) and
 hands them over as chunks of bytes, which :class:`LogLines` cuts into bounded lines; nothing here
 reads, prints or raises for a marker that does not hold.
@@ -154,6 +158,7 @@ class MarkerResult:
     message: str = ""
     judged: bool = True  # False when `unless` left every log out
     absent: bool = False
+    earlier: list[str] = field(default_factory=list)  # LOG:A-B of earlier starts that matched
 
     @property
     def label(self) -> str:
@@ -179,7 +184,8 @@ class MarkerResult:
 
     def to_dict(self) -> dict:
         return {"patch": self.patch, "log": self.log, "ok": self.ok, "found": self.found,
-                "lines": self.lines, "message": self.message, "judged": self.judged}
+                "lines": self.lines, "message": self.message, "judged": self.judged,
+                "earlier": self.earlier}
 
 
 def patches_in(manifest: Manifest, statuses: Mapping[str, str] | None,
@@ -202,87 +208,233 @@ def markers_of(manifest: Manifest, patch_ids: set[str]) -> list[ScopedMarker]:
     return out + [ScopedMarker(None, m) for m in manifest.runtime]
 
 
+# Where a server start begins, in the words of the releases patchkit supports (0.27.1 to
+# 0.33.0).  Rank 0's API server logs its version before anything else of its own
+# (log_version_and_model): "vLLM server version X, serving model M", or, with vLLM's own log
+# formatter, a logo record (its header alone on the first line, the top row of the logo on the
+# next); older releases said "vLLM API server version X".  A headless rank logs nothing of its
+# own before its engine config, and only then "Launching vLLM (vX) headless multiproc executor"
+# (or "Launching N data parallel engine(s) in headless mode"): so after such a line, the next
+# "Resolved architecture" (the first line of the next config) begins the next start, or, in a
+# log without config lines, the next launch line.
+_VERSION = re.compile(r"\bvLLM (?:API )?server version \S+|(?P<logo>█ +█ +█▄ +▄█)")
+_HEADLESS = re.compile(r"Launching vLLM \(v\S+\) headless multiproc executor|"
+                       r"Launching \d+ data parallel engine\(s\) in headless mode")
+_CONFIG = re.compile(r"\bResolved architecture: ")
+# Lines each process logs once per start: an engine core's config, an API server's listen line
+# ("Starting vLLM server on ADDRESS"; later vLLM: "Starting vLLM API server N on ADDRESS").  The
+# same process logging one again in a start with no version line since began a new start there:
+# a log or excerpt without the version lines is still cut, if later than it began.
+_ONCE = re.compile(r"Initializing a V1 LLM engine \(v\S+\) with config|"
+                   r"Starting vLLM (?:API )?server (?:\d+ )?on ")
+_PROCESS = re.compile(r"\(([\w-]+) pid=\d+\)")   # vLLM's prefix of a child process's lines
+_BARE_HEADER = re.compile(r"\[[\w.-]+:\d+\]\s*$")   # a log record's header with no text after
+
+
+@dataclass
+class _StartCut:
+    """Where the starts of one log begin, found line by line: the first start begins at line 1
+    (what a process logs before its own first line belongs to it), each later one at its
+    version line (a logo's header), or at its config line after a headless launch (at the next
+    launch line when no config line came between), or where a process logs again a line it logs
+    once per start."""
+
+    begun: bool = False      # the current start has logged its version or headless line
+    headless: bool = False   # ... its headless launch line
+    line: int = 1            # where the current start begins
+    count: int = 1
+    bare: bool = False       # the line before was a record's bare header
+    once: set[tuple[str, str]] = field(default_factory=set)   # _ONCE lines of this start
+
+    def begins(self, number: int, text: str) -> int | None:
+        """The line where a new start begins, when line ``number`` shows one (the first
+        start's own line does not), else None."""
+        # plain substring tests first: most lines are none of these, and this runs on each
+        bare, self.bare = self.bare, text.rstrip().endswith("]") and bool(
+            _BARE_HEADER.search(text))
+        if ("version" in text or "█" in text) and (found := _VERSION.search(text)):
+            cut, self.begun, self.headless, self.once = self.begun, True, False, set()
+            number -= bool(found["logo"] and bare)
+        elif self.headless and "Resolved" in text and _CONFIG.search(text):
+            cut, self.headless, self.once = True, False, set()
+        elif "Launching" in text and _HEADLESS.search(text):
+            # a second launch with no config line since (an excerpt without them) begins there
+            cut, self.begun, self.headless = self.headless, True, True
+            self.once = set() if cut else self.once
+        elif ("Initializing" in text or "Starting" in text) and (once := _ONCE.search(text)):
+            process = _PROCESS.search(text)
+            key = (once[0].split(" on ")[0], process[1] if process else "")
+            cut, self.begun = key in self.once, True
+            self.once = {key} if cut else self.once | {key}
+        else:
+            return None
+        if not cut:
+            return None
+        self.line, self.count = number, self.count + 1
+        return number
+
+
+@dataclass(frozen=True)
+class Start:
+    """The start of one log that was judged: its ``line`` (from 1) and how many starts the log
+    holds (``count``; the earlier ones are not judged)."""
+
+    log: str
+    line: int
+    count: int
+
+    def to_dict(self) -> dict:
+        return {"log": self.log, "starts": self.count, "line": self.line}
+
+    def note(self) -> str | None:
+        """One line for a log with several starts, or None."""
+        if self.count == 1:
+            return None
+        return (f"{self.log}: {self.count} server starts; judged on the last, from line "
+                f"{self.line}")
+
+
+@dataclass
+class Judgment:
+    """The markers' results, and which start of each log they were judged on."""
+
+    results: list[MarkerResult]
+    starts: list[Start]
+
+
 @dataclass
 class _Tally:
-    """One marker in one log."""
+    """One marker in one start of one log."""
 
     found: int = 0
     hits: list[Hit] = field(default_factory=list)
     left_out: bool = False   # a line matched the marker's `unless`
     metrics: list[acceptance.LineMetrics] = field(default_factory=list)  # acceptance markers
+    lines: tuple[int, int] = (1, 1)   # the lines of an earlier start
+
+
+@dataclass
+class _LogTally:
+    """What one log says of each marker: its last start's tallies, and for each marker the
+    latest earlier start that had matching lines (or None), kept only to say so."""
+
+    name: str
+    start: _StartCut
+    last: list[_Tally]
+    earlier: list[_Tally | None]
+
+    @property
+    def shown(self) -> str:
+        return self.name if self.start.count == 1 else f"{self.name} from line {self.start.line}"
 
 
 def judge(markers: Sequence[ScopedMarker], logs: Iterable[Log]) -> list[MarkerResult]:
-    """Every marker against all ``logs`` together, in the order of ``markers``."""
+    """Every marker against all ``logs`` together, in the order of ``markers``: each log on
+    its last server start."""
+    return assess(markers, logs).results
+
+
+def assess(markers: Sequence[ScopedMarker], logs: Iterable[Log]) -> Judgment:
+    """As :func:`judge`, with where each log's judged start begins."""
     compiled = [(re.compile(s.marker.log), re.compile(s.marker.unless) if s.marker.unless
                  else None) for s in markers]
     keep = [FORBIDDEN_LINES if s.marker.absent else SAMPLES for s in markers]
-    names: list[str] = []
-    tallies: list[list[_Tally]] = [[] for _ in markers]
-    for log in logs:
-        names.append(log.name)
-        here = [_Tally() for _ in markers]
-        for number, raw in enumerate(log.lines, 1):
-            text = _ANSI.sub("", raw.rstrip("\r\n"))
-            for i, (pattern, unless) in enumerate(compiled):
-                if pattern.search(text):
-                    tally = here[i]
-                    tally.found += 1
-                    if len(tally.hits) < keep[i]:
-                        tally.hits.append(Hit(log.name, number, _shown(text)))
-                    if markers[i].marker.acceptance is not None and \
-                            (metrics := acceptance.parse_line(text)) is not None:
-                        tally.metrics.append(metrics)
-                if unless is not None and not here[i].left_out and unless.search(text):
-                    here[i].left_out = True
-        for i, tally in enumerate(here):
-            tallies[i].append(tally)
-    return [_verdict(s, list(zip(names, t)), keep[i]) for i, (s, t)
-            in enumerate(zip(markers, tallies))]
+    metrics = [s.marker.acceptance is not None for s in markers]
+    tallies = [_read(log, compiled, keep, metrics) for log in logs]
+    results = [_verdict(s, [(t, t.last[i], t.earlier[i]) for t in tallies], keep[i])
+               for i, s in enumerate(markers)]
+    return Judgment(results, [Start(t.name, t.start.line, t.start.count) for t in tallies])
+
+
+def _read(log: Log, compiled, keep: list[int], metrics: list[bool]) -> _LogTally:
+    """One pass over ``log``: the tallies are set anew at each start; for an acceptance
+    marker (``metrics[i]``) its matching lines' spec-decode values are kept too."""
+    start = _StartCut()
+    here = [_Tally() for _ in compiled]
+    earlier: list[_Tally | None] = [None] * len(compiled)
+    for number, raw in enumerate(log.lines, 1):
+        text = _ANSI.sub("", raw.rstrip("\r\n"))
+        first = start.line
+        if begins := start.begins(number, text):
+            # a logo's bare header, the line before, stays with the earlier start's tallies
+            earlier = [_ended(t, first, begins - 1) if t.found else e
+                       for t, e in zip(here, earlier)]
+            here = [_Tally() for _ in compiled]
+        for i, (pattern, unless) in enumerate(compiled):
+            if pattern.search(text):
+                tally = here[i]
+                tally.found += 1
+                if len(tally.hits) < keep[i]:
+                    tally.hits.append(Hit(log.name, number, _shown(text)))
+                if metrics[i] and (values := acceptance.parse_line(text)) is not None:
+                    tally.metrics.append(values)
+            if unless is not None and not here[i].left_out and unless.search(text):
+                here[i].left_out = True
+    return _LogTally(log.name, start, here, earlier)
+
+
+def _ended(tally: _Tally, first: int, last: int) -> _Tally:
+    tally.lines = (first, last)
+    return tally
 
 
 def _shown(text: str) -> str:
     return text if len(text) <= HIT_SHOWN else text[:HIT_SHOWN] + "..."
 
 
-def _verdict(scoped: ScopedMarker, per_log: list[tuple[str, _Tally]], keep: int) -> MarkerResult:
+def _verdict(scoped: ScopedMarker, per_log: list[tuple[_LogTally, _Tally, _Tally | None]],
+             keep: int) -> MarkerResult:
     marker = scoped.marker
-    judged = [(name, t) for name, t in per_log if not t.left_out]
+    judged = [(log, t, e) for log, t, e in per_log if not t.left_out]
     if per_log and not judged:
         return MarkerResult(scoped.patch, marker.log, True, 0, [],
                             f"not judged: every log has a line matching {quoted(marker.unless)}",
                             judged=False, absent=marker.absent)
-    found = sum(t.found for _, t in judged)
-    hits = [hit for _, t in judged for hit in t.hits][:keep]
-    where = _names([name for name, _ in judged]) or "no log"
-    left = [name for name, t in per_log if t.left_out]
+    found = sum(t.found for _, t, _ in judged)
+    hits = [hit for _, t, _ in judged for hit in t.hits][:keep]
+    where = _names([log.shown for log, _, _ in judged]) or "no log"
+    left = [log.shown for log, t, _ in per_log if t.left_out]
     aside = f" ({_names(left)} left out: {quoted(marker.unless)})" if left else ""
     times = f"{found} time{'s' if found != 1 else ''}"
+    earlier = [(log, e) for log, _, e in judged if e is not None]
     if marker.acceptance is not None:
-        ok, message = _acceptance_verdict(marker.acceptance, [m for _, t in judged
+        ok, message = _acceptance_verdict(marker.acceptance, [m for _, t, _ in judged
                                                               for m in t.metrics], where, aside)
+        message += _before(earlier, "not counted")
     elif marker.absent:
         ok = found == 0
         if ok:
-            message = f"no line matches forbidden {quoted(marker.log)} in {where}{aside}"
+            message = (f"no line matches forbidden {quoted(marker.log)} in {where}{aside}"
+                       + _before(earlier, "not counted"))
         else:
             message = (f"forbidden line {quoted(marker.log)} appears {times} in {where}: "
                        f"{hits[0]}" + (f" (and {found - 1} more)" if found > 1 else ""))
-    elif marker.count is not None:
-        ok = found == marker.count
-        message = (f"{marker.describe()}: found {found} in {where}{aside}" if ok else
-                   f"expected {marker.describe()}, found {found} in {where}{aside}")
     else:
-        need = marker.minimum or 1
-        ok = found >= need
+        ok = found == marker.count if marker.count is not None else found >= (marker.minimum
+                                                                              or 1)
         if ok:
             message = f"{marker.describe()}: found {found} in {where}{aside}"
-        elif found == 0:
-            message = f"required line {quoted(marker.log)} appears in none of {where}{aside}"
+        elif found == 0 and marker.count is None:
+            message = (f"required line {quoted(marker.log)} appears in none of {where}{aside}"
+                       + (f": only in an earlier start{_before(earlier)}" if earlier else ""))
         else:
-            message = f"expected {marker.describe()}, found {found} in {where}{aside}"
+            message = (f"expected {marker.describe()}, found {found} in {where}{aside}"
+                       + _before(earlier, "not counted"))
+    earlier_lines = [f"{log.name}:{e.lines[0]}-{e.lines[1]}" for log, e in earlier]
     return MarkerResult(scoped.patch, marker.log, ok, found, hits, message,
-                        absent=marker.absent)
+                        absent=marker.absent, earlier=earlier_lines)
+
+
+def _before(earlier: list[tuple[_LogTally, _Tally]], aside: str = "") -> str:
+    """`` (lines A-B of LOG, ...)``: the earlier starts that had matching lines; with
+    ``aside``, how many lines they had and the aside."""
+    if not earlier:
+        return ""
+    spans = ", ".join(f"lines {e.lines[0]}-{e.lines[1]} of {log.name}" for log, e in earlier)
+    if not aside:
+        return f" ({spans})"
+    found = sum(e.found for _, e in earlier)
+    return f" ({found} in an earlier start, {spans}, {aside})"
 
 
 def _acceptance_verdict(floor: acceptance.Floor, lines: list[acceptance.LineMetrics],
