@@ -336,9 +336,12 @@ def export(workdir, manifest_path) -> int:
 @click.option("--id", "patch_id", metavar="ID", help="The new patch's id (default: pr-N).")
 @click.option("--include", multiple=True, metavar="GLOB",
               help="Keep files under tests/, docs/, benchmarks/ or .github/ that match; repeat.")
+@click.option("--package", metavar="NAME",
+              help="A pull request of that package (its GitHub repository): a patch of it, "
+                   "saved as patches/NAME/<id>.diff.")
 @MANIFEST
 @FORMAT
-def add_pr(pr, patch_id, include, manifest_path, fmt) -> int:
+def add_pr(pr, patch_id, include, package, manifest_path, fmt) -> int:
     """Fetch pull request N (of the manifest's GitHub repository) or URL as a diff, prove the
     series applies with it at the pin, then save patches/<id>.diff and append its entry.
     The host is $PATCHKIT_GITHUB (default https://github.com)."""
@@ -346,7 +349,7 @@ def add_pr(pr, patch_id, include, manifest_path, fmt) -> int:
     from patchkit.render import porting
 
     result = command.run(Path(manifest_path), pr, patch_id=patch_id, include=include,
-                         progress=TextProgress(err=True))
+                         package=package, progress=TextProgress(err=True))
     echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else porting.add_pr(result))
     return 0
 
