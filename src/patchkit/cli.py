@@ -368,9 +368,11 @@ def add_pr(pr, patch_id, include, package, manifest_path, fmt) -> int:
 @click.option("--summary", help="--overlay: the new patch's summary.")
 @click.option("--split", type=click.Choice(["file", "dir"]), default=None,
               help="--overlay: one patch per changed file, or per folder (default: one patch).")
+@click.option("--package", metavar="NAME", help="--overlay: DIR holds that package's folder "
+              "(flashinfer/); its patches go under patches/NAME/ (default: vllm).")
 @MANIFEST
 @FORMAT
-def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, split, manifest_path,
+def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, split, package, manifest_path,
                fmt) -> int:
     """Turn the commits merge-base(pin, REF)..REF of a fork branch, or an overlay tree, into
     diff patches at the end of the series; written only when the series applies with them.
@@ -385,13 +387,13 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, split, manifest
 
     if bool(ref) == bool(overlay):
         raise click.UsageError("give REF (a fork branch) or --overlay DIR")
-    if ref and (onto or patch_id or summary or split):
-        raise click.UsageError("--onto, --id, --summary and --split go with --overlay")
+    if ref and (onto or patch_id or summary or split or package):
+        raise click.UsageError("--onto, --id, --summary, --split and --package go with --overlay")
     progress = TextProgress(err=True)
     if overlay:
         result = command.run_overlay(Path(manifest_path), Path(overlay), onto=onto,
                                      patch_id=patch_id, summary=summary, split=split or "one",
-                                     from_repo=from_repo, progress=progress)
+                                     from_repo=from_repo, package=package, progress=progress)
     else:
         result = command.run(Path(manifest_path), ref, from_repo=from_repo, progress=progress)
     echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else porting.import_(result))
