@@ -258,15 +258,18 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
 
 
 @cli.command()
-@click.option("--to", "ref", metavar="REF", help="The vLLM ref to move the pin to.")
+@click.option("--to", "ref", metavar="REF", help="The ref to move the pin to (vLLM's, or "
+              "--package's).")
 @click.option("--continue", "cont", is_flag=True, help="Go on after resolving a stop.")
 @click.option("--abort", is_flag=True, help="Put the manifest and every patch file back.")
 @click.option("--drop-upstream", is_flag=True,
               help="Remove patches the target already has, instead of marking them with a "
                    "vllm: range.")
 @VLLM_REPO
+@click.option("--package", metavar="NAME", help="Move that package's pin (its `ref:` line) "
+              "instead of vLLM's; its patches alone are rebased.")
 @MANIFEST
-def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
+def rebase(ref, cont, abort, drop_upstream, repos, package, manifest_path) -> int:
     """Move the pin to REF: refresh what drifted, mark what went upstream, stop at a conflict.
 
     \b
@@ -279,10 +282,10 @@ def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
 
     if sum(bool(x) for x in (ref, cont, abort)) != 1:
         raise click.UsageError("give exactly one of --to REF, --continue, --abort")
-    if (cont or abort) and (drop_upstream or repos):
-        raise click.UsageError("--drop-upstream and --vllm-repo go with --to")
+    if (cont or abort) and (drop_upstream or repos or package):
+        raise click.UsageError("--drop-upstream, --vllm-repo and --package go with --to")
     result = command.run(Path(manifest_path), to=ref, cont=cont, abort_=abort,
-                         drop_upstream=drop_upstream, repos=repos or None,
+                         drop_upstream=drop_upstream, repos=repos or None, package=package,
                          progress=TextProgress(err=True))
     if isinstance(result, list):
         echo(f"rebase aborted; restored {', '.join(result) if result else 'nothing (no file had changed)'}")
