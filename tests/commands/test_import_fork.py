@@ -287,3 +287,61 @@ def test_a_flashinfer_overlay_without_its_folder_is_one_line(fi_stack, tmp_path,
         p = patchkit("import", "--overlay", str(ov), *args, cwd=fi_stack)
         assert p.returncode == 2 and error(p).startswith("patchkit: error: " + line), p.stderr
     assert _snapshot(fi_stack) == before
+
+
+def test_rebase_of_a_split_series_refreshes_what_applies_and_stops_at_each_file(
+        proj, tmp_path, release_files, real_vllm):
+    """The fork's 33 files, edited all through, as one patch per file, rebased onto the next
+    release: the files it did not change are applied or refreshed, and the rebase stops at
+    each file it did change, naming that file; dropping the stopped entry goes on to the
+    next.  The stops are exactly the files v0.33.0 changed."""
+    from patchkit.commands import rebase
+    from patchkit.manifest.edit import ManifestText
+    from patchkit.source import pypi
+
+    ov = tmp_path / "overlay"
+    edited = {}
+    for n, (rel, data) in enumerate(sorted(release_files.items())):
+        lines = data.decode().splitlines(keepends=True)
+        if n >= 3:   # a comment every 6 lines: any upstream change meets a hunk's context
+            lines = [ln + (EDIT if i % 6 == 5 else "") for i, ln in enumerate(lines)]
+        edited[rel] = "".join(lines).encode()
+    want = _overlay(ov, edited)
+    (ov / "upstream.lock").write_text(LOCK)
+    p = patchkit("import", "--overlay", str(ov), "--split", "file", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    by_id = {q.id: q for q in manifest.load(proj / "patchset.yaml").patches}
+    file_of = {q.id: next(r for r in want if f" b/{r}\n" in (proj / q.path).read_text())
+               for q in by_id.values()}
+    repo, _tag = pypi.ensure_release(real_vllm, "v0.33.0")
+    changed = _changed(repo, sorted(edited)[3:])
+    result = rebase.start(proj / "patchset.yaml", "v0.33.0")
+    stops = []
+    while result.stop is not None:
+        stopped = by_id[result.stop.patch]
+        head = result.stop.instructions[0]
+        assert head.startswith(f"{stopped.id} (diff {stopped.path}) does not apply to vLLM "
+                               "v0.33.0: "), head
+        stops.append(file_of[stopped.id])
+        edit = ManifestText.read(proj / "patchset.yaml")   # a person drops it and goes on
+        edit.delete_item(("patches",), manifest.load(proj / "patchset.yaml").patch(
+            stopped.id).index)
+        edit.write(proj / "patchset.yaml")
+        result = rebase.resume(proj / "patchset.yaml")
+    assert result.done
+    actions = {s.id: s.action for s in result.steps}
+    assert set(stops) == changed and len(stops) == len(changed) > 0, (stops, changed)
+    assert sorted(file_of[pid] for pid, a in actions.items() if a == "dropped") == sorted(stops)
+    assert all(a in ("applied", "refreshed", "dropped") for a in actions.values()), actions
+    assert sum(a in ("applied", "refreshed") for a in actions.values()) == 31 - len(changed)
+    rebased = manifest.load(proj / "patchset.yaml")
+    assert rebased.vllm.ref == "v0.33.0" and len(rebased.patches) == 31 - len(changed)
+    report = applier.apply_series(rebased, workdir=tmp_path / "applied")
+    assert report.ok and all(r.status == "applied" and not r.offsets for r in report.patches)
+
+
+def _changed(repo: Path, rels: list[str]) -> set[str]:
+    """Those of ``rels`` v0.33.0 changed since RELEASE."""
+    blobs = g.read_blobs(repo, [f"{t}:{r}" for t in (RELEASE, "v0.33.0") for r in rels])
+    return {r for r in rels if blobs[f"{RELEASE}:{r}"] != blobs[f"v0.33.0:{r}"]}
+
