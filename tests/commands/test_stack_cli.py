@@ -155,3 +155,11 @@ def test_rebase_moves_flashinfers_pin_alone(tmp_path):
     assert "_SUPPORTED_ACTIVATIONS" in (proj / ".patchkit/flashinfer" / FI_FILE).read_text()
     p = run(proj, "rebase", "--package", "flashinfr", "--to", "v0.6.16")
     assert p.returncode == 2 and "did you mean 'flashinfer'?" in p.stderr
+
+
+def test_bisect_of_another_packages_patch_is_one_line(applied):
+    p = run(applied, "bisect", "fi-moe-activations")
+    assert (p.returncode, p.stderr.strip().splitlines()[-1]) == (
+        2, "patchkit: error: bisect fi-moe-activations: it patches flashinfer; bisect walks "
+           "vLLM's history alone so far (rebase-check --package flashinfer gives its fate per "
+           "release)")
