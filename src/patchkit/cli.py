@@ -263,15 +263,18 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
 
 
 @cli.command()
-@click.option("--to", "ref", metavar="REF", help="The vLLM ref to move the pin to.")
+@click.option("--to", "ref", metavar="REF", help="The ref to move the pin to (vLLM's, or "
+              "--package's).")
 @click.option("--continue", "cont", is_flag=True, help="Go on after resolving a stop.")
 @click.option("--abort", is_flag=True, help="Put the manifest and every patch file back.")
 @click.option("--drop-upstream", is_flag=True,
               help="Remove patches the target already has, instead of marking them with a "
                    "vllm: range.")
 @VLLM_REPO
+@click.option("--package", metavar="NAME", help="Move that package's pin (its `ref:` line) "
+              "instead of vLLM's; its patches alone are rebased.")
 @MANIFEST
-def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
+def rebase(ref, cont, abort, drop_upstream, repos, package, manifest_path) -> int:
     """Move the pin to REF: refresh what drifted, mark what went upstream, stop at a conflict.
 
     \b
@@ -284,10 +287,10 @@ def rebase(ref, cont, abort, drop_upstream, repos, manifest_path) -> int:
 
     if sum(bool(x) for x in (ref, cont, abort)) != 1:
         raise click.UsageError("give exactly one of --to REF, --continue, --abort")
-    if (cont or abort) and (drop_upstream or repos):
-        raise click.UsageError("--drop-upstream and --vllm-repo go with --to")
+    if (cont or abort) and (drop_upstream or repos or package):
+        raise click.UsageError("--drop-upstream, --vllm-repo and --package go with --to")
     result = command.run(Path(manifest_path), to=ref, cont=cont, abort_=abort,
-                         drop_upstream=drop_upstream, repos=repos or None,
+                         drop_upstream=drop_upstream, repos=repos or None, package=package,
                          progress=TextProgress(err=True))
     if isinstance(result, list):
         echo(f"rebase aborted; restored {', '.join(result) if result else 'nothing (no file had changed)'}")
@@ -379,9 +382,12 @@ def export(workdir, manifest_path) -> int:
 @click.option("--id", "patch_id", metavar="ID", help="The new patch's id (default: pr-N).")
 @click.option("--include", multiple=True, metavar="GLOB",
               help="Keep files under tests/, docs/, benchmarks/ or .github/ that match; repeat.")
+@click.option("--package", metavar="NAME",
+              help="A pull request of that package (its GitHub repository): a patch of it, "
+                   "saved as patches/NAME/<id>.diff.")
 @MANIFEST
 @FORMAT
-def add_pr(pr, patch_id, include, manifest_path, fmt) -> int:
+def add_pr(pr, patch_id, include, package, manifest_path, fmt) -> int:
     """Fetch pull request N (of the manifest's GitHub repository) or URL as a diff, prove the
     series applies with it at the pin, then save patches/<id>.diff and append its entry.
     The host is $PATCHKIT_GITHUB (default https://github.com)."""
@@ -389,7 +395,7 @@ def add_pr(pr, patch_id, include, manifest_path, fmt) -> int:
     from patchkit.render import porting
 
     result = command.run(Path(manifest_path), pr, patch_id=patch_id, include=include,
-                         progress=TextProgress(err=True))
+                         package=package, progress=TextProgress(err=True))
     echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else porting.add_pr(result))
     return 0
 
@@ -408,9 +414,11 @@ def add_pr(pr, patch_id, include, manifest_path, fmt) -> int:
 @click.option("--summary", help="--overlay: the new patch's summary.")
 @click.option("--split", type=click.Choice(["file", "dir"]), default=None,
               help="--overlay: one patch per changed file, or per folder (default: one patch).")
+@click.option("--package", metavar="NAME", help="--overlay: DIR holds that package's folder "
+              "(flashinfer/); its patches go under patches/NAME/ (default: vllm).")
 @MANIFEST
 @FORMAT
-def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, split, manifest_path,
+def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, split, package, manifest_path,
                fmt) -> int:
     """Turn the commits merge-base(pin, REF)..REF of a fork branch, or an overlay tree, into
     diff patches at the end of the series; written only when the series applies with them.
@@ -425,13 +433,13 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, split, manifest
 
     if bool(ref) == bool(overlay):
         raise click.UsageError("give REF (a fork branch) or --overlay DIR")
-    if ref and (onto or patch_id or summary or split):
-        raise click.UsageError("--onto, --id, --summary and --split go with --overlay")
+    if ref and (onto or patch_id or summary or split or package):
+        raise click.UsageError("--onto, --id, --summary, --split and --package go with --overlay")
     progress = TextProgress(err=True)
     if overlay:
         result = command.run_overlay(Path(manifest_path), Path(overlay), onto=onto,
                                      patch_id=patch_id, summary=summary, split=split or "one",
-                                     from_repo=from_repo, progress=progress)
+                                     from_repo=from_repo, package=package, progress=progress)
     else:
         result = command.run(Path(manifest_path), ref, from_repo=from_repo, progress=progress)
     echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else porting.import_(result))

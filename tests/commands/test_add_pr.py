@@ -315,3 +315,93 @@ def test_keep_files_keeps_sections_byte_for_byte(tmp_path):
     assert diff.subject(tests) is None
     with pytest.raises(diff.DiffParseError):
         diff.keep_files("no diff here\n", lambda p: True)
+
+
+# ------------------------------------------------------------------------------ another package
+
+def _fi_pr() -> bytes:
+    """A FlashInfer pull request as GitHub serves its .diff: the real patch to the sm12x MoE
+    kernel, a test, and a CUDA source outside the package's folder (no wheel holds csrc/)."""
+    from testing.flashinfer import FI_FILE, FI_PATCH
+
+    return (f"diff --git a/{FI_FILE} b/{FI_FILE}\n{FI_PATCH}"
+            "diff --git a/tests/moe/test_limit.py b/tests/moe/test_limit.py\nnew file mode 100644\n"
+            "--- /dev/null\n+++ b/tests/moe/test_limit.py\n@@ -0,0 +1 @@\n+LIMIT = 1\n"
+            "diff --git a/csrc/limit.cu b/csrc/limit.cu\nnew file mode 100644\n"
+            "--- /dev/null\n+++ b/csrc/limit.cu\n@@ -0,0 +1 @@\n+// limit\n").encode()
+
+
+@pytest.fixture
+def stack(tmp_path, server, real_vllm):
+    from testing.flashinfer import ensure_releases, make_stack
+
+    ensure_releases(real_vllm)
+    proj = make_stack(tmp_path)
+    server.routes["/flashinfer-ai/flashinfer/pull/3817.diff"] = _fi_pr()
+    return proj
+
+
+@pytest.mark.real_vllm
+def test_a_flashinfer_pr_becomes_a_flashinfer_patch(stack, server):
+    from testing.flashinfer import FI_FILE
+
+    before = (stack / "patchset.yaml").read_text()
+    # the FlashInfer patch of the project is that PR already: take it out first
+    (stack / "patchset.yaml").write_text(before[:before.index("  - id: fi-moe-activations")])
+    p = patchkit("add-pr", "--package", "flashinfer", "3817", "--format", "json", cwd=stack)
+    assert p.returncode == 0, p.stderr
+    assert server.asked == ["/flashinfer-ai/flashinfer/pull/3817.diff"]
+    data = json.loads(p.stdout)
+    assert (data["package"], data["path"], data["files"]) == (
+        "flashinfer", "patches/flashinfer/pr-3817.diff", [FI_FILE])
+    assert data["left_out"] == ["tests/moe/test_limit.py", "csrc/limit.cu"]   # as the diff has them
+    assert data["notes"] == ["packages.flashinfer.repo of patchset.yaml names no GitHub "
+                             "repository: pull request 3817 of flashinfer-ai/flashinfer "
+                             "(give a URL for another)"]
+    entry = yaml.safe_load((stack / "patchset.yaml").read_text())["patches"][-1]
+    assert entry == {"id": "pr-3817", "summary": "pull request 3817", "package": "flashinfer",
+                     "upstream": "https://github.com/flashinfer-ai/flashinfer/pull/3817",
+                     "diff": "patches/flashinfer/pr-3817.diff", "sha256": data["sha256"]}
+    p = patchkit("apply", "--package", "flashinfer", cwd=stack)
+    assert p.returncode == 0, p.stderr
+    assert "_SUPPORTED_ACTIVATIONS" in (stack / ".patchkit/flashinfer" / FI_FILE).read_text()
+    assert not (stack / ".patchkit/flashinfer/csrc").exists()
+
+
+@pytest.mark.real_vllm
+def test_a_flashinfer_pr_is_proven_on_flashinfers_pin(stack, server):
+    """On top of the project's own FlashInfer patch the same PR is upstream at FlashInfer's
+    pin; one whose context that release lacks conflicts there, and nothing is written."""
+    p = patchkit("add-pr", "--package", "flashinfer", "3817", cwd=stack)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-2:] == [
+        "note: at flashinfer v0.6.15 the tree has the change of pr-3817 already when its turn "
+        "comes (it applies in reverse): it is in the series as upstream",
+        "ok: the series applies at flashinfer v0.6.15 with pr-3817 (1 file(s))"]
+    server.routes["/flashinfer-ai/flashinfer/pull/3818.diff"] = _fi_pr().replace(
+        b" _COMPACT_STATIC_TILE_M = 128\n", b" _COMPACT_STATIC_TILE_M = 256\n")
+    before = _snapshot(stack)
+    p = patchkit("add-pr", "--package", "flashinfer", "3818", cwd=stack)
+    assert p.returncode == 1, p.stdout
+    assert p.stderr.strip().splitlines()[-1].startswith(
+        "patchkit: error: pr-3818 does not apply at flashinfer v0.6.15 (")
+    assert "conflict" in p.stderr and "nothing was written" in p.stderr
+    assert _snapshot(stack) == before
+
+
+@pytest.mark.real_vllm
+def test_a_package_pr_without_a_known_github_repository_is_one_line(stack):
+    text = (stack / "patchset.yaml").read_text().replace("  flashinfer:\n", "  b12x:\n    dist: b12x\n    repo: [pypi]\n    ref: v0.1.0\n  flashinfer:\n", 1)
+    (stack / "patchset.yaml").write_text(text)
+    before = _snapshot(stack)
+    for args, line in [
+            (("--package", "b12x", "7"),
+             "patchkit: error: add-pr 7: packages.b12x.repo of patchset.yaml names no GitHub "
+             "repository of b12x; list it there (https://github.com/OWNER/NAME.git) or give "
+             "the pull request's URL"),
+            (("--package", "flashinfr", "7"),
+             "patchkit: error: --package flashinfr: the manifest has no package 'flashinfr' "
+             "(packages: vllm, b12x, flashinfer); did you mean 'flashinfer'?")]:
+        p = patchkit("add-pr", *args, cwd=stack)
+        assert (p.returncode, p.stderr.strip()) == (2, line)
+    assert _snapshot(stack) == before

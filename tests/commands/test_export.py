@@ -164,3 +164,41 @@ def test_an_id_a_commit_asks_for_is_capped_at_100_characters(applied):
     before = snapshot(proj)
     assert patchkit("export", cwd=proj).returncode == 0  # the same ids again: no churn
     assert snapshot(proj) == before
+
+
+@pytest.mark.real_vllm
+def test_each_packages_commits_become_that_packages_patches(tmp_path, real_vllm):
+    """Commits on FlashInfer's checkout beside vLLM's become flashinfer patches under
+    patches/flashinfer/, and a fresh apply gives both trees as committed."""
+    from testing.flashinfer import FI_FILE, ensure_releases, make_stack
+
+    ensure_releases(real_vllm)
+    proj = make_stack(tmp_path / "stack")
+    wd = proj / ".patchkit/vllm"
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd)
+    assert report.ok, report.to_json()
+    fi = proj / ".patchkit/flashinfer"
+    kernel = (fi / FI_FILE).read_text()
+    commit(fi, "Clamp the gate limit", {FI_FILE: kernel.replace(
+        "_COMPACT_STATIC_TILE_M = 128", "_COMPACT_STATIC_TILE_M = 64")})
+    commit(wd, "Speed up helper", {"pkg/mod.py": (wd / "pkg/mod.py").read_text().replace(
+        "return x + 1", "return x + 2")})
+    trees = {name: sh("git", "rev-parse", "HEAD^{tree}", cwd=place)
+             for name, place in (("vllm", wd), ("flashinfer", fi))}
+
+    result = export(proj / "patchset.yaml", wd)
+    assert [(e.id, e.action, e.path) for e in result.exported] == [
+        ("speed-up-helper", "added", "patches/speed-up-helper.diff"),
+        ("clamp-the-gate-limit", "added", "patches/flashinfer/clamp-the-gate-limit.diff")]
+    entries = yaml.safe_load((proj / "patchset.yaml").read_text())["patches"][-2:]
+    assert entries[1] == {"id": "clamp-the-gate-limit", "summary": "Clamp the gate limit",
+                          "package": "flashinfer",
+                          "diff": "patches/flashinfer/clamp-the-gate-limit.diff"}
+    again = tmp_path / "again" / "vllm"
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=again)
+    assert report.ok, report.to_json()
+    assert report.status_of("clamp-the-gate-limit") == "applied"
+    assert {name: sh("git", "rev-parse", "HEAD^{tree}", cwd=place) for name, place in
+            (("vllm", again), ("flashinfer", again.parent / "flashinfer"))} == trees
+    again_result = export(proj / "patchset.yaml", wd)   # the same commits: nothing changes
+    assert [e.action for e in again_result.exported] == ["unchanged", "unchanged"]

@@ -150,7 +150,7 @@ def test_merges_unknown_refs_and_unrelated_history_are_one_line(proj, fork, tmp_
     for args, message in [((), "give REF (a fork branch) or --overlay DIR"),
                           (("x", "--overlay", "d"), "give REF (a fork branch) or --overlay DIR"),
                           (("x", "--onto", "v1"),
-                           "--onto, --id, --summary and --split go with --overlay"),
+                           "--onto, --id, --summary, --split and --package go with --overlay"),
                           (("--overlay", "d", "--from", "r"),
                            "--from r: with --overlay, give the fork as REPO@REF")]:
         p = patchkit("import", *args, cwd=proj)
@@ -306,21 +306,32 @@ def test_every_file_left_out_of_an_overlay_is_named(vproj, tmp_path):
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    (root / "vllm/linked").symlink_to(root / "elsewhere", target_is_directory=True)
     (root / "vllm/huge.json").write_bytes(b"{}" + b" " * import_.MAX_FILE)
     (root / "vllm/blob.bin").write_bytes(b"\x00\x01")
     p = patchkit("import", "--overlay", str(root), "--format", "json", cwd=vproj)
     assert p.returncode == 0, p.stderr
     notes = json.loads(p.stdout)["notes"]
     assert sorted(notes) == sorted([
-        "left out, a link to a folder (an overlay holds regular files): vllm/linked/",
         "left out, version control data: vllm/.git/",
         "left out, byte-code: vllm/stray.pyc, vllm/sub/__pycache__/",
         "left out, not text: vllm/blob.bin",
         "left out, larger than 16 MiB (no source file is): vllm/huge.json"])
     saved = (vproj / "patches/tree.diff").read_text()
     assert "return x + 5" in saved and "elsewhere/real.py" in saved
-    assert not any(word in saved for word in ("linked", "pyc", "HEAD", "huge", "blob"))
+    assert not any(word in saved for word in ("pyc", "HEAD", "huge", "blob"))
+
+
+def test_a_link_to_a_folder_in_an_overlay_is_refused(vproj, tmp_path):
+    root = tmp_path / "tree"
+    (root / "vllm/sub").mkdir(parents=True)
+    (root / "vllm/mod.py").write_text(MOD_V1.replace("return x + 1", "return x + 5"))
+    (root / "vllm/linked").symlink_to(root / "vllm/sub", target_is_directory=True)
+    before = _snapshot(vproj)
+    p = patchkit("import", "--overlay", str(root), cwd=vproj)
+    assert (p.returncode, p.stderr.strip()) == (
+        2, f"patchkit: error: --overlay {root}: vllm/linked is a link to a folder; an overlay "
+           "holds regular files only")
+    assert _snapshot(vproj) == before
 
 
 @pytest.mark.parametrize("how", ["overlay", "branch"])

@@ -209,3 +209,139 @@ def test_from_a_fork_without_the_path_or_with_a_link_is_one_line(proj, tmp_path)
         assert p.returncode == 2, p.stderr
         assert error(p).startswith("patchkit: error: " + message), p.stderr
     assert _snapshot(proj) == before
+
+
+# ------------------------------------------------------------------------------ another package
+
+@pytest.fixture
+def fi_stack(tmp_path, real_vllm) -> Path:
+    """The stack project (vLLM's fixture upstream, FlashInfer 0.6.15 from PyPI) without its
+    own FlashInfer patch."""
+    from testing.flashinfer import ensure_releases, make_stack
+
+    ensure_releases(real_vllm)
+    proj = make_stack(tmp_path / "stack")
+    text = (proj / "patchset.yaml").read_text()
+    (proj / "patchset.yaml").write_text(text[:text.index("  - id: fi-moe-activations")])
+    return proj
+
+
+def _fi_overlay(root: Path, cache: Path) -> dict[str, bytes]:
+    """A fork's flashinfer/ overlay as it ships: LICENSE beside it, no __init__.py, the real
+    MoE kernel file patched, another real file edited, a new file, and a lock whose FlashInfer
+    commit no source has; returns what the package should hold after applying."""
+    from testing.flashinfer import FI_FILE, FI_PACKAGE, patched
+
+    from patchkit import source
+
+    pin = source.resolve(["pypi"], "v0.6.15", cache, package=FI_PACKAGE)
+    other = "flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_activation.py"
+    blobs = g.read_blobs(pin.repo, [f"{pin.commit}:{FI_FILE}", f"{pin.commit}:{other}"])
+    want = {FI_FILE: patched(blobs[f"{pin.commit}:{FI_FILE}"].decode()).encode(),
+            other: EDIT.encode() + blobs[f"{pin.commit}:{other}"],
+            "flashinfer/spark/tuning.py": b"GB10_SMS = 48\n"}
+    for rel, data in want.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    (root / "LICENSE").write_text("Apache License 2.0\n")
+    (root / "upstream.lock").write_text(LOCK.replace("a" * 40, MISSING))
+    return want
+
+
+def test_a_flashinfer_overlay_imports_as_flashinfer_patches(fi_stack, tmp_path, real_vllm):
+    ov = tmp_path / "overlay"
+    want = _fi_overlay(ov, real_vllm)
+    p = patchkit("import", "--overlay", str(ov), "--package", "flashinfer", "--split", "file",
+                 cwd=fi_stack)
+    assert p.returncode == 0, p.stderr
+    notes = [ln for ln in p.stdout.splitlines() if ln.startswith("note: ")]
+    assert "note: left out, beside the package folder (not part of flashinfer): LICENSE" in notes
+    assert (f"note: {ov}/upstream.lock: FLASHINFER_COMMIT={MISSING} is in no source of "
+            "patchset.yaml; the files are diffed against FLASHINFER_VERSION=0.6.15 "
+            "instead") in notes
+    assert p.stdout.splitlines()[-1].startswith(
+        "ok: the series applies at flashinfer v0.6.15 with 3 new patches")
+    entries = yaml.safe_load((fi_stack / "patchset.yaml").read_text())["patches"][-3:]
+    assert [(e["id"], e["package"], e["diff"]) for e in entries] == [
+        (pid, "flashinfer", f"patches/flashinfer/{pid}.diff") for pid in (
+            "fused-moe-cute-dsl-blackwell-sm12x-moe-activation",
+            "fused-moe-cute-dsl-blackwell-sm12x-moe-micro-kernel", "spark-tuning")]
+    assert entries[0]["summary"] == ("flashinfer/fused_moe/cute_dsl/blackwell_sm12x/"
+                                     "moe_activation.py from overlay, against flashinfer v0.6.15")
+    p = patchkit("apply", "--package", "flashinfer", cwd=fi_stack)
+    assert p.returncode == 0, p.stderr
+    for rel, data in want.items():
+        assert (fi_stack / ".patchkit/flashinfer" / rel).read_bytes() == data, rel
+    assert not (fi_stack / ".patchkit/flashinfer/LICENSE").exists()
+
+
+def test_a_flashinfer_overlay_without_its_folder_is_one_line(fi_stack, tmp_path, real_vllm):
+    ov = tmp_path / "overlay"
+    _overlay(ov, {"vllm/a.py": b"A = 1\n"})
+    before = _snapshot(fi_stack)
+    for args, line in [
+            (("--package", "flashinfer"),
+             f"--overlay {ov}: holds no flashinfer/ folder (at its top or one level down)"),
+            (("--package", "flashinfr"),
+             "--package flashinfr: the manifest has no package 'flashinfr'")]:
+        p = patchkit("import", "--overlay", str(ov), *args, cwd=fi_stack)
+        assert p.returncode == 2 and error(p).startswith("patchkit: error: " + line), p.stderr
+    assert _snapshot(fi_stack) == before
+
+
+def test_rebase_of_a_split_series_refreshes_what_applies_and_stops_at_each_file(
+        proj, tmp_path, release_files, real_vllm):
+    """The fork's 33 files, edited all through, as one patch per file, rebased onto the next
+    release: the files it did not change are applied or refreshed, and the rebase stops at
+    each file it did change, naming that file; dropping the stopped entry goes on to the
+    next.  The stops are exactly the files v0.33.0 changed."""
+    from patchkit.commands import rebase
+    from patchkit.manifest.edit import ManifestText
+    from patchkit.source import pypi
+
+    ov = tmp_path / "overlay"
+    edited = {}
+    for n, (rel, data) in enumerate(sorted(release_files.items())):
+        lines = data.decode().splitlines(keepends=True)
+        if n >= 3:   # a comment every 6 lines: any upstream change meets a hunk's context
+            lines = [ln + (EDIT if i % 6 == 5 else "") for i, ln in enumerate(lines)]
+        edited[rel] = "".join(lines).encode()
+    want = _overlay(ov, edited)
+    (ov / "upstream.lock").write_text(LOCK)
+    p = patchkit("import", "--overlay", str(ov), "--split", "file", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    by_id = {q.id: q for q in manifest.load(proj / "patchset.yaml").patches}
+    file_of = {q.id: next(r for r in want if f" b/{r}\n" in (proj / q.path).read_text())
+               for q in by_id.values()}
+    repo, _tag = pypi.ensure_release(real_vllm, "v0.33.0")
+    changed = _changed(repo, sorted(edited)[3:])
+    result = rebase.start(proj / "patchset.yaml", "v0.33.0")
+    stops = []
+    while result.stop is not None:
+        stopped = by_id[result.stop.patch]
+        head = result.stop.instructions[0]
+        assert head.startswith(f"{stopped.id} (diff {stopped.path}) does not apply to vLLM "
+                               "v0.33.0: "), head
+        stops.append(file_of[stopped.id])
+        edit = ManifestText.read(proj / "patchset.yaml")   # a person drops it and goes on
+        edit.delete_item(("patches",), manifest.load(proj / "patchset.yaml").patch(
+            stopped.id).index)
+        edit.write(proj / "patchset.yaml")
+        result = rebase.resume(proj / "patchset.yaml")
+    assert result.done
+    actions = {s.id: s.action for s in result.steps}
+    assert set(stops) == changed and len(stops) == len(changed) > 0, (stops, changed)
+    assert sorted(file_of[pid] for pid, a in actions.items() if a == "dropped") == sorted(stops)
+    assert all(a in ("applied", "refreshed", "dropped") for a in actions.values()), actions
+    assert sum(a in ("applied", "refreshed") for a in actions.values()) == 31 - len(changed)
+    rebased = manifest.load(proj / "patchset.yaml")
+    assert rebased.vllm.ref == "v0.33.0" and len(rebased.patches) == 31 - len(changed)
+    report = applier.apply_series(rebased, workdir=tmp_path / "applied")
+    assert report.ok and all(r.status == "applied" and not r.offsets for r in report.patches)
+
+
+def _changed(repo: Path, rels: list[str]) -> set[str]:
+    """Those of ``rels`` v0.33.0 changed since RELEASE."""
+    blobs = g.read_blobs(repo, [f"{t}:{r}" for t in (RELEASE, "v0.33.0") for r in rels])
+    return {r for r in rels if blobs[f"{RELEASE}:{r}"] != blobs[f"v0.33.0:{r}"]}
+

@@ -145,3 +145,34 @@ def test_bad_input_is_one_line_and_changes_nothing(applied, args, line):
     assert "Traceback" not in p.stderr
     assert sorted(p.name for p in (applied / ".patchkit").iterdir()) == before
     assert [(applied / ".patchkit" / n / ".git" / "HEAD").read_text() for n in before] == heads
+
+
+def test_rebase_moves_flashinfers_pin_alone(tmp_path):
+    """`rebase --package flashinfer --to` rebases FlashInfer's patches on the new release and
+    rewrites only FlashInfer's `ref:` line; vLLM's patches and pin stay."""
+    ensure_releases(real_cache())
+    proj = make_stack(tmp_path)
+    before = (proj / "patchset.yaml").read_text()
+    p = run(proj, "rebase", "--package", "flashinfer", "--to", "v0.6.16")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[-1] == "ok: rebased from flashinfer v0.6.15 to v0.6.16; review with `git diff`"
+    assert any(ln.startswith(("applied   fi-moe-activations", "refreshed fi-moe-activations"))
+               for ln in lines), p.stdout
+    assert "skipped   fast-mode: it patches vllm, whose pin stays" in lines
+    after = (proj / "patchset.yaml").read_text()
+    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    assert changed == [("    ref: v0.6.15", "    ref: v0.6.16")]
+    p = run(proj, "apply", "--package", "flashinfer")
+    assert p.returncode == 0, p.stderr
+    assert "_SUPPORTED_ACTIVATIONS" in (proj / ".patchkit/flashinfer" / FI_FILE).read_text()
+    p = run(proj, "rebase", "--package", "flashinfr", "--to", "v0.6.16")
+    assert p.returncode == 2 and "did you mean 'flashinfer'?" in p.stderr
+
+
+def test_bisect_of_another_packages_patch_is_one_line(applied):
+    p = run(applied, "bisect", "fi-moe-activations")
+    assert (p.returncode, p.stderr.strip().splitlines()[-1]) == (
+        2, "patchkit: error: bisect fi-moe-activations: it patches flashinfer; bisect walks "
+           "vLLM's history alone so far (rebase-check --package flashinfer gives its fate per "
+           "release)")

@@ -25,15 +25,20 @@ from pathlib import Path
 from patchkit import http, manifest
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.kinds import diff
-from patchkit.manifest import Manifest
+from patchkit.manifest import VLLM, Manifest
 from patchkit.report import ApplyReport
 from patchkit.series import intake
+from patchkit.cache import cache_dir
+from patchkit.manifest.runspec import run_spec
+from patchkit.series import applier
 from patchkit.series.applier import Progress
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 GITHUB = "https://github.com"
 HOST_ENV = "PATCHKIT_GITHUB"
 VLLM_GITHUB = ("vllm-project", "vllm")
+# where a package's pull requests are when its `repo:` list names no GitHub repository
+KNOWN_GITHUB = {"vllm": VLLM_GITHUB, "flashinfer": ("flashinfer-ai", "flashinfer")}
 LEFT_OUT = ("tests", "docs", "benchmarks", ".github")  # no image is built from them
 MAX_BYTES = 16 * 1024 * 1024
 SHOWN = 5   # files of the pull request an error names
@@ -77,7 +82,8 @@ class AddedPr:
         return self.reports[0].status_of(self.patch.id) or "applied"
 
     def to_dict(self) -> dict:
-        return {"ok": True, "id": self.patch.id, "path": self.patch.path,
+        return {"ok": True, "id": self.patch.id, "package": self.patch.package,
+                "path": self.patch.path,
                 "summary": self.patch.summary, "upstream": self.patch.upstream,
                 "sha256": self.patch.sha256, "fetched": self.pull.diff_url,
                 "files": self.kept, "left_out": self.dropped, "status": self.status,
@@ -93,19 +99,25 @@ def github_host() -> str:
     return host.rstrip("/")
 
 
-def parse_pull(arg: str, m: Manifest) -> PullRequest:
-    """``N``, ``#N`` or a pull request's URL."""
+def parse_pull(arg: str, m: Manifest, package: str = VLLM) -> PullRequest:
+    """``N``, ``#N`` (a pull request of ``package``'s GitHub repository) or a pull request's
+    URL."""
     text = arg.strip()
     number = text[1:] if text.startswith("#") else text
     if number.isdigit():
         if int(number) <= 0:
             raise UsageError(f"{arg!r}: a pull request number is positive")
-        owner_name = _github_repo(m)
-        note = ""
+        owner_name, note = _github_repo(m, package), ""
         if owner_name is None:
-            owner_name = VLLM_GITHUB
-            note = (f"vllm.repo of {m.path.name} names no GitHub repository: pull request "
-                    f"{number} of {'/'.join(VLLM_GITHUB)} (give a URL for another)")
+            owner_name = KNOWN_GITHUB.get(package)
+            where = "vllm.repo" if package == VLLM else f"packages.{package}.repo"
+            if owner_name is None:
+                raise UsageError(f"add-pr {arg}: {where} of {m.path.name} names no GitHub "
+                                 f"repository of {package}; list it there "
+                                 "(https://github.com/OWNER/NAME.git) or give the pull "
+                                 "request's URL")
+            note = (f"{where} of {m.path.name} names no GitHub repository: pull request "
+                    f"{number} of {'/'.join(owner_name)} (give a URL for another)")
         return PullRequest(github_host(), *owner_name, int(number), note=note)
     parts = urllib.parse.urlsplit(text)
     found = _PULL_PATH.match(parts.path) if parts.scheme in ("http", "https") else None
@@ -120,21 +132,25 @@ def parse_pull(arg: str, m: Manifest) -> PullRequest:
     return PullRequest(host, owner, name, int(n), web=host)
 
 
-def _github_repo(m: Manifest) -> tuple[str, str] | None:
-    for repo in m.vllm.repos:
+def _github_repo(m: Manifest, package: str = VLLM) -> tuple[str, str] | None:
+    for repo in m.package(package).repos:
         found = _GITHUB_SOURCE.match(repo.strip())
         if found:
             return found.group(1), found.group(2)
     return None
 
 
-def _keeper(include: Sequence[str]):
+def _keeper(include: Sequence[str], tops: Sequence[str] = ()):
+    """What to keep of the pull request's files: all but those under LEFT_OUT (and, with
+    ``tops``, another package's import folders, those outside them), unless --include names
+    them."""
     for glob in include:
         if not glob.strip():
             raise UsageError("--include: an empty pattern")
 
     def keep(path: str) -> bool:
-        if path.split("/", 1)[0] not in LEFT_OUT:
+        top = path.split("/", 1)[0]
+        if top not in LEFT_OUT and (not tops or (top in tops and "/" in path)):
             return True
         return any(_matches(path, g) for g in include)
     return keep
@@ -166,12 +182,16 @@ def fetch(pull: PullRequest) -> bytes:
 
 
 def run(manifest_path: Path, pr: str, *, patch_id: str | None = None,
-        include: Sequence[str] = (), progress: Progress | None = None,
-        cache: Path | None = None) -> AddedPr:
+        include: Sequence[str] = (), package: str | None = None,
+        progress: Progress | None = None, cache: Path | None = None) -> AddedPr:
     m = manifest.load(manifest_path)
-    pull = parse_pull(pr, m)
-    keep = _keeper(include)
-    pid = intake.check_new_id(m, patch_id if patch_id is not None else f"pr-{pull.number}")
+    name = package or VLLM
+    if package is not None:
+        run_spec(m, only=[package])   # an unknown package: one line, with "did you mean"
+    pull = parse_pull(pr, m, name)
+    keep = _keeper(include, _tops(m, name, progress, cache))
+    pid = intake.check_new_id(m, patch_id if patch_id is not None else f"pr-{pull.number}",
+                              package=name)
     data = fetch(pull)
     sha = hashlib.sha256(data).hexdigest()
     try:
@@ -190,7 +210,19 @@ def run(manifest_path: Path, pr: str, *, patch_id: str | None = None,
                             "keep some with --include GLOB")
     title = diff.subject(text)
     new = intake.NewPatch(pid, title or f"pull request {pull.number}", kept_text,
-                          upstream=pull.url, sha256=sha, source=pull.diff_url)
+                          upstream=pull.url, sha256=sha, source=pull.diff_url, package=name)
     reports = intake.prove(m, [new], progress=progress, cache=cache)
     intake.write(m, [new])
     return AddedPr(new, pull, kept, dropped, reports)
+
+
+def _tops(m: Manifest, package: str, progress: Progress | None,
+          cache: Path | None) -> tuple[str, ...]:
+    """Another package's import folders at its pin (``flashinfer/``): what an image holds of
+    it, so what its patch may change.  vLLM's patches keep every path, as before."""
+    if package == VLLM:
+        return ()
+    run = run_spec(m)
+    log = (progress or Progress()).info
+    pins = applier.resolve_pins(run, cache or cache_dir(), log, None, [package])
+    return applier.package_tops(pins[package])

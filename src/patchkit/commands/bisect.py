@@ -39,7 +39,7 @@ from patchkit import git as g
 from patchkit import kinds, source, versions
 from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, SourceError, UsageError
-from patchkit.manifest import Manifest, Patch, variants
+from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import applier
@@ -386,6 +386,10 @@ def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str 
     progress = progress or applier.Progress()
     variants.check(manifest, variant)
     patch = _patch(manifest, patch_id)
+    if patch.package != VLLM:
+        raise UsageError(f"bisect {patch_id}: it patches {patch.package}; bisect walks vLLM's "
+                         f"history alone so far (rebase-check --package {patch.package} gives "
+                         "its fate per release)")
     spec = run_spec(manifest, ref=good, repos=repos, variant=variant)
     cache = cache or cache_dir()
     lo = source.resolve(spec.sources, spec.ref, cache, progress.info)

@@ -18,6 +18,7 @@ from patchkit import git as g
 from patchkit import interrupt, manifest
 from patchkit.errors import UsageError
 from patchkit.files import write_if_changed
+from patchkit.manifest import VLLM
 from patchkit.manifest.edit import ManifestText
 from patchkit.series import checkout, intake
 
@@ -58,54 +59,79 @@ def _commits(workdir: Path) -> list[g.CommitInfo]:
 
 
 def export(manifest_path: Path, workdir: Path) -> ExportResult:
-    """Turn the commits after ``patchkit/applied`` in ``workdir`` into patches."""
+    """Turn the commits after ``patchkit/applied`` in ``workdir`` (vLLM's checkout) and in each
+    other package's checkout beside it (``.patchkit/flashinfer``) into patches of that package."""
     m = manifest.load(manifest_path)
     workdir = Path(workdir)
+    places = {p.name: workdir if p.name == VLLM else workdir.parent / p.name
+              for p in m.packages}
+    places = {name: place for name, place in places.items()
+              if name == VLLM or (place / ".git").exists()}
     if not (workdir / ".git").exists():
-        raise UsageError(f"--workdir {workdir}: not a checkout (run `patchkit apply` first)")
+        if len(places) == 1:
+            raise UsageError(f"--workdir {workdir}: not a checkout (run `patchkit apply` first)")
+        del places[VLLM]   # `apply --package` made the other packages' checkouts alone
     result = ExportResult()
-    commits = _commits(workdir)
-    if g.has_uncommitted(workdir):
-        result.notes.append(f"{workdir} has uncommitted changes; only commits are exported")
-    report = checkout.read_report(workdir)
-    applied = [p.id for p in report.patches] if report else []
-    if applied and applied != [p.id for p in m.patches][:len(applied)]:
-        result.notes.append(f"{workdir} was applied from another series than "
-                            f"{m.path.name} holds now; the exported patches go at its end")
+    commits = {name: _commits(place) for name, place in places.items()}
+    below: set[str] = set()
+    for name, place in places.items():
+        if g.has_uncommitted(place):
+            result.notes.append(f"{place} has uncommitted changes; only commits are exported")
+        report = checkout.read_report(place)
+        applied = [p.id for p in report.patches] if report else []
+        if applied and applied != [p.id for p in m.patches][:len(applied)]:
+            result.notes.append(f"{place} was applied from another series than "
+                                f"{m.path.name} holds now; the exported patches go at its end")
+        below |= _applied_ids(place) | set(applied)
     text = ManifestText.read(m.path)
-    taken = {p.id: p for p in m.patches}
-    below = _applied_ids(workdir) | set(applied)
     claimed: set[str] = set()
     # the diffs and the manifest are written together: a signal waits for the end
     with interrupt.deferred(done=f"the export to {PATCH_DIR}/ and {m.path.name}"):
         new_entries: list[list[tuple[str, str]]] = []
-        for c in commits:
-            summary = intake.summary(c)
-            diff = g.diff(workdir, f"{c.sha}~1", c.sha)
-            if not diff.strip():
-                result.notes.append(f"{c.sha[:12]} {summary!r} changes nothing; not exported")
-                continue
-            # an entry of an earlier export (patches/<id>.diff, not in the applied series) is this
-            # commit's own, and is updated in place
-            pid = intake.free_id(intake.wanted_id(c), m, claimed | below, reuse=True)
-            claimed.add(pid)
-            rel = f"{PATCH_DIR}/{pid}.diff"
-            existing = taken.get(pid)
-            file_changed = write_if_changed(m.root / rel, diff.encode("utf-8", "surrogateescape"))
-            if existing is not None:
-                action = "updated" if file_changed else "unchanged"
-                if existing.summary != summary and summary:
-                    text.set_scalar(("patches", existing.index, "summary"), summary)
-                    action = "updated"
-            else:
-                new_entries.append(intake.from_commit(c, pid, diff).entry())
-                action = "added"
-            result.exported.append(Exported(pid, c.sha, rel, summary, action))
+        for name, place in places.items():
+            new_entries += _export_commits(m, text, place, name, commits[name], result,
+                                           claimed, below)
         for entry in new_entries:
             text.append_item(("patches",), entry)
         text.write(m.path)
         manifest.load(m.path)  # what was written must load
     return result
+
+
+def _export_commits(m, text: ManifestText, place: Path, package: str,
+                    commits: list[g.CommitInfo], result: ExportResult, claimed: set[str],
+                    below: set[str]) -> list[list[tuple[str, str]]]:
+    """Write each commit of ``package``'s checkout at ``place`` as its diff; the entries of
+    the new ones, to append."""
+    taken = {p.id: p for p in m.patches}
+    new_entries = []
+    for c in commits:
+        summary = intake.summary(c)
+        diff = g.diff(place, f"{c.sha}~1", c.sha)
+        if not diff.strip():
+            result.notes.append(f"{c.sha[:12]} {summary!r} changes nothing; not exported")
+            continue
+        # an entry of an earlier export (its diff file, not in the applied series) is this
+        # commit's own, and is updated in place
+        pid = intake.free_id(intake.wanted_id(c), m, claimed | below, reuse=True,
+                             package=package)
+        claimed.add(pid)
+        rel = intake.diff_path(pid, package)
+        existing = taken.get(pid)
+        (m.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        file_changed = write_if_changed(m.root / rel, diff.encode("utf-8", "surrogateescape"))
+        if existing is not None:
+            action = "updated" if file_changed else "unchanged"
+            if existing.summary != summary and summary:
+                text.set_scalar(("patches", existing.index, "summary"), summary)
+                action = "updated"
+        else:
+            new = intake.from_commit(c, pid, diff)
+            new.package = package
+            new_entries.append(new.entry())
+            action = "added"
+        result.exported.append(Exported(pid, c.sha, rel, summary, action))
+    return new_entries
 
 
 def _applied_ids(workdir: Path) -> set[str]:

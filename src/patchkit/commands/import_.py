@@ -180,7 +180,13 @@ class OverlayTree:
         return [f"left out, {why}: {', '.join(rels)}" for why, rels in self.left_out.items()]
 
 
-_BESIDE = "beside the package folder (not part of vLLM)"
+def _beside(package: str) -> str:
+    return f"beside the package folder (not part of {_label(package)})"
+
+
+def _label(package: str) -> str:
+    """The package as a message names it: vLLM, flashinfer."""
+    return "vLLM" if package == PACKAGE else package
 
 
 def _layout(folder: Path, package: str) -> tuple[Path, str, list[str]]:
@@ -210,14 +216,16 @@ def read_overlay(folder: Path, package: str = PACKAGE) -> OverlayTree:
         raise UsageError(f"--overlay {folder}: no such directory")
     root, prefix, beside = _layout(folder, package)
     files: dict[str, Path] = {}
-    left_out: dict[str, list[str]] = {_BESIDE: beside} if beside else {}
+    left_out: dict[str, list[str]] = {_beside(package): beside} if beside else {}
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         kept = []
         for d in sorted(dirnames):
-            why = (_SKIP_DIRS.get(d) or
-                   ("a link to a folder (an overlay holds regular files)"
-                    if (here / d).is_symlink() else None))
+            if (here / d).is_symlink():
+                rel = (here / d).relative_to(root).as_posix()
+                raise UsageError(f"--overlay {root}: {prefix}{rel} is a link to a folder; an "
+                                 "overlay holds regular files only")
+            why = _SKIP_DIRS.get(d)
             if why:
                 left_out.setdefault(why, []).append(
                     prefix + (here / d).relative_to(root).as_posix() + "/")
@@ -230,7 +238,7 @@ def read_overlay(folder: Path, package: str = PACKAGE) -> OverlayTree:
             if rel == LOCK:
                 continue
             if not prefix and "/" not in rel:  # LICENSE, README: beside the package folder
-                left_out.setdefault(_BESIDE, []).append(rel)
+                left_out.setdefault(_beside(package), []).append(rel)
                 continue
             target = prefix + rel
             why = _left_out_why(root, full, rel, target)
@@ -328,11 +336,15 @@ SPLITS = ("one", "file", "dir")
 
 def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
                 patch_id: str | None = None, summary: str | None = None,
-                split: str = "one", from_repo: str | None = None,
+                split: str = "one", from_repo: str | None = None, package: str | None = None,
                 progress: applier.Progress | None = None, cache: Path | None = None) -> Imported:
     """The overlay tree at ``folder`` (a path inside ``from_repo`` when given, ``REPO@REF``)
-    as new diff patches at the end of the series: one, or one per file or folder (``split``)."""
+    as new diff patches of ``package`` (default vLLM) at the end of the series: one, or one
+    per file or folder (``split``)."""
     m = manifest.load(manifest_path)
+    if package is not None:
+        run_spec(m, only=[package])   # an unknown package: one line, with "did you mean"
+    package = package or PACKAGE
     problem = summary_problem(summary) if summary is not None else None
     if problem:  # said of the option: the manifest it would go in is not written yet
         raise UsageError(f"--summary: {problem}")
@@ -342,7 +354,8 @@ def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
     cache = cache or cache_dir()
     if from_repo is None:
         return _import_tree(m, Path(folder), str(folder), onto=onto, patch_id=patch_id,
-                            summary=summary, split=split, log=log, progress=progress, cache=cache)
+                            summary=summary, split=split, log=log, progress=progress, cache=cache,
+                            package=package)
     repo, ref = _repo_at(from_repo)
     inside = _inside_path(str(folder))
     fork = mirror.resolve(_from_path(repo, m), ref, cache, log)
@@ -351,7 +364,8 @@ def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
         lock_said = _extract(fork, inside, where, f"--from {from_repo}")
         return _import_tree(m, where, f"{from_repo}:{inside}", onto=onto, patch_id=patch_id,
                             summary=summary, split=split, log=log, progress=progress,
-                            cache=cache, lock_said=lock_said and f"{from_repo}:{LOCK}")
+                            cache=cache, lock_said=lock_said and f"{from_repo}:{LOCK}",
+                            package=package)
 
 
 def _repo_at(text: str) -> tuple[str, str]:
@@ -406,27 +420,31 @@ def _extract(fork: source.Resolved, inside: str, dest: Path, said: str) -> bool:
 
 
 def _import_tree(m: Manifest, folder: Path, shown: str, *, onto, patch_id, summary, split,
-                 log, progress, cache, lock_said: str | None = None) -> Imported:
+                 log, progress, cache, lock_said: str | None = None,
+                 package: str = PACKAGE) -> Imported:
     name = Path(folder).resolve().name
     wanted = patch_id if patch_id is not None else (intake.slug(name) or "overlay")
-    pid = intake.check_new_id(m, wanted) if split == "one" or patch_id is not None else wanted
-    tree = read_overlay(Path(folder))
+    pid = (intake.check_new_id(m, wanted, package=package)
+           if split == "one" or patch_id is not None else wanted)
+    tree = read_overlay(Path(folder), package)
     result = Imported(notes=tree.notes())
     said = lock_said or _lock_said(tree, Path(folder), shown)
-    base, base_ref = _overlay_base(m, tree, said, onto, result.notes, log, cache)
+    base, base_ref = _overlay_base(m, tree, said, onto, result.notes, log, cache, package)
     result.base = base.commit
-    text = _diff_against(base, tree, result.notes)
+    text = _diff_against(base, tree, result.notes, package)
     if not text.strip():  # as for a branch with nothing new: nothing failed, nothing written
-        result.notes.append(f"every file of {shown} is as vLLM {base_ref} "
+        result.notes.append(f"every file of {shown} is as {_label(package)} {base_ref} "
                             f"({base.commit[:12]}) has it")
         return result
     label = base.commit[:12] if _SHA.fullmatch(base_ref) else base_ref
+    label = f"{_label(package)} {label}"
     if split == "one":
         result.patches.append(intake.NewPatch(
-            pid, summary or f"the files of {name}, against vLLM {label}", text, source=shown))
+            pid, summary or f"the files of {name}, against {label}", text, source=shown,
+            package=package))
     else:
         result.patches += _split(m, text, split, pid if patch_id is not None else None,
-                                 summary, label, shown)
+                                 summary, label, shown, package)
     result.reports = intake.prove(m, result.patches, progress=progress, cache=cache)
     intake.write(m, result.patches)
     return result
@@ -440,10 +458,13 @@ def _lock_said(tree: OverlayTree, folder: Path, shown: str) -> str:
 
 
 def _overlay_base(m: Manifest, tree: OverlayTree, said_lock: str, onto: str | None,
-                  notes: list[str], log, cache: Path) -> tuple[source.Resolved, str]:
+                  notes: list[str], log, cache: Path,
+                  package: str = PACKAGE) -> tuple[source.Resolved, str]:
     """The commit the tree's files were copied from: --onto, else the first of the lock's
-    commit, tag, version that a source has (a note when it is not the first), else the pin."""
-    spec = run_spec(m)
+    commit, tag, version that a source of ``package`` has (a note when it is not the first),
+    else its pin."""
+    pin = run_spec(m).pin(package)
+    pid = source.package_id(pin.name, pin.dist)
     if onto is not None:
         problem = source.ref_problem(onto)
         if problem:
@@ -454,11 +475,11 @@ def _overlay_base(m: Manifest, tree: OverlayTree, said_lock: str, onto: str | No
     elif tree.lock:
         tries = [(f"{said_lock}", _lock_ref(ref)) for _key, ref in tree.lock.refs]
     else:
-        tries = [("the pin", spec.ref)]
+        tries = [("the pin", pin.ref)]
     failed: list[str] = []
     for n, (said, ref) in enumerate(tries):
         try:
-            base = source.resolve(spec.sources, ref, cache, log)
+            base = source.resolve(pin.sources, ref, cache, log, package=pid)
         except PatchkitError as exc:
             failed.append(f"{ref}: {exc}")
             continue
@@ -468,11 +489,11 @@ def _overlay_base(m: Manifest, tree: OverlayTree, said_lock: str, onto: str | No
                          f"are diffed against {tree.lock.refs[n][0]}={tree.lock.refs[n][1]} "
                          "instead")
         return base, ref
-    said = tries[0][0]
+    said, what = tries[0][0], _label(package)
     if len(tries) == 1:
-        raise UsageError(f"{said} names vLLM {tries[0][1]}, which no source of {m.path.name} "
+        raise UsageError(f"{said} names {what} {tries[0][1]}, which no source of {m.path.name} "
                          f"has: {failed[0].split(': ', 1)[1]}")
-    raise UsageError(f"{said} names vLLM " + ", ".join(f"{k}={v}" for k, v in tree.lock.refs) +
+    raise UsageError(f"{said} names {what} " + ", ".join(f"{k}={v}" for k, v in tree.lock.refs) +
                      f", none of which a source of {m.path.name} has (tried " +
                      "; ".join(failed) + ")")
 
@@ -492,7 +513,7 @@ def _file_diffs(text: str) -> list[tuple[str, str]]:
 
 
 def _split(m: Manifest, text: str, split: str, prefix: str | None, summary: str | None,
-           label: str, shown: str) -> list[intake.NewPatch]:
+           label: str, shown: str, package: str = PACKAGE) -> list[intake.NewPatch]:
     """One patch per changed file (``file``) or per folder holding changed files (``dir``),
     in path order; ids from the path (the package's own name left off), capped, unique."""
     groups: dict[str, list[str]] = {}
@@ -502,21 +523,23 @@ def _split(m: Manifest, text: str, split: str, prefix: str | None, summary: str 
     claimed: set[str] = set()
     out = []
     for key in sorted(groups):
-        stem = key.removeprefix(f"{PACKAGE}/") if key != PACKAGE else key
+        stem = key.removeprefix(f"{package}/") if key != package else key
         if split == "file":
             stem = stem.rsplit(".", 1)[0] if "." in stem.rsplit("/", 1)[-1] else stem
         words = "-".join(re.findall(r"[a-z0-9]+", stem.lower())) or "top"
         base = capped_id(f"{prefix}-{words}" if prefix else words)
-        pid = intake.free_id(base, m, claimed, reuse=False)
+        pid = intake.free_id(base, m, claimed, reuse=False, package=package)
         claimed.add(pid)
         what = key + ("/" if split == "dir" else "")
         said = f"{summary}: {what}" if summary else f"{what} from {Path(shown).name}, " \
-                                                    f"against vLLM {label}"
-        out.append(intake.NewPatch(pid, said, "".join(groups[key]), source=shown))
+                                                    f"against {label}"
+        out.append(intake.NewPatch(pid, said, "".join(groups[key]), source=shown,
+                                   package=package))
     return out
 
 
-def _diff_against(base: source.Resolved, tree: OverlayTree, notes: list[str]) -> str:
+def _diff_against(base: source.Resolved, tree: OverlayTree, notes: list[str],
+                  package: str = PACKAGE) -> str:
     """The diff that turns ``base``'s files into the tree's (a sparse checkout of just them)."""
     with tempfile.TemporaryDirectory(prefix="patchkit-overlay-") as tmp:
         work = Path(tmp) / "t"
@@ -527,7 +550,7 @@ def _diff_against(base: source.Resolved, tree: OverlayTree, notes: list[str]) ->
             if dest.exists():  # the content only: a copy's file modes say nothing
                 dest.write_bytes(full.read_bytes())
                 continue
-            if rel in _GENERATED:
+            if package == PACKAGE and rel in _GENERATED:
                 generated.append(rel)
                 continue
             dest.parent.mkdir(parents=True, exist_ok=True)

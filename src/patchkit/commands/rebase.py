@@ -32,13 +32,13 @@ from pathlib import Path
 from filelock import FileLock
 
 from patchkit import git as g
-from patchkit import interrupt, kinds, manifest, source
+from patchkit import interrupt, kinds, manifest, source, versions
 from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
 from patchkit.kinds import Stop
 from patchkit.kinds.common import ABORT
-from patchkit.manifest import Manifest, Patch
+from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest.edit import ManifestText
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import PatchResult
@@ -66,6 +66,7 @@ class RebaseResult:
     stop: Stop | None = None
     tree: Path | None = None
     notes: list[str] = field(default_factory=list)
+    label: str = "vLLM"   # the package whose pin moves, as messages name it
 
 
 def state_dir(root: Path) -> Path:
@@ -91,6 +92,31 @@ class _State:
     def resolved(self) -> source.Resolved:
         r = self.data["resolved"]
         return source.Resolved(r["source"], Path(r["repo"]), r["ref"], r["commit"], r["version"])
+
+    @property
+    def package(self) -> str:
+        """The package whose pin moves (vLLM unless ``--package``)."""
+        return self.data.get("package", VLLM)
+
+    @property
+    def label(self) -> str:
+        return "vLLM" if self.package == VLLM else self.package
+
+    @property
+    def found(self) -> dict[str, str | None]:
+        """The version of every package the ranges are judged on: the target's for the
+        package that moves, the pins of the others."""
+        return {**self.data.get("others", {}), self.package: self.resolved.version}
+
+    @property
+    def tops(self) -> tuple[str, ...]:
+        return tuple(self.data.get("tops", ()))
+
+    def apply_one(self, m: Manifest, p: Patch, tree: Path, res: source.Resolved,
+                  found: dict | None = None) -> PatchResult:
+        return applier.apply_one(m, p, tree, res.commit, res.version, res.repo,
+                                 package=self.package, found=found or self.found,
+                                 tops=self.tops)
 
     @property
     def steps(self) -> list[Step]:
@@ -151,25 +177,35 @@ def _rel(path: Path) -> str:
 # ------------------------------------------------------------------------------ commands
 
 def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
-          drop_upstream: bool = False, cache: Path | None = None,
+          drop_upstream: bool = False, cache: Path | None = None, package: str = VLLM,
           progress: applier.Progress | None = None) -> RebaseResult:
-    """Begin moving the pin of ``manifest_path`` to ``to``; runs until done or stopped."""
+    """Begin moving the pin of ``package`` (default vLLM) of ``manifest_path`` to ``to``; runs
+    until done or stopped."""
     progress = progress or applier.Progress()
     m = manifest.load(manifest_path)
+    if package != VLLM and repos:
+        raise UsageError("--vllm-repo goes with vLLM's rebase, not --package")
+    run_spec(m, only=[package])   # an unknown package: one line, with "did you mean"
     sdir = state_dir(m.root)
     with _lock(sdir):
         if in_progress(m.root):
             raise UsageError("a rebase is already in progress; go on with `patchkit rebase "
                              "--continue` or undo it with `patchkit rebase --abort`")
         spec = run_spec(m, repos=repos)
-        repos = spec.sources
+        pin = spec.pin(package)
+        repos = pin.sources
         cache = cache or cache_dir()
-        if (source.BASE_REF in (to, spec.ref)
+        if (source.BASE_REF in (to, pin.ref)
                 or any(source.kind_of(r).reads_base for r in repos)):
             raise UsageError("rebase moves the pin between refs of git or PyPI sources; a pin "
                              f"'{source.BASE_REF}' or the source 'image' follows the base image "
                              "instead: change image.base, then check with rebase-check")
-        resolved = source.resolve(repos, to, cache, progress.info)
+        pid = source.package_id(pin.name, pin.dist)
+        resolved = source.resolve(repos, to, cache, progress.info, package=pid)
+        others = {name: r.version for name, r in applier.resolve_pins(
+            spec, cache, progress.info, None, [q.name for q in spec.pins if q.name != package]
+        ).items()}
+        tops = () if package == VLLM else applier.package_tops(resolved)
         shutil.rmtree(sdir, ignore_errors=True)  # the leftovers of a start that never finished
         sdir.mkdir(parents=True)
         try:
@@ -181,8 +217,9 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
             source.checkout(resolved, sdir / "tree")
             g.exclude(sdir / "tree", IGNORED)
             state = _State(sdir, {
-                "format": STATE_FORMAT, "manifest": str(m.path), "from": spec.ref, "to": to,
-                "repos": list(repos), "cache": str(cache),
+                "format": STATE_FORMAT, "manifest": str(m.path), "from": pin.ref, "to": to,
+                "repos": list(repos), "cache": str(cache), "package": package,
+                "dist": pin.dist, "others": others, "tops": list(tops),
                 "resolved": {"source": resolved.source, "repo": str(resolved.repo),
                              "ref": resolved.ref, "commit": resolved.commit,
                              "version": resolved.version},
@@ -257,7 +294,11 @@ def _run(state: _State, progress: applier.Progress) -> RebaseResult:
         p = next((q for q in m.patches if q.id not in done), None)
         if p is None:
             break
-        r = applier.apply_one(m, p, tree, res.commit, res.version, res.repo)
+        if p.package != state.package:   # another package's pin does not move
+            state.add(Step(p.id, "skipped", f"it patches {p.package}, whose pin stays"))
+            state.save()
+            continue
+        r = state.apply_one(m, p, tree, res)
         progress.patch(r)
         with interrupt.deferred():  # a step's files and its record in state.json together
             if r.status == "applied":
@@ -280,7 +321,8 @@ def _run(state: _State, progress: applier.Progress) -> RebaseResult:
 
 def _result(state: _State, done: bool = False) -> RebaseResult:
     return RebaseResult(done, state.data["from"], state.data["to"], state.steps, state.stopped,
-                        None if done else state.tree, list(state.data.get("notes", [])))
+                        None if done else state.tree, list(state.data.get("notes", [])),
+                        state.label)
 
 
 def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str) -> Step:
@@ -295,19 +337,20 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str) -> Step:
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
         manifest.load(m.path)
         return Step(p.id, "dropped", f"{why}; entry and {p.path} removed")
+    key = state.package
     if version is None:
         return Step(p.id, "upstream", f"{why}; left as is: the target's release is unknown, "
-                                      "so no vllm: range can be written")
-    path = ("patches", p.index, "vllm")
+                                      f"so no {key}: range can be written")
+    path = ("patches", p.index, key)
     if text.has(path):
         spec = f"{(text.value(path) or '').strip()},<{version}"
         text.set_scalar(path, spec)
     else:
         spec = f"<{version}"
-        text.insert_key(("patches", p.index), "vllm", spec, after=p.kind, style='"')
+        text.insert_key(("patches", p.index), key, spec, after=p.kind, style='"')
     text.write(m.path)
     manifest.load(m.path)  # the edit must leave a valid manifest
-    return Step(p.id, "upstream", f'{why}; marked vllm: "{spec}"')
+    return Step(p.id, "upstream", f'{why}; marked {key}: "{spec}"')
 
 
 # ------------------------------------------------------------------------------ stopping
@@ -334,19 +377,22 @@ class _Rebase:
             old_m = manifest.load(backup)
             old_p = old_m.patch(patch.id)
             old_res = source.resolve(state.data["repos"], state.data["from"],
-                                     Path(state.data["cache"]), self.progress.info)
+                                     Path(state.data["cache"]), self.progress.info,
+                                     package=source.package_id(state.package,
+                                                               state.data.get("dist", VLLM)))
         except (PatchkitError, KeyError):
             yield None
             return
         old = state.sdir / "old"
         shutil.rmtree(old, ignore_errors=True)
         try:
-            source.checkout(old_res, old, applier.needed_paths(old_m))
+            source.checkout(old_res, old, applier.needed_paths(old_m, state.package))
+            found = {**state.found, state.package: old_res.version}
             for q in old_m.patches:
                 if q.id == patch.id:
                     break
-                applier.apply_one(old_m, q, old, old_res.commit, old_res.version, old_res.repo)
-            r = applier.apply_one(old_m, old_p, old, old_res.commit, old_res.version, old_res.repo)
+                state.apply_one(old_m, q, old, old_res, found)
+            r = state.apply_one(old_m, old_p, old, old_res, found)
             yield (old, r) if r.status == "applied" and r.commit else None
         finally:
             shutil.rmtree(old, ignore_errors=True)
@@ -375,7 +421,7 @@ class _Rebase:
 
 def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
           progress: applier.Progress) -> Stop:
-    head = (f"{p.id} ({p.kind} {p.path}) does not apply to vLLM {state.data['to']}: "
+    head = (f"{p.id} ({p.kind} {p.path}) does not apply to {state.label} {state.data['to']}: "
             f"{r.reason}: {r.message}")
     return kinds.get(p.kind).stop(_Rebase(state, m, progress), p, r, head)
 
@@ -385,11 +431,12 @@ def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
 def _finish(state: _State) -> RebaseResult:
     tree, res = state.tree, state.resolved
     m = manifest.load(state.manifest_path)
-    active = [p for p in m.patches if applier.in_range(p, res.version)[0]]
+    active = [p for p in m.patches if p.package == state.package
+              and versions.in_ranges(p.ranges, state.found)[0]]
     failed = [a for a in assertions.run_assertions(active, assertions.tree_reader(tree)) if not a.ok]
     if failed:
         lines = [(f"every patch is through, but {len(failed)} assertion"
-                  f"{'s do' if len(failed) > 1 else ' does'} not hold on vLLM {res.ref}:")]
+                  f"{'s do' if len(failed) > 1 else ' does'} not hold on {state.label} {res.ref}:")]
         lines += [f"  {a.failure_line()}" for a in failed]
         lines += ["", (f"Fix the `verify:` entries in {m.path.name} (or --abort and fix the "
                        "patches), then `patchkit rebase --continue` checks again."), ABORT]
@@ -399,6 +446,14 @@ def _finish(state: _State) -> RebaseResult:
     notes = list(state.data.get("notes", []))
     text = ManifestText.read(m.path)
     old_ref = state.data["from"]
+    if state.package != VLLM:   # only that package's `ref:` line
+        if m.package(state.package).ref != res.ref:
+            text.set_scalar(("packages", state.package, "ref"), res.ref)
+        text.write(m.path)
+        _prove(state, manifest.load(m.path))
+        steps = state.steps
+        shutil.rmtree(state.sdir)
+        return RebaseResult(True, old_ref, res.ref, steps, None, None, notes, state.label)
     if m.vllm.ref != res.ref:
         text.set_scalar(("vllm", "ref"), res.ref)
     base = text.value(("image", "base")) if text.has(("image", "base")) else None
@@ -415,37 +470,41 @@ def _finish(state: _State) -> RebaseResult:
 
 
 def _prove(state: _State, m: Manifest) -> None:
-    """The rebased manifest on a fresh checkout: every patch must apply exactly and give the
-    tree the rebase built."""
+    """The rebased manifest on a fresh checkout: every patch of the package must apply exactly
+    and give the tree the rebase built."""
     res = state.resolved
     proof = state.sdir / "proof"
     shutil.rmtree(proof, ignore_errors=True)
     try:
         # sparse, like rebase-check: commit trees hold every file either way
-        source.checkout(res, proof, applier.needed_paths(m))
-        report = applier.run_series(m, proof, res)
+        source.checkout(res, proof, applier.needed_paths(m, state.package))
+        results = [state.apply_one(m, p, proof, res) for p in m.patches
+                   if p.package == state.package]
         bad = [f"{r.id}: {r.status} {r.reason or ''} {r.message} {'; '.join(map(str, r.offsets))}".strip()
-               for r in report.patches if r.status == "failed" or r.offsets]
+               for r in results if r.status == "failed" or r.offsets]
         same = g.tree_of(proof, "HEAD") == g.tree_of(state.tree, "HEAD")
         if bad or not same:
             detail = "; ".join(bad) if bad else "it gives another tree than the rebase built"
-            raise PatchkitError(f"the rebased series does not apply exactly to vLLM {res.ref}: "
-                                f"{detail}; `patchkit rebase --abort` puts everything back")
+            raise PatchkitError(f"the rebased series does not apply exactly to {state.label} "
+                                f"{res.ref}: {detail}; `patchkit rebase --abort` puts "
+                                "everything back")
     finally:
         shutil.rmtree(proof, ignore_errors=True)
 
 
 def run(manifest_path: Path, *, to: str | None = None, cont: bool = False, abort_: bool = False,
         drop_upstream: bool = False, repos: Sequence[str] | None = None,
+        package: str | None = None,
         progress: applier.Progress | None = None) -> RebaseResult | list[str]:
     """One of start (``to``), ``--continue`` or ``--abort`` (which returns the files restored)."""
     if sum(bool(x) for x in (to, cont, abort_)) != 1:
         raise UsageError("give exactly one of --to REF, --continue, --abort")
-    if (cont or abort_) and (drop_upstream or repos):
-        raise UsageError("--drop-upstream and --vllm-repo go with --to")
+    if (cont or abort_) and (drop_upstream or repos or package):
+        raise UsageError("--drop-upstream, --vllm-repo and --package go with --to")
     if abort_:
         return abort(manifest_path)
     if cont:
         return resume(manifest_path, progress=progress)
     assert to is not None
-    return start(manifest_path, to, repos=repos, drop_upstream=drop_upstream, progress=progress)
+    return start(manifest_path, to, repos=repos, drop_upstream=drop_upstream,
+                 package=package or VLLM, progress=progress)

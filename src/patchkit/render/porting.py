@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 
+def _pin(report, package: str) -> str:
+    """A package's pin as the report names it: ``vLLM v0.33.0``, ``flashinfer v0.6.15``."""
+    if package == "vllm" or package not in report.packages:
+        return f"vLLM {report.vllm.ref}"
+    return f"{package} {report.packages[package].ref}"
+
+
 def _status_note(pid: str, status: str, ref: str) -> str | None:
     if status == "upstream":
-        return (f"note: at vLLM {ref} the tree has the change of {pid} already when its turn "
+        return (f"note: at {ref} the tree has the change of {pid} already when its turn "
                 "comes (it applies in reverse): it is in the series as upstream")
     return None
 
@@ -19,11 +26,11 @@ def add_pr(result) -> str:
     if result.dropped:
         lines.append(f"  left out ({len(result.dropped)} file(s) no image holds; --include GLOB "
                      f"keeps them): {', '.join(result.dropped)}")
-    ref = result.reports[0].vllm.ref
+    ref = _pin(result.reports[0], p.package)
     note = _status_note(p.id, result.status, ref)
     if note:
         lines.append(note)
-    lines.append(f"ok: the series applies at vLLM {ref} with {p.id} ({len(result.kept)} file(s))")
+    lines.append(f"ok: the series applies at {ref} with {p.id} ({len(result.kept)} file(s))")
     return "\n".join(lines)
 
 
@@ -31,7 +38,8 @@ def import_(result) -> str:
     if not result.patches:
         return "\n".join([f"note: {n}" for n in result.notes] + ["nothing to import"])
     statuses = result.statuses()
-    ref = result.reports[0].vllm.ref if result.reports else "?"
+    package = result.patches[0].package
+    ref = _pin(result.reports[0], package) if result.reports else "?"
     lines = [f"added     {p.id}: {p.path} from {_short(p.source)} {p.summary}"
              for p in result.patches]
     for p in result.patches:
@@ -39,7 +47,7 @@ def import_(result) -> str:
         if note:
             lines.append(note)
     lines += [f"note: {n}" for n in result.notes]
-    lines.append(f"ok: the series applies at vLLM {ref} with {len(result.patches)} new "
+    lines.append(f"ok: the series applies at {ref} with {len(result.patches)} new "
                  f"patch{'es' if len(result.patches) != 1 else ''} (base {result.base[:12]})")
     return "\n".join(lines)
 

@@ -120,7 +120,8 @@ def rebase(result) -> str:
         lines.append("")
         lines += result.stop.instructions
     else:
-        lines.append(f"ok: rebased from vLLM {result.from_ref} to {result.to_ref}; review with "
+        lines.append(f"ok: rebased from {result.label} {result.from_ref} to {result.to_ref}; "
+                     "review with "
                      "`git diff`")
     return "\n".join(lines)
 

@@ -483,11 +483,14 @@ def _swap_all(trees: Mapping[str, Path], places: Mapping[str, Path],
             raise
 
 
-def needed_paths(manifest: Manifest) -> list[str] | None:
-    """Every checkout path the series can read or write, or None when some cannot be named
-    (then a checkout must be full, so the engine reports the failure as ``apply`` would)."""
+def needed_paths(manifest: Manifest, package: str | None = None) -> list[str] | None:
+    """Every checkout path the series (the patches of ``package``, when given) can read or
+    write, or None when some cannot be named (then a checkout must be full, so the engine
+    reports the failure as ``apply`` would)."""
     found: list[str] = []
     for p in manifest.patches:
+        if package is not None and p.package != package:
+            continue
         try:
             found += kinds.get(p.kind).touched(manifest.root / p.path)
         except (OSError, kinds.KindError):

@@ -23,7 +23,7 @@ from patchkit import interrupt, kinds, manifest, source
 from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
-from patchkit.manifest import ID_RE, Manifest, Patch, capped_id, id_problem, shown_id
+from patchkit.manifest import ID_RE, VLLM, Manifest, Patch, capped_id, id_problem, shown_id
 from patchkit.manifest.edit import ManifestText
 from patchkit.manifest.runspec import run_spec
 from patchkit.manifest.variants import describe
@@ -51,19 +51,28 @@ class NewPatch:
     upstream: str | None = None
     sha256: str | None = None
     source: str = ""     # where it came from, for messages (a URL, a commit)
+    package: str = VLLM  # the package it patches; its paths are from that package's root
 
     @property
     def path(self) -> str:
-        return f"{PATCH_DIR}/{self.id}.diff"
+        return diff_path(self.id, self.package)
 
     def entry(self) -> list[tuple[str, str]]:
         out = [("id", self.id), ("summary", self.summary or self.id)]
+        if self.package != VLLM:
+            out.append(("package", self.package))
         if self.upstream:
             out.append(("upstream", self.upstream))
         out.append((DIFF, self.path))
         if self.sha256:
             out.append(("sha256", self.sha256))
         return out
+
+
+def diff_path(pid: str, package: str = VLLM) -> str:
+    """Where a new diff patch goes: ``patches/<id>.diff``, another package's under its name
+    (``patches/flashinfer/<id>.diff``)."""
+    return f"{PATCH_DIR}/{pid}.diff" if package == VLLM else f"{PATCH_DIR}/{package}/{pid}.diff"
 
 
 # ------------------------------------------------------------------------------ commits
@@ -110,16 +119,17 @@ def wanted_id(c: g.CommitInfo) -> str:
     return slug(summary(c)) or "patch"
 
 
-def free_id(base: str, m: Manifest, unavailable: set[str], *, reuse: bool) -> str:
+def free_id(base: str, m: Manifest, unavailable: set[str], *, reuse: bool,
+            package: str = VLLM) -> str:
     """``base``, else ``base-2``, ``base-3`` ...: the first id no entry and no file under
-    patches/ has.  With ``reuse``, an entry whose diff is ``patches/<id>.diff`` counts as free:
-    it is the same patch, written before, to be updated in place."""
+    patches/ has (of ``package``).  With ``reuse``, an entry whose diff is that file counts as
+    free: it is the same patch, written before, to be updated in place."""
     taken = {p.id: p for p in m.patches}
     pid, n = base, 1
     while True:
         if pid not in unavailable:
             existing = taken.get(pid)
-            rel = f"{PATCH_DIR}/{pid}.diff"
+            rel = diff_path(pid, package)
             if existing is None and not os.path.lexists(m.root / rel):
                 return pid
             if reuse and existing is not None and existing.path == rel:  # only a diff is a .diff
@@ -134,8 +144,9 @@ def from_commit(c: g.CommitInfo, pid: str, text: str) -> NewPatch:
     return NewPatch(pid, summary(c) or pid, text, upstream=upstream_of(c), source=c.sha)
 
 
-def check_new_id(m: Manifest, patch_id: str, flag: str = "--id") -> str:
-    """``patch_id`` when it can name a new patch: a valid id, not in the series, no file there."""
+def check_new_id(m: Manifest, patch_id: str, flag: str = "--id", package: str = VLLM) -> str:
+    """``patch_id`` when it can name a new patch of ``package``: a valid id, not in the series,
+    no file there."""
     problem = id_problem(patch_id)
     if problem:
         raise UsageError(f"{flag} {shown_id(patch_id)!r}: {problem}")
@@ -143,7 +154,7 @@ def check_new_id(m: Manifest, patch_id: str, flag: str = "--id") -> str:
         if p.id == patch_id:
             raise UsageError(f"{flag} {patch_id}: the series has that id already "
                              f"({m.path.name}:{p.line}); give another with --id")
-    rel = f"{PATCH_DIR}/{patch_id}.diff"
+    rel = diff_path(patch_id, package)
     if os.path.lexists(m.root / rel):
         raise UsageError(f"{flag} {patch_id}: {rel} exists already and is no entry of the "
                          "series; remove it or give another id")
@@ -152,8 +163,9 @@ def check_new_id(m: Manifest, patch_id: str, flag: str = "--id") -> str:
 
 def prove(m: Manifest, new: Sequence[NewPatch], *, progress: applier.Progress | None = None,
           cache: Path | None = None) -> list[ApplyReport]:
-    """Apply the series with ``new`` at its end at the pin, for the default build and each
-    variant; NotAppliedError (exit 1) naming the first failure when one does not apply."""
+    """Apply the series with ``new`` at its end at the pins (vLLM's, and each package's the
+    new patches patch), for the default build and each variant; NotAppliedError (exit 1)
+    naming the first failure when one does not apply."""
     progress = progress or applier.Progress()
     cache = cache or cache_dir()
     with tempfile.TemporaryDirectory(prefix="patchkit-intake-") as tmp:
@@ -163,19 +175,23 @@ def prove(m: Manifest, new: Sequence[NewPatch], *, progress: applier.Progress | 
             if problem:
                 raise NotAppliedError(f"{p.id}: {problem.replace(p.path, 'the diff')}; nothing "
                                       "was written")
-        pin = run_spec(m)
-        resolved = source.resolve(pin.sources, pin.ref, cache, progress.info)
-        paths = applier.needed_paths(candidate)
+        run = run_spec(m)
+        names = [VLLM, *dict.fromkeys(p.package for p in new if p.package != VLLM)]
+        pins = applier.resolve_pins(run, cache, progress.info, None)  # every range is judged
         reports = []
         for n, variant in enumerate([None, *m.variants]):
-            tree = Path(tmp) / f"t{n}"
+            trees = {}
             try:
-                source.checkout(resolved, tree, paths)
-                report = applier.run_series(candidate, tree, resolved, variant=variant)
+                for name in names:
+                    tree = Path(tmp) / f"t{n}" / name
+                    source.checkout(pins[name], tree, applier.needed_paths(candidate, name))
+                    tops = () if name == VLLM else applier.package_tops(pins[name])
+                    trees[name] = applier.Tree(tree, pins[name], tops)
+                report = applier.run_stack(candidate, trees, variant=variant, pins=pins)
             finally:
-                shutil.rmtree(tree, ignore_errors=True)
+                shutil.rmtree(Path(tmp) / f"t{n}", ignore_errors=True)
             if not report.ok:
-                raise NotAppliedError(_failure(m, report, {p.id for p in new}, variant))
+                raise NotAppliedError(_failure(m, report, new, variant))
             reports.append(report)
         return reports
 
@@ -188,21 +204,31 @@ def _candidate(m: Manifest, new: Sequence[NewPatch], tmp: Path) -> Manifest:
         file = tmp / f"{p.id}.diff"
         file.write_text(p.text, encoding="utf-8", errors="surrogateescape")
         added.append(Patch(id=p.id, summary=p.summary or p.id, kind=DIFF, path=str(file),
-                           upstream=p.upstream, index=len(m.patches) + n))
+                           upstream=p.upstream, package=p.package, index=len(m.patches) + n))
     return dataclasses.replace(m, patches=(*m.patches, *added))
 
 
-def _failure(m: Manifest, report: ApplyReport, new_ids: set[str], variant: str | None) -> str:
-    where = f"vLLM {report.vllm.ref} ({report.vllm.commit[:12]})"
-    if m.variants:
-        where += f", {describe(variant)}"
+def _failure(m: Manifest, report: ApplyReport, new: Sequence[NewPatch],
+             variant: str | None) -> str:
+    new_ids = {p.id for p in new}
     failed: list[PatchResult] = [r for r in report.patches if r.status == "failed"]
     first = next((r for r in failed if r.id in new_ids), failed[0] if failed else None)
+    where = pin_label(report, first.package if first else new[0].package)
+    if m.variants:
+        where += f", {describe(variant)}"
     if first is None:
         bad = next(a for a in report.verify if not a.ok)
         return f"the series does not verify at {where}: {bad.failure_line()}; nothing was written"
     what = first.id if first.id in new_ids else f"the series ({first.id})"
     return f"{what} does not apply at {where}: {first.reason}: {first.message}; nothing was written"
+
+
+def pin_label(report: ApplyReport, package: str = VLLM) -> str:
+    """A package's pin in a report as a message names it: ``vLLM v0.33.0 (1a2b3c4d5e6f)``,
+    ``flashinfer v0.6.15 (...)``."""
+    info = report.packages.get(package) if package != VLLM else None
+    ref, commit = (info.ref, info.commit) if info else (report.vllm.ref, report.vllm.commit)
+    return f"{'vLLM' if package == VLLM else package} {ref} ({commit[:12]})"
 
 
 def write(m: Manifest, new: Sequence[NewPatch]) -> None:
@@ -219,11 +245,12 @@ def _write(m: Manifest, new: Sequence[NewPatch]) -> None:
     text.append_items(("patches",), [p.entry() for p in new])
     before = m.path.read_bytes()
     made_dir = not (m.root / PATCH_DIR).exists()
+    made_subdirs = {d for d in {(m.root / p.path).parent for p in new} if not d.exists()}
     written: list[Path] = []
     try:
-        (m.root / PATCH_DIR).mkdir(exist_ok=True)
         for p in new:
             file = m.root / p.path
+            file.parent.mkdir(parents=True, exist_ok=True)
             write_if_changed(file, p.text.encode("utf-8", "surrogateescape"))
             written.append(file)
         text.write(m.path)
@@ -232,6 +259,8 @@ def _write(m: Manifest, new: Sequence[NewPatch]) -> None:
         m.path.write_bytes(before)
         for file in written:
             file.unlink(missing_ok=True)
+        for d in made_subdirs:
+            shutil.rmtree(d, ignore_errors=True)
         if made_dir:
             shutil.rmtree(m.root / PATCH_DIR, ignore_errors=True)
         raise

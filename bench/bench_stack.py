@@ -1,0 +1,185 @@
+"""The stack side by side, warm cache: two packages applied, FlashInfer's matrix, a long series.
+
+1. A two-package apply: three diffs on the real vLLM tree and two on the real FlashInfer tree
+   (both from PyPI), `patchkit apply` of both (checkouts, series, assertions, atomic move of
+   both) against plain git doing the same per package (`git clone --shared`, checkout,
+   `git apply` + `git commit` per diff), run alternately.  Target: ratio <= 1.3.
+2. `rebase-check --package flashinfer` of that project over four FlashInfer releases against
+   one, each as its own `patchkit` process.  Target: ratio <= 1.5.
+3. A 33-patch series (one patch per file, made with `import --overlay --split file` from 33
+   real files of the pin) `rebase-check`ed over three vLLM releases against one.
+   Target: ratio <= 1.5.
+
+    python bench/bench_stack.py [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))
+
+from patchkit import git as g  # noqa: E402
+from patchkit import manifest, source  # noqa: E402
+from patchkit.cache import cache_dir  # noqa: E402
+from patchkit.commands import import_  # noqa: E402
+from patchkit.series import applier  # noqa: E402
+
+VLLM_PIN = "v0.27.1"
+VLLM_TARGETS = ["v0.31.0", "v0.32.0", "v0.33.0"]
+FI_PIN = "v0.6.15"
+FI_TARGETS = ["v0.6.16", "v0.6.17", "v0.6.18", "v0.7.0"]
+FI = source.package_id("flashinfer", "flashinfer-python")
+VLLM_FILES = ["vllm/utils/torch_utils.py", "vllm/config/speculative.py",
+              "vllm/v1/kv_cache_interface.py"]
+FI_FILES = ["flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py",
+            "flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_activation.py"]
+
+
+def _diffs(resolved: source.Resolved, files: list[str], dest: Path, package: str) -> list[str]:
+    """One diff per file (a line added at its end) in ``dest``; their manifest entries."""
+    dest.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for i, rel in enumerate(files):
+        lines = g.show(resolved.repo, f"{resolved.commit}:{rel}").splitlines(keepends=True)
+        body = "".join(difflib.unified_diff(lines, lines + [f"BENCH_EDIT_{i} = {i}\n"],
+                                            f"a/{rel}", f"b/{rel}"))
+        (dest / f"{package}-edit{i}.diff").write_text(f"diff --git a/{rel} b/{rel}\n{body}")
+        entries.append(f"  - id: {package}-edit{i}\n    summary: bench edit {i}\n"
+                       + (f"    package: {package}\n" if package != "vllm" else "")
+                       + f"    diff: patches/{package}-edit{i}.diff\n"
+                       f"    verify:\n      - file: {rel}\n        defines: BENCH_EDIT_{i}\n")
+    return entries
+
+
+def stack_project(vllm: source.Resolved, fi: source.Resolved, proj: Path) -> None:
+    entries = (_diffs(vllm, VLLM_FILES, proj / "patches", "vllm")
+               + _diffs(fi, FI_FILES, proj / "patches", "flashinfer"))
+    (proj / "patchset.yaml").write_text(
+        f"name: bench\nvllm:\n  repo: pypi\n  ref: {vllm.ref}\npackages:\n  flashinfer:\n"
+        f"    dist: flashinfer-python\n    repo: [pypi]\n    ref: {fi.ref}\npatches:\n"
+        + "".join(entries))
+
+
+def plain_git(resolved: source.Resolved, diffs: list[Path], dest: Path) -> None:
+    def run(*args, cwd=None):
+        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                       env={**g.IDENTITY, "PATH": "/usr/bin:/bin", "HOME": str(dest.parent)})
+
+    run("clone", "-q", "--shared", "--no-checkout", str(resolved.repo), str(dest))
+    run("checkout", "-q", resolved.commit, cwd=dest)
+    for d in diffs:
+        run("apply", "--index", str(d), cwd=dest)
+        run("commit", "-q", "-m", d.name, cwd=dest)
+
+
+def bench_apply(vllm: source.Resolved, fi: source.Resolved, work: Path, runs: int) -> None:
+    proj = work / "stack"
+    stack_project(vllm, fi, proj)
+    m = manifest.load(proj / "patchset.yaml")
+    diffs = {name: sorted((proj / "patches").glob(f"{name}-edit*.diff"))
+             for name in ("vllm", "flashinfer")}
+    base, pk = [], []
+    for i in range(runs + 1):   # the first round untimed: page cache warm
+        t = time.perf_counter()
+        plain_git(vllm, diffs["vllm"], work / f"plain{i}" / "vllm")
+        plain_git(fi, diffs["flashinfer"], work / f"plain{i}" / "flashinfer")
+        took_base = time.perf_counter() - t
+        t = time.perf_counter()
+        report = applier.apply_series(m, workdir=work / f"pk{i}" / "vllm")
+        took_pk = time.perf_counter() - t
+        assert report.ok, report.to_json()
+        if i:
+            base.append(took_base)
+            pk.append(took_pk)
+        shutil.rmtree(work / f"plain{i}")
+        shutil.rmtree(work / f"pk{i}")
+    b, p = statistics.median(base), statistics.median(pk)
+    print(f"1. two-package apply (vLLM {vllm.ref} 3 diffs + FlashInfer {fi.ref} 2 diffs)")
+    print(f"  plain git per package: median {b:.3f} s  ({', '.join(f'{x:.2f}' for x in base)})")
+    print(f"  patchkit apply:        median {p:.3f} s  ({', '.join(f'{x:.2f}' for x in pk)})")
+    print(f"  ratio patchkit/plain: {p / b:.2f} (target <= 1.30)")
+
+
+def rebase_check(proj: Path, targets: list[str], extra: list[str]) -> float:
+    args = [sys.executable, "-m", "patchkit", "rebase-check", "--format", "json", *extra]
+    for t in targets:
+        args += ["--to", t]
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    t0 = time.perf_counter()
+    proc = subprocess.run(args, cwd=proj, env=env, capture_output=True, text=True, check=False)
+    took = time.perf_counter() - t0
+    if proc.returncode not in (0, 1) or '"targets"' not in proc.stdout:
+        raise SystemExit(f"rebase-check failed ({proc.returncode}):\n{proc.stderr}")
+    return took
+
+
+def bench_matrix(label: str, proj: Path, targets: list[str], extra: list[str],
+                 runs: int) -> None:
+    rebase_check(proj, targets, extra)   # one untimed round
+    one, many = [], []
+    for _ in range(runs):
+        one.append(rebase_check(proj, targets[:1], extra))
+        many.append(rebase_check(proj, targets, extra))
+    a, b = statistics.median(one), statistics.median(many)
+    print(label)
+    print(f"  --to {targets[0]}: median {a:.3f} s  ({', '.join(f'{x:.2f}' for x in one)})")
+    print(f"  {len(targets)} releases: median {b:.3f} s  ({', '.join(f'{x:.2f}' for x in many)})")
+    print(f"  ratio {len(targets)}/1: {b / a:.2f} (target <= 1.50)")
+
+
+def split_project(pin: source.Resolved, proj: Path) -> int:
+    """A project pinned at ``pin`` whose series is 33 real files, each edited, one patch each."""
+    names = [n for _m, _k, n in g.list_tree(pin.repo, pin.commit, "vllm")
+             if n.endswith(".py") and n != "vllm/__init__.py"]
+    chosen = names[::max(1, len(names) // 33)][:33]
+    blobs = g.read_blobs(pin.repo, [f"{pin.commit}:{n}" for n in chosen])
+    overlay = proj.parent / "overlay"
+    for rel in chosen:
+        (overlay / rel).parent.mkdir(parents=True, exist_ok=True)
+        (overlay / rel).write_bytes(blobs[f"{pin.commit}:{rel}"] + b"# dgx-spark: GB10\n")
+    (overlay / "LICENSE").write_text("Apache License 2.0\n")
+    proj.mkdir(parents=True)
+    (proj / "patchset.yaml").write_text(
+        f"name: split\nvllm:\n  repo: pypi\n  ref: {pin.ref}\npatches: []\n")
+    t = time.perf_counter()
+    result = import_.run_overlay(proj / "patchset.yaml", overlay, split="file")
+    print(f"   (import --overlay --split file of {len(chosen)} files: "
+          f"{time.perf_counter() - t:.2f} s, {len(result.patches)} patches)")
+    return len(result.patches)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+    cache = cache_dir()
+    # warm: every wheel laid out once, outside the timing
+    vllm = {ref: source.resolve(["pypi"], ref, cache) for ref in [VLLM_PIN, *VLLM_TARGETS]}
+    fi = {ref: source.resolve(["pypi"], ref, cache, package=FI) for ref in [FI_PIN, *FI_TARGETS]}
+    print(f"cores: {os.cpu_count()}; runs: {args.runs}")
+    work = Path(tempfile.mkdtemp(prefix="pk-bench-stack-"))
+    try:
+        bench_apply(vllm[VLLM_TARGETS[-1]], fi[FI_PIN], work, args.runs)
+        bench_matrix(f"2. rebase-check --package flashinfer from {FI_PIN}", work / "stack",
+                     FI_TARGETS, ["--package", "flashinfer"], args.runs)
+        n = split_project(vllm[VLLM_PIN], work / "split" / "proj")
+        bench_matrix(f"3. rebase-check of a {n}-patch split series from {VLLM_PIN}",
+                     work / "split" / "proj", VLLM_TARGETS, ["--vllm-repo", "pypi"], args.runs)
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
