@@ -55,3 +55,27 @@ def test_cli_bad_via_exits_2_before_any_engine(monkeypatch, capsys):
     assert code == 2
     assert json.loads(capsys.readouterr().out)["error"].startswith(
         "--via 'http://reg:5000' is not a registry")
+
+
+def test_a_transfer_counts_layers_moved_and_held_and_their_bytes_once():
+    from patchkit.image.docker import Transfer
+
+    pull = Transfer()
+    for line in [{"status": "Pulling from pk/app", "id": "1"},
+                 {"status": "Already exists", "id": "aa"},
+                 {"status": "Pulling fs layer", "progressDetail": {}, "id": "bb"},
+                 {"status": "Downloading", "progressDetail": {"current": 10, "total": 900},
+                  "id": "bb"},
+                 {"status": "Downloading", "progressDetail": {"current": 900, "total": 900},
+                  "id": "bb"},
+                 {"status": "Pull complete", "progressDetail": {}, "id": "bb"},
+                 {"status": "Digest: sha256:" + "c" * 64}]:
+        pull.count(line)
+    assert pull.to_dict() == {"layers": 1, "present": 1, "bytes": 900}
+    push = Transfer()
+    for line in [{"status": "Preparing", "id": "aa"}, {"status": "Mounted from pk/base", "id": "aa"},
+                 {"status": "Layer already exists", "id": "cc"},
+                 {"status": "Pushing", "progressDetail": {"current": 5, "total": 70}, "id": "bb"},
+                 {"status": "Pushed", "progressDetail": {}, "id": "bb"}]:
+        push.count(line)
+    assert push.to_dict() == {"layers": 1, "present": 2, "bytes": 70}

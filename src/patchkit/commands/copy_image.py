@@ -272,7 +272,7 @@ def copy_via(source: Engine, image: str, attrs: dict, urls: Sequence[str], via: 
         try:
             assert pushed is not None
             _pull_to(target, image, f"{repository(ref)}@{pushed.digest}", want, previous,
-                     result, log)
+                     result, log, len((attrs.get("RootFS") or {}).get("Layers") or ()))
         except PatchkitError as exc:
             result.status, result.error = "failed", str(exc)
         result.seconds = round(time.monotonic() - started, 2)
@@ -299,12 +299,14 @@ def _push_via(source: Engine, image: str, image_id: str, ref: str, log: Log) -> 
 
 
 def _pull_to(target: Engine, image: str, pinned: str, want: str, previous: str | None,
-             result: TargetResult, log: Log) -> None:
+             result: TargetResult, log: Log, layers: int) -> None:
     """``target`` pulls ``pinned`` (repo@digest), then names it ``image``; unless the tag then
     holds ``want``, the tag is put back as it was."""
     log(f"{result.engine}: pulling {pinned} (only the layers it lacks)")
     try:
-        result.pulled = target.pull(pinned, log)
+        result.pulled = pulled_ = target.pull(pinned, log)
+        # an engine that holds every layer names none of them in its progress
+        pulled_.present = max(pulled_.present, layers - pulled_.moved)
         pulled = target.inspect(pinned)
         if pulled is None:
             raise ImageError(f"the engine at {result.engine} pulled {pinned} but holds no "
