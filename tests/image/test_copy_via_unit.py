@@ -79,3 +79,21 @@ def test_a_transfer_counts_layers_moved_and_held_and_their_bytes_once():
                  {"status": "Pushed", "progressDetail": {}, "id": "bb"}]:
         push.count(line)
     assert push.to_dict() == {"layers": 1, "present": 2, "bytes": 70}
+
+
+def test_the_text_says_what_the_push_sent_then_what_each_target_pulled():
+    from patchkit.render import copy as render
+
+    fp = "sha256:" + "f" * 64
+    data = {"via": {"ref": "reg:5000/app:1", "digest": "sha256:" + "d" * 64, "layers": 1,
+                    "present": 1, "bytes": 256000, "seconds": 0.9},
+            "targets": [{"engine": "ssh://n2", "status": "copied", "fingerprint": fp,
+                         "sent": {"bytes": 0}, "seconds": 3.2,
+                         "pulled": {"layers": 1, "present": 1, "bytes": 54113}},
+                        {"engine": "ssh://n3", "status": "failed", "error": "the engine at "
+                         "ssh://n3 could not pull reg:5000/app@sha256:d: denied"}]}
+    assert render.text(data).splitlines() == [
+        f"pushed    reg:5000/app:1@sha256:{'d' * 64} (256,000 layer bytes (1 layer(s)) sent, 1 "
+        "held by the registry already, in 0.9 s)",
+        f"copied    ssh://n2 {fp} (pulled 54,113 bytes (1 layer(s), 1 held already) in 3.2 s)",
+        "failed    ssh://n3: the engine at ssh://n3 could not pull reg:5000/app@sha256:d: denied"]
