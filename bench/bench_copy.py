@@ -1,24 +1,36 @@
-"""copy-image of the DSpark image to the second node behind ssh: a first copy, then a second.
+"""copy-image of the DSpark image to the second node behind ssh, direct and --via a registry.
 
 The image is this repository's own DSpark series (patchset.yaml) applied to the real vLLM
 v0.33.0 (its PyPI layout) and laid over the arm64 test base of that release, built through the
 engine that DOCKER_HOST names.  The node is the second Docker Engine behind sshd that
 .ci/services.sh starts (PK_NODE2, an ssh:// URL; PK_NODE2_SOCKET, its own socket, which the
-bench uses only to empty the node between runs).  Each run: the node forgets the image, then
-`copy-image --to $PK_NODE2` twice.  Printed beside the times: the layer bytes each copy sent.
-Target: the second copy sends 0 layer bytes.  For reference, one `docker save | ssh NODE
-docker load` of the same image.
+bench uses only to look at the node and to forget its own images there).  The node keeps the
+shared test base (other tests use it); the bench removes only images it made.  Each run, side
+by side, bytes and seconds of:
 
-    .ci/services.sh; python bench/bench_copy.py [--runs 3]
+1. first copy to a node that holds the base: a new image each run (the DSpark image and a
+   fresh 4 KiB layer, so no engine or registry holds its top layer); bytes sent against the
+   layers the node lacks plus config and manifest (target <= 1.05x);
+2. full copy, to a node that holds nothing of the image (a single-layer image of the same
+   files, made for the bench alone), against ``docker save | ssh NODE docker load`` of it
+   (target <= 1.0x the pipe's time);
+3. two targets against one (target <= 1.3x), when a second target is set (PK_NODE3, with
+   PK_NODE3_SOCKET); otherwise it says so;
+4. ``--via`` the registry (PK_REGISTRY, through a relay that counts what is uploaded) against
+   the direct copy of 1.: bytes on the ssh link, pushed to the registry, pulled by the node.
+
+    .ci/services.sh; python bench/bench_copy.py [--runs 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -31,82 +43,246 @@ sys.path.insert(0, str(ROOT / "tests"))
 import docker  # noqa: E402
 
 from testing import baseimage  # noqa: E402
+from testing.regproxy import RegistryProxy  # noqa: E402
 from patchkit import manifest  # noqa: E402
 from patchkit.commands import copy_image  # noqa: E402
 from patchkit.commands.build_image import run as build_image  # noqa: E402
 
 RELEASE = "0.33.0"
+TAG = f"pk-bench/dspark-copy:v{RELEASE}"
+FULL = f"pk-bench/dspark-copy-full:v{RELEASE}"   # one layer: nothing of it on any node
+med = statistics.median
 
 
-def forget(client, ref: str, image_id: str) -> None:
-    for what in (ref, image_id):
+def forget(client, *refs: str) -> None:
+    for what in refs:
         try:
             client.images.remove(what, force=True)
-        except docker.errors.ImageNotFound:
+        except docker.errors.NotFound:
             pass
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=3)
-    args = ap.parse_args()
-    node = os.environ.get("PK_NODE2")
-    socket = os.environ.get("PK_NODE2_SOCKET")
-    if not node or not socket:
-        print("PK_NODE2 and PK_NODE2_SOCKET are not set: run .ci/services.sh first",
-              file=sys.stderr)
-        return 2
-    client = docker.from_env(timeout=900)
-    direct = docker.DockerClient(base_url=socket, timeout=900)
-    registry = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+def archive_sizes(client, ref: str) -> dict:
+    """From the source's ``docker save`` of ``ref``: each layer's tar size by diff_id, and the
+    sizes of its config and manifest."""
+    with tempfile.TemporaryFile() as fh:
+        for chunk in client.api.get_image(ref):
+            fh.write(chunk)
+        fh.seek(0)
+        with tarfile.open(fileobj=fh) as tar:
+            sizes = {m.name: m.size for m in tar.getmembers()}
+            (entry,) = json.load(tar.extractfile("manifest.json"))
+            config = json.load(tar.extractfile(entry["Config"]))
+    diff_ids = config["rootfs"]["diff_ids"]
+    return {"layers": {d: sizes[p] for d, p in zip(diff_ids, entry["Layers"])},
+            "config": sizes[entry["Config"]], "manifest": sizes["manifest.json"]}
+
+
+def fresh(client, parent: str, n: int) -> str:
+    """``parent`` and a fresh layer of 4 KiB of random bytes, tagged for run ``n``."""
+    import io
+
+    tag = f"pk-bench/dspark-copy:fresh-{n}"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("Dockerfile", f"FROM {parent}\nCOPY fresh /opt/pk-bench-fresh\n"),
+                           ("fresh", os.urandom(2048).hex())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data.encode()))
+    buf.seek(0)
+    client.images.build(fileobj=buf, custom_context=True, tag=tag, platform="linux/arm64",
+                        rm=True, forcerm=True)
+    return tag
+
+
+def squashed(client, image: str) -> None:
+    """FULL: ``image``'s files as one layer, made once."""
+    try:
+        client.images.get(FULL)
+        return
+    except docker.errors.NotFound:
+        pass
+    env = dict(os.environ)
+    cid = subprocess.run(["docker", "create", "--platform", "linux/arm64", image, "/x"],
+                         check=True, stdout=subprocess.PIPE, text=True, env=env).stdout.strip()
+    try:
+        subprocess.run(f"docker export {cid} | docker import --platform linux/arm64 - {FULL}",
+                       shell=True, check=True, stdout=subprocess.DEVNULL, env=env)
+    finally:
+        subprocess.run(["docker", "rm", cid], stdout=subprocess.DEVNULL, env=env)
+
+
+def pipe(node: str, ref: str) -> tuple[float, int]:
+    """``docker save REF | ssh NODE docker load``: seconds and bytes through the pipe."""
+    url = urlsplit(node)
+    t = time.monotonic()
+    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+    load = subprocess.Popen(["ssh", "-p", str(url.port), url.hostname, "docker", "load", "-q"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    sent = 0
+    while chunk := save.stdout.read(1 << 20):
+        sent += len(chunk)
+        load.stdin.write(chunk)
+    load.stdin.close()
+    assert save.wait() == 0 and load.wait() == 0
+    return time.monotonic() - t, sent
+
+
+def timed(fn):
+    t = time.monotonic()
+    out = fn()
+    return time.monotonic() - t, out
+
+
+def build(client, registry: str) -> dict:
     base = baseimage.ensure_base(client, RELEASE, f"{registry}/pk-test/vllm-base:{RELEASE}",
                                  log=lambda m: print(m, file=sys.stderr))
-    tag = f"pk-bench/dspark-copy:v{RELEASE}"
     with tempfile.TemporaryDirectory(prefix="bench-copy-") as tmp:
         m = manifest.load(ROOT / "patchset.yaml")
         os.environ.setdefault("PATCHKIT_CACHE_DIR", str(baseimage.cache_root()))
         built = build_image(m, workdir=Path(tmp) / "vllm", ref=f"v{RELEASE}", repos=["pypi"],
-                            base=base["tag"], tag=tag).to_dict()
+                            base=base["tag"], tag=TAG).to_dict()
     if not built["ok"]:
-        print(f"the DSpark image did not build: {built.get('error')}", file=sys.stderr)
-        return 1
-    attrs = client.api.inspect_image(tag)
-    print(f"image {tag} {built['image_id'][:19]}: {len(attrs['RootFS']['Layers'])} layers, "
-          f"{attrs['Size']:,} bytes (the DSpark layer: {built['layer']['files']} files, "
-          f"{built['layer']['bytes']:,} bytes); node {node}")
+        raise SystemExit(f"the DSpark image did not build: {built.get('error')}")
+    built["base"] = base
+    return built
 
-    first, second = [], []
-    for _ in range(args.runs):
-        forget(direct, tag, built["image_id"])
-        t = time.monotonic()
-        a = copy_image.run(tag, [node]).targets[0]
-        first.append((time.monotonic() - t, a))
-        t = time.monotonic()
-        b = copy_image.run(tag, [node]).targets[0]
-        second.append((time.monotonic() - t, b))
-        assert (a.status, b.status) == ("copied", "present"), (a, b)
-        assert a.fingerprint == b.fingerprint
 
-    forget(direct, tag, built["image_id"])
-    url = urlsplit(node)
-    t = time.monotonic()
-    subprocess.run(f"docker save {tag} | ssh -p {url.port} {url.hostname} docker load -q",
-                   shell=True, check=True, stdout=subprocess.DEVNULL)
-    pipe = time.monotonic() - t
+def warm(client, base: str, relay: str) -> None:
+    """The base pushed under the relay's address, untimed: the registry holds it already, so
+    nothing is uploaded, but the engine learns where it is there and mounts it into the new
+    repositories of the runs instead of sending it again (as with a cluster's registry, whose
+    address does not change)."""
+    ref = f"{relay}/pk-test/vllm-base:{RELEASE}"
+    client.api.tag(base, *ref.rsplit(":", 1))
+    try:
+        for line in client.api.push(ref, stream=True, decode=True):
+            assert "error" not in line, line
+    finally:
+        client.api.remove_image(ref, noprune=True)
 
-    med = statistics.median
-    f_time, s_time = med(x[0] for x in first), med(x[0] for x in second)
-    f_bytes = first[-1][1].sent.layer_bytes
-    s_bytes = max(x[1].sent.layer_bytes for x in second)
-    print(f"runs: {args.runs}")
-    print(f"first copy:  {f_time:6.2f} s   {f_bytes:>13,} layer bytes sent "
-          f"({first[-1][1].sent.bytes:,} archive bytes, {first[-1][1].sent.layers} layers)")
-    print(f"second copy: {s_time:6.2f} s   {s_bytes:>13,} layer bytes sent (present)   "
-          f"time ratio {s_time / f_time:.2f}")
-    print(f"for reference, docker save | ssh docker load: {pipe:6.2f} s")
-    ok = s_bytes == 0
+
+def copied(report, engine_count: int = 1):
+    assert len(report.targets) == engine_count
+    for t in report.targets:
+        assert t.status == "copied", (t.status, t.error)
+    return report.targets[0]
+
+
+def one_run(n: int, ctx: dict) -> None:
+    client, direct, node, relay, rows = (ctx[k] for k in ("client", "direct", "node", "relay",
+                                                          "rows"))
+    built = ctx["built"]
+    tag = fresh(client, TAG, n)
+    sizes = archive_sizes(client, tag)
+    need = (sum(s for d, s in sizes["layers"].items() if d not in ctx["node_base"])
+            + sizes["config"] + sizes["manifest"])
+    iid = client.images.get(tag).id
+    mine = (tag, iid, TAG, built["image_id"])
+    forget(direct, *mine)
+    s, r = timed(lambda: copy_image.run(tag, [node]))
+    t = copied(r)
+    rows["first"].append({"s": s, "sent": t.sent.bytes, "need": need})
+    forget(direct, *mine)
+    relay.reset()
+    s, r = timed(lambda: copy_image.run(tag, [node], via=relay.addr))
+    traffic = relay.reset()
+    t = copied(r)
+    rows["via"].append({"s": s, "link": t.sent.bytes, "uploaded": traffic.body,
+                        "pushed": r.via.transfer.moved, "push_s": r.via.seconds,
+                        "pulled": t.pulled.bytes, "pulled_layers": t.pulled.moved,
+                        "pull_s": t.seconds})
+    forget(direct, *mine[:2])
+    forget(client, tag)
+
+    forget(direct, FULL)
+    s, r = timed(lambda: copy_image.run(FULL, [node]))
+    rows["full"].append({"s": s, "sent": copied(r).sent.bytes})
+    forget(direct, FULL)
+    s, sent = pipe(node, FULL)
+    rows["pipe"].append({"s": s, "sent": sent})
+    forget(direct, FULL)
+    if ctx["node3"]:
+        third = ctx["direct3"]
+        forget(third, FULL)
+        s, r = timed(lambda: copy_image.run(FULL, [node, ctx["node3"]]))
+        copied(r, 2)
+        rows["two"].append({"s": s})
+        forget(direct, FULL)
+        forget(third, FULL)
+        s, r = timed(lambda: copy_image.run(FULL, [node]))
+        copied(r)
+        rows["one"].append({"s": s})
+        forget(direct, FULL)
+
+
+def report(rows: dict, ctx: dict, runs: int) -> bool:
+    ok = True
+    m = {k: {f: med(r[f] for r in v) for f in v[0]} for k, v in rows.items() if v}
+    first, via, full, pipe_ = m["first"], m["via"], m["full"], m["pipe"]
+    ratio = max(r["sent"] / r["need"] for r in rows["first"])
+    ok &= ratio <= 1.05
+    print(f"runs: {runs} (medians; ratios: the worst run)")
+    print(f"1. first copy, the node holds the base: {first['s']:6.2f} s  {int(first['sent']):>13,} "
+          f"bytes sent; the node lacked {int(first['need']):,} (new layers + config + "
+          f"manifest): ratio {ratio:.2f} (target <= 1.05)")
+    tr = max(f["s"] / p["s"] for f, p in zip(rows["full"], rows["pipe"]))
+    ok &= tr <= 1.0
+    print(f"2. full copy, the node holds nothing:   {full['s']:6.2f} s  {int(full['sent']):>13,} "
+          f"bytes sent; docker save | ssh docker load {pipe_['s']:6.2f} s "
+          f"{int(pipe_['sent']):,} bytes: time ratio {tr:.2f} (target <= 1.0)")
+    if rows["two"]:
+        tr2 = max(t["s"] / o["s"] for t, o in zip(rows["two"], rows["one"]))
+        ok &= tr2 <= 1.3
+        print(f"3. two targets {m['two']['s']:6.2f} s, one target {m['one']['s']:6.2f} s "
+              f"(the full image): time ratio {tr2:.2f} (target <= 1.3)")
+    else:
+        print("3. two targets vs one: not measured, there is no second target "
+              "(PK_NODE3 and PK_NODE3_SOCKET are not set)")
+    print(f"4. --via the registry: {via['s']:6.2f} s (push {via['push_s']:.2f} s, pull "
+          f"{via['pull_s']:.2f} s): {int(via['link']):,} bytes on the ssh link, "
+          f"{int(via['uploaded']):,} bytes uploaded ({via['pushed']:.0f} layer(s)), "
+          f"{int(via['pulled']):,} bytes pulled ({via['pulled_layers']:.0f} layer(s)); direct "
+          f"(1.) {first['s']:.2f} s, {int(first['sent']):,} bytes on the link: time ratio "
+          f"{via['s'] / first['s']:.2f}")
     print("targets met" if ok else "TARGETS MISSED")
-    return 0 if ok else 1
+    print(json.dumps(rows), file=sys.stderr)
+    return ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=2)
+    args = ap.parse_args()
+    node, socket = os.environ.get("PK_NODE2"), os.environ.get("PK_NODE2_SOCKET")
+    if not node or not socket:
+        print("PK_NODE2 and PK_NODE2_SOCKET are not set: run .ci/services.sh first",
+              file=sys.stderr)
+        return 2
+    registry = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+    client = docker.from_env(timeout=900)
+    direct = docker.DockerClient(base_url=socket, timeout=900)
+    node3, socket3 = os.environ.get("PK_NODE3"), os.environ.get("PK_NODE3_SOCKET")
+    built = build(client, registry)
+    base = built["base"]["tag"]
+    direct.images.pull(*base.rsplit(":", 1), platform="linux/arm64")  # as a cluster node has it
+    squashed(client, TAG)
+    attrs = client.api.inspect_image(TAG)
+    print(f"image {TAG}: {len(attrs['RootFS']['Layers'])} layers, {attrs['Size']:,} bytes (the "
+          f"DSpark layer: {built['layer']['files']} files, {built['layer']['bytes']:,} bytes); "
+          f"node {node}, holding the base {base}; registry {registry}")
+    rows: dict = {k: [] for k in ("first", "via", "full", "pipe", "one", "two")}
+    with RegistryProxy(registry) as relay:
+        warm(client, base, relay.addr)
+        ctx = {"client": client, "direct": direct, "node": node, "relay": relay, "rows": rows,
+               "built": built, "node3": node3 if socket3 else None,
+               "direct3": docker.DockerClient(base_url=socket3, timeout=900) if node3 and socket3
+               else None,
+               "node_base": set(direct.api.inspect_image(base)["RootFS"]["Layers"])}
+        for n in range(args.runs):
+            one_run(n, ctx)
+    return 0 if report(rows, ctx, args.runs) else 1
 
 
 if __name__ == "__main__":

@@ -467,6 +467,9 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, split, package,
 @click.option("--copy-to", "copy_to", multiple=True, metavar="ENGINE",
               help="Then copy the image to this engine (ssh://[user@]host[:port], unix://, "
                    "tcp://), as copy-image does; repeat for several.")
+@click.option("--via", metavar="REGISTRY",
+              help="With --copy-to: copy through this registry (host:port[/prefix]), as "
+                   "copy-image --via does.")
 @click.option("--locked", is_flag=True, help="Refuse a base or packages that differ from "
               "patchset.lock (each difference named); nothing is tagged.")
 @TIMEOUT
@@ -474,8 +477,8 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, split, package,
 @MANIFEST
 @FORMAT
 def build_image_cmd(ref, repos, workdir, no_apply, discard, base, tag, platform, mode, max_jobs,
-                    nvcc_threads, push, no_daemon, save, copy_to, locked, timeout, variant,
-                    manifest_path, fmt) -> int:
+                    nvcc_threads, push, no_daemon, save, copy_to, via, locked, timeout,
+                    variant, manifest_path, fmt) -> int:
     """Build the image through the Docker Engine that DOCKER_HOST names, or with
     --no-daemon --push straight in the registry."""
     from patchkit.commands import build_image as command
@@ -487,7 +490,7 @@ def build_image_cmd(ref, repos, workdir, no_apply, discard, base, tag, platform,
                          max_jobs=max_jobs, nvcc_threads=nvcc_threads,
                          progress=TextProgress(err=True), variant=variant,
                          no_daemon=no_daemon, copy_to=copy_to, timeout=timeout,
-                         discard=discard, locked=locked)
+                         discard=discard, locked=locked, via=via)
     summary = report.to_dict()
     echo(json.dumps(summary, indent=2) if fmt == "json" else text.build_image(report))
     return 0 if summary["ok"] else 1
@@ -522,9 +525,12 @@ def lock(workdir, base, platform, manifest_path, fmt) -> int:
               help="An engine to copy to: ssh://[user@]host[:port] (through the system ssh), "
                    "unix:///path or tcp://host:port; repeat, or list more after it.")
 @click.argument("more", nargs=-1, metavar="[ENGINE...]")
+@click.option("--via", metavar="REGISTRY",
+              help="Copy through this registry (host:port[/prefix]) instead of the link: "
+                   "push what it lacks, then each target pulls what it lacks.")
 @TIMEOUT
 @FORMAT
-def copy_image_cmd(image, targets, more, timeout, fmt) -> int:
+def copy_image_cmd(image, targets, more, via, timeout, fmt) -> int:
     """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines.
 
     \b
@@ -532,13 +538,15 @@ def copy_image_cmd(image, targets, more, timeout, fmt) -> int:
       present   the target holds that content under the tag already; nothing is sent
       copied    streamed from this engine into the target's load, no file in between
       replaced  the tag named other content there, and now names this
+    With --via REGISTRY, "copied" and "replaced" mean pulled from the registry, which the
+    source engine pushed the layers it lacked to first.
     Exit 1 if any target could not be reached or refused the load; the others are still tried.
     """
     from patchkit.commands import copy_image as command
     from patchkit.render import copy as render
 
     report = command.run(image, [*targets, *more], log=TextProgress(err=True).info,
-                         timeout=timeout)
+                         timeout=timeout, via=via)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
     return 0 if report.ok else 1
 

@@ -4,6 +4,10 @@ Clients that talk to the relay's address talk to the registry; the relay reads t
 requests going in and counts them: each request's method, path and body bytes, the bytes of
 request heads, everything sent.  Tests use it to see that a run uploaded nothing; the push
 benchmark uses it to weigh what a push sent against what it had to send.
+
+Given ``refuse`` (``(method, path) -> HTTP status or None``), the relay answers a matching
+request itself, with that status and a registry error body (``DENIED`` for 401 and 403,
+``UNKNOWN`` otherwise), and closes the connection: a registry that refuses blob uploads, say.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import socket
 import socketserver
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass
@@ -78,6 +83,9 @@ class _Meter:
                        (line.partition(":") for line in lines[1:] if line)}
             self.current = Request(method, path)
             self.t.requests.append(self.current)
+            status = self.proxy.refuse(method, path) if self.proxy.refuse else None
+            if status:
+                raise _Refused(status)
             if "chunked" in headers.get("transfer-encoding", "").lower():
                 self.state = "size"
             elif int(headers.get("content-length") or 0) > 0:
@@ -125,9 +133,11 @@ class _Meter:
 class RegistryProxy:
     """``with RegistryProxy("127.0.0.1:5055") as p: ... p.addr ... p.traffic``."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str,
+                 refuse: Callable[[str, str], int | None] | None = None) -> None:
         host, _, port = upstream.rpartition(":")
         self.upstream = (host, int(port))
+        self.refuse = refuse
         self.lock = threading.Lock()
         self.traffic = Traffic()
         proxy = self
@@ -165,6 +175,18 @@ class RegistryProxy:
         self.server.server_close()
 
 
+class _Refused(Exception):
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+def _refusal(status: int) -> bytes:
+    code = "DENIED" if status in (401, 403) else "UNKNOWN"
+    body = ('{"errors":[{"code":"%s","message":"refused by the test relay"}]}' % code).encode()
+    return (f"HTTP/1.1 {status} Refused\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
 def _pipe(src: socket.socket, dst: socket.socket, meter: _Meter | None) -> None:
     try:
         while True:
@@ -174,6 +196,13 @@ def _pipe(src: socket.socket, dst: socket.socket, meter: _Meter | None) -> None:
             if meter is not None:
                 meter.feed(data)
             dst.sendall(data)
+    except _Refused as refused:
+        try:
+            src.sendall(_refusal(refused.status))
+            src.shutdown(socket.SHUT_RDWR)
+            dst.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
     except OSError:
         pass
     finally:

@@ -99,7 +99,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         progress: Progress | None = None, engine=None, variant: str | None = None,
         no_daemon: bool = False, registry=None, copy_to: Sequence[str] = (),
         timeout: float = DEFAULT_TIMEOUT, discard: bool = False,
-        locked: bool = False) -> BuildReport:
+        locked: bool = False, via: str | None = None) -> BuildReport:
     """Build (and optionally push and save) the image; with ``no_daemon``, straight in the
     registry (``push`` required, no engine).  The engine (or the registry) is reached before
     the series is applied; ``timeout`` bounds each of its silences.  The base's installed
@@ -120,6 +120,10 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     if apply:
         check_workdir(workdir, discard)  # before any source or engine is asked
     plat, copy_urls = _check_inputs(manifest, spec, base=base, tag=tag, copy_to=copy_to)
+    if via is not None:
+        via = copy_image.check_via(via)
+        if not copy_urls:
+            raise UsageError("--via REGISTRY is the way --copy-to copies; give --copy-to ENGINE")
     lock = _lock_of(manifest, locked, no_daemon)
     # Reached before the apply too: an engine or registry that is not there is known at once.
     engine, registry = _reach(manifest, no_daemon, engine, registry, ref=spec.ref, tag=tag,
@@ -155,7 +159,8 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
                      saved=saved, started=started, holds=holds)
     if copy_urls:
         log(f"copying {final_tag} to {', '.join(copy_urls)}")
-        report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log, timeout=timeout)
+        report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log, timeout=timeout,
+                                      via=via)
     return report
 
 

@@ -544,14 +544,18 @@ class Engine:
                 return rd.split("@", 1)[1]
         return None
 
-    def push(self, ref: str, log: Log = lambda m: None) -> str:
-        """Push ``ref``; returns the manifest digest the registry gave it."""
+    def push(self, ref: str, log: Log = lambda m: None, *,
+             tally: "Transfer | None" = None) -> str:
+        """Push ``ref``; returns the manifest digest the registry gave it.  The engine sends
+        only the layers the registry lacks (it asks for each); ``tally`` counts them."""
         repo, tag = split_tag(ref)
         digest = None
         with _border(f"pushing {ref}"):
             for line in self.api.push(repo, tag=tag, stream=True, decode=True):
                 if line.get("error"):
                     raise ImageError(f"push of {ref} refused: {' '.join(str(line['error']).split())}")
+                if tally is not None:
+                    tally.count(line)
                 aux = line.get("aux") or {}
                 if aux.get("Digest"):
                     digest = aux["Digest"]
@@ -562,6 +566,23 @@ class Engine:
         if not digest:
             raise ImageError(f"push of {ref} gave no digest")
         return digest
+
+    def pull(self, ref: str, log: Log = lambda m: None) -> Transfer:
+        """``docker pull`` of ``ref`` (``repo:tag`` or ``repo@sha256:..``): the engine fetches
+        only the layers it lacks.  Each silence of the engine is bounded by the connection's
+        timeout; what moved is counted in the returned Transfer."""
+        repo, tag = ref.split("@", 1) if "@" in ref else split_tag(ref)
+        tally = Transfer()
+        with _border(f"the engine at {self.host} pulling {ref}"):
+            for line in self.api.pull(repo, tag=tag, stream=True, decode=True):
+                if line.get("error"):
+                    raise ImageError(f"the engine at {self.host} could not pull {ref}: "
+                                     f"{' '.join(str(line['error']).split())}")
+                tally.count(line)
+                status = line.get("status")
+                if status and not line.get("progressDetail") and line.get("id"):
+                    log(f"{self.host}: {line['id']}: {status}")
+        return tally
 
     def save(self, ref: str, path: Path) -> int:
         """``docker save`` of ``ref`` into ``path`` (atomically); returns its size."""
@@ -637,6 +658,40 @@ class Engine:
 
     def _cli_env(self) -> dict:
         return {"DOCKER_HOST": self.host}
+
+
+@dataclass
+class Transfer:
+    """What a push or a pull moved, layer by layer, as the engine's progress told it:
+    ``moved`` layers went over the wire (``bytes`` of them: a push counts the layers' own
+    bytes, a pull the compressed blobs it fetched), ``present`` ones the other side held."""
+
+    moved: int = 0
+    present: int = 0
+    bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self._sizes: dict[str, int] = {}
+
+    _MOVED = ("Pushed", "Pull complete")
+    _PRESENT = ("Layer already exists", "Already exists")
+
+    def count(self, line: dict) -> None:
+        status, lid = str(line.get("status") or ""), line.get("id")
+        if not lid:
+            return
+        if status in self._MOVED:
+            self.moved += 1
+        elif status in self._PRESENT or status.startswith("Mounted from"):
+            self.present += 1
+        elif status in ("Pushing", "Downloading"):
+            total = (line.get("progressDetail") or {}).get("total") or 0
+            if total > self._sizes.get(lid, 0):
+                self.bytes += total - self._sizes.get(lid, 0)
+                self._sizes[lid] = total
+
+    def to_dict(self) -> dict:
+        return {"layers": self.moved, "present": self.present, "bytes": self.bytes}
 
 
 class ImageFiles:

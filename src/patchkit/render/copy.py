@@ -1,4 +1,5 @@
-"""Text for copy-image (and build-image --copy-to): one line per target, with the fingerprint."""
+"""Text for copy-image (and build-image --copy-to): one line per target, with the fingerprint;
+with --via, first a line of what the push to the registry sent."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ def target_line(target: dict) -> str:
     if target["status"] == "failed":
         return f"{head}: {target.get('error') or 'failed'}"
     sent = target.get("sent") or {}
-    if sent.get("bytes"):
+    pulled = target.get("pulled")
+    if pulled is not None:
+        how = (f"pulled {pulled.get('bytes', 0):,} bytes ({pulled.get('layers', 0)} layer(s), "
+               f"{pulled.get('present', 0)} held already) in {target.get('seconds', 0):.1f} s")
+    elif sent.get("bytes"):
         how = (f"{sent.get('layer_bytes', 0):,} layer bytes ({sent.get('layers', 0)} layer(s)) "
                f"sent in {target.get('seconds', 0):.1f} s")
     else:
@@ -16,6 +21,13 @@ def target_line(target: dict) -> str:
     return f"{head} {target['fingerprint']} ({how})"
 
 
+def via_line(via: dict) -> str:
+    return (f"pushed    {via['ref']}@{via['digest']} ({via.get('bytes', 0):,} layer bytes "
+            f"({via.get('layers', 0)} layer(s)) sent, {via.get('present', 0)} held by the "
+            f"registry already, in {via.get('seconds', 0):.1f} s)")
+
+
 def text(report) -> str:
     data = report.to_dict() if hasattr(report, "to_dict") else report
-    return "\n".join(target_line(t) for t in data["targets"])
+    lines = [via_line(data["via"])] if data.get("via") else []
+    return "\n".join(lines + [target_line(t) for t in data["targets"]])

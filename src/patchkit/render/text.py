@@ -160,9 +160,11 @@ def build_image(report) -> str:
         lines.append(f"  other node: the same command against the same base gives image "
                      f"{image_id[:19]}")
     if report.copy is not None:
-        from patchkit.render.copy import target_line
+        from patchkit.render.copy import target_line, via_line
 
         copied = report.copy.to_dict()
+        if copied.get("via"):
+            lines.append(f"  copy: {via_line(copied['via'])}")
         lines += [f"  copy: {target_line(t)}" for t in copied["targets"]]
         if not copied["ok"]:
             failed = sum(t["status"] == "failed" for t in copied["targets"])
