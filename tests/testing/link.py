@@ -19,6 +19,7 @@ class Link:
         self.up = 0          # bytes from ssh to sshd
         self.down = 0        # bytes from sshd to ssh
         self.connections = 0
+        self.streams: list[list[int]] = []   # [up, down] of each connection, in order
         self._budget: int | None = None
         self._cut = False
         self._lock = threading.Lock()
@@ -39,12 +40,18 @@ class Link:
         return self.up + self.down
 
     @property
+    def busiest(self) -> int:
+        """The bytes sent up the connection that sent the most (a load's)."""
+        return max((c[0] for c in self.streams), default=0)
+
+    @property
     def was_cut(self) -> bool:
         return self._cut
 
     def reset(self) -> None:
         with self._lock:
             self.up = self.down = self.connections = 0
+            self.streams = []
 
     def cut_after(self, n: int) -> None:
         with self._lock:
@@ -82,14 +89,18 @@ class Link:
             except OSError:
                 client.close()
                 continue
+            counts = [0, 0]
             with self._lock:
                 self.connections += 1
+                self.streams.append(counts)
                 self._open.update((client, server))
             pair = [client, server, 2]   # the two sockets, and the pumps still running
             for a, b, way in ((client, server, "up"), (server, client, "down")):
-                threading.Thread(target=self._pump, args=(a, b, way, pair), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b, way, pair, counts),
+                                 daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, way: str, pair: list) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, way: str, pair: list,
+              counts: list[int]) -> None:
         try:
             while True:
                 data = src.recv(1 << 16)
@@ -104,6 +115,7 @@ class Link:
                             self._cut = True
                         self._budget -= len(data)
                     setattr(self, way, getattr(self, way) + len(data))
+                    counts[way == "down"] += len(data)
                 dst.sendall(data)
                 if self._cut:
                     break
