@@ -141,17 +141,31 @@ def test_dry_run_says_what_would_be_sent_and_sends_nothing(overlay, node3, capsy
     assert dry_up < 256 * 1024, dry_up
 
 
-def test_two_nodes_at_once_from_one_export_end_identical(overlay, node2, node3):
-    for node in (node2, node3):
-        holding_base(node, overlay)
+def test_two_nodes_at_once_from_one_export_end_identical(overlay, node2, node3, docker_client):
+    # both nodes hold the overlay; the image to copy is one new layer on top of it
+    assert copy_image.run(TAG, [node2.url, node3.url]).ok
+    on_top = f"{REGISTRY}/pk-test/copy-on-top:1"
+    ctx = io.BytesIO()
+    with tarfile.open(fileobj=ctx, mode="w") as tar:
+        for name, body in (("Dockerfile", f"FROM {TAG}\nCOPY new /opt/new\n".encode()),
+                           ("new", os.urandom(256 * 1024))):
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    ctx.seek(0)
+    docker_client.images.build(fileobj=ctx, custom_context=True, tag=on_top, rm=True)
     said: list[str] = []
-    report = copy_image.run(TAG, [node2.url, node3.url], log=said.append)
+    report = copy_image.run(on_top, [node2.url, node3.url], log=said.append)
     assert report.ok, report.to_dict()
     assert [t.status for t in report.targets] == ["copied", "copied"]
     assert any("one export for 2 targets" in line for line in said), said
-    assert fingerprint_of(node2.direct, TAG) == fingerprint_of(node3.direct, TAG) \
-        == overlay["fingerprint"]
-    assert all(t.sent.layers_skipped >= len(overlay["layers"]) - 1 for t in report.targets)
+    want = fingerprint_of(docker_client, on_top)
+    assert fingerprint_of(node2.direct, on_top) == fingerprint_of(node3.direct, on_top) == want
+    for t in report.targets:
+        assert (t.sent.layers, t.sent.layers_skipped) == (1, len(overlay["layers"]))
+        assert 256 * 1024 < t.sent.layer_bytes < 300 * 1024
+    for client in (node2.direct, node3.direct, docker_client):
+        forget(client, on_top)
 
 
 def test_a_cut_link_leaves_the_tag_as_it_was_and_a_rerun_completes(overlay, node3, capfd):
