@@ -10,7 +10,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
 import tarfile
+import time
 
 import docker
 import pytest
@@ -208,3 +212,22 @@ def test_gzip_goes_through_the_load(overlay, node3):
     (t,) = copy_image.run(TAG, [node3.url], compress="gzip").targets
     assert (t.status, t.sent.compress) == ("copied", "gzip"), t
     assert fingerprint_of(node3.direct, TAG) == overlay["fingerprint"]
+
+
+def test_sigterm_mid_copy_is_143_and_leaves_the_tag(overlay, node3):
+    # a whole image to send, so the signal comes while the stream flows
+    forget(node3.direct, TAG, overlay["id"], overlay["base"])
+    old = a_small_other_image(node3, TAG)
+    with Link(port_of(node3.url)) as link:
+        proc = subprocess.Popen([sys.executable, "-m", "patchkit", "copy-image", TAG, "--to",
+                                 link.url("pk-node3")], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while link.up < 20 * 2**20 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert node3.direct.images.get(TAG).id == old
+    forget(node3.direct, old)
