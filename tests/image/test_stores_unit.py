@@ -576,3 +576,17 @@ def test_a_connection_that_breaks_is_sent_again_once_with_a_new_stream():
     api.load_image = broken
     (t,) = copy_image.run(IMAGE, list(engines), source=source, connect=connect).targets
     assert t.status == "failed" and "Connection aborted" in t.error and IMAGE not in api.tags
+
+
+def test_a_store_without_partial_loads_gets_the_whole_image_and_says_so():
+    source, src_api, _ = _source()
+    engines, connect = _targets("containers-storage")
+    said: list[str] = []
+    (t,) = copy_image.run(IMAGE, list(engines), source=source, connect=connect,
+                          log=said.append).targets
+    assert t.status == "copied" and (t.sent.layers, t.sent.layers_skipped) == (2, 0)
+    url = next(iter(engines))
+    assert f"{url}: containers-storage cannot take a partial load (\"Some layer tarfiles are " \
+           "missing in the tarball\"): it holds 1 of the 2 layers, and the whole image goes " \
+           "instead" in said
+    assert t.plan.to_dict()["layers_present"] == 1 and t.plan.skipped == 0

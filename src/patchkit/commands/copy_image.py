@@ -257,15 +257,15 @@ class _Job:
             return Plan("tag", n, n, why=f"holds this content under another name; tagging it "
                         f"{self.image}, nothing sent")
         held = t.engine.layers_held(self.diff_ids)
-        if not store.partial_load:
+        if not held:
+            why = f"holds none of the {n} layers: the whole image goes"
+        elif not store.partial_load:
             refusal = f' ("{_PODMAN_REFUSAL}")' if store.kind == "containers-storage" else ""
             why = (f"{store} cannot take a partial load{refusal}: it holds {held} of the "
-                   f"{n} layers, and the whole image is sent instead")
-        elif held:
-            why = (f"holds {held} of the {n} layers; sending the other {n - held}, the config "
-                   "and the manifest")
+                   f"{n} layers, and the whole image goes instead")
         else:
-            why = f"holds none of the {n} layers; sending the whole image"
+            why = (f"holds {held} of the {n} layers: the other {n - held} go, with the config "
+                   "and the manifest")
         return Plan("send", n, held, store.partial_load, why)
 
     def _stream(self, held: Sequence[str], box: dict) -> Iterator[bytes]:
