@@ -180,7 +180,7 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
         try:
             list(pool.map(lambda t: job.plan(t, connect), targets))
             if dry_run:
-                job.measure([t for t in targets if t.result is None])
+                job.measure([t for t in targets if t.result is None and t.plan.action == "send"])
             else:
                 groups: dict[int, list[_Target]] = {}
                 for t in targets:
@@ -205,7 +205,6 @@ class _Target:
     same_id: str | None = None      # an image of the same content under another name
     result: TargetResult | None = None
     started: float = field(default_factory=time.monotonic)
-    done: threading.Event = field(default_factory=threading.Event)
 
     def fail(self, exc: BaseException) -> None:
         self.result = TargetResult(self.url, "failed", error=str(exc), plan=self.plan)
