@@ -7,7 +7,9 @@
 #   - a second Docker Engine reachable only through a real sshd on 127.0.0.1:2222, as the
 #     second node (PK_NODE2=ssh://pk-node2:2222; its socket is PK_NODE2_SOCKET, for tests that
 #     look at it directly).  `ssh pk-node2` works through a marked Host block in root's
-#     ~/.ssh/config, because the docker CLI and SDK reach ssh:// engines through the system ssh.
+#     ~/.ssh/config, because the docker CLI and SDK reach ssh:// engines through the system ssh;
+#   - a third Docker Engine made the same way behind its own sshd on 127.0.0.1:2223
+#     (PK_NODE3=ssh://pk-node3:2223, PK_NODE3_SOCKET), for copies to two targets at once.
 # Idempotent: whatever already answers is left alone.  Run it (`bash .ci/services.sh`) or
 # source it; either way it writes $PK_SERVICES_ENV (default /tmp/pk-services.env) with the
 # exports above, and when sourced it also exports them into the calling shell.
@@ -16,8 +18,10 @@
 # engine that may run on the same machine.  Nothing listens beyond 127.0.0.1.
 
 PK_NODE2_ALIAS=pk-node2
-PK_SSH_BEGIN="# >>> patchkit test services: $PK_NODE2_ALIAS (written by .ci/services.sh) >>>"
-PK_SSH_END="# <<< patchkit test services: $PK_NODE2_ALIAS <<<"
+
+# The marks around a node's Host block in ~/.ssh/config.
+pk_ssh_begin() { echo "# >>> patchkit test services: $1 (written by .ci/services.sh) >>>"; }
+pk_ssh_end() { echo "# <<< patchkit test services: $1 <<<"; }
 
 pk_say() { echo "services: $*" >&2; }
 
@@ -193,16 +197,19 @@ pk_podman() { # ROOT REGISTRY
     pk_say "Podman answers ($((SECONDS - t0)) s)"
 }
 
-pk_node2() { # ROOT REGISTRY
-    local root="$1" reg="$2"
-    local port="${PK_NODE2_SSH_PORT:-2222}"
-    local d2="$root/pk-node2" d2_exec="$root/pk-node2-exec" d2_pid="$root/pk-node2.pid"
-    local d2_host="unix://$root/pk-node2.sock" d2_log="$root/pk-node2.log"
-    local ssh_dir="$root/pk-node2-ssh" ssh_pid="$root/pk-node2-sshd.pid"
-    local url="ssh://$PK_NODE2_ALIAS:$port" t0=$SECONDS started=""
+# pk_node ROOT REGISTRY N PORT ORDINAL: node N (alias pk-nodeN) is a dockerd of its own on
+# $ROOT/pk-nodeN.sock, reachable through an sshd of its own on 127.0.0.1:PORT; ORDINAL
+# ("second") is how its messages and config comments name it.
+pk_node() {
+    local root="$1" reg="$2" n="$3" port="$4" ordinal="$5"
+    local alias="pk-node$n"
+    local d2="$root/$alias" d2_exec="$root/$alias-exec" d2_pid="$root/$alias.pid"
+    local d2_host="unix://$root/$alias.sock" d2_log="$root/$alias.log"
+    local ssh_dir="$root/$alias-ssh" ssh_pid="$root/$alias-sshd.pid"
+    local url="ssh://$alias:$port" t0=$SECONDS started=""
 
     if ! docker -H "$d2_host" version >/dev/null 2>&1; then
-        pk_say "starting the second node's dockerd on ${d2_host#unix://}"
+        pk_say "starting the $ordinal node's dockerd on ${d2_host#unix://}"
         started=1
         # Before 23.0 a dockerd takes its ID from a key file, /etc/docker/key.json unless its
         # config names another: without one of its own this engine would share the first
@@ -212,10 +219,10 @@ pk_node2() { # ROOT REGISTRY
         if [ -n "$major" ] && [ "$major" -lt 23 ]; then
             mkdir -p "$d2"
             printf '{"deprecated-key-path": "%s"}\n' "$d2/key.json" \
-                | pk_write "$root/pk-node2.json" || true
-            extra+=(--config-file "$root/pk-node2.json")
+                | pk_write "$root/$alias.json" || true
+            extra+=(--config-file "$root/$alias.json")
         fi
-        pk_start_dockerd "the second node's dockerd" "$d2" "$d2_exec" "$d2_pid" "$d2_host" \
+        pk_start_dockerd "the $ordinal node's dockerd" "$d2" "$d2_exec" "$d2_pid" "$d2_host" \
             "$reg" "$d2_log" "${extra[@]}"
     fi
 
@@ -224,7 +231,7 @@ pk_node2() { # ROOT REGISTRY
     chmod 700 "$ssh_dir"
     local key
     for key in host_key id; do
-        [ -f "$ssh_dir/$key" ] || ssh-keygen -q -t ed25519 -N '' -C "$PK_NODE2_ALIAS $key" \
+        [ -f "$ssh_dir/$key" ] || ssh-keygen -q -t ed25519 -N '' -C "$alias $key" \
             -f "$ssh_dir/$key"
     done
     pk_write "$ssh_dir/authorized_keys" <"$ssh_dir/id.pub" || true
@@ -232,7 +239,7 @@ pk_node2() { # ROOT REGISTRY
 
     local changed=""
     pk_write "$ssh_dir/sshd_config" <<EOF && changed=1
-# The second node: key auth only, on 127.0.0.1 alone; every session talks to its dockerd.
+# The $ordinal node: key auth only, on 127.0.0.1 alone; every session talks to its dockerd.
 Port $port
 ListenAddress 127.0.0.1
 HostKey $ssh_dir/host_key
@@ -258,18 +265,28 @@ EOF
     mkdir -p "$home/.ssh"
     chmod 700 "$home/.ssh"
     local cfg="$home/.ssh/config"
-    {
-        printf '%s\n' "$PK_SSH_BEGIN"
-        printf 'Host %s\n' "$PK_NODE2_ALIAS"
+    local begin end
+    begin="$(pk_ssh_begin "$alias")"
+    end="$(pk_ssh_end "$alias")"
+    local block
+    block="$(
+        printf '%s\n' "$begin"
+        printf 'Host %s\n' "$alias"
         printf '    HostName 127.0.0.1\n    Port %s\n    User root\n' "$port"
         printf '    IdentityFile %s\n    IdentitiesOnly yes\n' "$ssh_dir/id"
         printf '    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n'
         printf '    BatchMode yes\n    LogLevel ERROR\n'
-        printf '%s\n' "$PK_SSH_END"
-        if [ -f "$cfg" ]; then
-            pk_ssh_config_without_block <"$cfg"
-        fi
-    } | pk_write "$cfg" || true
+        printf '%s\n' "$end"
+    )"
+    # Left alone when the block is there as it should be, so that runs do not reorder blocks.
+    if [ "$(pk_ssh_config_block "$begin" "$end" 2>/dev/null <"$cfg")" != "$block" ]; then
+        {
+            printf '%s\n' "$block"
+            if [ -f "$cfg" ]; then
+                pk_ssh_config_without_block "$begin" "$end" <"$cfg"
+            fi
+        } | pk_write "$cfg" || true
+    fi
     chmod 600 "$cfg"
 
     # The docker CLI dials the far side's `docker system dial-stdio` through the system ssh.
@@ -278,8 +295,8 @@ EOF
         return 0
     fi
     if [ -n "$changed" ] || ! pk_ours "$ssh_pid" "$ssh_dir/sshd_config" \
-            || ! ssh -o ConnectTimeout=5 "$PK_NODE2_ALIAS" true >/dev/null 2>&1; then
-        pk_say "starting sshd on 127.0.0.1:$port for the second node"
+            || ! ssh -o ConnectTimeout=5 "$alias" true >/dev/null 2>&1; then
+        pk_say "starting sshd on 127.0.0.1:$port for the $ordinal node"
         started=1
         mkdir -p /run/sshd  # its privilege separation directory
         chmod 755 /run/sshd
@@ -288,25 +305,33 @@ EOF
         # A clean environment: sessions get only what sshd_config gives them.
         env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
             /usr/sbin/sshd -f "$ssh_dir/sshd_config" -E "$ssh_dir/sshd.log"
-        pk_wait 60 ssh -o ConnectTimeout=5 "$PK_NODE2_ALIAS" true \
+        pk_wait 60 ssh -o ConnectTimeout=5 "$alias" true \
             || pk_log_tail "sshd" "$ssh_dir/sshd.log"
     fi
 
     if ! DOCKER_HOST="$url" docker version >/dev/null 2>&1; then
         pk_say "DOCKER_HOST=$url docker version failed:"
         DOCKER_HOST="$url" docker version >&2 || true
-        pk_log_tail "the second node through ssh" "$ssh_dir/sshd.log" || true
-        pk_log_tail "the second node's dockerd" "$d2_log"
+        pk_log_tail "the $ordinal node through ssh" "$ssh_dir/sshd.log" || true
+        pk_log_tail "the $ordinal node's dockerd" "$d2_log"
         return 1
     fi
-    [ -z "$started" ] || pk_say "the second node answers through $url ($((SECONDS - t0)) s)"
+    [ -z "$started" ] || pk_say "the $ordinal node answers through $url ($((SECONDS - t0)) s)"
 }
 
 pk_home() { getent passwd "$(id -u)" | cut -d: -f6; }
 
-# Prints stdin without the marked block.
+# pk_ssh_config_block BEGIN END: prints the marked block of stdin.
+pk_ssh_config_block() {
+    awk -v b="$1" -v e="$2" '
+        $0 == b { keep = 1 }
+        keep { print }
+        keep && $0 == e { keep = 0 }'
+}
+
+# pk_ssh_config_without_block BEGIN END: prints stdin without the marked block.
 pk_ssh_config_without_block() {
-    awk -v b="$PK_SSH_BEGIN" -v e="$PK_SSH_END" '
+    awk -v b="$1" -v e="$2" '
         $0 == b { skip = 1; next }
         skip && $0 == e { skip = 0; next }
         skip { next }
@@ -405,13 +430,16 @@ EOF
     fi
 
     pk_podman "$root" "$reg_addr"
-    pk_node2 "$root" "$reg_addr"
+    pk_node "$root" "$reg_addr" 2 "${PK_NODE2_SSH_PORT:-2222}" second
+    pk_node "$root" "$reg_addr" 3 "${PK_NODE3_SSH_PORT:-2223}" third
 
     {
         printf 'export DOCKER_HOST=%s\nexport PK_REGISTRY=%s\n' "$DOCKER_HOST" "$reg_addr"
         printf 'export PK_PODMAN_HOST=unix://%s\n' "$root/pk-podman/podman.sock"
         printf 'export PK_NODE2=ssh://%s:%s\n' "$PK_NODE2_ALIAS" "${PK_NODE2_SSH_PORT:-2222}"
         printf 'export PK_NODE2_SOCKET=unix://%s\n' "$root/pk-node2.sock"
+        printf 'export PK_NODE3=ssh://pk-node3:%s\n' "${PK_NODE3_SSH_PORT:-2223}"
+        printf 'export PK_NODE3_SOCKET=unix://%s\n' "$root/pk-node3.sock"
     } >"$env_file"
     cat "$env_file"
 }

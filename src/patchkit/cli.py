@@ -528,25 +528,32 @@ def lock(workdir, base, platform, manifest_path, fmt) -> int:
 @click.option("--via", metavar="REGISTRY",
               help="Copy through this registry (host:port[/prefix]) instead of the link: "
                    "push what it lacks, then each target pulls what it lacks.")
+@click.option("--dry-run", is_flag=True,
+              help="Say per target what would be sent and why (layers present, missing, "
+                   "bytes), and send nothing.")
+@click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none",
+              show_default=True, help="Compress the stream on the way (for slow links).")
 @TIMEOUT
 @FORMAT
-def copy_image_cmd(image, targets, more, via, timeout, fmt) -> int:
+def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, fmt) -> int:
     """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines.
 
     \b
     Judged by content (config digest and layer diff_ids), never by image id:
       present   the target holds that content under the tag already; nothing is sent
-      copied    streamed from this engine into the target's load, no file in between
+      copied    streamed from this engine into the target's load, no file in between,
+                without the layers the target holds
       replaced  the tag named other content there, and now names this
     With --via REGISTRY, "copied" and "replaced" mean pulled from the registry, which the
     source engine pushed the layers it lacked to first.
-    Exit 1 if any target could not be reached or refused the load; the others are still tried.
+    Targets are copied in parallel.  Exit 1 if any target could not be reached, refused the
+    load or lost its link (its tag is as it was); the others are still tried.
     """
     from patchkit.commands import copy_image as command
     from patchkit.render import copy as render
 
     report = command.run(image, [*targets, *more], log=TextProgress(err=True).info,
-                         timeout=timeout, via=via)
+                         timeout=timeout, via=via, dry_run=dry_run, compress=compress)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
     return 0 if report.ok else 1
 

@@ -2,8 +2,9 @@
 
 They need the services of .ci/services.sh: the Docker Engine (DOCKER_HOST), a registry on
 PK_REGISTRY, Podman's Docker-compatible API (PK_PODMAN_HOST) and a second Docker Engine behind
-sshd (PK_NODE2, an ssh:// URL; PK_NODE2_SOCKET, its own socket).  The last three default to
-where the script puts them.  Outside CI a missing service skips the tests that need it; under
+sshd (PK_NODE2, an ssh:// URL; PK_NODE2_SOCKET, its own socket) and a third one behind an sshd of
+its own (PK_NODE3, PK_NODE3_SOCKET).  All but DOCKER_HOST default to where the script puts
+them.  Outside CI a missing service skips the tests that need it; under
 CI=true it fails them.
 """
 
@@ -108,13 +109,14 @@ def _close_ssh_connections() -> None:
                     conn.close()
 
 
-@pytest.fixture(scope="session")
-def node2():
-    """The second Docker Engine, reached through the system ssh (so ~/.ssh/config applies)."""
+@contextlib.contextmanager
+def _node(n: int, port: int):
+    """Node ``n`` of .ci/services.sh, reached through the system ssh (so ~/.ssh/config
+    applies), and on its engine's own socket."""
     import docker
 
-    url = _service("PK_NODE2", "ssh://pk-node2:2222")
-    socket = _service("PK_NODE2_SOCKET", "unix://{root}/pk-node2.sock")
+    url = _service(f"PK_NODE{n}", f"ssh://pk-node{n}:{port}")
+    socket = _service(f"PK_NODE{n}_SOCKET", f"unix://{{root}}/pk-node{n}.sock")
     try:
         # The SDK's own ssh transport (paramiko) ignores ~/.ssh/config's host key settings;
         # use_ssh_client runs the system ssh, as the docker CLI does.
@@ -127,11 +129,25 @@ def node2():
         direct.ping()
     except Exception as exc:
         client.close()
-        _unavailable(f"no engine at {socket} (PK_NODE2_SOCKET): {exc}")
+        _unavailable(f"no engine at {socket} (PK_NODE{n}_SOCKET): {exc}")
     yield Node(url=url, client=client, socket=socket, direct=direct)
     client.close()
     direct.close()
     _close_ssh_connections()
+
+
+@pytest.fixture(scope="session")
+def node2():
+    """The second Docker Engine, behind sshd on 127.0.0.1:2222."""
+    with _node(2, 2222) as node:
+        yield node
+
+
+@pytest.fixture(scope="session")
+def node3():
+    """The third Docker Engine, behind an sshd of its own on 127.0.0.1:2223."""
+    with _node(3, 2223) as node:
+        yield node
 
 
 @pytest.fixture(scope="session")

@@ -200,7 +200,9 @@ class FakeAPI:
     def pull(self, repo, tag=None, **kw):
         yield {"error": f"manifest for {repo}:{tag} not found"}
 
-    def images(self, filters=None):
+    def images(self, filters=None, all=False):
+        if not filters:
+            return [{"Id": i} for i in self.images_]
         key, _, value = filters["label"].partition("=")
         return [{"Id": i} for i, img in self.images_.items()
                 if ((img["attrs"].get("Config") or {}).get("Labels") or {}).get(key) == value]

@@ -4,13 +4,19 @@ Content is judged by fingerprint (``layer.fingerprint``: the config digest and t
 diff_ids), never by image id, which differs between snapshotters.  For each target:
 
 * the same content under the tag already: nothing is sent (``present``);
-* else the image streams from the source engine (DOCKER_HOST) into the target's load, with no
-  file in between (``copied``, or ``replaced`` when the tag named other content); a target
-  that holds the content under another name only gets the tag;
+* else the target is asked which of the image's layers it holds (by diff_id, from the bottom:
+  ``Engine.layers_held``), and the image streams from the source engine (DOCKER_HOST) into
+  the target's load without those layers, with no file in between (``copied``, or
+  ``replaced`` when the tag named other content).  A store that cannot take a partial load
+  (containerd's, Podman's) gets the whole image, and the log says so; a target that holds the
+  content under another name only gets the tag;
 * then the target is read again: unless it now holds the fingerprint under the tag, the copy
   fails and the target's tag is put back as it was.
 
-A target that cannot be reached, or refuses the load, fails alone: the others are still tried.
+Targets run in parallel, each in a thread of its own with its own deadline; targets that need
+the same layers share one export of the source, teed to their loads.  A target that cannot be
+reached, or refuses the load, or whose link drops, fails alone: the others go on.  A load that
+did not complete tags nothing, so such a target keeps what it had under the tag.
 
 With ``via`` (a registry, ``host[:port][/prefix]``) the image goes through the registry instead
 of the link: the source engine pushes it there (the registry is asked for each layer, and
@@ -23,32 +29,66 @@ push fails every target that needed it, with nothing changed on any of them.
 from __future__ import annotations
 
 import functools
+import queue
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from patchkit.errors import ImageError, PatchkitError, UsageError
 from patchkit.image.docker import Engine, Transfer, engine_url
-from patchkit.image.layer import ArchiveFacts, fingerprint, relayed_export
+from patchkit.image.layer import (COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
+                                  relay, relayed_export, zstd_module)
 from patchkit.image.registry import host_of
 from patchkit.imageref import check_reference, reference_problem, repository, split_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 Log = Callable[[str], None]
 STATUSES = ("copied", "present", "replaced", "failed")
+DEFAULT_COMPRESS = "none"
 
 
 @dataclass
 class Sent:
-    """What travelled to a target: the archive's bytes and, of those, the layers'."""
+    """What travelled to a target: the archive's bytes (as sent, after any compression) and,
+    of the archive, the layers'; and the layers left out because the target holds them."""
 
     bytes: int = 0
     layer_bytes: int = 0
     layers: int = 0
+    layers_skipped: int = 0
+    skipped_bytes: int = 0
+    compress: str = "none"
 
     def to_dict(self) -> dict:
-        return {"bytes": self.bytes, "layer_bytes": self.layer_bytes, "layers": self.layers}
+        return {"bytes": self.bytes, "layer_bytes": self.layer_bytes, "layers": self.layers,
+                "layers_skipped": self.layers_skipped, "skipped_bytes": self.skipped_bytes,
+                "compress": self.compress}
+
+
+@dataclass
+class Plan:
+    """What a target needs, found before anything is sent (``--dry-run`` prints it)."""
+
+    action: str                 # present | tag | send
+    layers: int = 0             # the image's layers
+    held: int = 0               # of them, from the bottom, what the target's store holds
+    partial: bool = True        # whether its store takes a load without the held layers
+    why: str = ""
+    missing_bytes: int | None = None   # the layer files to send, when measured
+
+    @property
+    def skipped(self) -> int:
+        return self.held if self.partial and self.action == "send" else 0
+
+    def to_dict(self) -> dict:
+        return {"action": self.action, "layers": self.layers, "layers_present": self.held,
+                "layers_missing": self.layers - self.held, "layers_to_send":
+                self.layers - self.skipped if self.action == "send" else 0,
+                "partial_load": self.partial, "missing_bytes": self.missing_bytes,
+                "why": self.why}
 
 
 @dataclass
@@ -59,6 +99,7 @@ class TargetResult:
     error: str | None = None
     sent: Sent = field(default_factory=Sent)
     seconds: float = 0.0
+    plan: Plan | None = None
     pulled: Transfer | None = None      # with --via: what the target fetched from the registry
 
     @property
@@ -71,6 +112,8 @@ class TargetResult:
             data["error"] = self.error
         data["sent"] = self.sent.to_dict()
         data["seconds"] = self.seconds
+        if self.plan is not None:
+            data["plan"] = self.plan.to_dict()
         if self.pulled is not None:
             data["pulled"] = self.pulled.to_dict()
         return data
@@ -83,6 +126,7 @@ class CopyReport:
     image: str
     fingerprint: str
     targets: list[TargetResult]
+    dry_run: bool = False
     via: Pushed | None = None           # with --via, when a target needed the push
 
     @property
@@ -91,7 +135,7 @@ class CopyReport:
 
     def to_dict(self) -> dict:
         data = {"ok": self.ok, "image": self.image, "fingerprint": self.fingerprint,
-                "targets": [t.to_dict() for t in self.targets]}
+                "dry_run": self.dry_run, "targets": [t.to_dict() for t in self.targets]}
         if self.via is not None:
             data["via"] = self.via.to_dict()
         return data
@@ -107,12 +151,25 @@ def check_targets(targets: Sequence[str], flag: str = "--to") -> list[str]:
     return urls
 
 
+def check_compress(how: str) -> str:
+    if how not in COMPRESSIONS:
+        raise UsageError(f"--compress {how!r}: expected one of {', '.join(COMPRESSIONS)}")
+    if how == "zstd" and zstd_module() is None:
+        raise UsageError("--compress zstd needs the zstandard package, which is not installed "
+                         "(pip install zstandard); --compress gzip needs nothing")
+    return how
+
+
 def run(image: str, targets: Sequence[str], *, source: Engine | None = None,
         connect: Callable[[str], Engine] | None = None, log: Log = lambda m: None,
-        timeout: float = DEFAULT_TIMEOUT, via: str | None = None) -> CopyReport:
+        timeout: float = DEFAULT_TIMEOUT, via: str | None = None, dry_run: bool = False,
+        compress: str = DEFAULT_COMPRESS) -> CopyReport:
     """Copy ``image`` from ``source`` (default: the engine DOCKER_HOST names) to each target,
     through the registry ``via`` when given; ``timeout`` bounds each silence of an engine."""
     via = check_via(via) if via is not None else None
+    if via and (dry_run or compress != "none"):
+        raise UsageError(f"--via {via} goes without {'--dry-run' if dry_run else '--compress'}: "
+                         "through a registry the engines choose what to send, compressed")
     if re.fullmatch(r"(sha256:)?[0-9a-f]{12,64}", image):
         raise UsageError(f"IMAGE {image!r} is an image id; copy-image takes a tag, which the "
                          "targets then hold")
@@ -120,74 +177,240 @@ def run(image: str, targets: Sequence[str], *, source: Engine | None = None,
     urls = check_targets(targets)
     if not urls:
         raise UsageError("give the engines to copy to with --to ENGINE")
+    check_compress(compress)
     source = source or Engine.connect(timeout=timeout)
-    return copy(source, image, urls, connect=connect, log=log, timeout=timeout, via=via)
+    return copy(source, image, urls, connect=connect, log=log, timeout=timeout, via=via,
+                dry_run=dry_run, compress=compress)
 
 
 def copy(source: Engine, image: str, urls: Sequence[str], *,
          connect: Callable[[str], Engine] | None = None, log: Log = lambda m: None,
-         timeout: float = DEFAULT_TIMEOUT, via: str | None = None) -> CopyReport:
+         timeout: float = DEFAULT_TIMEOUT, via: str | None = None, dry_run: bool = False,
+         compress: str = DEFAULT_COMPRESS) -> CopyReport:
     """``run`` once the targets (and ``via``, see ``check_via``) are checked and the source is
     connected (build-image's ``--copy-to`` comes in here)."""
     connect = connect or functools.partial(Engine.connect, timeout=timeout)
     attrs = source.content(image)
     if attrs is None:
         raise ImageError(f"no image {image} on the engine at {source.host}")
-    want = fingerprint(attrs)
     if via:
         return copy_via(source, image, attrs, urls, via, connect=connect, log=log)
-    results = []
-    for url in urls:
-        started = time.monotonic()
+    job = _Job(source, image, attrs, fingerprint(attrs), log, timeout, compress)
+    targets = [_Target(url) for url in urls]
+    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
         try:
-            result = _copy_to(source, image, attrs, want, url, connect(url), log)
+            list(pool.map(lambda t: job.plan(t, connect), targets))
+            if dry_run:
+                job.measure([t for t in targets if t.result is None and t.plan.action == "send"])
+            else:
+                groups: dict[int, list[_Target]] = {}
+                for t in targets:
+                    if t.result is None and t.plan.action == "send":
+                        groups.setdefault(t.plan.skipped, []).append(t)
+                jobs = [functools.partial(job.finish, t, None, {}) for t in targets
+                        if t.result is None and t.plan.action == "tag"]
+                jobs += [functools.partial(job.send, g) for g in groups.values()]
+                list(pool.map(lambda f: f(), jobs))
+        except BaseException:
+            job.stop.set()   # a signal: every stream ends, every target's tag is put back
+            raise
+    return CopyReport(image, job.want, [t.report(dry_run) for t in targets], dry_run)
+
+
+@dataclass
+class _Target:
+    url: str
+    engine: Engine | None = None
+    plan: Plan | None = None
+    held: dict | None = None        # what the tag named before (content), None: nothing
+    same_id: str | None = None      # an image of the same content under another name
+    result: TargetResult | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def fail(self, exc: BaseException) -> None:
+        self.result = TargetResult(self.url, "failed", error=str(exc), plan=self.plan)
+
+    def report(self, dry_run: bool) -> TargetResult:
+        if self.result is None:   # a dry run: what would be
+            p = self.plan
+            status = {"present": "present"}.get(p.action,
+                                                "replaced" if self.held else "copied")
+            self.result = TargetResult(self.url, status, plan=p)
+        self.result.seconds = round(time.monotonic() - self.started, 2)
+        return self.result
+
+
+_PODMAN_REFUSAL = "Some layer tarfiles are missing in the tarball"
+
+
+class _Job:
+    """One copy of one image to many targets: the source, what it holds, and the deadline."""
+
+    def __init__(self, source: Engine, image: str, attrs: dict, want: str, log: Log,
+                 timeout: float, compress: str) -> None:
+        self.source, self.image, self.attrs, self.want = source, image, attrs, want
+        self.diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or ())
+        self.log, self.timeout, self.compress = log, timeout, compress
+        self.stop = threading.Event()
+
+    def plan(self, t: _Target, connect: Callable[[str], Engine]) -> None:
+        try:
+            t.engine = connect(t.url)
+            t.held = t.engine.content(self.image)
+            t.plan = self._plan_for(t)
+            self.log(f"{t.url}: {t.plan.why}")
+            if t.plan.action == "present":
+                t.result = TargetResult(t.url, "present", self.want, plan=t.plan)
         except PatchkitError as exc:
-            result = TargetResult(url, "failed", error=str(exc))
-        result.seconds = round(time.monotonic() - started, 2)
-        results.append(result)
-    return CopyReport(image, want, results)
+            t.fail(exc)
 
-
-def _copy_to(source: Engine, image: str, attrs: dict, want: str, url: str, target: Engine,
-             log: Log) -> TargetResult:
-    held = target.content(image)
-    if held is not None and fingerprint(held) == want:
-        log(f"{url}: holds {image} with the same content already; nothing sent")
-        return TargetResult(url, "present", want)
-    previous = held["Id"] if held is not None else None
-    status = "replaced" if held is not None else "copied"
-    sent = [ArchiveFacts()]
-    held_as = None
-    try:
-        same = (target.content(attrs["ConfigDigest"])
-                if target.store().ids_are_config_digests else None)
-        if same is not None and fingerprint(same) == want:
-            log(f"{url}: holds this content under another name; tagging it {image}")
-            target.tag(same["Id"], image)
+    def _plan_for(self, t: _Target) -> Plan:
+        n = len(self.diff_ids)
+        if t.held is not None and fingerprint(t.held) == self.want:
+            return Plan("present", n, n, why=f"holds {self.image} with the same content "
+                        "already; nothing sent")
+        store = t.engine.store()
+        same = (t.engine.content(self.attrs["ConfigDigest"])
+                if store.ids_are_config_digests else None)
+        if same is not None and fingerprint(same) == self.want:
+            t.same_id = same["Id"]
+            return Plan("tag", n, n, why=f"holds this content under another name; tagging it "
+                        f"{self.image}, nothing sent")
+        held = t.engine.layers_held(self.diff_ids)
+        if not held:
+            why = f"holds none of the {n} layers: the whole image goes"
+        elif not store.partial_load:
+            refusal = f' ("{_PODMAN_REFUSAL}")' if store.kind == "containers-storage" else ""
+            why = (f"{store} cannot take a partial load{refusal}: it holds {held} of the "
+                   f"{n} layers, and the whole image goes instead")
         else:
-            log(f"{url}: streaming {image} from the engine at {source.host}")
+            why = (f"holds {held} of the {n} layers: the other {n - held} go, with the config "
+                   "and the manifest")
+        return Plan("send", n, held, store.partial_load, why)
 
-            def stream():
-                sent.append(ArchiveFacts())
-                return relayed_export(source.export(image), sent[-1])
-            held_as = target.load(stream, attrs["ConfigDigest"],
-                                  (attrs.get("RootFS") or {}).get("Layers") or (), log)
-        after = target.content(image)
-        if after is None and held_as:
-            # The export named no tag (an image given by id), or the engine did not tag it.
-            target.tag(held_as, image)
-            after = target.content(image)
-        got = fingerprint(after) if after is not None else None
-        if got != want:
-            raise ImageError(f"after the load the engine at {url} holds "
-                             f"{got or 'nothing'} under {image}, not {want}; its tag is put "
-                             "back as it was")
-    except BaseException:
-        _put_back(target, image, previous)
-        raise
-    facts = sent[-1]
-    return TargetResult(url, status, got,
-                        sent=Sent(facts.sent, facts.layer_bytes(), facts.layer_count()))
+    def _stream(self, held: Sequence[str], box: dict) -> Iterator[bytes]:
+        box["facts"], box["wire"] = ArchiveFacts(), [0]
+        archive = relayed_export(self.source.export(self.image), box["facts"], held,
+                                 self.diff_ids)
+        for chunk in compressed(archive, self.compress, box["wire"]):
+            if self.stop.is_set():
+                raise ImageError("interrupted; the load is abandoned")
+            yield chunk
+
+    def send(self, group: list[_Target]) -> None:
+        held = self.diff_ids[:group[0].plan.skipped]
+        box: dict = {}
+        for t in group:
+            self.log(f"{t.url}: streaming {self.image} from the engine at {self.source.host}"
+                     + (f" (one export for {len(group)} targets)" if len(group) > 1 else ""))
+        if len(group) == 1:
+            t = group[0]
+            self.finish(t, lambda: t.engine.load(lambda: self._stream(held, box),
+                                                 self.attrs["ConfigDigest"], self.diff_ids,
+                                                 self.log), box)
+            return
+        streams = _tee(self._stream(held, box), len(group), self.timeout)
+        threads = [threading.Thread(target=self.finish, daemon=True, args=(
+            t, functools.partial(t.engine.load, s, self.attrs["ConfigDigest"], self.diff_ids,
+                                 self.log), box)) for t, s in zip(group, streams)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+
+    def finish(self, t: _Target, load: Callable[[], str] | None, box: dict) -> None:
+        """The load (or the tag), then the check that the target holds the content."""
+        previous = t.held["Id"] if t.held is not None else None
+        try:
+            try:
+                held_as = None
+                if t.plan.action == "tag":
+                    t.engine.tag(t.same_id, self.image)
+                elif load is not None:
+                    held_as = load()
+                after = t.engine.content(self.image)
+                if after is None and held_as:
+                    # The export named no tag (an image given by id), or the engine did not
+                    # tag it.
+                    t.engine.tag(held_as, self.image)
+                    after = t.engine.content(self.image)
+                got = fingerprint(after) if after is not None else None
+                if got != self.want:
+                    raise ImageError(f"after the load the engine at {t.url} holds "
+                                     f"{got or 'nothing'} under {self.image}, not {self.want}; "
+                                     "its tag is put back as it was")
+            except BaseException:
+                _put_back(t.engine, self.image, previous)
+                raise
+        except PatchkitError as exc:
+            t.fail(exc)
+            return
+        facts, wire = box.get("facts") or ArchiveFacts(), box.get("wire") or [0]
+        sent = Sent(wire[0], facts.layer_bytes(), facts.layer_count(), len(facts.left_out),
+                    facts.left_out_bytes(), self.compress if load else "none")
+        t.result = TargetResult(t.url, "replaced" if t.held is not None else "copied", got,
+                                sent=sent, plan=t.plan)
+
+    def measure(self, targets: list[_Target]) -> None:
+        """For a dry run: the bytes of the layer files each target lacks, from one pass over
+        the source's export on this side of the link."""
+        if not targets:
+            return
+        facts = ArchiveFacts()
+        for _ in relay(self.source.export(self.image), facts, layers=self.diff_ids):
+            if self.stop.is_set():
+                raise ImageError("interrupted")
+        known = len(facts.positions) == len(self.diff_ids)
+        for t in targets:
+            t.plan.missing_bytes = (sum(v for k, v in facts.positions.items()
+                                        if k >= t.plan.skipped) if known else None)
+
+
+def _tee(chunks: Iterable[bytes], n: int, timeout: float) -> list[Iterator[bytes]]:
+    """``n`` streams of the one stream ``chunks``, read once: a reader that stops, or lags by
+    more than ``timeout``, is let go and the others go on."""
+    queues = [queue.Queue(maxsize=16) for _ in range(n)]
+    alive = [True] * n
+    end = object()
+
+    def produce() -> None:
+        item: object = end
+        try:
+            for chunk in chunks:
+                for i, q in enumerate(queues):
+                    if alive[i]:
+                        try:
+                            q.put(chunk, timeout=timeout)
+                        except queue.Full:
+                            alive[i] = False
+                if not any(alive):
+                    return
+        except BaseException as exc:  # handed to every reader, whose load then fails
+            item = exc
+        for i, q in enumerate(queues):
+            if alive[i]:
+                try:
+                    q.put(item, timeout=timeout)
+                except queue.Full:
+                    pass
+
+    def consume(i: int) -> Iterator[bytes]:
+        try:
+            while True:
+                try:
+                    item = queues[i].get(timeout=timeout)
+                except queue.Empty:
+                    raise ImageError(f"the source's export gave nothing for {timeout:g} s") from None
+                if item is end:
+                    return
+                if isinstance(item, BaseException):
+                    raise item if isinstance(item, ImageError) else ImageError(str(item))
+                yield item
+        finally:
+            alive[i] = False
+
+    threading.Thread(target=produce, daemon=True).start()
+    return [consume(i) for i in range(n)]
 
 
 def _put_back(target: Engine, image: str, previous: str | None) -> None:

@@ -344,6 +344,27 @@ class Engine:
             attrs["ConfigDigest"] = facts.config_digest(layers)
         return attrs
 
+    def layers_held(self, diff_ids: Iterable[str], limit: int = 2000) -> int:
+        """How many of ``diff_ids``, from the bottom, this engine holds: the longest prefix
+        that some image of its store (the first ``limit`` images) has.  Every store kind
+        answers through its images' inspect output; only a classic store can make use of the
+        answer (see ``Store.partial_load``), for it keeps layers by chain, that is by prefix."""
+        want = list(diff_ids)
+        with _border(f"listing the images of the engine at {self.host}"):
+            ids = [i["Id"] for i in self.api.images(all=True)][:limit]
+        best = 0
+        for iid in ids:
+            layers = ((self.inspect(iid) or {}).get("RootFS") or {}).get("Layers") or ()
+            n = 0
+            for a, b in zip(layers, want):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+            if best == len(want):
+                break
+        return best
+
     def tagged(self, ref: str) -> str | None:
         """The id of the image ``ref`` names on this engine, or None."""
         return (self.inspect(ref) or {}).get("Id")

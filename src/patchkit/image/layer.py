@@ -311,6 +311,8 @@ class ArchiveFacts:
     links: dict = field(default_factory=dict)       # member -> the member it points at
     small: dict = field(default_factory=dict)       # member -> bytes, small JSON members
     sent: int = 0                                   # bytes of the archive relayed
+    left_out: dict = field(default_factory=dict)    # member -> size, layers the target holds
+    positions: dict = field(default_factory=dict)   # layer position (0 = bottom) -> file size
 
     def resolve(self, name: str) -> str:
         for _ in range(8):
@@ -324,7 +326,11 @@ class ArchiveFacts:
         return sum(self.sizes.get(p, 0) for p in self._layers())
 
     def layer_count(self) -> int:
-        return len(self._layers())
+        """How many of the manifest's layer files the archive carried."""
+        return len([p for p in self._layers() if p in self.sizes])
+
+    def left_out_bytes(self) -> int:
+        return sum(self.left_out.values())
 
     def _layers(self) -> set[str]:
         return {self.resolve(_norm(p)) for entry in self.manifest
@@ -375,9 +381,12 @@ def _file_member(name: str, data: bytes) -> Iterator[bytes]:
 
 
 def relay(chunks: Iterable[bytes], facts: ArchiveFacts,
-          skip: frozenset | set = frozenset()) -> Iterator[bytes]:
-    """Re-emit the members of the archive in ``chunks`` (less those named in ``skip``) as tar
-    bytes, filling ``facts``; the end-of-archive blocks are left to the caller."""
+          skip: frozenset | set = frozenset(), held: Sequence[str] = (),
+          layers: Sequence[str] | None = None) -> Iterator[bytes]:
+    """Re-emit the members of the archive in ``chunks`` (less those named in ``skip``, and the
+    layer files of ``held``, the first diff_ids of the image, which the target's store holds)
+    as tar bytes, filling ``facts``; the end-of-archive blocks are left to the caller.
+    ``layers``, all the image's diff_ids, lets ``facts.positions`` say every layer's size."""
     reader = ChunkReader(chunks)
     try:
         tar = tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK)
@@ -385,8 +394,9 @@ def relay(chunks: Iterable[bytes], facts: ArchiveFacts,
         raise ImageError(f"the engine's export is not a tar archive: {exc}") from None
     with tar:
         try:
+            held_layers = _HeldLayers(held, layers)
             for info in tar:
-                yield from _relay_member(tar, info, facts, skip)
+                yield from _relay_member(tar, info, facts, skip, held_layers)
         except tarfile.TarError as exc:
             raise ImageError(f"the engine's export ends early or is no tar archive: "
                              f"{exc}") from None
@@ -395,7 +405,7 @@ def relay(chunks: Iterable[bytes], facts: ArchiveFacts,
 
 
 def _relay_member(tar: tarfile.TarFile, info: tarfile.TarInfo, facts: ArchiveFacts,
-                  skip) -> Iterator[bytes]:
+                  skip, held: "_HeldLayers") -> Iterator[bytes]:
     name = _norm(info.name)
     if info.issym():
         target = info.linkname
@@ -421,6 +431,12 @@ def _relay_member(tar: tarfile.TarFile, info: tarfile.TarInfo, facts: ArchiveFac
             facts.small[name] = body
     if name in skip:
         return
+    position = held.position(name, facts) if info.isreg() else None
+    if position is not None:
+        facts.positions[position] = info.size
+        if position < held.count:
+            facts.left_out[name] = info.size
+            return
     if info.isreg():
         facts.sizes[name] = info.size
     head = _header(info)
@@ -444,6 +460,83 @@ def _relay_member(tar: tarfile.TarFile, info: tarfile.TarInfo, facts: ArchiveFac
         yield pad
 
 
+def chain_ids(diff_ids: Sequence[str]) -> list[str]:
+    """The chain id of each prefix of ``diff_ids``: how a classic store names its layers."""
+    out: list[str] = []
+    for d in diff_ids:
+        out.append(d if not out else
+                   "sha256:" + hashlib.sha256(f"{out[-1]} {d}".encode()).hexdigest())
+    return out
+
+
+class _HeldLayers:
+    """Which members of an export are the layer files of layers the target holds.
+
+    An OCI-layout export (Docker 25 and later) names an uncompressed layer by its digest,
+    the diff_id.  The legacy layout names each layer's folder by a v1 id, the sha256 of the
+    folder's ``json`` (which comes before its ``layer.tar``) less its id, plus the layer's
+    chain id as ``layer_id`` and its parent as a digest, keys sorted; below the top layer the
+    engine adds ``os`` after computing the id.  A member matching neither is sent: sending a
+    held layer costs bytes, never correctness."""
+
+    def __init__(self, held: Sequence[str], layers: Sequence[str] | None = None) -> None:
+        self.count = len(held)
+        self.layers = list(held if layers is None else layers)
+        self.digests = {d.split(":", 1)[-1]: i for i, d in enumerate(self.layers)}
+        self.chains = chain_ids(self.layers)
+
+    def position(self, name: str, facts: ArchiveFacts) -> int | None:
+        """Which of ``layers`` (0 = bottom) the member ``name`` is the file of, if known."""
+        if not self.layers:
+            return None
+        parts = name.split("/")
+        if len(parts) == 3 and parts[:2] == ["blobs", "sha256"]:
+            return self.digests.get(parts[2])
+        if len(parts) == 2 and parts[1] == "layer.tar":
+            raw = facts.small.get(f"{parts[0]}/json")
+            for i, chain in enumerate(self.chains if raw is not None else ()):
+                if any(v1_id(raw, chain, drop) == parts[0] for drop in ((), ("os",))):
+                    return i
+        return None
+
+
+def v1_id(raw: bytes, chain_id: str, drop: Sequence[str] = ()) -> str | None:
+    """The legacy v1 id of a saved layer folder whose ``json`` is ``raw``, if its chain id
+    is ``chain_id`` (see :class:`_HeldLayers`); None when ``raw`` is not such a json."""
+    try:
+        text = raw.decode()
+        doc = _raw_members(text)
+    except (UnicodeDecodeError, ValueError, IndexError):
+        return None
+    doc.pop("id", None)
+    for key in drop:
+        doc.pop(key, None)
+    if "parent" in doc:
+        doc["parent"] = json.dumps("sha256:" + json.loads(doc["parent"]))
+    doc["layer_id"] = json.dumps(chain_id)
+    canon = "{" + ",".join(f"{json.dumps(k)}:{doc[k]}" for k in sorted(doc)) + "}"
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _raw_members(text: str) -> dict:
+    """A JSON object's top-level members, each value as its own text (the engine hashes them
+    byte for byte)."""
+    dec = json.JSONDecoder()
+    text = text.strip()
+    if not text.startswith("{"):
+        raise ValueError("not an object")
+    out: dict = {}
+    i = 1
+    while text[i] != "}":
+        key, i = dec.raw_decode(text, i)
+        if text[i] != ":":
+            raise ValueError("compact JSON expected")
+        _, j = dec.raw_decode(text, i + 1)
+        out[key] = text[i + 1:j]
+        i = j + 1 if text[j] == "," else j
+    return out
+
+
 def _collapse(path: str) -> str:
     parts: list[str] = []
     for p in path.split("/"):
@@ -460,11 +553,55 @@ def _collapse(path: str) -> str:
 END_OF_ARCHIVE = b"\0" * (2 * _BLOCK)
 
 
-def relayed_export(chunks: Iterable[bytes], facts: ArchiveFacts) -> Iterator[bytes]:
-    """An engine's export, member for member, for another engine's load."""
-    yield from relay(chunks, facts)
+def relayed_export(chunks: Iterable[bytes], facts: ArchiveFacts,
+                   held: Sequence[str] = (), layers: Sequence[str] | None = None
+                   ) -> Iterator[bytes]:
+    """An engine's export, member for member, for another engine's load; without the layer
+    files of ``held`` (the image's first diff_ids, which that engine's store holds)."""
+    yield from relay(chunks, facts, held=held, layers=layers)
     yield END_OF_ARCHIVE
     facts.sent += len(END_OF_ARCHIVE)
+
+
+COMPRESSIONS = ("none", "gzip", "zstd")
+
+
+def zstd_module():
+    """A zstd compressor module, or None when no library for it is installed."""
+    try:
+        import zstandard
+        return zstandard
+    except ImportError:
+        return None
+
+
+def compressed(chunks: Iterable[bytes], how: str, counter: list[int]) -> Iterator[bytes]:
+    """``chunks`` compressed as a whole (``gzip``, ``zstd``) or as they are (``none``): an
+    engine's load takes a compressed archive and inflates it itself.  ``counter[0]`` adds up
+    the bytes given out."""
+    if how == "none":
+        for chunk in chunks:
+            counter[0] += len(chunk)
+            yield chunk
+        return
+    if how == "gzip":
+        import zlib
+        comp = zlib.compressobj(1, zlib.DEFLATED, 31)   # level 1: a link, not an archive
+        step, end = comp.compress, comp.flush
+    else:
+        mod = zstd_module()
+        if mod is None:
+            raise ImageError("--compress zstd needs the zstandard package, which is not installed")
+        comp = mod.ZstdCompressor(level=3).compressobj()
+        step, end = comp.compress, comp.flush
+    for chunk in chunks:
+        out = step(chunk)
+        if out:
+            counter[0] += len(out)
+            yield out
+    out = end()
+    counter[0] += len(out)
+    yield out
 
 
 def complete_archive(base_export: Iterable[bytes], config: bytes, layer: Layer,

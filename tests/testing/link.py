@@ -1,0 +1,148 @@
+"""A TCP relay of our own between ssh and a node's sshd: the link a copy crosses.
+
+``Link(2222)`` listens on 127.0.0.1 (a port of its own) and forwards every connection to the
+sshd on that port; an engine URL ``ssh://pk-node2:<link.port>`` then goes through it (the
+node's Host block in ~/.ssh/config still gives the host, user and key; the URL's port wins).
+It counts the bytes that cross it each way, and ``cut_after(n)`` closes every connection once
+``n`` more bytes have crossed, and refuses new ones until ``mend()``: a link that drops.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+
+class Link:
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.to = (host, port)
+        self.up = 0          # bytes from ssh to sshd
+        self.down = 0        # bytes from sshd to ssh
+        self.connections = 0
+        self.streams: list[list[int]] = []   # [up, down] of each connection, in order
+        self._budget: int | None = None
+        self._cut = False
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._server = socket.socket()
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(64)
+        self.port = self._server.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def url(self, alias: str) -> str:
+        return f"ssh://{alias}:{self.port}"
+
+    @property
+    def total(self) -> int:
+        return self.up + self.down
+
+    @property
+    def busiest(self) -> int:
+        """The bytes sent up the connection that sent the most (a load's)."""
+        return max((c[0] for c in self.streams), default=0)
+
+    @property
+    def was_cut(self) -> bool:
+        return self._cut
+
+    def reset(self) -> None:
+        with self._lock:
+            self.up = self.down = self.connections = 0
+            self.streams = []
+
+    def cut_after(self, n: int) -> None:
+        with self._lock:
+            self._budget = n
+
+    def mend(self) -> None:
+        with self._lock:
+            self._budget = None
+            self._cut = False
+
+    def close(self) -> None:
+        self._server.close()
+        self._drop_all()
+
+    def __enter__(self) -> "Link":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the relay
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            if self._cut:
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.to, timeout=10)
+                server.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            counts = [0, 0]
+            with self._lock:
+                self.connections += 1
+                self.streams.append(counts)
+                self._open.update((client, server))
+            pair = [client, server, 2]   # the two sockets, and the pumps still running
+            for a, b, way in ((client, server, "up"), (server, client, "down")):
+                threading.Thread(target=self._pump, args=(a, b, way, pair, counts),
+                                 daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, way: str, pair: list,
+              counts: list[int]) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                with self._lock:
+                    if self._cut:
+                        break
+                    if self._budget is not None:
+                        if len(data) >= self._budget:
+                            data = data[:self._budget]
+                            self._cut = True
+                        self._budget -= len(data)
+                    setattr(self, way, getattr(self, way) + len(data))
+                    counts[way == "down"] += len(data)
+                dst.sendall(data)
+                if self._cut:
+                    break
+        except OSError:
+            pass
+        if self._cut:
+            self._drop_all()
+            return
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        with self._lock:
+            pair[2] -= 1
+            done = pair[2] == 0
+            if done:
+                self._open.difference_update(pair[:2])
+        if done:
+            for s in pair[:2]:
+                s.close()
+
+    def _drop_all(self) -> None:
+        with self._lock:
+            socks, self._open = list(self._open), set()
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
