@@ -120,7 +120,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     if apply:
         check_workdir(workdir, discard)  # before any source or engine is asked
     plat, copy_urls = _check_inputs(manifest, spec, base=base, tag=tag, copy_to=copy_to)
-    lock = _lock_of(manifest, locked, no_daemon)
+    lock = _lock_of(manifest, locked)
     # Reached before the apply too: an engine or registry that is not there is known at once.
     engine, registry = _reach(manifest, no_daemon, engine, registry, ref=spec.ref, tag=tag,
                               variant=variant, timeout=timeout)
@@ -144,7 +144,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     builder = builders.choose(no_daemon, choice)
     job = builders.Job(manifest, tree, choice, plat, final_tag, base, push, log, engine=engine,
                        registry=registry, max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                       packages=packages)
+                       packages=packages, lock=lock)
     previous = engine.tagged(final_tag) if engine is not None else None
     built = builder.build(job)
     digest, saved = _deliver(engine, built, final_tag, push=push, save=save, previous=previous,
@@ -179,12 +179,9 @@ def _shipped_packages(manifest: Manifest, workdir: Path, held: lock_cmd.BaseStac
     return tuple(out)
 
 
-def _lock_of(manifest: Manifest, locked: bool, no_daemon: bool) -> stack.Lock | None:
+def _lock_of(manifest: Manifest, locked: bool) -> stack.Lock | None:
     if not locked:
         return None
-    if no_daemon:
-        raise UsageError("--locked reads the base's installed distributions through an engine, "
-                         "and --no-daemon has none")
     return lock_cmd.read_lock(manifest)
 
 

@@ -70,9 +70,7 @@ def check_base(manifest: Manifest, base: BaseStack, lock: stack.Lock | None) -> 
     installed versions against it (each difference named)."""
     stack.check_base(manifest, base.installed, base.image.name)
     if lock is not None:
-        found = stack.base_differences(lock, base.digest, base.installed.versions())
-        if found:
-            raise stack.refused(found, lock_path(manifest), f"base {base.image.name}")
+        stack.check_locked(manifest, lock, base.digest, base.installed, base.image.name)
 
 
 def check_packages(manifest: Manifest, lock: stack.Lock, packages: dict[str, stack.Pinned]
