@@ -6,21 +6,25 @@ nvidia-cutlass-dsl; its pins and ``image.requires`` judged, ``patchset.lock`` wr
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import secrets
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 import pytest
 
+from testing import flashinfer as fi
 from testing import imageproject as ip
 from testing import real_cache, stackbase
 from testing.imageproject import RELEASE
 from testing.upstream import commit, sh, unified, write_files
-from patchkit import manifest
+from patchkit import cli, manifest
 from patchkit.commands import build_image, lock, verify
-from patchkit.errors import ImageError, ManifestError, UsageError
+from patchkit.errors import ImageError, ManifestError
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
 from patchkit.series.applier import Progress, apply_series
@@ -265,3 +269,160 @@ def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(projec
         assert got == (sibling / rel).read_bytes()
     finally:
         shutil.rmtree(sibling)
+
+
+# ------------------------------------------------- both packages patched, end to end
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    """The engine, with room for a shared machine's load: each stopped container of the stack
+    base is a full copy of its files on the vfs driver."""
+    return Engine.connect(timeout=600)
+
+
+def fi_pristine() -> str:
+    with zipfile.ZipFile(stackbase.flashinfer_wheel()) as zf:
+        return zf.read(fi.FI_FILE).decode()
+
+
+@pytest.fixture(scope="module")
+def fi_project(tmp_path_factory, stack_bases, registry):
+    """The image project with FlashInfer 0.6.15 from PyPI beside vLLM 0.27.1 from PyPI, and
+    the real FlashInfer patch (testing.flashinfer.FI_PATCH) in its series, on the stack base;
+    applied once (both packages)."""
+    root = tmp_path_factory.mktemp("stack-fi")
+    ip.make_project(root, base="x", tag=f"{registry}/pk-test/stackimg-fi:{{ref}}")
+    write_manifest(root, stack_bases["2.11.0"]["tag"])
+    path = root / "patchset.yaml"
+    # a name of its own: the `locked` fixture removes the images named pk-stack
+    path.write_text(path.read_text().replace("name: pk-stack\n", "name: pk-stackimg\n")
+                    + fi.FI_ENTRY)
+    (root / "patches" / "flashinfer").mkdir()
+    (root / "patches" / "flashinfer" / "fi-moe-activations.diff").write_text(fi.FI_PATCH)
+    m = manifest.load(path)
+    workdir = root / ".patchkit" / "vllm"
+    applied = apply_series(m, workdir=workdir, cache=real_cache())
+    assert applied.ok, applied.to_json()
+    return root, m, workdir, applied
+
+
+def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, stack_bases,
+                                                                   engine, capsys):
+    root, m, workdir, applied = fi_project
+    base = stack_bases["2.11.0"]
+    statuses = {(p.package, p.id): p.status for p in applied.patches}
+    assert statuses[("flashinfer", "fi-moe-activations")] == "applied"
+    assert statuses[("vllm", "draft-quant-config")] == "applied"
+    fi_tree = workdir.parent / "flashinfer"
+    assert (fi_tree / fi.FI_FILE).read_text() == fi.patched(fi_pristine())
+
+    log = Log()
+    tag = f"{ip.REGISTRY}/pk-test/stackimg-e2e:1"
+    built = build_image.run(m, workdir=workdir, apply=False, tag=tag, progress=log,
+                            engine=engine)
+    assert built.ok, built.to_dict()
+    assert "flashinfer: 1 changed file(s) into " + SITE in log.lines, log.lines
+    assert any(line == f"flashinfer: the files to replace in {SITE} are pristine "
+               "(1 proved by RECORD)" for line in log.lines), log.lines
+    with engine.files(built.image_id, tag) as files:
+        inside = files.read(f"{SITE}/{fi.FI_FILE}")
+    assert inside is not None and inside.decode() == fi.patched(fi_pristine())
+
+    checked = verify.run(m, image=tag, default_tree=workdir, engine=engine)
+    assert checked.ok, checked.to_dict()
+    sections = checked.to_dict()["packages"]
+    assert sections["flashinfer"] == {"version": "0.6.15", "site": SITE, "assertions": 2,
+                                      "passed": 2}
+    assert sections["vllm"]["version"] == RELEASE and sections["vllm"]["passed"] == 3
+    code = cli.main(["verify", "--image", tag, "--manifest", str(m.path), "--timeout", "600",
+                     "--package", "flashinfer"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"flashinfer 0.6.15 in {SITE}: 2/2 assertions passed" in out.splitlines()
+    assert "vllm " not in out and "ok: 2/2 assertions passed" in out
+
+    locked = lock.run(m, workdir=workdir, engine=engine)
+    commit = applied.packages["flashinfer"].commit
+    assert locked.lock.packages["flashinfer"] == lock.stack.Pinned("0.6.15", commit, "checkout")
+    assert locked.lock.base_digest == base["repo_digest"].split("@")[1]
+    assert verify.run(m, image=tag, default_tree=workdir, locked=True,
+                      engine=engine).locked == []
+
+
+def test_verify_image_fails_on_flashinfers_file_not_patched_in_it(fi_project, stack_bases,
+                                                                   engine):
+    """The stack base itself holds the pristine FlashInfer file: its assertions fail there,
+    named by file and patch, while the report still names the package."""
+    root, m, workdir, _ = fi_project
+    checked = verify.run(m, image=stack_bases["2.11.0"]["tag"], default_tree=workdir,
+                         packages=("flashinfer",), engine=engine)
+    assert not checked.ok
+    assert [(a.patch, a.file, a.ok) for a in checked.verify] == [
+        ("fi-moe-activations", fi.FI_FILE, False)] * 2
+    assert checked.packages[0].name == "flashinfer" and checked.packages[0].passed == 0
+
+
+def test_a_changed_flashinfer_patch_makes_a_new_image(fi_project, tmp_path, real_vllm, engine):
+    root, m, workdir, _ = fi_project
+    copy = tmp_path / "proj"
+    shutil.copytree(root, copy, symlinks=True)
+    token = secrets.token_hex(4)   # a patch no earlier run built
+    text = fi.patched(fi_pristine()) + f"\n_PATCHKIT_TEST_TOKEN = {token!r}\n"
+    (copy / "patches" / "flashinfer" / "fi-moe-activations.diff").write_text(
+        unified(fi.FI_FILE, fi_pristine(), text))
+    tag = f"{ip.REGISTRY}/pk-test/stackimg-change:1"
+    m2 = manifest.load(copy / "patchset.yaml")
+    first = build_image.run(m2, workdir=copy / ".patchkit" / "vllm", apply=False, tag=tag,
+                            engine=engine)
+    assert first.ok
+    built = build_image.run(m2, workdir=copy / ".patchkit" / "vllm", tag=tag, engine=engine)
+    assert built.ok and not built.reused, built.to_dict()
+    assert built.image_id != first.image_id
+    with engine.files(built.image_id, tag) as files:
+        assert files.read(f"{SITE}/{fi.FI_FILE}").decode() == text
+
+
+def _layer_file(ref: str, dest, path: str) -> bytes | None:
+    """``path`` in the last layer of ``ref`` as the registry holds it (skopeo, no engine)."""
+    subprocess.run(["skopeo", "copy", "--src-tls-verify=false", f"docker://{ref}",
+                    f"dir:{dest}"], check=True, capture_output=True)
+    layers = json.loads((dest / "manifest.json").read_text())["layers"]
+    with tarfile.open(dest / layers[-1]["digest"].split(":", 1)[1]) as tar:
+        member = tar.extractfile(path.lstrip("/"))
+        return member.read() if member is not None else None
+
+
+def test_no_daemon_locked_ships_flashinfers_file_and_refuses_a_lock_that_differs(
+        fi_project, registry, tmp_path, engine):
+    root, m, workdir, _ = fi_project
+    lock.run(m, workdir=workdir, engine=engine)
+    saved = (root / "patchset.lock").read_bytes()
+    tag = f"{registry}/pk-test/stackimg-nd:{secrets.token_hex(4)}"
+    log = Log()
+    built = build_image.run(m, workdir=workdir, apply=False, tag=tag, push=True,
+                            no_daemon=True, locked=True, progress=log, timeout=600)
+    try:
+        assert built.ok, built.to_dict()
+        assert "the base is the one patchset.lock names" in log.lines
+        got = _layer_file(tag, tmp_path / "img", f"{SITE}/{fi.FI_FILE}")
+        assert got == (workdir.parent / "flashinfer" / fi.FI_FILE).read_bytes()
+        (root / "patchset.lock").write_text(saved.decode().replace('torch = "2.11.0"',
+                                                                   'torch = "2.10.0"'))
+        other = f"{registry}/pk-test/stackimg-nd:{secrets.token_hex(4)}-refused"
+        with pytest.raises(ImageError) as err:
+            build_image.run(m, workdir=workdir, apply=False, tag=other, push=True,
+                            no_daemon=True, locked=True, timeout=600)
+        base = m.image.base
+        assert str(err.value).splitlines() == [
+            f"base {base} differs from patchset.lock in 1 way",
+            "  torch 2.11.0, the lock has 2.10.0"]
+        missing = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw",
+                                  f"docker://{other}"], capture_output=True)
+        assert missing.returncode != 0   # nothing pushed under the tag
+    finally:
+        (root / "patchset.lock").write_bytes(saved)
+        subprocess.run(["skopeo", "delete", "--tls-verify=false", f"docker://{tag}"],
+                       capture_output=True)
