@@ -426,3 +426,32 @@ def test_no_daemon_locked_ships_flashinfers_file_and_refuses_a_lock_that_differs
         (root / "patchset.lock").write_bytes(saved)
         subprocess.run(["skopeo", "delete", "--tls-verify=false", f"docker://{tag}"],
                        capture_output=True)
+
+
+@pytest.mark.parametrize("pin", ["    repo: image\n", "    repo: pypi\n    ref: base\n"])
+def test_flashinfers_pin_and_files_read_from_the_base(fi_project, engine, tmp_path, pin):
+    """``repo: image`` (the pin ``base`` implied) patches the FlashInfer files the base has
+    installed; ``ref: base`` with PyPI pins the release the base's dist-info names."""
+    from patchkit.image import basevllm
+    from patchkit.manifest.runspec import run_spec
+
+    root, _, _, _ = fi_project
+    path = root / "patchset.yaml"
+    copy = tmp_path / "proj"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".patchkit"))
+    text = path.read_text().replace("    repo: pypi\n    ref: v0.6.15\n", pin, 1)
+    assert text != path.read_text()
+    (copy / "patchset.yaml").write_text(text)
+    m = manifest.load(copy / "patchset.yaml")
+    spec = run_spec(m)
+    lines: list[str] = []
+    bases = basevllm.for_packages(spec, engine=engine, log=lines.append)
+    assert lines == [f"base {m.image.base} holds flashinfer-python 0.6.15 in {SITE}"]
+    report = apply_series(m, run=spec, workdir=copy / ".patchkit" / "vllm", bases=bases,
+                          cache=real_cache())
+    assert report.ok, report.to_json()
+    fi_pkg = report.packages["flashinfer"]
+    assert fi_pkg.version == "0.6.15"
+    assert fi_pkg.source == ("pypi" if "pypi" in pin else "image")
+    got = (copy / ".patchkit" / "flashinfer" / fi.FI_FILE).read_text()
+    assert got == fi.patched(fi_pristine())

@@ -247,8 +247,9 @@ def _apply(manifest: Manifest, spec: RunSpec, workdir: Path, engine, *, progress
         raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
                          "with an engine first, then build-image --no-daemon --no-apply")
     holder = basevllm.for_run(spec, engine=engine, log=progress.info)
+    bases = basevllm.for_packages(spec, engine=engine, log=progress.info) if engine else {}
     return apply_series(manifest, run=spec, workdir=workdir, progress=progress, base=holder,
-                        discard=discard)
+                        discard=discard, bases=bases)
 
 
 def _applied(workdir: Path, apply: bool, variant: str | None) -> AppliedCheckout:
