@@ -312,8 +312,7 @@ class _Loader:
         if "ref" not in fields:
             # what the base holds is the only pin a package read from the base can have
             if not all(r == IMAGE_SOURCE for r in repos):
-                self.fail(f"{where}: missing required key 'ref' (only `repo: image` implies "
-                          f"the pin {BASE_REF!r})", node)
+                self.fail(f"{where}: missing required key 'ref'", node)
             return Package(name, dist, repos, BASE_REF, _line(key_node), _line(key_node),
                            _line(fields["dist"][1] if "dist" in fields else key_node))
         ref_node = fields["ref"][1]
