@@ -77,6 +77,13 @@ def write_manifest(root, base: str, *, fi_ref="v0.6.15",
 
 
 @pytest.fixture(scope="module")
+def engine() -> Engine:
+    """The engine, with room for a shared machine's load: each stopped container of the stack
+    base is a full copy of its files on the vfs driver."""
+    return Engine.connect(timeout=600)
+
+
+@pytest.fixture(scope="module")
 def project(tmp_path_factory, stack_bases, registry):
     root = tmp_path_factory.mktemp("stack")
     ip.make_project(root, base="x", tag=f"{registry}/pk-test/stack-e2e:{{ref}}")
@@ -87,18 +94,18 @@ def project(tmp_path_factory, stack_bases, registry):
 
 
 @pytest.fixture(scope="module")
-def locked(project, docker_client):
+def locked(project, docker_client, engine):
     """Built on the stack base, then locked."""
     root, m, workdir = project
     # an image of an earlier run would be reused; this run must make (and prove) its own
     for img in docker_client.images.list(filters={"label": "io.patchkit.patchset.name=pk-stack"}):
         docker_client.images.remove(img.id, force=True)
     log = Log()
-    report = build_image.run(m, workdir=workdir, apply=False, progress=log)
+    report = build_image.run(m, workdir=workdir, apply=False, progress=log, engine=engine)
     assert report.ok and not report.reused, report.to_dict()
-    first = lock.run(m, workdir=workdir)
+    first = lock.run(m, workdir=workdir, engine=engine)
     data = (root / "patchset.lock").read_bytes()
-    again = lock.run(m, workdir=workdir)
+    again = lock.run(m, workdir=workdir, engine=engine)
     return report, log.lines, first, again, data
 
 
@@ -123,26 +130,30 @@ def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(locked, stack
     assert first.written and not again.written  # the second run wrote the same bytes
 
 
-def test_locked_build_and_verify_accept_the_same_stack(locked, project):
+def test_locked_build_and_verify_accept_the_same_stack(locked, project, engine):
     root, m, workdir = project
     log = Log()
-    report = build_image.run(m, workdir=workdir, apply=False, progress=log, locked=True)
+    report = build_image.run(m, workdir=workdir, apply=False, progress=log, locked=True,
+                             engine=engine)
     assert report.ok and report.reused
     assert any("patchset.lock names" in line for line in log.lines)
-    checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True)
+    checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True,
+                         engine=engine)
     assert checked.ok and checked.locked == []
     assert checked.to_dict()["locked"] == {"ok": True, "differences": []}
 
 
 def test_locked_refuses_a_base_that_differs_naming_each_difference(locked, project,
-                                                                   stack_bases, docker_client):
+                                                                   stack_bases, docker_client,
+                                                                   engine):
     root, m, workdir = project
     other = stack_bases["2.10.0"]
     m2 = write_manifest(root, other["tag"], requires="{}")
     tag = f"{ip.REGISTRY}/pk-test/stack-refused:1"
     try:
         with pytest.raises(ImageError) as err:
-            build_image.run(m2, workdir=workdir, apply=False, tag=tag, locked=True)
+            build_image.run(m2, workdir=workdir, apply=False, tag=tag, locked=True,
+                            engine=engine)
         lines = str(err.value).splitlines()
         assert lines[0] == f"base {other['tag']} differs from patchset.lock in 2 ways"
         assert lines[1] == (f"  base digest {other['repo_digest'].split('@')[1]}, the lock has "
@@ -153,7 +164,8 @@ def test_locked_refuses_a_base_that_differs_naming_each_difference(locked, proje
         lock_text = (root / "patchset.lock").read_text()
         (root / "patchset.lock").write_text(lock_text.replace('torch = "2.11.0"',
                                                               'torch = "2.10.0"'))
-        checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True)
+        checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True,
+                             engine=engine)
         assert not checked.ok
         assert checked.locked == ["torch 2.11.0, the lock has 2.10.0"]
     finally:
@@ -175,14 +187,15 @@ def test_locked_refuses_a_base_that_differs_naming_each_difference(locked, proje
 ])
 def test_a_base_is_refused_before_the_apply_for_each_reason(project, stack_bases, tmp_path,
                                                             docker_client, change, error,
-                                                            message):
+                                                            message, engine):
     root, m, workdir = project
     base = stack_bases["2.11.0"]["tag"]
     try:
         bad = write_manifest(root, base, **change)
         fresh = tmp_path / ".patchkit" / "vllm"
         with pytest.raises(error) as err:
-            build_image.run(bad, workdir=fresh, tag=f"{ip.REGISTRY}/pk-test/stack-refused:2")
+            build_image.run(bad, workdir=fresh, tag=f"{ip.REGISTRY}/pk-test/stack-refused:2",
+                            engine=engine)
         assert str(err.value) == message.format(base=base)
         assert not fresh.exists()   # refused before the apply
     finally:
@@ -220,7 +233,7 @@ def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(proj
 def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(project, locked,
                                                                           stack_bases,
                                                                           docker_client,
-                                                                          tmp_path):
+                                                                          tmp_path, engine):
     """A real patch on a real FlashInfer 0.6.15 file, its applied checkout beside vLLM's,
     proven on the base by RECORD; a RECORD that does not hash to the pristine file is refused."""
     root, m, workdir = project
@@ -243,7 +256,6 @@ def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(projec
     assert apply_series(manifest.load(fi_proj / "patchset.yaml"), workdir=sibling,
                         cache=tmp_path / "cache").ok
     try:
-        engine = Engine.connect()
         held = lock.read_base(engine, stack_bases["2.11.0"]["tag"], Platform.parse("linux/arm64"))
         lines: list[str] = []
         proofs = lock.prove_packages(m, workdir, engine, held, lines.append)
@@ -262,7 +274,8 @@ def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(projec
             lock.prove_packages(m, workdir, engine, broken)
         # the image's one layer holds FlashInfer's patched file where the base installed it
         built = build_image.run(m, workdir=workdir, apply=False,
-                                base=stack_bases["2.11.0"]["tag"], tag="pk-stack-fi:ship")
+                                base=stack_bases["2.11.0"]["tag"], tag="pk-stack-fi:ship",
+                                engine=engine)
         assert built.ok
         with engine.files(built.image_id, "pk-stack-fi:ship") as fs:
             got = fs.read(f"/usr/local/lib/python3.11/dist-packages/{rel}")
@@ -274,13 +287,6 @@ def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(projec
 # ------------------------------------------------- both packages patched, end to end
 
 SITE = "/usr/local/lib/python3.11/dist-packages"
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    """The engine, with room for a shared machine's load: each stopped container of the stack
-    base is a full copy of its files on the vfs driver."""
-    return Engine.connect(timeout=600)
 
 
 def fi_pristine() -> str:
