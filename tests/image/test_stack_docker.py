@@ -222,8 +222,9 @@ def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(proj
                 assert "patchset.lock" in proc.stderr
     finally:
         (root / "patchset.lock").write_bytes(saved)
-    proc = subprocess.run([sys.executable, "-m", "patchkit", "lock", "--workdir", str(workdir)],
-                          cwd=root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "patchkit", "lock", "--workdir", str(workdir),
+                           "--timeout", "600"],
+                          cwd=root, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"unchanged {root / 'patchset.lock'}: base ")
     assert proc.stdout.rstrip().endswith("2 package(s), 4 installed distribution(s)")
