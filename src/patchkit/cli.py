@@ -500,15 +500,17 @@ def build_image_cmd(ref, repos, workdir, no_apply, discard, base, tag, platform,
 @workdir_option("vLLM's applied checkout; other packages' are beside it.")
 @click.option("--base", help="The base image (default: image.base of the manifest).")
 @click.option("--platform", help="OS/ARCH (default: image.platform, else linux/arm64).")
+@TIMEOUT
 @MANIFEST
 @FORMAT
-def lock(workdir, base, platform, manifest_path, fmt) -> int:
+def lock(workdir, base, platform, timeout, manifest_path, fmt) -> int:
     """Write patchset.lock beside the manifest: the base's digest, each package's version and
     commit, and the version of every distribution the base has installed."""
     from patchkit.commands import lock as command
 
     report = command.run(_load(manifest_path), workdir=Path(workdir), base=base,
-                         platform=platform, log=lambda msg: echo(msg, err=True))
+                         platform=platform, log=lambda msg: echo(msg, err=True),
+                         timeout=timeout)
     if fmt == "json":
         echo(json.dumps(report.to_dict(), indent=2))
     else:

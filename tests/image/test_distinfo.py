@@ -300,17 +300,17 @@ def test_verify_locked_compares_the_labels_and_the_image_dist_info(tmp_path):
                 json.dumps({"flashinfer": {"version": "0.6.15", "commit": "", "source": "pin"}})}
     facts = labels.ImageFacts.from_labels(recorded)
     assert facts.packages == {"flashinfer": {"version": "0.6.15", "commit": "", "source": "pin"}}
-    assert _stack_checks(m, base_files(), {}, facts, the_lock, "img") == []
+    assert _stack_checks(m, distinfo.installed(base_files(), {}), facts, the_lock, "img") == []
     recorded[labels.PACKAGES_LABEL] = json.dumps(
         {"flashinfer": {"version": "0.6.16", "commit": "", "source": "pin"}})
-    assert _stack_checks(m, base_files(), {}, labels.ImageFacts.from_labels(recorded), the_lock,
-                         "img") == ["package flashinfer version 0.6.16, the lock has 0.6.15"]
+    assert _stack_checks(m, distinfo.installed(base_files(), {}),
+                         labels.ImageFacts.from_labels(recorded), the_lock, "img") == ["package flashinfer version 0.6.16, the lock has 0.6.15"]
     unlabelled = labels.ImageFacts.from_labels({})
-    assert _stack_checks(m, base_files(), {}, unlabelled, the_lock, "img") == [
+    assert _stack_checks(m, distinfo.installed(base_files(), {}), unlabelled, the_lock, "img") == [
         f"base digest (not recorded), the lock has sha256:{'a' * 64}",
         "the labels of img do not record its packages' versions and commits (it was not built "
         "by this patchkit)"]
     with pytest.raises(ImageError, match=r"^image img has torch 2.11.0, image.requires wants "
                                          r"==2.10.\*$"):
-        _stack_checks(manifest(tmp_path, requires='    torch: "==2.10.*"'), base_files(), {},
-                      facts, None, "img")
+        _stack_checks(manifest(tmp_path, requires='    torch: "==2.10.*"'),
+                      distinfo.installed(base_files(), {}), facts, None, "img")

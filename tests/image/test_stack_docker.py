@@ -6,21 +6,25 @@ nvidia-cutlass-dsl; its pins and ``image.requires`` judged, ``patchset.lock`` wr
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import secrets
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 import pytest
 
+from testing import flashinfer as fi
 from testing import imageproject as ip
 from testing import real_cache, stackbase
 from testing.imageproject import RELEASE
 from testing.upstream import commit, sh, unified, write_files
-from patchkit import manifest
+from patchkit import cli, manifest
 from patchkit.commands import build_image, lock, verify
-from patchkit.errors import ImageError, ManifestError, UsageError
+from patchkit.errors import ImageError, ManifestError
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
 from patchkit.series.applier import Progress, apply_series
@@ -73,6 +77,13 @@ def write_manifest(root, base: str, *, fi_ref="v0.6.15",
 
 
 @pytest.fixture(scope="module")
+def engine() -> Engine:
+    """The engine, with room for a shared machine's load: each stopped container of the stack
+    base is a full copy of its files on the vfs driver."""
+    return Engine.connect(timeout=600)
+
+
+@pytest.fixture(scope="module")
 def project(tmp_path_factory, stack_bases, registry):
     root = tmp_path_factory.mktemp("stack")
     ip.make_project(root, base="x", tag=f"{registry}/pk-test/stack-e2e:{{ref}}")
@@ -83,18 +94,18 @@ def project(tmp_path_factory, stack_bases, registry):
 
 
 @pytest.fixture(scope="module")
-def locked(project, docker_client):
+def locked(project, docker_client, engine):
     """Built on the stack base, then locked."""
     root, m, workdir = project
     # an image of an earlier run would be reused; this run must make (and prove) its own
     for img in docker_client.images.list(filters={"label": "io.patchkit.patchset.name=pk-stack"}):
         docker_client.images.remove(img.id, force=True)
     log = Log()
-    report = build_image.run(m, workdir=workdir, apply=False, progress=log)
+    report = build_image.run(m, workdir=workdir, apply=False, progress=log, engine=engine)
     assert report.ok and not report.reused, report.to_dict()
-    first = lock.run(m, workdir=workdir)
+    first = lock.run(m, workdir=workdir, engine=engine)
     data = (root / "patchset.lock").read_bytes()
-    again = lock.run(m, workdir=workdir)
+    again = lock.run(m, workdir=workdir, engine=engine)
     return report, log.lines, first, again, data
 
 
@@ -119,26 +130,30 @@ def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(locked, stack
     assert first.written and not again.written  # the second run wrote the same bytes
 
 
-def test_locked_build_and_verify_accept_the_same_stack(locked, project):
+def test_locked_build_and_verify_accept_the_same_stack(locked, project, engine):
     root, m, workdir = project
     log = Log()
-    report = build_image.run(m, workdir=workdir, apply=False, progress=log, locked=True)
+    report = build_image.run(m, workdir=workdir, apply=False, progress=log, locked=True,
+                             engine=engine)
     assert report.ok and report.reused
     assert any("patchset.lock names" in line for line in log.lines)
-    checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True)
+    checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True,
+                         engine=engine)
     assert checked.ok and checked.locked == []
     assert checked.to_dict()["locked"] == {"ok": True, "differences": []}
 
 
 def test_locked_refuses_a_base_that_differs_naming_each_difference(locked, project,
-                                                                   stack_bases, docker_client):
+                                                                   stack_bases, docker_client,
+                                                                   engine):
     root, m, workdir = project
     other = stack_bases["2.10.0"]
     m2 = write_manifest(root, other["tag"], requires="{}")
     tag = f"{ip.REGISTRY}/pk-test/stack-refused:1"
     try:
         with pytest.raises(ImageError) as err:
-            build_image.run(m2, workdir=workdir, apply=False, tag=tag, locked=True)
+            build_image.run(m2, workdir=workdir, apply=False, tag=tag, locked=True,
+                            engine=engine)
         lines = str(err.value).splitlines()
         assert lines[0] == f"base {other['tag']} differs from patchset.lock in 2 ways"
         assert lines[1] == (f"  base digest {other['repo_digest'].split('@')[1]}, the lock has "
@@ -149,7 +164,8 @@ def test_locked_refuses_a_base_that_differs_naming_each_difference(locked, proje
         lock_text = (root / "patchset.lock").read_text()
         (root / "patchset.lock").write_text(lock_text.replace('torch = "2.11.0"',
                                                               'torch = "2.10.0"'))
-        checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True)
+        checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True,
+                             engine=engine)
         assert not checked.ok
         assert checked.locked == ["torch 2.11.0, the lock has 2.10.0"]
     finally:
@@ -171,14 +187,15 @@ def test_locked_refuses_a_base_that_differs_naming_each_difference(locked, proje
 ])
 def test_a_base_is_refused_before_the_apply_for_each_reason(project, stack_bases, tmp_path,
                                                             docker_client, change, error,
-                                                            message):
+                                                            message, engine):
     root, m, workdir = project
     base = stack_bases["2.11.0"]["tag"]
     try:
         bad = write_manifest(root, base, **change)
         fresh = tmp_path / ".patchkit" / "vllm"
         with pytest.raises(error) as err:
-            build_image.run(bad, workdir=fresh, tag=f"{ip.REGISTRY}/pk-test/stack-refused:2")
+            build_image.run(bad, workdir=fresh, tag=f"{ip.REGISTRY}/pk-test/stack-refused:2",
+                            engine=engine)
         assert str(err.value) == message.format(base=base)
         assert not fresh.exists()   # refused before the apply
     finally:
@@ -205,8 +222,9 @@ def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(proj
                 assert "patchset.lock" in proc.stderr
     finally:
         (root / "patchset.lock").write_bytes(saved)
-    proc = subprocess.run([sys.executable, "-m", "patchkit", "lock", "--workdir", str(workdir)],
-                          cwd=root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "patchkit", "lock", "--workdir", str(workdir),
+                           "--timeout", "600"],
+                          cwd=root, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"unchanged {root / 'patchset.lock'}: base ")
     assert proc.stdout.rstrip().endswith("2 package(s), 4 installed distribution(s)")
@@ -216,7 +234,7 @@ def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(proj
 def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(project, locked,
                                                                           stack_bases,
                                                                           docker_client,
-                                                                          tmp_path):
+                                                                          tmp_path, engine):
     """A real patch on a real FlashInfer 0.6.15 file, its applied checkout beside vLLM's,
     proven on the base by RECORD; a RECORD that does not hash to the pristine file is refused."""
     root, m, workdir = project
@@ -239,7 +257,6 @@ def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(projec
     assert apply_series(manifest.load(fi_proj / "patchset.yaml"), workdir=sibling,
                         cache=tmp_path / "cache").ok
     try:
-        engine = Engine.connect()
         held = lock.read_base(engine, stack_bases["2.11.0"]["tag"], Platform.parse("linux/arm64"))
         lines: list[str] = []
         proofs = lock.prove_packages(m, workdir, engine, held, lines.append)
@@ -258,10 +275,190 @@ def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(projec
             lock.prove_packages(m, workdir, engine, broken)
         # the image's one layer holds FlashInfer's patched file where the base installed it
         built = build_image.run(m, workdir=workdir, apply=False,
-                                base=stack_bases["2.11.0"]["tag"], tag="pk-stack-fi:ship")
+                                base=stack_bases["2.11.0"]["tag"], tag="pk-stack-fi:ship",
+                                engine=engine)
         assert built.ok
         with engine.files(built.image_id, "pk-stack-fi:ship") as fs:
             got = fs.read(f"/usr/local/lib/python3.11/dist-packages/{rel}")
         assert got == (sibling / rel).read_bytes()
     finally:
         shutil.rmtree(sibling)
+
+
+# ------------------------------------------------- both packages patched, end to end
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+
+
+def fi_pristine() -> str:
+    with zipfile.ZipFile(stackbase.flashinfer_wheel()) as zf:
+        return zf.read(fi.FI_FILE).decode()
+
+
+@pytest.fixture(scope="module")
+def fi_project(tmp_path_factory, stack_bases, registry):
+    """The image project with FlashInfer 0.6.15 from PyPI beside vLLM 0.27.1 from PyPI, and
+    the real FlashInfer patch (testing.flashinfer.FI_PATCH) in its series, on the stack base;
+    applied once (both packages)."""
+    root = tmp_path_factory.mktemp("stack-fi")
+    ip.make_project(root, base="x", tag=f"{registry}/pk-test/stackimg-fi:{{ref}}")
+    write_manifest(root, stack_bases["2.11.0"]["tag"])
+    path = root / "patchset.yaml"
+    # a name of its own: the `locked` fixture removes the images named pk-stack
+    path.write_text(path.read_text().replace("name: pk-stack\n", "name: pk-stackimg\n")
+                    + fi.FI_ENTRY)
+    (root / "patches" / "flashinfer").mkdir()
+    (root / "patches" / "flashinfer" / "fi-moe-activations.diff").write_text(fi.FI_PATCH)
+    m = manifest.load(path)
+    workdir = root / ".patchkit" / "vllm"
+    applied = apply_series(m, workdir=workdir, cache=real_cache())
+    assert applied.ok, applied.to_json()
+    return root, m, workdir, applied
+
+
+def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, stack_bases,
+                                                                   engine, capsys):
+    root, m, workdir, applied = fi_project
+    base = stack_bases["2.11.0"]
+    statuses = {(p.package, p.id): p.status for p in applied.patches}
+    assert statuses[("flashinfer", "fi-moe-activations")] == "applied"
+    assert statuses[("vllm", "draft-quant-config")] == "applied"
+    fi_tree = workdir.parent / "flashinfer"
+    assert (fi_tree / fi.FI_FILE).read_text() == fi.patched(fi_pristine())
+
+    log = Log()
+    tag = f"{ip.REGISTRY}/pk-test/stackimg-e2e:1"
+    built = build_image.run(m, workdir=workdir, apply=False, tag=tag, progress=log,
+                            engine=engine)
+    assert built.ok, built.to_dict()
+    assert "flashinfer: 1 changed file(s) into " + SITE in log.lines, log.lines
+    assert any(line == f"flashinfer: the files to replace in {SITE} are pristine "
+               "(1 proved by RECORD)" for line in log.lines), log.lines
+    with engine.files(built.image_id, tag) as files:
+        inside = files.read(f"{SITE}/{fi.FI_FILE}")
+    assert inside is not None and inside.decode() == fi.patched(fi_pristine())
+
+    checked = verify.run(m, image=tag, default_tree=workdir, engine=engine)
+    assert checked.ok, checked.to_dict()
+    sections = checked.to_dict()["packages"]
+    assert sections["flashinfer"] == {"version": "0.6.15", "site": SITE, "assertions": 2,
+                                      "passed": 2}
+    assert sections["vllm"]["version"] == RELEASE and sections["vllm"]["passed"] == 3
+    code = cli.main(["verify", "--image", tag, "--manifest", str(m.path), "--timeout", "600",
+                     "--package", "flashinfer"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"flashinfer 0.6.15 in {SITE}: 2/2 assertions passed" in out.splitlines()
+    assert "vllm " not in out and "ok: 2/2 assertions passed" in out
+
+    locked = lock.run(m, workdir=workdir, engine=engine)
+    commit = applied.packages["flashinfer"].commit
+    assert locked.lock.packages["flashinfer"] == lock.stack.Pinned("0.6.15", commit, "checkout")
+    assert locked.lock.base_digest == base["repo_digest"].split("@")[1]
+    assert verify.run(m, image=tag, default_tree=workdir, locked=True,
+                      engine=engine).locked == []
+
+
+def test_verify_image_fails_on_flashinfers_file_not_patched_in_it(fi_project, stack_bases,
+                                                                   engine):
+    """The stack base itself holds the pristine FlashInfer file: its assertions fail there,
+    named by file and patch, while the report still names the package."""
+    root, m, workdir, _ = fi_project
+    checked = verify.run(m, image=stack_bases["2.11.0"]["tag"], default_tree=workdir,
+                         packages=("flashinfer",), engine=engine)
+    assert not checked.ok
+    assert [(a.patch, a.file, a.ok) for a in checked.verify] == [
+        ("fi-moe-activations", fi.FI_FILE, False)] * 2
+    assert checked.packages[0].name == "flashinfer" and checked.packages[0].passed == 0
+
+
+def test_a_changed_flashinfer_patch_makes_a_new_image(fi_project, tmp_path, real_vllm, engine):
+    root, m, workdir, _ = fi_project
+    copy = tmp_path / "proj"
+    shutil.copytree(root, copy, symlinks=True)
+    token = secrets.token_hex(4)   # a patch no earlier run built
+    text = fi.patched(fi_pristine()) + f"\n_PATCHKIT_TEST_TOKEN = {token!r}\n"
+    (copy / "patches" / "flashinfer" / "fi-moe-activations.diff").write_text(
+        unified(fi.FI_FILE, fi_pristine(), text))
+    tag = f"{ip.REGISTRY}/pk-test/stackimg-change:1"
+    m2 = manifest.load(copy / "patchset.yaml")
+    first = build_image.run(m2, workdir=copy / ".patchkit" / "vllm", apply=False, tag=tag,
+                            engine=engine)
+    assert first.ok
+    built = build_image.run(m2, workdir=copy / ".patchkit" / "vllm", tag=tag, engine=engine)
+    assert built.ok and not built.reused, built.to_dict()
+    assert built.image_id != first.image_id
+    with engine.files(built.image_id, tag) as files:
+        assert files.read(f"{SITE}/{fi.FI_FILE}").decode() == text
+
+
+def _layer_file(ref: str, dest, path: str) -> bytes | None:
+    """``path`` in the last layer of ``ref`` as the registry holds it (skopeo, no engine)."""
+    subprocess.run(["skopeo", "copy", "--src-tls-verify=false", f"docker://{ref}",
+                    f"dir:{dest}"], check=True, capture_output=True)
+    layers = json.loads((dest / "manifest.json").read_text())["layers"]
+    with tarfile.open(dest / layers[-1]["digest"].split(":", 1)[1]) as tar:
+        member = tar.extractfile(path.lstrip("/"))
+        return member.read() if member is not None else None
+
+
+def test_no_daemon_locked_ships_flashinfers_file_and_refuses_a_lock_that_differs(
+        fi_project, registry, tmp_path, engine):
+    root, m, workdir, _ = fi_project
+    lock.run(m, workdir=workdir, engine=engine)
+    saved = (root / "patchset.lock").read_bytes()
+    tag = f"{registry}/pk-test/stackimg-nd:{secrets.token_hex(4)}"
+    log = Log()
+    built = build_image.run(m, workdir=workdir, apply=False, tag=tag, push=True,
+                            no_daemon=True, locked=True, progress=log, timeout=600)
+    try:
+        assert built.ok, built.to_dict()
+        assert "the base is the one patchset.lock names" in log.lines
+        got = _layer_file(tag, tmp_path / "img", f"{SITE}/{fi.FI_FILE}")
+        assert got == (workdir.parent / "flashinfer" / fi.FI_FILE).read_bytes()
+        (root / "patchset.lock").write_text(saved.decode().replace('torch = "2.11.0"',
+                                                                   'torch = "2.10.0"'))
+        other = f"{registry}/pk-test/stackimg-nd:{secrets.token_hex(4)}-refused"
+        with pytest.raises(ImageError) as err:
+            build_image.run(m, workdir=workdir, apply=False, tag=other, push=True,
+                            no_daemon=True, locked=True, timeout=600)
+        base = m.image.base
+        assert str(err.value).splitlines() == [
+            f"base {base} differs from patchset.lock in 1 way",
+            "  torch 2.11.0, the lock has 2.10.0"]
+        missing = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw",
+                                  f"docker://{other}"], capture_output=True)
+        assert missing.returncode != 0   # nothing pushed under the tag
+    finally:
+        (root / "patchset.lock").write_bytes(saved)
+        subprocess.run(["skopeo", "delete", "--tls-verify=false", f"docker://{tag}"],
+                       capture_output=True)
+
+
+@pytest.mark.parametrize("pin", ["    repo: image\n", "    repo: pypi\n    ref: base\n"])
+def test_flashinfers_pin_and_files_read_from_the_base(fi_project, engine, tmp_path, pin):
+    """``repo: image`` (the pin ``base`` implied) patches the FlashInfer files the base has
+    installed; ``ref: base`` with PyPI pins the release the base's dist-info names."""
+    from patchkit.image import basevllm
+    from patchkit.manifest.runspec import run_spec
+
+    root, _, _, _ = fi_project
+    path = root / "patchset.yaml"
+    copy = tmp_path / "proj"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".patchkit"))
+    text = path.read_text().replace("    repo: pypi\n    ref: v0.6.15\n", pin, 1)
+    assert text != path.read_text()
+    (copy / "patchset.yaml").write_text(text)
+    m = manifest.load(copy / "patchset.yaml")
+    spec = run_spec(m)
+    lines: list[str] = []
+    bases = basevllm.for_packages(spec, engine=engine, log=lines.append)
+    assert lines == [f"base {m.image.base} holds flashinfer-python 0.6.15 in {SITE}"]
+    report = apply_series(m, run=spec, workdir=copy / ".patchkit" / "vllm", bases=bases,
+                          cache=real_cache())
+    assert report.ok, report.to_json()
+    fi_pkg = report.packages["flashinfer"]
+    assert fi_pkg.version == "0.6.15"
+    assert fi_pkg.source == ("pypi" if "pypi" in pin else "image")
+    got = (copy / ".patchkit" / "flashinfer" / fi.FI_FILE).read_text()
+    assert got == fi.patched(fi_pristine())

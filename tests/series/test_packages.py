@@ -69,3 +69,21 @@ def test_validate_refuses_an_unknown_package(tmp_path):
     p = patchkit("validate", cwd=proj)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "patches[3] (id=fi-prefetch): package: unknown package 'flash'" in p.stderr
+
+
+def test_a_package_read_from_the_base_is_pinned_base_unless_a_ref_is_given(tmp_path):
+    from patchkit import manifest
+    from patchkit.manifest.runspec import run_spec
+
+    proj = project(tmp_path)
+    path = proj / "patchset.yaml"
+    text = path.read_text().replace("    repo: [pypi]\n    ref: v0.6.15\n", "    repo: image\n")
+    path.write_text(text.replace("patches:\n", "image:\n  base: b:1\npatches:\n", 1))
+    m = manifest.load(path)
+    assert m.package("flashinfer").ref == "base"
+    assert run_spec(m).pin("flashinfer").ref == "base"
+    assert run_spec(m, refs=["flashinfer=v0.6.15"]).pin("flashinfer").ref == "v0.6.15"
+    path.write_text(path.read_text().replace("    repo: image\n", "    repo: pypi\n"))
+    p = patchkit("validate", cwd=proj)
+    assert p.returncode == 2
+    assert p.stderr.strip().endswith("packages.flashinfer: missing required key 'ref'"), p.stderr

@@ -124,7 +124,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         via = copy_image.check_via(via)
         if not copy_urls:
             raise UsageError("--via REGISTRY is the way --copy-to copies; give --copy-to ENGINE")
-    lock = _lock_of(manifest, locked, no_daemon)
+    lock = _lock_of(manifest, locked)
     # Reached before the apply too: an engine or registry that is not there is known at once.
     engine, registry = _reach(manifest, no_daemon, engine, registry, ref=spec.ref, tag=tag,
                               variant=variant, timeout=timeout)
@@ -148,7 +148,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     builder = builders.choose(no_daemon, choice)
     job = builders.Job(manifest, tree, choice, plat, final_tag, base, push, log, engine=engine,
                        registry=registry, max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                       packages=packages)
+                       packages=packages, lock=lock)
     previous = engine.tagged(final_tag) if engine is not None else None
     built = builder.build(job)
     digest, saved = _deliver(engine, built, final_tag, push=push, save=save, previous=previous,
@@ -184,12 +184,9 @@ def _shipped_packages(manifest: Manifest, workdir: Path, held: lock_cmd.BaseStac
     return tuple(out)
 
 
-def _lock_of(manifest: Manifest, locked: bool, no_daemon: bool) -> stack.Lock | None:
+def _lock_of(manifest: Manifest, locked: bool) -> stack.Lock | None:
     if not locked:
         return None
-    if no_daemon:
-        raise UsageError("--locked reads the base's installed distributions through an engine, "
-                         "and --no-daemon has none")
     return lock_cmd.read_lock(manifest)
 
 
@@ -255,8 +252,9 @@ def _apply(manifest: Manifest, spec: RunSpec, workdir: Path, engine, *, progress
         raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
                          "with an engine first, then build-image --no-daemon --no-apply")
     holder = basevllm.for_run(spec, engine=engine, log=progress.info)
+    bases = basevllm.for_packages(spec, engine=engine, log=progress.info) if engine else {}
     return apply_series(manifest, run=spec, workdir=workdir, progress=progress, base=holder,
-                        discard=discard)
+                        discard=discard, bases=bases)
 
 
 def _applied(workdir: Path, apply: bool, variant: str | None) -> AppliedCheckout:

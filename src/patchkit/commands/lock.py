@@ -18,6 +18,7 @@ from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest
 from patchkit.manifest.runspec import run_spec
 from patchkit.series import checkout
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,7 @@ def check_base(manifest: Manifest, base: BaseStack, lock: stack.Lock | None) -> 
     installed versions against it (each difference named)."""
     stack.check_base(manifest, base.installed, base.image.name)
     if lock is not None:
-        found = stack.base_differences(lock, base.digest, base.installed.versions())
-        if found:
-            raise stack.refused(found, lock_path(manifest), f"base {base.image.name}")
+        stack.check_locked(manifest, lock, base.digest, base.installed, base.image.name)
 
 
 def check_packages(manifest: Manifest, lock: stack.Lock, packages: dict[str, stack.Pinned]
@@ -106,9 +105,11 @@ def prove_packages(manifest: Manifest, workdir: Path, engine, base: BaseStack | 
 
 
 def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
-        platform: str | None = None, engine=None, log=lambda m: None) -> LockReport:
+        platform: str | None = None, engine=None, log=lambda m: None,
+        timeout: float = DEFAULT_TIMEOUT) -> LockReport:
     """Read the base and the applied checkouts, and write ``patchset.lock`` beside the
-    manifest (atomically; the same stack gives the same bytes)."""
+    manifest (atomically; the same stack gives the same bytes).  ``timeout`` bounds each
+    silence of the engine."""
     spec = run_spec(manifest, base=base, platform=platform)
     if not spec.base:
         raise UsageError("patchkit lock needs a base: give --base IMAGE or set image.base in "
@@ -118,7 +119,7 @@ def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
     if engine is None:
         from patchkit.image.docker import Engine
 
-        engine = Engine.connect()
+        engine = Engine.connect(timeout=timeout)
     held = read_base(engine, spec.base, plat, log)
     check_base(manifest, held, None)
     packages = stack.patched_packages(manifest, Path(workdir), held.installed)

@@ -34,6 +34,7 @@ class VerifyReport:
     holds: Holds | None = None                  # what the image holds, for --image
     notes: list[str] = field(default_factory=list)  # how the logs were read (lines cut)
     locked: list[str] | None = None             # --locked: how the image differs from the lock
+    packages: list[PackageCheck] = field(default_factory=list)  # --image: each package checked
 
     @property
     def assertions_ok(self) -> bool:
@@ -58,7 +59,28 @@ class VerifyReport:
             out["notes"] = self.notes
         if self.locked is not None:
             out["locked"] = {"ok": not self.locked, "differences": self.locked}
+        if self.packages:
+            out["packages"] = {p.name: p.to_dict() for p in self.packages}
         return out
+
+
+@dataclass(frozen=True)
+class PackageCheck:
+    """One package's assertions inside an image: where its files were read, and how they did."""
+
+    name: str
+    version: str | None
+    site: str                  # the folder its paths are read from (its dist-info's, for
+                               # packages other than vLLM)
+    results: tuple[AssertionResult, ...]
+
+    @property
+    def passed(self) -> int:
+        return sum(a.ok for a in self.results)
+
+    def to_dict(self) -> dict:
+        return {"version": self.version, "site": self.site, "assertions": len(self.results),
+                "passed": self.passed}
 
 
 @dataclass
@@ -72,6 +94,7 @@ class _Checked:
     holds: Holds | None = None
     trees: list[Path] = field(default_factory=list)   # the checkouts a tree's check read
     locked: list[str] | None = None
+    packages: list[PackageCheck] = field(default_factory=list)
 
 
 def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
@@ -157,7 +180,11 @@ def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | 
 
 
 def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
-                 variant: str | None = None, lock=None) -> _Checked:
+                 variant: str | None = None, lock=None,
+                 packages: Sequence[str] | None = None) -> _Checked:
+    """Each package's assertions on the files ``image`` holds: vLLM's where its package is,
+    every other package's at the site its ``dist`` is installed in (its dist-info); ranges are
+    judged on the versions installed there.  ``packages`` (``--package``) limits them."""
     from patchkit.image import layer, package
     from patchkit.image.build import Holds
     from patchkit.image.labels import ImageFacts
@@ -192,30 +219,72 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
         fingerprint = (layer.fingerprint(engine.content(attrs["Id"]))
                        if engine.store().ids_are_config_digests else None)
         holds = Holds.of(version, facts.source, fingerprint)
-        locked = _stack_checks(manifest, files, env, facts, lock, image)
-        active = active_patches(manifest, facts.skipped(), version, variant)
-        cache: dict[str, str | None] = {}
+        installed = _installed(manifest, files, env, lock)
+        locked = _stack_checks(manifest, installed, facts, lock, image)
+        sites = _image_sites(manifest, installed, pkg.site, version)
+        found = {name: v for name, (_, v) in sites.items()}
+        active = active_patches(manifest, facts.skipped(), version, variant, found)
+        checks = []
+        for name, (site, pversion) in sites.items():
+            mine = [p for p in active if p.package == name]
+            if packages is not None and name not in packages or not mine and site is None:
+                continue
+            if site is None:
+                dist = manifest.package(name).dist
+                raise ImageError(f"image {image} has no {dist} installed "
+                                 f"({installed.missing(dist)}); {name} has {len(mine)} "
+                                 f"patch{'es' if len(mine) > 1 else ''} with assertions")
+            results = assertions.run_assertions(mine, _image_reader(files, site))
+            checks.append(PackageCheck(name, pversion, site, tuple(results)))
+        # a manifest of vLLM alone reports as it always has: one package needs no naming
+        return _Checked([a for c in checks for a in c.results], facts.statuses, version,
+                        variant, holds=holds, locked=locked,
+                        packages=checks if manifest.others else [])
 
-        def read(rel: str) -> str | None:
-            paths.check_relative(rel)
-            if rel not in cache:
-                data = files.read(pkg.path_of(rel))
-                cache[rel] = None if data is None else data.decode("utf-8")
-            return cache[rel]
 
-        return _Checked(assertions.run_assertions(active, read), facts.statuses, version, variant,
-                        holds=holds, locked=locked)
+def _image_reader(files, site: str):
+    """An assertion reader over the image's files, paths taken from ``site``."""
+    cache: dict[str, str | None] = {}
+
+    def read(rel: str) -> str | None:
+        paths.check_relative(rel)
+        if rel not in cache:
+            data = files.read(site.rstrip("/") + "/" + rel)
+            cache[rel] = None if data is None else data.decode("utf-8")
+        return cache[rel]
+
+    return read
 
 
-def _stack_checks(manifest: Manifest, files, env: dict[str, str], facts, lock,
-                  image: str) -> list[str] | None:
-    """The image's installed distributions, from its dist-info: ``image.requires`` must hold
-    (else one line, exit 1); with ``lock``, how the image's stack differs from it."""
-    from patchkit.image import distinfo, stack
+def _installed(manifest: Manifest, files, env: dict[str, str], lock):
+    """The image's installed distributions (its dist-info), when anything needs them: another
+    package (its site, and its version for the ranges), ``image.requires`` or the lock.  None
+    when nothing does."""
+    from patchkit.image import distinfo
 
-    if lock is None and not manifest.image.requires:
+    if lock is None and not manifest.image.requires and not manifest.others:
         return None
-    installed = distinfo.installed(files, env)
+    return distinfo.installed(files, env)
+
+
+def _image_sites(manifest: Manifest, installed, vllm_site: str, vllm_version: str | None
+                 ) -> dict[str, tuple[str | None, str | None]]:
+    """Each package -> (the site its files are read from, its installed version); a package
+    whose ``dist`` the image lacks (or whose dist-info were not read) has neither."""
+    out: dict[str, tuple[str | None, str | None]] = {VLLM: (vllm_site, vllm_version)}
+    for p in manifest.others:
+        dist = installed.get(p.dist) if installed is not None else None
+        out[p.name] = (dist.site, dist.version) if dist else (None, None)
+    return out
+
+
+def _stack_checks(manifest: Manifest, installed, facts, lock, image: str) -> list[str] | None:
+    """``image.requires`` on the image's installed distributions (else one line, exit 1); with
+    ``lock``, how the image's stack differs from it."""
+    from patchkit.image import stack
+
+    if installed is None:
+        return None
     problems = stack.requires_problems(manifest, installed, image)
     if problems:
         raise ImageError("; ".join(problems).replace(f"base {image} ", f"image {image} "))
@@ -226,9 +295,9 @@ def _stack_checks(manifest: Manifest, files, env: dict[str, str], facts, lock,
     if facts.packages is None:
         return [*found, f"the labels of {image} do not record its packages' versions and "
                         "commits (it was not built by this patchkit)"]
-    packages = {name: stack.Pinned(p.get("version", ""), p.get("commit", ""), p.get("source", ""))
-                for name, p in facts.packages.items()}
-    return found + stack.package_differences(lock, packages)
+    pinned = {name: stack.Pinned(p.get("version", ""), p.get("commit", ""), p.get("source", ""))
+              for name, p in facts.packages.items()}
+    return found + stack.package_differences(lock, pinned)
 
 
 def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
@@ -242,8 +311,9 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
     patches' ranges on the vLLM that base image holds, the one the tree is to be laid on.
     ``timeout`` bounds each silence of the engine.  With a tree, each package's assertions are
     checked on its checkout beside the tree; ``packages`` (``--package``) limits them.
-    ``locked`` (with an image): also say how the stack it was built on differs from
-    ``patchset.lock``."""
+    With an image, each package's assertions are read at the site its ``dist`` is installed
+    in there.  ``locked`` (with an image): also say how the stack it was built on differs
+    from ``patchset.lock``."""
     if tree and image:
         raise UsageError("give --tree or --image, not both")
     if locked and not image:
@@ -266,14 +336,15 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
         if image:
             target = image
             checked = _check_image(manifest, image, spec.platform,
-                                   engine=sources.engine or engine, variant=variant, lock=lock)
+                                   engine=sources.engine or engine, variant=variant, lock=lock,
+                                   packages=spec.only)
         else:
             target = str(tree or default_tree)
             checked = _check_tree(manifest, Path(target), variant, version, spec.only)
             if len(checked.trees) > 1:   # vLLM's and the checkouts beside it
                 target = " and ".join(str(t) for t in checked.trees)
         report = VerifyReport(target, checked.results, holds=checked.holds,
-                              locked=checked.locked)
+                              locked=checked.locked, packages=checked.packages)
         if sources.logs:
             judgment = sources.judge(manifest, checked)
             report.runtime, report.starts = judgment.results, judgment.starts

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from patchkit import git as g
 from patchkit import source
-from patchkit.errors import UsageError
-from patchkit.image import package
+from patchkit.errors import ImageError, UsageError
+from patchkit.image import distinfo, package
 from patchkit.image.docker import Engine, Log
 from patchkit.image.layer import BaseImage
 from patchkit.imageref import Platform, check_reference
@@ -51,20 +51,65 @@ class BaseVllm:
     def package_files(self) -> Iterator[g.TreeFile]:
         """Every file under the package folder as ``vllm/...``, streamed from one archive."""
         with self.engine.files(self.image.image_id, self.image.name) as files:
-            top = None
-            for info, data in files.walk(self.package.dir):
-                head, _, rest = info.name.partition("/")
-                top = top or head
-                if head != top or not rest:
-                    continue  # the folder itself
-                rel = f"vllm/{rest.rstrip('/')}"
-                if info.issym():
-                    yield g.TreeFile(rel, SYMLINK, info.linkname.encode("utf-8", "surrogateescape"))
-                elif info.islnk():
-                    _, _, linked = info.linkname.partition("/")
-                    yield g.TreeFile(rel, REGULAR, same_as=f"vllm/{linked}")
-                elif info.isreg():
-                    yield g.TreeFile(rel, EXECUTABLE if info.mode & 0o111 else REGULAR, data)
+            yield from _folder_files(files, self.package.dir, "vllm")
+
+
+@dataclass
+class BaseDist:
+    """A base image on an engine, and another package's distribution installed in it (its
+    dist-info): ``ref: base`` pins its installed version, ``repo: image`` takes its files."""
+
+    engine: Engine
+    image: BaseImage
+    dist: distinfo.Dist
+    tops: tuple[str, ...]      # its import folders (flashinfer), from RECORD
+
+    name = BaseVllm.name
+    key = BaseVllm.key
+    platform = BaseVllm.platform
+
+    @property
+    def version(self) -> str:
+        return self.dist.version
+
+    @property
+    def package_dir(self) -> str:
+        return ", ".join(self.dist.path_of(t) for t in self.tops)
+
+    def package_files(self) -> Iterator[g.TreeFile]:
+        """Every file of its import folders, paths from the site (``flashinfer/...``)."""
+        with self.engine.files(self.image.image_id, self.image.name) as files:
+            for top in self.tops:
+                yield from _folder_files(files, self.dist.path_of(top), top)
+
+
+def _folder_files(files, folder: str, top: str) -> Iterator[g.TreeFile]:
+    """The files under ``folder`` of an image as ``TOP/...``, from one archive of it."""
+    first = None
+    for info, data in files.walk(folder):
+        head, _, rest = info.name.partition("/")
+        first = first or head
+        if head != first or not rest:
+            continue  # the folder itself
+        rel = f"{top}/{rest.rstrip('/')}"
+        if info.issym():
+            yield g.TreeFile(rel, SYMLINK, info.linkname.encode("utf-8", "surrogateescape"))
+        elif info.islnk():
+            _, _, linked = info.linkname.partition("/")
+            yield g.TreeFile(rel, REGULAR, same_as=f"{top}/{linked}")
+        elif info.isreg():
+            yield g.TreeFile(rel, EXECUTABLE if info.mode & 0o111 else REGULAR, data)
+
+
+def _tops(dist: distinfo.Dist, base: str) -> tuple[str, ...]:
+    """The import folders a distribution installed: RECORD's top folders holding __init__.py."""
+    record = dist.record or {}
+    tops = sorted({path.split("/", 1)[0] for path in record
+                   if path.count("/") == 1 and path.endswith("/__init__.py")})
+    if not tops:
+        raise ImageError(f"base {base}: {dist.info} has no RECORD naming a package folder; "
+                         f"cannot read {dist.name}'s files from it")
+    return tuple(tops)
 
 
 def env_of(config: dict) -> dict[str, str]:
@@ -79,6 +124,33 @@ def open_base(engine: Engine, ref: str, platform: Platform, log: Log = lambda m:
         version = package.installed_version(files, pkg, None)
     log(f"base {ref} holds vLLM {version or '(version unknown)'} in {pkg.dir}")
     return BaseVllm(engine, image, pkg, version)
+
+
+def for_packages(run: RunSpec, *, engine: Engine | None = None,
+                 log: Log = lambda m: None) -> dict[str, BaseDist]:
+    """The base each other package of ``run`` reads (its ref ``base`` or its source
+    ``image``), by package name; empty when none does (no engine is reached then)."""
+    wanted = [pin for pin in run.others if run.in_run(pin.name) and (
+        pin.ref == source.BASE_REF or any(source.kind_of(s).reads_base for s in pin.sources))]
+    if not wanted:
+        return {}
+    if not run.base:
+        raise UsageError(f"{wanted[0].name}: a pin read from a base image (ref 'base', source "
+                         "'image'): give --base IMAGE or set image.base in patchset.yaml")
+    check_reference("--base", run.base)
+    engine = engine or Engine.connect()
+    image = engine.resolve_base(run.base, Platform.parse(run.platform), log)
+    with engine.files(image.image_id, image.name) as files:
+        installed = distinfo.installed(files, env_of(image.config))
+    out = {}
+    for pin in wanted:
+        dist = installed.get(pin.dist)
+        if dist is None:
+            raise ImageError(f"base {run.base} has no {pin.dist} installed "
+                             f"({installed.missing(pin.dist)})")
+        out[pin.name] = BaseDist(engine, image, dist, _tops(dist, run.base))
+        log(f"base {run.base} holds {pin.dist} {dist.version} in {dist.site}")
+    return out
 
 
 def needed(run: RunSpec, refs: Sequence[str] | None = None) -> str | None:

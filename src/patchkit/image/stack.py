@@ -218,6 +218,15 @@ def package_differences(lock: Lock, packages: Mapping[str, Pinned]) -> list[str]
     return out
 
 
+def check_locked(manifest: Manifest, lock: Lock, digest: str, installed: Installed,
+                 base: str) -> None:
+    """Refuse a base (its digest, what it has installed) that differs from ``lock``, naming
+    each difference; every build path asks this of the base it lays the layer on."""
+    found = base_differences(lock, digest, installed.versions())
+    if found:
+        raise refused(found, manifest.root / LOCK_FILE, f"base {base}")
+
+
 def refused(differences: list[str], lock_path: Path, what: str) -> ImageError:
     """The one error a stack that differs from the lock gets: a summary, one line each."""
     head = (f"{what} differs from {lock_path.name} in {len(differences)} "

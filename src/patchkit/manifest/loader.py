@@ -21,7 +21,7 @@ from patchkit.imageref import reference_problem
 from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Assertion, ImageDefaults,
                                      Manifest, Marker, Package, Patch, Variant, id_problem,
                                      shown_id, summary_problem)
-from patchkit.source.refs import BASE_REF, ref_problem
+from patchkit.source.refs import BASE_REF, IMAGE_SOURCE, ref_problem
 
 KINDS = kinds.NAMES
 
@@ -294,7 +294,7 @@ class _Loader:
 
     def package_entry(self, name: str, key_node: yaml.Node, node: yaml.Node) -> Package:
         where = f"packages.{name}"
-        fields = self.mapping(node, where, PACKAGE_KEYS, required=("repo", "ref"),
+        fields = self.mapping(node, where, PACKAGE_KEYS, required=("repo",),
                               what="a mapping with dist, repo and ref")
         dist = name
         if "dist" in fields:
@@ -310,6 +310,12 @@ class _Loader:
                           f"{other.name!r} (line {other.line})",
                           fields["dist"][1] if "dist" in fields else key_node)
         repos = self.repos(fields["repo"][1], f"{where}.repo")
+        if "ref" not in fields:
+            # what the base holds is the only pin a package read from the base can have
+            if not all(r == IMAGE_SOURCE for r in repos):
+                self.fail(f"{where}: missing required key 'ref'", node)
+            return Package(name, dist, repos, BASE_REF, _line(key_node), _line(key_node),
+                           _line(fields["dist"][1] if "dist" in fields else key_node))
         ref_node = fields["ref"][1]
         return Package(name, dist, repos, self.ref(ref_node, f"{where}.ref"), _line(key_node),
                        _line(ref_node),

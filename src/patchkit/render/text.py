@@ -83,6 +83,8 @@ def holds(data: dict) -> str:
 
 def verify(report) -> str:
     lines = [assertion_failure(a) for a in report.verify if not a.ok]
+    lines += [f"{p.name} {p.version or '(version unknown)'} in {p.site}: {p.passed}/"
+              f"{len(p.results)} assertions passed" for p in report.packages]
     passed = sum(a.ok for a in report.verify)
     lines.append(f"{'ok' if report.assertions_ok else 'FAILED'}: {passed}/{len(report.verify)} "
                  f"assertions passed on {report.target}")

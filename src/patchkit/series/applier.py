@@ -246,19 +246,24 @@ def workdirs(run: RunSpec, workdir: Path) -> dict[str, Path]:
 
 
 def resolve_pins(run: RunSpec, cache: Path, log, base: source.Base | None,
-                 names: Sequence[str] | None = None) -> dict[str, source.Resolved]:
-    """Every pin of ``run`` (or those ``names``) resolved to a commit, vLLM first."""
+                 names: Sequence[str] | None = None,
+                 bases: Mapping[str, source.Base] | None = None
+                 ) -> dict[str, source.Resolved]:
+    """Every pin of ``run`` (or those ``names``) resolved to a commit, vLLM first.  ``base``
+    is what vLLM's ref ``base`` and source ``image`` read; ``bases`` the same for each other
+    package, by name (its distribution in the base image)."""
     out = {}
     for pin in run.pins:
         if names is not None and pin.name not in names:
             continue
-        if pin.name != VLLM and (pin.ref == source.BASE_REF
-                                 or any(source.kind_of(s).reads_base for s in pin.sources)):
+        held = base if pin.name == VLLM else (bases or {}).get(pin.name)
+        if held is None and pin.name != VLLM and (
+                pin.ref == source.BASE_REF
+                or any(source.kind_of(s).reads_base for s in pin.sources)):
             raise UsageError(f"{pin.name}: a pin read from a base image (ref 'base', source "
-                             "'image') is built for vLLM alone so far; pin a release or a "
-                             "git source")
-        out[pin.name] = source.resolve(pin.sources, pin.ref, cache, log,
-                                       base=base if pin.name == VLLM else None,
+                             "'image') needs the base read through an engine here; pin a "
+                             "release or a git source")
+        out[pin.name] = source.resolve(pin.sources, pin.ref, cache, log, base=held,
                                        package=source.package_id(pin.name, pin.dist))
     return out
 
@@ -268,14 +273,15 @@ def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = Non
                  variant: str | None = None, keep_failed: bool = False,
                  progress: Progress | None = None, cache: Path | None = None,
                  base: source.Base | None = None, discard: bool = False,
-                 pins: Mapping[str, source.Resolved] | None = None) -> ApplyReport:
+                 pins: Mapping[str, source.Resolved] | None = None,
+                 bases: Mapping[str, source.Base] | None = None) -> ApplyReport:
     """Check out every package of ``run`` (default: the run ``ref``, ``repos`` and ``variant``
     make) at its pin, apply the series of its variant, verify; move every checkout into place
     (vLLM's at ``workdir``, the others beside it) only if all passed.  On failure every
     workdir is exactly as it was.  ``base`` is the base image that the ref ``base`` and the
-    source ``image`` read.  A workdir holding a person's work is refused, or with ``discard``
-    saved, then replaced.  ``pins``: the pins of ``run`` already resolved (a caller that
-    applies the series many times resolves them once)."""
+    source ``image`` read (``bases``: each other package's, by name).  A workdir holding a
+    person's work is refused, or with ``discard`` saved, then replaced.  ``pins``: the pins of
+    ``run`` already resolved (a caller that applies the series many times resolves them once)."""
     run = run or run_spec(manifest, ref=ref, repos=repos, variant=variant)
     variants.check(manifest, run.variant)
     progress = progress or Progress()
@@ -290,7 +296,7 @@ def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = Non
         for name, place in places.items():
             scratches[name] = _scratch_beside(place)
         if pins is None:
-            pins = resolve_pins(run, cache, progress.info, base)
+            pins = resolve_pins(run, cache, progress.info, base, bases=bases)
         trees = {name: scratches[name] / "t" for name in places}
         report = _checked_out_stack(manifest, pins, trees, progress, run.variant)
         for name, place in places.items():

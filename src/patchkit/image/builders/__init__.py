@@ -56,6 +56,8 @@ class Job:
     max_jobs: int | None = None
     nvcc_threads: int | None = None
     packages: tuple[PackageTree, ...] = ()  # the other packages' changes the image ships
+    lock: object | None = None     # image.stack.Lock of --locked, for a path that reads the
+                                   # base itself (no engine read it before the apply)
 
     def base_ref(self) -> str:
         ref = self.base or self.manifest.image.base

@@ -107,10 +107,16 @@ def build_overlay(job: Job, base_ref: str, reg: Registry, cache: Path | None = N
     log(f"base pinned by digest: {base.pinned}")
     inputs = build.overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages)
     with layerfs.LayerFiles(base_ref, layers, store / "files") as files:
-        if job.manifest.others or job.manifest.image.requires:
-            # no engine read the base before the apply: its pins and requires are judged here
+        if job.manifest.others or job.manifest.image.requires or job.lock is not None:
+            # no engine read the base before the apply: its pins, requires and the lock are
+            # judged here, on its layers, before anything is uploaded
             env = dict(i.partition("=")[::2] for i in base.config.get("Env") or ())
-            stack.check_base(job.manifest, distinfo.installed(files, env), base.name)
+            installed = distinfo.installed(files, env)
+            stack.check_base(job.manifest, installed, base.name)
+            if job.lock is not None:
+                stack.check_locked(job.manifest, job.lock,  # type: ignore[arg-type]
+                                   base.digest or base.image_id, installed, base.name)
+                log(f"the base is the one {stack.LOCK_FILE} names")
         plan = build.plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log,
                                   job.packages)
     made, config = build.overlay_image(base, plan, inputs)
