@@ -57,6 +57,20 @@ def test_cli_bad_via_exits_2_before_any_engine(monkeypatch, capsys):
         "--via 'http://reg:5000' is not a registry")
 
 
+@pytest.mark.parametrize("extra, word", [(["--dry-run"], "--dry-run"),
+                                         (["--compress", "gzip"], "--compress")])
+def test_via_with_a_direct_copy_option_exits_2_before_any_engine(monkeypatch, capsys, extra,
+                                                                   word):
+    from patchkit.image.docker import Engine
+
+    monkeypatch.setattr(Engine, "connect", classmethod(lambda *a, **k: pytest.fail("connected")))
+    code = cli.main(["copy-image", "demo:1", "--to", "ssh://node2", "--via", "127.0.0.1:5055",
+                     *extra, "--format", "json"])
+    assert code == 2
+    assert json.loads(capsys.readouterr().out)["error"].startswith(
+        f"--via 127.0.0.1:5055 goes without {word}")
+
+
 def test_a_transfer_counts_layers_moved_and_held_and_their_bytes_once():
     from patchkit.image.docker import Transfer
 
