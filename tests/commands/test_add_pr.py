@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from testing import patchkit
+from testing import patchkit, snapshot
 from testing.upstream import sh
 from testing.project import MANIFEST, MOD_V1, make_project
 
@@ -122,11 +122,6 @@ def proj(tmp_path, server):
     return proj
 
 
-def _snapshot(proj: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(proj)): p.read_bytes() for p in sorted(proj.rglob("*"))
-            if p.is_file() and ".patchkit" not in p.parts}
-
-
 def test_a_pr_number_becomes_a_patch_without_its_tests_and_docs(proj, server):
     before = (proj / "patchset.yaml").read_text()
     p = patchkit("add-pr", "101", cwd=proj)
@@ -194,13 +189,13 @@ def test_a_url_of_another_host_is_fetched_there(proj, server, monkeypatch):
 
 
 def test_a_conflicting_pr_writes_nothing_and_exits_1(proj):
-    before = _snapshot(proj)
+    before = snapshot(proj)
     p = patchkit("add-pr", "103", cwd=proj)
     assert p.returncode == 1, p.stdout
     assert p.stderr.splitlines()[-1].startswith(
         "patchkit: error: pr-103 does not apply at vLLM v1 (")
     assert "conflict: hunk 1 of pkg/mod.py" in p.stderr and "nothing was written" in p.stderr
-    assert _snapshot(proj) == before
+    assert snapshot(proj) == before
 
 
 @pytest.mark.parametrize("args,code,message", [
@@ -229,10 +224,10 @@ def test_a_conflicting_pr_writes_nothing_and_exits_1(proj):
      "tests/a.py)"),
 ])
 def test_bad_inputs_are_one_line(proj, server, args, code, message):
-    before = _snapshot(proj)
+    before = snapshot(proj)
     p = patchkit("add-pr", *args, cwd=proj)
     assert (p.returncode, p.stderr.strip()) == (code, message.format(url=server.url))
-    assert _snapshot(proj) == before
+    assert snapshot(proj) == before
 
 
 def test_an_existing_file_of_the_id_is_refused(proj):
@@ -248,12 +243,12 @@ def test_an_unreachable_host_is_one_line(proj, monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("PATCHKIT_GITHUB", f"http://127.0.0.1:{port}")
-    before = _snapshot(proj)
+    before = snapshot(proj)
     p = patchkit("add-pr", "101", cwd=proj)
     assert (p.returncode, p.stderr.strip()) == (
         1, f"patchkit: error: GET http://127.0.0.1:{port}/vllm-project/vllm/pull/101.diff: "
            f"connection refused: nothing listens on 127.0.0.1:{port}")
-    assert _snapshot(proj) == before
+    assert snapshot(proj) == before
     monkeypatch.setenv("PATCHKIT_GITHUB", "127.0.0.1:80")
     p = patchkit("add-pr", "101", cwd=proj)
     assert (p.returncode, p.stderr.strip()) == (
@@ -380,20 +375,20 @@ def test_a_flashinfer_pr_is_proven_on_flashinfers_pin(stack, server):
         "ok: the series applies at flashinfer v0.6.15 with pr-3817 (1 file(s))"]
     server.routes["/flashinfer-ai/flashinfer/pull/3818.diff"] = _fi_pr().replace(
         b" _COMPACT_STATIC_TILE_M = 128\n", b" _COMPACT_STATIC_TILE_M = 256\n")
-    before = _snapshot(stack)
+    before = snapshot(stack)
     p = patchkit("add-pr", "--package", "flashinfer", "3818", cwd=stack)
     assert p.returncode == 1, p.stdout
     assert p.stderr.strip().splitlines()[-1].startswith(
         "patchkit: error: pr-3818 does not apply at flashinfer v0.6.15 (")
     assert "conflict" in p.stderr and "nothing was written" in p.stderr
-    assert _snapshot(stack) == before
+    assert snapshot(stack) == before
 
 
 @pytest.mark.real_vllm
 def test_a_package_pr_without_a_known_github_repository_is_one_line(stack):
     text = (stack / "patchset.yaml").read_text().replace("  flashinfer:\n", "  b12x:\n    dist: b12x\n    repo: [pypi]\n    ref: v0.1.0\n  flashinfer:\n", 1)
     (stack / "patchset.yaml").write_text(text)
-    before = _snapshot(stack)
+    before = snapshot(stack)
     for args, line in [
             (("--package", "b12x", "7"),
              "patchkit: error: add-pr 7: packages.b12x.repo of patchset.yaml names no GitHub "
@@ -404,4 +399,4 @@ def test_a_package_pr_without_a_known_github_repository_is_one_line(stack):
              "(packages: vllm, b12x, flashinfer); did you mean 'flashinfer'?")]:
         p = patchkit("add-pr", *args, cwd=stack)
         assert (p.returncode, p.stderr.strip()) == (2, line)
-    assert _snapshot(stack) == before
+    assert snapshot(stack) == before

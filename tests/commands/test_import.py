@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from testing import patchkit
+from testing import one_error, patchkit, snapshot
 from testing.upstream import commit, dedent, make_upstream, sh
 from testing.project import MOD_V1, make_project
 
@@ -18,18 +17,6 @@ from patchkit.errors import PatchkitError, UsageError
 from patchkit.series import applier
 
 BRANCH = "dspark-nvfp4-a4w4"
-
-
-def error(p: subprocess.CompletedProcess) -> str:
-    """The one error line (progress lines may come before it)."""
-    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("patchkit")]
-    assert len(lines) == 1 and p.stderr.endswith(lines[0] + "\n"), p.stderr
-    return lines[0]
-
-
-def _snapshot(proj: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(proj)): p.read_bytes() for p in sorted(proj.rglob("*"))
-            if p.is_file() and ".patchkit" not in p.parts}
 
 
 @pytest.fixture
@@ -84,13 +71,13 @@ def test_a_fork_branch_becomes_patches_oldest_first(proj, fork):
     assert "return x + 2" in (wd / "pkg/mod.py").read_text()
 
     # again: every commit is in the series already; nothing changes
-    files = _snapshot(proj)
+    files = snapshot(proj)
     p = patchkit("import", BRANCH, "--from", str(fork), "--format", "json", cwd=proj)
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     assert data["patches"] == [] and len(data["notes"]) == 4
     assert "is in the series already as dspark-guard" in data["notes"][1]
-    assert _snapshot(proj) == files
+    assert snapshot(proj) == files
 
 
 def test_a_branch_of_the_manifest_source_needs_no_from(proj, tmp_path):
@@ -119,34 +106,34 @@ def test_a_conflicting_commit_writes_nothing(proj, fork):
     # the series' fast-mode transform rewrites the line this commit's hunk needs
     commit(fork, "Slow mode", {"pkg/mod.py": (fork / "pkg/mod.py").read_text().replace(
         '"plain"', '"slow"')})
-    before = _snapshot(proj)
+    before = snapshot(proj)
     p = patchkit("import", BRANCH, "--from", str(fork), cwd=proj)
     assert p.returncode == 1
-    message = error(p)
+    message = one_error(p)
     assert message.startswith("patchkit: error: slow-mode does not apply at vLLM v1 (")
     assert ": conflict: hunk 1 of pkg/mod.py" in message and message.endswith("nothing was written")
-    assert _snapshot(proj) == before
+    assert snapshot(proj) == before
 
 
 def test_merges_unknown_refs_and_unrelated_history_are_one_line(proj, fork, tmp_path):
-    before = _snapshot(proj)
+    before = snapshot(proj)
     p = patchkit("import", "no-such-branch", "--from", str(fork), cwd=proj)
-    assert p.returncode == 2 and error(p) == (f"patchkit: error: unknown vLLM ref "
+    assert p.returncode == 2 and one_error(p) == (f"patchkit: error: unknown vLLM ref "
                                               f"'no-such-branch' in {fork}")
     p = patchkit("import", BRANCH, "--from", str(tmp_path / "nowhere"), cwd=proj)
-    assert (p.returncode, error(p)) == (
+    assert (p.returncode, one_error(p)) == (
         2, f"patchkit: error: no such repository: {tmp_path / 'nowhere'}")
     other = make_upstream(tmp_path / "other", {"x1": {"a.py": "A = 1\n"}})
     p = patchkit("import", "x1", "--from", str(other), cwd=proj)
-    assert p.returncode == 2 and "shares no history with the pin v1" in error(p)
+    assert p.returncode == 2 and "shares no history with the pin v1" in one_error(p)
     p = patchkit("import", "HEAD~1", cwd=proj)
-    assert p.returncode == 2 and "revision expression" in error(p)
+    assert p.returncode == 2 and "revision expression" in one_error(p)
     sh("git", "checkout", "-q", "-b", "side", "v1", cwd=fork)
     commit(fork, "side", {"pkg/side.py": "S = 1\n"})
     sh("git", "checkout", "-q", BRANCH, cwd=fork)
     sh("git", "merge", "-q", "--no-edit", "side", cwd=fork)
     p = patchkit("import", BRANCH, "--from", str(fork), cwd=proj)
-    assert p.returncode == 2 and "merge commit" in error(p) and "straight line" in p.stderr
+    assert p.returncode == 2 and "merge commit" in one_error(p) and "straight line" in p.stderr
     for args, message in [((), "give REF (a fork branch) or --overlay DIR"),
                           (("x", "--overlay", "d"), "give REF (a fork branch) or --overlay DIR"),
                           (("x", "--onto", "v1"),
@@ -154,8 +141,8 @@ def test_merges_unknown_refs_and_unrelated_history_are_one_line(proj, fork, tmp_
                           (("--overlay", "d", "--from", "r"),
                            "--from r: with --overlay, give the fork as REPO@REF")]:
         p = patchkit("import", *args, cwd=proj)
-        assert p.returncode == 2 and message in error(p)
-    assert _snapshot(proj) == before
+        assert p.returncode == 2 and message in one_error(p)
+    assert snapshot(proj) == before
 
 
 # ------------------------------------------------------------------------------ an overlay tree
@@ -239,11 +226,11 @@ def test_an_overlay_that_conflicts_with_the_series_writes_nothing(vproj, tmp_pat
     (root / "vllm/__init__.py").write_text("")
     # the series' table patch adds a line right below the one this changes
     (root / "vllm/mod.py").write_text(MOD_V1.replace('"fp8": 1', '"fp8": 9'))
-    before = _snapshot(vproj)
+    before = snapshot(vproj)
     with pytest.raises(PatchkitError, match=r"^tree does not apply at vLLM v2 \(.*\): conflict: "
                                             r"hunk 1 of vllm/mod.py: .*; nothing was written$"):
         import_.run_overlay(vproj / "patchset.yaml", root)
-    assert _snapshot(vproj) == before
+    assert snapshot(vproj) == before
 
 
 def test_applying_an_overlay_diff_reproduces_its_files(vproj, tmp_path):
@@ -290,11 +277,11 @@ def test_onto_names_the_base_and_wins_over_the_lock(vproj, tmp_path):
 def test_bad_overlays_are_one_line(vproj, tmp_path, setup, code, message):
     d = tmp_path / "ov"
     setup(d)
-    before = _snapshot(vproj)
+    before = snapshot(vproj)
     p = patchkit("import", "--overlay", str(d), cwd=vproj)
     assert p.returncode == code, p.stderr
-    assert error(p).startswith("patchkit: error: " + message.format(d=d)), p.stderr
-    assert _snapshot(vproj) == before
+    assert one_error(p).startswith("patchkit: error: " + message.format(d=d)), p.stderr
+    assert snapshot(vproj) == before
 
 
 def test_every_file_left_out_of_an_overlay_is_named(vproj, tmp_path):
@@ -326,12 +313,12 @@ def test_a_link_to_a_folder_in_an_overlay_is_refused(vproj, tmp_path):
     (root / "vllm/sub").mkdir(parents=True)
     (root / "vllm/mod.py").write_text(MOD_V1.replace("return x + 1", "return x + 5"))
     (root / "vllm/linked").symlink_to(root / "vllm/sub", target_is_directory=True)
-    before = _snapshot(vproj)
+    before = snapshot(vproj)
     p = patchkit("import", "--overlay", str(root), cwd=vproj)
     assert (p.returncode, p.stderr.strip()) == (
         2, f"patchkit: error: --overlay {root}: vllm/linked is a link to a folder; an overlay "
            "holds regular files only")
-    assert _snapshot(vproj) == before
+    assert snapshot(vproj) == before
 
 
 @pytest.mark.parametrize("how", ["overlay", "branch"])
@@ -343,13 +330,13 @@ def test_nothing_to_import_is_exit_0_and_one_line_for_both(vproj, tmp_path, how)
     else:
         args = ("v2", "--from", str(tmp_path / "vllm-up"))
         said = "note: v2 ("
-    before = _snapshot(vproj)
+    before = snapshot(vproj)
     p = patchkit("import", *args, cwd=vproj)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[-1] == "nothing to import"
     assert any(line.startswith(said) for line in lines[:-1]), p.stdout
-    assert _snapshot(vproj) == before
+    assert snapshot(vproj) == before
 
 
 def test_an_overlay_id_that_exists_is_refused(vproj, tmp_path):
@@ -366,17 +353,17 @@ def test_a_bad_summary_names_the_option_not_a_line_of_the_manifest(vproj, tmp_pa
     (root / "vllm").mkdir(parents=True)
     (root / "vllm/__init__.py").write_text("")
     (root / "vllm/probe.py").write_text("PROBE = 1\n")
-    before = _snapshot(vproj)
+    before = snapshot(vproj)
     p = patchkit("import", "--overlay", str(root), "--summary", summary, cwd=vproj)
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == [f"patchkit: error: --summary: {problem}"]
-    assert _snapshot(vproj) == before
+    assert snapshot(vproj) == before
 
 
 def test_an_id_longer_than_100_characters_is_refused_before_any_work(vproj, tmp_path):
-    before = _snapshot(vproj)
+    before = snapshot(vproj)
     p = patchkit("import", "--overlay", str(tmp_path / "nowhere"), "--id", "a" * 101, cwd=vproj)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
         f"patchkit: error: --id '{'a' * 37}...': 101 characters long; an id has at most 100"]
-    assert _snapshot(vproj) == before
+    assert snapshot(vproj) == before

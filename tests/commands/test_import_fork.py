@@ -4,12 +4,11 @@ upstream.lock whose commit no source has but whose tag the pypi source has."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from testing import patchkit
+from testing import one_error, patchkit, snapshot
 from testing.upstream import sh
 
 from patchkit import git as g
@@ -26,17 +25,6 @@ LOCK = (f"# pinned by the fork's CI\nVLLM_REPOSITORY=https://github.com/vllm-pro
         f"VLLM_TAG=\"{RELEASE}\"\nVLLM_COMMIT={MISSING}\nFLASHINFER_COMMIT={'a' * 40}\n"
         "FLASHINFER_VERSION=0.6.15\nTORCH_VERSION='2.9.0'\n"
         f"VALIDATED_VLLM_VERSION=0.32.1.dev0+g{MISSING[:9]}.d20260714\n")
-
-
-def error(p: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("patchkit")]
-    assert len(lines) == 1 and p.stderr.endswith(lines[0] + "\n"), p.stderr
-    return lines[0]
-
-
-def _snapshot(proj: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(proj)): p.read_bytes() for p in sorted(proj.rglob("*"))
-            if p.is_file() and ".patchkit" not in p.parts}
 
 
 @pytest.fixture
@@ -184,14 +172,14 @@ def _lock(text: str):
 def test_bad_fork_input_is_one_line_and_writes_nothing(proj, tmp_path, setup, args, message):
     d = tmp_path / "ov"
     setup(d)
-    before = _snapshot(proj)
+    before = snapshot(proj)
     p = patchkit("import", "--overlay", str(d), *[a.format(d=d) for a in args], cwd=proj)
     assert p.returncode == 2, p.stderr
     if message is None:
         assert "Invalid value for '--split'" in p.stderr
     else:
-        assert error(p).startswith("patchkit: error: " + message.format(d=d)), p.stderr
-    assert _snapshot(proj) == before
+        assert one_error(p).startswith("patchkit: error: " + message.format(d=d)), p.stderr
+    assert snapshot(proj) == before
 
 
 def test_from_a_fork_without_the_path_or_with_a_link_is_one_line(proj, tmp_path):
@@ -202,13 +190,13 @@ def test_from_a_fork_without_the_path_or_with_a_link_is_one_line(proj, tmp_path)
     sh("git", "init", "-q", "-b", "main", str(fork))
     sh("git", "add", "-A", cwd=fork)
     sh("git", "commit", "-qm", "overlay", cwd=fork)
-    before = _snapshot(proj)
+    before = snapshot(proj)
     for path, message in [("nowhere", f"--from {fork}@main: no folder nowhere at main"),
                           ("overlay", f"--from {fork}@main: overlay/vllm/b.py at main is a link")]:
         p = patchkit("import", "--overlay", path, "--from", f"{fork}@main", cwd=proj)
         assert p.returncode == 2, p.stderr
-        assert error(p).startswith("patchkit: error: " + message), p.stderr
-    assert _snapshot(proj) == before
+        assert one_error(p).startswith("patchkit: error: " + message), p.stderr
+    assert snapshot(proj) == before
 
 
 # ------------------------------------------------------------------------------ another package
@@ -278,15 +266,15 @@ def test_a_flashinfer_overlay_imports_as_flashinfer_patches(fi_stack, tmp_path, 
 def test_a_flashinfer_overlay_without_its_folder_is_one_line(fi_stack, tmp_path, real_vllm):
     ov = tmp_path / "overlay"
     _overlay(ov, {"vllm/a.py": b"A = 1\n"})
-    before = _snapshot(fi_stack)
+    before = snapshot(fi_stack)
     for args, line in [
             (("--package", "flashinfer"),
              f"--overlay {ov}: holds no flashinfer/ folder (at its top or one level down)"),
             (("--package", "flashinfr"),
              "--package flashinfr: the manifest has no package 'flashinfr'")]:
         p = patchkit("import", "--overlay", str(ov), *args, cwd=fi_stack)
-        assert p.returncode == 2 and error(p).startswith("patchkit: error: " + line), p.stderr
-    assert _snapshot(fi_stack) == before
+        assert p.returncode == 2 and one_error(p).startswith("patchkit: error: " + line), p.stderr
+    assert snapshot(fi_stack) == before
 
 
 def test_rebase_of_a_split_series_refreshes_what_applies_and_stops_at_each_file(

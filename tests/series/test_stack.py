@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testing import patchkit, real_cache
+from testing import real_cache
 from testing.flashinfer import FI_FILE, ensure_releases, make_stack, patched
 from testing.upstream import sh
 

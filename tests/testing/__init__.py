@@ -65,3 +65,16 @@ def isolate(monkeypatch, home: Path) -> None:
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
     monkeypatch.setenv("GIT_TEMPLATE_DIR", "")
     monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(home / "cache"))
+
+
+def one_error(p: subprocess.CompletedProcess) -> str:
+    """The one error line of a failed run (progress lines may come before it, nothing after)."""
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("patchkit")]
+    assert len(lines) == 1 and p.stderr.endswith(lines[0] + "\n"), p.stderr
+    return lines[0]
+
+
+def snapshot(proj: Path) -> dict[str, bytes]:
+    """Every file of a project but its checkouts, by path: to prove a command wrote nothing."""
+    return {str(p.relative_to(proj)): p.read_bytes() for p in sorted(proj.rglob("*"))
+            if p.is_file() and ".patchkit" not in p.parts}
