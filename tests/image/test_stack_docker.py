@@ -304,8 +304,10 @@ def fi_project(tmp_path_factory, stack_bases, registry):
     ip.make_project(root, base="x", tag=f"{registry}/pk-test/stackimg-fi:{{ref}}")
     write_manifest(root, stack_bases["2.11.0"]["tag"])
     path = root / "patchset.yaml"
-    # a name of its own: the `locked` fixture removes the images named pk-stack
-    path.write_text(path.read_text().replace("name: pk-stack\n", "name: pk-stackimg\n")
+    # a name of its own: the `locked` fixture removes the images named pk-stack; and one no
+    # earlier run used, so that the build below is made, not found (the name is in its inputs)
+    name = f"pk-stackimg-{secrets.token_hex(4)}"
+    path.write_text(path.read_text().replace("name: pk-stack\n", f"name: {name}\n")
                     + fi.FI_ENTRY)
     (root / "patches" / "flashinfer").mkdir()
     (root / "patches" / "flashinfer" / "fi-moe-activations.diff").write_text(fi.FI_PATCH)
