@@ -61,8 +61,8 @@ def port_of(url: str) -> int:
 def overlay(tmp_path_factory, bases, registry, docker_client):
     """The test patchset's overlay image on the source engine: the 0.27.1 base plus one layer."""
     root = tmp_path_factory.mktemp("copy")
-    path = ip.make_project(root, base=bases[RELEASE]["tag"], tag=f"{registry}/pk-test/copy:{{ref}}")
-    path.write_text(path.read_text().replace("name: pk-e2e\n", f"name: {NAME}\n", 1))
+    path = ip.make_project(root, base=bases[RELEASE]["tag"],
+                           tag=f"{registry}/pk-test/copy:{{ref}}", name=NAME)
     m = manifest.load(path)
     workdir = root / ".patchkit" / "vllm"
     assert apply_series(m, workdir=workdir, cache=real_cache()).ok

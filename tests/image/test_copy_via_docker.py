@@ -71,8 +71,7 @@ def gone(client, ref: str) -> bool:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, bases, registry):
     root = tmp_path_factory.mktemp("via")
-    path = ip.make_project(root, base=bases[RELEASE]["tag"], tag=f"{REPO}:{{ref}}")
-    path.write_text(path.read_text().replace("name: pk-e2e\n", f"name: {NAME}\n", 1))
+    path = ip.make_project(root, base=bases[RELEASE]["tag"], tag=f"{REPO}:{{ref}}", name=NAME)
     m = manifest.load(path)
     workdir = root / ".patchkit" / "vllm"
     report = apply_series(m, workdir=workdir, cache=real_cache())

@@ -75,10 +75,9 @@ def forget(client, ref: str) -> None:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, bases, registry):
     root = tmp_path_factory.mktemp("stores")
-    path = ip.make_project(root, base=bases[RELEASE]["tag"],
-                           tag=f"{registry}/pk-test/engines-e2e:{{ref}}")
     # A name of its own: the other image tests clear the engines of pk-e2e images as they start.
-    path.write_text(path.read_text().replace("name: pk-e2e\n", f"name: {NAME}\n", 1))
+    path = ip.make_project(root, base=bases[RELEASE]["tag"],
+                           tag=f"{registry}/pk-test/engines-e2e:{{ref}}", name=NAME)
     m = manifest.load(path)
     workdir = root / ".patchkit" / "vllm"
     report = apply_series(m, workdir=workdir, cache=real_cache())

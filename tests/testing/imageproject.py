@@ -55,7 +55,7 @@ def remove_module(workdir: Path) -> None:
 
 
 MANIFEST = """\
-name: pk-e2e
+name: {name}
 vllm:
   repo: pypi
   ref: v{version}
@@ -87,8 +87,10 @@ patches:
 
 
 def make_project(root: Path, *, base: str, tag: str, version: str = "0.27.1",
-                 serve: bool = True) -> Path:
-    """Writes patchset.yaml, patches/ and build/serve.sh under ``root``; returns the manifest."""
+                 serve: bool = True, name: str = "pk-e2e") -> Path:
+    """Writes patchset.yaml, patches/ and build/serve.sh under ``root``; returns the manifest.
+    ``name``: the patchset's (a test whose images must not be cleared by others' gives its own).
+    """
     texts = patched_texts(version)
     (root / "patches").mkdir(parents=True, exist_ok=True)
     pristine = {p: (wheel_text(version, p) if p != NEW else None) for p in texts}
@@ -99,5 +101,5 @@ def make_project(root: Path, *, base: str, tag: str, version: str = "0.27.1",
         (root / "build").mkdir(exist_ok=True)
         (root / "build" / "serve.sh").write_text(SERVE)
     path = root / "patchset.yaml"
-    path.write_text(MANIFEST.format(version=version, base=base, tag=tag, mark_spec=MARK_SPEC))
+    path.write_text(MANIFEST.format(version=version, base=base, tag=tag, mark_spec=MARK_SPEC, name=name))
     return path
