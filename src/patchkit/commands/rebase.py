@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from filelock import FileLock
+from patchkit import locks
 
 from patchkit import git as g
 from patchkit import interrupt, kinds, manifest, source, versions
@@ -154,9 +154,9 @@ class _State:
         return cls(sdir, data)
 
 
-def _lock(sdir: Path) -> FileLock:
+def _lock(sdir: Path):
     sdir.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(sdir.parent / "rebase.lock"))
+    return locks.held(sdir.parent / "rebase.lock", f"the rebase in {sdir.parent}")
 
 
 def _patch_files(m: Manifest) -> list[str]:

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
+from patchkit import locks
 from patchkit.errors import CommandError, ImageError
 from patchkit.image.layer import (DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX, OCI_MANIFEST,
                                   RemoteImage)
@@ -223,10 +224,9 @@ class Registry:
         missing = [d for d in wanted if not blob_path(blobs, d).is_file()]
         if not missing:
             return 0
-        from filelock import FileLock
 
         blobs.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(blobs.parent / "fetch.lock")):
+        with locks.held(blobs.parent / "fetch.lock", f"the blob cache {blobs}", log):
             missing = [d for d in wanted if not blob_path(blobs, d).is_file()]
             if not missing:
                 return 0

@@ -8,12 +8,10 @@ in atomically when everything passed, removed otherwise (or kept with ``keep_fai
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import signal
 import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from patchkit import interrupt, kinds, source, versions
+from patchkit import locks
 from patchkit import git as g
 from patchkit.errors import CommandError, SourceError, UsageError
 from patchkit.kinds.common import commit_message
@@ -320,9 +319,11 @@ def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = Non
 def _move_in(trees: Mapping[str, Path], places: Mapping[str, Path], scratches: Mapping[str, Path],
              discard: bool, report: ApplyReport, progress: Progress) -> None:
     """Every checkout into its place together, the work of a replaced one saved first."""
-    with ExitStack() as locks:
+    with ExitStack() as holding:
         for place in places.values():
-            locks.enter_context(_vanishing_lock(place.parent / f".{place.name}.patchkit.lock"))
+            holding.enter_context(locks.held(place.parent / f".{place.name}.patchkit.lock",
+                                             f"the workdir {place}", progress.info,
+                                             vanish=True))
         interrupt.check()  # the last point where stopping leaves every workdir as it was
         # asked again: the person may have committed while the series ran
         works = {name: check_workdir(place, discard) for name, place in places.items()}
@@ -391,40 +392,6 @@ def _discard_name(workdir: Path, suffix: str) -> Path:
         n += 1
         dest = workdir.parent / f"{workdir.name}.discarded-{stamp}-{n}{suffix}"
     return dest
-
-
-@contextmanager
-def _vanishing_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock that leaves no file behind: the holder unlinks the file before it lets
-    go, and a waiter that won the lock on a file already unlinked tries again on the new one."""
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    interrupt.check()
-                    time.sleep(0.05)
-            try:
-                if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                    break
-            except FileNotFoundError:
-                pass
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
-    try:
-        yield
-    finally:
-        try:
-            os.unlink(path)  # still held: no one can have taken it in between
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(fd)
 
 
 def _scratch_beside(workdir: Path) -> Path:

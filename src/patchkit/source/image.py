@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from filelock import FileLock
+from patchkit import locks
 
 from patchkit import git as g
 from patchkit import versions
@@ -84,7 +84,7 @@ def ensure_tree(cache: Path, base: Base, log: Log = lambda m: None,
     repo = repo_path(cache, package)
     folder = cache_subdir(cache, WORD)
     ref = ref_of(base)
-    with FileLock(str(folder / f"{package.dist}.lock")):
+    with locks.held(folder / f"{package.dist}.lock", f"the cached {package.dist} of bases", log):
         if (repo.exists() or repo.is_symlink()) and not g.is_repository(repo):
             log(f"the cached repository {repo} is broken; making it again")
             discard(repo)

@@ -16,7 +16,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from filelock import FileLock
+from patchkit import locks
 from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import CommandError, SourceError
@@ -67,7 +67,7 @@ def ensure_release(cache: Path, ref: str, log=lambda msg: None,
     tag = f"v{version}"
     repo = repo_path(cache, package)
     base = cache_subdir(cache, WORD)
-    with FileLock(str(base / f"{package.dist}.lock")):
+    with locks.held(base / f"{package.dist}.lock", f"the cached {package.dist} releases", log):
         if os.path.lexists(repo) and not g.is_repository(repo):
             # The cache is disposable: a repository broken by outside hands is made again.
             log(f"the cached repository {repo} is broken; making it again")

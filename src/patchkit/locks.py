@@ -1,0 +1,92 @@
+"""The file locks patchkit takes against another run of itself.
+
+A cache mirror, a cached release, a workdir being replaced, a rebase in progress: each is
+guarded by an exclusive ``flock`` on a file beside it.  The kernel lets go of a lock when its
+holder ends, so a lock that is held is held by a live run.  Another run's lock is waited for,
+said once, and given up after ``WAIT`` seconds with one line naming it: every wait has a
+deadline.  The deadline is long, because the other run may be cloning a mirror or building a
+release from PyPI, which take minutes on a slow link; a signal ends the wait at once.
+
+``held(path, what)`` leaves its file behind, as lock files in a cache do.  ``held(...,
+vanish=True)`` removes it before letting go (a workdir's lock must not litter the user's
+folder); a waiter that then wins the lock on the removed file tries again on the new one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from patchkit import interrupt
+from patchkit.errors import PatchkitError
+from patchkit.timeouts import shown
+
+WAIT = 600.0  # seconds another run's lock is waited for
+POLL = 0.05
+SAY_AFTER = 1.0  # a wait shorter than this is not worth a line
+
+
+class LockBusy(PatchkitError):
+    """Another patchkit run held a lock for longer than ``WAIT``."""
+
+
+@contextmanager
+def held(path: Path | str, what: str, log: Callable[[str], None] = lambda m: None, *,
+         vanish: bool = False) -> Iterator[None]:
+    """Holds the lock file ``path`` (guarding ``what``, as messages name it) for the block."""
+    path = Path(path)
+    deadline = time.monotonic() + WAIT
+    said = False
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            said = _wait(fd, path, what, log, deadline, said)
+            if not vanish or _still_named(path, fd):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # won on a file its holder removed: take the new one
+    try:
+        yield
+    finally:
+        try:
+            if vanish:
+                os.unlink(path)  # still held: no one can have taken it in between
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _wait(fd: int, path: Path, what: str, log: Callable[[str], None], deadline: float,
+          said: bool) -> bool:
+    """Takes the lock on ``fd``, polling until ``deadline``; True once the wait was said."""
+    start = time.monotonic()
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return said
+        except BlockingIOError:
+            pass
+        interrupt.check()
+        now = time.monotonic()
+        if now >= deadline:
+            raise LockBusy(f"{what}: another patchkit run has held {path} for more than "
+                           f"{shown(WAIT)}; run again when it has ended")
+        if not said and now - start >= SAY_AFTER:
+            log(f"waiting for another patchkit run that holds {what} ({path}), at most "
+                f"{shown(WAIT)}")
+            said = True
+        time.sleep(POLL)
+
+
+def _still_named(path: Path, fd: int) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False

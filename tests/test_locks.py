@@ -1,0 +1,72 @@
+"""The locks patchkit takes against another run of itself: a real flock held by a real other
+process, waited for with a deadline, said once, free again when its holder dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from patchkit import locks
+from patchkit.errors import PatchkitError
+
+HOLD = ("import sys, time; from patchkit import locks\n"
+        "with locks.held(sys.argv[1], 'x'):\n"
+        "    print('in', flush=True); time.sleep(60)\n")
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Another process holding tmp_path/m.lock until it is killed."""
+    lock = tmp_path / "m.lock"
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline() == "in\n"
+    yield lock, p
+    p.kill()
+    p.wait(timeout=10)
+
+
+def test_another_runs_lock_is_waited_for_said_once_then_given_up_in_one_line(
+        holder, monkeypatch):
+    lock, _ = holder
+    monkeypatch.setattr(locks, "WAIT", 0.6)
+    monkeypatch.setattr(locks, "SAY_AFTER", 0.1)
+    said = []
+    start = time.monotonic()
+    with pytest.raises(locks.LockBusy) as e:
+        with locks.held(lock, "the mirror of pypi", said.append):
+            pytest.fail("entered a lock another process holds")
+    waited = time.monotonic() - start
+    assert 0.6 <= waited < 5
+    assert said == [f"waiting for another patchkit run that holds the mirror of pypi ({lock}), "
+                    "at most 0.6 s"]
+    assert str(e.value) == (f"the mirror of pypi: another patchkit run has held {lock} for "
+                            "more than 0.6 s; run again when it has ended")
+    assert "\n" not in str(e.value) and isinstance(e.value, PatchkitError)
+
+
+def test_a_lock_is_had_as_soon_as_its_holder_ends_even_by_kill_9(holder, monkeypatch):
+    lock, p = holder
+    monkeypatch.setattr(locks, "SAY_AFTER", 30)
+    os.kill(p.pid, signal.SIGKILL)
+    said = []
+    with locks.held(lock, "x", said.append):
+        pass
+    assert said == [] and lock.exists()  # a cache's lock file stays
+
+
+def test_a_free_lock_is_taken_without_a_word_and_a_second_take_waits(tmp_path,
+                                                                     monkeypatch):
+    monkeypatch.setattr(locks, "WAIT", 0.3)
+    said = []
+    with locks.held(tmp_path / "a.lock", "a", said.append):
+        # a second take of the same lock, even in this process, is a second holder
+        with pytest.raises(locks.LockBusy):
+            with locks.held(tmp_path / "a.lock", "a"):
+                pass
+    assert said == []
