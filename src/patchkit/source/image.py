@@ -14,7 +14,6 @@ image (``patchkit.image.basevllm``).
 from __future__ import annotations
 
 import re
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -25,9 +24,8 @@ from patchkit import versions
 from patchkit.errors import SourceError, UsageError
 from patchkit.source.protocol import VLLM, Base, PackageId
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE
-from patchkit.source.resolved import Log, Resolved
+from patchkit.source.resolved import Log, Resolved, bare_repository
 from patchkit.cache import cache_subdir
-from patchkit.files import discard
 
 WORD = IMAGE_SOURCE
 
@@ -85,13 +83,7 @@ def ensure_tree(cache: Path, base: Base, log: Log = lambda m: None,
     folder = cache_subdir(cache, WORD)
     ref = ref_of(base)
     with locks.held(folder / f"{package.dist}.lock", f"the cached {package.dist} of bases", log):
-        if (repo.exists() or repo.is_symlink()) and not g.is_repository(repo):
-            log(f"the cached repository {repo} is broken; making it again")
-            discard(repo)
-        if not (repo / "HEAD").exists():
-            tmp = Path(tempfile.mkdtemp(prefix=f"{package.dist}.git.", dir=folder))
-            g.init_bare(tmp)
-            tmp.rename(repo)
+        bare_repository(repo, log)
         commit = g.resolve_commit(repo, ref)
         if commit:
             log(f"{package.label} {base.version or '(version unknown)'} of {base.name}: cached as "

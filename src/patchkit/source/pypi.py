@@ -9,7 +9,6 @@ cache on every machine agrees.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -21,9 +20,8 @@ from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import CommandError, SourceError
 from patchkit.source.protocol import VLLM, PackageId
-from patchkit.source.resolved import Log, Resolved, version_of
+from patchkit.source.resolved import Log, Resolved, bare_repository, version_of
 from patchkit.cache import cache_subdir
-from patchkit.files import discard
 from patchkit.process import run
 
 WORD = "pypi"
@@ -68,14 +66,7 @@ def ensure_release(cache: Path, ref: str, log=lambda msg: None,
     repo = repo_path(cache, package)
     base = cache_subdir(cache, WORD)
     with locks.held(base / f"{package.dist}.lock", f"the cached {package.dist} releases", log):
-        if os.path.lexists(repo) and not g.is_repository(repo):
-            # The cache is disposable: a repository broken by outside hands is made again.
-            log(f"the cached repository {repo} is broken; making it again")
-            discard(repo)
-        if not (repo / "HEAD").exists():
-            tmp = Path(tempfile.mkdtemp(prefix=f"{package.dist}.git.", dir=base))
-            g.init_bare(tmp)
-            tmp.rename(repo)
+        bare_repository(repo, log)
         if g.resolve_commit(repo, tag):
             return repo, tag
         wheel = _wheel(cache, version, log, package)

@@ -1,14 +1,17 @@
-"""A ref pinned to a commit, and the release a commit is."""
+"""A ref pinned to a commit, the release a commit is, and the cached repository holding it."""
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit import git as g
 from patchkit import versions
+from patchkit.files import discard
 
 Log = Callable[[str], None]
 
@@ -22,6 +25,18 @@ class Resolved:
     ref: str
     commit: str
     version: str | None
+
+
+def bare_repository(repo: Path, log: Log) -> None:
+    """Makes sure a bare repository is at ``repo`` (the caller holds its lock): made empty when
+    missing, made again when outside hands broke it (the cache is disposable)."""
+    if os.path.lexists(repo) and not g.is_repository(repo):
+        log(f"the cached repository {repo} is broken; making it again")
+        discard(repo)
+    if not (repo / "HEAD").exists():
+        tmp = Path(tempfile.mkdtemp(prefix=f"{repo.name}.", dir=repo.parent))
+        g.init_bare(tmp)
+        tmp.rename(repo)
 
 
 def version_of(repo: Path, commit: str, top: str = "vllm") -> str | None:
