@@ -383,17 +383,34 @@ def read_blobs(repo: Path, specs: Iterable[str]) -> dict[str, bytes | None]:
 # ------------------------------------------------------------------------------ the work tree
 
 def commit_all(repo: Path, message: str, paths: Iterable[str] | None = None) -> str | None:
-    """Stage ``paths`` (everything when None) and commit; None when nothing changed."""
+    """Stage ``paths`` (everything when None) and commit; None when nothing changed.
+
+    One git process for the commit (a series commits once per patch): git refuses an empty
+    commit itself, and only then is the index asked whether that was the reason; the new
+    commit is read from HEAD's ref files in-process."""
     if paths is None:
         _run("add", "-A", cwd=repo)
     else:
         plist = list(paths)
         if plist:
             _run("add", "-A", "--", *plist, cwd=repo)
+    args = ("commit", "--quiet", "--no-verify", "-m", message)
+    made = _try(*args, cwd=repo, env=IDENTITY)
+    if made.ok:
+        return _head_of_refs(repo)
     if _try("diff", "--cached", "--quiet", cwd=repo).ok:
         return None
-    _run("commit", "--quiet", "--no-verify", "-m", message, cwd=repo, env=IDENTITY)
-    return head(repo)
+    raise CommandError(["git", *args], made.code, made.stdout + made.stderr)
+
+
+def _head_of_refs(repo: Path) -> str:
+    """The commit HEAD names, read from the ref files (no process)."""
+    git = _gitpython()
+    db = git.Repo(str(repo))
+    try:
+        return git.SymbolicReference.dereference_recursive(db, "HEAD")
+    finally:
+        db.close()
 
 
 def stage_all(repo: Path) -> None:
