@@ -125,21 +125,22 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
     if binary:
         return Outcome("failed", "error", f"{diff_file.name}: {binary!r}: the diff names a binary "
                        "change without its content (make it with `git diff --binary`)", files)
-    # Ask git for its own view of the paths too: it expands renames and copies, and unquotes
-    # the names git quotes (non-ASCII, spaces), which are the names the tree has.
-    numstat = g.apply(root, diff_file, numstat=True)
-    if not numstat.ok:
-        return Outcome("failed", "error", _first_line(numstat.stderr), files)
-    files = _numstat_paths(numstat.stdout) or files
-    for rel in files:
-        try:
-            paths.safe_join(root, rel)
-        except paths.UnsafePathError as exc:
-            return Outcome("failed", "unsafe-path", str(exc), files)
-
+    # git's own view of the paths, before git writes: it expands renames and copies, and
+    # unquotes the names git quotes (non-ASCII, spaces), which are the names the tree has.  A
+    # diff that names its files as git reads them (git's a/ b/ names, none renamed, none
+    # quoted) has no other view, so git is asked only when the diff does not go in.
+    plain = _names_are_gits(patch, text)
+    seen = files if plain else _git_view(root, diff_file, files)
+    if isinstance(seen, Outcome):
+        return seen
     fwd = g.apply(root, diff_file, index=True, verbose=True)
     if fwd.ok:
-        return Outcome("applied", None, "", files, _offsets(fwd.stderr))
+        return Outcome("applied", None, "", seen, _offsets(fwd.stderr))
+    if plain:  # the tree is as it was: the failure is told as for any diff
+        seen = _git_view(root, diff_file, files)
+        if isinstance(seen, Outcome):
+            return seen
+    files = seen
     if g.apply(root, diff_file, check=True, reverse=True).ok:
         return Outcome("upstream", None, "the tree already has this change (it reverse-applies)",
                            files)
@@ -163,6 +164,42 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
         message += " (it would apply only with fuzz, which is never accepted)"
     return Outcome("failed", reason, _with_summary(message, patch, in_the_way), files, hunk=hunk,
                    in_the_way=in_the_way)
+
+
+_RENAMED = re.compile(r"^(rename|copy) (from|to) ", re.MULTILINE)
+_PLAIN_NAME = re.compile(r"[!#-\[\]-~]+")   # printable ASCII but space, '"' and '\\'
+
+
+def _names_are_gits(patch: PatchSet, text: str) -> bool:
+    """True when the paths git reads from the diff are the diff's own (``touched``): every file
+    named ``a/P`` and ``b/P`` (or /dev/null), no rename or copy, no name git would quote."""
+    if _RENAMED.search(text):
+        return False
+    for pf in patch:
+        names = {_strip(n) for n in (pf.source_file, pf.target_file) if n != "/dev/null"}
+        if len(names) != 1:
+            return False
+        name = names.pop()
+        if not name or not _PLAIN_NAME.fullmatch(name) or not all(
+                n in ("/dev/null", f"a/{name}", f"b/{name}")
+                for n in (pf.source_file, pf.target_file)):
+            return False
+    return True
+
+
+def _git_view(root: Path, diff_file: Path, files: list[str]) -> list[str] | Outcome:
+    """The paths ``git apply`` reads from the diff, each checked; the failed Outcome when git
+    cannot read the diff or a path is unsafe."""
+    numstat = g.apply(root, diff_file, numstat=True)
+    if not numstat.ok:
+        return Outcome("failed", "error", _first_line(numstat.stderr), files)
+    files = _numstat_paths(numstat.stdout) or files
+    for rel in files:
+        try:
+            paths.safe_join(root, rel)
+        except paths.UnsafePathError as exc:
+            return Outcome("failed", "unsafe-path", str(exc), files)
+    return files
 
 
 _GONE = re.compile(r"error: (.+?): (No such file or directory|does not exist in index)$")
