@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from unidiff import PatchSet
@@ -106,8 +106,9 @@ def _crlf_mismatch(diff_file: Path, root: Path, files: list[str]) -> str | None:
     return None
 
 
-def apply_file(diff_file: Path, root: Path) -> Outcome:
-    """Apply ``diff_file`` to the checkout at ``root`` (index and tree), all or nothing."""
+def _checked(diff_file: Path, root: Path) -> tuple[str, PatchSet, list[str]] | Outcome:
+    """The diff's text, its parse and the paths it names, each checked before git sees it;
+    the failed Outcome when it is no diff, or one patchkit does not apply."""
     text = diff_file.read_text(encoding="utf-8", errors="surrogateescape")
     try:
         patch = parse(text)
@@ -125,6 +126,15 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
     if binary:
         return Outcome("failed", "error", f"{diff_file.name}: {binary!r}: the diff names a binary "
                        "change without its content (make it with `git diff --binary`)", files)
+    return text, patch, files
+
+
+def apply_file(diff_file: Path, root: Path) -> Outcome:
+    """Apply ``diff_file`` to the checkout at ``root`` (index and tree), all or nothing."""
+    checked = _checked(diff_file, root)
+    if isinstance(checked, Outcome):
+        return checked
+    text, patch, files = checked
     # git's own view of the paths, before git writes: it expands renames and copies, and
     # unquotes the names git quotes (non-ASCII, spaces), which are the names the tree has.  A
     # diff that names its files as git reads them (git's a/ b/ names, none renamed, none
@@ -166,14 +176,47 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
                    in_the_way=in_the_way)
 
 
+def apply_together(diff_files: Sequence[Path], root: Path) -> list[Outcome] | None:
+    """Diffs that touch distinct files, applied by one ``git apply`` of them all: each one's
+    Outcome as ``apply_file`` one after the other gives it, when every one goes in; else None
+    with the tree untouched (one after the other then says what each does)."""
+    outcomes: list[Outcome] = []
+    seen: set[str] = set()
+    parts: list[str] = []
+    for diff_file in diff_files:
+        checked = _checked(diff_file, root)
+        if isinstance(checked, Outcome):
+            return None
+        text, patch, files = checked
+        # one input of them all is checked whole before git writes any of it
+        if seen.intersection(files) or not _names_are_gits(patch, text) or \
+                not text.endswith("\n"):
+            return None
+        seen.update(files)
+        parts.append(text)
+        outcomes.append(Outcome("applied", None, "", files, staged=True))
+    with tempfile.TemporaryDirectory(prefix="patchkit-diffs-") as tmp:
+        joined = Path(tmp) / "together.diff"
+        joined.write_text("".join(parts), encoding="utf-8", errors="surrogateescape")
+        fwd = g.apply(root, joined, index=True, verbose=True)
+    if not fwd.ok:
+        return None
+    offsets = _offsets(fwd.stderr)
+    for out in outcomes:
+        out.offsets = [o for o in offsets if o.path in out.files]
+    return outcomes
+
+
 _RENAMED = re.compile(r"^(rename|copy) (from|to) ", re.MULTILINE)
+_FILE_HEADER = re.compile(r"^diff --git ", re.MULTILINE)
 _PLAIN_NAME = re.compile(r"[!#-\[\]-~]+")   # printable ASCII but space, '"' and '\\'
 
 
 def _names_are_gits(patch: PatchSet, text: str) -> bool:
-    """True when the paths git reads from the diff are the diff's own (``touched``): every file
-    named ``a/P`` and ``b/P`` (or /dev/null), no rename or copy, no name git would quote."""
-    if _RENAMED.search(text):
+    """True when the paths git reads from the diff are the diff's own (``touched``): a
+    ``diff --git`` header for every file, each named ``a/P`` and ``b/P`` (or /dev/null), no
+    rename or copy, no name git would quote."""
+    if _RENAMED.search(text) or len(_FILE_HEADER.findall(text)) != len(patch):
         return False
     for pf in patch:
         names = {_strip(n) for n in (pf.source_file, pf.target_file) if n != "/dev/null"}
@@ -661,6 +704,9 @@ class DiffKind:
         out = apply_file(full, target.root)
         out.staged = True  # `git apply --index` has staged it, deletions included
         return out
+
+    def apply_together(self, fulls: Sequence[Path], target: Target) -> list[Outcome] | None:
+        return apply_together(fulls, target.root)
 
     def refresh(self, patch, full: Path, tree: Path, result: PatchResult) -> str | None:
         """Rewrite a diff that applied at an offset to apply exactly at its commit's parent.
