@@ -30,7 +30,7 @@ def end_diff(resolved: source.Resolved, rel: str, line: str) -> str:
 
 def tree_files(resolved: source.Resolved) -> int:
     """How many files the pin's tree holds."""
-    return len(g.list_tree(resolved.repo, resolved.commit))
+    return len(g.list_tree(resolved.repo, f"{resolved.commit}^{{tree}}"))
 
 
 def plain_git(resolved: source.Resolved, diffs: list[Path], dest: Path) -> None:
