@@ -321,12 +321,13 @@ LINES = "".join(f"line {n}\n" for n in range(1, 21))
 
 def _distinct_files_project(tmp_path: Path) -> Path:
     """Six diffs, each on its own file: two edits (the second at an offset in v2), a new file,
-    a deletion, a diff that changes nothing, and one with an upstream link; in v2 a.txt moved
-    on so the first no longer applies."""
+    a deletion, a diff that changes nothing, and one with an upstream link; in v2 a.txt and c.txt
+    moved on, so the first diff and the deletion no longer apply."""
     up = make_upstream(tmp_path / "upstream", {
         "v1": {f"pkg/{n}.txt": LINES for n in "abcde"},
         "v2": {"pkg/a.txt": LINES.replace("line 5\n", "line five\n"),
-               "pkg/b.txt": "top\n" * 3 + LINES}})
+               "pkg/b.txt": "top\n" * 3 + LINES,
+               "pkg/c.txt": LINES.replace("line 3\n", "line three\n")}})
     diffs = {"patches/a.diff": unified("pkg/a.txt", LINES, LINES.replace("line 6\n", "A\n")),
              "patches/b.diff": unified("pkg/b.txt", LINES, LINES.replace("line 9\n", "B\n")),
              "patches/n.diff": unified("pkg/n.txt", None, "new\n"),
@@ -377,8 +378,11 @@ def test_diffs_on_distinct_files_make_the_commits_git_makes_one_by_one(tmp_path)
     assert sh("git", "status", "--porcelain", cwd=tmp_path / "wd") == ""
 
     report = apply(proj, tmp_path / "wd2", ref="v2")
-    assert [(p.id, p.status, p.reason) for p in report.patches][:2] == [
-        ("a", "failed", "conflict"), ("b", "applied", None)]
+    assert statuses(report) == [("a", "failed", "conflict"), ("b", "applied", None),
+                                ("n", "applied", None), ("c", "failed", "conflict"),
+                                ("d", "upstream", None), ("e", "applied", None)]
+    assert "pkg/a.txt" in report.patches[0].message
+    assert "pkg/c.txt" in report.patches[3].message
     assert [str(o) for o in report.patches[1].offsets] == [
         "hunk 1 of pkg/b.txt at line 9 (offset +3)"]
     assert [p.commit for p in report.patches] == _one_by_one(proj, "v2", tmp_path / "git2")

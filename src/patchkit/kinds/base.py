@@ -106,10 +106,11 @@ class PatchKind(Protocol):
     def apply(self, patch: Patch, full: Path, target: Target) -> Outcome:
         """Apply to ``target.root``, all or nothing; never raises for a bad patch."""
 
-    def apply_together(self, fulls: Sequence[Path], target: Target) -> list[Outcome] | None:
+    def apply_together(self, fulls: Sequence[Path], target: Target) -> list[Outcome | None] | None:
         """Several patches of this kind, one after the other in the series, applied in one go:
         each one's Outcome as ``apply`` one after the other would give it, when they all go in
-        (staged); None, the tree untouched, when the kind cannot do that for them."""
+        (staged).  When some would not, the tree is untouched and those are None in the list;
+        None when the kind cannot apply these together."""
 
     def refresh(self, patch: Patch, full: Path, tree: Path, result: PatchResult) -> str | None:
         """After it applied at an offset in a rebase: rewrite it to apply exactly; what was

@@ -176,10 +176,12 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
                    in_the_way=in_the_way)
 
 
-def apply_together(diff_files: Sequence[Path], root: Path) -> list[Outcome] | None:
+def apply_together(diff_files: Sequence[Path], root: Path) -> list[Outcome | None] | None:
     """Diffs that touch distinct files, applied by one ``git apply`` of them all: each one's
-    Outcome as ``apply_file`` one after the other gives it, when every one goes in; else None
-    with the tree untouched (one after the other then says what each does)."""
+    Outcome as ``apply_file`` one after the other gives it, when every one goes in.  When some
+    do not, the tree is untouched and each of those is None in the list (git checks every file
+    before it writes any); None when they cannot go in together, or git's answer does not say
+    which were in the way."""
     outcomes: list[Outcome] = []
     seen: set[str] = set()
     parts: list[str] = []
@@ -200,11 +202,30 @@ def apply_together(diff_files: Sequence[Path], root: Path) -> list[Outcome] | No
         joined.write_text("".join(parts), encoding="utf-8", errors="surrogateescape")
         fwd = g.apply(root, joined, index=True, verbose=True)
     if not fwd.ok:
-        return None
+        return _in_the_way(fwd.stderr, outcomes)
     offsets = _offsets(fwd.stderr)
     for out in outcomes:
         out.offsets = [o for o in offsets if o.path in out.files]
     return outcomes
+
+
+def _in_the_way(stderr: str, outcomes: list[Outcome]) -> list[Outcome | None] | None:
+    """``outcomes`` with None for each diff one of whose files git named an error for, from
+    the ``Checking patch P...`` line each file's checks start with; None when git's errors
+    cannot all be put to a file of the diffs, or name none."""
+    failed: set[str] = set()
+    current = None
+    for line in stderr.splitlines():
+        m = _CHECKING.match(line.strip())
+        if m:
+            current = m.group(1)
+        elif line.startswith("error: "):
+            if current is None or not any(current in out.files for out in outcomes):
+                return None
+            failed.add(current)
+    if not failed:
+        return None
+    return [None if failed.intersection(out.files) else out for out in outcomes]
 
 
 _RENAMED = re.compile(r"^(rename|copy) (from|to) ", re.MULTILINE)
@@ -705,7 +726,8 @@ class DiffKind:
         out.staged = True  # `git apply --index` has staged it, deletions included
         return out
 
-    def apply_together(self, fulls: Sequence[Path], target: Target) -> list[Outcome] | None:
+    def apply_together(self, fulls: Sequence[Path], target: Target
+                       ) -> list[Outcome | None] | None:
         return apply_together(fulls, target.root)
 
     def refresh(self, patch, full: Path, tree: Path, result: PatchResult) -> str | None:

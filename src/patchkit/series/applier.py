@@ -14,7 +14,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -104,32 +104,47 @@ def _outcome_result(patch: Patch, out: Outcome) -> PatchResult:
                        package=patch.package)
 
 
-def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree) -> list[PatchResult] | None:
+def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree,
+              alone: Callable[[Patch], PatchResult], *, again: bool = True
+              ) -> Iterator[PatchResult]:
     """``run`` (patches of one kind, each in range and inside its package's folders) applied
-    in one go when its kind can (diffs that touch distinct files) and every one goes in, with
-    one commit each as ``apply_one`` one after the other makes them; None, the tree
-    untouched, when they do not (then each is applied on its own)."""
+    in one go when its kind can (diffs that touch distinct files), with one commit each as
+    ``apply_one`` one after the other makes them.  The patches in the way go ``alone``, and
+    the ones between them together again (once: after that, each alone); in series order."""
     kind = kinds.get(run[0].kind)
-    if not kind.writes_only_named:
-        return None
     target = kinds.Target(tree.root, tree.resolved.commit, tree.resolved.version,
                           tree.resolved.repo)
     try:
-        outs = kind.apply_together([manifest.root / p.path for p in run], target)
+        outs = kind.apply_together([manifest.root / p.path for p in run], target) \
+            if kind.writes_only_named else None
     except OSError:
-        return None
-    if outs is None:
-        return None
+        outs = None
+    if outs is None or (None in outs and not again):
+        yield from map(alone, run)
+        return
+    if None in outs:  # the tree is untouched: the others did not go in either
+        between: list[Patch] = []
+        for p, out in [*zip(run, outs), (None, None)]:
+            if out is None:
+                yield from (_together(manifest, between, tree, alone, again=False)
+                            if len(between) > 1 else map(alone, between))
+                between = []
+                if p is not None:
+                    yield alone(p)
+            else:
+                between.append(p)
+        return
     made = g.commit_staged(tree.root, [(commit_message(p), o.files) for p, o in zip(run, outs)])
     if made is None:
         _reset(tree.root)
-        return None
-    results = [_outcome_result(p, o) for p, o in zip(run, outs)]
-    for result, commit in zip(results, made):
+        yield from map(alone, run)
+        return
+    for p, out, commit in zip(run, outs, made):
+        result = _outcome_result(p, out)
         result.commit = commit
         if commit is None:  # wrote bytes identical to what was there
             result.status, result.message = "upstream", "the tree already has this change"
-    return results
+        yield result
 
 
 def _goes_alone(manifest: Manifest, patch: Patch, tree: Tree | None, variant,
@@ -236,9 +251,21 @@ def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tr
              found: Mapping[str, str | None]) -> Iterator[PatchResult]:
     """Each patch's result, in order, applied to its package's tree.  A run of patches of one
     kind and package that no check refuses goes in together when its kind can do that."""
+    def alone(patch: Patch) -> PatchResult:
+        interrupt.check()
+        tree = trees.get(patch.package)
+        why = variants.left_out(patch, variant)
+        if why:
+            return _result(patch, "skipped", message=why)
+        if tree is None:
+            return _result(patch, "skipped", message=f"it patches {patch.package}, which has "
+                                                     "no checkout in this run")
+        return apply_one(manifest, patch, tree.root, tree.resolved.commit,
+                         tree.resolved.version, tree.resolved.repo, package=patch.package,
+                         found=found, tops=tree.tops)
+
     at = 0
     while at < len(series):
-        interrupt.check()
         patch, tree = series[at], trees.get(series[at].package)
         end = at + 1
         if not _goes_alone(manifest, patch, tree, variant, found):
@@ -246,23 +273,11 @@ def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tr
                     series[end].package == patch.package and \
                     not _goes_alone(manifest, series[end], tree, variant, found):
                 end += 1
-        together = _together(manifest, series[at:end], tree) if end - at > 1 else None
-        if together is not None:
-            yield from together
-            at = end
-            continue
-        for patch in series[at:end]:  # the run did not go in as one: each on its own
+        if end - at > 1:
             interrupt.check()
-            why = variants.left_out(patch, variant)
-            if why:
-                yield _result(patch, "skipped", message=why)
-            elif tree is None:
-                yield _result(patch, "skipped", message=f"it patches {patch.package}, which "
-                                                        "has no checkout in this run")
-            else:
-                yield apply_one(manifest, patch, tree.root, tree.resolved.commit,
-                                tree.resolved.version, tree.resolved.repo,
-                                package=patch.package, found=found, tops=tree.tops)
+            yield from _together(manifest, series[at:end], tree, alone)
+        else:
+            yield alone(patch)
         at = end
 
 
