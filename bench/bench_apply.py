@@ -11,20 +11,15 @@ Target: ratio <= 1.25.
 from __future__ import annotations
 
 import argparse
-import difflib
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
+from common import end_diff, plain_git, tree_files
 from patchkit import manifest, source
 from patchkit.series import applier
-from patchkit import git as g
 from patchkit.cache import cache_dir
 
 FILES = ["vllm/utils/torch_utils.py", "vllm/config/speculative.py", "vllm/v1/kv_cache_interface.py"]
@@ -34,12 +29,8 @@ def make_series(resolved: source.Resolved, proj: Path) -> list[Path]:
     (proj / "patches").mkdir(parents=True)
     entries, diffs = [], []
     for i, rel in enumerate(FILES):
-        before = g.show(resolved.repo, f"{resolved.commit}:{rel}")
-        lines = before.splitlines(keepends=True)
-        after = lines + [f"BENCH_EDIT_{i} = {i}\n"]
-        body = "".join(difflib.unified_diff(lines, after, f"a/{rel}", f"b/{rel}"))
         diff = proj / "patches" / f"edit{i}.diff"
-        diff.write_text(f"diff --git a/{rel} b/{rel}\n{body}")
+        diff.write_text(end_diff(resolved, rel, f"BENCH_EDIT_{i} = {i}\n"))
         diffs.append(diff)
         entries.append(f"  - id: edit{i}\n    summary: bench edit {i}\n    diff: patches/edit{i}.diff\n"
                        f"    verify:\n      - file: {rel}\n        defines: BENCH_EDIT_{i}\n"
@@ -47,18 +38,6 @@ def make_series(resolved: source.Resolved, proj: Path) -> list[Path]:
     (proj / "patchset.yaml").write_text(
         f"name: bench\nvllm:\n  repo: pypi\n  ref: {resolved.ref}\npatches:\n" + "".join(entries))
     return diffs
-
-
-def plain_git(resolved: source.Resolved, diffs: list[Path], dest: Path) -> None:
-    def run(*args, cwd=None):
-        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                       env={**g.IDENTITY, "PATH": "/usr/bin:/bin", "HOME": str(dest.parent)})
-
-    run("clone", "-q", "--shared", "--no-checkout", str(resolved.repo), str(dest))
-    run("checkout", "-q", resolved.commit, cwd=dest)
-    for d in diffs:
-        run("apply", "--index", str(d), cwd=dest)
-        run("commit", "-q", "-m", d.name, cwd=dest)
 
 
 def main() -> int:
@@ -84,9 +63,7 @@ def main() -> int:
             shutil.rmtree(work / f"plain{i}")
             shutil.rmtree(work / f"pk{i}")
         b, p = statistics.median(base), statistics.median(pk)
-        files = int(subprocess.run(["git", "ls-tree", "-r", "--name-only", resolved.commit],
-                                   cwd=resolved.repo, capture_output=True, text=True,
-                                   check=True).stdout.count("\n"))
+        files = tree_files(resolved)
         print(f"tree: vLLM {args.ref}, {files} files; series: 3 diffs; runs: {args.runs}")
         print(f"plain git (clone --shared, checkout, apply+commit x3): median {b:.3f} s")
         print(f"patchkit apply:                                      median {p:.3f} s")

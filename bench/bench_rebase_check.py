@@ -13,22 +13,15 @@ Target: ratio <= 2.0.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-sys.path.insert(0, str(SRC))
-
-from patchkit import git as g  # noqa: E402
-from patchkit import source  # noqa: E402
-from patchkit.cache import cache_dir  # noqa: E402
+from common import end_diff, one_and_many, shown, tree_files
+from patchkit import source
+from patchkit.cache import cache_dir
 
 PIN = "v0.27.1"
 TARGETS = ["v0.31.0", "v0.32.0", "v0.33.0"]
@@ -56,10 +49,8 @@ def make_project(resolved: source.Resolved, proj: Path) -> None:
     (proj / "patches").mkdir(parents=True)
     entries = []
     for i, rel in enumerate(FILES):
-        lines = g.show(resolved.repo, f"{resolved.commit}:{rel}").splitlines(keepends=True)
-        after = lines + [f"# bench edit {i}\n"]
-        body = "".join(difflib.unified_diff(lines, after, f"a/{rel}", f"b/{rel}"))
-        (proj / "patches" / f"edit{i}.diff").write_text(f"diff --git a/{rel} b/{rel}\n{body}")
+        (proj / "patches" / f"edit{i}.diff").write_text(end_diff(resolved, rel,
+                                                                 f"# bench edit {i}\n"))
         entries.append(f"  - id: edit{i}\n    summary: bench edit {i}\n    diff: patches/edit{i}.diff\n"
                        f"    verify:\n      - file: {rel}\n        not: {{defines: no_such_{i}}}\n")
     (proj / "patches/marker.py").write_text(TRANSFORM)
@@ -70,32 +61,12 @@ def make_project(resolved: source.Resolved, proj: Path) -> None:
         f"name: bench\nvllm:\n  repo: pypi\n  ref: {PIN}\npatches:\n" + "".join(entries))
 
 
-def rebase_check(proj: Path, targets: list[str]) -> float:
-    args = [sys.executable, "-m", "patchkit", "rebase-check", "--format", "json",
-            "--vllm-repo", "pypi"]
-    for t in targets:
-        args += ["--to", t]
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    t0 = time.perf_counter()
-    proc = subprocess.run(args, cwd=proj, env=env, capture_output=True, text=True, check=False)
-    took = time.perf_counter() - t0
-    if proc.returncode not in (0, 1) or '"targets"' not in proc.stdout:
-        raise SystemExit(f"rebase-check failed ({proc.returncode}):\n{proc.stderr}")
-    return took
-
-
 def measure(label: str, proj: Path, runs: int) -> float:
-    rebase_check(proj, TARGETS)  # one untimed round: page cache and byte code warm
-    one, three = [], []
-    for _ in range(runs):
-        one.append(rebase_check(proj, TARGETS[:1]))
-        three.append(rebase_check(proj, TARGETS))
+    one, three = one_and_many(proj, TARGETS, ["--vllm-repo", "pypi"], runs)
     a, b = statistics.median(one), statistics.median(three)
     print(f"{label}:")
-    print(f"  --to {TARGETS[0]}:                          median {a:.3f} s  "
-          f"({', '.join(f'{x:.2f}' for x in one)})")
-    print(f"  --to {' --to '.join(TARGETS)}: median {b:.3f} s  "
-          f"({', '.join(f'{x:.2f}' for x in three)})")
+    print(f"  --to {TARGETS[0]}:                          {shown(one)}")
+    print(f"  --to {' --to '.join(TARGETS)}: {shown(three)}")
     print(f"  ratio three/one: {b / a:.2f} (target <= 2.00)")
     return b / a
 
@@ -108,7 +79,7 @@ def main() -> int:
     for ref in [PIN, *TARGETS]:  # warm: wheels laid out once, outside the timing
         resolved = source.resolve(["pypi"], ref, cache)
     pin = source.resolve(["pypi"], PIN, cache)
-    files = g.out("ls-tree", "-r", "--name-only", resolved.commit, cwd=resolved.repo).count("\n") + 1
+    files = tree_files(resolved)
     print(f"vLLM trees of ~{files} files; cores: {os.cpu_count()}; runs: {args.runs}")
     work = Path(tempfile.mkdtemp(prefix="pk-bench-rc-"))
     try:

@@ -16,24 +16,19 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-sys.path.insert(0, str(SRC))
-
-from patchkit import git as g  # noqa: E402
-from patchkit import manifest, source  # noqa: E402
-from patchkit.cache import cache_dir  # noqa: E402
-from patchkit.commands import import_  # noqa: E402
-from patchkit.series import applier  # noqa: E402
+from common import end_diff, one_and_many, plain_git, shown
+from patchkit import git as g
+from patchkit import manifest, source
+from patchkit.cache import cache_dir
+from patchkit.commands import import_
+from patchkit.series import applier
 
 VLLM_PIN = "v0.27.1"
 VLLM_TARGETS = ["v0.31.0", "v0.32.0", "v0.33.0"]
@@ -51,10 +46,8 @@ def _diffs(resolved: source.Resolved, files: list[str], dest: Path, package: str
     dest.mkdir(parents=True, exist_ok=True)
     entries = []
     for i, rel in enumerate(files):
-        lines = g.show(resolved.repo, f"{resolved.commit}:{rel}").splitlines(keepends=True)
-        body = "".join(difflib.unified_diff(lines, lines + [f"BENCH_EDIT_{i} = {i}\n"],
-                                            f"a/{rel}", f"b/{rel}"))
-        (dest / f"{package}-edit{i}.diff").write_text(f"diff --git a/{rel} b/{rel}\n{body}")
+        (dest / f"{package}-edit{i}.diff").write_text(end_diff(resolved, rel,
+                                                               f"BENCH_EDIT_{i} = {i}\n"))
         entries.append(f"  - id: {package}-edit{i}\n    summary: bench edit {i}\n"
                        + (f"    package: {package}\n" if package != "vllm" else "")
                        + f"    diff: patches/{package}-edit{i}.diff\n"
@@ -69,18 +62,6 @@ def stack_project(vllm: source.Resolved, fi: source.Resolved, proj: Path) -> Non
         f"name: bench\nvllm:\n  repo: pypi\n  ref: {vllm.ref}\npackages:\n  flashinfer:\n"
         f"    dist: flashinfer-python\n    repo: [pypi]\n    ref: {fi.ref}\npatches:\n"
         + "".join(entries))
-
-
-def plain_git(resolved: source.Resolved, diffs: list[Path], dest: Path) -> None:
-    def run(*args, cwd=None):
-        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                       env={**g.IDENTITY, "PATH": "/usr/bin:/bin", "HOME": str(dest.parent)})
-
-    run("clone", "-q", "--shared", "--no-checkout", str(resolved.repo), str(dest))
-    run("checkout", "-q", resolved.commit, cwd=dest)
-    for d in diffs:
-        run("apply", "--index", str(d), cwd=dest)
-        run("commit", "-q", "-m", d.name, cwd=dest)
 
 
 def bench_apply(vllm: source.Resolved, fi: source.Resolved, work: Path, runs: int) -> None:
@@ -106,35 +87,18 @@ def bench_apply(vllm: source.Resolved, fi: source.Resolved, work: Path, runs: in
         shutil.rmtree(work / f"pk{i}")
     b, p = statistics.median(base), statistics.median(pk)
     print(f"1. two-package apply (vLLM {vllm.ref} 3 diffs + FlashInfer {fi.ref} 2 diffs)")
-    print(f"  plain git per package: median {b:.3f} s  ({', '.join(f'{x:.2f}' for x in base)})")
-    print(f"  patchkit apply:        median {p:.3f} s  ({', '.join(f'{x:.2f}' for x in pk)})")
+    print(f"  plain git per package: {shown(base)}")
+    print(f"  patchkit apply:        {shown(pk)}")
     print(f"  ratio patchkit/plain: {p / b:.2f} (target <= 1.30)")
-
-
-def rebase_check(proj: Path, targets: list[str], extra: list[str]) -> float:
-    args = [sys.executable, "-m", "patchkit", "rebase-check", "--format", "json", *extra]
-    for t in targets:
-        args += ["--to", t]
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    t0 = time.perf_counter()
-    proc = subprocess.run(args, cwd=proj, env=env, capture_output=True, text=True, check=False)
-    took = time.perf_counter() - t0
-    if proc.returncode not in (0, 1) or '"targets"' not in proc.stdout:
-        raise SystemExit(f"rebase-check failed ({proc.returncode}):\n{proc.stderr}")
-    return took
 
 
 def bench_matrix(label: str, proj: Path, targets: list[str], extra: list[str],
                  runs: int) -> None:
-    rebase_check(proj, targets, extra)   # one untimed round
-    one, many = [], []
-    for _ in range(runs):
-        one.append(rebase_check(proj, targets[:1], extra))
-        many.append(rebase_check(proj, targets, extra))
+    one, many = one_and_many(proj, targets, extra, runs)
     a, b = statistics.median(one), statistics.median(many)
     print(label)
-    print(f"  --to {targets[0]}: median {a:.3f} s  ({', '.join(f'{x:.2f}' for x in one)})")
-    print(f"  {len(targets)} releases: median {b:.3f} s  ({', '.join(f'{x:.2f}' for x in many)})")
+    print(f"  --to {targets[0]}: {shown(one)}")
+    print(f"  {len(targets)} releases: {shown(many)}")
     print(f"  ratio {len(targets)}/1: {b / a:.2f} (target <= 1.50)")
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from packaging.specifiers import SpecifierSet
 
 from patchkit import versions
+from patchkit.errors import UsageError
 
 FI = {"flashinfer": SpecifierSet("<0.6.16")}
 
@@ -51,3 +53,11 @@ def test_prereleases_and_dev_builds_are_judged_like_releases():
     found = {"flashinfer": "0.6.16rc1"}
     assert versions.in_ranges({"flashinfer": SpecifierSet(">=0.6.16rc1")}, found)[0]
     assert not versions.in_ranges({"flashinfer": SpecifierSet(">0.6.16rc1")}, found)[0]
+
+
+def test_a_commit_sha_is_no_pypi_release_even_of_digits_alone():
+    """A sha of digits alone is a version to PEP 440; PyPI is never asked for it."""
+    assert versions.pypi_release("v0.33.0") == "0.33.0"
+    for sha in ("7" * 40, "0123456789abcdef0123456789abcdef01234567"):
+        with pytest.raises(UsageError, match="takes a release tag"):
+            versions.pypi_release(sha)

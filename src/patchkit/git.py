@@ -383,17 +383,106 @@ def read_blobs(repo: Path, specs: Iterable[str]) -> dict[str, bytes | None]:
 # ------------------------------------------------------------------------------ the work tree
 
 def commit_all(repo: Path, message: str, paths: Iterable[str] | None = None) -> str | None:
-    """Stage ``paths`` (everything when None) and commit; None when nothing changed."""
+    """Stage ``paths`` (everything when None) and commit; None when nothing changed.
+
+    One git process for the commit (a series commits once per patch): git refuses an empty
+    commit itself, and only then is the index asked whether that was the reason; the new
+    commit is read from HEAD's ref files in-process."""
     if paths is None:
         _run("add", "-A", cwd=repo)
     else:
         plist = list(paths)
         if plist:
             _run("add", "-A", "--", *plist, cwd=repo)
+    args = ("commit", "--quiet", "--no-verify", "-m", message)
+    made = _try(*args, cwd=repo, env=IDENTITY)
+    if made.ok:
+        return _head_of_refs(repo)
     if _try("diff", "--cached", "--quiet", cwd=repo).ok:
         return None
-    _run("commit", "--quiet", "--no-verify", "-m", message, cwd=repo, env=IDENTITY)
-    return head(repo)
+    raise CommandError(["git", *args], made.code, made.stdout + made.stderr)
+
+
+def commit_staged(repo: Path, steps: Sequence[tuple[str, Sequence[str]]]
+                  ) -> list[str | None] | None:
+    """What ``commit_all(repo, message, [])`` after staging each step's paths in turn makes,
+    when the steps' paths are distinct and all staged now: one commit per step of its paths'
+    staged changes, each on the one before, HEAD's branch moved to the last; None for a step
+    that changed none of its paths (no commit).  Two git processes for them all (the staged
+    changes, one ``fast-import``).  None, nothing done, when HEAD is on no branch."""
+    db = _gitpython().Repo(str(repo))
+    try:
+        if db.head.is_detached:
+            return None
+        branch, parent = db.head.reference.path, _head_of_refs(repo)
+    finally:
+        db.close()
+    every = [p for _message, paths in steps for p in paths]
+    raw = _run("diff-index", "--cached", "--raw", "-z", "--no-renames", "--no-abbrev", "HEAD",
+               "--", *(f":(literal){p}" for p in every), cwd=repo) if every else ""
+    fields = raw.split("\0")
+    staged = {fields[i + 1]: fields[i].lstrip(":").split() for i in range(0, len(fields) - 1, 2)}
+    when = "946684800 +0000"  # IDENTITY's date
+    made: list[int | None] = []
+    with tempfile.TemporaryFile() as stream:
+        for message, paths in steps:
+            changes = [_change(p, staged[p]) for p in paths if p in staged]
+            if not changes:
+                made.append(None)
+                continue
+            mark = len([m for m in made if m is not None]) + 1
+            stream.write(f"commit {branch}\nmark :{mark}\n".encode())
+            for who in ("author", "committer"):
+                stream.write(f"{who} patchkit <patchkit@localhost> {when}\n".encode())
+            text = _stripspace(message).encode("utf-8", "surrogateescape")
+            stream.write(b"data %d\n%s" % (len(text), text))
+            stream.write(f"from {f':{mark - 1}' if mark > 1 else parent}\n".encode())
+            stream.writelines(changes)
+            stream.write(b"\n")
+            made.append(mark)
+        marks = [m for m in made if m is not None]
+        if not marks:
+            return [None] * len(steps)
+        stream.write(b"".join(b"get-mark :%d\n" % m for m in marks))
+        stream.seek(0)
+        out = _run("fast-import", "--quiet", "--date-format=raw", cwd=repo, input=stream)
+    shas = dict(zip(marks, out.split()))
+    return [shas[m] if m is not None else None for m in made]
+
+
+def _change(path: str, raw: list[str]) -> bytes:
+    """A fast-import file change from a ``diff-index --raw`` entry (old mode, new mode, old
+    blob, new blob, status)."""
+    _old_mode, new_mode, _old, new, status = raw
+    line = f"D {_quoted(path)}\n" if status == "D" else f"M {new_mode} {new} {_quoted(path)}\n"
+    return line.encode("utf-8", "surrogateescape")
+
+
+def _stripspace(message: str) -> str:
+    """The message as ``git commit -m`` records it: trailing blanks of each line off, blank
+    lines at either end dropped, runs of them made one, a newline at the end."""
+    lines: list[str] = []
+    gap = False
+    for line in message.split("\n"):
+        line = line.rstrip(" \t\r\n")
+        if not line:
+            gap = bool(lines)
+            continue
+        if gap:
+            lines.append("")
+        lines.append(line)
+        gap = False
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _head_of_refs(repo: Path) -> str:
+    """The commit HEAD names, read from the ref files (no process)."""
+    git = _gitpython()
+    db = git.Repo(str(repo))
+    try:
+        return git.SymbolicReference.dereference_recursive(db, "HEAD")
+    finally:
+        db.close()
 
 
 def stage_all(repo: Path) -> None:

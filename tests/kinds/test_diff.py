@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,41 @@ def test_every_hunk_and_file_in_the_way_is_named_and_the_tree_left_alone(tmp_pat
     out = diffapply.apply_file(diff_file, repo)
     assert out.status == "failed" and out.in_the_way == ways
     assert out.message.startswith("3 of 6 hunks in 2 of 4 files conflict: ")
+
+
+def test_the_files_reported_are_the_paths_git_reads_for_every_shape_of_diff(tmp_path):
+    """Whatever the diff's shape, an applied diff reports the paths git's own ``--numstat``
+    reads from it: a plain diff as it names them, renames and copies both ends, quoted and
+    unprefixed names as the tree has them."""
+    repo = tmp_path / "r"
+    files = {"pkg/mod.py": BASE, "pkg/old.py": "OLD = 1\n", "pkg/run.sh": "echo\n",
+             "pkg/a.py": BASE * 3, "pkg/sp ace.py": "S = 1\n", "pkg/mödule.py": "M = 1\n"}
+    make_upstream(repo, {"v1": files})
+    (repo / "pkg/mod.py").write_text(CHANGED)
+    (repo / "pkg/new.py").write_text("NEW = 1\n")
+    (repo / "pkg/old.py").unlink()
+    (repo / "pkg/run.sh").chmod(0o755)
+    (repo / "pkg/blob.bin").write_bytes(bytes(range(256)))
+    (repo / "pkg/a.py").rename(repo / "pkg/b.py")
+    (repo / "pkg/c.py").write_text(dedent(BASE) * 3)
+    (repo / "pkg/sp ace.py").write_text("S = 2\n")
+    (repo / "pkg/mödule.py").write_text("M = 2\n")
+    sh("git", "add", "-A", cwd=repo)
+    sh("git", "commit", "-qm", "every shape", cwd=repo)
+    shapes = {"plain": ["--no-renames"], "renames": ["-M"], "copies": ["-C", "-C"],
+              "quoted": ["-c", "core.quotePath=true"],
+              # (unidiff reads a name with a space only after a/ and b/)
+              "other prefixes": ["--no-renames", "--src-prefix=x/", "--dst-prefix=y/"]}
+    for shape, opts in shapes.items():
+        config = opts[:2] if opts[0] == "-c" else []
+        args = [*config, "diff", "--binary", "--full-index", *opts[len(config):], "v1", "HEAD",
+                *(["--", ":!pkg/sp ace.py"] if shape == "other prefixes" else [])]
+        diff = write(tmp_path, sh("git", *args, cwd=repo) + "\n", f"{shape}.diff")
+        tree = tmp_path / shape.replace(" ", "-")
+        sh("git", "clone", "-q", "--branch", "v1", str(repo), str(tree))
+        seen = subprocess.run(["git", "apply", "--numstat", "-z", str(diff)], cwd=tree,
+                              check=True, capture_output=True, text=True).stdout
+        out = diffapply.apply_file(diff, tree)
+        assert (shape, out.status) == (shape, "applied"), out.message
+        assert (shape, out.files) == (shape, diffapply._numstat_paths(seen))
+        assert (tree / "pkg/blob.bin").read_bytes() == bytes(range(256))

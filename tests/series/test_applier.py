@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from testing.project import MOD_V1, make_project
-from testing.upstream import sh
+from testing.project import MOD_V1, make_project, write_project
+from testing.upstream import make_upstream, sh, unified
 
+from patchkit import git as g
 from patchkit import manifest
 from patchkit.series import applier, checkout
 from patchkit.errors import SourceError, UsageError
@@ -311,3 +314,75 @@ def test_a_cache_deleted_during_the_run_is_one_line_and_changes_nothing(tmp_path
                             "changed, run again")
     assert not wd.exists()
     assert not [p for p in tmp_path.iterdir() if "patchkit-" in p.name]
+
+
+LINES = "".join(f"line {n}\n" for n in range(1, 21))
+
+
+def _distinct_files_project(tmp_path: Path) -> Path:
+    """Six diffs, each on its own file: two edits (the second at an offset in v2), a new file,
+    a deletion, a diff that changes nothing, and one with an upstream link; in v2 a.txt and c.txt
+    moved on, so the first diff and the deletion no longer apply."""
+    up = make_upstream(tmp_path / "upstream", {
+        "v1": {f"pkg/{n}.txt": LINES for n in "abcde"},
+        "v2": {"pkg/a.txt": LINES.replace("line 5\n", "line five\n"),
+               "pkg/b.txt": "top\n" * 3 + LINES,
+               "pkg/c.txt": LINES.replace("line 3\n", "line three\n")}})
+    diffs = {"patches/a.diff": unified("pkg/a.txt", LINES, LINES.replace("line 6\n", "A\n")),
+             "patches/b.diff": unified("pkg/b.txt", LINES, LINES.replace("line 9\n", "B\n")),
+             "patches/n.diff": unified("pkg/n.txt", None, "new\n"),
+             "patches/c.diff": unified("pkg/c.txt", LINES, None),
+             "patches/d.diff": ("diff --git a/pkg/d.txt b/pkg/d.txt\n--- a/pkg/d.txt\n"
+                                "+++ b/pkg/d.txt\n@@ -1,4 +1,4 @@\n line 1\n-line 2\n+line 2\n line 3\n"
+                                " line 4\n"),
+             "patches/e.diff": unified("pkg/e.txt", LINES, LINES + "E\n")}
+    entries = "".join(f"  - id: {n}\n    summary: {n} it\n"
+                      f"    diff: patches/{n}.diff\n" for n in "abncde")
+    entries = entries.replace("    diff: patches/e.diff\n", "    upstream: https://github."
+                              "com/vllm-project/vllm/pull/1\n    diff: patches/e.diff\n")
+    return write_project(tmp_path / "proj", diffs, f"name: t\nvllm:\n  repo: {up}\n  ref: v1\n"
+                                                   f"patches:\n{entries}")
+
+
+def _one_by_one(proj: Path, ref: str, into: Path) -> list[str | None]:
+    """Each diff by plain git, `git apply --index` and `git commit` one after the other."""
+    sh("git", "clone", "-q", "--branch", ref, str(proj.parent / "upstream"), str(into))
+    made: list[str | None] = []
+    for p in load(proj).patches:
+        try:
+            sh("git", "apply", "--index", str(proj / p.path), cwd=into)
+        except subprocess.CalledProcessError:
+            made.append(None)
+            continue
+        if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=into).returncode == 0:
+            made.append(None)
+            continue
+        message = f"patchkit: {p.id}: {p.summary}" + (f"\n\nUpstream: {p.upstream}"
+                                                      if p.upstream else "")
+        subprocess.run(["git", "commit", "-q", "-m", message], cwd=into, check=True,
+                       env=dict(os.environ, **g.IDENTITY))
+        made.append(sh("git", "rev-parse", "HEAD", cwd=into))
+    return made
+
+
+def test_diffs_on_distinct_files_make_the_commits_git_makes_one_by_one(tmp_path):
+    """However the engine applies a run of diffs on distinct files, each patch gets the very
+    commit plain git makes of it alone, its own offsets, and the fate it has alone."""
+    proj = _distinct_files_project(tmp_path)
+    report = apply(proj, tmp_path / "wd")
+    assert statuses(report) == [("a", "applied", None), ("b", "applied", None),
+                                ("n", "applied", None), ("c", "applied", None),
+                                ("d", "upstream", None), ("e", "applied", None)]
+    assert [p.commit for p in report.patches] == _one_by_one(proj, "v1", tmp_path / "git1")
+    assert report.patches[3].files == ["pkg/c.txt"] and not (tmp_path / "wd/pkg/c.txt").exists()
+    assert sh("git", "status", "--porcelain", cwd=tmp_path / "wd") == ""
+
+    report = apply(proj, tmp_path / "wd2", ref="v2")
+    assert statuses(report) == [("a", "failed", "conflict"), ("b", "applied", None),
+                                ("n", "applied", None), ("c", "failed", "conflict"),
+                                ("d", "upstream", None), ("e", "applied", None)]
+    assert "pkg/a.txt" in report.patches[0].message
+    assert "pkg/c.txt" in report.patches[3].message
+    assert [str(o) for o in report.patches[1].offsets] == [
+        "hunk 1 of pkg/b.txt at line 9 (offset +3)"]
+    assert [p.commit for p in report.patches] == _one_by_one(proj, "v2", tmp_path / "git2")

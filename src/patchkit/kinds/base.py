@@ -9,6 +9,7 @@ or is taken up again) is the kind's to say.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,12 @@ class PatchKind(Protocol):
 
     def apply(self, patch: Patch, full: Path, target: Target) -> Outcome:
         """Apply to ``target.root``, all or nothing; never raises for a bad patch."""
+
+    def apply_together(self, fulls: Sequence[Path], target: Target) -> list[Outcome | None] | None:
+        """Several patches of this kind, one after the other in the series, applied in one go:
+        each one's Outcome as ``apply`` one after the other would give it, when they all go in
+        (staged).  When some would not, the tree is untouched and those are None in the list;
+        None when the kind cannot apply these together."""
 
     def refresh(self, patch: Patch, full: Path, tree: Path, result: PatchResult) -> str | None:
         """After it applied at an offset in a rebase: rewrite it to apply exactly; what was

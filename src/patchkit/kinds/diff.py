@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from unidiff import PatchSet
@@ -106,8 +106,9 @@ def _crlf_mismatch(diff_file: Path, root: Path, files: list[str]) -> str | None:
     return None
 
 
-def apply_file(diff_file: Path, root: Path) -> Outcome:
-    """Apply ``diff_file`` to the checkout at ``root`` (index and tree), all or nothing."""
+def _checked(diff_file: Path, root: Path) -> tuple[str, PatchSet, list[str]] | Outcome:
+    """The diff's text, its parse and the paths it names, each checked before git sees it;
+    the failed Outcome when it is no diff, or one patchkit does not apply."""
     text = diff_file.read_text(encoding="utf-8", errors="surrogateescape")
     try:
         patch = parse(text)
@@ -125,21 +126,31 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
     if binary:
         return Outcome("failed", "error", f"{diff_file.name}: {binary!r}: the diff names a binary "
                        "change without its content (make it with `git diff --binary`)", files)
-    # Ask git for its own view of the paths too: it expands renames and copies, and unquotes
-    # the names git quotes (non-ASCII, spaces), which are the names the tree has.
-    numstat = g.apply(root, diff_file, numstat=True)
-    if not numstat.ok:
-        return Outcome("failed", "error", _first_line(numstat.stderr), files)
-    files = _numstat_paths(numstat.stdout) or files
-    for rel in files:
-        try:
-            paths.safe_join(root, rel)
-        except paths.UnsafePathError as exc:
-            return Outcome("failed", "unsafe-path", str(exc), files)
+    return text, patch, files
 
+
+def apply_file(diff_file: Path, root: Path) -> Outcome:
+    """Apply ``diff_file`` to the checkout at ``root`` (index and tree), all or nothing."""
+    checked = _checked(diff_file, root)
+    if isinstance(checked, Outcome):
+        return checked
+    text, patch, files = checked
+    # git's own view of the paths, before git writes: it expands renames and copies, and
+    # unquotes the names git quotes (non-ASCII, spaces), which are the names the tree has.  A
+    # diff that names its files as git reads them (git's a/ b/ names, none renamed, none
+    # quoted) has no other view, so git is asked only when the diff does not go in.
+    plain = _names_are_gits(patch, text)
+    seen = files if plain else _git_view(root, diff_file, files)
+    if isinstance(seen, Outcome):
+        return seen
     fwd = g.apply(root, diff_file, index=True, verbose=True)
     if fwd.ok:
-        return Outcome("applied", None, "", files, _offsets(fwd.stderr))
+        return Outcome("applied", None, "", seen, _offsets(fwd.stderr))
+    if plain:  # the tree is as it was: the failure is told as for any diff
+        seen = _git_view(root, diff_file, files)
+        if isinstance(seen, Outcome):
+            return seen
+    files = seen
     if g.apply(root, diff_file, check=True, reverse=True).ok:
         return Outcome("upstream", None, "the tree already has this change (it reverse-applies)",
                            files)
@@ -163,6 +174,96 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
         message += " (it would apply only with fuzz, which is never accepted)"
     return Outcome("failed", reason, _with_summary(message, patch, in_the_way), files, hunk=hunk,
                    in_the_way=in_the_way)
+
+
+def apply_together(diff_files: Sequence[Path], root: Path) -> list[Outcome | None] | None:
+    """Diffs that touch distinct files, applied by one ``git apply`` of them all: each one's
+    Outcome as ``apply_file`` one after the other gives it, when every one goes in.  When some
+    do not, the tree is untouched and each of those is None in the list (git checks every file
+    before it writes any); None when they cannot go in together, or git's answer does not say
+    which were in the way."""
+    outcomes: list[Outcome] = []
+    seen: set[str] = set()
+    parts: list[str] = []
+    for diff_file in diff_files:
+        checked = _checked(diff_file, root)
+        if isinstance(checked, Outcome):
+            return None
+        text, patch, files = checked
+        # one input of them all is checked whole before git writes any of it
+        if seen.intersection(files) or not _names_are_gits(patch, text) or \
+                not text.endswith("\n"):
+            return None
+        seen.update(files)
+        parts.append(text)
+        outcomes.append(Outcome("applied", None, "", files, staged=True))
+    with tempfile.TemporaryDirectory(prefix="patchkit-diffs-") as tmp:
+        joined = Path(tmp) / "together.diff"
+        joined.write_text("".join(parts), encoding="utf-8", errors="surrogateescape")
+        fwd = g.apply(root, joined, index=True, verbose=True)
+    if not fwd.ok:
+        return _in_the_way(fwd.stderr, outcomes)
+    offsets = _offsets(fwd.stderr)
+    for out in outcomes:
+        out.offsets = [o for o in offsets if o.path in out.files]
+    return outcomes
+
+
+def _in_the_way(stderr: str, outcomes: list[Outcome]) -> list[Outcome | None] | None:
+    """``outcomes`` with None for each diff one of whose files git named an error for, from
+    the ``Checking patch P...`` line each file's checks start with; None when git's errors
+    cannot all be put to a file of the diffs, or name none."""
+    failed: set[str] = set()
+    current = None
+    for line in stderr.splitlines():
+        m = _CHECKING.match(line.strip())
+        if m:
+            current = m.group(1)
+        elif line.startswith("error: "):
+            if current is None or not any(current in out.files for out in outcomes):
+                return None
+            failed.add(current)
+    if not failed:
+        return None
+    return [None if failed.intersection(out.files) else out for out in outcomes]
+
+
+_RENAMED = re.compile(r"^(rename|copy) (from|to) ", re.MULTILINE)
+_FILE_HEADER = re.compile(r"^diff --git ", re.MULTILINE)
+_PLAIN_NAME = re.compile(r"[!#-\[\]-~]+")   # printable ASCII but space, '"' and '\\'
+
+
+def _names_are_gits(patch: PatchSet, text: str) -> bool:
+    """True when the paths git reads from the diff are the diff's own (``touched``): a
+    ``diff --git`` header for every file, each named ``a/P`` and ``b/P`` (or /dev/null), no
+    rename or copy, no name git would quote."""
+    if _RENAMED.search(text) or len(_FILE_HEADER.findall(text)) != len(patch):
+        return False
+    for pf in patch:
+        names = {_strip(n) for n in (pf.source_file, pf.target_file) if n != "/dev/null"}
+        if len(names) != 1:
+            return False
+        name = names.pop()
+        if not name or not _PLAIN_NAME.fullmatch(name) or not all(
+                n in ("/dev/null", f"a/{name}", f"b/{name}")
+                for n in (pf.source_file, pf.target_file)):
+            return False
+    return True
+
+
+def _git_view(root: Path, diff_file: Path, files: list[str]) -> list[str] | Outcome:
+    """The paths ``git apply`` reads from the diff, each checked; the failed Outcome when git
+    cannot read the diff or a path is unsafe."""
+    numstat = g.apply(root, diff_file, numstat=True)
+    if not numstat.ok:
+        return Outcome("failed", "error", _first_line(numstat.stderr), files)
+    files = _numstat_paths(numstat.stdout) or files
+    for rel in files:
+        try:
+            paths.safe_join(root, rel)
+        except paths.UnsafePathError as exc:
+            return Outcome("failed", "unsafe-path", str(exc), files)
+    return files
 
 
 _GONE = re.compile(r"error: (.+?): (No such file or directory|does not exist in index)$")
@@ -624,6 +725,10 @@ class DiffKind:
         out = apply_file(full, target.root)
         out.staged = True  # `git apply --index` has staged it, deletions included
         return out
+
+    def apply_together(self, fulls: Sequence[Path], target: Target
+                       ) -> list[Outcome | None] | None:
+        return apply_together(fulls, target.root)
 
     def refresh(self, patch, full: Path, tree: Path, result: PatchResult) -> str | None:
         """Rewrite a diff that applied at an offset to apply exactly at its commit's parent.

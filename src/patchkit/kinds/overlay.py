@@ -125,6 +125,9 @@ class OverlayKind:
     def apply(self, patch, full: Path, target: Target) -> Outcome:
         return apply_tree(full, target.root, target.base_commit, patch.replaces, target.mirror)
 
+    def apply_together(self, fulls, target: Target) -> None:
+        return None  # each on its own
+
     def refresh(self, patch, full: Path, tree: Path, result: PatchResult) -> str | None:
         return None
 

@@ -261,6 +261,9 @@ class TransformKind:
     def apply(self, patch, full: Path, target: Target) -> Outcome:
         return run_transform_file(full, target.root, Version(target.version) if target.version else None)
 
+    def apply_together(self, fulls, target: Target) -> None:
+        return None  # each on its own
+
     def refresh(self, patch, full: Path, tree: Path, result: PatchResult) -> str | None:
         return None  # a transform finds its anchors wherever they moved
 

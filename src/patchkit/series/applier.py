@@ -12,7 +12,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -26,7 +26,8 @@ from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest import variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import ApplyReport, AssertionResult, PackageInfo, PatchResult, VllmInfo
+from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
+                             VllmInfo)
 from patchkit.series import checkout as applied
 from patchkit.series import assertions
 from patchkit.cache import cache_dir
@@ -77,9 +78,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     except OSError as exc:
         _reset(root)
         return _result(patch, "failed", "error", message=f"{exc}")
-    result = PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
-                         out.message, out.offsets, out.hunk, in_the_way=out.in_the_way,
-                         package=patch.package)
+    result = _outcome_result(patch, out)
     if not kind.writes_only_named and out.status in ("applied", "upstream"):
         # What it did not name would be left out of the commit yet ride along in the workdir.
         stray = [p for p in g.dirty_paths(root) if p not in out.files]
@@ -96,6 +95,64 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     elif out.status == "failed":
         _reset(root)
     return result
+
+
+def _outcome_result(patch: Patch, out: Outcome) -> PatchResult:
+    return PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
+                       out.message, out.offsets, out.hunk, in_the_way=out.in_the_way,
+                       package=patch.package)
+
+
+def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree,
+              alone: Callable[[Patch], PatchResult], *, again: bool = True
+              ) -> Iterator[PatchResult]:
+    """``run`` (patches of one kind, each in range and inside its package's folders) applied
+    in one go when its kind can (diffs that touch distinct files), with one commit each as
+    ``apply_one`` one after the other makes them.  The patches in the way go ``alone``, and
+    the ones between them together again (once: after that, each alone); in series order."""
+    kind = kinds.get(run[0].kind)
+    target = kinds.Target(tree.root, tree.resolved.commit, tree.resolved.version,
+                          tree.resolved.repo)
+    try:
+        outs = kind.apply_together([manifest.root / p.path for p in run], target) \
+            if kind.writes_only_named else None
+    except OSError:
+        outs = None
+    if outs is None or (None in outs and not again):
+        yield from map(alone, run)
+        return
+    if None in outs:  # the tree is untouched: the others did not go in either
+        between: list[Patch] = []
+        for p, out in [*zip(run, outs), (None, None)]:
+            if out is None:
+                yield from (_together(manifest, between, tree, alone, again=False)
+                            if len(between) > 1 else map(alone, between))
+                between = []
+                if p is not None:
+                    yield alone(p)
+            else:
+                between.append(p)
+        return
+    made = g.commit_staged(tree.root, [(commit_message(p), o.files) for p, o in zip(run, outs)])
+    if made is None:
+        _reset(tree.root)
+        yield from map(alone, run)
+        return
+    for p, out, commit in zip(run, outs, made):
+        result = _outcome_result(p, out)
+        result.commit = commit
+        if commit is None:  # wrote bytes identical to what was there
+            result.status, result.message = "upstream", "the tree already has this change"
+        yield result
+
+
+def _goes_alone(manifest: Manifest, patch: Patch, tree: Tree | None, variant,
+                found: Mapping[str, str | None]) -> bool:
+    """True when ``patch`` is not applied with others in one go: it is left out or skipped,
+    or ``apply_one`` would refuse it before its kind sees it."""
+    return (tree is None or bool(variants.left_out(patch, variant))
+            or not versions.in_ranges(patch.ranges, found)[0]
+            or _outside(manifest, patch, tree.tops) is not None)
 
 
 def _result(patch: Patch, status: str, reason: str | None = None, *,
@@ -168,19 +225,7 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
                                       t.resolved.source) for n, t in trees.items()}
     found = {n: r.version for n, r in pins.items()}
     series = list(manifest.patches if patches is None else patches)
-    for patch in series:
-        interrupt.check()
-        why = variants.left_out(patch, variant)
-        tree = trees.get(patch.package)
-        if why:
-            result = _result(patch, "skipped", message=why)
-        elif tree is None:
-            result = _result(patch, "skipped", message=f"it patches {patch.package}, which has "
-                                                       "no checkout in this run")
-        else:
-            result = apply_one(manifest, patch, tree.root, tree.resolved.commit,
-                               tree.resolved.version, tree.resolved.repo, package=patch.package,
-                               found=found, tops=tree.tops)
+    for result in _applied(manifest, series, trees, variant, found):
         report.patches.append(result)
         progress.patch(result)
     for name, tree in trees.items():
@@ -199,6 +244,40 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
     for tree in trees.values():
         g.tag(tree.root, applied.APPLIED_TAG, g.head(tree.root))
     return report
+
+
+def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tree], variant,
+             found: Mapping[str, str | None]) -> Iterator[PatchResult]:
+    """Each patch's result, in order, applied to its package's tree.  A run of patches of one
+    kind and package that no check refuses goes in together when its kind can do that."""
+    def alone(patch: Patch) -> PatchResult:
+        interrupt.check()
+        tree = trees.get(patch.package)
+        why = variants.left_out(patch, variant)
+        if why:
+            return _result(patch, "skipped", message=why)
+        if tree is None:
+            return _result(patch, "skipped", message=f"it patches {patch.package}, which has "
+                                                     "no checkout in this run")
+        return apply_one(manifest, patch, tree.root, tree.resolved.commit,
+                         tree.resolved.version, tree.resolved.repo, package=patch.package,
+                         found=found, tops=tree.tops)
+
+    at = 0
+    while at < len(series):
+        patch, tree = series[at], trees.get(series[at].package)
+        end = at + 1
+        if not _goes_alone(manifest, patch, tree, variant, found):
+            while end < len(series) and series[end].kind == patch.kind and \
+                    series[end].package == patch.package and \
+                    not _goes_alone(manifest, series[end], tree, variant, found):
+                end += 1
+        if end - at > 1:
+            interrupt.check()
+            yield from _together(manifest, series[at:end], tree, alone)
+        else:
+            yield alone(patch)
+        at = end
 
 
 @contextmanager
