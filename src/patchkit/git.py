@@ -38,7 +38,10 @@ QUIET = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "",
          "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
 BASE_ARGS = ("-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false",
              "-c", "tag.gpgsign=false", "-c", "core.autocrlf=false", "-c", "advice.detachedHead=false",
-             "-c", "init.defaultBranch=main", "-c", "core.quotePath=false")
+             "-c", "init.defaultBranch=main", "-c", "core.quotePath=false",
+             # a commit's bytes are patchkit's, whatever the user's config: commit_staged()
+             # writes the same commits through fast-import
+             "-c", "commit.cleanup=whitespace", "-c", "i18n.commitEncoding=UTF-8")
 # A source that stops answering (a dropped route, a stalled proxy) fails within a minute, so the
 # next source in the list gets its turn instead of the run hanging.
 NETWORK = ("-c", "http.lowSpeedLimit=1000", "-c", "http.lowSpeedTime=60")
