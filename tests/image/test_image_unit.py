@@ -396,6 +396,22 @@ def test_overlay_lays_exactly_the_patched_files_into_the_found_package(project, 
     assert len(api.loaded) == 1
 
 
+def test_an_image_built_from_ours_is_not_taken_for_ours(project, workdir):
+    # `FROM demo:v0.27.1` + a step: the child inherits our labels, inputs key included
+    engine, api = _engine()
+    code, summary = _summary(bi.run(project, workdir=workdir, apply=False, engine=engine))
+    ours = api.images_[summary["image_id"]]
+    child = {"attrs": dict(ours["attrs"], RootFS={"Layers": [
+        *ours["attrs"]["RootFS"]["Layers"], "sha256:" + "c" * 64]}), "fs": {}}
+    api.images_ = {"sha256:" + "0" * 64: child, **api.images_}  # listed first
+    code, again = _summary(bi.run(project, workdir=workdir, apply=False, engine=engine))
+    assert code == 0 and again["reused"] is True and again["image_id"] == summary["image_id"]
+    assert again["layer"]["diff_id"] == ours["attrs"]["RootFS"]["Layers"][-1]
+    del api.images_[summary["image_id"]]  # only the child is left: a new image is made
+    code, third = _summary(bi.run(project, workdir=workdir, apply=False, engine=engine))
+    assert code == 0 and third["reused"] is False and len(api.loaded) == 2
+
+
 @pytest.mark.parametrize("fs,message", [
     (_base_fs(version="0.33.0"), "base reg:5000/vllm/base:0.27.1 holds vLLM 0.33.0, not 0.27.1"),
     (_base_fs(spec=SPEC_V1 + "# edited\n"),

@@ -51,15 +51,18 @@ class EngineOverlay:
 
 
 def _known(engine: Engine, key: str, base: layer.BaseImage, log) -> Built | None:
-    """The image an earlier run made of the same inputs, found by its label."""
-    found = engine.images_with_label(INPUTS_LABEL, key)
-    if not found:
-        return None
-    known = found[0]
-    attrs = engine.inspect(known) or {}
-    facts = ImageFacts.from_labels((attrs.get("Config") or {}).get("Labels") or {})
-    log(f"nothing changed since image {known[:19]}: reusing it")
-    return Built(known, base, True, LayerInfo(*facts.layer), facts.vllm_dir, facts.installed)
+    """The image an earlier run made of the same inputs, found by its label: the base's layers
+    and one more.  An image built FROM it carries its labels too, on more layers."""
+    for known in engine.images_with_label(INPUTS_LABEL, key):
+        attrs = engine.inspect(known) or {}
+        layers = list((attrs.get("RootFS") or {}).get("Layers") or [])
+        if layers[:-1] != list(base.diff_ids) or len(layers) != len(base.diff_ids) + 1:
+            continue
+        facts = ImageFacts.from_labels((attrs.get("Config") or {}).get("Labels") or {})
+        log(f"nothing changed since image {known[:19]}: reusing it")
+        return Built(known, base, True, LayerInfo(*facts.layer, layers[-1]), facts.vllm_dir,
+                     facts.installed)
+    return None
 
 
 def _load(engine: Engine, base: layer.BaseImage, made: layer.Layer, config: bytes, log
