@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from patchkit.errors import ImageError, PatchkitError, UsageError
 from patchkit.image.docker import Engine, Prefix, Transfer, engine_url
-from patchkit.image.layer import (COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
+from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
                                   relay, relayed_export, zstd_module)
 from patchkit.image.registry import host_of
 from patchkit.imageref import check_reference, reference_problem, repository, split_tag
@@ -303,7 +303,7 @@ class _Job:
         box["facts"], box["wire"] = ArchiveFacts(), [0]
         archive = relayed_export(self.source.export(self.image), box["facts"], held,
                                  self.diff_ids, lean)
-        for chunk in compressed(archive, self.compress, box["wire"]):
+        for chunk in compressed(_batched(archive), self.compress, box["wire"]):
             if self.stop.is_set():
                 raise ImageError("interrupted; the load is abandoned")
             yield chunk
@@ -376,6 +376,23 @@ class _Job:
         for t in targets:
             t.plan.missing_bytes = (sum(v for k, v in facts.positions.items()
                                         if k >= t.plan.skipped) if known else None)
+
+
+def _batched(chunks: Iterable[bytes], size: int = CHUNK) -> Iterator[bytes]:
+    """``chunks`` in pieces of at least ``size`` bytes (but the last): the relay gives each
+    tar header and small member on its own, and over ssh each write is a packet of its own,
+    with its framing and a hand-over to ssh."""
+    buf = bytearray()
+    for chunk in chunks:
+        if not buf and len(chunk) >= size:
+            yield chunk
+            continue
+        buf += chunk
+        if len(buf) >= size:
+            yield bytes(buf)
+            buf.clear()
+    if buf:
+        yield bytes(buf)
 
 
 def _tee(chunks: Iterable[bytes], n: int, timeout: float) -> list[Iterator[bytes]]:
