@@ -51,6 +51,18 @@ def run(cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     return proc
 
 
+def spawn(cmd: Sequence[str]) -> subprocess.Popen:
+    """Start ``cmd`` with binary pipes on its stdin, stdout and stderr, in a session of its
+    own, for a byte stream the caller drives (the ssh session of an engine connection): a ^C
+    at the terminal is the caller's to handle, and it ends the command by closing the pipes
+    (then ``terminate``)."""
+    try:
+        return subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise CommandError(list(cmd), 127, f"{cmd[0]}: cannot run it ({exc.strerror})") from None
+
+
 def _streamed(cmd: Sequence[str], cwd, env, on_line: Callable[[str], None],
               keep: int = 20) -> subprocess.CompletedProcess:
     """``cmd`` with its lines handed on as they come; the last ``keep`` lines kept."""

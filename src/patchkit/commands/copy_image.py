@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from patchkit.errors import ImageError, PatchkitError, UsageError
-from patchkit.image.docker import Engine, Transfer, engine_url
-from patchkit.image.layer import (COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
+from patchkit.image.docker import Engine, Prefix, Transfer, engine_url
+from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
                                   relay, relayed_export, zstd_module)
 from patchkit.image.registry import host_of
 from patchkit.imageref import check_reference, reference_problem, repository, split_tag
@@ -203,10 +203,10 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
             if dry_run:
                 job.measure([t for t in targets if t.result is None and t.plan.action == "send"])
             else:
-                groups: dict[int, list[_Target]] = {}
+                groups: dict[tuple[int, bool], list[_Target]] = {}
                 for t in targets:
                     if t.result is None and t.plan.action == "send":
-                        groups.setdefault(t.plan.skipped, []).append(t)
+                        groups.setdefault((t.plan.skipped, t.plan.partial), []).append(t)
                 jobs = [functools.partial(job.finish, t, None, {}) for t in targets
                         if t.result is None and t.plan.action == "tag"]
                 jobs += [functools.partial(job.send, g) for g in groups.values()]
@@ -214,6 +214,7 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
         except BaseException:
             job.stop.set()   # a signal: every stream ends, every target's tag is put back
             raise
+    _close(t.engine for t in targets)
     return CopyReport(image, job.want, [t.report(dry_run) for t in targets], dry_run)
 
 
@@ -252,6 +253,16 @@ class _Job:
         self.diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or ())
         self.log, self.timeout, self.compress = log, timeout, compress
         self.stop = threading.Event()
+        self._prefixes: list[Prefix] | None = None
+        self._lock = threading.Lock()
+
+    def prefixes(self) -> list[Prefix]:
+        """The source's images that hold a prefix of the image's layers (its base), once:
+        what each target is asked for by name before it is asked for all it holds."""
+        with self._lock:
+            if self._prefixes is None:
+                self._prefixes = self.source.prefixes(self.diff_ids, self.attrs.get("Size"))
+            return self._prefixes
 
     def plan(self, t: _Target, connect: Callable[[str], Engine]) -> None:
         try:
@@ -276,7 +287,7 @@ class _Job:
             t.same_id = same["Id"]
             return Plan("tag", n, n, why=f"holds this content under another name; tagging it "
                         f"{self.image}, nothing sent")
-        held = t.engine.layers_held(self.diff_ids)
+        held = t.engine.layers_held(self.diff_ids, self.prefixes())
         if not held:
             why = f"holds none of the {n} layers: the whole image goes"
         elif not store.partial_load:
@@ -288,28 +299,29 @@ class _Job:
                    "and the manifest")
         return Plan("send", n, held, store.partial_load, why)
 
-    def _stream(self, held: Sequence[str], box: dict) -> Iterator[bytes]:
+    def _stream(self, held: Sequence[str], lean: bool, box: dict) -> Iterator[bytes]:
         box["facts"], box["wire"] = ArchiveFacts(), [0]
         archive = relayed_export(self.source.export(self.image), box["facts"], held,
-                                 self.diff_ids)
-        for chunk in compressed(archive, self.compress, box["wire"]):
+                                 self.diff_ids, lean)
+        for chunk in compressed(_batched(archive), self.compress, box["wire"]):
             if self.stop.is_set():
                 raise ImageError("interrupted; the load is abandoned")
             yield chunk
 
     def send(self, group: list[_Target]) -> None:
         held = self.diff_ids[:group[0].plan.skipped]
+        lean = group[0].plan.partial   # a classic store: its load reads no legacy files
         box: dict = {}
         for t in group:
             self.log(f"{t.url}: streaming {self.image} from the engine at {self.source.host}"
                      + (f" (one export for {len(group)} targets)" if len(group) > 1 else ""))
         if len(group) == 1:
             t = group[0]
-            self.finish(t, lambda: t.engine.load(lambda: self._stream(held, box),
+            self.finish(t, lambda: t.engine.load(lambda: self._stream(held, lean, box),
                                                  self.attrs["ConfigDigest"], self.diff_ids,
                                                  self.log), box)
             return
-        streams = _tee(self._stream(held, box), len(group), self.timeout)
+        streams = _tee(self._stream(held, lean, box), len(group), self.timeout)
         threads = [threading.Thread(target=self.finish, daemon=True, args=(
             t, functools.partial(t.engine.load, s, self.attrs["ConfigDigest"], self.diff_ids,
                                  self.log), box)) for t, s in zip(group, streams)]
@@ -366,6 +378,23 @@ class _Job:
                                         if k >= t.plan.skipped) if known else None)
 
 
+def _batched(chunks: Iterable[bytes], size: int = CHUNK) -> Iterator[bytes]:
+    """``chunks`` in pieces of at least ``size`` bytes (but the last): the relay gives each
+    tar header and small member on its own, and over ssh each write is a packet of its own,
+    with its framing and a hand-over to ssh."""
+    buf = bytearray()
+    for chunk in chunks:
+        if not buf and len(chunk) >= size:
+            yield chunk
+            continue
+        buf += chunk
+        if len(buf) >= size:
+            yield bytes(buf)
+            buf.clear()
+    if buf:
+        yield bytes(buf)
+
+
 def _tee(chunks: Iterable[bytes], n: int, timeout: float) -> list[Iterator[bytes]]:
     """``n`` streams of the one stream ``chunks``, read once: a reader that stops, or lags by
     more than ``timeout``, is let go and the others go on."""
@@ -411,6 +440,13 @@ def _tee(chunks: Iterable[bytes], n: int, timeout: float) -> list[Iterator[bytes
 
     threading.Thread(target=produce, daemon=True).start()
     return [consume(i) for i in range(n)]
+
+
+def _close(engines: Iterable[Engine | None]) -> None:
+    """The targets let go once every stream and put-back is done (their ssh sessions end)."""
+    for engine in engines:
+        if engine is not None:
+            engine.close()
 
 
 def _put_back(target: Engine, image: str, previous: str | None) -> None:
@@ -468,9 +504,11 @@ def copy_via(source: Engine, image: str, attrs: dict, urls: Sequence[str], via: 
     ref = via_ref(via, image)
     results: list[TargetResult] = []
     todo: list[tuple[TargetResult, Engine, str | None]] = []
+    engines: list[Engine] = []
     for url in urls:
         try:
             target = connect(url)
+            engines.append(target)
             held = target.content(image)
         except PatchkitError as exc:
             results.append(TargetResult(url, "failed", error=str(exc)))
@@ -499,6 +537,7 @@ def copy_via(source: Engine, image: str, attrs: dict, urls: Sequence[str], via: 
         except PatchkitError as exc:
             result.status, result.error = "failed", str(exc)
         result.seconds = round(time.monotonic() - started, 2)
+    _close(engines)
     return CopyReport(image, want, results, via=pushed)
 
 

@@ -26,15 +26,20 @@ from __future__ import annotations
 
 import base64
 import errno as errno_
+import fcntl
+import functools
+import importlib.util
 import io
 import json
 import os
 import re
 import math
+import select
 import shutil
 import socket
 import tarfile
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,7 +52,7 @@ from patchkit.image.layer import (ArchiveFacts, BaseImage, ChunkReader, Layer, c
                                   history_of, relay)
 from patchkit.imageref import Platform, repository, split_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
-from patchkit.process import run
+from patchkit.process import run, spawn
 
 Log = Callable[[str], None]
 
@@ -134,6 +139,8 @@ def _border(what: str) -> Iterator[None]:
 
 # ------------------------------------------------------------------------ engine addresses
 
+_MIN_API = "1.24"   # what the SDK is told before the engine has said its own
+
 ENGINE_FORMS = "ssh://[user@]host[:port], unix:///path/to/socket or tcp://host:port"
 
 
@@ -174,34 +181,186 @@ def _ssh_dest(url) -> str:
     return f"{url.username}@{url.hostname}" if url.username else url.hostname
 
 
-def _ssh_reach(host: str, timeout: float = DEFAULT_TIMEOUT) -> str:
-    """The ssh:// address with its port made explicit (the SDK would pass port 22 to ssh,
-    overriding ~/.ssh/config), once the system's ssh has reached the engine behind it.  The
-    check runs ssh itself so that its complaint becomes the one line of the error."""
+def _ssh_port(host: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[str, int]:
+    """The ssh destination (``[user@]host``) and port of an ssh:// address: the URL's port,
+    else the one the system's ssh would take (``ssh -G``, so ~/.ssh/config applies; the SDK
+    would pass port 22, overriding it)."""
     if not shutil.which("ssh"):
         raise ImageError(f"{host}: an ssh:// engine needs the ssh client, which is not installed")
     url = urlsplit(host)
     dest = _ssh_dest(url)
-    port = url.port
-    wait = max(1, math.ceil(timeout))  # ssh takes whole seconds
+    if url.port is not None:
+        return dest, url.port
     try:
-        if port is None:
-            shown = run(["ssh", "-G", dest], check=False, timeout=wait)
-            port = next((int(line.split()[1]) for line in shown.stdout.splitlines()
-                         if line.startswith("port ") and line.split()[1].isdigit()), 22)
-        probe = run(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={wait}", "-p", str(port),
-                     "--", dest, "docker", "version", "--format", "{{.Server.APIVersion}}"],
-                    check=False, timeout=wait * 2)
+        shown = run(["ssh", "-G", dest], check=False, timeout=max(1, math.ceil(timeout)))
     except CommandError as exc:
-        if exc.timeout is None:
-            raise ImageError(f"no Docker Engine answers at {host}: {exc.output.strip()}") from None
-        raise ImageError(f"no Docker Engine answers at {host}: ssh gave no answer in "
-                         f"{wait * 2} s") from None
-    if probe.returncode:
-        said = [line.strip() for line in (probe.stderr + probe.stdout).splitlines() if line.strip()]
-        raise ImageError(f"no Docker Engine answers at {host}: "
-                         + (said[-1] if said else f"ssh exited with {probe.returncode}"))
-    return f"ssh://{dest}:{port}"
+        raise ImageError(f"no Docker Engine answers at {host}: {exc.output.strip()}") from None
+    return dest, next((int(line.split()[1]) for line in shown.stdout.splitlines()
+                       if line.startswith("port ") and line.split()[1].isdigit()), 22)
+
+
+class _SshStream:
+    """One ssh session to a node running ``docker system dial-stdio`` there: the byte stream
+    an HTTP connection to the node's engine runs over, kept open for request after request
+    (the SDK's own ssh transport opens a session per request: a key exchange, some 4 KB and a
+    round trip or more each).  Every read and write waits at most the timeout urllib3 sets;
+    what ssh says on stderr is kept, for the one line of an error."""
+
+    def __init__(self, dest: str, port: int, timeout: float | None) -> None:
+        wait = max(1, math.ceil(timeout or DEFAULT_TIMEOUT))  # ssh takes whole seconds
+        self.proc = spawn(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={wait}",
+                           "-o", "ServerAliveInterval=15", "-p", str(port), "--", dest,
+                           "docker", "system", "dial-stdio"])
+        self.timeout = timeout
+        self._in, self._out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        for fd in (self._in, self._out):
+            os.set_blocking(fd, False)
+            try:   # fewer, larger hand-overs between this process and ssh
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+            except (OSError, AttributeError):
+                pass   # a smaller pipe works too
+        self._said = bytearray()
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self._reader = io.BufferedReader(_PipeReader(self), 1 << 16)
+
+    def _drain_stderr(self) -> None:
+        try:
+            while chunk := self.proc.stderr.read1(4096):
+                self._said = (self._said + chunk)[-4096:]
+        except (OSError, ValueError):
+            pass
+
+    def complaint(self) -> str:
+        """The last line ssh (or the node's shell) wrote on stderr, once it has ended."""
+        try:
+            self.proc.wait(timeout=2)
+        except Exception:
+            return ""
+        lines = [t.strip() for t in self._said.decode(errors="replace").splitlines()]
+        said = [t for t in lines if t]
+        return said[-1] if said else (f"ssh exited with {self.proc.returncode}"
+                                      if self.proc.returncode else "")
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.timeout = timeout
+
+    def gettimeout(self) -> float | None:
+        return self.timeout
+
+    def fileno(self) -> int:
+        return self._out   # readable between responses only when ssh has ended
+
+    def _wait(self, fd: int, writing: bool) -> None:
+        ready = select.select([] if writing else [fd], [fd] if writing else [], [], self.timeout)
+        if not any(ready):
+            raise socket.timeout(f"timed out (timeout={self.timeout})")
+
+    def sendall(self, data) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            self._wait(self._in, True)
+            try:
+                view = view[os.write(self._in, view):]
+            except BlockingIOError:
+                continue
+            except BrokenPipeError:
+                raise ConnectionResetError(errno_.EPIPE, "ssh to the node has ended") from None
+
+    send = sendall
+
+    def recv_into(self, buf) -> int:
+        while True:
+            self._wait(self._out, False)
+            try:
+                return os.readv(self._out, [buf])
+            except BlockingIOError:
+                continue
+
+    def makefile(self, mode: str = "rb", *args, **kwargs):
+        # one buffer for every response, as on one socket, which closing a response leaves
+        return _Unclosed(self._reader)
+
+    def close(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        try:
+            self.proc.terminate()
+            self.proc.wait(timeout=2)
+        except Exception:  # it is gone, or going: nothing of it is needed any more
+            self.proc.kill()
+
+
+class _Unclosed:
+    """A response's view of the stream's reader: closing it leaves the stream open."""
+
+    def __init__(self, reader: io.BufferedReader) -> None:
+        self._reader, self.closed = reader, False
+
+    def __getattr__(self, name: str):
+        return getattr(self._reader, name)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _PipeReader(io.RawIOBase):
+    def __init__(self, stream: _SshStream) -> None:
+        self.stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        return self.stream.recv_into(buf)
+
+
+@functools.cache
+def _ssh_adapter_class():
+    """The SDK's ssh adapter, made to keep its connections: one pool for the engine, whose
+    connections run over :class:`_SshStream` sessions and are used again request after
+    request (HTTP keep-alive through ``dial-stdio``)."""
+    from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
+
+    class Connection(SSHConnection):
+        def connect(self) -> None:
+            self.sock = _SshStream(*self.ssh_host, self.timeout)
+            self.adapter_streams.append(self.sock)
+
+    class Pool(SSHConnectionPool):
+        def _get_conn(self, timeout=None):
+            conn = super()._get_conn(timeout)
+            if conn.sock is not None and not conn.is_connected:
+                conn.close()   # its ssh has ended: the request opens a new session
+            return conn
+
+        def _new_conn(self):
+            conn = Connection(None, self.timeout, self.ssh_host)
+            conn.adapter_streams = self.streams
+            return conn
+
+    class Adapter(SSHHTTPAdapter):
+        def __init__(self, dest: str, port: int, timeout: float) -> None:
+            super().__init__(f"ssh://{dest}:{port}", timeout, shell_out=True)
+            self.streams: list[_SshStream] = []
+            self.pool = Pool(None, timeout, self.max_pool_size, (dest, port))
+            self.pool.streams = self.streams
+
+        def get_connection(self, url, proxies=None):
+            return self.pool
+
+        def complaint(self) -> str:
+            return next((c for c in (s.complaint() for s in reversed(self.streams)) if c), "")
+
+        def close(self) -> None:
+            super().close()
+            self.pool.close()
+            for stream in self.streams:
+                stream.close()
+
+    return Adapter
 
 
 # ----------------------------------------------------------------------------- image stores
@@ -274,6 +433,9 @@ def _epoch(stamp: str | None) -> float | None:
     return int(seconds) + micros / 1_000_000
 
 
+LOAD_PATIENCE = 10   # see Engine._load_once
+
+
 class Engine:
     """A connection to one Docker Engine."""
 
@@ -282,6 +444,7 @@ class Engine:
         self.api = client.api
         self.host = host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self._store: Store | None = None
+        self._version: dict | None = None
 
     @classmethod
     def connect(cls, host: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> "Engine":
@@ -291,23 +454,48 @@ class Engine:
         host = host or docker_host()
         shown = host or "unix:///var/run/docker.sock"
         if host and host.startswith("ssh://"):
-            try:
-                import paramiko  # noqa: F401  the SDK loads its ssh transport only with it
-            except ImportError:
+            if importlib.util.find_spec("paramiko") is None:  # the SDK's ssh transport needs it
                 raise ImageError(f"DOCKER_HOST={host} needs the paramiko package, which is not "
                                  "installed: pip install 'docker[ssh]'") from None
-        base_url = _ssh_reach(host, timeout) if host and host.startswith("ssh://") else host
+        if host and host.startswith("ssh://"):
+            return cls._connect_ssh(host, timeout)
         try:
-            if base_url:
-                # ssh:// goes through the system's ssh, so ~/.ssh/config and agents apply.
-                client = docker.DockerClient(base_url=base_url, timeout=timeout,
-                                             use_ssh_client=base_url.startswith("ssh://"))
-            else:
-                client = docker.from_env(timeout=timeout)
+            client = (docker.DockerClient(base_url=host, timeout=timeout) if host
+                      else docker.from_env(timeout=timeout))
             client.ping()
         except Exception as exc:  # any transport failure means the same thing here
             raise ImageError(f"no Docker Engine answers at {shown}: {_explain(exc)}") from exc
         return cls(client, shown)
+
+    @classmethod
+    def _connect_ssh(cls, host: str, timeout: float) -> "Engine":
+        """The engine behind ssh (the system's, so ~/.ssh/config and agents apply), over one
+        ssh session kept open for every request; its first answer (the version, which the
+        SDK needs anyway) is the proof that it answers, else what ssh said is the error."""
+        docker = _docker()
+        dest, port = _ssh_port(host, timeout)
+        adapter = _ssh_adapter_class()(dest, port, timeout)
+        try:
+            client = docker.DockerClient(base_url=f"ssh://{dest}:{port}", timeout=timeout,
+                                         use_ssh_client=True, version=_MIN_API)
+            client.api.mount("http+docker://ssh", adapter)
+            client.api._custom_adapter = adapter
+            version = client.api.version(api_version=False)
+            client.api._version = version["ApiVersion"]
+        except Exception as exc:  # any transport failure means the same thing here
+            said = adapter.complaint() or _explain(exc)
+            adapter.close()
+            raise ImageError(f"no Docker Engine answers at {host}: {said}") from exc
+        engine = cls(client, host)
+        engine._version = version
+        return engine
+
+    def close(self) -> None:
+        """Let the engine go (an ssh connection's session ends)."""
+        try:
+            self.client.close()
+        except Exception:  # closing is best effort: nothing of it is needed any more
+            pass
 
     # -- facts
 
@@ -319,7 +507,9 @@ class Engine:
         if self._store is None:
             info = self.info()
             version: dict = {}
-            if "BuildahVersion" not in info:  # Podman's info says so; its version is slow
+            if self._version is not None:
+                version = self._version
+            elif "BuildahVersion" not in info:  # Podman's info says so; its version is slow
                 with _border(f"asking the engine at {self.host} for its version"):
                     version = self.api.version()
             self._store = store_of(version, info)
@@ -344,26 +534,64 @@ class Engine:
             attrs["ConfigDigest"] = facts.config_digest(layers)
         return attrs
 
-    def layers_held(self, diff_ids: Iterable[str], limit: int = 2000) -> int:
+    def layers_held(self, diff_ids: Iterable[str], known: Iterable["Prefix"] = (),
+                    limit: int = 2000) -> int:
         """How many of ``diff_ids``, from the bottom, this engine holds: the longest prefix
-        that some image of its store (the first ``limit`` images) has.  Every store kind
-        answers through its images' inspect output; only a classic store can make use of the
-        answer (see ``Store.partial_load``), for it keeps layers by chain, that is by prefix."""
+        that some image of its store has.  ``known`` are images (by name) that hold a prefix
+        on another engine: the engine is asked for those first, by name, in one request, and
+        when it holds one of them that answers (the store keeps layers by chain, that is by
+        prefix; only a classic store can make use of the answer, see
+        ``Store.partial_load``).  Else every image of its store (the first ``limit``) is
+        inspected, which every store kind answers."""
         want = list(diff_ids)
+        best = self._held_by_name(want, list(known))
+        if best:
+            return best
         with _border(f"listing the images of the engine at {self.host}"):
             ids = [i["Id"] for i in self.api.images(all=True)][:limit]
-        best = 0
         for iid in ids:
             layers = ((self.inspect(iid) or {}).get("RootFS") or {}).get("Layers") or ()
-            n = 0
-            for a, b in zip(layers, want):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
+            best = max(best, _common_prefix(layers, want))
             if best == len(want):
                 break
         return best
+
+    def _held_by_name(self, want: list[str], known: list["Prefix"]) -> int:
+        names = sorted({n for p in known for n in p.names})
+        if not names:
+            return 0
+        try:
+            with _border(f"listing the images of the engine at {self.host}"):
+                found = self.api.images(filters={"reference": names})
+        except ImageError:
+            return 0   # a store that takes no such filter: the whole list is read instead
+        by_id = {p.image_id: p.layers for p in known}
+        best = 0
+        for image in found:
+            if image.get("Id") in by_id and self.store().ids_are_config_digests:
+                best = max(best, by_id[image["Id"]])   # the config names the layers
+            else:
+                layers = ((self.inspect(image["Id"]) or {}).get("RootFS") or {}).get("Layers")
+                best = max(best, _common_prefix(layers or (), want))
+        return best
+
+    def prefixes(self, diff_ids: Iterable[str], size: int | None = None,
+                 limit: int = 2000) -> list["Prefix"]:
+        """The named images of this engine whose layers are a proper prefix of ``diff_ids``
+        (an image's base, and the base's base): what another engine may hold them by.  Only
+        images no bigger than ``size`` (the image's own) can be one."""
+        want = list(diff_ids)
+        with _border(f"listing the images of the engine at {self.host}"):
+            listed = [i for i in self.api.images() if size is None or (i.get("Size") or 0) <= size]
+        found: list[Prefix] = []
+        for image in listed[:limit]:
+            names = [n for n in (image.get("RepoTags") or []) + (image.get("RepoDigests") or [])
+                     if n and "<none>" not in n]
+            attrs = self.inspect(image["Id"]) if names else None
+            layers = list(((attrs or {}).get("RootFS") or {}).get("Layers") or ())
+            if names and 0 < len(layers) < len(want) and layers == want[:len(layers)]:
+                found.append(Prefix(tuple(names), image["Id"], len(layers)))
+        return sorted(found, key=lambda p: -p.layers)
 
     def tagged(self, ref: str) -> str | None:
         """The id of the image ``ref`` names on this engine, or None."""
@@ -512,9 +740,12 @@ class Engine:
                          f"config {expect_id[:19]}")
 
     def _load_once(self, archive: bytes | Iterable[bytes]) -> list[str]:
-        """One ``docker load``; the refs the engine says it loaded."""
+        """One ``docker load``; the refs the engine says it loaded.  While it loads, the
+        engine may be silent for long: a store that copies layers (vfs) says nothing while it
+        copies the parent's files for each new layer, so each silence may last
+        ``LOAD_PATIENCE`` times the timeout."""
         loaded: list[str] = []
-        with _border(f"loading the image into the engine at {self.host}"):
+        with _border(f"loading the image into the engine at {self.host}"), self._patient():
             for line in self.api.load_image(archive):
                 if not isinstance(line, dict):
                     continue
@@ -525,6 +756,18 @@ class Engine:
                 if said:
                     loaded.append(said.group(1))
         return loaded
+
+    @contextmanager
+    def _patient(self) -> Iterator[None]:
+        before = getattr(self.api, "timeout", None)
+        if not before:   # no bound to stretch (or a stand-in of the SDK)
+            yield
+            return
+        self.api.timeout = before * LOAD_PATIENCE
+        try:
+            yield
+        finally:
+            self.api.timeout = before
 
     def load_complete(self, base: BaseImage, config: bytes, layer: Layer, expect_id: str,
                       log: Log = lambda m: None) -> str:
@@ -679,6 +922,24 @@ class Engine:
 
     def _cli_env(self) -> dict:
         return {"DOCKER_HOST": self.host}
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """An image that holds the first ``layers`` layers of another, and the names it has."""
+
+    names: tuple[str, ...]
+    image_id: str
+    layers: int
+
+
+def _common_prefix(layers: Iterable[str], want: list[str]) -> int:
+    n = 0
+    for a, b in zip(layers, want):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 @dataclass

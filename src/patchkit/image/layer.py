@@ -382,11 +382,14 @@ def _file_member(name: str, data: bytes) -> Iterator[bytes]:
 
 def relay(chunks: Iterable[bytes], facts: ArchiveFacts,
           skip: frozenset | set = frozenset(), held: Sequence[str] = (),
-          layers: Sequence[str] | None = None) -> Iterator[bytes]:
+          layers: Sequence[str] | None = None, lean: bool = False) -> Iterator[bytes]:
     """Re-emit the members of the archive in ``chunks`` (less those named in ``skip``, and the
     layer files of ``held``, the first diff_ids of the image, which the target's store holds)
     as tar bytes, filling ``facts``; the end-of-archive blocks are left to the caller.
-    ``layers``, all the image's diff_ids, lets ``facts.positions`` say every layer's size."""
+    ``layers``, all the image's diff_ids, lets ``facts.positions`` say every layer's size.
+    ``lean`` leaves out what only a legacy load (an archive without manifest.json) reads:
+    the layer folders' entries, ``VERSION`` and ``json``, and ``repositories`` (see
+    :func:`_legacy_only`); they are read all the same, for ``facts``."""
     reader = ChunkReader(chunks)
     try:
         tar = tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK)
@@ -396,7 +399,7 @@ def relay(chunks: Iterable[bytes], facts: ArchiveFacts,
         try:
             held_layers = _HeldLayers(held, layers)
             for info in tar:
-                yield from _relay_member(tar, info, facts, skip, held_layers)
+                yield from _relay_member(tar, info, facts, skip, held_layers, lean)
         except tarfile.TarError as exc:
             raise ImageError(f"the engine's export ends early or is no tar archive: "
                              f"{exc}") from None
@@ -404,8 +407,19 @@ def relay(chunks: Iterable[bytes], facts: ArchiveFacts,
         raise ImageError("the engine's export has no manifest.json")
 
 
+def _legacy_only(name: str, info: tarfile.TarInfo) -> bool:
+    """Whether a member of an engine's export is read by a legacy load alone: a classic
+    store's load of an archive with a manifest.json reads the config and the layer files it
+    names, and the tags it lists, and nothing else (moby's ``tarexport.Load``)."""
+    parts = name.split("/")
+    legacy_folder = len(parts[0]) == 64 and all(c in "0123456789abcdef" for c in parts[0])
+    if len(parts) == 1:
+        return name == "repositories" or (legacy_folder and info.isdir())
+    return legacy_folder and len(parts) == 2 and parts[1] in ("VERSION", "json")
+
+
 def _relay_member(tar: tarfile.TarFile, info: tarfile.TarInfo, facts: ArchiveFacts,
-                  skip, held: "_HeldLayers") -> Iterator[bytes]:
+                  skip, held: "_HeldLayers", lean: bool = False) -> Iterator[bytes]:
     name = _norm(info.name)
     if info.issym():
         target = info.linkname
@@ -429,7 +443,7 @@ def _relay_member(tar: tarfile.TarFile, info: tarfile.TarInfo, facts: ArchiveFac
                 raise ImageError("the engine's export has a manifest.json that is not "
                                  "JSON") from None
             facts.small[name] = body
-    if name in skip:
+    if name in skip or (lean and _legacy_only(name, info)):
         return
     position = held.position(name, facts) if info.isreg() else None
     if position is not None:
@@ -554,11 +568,12 @@ END_OF_ARCHIVE = b"\0" * (2 * _BLOCK)
 
 
 def relayed_export(chunks: Iterable[bytes], facts: ArchiveFacts,
-                   held: Sequence[str] = (), layers: Sequence[str] | None = None
-                   ) -> Iterator[bytes]:
+                   held: Sequence[str] = (), layers: Sequence[str] | None = None,
+                   lean: bool = False) -> Iterator[bytes]:
     """An engine's export, member for member, for another engine's load; without the layer
-    files of ``held`` (the image's first diff_ids, which that engine's store holds)."""
-    yield from relay(chunks, facts, held=held, layers=layers)
+    files of ``held`` (the image's first diff_ids, which that engine's store holds), and with
+    ``lean`` (for a classic store) without what only a legacy load reads."""
+    yield from relay(chunks, facts, held=held, layers=layers, lean=lean)
     yield END_OF_ARCHIVE
     facts.sent += len(END_OF_ARCHIVE)
 
