@@ -276,13 +276,13 @@ def test_an_applied_checkout_of_a_package_is_proven_on_the_base(tmp_path):
     files = base_files()
     fi = distinfo.installed(files, {}).get("flashinfer-python")
     files.reads.clear()
-    proof = distinfo.prove_checkout(files, fi, tree, image="b")
+    proof = distinfo.prove_checkout(files, fi, tree, package="flashinfer", image="b")
     assert proof.by_record == ("flashinfer/fused_moe/core.py",) and files.reads == []
     files.files[f"{SITE}/flashinfer/extra.py"] = b"X = 0\n"
     with pytest.raises(ImageError, match=r"base b already has flashinfer/extra.py, which "
                                          r"flashinfer-python v0.6.15 \(commit [0-9a-f]{12}\) "
                                          r"does not"):
-        distinfo.prove_checkout(files, fi, tree, image="b")
+        distinfo.prove_checkout(files, fi, tree, package="flashinfer", image="b")
 
 
 def test_verify_locked_compares_the_labels_and_the_image_dist_info(tmp_path):

@@ -21,7 +21,7 @@ from testing import flashinfer as fi
 from testing import imageproject as ip
 from testing import real_cache, stackbase
 from testing.imageproject import RELEASE
-from testing.upstream import commit, sh, unified, write_files
+from testing.upstream import unified
 from patchkit import cli, manifest
 from patchkit.commands import build_image, lock, verify
 from patchkit.errors import ImageError, ManifestError
@@ -60,19 +60,22 @@ def stack_bases(docker_client, bases, registry) -> dict:
 
 def write_manifest(root, base: str, *, fi_ref="v0.6.15",
                    requires='{torch: "==2.11.*", nvidia-cutlass-dsl: ">=4.5,<4.6"}',
-                   extra_package: str = ""):
+                   extra_package: str = "", name: str = "pk-stack", fi_patch: bool = False):
+    """The image project's manifest on ``base``, named ``name``; with ``fi_patch``, FlashInfer's
+    patch (testing.flashinfer.FI_ENTRY) ends its series."""
     path = root / "patchset.yaml"
     original = root / "patchset.orig"   # the image project's manifest, before any change
     if not original.exists():
         original.write_text(path.read_text())
-    text = original.read_text().replace("name: pk-e2e\n", "name: pk-stack\n")
+    fi_entry = fi.FI_ENTRY if fi_patch else ""
+    text = original.read_text().replace("name: pk-e2e\n", f"name: {name}\n")
     head, _, rest = text.partition("image:\n")
     image_block, _, patches = rest.partition("patches:\n")
     image_block = "\n".join(line for line in image_block.splitlines()
                             if not line.startswith("  base:"))
     path.write_text(head + PACKAGES.format(fi_ref=fi_ref) + extra_package + "image:\n"
                     + f"  base: {base}\n" + image_block + f"\n  requires: {requires}\n"
-                    + "patches:\n" + patches)
+                    + "patches:\n" + patches + fi_entry)
     return manifest.load(path)
 
 
@@ -83,8 +86,18 @@ def engine() -> Engine:
     return Engine.connect(timeout=600)
 
 
+SITE = "/usr/local/lib/python3.11/dist-packages"
+
+
+def fi_pristine() -> str:
+    with zipfile.ZipFile(stackbase.flashinfer_wheel()) as zf:
+        return zf.read(fi.FI_FILE).decode()
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, stack_bases, registry):
+    """The image project on the stack base, FlashInfer pinned beside vLLM with no patches of
+    its own; applied once."""
     root = tmp_path_factory.mktemp("stack")
     ip.make_project(root, base="x", tag=f"{registry}/pk-test/stack-e2e:{{ref}}")
     m = write_manifest(root, stack_bases["2.11.0"]["tag"])
@@ -94,61 +107,100 @@ def project(tmp_path_factory, stack_bases, registry):
 
 
 @pytest.fixture(scope="module")
-def locked(project, docker_client, engine):
-    """Built on the stack base, then locked."""
-    root, m, workdir = project
-    # an image of an earlier run would be reused; this run must make (and prove) its own
-    for img in docker_client.images.list(filters={"label": "io.patchkit.patchset.name=pk-stack"}):
-        docker_client.images.remove(img.id, force=True)
+def fi_project(tmp_path_factory, stack_bases, registry):
+    """The image project with FlashInfer 0.6.15 from PyPI beside vLLM 0.27.1 from PyPI, and
+    the real FlashInfer patch (testing.flashinfer.FI_PATCH) in its series, on the stack base;
+    applied once (both packages)."""
+    root = tmp_path_factory.mktemp("stack-fi")
+    ip.make_project(root, base="x", tag=f"{registry}/pk-test/stackimg-fi:{{ref}}")
+    (root / "patches" / "flashinfer").mkdir()
+    (root / "patches" / "flashinfer" / "fi-moe-activations.diff").write_text(fi.FI_PATCH)
+    # a name no earlier run used, so that the build below is made, not found (the name is in
+    # its inputs), and its log is this run's
+    m = write_manifest(root, stack_bases["2.11.0"]["tag"],
+                       name=f"pk-stackimg-{secrets.token_hex(4)}", fi_patch=True)
+    workdir = root / ".patchkit" / "vllm"
+    applied = apply_series(m, workdir=workdir, cache=real_cache())
+    assert applied.ok, applied.to_json()
+    return root, m, workdir, applied
+
+
+@dataclasses.dataclass
+class Built:
+    report: build_image.BuildReport
+    lines: list[str]       # what the build logged
+    first: lock.LockReport
+    again: lock.LockReport
+    data: bytes            # patchset.lock as the first lock wrote it
+
+
+@pytest.fixture(scope="module")
+def built(fi_project, engine) -> Built:
+    """``fi_project`` built once on the stack base, then locked twice: the one image (and the
+    one lock) the tests of the stack share."""
+    root, m, workdir, _ = fi_project
     log = Log()
-    report = build_image.run(m, workdir=workdir, apply=False, progress=log, engine=engine)
+    report = build_image.run(m, workdir=workdir, apply=False, tag=f"{ip.REGISTRY}/pk-test/"
+                             "stackimg-e2e:1", progress=log, engine=engine)
     assert report.ok and not report.reused, report.to_dict()
     first = lock.run(m, workdir=workdir, engine=engine)
     data = (root / "patchset.lock").read_bytes()
     again = lock.run(m, workdir=workdir, engine=engine)
-    return report, log.lines, first, again, data
+    return Built(report, log.lines, first, again, data)
 
 
-def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(locked, stack_bases):
-    report, lines, first, again, data = locked
+@pytest.fixture(scope="module")
+def held(stack_bases, engine) -> lock.BaseStack:
+    """What the stack base (torch 2.11.0) holds, read once."""
+    return lock.read_base(engine, stack_bases["2.11.0"]["tag"], Platform.parse("linux/arm64"))
+
+
+def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(built, stack_bases, project,
+                                                                   held):
+    lines = built.lines
     assert any(line.endswith("2 file(s) to replace are pristine (2 proved by RECORD)")
                for line in lines), lines
     assert any(line.startswith("base ") and "distribution(s) installed in "
                "/usr/local/lib/python3.11/dist-packages" in line for line in lines), lines
-    text = data.decode()
+    text = built.data.decode()
     base = stack_bases["2.11.0"]
     assert f'name = "{base["tag"]}"' in text
     assert f'digest = "{base["repo_digest"].split("@")[1]}"' in text
     assert '[packages.vllm]\nversion = "0.27.1"\ncommit = "' in text
     assert 'source = "checkout"' in text
-    # apply made FlashInfer's checkout beside vLLM's (no patches of its own here)
+    # apply made FlashInfer's checkout beside vLLM's
     assert re.search(r'\[packages\.flashinfer\]\nversion = "0\.6\.15"\ncommit = "[0-9a-f]{40}"\n'
                      r'source = "checkout"', text), text
     installed = text.split("[installed]\n")[1].splitlines()
     assert installed == ['flashinfer-python = "0.6.15"', 'nvidia-cutlass-dsl = "4.5.0"',
                          'torch = "2.11.0"', 'vllm = "0.27.1"']
-    assert first.written and not again.written  # the second run wrote the same bytes
+    assert built.first.written and not built.again.written  # the second run wrote the same bytes
+    # a package with no patches of its own is a checkout the lock names too
+    _, m, workdir = project
+    pinned = lock.stack.patched_packages(m, workdir, held.installed)["flashinfer"]
+    assert (pinned.version, pinned.source) == ("0.6.15", "checkout")
+    assert re.fullmatch("[0-9a-f]{40}", pinned.commit), pinned
 
 
-def test_locked_build_and_verify_accept_the_same_stack(locked, project, engine):
-    root, m, workdir = project
+def test_locked_build_and_verify_accept_the_same_stack(built, fi_project, engine):
+    root, m, workdir, _ = fi_project
     log = Log()
     report = build_image.run(m, workdir=workdir, apply=False, progress=log, locked=True,
                              engine=engine)
     assert report.ok and report.reused
     assert any("patchset.lock names" in line for line in log.lines)
-    checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True,
+    checked = verify.run(m, image=built.report.tag, default_tree=workdir, locked=True,
                          engine=engine)
     assert checked.ok and checked.locked == []
     assert checked.to_dict()["locked"] == {"ok": True, "differences": []}
 
 
-def test_locked_refuses_a_base_that_differs_naming_each_difference(locked, project,
+def test_locked_refuses_a_base_that_differs_naming_each_difference(built, fi_project,
                                                                    stack_bases, docker_client,
                                                                    engine):
-    root, m, workdir = project
+    root, m, workdir, _ = fi_project
     other = stack_bases["2.10.0"]
-    m2 = write_manifest(root, other["tag"], requires="{}")
+    m2 = write_manifest(root, other["tag"], requires="{}", name=m.name, fi_patch=True)
     tag = f"{ip.REGISTRY}/pk-test/stack-refused:1"
     try:
         with pytest.raises(ImageError) as err:
@@ -164,13 +216,13 @@ def test_locked_refuses_a_base_that_differs_naming_each_difference(locked, proje
         lock_text = (root / "patchset.lock").read_text()
         (root / "patchset.lock").write_text(lock_text.replace('torch = "2.11.0"',
                                                               'torch = "2.10.0"'))
-        checked = verify.run(m, image=locked[0].tag, default_tree=workdir, locked=True,
+        checked = verify.run(m, image=built.report.tag, default_tree=workdir, locked=True,
                              engine=engine)
         assert not checked.ok
         assert checked.locked == ["torch 2.11.0, the lock has 2.10.0"]
     finally:
-        write_manifest(root, stack_bases["2.11.0"]["tag"])
-        (root / "patchset.lock").write_bytes(locked[4])
+        write_manifest(root, stack_bases["2.11.0"]["tag"], name=m.name, fi_patch=True)
+        (root / "patchset.lock").write_bytes(built.data)
 
 
 @pytest.mark.parametrize("change, error, message", [
@@ -202,8 +254,8 @@ def test_a_base_is_refused_before_the_apply_for_each_reason(project, stack_bases
         write_manifest(root, base)
 
 
-def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(project, locked):
-    root, m, workdir = project
+def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(fi_project, built):
+    root, m, workdir, _ = fi_project
     saved = (root / "patchset.lock").read_bytes()
     try:
         for content in (None, "[base\n"):
@@ -231,95 +283,35 @@ def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(proj
     assert (root / "patchset.lock").read_bytes() == saved
 
 
-def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(project, locked,
-                                                                          stack_bases,
-                                                                          docker_client,
-                                                                          tmp_path, engine):
-    """A real patch on a real FlashInfer 0.6.15 file, its applied checkout beside vLLM's,
-    proven on the base by RECORD; a RECORD that does not hash to the pristine file is refused."""
-    root, m, workdir = project
-    rel = "flashinfer/fused_moe/cute_dsl/moe_utils.py"
-    with zipfile.ZipFile(stackbase.flashinfer_wheel()) as zf:
-        text = zf.read(rel).decode()
-    up = tmp_path / "fi-up"   # the file as the release has it, byte for byte
-    write_files(up, {rel: text})
-    sh("git", "init", "-q", "-b", "main", cwd=up)
-    commit(up, "release v0.6.15")
-    sh("git", "tag", "v0.6.15", cwd=up)
-    fi_proj = tmp_path / "fi-proj"
-    (fi_proj / "patches").mkdir(parents=True)
-    (fi_proj / "patches" / "p.diff").write_text(
-        unified(rel, text, text + "\n\nPATCHKIT_FI_PREFETCH = True\n"))
-    (fi_proj / "patchset.yaml").write_text(
-        f"name: fi\nvllm:\n  repo: {up}\n  ref: v0.6.15\npatches:\n"
-        "  - id: fi-prefetch\n    summary: prefetch\n    diff: patches/p.diff\n")
-    sibling = workdir.parent / "flashinfer"
-    assert apply_series(manifest.load(fi_proj / "patchset.yaml"), workdir=sibling,
-                        cache=tmp_path / "cache").ok
-    try:
-        held = lock.read_base(engine, stack_bases["2.11.0"]["tag"], Platform.parse("linux/arm64"))
-        lines: list[str] = []
-        proofs = lock.prove_packages(m, workdir, engine, held, lines.append)
-        assert proofs["flashinfer"].by_record == (rel,)
-        assert lines == ["flashinfer: the files to replace in /usr/local/lib/python3.11/"
-                         "dist-packages are pristine (1 proved by RECORD)"]
-        # a RECORD that does not hash to the pristine file: refused, naming it
-        dist = held.installed.get("flashinfer-python")
-        bad = dict(dist.record)
-        bad[rel] = dataclasses.replace(bad[rel], sha256="A" * 43)
-        broken = dataclasses.replace(held, installed=dataclasses.replace(
-            held.installed, dists={**held.installed.dists,
-                                   "flashinfer-python": dataclasses.replace(dist, record=bad)}))
-        with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
-                                             r"flashinfer-python v0.6.15 .*RECORD hash differs"):
-            lock.prove_packages(m, workdir, engine, broken)
-        # the image's one layer holds FlashInfer's patched file where the base installed it
-        built = build_image.run(m, workdir=workdir, apply=False,
-                                base=stack_bases["2.11.0"]["tag"], tag="pk-stack-fi:ship",
-                                engine=engine)
-        assert built.ok
-        with engine.files(built.image_id, "pk-stack-fi:ship") as fs:
-            got = fs.read(f"/usr/local/lib/python3.11/dist-packages/{rel}")
-        assert got == (sibling / rel).read_bytes()
-    finally:
-        shutil.rmtree(sibling)
+def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(fi_project, held,
+                                                                          engine):
+    """The real patch on the real FlashInfer 0.6.15 file, its applied checkout beside vLLM's,
+    proven on the base by RECORD; a RECORD that does not hash to the pristine file is refused.
+    (What the image ships of it: the end-to-end test below reads it back.)"""
+    root, m, workdir, _ = fi_project
+    rel = fi.FI_FILE
+    lines: list[str] = []
+    proofs = lock.prove_packages(m, workdir, engine, held, lines.append)
+    assert proofs["flashinfer"].by_record == (rel,)
+    assert lines == ["flashinfer: the files to replace in /usr/local/lib/python3.11/"
+                     "dist-packages are pristine (1 proved by RECORD)"]
+    # a RECORD that does not hash to the pristine file: refused, naming it
+    dist = held.installed.get("flashinfer-python")
+    bad = dict(dist.record)
+    bad[rel] = dataclasses.replace(bad[rel], sha256="A" * 43)
+    broken = dataclasses.replace(held, installed=dataclasses.replace(
+        held.installed, dists={**held.installed.dists,
+                               "flashinfer-python": dataclasses.replace(dist, record=bad)}))
+    with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
+                                         r"flashinfer-python v0.6.15 .*RECORD hash differs"):
+        lock.prove_packages(m, workdir, engine, broken)
 
 
 # ------------------------------------------------- both packages patched, end to end
 
-SITE = "/usr/local/lib/python3.11/dist-packages"
 
-
-def fi_pristine() -> str:
-    with zipfile.ZipFile(stackbase.flashinfer_wheel()) as zf:
-        return zf.read(fi.FI_FILE).decode()
-
-
-@pytest.fixture(scope="module")
-def fi_project(tmp_path_factory, stack_bases, registry):
-    """The image project with FlashInfer 0.6.15 from PyPI beside vLLM 0.27.1 from PyPI, and
-    the real FlashInfer patch (testing.flashinfer.FI_PATCH) in its series, on the stack base;
-    applied once (both packages)."""
-    root = tmp_path_factory.mktemp("stack-fi")
-    ip.make_project(root, base="x", tag=f"{registry}/pk-test/stackimg-fi:{{ref}}")
-    write_manifest(root, stack_bases["2.11.0"]["tag"])
-    path = root / "patchset.yaml"
-    # a name of its own: the `locked` fixture removes the images named pk-stack; and one no
-    # earlier run used, so that the build below is made, not found (the name is in its inputs)
-    name = f"pk-stackimg-{secrets.token_hex(4)}"
-    path.write_text(path.read_text().replace("name: pk-stack\n", f"name: {name}\n")
-                    + fi.FI_ENTRY)
-    (root / "patches" / "flashinfer").mkdir()
-    (root / "patches" / "flashinfer" / "fi-moe-activations.diff").write_text(fi.FI_PATCH)
-    m = manifest.load(path)
-    workdir = root / ".patchkit" / "vllm"
-    applied = apply_series(m, workdir=workdir, cache=real_cache())
-    assert applied.ok, applied.to_json()
-    return root, m, workdir, applied
-
-
-def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, stack_bases,
-                                                                   engine, capsys):
+def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, built,
+                                                                   stack_bases, engine, capsys):
     root, m, workdir, applied = fi_project
     base = stack_bases["2.11.0"]
     statuses = {(p.package, p.id): p.status for p in applied.patches}
@@ -328,17 +320,15 @@ def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, s
     fi_tree = workdir.parent / "flashinfer"
     assert (fi_tree / fi.FI_FILE).read_text() == fi.patched(fi_pristine())
 
-    log = Log()
-    tag = f"{ip.REGISTRY}/pk-test/stackimg-e2e:1"
-    built = build_image.run(m, workdir=workdir, apply=False, tag=tag, progress=log,
-                            engine=engine)
-    assert built.ok, built.to_dict()
-    assert "flashinfer: 1 changed file(s) into " + SITE in log.lines, log.lines
+    tag = built.report.tag
+    assert "flashinfer: 1 changed file(s) into " + SITE in built.lines, built.lines
     assert any(line == f"flashinfer: the files to replace in {SITE} are pristine "
-               "(1 proved by RECORD)" for line in log.lines), log.lines
-    with engine.files(built.image_id, tag) as files:
+               "(1 proved by RECORD)" for line in built.lines), built.lines
+    # the image's one layer holds FlashInfer's patched file where the base installed it
+    with engine.files(built.report.image_id, tag) as files:
         inside = files.read(f"{SITE}/{fi.FI_FILE}")
     assert inside is not None and inside.decode() == fi.patched(fi_pristine())
+    assert inside == (fi_tree / fi.FI_FILE).read_bytes()
 
     checked = verify.run(m, image=tag, default_tree=workdir, engine=engine)
     assert checked.ok, checked.to_dict()
@@ -353,7 +343,7 @@ def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, s
     assert f"flashinfer 0.6.15 in {SITE}: 2/2 assertions passed" in out.splitlines()
     assert "vllm " not in out and "ok: 2/2 assertions passed" in out
 
-    locked = lock.run(m, workdir=workdir, engine=engine)
+    locked = built.first
     commit = applied.packages["flashinfer"].commit
     assert locked.lock.packages["flashinfer"] == lock.stack.Pinned("0.6.15", commit, "checkout")
     assert locked.lock.base_digest == base["repo_digest"].split("@")[1]
@@ -374,7 +364,10 @@ def test_verify_image_fails_on_flashinfers_file_not_patched_in_it(fi_project, st
     assert checked.packages[0].name == "flashinfer" and checked.packages[0].passed == 0
 
 
-def test_a_changed_flashinfer_patch_makes_a_new_image(fi_project, tmp_path, real_vllm, engine):
+def test_a_changed_flashinfer_patch_makes_a_new_image(fi_project, built, tmp_path, real_vllm,
+                                                      engine):
+    """The image of the series as it was is in the engine (``built``); the project with the
+    patch changed builds another one, not that."""
     root, m, workdir, _ = fi_project
     copy = tmp_path / "proj"
     shutil.copytree(root, copy, symlinks=True)
@@ -384,13 +377,10 @@ def test_a_changed_flashinfer_patch_makes_a_new_image(fi_project, tmp_path, real
         unified(fi.FI_FILE, fi_pristine(), text))
     tag = f"{ip.REGISTRY}/pk-test/stackimg-change:1"
     m2 = manifest.load(copy / "patchset.yaml")
-    first = build_image.run(m2, workdir=copy / ".patchkit" / "vllm", apply=False, tag=tag,
-                            engine=engine)
-    assert first.ok
-    built = build_image.run(m2, workdir=copy / ".patchkit" / "vllm", tag=tag, engine=engine)
-    assert built.ok and not built.reused, built.to_dict()
-    assert built.image_id != first.image_id
-    with engine.files(built.image_id, tag) as files:
+    again = build_image.run(m2, workdir=copy / ".patchkit" / "vllm", tag=tag, engine=engine)
+    assert again.ok and not again.reused, again.to_dict()
+    assert again.image_id != built.report.image_id
+    with engine.files(again.image_id, tag) as files:
         assert files.read(f"{SITE}/{fi.FI_FILE}").decode() == text
 
 
@@ -405,9 +395,8 @@ def _layer_file(ref: str, dest, path: str) -> bytes | None:
 
 
 def test_no_daemon_locked_ships_flashinfers_file_and_refuses_a_lock_that_differs(
-        fi_project, registry, tmp_path, engine):
+        fi_project, built, registry, tmp_path):
     root, m, workdir, _ = fi_project
-    lock.run(m, workdir=workdir, engine=engine)
     saved = (root / "patchset.lock").read_bytes()
     tag = f"{registry}/pk-test/stackimg-nd:{secrets.token_hex(4)}"
     log = Log()

@@ -98,7 +98,8 @@ def prove_packages(manifest: Manifest, workdir: Path, engine, base: BaseStack | 
                 raise ImageError(f"base {base.image.name} has no {package.dist} installed "
                                        f"({base.installed.missing(package.dist)})")
             proofs[package.name] = distinfo.prove_checkout(
-                fs, dist, checkout.AppliedCheckout.open(where), image=base.image.name)
+                fs, dist, checkout.AppliedCheckout.open(where), package=package.name,
+                image=base.image.name)
             log(f"{package.name}: the files to replace in {dist.site} are pristine "
                 f"({proofs[package.name].describe()})")
     return proofs

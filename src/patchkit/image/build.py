@@ -294,7 +294,8 @@ def placed(files: package.Files, base: layer.BaseImage, packages: Sequence[Packa
             if dist is None:
                 raise ImageError(f"base {base.name} has no {p.dist} installed "
                                  f"({installed.missing(p.dist)})")
-            proof = distinfo.prove_checkout(files, dist, p.tree, image=base.name)
+            proof = distinfo.prove_checkout(files, dist, p.tree, package=p.name,
+                                           image=base.name)
             log(f"{p.name}: the files to replace in {dist.site} are pristine "
                 f"({proof.describe()})")
             p = replace(p, site=dist.site)

@@ -221,13 +221,15 @@ def prove_pristine(files: package.Files, dist: Dist, changed: Iterable[str],
     return Proof(tuple(by_record), tuple(by_reading))
 
 
-def prove_checkout(files: package.Files, dist: Dist, tree: AppliedCheckout, *, image: str,
-                   what: str | None = None) -> Proof:
-    """Prove the files an applied checkout of ``dist``'s package changes (paths from the
-    package's source root, the folder holding its dist-info) pristine in the image."""
+def prove_checkout(files: package.Files, dist: Dist, tree: AppliedCheckout, *, package: str,
+                   image: str, what: str | None = None) -> Proof:
+    """Prove the files an applied checkout of ``dist``'s package (``package``, as the manifest
+    names it) changes (paths from the package's source root, the folder holding its
+    dist-info) pristine in the image."""
     changes = tree.changes()
     changed = [c.path for c in changes if c.status != "A"]
-    what = what or f"{dist.name} {tree.vllm.ref or tree.base[:12]} (commit {tree.base[:12]})"
+    ref = tree.pin(package).ref or tree.base[:12]
+    what = what or f"{dist.name} {ref} (commit {tree.base[:12]})"
     return prove_pristine(files, dist, changed, tree.pristine(changed), image=image, what=what,
                           added=[c.path for c in changes if c.status == "A"])
 

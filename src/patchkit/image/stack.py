@@ -159,9 +159,7 @@ def patched_packages(manifest: Manifest, workdir: Path,
         where = checkout_dir(workdir, package.name)
         if checkout.is_checkout(where):
             info = checkout.AppliedCheckout.open(where)
-            # each checkout holds the whole run's report: take this package's own section
-            own = info.report.packages.get(package.name)
-            pin = own if own is not None else info.vllm
+            pin = info.pin(package.name)
             out[package.name] = Pinned(str(pin.version or pin.ref), str(pin.commit or info.base),
                                        "checkout")
             continue

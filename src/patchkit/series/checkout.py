@@ -82,6 +82,13 @@ class AppliedCheckout:
     def vllm(self) -> VllmInfo:
         return self.report.vllm
 
+    def pin(self, package: str):
+        """What ``package``'s checkout was made from (its ref, commit and version): its own
+        section of the run's report, which each checkout of the run holds whole; else, for a
+        checkout a run of its own made, the report's vLLM section."""
+        own = self.report.packages.get(package)
+        return own if own is not None else self.report.vllm
+
     def changes(self) -> list[Change]:
         out = [Change(status, path, int(new_mode, 8), blob)
                for status, path, _old, new_mode, blob in g.changed_files(self.root, self.base,
