@@ -2,7 +2,9 @@
 ssh and the nodes' sshd, so what crosses it is what a real link would carry.
 
 The nodes are the second and third Docker Engines of .ci/services.sh, each behind its own sshd;
-the tests look at them on their own sockets (never through the link) to judge the outcome.
+the tests look at them on their own sockets (never through the link) to judge the outcome.  A
+target that runs out of space is a Docker Engine of this module's own on a small tmpfs
+(testing.smalldisk).
 
 The images are small ones of this run's own (testing.smallimage): a base of three layers,
 pushed to the registry so that a node can hold it as a cluster's nodes do, and an overlay of one
@@ -25,6 +27,7 @@ import pytest
 
 from testing import smallimage
 from testing.link import Link
+from testing.smalldisk import Unavailable, small_disk_engine
 from testing.smallimage import MiB, filler
 from patchkit import cli
 from patchkit.commands import copy_image
@@ -247,3 +250,36 @@ def test_a_signal_mid_copy_is_128_plus_it_and_leaves_the_tag(overlay, other, nod
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signum, err
     assert node3.direct.images.get(TAG).id == other
+
+
+@pytest.fixture(scope="module")
+def small_disk(tmp_path_factory):
+    """A target of this module's own whose store is a 64 MB tmpfs."""
+    try:
+        with small_disk_engine(tmp_path_factory.mktemp("disk"), 64 * MiB) as disk:
+            yield disk
+    except Unavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
+def test_a_target_out_of_space_keeps_its_tag_and_a_rerun_completes(overlay, small_disk, capfd):
+    engine = small_disk.client
+    old = a_small_other_image(engine, TAG)
+    # room for a part of the image only (the store is vfs: the layers take more than sent)
+    small_disk.fill(leave=sum(BASE_LAYERS) // 2)
+    code = cli.main(["copy-image", TAG, "--to", small_disk.url])
+    out, _ = capfd.readouterr()
+    assert code == 1
+    (line,) = out.splitlines()
+    assert line.startswith(f"failed    {small_disk.url}: "), line
+    assert "no space left on device" in line, line
+    assert engine.images.get(TAG).id == old
+    small_disk.free()
+    code = cli.main(["copy-image", TAG, "--to", small_disk.url, "--format", "json"])
+    out, _ = capfd.readouterr()
+    assert code == 0, out
+    (t,) = json.loads(out)["targets"]
+    assert t["status"] == "replaced"
+    assert fingerprint_of(engine, TAG) == overlay["fingerprint"]
