@@ -249,6 +249,7 @@ def test_a_signal_mid_copy_is_128_plus_it_and_leaves_the_tag(overlay, other, nod
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signum, err
+    assert err.splitlines()[-1].startswith(f"patchkit: interrupted by {signum.name}"), err
     assert node3.direct.images.get(TAG).id == other
 
 

@@ -79,7 +79,7 @@ def gone(client, ref: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def base(docker_client, registry, node2, podman_client):
+def base(docker_client, registry, node2):
     """The small vLLM base, in the registry; afterwards every engine forgets it and what this
     module made (the run's tags)."""
     name = f"{registry}/pk-test/via-base:{RUN}"
@@ -90,7 +90,7 @@ def base(docker_client, registry, node2, podman_client):
         env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
     smallimage.push(docker_client, name)
     yield name
-    for client in (node2.direct, podman_client, docker_client):
+    for client in (node2.direct, docker_client):
         smallimage.forget_tagged(client, RUN)
 
 
