@@ -6,8 +6,9 @@ node's Host block in ~/.ssh/config still gives the host, user and key; the URL's
 It counts the bytes that cross it each way, and ``cut_after(n)`` closes every connection once
 ``n`` more bytes have crossed, and refuses new ones until ``mend()``: a link that drops.
 ``slow_after(n, rate)`` instead lets the bytes after those ``n`` through at ``rate`` bytes a
-second (each way): a copy that is sure to be mid-stream when a test interrupts it, however
-small the image.  ``changed`` is set once either has happened.
+second (each way), and ``stall_after(n)`` lets none through until ``mend()`` or ``close()``
+while keeping every connection open: a copy that is sure to be mid-stream when a test
+interrupts it, however small the image.  ``changed`` is set once any of these has happened.
 
 The relay's own sockets take small kernel buffers, so that what the relay has not let through
 yet waits on the sender's side (a few hundred KB at most), not in megabytes of buffers that a
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 BUFFER = 128 * 1024   # the kernel buffers of the relay's sockets, each way
 
@@ -35,6 +35,7 @@ class Link:
         self._rate = 0             # bytes a second once slowed
         self._cut = False
         self.changed = threading.Event()   # the cut or the slowing happened
+        self._released = threading.Event()  # set: a slowed or stalled pump goes on
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._server = socket.socket()
@@ -75,6 +76,9 @@ class Link:
         with self._lock:
             self._budget, self._then, self._rate = n, "slow", rate
 
+    def stall_after(self, n: int) -> None:
+        self.slow_after(n, 0)
+
     def mend(self) -> None:
         with self._lock:
             self._budget = None
@@ -82,8 +86,11 @@ class Link:
             self._rate = 0
             self._then = "cut"
             self.changed.clear()
+            self._released.set()
+            self._released = threading.Event()
 
     def close(self) -> None:
+        self._released.set()
         self._server.close()
         self._drop_all()
 
@@ -142,11 +149,11 @@ class Link:
                         self.changed.set()
                     elif self._budget is not None:
                         self._budget -= len(data)
-                    rate = self._rate if slowed else 0
+                    released, rate = self._released, self._rate
                     setattr(self, way, getattr(self, way) + len(data))
                     counts[way == "down"] += len(data)
-                if rate:
-                    time.sleep(len(data) / rate)
+                if slowed:   # rate 0: a stall, until mended or closed
+                    released.wait(len(data) / rate if rate else None)
                 dst.sendall(data)
                 if self._cut:
                     break
