@@ -99,11 +99,13 @@ def holding_base(node, overlay) -> None:
 
 
 def a_small_other_image(client, tag: str) -> str:
-    """Another image (one file, from scratch) under ``tag`` on the engine; its id."""
+    """Another image (one file, from scratch) under ``tag`` on the engine; its id.  The file
+    names the tag, so that the image is this tag's alone: the builder's cache would otherwise
+    give another run's image, and its cleanup would take this one."""
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w") as tar:
         info = tarfile.TarInfo("old")
-        body = b"the old content\n"
+        body = f"the old content, {tag}\n".encode()
         info.size = len(body)
         tar.addfile(info, io.BytesIO(body))
     ctx = io.BytesIO()
