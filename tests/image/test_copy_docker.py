@@ -2,7 +2,13 @@
 ssh and the nodes' sshd, so what crosses it is what a real link would carry.
 
 The nodes are the second and third Docker Engines of .ci/services.sh, each behind its own sshd;
-the tests look at them on their own sockets (never through the link) to judge the outcome.
+the tests look at them on their own sockets (never through the link) to judge the outcome.  A
+target that runs out of space is a Docker Engine of this module's own on a small tmpfs
+(testing.smalldisk).
+
+The images are small ones of this run's own (testing.smallimage): a base of three layers,
+pushed to the registry so that a node can hold it as a cluster's nodes do, and an overlay of one
+more layer.  Their bytes are new on every run, so no engine holds any of them from before.
 """
 
 from __future__ import annotations
@@ -10,30 +16,31 @@ from __future__ import annotations
 import io
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import tarfile
-import time
 
 import docker
 import pytest
 
-from testing import imageproject as ip
-from testing.imageproject import RELEASE
+from testing import smallimage
 from testing.link import Link
-from patchkit import cli, manifest
+from testing.smalldisk import Unavailable, small_disk_engine
+from testing.smallimage import MiB, filler
+from patchkit import cli
 from patchkit.commands import copy_image
-from patchkit.commands.build_image import run as build_image
 from patchkit.image import layer
-from patchkit.series.applier import apply_series
-from testing import real_cache
 
-pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
 REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
-TAG = f"{REGISTRY}/pk-test/copy-overlay:1"
-NAME = "pk-copy"
+RUN = secrets.token_hex(4)   # this run's tags: another checkout's run uses others
+BASE = f"{REGISTRY}/pk-test/copy-base:{RUN}"
+TAG = f"{REGISTRY}/pk-test/copy-overlay:{RUN}"
+BASE_LAYERS = (3 * MiB // 2,) * 3   # the base's layers' file bytes
+LAYER = MiB                          # the overlay's own layer's
 
 
 def fingerprint_of(client, ref: str) -> str | None:
@@ -58,20 +65,31 @@ def port_of(url: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def overlay(tmp_path_factory, bases, registry, docker_client):
-    """The test patchset's overlay image on the source engine: the 0.27.1 base plus one layer."""
-    root = tmp_path_factory.mktemp("copy")
-    path = ip.make_project(root, base=bases[RELEASE]["tag"],
-                           tag=f"{registry}/pk-test/copy:{{ref}}", name=NAME)
-    m = manifest.load(path)
-    workdir = root / ".patchkit" / "vllm"
-    assert apply_series(m, workdir=workdir, cache=real_cache()).ok
-    summary = build_image(m, workdir=workdir, apply=False).to_dict()
-    assert summary["ok"], summary
-    docker_client.api.tag(summary["image_id"], *TAG.rsplit(":", 1))
+def overlay(registry, docker_client, node2, node3):
+    """The overlay image on the source engine: the base (three layers, in the registry) plus
+    one layer.  Afterwards every engine forgets both."""
+    smallimage.build(docker_client, BASE, [{f"opt/pk-base/{n}": filler(size)}
+                                           for n, size in enumerate(BASE_LAYERS)])
+    smallimage.push(docker_client, BASE)
+    image_id = smallimage.build(docker_client, TAG, [{"opt/pk-overlay": filler(LAYER)}],
+                                parent=BASE)
     attrs = docker_client.api.inspect_image(TAG)
-    return {"id": summary["image_id"], "layers": attrs["RootFS"]["Layers"],
-            "fingerprint": fingerprint_of(docker_client, TAG), "base": bases[RELEASE]["tag"]}
+    yield {"id": image_id, "layers": attrs["RootFS"]["Layers"],
+           "fingerprint": fingerprint_of(docker_client, TAG), "base": BASE}
+    for client in (node2.direct, node3.direct, docker_client):
+        smallimage.forget_tagged(client, RUN)
+
+
+@pytest.fixture(scope="module")
+def other(overlay, node3):
+    """Other content (one small file) on node 3, for tests to put under the tag first (the
+    overlay fixture forgets it)."""
+    return a_small_other_image(node3.direct, f"{REGISTRY}/pk-test/copy-other:{RUN}")
+
+
+def holding_other(node, other: str) -> None:
+    """The node holds the other content under the tag."""
+    node.direct.api.tag(other, *TAG.rsplit(":", 1))
 
 
 def holding_base(node, overlay) -> None:
@@ -80,12 +98,14 @@ def holding_base(node, overlay) -> None:
     node.direct.images.pull(*overlay["base"].rsplit(":", 1), platform="linux/arm64")
 
 
-def a_small_other_image(node, tag: str) -> str:
-    """Another image (one file, from scratch) under ``tag`` on the node; its id."""
+def a_small_other_image(client, tag: str) -> str:
+    """Another image (one file, from scratch) under ``tag`` on the engine; its id.  The file
+    names the tag, so that the image is this tag's alone: the builder's cache would otherwise
+    give another run's image, and its cleanup would take this one."""
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w") as tar:
         info = tarfile.TarInfo("old")
-        body = b"the old content\n"
+        body = f"the old content, {tag}\n".encode()
         info.size = len(body)
         tar.addfile(info, io.BytesIO(body))
     ctx = io.BytesIO()
@@ -96,7 +116,7 @@ def a_small_other_image(node, tag: str) -> str:
             info.size = len(body)
             tar.addfile(info, io.BytesIO(body))
     ctx.seek(0)
-    image, _ = node.direct.images.build(fileobj=ctx, custom_context=True, tag=tag, rm=True)
+    image, _ = client.images.build(fileobj=ctx, custom_context=True, tag=tag, rm=True)
     return image.id
 
 
@@ -111,7 +131,8 @@ def test_an_overlay_to_a_node_holding_its_base_sends_its_own_size(overlay, node3
         # the base's layers stay behind (node 3 is this module's alone: nothing else there
         # has the new layer)
         assert (t.sent.layers, t.sent.layers_skipped) == (1, len(overlay["layers"]) - 1)
-        assert t.sent.skipped_bytes > 100 * 2**20 > t.sent.bytes
+        assert t.sent.skipped_bytes > sum(BASE_LAYERS) > t.sent.bytes
+        assert LAYER < t.sent.layer_bytes < LAYER + 64 * 1024
         assert fingerprint_of(node3.direct, TAG) == overlay["fingerprint"]
         # what the same run costs when nothing is sent: connections and inspections
         link.reset()
@@ -137,18 +158,18 @@ def test_dry_run_says_what_would_be_sent_and_sends_nothing(overlay, node3, capsy
     n = len(overlay["layers"])
     assert t["status"] == "copied" and t["sent"]["bytes"] == 0
     assert (t["plan"]["layers_present"], t["plan"]["layers_to_send"]) == (n - 1, 1)
-    assert 0 < t["plan"]["missing_bytes"] < 50 * 2**20
+    assert LAYER < t["plan"]["missing_bytes"] < LAYER + 64 * 1024
     assert "holds" in t["plan"]["why"]
     with pytest.raises(docker.errors.NotFound):
         node3.direct.images.get(TAG)
     # only the inspection crossed the link: far less than the layer it would send
-    assert dry_up < 256 * 1024, dry_up
+    assert dry_up < LAYER // 4, dry_up
 
 
 def test_two_nodes_at_once_from_one_export_end_identical(overlay, node2, node3, docker_client):
     # both nodes hold the overlay; the image to copy is one new layer on top of it
     assert copy_image.run(TAG, [node2.url, node3.url]).ok
-    on_top = f"{REGISTRY}/pk-test/copy-on-top:1"
+    on_top = f"{REGISTRY}/pk-test/copy-on-top:{RUN}"
     ctx = io.BytesIO()
     with tarfile.open(fileobj=ctx, mode="w") as tar:
         for name, body in (("Dockerfile", f"FROM {TAG}\nCOPY new /opt/new\n".encode()),
@@ -172,27 +193,27 @@ def test_two_nodes_at_once_from_one_export_end_identical(overlay, node2, node3, 
         forget(client, on_top)
 
 
-def test_a_cut_link_leaves_the_tag_as_it_was_and_a_rerun_completes(overlay, node3, capfd):
+def test_a_cut_link_leaves_the_tag_as_it_was_and_a_rerun_completes(overlay, other, node3,
+                                                                   capfd):
     # node 3 holds none of the image's layers (a whole image to send) and other content
     # under the tag
     forget(node3.direct, TAG, overlay["id"], overlay["base"])
-    old = a_small_other_image(node3, TAG)
+    holding_other(node3, other)
     with Link(port_of(node3.url)) as link:
         url = link.url("pk-node3")
-        link.cut_after(40 * 2**20)
+        link.cut_after(sum(BASE_LAYERS) // 2)
         code = cli.main(["copy-image", TAG, "--to", url])
         out, err = capfd.readouterr()
         assert link.was_cut
         assert code == 1
         (line,) = out.splitlines()
         assert line.startswith(f"failed    {url}: "), line
-        assert node3.direct.images.get(TAG).id == old
+        assert node3.direct.images.get(TAG).id == other
         link.mend()
         code = cli.main(["copy-image", TAG, "--to", url, "--format", "json"])
         out, _ = capfd.readouterr()
     assert code == 0, out
     assert fingerprint_of(node3.direct, TAG) == overlay["fingerprint"]
-    forget(node3.direct, old)
 
 
 def test_zstd_without_its_library_is_one_line(capfd):
@@ -214,20 +235,63 @@ def test_gzip_goes_through_the_load(overlay, node3):
     assert fingerprint_of(node3.direct, TAG) == overlay["fingerprint"]
 
 
-def test_sigterm_mid_copy_is_143_and_leaves_the_tag(overlay, node3):
-    # a whole image to send, so the signal comes while the stream flows
+@pytest.mark.parametrize("signum, rate", [(signal.SIGTERM, 256 * 1024), (signal.SIGINT, 0)],
+                         ids=["TERM-slowed", "INT-stalled"])
+def test_a_signal_mid_copy_is_128_plus_it_and_leaves_the_tag(overlay, other, node3, signum,
+                                                           rate, tmp_path):
+    # a whole image to send, and the link slowed (the stream flows) or stalled (the load is
+    # stuck writing) after a part of it: the signal comes mid-copy
     forget(node3.direct, TAG, overlay["id"], overlay["base"])
-    old = a_small_other_image(node3, TAG)
-    with Link(port_of(node3.url)) as link:
+    holding_other(node3, other)
+    # stderr to a file: ssh, a child of the run, keeps it open while the link holds it
+    with Link(port_of(node3.url)) as link, open(tmp_path / "err", "w") as err:
+        link.slow_after(sum(BASE_LAYERS) // 4, rate)
         proc = subprocess.Popen([sys.executable, "-m", "patchkit", "copy-image", TAG, "--to",
-                                 link.url("pk-node3")], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        while link.up < 20 * 2**20 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
-    assert node3.direct.images.get(TAG).id == old
-    forget(node3.direct, old)
+                                 link.url("pk-node3")], stdout=subprocess.DEVNULL, stderr=err)
+        link.changed.wait(120)
+        assert link.changed.is_set() and proc.poll() is None, (tmp_path / "err").read_text()
+        proc.send_signal(signum)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    said = (tmp_path / "err").read_text()
+    assert proc.returncode == 128 + signum, said
+    # (ssh may add its own line as the link closes under it)
+    assert [line for line in said.splitlines() if line.startswith("patchkit")] == [
+        f"patchkit: interrupted by {signum.name}; nothing was changed"], said
+    assert node3.direct.images.get(TAG).id == other
+
+
+@pytest.fixture(scope="module")
+def small_disk(tmp_path_factory):
+    """A target of this module's own whose store is a 64 MB tmpfs."""
+    try:
+        with small_disk_engine(tmp_path_factory.mktemp("disk"), 64 * MiB) as disk:
+            yield disk
+    except Unavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
+def test_a_target_out_of_space_keeps_its_tag_and_a_rerun_completes(overlay, small_disk, capfd):
+    engine = small_disk.client
+    old = a_small_other_image(engine, TAG)
+    # room for a part of the image only (the store is vfs: the layers take more than sent)
+    small_disk.fill(leave=sum(BASE_LAYERS) // 2)
+    code = cli.main(["copy-image", TAG, "--to", small_disk.url])
+    out, _ = capfd.readouterr()
+    assert code == 1
+    (line,) = out.splitlines()
+    assert line.startswith(f"failed    {small_disk.url}: "), line
+    assert "no space left on device" in line, line
+    assert engine.images.get(TAG).id == old
+    small_disk.free()
+    code = cli.main(["copy-image", TAG, "--to", small_disk.url, "--format", "json"])
+    out, _ = capfd.readouterr()
+    assert code == 0, out
+    (t,) = json.loads(out)["targets"]
+    assert t["status"] == "replaced"
+    assert fingerprint_of(engine, TAG) == overlay["fingerprint"]

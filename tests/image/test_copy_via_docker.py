@@ -5,6 +5,10 @@ real sshd (checked on its own socket) and Podman.  The registry is the one .ci/s
 starts; a byte-counting relay in front of it (testing/regproxy.py) plays a registry that
 refuses blob uploads.  Podman's registries.conf marks only 127.0.0.1:5055 plain-http, so
 through ``localhost:5055`` it is a target that cannot reach the registry the others use.
+
+The base is a small one of this run's own (testing.smallimage): two layers of new bytes and one
+holding the few files of the real vLLM 0.27.1 that build-image reads, pushed to the registry;
+the test patchset's overlay image is built on it.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import docker
 import pytest
 
 from testing import imageproject as ip
-from testing import real_cache
-from testing.imageproject import RELEASE
+from testing import real_cache, smallimage
+from testing.imageproject import DTYPES, RELEASE, SPEC
 from testing.regproxy import RegistryProxy
+from testing.smallimage import MiB, filler
 from patchkit import cli, manifest
 from patchkit.commands import copy_image
 from patchkit.commands.build_image import run as build_image
@@ -32,6 +37,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(180
 
 NAME = "pk-via"
 REPO = "pk-via/copy"   # no registry host: --via decides where it goes
+RUN = secrets.token_hex(4)   # this run's tags: another checkout's run uses others
+
+
+def run_tag(name: str) -> str:
+    return f"{REPO}:{name}-{RUN}"
 
 
 def fingerprint_of(client, ref: str) -> str:
@@ -69,9 +79,25 @@ def gone(client, ref: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, bases, registry):
+def base(docker_client, registry, node2):
+    """The small vLLM base, in the registry; afterwards every engine forgets it and what this
+    module made (the run's tags)."""
+    name = f"{registry}/pk-test/via-base:{RUN}"
+    smallimage.build(
+        docker_client, name, [{"opt/pk-base/a": filler(3 * MiB // 2)},
+                              {"opt/pk-base/b": filler(3 * MiB // 2)},
+                              smallimage.vllm_files(RELEASE, [SPEC, DTYPES])],
+        env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
+    smallimage.push(docker_client, name)
+    yield name
+    for client in (node2.direct, docker_client):
+        smallimage.forget_tagged(client, RUN)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, base):
     root = tmp_path_factory.mktemp("via")
-    path = ip.make_project(root, base=bases[RELEASE]["tag"], tag=f"{REPO}:{{ref}}", name=NAME)
+    path = ip.make_project(root, base=base, tag=f"{REPO}:{{ref}}-{RUN}", name=NAME)
     m = manifest.load(path)
     workdir = root / ".patchkit" / "vllm"
     report = apply_series(m, workdir=workdir, cache=real_cache())
@@ -80,23 +106,24 @@ def project(tmp_path_factory, bases, registry):
 
 
 @pytest.fixture(scope="module")
-def image(project, docker_client, node2, bases):
+def image(project, base, docker_client, node2):
     """The overlay image on the source, and the node holding its base as pulled from the
     registry (the cluster's case), but not the image."""
     m, workdir = project
     summary = build_image(m, workdir=workdir, apply=False).to_dict()
     assert summary["ok"], summary
-    node2.direct.images.pull(*bases[RELEASE]["tag"].rsplit(":", 1), platform="linux/arm64")
+    node2.direct.images.pull(*base.rsplit(":", 1), platform="linux/arm64")
     return summary
 
 
 def test_via_pushes_what_the_registry_lacks_and_the_node_pulls_what_it_lacks(
         image, node2, docker_client, registry):
-    tag = f"{REPO}:1"
+    tag = run_tag("1")
     fresh_layer(docker_client, image["image_id"], tag)  # a layer no registry or node holds
     fresh_id = docker_client.images.get(tag).id
     forget(node2.direct, tag)
     want = fingerprint_of(docker_client, tag)
+    layers = len(docker_client.api.inspect_image(tag)["RootFS"]["Layers"])
 
     report = copy_image.run(tag, [node2.url], via=registry)
     (t,) = report.targets
@@ -107,8 +134,9 @@ def test_via_pushes_what_the_registry_lacks_and_the_node_pulls_what_it_lacks(
     # own at most (the node may hold it from another image), never the base
     pushed = report.via
     assert pushed.ref == f"{registry}/{tag}" and pushed.digest.startswith("sha256:")
-    assert 1 <= pushed.transfer.moved <= 2 and pushed.transfer.moved + pushed.transfer.present == 3
-    assert 1 <= t.pulled.moved <= 2 and t.pulled.moved + t.pulled.present == 3
+    assert 1 <= pushed.transfer.moved <= 2
+    assert pushed.transfer.moved + pushed.transfer.present == layers
+    assert 1 <= t.pulled.moved <= 2 and t.pulled.moved + t.pulled.present == layers
     assert t.pulled.bytes <= image["layer"]["bytes"] + 2**16
     assert t.sent.bytes == 0   # nothing crossed the link to the node
     # the source keeps its names; the node got the image's own name only
@@ -122,11 +150,11 @@ def test_via_pushes_what_the_registry_lacks_and_the_node_pulls_what_it_lacks(
     forget(docker_client, tag)
 
 
-def test_a_registry_that_refuses_blobs_leaves_the_node_as_it_was(image, node2, bases,
+def test_a_registry_that_refuses_blobs_leaves_the_node_as_it_was(image, node2, base,
                                                                   docker_client, capfd):
-    tag = f"{REPO}:refused"
+    tag = run_tag("refused")
     fresh_layer(docker_client, image["image_id"], tag)  # a blob no registry holds
-    node2.direct.api.tag(bases[RELEASE]["tag"], REPO, "refused")  # other content under the tag
+    node2.direct.api.tag(base, *tag.rsplit(":", 1))  # other content under the tag
     before = node2.direct.images.get(tag).id
 
     def uploads(method: str, path: str) -> int | None:
@@ -147,8 +175,8 @@ def test_a_registry_that_refuses_blobs_leaves_the_node_as_it_was(image, node2, b
 
 def test_a_target_that_cannot_reach_the_registry_fails_alone(image, node2, podman_client,
                                                              docker_client):
-    tag = f"{REPO}:2"
-    docker_client.api.tag(image["image_id"], REPO, "2")
+    tag = run_tag("2")
+    docker_client.api.tag(image["image_id"], *tag.rsplit(":", 1))
     forget(node2.direct, tag)
     forget(podman_client, tag)
     podman = os.environ["PK_PODMAN_HOST"]
@@ -164,7 +192,7 @@ def test_a_target_that_cannot_reach_the_registry_fails_alone(image, node2, podma
 
 def test_build_image_copy_to_via(project, image, node2, registry, capsys):
     m, workdir = project
-    tag = f"{REPO}:built"
+    tag = run_tag("built")
     forget(node2.direct, tag)
     code = cli.main(["build-image", "--no-apply", "--workdir", str(workdir), "--manifest",
                      str(m.path), "--tag", tag, "--copy-to", node2.url, "--via", registry,

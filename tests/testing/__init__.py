@@ -16,7 +16,10 @@ pyproject's ``pythonpath`` puts tests/ on the import path, so any test imports `
   run against stubs;
 * ``testing.baseimage`` -- arm64 stand-ins for the vllm-openai base image (cached, keyed by
   content); ``testing.imageproject`` -- the image tests' patchset project on the real vLLM
-  0.27.1; ``testing.regproxy`` -- a byte-counting relay in front of a registry.
+  0.27.1; ``testing.regproxy`` -- a byte-counting relay in front of a registry;
+* ``testing.link`` -- a relay between ssh and a node's sshd that counts, cuts and slows;
+  ``testing.smallimage`` -- small images of a run's own, for copies; ``testing.smalldisk`` --
+  an engine of a test's own on a small tmpfs.
 """
 
 from __future__ import annotations

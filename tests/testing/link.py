@@ -5,12 +5,22 @@ sshd on that port; an engine URL ``ssh://pk-node2:<link.port>`` then goes throug
 node's Host block in ~/.ssh/config still gives the host, user and key; the URL's port wins).
 It counts the bytes that cross it each way, and ``cut_after(n)`` closes every connection once
 ``n`` more bytes have crossed, and refuses new ones until ``mend()``: a link that drops.
+``slow_after(n, rate)`` instead lets the bytes after those ``n`` through at ``rate`` bytes a
+second (each way), and ``stall_after(n)`` lets none through until ``mend()`` or ``close()``
+while keeping every connection open: a copy that is sure to be mid-stream when a test
+interrupts it, however small the image.  ``changed`` is set once any of these has happened.
+
+The relay's own sockets take small kernel buffers, so that what the relay has not let through
+yet waits on the sender's side (a few hundred KB at most), not in megabytes of buffers that a
+sender could fill and then take for sent.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+
+BUFFER = 128 * 1024   # the kernel buffers of the relay's sockets, each way
 
 
 class Link:
@@ -21,11 +31,16 @@ class Link:
         self.connections = 0
         self.streams: list[list[int]] = []   # [up, down] of each connection, in order
         self._budget: int | None = None
+        self._then = "cut"         # what happens once the budget is spent: cut | slow
+        self._rate = 0             # bytes a second once slowed
         self._cut = False
+        self.changed = threading.Event()   # the cut or the slowing happened
+        self._released = threading.Event()  # set: a slowed or stalled pump goes on
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._server = socket.socket()
         self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _small_buffers(self._server)   # accepted sockets inherit them
         self._server.bind(("127.0.0.1", 0))
         self._server.listen(64)
         self.port = self._server.getsockname()[1]
@@ -55,14 +70,27 @@ class Link:
 
     def cut_after(self, n: int) -> None:
         with self._lock:
-            self._budget = n
+            self._budget, self._then = n, "cut"
+
+    def slow_after(self, n: int, rate: int) -> None:
+        with self._lock:
+            self._budget, self._then, self._rate = n, "slow", rate
+
+    def stall_after(self, n: int) -> None:
+        self.slow_after(n, 0)
 
     def mend(self) -> None:
         with self._lock:
             self._budget = None
             self._cut = False
+            self._rate = 0
+            self._then = "cut"
+            self.changed.clear()
+            self._released.set()
+            self._released = threading.Event()
 
     def close(self) -> None:
+        self._released.set()
         self._server.close()
         self._drop_all()
 
@@ -84,7 +112,10 @@ class Link:
                 client.close()
                 continue
             try:
-                server = socket.create_connection(self.to, timeout=10)
+                server = socket.socket()
+                _small_buffers(server)
+                server.settimeout(10)
+                server.connect(self.to)
                 server.settimeout(None)
             except OSError:
                 client.close()
@@ -109,13 +140,20 @@ class Link:
                 with self._lock:
                     if self._cut:
                         break
-                    if self._budget is not None:
-                        if len(data) >= self._budget:
+                    slowed = self._budget is None and self._then == "slow"
+                    if self._budget is not None and len(data) >= self._budget:
+                        if self._then == "cut":
                             data = data[:self._budget]
                             self._cut = True
+                        self._budget = None
+                        self.changed.set()
+                    elif self._budget is not None:
                         self._budget -= len(data)
+                    released, rate = self._released, self._rate
                     setattr(self, way, getattr(self, way) + len(data))
                     counts[way == "down"] += len(data)
+                if slowed:   # rate 0: a stall, until mended or closed
+                    released.wait(len(data) / rate if rate else None)
                 dst.sendall(data)
                 if self._cut:
                     break
@@ -146,3 +184,8 @@ class Link:
             except OSError:
                 pass
             s.close()
+
+
+def _small_buffers(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER)

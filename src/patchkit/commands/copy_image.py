@@ -33,7 +33,6 @@ import queue
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -197,25 +196,54 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
         return copy_via(source, image, attrs, urls, via, connect=connect, log=log)
     job = _Job(source, image, attrs, fingerprint(attrs), log, timeout, compress)
     targets = [_Target(url) for url in urls]
-    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-        try:
-            list(pool.map(lambda t: job.plan(t, connect), targets))
-            if dry_run:
-                job.measure([t for t in targets if t.result is None and t.plan.action == "send"])
-            else:
-                groups: dict[tuple[int, bool], list[_Target]] = {}
-                for t in targets:
-                    if t.result is None and t.plan.action == "send":
-                        groups.setdefault((t.plan.skipped, t.plan.partial), []).append(t)
-                jobs = [functools.partial(job.finish, t, None, {}) for t in targets
-                        if t.result is None and t.plan.action == "tag"]
-                jobs += [functools.partial(job.send, g) for g in groups.values()]
-                list(pool.map(lambda f: f(), jobs))
-        except BaseException:
-            job.stop.set()   # a signal: every stream ends, every target's tag is put back
-            raise
+    try:
+        _each([functools.partial(job.plan, t, connect) for t in targets], job.stop)
+        if dry_run:
+            job.measure([t for t in targets if t.result is None and t.plan.action == "send"])
+        else:
+            groups: dict[tuple[int, bool], list[_Target]] = {}
+            for t in targets:
+                if t.result is None and t.plan.action == "send":
+                    groups.setdefault((t.plan.skipped, t.plan.partial), []).append(t)
+            jobs = [functools.partial(job.finish, t, None, {}) for t in targets
+                    if t.result is None and t.plan.action == "tag"]
+            jobs += [functools.partial(job.send, g) for g in groups.values()]
+            _each(jobs, job.stop)
+    except BaseException:
+        job.stop.set()   # a signal: every stream ends, every target's tag is put back
+        raise
     _close(t.engine for t in targets)
     return CopyReport(image, job.want, [t.report(dry_run) for t in targets], dry_run)
+
+
+def _each(calls: Sequence[Callable[[], None]], stop: threading.Event, grace: float = 1.0
+          ) -> None:
+    """Each call in a thread of its own, and the wait for them all; the first error of one is
+    raised here.  A signal during the wait sets ``stop`` and leaves after at most ``grace``
+    seconds more: the threads are daemons, so one stuck writing to a link that stalled does
+    not hold the run (its load never completes, and so tags nothing)."""
+    errors: list[BaseException] = []
+
+    def call(f: Callable[[], None]) -> None:
+        try:
+            f()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(f,), daemon=True) for f in calls]
+    for th in threads:
+        th.start()
+    try:
+        for th in threads:
+            th.join()
+    except BaseException:
+        stop.set()
+        until = time.monotonic() + grace
+        for th in threads:
+            th.join(max(0.0, until - time.monotonic()))
+        raise
+    if errors:
+        raise errors[0]
 
 
 @dataclass
