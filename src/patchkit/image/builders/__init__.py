@@ -81,6 +81,20 @@ class Builder(Protocol):
         """Make the image and leave ``job.tag`` naming it (in the engine, or the registry)."""
 
 
+class EnginePath:
+    """What the paths through an engine share: an engine takes every option, and each path
+    ships a series of its own mode (a path may say more in its ``unfit``)."""
+
+    mode: str
+    needs_engine = True
+
+    def refuse(self, asked: Asked) -> None:
+        pass
+
+    def unfit(self, choice: ModeChoice) -> str | None:
+        return None if choice.mode == self.mode else f"the series needs {choice.mode} mode"
+
+
 def get(name: str) -> Builder:
     return importlib.import_module(REGISTRY[name]).BUILDER
 
@@ -108,4 +122,4 @@ def choose(no_daemon: bool, choice: ModeChoice) -> Builder:
     raise ImageError(str(said.unfit(choice)))
 
 
-__all__ = ["Asked", "Builder", "Job", "REGISTRY", "choose", "family", "get", "refuse"]
+__all__ = ["Asked", "Builder", "EnginePath", "Job", "REGISTRY", "choose", "family", "get", "refuse"]

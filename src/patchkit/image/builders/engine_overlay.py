@@ -9,23 +9,16 @@ image carrying the same inputs key is found by its label and reused.
 from __future__ import annotations
 
 from patchkit.image import layer
-from patchkit.image.build import (OVERLAY_MODE, Built, LayerInfo, ModeChoice, overlay_image,
-                                  overlay_inputs, plan_overlay)
-from patchkit.image.builders import Asked, Job
+from patchkit.image.build import (OVERLAY_MODE, Built, LayerInfo, overlay_image, overlay_inputs,
+                                  plan_overlay)
+from patchkit.image.builders import EnginePath, Job
 from patchkit.image.docker import Engine
 from patchkit.image.labels import INPUTS_LABEL, ImageFacts
 
 
-class EngineOverlay:
+class EngineOverlay(EnginePath):
     name = "engine-overlay"
     mode = OVERLAY_MODE
-    needs_engine = True
-
-    def refuse(self, asked: Asked) -> None:
-        pass  # an engine takes every option
-
-    def unfit(self, choice: ModeChoice) -> str | None:
-        return None if choice.mode == OVERLAY_MODE else f"the series needs {choice.mode} mode"
 
     def build(self, job: Job) -> Built:
         engine: Engine = job.engine  # type: ignore[assignment]

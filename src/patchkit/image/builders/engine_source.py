@@ -9,7 +9,7 @@ import re
 from patchkit.errors import ImageError
 from patchkit.image.build import (SOURCE_MODE, Built, ModeChoice, packages_of, patchset_digest,
                                   source_date)
-from patchkit.image.builders import Asked, Job
+from patchkit.image.builders import EnginePath, Job
 from patchkit.image.docker import Engine
 from patchkit.image.labels import run_labels
 from patchkit.imageref import Platform
@@ -33,23 +33,18 @@ def buildkit_need(dockerfile_text: str) -> str | None:
     return f"line {line_no}: {line[:80]}"
 
 
-class EngineSource:
+class EngineSource(EnginePath):
     name = "engine-source"
     mode = SOURCE_MODE
-    needs_engine = True
-
-    def refuse(self, asked: Asked) -> None:
-        pass  # an engine takes every option
 
     def unfit(self, choice: ModeChoice) -> str | None:
-        if choice.mode != SOURCE_MODE:
-            return f"the series needs {choice.mode} mode"
-        if choice.packages:
+        why = super().unfit(choice)
+        if why is None and choice.packages:
             # vLLM's Dockerfile builds vLLM alone: it has no step that lays other packages
             return (f"source mode builds vLLM's Dockerfile, which does not lay the changed "
                     f"files of {', '.join(choice.packages)}: ship them in an overlay image "
                     "(change no native vLLM file), or build with --package vllm")
-        return None
+        return why
 
     def build(self, job: Job) -> Built:
         engine: Engine = job.engine  # type: ignore[assignment]
