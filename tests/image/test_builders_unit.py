@@ -3,6 +3,7 @@ The refusal messages themselves are asserted through build-image in test_registr
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,16 @@ def test_every_registered_path_says_its_mode_and_family():
         path = builders.get(name)
         assert path.name == name and path.mode in (build.OVERLAY_MODE, build.SOURCE_MODE)
     assert {b.name for b in builders.family(True)} == {"registry-overlay"}
+
+
+def test_an_engine_path_says_why_it_cannot_ship_a_series():
+    overlay, source = _choice("vllm/config.py"), _choice("csrc/a.cu")
+    engine_overlay, engine_source = builders.get("engine-overlay"), builders.get("engine-source")
+    assert engine_overlay.unfit(source) == "the series needs source mode"
+    assert engine_source.unfit(overlay) == "the series needs overlay mode"
+    assert engine_source.unfit(source) is None
+    stacked = dataclasses.replace(source, packages=("flashinfer",))
+    assert engine_overlay.unfit(stacked) == "the series needs source mode"
+    assert engine_source.unfit(stacked).startswith(
+        "source mode builds vLLM's Dockerfile, which does not lay the changed files of "
+        "flashinfer: ")
