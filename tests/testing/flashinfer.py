@@ -46,6 +46,38 @@ FI_PATCH = """\
 """
 
 
+# A guard on the kernel's scale-vector size, written against 0.6.17: it applies there (and on
+# 0.6.16), and 0.6.18, which teaches the kernel MXFP4 (32 elements per scale), rewrote the
+# line it holds on, so it fails with a conflict there.  The two releases are adjacent on PyPI.
+FI_TILE_RELEASES = ("v0.6.17", "v0.6.18")
+FI_TILE_PATCH = """\
+--- a/flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py
++++ b/flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py
+@@ -394,6 +394,9 @@
+         self.share_input_across_experts = share_input_across_experts
+         self.share_expert_scales = share_expert_scales
+         self.single_token = single_token
++        # The kernel's tiles and quantizer hold NVFP4 alone: 16 elements per scale.
++        if sf_vec_size != 16:
++            raise ValueError(f"sf_vec_size must be 16, got {sf_vec_size!r}")
+         tile_k = sf_vec_size * 8
+         self.tile_shape_mnk = (mma_tiler_mn[0], mma_tiler_mn[1], tile_k)
+         self.sa_tile_shape_mk = (max(128, mma_tiler_mn[0]), tile_k)
+"""
+
+FI_TILE_ENTRY = """\
+  - id: fi-nvfp4-only
+    summary: refuse a scale-vector size other than NVFP4's 16
+    package: flashinfer
+    diff: patches/flashinfer/fi-nvfp4-only.diff
+    flashinfer: "<0.6.18"
+    verify:
+      - file: flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py
+        in: MoEMicroKernel.__init__
+        contains: "sf_vec_size must be 16, got "
+"""
+
+
 def patched(pristine: str) -> str:
     """What FI_PATCH makes of the pristine file, written out by other means than the diff."""
     out = pristine.replace(
@@ -64,10 +96,10 @@ def patched(pristine: str) -> str:
         '            raise ValueError(f"swiglu_limit must be positive, got {swiglu_limit!r}")\n'))
 
 
-def ensure_releases(cache: Path) -> Path:
-    """FlashInfer's FI_RELEASES laid out in ``cache``'s PyPI upstream, through the pypi source
-    (downloaded once; later runs find them there)."""
-    for ref in FI_RELEASES:
+def ensure_releases(cache: Path, refs: tuple[str, ...] = FI_RELEASES) -> Path:
+    """FlashInfer's ``refs`` (default FI_RELEASES) laid out in ``cache``'s PyPI upstream,
+    through the pypi source (downloaded once; later runs find them there)."""
+    for ref in refs:
         source.resolve(["pypi"], ref, cache, package=FI_PACKAGE)
     return cache
 
