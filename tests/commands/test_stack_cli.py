@@ -228,3 +228,18 @@ def test_bisect_of_a_flashinfer_patch_bad_input_is_one_line(guarded, args, line)
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.strip().splitlines()[-1] == f"patchkit: error: {line}"
     assert "Traceback" not in p.stderr
+
+
+def test_bisect_of_a_vllm_patch_judges_its_flashinfer_range_at_flashinfers_pin(guarded):
+    # fast-mode holds on flashinfer <0.6.16: with FlashInfer's pin moved to 0.6.16 it is
+    # skipped at both ends, its vllm: range alone being the one a bisect ignores
+    p = run(guarded, "bisect", "fast-mode", "--ref", "flashinfer=v0.6.16", "--format", "json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    data = json.loads(p.stdout)
+    assert (data["package"], data["changed"]) == ("vllm", False)
+    for end in ("good", "bad"):
+        assert (data[end]["fate"], data[end]["message"]) == (
+            "skipped", "flashinfer 0.6.16 is outside <0.6.16")
+    p = run(guarded, "bisect", "fast-mode", "--format", "json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["good"]["fate"] == "applied"
