@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from patchkit import manifest
 
 from testing import patchkit, real_cache
 from testing.flashinfer import (FI_FILE, FI_TILE_ENTRY, FI_TILE_PATCH, FI_TILE_RELEASES,
-                                ensure_releases, make_stack)
+                                ensure_releases, git_history, make_stack)
 
 pytestmark = pytest.mark.real_vllm
 
@@ -243,3 +244,50 @@ def test_bisect_of_a_vllm_patch_judges_its_flashinfer_range_at_flashinfers_pin(g
     p = run(guarded, "bisect", "fast-mode", "--format", "json")
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.loads(p.stdout)["good"]["fate"] == "applied"
+
+
+@pytest.fixture(scope="module")
+def from_git(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The guarded project, FI_TILE_PATCH without its range, with FlashInfer taken from a git
+    history of its releases 0.6.16, 0.6.17, 0.6.18 (one commit each, on one line), pinned at
+    0.6.16; and each release's commit."""
+    ensure_releases(real_cache(), ("v0.6.16", *FI_TILE_RELEASES))
+    tmp = tmp_path_factory.mktemp("fi-git")
+    repo = git_history(real_cache(), tmp / "flashinfer.git", ("v0.6.16", *FI_TILE_RELEASES))
+    proj = make_stack(tmp, extra=FI_TILE_ENTRY)
+    (proj / "patches" / "flashinfer" / "fi-nvfp4-only.diff").write_text(FI_TILE_PATCH)
+    yaml = proj / "patchset.yaml"
+    text = yaml.read_text().replace("    repo: [pypi]\n    ref: v0.6.15\n",
+                                    f"    repo: [{repo}]\n    ref: v0.6.16\n")
+    # without its range: rebase-check tries it at 0.6.18 (and bisects the failure)
+    yaml.write_text(text.replace('    flashinfer: "<0.6.18"\n', ""))
+    commits = {ref: subprocess.run(["git", "rev-parse", ref], cwd=repo, check=True, text=True,
+                                   capture_output=True).stdout.strip()
+               for ref in ("v0.6.16", *FI_TILE_RELEASES)}
+    return proj, commits
+
+
+def test_bisect_on_flashinfers_git_history_names_the_commit(from_git):
+    proj, commits = from_git
+    p = run(proj, "bisect", "fi-nvfp4-only", "--bad", "v0.6.18")
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("fi-nvfp4-only (flashinfer): applied at v0.6.16 (")
+    assert lines[1] == f"broken by {commits['v0.6.18'][:10]}  Release 0.6.18"
+    assert "tested 3 of 2 first-parent commits (at most 3)" in lines
+
+
+def test_rebase_check_bisects_flashinfers_failures(from_git):
+    proj, commits = from_git
+    p = run(proj, "rebase-check", "--package", "flashinfer", "--to", "v0.6.17", "--to",
+            "v0.6.18", "--bisect", "--format", "json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    data = json.loads(p.stdout)
+    row = {r["id"]: r["status"] for r in data["patches"]}["fi-nvfp4-only"]
+    assert row == {"v0.6.17": "applied", "v0.6.18": "failed:conflict"}
+    cell = {e["id"]: e for e in data["targets"][1]["patches"]}["fi-nvfp4-only"]
+    assert cell["bisect"]["package"] == "flashinfer"
+    assert cell["bisect"]["first_bad"]["commit"] == commits["v0.6.18"]
+    assert cell["bisect"]["good"]["ref"] == "v0.6.16"
+    p = run(proj, "rebase-check", "--package", "flashinfer", "--to", "v0.6.18", "--bisect")
+    assert f"broken by {commits['v0.6.18'][:10]}" in p.stdout

@@ -9,6 +9,8 @@ file is the same in 0.6.15 and 0.6.16, so the patch applies on both.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 from patchkit import source
@@ -140,3 +142,31 @@ def make_stack(tmp: Path, extra: str = "") -> Path:
                         "    transform: patches/fast.py\n    flashinfer: \"<0.6.16\"\n")
     (proj / "patchset.yaml").write_text(text + FI_ENTRY + extra)
     return proj
+
+
+def git_history(cache: Path, dest: Path, refs: tuple[str, ...]) -> Path:
+    """A bare git repository at ``dest`` in which FlashInfer's releases ``refs`` (laid out in
+    ``cache``'s PyPI upstream) follow one another on one line, each a commit tagged as its
+    release: the history a FlashInfer checkout from git has, cut to its releases.  It borrows
+    the cache's objects."""
+    upstream = source.pypi.repo_path(cache, FI_PACKAGE)
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(dest)], check=True)
+    (dest / "objects" / "info" / "alternates").write_text(str(upstream / "objects") + "\n")
+    parent: list[str] = []
+    for n, ref in enumerate(refs):
+        tree = _git(upstream, "rev-parse", f"{ref}^{{tree}}")
+        when = f"2026-0{n + 1}-01T00:00:00+00:00"
+        commit = _git(dest, "commit-tree", tree, *parent, "-m", f"Release {ref[1:]}",
+                      env={"GIT_AUTHOR_NAME": "FlashInfer", "GIT_AUTHOR_EMAIL": "fi@example.com",
+                           "GIT_COMMITTER_NAME": "FlashInfer",
+                           "GIT_COMMITTER_EMAIL": "fi@example.com",
+                           "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when})
+        _git(dest, "update-ref", f"refs/tags/{ref}", commit)
+        parent = ["-p", commit]
+    _git(dest, "update-ref", "refs/heads/main", parent[1])
+    return dest
+
+
+def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}).stdout.strip()

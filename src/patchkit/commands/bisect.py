@@ -45,7 +45,7 @@ from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import ApplyReport, PatchResult
+from patchkit.report import ApplyReport, PatchResult, VllmInfo
 from patchkit.series import applier
 
 __all__ = ["BisectResult", "End", "Fate", "FirstBad", "Oracle", "bisect_failures", "fate_at",
@@ -452,10 +452,11 @@ def _names(package: str, good: str | None, bad: str | None) -> Names:
 
 def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, PatchResult]], *,
                     run: RunSpec, cache: Path | None = None,
-                    progress: applier.Progress | None = None
+                    progress: applier.Progress | None = None, package: str = VLLM
                     ) -> dict[tuple[str, str], BisectResult | str]:
-    """``rebase-check --bisect``: for each failed patch x target, the bisect from the pin of
-    ``run`` to that target, for its variant; where it cannot run, why (one line)."""
+    """``rebase-check --bisect``: for each failed patch x target (a ref of ``package``), the
+    bisect from that package's pin in ``run`` to that target, for its variant; where it cannot
+    run, why (one line)."""
     progress = progress or applier.Progress()
     cache = cache or cache_dir()
     out: dict[tuple[str, str], BisectResult | str] = {}
@@ -465,25 +466,28 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
     oracles: dict[str, Oracle] = {}
     pins: dict[str, source.Resolved] = {}
     others: dict[str, source.Resolved] | None = None   # every other package, at its pin
+    at = run.pin(package)
+    pid = source.package_id(at.name, at.dist)
     try:
         for target, failed in failures:
-            key = (target.vllm.ref, failed.id)
-            src = target.vllm.repo or run.sources[0]
+            info = target.vllm if package == VLLM else target.packages[package]
+            key = (info.ref, failed.id)
+            src = (info.repo if isinstance(info, VllmInfo) else info.source) or at.sources[0]
             if not source.kind_of(src).has_history:
                 out[key] = f"cannot bisect on the {src} source: {NO_HISTORY}"
                 continue
             patch = manifest.patch(failed.id)
             try:
                 if src not in pins:
-                    pins[src] = source.resolve([src], run.ref, cache, progress.info)
-                bad = source.resolve([src], target.vllm.ref, cache, progress.info)
+                    pins[src] = source.resolve([src], at.ref, cache, progress.info, package=pid)
+                bad = source.resolve([src], info.ref, cache, progress.info, package=pid)
                 if others is None:
                     others = applier.resolve_pins(run, cache, progress.info, None, names=[
-                        p.name for p in run.pins if p.name != VLLM])
+                        p.name for p in run.pins if p.name != package])
                 oracle = oracles.setdefault(patch.id, Oracle(manifest, patch, scratch,
                                                              progress.info, run.variant, others))
                 out[key] = between(manifest, patch, pins[src], bad, oracle, cache,
-                                   ("the pin", "the target"))
+                                   (_names(package, None, None)[0], "the target"))
             except PatchkitError as exc:
                 out[key] = f"cannot bisect: {exc}"
     finally:
