@@ -301,9 +301,10 @@ def rebase(ref, cont, abort, drop_upstream, repos, package, manifest_path) -> in
 
 @cli.command()
 @click.argument("patch_id", required=False)
-@click.option("--good", metavar="REF", help="Where the patch has its old fate (default: the pin).")
-@click.option("--bad", metavar="REF", help="Where it has its new fate (default: the newest "
-              "release tag of the source).")
+@click.option("--good", metavar="REF", help="A ref of the patch's package (vLLM, or its "
+              "package:) where the patch has its old fate (default: that package's pin).")
+@click.option("--bad", metavar="REF", help="A ref of the patch's package where it has its new "
+              "fate (default: that package's newest release tag on its source).")
 @click.option("--series", is_flag=True, help="Instead: find the patch of the series (at the pin) "
               "whose addition makes --run CMD fail.")
 @click.option("--run", "command", metavar="CMD", help="--series: the command run on each tree "
@@ -319,15 +320,17 @@ def rebase(ref, cont, abort, drop_upstream, repos, package, manifest_path) -> in
               metavar="SECONDS", help="--series: the deadline of each run of CMD (past it CMD "
               "is killed, and the run is bad), and the longest silence of the engine.")
 @VLLM_REPO
+@PIN
 @VARIANT
 @MANIFEST
 @FORMAT
 def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, timeout, repos,
-           variant, manifest_path, fmt) -> int:
-    """Find the first upstream commit at which PATCH_ID's fate changes between --good and
-    --bad: the commit that broke it, or the one from which it is upstream.  Exit 0 when the
-    commit is named or the fate is the same at both ends, 1 when it cannot be named (the pypi
-    source narrows it to two releases).
+           pins, variant, manifest_path, fmt) -> int:
+    """Find the first upstream commit of PATCH_ID's package at which its fate changes between
+    --good and --bad: the commit that broke it, or the one from which it is upstream; the
+    other packages stay at their pins (--ref moves one).  Exit 0 when the commit is named or
+    the fate is the same at both ends, 1 when it cannot be named (the pypi source narrows it
+    to two releases).
 
     \b
     With --series --run CMD: the first patch of your series whose addition turns CMD from
@@ -338,7 +341,7 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
 
     bisect_series.check_flags(series=series, patch_id=patch_id, good=good, bad=bad,
                               command=command, image=image, no_daemon=no_daemon, tag=tag,
-                              base=base)
+                              base=base, pins=pins)
     if series:
         from patchkit.render.bisect import render_series
 
@@ -356,7 +359,7 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
 
     result = command_.run(_load(manifest_path), patch_id, good=good, bad=bad,
                           repos=repos or None, progress=TextProgress(err=True, patches=False),
-                          variant=variant)
+                          variant=variant, pins=pins)
     if fmt == "json":
         echo(json.dumps(result.to_dict(), indent=2))
     else:

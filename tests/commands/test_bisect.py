@@ -251,6 +251,11 @@ def test_cli_json_shape(hist):
     (["table-entry", "--good", "HEAD~3"], 2, "is a revision expression"),
     (["table-entry", "--variant", "dag"], 2,
      "--variant 'dag': unknown variant; did you mean 'diag'?"),
+    (["table-entry", "--good", "v1.0.0", "--ref", "vllm=v1.0.1"], 2,
+     "--good v1.0.0 and --ref vllm= both say where the bisect starts; give one"),
+    (["--series", "--run", "true", "--ref", "vllm=v1.0.0"], 2,
+     "--ref moves a pin under one patch's bisect; --series bisects the series at the "
+     "manifest's pins: drop it"),
 ])
 def test_bad_inputs_are_one_line(hist, tmp_path, args, code, words):
     p = hist.cli("bisect", *args, tmpdir=tmp_path)

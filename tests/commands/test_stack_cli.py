@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ import pytest
 from patchkit import manifest
 
 from testing import patchkit, real_cache
-from testing.flashinfer import FI_FILE, ensure_releases, make_stack
+from testing.flashinfer import (FI_FILE, FI_TILE_ENTRY, FI_TILE_PATCH, FI_TILE_RELEASES,
+                                ensure_releases, git_history, make_stack)
 
 pytestmark = pytest.mark.real_vllm
 
@@ -170,9 +172,122 @@ def test_rebase_moves_flashinfers_pin_alone(tmp_path):
     assert p.returncode == 2 and "did you mean 'flashinfer'?" in p.stderr
 
 
-def test_bisect_of_another_packages_patch_is_one_line(applied):
-    p = run(applied, "bisect", "fi-moe-activations")
-    assert (p.returncode, p.stderr.strip().splitlines()[-1]) == (
-        2, "patchkit: error: bisect fi-moe-activations: it patches flashinfer; bisect walks "
-           "vLLM's history alone so far (rebase-check --package flashinfer gives its fate per "
-           "release)")
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory) -> Path:
+    """The stack project with a second FlashInfer patch, FI_TILE_PATCH, after FI_PATCH: it
+    applies on 0.6.17 and conflicts on 0.6.18, the next release on PyPI."""
+    ensure_releases(real_cache(), FI_TILE_RELEASES)
+    proj = make_stack(tmp_path_factory.mktemp("guarded"), extra=FI_TILE_ENTRY)
+    (proj / "patches" / "flashinfer" / "fi-nvfp4-only.diff").write_text(FI_TILE_PATCH)
+    return proj
+
+
+def test_bisect_walks_flashinfers_releases(guarded):
+    p = run(guarded, "bisect", "fi-nvfp4-only", "--good", "v0.6.17", "--bad", "v0.6.18")
+    assert p.returncode == 1, p.stderr   # the pypi source names the pair, not the commit
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("fi-nvfp4-only (flashinfer): applied at v0.6.17 (")
+    assert "), failed/conflict at v0.6.18 (" in lines[0]
+    assert lines[1] == ("it changes between the flashinfer releases v0.6.17 (applied) and "
+                        "v0.6.18 (failed/conflict)")
+    assert "tested 2 of 1 releases (at most 2)" in lines
+    assert f"upstream diff of {FI_FILE} from v0.6.17 to v0.6.18:" in lines
+    # the upstream change that broke it: 0.6.18 rewrote the line the patch holds on
+    assert "-        tile_k = sf_vec_size * 8" in lines
+    assert "+        tile_k = 128 if sf_vec_size == 32 else sf_vec_size * 8" in lines
+    assert any(line.startswith("fi-nvfp4-only at flashinfer v0.6.18 (") and
+               line.endswith(": failed/conflict") for line in p.stderr.splitlines()), p.stderr
+
+
+def test_bisect_json_of_a_flashinfer_patch(guarded):
+    p = run(guarded, "bisect", "fi-nvfp4-only", "--ref", "flashinfer=v0.6.17",
+            "--bad", "v0.6.18", "--format", "json")
+    assert p.returncode == 1, p.stderr
+    data = json.loads(p.stdout)
+    assert (data["package"], data["source"], data["ok"], data["first_bad"]) == (
+        "flashinfer", "pypi", False, None)
+    # --ref flashinfer= moved the pin the search starts from; its own `flashinfer: "<0.6.18"`
+    # range is ignored, so at 0.6.18 it is tried (and conflicts) instead of being skipped
+    assert (data["good"]["ref"], data["good"]["fate"]) == ("v0.6.17", "applied")
+    assert (data["bad"]["ref"], data["bad"]["fate"]) == ("v0.6.18", "failed/conflict")
+    assert "hunk 1 of " + FI_FILE in data["bad"]["message"]
+    assert [data["narrowed"][end]["ref"] for end in ("good", "bad")] == ["v0.6.17", "v0.6.18"]
+    assert data["files"] == [FI_FILE] and data["commits"] == 1 and data["tested"] == 2
+    assert "tile_k = 128 if sf_vec_size == 32" in data["diff"]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--bad", "v0.6.99"], "flashinfer release 0.6.99 is not on PyPI (no "
+                           "flashinfer-python==0.6.99 wheel)"),
+    (["--good", "v0.6.18", "--bad", "v0.6.17"],
+     "--good flashinfer v0.6.18 is not older than --bad flashinfer v0.6.17 (swap them?)"),
+    (["--good", "v0.6.17", "--ref", "flashinfer=v0.6.16"],
+     "--good v0.6.17 and --ref flashinfer= both say where the bisect starts; give one"),
+])
+def test_bisect_of_a_flashinfer_patch_bad_input_is_one_line(guarded, args, line):
+    p = run(guarded, "bisect", "fi-nvfp4-only", *args)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines()[-1] == f"patchkit: error: {line}"
+    assert "Traceback" not in p.stderr
+
+
+def test_bisect_of_a_vllm_patch_judges_its_flashinfer_range_at_flashinfers_pin(guarded):
+    # fast-mode holds on flashinfer <0.6.16: with FlashInfer's pin moved to 0.6.16 it is
+    # skipped at both ends, its vllm: range alone being the one a bisect ignores
+    p = run(guarded, "bisect", "fast-mode", "--ref", "flashinfer=v0.6.16", "--format", "json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    data = json.loads(p.stdout)
+    assert (data["package"], data["changed"]) == ("vllm", False)
+    for end in ("good", "bad"):
+        assert (data[end]["fate"], data[end]["message"]) == (
+            "skipped", "flashinfer 0.6.16 is outside <0.6.16")
+    p = run(guarded, "bisect", "fast-mode", "--format", "json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["good"]["fate"] == "applied"
+
+
+@pytest.fixture(scope="module")
+def from_git(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The guarded project, FI_TILE_PATCH without its range, with FlashInfer taken from a git
+    history of its releases 0.6.16, 0.6.17, 0.6.18 (one commit each, on one line), pinned at
+    0.6.16; and each release's commit."""
+    ensure_releases(real_cache(), ("v0.6.16", *FI_TILE_RELEASES))
+    tmp = tmp_path_factory.mktemp("fi-git")
+    repo = git_history(real_cache(), tmp / "flashinfer.git", ("v0.6.16", *FI_TILE_RELEASES))
+    proj = make_stack(tmp, extra=FI_TILE_ENTRY)
+    (proj / "patches" / "flashinfer" / "fi-nvfp4-only.diff").write_text(FI_TILE_PATCH)
+    yaml = proj / "patchset.yaml"
+    text = yaml.read_text().replace("    repo: [pypi]\n    ref: v0.6.15\n",
+                                    f"    repo: [{repo}]\n    ref: v0.6.16\n")
+    # without its range: rebase-check tries it at 0.6.18 (and bisects the failure)
+    yaml.write_text(text.replace('    flashinfer: "<0.6.18"\n', ""))
+    commits = {ref: subprocess.run(["git", "rev-parse", ref], cwd=repo, check=True, text=True,
+                                   capture_output=True).stdout.strip()
+               for ref in ("v0.6.16", *FI_TILE_RELEASES)}
+    return proj, commits
+
+
+def test_bisect_on_flashinfers_git_history_names_the_commit(from_git):
+    proj, commits = from_git
+    p = run(proj, "bisect", "fi-nvfp4-only", "--bad", "v0.6.18")
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("fi-nvfp4-only (flashinfer): applied at v0.6.16 (")
+    assert lines[1] == f"broken by {commits['v0.6.18'][:10]}  Release 0.6.18"
+    assert "tested 3 of 2 first-parent commits (at most 3)" in lines
+
+
+def test_rebase_check_bisects_flashinfers_failures(from_git):
+    proj, commits = from_git
+    p = run(proj, "rebase-check", "--package", "flashinfer", "--to", "v0.6.17", "--to",
+            "v0.6.18", "--bisect", "--format", "json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    data = json.loads(p.stdout)
+    row = {r["id"]: r["status"] for r in data["patches"]}["fi-nvfp4-only"]
+    assert row == {"v0.6.17": "applied", "v0.6.18": "failed:conflict"}
+    cell = {e["id"]: e for e in data["targets"][1]["patches"]}["fi-nvfp4-only"]
+    assert cell["bisect"]["package"] == "flashinfer"
+    assert cell["bisect"]["first_bad"]["commit"] == commits["v0.6.18"]
+    assert cell["bisect"]["good"]["ref"] == "v0.6.16"
+    p = run(proj, "rebase-check", "--package", "flashinfer", "--to", "v0.6.18", "--bisect")
+    assert f"broken by {commits['v0.6.18'][:10]}" in p.stdout

@@ -9,6 +9,8 @@ file is the same in 0.6.15 and 0.6.16, so the patch applies on both.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 from patchkit import source
@@ -46,6 +48,38 @@ FI_PATCH = """\
 """
 
 
+# A guard on the kernel's scale-vector size, written against 0.6.17: it applies there (and on
+# 0.6.16), and 0.6.18, which teaches the kernel MXFP4 (32 elements per scale), rewrote the
+# line it holds on, so it fails with a conflict there.  The two releases are adjacent on PyPI.
+FI_TILE_RELEASES = ("v0.6.17", "v0.6.18")
+FI_TILE_PATCH = """\
+--- a/flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py
++++ b/flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py
+@@ -394,6 +394,9 @@
+         self.share_input_across_experts = share_input_across_experts
+         self.share_expert_scales = share_expert_scales
+         self.single_token = single_token
++        # The kernel's tiles and quantizer hold NVFP4 alone: 16 elements per scale.
++        if sf_vec_size != 16:
++            raise ValueError(f"sf_vec_size must be 16, got {sf_vec_size!r}")
+         tile_k = sf_vec_size * 8
+         self.tile_shape_mnk = (mma_tiler_mn[0], mma_tiler_mn[1], tile_k)
+         self.sa_tile_shape_mk = (max(128, mma_tiler_mn[0]), tile_k)
+"""
+
+FI_TILE_ENTRY = """\
+  - id: fi-nvfp4-only
+    summary: refuse a scale-vector size other than NVFP4's 16
+    package: flashinfer
+    diff: patches/flashinfer/fi-nvfp4-only.diff
+    flashinfer: "<0.6.18"
+    verify:
+      - file: flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py
+        in: MoEMicroKernel.__init__
+        contains: "sf_vec_size must be 16, got "
+"""
+
+
 def patched(pristine: str) -> str:
     """What FI_PATCH makes of the pristine file, written out by other means than the diff."""
     out = pristine.replace(
@@ -64,10 +98,10 @@ def patched(pristine: str) -> str:
         '            raise ValueError(f"swiglu_limit must be positive, got {swiglu_limit!r}")\n'))
 
 
-def ensure_releases(cache: Path) -> Path:
-    """FlashInfer's FI_RELEASES laid out in ``cache``'s PyPI upstream, through the pypi source
-    (downloaded once; later runs find them there)."""
-    for ref in FI_RELEASES:
+def ensure_releases(cache: Path, refs: tuple[str, ...] = FI_RELEASES) -> Path:
+    """FlashInfer's ``refs`` (default FI_RELEASES) laid out in ``cache``'s PyPI upstream,
+    through the pypi source (downloaded once; later runs find them there)."""
+    for ref in refs:
         source.resolve(["pypi"], ref, cache, package=FI_PACKAGE)
     return cache
 
@@ -108,3 +142,31 @@ def make_stack(tmp: Path, extra: str = "") -> Path:
                         "    transform: patches/fast.py\n    flashinfer: \"<0.6.16\"\n")
     (proj / "patchset.yaml").write_text(text + FI_ENTRY + extra)
     return proj
+
+
+def git_history(cache: Path, dest: Path, refs: tuple[str, ...]) -> Path:
+    """A bare git repository at ``dest`` in which FlashInfer's releases ``refs`` (laid out in
+    ``cache``'s PyPI upstream) follow one another on one line, each a commit tagged as its
+    release: the history a FlashInfer checkout from git has, cut to its releases.  It borrows
+    the cache's objects."""
+    upstream = source.pypi.repo_path(cache, FI_PACKAGE)
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(dest)], check=True)
+    (dest / "objects" / "info" / "alternates").write_text(str(upstream / "objects") + "\n")
+    parent: list[str] = []
+    for n, ref in enumerate(refs):
+        tree = _git(upstream, "rev-parse", f"{ref}^{{tree}}")
+        when = f"2026-0{n + 1}-01T00:00:00+00:00"
+        commit = _git(dest, "commit-tree", tree, *parent, "-m", f"Release {ref[1:]}",
+                      env={"GIT_AUTHOR_NAME": "FlashInfer", "GIT_AUTHOR_EMAIL": "fi@example.com",
+                           "GIT_COMMITTER_NAME": "FlashInfer",
+                           "GIT_COMMITTER_EMAIL": "fi@example.com",
+                           "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when})
+        _git(dest, "update-ref", f"refs/tags/{ref}", commit)
+        parent = ["-p", commit]
+    _git(dest, "update-ref", "refs/heads/main", parent[1])
+    return dest
+
+
+def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}).stdout.strip()

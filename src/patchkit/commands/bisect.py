@@ -21,6 +21,10 @@ search starts from their merge base instead, provided the patch has the good fat
 The ``pypi`` source holds one orphan commit per release and nothing between them; there the
 same search runs over the releases from ``--good`` to ``--bad`` and ends at the pair of
 adjacent releases where the fate changes.
+
+A patch of another package (``package: flashinfer``) is bisected over that package's history
+or releases, from its pin: the patches before it are that package's own, and vLLM and every
+other package stay at their pins, where the ranges on them are judged.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import math
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +45,7 @@ from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import ApplyReport, PatchResult
+from patchkit.report import ApplyReport, PatchResult, VllmInfo
 from patchkit.series import applier
 
 __all__ = ["BisectResult", "End", "Fate", "FirstBad", "Oracle", "bisect_failures", "fate_at",
@@ -116,6 +120,7 @@ class BisectResult:
     base: End | None = None   # where the search starts when good is on a side line: the merge base
     narrowed: tuple[End, End] | None = None   # pypi: the adjacent releases where it changes
     why: str | None = None    # pypi: why the search stops at a pair of releases
+    package: str = VLLM       # the package whose history (or releases) is walked
 
     @property
     def changed(self) -> bool:
@@ -131,7 +136,8 @@ class BisectResult:
         return self.first_bad is not None or not self.changed
 
     def to_dict(self) -> dict:
-        data = {"ok": self.ok, "patch": self.patch, "source": self.source,
+        data = {"ok": self.ok, "patch": self.patch, "package": self.package,
+                "source": self.source,
                 "good": self.good.to_dict(), "bad": self.bad.to_dict(),
                 "base": self.base.to_dict() if self.base else None, "changed": self.changed,
                 "first_bad": self.first_bad.to_dict() if self.first_bad else None,
@@ -161,19 +167,25 @@ def pull_of(subject: str) -> int | None:
 
 def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path,
             paths: Sequence[str] | None = None, before: Sequence[Patch] | None = None,
-            variant: str | None = None) -> Fate:
-    """This patch's fate at ``at.commit``: the patches before it in the build of ``variant``
-    (``before``, default all of them) applied where they apply, then the patch itself with its
-    ``vllm:`` range ignored (and whatever variants it names), then its assertions; in a checkout
-    under ``scratch`` of ``paths`` (default: every file), removed afterwards."""
+            variant: str | None = None,
+            pins: Mapping[str, source.Resolved] | None = None) -> Fate:
+    """This patch's fate at ``at.commit`` of its package: the patches of that package before it
+    in the build of ``variant`` (``before``, default all of them) applied where they apply, then
+    the patch itself with its range on its package ignored (and whatever variants it names),
+    then its assertions; in a checkout under ``scratch`` of ``paths`` (default: every file),
+    removed afterwards.  The ranges on the other packages are judged at ``pins`` (needed, with
+    vLLM's, for a patch of another package)."""
+    package = patch.package
     if before is None:
         before = _earlier(manifest, patch, variant)
-    series = [*before, patch.without_range("vllm")]
+    series = [*before, patch.without_range(package)]
     work = Path(tempfile.mkdtemp(prefix="at-", dir=scratch))
     try:
         tree = work / "t"
         source.checkout(at, tree, paths)
-        report = applier.run_series(manifest, tree, at, patches=series)
+        tops = () if package == VLLM else applier.package_tops(at)
+        report = applier.run_stack(manifest, {package: applier.Tree(tree, at, tops)},
+                                   patches=series, pins={**(pins or {}), package: at})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Fate.of(report.patches[-1])
@@ -184,9 +196,9 @@ def _position(manifest: Manifest, patch: Patch) -> int:
 
 
 def _earlier(manifest: Manifest, patch: Patch, variant: str | None) -> list[Patch]:
-    """The patches before ``patch`` in the build of ``variant``."""
+    """The patches of ``patch``'s package before it in the build of ``variant``."""
     return [q for q in manifest.patches[:_position(manifest, patch)]
-            if variants.left_out(q, variant) is None]
+            if q.package == patch.package and variants.left_out(q, variant) is None]
 
 
 def _reaching(manifest: Manifest, patch: Patch, variant: str | None) -> tuple[Patch, ...]:
@@ -217,9 +229,10 @@ class Oracle:
     the pin's fate once for all its targets)."""
 
     def __init__(self, manifest: Manifest, patch: Patch, scratch: Path,
-                 log: Callable[[str], None] = lambda m: None, variant: str | None = None) -> None:
+                 log: Callable[[str], None] = lambda m: None, variant: str | None = None,
+                 pins: Mapping[str, source.Resolved] | None = None) -> None:
         self.manifest, self.patch, self.scratch, self.log = manifest, patch, scratch, log
-        self.variant = variant
+        self.variant, self.pins = variant, dict(pins or {})
         self.before = _reaching(manifest, patch, variant)
         upto = (*self.before, patch)
         self.paths = applier.needed_paths(dataclasses.replace(manifest, patches=upto))
@@ -227,10 +240,12 @@ class Oracle:
 
     def __call__(self, at: source.Resolved) -> Fate:
         if at.commit not in self.fates:
-            fate = fate_at(self.manifest, self.patch, at, self.scratch, self.paths, self.before)
+            fate = fate_at(self.manifest, self.patch, at, self.scratch, self.paths, self.before,
+                           pins=self.pins)
             self.fates[at.commit] = fate
             shown = at.commit[:10] if at.ref == at.commit else f"{at.ref} ({at.commit[:10]})"
-            self.log(f"{self.patch.id} at {shown}: {fate}")
+            where = "" if self.patch.package == VLLM else f"{self.patch.package} "
+            self.log(f"{self.patch.id} at {where}{shown}: {fate}")
         return self.fates[at.commit]
 
 
@@ -275,7 +290,8 @@ def _merge_base(good: source.Resolved, bad: source.Resolved, names: Names) -> st
 
 
 def _releases_between(good: source.Resolved, bad: source.Resolved, cache: Path,
-                      log: Callable[[str], None], names: Names) -> list[str]:
+                      log: Callable[[str], None], names: Names,
+                      package: source.PackageId = source.VLLM) -> list[str]:
     """The release tags after good up to bad, oldest first, bad last (a source with no
     history has nothing else between them)."""
     lo, hi = versions.parse(good.version), versions.parse(bad.version)
@@ -284,7 +300,7 @@ def _releases_between(good: source.Resolved, bad: source.Resolved, cache: Path,
     if lo >= hi:
         raise UsageError(f"{names[0]} {good.ref} is not older than {names[1]} {bad.ref} "
                          "(swap them?)")
-    _, tags = source.list_tags([good.source], cache, log)
+    _, tags = source.list_tags([good.source], cache, log, package=package)
     found: dict[versions.Version, str] = {}
     for tag in tags:
         v = versions.release_tag(tag)
@@ -293,12 +309,14 @@ def _releases_between(good: source.Resolved, bad: source.Resolved, cache: Path,
     return [found[v] for v in sorted(found)] + [bad.ref]
 
 
-def newest_release(src: str, cache: Path, log: Callable[[str], None] = lambda m: None) -> str:
-    """The newest release tag vX.Y.Z of a source (pre-releases left out)."""
-    _, tags = source.list_tags([src], cache, log)
+def newest_release(src: str, cache: Path, log: Callable[[str], None] = lambda m: None,
+                   package: source.PackageId = source.VLLM) -> str:
+    """The newest release tag vX.Y.Z of a source of ``package`` (pre-releases left out)."""
+    _, tags = source.list_tags([src], cache, log, package=package)
     found = [(v, t) for t in tags if (v := versions.release_tag(t)) and not v.is_prerelease]
     if not found:
-        raise SourceError(f"{src} has no release tag vX.Y.Z to bisect up to; give --bad REF")
+        raise SourceError(f"{src} has no {package.label} release tag vX.Y.Z to bisect up to; "
+                          "give --bad REF")
     return max(found)[1]
 
 
@@ -313,6 +331,12 @@ def _patch(manifest: Manifest, patch_id: str) -> Patch:
         raise UsageError(f"no patch {patch_id!r} in {manifest.path.name}{hint}") from None
 
 
+def _package_id(manifest: Manifest, patch: Patch) -> source.PackageId:
+    """Who the patch's package is to its sources."""
+    package = manifest.package(patch.package)
+    return source.package_id(package.name, package.dist)
+
+
 def _files(manifest: Manifest, patch: Patch) -> list[str]:
     """The files the patch reads or writes (its own and its assertions')."""
     return applier.needed_paths(dataclasses.replace(manifest, patches=(patch,))) or []
@@ -320,16 +344,18 @@ def _files(manifest: Manifest, patch: Patch) -> list[str]:
 
 def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source.Resolved,
             oracle: Oracle, cache: Path, names: Names = ("--good", "--bad")) -> BisectResult:
-    """Bisect ``patch`` from ``good`` to ``bad`` (both resolved in the same source); ``names``
-    say in messages where each end came from: the flag given, or the default taken."""
+    """Bisect ``patch`` from ``good`` to ``bad`` (refs of its package, both resolved in the
+    same source); ``names`` say in messages where each end came from: the flag given, or the
+    default taken."""
     if good.commit == bad.commit:
         raise UsageError(f"{names[0]} {good.ref} and {names[1]} {bad.ref} are the same commit "
                          f"{good.commit[:12]}: nothing lies between them")
     history = source.kind_of(good.source).has_history
+    package = _package_id(manifest, patch)
     # What can be checked without a checkout is checked before the first one.
     base = _merge_base(good, bad, names) if history else None
     candidates = (g.first_parent_commits(good.repo, base or good.commit, bad.commit) if history
-                  else _releases_between(good, bad, cache, oracle.log, names))
+                  else _releases_between(good, bad, cache, oracle.log, names, package))
     asked: set[str] = set()
 
     def fate(at: source.Resolved) -> Fate:
@@ -338,7 +364,8 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
 
     result = BisectResult(patch.id, good.source, End(good.ref, good.commit, fate(good)),
                           End(bad.ref, bad.commit, fate(bad)), commits=len(candidates),
-                          files=_files(manifest, patch), variant=oracle.variant)
+                          files=_files(manifest, patch), variant=oracle.variant,
+                          package=patch.package)
     start = good
     if result.changed and base is not None:
         start = _at_commit(bad, base)
@@ -356,7 +383,8 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
             if candidate not in found:
                 found[candidate] = (bad if candidate in (bad.ref, bad.commit) else
                                     _at_commit(bad, candidate) if history else
-                                    source.resolve([good.source], candidate, cache, oracle.log))
+                                    source.resolve([good.source], candidate, cache, oracle.log,
+                                                   package=package))
             return found[candidate]
 
         i = _first_change(candidates, lambda c: fate(resolved(c)), result.good.fate)
@@ -379,40 +407,56 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
 
 def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str | None = None,
         repos: Sequence[str] | None = None, cache: Path | None = None,
-        progress: applier.Progress | None = None, variant: str | None = None) -> BisectResult:
-    """The first commit between ``good`` (default: the pin) and ``bad`` (default: the newest
-    release tag) at which the patch's fate changes, with the patches before it that the build
-    of ``variant`` (None: the default build) has."""
+        progress: applier.Progress | None = None, variant: str | None = None,
+        pins: Sequence[str] = ()) -> BisectResult:
+    """The first commit of the patch's package between ``good`` (default: its pin) and ``bad``
+    (default: its newest release tag) at which the patch's fate changes, with the patches of
+    that package before it that the build of ``variant`` (None: the default build) has.  vLLM
+    (from ``repos``) and every other package stay at their pins; ``pins`` (``--ref NAME=REF``)
+    move them."""
     progress = progress or applier.Progress()
     variants.check(manifest, variant)
     patch = _patch(manifest, patch_id)
-    if patch.package != VLLM:
-        raise UsageError(f"bisect {patch_id}: it patches {patch.package}; bisect walks vLLM's "
-                         f"history alone so far (rebase-check --package {patch.package} gives "
-                         "its fate per release)")
-    spec = run_spec(manifest, ref=good, repos=repos, variant=variant)
+    name = patch.package
+    if good is not None and any(text.partition("=")[0].strip() == name for text in pins):
+        raise UsageError(f"--good {good} and --ref {name}= both say where the bisect starts; "
+                         "give one")
+    spec = run_spec(manifest, ref=good if name == VLLM else None, repos=repos, variant=variant,
+                    refs=pins)
     cache = cache or cache_dir()
-    lo = source.resolve(spec.sources, spec.ref, cache, progress.info)
-    hi_ref = newest_release(lo.source, cache, progress.info) if bad is None else bad
-    hi = source.resolve([lo.source], hi_ref, cache, progress.info)
+    at, package = spec.pin(name), _package_id(manifest, patch)
+    lo = source.resolve(at.sources, good if good is not None else at.ref, cache, progress.info,
+                        package=package)
+    hi_ref = newest_release(lo.source, cache, progress.info, package) if bad is None else bad
+    hi = source.resolve([lo.source], hi_ref, cache, progress.info, package=package)
+    others = applier.resolve_pins(spec, cache, progress.info, None,
+                                  names=[p.name for p in spec.pins if p.name != name])
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-"))
     try:
-        oracle = Oracle(manifest, patch, scratch, progress.info, spec.variant)
-        names = ("--good" if good is not None else "the pin",
-                 "--bad" if bad is not None else "the newest release")
-        return between(manifest, patch, lo, hi, oracle, cache, names)
+        oracle = Oracle(manifest, patch, scratch, progress.info, spec.variant, others)
+        return between(manifest, patch, lo, hi, oracle, cache, _names(name, good, bad))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _names(package: str, good: str | None, bad: str | None) -> Names:
+    """How messages name the ends: the flag given or the default taken, and the package when
+    it is not vLLM (``--good flashinfer v0.6.15``)."""
+    of = "" if package == VLLM else f" {package}"
+    whose = "the" if package == VLLM else f"{package}'s"
+    return (f"--good{of}" if good is not None else f"{whose} pin",
+            f"--bad{of}" if bad is not None else f"{whose} newest release")
 
 
 # ------------------------------------------------------------------------------ rebase-check
 
 def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, PatchResult]], *,
                     run: RunSpec, cache: Path | None = None,
-                    progress: applier.Progress | None = None
+                    progress: applier.Progress | None = None, package: str = VLLM
                     ) -> dict[tuple[str, str], BisectResult | str]:
-    """``rebase-check --bisect``: for each failed patch x target, the bisect from the pin of
-    ``run`` to that target, for its variant; where it cannot run, why (one line)."""
+    """``rebase-check --bisect``: for each failed patch x target (a ref of ``package``), the
+    bisect from that package's pin in ``run`` to that target, for its variant; where it cannot
+    run, why (one line)."""
     progress = progress or applier.Progress()
     cache = cache or cache_dir()
     out: dict[tuple[str, str], BisectResult | str] = {}
@@ -421,22 +465,29 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-"))
     oracles: dict[str, Oracle] = {}
     pins: dict[str, source.Resolved] = {}
+    others: dict[str, source.Resolved] | None = None   # every other package, at its pin
+    at = run.pin(package)
+    pid = source.package_id(at.name, at.dist)
     try:
         for target, failed in failures:
-            key = (target.vllm.ref, failed.id)
-            src = target.vllm.repo or run.sources[0]
+            info = target.vllm if package == VLLM else target.packages[package]
+            key = (info.ref, failed.id)
+            src = (info.repo if isinstance(info, VllmInfo) else info.source) or at.sources[0]
             if not source.kind_of(src).has_history:
                 out[key] = f"cannot bisect on the {src} source: {NO_HISTORY}"
                 continue
             patch = manifest.patch(failed.id)
             try:
                 if src not in pins:
-                    pins[src] = source.resolve([src], run.ref, cache, progress.info)
-                bad = source.resolve([src], target.vllm.ref, cache, progress.info)
+                    pins[src] = source.resolve([src], at.ref, cache, progress.info, package=pid)
+                bad = source.resolve([src], info.ref, cache, progress.info, package=pid)
+                if others is None:
+                    others = applier.resolve_pins(run, cache, progress.info, None, names=[
+                        p.name for p in run.pins if p.name != package])
                 oracle = oracles.setdefault(patch.id, Oracle(manifest, patch, scratch,
-                                                             progress.info, run.variant))
+                                                             progress.info, run.variant, others))
                 out[key] = between(manifest, patch, pins[src], bad, oracle, cache,
-                                   ("the pin", "the target"))
+                                   (_names(package, None, None)[0], "the target"))
             except PatchkitError as exc:
                 out[key] = f"cannot bisect: {exc}"
     finally:

@@ -126,7 +126,7 @@ class SeriesBisect:
 
 def check_flags(*, series: bool, patch_id: str | None, good: str | None, bad: str | None,
                 command: str | None, image: bool, no_daemon: bool, tag: str | None,
-                base: str | None = None) -> None:
+                base: str | None = None, pins: Sequence[str] = ()) -> None:
     """What cannot go together, one line each, before any work."""
     if not series:
         for given, flag in ((command is not None, "--run"), (image, "--image"),
@@ -144,6 +144,9 @@ def check_flags(*, series: bool, patch_id: str | None, good: str | None, bad: st
         if given is not None:
             raise UsageError(f"{flag} moves the upstream commit under one patch; --series "
                              "bisects the series at the pin: drop it")
+    if pins:
+        raise UsageError("--ref moves a pin under one patch's bisect; --series bisects the "
+                         "series at the manifest's pins: drop it")
     if command is None:
         raise UsageError("--series needs --run CMD: the command that passes (exit 0) or "
                          "fails (1-127; 125 skips) on a tree")

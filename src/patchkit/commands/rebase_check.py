@@ -127,7 +127,7 @@ class Matrix:
     manifest: Manifest
     targets: list[ApplyReport] = field(default_factory=list)
     variant: str | None = None
-    # --bisect: (target ref, patch id) -> BisectResult, or why it could not run
+    # --bisect: (target ref of `package`, patch id) -> BisectResult, or why it could not run
     bisects: dict[tuple[str, str], object] = field(default_factory=dict)
     package: str = VLLM           # the package whose refs the targets are
     series: tuple[Patch, ...] | None = None   # the rows (default: every patch)
@@ -158,9 +158,9 @@ class Matrix:
         series = self.manifest.patches if self.series is None else self.series
         for i, patch in enumerate(series):
             cells = [t.patches[i] for t in self.targets]
-            row = Row(patch, cells, bisects=[(t.vllm.ref, self.bisects[(t.vllm.ref, patch.id)])
-                                             for t in self.targets
-                                             if (t.vllm.ref, patch.id) in self.bisects])
+            row = Row(patch, cells, bisects=[(ref, self.bisects[(ref, patch.id)])
+                                             for ref in self.refs
+                                             if (ref, patch.id) in self.bisects])
             run = 0
             for c in reversed(cells):
                 if c.status != "upstream":
@@ -179,7 +179,7 @@ class Matrix:
         targets = [t.to_dict() for t in self.targets]
         for t, data in zip(self.targets, targets):
             for entry in data["patches"]:
-                found = self.bisects.get((t.vllm.ref, entry["id"]))
+                found = self.bisects.get((self.ref_of(t), entry["id"]))
                 if found is not None:
                     entry["bisect"] = ({"ok": False, "error": found} if isinstance(found, str)
                                        else found.to_dict())
@@ -338,9 +338,21 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
                     only=[package] if package else ())
     package = package or VLLM
     if package != VLLM:
-        if bisect:
-            raise UsageError(f"--bisect goes with vLLM's matrix, not --package {package}")
-        return _package_matrix(manifest, spec, package, refs, releases, pre, jobs, progress)
+        matrix = _package_matrix(manifest, spec, package, refs, releases, pre, jobs, progress)
+    else:
+        matrix = _vllm_matrix(manifest, spec, refs, releases, pre, jobs, progress, base)
+    if bisect:
+        from patchkit.commands.bisect import bisect_failures
+
+        matrix.bisects = bisect_failures(manifest, matrix.failures(), run=spec,
+                                         progress=progress, package=package)
+    return matrix
+
+
+def _vllm_matrix(manifest: Manifest, spec: RunSpec, refs: Sequence[str], releases: bool,
+                 pre: bool, jobs: int | None, progress: CheckProgress,
+                 base: str | None) -> Matrix:
+    """The matrix of vLLM over ``refs`` and, with ``releases``, its releases after its pin."""
     targets = list(refs)
     holder = basevllm.for_run(spec, refs=targets + ([spec.ref] if releases else []),
                               log=progress.info)
@@ -348,13 +360,7 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         found = release_targets(manifest, run=spec, pre=pre, log=progress.info, base=holder)
         progress.info(f"releases after {spec.ref}: {', '.join(found) or 'none'}")
         targets += found
-    matrix = check(manifest, targets, run=spec, jobs=jobs, progress=progress, base=holder)
-    if bisect:
-        from patchkit.commands.bisect import bisect_failures
-
-        matrix.bisects = bisect_failures(manifest, matrix.failures(), run=spec,
-                                         progress=progress)
-    return matrix
+    return check(manifest, targets, run=spec, jobs=jobs, progress=progress, base=holder)
 
 
 def _package_matrix(manifest: Manifest, spec: RunSpec, package: str, refs: Sequence[str],

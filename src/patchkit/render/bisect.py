@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 
 from patchkit.commands.bisect import BisectResult, Fate
+from patchkit.manifest import VLLM
 from patchkit.commands.bisect_series import SeriesBisect
 
 SHORT = 10  # hex digits of a commit shown to a person
@@ -32,7 +33,9 @@ def short(result: BisectResult) -> str:
 
 def render_text(result: BisectResult) -> str:
     good, bad = result.good, result.bad
-    lines = [f"{result.patch}: {good.fate} at {good.ref} ({good.commit[:SHORT]}), "
+    # a patch of another package names it, as apply's report does: "fi-x (flashinfer): ..."
+    of = "" if result.package == VLLM else f" ({result.package})"
+    lines = [f"{result.patch}{of}: {good.fate} at {good.ref} ({good.commit[:SHORT]}), "
              f"{bad.fate} at {bad.ref} ({bad.commit[:SHORT]})"]
     if result.base is not None:
         lines.append(f"  {good.ref} is not an ancestor of {bad.ref} (a release branch?): searched "
@@ -52,7 +55,9 @@ def render_text(result: BisectResult) -> str:
             lines.append(f"  (at {bad.ref} it is {bad.fate}: it changed again later)")
     elif result.narrowed:
         a, b = result.narrowed
-        lines.append(f"it changes between the releases {a.ref} ({a.fate}) and {b.ref} ({b.fate})")
+        whose = "" if result.package == VLLM else f"{result.package} "
+        lines.append(f"it changes between the {whose}releases {a.ref} ({a.fate}) and {b.ref} "
+                     f"({b.fate})")
         lines.append(f"  {result.why}")
     lines.append(f"tested {result.tested} of {result.commits} {unit} (at most {result.limit})")
     if result.changed and (result.first_bad or result.narrowed):
