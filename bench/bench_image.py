@@ -20,7 +20,6 @@ import argparse
 import os
 import statistics
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
