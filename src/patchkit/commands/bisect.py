@@ -430,13 +430,20 @@ def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str 
     hi_ref = newest_release(lo.source, cache, progress.info, package) if bad is None else bad
     hi = source.resolve([lo.source], hi_ref, cache, progress.info, package=package)
     others = applier.resolve_pins(spec, cache, progress.info, None,
-                                  names=[p.name for p in spec.pins if p.name != name])
+                                  names=_ranged(manifest, name))
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-"))
     try:
         oracle = Oracle(manifest, patch, scratch, progress.info, spec.variant, others)
         return between(manifest, patch, lo, hi, oracle, cache, _names(name, good, bad))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _ranged(manifest: Manifest, package: str) -> list[str]:
+    """The packages other than ``package`` whose pins the bisect needs: those some patch has
+    a range on, and vLLM's, which the report names (a pin nothing asks about is not resolved,
+    nor its base read)."""
+    return sorted(({n for p in manifest.patches for n in p.ranges} | {VLLM}) - {package})
 
 
 def _names(package: str, good: str | None, bad: str | None) -> Names:
@@ -482,8 +489,8 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
                     pins[src] = source.resolve([src], at.ref, cache, progress.info, package=pid)
                 bad = source.resolve([src], info.ref, cache, progress.info, package=pid)
                 if others is None:
-                    others = applier.resolve_pins(run, cache, progress.info, None, names=[
-                        p.name for p in run.pins if p.name != package])
+                    others = applier.resolve_pins(run, cache, progress.info, None,
+                                                  names=_ranged(manifest, package))
                 oracle = oracles.setdefault(patch.id, Oracle(manifest, patch, scratch,
                                                              progress.info, run.variant, others))
                 out[key] = between(manifest, patch, pins[src], bad, oracle, cache,
