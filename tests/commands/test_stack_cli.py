@@ -12,7 +12,8 @@ import pytest
 from patchkit import manifest
 
 from testing import patchkit, real_cache
-from testing.flashinfer import FI_FILE, ensure_releases, make_stack
+from testing.flashinfer import (FI_FILE, TOPK_ENTRY, TOPK_FILE, TOPK_PATCH,
+                                ensure_releases, make_stack)
 
 pytestmark = pytest.mark.real_vllm
 
@@ -168,6 +169,31 @@ def test_rebase_moves_flashinfers_pin_alone(tmp_path):
     assert "_SUPPORTED_ACTIVATIONS" in (proj / ".patchkit/flashinfer" / FI_FILE).read_text()
     p = run(proj, "rebase", "--package", "flashinfr", "--to", "v0.6.16")
     assert p.returncode == 2 and "did you mean 'flashinfer'?" in p.stderr
+
+
+def test_a_flashinfer_rebase_stops_at_a_conflict_naming_flashinfer_and_its_checkout(tmp_path):
+    """A FlashInfer diff whose lines v0.6.16 rewrote: the stop names FlashInfer's ref and
+    checkout (never vLLM's), and the merge markers name the FlashInfer releases."""
+    ensure_releases(real_cache())
+    proj = make_stack(tmp_path, TOPK_ENTRY)
+    (proj / "patches" / "flashinfer" / "fi-topk-deterministic.diff").write_text(TOPK_PATCH)
+    p = run(proj, "rebase", "--package", "flashinfer", "--to", "v0.6.16")
+    assert p.returncode == 1, p.stderr
+    lines = p.stdout.splitlines()
+    assert any(ln.startswith("fi-topk-deterministic (diff patches/flashinfer/fi-topk-"
+                             "deterministic.diff) does not apply to flashinfer v0.6.16: "
+                             "conflict: ") for ln in lines), p.stdout
+    assert ("The checkout .patchkit/rebase/tree holds flashinfer v0.6.16 with the patches "
+            "before fi-topk-deterministic, and fi-topk-deterministic merged in as far as it "
+            "goes:") in lines
+    assert f"  {TOPK_FILE}: 1 conflict between <<<<<<< and >>>>>>>" in lines
+    assert "vLLM" not in p.stdout
+    merged = (proj / ".patchkit" / "rebase" / "tree" / TOPK_FILE).read_text()
+    assert "<<<<<<< flashinfer v0.6.16\n" in merged
+    assert ">>>>>>> fi-topk-deterministic\n" in merged
+    p = run(proj, "rebase", "--abort")
+    assert p.returncode == 0, p.stderr
+    assert "ref: v0.6.15" in (proj / "patchset.yaml").read_text()
 
 
 def test_bisect_of_another_packages_patch_is_one_line(applied):
