@@ -219,7 +219,8 @@ def verify(tree, image, base, logs, containers, packages, locked, timeout, varia
 
 
 @cli.command("rebase-check")
-@click.option("--to", "refs", multiple=True, metavar="REF", help="A vLLM ref to check; repeat.")
+@click.option("--to", "refs", multiple=True, metavar="REF", help="A ref to check (of vLLM, or "
+              "of --package); repeat.")
 @click.option("--releases", is_flag=True, help="Every release tag vX.Y.Z after the pin.")
 @click.option("--pre", is_flag=True, help="With --releases: pre-releases too.")
 @VLLM_REPO
@@ -233,12 +234,13 @@ def verify(tree, image, base, logs, containers, packages, locked, timeout, varia
               "upstream commit that broke it (patchkit bisect from the pin to that target).")
 @click.option("--output", "outputs", multiple=True, metavar="FORMAT:FILE",
               help="Also write the report in FORMAT (text, json, markdown, junit) to FILE; repeat.")
+@TIMEOUT
 @VARIANT
 @MANIFEST
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "junit"]),
               default="text", show_default=True, help="Report format on stdout.")
-def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, outputs, variant,
-                 manifest_path, fmt) -> int:
+def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, outputs, timeout,
+                 variant, manifest_path, fmt) -> int:
     """Apply the series to newer vLLM refs in scratch checkouts; print the patch x release
     matrix.  Exit 1 if any patch fails anywhere."""
     from patchkit.commands import rebase_check as command
@@ -252,7 +254,8 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
     result = command.run(_load(manifest_path), refs=refs, releases=releases, pre=pre,
                          repos=repos or None, jobs=jobs,
                          progress=TextProgress(err=True, patches=False), variant=variant,
-                         bisect=bisect, base=base, package=package, pins=pins)
+                         bisect=bisect, base=base, package=package, pins=pins,
+                         timeout=timeout)
     for kind, path in sinks:
         try:
             path.write_text(render.render(result, kind))

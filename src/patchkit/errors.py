@@ -45,7 +45,7 @@ class LogError(UsageError):
 
 
 class SourceError(PatchkitError):
-    """The vLLM source could not be had: unknown ref, unreachable repo, missing release."""
+    """A package's source could not be had: unknown ref, unreachable repo, missing release."""
 
     exit_code = 2
 

@@ -62,13 +62,14 @@ def tag_version(tag: str) -> str | None:
     return str(v) if v is not None else None
 
 
-def pypi_release(ref: str) -> str:
-    """``v0.27.1`` or ``0.27.1`` -> ``0.27.1``; anything else is a usage error.  A commit sha
-    is none, even one of digits alone (a version to PEP 440): PyPI is not asked for it."""
+def pypi_release(ref: str, where: str = "--vllm-repo pypi") -> str:
+    """``v0.27.1`` or ``0.27.1`` -> ``0.27.1``; anything else is a usage error, naming the
+    source (``where``).  A commit sha is none, even one of digits alone (a version to PEP 440):
+    PyPI is not asked for it."""
     text = ref.removeprefix("v")
     if parse(text) is None or not re.fullmatch(r"[0-9][0-9A-Za-z.+\-]*", text) or \
             re.fullmatch(r"[0-9a-f]{40}", ref):
-        raise UsageError(f"--vllm-repo pypi takes a release tag such as v0.27.1, not {ref!r}")
+        raise UsageError(f"{where} takes a release tag such as v0.27.1, not {ref!r}")
     return text
 
 

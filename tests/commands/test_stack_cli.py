@@ -14,7 +14,8 @@ from patchkit import manifest
 
 from testing import patchkit, real_cache
 from testing.flashinfer import (FI_FILE, FI_TILE_ENTRY, FI_TILE_PATCH, FI_TILE_RELEASES,
-                                ensure_releases, git_history, make_stack)
+                                TOPK_ENTRY, TOPK_FILE, TOPK_PATCH, ensure_releases,
+                                git_history, make_stack)
 
 pytestmark = pytest.mark.real_vllm
 
@@ -291,3 +292,29 @@ def test_rebase_check_bisects_flashinfers_failures(from_git):
     assert cell["bisect"]["good"]["ref"] == "v0.6.16"
     p = run(proj, "rebase-check", "--package", "flashinfer", "--to", "v0.6.18", "--bisect")
     assert f"broken by {commits['v0.6.18'][:10]}" in p.stdout
+
+
+def test_a_flashinfer_rebase_stops_at_a_conflict_naming_flashinfer_and_its_checkout(tmp_path):
+    """A FlashInfer diff whose lines v0.6.16 rewrote: the stop names FlashInfer's ref and
+    checkout (never vLLM's), and the merge markers name the FlashInfer releases."""
+    ensure_releases(real_cache())
+    proj = make_stack(tmp_path, TOPK_ENTRY)
+    (proj / "patches" / "flashinfer" / "fi-topk-deterministic.diff").write_text(TOPK_PATCH)
+    p = run(proj, "rebase", "--package", "flashinfer", "--to", "v0.6.16")
+    assert p.returncode == 1, p.stderr
+    lines = p.stdout.splitlines()
+    assert any(ln.startswith("fi-topk-deterministic (diff patches/flashinfer/fi-topk-"
+                             "deterministic.diff) does not apply to flashinfer v0.6.16: "
+                             "conflict: ") for ln in lines), p.stdout
+    assert ("The checkout .patchkit/rebase/tree holds flashinfer v0.6.16 with the patches "
+            "before fi-topk-deterministic, and fi-topk-deterministic merged in as far as it "
+            "goes:") in lines
+    assert f"  {TOPK_FILE}: 1 conflict between <<<<<<< and >>>>>>>" in lines
+    assert "vLLM" not in p.stdout
+    merged = (proj / ".patchkit" / "rebase" / "tree" / TOPK_FILE).read_text()
+    assert "<<<<<<< flashinfer v0.6.16\n" in merged
+    assert ">>>>>>> fi-topk-deterministic\n" in merged
+    p = run(proj, "rebase", "--abort")
+    assert p.returncode == 0, p.stderr
+    assert "ref: v0.6.15" in (proj / "patchset.yaml").read_text()
+

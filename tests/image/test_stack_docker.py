@@ -426,6 +426,18 @@ def test_no_daemon_locked_ships_flashinfers_file_and_refuses_a_lock_that_differs
                        capture_output=True)
 
 
+def pinned_from_base(fi_project, tmp_path, pin: str) -> manifest.Manifest:
+    """A copy of ``fi_project`` (no checkouts) with FlashInfer's pin lines replaced by ``pin``."""
+    root = fi_project[0]
+    path = root / "patchset.yaml"
+    copy = tmp_path / "proj"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".patchkit"))
+    text = path.read_text().replace("    repo: pypi\n    ref: v0.6.15\n", pin, 1)
+    assert text != path.read_text()
+    (copy / "patchset.yaml").write_text(text)
+    return manifest.load(copy / "patchset.yaml")
+
+
 @pytest.mark.parametrize("pin", ["    repo: image\n", "    repo: pypi\n    ref: base\n"])
 def test_flashinfers_pin_and_files_read_from_the_base(fi_project, engine, tmp_path, pin):
     """``repo: image`` (the pin ``base`` implied) patches the FlashInfer files the base has
@@ -433,14 +445,8 @@ def test_flashinfers_pin_and_files_read_from_the_base(fi_project, engine, tmp_pa
     from patchkit.image import basevllm
     from patchkit.manifest.runspec import run_spec
 
-    root, _, _, _ = fi_project
-    path = root / "patchset.yaml"
-    copy = tmp_path / "proj"
-    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".patchkit"))
-    text = path.read_text().replace("    repo: pypi\n    ref: v0.6.15\n", pin, 1)
-    assert text != path.read_text()
-    (copy / "patchset.yaml").write_text(text)
-    m = manifest.load(copy / "patchset.yaml")
+    m = pinned_from_base(fi_project, tmp_path, pin)
+    copy = m.root
     spec = run_spec(m)
     lines: list[str] = []
     bases = basevllm.for_packages(spec, engine=engine, log=lines.append)
@@ -453,3 +459,54 @@ def test_flashinfers_pin_and_files_read_from_the_base(fi_project, engine, tmp_pa
     assert fi_pkg.source == ("pypi" if "pypi" in pin else "image")
     got = (copy / ".patchkit" / "flashinfer" / fi.FI_FILE).read_text()
     assert got == fi.patched(fi_pristine())
+
+
+def test_rebase_check_of_flashinfer_pinned_from_the_base(fi_project, tmp_path, monkeypatch,
+                                                         capsys):
+    """``ref: base`` with PyPI: the pin is the release the base's dist-info names (read through
+    the engine, with rebase-check's --timeout), the targets its PyPI releases after it; vLLM's
+    matrix reads the same pin.  ``repo: image`` alone has no releases: one line."""
+    from patchkit.source import pypi
+    from patchkit.versions import release_tag
+
+    m = pinned_from_base(fi_project, tmp_path, "    repo: pypi\n    ref: base\n")
+    listed = pypi.SOURCE.tags
+    # PyPI's own list, cut at 0.6.16: each later release would be one more wheel to fetch
+    monkeypatch.setattr(pypi.SOURCE, "tags", lambda *a, **k: [
+        t for t in listed(*a, **k) if (release_tag(t) or release_tag("v99")) <= release_tag(
+            "v0.6.16")])
+    waits: list[float] = []
+    connect = Engine.connect.__func__
+
+    def spy(cls, host=None, timeout=30.0):
+        waits.append(timeout)
+        return connect(cls, host, timeout)
+
+    monkeypatch.setattr(Engine, "connect", classmethod(spy))
+    args = ["--manifest", str(m.path), "--timeout", "600", "--format", "json"]
+    code = cli.main(["rebase-check", "--package", "flashinfer", "--releases", *args])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    data = json.loads(out.out)
+    assert (data["package"], data["package_pin"]) == ("flashinfer", "base")
+    assert data["patches"][0]["status"] == {"v0.6.15.post1": "applied", "v0.6.16": "applied"}
+    err = out.err.splitlines()
+    assert f"base {m.image.base} holds flashinfer-python 0.6.15 in {SITE}" in err
+    assert "flashinfer releases after base: v0.6.15.post1, v0.6.16" in err
+    assert waits == [600.0]
+    # vLLM's matrix keeps FlashInfer at the pin the base names (it was refused before)
+    code = cli.main(["rebase-check", "--to", f"v{RELEASE}", *args])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert f"base {m.image.base} holds flashinfer-python 0.6.15 in {SITE}" in out.err
+    cells = {e["id"]: e["status"] for e in json.loads(out.out)["targets"][0]["patches"]}
+    assert cells["fi-moe-activations"] == "skipped" and cells["draft-guard"] == "applied"
+
+    image = pinned_from_base(fi_project, tmp_path / "image", "    repo: image\n")
+    code = cli.main(["rebase-check", "--package", "flashinfer", "--releases", "--manifest",
+                     str(image.path), "--timeout", "600"])
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert (code, err) == (2, [
+        "patchkit: error: the flashinfer source 'image' is one base's package and has no "
+        "releases to list; name the targets with --to, or list pypi among "
+        "packages.flashinfer.repo"])

@@ -185,6 +185,27 @@ def test_a_version_naming_no_commit_is_one_line_suggesting_the_image_source(tmp_
     assert not cache.exists()  # said before any source was asked
 
 
+def test_a_packages_base_pin_messages_name_that_package(tmp_path):
+    """Another package's ref ``base`` is read from its dist-info in the base: what it cannot
+    pin names that package and its manifest key, never vLLM's flags."""
+    fi = source.package_id("flashinfer", "flashinfer-python")
+    cache = tmp_path / "cache"
+    with pytest.raises(UsageError) as info:
+        source.resolve(["pypi"], "base", cache, package=fi)
+    assert str(info.value) == ("flashinfer: the ref base reads the pin from a base image: give "
+                               "--base IMAGE or set image.base in patchset.yaml")
+    with pytest.raises(SourceError) as info:
+        source.resolve(["pypi"], "base", cache, base=FakeBase("0.6.15+cu130.local"),
+                       package=fi)
+    assert str(info.value) == ("base registry.example/vllm:nv holds flashinfer "
+                               "0.6.15+cu130.local, which names no "
+                               "commit (+g<sha>) and no release; patch it as it is with "
+                               "packages.flashinfer.repo: image")
+    with pytest.raises(UsageError, match=r"^the flashinfer source pypi takes a release tag"):
+        source.resolve(["pypi"], "main", cache, package=fi)
+    assert not cache.exists()  # said before any source was asked
+
+
 def test_a_commit_pin_skips_pypi_which_holds_releases_only(tmp_path, upstream):
     full = commit_of(upstream, "v0.31.0")
     base = FakeBase(f"0.31.1.dev7+g{full[:9]}")

@@ -80,6 +80,36 @@ FI_TILE_ENTRY = """\
 """
 
 
+# The top-k fast path of the sampler always deterministic; written against 0.6.15, whose call
+# 0.6.16 rewrote (``_radix_top_k``), so the diff conflicts there.
+TOPK_FILE = "flashinfer/sampling.py"
+TOPK_PATCH = """\
+diff --git a/flashinfer/sampling.py b/flashinfer/sampling.py
+index 3a807f8..c17cd12 100644
+--- a/flashinfer/sampling.py
++++ b/flashinfer/sampling.py
+@@ -1385,9 +1385,8 @@ def _top_k_first_fast_path(
+ 
+     # deterministic=True makes top-k reproducible (its radix deterministic-collect path is
+     # stable even at ties). We do not enforce a tie break that requires 128KB smem/block.
+-    values, gathered_indices = _topk_mod.top_k(
+-        x, top_k, sorted=True, deterministic=deterministic
+-    )
++    # Ties broken the same way on every run: the same seed must give the same tokens.
++    values, gathered_indices = _topk_mod.top_k(x, top_k, sorted=True, deterministic=True)
+     values = values.float()
+     if from_logits:
+         # softmax over the k retained logits == top-k-masked softmax over the full vocab.
+"""
+
+TOPK_ENTRY = """\
+  - id: fi-topk-deterministic
+    summary: break top-k ties the same way on every run of the fast path
+    package: flashinfer
+    diff: patches/flashinfer/fi-topk-deterministic.diff
+"""
+
+
 def patched(pristine: str) -> str:
     """What FI_PATCH makes of the pristine file, written out by other means than the diff."""
     out = pristine.replace(

@@ -366,6 +366,7 @@ class _Rebase:
         self.to = state.data["to"]
         self.frm = state.data["from"]
         self.shown = _rel(state.tree)
+        self.label = state.label
         self.base_commit = state.resolved.commit
 
     @contextmanager

@@ -19,7 +19,7 @@ import re
 import shutil
 import tempfile
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +32,7 @@ from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import applier
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 FORMATS = ("text", "json", "markdown", "junit")
 _PULL = re.compile(r"github\.com/vllm-project/vllm/pull/(\d+)")
@@ -77,7 +78,7 @@ def pin_version(run: RunSpec, cache: Path, log=lambda m: None,
     try:
         return versions.sort_key(resolved.version)
     except versions.InvalidVersion:
-        raise SourceError(f"cannot tell which releases come after the pin {run.ref!r}: "
+        raise SourceError(f"cannot tell which releases come after the pin {pin.ref!r}: "
                           "it is no release and has none below it; name targets with --to"
                           ) from None
 
@@ -90,10 +91,12 @@ def release_targets(manifest: Manifest, *, run: RunSpec | None = None,
     oldest first; pre-releases only with ``pre``."""
     run = run or run_spec(manifest)
     cache = cache or cache_dir()
-    pin = pin_version(run, cache, log, base, package)
     at = run.pin(package)
+    # the releases first: a source with none to list (image) says so before the base's
+    # files are read for the pin
     _, tags = source.list_tags(at.sources, cache, log,
                                package=source.package_id(at.name, at.dist))
+    pin = pin_version(run, cache, log, base, package)
     found: dict[versions.Version, str] = {}
     for tag in tags:
         v = versions.release_tag(tag)
@@ -203,20 +206,21 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
           cache: Path | None = None, jobs: int | None = None,
           progress: CheckProgress | None = None, sparse: bool = True,
           variant: str | None = None, base: source.Base | None = None,
-          package: str = VLLM) -> Matrix:
+          package: str = VLLM, bases: Mapping[str, source.Base] | None = None) -> Matrix:
     """Apply the series of the run's variant to each of ``refs`` of ``package`` in a scratch
     checkout and run the assertions; ``run`` defaults to the manifest's with ``variant`` (None:
-    the default build).  ``base`` is the base image the ref ``base`` and the source ``image``
-    read.  Every other package stays at its pin, and the ranges on it are judged there; for a
-    package other than vLLM the rows are its patches."""
+    the default build).  ``base`` is the base image vLLM's ref ``base`` and source ``image``
+    read, ``bases`` the same for each other package, by name.  Every other package stays at
+    its pin, and the ranges on it are judged there; for a package other than vLLM the rows are
+    its patches."""
     run = run or run_spec(manifest, variant=variant)
     variant = run.variant
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
     cache = cache or cache_dir()
     pin = run.pin(package)
-    resolved = [source.resolve(pin.sources, ref, cache, progress.info,
-                               base=base if package == VLLM else None,
+    held = base if package == VLLM else (bases or {}).get(package)
+    resolved = [source.resolve(pin.sources, ref, cache, progress.info, base=held,
                                package=source.package_id(pin.name, pin.dist))
                 for ref in dict.fromkeys(refs)]
     resolved = _by_version(resolved)
@@ -225,7 +229,8 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
         matrix.series = tuple(p for p in manifest.patches if p.package == package)
     # every other package at its pin: the ranges on it are judged at each target too
     others = applier.resolve_pins(run, cache, progress.info, base,
-                                  names=[p.name for p in run.pins if p.name != package])
+                                  names=[p.name for p in run.pins if p.name != package],
+                                  bases=bases)
     if not resolved:
         return matrix
     # Two per core: with 3 targets on 2 cores, 2 workers would leave a core idle while the
@@ -325,53 +330,40 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         pre: bool = False, repos: Sequence[str] | None = None, jobs: int | None = None,
         progress: CheckProgress | None = None, variant: str | None = None,
         bisect: bool = False, base: str | None = None, pins: Sequence[str] = (),
-        package: str | None = None) -> Matrix:
+        package: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Matrix:
     """The targets named and, with ``releases``, every release after the pin; then the check;
     with ``bisect``, the upstream commit that broke each failure (``commands.bisect``).
-    ``base`` names the base image (default image.base) of a target ``base`` and of the source
-    ``image``.  ``package`` (``--package``) makes the targets that package's refs and the
-    rows its patches; ``pins`` (``--ref NAME=REF``) move the other packages' pins."""
+    ``base`` names the base image (default image.base) that a ref ``base`` and the source
+    ``image`` read, of any package; it is read without running it, through an engine whose
+    every silence ``timeout`` bounds, and only when a pin or a target needs it.  ``package``
+    (``--package``) makes the targets that package's refs and the rows its patches; ``pins``
+    (``--ref NAME=REF``) move the other packages' pins."""
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
     spec = run_spec(manifest, repos=repos, base=base, variant=variant, refs=pins,
                     only=[package] if package else ())
     package = package or VLLM
-    if package != VLLM:
-        matrix = _package_matrix(manifest, spec, package, refs, releases, pre, jobs, progress)
-    else:
-        matrix = _vllm_matrix(manifest, spec, refs, releases, pre, jobs, progress, base)
+    targets = list(refs)
+    pin = spec.pin(package)
+    # the refs the matrix's package is taken at; every other package at its pin
+    wanted = {package: targets + ([pin.ref] if releases else [])}
+    holder = basevllm.for_run(spec, refs=wanted.get(VLLM), timeout=timeout, log=progress.info)
+    bases = basevllm.for_packages(spec, refs=wanted, engine=holder.engine if holder else None,
+                                  timeout=timeout, log=progress.info)
+    if releases:
+        found = release_targets(manifest, run=spec, pre=pre, log=progress.info,
+                                base=holder if package == VLLM else bases.get(package),
+                                package=package)
+        progress.info(f"releases after {spec.ref}: {', '.join(found) or 'none'}"
+                      if package == VLLM else
+                      f"{package} releases after {pin.ref}: {', '.join(found) or 'none'}")
+        targets += found
+    matrix = check(manifest, targets, run=spec, jobs=jobs, progress=progress, base=holder,
+                   package=package, bases=bases)
     if bisect:
         from patchkit.commands.bisect import bisect_failures
 
         matrix.bisects = bisect_failures(manifest, matrix.failures(), run=spec,
                                          progress=progress, package=package)
     return matrix
-
-
-def _vllm_matrix(manifest: Manifest, spec: RunSpec, refs: Sequence[str], releases: bool,
-                 pre: bool, jobs: int | None, progress: CheckProgress,
-                 base: str | None) -> Matrix:
-    """The matrix of vLLM over ``refs`` and, with ``releases``, its releases after its pin."""
-    targets = list(refs)
-    holder = basevllm.for_run(spec, refs=targets + ([spec.ref] if releases else []),
-                              log=progress.info)
-    if releases:
-        found = release_targets(manifest, run=spec, pre=pre, log=progress.info, base=holder)
-        progress.info(f"releases after {spec.ref}: {', '.join(found) or 'none'}")
-        targets += found
-    return check(manifest, targets, run=spec, jobs=jobs, progress=progress, base=holder)
-
-
-def _package_matrix(manifest: Manifest, spec: RunSpec, package: str, refs: Sequence[str],
-                    releases: bool, pre: bool, jobs: int | None,
-                    progress: CheckProgress) -> Matrix:
-    """The matrix of ``package`` over ``refs`` and, with ``releases``, its releases after its
-    pin; vLLM and the other packages stay at their pins."""
-    targets = list(refs)
-    if releases:
-        found = release_targets(manifest, run=spec, pre=pre, log=progress.info, package=package)
-        progress.info(f"{package} releases after {spec.pin(package).ref}: "
-                      f"{', '.join(found) or 'none'}")
-        targets += found
-    return check(manifest, targets, run=spec, jobs=jobs, progress=progress, package=package)

@@ -8,7 +8,7 @@ needs one, and says in one line why it cannot have one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from patchkit import git as g
@@ -19,6 +19,7 @@ from patchkit.image.docker import Engine, Log
 from patchkit.image.layer import BaseImage
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest.runspec import RunSpec
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 SYMLINK, EXECUTABLE, REGULAR = 0o120000, 0o100755, 0o100644
 
@@ -126,19 +127,23 @@ def open_base(engine: Engine, ref: str, platform: Platform, log: Log = lambda m:
     return BaseVllm(engine, image, pkg, version)
 
 
-def for_packages(run: RunSpec, *, engine: Engine | None = None,
+def for_packages(run: RunSpec, *, refs: Mapping[str, Sequence[str]] | None = None,
+                 engine: Engine | None = None, timeout: float = DEFAULT_TIMEOUT,
                  log: Log = lambda m: None) -> dict[str, BaseDist]:
     """The base each other package of ``run`` reads (its ref ``base`` or its source
-    ``image``), by package name; empty when none does (no engine is reached then)."""
+    ``image``), by package name; empty when none does (no engine is reached then).  ``refs``
+    are the refs a package is taken at, by name (default: its pin); ``timeout`` bounds each
+    silence of the engine it connects to."""
     wanted = [pin for pin in run.others if run.in_run(pin.name) and (
-        pin.ref == source.BASE_REF or any(source.kind_of(s).reads_base for s in pin.sources))]
+        source.BASE_REF in (refs or {}).get(pin.name, (pin.ref,))
+        or any(source.kind_of(s).reads_base for s in pin.sources))]
     if not wanted:
         return {}
     if not run.base:
         raise UsageError(f"{wanted[0].name}: a pin read from a base image (ref 'base', source "
                          "'image'): give --base IMAGE or set image.base in patchset.yaml")
     check_reference("--base", run.base)
-    engine = engine or Engine.connect()
+    engine = engine or Engine.connect(timeout=timeout)
     image = engine.resolve_base(run.base, Platform.parse(run.platform), log)
     with engine.files(image.image_id, image.name) as files:
         installed = distinfo.installed(files, env_of(image.config))
@@ -163,13 +168,14 @@ def needed(run: RunSpec, refs: Sequence[str] | None = None) -> str | None:
 
 
 def for_run(run: RunSpec, *, refs: Sequence[str] | None = None, engine: Engine | None = None,
-            log: Log = lambda m: None) -> BaseVllm | None:
+            timeout: float = DEFAULT_TIMEOUT, log: Log = lambda m: None) -> BaseVllm | None:
     """The base ``run`` reads vLLM from, when its sources or ``refs`` (default: its ref) need
-    one; None when they do not."""
+    one; None when they do not.  ``timeout`` bounds each silence of the engine it connects to."""
     why = needed(run, refs)
     if why is None:
         return None
     if not run.base:
         raise UsageError(f"{why}: give --base IMAGE or set image.base in patchset.yaml")
     check_reference("--base", run.base)
-    return open_base(engine or Engine.connect(), run.base, Platform.parse(run.platform), log)
+    return open_base(engine or Engine.connect(timeout=timeout), run.base,
+                     Platform.parse(run.platform), log)

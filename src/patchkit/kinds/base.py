@@ -47,7 +47,7 @@ class Target:
 
     root: Path                 # the work tree
     base_commit: str           # the pristine upstream commit
-    version: str | None        # the vLLM release, when known
+    version: str | None        # the package's release, when known
     mirror: Path | None = None  # the cached repository the checkout borrows from
 
 
@@ -71,6 +71,7 @@ class Rebase(Protocol):
     to: str             # the target ref
     frm: str            # the old pin
     shown: str          # how to name the checkout to a person
+    label: str          # the package the checkout holds, as messages name it: vLLM, flashinfer
     manifest: Manifest
     base_commit: str    # the target's pristine commit
 

@@ -627,7 +627,7 @@ def _merge_from_old_pin(rebase: Rebase, patch) -> tuple[dict[str, int] | None, l
         if got is None:
             return None, []
         old, r = got
-        tree, to, frm = rebase.tree, rebase.to, rebase.frm
+        tree, to, frm, label = rebase.tree, rebase.to, rebase.frm, rebase.label
         marked: dict[str, int] = {}
         notes: list[str] = []
         for rel in r.files:
@@ -639,7 +639,7 @@ def _merge_from_old_pin(rebase: Rebase, patch) -> tuple[dict[str, int] | None, l
                     ours.parent.mkdir(parents=True, exist_ok=True)
                     ours.write_text(theirs)
                 elif base is not None:
-                    notes.append(f"{rel}: not in vLLM {to} any more; make the change {patch.id} "
+                    notes.append(f"{rel}: not in {label} {to} any more; make the change {patch.id} "
                                  f"made there (see {patch.path}) wherever that code went")
                 continue
             if theirs is None:
@@ -653,7 +653,7 @@ def _merge_from_old_pin(rebase: Rebase, patch) -> tuple[dict[str, int] | None, l
                 b, t = Path(tmp) / "base", Path(tmp) / "theirs"
                 b.write_text(base or "")
                 t.write_text(theirs)
-                conflicts = g.merge_file(ours, b, t, (f"vLLM {to}", f"vLLM {frm}", patch.id))
+                conflicts = g.merge_file(ours, b, t, (f"{label} {to}", f"{label} {frm}", patch.id))
             if conflicts < 0:
                 return None, []
             if conflicts:
@@ -754,8 +754,8 @@ class DiffKind:
         marked, notes = _merge_into(rebase, patch, rebase.manifest.root / patch.path)
         shown = rebase.shown
         lines = [head, "",
-                 (f"The checkout {shown} holds vLLM {rebase.to} with the patches before "
-                  f"{patch.id}, and {patch.id} merged in as far as it goes:")]
+                 (f"The checkout {shown} holds {rebase.label} {rebase.to} with the patches "
+                  f"before {patch.id}, and {patch.id} merged in as far as it goes:")]
         lines += [f"  {f}: {n} conflict{'s' if n != 1 else ''} between <<<<<<< and >>>>>>>"
                   for f, n in marked.items()]
         lines += [f"  {n}" for n in notes]

@@ -137,7 +137,7 @@ class OverlayKind:
         shown = rebase.shown
         found = drift(patch, rebase.manifest.root / patch.path, rebase.tree, rebase.base_commit)
         lines = [f"{patch.id} (overlay {patch.path}) replaces files that upstream changed in "
-                 f"vLLM {rebase.to}:"]
+                 f"{rebase.label} {rebase.to}:"]
         for rel, new in found.items():
             old = patch.replaces.get(rel)
             if old:

@@ -274,8 +274,8 @@ class TransformKind:
                     result.reason or "", "it fails on the new code")
         files = ", ".join(f"{shown}/{f}" for f in result.files) or shown
         lines = [head, "",
-                 (f"The checkout {shown} holds vLLM {rebase.to} with the patches before "
-                  f"{patch.id} (left unchanged)."),
+                 (f"The checkout {shown} holds {rebase.label} {rebase.to} with the patches "
+                  f"before {patch.id} (left unchanged)."),
                  f"Change {patch.path}: {what}.  Match its anchors against {files}, then",
                  f"`patchkit rebase --continue` runs {patch.path} again and goes on.", ABORT]
         return Stop(patch.id, self.name, result.reason or "error", result.message, [patch.path],

@@ -59,7 +59,7 @@ def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: 
         if problem:
             raise SourceError(f"bad {package.label} repository: {problem}")
     if ref == BASE_REF and not any(kind_of(s).reads_base for s in sources):
-        _pin_of(base)  # a base that pins nothing is one error, not one per source
+        _pin_of(base, package)  # a base that pins nothing is one error, not one per source
     source, resolved = _first_answer(
         sources, lambda s: _resolve_one(s, ref, cache, log, base, package), log,
         f"no source has {package.label} {ref!r}")
@@ -67,20 +67,28 @@ def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: 
     return resolved
 
 
-def _pin_of(base: Base | None) -> versions.Pin:
-    """What ``--vllm-ref base`` pins in a git source, or why it pins nothing."""
+def _pin_of(base: Base | None, package: PackageId = VLLM) -> versions.Pin:
+    """What the ref ``base`` of ``package`` pins in a git source, or why it pins nothing."""
     if base is None:
-        raise UsageError("--vllm-ref base reads the pin from a base image: give --base IMAGE or "
+        what = ("--vllm-ref base" if package == VLLM
+                else f"{package.label}: the ref {BASE_REF}")
+        raise UsageError(f"{what} reads the pin from a base image: give --base IMAGE or "
                          "set image.base in patchset.yaml")
     if base.version is None:
-        raise SourceError(f"base {base.name}: cannot tell which vLLM it holds (its "
+        raise SourceError(f"base {base.name}: cannot tell which {package.label} it holds (its "
                           f"{base.package_dir} has no version); patch it as it is with "
-                          "--vllm-repo image")
+                          f"{_as_is(package)}")
     pin = versions.base_pin(base.version)
     if pin is None:
-        raise SourceError(f"base {base.name} holds vLLM {base.version}, which names no commit "
-                          "(+g<sha>) and no release; patch it as it is with --vllm-repo image")
+        raise SourceError(f"base {base.name} holds {package.label} {base.version}, which names "
+                          "no commit (+g<sha>) and no release; patch it as it is with "
+                          f"{_as_is(package)}")
     return pin
+
+
+def _as_is(package: PackageId) -> str:
+    """How a base's package is patched as it is: vLLM's flag, another's manifest key."""
+    return "--vllm-repo image" if package == VLLM else f"packages.{package.name}.repo: image"
 
 
 def _first_answer(sources: Sequence[str], attempt: Callable[[str], T], log: Log,
@@ -103,14 +111,15 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None
     kind = kind_of(source)
     if ref != BASE_REF or kind.reads_base:
         return kind.resolve(source, ref, cache, log, package=package, base=base)
-    pin = _pin_of(base)
+    pin = _pin_of(base, package)
     assert base is not None
     if pin.commit and not kind.holds_commits:
-        raise SourceError(f"base {base.name} holds vLLM {base.version}, built from commit "
-                          f"{pin.ref}, and the source {source} holds releases only; name a git "
-                          "source with --vllm-repo, or patch the base as it is with "
-                          "--vllm-repo image")
-    log(f"base {base.name} holds vLLM {base.version}: pinning "
+        git = "with --vllm-repo" if package == VLLM else f"in packages.{package.name}.repo"
+        raise SourceError(f"base {base.name} holds {package.label} {base.version}, built from "
+                          f"commit {pin.ref}, and the source {source} holds releases only; name "
+                          f"a git source {git}, or patch the base as it is with "
+                          f"{_as_is(package)}")
+    log(f"base {base.name} holds {package.label} {base.version}: pinning "
         + (f"commit {pin.ref}" if pin.commit else pin.ref))
     found = kind.resolve(source, pin.ref, cache, log, package=package, base=base)
     # ranges are judged on what the base holds (a dev build 0.31.1.dev7 is >=0.31)

@@ -47,14 +47,18 @@ class ImageSource:
     def resolve(self, text: str, ref: str, cache: Path, log: Log, *,
                 package: PackageId = VLLM, base: Base | None = None) -> Resolved:
         if base is None:
-            raise UsageError(NO_BASE)
-        _check_ref(ref, base)
+            raise UsageError(NO_BASE if package == VLLM else
+                             f"the {package.label} source 'image' is the {package.dist} "
+                             "installed in a base image: give --base IMAGE or set image.base "
+                             "in patchset.yaml")
+        _check_ref(ref, base, package)
         repo, commit = ensure_tree(cache, base, log, package)
         return Resolved(text, repo, ref, commit, base.version)
 
     def tags(self, text: str, cache: Path, log: Log, *, package: PackageId = VLLM) -> list[str]:
+        also = "" if package == VLLM else f", or list pypi among packages.{package.name}.repo"
         raise SourceError(f"the {package.label} source 'image' is one base's package and has no "
-                          "releases to list; name the targets with --to")
+                          f"releases to list; name the targets with --to{also}")
 
     def label(self, text: str, version: str, package: PackageId = VLLM) -> str:
         return text
@@ -129,7 +133,7 @@ def _sources(base: Base) -> Iterator[g.TreeFile]:
         raise SourceError(f"base {base.name}: {base.package_dir} holds no source files")
 
 
-def _check_ref(ref: str, base: Base) -> None:
+def _check_ref(ref: str, base: Base, package: PackageId = VLLM) -> None:
     """The tree is what the base holds: a ref other than ``base`` must name that."""
     if ref == BASE_REF:
         return
@@ -140,6 +144,12 @@ def _check_ref(ref: str, base: Base) -> None:
     named = versions.named_commit(installed)
     if named and _SHA.fullmatch(ref) and (ref.startswith(named) or named.startswith(ref)):
         return
-    raise SourceError(f"the vLLM source 'image' is what base {base.name} holds (vLLM "
-                      f"{installed or 'of unknown version'}), and the pin {ref} names something "
-                      "else; give --vllm-ref base")
+    if package == VLLM:
+        raise SourceError(f"the vLLM source 'image' is what base {base.name} holds (vLLM "
+                          f"{installed or 'of unknown version'}), and the pin {ref} names "
+                          "something else; give --vllm-ref base")
+    raise SourceError(f"the {package.label} source 'image' is what base {base.name} holds "
+                      f"({package.dist} {installed or 'of unknown version'}), and the ref {ref} "
+                      f"names something else; name {BASE_REF}"
+                      + (f" (or v{installed})" if installed else "")
+                      + f", or list pypi among packages.{package.name}.repo")

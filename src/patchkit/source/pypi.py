@@ -61,7 +61,8 @@ def repo_path(cache: Path, package: PackageId = VLLM) -> Path:
 def ensure_release(cache: Path, ref: str, log=lambda msg: None,
                    package: PackageId = VLLM) -> tuple[Path, str]:
     """The cached repo and the tag holding release ``ref``, building it if needed."""
-    version = versions.pypi_release(ref)
+    version = versions.pypi_release(ref, "--vllm-repo pypi" if package == VLLM
+                                    else f"the {package.label} source pypi")
     tag = f"v{version}"
     repo = repo_path(cache, package)
     base = cache_subdir(cache, WORD)
