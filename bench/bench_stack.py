@@ -10,7 +10,7 @@
    real files of the pin) `rebase-check`ed over three vLLM releases against one.
    Target: ratio <= 1.5.
 
-    python bench/bench_stack.py [--runs 5]
+    python bench/bench_stack.py [--runs 5] [--part N ...]
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def stack_project(vllm: source.Resolved, fi: source.Resolved, proj: Path) -> Non
 
 
 def bench_apply(vllm: source.Resolved, fi: source.Resolved, work: Path, runs: int) -> None:
-    proj = work / "stack"
+    proj = work / "apply"
     stack_project(vllm, fi, proj)
     m = manifest.load(proj / "patchset.yaml")
     diffs = {name: sorted((proj / "patches").glob(f"{name}-edit*.diff"))
@@ -126,7 +126,10 @@ def split_project(pin: source.Resolved, proj: Path) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--part", type=int, action="append", choices=(1, 2, 3),
+                    help="run only this part (repeatable; default: all three)")
     args = ap.parse_args()
+    parts = set(args.part or (1, 2, 3))
     cache = cache_dir()
     # warm: every wheel laid out once, outside the timing
     vllm = {ref: source.resolve(["pypi"], ref, cache) for ref in [VLLM_PIN, *VLLM_TARGETS]}
@@ -134,12 +137,17 @@ def main() -> int:
     print(f"cores: {os.cpu_count()}; runs: {args.runs}")
     work = Path(tempfile.mkdtemp(prefix="pk-bench-stack-"))
     try:
-        bench_apply(vllm[VLLM_TARGETS[-1]], fi[FI_PIN], work, args.runs)
-        bench_matrix(f"2. rebase-check --package flashinfer from {FI_PIN}", work / "stack",
-                     FI_TARGETS, ["--package", "flashinfer"], args.runs)
-        n = split_project(vllm[VLLM_PIN], work / "split" / "proj")
-        bench_matrix(f"3. rebase-check of a {n}-patch split series from {VLLM_PIN}",
-                     work / "split" / "proj", VLLM_TARGETS, ["--vllm-repo", "pypi"], args.runs)
+        if 1 in parts:
+            bench_apply(vllm[VLLM_TARGETS[-1]], fi[FI_PIN], work, args.runs)
+        if 2 in parts:
+            stack_project(vllm[VLLM_TARGETS[-1]], fi[FI_PIN], work / "stack")
+            bench_matrix(f"2. rebase-check --package flashinfer from {FI_PIN}", work / "stack",
+                         FI_TARGETS, ["--package", "flashinfer"], args.runs)
+        if 3 in parts:
+            n = split_project(vllm[VLLM_PIN], work / "split" / "proj")
+            bench_matrix(f"3. rebase-check of a {n}-patch split series from {VLLM_PIN}",
+                         work / "split" / "proj", VLLM_TARGETS, ["--vllm-repo", "pypi"],
+                         args.runs)
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

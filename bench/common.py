@@ -11,10 +11,15 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+# The byte code of the timed `patchkit` processes, written by the untimed first round and read
+# by every timed one, whatever PYTHONDONTWRITEBYTECODE says (else each process compiles
+# patchkit anew, or only the first does); outside the checkout.
+PYCACHE = Path(tempfile.gettempdir()) / "patchkit-bench-pycache"
 sys.path.insert(0, str(SRC))
 
 from patchkit import git as g  # noqa: E402
@@ -52,7 +57,8 @@ def rebase_check(proj: Path, targets: list[str], extra: list[str]) -> float:
     args = [sys.executable, "-m", "patchkit", "rebase-check", "--format", "json", *extra]
     for t in targets:
         args += ["--to", t]
-    env = dict(os.environ, PYTHONPATH=str(SRC))
+    env = dict(os.environ, PYTHONPATH=str(SRC), PYTHONPYCACHEPREFIX=str(PYCACHE))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.perf_counter()
     proc = subprocess.run(args, cwd=proj, env=env, capture_output=True, text=True, check=False)
     took = time.perf_counter() - t0

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from patchkit import interrupt
 from patchkit.errors import CommandError
@@ -53,6 +53,7 @@ DIFF_ARGS = ("-c", "diff.suppressBlankEmpty=false", "-c", "diff.mnemonicPrefix=f
              "--diff-algorithm=myers", "--indent-heuristic", "--src-prefix=a/", "--dst-prefix=b/")
 
 SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -162,14 +163,19 @@ def fetch_mirror(repo: Path, url: str) -> None:
 def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None
                  ) -> None:
     """A checkout of ``commit`` at ``dest`` borrowing ``source``'s objects (no copy); with
-    ``paths``, sparse: only those files are written out."""
-    _run("clone", "--quiet", "--shared", "--no-checkout", str(source), str(dest))
+    ``paths``, sparse: only those files are written out.  The clone writes the sparse setting
+    into the new repository's config; then HEAD names the branch ``patchkit``, still unborn,
+    and ``reset --hard`` makes it ``commit`` and writes the tree out.  That reads the commit's
+    trees alone, where ``checkout -B`` from an unborn branch also looks up every blob (a sparse
+    checkout of a large tree: seven times the system calls)."""
+    sparse = ("--config", "core.sparseCheckout=true") if paths is not None else ()
+    _run("clone", "--quiet", "--shared", "--no-checkout", *sparse, str(source), str(dest))
     if paths is not None:
-        _run("config", "core.sparseCheckout", "true", cwd=dest)
         info = dest / ".git" / "info"
         info.mkdir(exist_ok=True)
         (info / "sparse-checkout").write_text("".join(_sparse_pattern(p) + "\n" for p in paths))
-    _run("checkout", "--quiet", "-B", "patchkit", commit, cwd=dest)
+    _run("symbolic-ref", "HEAD", "refs/heads/patchkit", cwd=dest)
+    _run("reset", "--quiet", "--hard", commit, cwd=dest)
 
 
 def _sparse_pattern(path: str) -> str:
@@ -318,12 +324,17 @@ def blob_id(repo: Path, commit: str, path: str) -> str | None:
 
 
 def package_folders(repo: Path, commit: str) -> list[str]:
-    """The folders at the root of ``commit`` holding an ``__init__.py``: its import packages."""
-    folders = _lines(_run("ls-tree", "-d", "--name-only", commit, cwd=repo))
-    if not folders:
-        return []
-    found = read_blobs(repo, [f"{commit}:{f}/__init__.py" for f in folders])
-    return sorted(f for f in folders if found[f"{commit}:{f}/__init__.py"] is not None)
+    """The folders at the root of ``commit`` holding an ``__init__.py``: its import packages
+    (one ``cat-file`` process: the root tree, then each folder's ``__init__.py``)."""
+    def folders(read: Callable[[str], bytes | None]) -> list[str]:
+        root = read(f"{commit}^{{tree}}")
+        if root is None:
+            raise CommandError(["git", "cat-file", "--batch"], 128, f"no commit {commit}")
+        entries = _gitpython().objects.fun.tree_entries_from_data(root)
+        names = [name for _sha, mode, name in entries if mode == 0o40000]
+        return sorted(n for n in names if read(f"{commit}:{n}/__init__.py") is not None)
+
+    return _reading(repo, folders)
 
 
 def list_tree(repo: Path, commit: str, path: str = "") -> list[tuple[str, str, str]]:
@@ -357,6 +368,12 @@ def read_blobs(repo: Path, specs: Iterable[str]) -> dict[str, bytes | None]:
     wanted = list(dict.fromkeys(specs))
     if not wanted:
         return {}
+    return _reading(repo, lambda read: {spec: read(spec) for spec in wanted})
+
+
+def _reading(repo: Path, work: Callable[[Callable[[str], bytes | None]], T]) -> T:
+    """``work(read)`` with ``read(spec)`` the bytes of an object spec, None when missing, all
+    through one ``cat-file`` process."""
     git = _gitpython()
     env = dict(os.environ, **QUIET)
     try:
@@ -364,23 +381,23 @@ def read_blobs(repo: Path, specs: Iterable[str]) -> dict[str, bytes | None]:
     except (git.exc.InvalidGitRepositoryError, git.exc.NoSuchPathError) as exc:
         raise CommandError(["git", "cat-file", "--batch"], 128, f"not a git repository: {exc}"
                            ) from None
-    result: dict[str, bytes | None] = {}
+
+    def read(spec: str) -> bytes | None:
+        interrupt.check()
+        try:
+            _sha, _kind, _size, data = db.git.get_object_data(spec)
+        except ValueError:  # missing or ambiguous: GitPython's word for cat-file's answer
+            return None
+        return data
+
     try:
         db.git.update_environment(**{k: v for k, v in env.items() if k in QUIET})
-        for spec in wanted:
-            interrupt.check()
-            try:
-                _sha, kind, _size, data = db.git.get_object_data(spec)
-            except ValueError:  # missing or ambiguous: GitPython's word for cat-file's answer
-                result[spec] = None
-                continue
-            result[spec] = data
+        return work(read)
     except git.exc.GitCommandError as exc:
         raise CommandError(["git", "cat-file", "--batch"], exc.status or 1,
                            str(exc.stderr or exc)) from None
     finally:
         db.close()
-    return result
 
 
 # ------------------------------------------------------------------------------ the work tree

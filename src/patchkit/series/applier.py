@@ -242,7 +242,7 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
             r.status, r.reason = "failed", "assertion"
             r.message = f"{a.location()}: {a.message}"
     for tree in trees.values():
-        g.tag(tree.root, applied.APPLIED_TAG, g.head(tree.root))
+        g.tag(tree.root, applied.APPLIED_TAG, "HEAD")
     return report
 
 

@@ -166,14 +166,33 @@ class _Search:
     seen: list[str]            # what was there instead, in source order, for the message
 
 
-def _inside(scope: _Scope) -> list[ast.AST]:
-    """Every node within the scope (not the scope's own def), in source order."""
+def _inside(scope: _Scope, kinds: tuple[type, ...] = (ast.AST,)) -> list[ast.AST]:
+    """Every node of ``kinds`` within the scope (not the scope's own def), in source order;
+    nodes at one place in the order ``ast.walk`` meets them."""
     nodes: list[ast.AST] = []
     for top in scope.nodes:
         for child in ast.iter_child_nodes(top):
-            nodes.extend(ast.walk(child))
+            nodes.extend(n for n in _walk(child) if isinstance(n, kinds))
     return sorted((n for n in nodes if hasattr(n, "lineno")),
                   key=lambda n: (n.lineno, n.col_offset))
+
+
+def _walk(node: ast.AST) -> list[ast.AST]:
+    """``ast.walk(node)`` as a list, in its order, without a generator per node: the search
+    of a big module is most of an assertion's time."""
+    found = [node]
+    for n in found:  # grows as it goes: breadth first, as ast.walk
+        for name in n._fields:
+            value = getattr(n, name, None)
+            if isinstance(value, ast.AST):
+                found.append(value)
+            elif isinstance(value, list):
+                found.extend(v for v in value if isinstance(v, ast.AST))
+    return found
+
+
+_DEFINING = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Assign, ast.AnnAssign,
+             ast.NamedExpr, ast.alias)
 
 
 def _first(pairs: Iterable[tuple[str, ast.AST]], want: Callable[[str], bool]) -> _Search:
@@ -211,7 +230,7 @@ def _targets(target: ast.AST) -> Iterator[tuple[str, str, ast.AST]]:
 
 
 def _definitions(scope: _Scope) -> Iterator[tuple[str, str, ast.AST]]:
-    for node in _inside(scope):
+    for node in _inside(scope, _DEFINING):
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node.name, node.name, node
         elif isinstance(node, ast.Assign):
@@ -236,12 +255,12 @@ def _defines(scope: _Scope, name: str) -> _Search:
 
 
 def _calls(scope: _Scope, dotted: str) -> _Search:
-    calls = ((_dotted(n.func), n) for n in _inside(scope) if isinstance(n, ast.Call))
+    calls = ((_dotted(n.func), n) for n in _inside(scope, (ast.Call,)))
     return _first(calls, lambda name: name == dotted or name.endswith("." + dotted))
 
 
 def _keys(scope: _Scope) -> Iterator[tuple[str, ast.AST]]:
-    for node in _inside(scope):
+    for node in _inside(scope, (ast.Dict, ast.Call)):
         if isinstance(node, ast.Dict):
             for key in node.keys:
                 if isinstance(key, ast.Constant) and isinstance(key.value, str):
@@ -257,7 +276,7 @@ def _has_key(scope: _Scope, key: str) -> _Search:
 
 
 def _mentions(scope: _Scope) -> Iterator[tuple[str, ast.AST]]:
-    for node in _inside(scope):
+    for node in _inside(scope, (ast.Constant, ast.Name, ast.Attribute)):
         if isinstance(node, ast.Constant):
             if isinstance(node.value, str):
                 yield node.value, node

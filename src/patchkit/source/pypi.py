@@ -20,7 +20,7 @@ from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import CommandError, SourceError
 from patchkit.source.protocol import VLLM, PackageId
-from patchkit.source.resolved import Log, Resolved, bare_repository, version_of
+from patchkit.source.resolved import Log, Resolved, bare_repository
 from patchkit.cache import cache_subdir
 from patchkit.process import run
 
@@ -39,10 +39,9 @@ class Pypi:
 
     def resolve(self, text: str, ref: str, cache: Path, log: Log, *,
                 package: PackageId = VLLM, base=None) -> Resolved:
-        repo, tag = ensure_release(cache, ref, log, package)
-        commit = g.resolve_commit(repo, tag)
-        assert commit
-        return Resolved(text, repo, ref, commit, version_of(repo, commit, package.top))
+        repo, tag, commit = _release(cache, ref, log, package)
+        # the tag is the release's one name (one orphan commit per release): it is the version
+        return Resolved(text, repo, ref, commit, versions.tag_version(tag))
 
     def tags(self, text: str, cache: Path, log: Log, *, package: PackageId = VLLM) -> list[str]:
         return [f"v{v}" for v in release_versions(pre=True, package=package)]
@@ -61,26 +60,34 @@ def repo_path(cache: Path, package: PackageId = VLLM) -> Path:
 def ensure_release(cache: Path, ref: str, log=lambda msg: None,
                    package: PackageId = VLLM) -> tuple[Path, str]:
     """The cached repo and the tag holding release ``ref``, building it if needed."""
+    repo, tag, _commit = _release(cache, ref, log, package)
+    return repo, tag
+
+
+def _release(cache: Path, ref: str, log, package: PackageId) -> tuple[Path, str, str]:
+    """``ensure_release``, and the release's commit.  A release already laid out costs one
+    git process: a repository that names the tag's commit is sound."""
     version = versions.pypi_release(ref, "--vllm-repo pypi" if package == VLLM
                                     else f"the {package.label} source pypi")
     tag = f"v{version}"
     repo = repo_path(cache, package)
     base = cache_subdir(cache, WORD)
     with locks.held(base / f"{package.dist}.lock", f"the cached {package.dist} releases", log):
+        commit = g.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
+        if commit:
+            return repo, tag, commit
         bare_repository(repo, log)
-        if g.resolve_commit(repo, tag):
-            return repo, tag
         wheel = _wheel(cache, version, log, package)
         log(f"laying out {package.label} {version} from {wheel.name}")
         try:
-            _commit_wheel(repo, wheel, version, tag, package)
+            commit = _commit_wheel(repo, wheel, version, tag, package)
         except zipfile.BadZipFile:
             # Only outside hands truncate a cached wheel (downloads land by rename): fetch it anew.
             log(f"the cached {wheel.name} is not a valid wheel; downloading it again")
             wheel.unlink(missing_ok=True)
             wheel = _wheel(cache, version, log, package)
             try:
-                _commit_wheel(repo, wheel, version, tag, package)
+                commit = _commit_wheel(repo, wheel, version, tag, package)
             except zipfile.BadZipFile:
                 wheel.unlink(missing_ok=True)
                 raise SourceError(f"PyPI gave a wheel for {package.label} {version} that is not "
@@ -91,7 +98,7 @@ def ensure_release(cache: Path, ref: str, log=lambda msg: None,
                                   f"{version} "
                                   "was laid out into it (was the cache deleted?); run again") from None
             raise
-    return repo, tag
+    return repo, tag, commit
 
 
 def _wheel(cache: Path, version: str, log, package: PackageId = VLLM) -> Path:
@@ -145,7 +152,7 @@ def wheel_tops(names: list[str], data_of) -> list[str]:
 
 
 def _commit_wheel(repo: Path, wheel: Path, version: str, tag: str,
-                  package: PackageId = VLLM) -> None:
+                  package: PackageId = VLLM) -> str:
     work = Path(tempfile.mkdtemp(prefix=f"layout-{version}.", dir=repo.parent))
     try:
         with zipfile.ZipFile(wheel) as zf:
@@ -169,6 +176,7 @@ def _commit_wheel(repo: Path, wheel: Path, version: str, tag: str,
         commit = g.commit_directory(repo, work, f"{package.label} {version}\n\nPython sources of "
                                                 f"{wheel.name}")
         g.update_ref(repo, f"refs/tags/{tag}", commit)
+        return commit
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
