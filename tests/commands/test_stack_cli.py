@@ -318,3 +318,24 @@ def test_a_flashinfer_rebase_stops_at_a_conflict_naming_flashinfer_and_its_check
     assert p.returncode == 0, p.stderr
     assert "ref: v0.6.15" in (proj / "patchset.yaml").read_text()
 
+
+
+def test_a_vllm_bisect_reads_no_base_for_a_pin_no_range_asks_about(tmp_path):
+    """FlashInfer pinned `ref: base` (only an engine can read it): a vLLM bisect needs that pin
+    only when some patch has a range on FlashInfer; without one it runs, with one it is one
+    line."""
+    proj = make_stack(tmp_path)
+    yaml = proj / "patchset.yaml"
+    text = yaml.read_text().replace("    ref: v0.6.15\n", "    ref: base\n", 1)
+    text = text.replace('    flashinfer: ">=0.6.15"\n', "")
+    text += "image:\n  base: example/vllm:v1.0.0\n"   # no engine here holds it
+    assert "    ref: base\n" in text and "image:" not in yaml.read_text()
+    yaml.write_text(text.replace('    flashinfer: "<0.6.16"\n', ""))
+    p = run(proj, "bisect", "fast-mode", "--format", "json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["good"]["fate"] == "applied"
+    yaml.write_text(text)   # fast-mode holds on flashinfer <0.6.16 again
+    p = run(proj, "bisect", "fast-mode")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith(
+        "patchkit: error: flashinfer: a pin read from a base image"), p.stderr
