@@ -355,9 +355,8 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         found = release_targets(manifest, run=spec, pre=pre, log=progress.info,
                                 base=holder if package == VLLM else bases.get(package),
                                 package=package)
-        progress.info(f"releases after {spec.ref}: {', '.join(found) or 'none'}"
-                      if package == VLLM else
-                      f"{package} releases after {pin.ref}: {', '.join(found) or 'none'}")
+        whose = "" if package == VLLM else f"{package} "
+        progress.info(f"{whose}releases after {pin.ref}: {', '.join(found) or 'none'}")
         targets += found
     matrix = check(manifest, targets, run=spec, jobs=jobs, progress=progress, base=holder,
                    package=package, bases=bases)
