@@ -7,13 +7,16 @@ import os
 
 import pytest
 
+from patchkit import manifest
 from testing import REPO_ROOT, patchkit, real_cache
 
 from testing.releases import STATUSES
 
+PIN = manifest.load(REPO_ROOT / "patchset.yaml").vllm.ref
+
 
 @pytest.mark.real_vllm
-@pytest.mark.parametrize("ref,version,release", [(None, "0.33.0", "v0.33.0"),
+@pytest.mark.parametrize("ref,version,release", [(None, PIN.removeprefix("v"), PIN),
                                                  ("v0.27.1", "0.27.1", "v0.27.1")])
 def test_apply_the_whole_patchset(tmp_path, ref, version, release):
     env = dict(os.environ, PATCHKIT_CACHE_DIR=str(real_cache()))

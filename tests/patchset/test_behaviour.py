@@ -32,6 +32,7 @@ KVI = "vllm/v1/kv_cache_interface.py"
 TORCH_UTILS = "vllm/utils/torch_utils.py"
 CACHE = "vllm/config/cache.py"
 SPEC = "vllm/config/speculative.py"
+DSPARK_CONFIG = "vllm/v1/worker/gpu/spec_decode/dspark/config.py"
 DSPARK = "vllm/models/deepseek_v4/nvidia/dspark.py"
 QUANT = "vllm/models/deepseek_v4/quant_config.py"
 LOADER = "vllm/v1/worker/gpu/spec_decode/dspark/utils.py"
@@ -265,10 +266,21 @@ MODELOPT_TARGET_QUANT = {
 TARGET_ONLY = ("moe_quant_algo", "quantized_layers", "ignore", "modules_to_not_convert")
 
 
-def _normalize(patched):
-    ns = {"copy": copy}
-    lift(patched.text(SPEC), "_DSPARK_TARGET_ONLY_QUANT_KEYS", ns)
-    return lift(patched.text(SPEC), "_normalize_dsv4_dspark_draft_quant", ns)
+def _draft_config_home(patched) -> tuple[str, str, str]:
+    """Where the release builds the DSpark draft's config: (file, scope, the re-inspection
+    call).  0.34.0 moved it from SpeculativeConfig.__post_init__ to the DSpark speculator
+    config class."""
+    if patched.since("v0.34.0"):
+        return DSPARK_CONFIG, "DSparkSpeculatorConfig.adapt_draft_model_config", \
+            "spec.update_arch_()"
+    return SPEC, "SpeculativeConfig.__post_init__", "self.update_arch_()"
+
+
+def _normalize(patched, ns=None):
+    ns = {"copy": copy} if ns is None else ns
+    home, _scope, _update = _draft_config_home(patched)
+    lift(patched.text(home), "_DSPARK_TARGET_ONLY_QUANT_KEYS", ns)
+    return lift(patched.text(home), "_normalize_dsv4_dspark_draft_quant", ns)
 
 
 def test_normalization_drops_target_only_keys_from_a_copy(patched):
@@ -301,8 +313,9 @@ def test_normalization_leaves_other_drafts_alone(patched):
 
 
 def test_normalization_runs_in_the_dspark_branch_before_the_arch_is_reinspected(patched):
-    post_init = find(patched.text(SPEC), "SpeculativeConfig.__post_init__")
-    for block in ast.walk(post_init):
+    home, scope, update_call = _draft_config_home(patched)
+    branch_owner = find(patched.text(home), scope)
+    for block in ast.walk(branch_owner):
         body = getattr(block, "body", None)
         if not isinstance(body, list):
             continue
@@ -313,10 +326,85 @@ def test_normalization_runs_in_the_dspark_branch_before_the_arch_is_reinspected(
             text = [ast.unparse(s) for s in body]
             arch = [i for i, t in enumerate(text) if "architectures" in t
                     and "DSparkDraftModel" in t]
-            update = [i for i, t in enumerate(text) if t == "self.update_arch_()"]
+            update = [i for i, t in enumerate(text) if t == update_call]
             assert arch and update and arch[0] < calls[0] < update[-1], text
             return
     pytest.fail("no call to _normalize_dsv4_dspark_draft_quant in a block")
+
+
+def _adapt_draft_model_config(patched):
+    """The release's own DSparkSpeculatorConfig.adapt_draft_model_config (0.34.0 and later),
+    with the patched module's helper beside it."""
+    ns = {"copy": copy}
+    _normalize(patched, ns)
+    return lift(patched.text(DSPARK_CONFIG), "DSparkSpeculatorConfig.adapt_draft_model_config",
+                ns)
+
+
+def _dspark_spec(target_model_type: str, target_quant: dict):
+    """A SpeculativeConfig as 0.34.0's DSpark path hands it over: the draft's hf_config read
+    from the target checkpoint (the same quantization_config dict), ``spec.quantization``
+    already the target's (``default_model``)."""
+    target = SimpleNamespace(hf_config=SimpleNamespace(model_type=target_model_type,
+                                                       quantization_config=target_quant),
+                             quantization="modelopt_fp4")
+    draft = SimpleNamespace(speculator_config_class=None, architectures=[],
+                            hf_config=SimpleNamespace(model_type=target_model_type,
+                                                      quantization_config=target_quant,
+                                                      architectures=["DeepseekV4ForCausalLM"]),
+                            quantization="modelopt_fp4")
+    seen: list[tuple] = []
+    spec = SimpleNamespace(draft_model_config=draft, target_model_config=target,
+                           quantization="modelopt_fp4", kv_cache_dtype=None)
+    spec.update_arch_ = lambda: seen.append((list(draft.hf_config.architectures),
+                                             draft.quantization,
+                                             dict(draft.hf_config.quantization_config)))
+    return spec, seen
+
+
+def test_v034_draft_config_gets_its_own_quantization(patched):
+    if not patched.since("v0.34.0"):
+        pytest.skip("before 0.34.0 the draft config is built in SpeculativeConfig.__post_init__")
+    adapt = _adapt_draft_model_config(patched)
+    target_quant = copy.deepcopy(MODELOPT_TARGET_QUANT)
+    spec, seen = _dspark_spec("deepseek_v4", target_quant)
+    adapt(None, spec)
+    draft = spec.draft_model_config
+    own = {k: v for k, v in MODELOPT_TARGET_QUANT.items() if k not in TARGET_ONLY}
+    assert draft.quantization == spec.quantization == "deepseek_v4_fp8"
+    assert draft.hf_config.quantization_config == own
+    # the architecture is re-inspected once, on the draft's own config
+    assert seen == [(["DSparkDraftModel"], "deepseek_v4_fp8", own)]
+    # the target keeps its method and its ModelOpt keys
+    assert spec.target_model_config.quantization == "modelopt_fp4"
+    assert target_quant == MODELOPT_TARGET_QUANT
+    assert spec.target_model_config.hf_config.quantization_config is target_quant
+
+
+def test_v034_v41_draft_keeps_the_release_behaviour(patched):
+    if not patched.since("v0.34.0"):
+        pytest.skip("before 0.34.0 the draft config is built in SpeculativeConfig.__post_init__")
+    adapt = _adapt_draft_model_config(patched)
+    target_quant = copy.deepcopy(MODELOPT_TARGET_QUANT)
+    spec, seen = _dspark_spec("deepseek_v41", target_quant)
+    adapt(None, spec)
+    assert spec.draft_model_config.hf_config.architectures == ["DSparkV41DraftModel"]
+    assert spec.draft_model_config.quantization == spec.quantization == "modelopt_fp4"
+    assert spec.draft_model_config.hf_config.quantization_config is target_quant
+    assert target_quant == MODELOPT_TARGET_QUANT and len(seen) == 1
+
+
+def test_v034_unpatched_draft_inherits_the_targets_method(patched):
+    """The bug, on the release's own code: without the patch an NVFP4 target's method and
+    ModelOpt keys reach the draft."""
+    if not patched.since("v0.34.0"):
+        pytest.skip("before 0.34.0 the draft config is built in SpeculativeConfig.__post_init__")
+    adapt = lift(patched.base(DSPARK_CONFIG), "DSparkSpeculatorConfig.adapt_draft_model_config",
+                 {})
+    spec, _seen = _dspark_spec("deepseek_v4", copy.deepcopy(MODELOPT_TARGET_QUANT))
+    adapt(None, spec)
+    assert spec.draft_model_config.quantization == "modelopt_fp4"
+    assert "moe_quant_algo" in spec.draft_model_config.hf_config.quantization_config
 
 
 def _lazy_quant_config_cls(patched, current_hf_config):

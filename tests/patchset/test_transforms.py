@@ -21,6 +21,7 @@ SPEC = "vllm/config/speculative.py"
 DSPARK = "vllm/models/deepseek_v4/nvidia/dspark.py"
 DSPARK41 = "vllm/models/deepseek_v41/nvidia/dspark.py"
 LOADER = "vllm/v1/worker/gpu/spec_decode/dspark/utils.py"
+DSPARK_CONFIG = "vllm/v1/worker/gpu/spec_decode/dspark/config.py"
 
 
 def _module(name: str):
@@ -138,6 +139,74 @@ def test_draft_quant_needs_the_speculative_config(tmp_path):
     outcome, _ = run("draft_quant", tmp_path, SPEC, text)
     assert (outcome.status, outcome.reason) == ("failed", "anchor-missing"), outcome
     assert "SpeculativeConfig" in outcome.message
+
+
+# --------------------------------------------------------------------- draft_quant_v034
+
+CONFIG_BEFORE = """\
+# SPDX-License-Identifier: Apache-2.0
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.worker.gpu.spec_decode.dflash.config import DFlashSpeculatorConfig
+
+if TYPE_CHECKING:
+    from vllm.config import ParallelConfig, SpeculativeConfig
+
+
+class DSparkSpeculatorConfig(DFlashSpeculatorConfig):
+    @classmethod
+    def adapt_draft_model_config(cls, spec: "SpeculativeConfig") -> None:
+        draft = spec.draft_model_config
+        if draft.speculator_config_class is None:   # bundled in the target
+            draft.hf_config.architectures = [
+                "DSparkV41DraftModel" if is_v41 else "DSparkDraftModel"
+            ]
+            draft.quantization = target.quantization
+            spec.update_arch_()
+        elif "MistralLarge4DSparkModel" in draft.architectures:
+            spec.kv_cache_dtype = "auto"
+"""
+
+CONFIG_CALL = """\
+            # The draft shares the target checkpoint, not its quantization.
+            spec.quantization = _normalize_dsv4_dspark_draft_quant(draft)
+"""
+
+
+def test_draft_quant_v034_inserts_import_helper_and_call(tmp_path):
+    outcome, after = run("draft_quant_v034", tmp_path, DSPARK_CONFIG, CONFIG_BEFORE)
+    assert outcome.status == "applied", outcome
+    helper = _inserted(_module("draft_quant_v034")._HELPER_SOURCE)
+    assert 'draft_model_config: "ModelConfig",' in helper
+    expected = (CONFIG_BEFORE
+                .replace("from typing import", "import copy\nfrom typing import")
+                .replace("import ParallelConfig, SpeculativeConfig",
+                         "import ModelConfig, ParallelConfig, SpeculativeConfig")
+                .replace("\n\n\nclass DSpark", "\n\n\n" + helper + "\n\nclass DSpark")
+                .replace("            spec.update_arch_()\n",
+                         CONFIG_CALL + "            spec.update_arch_()\n"))
+    assert after == expected
+    compile(after, DSPARK_CONFIG, "exec")
+    rerun_is_upstream("draft_quant_v034", tmp_path, DSPARK_CONFIG)
+
+
+def test_draft_quant_v034_keeps_an_existing_copy_import(tmp_path):
+    text = CONFIG_BEFORE.replace("from typing import", "import copy\nfrom typing import")
+    outcome, after = run("draft_quant_v034", tmp_path, DSPARK_CONFIG, text)
+    assert outcome.status == "applied", outcome
+    assert after.count("import copy\n") == 1
+
+
+@pytest.mark.parametrize("drop, what", [("            spec.update_arch_()\n", "update_arch_"),
+                                        ("if TYPE_CHECKING:\n", "TYPE_CHECKING")])
+def test_draft_quant_v034_needs_its_anchors(tmp_path, drop, what):
+    text = CONFIG_BEFORE.replace(drop, "")
+    if what == "TYPE_CHECKING":
+        text = text.replace("    from vllm.config import", "from vllm.config import")
+    outcome, after = run("draft_quant_v034", tmp_path, DSPARK_CONFIG, text)
+    assert (outcome.status, outcome.reason) == ("failed", "anchor-missing"), outcome
+    assert what in outcome.message
+    assert after == text
 
 
 # --------------------------------------------------------------------- dspark.py transforms
@@ -281,6 +350,7 @@ def test_moe_backend_needs_the_draft_config_at_the_top_level(tmp_path):
 # --------------------------------------------------------------------- the real files
 
 REAL = [(SPEC, ["draft_quant"]),
+        (DSPARK_CONFIG, ["draft_quant_v034"]),
         (DSPARK, ["dspark_draft_quant_scope", "dspark_guards"]),
         (DSPARK41, ["dspark_v41_draft_quant_scope", "dspark_v41_guards"]),
         (LOADER, ["dspark_draft_moe_backend"])]
@@ -291,8 +361,9 @@ def test_transforms_on_the_real_release_file(patched, tmp_path, rel, transforms)
     """Run on the file as the release ships it, the transforms give what the series applied."""
     expected = STATUSES[patched.release]
     if {expected[_patch_id(name)] for name in transforms} == {"skipped"}:
-        # out of range: the release has no such file
-        assert not (patched.tree / rel).exists()
+        # out of range: the series leaves the release's file (if it has one) as shipped
+        if (patched.tree / rel).exists():
+            assert patched.text(rel) == patched.base(rel)
         return
     base = patched.base(rel)
     (tmp_path / rel).parent.mkdir(parents=True)

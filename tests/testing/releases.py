@@ -1,37 +1,43 @@
-"""The releases the patchset tests run on, and what the series does on each: every test takes
-its expectation from the release it runs on, never from the tree it reads, so a release that
-lost a patch fails instead of passing down another branch."""
+"""The releases the patchset tests run on, and what the series does on each.
+
+Both come from the support table in ``docs/support.md``: the page users read is the expectation
+the tests hold the series to, so the two cannot drift.  Every test takes its expectation from the
+release it runs on, never from the tree it reads, so a release that lost a patch fails instead
+of passing down another branch."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from patchkit import versions
 
-RELEASES = ("v0.27.1", "v0.31.0", "v0.32.0", "v0.33.0")
+SUPPORT_PAGE = Path(__file__).resolve().parents[2] / "docs" / "support.md"
+_MARK = "<!-- support-matrix"
+STATUS_WORDS = ("applied", "upstream", "skipped")
 
-# patch id -> applied | upstream | skipped (out of the patch's vllm range)
-V027 = {
-    "draft-quant-normalization": "applied",
-    "dspark-draft-quant-scope": "applied",
-    "nvfp4-ds-mla-stage-a": "applied",
-    "nvfp4-ds-mla-stage-b": "applied",
-    "nvfp4-ds-mla-stage-b-v031": "skipped",
-    "nvfp4-ds-mla-stage-c": "applied",
-    "nvfp4-ds-mla-stage-c-v031": "skipped",
-    "dspark-loader-guards": "applied",
-    "dspark-draft-moe-backend": "applied",
-    # DeepSeek-V4.1 (vllm/models/deepseek_v41) from 0.31.0
-    "dspark-v41-draft-quant-scope": "skipped",
-    "dspark-v41-loader-guards": "skipped",
-}
-# stage A is upstream from 0.31.0; B and C use their >=0.31 variants; V4.1 is there
-V031 = dict(V027, **{"nvfp4-ds-mla-stage-a": "upstream", "nvfp4-ds-mla-stage-b": "skipped",
-                     "nvfp4-ds-mla-stage-b-v031": "applied", "nvfp4-ds-mla-stage-c": "skipped",
-                     "nvfp4-ds-mla-stage-c-v031": "applied",
-                     "dspark-v41-draft-quant-scope": "applied",
-                     "dspark-v41-loader-guards": "applied"})
-# the pin: stage A is out of its range at 0.33.0
-V033 = dict(V031, **{"nvfp4-ds-mla-stage-a": "skipped"})
-STATUSES = {"v0.27.1": V027, "v0.31.0": V031, "v0.32.0": V031, "v0.33.0": V033}
+
+def support_table(page: Path = SUPPORT_PAGE) -> dict[str, dict[str, str]]:
+    """release tag -> {patch id -> applied | upstream | skipped}, from the page's marked table."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(_MARK)) + 1
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    header, _rule, *body = rows
+    releases = header[1:]
+    table: dict[str, dict[str, str]] = {r: {} for r in releases}
+    for patch, *cells in body:
+        assert len(cells) == len(releases), f"{page}: row {patch} has {len(cells)} cells"
+        for release, cell in zip(releases, cells):
+            assert cell in STATUS_WORDS, f"{page}: {patch} @ {release}: {cell!r}"
+            table[release][patch] = cell
+    return table
+
+
+STATUSES = support_table()
+RELEASES = tuple(STATUSES)
 
 
 def since(release: str, first: str) -> bool:
