@@ -129,6 +129,7 @@ def cli() -> None:
       patchkit verify --tree .patchkit/vllm  re-run the AST assertions
       patchkit build-image                   build the linux/arm64 image
       patchkit rebase-check --releases       how the series fares on newer vLLM releases
+      patchkit bump --dry-run                the port to the newest release, as a change to review
     """
 
 
@@ -368,6 +369,46 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
     else:
         click.echo(render_text(result), nl=False)
     return 0 if result.ok else 1
+
+
+@cli.command()
+@click.option("--package", metavar="NAME",
+              help="Bump that package (vllm, or a name under packages:); default: every one.")
+@click.option("--to", "ref", metavar="REF",
+              help="The release to move to (default: the newest after the pin); with --package.")
+@click.option("--dry-run", is_flag=True, help="Port and prove in a throwaway tree; print the "
+              "pull request body and write nothing.")
+@click.option("--push", metavar="REMOTE", help="Push the branch to REMOTE (only if it is "
+              "still what it was there).")
+@VLLM_REPO
+@MANIFEST
+@FORMAT
+def bump(package, ref, dry_run, push, repos, manifest_path, fmt) -> int:
+    """Port the series to the newest release of each package, as one commit on
+    patchkit/bump-<package>-<version>, with a pull request body on stdout.
+
+    \b
+    Exit 0: bumped, or nothing newer; 4: needs a hand (a patch, an assertion or a probe
+    stopped it; the body says which); 2: bad input, nothing written.
+    \b
+    patchkit bump --dry-run
+    patchkit bump --package vllm --push origin
+    """
+    from patchkit.commands import bump as command
+    from patchkit.render import bump as render
+
+    results = command.run(Path(manifest_path), package=package, to=ref, dry_run=dry_run,
+                          push=push, repos=repos or None, progress=TextProgress(err=True))
+    if fmt == "json":
+        echo(json.dumps({"ok": command.exit_code(results) == 0,
+                         "bumps": [dict(r.to_dict(), body=render.body(r)) for r in results]},
+                        indent=2))
+    else:
+        echo("\n".join(render.body(r) for r in results if r.to_ref is not None).rstrip("\n")
+             or None)
+        for r in results:
+            echo(render.summary(r), err=True)
+    return command.exit_code(results)
 
 
 @cli.command()

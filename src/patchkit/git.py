@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeVar
 
-from patchkit import interrupt
+from patchkit import interrupt, process
 from patchkit.errors import CommandError
 
 # Commits patchkit makes are reproducible: the same manifest on the same vLLM commit gives the
@@ -759,3 +759,71 @@ def write_bundle(repo: Path, dest: Path, refs: dict[str, str], known: Sequence[s
         for ref, commit in refs.items():
             _run("update-ref", ref, commit, cwd=side)
         _run("bundle", "create", "--quiet", str(dest), *refs, "--not", *known, cwd=side)
+
+
+# ------------------------------------------------------------------------------ a bump's branch
+
+def toplevel(path: Path) -> Path | None:
+    """The work tree holding ``path``, or None outside any."""
+    got = _try("rev-parse", "--show-toplevel", cwd=path)
+    return Path(got.stdout.strip()) if got.ok else None
+
+
+def add_worktree(repo: Path, dest: Path, commit: str) -> None:
+    """A detached work tree of ``repo`` at ``dest``, checked out at ``commit``; the user's
+    branches, index and work tree are not touched."""
+    _run("worktree", "add", "--quiet", "--detach", str(dest), commit, cwd=repo)
+
+
+def remove_worktree(repo: Path, dest: Path) -> None:
+    """Drop the work tree at ``dest`` and git's record of it (gone already is fine)."""
+    if dest.exists():
+        _try("worktree", "remove", "--force", "--force", str(dest), cwd=repo)
+    _try("worktree", "prune", cwd=repo)
+
+
+def user_commit(repo: Path, message: str) -> str:
+    """Commit everything in ``repo``'s work tree as the user (their configured identity, else
+    patchkit's, dated now): a change for a person to review, not a series commit.  patchkit's
+    own folder (``.patchkit/``: checkouts, a rebase's state) is never part of it."""
+    _run("add", "-A", cwd=repo)
+    _run("rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", ".patchkit", cwd=repo)
+    env = {}
+    if not _try("config", "user.name", cwd=repo).stdout.strip():
+        env.update({k: v for k, v in IDENTITY.items() if not k.endswith("_DATE")})
+    _run("commit", "--quiet", "--no-verify", "-m", message, cwd=repo, env=env)
+    return head(repo)
+
+
+def remote_branch(repo: Path, remote: str, branch: str, timeout: float) -> str | None:
+    """What ``branch`` is at ``remote`` (None: no such branch there); a remote that cannot be
+    reached within ``timeout`` seconds is a CommandError."""
+    out = _run_deadline(timeout, "ls-remote", "--heads", remote, f"refs/heads/{branch}", cwd=repo)
+    for line in _lines(out):
+        sha, _, ref = line.partition("\t")
+        if ref == f"refs/heads/{branch}":
+            return sha
+    return None
+
+
+def fetch_commit(repo: Path, remote: str, branch: str, timeout: float) -> str:
+    """Fetch ``branch`` of ``remote`` (FETCH_HEAD only: no ref of the user's moves)."""
+    _run_deadline(timeout, "fetch", "--quiet", "--no-tags", remote, f"refs/heads/{branch}",
+                  cwd=repo)
+    return _line("rev-parse", "FETCH_HEAD", cwd=repo)
+
+
+def push_branch(repo: Path, remote: str, branch: str, commit: str, expected: str | None,
+                timeout: float) -> None:
+    """Set ``branch`` at ``remote`` to ``commit``, only if it is still ``expected`` there (None:
+    absent): one ref, all or nothing."""
+    lease = f"--force-with-lease=refs/heads/{branch}:{expected or ''}"
+    _run_deadline(timeout, "push", "--quiet", "--porcelain", lease, remote,
+                  f"{commit}:refs/heads/{branch}", cwd=repo)
+
+
+def _run_deadline(timeout: float, *args: str, cwd) -> str:
+    """A git command that talks to a remote, killed after ``timeout`` seconds."""
+    env = dict(QUIET, GIT_SSH_COMMAND=os.environ.get("GIT_SSH_COMMAND", "ssh") +
+               f" -o BatchMode=yes -o ConnectTimeout={max(1, int(timeout))}")
+    return process.run(["git", *BASE_ARGS, *args], cwd=cwd, env=env, timeout=timeout).stdout

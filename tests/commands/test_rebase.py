@@ -73,10 +73,13 @@ def test_drop_upstream_removes_entry_and_file(tmp_path):
     assert not (proj / "patches/util2.diff").exists()
     ids = [p["id"] for p in yaml.safe_load((proj / "patchset.yaml").read_text())["patches"]]
     assert ids == ["table-nvfp4", "fast-mode", "other-fix", "conf-overlay", "legacy"]
-    removed = [ln for ln in manifest_diff(proj) if ln.startswith("-") and "ref:" not in ln
+    changed = [ln for ln in manifest_diff(proj) if ln[:1] in "-+" and "ref:" not in ln
                and "base:" not in ln]
-    assert removed == ["-", "-  - id: already-in", "-    summary: add util2",
-                       "-    diff: patches/util2.diff"]
+    # the entry's place says what went and which release has it
+    assert changed == ["-  - id: already-in", "-    summary: add util2",
+                       "-    diff: patches/util2.diff",
+                       "+  # already-in: dropped, upstream in vLLM v1.1.0 (it reported `upstream` "
+                       "there)"]
     applies_cleanly(proj, tmp_path)
 
 

@@ -329,7 +329,9 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str) -> Step:
     version = state.resolved.version
     text = ManifestText.read(m.path)
     if state.data["drop_upstream"]:
-        text.delete_item(("patches",), p.index)
+        text.delete_item(("patches",), p.index,
+                         comment=f"{p.id}: dropped, upstream in {state.label} "
+                                 f"{state.data['to']} (it reported `upstream` there)")
         text.write(m.path)
         others = {q.path for q in m.patches if q.id != p.id}
         if p.path not in others:

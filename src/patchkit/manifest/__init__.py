@@ -9,6 +9,7 @@ from patchkit.manifest.model import (
     ID_RE,
     PREDICATES,
     Assertion,
+    BumpSettings,
     ImageDefaults,
     Manifest,
     Marker,
@@ -22,6 +23,6 @@ from patchkit.manifest.model import (
     summary_problem,
 )
 
-__all__ = ["ID_MAX", "ID_RE", "KINDS", "PREDICATES", "VLLM", "Assertion", "ImageDefaults",
+__all__ = ["ID_MAX", "ID_RE", "KINDS", "PREDICATES", "VLLM", "Assertion", "BumpSettings", "ImageDefaults",
            "Manifest", "Marker", "Package", "Patch", "VllmSource", "capped_id", "id_problem",
            "load", "shown_id", "summary_problem"]

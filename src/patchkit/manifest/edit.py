@@ -121,9 +121,10 @@ class ManifestText:
                 lines.append(f"{' ' * (indent + 2)}{scalar(k)}: {scalar(v)}")
         self._insert_lines(last + 1, lines)
 
-    def delete_item(self, path: Sequence[Key], index: int) -> None:
+    def delete_item(self, path: Sequence[Key], index: int, comment: str | None = None) -> None:
         """Delete item ``index`` of the block sequence at ``path``: its lines, from its dash to
-        its last value.  Comments above and below it stay (they may head a section)."""
+        its last value.  Comments above and below it stay (they may head a section).  With
+        ``comment``, a comment line at the dash's indent takes the item's place."""
         _, node = self._find(path)
         if not isinstance(node, yaml.SequenceNode) or node.flow_style:
             raise ManifestError(f"cannot edit {_dotted(path)}: not a block list", path=self.name)
@@ -132,6 +133,11 @@ class ManifestText:
         lines = self.text.splitlines(keepends=True)
         if first > 0 and lines[first - 1].strip() == "-":  # the dash alone on the line above
             first -= 1
+        if comment is not None:
+            dash = len(lines[first]) - len(lines[first].lstrip(" "))
+            lines[first:last + 1] = [" " * dash + "# " + " ".join(comment.split()) + "\n"]
+            self.text = "".join(lines)
+            return
         before_blank = first > 0 and not lines[first - 1].strip()
         at_end = last + 1 >= len(lines)
         if before_blank and (at_end or not lines[last + 1].strip()):

@@ -18,7 +18,8 @@ from packaging.utils import canonicalize_name
 from patchkit import acceptance, kinds, paths
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
-from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Assertion, ImageDefaults,
+from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Assertion, BumpSettings,
+                                     ImageDefaults,
                                      Manifest, Marker, Package, Patch, Variant, id_problem,
                                      shown_id, summary_problem)
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE, ref_problem
@@ -27,7 +28,8 @@ KINDS = kinds.NAMES
 
 # ------------------------------------------------------------------------------------ loading
 
-TOP_KEYS = ("name", "vllm", "packages", "image", "patches", "variants", "runtime")
+TOP_KEYS = ("name", "vllm", "packages", "image", "patches", "variants", "runtime", "bump")
+BUMP_KEYS = ("probes", "timeout")
 VLLM_KEYS = ("repo", "ref")
 PACKAGE_KEYS = ("dist", "repo", "ref")
 IMAGE_KEYS = ("base", "platform", "tag", "requires")
@@ -224,9 +226,27 @@ class _Loader:
                 patches.append(self.patch(item, index, first_line))
             self.entry = None
         runtime = self.runtime(top["runtime"][1]) if "runtime" in top else ()
+        bump = self.bump(top["bump"][1]) if "bump" in top else BumpSettings()
         return Manifest(name=name, root=self.root, path=self.path, vllm=vllm, image=image,
                         patches=tuple(patches), variants=self.declared, runtime=runtime,
-                        others=others)
+                        others=others, bump=bump)
+
+    def bump(self, node: yaml.Node) -> BumpSettings:
+        """``bump:``: the probes `patchkit bump` runs in the bumped tree, and their deadline."""
+        fields = self.mapping(node, "bump", BUMP_KEYS, what="a mapping with probes and timeout")
+        probes: list[str] = []
+        if "probes" in fields:
+            for i, item in enumerate(self.sequence(fields["probes"][1], "bump.probes",
+                                                   "a list of shell commands")):
+                probes.append(self.string(item, f"bump.probes[{i}]").strip())
+        timeout = BumpSettings.timeout
+        if "timeout" in fields:
+            value = self.value(fields["timeout"][1])
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                self.fail(f"bump.timeout: expected a number of seconds above 0, got {value!r}",
+                          fields["timeout"][1])
+            timeout = float(value)
+        return BumpSettings(tuple(probes), timeout)
 
     def sequence(self, node: yaml.Node, where: str, what: str) -> list[yaml.Node]:
         if isinstance(node, yaml.ScalarNode) and self.value(node) is None:

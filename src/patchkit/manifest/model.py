@@ -152,6 +152,15 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class BumpSettings:
+    """``bump:``: commands `patchkit bump` runs in the bumped tree once the assertions hold
+    (each must exit 0), and the deadline of each."""
+
+    probes: tuple[str, ...] = ()
+    timeout: float = 3600.0
+
+
+@dataclass(frozen=True)
 class Manifest:
     name: str
     root: Path                 # the folder holding patchset.yaml; patch paths are relative to it
@@ -162,6 +171,7 @@ class Manifest:
     variants: Mapping[str, Variant] = field(default_factory=dict)  # declared, in order
     runtime: tuple[Marker, ...] = ()   # markers of the whole series (they always count)
     others: tuple[Package, ...] = ()   # the entries of `packages:`, as written
+    bump: BumpSettings = field(default_factory=BumpSettings)
 
     @property
     def packages(self) -> tuple[Package, ...]:
