@@ -404,8 +404,9 @@ def bump(package, ref, dry_run, push, repos, manifest_path, fmt) -> int:
                          "bumps": [dict(r.to_dict(), body=render.body(r)) for r in results]},
                         indent=2))
     else:
-        echo("\n".join(render.body(r) for r in results if r.to_ref is not None).rstrip("\n")
-             or None)
+        bodies = [render.body(r) for r in results if r.to_ref is not None]
+        if bodies:
+            echo("\n".join(bodies).rstrip("\n"))
         for r in results:
             echo(render.summary(r), err=True)
     return command.exit_code(results)
