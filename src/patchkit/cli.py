@@ -407,8 +407,8 @@ def bump(package, ref, dry_run, push, repos, manifest_path, fmt) -> int:
         bodies = [render.body(r) for r in results if r.to_ref is not None]
         if bodies:
             echo("\n".join(bodies).rstrip("\n"))
-        for r in results:
-            echo(render.summary(r), err=True)
+    for r in results:   # a line per package on stderr, whatever stdout holds
+        echo(render.summary(r), err=True)
     return command.exit_code(results)
 
 
