@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from testing import one_error, patchkit
+from testing.flashinfer import FI_TILE_ENTRY, FI_TILE_PATCH, ensure_releases, make_stack
 from testing.project import make_fates
 from testing.upstream import commit, sh
 
@@ -199,3 +200,36 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(proj, tmp_path, case):
     assert expected in line
     assert files(proj) == before_files and refs(proj) == before_refs
     assert len(worktrees(proj)) == 1 and not (proj / ".patchkit" / "bump").exists()
+
+
+@pytest.mark.real_vllm
+def test_a_flashinfer_bump_on_real_releases(tmp_path, real_vllm):
+    """FlashInfer's pin moves alone, on its real PyPI releases: 0.6.17 ports (an offset
+    refreshed), 0.6.18 rewrote the line a guard holds on, which needs a hand."""
+    ensure_releases(real_vllm, ("v0.6.16", "v0.6.17", "v0.6.18"))
+    guard = FI_TILE_ENTRY.replace('    flashinfer: "<0.6.18"\n', "")
+    proj = make_stack(tmp_path, guard)
+    (proj / "patches" / "flashinfer" / "fi-nvfp4-only.diff").write_text(FI_TILE_PATCH)
+    text = (proj / "patchset.yaml").read_text().replace("    ref: v0.6.15\n", "    ref: v0.6.16\n")
+    (proj / "patchset.yaml").write_text(text)
+    (proj / ".gitignore").write_text("/.patchkit/\n")
+    sh("git", "init", "-q", "-b", "main", str(proj))
+    commit(proj, "vLLM and FlashInfer")
+
+    out = patchkit("bump", "--package", "flashinfer", "--to", "v0.6.17", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    branch = "patchkit/bump-flashinfer-0.6.17"
+    bumped = yaml.safe_load(sh("git", "show", f"{branch}:patchset.yaml", cwd=proj))
+    assert bumped["packages"]["flashinfer"]["ref"] == "v0.6.17"
+    assert bumped["vllm"]["ref"] == "v1"   # the other pin stays
+    assert "| `fi-nvfp4-only` | carried, refreshed |" in out.stdout
+    assert "| `fast-mode` |" not in out.stdout   # vLLM's patches are not this bump's
+    assert "every patch of flashinfer applies exactly" in out.stdout
+
+    hand = patchkit("bump", "--package", "flashinfer", "--to", "v0.6.18", "--dry-run", cwd=proj)
+    assert hand.returncode == EXIT_NEEDS_A_HAND, hand.stderr
+    assert "**Needs a hand**: `fi-nvfp4-only` could not be ported to flashinfer v0.6.18" \
+        in hand.stdout
+    assert "hunk 1 of flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py" \
+        in hand.stdout
+    assert sh("git", "branch", "--list", "patchkit/bump-flashinfer-0.6.18", cwd=proj) == ""

@@ -304,7 +304,7 @@ ERRORS = [
          "patchset.yaml:7: unknown key 'patchs'; did you mean 'patches'?"),
     case("unknown-key-far", HEAD + "  []\nzzz: 1\n",
          "patchset.yaml:7: unknown key 'zzz' (expected one of: name, vllm, packages, image, "
-         "patches, variants, runtime)"),
+         "patches, variants, runtime, bump)"),
     case("duplicate-key", HEAD + "  []\nname: again\n",
          "patchset.yaml:7: duplicate key 'name' (first on line 1)"),
     case("missing-name", "vllm: {repo: pypi, ref: v1}\n",

@@ -194,7 +194,8 @@ def _broken_v4():
         ("weight-scale warning: the draft on the NVFP4 path",
          with_line(rank0(), "expert_dtype", "(Worker_TP0 pid=201) WARNING 05-12 10:02:10 "
                    f"[modelopt.py:1059] {WEIGHT_SCALE}"), rank1(),
-         {"draft-quant-normalization", "dspark-draft-quant-scope"}, WEIGHT_SCALE),
+         {"draft-quant-normalization", "draft-quant-normalization-v034",
+          "dspark-draft-quant-scope"}, WEIGHT_SCALE),
         ("the draft got the target's MoE backend",
          with_line(without(rank0(), "startup"), "expert_dtype", f"(Worker_TP0 pid=201) "
                    f"{MXFP4_BACKEND}"), rank1(),
@@ -215,7 +216,7 @@ def _broken_v4():
          {"dspark-loader-guards"}, None),
         ("no fp4 expert dtype: the draft was not built by DeepseekV4FP8Config",
          without(rank0(), "expert_dtype"), without(rank1(), "expert_dtype"),
-         {"draft-quant-normalization"}, None),
+         {"draft-quant-normalization", "draft-quant-normalization-v034"}, None),
         ("a worker died", with_line(rank0(), "quantization path", WORKER_DIED), rank1(),
          {None}, WORKER_DIED),
         ("a draft tensor skipped (a DEBUG line)",
@@ -275,6 +276,7 @@ def test_the_recipes_lines_with_one_fault(release):
     """Logs without the architecture line judge both models' markers: a fault still fails
     the patch that fixes it (and its DeepSeek-V4.1 twin, which shares the line)."""
     for fault, patches in ((WEIGHT_SCALE, {"draft-quant-normalization",
+                                           "draft-quant-normalization-v034",
                                            "dspark-draft-quant-scope",
                                            "dspark-v41-draft-quant-scope"}),
                            (MXFP4_BACKEND, {"dspark-draft-moe-backend"}),

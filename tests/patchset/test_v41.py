@@ -160,8 +160,22 @@ class _Module:
         return iter(self.params.items())
 
 
+# 0.34.0 also loads every stage's WKV into one cross-layer projection
+CONTEXT_WKV = "model.context_wkv_proj.weight"
+
+
+class _Weight:
+    """A checkpoint tensor, as far as the loader looks at one."""
+
+    def __init__(self, dtype: str = "torch.bfloat16") -> None:
+        self.dtype = dtype
+
+    def detach(self) -> _Weight:
+        return _Weight(self.dtype)
+
+
 def _param_names(stages: int) -> list[str]:
-    names = []
+    names = [CONTEXT_WKV]
     for s in range(stages):
         layer = f"model.layers.{s}"
         names += [f"{layer}.ffn.experts.routed_experts.w13_weight",
@@ -185,7 +199,7 @@ def checkpoint(stages: int = STAGES, without: tuple[str, ...] = ()) -> list[tupl
         names += [f"mtp.{s}.attn.wq_a.weight", f"mtp.{s}.attn.wkv.weight",
                   f"mtp.{s}.ffn.gate.weight"]
     names = [n for n in names if not any(n.startswith(w) for w in without)]
-    return [(n, SimpleNamespace(dtype="torch.bfloat16")) for n in names]
+    return [(n, _Weight()) for n in names]
 
 
 def _expert_mapping(model, ckpt_gate_proj_name, ckpt_down_proj_name, ckpt_up_proj_name,
@@ -250,6 +264,12 @@ def draft_class(patched, *, fused_shared: bool = False):
     for name in ("_EXPERT_SCALE_RE", "_scope_draft_moe_quant_algo",
                  "_dspark_missing_expert_families"):
         lift(text, name, ns)
+    if patched.since("v0.34.0"):
+        # 0.34.0 loads each draft layer's WKV into one cross-layer projection too, with a
+        # helper it imports from the DeepSeek-V4 draft
+        v4 = patched.text("vllm/models/deepseek_v4/nvidia/dspark.py")
+        for name in ("_CONTEXT_WKV_RE", "_duplicate_context_wkv_weights"):
+            lift(v4, name, ns)
     cls = lift(text, "DSparkDeepseekV4ForCausalLM", ns)
     cls.log, cls.built = log, built
     return cls
@@ -259,7 +279,8 @@ def build(cls, hf_config, quant_config, prefix: str = ""):
     vllm_config = SimpleNamespace(
         speculative_config=SimpleNamespace(
             draft_model_config=SimpleNamespace(hf_config=hf_config)),
-        quant_config=quant_config)
+        quant_config=quant_config,
+        additional_config={})   # 0.34.0: no dspark_fused_markov
     return cls(vllm_config=vllm_config, prefix=prefix)
 
 
@@ -359,7 +380,8 @@ def test_v41_draft_loads_every_stage(patched, good_draft):
         return
     draft = good_draft()
     loaded, calls = load(draft, checkpoint())
-    assert loaded == set(_param_names(STAGES)) and sorted(set(calls)) == sorted(loaded)
+    expected = set(_param_names(STAGES)) - (set() if patched.since("v0.34.0") else {CONTEXT_WKV})
+    assert loaded == expected and sorted(set(calls)) == sorted(loaded)
     assert type(draft).log.lines[-1] == f"DSpark draft model loaded: {len(loaded)} params"
 
 

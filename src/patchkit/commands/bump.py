@@ -75,6 +75,8 @@ class BumpResult:
     worktree: str | None = None    # where a person finishes a bump that needs a hand
     notes: list[str] = field(default_factory=list)
     assertions: int = 0
+    dry_run: bool = False
+    untried: list[str] = field(default_factory=list)   # after the patch that stopped the port
 
     @property
     def needs_a_hand(self) -> bool:
@@ -152,7 +154,7 @@ def _bump_one(m: Manifest, project: Path, name: str, to: str | None, dry_run: bo
     scratch.parent.mkdir(parents=True, exist_ok=True)
     g.add_worktree(project, scratch, "HEAD")
     result = BumpResult(name, label, pin.ref, target, "dry-run" if dry_run else "bumped",
-                        branch=None if dry_run else branch)
+                        branch=None if dry_run else branch, dry_run=dry_run)
     keep = False
     try:
         keep = _port(scratch / rel, result, name, target, repos, progress)
@@ -223,11 +225,15 @@ def _port(manifest_path: Path, result: BumpResult, name: str, target: str,
     there (the tree is kept)."""
     done = rebase.start(manifest_path, target, repos=repos, drop_upstream=True, package=name,
                         progress=progress)
-    result.steps = done.steps
+    ours = [p.id for p in manifest.load(manifest_path).patches if p.package == name]
+    # the body speaks of this package's series: the others' patches keep their pins
+    result.steps = [s for s in done.steps if s.id in ours or s.action == "dropped"]
     result.notes = done.notes
     if done.stop is not None:
         result.status = "needs-a-hand"
         result.stop = done.stop
+        seen = {s.id for s in result.steps} | {done.stop.patch}
+        result.untried = [pid for pid in ours if pid not in seen]
         return True
     m = manifest.load(manifest_path)
     result.assertions = sum(len(p.verify) for p in m.patches if p.package == name)

@@ -9,7 +9,7 @@ FATES = {
     "resolved": "carried, resolved by hand",
     "upstream": "upstream: marked with a range",
     "dropped": "upstream: dropped",
-    "skipped": "out of its range, or another package's",
+    "skipped": "out of its range",
 }
 
 
@@ -26,9 +26,11 @@ def body(result) -> str:
     lines = [f"## {title}", ""]
     if result.needs_a_hand:
         lines += [f"**Needs a hand**: {_why(result)}", ""]
-    elif result.status == "dry-run":
-        lines += ["A dry run: nothing was written.", ""]
-    else:
+    if result.dry_run:
+        lines += ["A dry run: nothing was written"
+                  + (" (without `--dry-run` the port is left for a person)."
+                     if result.needs_a_hand else "."), ""]
+    elif not result.needs_a_hand:
         lines += [f"Branch `{result.branch}`, one commit"
                   + (f", pushed to `{result.pushed}`." if result.pushed else "."), ""]
     lines += ["| patch | fate | detail |", "|---|---|---|"]
@@ -38,6 +40,8 @@ def body(result) -> str:
                      f"{_cell(step.detail)} |")
     if stopped:
         lines.append(f"| `{stopped}` | **needs a hand** | {_cell(result.stop.message)} |")
+    lines += [f"| `{pid}` | not tried yet | after `{stopped or 'the stop'}` |"
+              for pid in result.untried]
     lines.append("")
     if result.stop:
         lines += ["### What needs a hand", "", "```text", *result.stop.instructions, "```", ""]
