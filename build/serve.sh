@@ -16,8 +16,8 @@
 #   DSPARK_MODEL              the checkpoint, same path on both nodes
 #                                                       [/models/DeepSeek-V4-Flash-NVFP4]
 #   DSPARK_SERVED_NAME        the model name the API answers to         [deepseek-v4-flash]
-#   DSPARK_DRAFT_MOE_BACKEND  the draft's MoE backend; vLLM 0.27.1 has no b12x,
-#                             use auto there                            [b12x]
+#   DSPARK_DRAFT_MOE_BACKEND  the draft's MoE backend; vLLM 0.27.1 and 0.28.0
+#                             have no b12x, use auto there              [b12x]
 # Anything missing, empty or malformed stops the script before vLLM starts, naming the setting.
 #
 # The two-node launch check, from a machine with patchkit and this repository (IMAGE is the same

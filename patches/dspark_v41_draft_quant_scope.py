@@ -1,6 +1,6 @@
 """DeepSeek-V4.1 DSpark: resolve the draft's MoE quant override from the draft's config.
 
-``vllm/models/deepseek_v41/`` (from vLLM 0.31.0) has its own ``DeepseekV4FP8Config`` with the
+``vllm/models/deepseek_v41/`` (from vLLM 0.30.0) has its own ``DeepseekV4FP8Config`` with the
 same lazy ``moe_quant_algo`` as DeepSeek-V4's: read on first use from the *current* model config,
 which while ``load_dspark_model`` builds the draft is still the target's.  From 0.32.0 the V4.1
 config keeps the experts a ModelOpt export lists under ``ignore`` (the bundled ``mtp.*`` stages)

@@ -1,6 +1,6 @@
 """DeepSeek-V4.1 DSpark: fail-closed loader guards for the draft.
 
-``vllm/models/deepseek_v41/nvidia/dspark.py`` (from vLLM 0.31.0) loads the V4.1 draft stages
+``vllm/models/deepseek_v41/nvidia/dspark.py`` (from vLLM 0.30.0) loads the V4.1 draft stages
 (``mtp.*``) with neither of the DeepSeek-V4 draft's guards: a draft built with NVFP4 experts, or a
 stage whose expert weights never loaded, runs and drafts garbage.  Its class has the DeepSeek-V4
 draft's name and anchors, so this is ``dspark_guards.py`` (reused as it is: the expert coverage
@@ -11,7 +11,7 @@ ModelOpt export lists under ``ignore`` stay MXFP4 although ``moe_quant_algo`` is
 is the intended way to serve an NVFP4 V4.1 target.  So the guard does not refuse a declared
 ``NVFP4``; it asks the quant config, stage by stage, what the draft is about to build
 (``_is_nvfp4_expert_layer`` on each stage's expert prefix), and refuses when any stage would be
-NVFP4.  A quant config without that per-layer choice (0.31.0's) applies ``moe_quant_algo`` to
+NVFP4.  A quant config without that per-layer choice (0.30.0's and 0.31.0's) applies ``moe_quant_algo`` to
 every expert layer, and the guard judges it so.  The startup line's ``moe_quant_algo`` is the
 override the draft's own stages get: empty for a good draft, as on DeepSeek-V4.
 

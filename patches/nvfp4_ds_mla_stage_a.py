@@ -7,11 +7,20 @@
 * it counts as quantized wherever ``fp8_ds_mla`` does: ``is_quantized_kv_cache`` in
   ``vllm/utils/torch_utils.py``, and ``get_kv_quant_mode``, which gives it fp8_ds_mla's mode.
   The model runner asks the attention backend for the packed cache shape only when the mode is
-  not ``NONE``, and the generic NVFP4 mode would size pages with the NVFP4 formula.
+  not ``NONE``, and the generic NVFP4 mode would size pages with the NVFP4 formula;
+* the MLA check of ``VllmConfig`` lets it through: from 0.28.0 that check refuses every
+  ``nvfp4*`` dtype on an MLA model (``startswith("nvfp4")``), nvfp4_ds_mla included, where
+  0.27.1 refused only ``nvfp4``.
 
-From 0.31.0 upstream has all of this (``nvfp4_ds_mla`` with its own ``NVFP4_DS_MLA`` mode, and
-``is_quantized_kv_cache`` accepting every ``nvfp4*`` dtype; in 0.33.0 that function left
-``torch_utils``): every postcondition then holds and the patch reports ``upstream``.
+0.28.0 and 0.29.0 test ``kv_cache_dtype.startswith("nvfp4")`` (for ``nvfp4_4over6``) where
+0.27.1 tested ``== "nvfp4"``, in ``get_kv_quant_mode`` and ``is_quantized_kv_cache``: the
+fp8_ds_mla branch goes ahead of that test, which would otherwise give nvfp4_ds_mla the generic
+NVFP4 mode, and ``is_quantized_kv_cache`` already accepts it.
+
+From 0.30.0 upstream has all of this (``nvfp4_ds_mla`` with its own ``NVFP4_DS_MLA`` mode, and
+``is_quantized_kv_cache`` accepting every ``nvfp4*`` dtype, and the MLA check sparing the
+``*_ds_mla`` dtypes; in 0.33.0 ``is_quantized_kv_cache`` left ``torch_utils``): every
+postcondition then holds and the patch reports ``upstream``.
 """
 
 from __future__ import annotations
@@ -90,11 +99,18 @@ class CacheDTypes(Transform):
 
 _MODE_SOURCE = '''def _():
     if kv_cache_dtype == "nvfp4_ds_mla":
-        # Quantized like fp8_ds_mla, and not the generic NVFP4 mode: the
-        # DeepSeek-V4 specs size its pages from cache_dtype_str, and the runner
+        # Quantized like fp8_ds_mla, and not the generic NVFP4 mode (so ahead of
+        # the nvfp4 test): the DeepSeek-V4 specs size its pages, and the runner
         # only asks the backend for the packed shape when the mode is not NONE.
         return KVQuantMode.FP8_PER_TENSOR
 '''
+
+# `kv_cache_dtype == "nvfp4"` (0.27.1) or `kv_cache_dtype.startswith("nvfp4")` (0.28.0, 0.29.0)
+_NVFP4_TEST = (
+    m.Comparison(left=m.Name("kv_cache_dtype"),
+                 comparisons=[m.ComparisonTarget(m.Equal(), m.SimpleString('"nvfp4"'))])
+    | m.Call(func=m.Attribute(value=m.Name("kv_cache_dtype"), attr=m.Name("startswith")),
+             args=[m.Arg(m.SimpleString('"nvfp4"'))]))
 
 
 class QuantMode(Transform):
@@ -105,17 +121,48 @@ class QuantMode(Transform):
 
     def transform(self, module: cst.Module) -> cst.Module:
         func = self.scope(module, "get_kv_quant_mode")
-        nvfp4 = self.anchor(func, m.If(test=m.Comparison(
-            left=m.Name("kv_cache_dtype"),
-            comparisons=[m.ComparisonTarget(m.Equal(), m.SimpleString('"nvfp4"'))])),
-            'if kv_cache_dtype == "nvfp4": in get_kv_quant_mode')
+        nvfp4 = self.anchor(func, m.If(test=_NVFP4_TEST),
+                            "the nvfp4 test (`== \"nvfp4\"` or `.startswith(\"nvfp4\")`) "
+                            "in get_kv_quant_mode")
         branch = cst.parse_module(_MODE_SOURCE).body[0].body.body[0]
-        return _insert_after(module, func.body, nvfp4, branch, "body")
+        return _insert_before(module, func.body, nvfp4, branch, "body")
+
+
+_STARTSWITH_NVFP4 = m.Call(func=m.Attribute(attr=m.Name("startswith")),
+                           args=[m.Arg(m.SimpleString('"nvfp4"'))])
+
+
+class MlaCheck(Transform):
+    """VllmConfig refuses an nvfp4 KV cache on MLA models: from 0.28.0 by prefix, which takes
+    nvfp4_ds_mla too; 0.30.0 spares the ``*_ds_mla`` dtypes itself."""
+
+    path = "vllm/config/vllm.py"
+    _SCOPE = "VllmConfig.validate_nvfp4_kv_cache_with_mla"
+
+    def postcondition(self, module: cst.Module) -> bool:
+        func = self.scope(module, self._SCOPE)
+        return not self.has(func, _STARTSWITH_NVFP4) or self.has(
+            func, m.SimpleString('"_ds_mla"') | _NEW)
+
+    def transform(self, module: cst.Module) -> cst.Module:
+        func = self.scope(module, self._SCOPE)
+        test = self.anchor(func, _STARTSWITH_NVFP4,
+                           'cache_dtype.startswith("nvfp4") in ' + self._SCOPE)
+        spared = cst.BooleanOperation(
+            left=test, operator=cst.And(),
+            right=cst.Comparison(left=test.func.value, comparisons=[
+                cst.ComparisonTarget(cst.NotEqual(), cst.SimpleString(NEW))]))
+        return module.deep_replace(test, spared)
 
 
 def _insert_after(module: cst.Module, owner: cst.CSTNode, anchor: cst.CSTNode,
-                  new: cst.CSTNode, field: str) -> cst.Module:
+                  new: cst.CSTNode, field: str, offset: int = 1) -> cst.Module:
     items = list(getattr(owner, field))
     at = next(i for i, item in enumerate(items) if item is anchor)
-    items.insert(at + 1, new)
+    items.insert(at + offset, new)
     return module.deep_replace(owner, owner.with_changes(**{field: items}))
+
+
+def _insert_before(module: cst.Module, owner: cst.CSTNode, anchor: cst.CSTNode,
+                   new: cst.CSTNode, field: str) -> cst.Module:
+    return _insert_after(module, owner, anchor, new, field, offset=0)

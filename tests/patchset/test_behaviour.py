@@ -31,6 +31,7 @@ SWA = "vllm/v1/attention/backends/mla/sparse_swa.py"
 KVI = "vllm/v1/kv_cache_interface.py"
 TORCH_UTILS = "vllm/utils/torch_utils.py"
 CACHE = "vllm/config/cache.py"
+VLLM_CONFIG = "vllm/config/vllm.py"
 SPEC = "vllm/config/speculative.py"
 DSPARK_CONFIG = "vllm/v1/worker/gpu/spec_decode/dspark/config.py"
 DSPARK = "vllm/models/deepseek_v4/nvidia/dspark.py"
@@ -104,9 +105,29 @@ def test_nvfp4_ds_mla_counts_as_quantized_like_fp8_ds_mla(patched, kv_quant_mode
     home = KVI if patched.since("v0.33.0") else TORCH_UTILS
     is_quantized = lift(patched.text(home), "is_quantized_kv_cache", ns)
     assert is_quantized(dtype) and not is_quantized("auto")
-    # The runner asks the backend for the packed shape only when the mode is not NONE.
-    assert get_mode(dtype) != mode.NONE
+    # The runner asks the backend for the packed shape only when the mode is not NONE, and
+    # the generic NVFP4 mode (which 0.28.0 gives every "nvfp4*" dtype) sizes NVFP4 pages.
+    assert get_mode(dtype) not in (mode.NONE, mode.NVFP4)
     assert get_mode("auto") == mode.NONE
+    assert get_mode("nvfp4") == mode.NVFP4
+
+
+def test_the_mla_check_lets_nvfp4_ds_mla_through(patched):
+    """VllmConfig refuses an nvfp4 KV cache on an MLA model; from 0.28.0 by prefix, which would
+    refuse nvfp4_ds_mla (DeepSeek-V4 is an MLA model) before stage B's resolver runs."""
+    check = lift(patched.text(VLLM_CONFIG), "VllmConfig.validate_nvfp4_kv_cache_with_mla", {})
+
+    def config(cache_dtype, use_mla=True):
+        return SimpleNamespace(cache_config=SimpleNamespace(cache_dtype=cache_dtype),
+                               model_config=SimpleNamespace(use_mla=use_mla))
+
+    for allowed in (config("nvfp4_ds_mla"), config("fp8_ds_mla"), config("nvfp4", False)):
+        assert check(allowed) is allowed
+    with pytest.raises(ValueError, match="not supported with MLA"):
+        check(config("nvfp4"))
+    if patched.since("v0.28.0"):  # nvfp4_4over6 is new in 0.28.0; still refused on MLA
+        with pytest.raises(ValueError, match="not supported with MLA"):
+            check(config("nvfp4_4over6"))
 
 
 # --------------------------------------------------------------------- stage B: the resolver
@@ -141,27 +162,35 @@ def test_resolver_keeps_fp8_behaviour(patched, requested):
 
 def test_resolver_still_refuses_other_dtypes_for_the_ds_mla_layout(patched):
     resolve, _ = _resolver(patched)
-    with pytest.raises(ValueError if patched.since("v0.31.0") else AssertionError):
+    with pytest.raises(ValueError if patched.since("v0.30.0") else AssertionError):
         resolve(True, "bfloat16", SimpleNamespace(cache_dtype="bfloat16"))
 
 
 # --------------------------------------------------------------------- stage C: the envelope
 #
 # Up to 0.27.1 the backends' get_kv_cache_shape and the specs' real_page_size_bytes size the
-# cache from the dtype string; from 0.31.0 both follow the spec's state_content_bytes, which the
-# DeepSeek-V4 layers pass.  Each release is checked in its own form.
+# cache from the dtype string; from 0.28.0 pages follow the spec's state_content_bytes, which the
+# DeepSeek-V4 layers pass, and from 0.29.0 the cache shape does too.  Each release is checked in
+# its own form.
 
 
 def _sized_by_spec(patched) -> bool:
-    return patched.since("v0.31.0")
+    return patched.since("v0.28.0")
 
 
-@pytest.mark.parametrize("rel, backend", [(SPARSE_MLA, "DeepseekV4FlashMLABackend"),
-                                          (SWA, "DeepseekSparseSWABackend")])
-def test_cache_shapes_give_nvfp4_ds_mla_584_bytes_per_token(patched, rel, backend):
-    if _sized_by_spec(patched):
+def _shaped_by_spec(patched) -> bool:
+    return patched.since("v0.29.0")
+
+
+@pytest.mark.parametrize("rel, backends", [
+    # the main MLA backend was DeepseekV4FlashMLABackend up to 0.27.1
+    (SPARSE_MLA, {"v0.27.1": "DeepseekV4FlashMLABackend", "v0.28.0": "DeepseekV4SparseMLABackend"}),
+    (SWA, {"v0.27.1": "DeepseekSparseSWABackend", "v0.28.0": "DeepseekSparseSWABackend"})])
+def test_cache_shapes_give_nvfp4_ds_mla_584_bytes_per_token(patched, rel, backends):
+    if _shaped_by_spec(patched):
         assert "def get_kv_cache_shape" not in patched.text(rel)
         return  # the shape is the spec's: see test_specs_carry_the_envelope
+    backend = backends[patched.release]
     shape = lift(patched.text(rel), f"{backend}.get_kv_cache_shape", {})
     assert shape(10, 64, 1, 512, "nvfp4_ds_mla") == (10, 64, 584)
     assert shape(10, 64, 1, 512, "nvfp4_ds_mla") == shape(10, 64, 1, 512, "fp8_ds_mla")
@@ -207,7 +236,7 @@ def _spec_kwargs(patched, rel, dotted, layer, cache_dtype):
 def _layers(cache_dtype):
     cache_config = SimpleNamespace(cache_dtype=cache_dtype, block_size=256)
     common = dict(cache_config=cache_config, block_size=64, head_dim=512, dtype=TORCH.uint8)
-    # The SWA cache's own envelope attributes exist from 0.31.0 on.
+    # The SWA cache's own envelope attributes exist from 0.30.0 on, bounded_replay from 0.31.0.
     swa = dict(window_size=128, bounded_replay=False, packed_bytes_per_token=584,
                packed_page_alignment=576, packed_block_stride_alignment=None)
     return {
@@ -231,7 +260,7 @@ def test_nvfp4_ds_mla_pages_are_aligned_like_fp8_ds_mla(patched, cache_dtype, al
 
 
 def test_specs_carry_the_envelope(patched):
-    """The main MLA layer stores nvfp4_ds_mla packed in uint8, like fp8_ds_mla; from 0.31.0
+    """The main MLA layer stores nvfp4_ds_mla packed in uint8, like fp8_ds_mla; from 0.28.0
     the MLA and SWA specs also carry its 584 bytes per token."""
     key = (ATTN, "DeepseekV4Attention.get_kv_cache_spec")
     swa_key = (SWA, "DeepseekV4SWACache.get_kv_cache_spec")

@@ -175,7 +175,7 @@ def test_the_recipes_lines_alone_hold(release):
     assert not failed(judge(release, recipe=recipe_only()))
 
 
-@pytest.mark.parametrize("release", [r for r in RELEASES if since(r, "v0.31.0")])
+@pytest.mark.parametrize("release", [r for r in RELEASES if since(r, "v0.30.0")])
 def test_a_good_v41_launch_holds_without_the_v4_kv_line(release):
     """DeepSeek-V4.1 keeps its own KV records (fp8_ds_mla on GB10): the V4 KV stages' line is
     not asked of it, though those patches are in the image."""
@@ -262,7 +262,7 @@ def test_the_unpatched_kv_resolver_fails_stage_b(release):
     assert f"rank0.log:7: [{stage_b.pop()}] forbidden" in "\n".join(shown)
 
 
-@pytest.mark.parametrize("release", [r for r in RELEASES if since(r, "v0.31.0")])
+@pytest.mark.parametrize("release", [r for r in RELEASES if since(r, "v0.30.0")])
 def test_a_broken_v41_launch_fails_its_own_patches(release):
     guard = with_line(rank0("v41"), "expert_dtype", f"(Worker_TP0 pid=201) {V41_NVFP4_GUARD}")
     assert failed(judge(release, rank0=guard, rank1=rank1("v41"))) == {"dspark-v41-loader-guards"}

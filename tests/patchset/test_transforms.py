@@ -347,6 +347,99 @@ def test_moe_backend_needs_the_draft_config_at_the_top_level(tmp_path):
     assert after == text
 
 
+# --------------------------------------------------------------------- nvfp4_ds_mla stage A
+
+STAGE_A = {
+    "vllm/utils/torch_utils.py": """\
+        STR_DTYPE_TO_TORCH_DTYPE = {
+            "fp8_ds_mla": torch.uint8,  # packed
+            "nvfp4": torch.uint8,
+        }
+
+
+        def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
+            return kv_cache_dtype.startswith("fp8") or kv_cache_dtype.startswith("nvfp4")
+        """,
+    "vllm/config/cache.py": """\
+        CacheDType = Literal["auto", "fp8_ds_mla", "nvfp4", "nvfp4_4over6"]
+        """,
+    "vllm/v1/kv_cache_interface.py": """\
+        def get_kv_quant_mode(kv_cache_dtype: str) -> KVQuantMode:
+            if kv_cache_dtype == "fp8_per_token_head":
+                return KVQuantMode.FP8_PER_TOKEN_HEAD
+            if kv_cache_dtype.startswith("nvfp4"):   # nvfp4, nvfp4_4over6
+                return KVQuantMode.NVFP4
+            return KVQuantMode.NONE
+        """,
+    "vllm/config/vllm.py": """\
+        class VllmConfig:
+            @model_validator(mode="after")
+            def validate_nvfp4_kv_cache_with_mla(self) -> "VllmConfig":
+                if (
+                    self.cache_config.cache_dtype.startswith("nvfp4")
+                    and self.model_config.use_mla
+                ):
+                    raise ValueError("nvfp4 KV cache is not supported with MLA")
+                return self
+        """,
+}
+
+
+def _stage_a_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(textwrap.dedent(text))
+
+
+def test_stage_a_follows_the_nvfp4_prefix_tests_of_0_28(tmp_path):
+    _stage_a_tree(tmp_path, STAGE_A)
+    outcome = run_transform_file(PATCHES / "nvfp4_ds_mla_stage_a.py", tmp_path, None)
+    assert outcome.status == "applied", outcome
+    mode = (tmp_path / "vllm/v1/kv_cache_interface.py").read_text()
+    # ahead of the prefix test, which would take nvfp4_ds_mla too
+    assert mode.index('if kv_cache_dtype == "nvfp4_ds_mla":') < mode.index(
+        'if kv_cache_dtype.startswith("nvfp4"):   # nvfp4, nvfp4_4over6')
+    assert (tmp_path / "vllm/config/vllm.py").read_text() == textwrap.dedent(
+        STAGE_A["vllm/config/vllm.py"]).replace(
+        'self.cache_config.cache_dtype.startswith("nvfp4")\n',
+        'self.cache_config.cache_dtype.startswith("nvfp4") and '
+        'self.cache_config.cache_dtype != "nvfp4_ds_mla"\n')
+    # is_quantized_kv_cache already takes every nvfp4* dtype: left as it was
+    assert (tmp_path / "vllm/utils/torch_utils.py").read_text().endswith(
+        'kv_cache_dtype.startswith("nvfp4")\n')
+    rerun = run_transform_file(PATCHES / "nvfp4_ds_mla_stage_a.py", tmp_path, None)
+    assert (rerun.status, rerun.reason) == ("upstream", None), rerun
+
+
+def test_stage_a_leaves_an_mla_check_that_names_nvfp4_alone(tmp_path):
+    files = dict(STAGE_A)
+    files["vllm/config/vllm.py"] = files["vllm/config/vllm.py"].replace(
+        'self.cache_config.cache_dtype.startswith("nvfp4")',
+        'self.cache_config.cache_dtype == "nvfp4"')
+    _stage_a_tree(tmp_path, files)
+    outcome = run_transform_file(PATCHES / "nvfp4_ds_mla_stage_a.py", tmp_path, None)
+    assert outcome.status == "applied", outcome
+    assert (tmp_path / "vllm/config/vllm.py").read_text() == textwrap.dedent(
+        files["vllm/config/vllm.py"])
+
+
+@pytest.mark.parametrize("rel, old, new, reason", [
+    ("vllm/v1/kv_cache_interface.py", 'kv_cache_dtype.startswith("nvfp4")',
+     'kv_cache_dtype.startswith("fp4")', "anchor-missing"),
+    ("vllm/config/vllm.py", "and self.model_config.use_mla",
+     'and self.model_config.use_mla\n                or self.cache_config.cache_dtype'
+     '.startswith("nvfp4")', "ambiguous-anchor"),
+])
+def test_stage_a_refuses_what_it_cannot_place(tmp_path, rel, old, new, reason):
+    files = dict(STAGE_A)
+    files[rel] = files[rel].replace(old, new)
+    _stage_a_tree(tmp_path, files)
+    before = {r: (tmp_path / r).read_text() for r in files}
+    outcome = run_transform_file(PATCHES / "nvfp4_ds_mla_stage_a.py", tmp_path, None)
+    assert (outcome.status, outcome.reason) == ("failed", reason), outcome
+    assert {r: (tmp_path / r).read_text() for r in files} == before
+
+
 # --------------------------------------------------------------------- the real files
 
 REAL = [(SPEC, ["draft_quant"]),

@@ -1,4 +1,4 @@
-"""DeepSeek-V4.1's DSpark draft (vllm/models/deepseek_v41, from vLLM 0.31.0), on each release.
+"""DeepSeek-V4.1's DSpark draft (vllm/models/deepseek_v41, from vLLM 0.30.0), on each release.
 
 The draft model class is lifted whole out of the patched release file and built and loaded
 against stubs (no torch, no GPU): its own ``__init__`` and ``load_weights`` run, with the
@@ -34,9 +34,9 @@ STAGES = 3
 
 
 def _has_v41(patched) -> bool:
-    """V4.1 from 0.31.0; before it the V4.1 patches are out of range and the file is absent."""
+    """V4.1 from 0.30.0; before it the V4.1 patches are out of range and the file is absent."""
     statuses = {patched.statuses[p] for p in V41_PATCHES}
-    if not patched.since("v0.31.0"):
+    if not patched.since("v0.30.0"):
         assert statuses == {"skipped"}, statuses
         assert not (patched.tree / DSPARK41).exists()
         return False
@@ -485,6 +485,14 @@ def _v41_resolver(patched):
                 {"torch": _Torch(), "logger": log}), log
 
 
+def _v41_has_nvfp4_ds_mla(patched) -> bool:
+    """V4.1's own nvfp4_ds_mla records from 0.31.0; 0.30.0's V4.1 knows fp8_ds_mla alone."""
+    if patched.since("v0.31.0"):
+        return True
+    assert "nvfp4_ds_mla" not in patched.text(ATTN41)
+    return False
+
+
 def test_v41_resolves_nvfp4_ds_mla_itself(patched):
     """No patch touches V4.1's KV cache: its resolver keeps nvfp4_ds_mla packed in uint8 and
     writes it back onto the cache config; the compressed-cache spec has its own record."""
@@ -492,6 +500,14 @@ def test_v41_resolves_nvfp4_ds_mla_itself(patched):
         return
     assert patched.text(ATTN41) == patched.base(ATTN41)
     resolve, log = _v41_resolver(patched)
+    if not _v41_has_nvfp4_ds_mla(patched):
+        # 0.30.0: the fp8_ds_mla record only, as V4's resolver without stage B.
+        with pytest.raises(ValueError, match="only supports fp8 kv-cache, got nvfp4_ds_mla"):
+            resolve(True, "nvfp4_ds_mla", SimpleNamespace(cache_dtype="nvfp4_ds_mla"))
+        fp8 = SimpleNamespace(cache_dtype="fp8")
+        assert resolve(True, "fp8", fp8) == ("fp8_ds_mla", "torch.uint8")
+        assert fp8.cache_dtype == "fp8_ds_mla"
+        return
     cache_config = SimpleNamespace(cache_dtype="nvfp4_ds_mla")
     assert resolve(True, "nvfp4_ds_mla", cache_config) == ("nvfp4_ds_mla", "torch.uint8")
     assert cache_config.cache_dtype == "nvfp4_ds_mla"
@@ -508,7 +524,7 @@ def test_v41_resolves_nvfp4_ds_mla_itself(patched):
 
 
 def test_v41_kv_spec_stores_nvfp4_ds_mla_packed_with_its_own_record(patched):
-    if not _has_v41(patched):
+    if not _has_v41(patched) or not _v41_has_nvfp4_ds_mla(patched):
         return
     captured = {}
 
