@@ -23,6 +23,7 @@ a throwaway tree and writes nothing.
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -247,8 +248,9 @@ def _port(manifest_path: Path, result: BumpResult, name: str, target: str,
 
 
 def _probe(command: str, m: Manifest, name: str, result: BumpResult, target: str) -> Probe:
+    # PATCHKIT_PYTHON: the interpreter patchkit runs in, which can import it (and its tests)
     env = {"PATCHKIT_BUMP_PACKAGE": name, "PATCHKIT_BUMP_FROM": result.from_ref,
-           "PATCHKIT_BUMP_REF": target}
+           "PATCHKIT_BUMP_REF": target, "PATCHKIT_PYTHON": sys.executable}
     done = process.run_user(["sh", "-c", command], env=env, timeout=m.bump.timeout, cwd=m.root)
     tail = "\n".join(done.output.rstrip().splitlines()[-20:])
     return Probe(command, done.returncode, round(done.seconds, 1), tail)
