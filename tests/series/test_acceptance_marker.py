@@ -21,6 +21,7 @@ from patchkit.errors import ManifestError
 from patchkit.manifest import Marker
 from patchkit.series import runtime
 from patchkit.source import pypi
+from testing.releases import RELEASES
 
 V0 = ("INFO 06-01 10:00:05 metrics.py:455] Speculative metrics: Draft acceptance rate: {rate:.3f}, "
       "System efficiency: 0.412, Number of speculative tokens: 5, Number of accepted tokens: "
@@ -59,7 +60,7 @@ def judge(floor: acceptance.Floor, *logs: str, unless: str | None = None):
 
 
 @pytest.mark.real_vllm
-@pytest.mark.parametrize("tag", ["v0.27.1", "v0.31.0", "v0.32.0", "v0.33.0"])
+@pytest.mark.parametrize("tag", RELEASES)   # every release the series supports
 def test_the_line_of_each_real_release_is_judged_on_its_counts(real_vllm, tag):
     fmt = _format_of_release(real_vllm, tag)
     # 347 of 1000 accepted (DSpark's good 34.7%), then a stretch at 4.4%: 391 of 2000 in all

@@ -18,6 +18,7 @@ from patchkit import manifest
 from patchkit.errors import LogError, ManifestError
 from patchkit.manifest import Marker
 from patchkit.series import runtime
+from testing.releases import RELEASES
 
 # The fixture project's three patches, each with markers; fast-mode is out of range on v1
 # (skipped), so its markers, which these logs would fail, must not count.
@@ -399,7 +400,7 @@ def test_each_start_is_judged_for_unless_on_its_own_lines():
 
 
 @pytest.mark.real_vllm
-@pytest.mark.parametrize("release", ["v0.27.1", "v0.31.0", "v0.32.0", "v0.33.0"])
+@pytest.mark.parametrize("release", RELEASES)   # every release the series supports
 def test_the_start_lines_are_the_real_releases_words(real_vllm, release):
     """Each wording the start rule reads is logged by every release patchkit supports, and the
     lines those format strings make are cut where they should be."""
