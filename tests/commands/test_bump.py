@@ -14,7 +14,7 @@ import pytest
 import yaml
 from testing import one_error, patchkit
 from testing.flashinfer import FI_TILE_ENTRY, FI_TILE_PATCH, ensure_releases, make_stack
-from testing.project import make_fates
+from testing.project import OTHER_RESOLVED, make_fates
 from testing.upstream import commit, sh
 
 from patchkit.commands.bump import EXIT_NEEDS_A_HAND
@@ -112,9 +112,29 @@ def test_a_port_that_needs_a_hand_says_which_patch_and_writes_no_branch(proj):
     assert (left / ".patchkit" / "rebase" / "state.json").is_file()
     assert f"`{left}`" in body
     assert out.stderr.splitlines()[-1].startswith("needs a hand: vLLM v1.3.0: `fast-mode`")
-    # a second try says where the first one is
+    # a second try says where the first one is, and what it waits for
     again = patchkit("bump", cwd=proj)
-    assert again.returncode == 2 and "under way in" in one_error(again)
+    assert again.returncode == 2 and f"in {left} still needs a hand" in one_error(again)
+
+
+def test_a_port_finished_by_hand_becomes_the_branch(proj):
+    """v1.2.0 stops at other-fix's conflict; a person resolves it in the port left for them,
+    and the next bump takes the port from there."""
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj)
+    assert out.returncode == EXIT_NEEDS_A_HAND, out.stderr
+    left = proj / ".patchkit" / "bump" / "vllm-1.2.0"
+    (left / ".patchkit" / "rebase" / "tree" / "pkg" / "other.py").write_text(OTHER_RESOLVED)
+    resolved = patchkit("rebase", "--continue", cwd=left)
+    assert resolved.returncode == 0, resolved.stderr
+    assert sh("git", "branch", "--list", "patchkit/bump-vllm-1.2.0", cwd=proj) == ""
+
+    done = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj)
+    assert done.returncode == 0, done.stderr
+    branch = "patchkit/bump-vllm-1.2.0"
+    assert "a * b + 1" in sh("git", "show", f"{branch}:patches/other.diff", cwd=proj)
+    assert "ref: v1.2.0" in sh("git", "show", f"{branch}:patchset.yaml", cwd=proj)
+    assert f"the port was finished by hand in {left}" in done.stdout
+    assert not left.exists() and len(worktrees(proj)) == 1
 
 
 def test_dry_run_writes_nothing_and_prints_the_body(proj):

@@ -148,17 +148,19 @@ def _bump_one(m: Manifest, project: Path, name: str, to: str | None, dry_run: bo
     rel = m.path.relative_to(project)
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bump-")) / "tree" if dry_run \
         else project / ".patchkit" / "bump" / f"{name}-{version}"
-    if scratch.exists():
-        raise UsageError(f"a bump of {label} to {version} is under way in {scratch}: finish it "
-                         f"there (`patchkit rebase --continue`) and commit, or remove it with "
-                         f"`git worktree remove --force {scratch}`")
-    scratch.parent.mkdir(parents=True, exist_ok=True)
-    g.add_worktree(project, scratch, "HEAD")
+    resumed = scratch.exists() and _finished_by_hand(scratch, rel, label, version)
+    if not resumed:
+        scratch.parent.mkdir(parents=True, exist_ok=True)
+        g.add_worktree(project, scratch, "HEAD")
     result = BumpResult(name, label, pin.ref, target, "dry-run" if dry_run else "bumped",
                         branch=None if dry_run else branch, dry_run=dry_run)
     keep = False
     try:
-        keep = _port(scratch / rel, result, name, target, repos, progress)
+        if resumed:
+            result.notes.append(f"the port was finished by hand in {scratch}")
+            keep = _probe_all(scratch / rel, result, name, target)
+        else:
+            keep = _port(scratch / rel, result, name, target, repos, progress)
         if result.needs_a_hand or dry_run:
             return result
         head = g.head(scratch)
@@ -220,6 +222,20 @@ def _only_bump_commits(project: Path, tip: str, branch: str, name: str, version:
                          "delete it first; bump replaces only its own commit")
 
 
+def _finished_by_hand(scratch: Path, rel: Path, label: str, version: str) -> bool:
+    """A port left for a person: True once they finished it (the bump goes on from there);
+    one line while it still needs them, or when it holds nothing."""
+    drop = f"drop it with `git worktree remove --force {scratch}`"
+    if rebase.in_progress((scratch / rel).parent):
+        raise UsageError(f"the port of {label} to {version} in {scratch} still needs a hand: "
+                         f"resolve it there (`patchkit rebase --continue`), then run this bump "
+                         f"again; or {drop}")
+    if not [p for _xy, p in g.status(scratch) if not p.startswith(".patchkit/")]:
+        raise UsageError(f"the port of {label} to {version} in {scratch} holds no change (was "
+                         f"its rebase aborted?): {drop}")
+    return True
+
+
 def _port(manifest_path: Path, result: BumpResult, name: str, target: str,
           repos: Sequence[str] | None, progress) -> bool:
     """Rebase, assertions and probes in the scratch tree; True when a person must finish it
@@ -236,6 +252,11 @@ def _port(manifest_path: Path, result: BumpResult, name: str, target: str,
         seen = {s.id for s in result.steps} | {done.stop.patch}
         result.untried = [pid for pid in ours if pid not in seen]
         return True
+    return _probe_all(manifest_path, result, name, target)
+
+
+def _probe_all(manifest_path: Path, result: BumpResult, name: str, target: str) -> bool:
+    """The manifest's probes, in order, until one fails; True when one did (a person's)."""
     m = manifest.load(manifest_path)
     result.assertions = sum(len(p.verify) for p in m.patches if p.package == name)
     for command in m.bump.probes:
