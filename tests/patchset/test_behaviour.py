@@ -118,8 +118,10 @@ def test_the_mla_check_lets_nvfp4_ds_mla_through(patched):
     check = lift(patched.text(VLLM_CONFIG), "VllmConfig.validate_nvfp4_kv_cache_with_mla", {})
 
     def config(cache_dtype, use_mla=True):
+        # 0.34.0 also refuses nvfp4_ds_mla under decode context parallelism: none here
         return SimpleNamespace(cache_config=SimpleNamespace(cache_dtype=cache_dtype),
-                               model_config=SimpleNamespace(use_mla=use_mla))
+                               model_config=SimpleNamespace(use_mla=use_mla),
+                               parallel_config=SimpleNamespace(decode_context_parallel_size=1))
 
     for allowed in (config("nvfp4_ds_mla"), config("fp8_ds_mla"), config("nvfp4", False)):
         assert check(allowed) is allowed

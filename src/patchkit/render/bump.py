@@ -52,9 +52,10 @@ def body(result) -> str:
     if result.notes:
         lines += ["", "### Notes", ""] + [f"- {note}" for note in result.notes]
     if result.worktree:
-        lines += ["", f"The port is left in `{result.worktree}` for a person: resolve it there "
-                      "(`patchkit rebase --continue`), commit, and open the pull request from "
-                      "that commit."]
+        again = f"patchkit bump --package {result.package} --to {result.to_ref}"
+        lines += ["", f"The port is left in `{result.worktree}` for a person: finish it there "
+                      f"(`patchkit rebase --continue` after a stop, or fix what the probe "
+                      f"found), then `{again}` takes it from there."]
     lines += ["", "<sub>Written by `patchkit bump`.</sub>"]
     return "\n".join(lines) + "\n"
 
