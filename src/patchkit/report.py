@@ -77,6 +77,8 @@ class Outcome:
     hunk: Hunk | None = None
     staged: bool = False   # the applier staged its own changes (deletions included)
     in_the_way: list[InTheWay] = field(default_factory=list)
+    # no author's code ran: the applier wrote ``files`` and nothing else (a kept result)
+    wrote_only_files: bool = False
 
 
 @dataclass

@@ -195,3 +195,63 @@ def test_load_errors(tmp_path, code, needle):
     out, _ = run(tmp_path, code, {"pkg/spec.py": "x = 1\n"})
     assert (out.status, out.reason) == ("failed", "error")
     assert needle in out.message
+
+
+# ------------------------------------------------------------------------------ kept results
+
+SPEC_BEFORE = '''\
+class Spec:
+    def backend(self):
+        return "flashinfer_b12x"   # the default
+'''
+
+
+def _counting(monkeypatch) -> list[str]:
+    """The transforms that really ran (parsed their file), by class name."""
+    from patchkit.kinds import transform as kind
+
+    ran: list[str] = []
+    real = kind._run_one
+
+    def counted(cls, source, version):
+        ran.append(cls.__name__)
+        return real(cls, source, version)
+
+    monkeypatch.setattr(kind, "_run_one", counted)
+    return ran
+
+
+def test_the_same_transform_on_the_same_file_is_not_run_twice(tmp_path, monkeypatch):
+    ran = _counting(monkeypatch)
+    first, root = run(tmp_path / "a", RENAME, {"pkg/spec.py": SPEC_BEFORE})
+    second, other = run(tmp_path / "b", RENAME, {"pkg/spec.py": SPEC_BEFORE})
+    assert (first.status, second.status) == ("applied", "applied")
+    assert ran == ["UseB12x"]   # the second tree got the kept result
+    assert (other / "pkg/spec.py").read_bytes() == (root / "pkg/spec.py").read_bytes()
+    assert second.wrote_only_files and not first.wrote_only_files
+    assert second.files == first.files == ["pkg/spec.py"]
+
+
+@pytest.mark.parametrize("change", ["input", "transform", "sibling", "version"])
+def test_a_kept_result_is_never_stale(tmp_path, monkeypatch, change):
+    """What the result depends on changes: it runs again."""
+    ran = _counting(monkeypatch)
+    run(tmp_path / "a", RENAME, {"pkg/spec.py": SPEC_BEFORE})
+    code, text, version = RENAME, SPEC_BEFORE, None
+    if change == "input":
+        text = SPEC_BEFORE.replace("# the default", "# the default, still")
+    elif change == "transform":
+        code = RENAME + "\n# a comment is a change too\n"
+    elif change == "sibling":   # a transform may load the files beside it
+        (tmp_path / "b").mkdir()
+        (tmp_path / "b" / "helper.py").write_text("X = 1\n")
+    else:
+        from packaging.version import Version
+        version = Version("0.34.0")
+    root = tmp_path / "b" / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg/spec.py").write_text(text)
+    (tmp_path / "b" / "t.py").write_text(code)
+    out = run_transform_file(tmp_path / "b" / "t.py", root, version)
+    assert out.status == "applied" and ran == ["UseB12x", "UseB12x"]
+    assert '"b12x"' in (root / "pkg/spec.py").read_text()

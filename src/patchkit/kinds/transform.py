@@ -40,6 +40,7 @@ import libcst.matchers as m
 from packaging.version import Version
 
 from patchkit import paths
+from patchkit.kinds import memo
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume
 from patchkit.report import Outcome, PatchResult
@@ -161,39 +162,62 @@ def load_transforms(py_file: Path) -> list[type[Transform]]:
 
 
 def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Outcome:
-    """Apply every transform in ``py_file`` to the checkout at ``root``, all or nothing."""
+    """Apply every transform in ``py_file`` to the checkout at ``root``, all or nothing.
+
+    A transform is a pure function of its code and the files it reads, so its result is kept
+    in the cache under the digest of both (``memo``): the same transform on the same release
+    file writes the same bytes without parsing them again (a matrix over eight releases runs
+    each transform once per distinct file)."""
     try:
         classes = load_transforms(py_file)
     except TransformLoadError as exc:
         return Outcome("failed", "error", str(exc))
     files = list(dict.fromkeys(cls.path for cls in classes))
-    pending: dict[str, str] = {}  # path -> new text, written only when every class succeeded
-    upstream = 0
+    inputs: dict[str, str | None] = {}
     for cls in classes:
         try:
             target = paths.safe_join(root, cls.path)
         except paths.UnsafePathError as exc:
             return Outcome("failed", "unsafe-path", f"{cls.__name__}: {exc}", files)
-        if cls.path in pending:
-            source = pending[cls.path]
-        elif target.is_file():
-            source = target.read_text(encoding="utf-8")
-        else:
+        if cls.path not in inputs:
+            inputs[cls.path] = target.read_text(encoding="utf-8") if target.is_file() else None
+    key = memo.key(py_file, inputs, version)
+    kept = memo.get(key)
+    if kept is None:
+        outcome, pending = _transformed(classes, inputs, version)
+        if outcome.status != "failed" or outcome.reason in ("anchor-missing",
+                                                              "ambiguous-anchor"):
+            memo.put(key, outcome, pending)   # the author's exceptions are not kept
+    else:
+        outcome, pending = kept
+        outcome.wrote_only_files = True   # nothing of the author's ran this time
+    outcome.files = files
+    for rel, text in pending.items():
+        paths.safe_join(root, rel).write_text(text, encoding="utf-8")
+    return outcome
+
+
+def _transformed(classes: Sequence[type[Transform]], inputs: dict[str, str | None],
+                 version: Version | None) -> tuple[Outcome, dict[str, str]]:
+    """The outcome of the classes in turn on ``inputs`` (path -> text, None: no such file),
+    and the new texts to write (none unless every class succeeded)."""
+    pending: dict[str, str] = {}  # path -> new text, written only when every class succeeded
+    upstream = 0
+    for cls in classes:
+        source = pending.get(cls.path, inputs[cls.path])
+        if source is None:
             return Outcome("failed", "anchor-missing",
-                                    f"{cls.__name__}: {cls.path} does not exist", files)
+                           f"{cls.__name__}: {cls.path} does not exist"), {}
         outcome = _run_one(cls, source, version)
         if isinstance(outcome, Outcome):
-            outcome.files = files
-            return outcome
+            return outcome, {}
         if outcome is None:
             upstream += 1
         else:
             pending[cls.path] = outcome
     if upstream == len(classes):
-        return Outcome("upstream", None, "postcondition already holds", files)
-    for rel, text in pending.items():
-        paths.safe_join(root, rel).write_text(text, encoding="utf-8")
-    return Outcome("applied", None, "", files)
+        return Outcome("upstream", None, "postcondition already holds"), {}
+    return Outcome("applied", None, ""), pending
 
 
 def _run_one(cls: type[Transform], source: str, version: Version | None

@@ -79,7 +79,8 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
         _reset(root)
         return _result(patch, "failed", "error", message=f"{exc}")
     result = _outcome_result(patch, out)
-    if not kind.writes_only_named and out.status in ("applied", "upstream"):
+    if not (kind.writes_only_named or out.wrote_only_files) and out.status in ("applied",
+                                                                               "upstream"):
         # What it did not name would be left out of the commit yet ride along in the workdir.
         stray = [p for p in g.dirty_paths(root) if p not in out.files]
         if stray:

@@ -1,0 +1,92 @@
+"""What a transform made, kept by content: the key is the digest of everything its result can
+depend on, so a hit is the same result, never a stale one (the way ccache and Bazel key their
+caches, not by time).
+
+The key covers the transform file and every other ``.py`` file in its folder (a transform may
+load its siblings), the release version it is told, each file it reads (path and bytes, or its
+absence), and the code that runs it: patchkit's version, the bytes of the authoring API and of
+the runner, and libcst's version.  Entries live under ``<cache>/transforms/``, one JSON file
+each, written by rename; one that cannot be read is a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import libcst
+
+from patchkit import __version__
+from patchkit.cache import cache_dir
+from patchkit.report import Outcome
+
+FORMAT = "patchkit-transform-memo/1"
+LIMIT = 64 << 20   # an entry is a few release files; a larger one is not ours
+_RUNNER = [Path(__file__).with_name("transform.py"),
+           Path(__file__).resolve().parents[1] / "transform.py"]
+
+
+def _folder() -> Path | None:
+    try:
+        folder = cache_dir() / "transforms"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    except OSError:
+        return None   # no cache: every run computes
+
+
+def key(py_file: Path, inputs: dict[str, str | None], version) -> str:
+    h = hashlib.sha256()
+
+    def add(label: str, data: bytes) -> None:
+        h.update(f"{label}\0{len(data)}\0".encode())
+        h.update(data)
+
+    add("format", FORMAT.encode())
+    add("patchkit", __version__.encode())
+    add("libcst", getattr(libcst, "__version__", "?").encode())
+    for runner in _RUNNER:
+        add("runner", runner.read_bytes() if runner.is_file() else b"")
+    add("transform", py_file.read_bytes())
+    for sibling in sorted(py_file.parent.glob("*.py")):
+        if sibling.name != py_file.name:
+            add(f"sibling {sibling.name}", sibling.read_bytes())
+    add("version", str(version).encode())
+    for path, text in inputs.items():
+        add(f"input {path}", b"\0missing" if text is None else text.encode("utf-8"))
+    return h.hexdigest()
+
+
+def get(digest: str) -> tuple[Outcome, dict[str, str]] | None:
+    folder = _folder()
+    if folder is None:
+        return None
+    try:
+        with open(folder / f"{digest}.json", "rb") as fh:
+            data = json.loads(fh.read(LIMIT))
+        outcome = Outcome(data["status"], data["reason"], data["message"])
+        return outcome, dict(data["texts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def put(digest: str, outcome: Outcome, texts: dict[str, str]) -> None:
+    folder = _folder()
+    if folder is None:
+        return
+    data = json.dumps({"status": outcome.status, "reason": outcome.reason,
+                       "message": outcome.message, "texts": texts}).encode()
+    if len(data) > LIMIT:
+        return
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".memo-", dir=folder)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, folder / f"{digest}.json")
+    except OSError:
+        if tmp is not None:   # a full disk costs a recompute next time, nothing else
+            Path(tmp).unlink(missing_ok=True)
