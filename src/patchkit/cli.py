@@ -191,6 +191,10 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
               help="Judge the runtime markers against this container's log (stdout and "
                    "stderr) since its current start, on the engine DOCKER_HOST names; "
                    "repeatable.")
+@click.option("--require-traffic", is_flag=True,
+              help="An acceptance floor whose logs hold no spec-decode metrics line (no traffic "
+                   "served yet) fails, instead of exit 5, not yet judged: for the check after "
+                   "smoke.")
 @PACKAGE
 @click.option("--locked", is_flag=True, help="With --image: also say whether it was built on the "
               "stack patchset.lock names (base digest, packages, installed versions).")
@@ -198,10 +202,11 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, base, logs, containers, packages, locked, timeout, variant,
-           manifest_path, fmt) -> int:
+def verify(tree, image, base, logs, containers, require_traffic, packages, locked, timeout,
+           variant, manifest_path, fmt) -> int:
     """Run the AST assertions on a tree or an image; with --log or --container, also the
-    runtime markers of the patches that are in, against the server's logs."""
+    runtime markers of the patches that are in, against the server's logs.  Exit 5 when an
+    acceptance floor is not yet judged (no traffic served yet) and nothing failed."""
     from patchkit.commands import verify as command
     from patchkit.render import text
 
@@ -213,9 +218,9 @@ def verify(tree, image, base, logs, containers, packages, locked, timeout, varia
                          containers=containers,
                          stdin=click.get_binary_stream("stdin") if "-" in logs else None,
                          base=base, log=lambda msg: echo(msg, err=True), timeout=timeout,
-                         packages=packages, locked=locked)
+                         packages=packages, locked=locked, require_traffic=require_traffic)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
-    return 0 if report.ok else 1
+    return report.exit_code
 
 
 @cli.command("rebase-check")

@@ -102,11 +102,11 @@ def test_json_adds_runtime_and_keeps_the_rest(project):
     judged = verify(project, "--log", "rank0.log", "--log", "rank1.log", "--format", "json")
     assert plain.returncode == judged.returncode == 0
     before, after = json.loads(plain.stdout), json.loads(judged.stdout)
-    assert list(after) == ["ok", "target", "verify", "runtime", "starts"]
+    assert list(after) == ["ok", "status", "target", "verify", "runtime", "starts"]
     assert {k: v for k, v in after.items() if k not in ("runtime", "starts")} == before
     # one start in each log: each judged from its first line
-    assert after["starts"] == [{"log": "rank0.log", "starts": 1, "line": 1},
-                               {"log": "rank1.log", "starts": 1, "line": 1}]
+    assert after["starts"] == [{"log": "rank0.log", "starts": 1, "line": 1, "stop": None},
+                               {"log": "rank1.log", "starts": 1, "line": 1, "stop": None}]
     assert plain.stdout.rstrip().rstrip("}").rstrip().rstrip("]") in judged.stdout
     rows = after["runtime"]
     assert [(r["patch"], r["log"], r["ok"], r["found"]) for r in rows] == [
@@ -272,8 +272,8 @@ def test_a_restarted_rank0_log_is_judged_on_its_last_start(project):
         "ok: 6/6 runtime markers hold in restart0.log, rank1.log"]
     report = json.loads(verify(project, "--log", "restart0.log", "--log", "rank1.log",
                                "--format", "json").stdout)
-    assert report["starts"] == [{"log": "restart0.log", "starts": 2, "line": second},
-                                {"log": "rank1.log", "starts": 1, "line": 1}]
+    assert report["starts"] == [{"log": "restart0.log", "starts": 2, "line": second, "stop": None},
+                                {"log": "rank1.log", "starts": 1, "line": 1, "stop": None}]
     died = next(r for r in report["runtime"] if r["log"] == "died unexpectedly")
     assert died["ok"] and died["found"] == 0 and died["lines"] == []
     assert died["earlier"] == [f"restart0.log:1-{second - 1}"]
@@ -327,7 +327,8 @@ def test_a_restarted_headless_log_is_cut_at_its_next_config(project):
     out = verify(project, "--log", "rank0.log", "--log", "good1.log", "--format", "json")
     assert out.returncode == 0, out.stdout
     assert json.loads(out.stdout)["starts"][1] == {
-        "log": "good1.log", "starts": 2, "line": len((ARCH + RANK1 + DIED).splitlines()) + 1}
+        "log": "good1.log", "starts": 2, "line": len((ARCH + RANK1 + DIED).splitlines()) + 1,
+        "stop": None}
 
 
 def _cut(*lines: str) -> runtime.Start:

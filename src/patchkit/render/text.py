@@ -90,7 +90,7 @@ def verify(report) -> str:
                  f"assertions passed on {report.target}")
     if report.runtime is not None:
         lines += [f"note: {note}" for note in report.notes]
-        lines += runtime(report.runtime, report.logs)
+        lines += runtime(report.runtime, report.logs, report.waiting)
     if report.holds is not None:
         lines.append(f"{report.target} holds {holds(report.holds.to_dict())}")
     if report.locked is not None:
@@ -101,15 +101,21 @@ def verify(report) -> str:
     return "\n".join(lines)
 
 
-def runtime(results, logs: list[str]) -> list[str]:
+def runtime(results, logs: list[str], waiting=()) -> list[str]:
     """The failures of the runtime markers, one line each (a forbidden line with its
-    ``FILE:LINE:``), then one summary."""
-    lines = [line for r in results for line in r.failure_lines()]
+    ``FILE:LINE:``), then those not yet judged (``waiting``: no traffic served yet), then one
+    summary."""
+    lines = [line for r in results if r not in waiting for line in r.failure_lines()]
+    lines += [f"not yet judged: [{r.label}] {r.message}" for r in waiting]
     held = sum(r.ok for r in results)
     aside = sum(not r.judged for r in results)
-    note = f" ({aside} not judged: their `unless` left out every log)" if aside else ""
-    ok = all(r.ok for r in results)
-    lines.append(f"{'ok' if ok else 'FAILED'}: {held}/{len(results)} runtime markers hold in "
+    notes = ([f"{aside} not judged: their `unless` left out every log"] if aside else []) + \
+            ([f"{len(waiting)} not yet judged: no traffic served yet; verify again after "
+              "smoke, or give --require-traffic"] if waiting else [])
+    note = f" ({'; '.join(notes)})" if notes else ""
+    failed = any(not r.ok and r not in waiting for r in results)
+    word = "FAILED" if failed else "NOT YET JUDGED" if waiting else "ok"
+    lines.append(f"{word}: {held}/{len(results)} runtime markers hold in "
                  f"{', '.join(logs)}{note}")
     return lines
 
