@@ -104,9 +104,20 @@ class Acceptance:
         return "acceptance " + ("; ".join(parts) or "unknown")
 
     def to_dict(self) -> dict:
+        """The figures as numbers; counts as integers (a Prometheus counter is a float).
+        ``drafted`` is ``draft_tokens`` in vLLM's word (its log's ``Drafted: N tokens``)."""
         return {"rate": self.rate, "mean_length": self.mean_length,
-                "per_position": list(self.per_position), "drafts": self.drafts,
-                "draft_tokens": self.draft_tokens, "accepted": self.accepted}
+                "per_position": list(self.per_position), "drafts": _count(self.drafts),
+                "draft_tokens": _count(self.draft_tokens), "drafted": _count(self.draft_tokens),
+                "accepted": _count(self.accepted)}
+
+
+def _count(value: float | None) -> int | float | None:
+    """A count as an integer; a value that is no whole number (a counter that is not one)
+    stays as it is."""
+    if value is None or isinstance(value, bool) or not float(value).is_integer():
+        return value
+    return int(value)
 
 
 def from_counts(drafts: float | None, draft_tokens: float, accepted: float,

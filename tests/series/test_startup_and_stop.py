@@ -206,7 +206,7 @@ def test_a_served_log_passes_and_gives_its_figures_as_numbers(project):
     figures = report["runtime"][2]["acceptance"]
     assert figures == {"rate": 0.347, "mean_length": 2.74,
                        "per_position": [0.71, 0.46, 0.27, 0.19, 0.105], "drafts": None,
-                       "draft_tokens": 1000, "accepted": 347,
+                       "draft_tokens": 1000, "drafted": 1000, "accepted": 347,
                        "lines": [f"served.log:3: {METRICS}"]}
 
 
