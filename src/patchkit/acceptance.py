@@ -21,7 +21,9 @@ The log wordings are those of vLLM's own sources:
   27.3%, Mean acceptance length: 2.37, Accepted: 410 tokens, Drafted: 1500 tokens,
   Per-position acceptance rate: 0.600, 0.400, ...`` (some releases without the last two
   fields);
-* V1 from then to 0.33.0 (the cached 0.27.1, 0.31.0, 0.32.0 and 0.33.0 log the same line):
+* V1 from 0.26.0 or earlier to 0.34.0 (``SpecDecodingLogging.log`` in
+  ``vllm/v1/spec_decode/metrics.py`` has the same format string in every release read: 0.26.0
+  and 0.34.0 from their PyPI wheels, 0.27.1 to 0.33.0 from their tagged sources):
   ``SpecDecoding metrics: Mean acceptance length: 2.37, Accepted throughput: 41.00 tokens/s,
   Drafted throughput: 150.00 tokens/s, Accepted: 410 tokens, Drafted: 1500 tokens,
   Per-position acceptance rate: 0.600, 0.400, ..., Avg Draft acceptance rate: 27.3%``.

@@ -2,8 +2,8 @@
 wording vLLM has logged them, held to a floor; and the bad floors the manifest refuses.
 
 The current wording is rendered here with the format string of the real
-``vllm/v1/spec_decode/metrics.py`` of each cached release (0.27.1, 0.31.0, 0.32.0, 0.33.0), read
-from the releases' sources; the older wordings are vLLM's V0 ``Speculative metrics`` line and
+``vllm/v1/spec_decode/metrics.py`` of each release from 0.27.1 to 0.33.0, read from the
+releases' sources; the older wordings are vLLM's V0 ``Speculative metrics`` line and
 the first V1 ``SpecDecoding metrics`` line, whose rate was a percentage placed first.
 """
 
@@ -59,7 +59,8 @@ def judge(floor: acceptance.Floor, *logs: str, unless: str | None = None):
 
 
 @pytest.mark.real_vllm
-@pytest.mark.parametrize("tag", ["v0.27.1", "v0.31.0", "v0.32.0", "v0.33.0"])
+@pytest.mark.parametrize("tag", ["v0.27.1", "v0.28.0", "v0.29.0", "v0.30.0", "v0.31.0",
+                                 "v0.32.0", "v0.33.0"])
 def test_the_line_of_each_real_release_is_judged_on_its_counts(real_vllm, tag):
     fmt = _format_of_release(real_vllm, tag)
     # 347 of 1000 accepted (DSpark's good 34.7%), then a stretch at 4.4%: 391 of 2000 in all
