@@ -230,7 +230,7 @@ def test_a_log_that_cannot_be_read_is_one_line_and_exit_2(project, given, messag
     out = verify(project, "--log", "rank0.log", "--log", given)
     assert out.returncode == 2
     assert out.stdout == ""
-    assert out.stderr.splitlines() == [f"patchkit: error: {message}"]
+    assert out.stderr.splitlines() == [f"patchkit verify: error: {message}"]
     as_json = verify(project, "--log", given, "--format", "json")
     assert as_json.returncode == 2
     assert json.loads(as_json.stdout) == {"ok": False, "error": message, "exit_code": 2}
@@ -239,7 +239,8 @@ def test_a_log_that_cannot_be_read_is_one_line_and_exit_2(project, given, messag
 def test_validate_counts_the_markers(project):
     out = patchkit("validate", cwd=project)
     assert out.returncode == 0
-    assert out.stdout.strip() == "patchset.yaml: ok (3 patches, 8 runtime markers, vLLM v1)"
+    assert out.stdout.strip() == ("patchset.yaml: ok (3 patches, 1 diff parsed, 1 transform imported, 1 "
+                                  "overlay listed, 3 assertions, 8 runtime markers, vLLM v1)")
 
 
 # ------------------------------------------------------------------------------ the last start
@@ -443,7 +444,7 @@ def test_dev_zero_ends_as_not_a_log_in_bounded_memory(project):
     assert out.returncode == 2, out.stderr
     assert out.stdout == ""
     assert out.stderr.splitlines() == [
-        "patchkit: error: --log /dev/zero: line 1 runs on past 64 MiB with no line end: "
+        "patchkit verify: error: --log /dev/zero: line 1 runs on past 64 MiB with no line end: "
         "not a text log"]
 
 
@@ -695,7 +696,7 @@ def test_a_bad_marker_exits_2_from_validate(tmp_path):
     out = patchkit("validate", cwd=tmp_path)
     assert out.returncode == 2
     assert out.stderr.splitlines() == [
-        "patchkit: error: patchset.yaml:8: runtime[0]: count and min together; give one "
+        "patchkit validate: error: patchset.yaml:8: runtime[0]: count and min together; give one "
         "(count: exactly N lines, min: at least N)"]
 
 
