@@ -58,7 +58,7 @@ def test_unknown_ref_exit_2_naming_it(tmp_path):
     p = patchkit("apply", "--vllm-ref", "v1.5", cwd=proj)
     assert p.returncode == 2
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("patchkit: error: unknown vLLM ref 'v1.5' in ")
+    assert last.startswith("patchkit apply: error: unknown vLLM ref 'v1.5' in ")
     assert last.endswith("(did you mean v1?)") and "Traceback" not in p.stderr
 
 
@@ -164,7 +164,8 @@ def test_unexpected_error_is_one_line_and_logged(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(applier, "apply_series", boom)
     assert cli.main(["apply"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("patchkit: unexpected error: RuntimeError: disk on fire")
+    assert len(err) == 1 and err[0].startswith(
+        "patchkit apply: error: unexpected error: RuntimeError: disk on fire")
     log = Path(err[0].rsplit("traceback in ", 1)[1].rstrip(")"))
     assert "Traceback" in log.read_text() and "disk on fire" in log.read_text()
 
@@ -202,7 +203,7 @@ def test_error_under_format_json_is_also_json_on_stdout(tmp_path):
     answer = json.loads(p.stdout)
     assert answer["ok"] is False and answer["exit_code"] == 2
     assert answer["error"].startswith("unknown vLLM ref 'v9'")
-    assert p.stderr.strip().splitlines()[-1].startswith("patchkit: error: unknown vLLM ref 'v9'")
+    assert p.stderr.strip().splitlines()[-1].startswith("patchkit apply: error: unknown vLLM ref 'v9'")
     text = patchkit("apply", "--vllm-ref", "v9", cwd=proj)
     assert text.returncode == 2 and text.stdout == ""
 

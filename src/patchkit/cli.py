@@ -4,6 +4,7 @@ errors go to the one handler in ``errors``."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -57,6 +58,15 @@ class Verb(click.Command):
         opts = [o for p in self.params if p.name == "fmt" for o in p.opts]
         return any(a in (f"{o}=json" for o in opts) or (a in opts and nxt == "json")
                    for a, nxt in zip(args, [*args[1:], ""]))
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        """The verb list's line: ``short_help``, else the help's first sentence whole (the
+        list wraps it), never cut mid-phrase."""
+        if self.short_help:
+            return self.short_help
+        text = " ".join((self.help or "").split("\b")[0].split())
+        first = re.match(r"(.+?)[.;:](?:\s|$)", text)
+        return first.group(1) if first else text
 
 
 class Group(click.Group):
@@ -139,14 +149,13 @@ def validate(manifest_path: str, fmt: str) -> int:
     """Check the manifest and the files it names, and nothing else."""
     from patchkit.commands import validate as command
 
-    m = command.run(Path(manifest_path))
+    validated = command.run(Path(manifest_path))
     if fmt == "json":
-        echo(json.dumps(command.summary(m), indent=2))
+        echo(json.dumps(command.summary(validated), indent=2))
         return 0
-    markers = len(m.runtime) + sum(len(p.runtime) for p in m.patches)
-    counted = f", {markers} runtime markers" if markers else ""
+    m = validated.manifest
     pins = "".join(f", {p.name} {p.ref}" for p in m.others)
-    echo(f"{manifest_path}: ok ({len(m.patches)} patches{counted}, vLLM {m.vllm.ref}{pins})")
+    echo(f"{manifest_path}: ok ({command.describe(validated)}, vLLM {m.vllm.ref}{pins})")
     return 0
 
 
@@ -388,7 +397,8 @@ def export(workdir, manifest_path) -> int:
     return 0
 
 
-@cli.command("add-pr")
+@cli.command("add-pr", short_help="Add a pull request's diff to the series, once the series "
+                                   "applies with it at the pin")
 @click.argument("pr", metavar="N|URL")
 @click.option("--id", "patch_id", metavar="ID", help="The new patch's id (default: pr-N).")
 @click.option("--include", multiple=True, metavar="GLOB",
@@ -411,7 +421,8 @@ def add_pr(pr, patch_id, include, package, manifest_path, fmt) -> int:
     return 0
 
 
-@cli.command("import")
+@cli.command("import", short_help="Turn a fork branch's commits, or an overlay tree, into diff "
+                                  "patches at the end of the series")
 @click.argument("ref", required=False)
 @click.option("--from", "from_repo", metavar="REPO",
               help="The fork's git URL or path (default: the manifest's vLLM sources); with "
@@ -606,9 +617,32 @@ def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, 
 
 
 
+USAGE = """\
+usage: patchkit [--version] [-h | --help] COMMAND [ARGS]...
+
+  patchkit validate          check patchset.yaml and the files it names
+  patchkit apply             apply the series to the pinned vLLM (.patchkit/vllm)
+  patchkit verify            re-run the AST assertions (--log: a server's log too)
+  patchkit build-image       build the image
+  patchkit rebase-check      how the series fares on newer vLLM releases
+
+'patchkit --help' lists every command; 'patchkit COMMAND --help' tells one."""
+
+
+def _prog(args: list[str]) -> str:
+    """``patchkit VERB`` for a run of a known verb, else ``patchkit``: every error line
+    begins with it."""
+    name = next((a for a in args if not a.startswith("-")), None)
+    return f"patchkit {name}" if name in cli.commands else "patchkit"
+
+
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
     args = sys.argv[1:] if argv is None else list(argv)
+    if not args:   # as git: the short usage, not the whole help as an error
+        echo(USAGE, err=True)
+        return 2
+    prog = _prog(args)
     try:
         rv = cli.main(args=args, prog_name="patchkit", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
@@ -619,13 +653,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
-        where = f"patchkit {ctx.info_name}" if ctx and ctx.info_name != "patchkit" else "patchkit"
+        where = f"patchkit {ctx.info_name}" if ctx and ctx.info_name != "patchkit" else prog
         echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
         code, message = 2, exc.format_message()
     except (Exception, KeyboardInterrupt, interrupt.Interrupted) as exc:  # the one handler
         from patchkit.cache import log_file
 
-        code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file)
+        code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file,
+                                            prog=prog)
         echo(line, err=True)
         if not isinstance(exc, (errors.PatchkitError, Exception)):
             return code  # an interruption: nothing to report

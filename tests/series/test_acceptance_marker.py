@@ -175,7 +175,7 @@ def test_a_bad_floor_exits_2_from_validate(tmp_path):
     (tmp_path / "patchset.yaml").write_text(HEAD + "runtime:\n  - acceptance: {min: 2}\n")
     out = patchkit("validate", cwd=tmp_path)
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1
-    assert out.stderr.startswith("patchkit: error: patchset.yaml:6: runtime[0].acceptance.min: 2")
+    assert out.stderr.startswith("patchkit validate: error: patchset.yaml:6: runtime[0].acceptance.min: 2")
 
 
 def test_a_floor_loads_into_a_frozen_value(tmp_path, monkeypatch):
