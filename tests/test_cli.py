@@ -213,3 +213,62 @@ def test_bad_flag_under_format_json_is_json_too(tmp_path):
     assert p.returncode == 2
     assert json.loads(p.stdout) == {"ok": False, "exit_code": 2,
                                     "error": "No such option '--frobnicate'. Did you mean '--format'?"}
+
+
+# ------------------------------------------------------------------------------ the smaller list
+
+def test_patchkit_alone_prints_the_short_usage_and_exits_2(tmp_path):
+    p = patchkit(cwd=tmp_path)
+    assert p.returncode == 2 and p.stdout == ""
+    lines = p.stderr.splitlines()
+    assert lines[0] == "usage: patchkit [--version] [-h | --help] COMMAND [ARGS]..."
+    assert len(lines) < 15 and "Options:" not in p.stderr and "error" not in p.stderr
+
+
+def test_the_verb_list_of_help_is_never_cut_mid_phrase(tmp_path):
+    out = patchkit("--help", cwd=tmp_path).stdout
+    listed = out.split("Commands:\n", 1)[1]
+    assert "..." not in listed
+    assert "  verify        Run the AST assertions on a tree or an image\n" in listed
+
+
+def test_every_verb_says_its_name_in_its_error_line(tmp_path):
+    proj = make_project(tmp_path)
+    for verb, *args in (("apply",), ("verify",), ("validate",), ("rebase-check", "--to", "v2"),
+                        ("lock",), ("export",), ("bisect", "fast-mode")):
+        p = patchkit(verb, *args, "--manifest", "nope.yaml", cwd=proj)
+        assert p.returncode == 2, (verb, p.stderr)
+        assert p.stderr.splitlines()[-1] == f"patchkit {verb}: error: nope.yaml: no such file"
+
+
+def test_a_bad_pypi_ref_from_the_manifest_blames_no_flag(tmp_path):
+    proj = make_project(tmp_path)
+    yaml = proj / "patchset.yaml"
+    yaml.write_text("\n".join("  repo: pypi" if line.startswith("  repo: ") else line
+                              for line in yaml.read_text().splitlines()) + "\n")
+    p = patchkit("rebase-check", "--to", "nonsense", cwd=proj)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "--vllm-repo" not in p.stderr
+    assert p.stderr.splitlines()[-1] == ("patchkit rebase-check: error: the vLLM source pypi "
+                                         "takes a release tag such as v0.27.1, not 'nonsense'")
+
+
+def test_verify_of_a_folder_that_is_no_checkout_is_one_line(tmp_path):
+    proj = make_project(tmp_path)
+    (tmp_path / "elsewhere" / "docs").mkdir(parents=True)
+    p = patchkit("verify", "--tree", str(tmp_path / "elsewhere"), cwd=proj)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == [
+        f"patchkit verify: error: --tree {tmp_path / 'elsewhere'}: no vLLM checkout there (no "
+        "apply report, and none of the 2 files the assertions read: pkg/extra.py, pkg/mod.py)"]
+
+
+def test_one_patch_and_one_target_are_singular(tmp_path):
+    proj = make_project(tmp_path)
+    yaml = proj / "patchset.yaml"
+    text = yaml.read_text()
+    yaml.write_text(text[:text.index("  - id: fast-mode")])
+    p = patchkit("validate", cwd=proj)
+    assert p.stdout.startswith("patchset.yaml: ok (1 patch, 1 diff parsed, 1 assertion, ")
+    p = patchkit("rebase-check", "--to", "v2", cwd=proj)
+    assert p.stdout.splitlines()[0] == "demo: 1 patch x 1 vLLM target (pinned at v1)"

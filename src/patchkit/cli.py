@@ -148,6 +148,7 @@ def cli() -> None:
 def validate(manifest_path: str, fmt: str) -> int:
     """Check the manifest and the files it names, and nothing else."""
     from patchkit.commands import validate as command
+    from patchkit.render import text
 
     validated = command.run(Path(manifest_path))
     if fmt == "json":
@@ -155,7 +156,7 @@ def validate(manifest_path: str, fmt: str) -> int:
         return 0
     m = validated.manifest
     pins = "".join(f", {p.name} {p.ref}" for p in m.others)
-    echo(f"{manifest_path}: ok ({command.describe(validated)}, vLLM {m.vllm.ref}{pins})")
+    echo(f"{manifest_path}: ok ({text.validate(validated)}, vLLM {m.vllm.ref}{pins})")
     return 0
 
 

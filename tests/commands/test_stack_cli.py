@@ -191,7 +191,7 @@ def test_bisect_walks_flashinfers_releases(guarded):
     assert "), failed/conflict at v0.6.18 (" in lines[0]
     assert lines[1] == ("it changes between the flashinfer releases v0.6.17 (applied) and "
                         "v0.6.18 (failed/conflict)")
-    assert "tested 2 of 1 releases (at most 2)" in lines
+    assert "tested 2 of 2 releases, both ends included (at most 2)" in lines
     assert f"upstream diff of {FI_FILE} from v0.6.17 to v0.6.18:" in lines
     # the upstream change that broke it: 0.6.18 rewrote the line the patch holds on
     assert "-        tile_k = sf_vec_size * 8" in lines
@@ -275,7 +275,7 @@ def test_bisect_on_flashinfers_git_history_names_the_commit(from_git):
     lines = p.stdout.splitlines()
     assert lines[0].startswith("fi-nvfp4-only (flashinfer): applied at v0.6.16 (")
     assert lines[1] == f"broken by {commits['v0.6.18'][:10]}  Release 0.6.18"
-    assert "tested 3 of 2 first-parent commits (at most 3)" in lines
+    assert "tested 3 of 3 first-parent commits, both ends included (at most 3)" in lines
 
 
 def test_rebase_check_bisects_flashinfers_failures(from_git):

@@ -38,25 +38,6 @@ def run(manifest_path: Path) -> Validated:
     return out
 
 
-def plural(n: int, word: str, many: str | None = None) -> str:
-    return f"{n} {word if n == 1 else many or word + 's'}"
-
-
-def describe(v: Validated) -> str:
-    """The parenthesis of the text report: what was counted and compiled."""
-    m = v.manifest
-    parts = [plural(len(m.patches), "patch", "patches")]
-    done = {"diff": "parsed", "transform": "imported", "overlay": "listed"}
-    parts += [f"{plural(n, kind)} {done.get(kind, 'checked')}" for kind, n in v.kinds.items()]
-    asserted = sum(len(p.verify) for p in m.patches)
-    if asserted:
-        parts.append(plural(asserted, "assertion"))
-    markers = len(m.runtime) + sum(len(p.runtime) for p in m.patches)
-    if markers:
-        parts.append(plural(markers, "runtime marker"))
-    return ", ".join(parts)
-
-
 def summary(v: Validated) -> dict:
     """The ``--format json`` shape: what a CI job needs to fan out over the packages."""
     m = v.manifest

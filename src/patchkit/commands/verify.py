@@ -189,11 +189,26 @@ def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
         if not path.is_dir():
             raise UsageError(f"{name} has {len(mine)} patch{'es' if len(mine) > 1 else ''} with "
                              f"assertions but no checkout at {path}; run 'patchkit apply'")
+        if own is None:
+            _check_is_checkout(path, name, mine, first)
         results += assertions.run_assertions(mine, assertions.tree_reader(path))
         checked.append(path)
         statuses.update({p.id: p.status for p in own.patches if p.package == name} if own
                         else {})
     return _Checked(results, statuses, found[VLLM], variant, trees=checked)
+
+
+def _check_is_checkout(path: Path, name: str, patches: Sequence[Patch], first: Path) -> None:
+    """A tree patchkit did not make must hold at least one file the assertions read, else it
+    is no checkout of the package at all: one line, not a "no such file" per assertion."""
+    files = sorted({a.file for p in patches for a in p.verify})
+    if not files or any((path / f).is_file() for f in files):
+        return
+    what = "--tree" if path == first else f"{name}'s checkout"
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    raise UsageError(f"{what} {path}: no {'vLLM' if name == VLLM else name} checkout there (no "
+                     f"apply report, and none of the {len(files)} files the assertions read: "
+                     f"{shown})")
 
 
 def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None

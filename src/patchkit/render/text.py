@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from patchkit.imageref import split_tag
+from patchkit.render import plural
 from patchkit.render.colors import paint
 from patchkit.report import ApplyReport, AssertionResult, PatchResult
 
@@ -179,3 +180,19 @@ def build_image(report) -> str:
             lines.append(f"FAILED: {report.tag} was built, but {failed} of "
                          f"{len(copied['targets'])} copies failed")
     return "\n".join(lines)
+
+
+def validate(v) -> str:
+    """The parenthesis of validate's line (a ``commands.validate.Validated``): what was
+    counted and compiled."""
+    m = v.manifest
+    parts = [plural(len(m.patches), "patch", "patches")]
+    done = {"diff": "parsed", "transform": "imported", "overlay": "listed"}
+    parts += [f"{plural(n, kind)} {done.get(kind, 'checked')}" for kind, n in v.kinds.items()]
+    asserted = sum(len(p.verify) for p in m.patches)
+    if asserted:
+        parts.append(plural(asserted, "assertion"))
+    markers = len(m.runtime) + sum(len(p.runtime) for p in m.patches)
+    if markers:
+        parts.append(plural(markers, "runtime marker"))
+    return ", ".join(parts)
