@@ -272,3 +272,21 @@ def test_one_patch_and_one_target_are_singular(tmp_path):
     assert p.stdout.startswith("patchset.yaml: ok (1 patch, 1 diff parsed, 1 assertion, ")
     p = patchkit("rebase-check", "--to", "v2", cwd=proj)
     assert p.stdout.splitlines()[0] == "demo: 1 patch x 1 vLLM target (pinned at v1)"
+
+
+def test_copy_image_takes_manifest_and_copies_its_build_without_image(tmp_path):
+    from patchkit import manifest
+    from patchkit.commands import copy_image
+
+    proj = make_project(tmp_path)
+    assert copy_image.built_image(manifest.load(proj / "patchset.yaml")) == "demo:v1"
+    env = {"DOCKER_HOST": f"unix://{tmp_path}/no.sock", "PATH": "/usr/bin:/bin"}
+    p = patchkit("copy-image", "--to", "tcp://127.0.0.1:9", "--manifest", "patchset.yaml",
+                 cwd=proj, env=env)
+    assert p.returncode == 1   # read, then the engine is asked for demo:v1
+    assert p.stderr.splitlines()[-1].startswith("patchkit copy-image: error: no Docker Engine "
+                                                "answers at unix://")
+    p = patchkit("copy-image", "--to", "tcp://127.0.0.1:9", "--manifest", "nope.yaml",
+                 cwd=proj, env=env)
+    assert (p.returncode, p.stderr.splitlines()[-1]) == (
+        2, "patchkit copy-image: error: nope.yaml: no such file")

@@ -545,7 +545,7 @@ def lock(workdir, base, platform, timeout, manifest_path, fmt) -> int:
 
 
 @cli.command("copy-image")
-@click.argument("image")
+@click.argument("image", required=False)
 @click.option("--to", "targets", multiple=True, metavar="ENGINE", required=True,
               help="An engine to copy to: ssh://[user@]host[:port] (through the system ssh), "
                    "unix:///path or tcp://host:port; repeat, or list more after it.")
@@ -559,9 +559,14 @@ def lock(workdir, base, platform, timeout, manifest_path, fmt) -> int:
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none",
               show_default=True, help="Compress the stream on the way (for slow links).")
 @TIMEOUT
+@click.option("--manifest", "manifest_path", default=None, type=click.Path(dir_okay=False),
+              help="Without IMAGE: copy the image this manifest's build-image tags, image.tag "
+                   "at the pin (default: patchset.yaml).")
 @FORMAT
-def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, fmt) -> int:
-    """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines.
+def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manifest_path,
+                   fmt) -> int:
+    """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines; without IMAGE,
+    the image build-image tags for the manifest (image.tag at the pin).
 
     \b
     Judged by content (config digest and layer diff_ids), never by image id:
@@ -577,6 +582,11 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, fmt) -
     from patchkit.commands import copy_image as command
     from patchkit.render import copy as render
 
+    if image is not None and "://" in image:   # no image reference holds one: an ENGINE
+        image, more = None, (image, *more)
+    if image is None or manifest_path is not None:
+        built = command.built_image(_load(manifest_path or "patchset.yaml"))
+        image = image or built
     report = command.run(image, [*targets, *more], log=TextProgress(err=True).info,
                          timeout=timeout, via=via, dry_run=dry_run, compress=compress)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
