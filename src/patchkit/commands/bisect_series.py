@@ -420,7 +420,8 @@ def run(manifest: Manifest, command: str, *, repos: Sequence[str] | None = None,
     result = SeriesBisect(argv, series, left_out,
                           {"ref": at.ref, "commit": at.commit, "version": at.version},
                           spec.variant, image)
-    progress.info(f"bisecting {plural(len(series), 'patch', 'patches')} at {at.ref} with {shlex.join(argv)} "
+    progress.info(f"bisecting {plural(len(series), 'patch', 'patches')} at {at.ref} with "
+                  f"{shlex.join(argv)} "
                   f"(at most {result.limit} runs)")
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-series-"))
     try:

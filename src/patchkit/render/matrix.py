@@ -62,7 +62,8 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
     head = ["patch", *matrix.refs, "notes"]
     table = [[r.patch.id, *[cell_word(c) for c in r.cells], "; ".join(notes(r))] for r in rows]
     widths = [max(len(x[i]) for x in [head, *table]) for i in range(len(head) - 1)]
-    lines = [(f"{m.name}: {plural(len(rows), 'patch', 'patches')} x {plural(len(matrix.targets), matrix.label + ' target')} "
+    targets = plural(len(matrix.targets), matrix.label + " target")
+    lines = [(f"{m.name}: {plural(len(rows), 'patch', 'patches')} x {targets} "
               f"(pinned at {matrix.pin}"
               + (f", variant {matrix.variant})" if matrix.variant else ")")), ""]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  notes")
