@@ -32,8 +32,8 @@
 #   4. 10 s later (vLLM logs its spec-decode metrics every 10 s), each node's log against the
 #      patches in IMAGE and the series' acceptance floors (exit 0 every marker holds, 1 one
 #      does not, naming the patch and the line):
-#        DOCKER_HOST=ssh://spark-2 patchkit verify --image IMAGE --container dsv4-rank1
-#        DOCKER_HOST=ssh://spark-1 patchkit verify --image IMAGE --container dsv4-rank0
+#        DOCKER_HOST=ssh://spark-2 patchkit verify --image IMAGE --container dsv4-rank1 --require-traffic
+#        DOCKER_HOST=ssh://spark-1 patchkit verify --image IMAGE --container dsv4-rank0 --require-traffic
 set -euo pipefail
 
 die() {

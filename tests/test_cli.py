@@ -58,7 +58,7 @@ def test_unknown_ref_exit_2_naming_it(tmp_path):
     p = patchkit("apply", "--vllm-ref", "v1.5", cwd=proj)
     assert p.returncode == 2
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("patchkit: error: unknown vLLM ref 'v1.5' in ")
+    assert last.startswith("patchkit apply: error: unknown vLLM ref 'v1.5' in ")
     assert last.endswith("(did you mean v1?)") and "Traceback" not in p.stderr
 
 
@@ -164,7 +164,8 @@ def test_unexpected_error_is_one_line_and_logged(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(applier, "apply_series", boom)
     assert cli.main(["apply"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("patchkit: unexpected error: RuntimeError: disk on fire")
+    assert len(err) == 1 and err[0].startswith(
+        "patchkit apply: error: unexpected error: RuntimeError: disk on fire")
     log = Path(err[0].rsplit("traceback in ", 1)[1].rstrip(")"))
     assert "Traceback" in log.read_text() and "disk on fire" in log.read_text()
 
@@ -202,7 +203,7 @@ def test_error_under_format_json_is_also_json_on_stdout(tmp_path):
     answer = json.loads(p.stdout)
     assert answer["ok"] is False and answer["exit_code"] == 2
     assert answer["error"].startswith("unknown vLLM ref 'v9'")
-    assert p.stderr.strip().splitlines()[-1].startswith("patchkit: error: unknown vLLM ref 'v9'")
+    assert p.stderr.strip().splitlines()[-1].startswith("patchkit apply: error: unknown vLLM ref 'v9'")
     text = patchkit("apply", "--vllm-ref", "v9", cwd=proj)
     assert text.returncode == 2 and text.stdout == ""
 
@@ -212,3 +213,80 @@ def test_bad_flag_under_format_json_is_json_too(tmp_path):
     assert p.returncode == 2
     assert json.loads(p.stdout) == {"ok": False, "exit_code": 2,
                                     "error": "No such option '--frobnicate'. Did you mean '--format'?"}
+
+
+# ------------------------------------------------------------------------------ the smaller list
+
+def test_patchkit_alone_prints_the_short_usage_and_exits_2(tmp_path):
+    p = patchkit(cwd=tmp_path)
+    assert p.returncode == 2 and p.stdout == ""
+    lines = p.stderr.splitlines()
+    assert lines[0] == "usage: patchkit [--version] [-h | --help] COMMAND [ARGS]..."
+    assert len(lines) < 15 and "Options:" not in p.stderr and "error" not in p.stderr
+
+
+def test_the_verb_list_of_help_is_never_cut_mid_phrase(tmp_path):
+    out = patchkit("--help", cwd=tmp_path).stdout
+    listed = out.split("Commands:\n", 1)[1]
+    assert "..." not in listed
+    assert "  verify        Run the AST assertions on a tree or an image\n" in listed
+
+
+def test_every_verb_says_its_name_in_its_error_line(tmp_path):
+    proj = make_project(tmp_path)
+    for verb, *args in (("apply",), ("verify",), ("validate",), ("rebase-check", "--to", "v2"),
+                        ("lock",), ("export",), ("bisect", "fast-mode")):
+        p = patchkit(verb, *args, "--manifest", "nope.yaml", cwd=proj)
+        assert p.returncode == 2, (verb, p.stderr)
+        assert p.stderr.splitlines()[-1] == f"patchkit {verb}: error: nope.yaml: no such file"
+
+
+def test_a_bad_pypi_ref_from_the_manifest_blames_no_flag(tmp_path):
+    proj = make_project(tmp_path)
+    yaml = proj / "patchset.yaml"
+    yaml.write_text("\n".join("  repo: pypi" if line.startswith("  repo: ") else line
+                              for line in yaml.read_text().splitlines()) + "\n")
+    p = patchkit("rebase-check", "--to", "nonsense", cwd=proj)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "--vllm-repo" not in p.stderr
+    assert p.stderr.splitlines()[-1] == ("patchkit rebase-check: error: the vLLM source pypi "
+                                         "takes a release tag such as v0.27.1, not 'nonsense'")
+
+
+def test_verify_of_a_folder_that_is_no_checkout_is_one_line(tmp_path):
+    proj = make_project(tmp_path)
+    (tmp_path / "elsewhere" / "docs").mkdir(parents=True)
+    p = patchkit("verify", "--tree", str(tmp_path / "elsewhere"), cwd=proj)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == [
+        f"patchkit verify: error: --tree {tmp_path / 'elsewhere'}: no vLLM checkout there (no "
+        "apply report, and none of the 2 files the assertions read: pkg/extra.py, pkg/mod.py)"]
+
+
+def test_one_patch_and_one_target_are_singular(tmp_path):
+    proj = make_project(tmp_path)
+    yaml = proj / "patchset.yaml"
+    text = yaml.read_text()
+    yaml.write_text(text[:text.index("  - id: fast-mode")])
+    p = patchkit("validate", cwd=proj)
+    assert p.stdout.startswith("patchset.yaml: ok (1 patch, 1 diff parsed, 1 assertion, ")
+    p = patchkit("rebase-check", "--to", "v2", cwd=proj)
+    assert p.stdout.splitlines()[0] == "demo: 1 patch x 1 vLLM target (pinned at v1)"
+
+
+def test_copy_image_takes_manifest_and_copies_its_build_without_image(tmp_path):
+    from patchkit import manifest
+    from patchkit.commands import copy_image
+
+    proj = make_project(tmp_path)
+    assert copy_image.built_image(manifest.load(proj / "patchset.yaml")) == "demo:v1"
+    env = {"DOCKER_HOST": f"unix://{tmp_path}/no.sock", "PATH": "/usr/bin:/bin"}
+    p = patchkit("copy-image", "--to", "tcp://127.0.0.1:9", "--manifest", "patchset.yaml",
+                 cwd=proj, env=env)
+    assert p.returncode == 1   # read, then the engine is asked for demo:v1
+    assert p.stderr.splitlines()[-1].startswith("patchkit copy-image: error: no Docker Engine "
+                                                "answers at unix://")
+    p = patchkit("copy-image", "--to", "tcp://127.0.0.1:9", "--manifest", "nope.yaml",
+                 cwd=proj, env=env)
+    assert (p.returncode, p.stderr.splitlines()[-1]) == (
+        2, "patchkit copy-image: error: nope.yaml: no such file")

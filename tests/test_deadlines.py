@@ -34,7 +34,8 @@ def test_copy_image_at_a_silent_engine_is_one_line_within_the_deadline(tmp_path)
                         env={"DOCKER_HOST": peer.tcp, "PATH": "/usr/bin:/bin"})
     assert p.returncode == 1 and took < SLACK, (took, p.stderr)
     assert error_lines(p.stderr) == [
-        f"patchkit: error: no Docker Engine answers at {peer.tcp}: no answer within 2 s"]
+        f"patchkit copy-image: error: no Docker Engine answers at {peer.tcp}: no answer within "
+        "2 s"]
 
 
 def test_build_image_at_a_silent_engine_ends_before_the_apply(tmp_path):
@@ -45,7 +46,8 @@ def test_build_image_at_a_silent_engine_ends_before_the_apply(tmp_path):
                              "PATCHKIT_CACHE_DIR": str(tmp_path / "cache")})
     assert p.returncode == 1 and took < SLACK, (took, p.stderr)
     assert error_lines(p.stderr) == [
-        f"patchkit: error: no Docker Engine answers at {peer.tcp}: no answer within 2 s"]
+        f"patchkit build-image: error: no Docker Engine answers at {peer.tcp}: no answer within "
+        "2 s"]
     assert not (proj / ".patchkit").exists()  # nothing was applied first
     assert not (tmp_path / "cache").exists()  # nor fetched
 
@@ -57,7 +59,7 @@ def _bad_docker_host(tmp_path, value, verbs):
                                               "PATCHKIT_CACHE_DIR": str(tmp_path / "cache")})
         (line,) = error_lines(p.stderr)
         assert p.returncode == 2, (verb, line)
-        assert line.startswith(f"patchkit: error: DOCKER_HOST {value!r} is not an engine "
+        assert line.startswith(f"patchkit {verb[0]}: error: DOCKER_HOST {value!r} is not an engine "
                                "address: "), line
     assert not (proj / ".patchkit").exists() and not (tmp_path / "cache").exists()
 
@@ -78,7 +80,7 @@ def test_a_malformed_to_is_exit_2_naming_the_flag(tmp_path, value):
     p = patchkit("copy-image", "demo:1", "--to", value, cwd=tmp_path)
     (line,) = error_lines(p.stderr)
     assert p.returncode == 2
-    assert line.startswith(f"patchkit: error: --to {value!r} is not an engine address: ")
+    assert line.startswith(f"patchkit copy-image: error: --to {value!r} is not an engine address: ")
 
 
 def test_engine_errors_are_plain_words():
@@ -155,7 +157,7 @@ def test_smoke_api_key_mistakes_are_api_key_errors(tmp_path, key, words):
     p = patchkit("smoke", "http://127.0.0.1:9", "--api-key", key, cwd=tmp_path)
     (line,) = error_lines(p.stderr)
     assert p.returncode == 2
-    assert line == f"patchkit: error: --api-key (or VLLM_API_KEY): {words}"
+    assert line == f"patchkit smoke: error: --api-key (or VLLM_API_KEY): {words}"
     assert "URL" not in line and (key.strip() == "" or key not in line)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from patchkit.garble import check_count, check_repeat, with_tokens
+from patchkit.garble import Token, check_count, check_repeat, with_tokens
 
 COUNT = " ".join(str(n) for n in range(1, 2001))
 
@@ -42,7 +42,42 @@ def test_repeats_are_walked_to_the_first_wrong_character():
 
 
 def test_token_offsets_come_from_the_answers_tokens_when_they_make_it_up():
-    tokens = ["1", " 2", " 3", " 5"]
-    garble, _ = check_count("".join(tokens))
-    assert with_tokens(garble, "".join(tokens), tokens).token == 3
-    assert with_tokens(garble, "".join(tokens), ["1 2 3"]).token is None   # not the answer
+    tokens = [Token(t) for t in ["1", " 2", " 3", " 5"]]
+    garble, _ = check_count("".join(t.text for t in tokens))
+    assert with_tokens(garble, "1 2 3 5", tokens).token == 3
+    assert with_tokens(garble, "1 2 3 5", [Token("1 2 3")]).token is None   # not the answer
+
+
+# A byte-level BPE tokenizer: "€" is E2 82 AC; a model on a broken path emits its first two
+# bytes, then goes on.  The answer's text holds one U+FFFD for the two bytes.
+BROKEN = [b"1", b" 2", b" 3", b" \xe2", b"\x82", b" 4"]
+ANSWER = b"".join(BROKEN).decode("utf-8", "replace")
+
+
+def test_a_garble_is_placed_by_the_tokens_bytes_when_their_texts_do_not_join():
+    assert ANSWER == "1 2 3 \ufffd 4"
+    garble, _ = check_count(ANSWER)
+    assert "U+FFFD" in garble.what
+    # each token's text decoded alone, as an OpenAI server gives it: two U+FFFD for one
+    tokens = [Token(b.decode("utf-8", "replace"), b) for b in BROKEN]
+    assert "".join(t.text for t in tokens) != ANSWER
+    assert with_tokens(garble, ANSWER, tokens).token == 3
+
+
+def test_vllms_bytes_of_the_decoded_text_are_aligned_by_text():
+    # vLLM gives as bytes the token's decoded text encoded again: the raw bytes are lost
+    texts = [b.decode("utf-8", "replace") for b in BROKEN]
+    tokens = [Token(t, t.encode()) for t in texts]
+    garble, _ = check_count(ANSWER)
+    assert with_tokens(garble, ANSWER, tokens).token == 3
+    assert with_tokens(garble, ANSWER, [Token(t) for t in texts]).token == 3   # no bytes
+
+
+def test_a_garble_after_a_token_that_does_not_match_is_still_placed():
+    # a partial character that the next token completes: the answer is right up to " 5"
+    pieces = [b"1", b" 2", b" \xe2\x82", b"\xac", b" 3", b" 5"]
+    answer = b"".join(pieces).decode()
+    tokens = [Token(p.decode("utf-8", "replace")) for p in pieces]
+    garble = check_repeat(answer, "1 2 \u20ac 3 4")
+    assert garble is not None
+    assert with_tokens(garble, answer, tokens).token == 5

@@ -21,7 +21,9 @@ The log wordings are those of vLLM's own sources:
   27.3%, Mean acceptance length: 2.37, Accepted: 410 tokens, Drafted: 1500 tokens,
   Per-position acceptance rate: 0.600, 0.400, ...`` (some releases without the last two
   fields);
-* V1 from then to 0.33.0 (the cached 0.27.1, 0.31.0, 0.32.0 and 0.33.0 log the same line):
+* V1 from 0.26.0 or earlier to 0.34.0 (``SpecDecodingLogging.log`` in
+  ``vllm/v1/spec_decode/metrics.py`` has the same format string in every release read: 0.26.0
+  and 0.34.0 from their PyPI wheels, 0.27.1 to 0.33.0 from their tagged sources):
   ``SpecDecoding metrics: Mean acceptance length: 2.37, Accepted throughput: 41.00 tokens/s,
   Drafted throughput: 150.00 tokens/s, Accepted: 410 tokens, Drafted: 1500 tokens,
   Per-position acceptance rate: 0.600, 0.400, ..., Avg Draft acceptance rate: 27.3%``.
@@ -104,9 +106,20 @@ class Acceptance:
         return "acceptance " + ("; ".join(parts) or "unknown")
 
     def to_dict(self) -> dict:
+        """The figures as numbers; counts as integers (a Prometheus counter is a float).
+        ``drafted`` is ``draft_tokens`` in vLLM's word (its log's ``Drafted: N tokens``)."""
         return {"rate": self.rate, "mean_length": self.mean_length,
-                "per_position": list(self.per_position), "drafts": self.drafts,
-                "draft_tokens": self.draft_tokens, "accepted": self.accepted}
+                "per_position": list(self.per_position), "drafts": _count(self.drafts),
+                "draft_tokens": _count(self.draft_tokens), "drafted": _count(self.draft_tokens),
+                "accepted": _count(self.accepted)}
+
+
+def _count(value: float | None) -> int | float | None:
+    """A count as an integer; a value that is no whole number (a counter that is not one)
+    stays as it is."""
+    if value is None or isinstance(value, bool) or not float(value).is_integer():
+        return value
+    return int(value)
 
 
 def from_counts(drafts: float | None, draft_tokens: float, accepted: float,

@@ -4,6 +4,7 @@ errors go to the one handler in ``errors``."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -57,6 +58,15 @@ class Verb(click.Command):
         opts = [o for p in self.params if p.name == "fmt" for o in p.opts]
         return any(a in (f"{o}=json" for o in opts) or (a in opts and nxt == "json")
                    for a, nxt in zip(args, [*args[1:], ""]))
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        """The verb list's line: ``short_help``, else the help's first sentence whole (the
+        list wraps it), never cut mid-phrase."""
+        if self.short_help:
+            return self.short_help
+        text = " ".join((self.help or "").split("\b")[0].split())
+        first = re.match(r"(.+?)[.;:](?:\s|$)", text)
+        return first.group(1) if first else text
 
 
 class Group(click.Group):
@@ -139,15 +149,15 @@ def cli() -> None:
 def validate(manifest_path: str, fmt: str) -> int:
     """Check the manifest and the files it names, and nothing else."""
     from patchkit.commands import validate as command
+    from patchkit.render import text
 
-    m = command.run(Path(manifest_path))
+    validated = command.run(Path(manifest_path))
     if fmt == "json":
-        echo(json.dumps(command.summary(m), indent=2))
+        echo(json.dumps(command.summary(validated), indent=2))
         return 0
-    markers = len(m.runtime) + sum(len(p.runtime) for p in m.patches)
-    counted = f", {markers} runtime markers" if markers else ""
+    m = validated.manifest
     pins = "".join(f", {p.name} {p.ref}" for p in m.others)
-    echo(f"{manifest_path}: ok ({len(m.patches)} patches{counted}, vLLM {m.vllm.ref}{pins})")
+    echo(f"{manifest_path}: ok ({text.validate(validated)}, vLLM {m.vllm.ref}{pins})")
     return 0
 
 
@@ -192,6 +202,10 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
               help="Judge the runtime markers against this container's log (stdout and "
                    "stderr) since its current start, on the engine DOCKER_HOST names; "
                    "repeatable.")
+@click.option("--require-traffic", is_flag=True,
+              help="An acceptance floor whose logs hold no spec-decode metrics line (no traffic "
+                   "served yet) fails, instead of exit 5, not yet judged: for the check after "
+                   "smoke.")
 @PACKAGE
 @click.option("--locked", is_flag=True, help="With --image: also say whether it was built on the "
               "stack patchset.lock names (base digest, packages, installed versions).")
@@ -199,10 +213,11 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, base, logs, containers, packages, locked, timeout, variant,
-           manifest_path, fmt) -> int:
+def verify(tree, image, base, logs, containers, require_traffic, packages, locked, timeout,
+           variant, manifest_path, fmt) -> int:
     """Run the AST assertions on a tree or an image; with --log or --container, also the
-    runtime markers of the patches that are in, against the server's logs."""
+    runtime markers of the patches that are in, against the server's logs.  Exit 5 when an
+    acceptance floor is not yet judged (no traffic served yet) and nothing failed."""
     from patchkit.commands import verify as command
     from patchkit.render import text
 
@@ -214,9 +229,9 @@ def verify(tree, image, base, logs, containers, packages, locked, timeout, varia
                          containers=containers,
                          stdin=click.get_binary_stream("stdin") if "-" in logs else None,
                          base=base, log=lambda msg: echo(msg, err=True), timeout=timeout,
-                         packages=packages, locked=locked)
+                         packages=packages, locked=locked, require_traffic=require_traffic)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
-    return 0 if report.ok else 1
+    return report.exit_code
 
 
 @cli.command("rebase-check")
@@ -425,7 +440,8 @@ def export(workdir, manifest_path) -> int:
     return 0
 
 
-@cli.command("add-pr")
+@cli.command("add-pr", short_help="Add a pull request's diff to the series, once the series "
+                                   "applies with it at the pin")
 @click.argument("pr", metavar="N|URL")
 @click.option("--id", "patch_id", metavar="ID", help="The new patch's id (default: pr-N).")
 @click.option("--include", multiple=True, metavar="GLOB",
@@ -448,7 +464,8 @@ def add_pr(pr, patch_id, include, package, manifest_path, fmt) -> int:
     return 0
 
 
-@cli.command("import")
+@cli.command("import", short_help="Turn a fork branch's commits, or an overlay tree, into diff "
+                                  "patches at the end of the series")
 @click.argument("ref", required=False)
 @click.option("--from", "from_repo", metavar="REPO",
               help="The fork's git URL or path (default: the manifest's vLLM sources); with "
@@ -570,7 +587,7 @@ def lock(workdir, base, platform, timeout, manifest_path, fmt) -> int:
 
 
 @cli.command("copy-image")
-@click.argument("image")
+@click.argument("image", required=False)
 @click.option("--to", "targets", multiple=True, metavar="ENGINE", required=True,
               help="An engine to copy to: ssh://[user@]host[:port] (through the system ssh), "
                    "unix:///path or tcp://host:port; repeat, or list more after it.")
@@ -584,9 +601,14 @@ def lock(workdir, base, platform, timeout, manifest_path, fmt) -> int:
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none",
               show_default=True, help="Compress the stream on the way (for slow links).")
 @TIMEOUT
+@click.option("--manifest", "manifest_path", default=None, type=click.Path(dir_okay=False),
+              help="Without IMAGE: copy the image this manifest's build-image tags, image.tag "
+                   "at the pin (default: patchset.yaml).")
 @FORMAT
-def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, fmt) -> int:
-    """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines.
+def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manifest_path,
+                   fmt) -> int:
+    """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines; without IMAGE,
+    the image build-image tags for the manifest (image.tag at the pin).
 
     \b
     Judged by content (config digest and layer diff_ids), never by image id:
@@ -602,6 +624,11 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, fmt) -
     from patchkit.commands import copy_image as command
     from patchkit.render import copy as render
 
+    if image is not None and "://" in image:   # no image reference holds one: an ENGINE
+        image, more = None, (image, *more)
+    if image is None or manifest_path is not None:
+        built = command.built_image(_load(manifest_path or "patchset.yaml"))
+        image = image or built
     report = command.run(image, [*targets, *more], log=TextProgress(err=True).info,
                          timeout=timeout, via=via, dry_run=dry_run, compress=compress)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
@@ -643,9 +670,32 @@ def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, 
 
 
 
+USAGE = """\
+usage: patchkit [--version] [-h | --help] COMMAND [ARGS]...
+
+  patchkit validate          check patchset.yaml and the files it names
+  patchkit apply             apply the series to the pinned vLLM (.patchkit/vllm)
+  patchkit verify            re-run the AST assertions (--log: a server's log too)
+  patchkit build-image       build the image
+  patchkit rebase-check      how the series fares on newer vLLM releases
+
+'patchkit --help' lists every command; 'patchkit COMMAND --help' tells one."""
+
+
+def _prog(args: list[str]) -> str:
+    """``patchkit VERB`` for a run of a known verb, else ``patchkit``: every error line
+    begins with it."""
+    name = next((a for a in args if not a.startswith("-")), None)
+    return f"patchkit {name}" if name in cli.commands else "patchkit"
+
+
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
     args = sys.argv[1:] if argv is None else list(argv)
+    if not args:   # as git: the short usage, not the whole help as an error
+        echo(USAGE, err=True)
+        return 2
+    prog = _prog(args)
     try:
         rv = cli.main(args=args, prog_name="patchkit", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
@@ -656,13 +706,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
-        where = f"patchkit {ctx.info_name}" if ctx and ctx.info_name != "patchkit" else "patchkit"
+        where = f"patchkit {ctx.info_name}" if ctx and ctx.info_name != "patchkit" else prog
         echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
         code, message = 2, exc.format_message()
     except (Exception, KeyboardInterrupt, interrupt.Interrupted) as exc:  # the one handler
         from patchkit.cache import log_file
 
-        code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file)
+        code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file,
+                                            prog=prog)
         echo(line, err=True)
         if not isinstance(exc, (errors.PatchkitError, Exception)):
             return code  # an interruption: nothing to report

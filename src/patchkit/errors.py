@@ -75,18 +75,19 @@ class ImageError(PatchkitError):
 
 
 def handle(exc: BaseException, command_line: str, version: str,
-           log_file: Callable[[], Path]) -> tuple[int, str, str]:
+           log_file: Callable[[], Path], prog: str = "patchkit") -> tuple[int, str, str]:
     """The one handler: an exception the CLI caught -> ``(exit code, stderr line, message)``.
 
-    Expected errors say what and where in one line; an interruption is 130 or 143; anything
-    else is a bug: one line here, the traceback in the log file, exit 3.
+    Expected errors say what and where in one line, ``patchkit VERB: error: ...`` (``prog``
+    is ``patchkit VERB``); an interruption is 130 or 143 (``patchkit: interrupted ...``);
+    anything else is a bug: one error line, the traceback in the log file, exit 3.
     """
     import traceback
 
     from patchkit import interrupt
 
     if isinstance(exc, PatchkitError):
-        return exc.exit_code, f"patchkit: error: {exc}", str(exc)
+        return exc.exit_code, f"{prog}: error: {exc}", str(exc)
     if isinstance(exc, KeyboardInterrupt):
         return 130, "patchkit: interrupted", "interrupted"
     if isinstance(exc, interrupt.Interrupted):
@@ -101,4 +102,4 @@ def handle(exc: BaseException, command_line: str, version: str,
     except OSError:
         pass
     message = f"unexpected error: {type(exc).__name__}: {exc} (traceback in {log})"
-    return 3, f"patchkit: {message}", message
+    return 3, f"{prog}: error: {message}", message

@@ -16,6 +16,7 @@ Pure: the caller makes the request.
 
 from __future__ import annotations
 
+import codecs
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -128,13 +129,89 @@ def _at(text: str, char: int, what: str) -> Garble:
     return Garble(char, what, text[max(0, char - CONTEXT):char + CONTEXT])
 
 
-def with_tokens(garble: Garble | None, text: str, tokens: Sequence[str]) -> Garble | None:
-    """``garble`` with its token offset, when ``tokens`` are the pieces ``text`` is made of."""
-    if garble is None or "".join(tokens) != text:
+@dataclass(frozen=True)
+class Token:
+    """One token of the answer as the API gives it: its text and, where given, its bytes
+    (OpenAI's ``logprobs.content[].bytes``)."""
+
+    text: str
+    raw: bytes | None = None
+
+
+def with_tokens(garble: Garble | None, text: str, tokens: Sequence[Token]) -> Garble | None:
+    """``garble`` with the index of the token its first bad character comes from, when the
+    answer's ``tokens`` can be laid along ``text``: their texts joined; else their bytes
+    decoded as one stream (a byte-level BPE token may hold part of a character); else their
+    texts matched one by one, a run that does not match (a partial character decoded alone as
+    U+FFFD) ending where the next token's text is found."""
+    if garble is None or not tokens:
         return garble
-    end = 0
-    for index, token in enumerate(tokens):
-        end += len(token)
-        if garble.char < end:
+    for place in (_by_text, _by_bytes, _by_alignment):
+        index = place(text, garble.char, tokens)
+        if index is not None:
             return Garble(garble.char, garble.what, garble.context, index)
     return garble
+
+
+def _by_text(text: str, char: int, tokens: Sequence[Token]) -> int | None:
+    if "".join(t.text for t in tokens) != text:
+        return None
+    end = 0
+    for index, token in enumerate(tokens):
+        end += len(token.text)
+        if char < end:
+            return index
+    return None
+
+
+def _by_bytes(text: str, char: int, tokens: Sequence[Token]) -> int | None:
+    """Each character of the decoded stream is owned by the token of its first byte; a
+    replacement character by the token whose bytes began the bad sequence."""
+    if any(t.raw is None for t in tokens):
+        return None
+    owner = [i for i, t in enumerate(tokens) for _ in t.raw]
+    data = b"".join(t.raw for t in tokens)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    chars: list[str] = []
+    owners: list[int] = []
+    pending = 0   # where the bytes not yet decoded begin
+    for i in range(len(data)):
+        got = decoder.decode(data[i:i + 1])
+        owners += [owner[pending]] + [owner[i]] * (len(got) - 1) if got else []
+        chars.append(got)
+        pending = i + 1 - len(decoder.getstate()[0])
+    rest = decoder.decode(b"", final=True)
+    owners += [owner[min(pending, len(owner) - 1)]] * len(rest)
+    chars.append(rest)
+    if "".join(chars) != text or char >= len(owners):
+        return None
+    return owners[char]
+
+
+RUN = 8   # tokens in a run whose texts do not match before the alignment gives up
+
+
+def _by_alignment(text: str, char: int, tokens: Sequence[Token]) -> int | None:
+    pos, k = 0, 0
+    while k < len(tokens) and pos <= char:
+        piece = tokens[k].text
+        if text.startswith(piece, pos):
+            if char < pos + len(piece):
+                return k
+            pos, k = pos + len(piece), k + 1
+            continue
+        # a run of tokens that do not match here: each stands for a few characters at most
+        for j in range(k + 1, min(k + RUN, len(tokens))):
+            after = tokens[j].text
+            if not after:
+                continue
+            bound = sum(len(t.text) + 1 for t in tokens[k:j])
+            at = text.find(after, pos, pos + bound + len(after))
+            if at >= 0:
+                if char < at:
+                    return k
+                pos, k = at, j
+                break
+        else:   # no later token matches: a run that reaches the end holds the rest
+            return k if k + RUN >= len(tokens) else None
+    return None

@@ -62,7 +62,7 @@ def tag_version(tag: str) -> str | None:
     return str(v) if v is not None else None
 
 
-def pypi_release(ref: str, where: str = "--vllm-repo pypi") -> str:
+def pypi_release(ref: str, where: str = "the vLLM source pypi") -> str:
     """``v0.27.1`` or ``0.27.1`` -> ``0.27.1``; anything else is a usage error, naming the
     source (``where``).  A commit sha is none, even one of digits alone (a version to PEP 440):
     PyPI is not asked for it."""

@@ -193,34 +193,34 @@ def test_a_conflicting_pr_writes_nothing_and_exits_1(proj):
     p = patchkit("add-pr", "103", cwd=proj)
     assert p.returncode == 1, p.stdout
     assert p.stderr.splitlines()[-1].startswith(
-        "patchkit: error: pr-103 does not apply at vLLM v1 (")
+        "patchkit add-pr: error: pr-103 does not apply at vLLM v1 (")
     assert "conflict: hunk 1 of pkg/mod.py" in p.stderr and "nothing was written" in p.stderr
     assert snapshot(proj) == before
 
 
 @pytest.mark.parametrize("args,code,message", [
-    (("999",), 1, "patchkit: error: GET {url}/vllm-project/vllm/pull/999.diff: HTTP 404: no pull "
+    (("999",), 1, "patchkit add-pr: error: GET {url}/vllm-project/vllm/pull/999.diff: HTTP 404: no pull "
                   "request 999 in vllm-project/vllm (or it is private)"),
-    (("104",), 1, "patchkit: error: pull request 104 changes only files no image holds "
+    (("104",), 1, "patchkit add-pr: error: pull request 104 changes only files no image holds "
                   "(tests/a.py); keep some with --include GLOB"),
-    (("101", "--id", "table-nvfp4"), 2, "patchkit: error: --id table-nvfp4: the series has that "
+    (("101", "--id", "table-nvfp4"), 2, "patchkit add-pr: error: --id table-nvfp4: the series has that "
                                         "id already (patchset.yaml:6); give another with --id"),
-    (("101", "--id", "Bad_Id"), 2, "patchkit: error: --id 'Bad_Id': not a valid id (lowercase "
+    (("101", "--id", "Bad_Id"), 2, "patchkit add-pr: error: --id 'Bad_Id': not a valid id (lowercase "
                                    "letters, digits and '-', starting with a letter or digit)"),
-    (("101", "--id", "a" * 101), 2, f"patchkit: error: --id '{'a' * 37}...': 101 characters "
+    (("101", "--id", "a" * 101), 2, f"patchkit add-pr: error: --id '{'a' * 37}...': 101 characters "
                                     "long; an id has at most 100"),
-    (("pull-101",), 2, "patchkit: error: 'pull-101': expected a pull request number or URL "
+    (("pull-101",), 2, "patchkit add-pr: error: 'pull-101': expected a pull request number or URL "
                        "(https://github.com/OWNER/NAME/pull/N)"),
     (("https://github.com/vllm-project/vllm/issues/5",), 2,
-     "patchkit: error: 'https://github.com/vllm-project/vllm/issues/5': expected a pull request "
+     "patchkit add-pr: error: 'https://github.com/vllm-project/vllm/issues/5': expected a pull request "
      "number or URL (https://github.com/OWNER/NAME/pull/N)"),
-    (("101", "--include", ""), 2, "patchkit: error: --include: an empty pattern"),
+    (("101", "--include", ""), 2, "patchkit add-pr: error: --include: an empty pattern"),
     (("101", "--include", "tests/*", "--include", "nomatch/*"), 2,
-     "patchkit: error: --include 'nomatch/*' matches no file of pull request 101 (its files: "
+     "patchkit add-pr: error: --include 'nomatch/*' matches no file of pull request 101 (its files: "
      ".github/workflows/ci.yml, benchmarks/bench_helper.py, docs/usage.md, pkg/mod.py, "
      "tests/test_mod.py)"),
     (("104", "--include", "test/"), 2,
-     "patchkit: error: --include 'test/' matches no file of pull request 104 (its files: "
+     "patchkit add-pr: error: --include 'test/' matches no file of pull request 104 (its files: "
      "tests/a.py)"),
 ])
 def test_bad_inputs_are_one_line(proj, server, args, code, message):
@@ -234,7 +234,7 @@ def test_an_existing_file_of_the_id_is_refused(proj):
     (proj / "patches/pr-101.diff").write_text("mine\n")
     p = patchkit("add-pr", "101", cwd=proj)
     assert (p.returncode, p.stderr.strip()) == (
-        2, "patchkit: error: --id pr-101: patches/pr-101.diff exists already and is no entry of "
+        2, "patchkit add-pr: error: --id pr-101: patches/pr-101.diff exists already and is no entry of "
            "the series; remove it or give another id")
 
 
@@ -246,13 +246,13 @@ def test_an_unreachable_host_is_one_line(proj, monkeypatch):
     before = snapshot(proj)
     p = patchkit("add-pr", "101", cwd=proj)
     assert (p.returncode, p.stderr.strip()) == (
-        1, f"patchkit: error: GET http://127.0.0.1:{port}/vllm-project/vllm/pull/101.diff: "
+        1, f"patchkit add-pr: error: GET http://127.0.0.1:{port}/vllm-project/vllm/pull/101.diff: "
            f"connection refused: nothing listens on 127.0.0.1:{port}")
     assert snapshot(proj) == before
     monkeypatch.setenv("PATCHKIT_GITHUB", "127.0.0.1:80")
     p = patchkit("add-pr", "101", cwd=proj)
     assert (p.returncode, p.stderr.strip()) == (
-        2, "patchkit: error: PATCHKIT_GITHUB='127.0.0.1:80': no scheme; did you mean "
+        2, "patchkit add-pr: error: PATCHKIT_GITHUB='127.0.0.1:80': no scheme; did you mean "
            "'http://127.0.0.1:80'?")
 
 
@@ -379,7 +379,7 @@ def test_a_flashinfer_pr_is_proven_on_flashinfers_pin(stack, server):
     p = patchkit("add-pr", "--package", "flashinfer", "3818", cwd=stack)
     assert p.returncode == 1, p.stdout
     assert p.stderr.strip().splitlines()[-1].startswith(
-        "patchkit: error: pr-3818 does not apply at flashinfer v0.6.15 (")
+        "patchkit add-pr: error: pr-3818 does not apply at flashinfer v0.6.15 (")
     assert "conflict" in p.stderr and "nothing was written" in p.stderr
     assert snapshot(stack) == before
 
@@ -391,11 +391,11 @@ def test_a_package_pr_without_a_known_github_repository_is_one_line(stack):
     before = snapshot(stack)
     for args, line in [
             (("--package", "b12x", "7"),
-             "patchkit: error: add-pr 7: packages.b12x.repo of patchset.yaml names no GitHub "
+             "patchkit add-pr: error: add-pr 7: packages.b12x.repo of patchset.yaml names no GitHub "
              "repository of b12x; list it there (https://github.com/OWNER/NAME.git) or give "
              "the pull request's URL"),
             (("--package", "flashinfr", "7"),
-             "patchkit: error: --package flashinfr: the manifest has no package 'flashinfr' "
+             "patchkit add-pr: error: --package flashinfr: the manifest has no package 'flashinfr' "
              "(packages: vllm, b12x, flashinfer); did you mean 'flashinfer'?")]:
         p = patchkit("add-pr", *args, cwd=stack)
         assert (p.returncode, p.stderr.strip()) == (2, line)

@@ -210,8 +210,8 @@ def test_cli_text(hist, tmp_path):
                         f"failed/conflict at v2.0.0 ({hist.sha['v2.0.0'][:10]})")
     assert lines[1] == f"broken by {short}  #10180  [Kernel] add int4 to the table (#10180)"
     assert f"  commit {hist.sha['break']}" in lines
-    assert any(ln.startswith("tested ") and ln.endswith(f"of {N} first-parent commits "
-                                                         f"(at most {LIMIT})") for ln in lines)
+    assert any(ln.startswith("tested ") and ln.endswith(f"of {N + 1} first-parent commits, "
+                                                         f"both ends included (at most {LIMIT})") for ln in lines)
     assert f"upstream diff of pkg/table.py at {short}:" in lines
     assert "table-entry at v1.0.0" in p.stderr  # progress goes to stderr
     assert list(tmp_path.iterdir()) == []

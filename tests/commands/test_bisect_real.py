@@ -104,7 +104,7 @@ def test_pypi_bisect_cli_exits_1_with_the_pair(project):
     p = patchkit("bisect", "imports", "--good", "v0.33.0", "--bad", "v0.32.0", cwd=project)
     assert p.returncode == 2
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("patchkit")]
-    assert errors == ["patchkit: error: --good v0.33.0 is not older than --bad v0.32.0 "
+    assert errors == ["patchkit bisect: error: --good v0.33.0 is not older than --bad v0.32.0 "
                       "(swap them?)"]
 
 

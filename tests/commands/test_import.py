@@ -110,7 +110,7 @@ def test_a_conflicting_commit_writes_nothing(proj, fork):
     p = patchkit("import", BRANCH, "--from", str(fork), cwd=proj)
     assert p.returncode == 1
     message = one_error(p)
-    assert message.startswith("patchkit: error: slow-mode does not apply at vLLM v1 (")
+    assert message.startswith("patchkit import: error: slow-mode does not apply at vLLM v1 (")
     assert ": conflict: hunk 1 of pkg/mod.py" in message and message.endswith("nothing was written")
     assert snapshot(proj) == before
 
@@ -118,11 +118,11 @@ def test_a_conflicting_commit_writes_nothing(proj, fork):
 def test_merges_unknown_refs_and_unrelated_history_are_one_line(proj, fork, tmp_path):
     before = snapshot(proj)
     p = patchkit("import", "no-such-branch", "--from", str(fork), cwd=proj)
-    assert p.returncode == 2 and one_error(p) == (f"patchkit: error: unknown vLLM ref "
+    assert p.returncode == 2 and one_error(p) == (f"patchkit import: error: unknown vLLM ref "
                                               f"'no-such-branch' in {fork}")
     p = patchkit("import", BRANCH, "--from", str(tmp_path / "nowhere"), cwd=proj)
     assert (p.returncode, one_error(p)) == (
-        2, f"patchkit: error: no such repository: {tmp_path / 'nowhere'}")
+        2, f"patchkit import: error: no such repository: {tmp_path / 'nowhere'}")
     other = make_upstream(tmp_path / "other", {"x1": {"a.py": "A = 1\n"}})
     p = patchkit("import", "x1", "--from", str(other), cwd=proj)
     assert p.returncode == 2 and "shares no history with the pin v1" in one_error(p)
@@ -280,7 +280,7 @@ def test_bad_overlays_are_one_line(vproj, tmp_path, setup, code, message):
     before = snapshot(vproj)
     p = patchkit("import", "--overlay", str(d), cwd=vproj)
     assert p.returncode == code, p.stderr
-    assert one_error(p).startswith("patchkit: error: " + message.format(d=d)), p.stderr
+    assert one_error(p).startswith("patchkit import: error: " + message.format(d=d)), p.stderr
     assert snapshot(vproj) == before
 
 
@@ -316,7 +316,7 @@ def test_a_link_to_a_folder_in_an_overlay_is_refused(vproj, tmp_path):
     before = snapshot(vproj)
     p = patchkit("import", "--overlay", str(root), cwd=vproj)
     assert (p.returncode, p.stderr.strip()) == (
-        2, f"patchkit: error: --overlay {root}: vllm/linked is a link to a folder; an overlay "
+        2, f"patchkit import: error: --overlay {root}: vllm/linked is a link to a folder; an overlay "
            "holds regular files only")
     assert snapshot(vproj) == before
 
@@ -356,7 +356,7 @@ def test_a_bad_summary_names_the_option_not_a_line_of_the_manifest(vproj, tmp_pa
     before = snapshot(vproj)
     p = patchkit("import", "--overlay", str(root), "--summary", summary, cwd=vproj)
     assert p.returncode == 2, p.stderr
-    assert p.stderr.strip().splitlines() == [f"patchkit: error: --summary: {problem}"]
+    assert p.stderr.strip().splitlines() == [f"patchkit import: error: --summary: {problem}"]
     assert snapshot(vproj) == before
 
 
@@ -365,5 +365,5 @@ def test_an_id_longer_than_100_characters_is_refused_before_any_work(vproj, tmp_
     p = patchkit("import", "--overlay", str(tmp_path / "nowhere"), "--id", "a" * 101, cwd=vproj)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        f"patchkit: error: --id '{'a' * 37}...': 101 characters long; an id has at most 100"]
+        f"patchkit import: error: --id '{'a' * 37}...': 101 characters long; an id has at most 100"]
     assert snapshot(vproj) == before

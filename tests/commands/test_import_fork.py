@@ -178,7 +178,7 @@ def test_bad_fork_input_is_one_line_and_writes_nothing(proj, tmp_path, setup, ar
     if message is None:
         assert "Invalid value for '--split'" in p.stderr
     else:
-        assert one_error(p).startswith("patchkit: error: " + message.format(d=d)), p.stderr
+        assert one_error(p).startswith("patchkit import: error: " + message.format(d=d)), p.stderr
     assert snapshot(proj) == before
 
 
@@ -195,7 +195,7 @@ def test_from_a_fork_without_the_path_or_with_a_link_is_one_line(proj, tmp_path)
                           ("overlay", f"--from {fork}@main: overlay/vllm/b.py at main is a link")]:
         p = patchkit("import", "--overlay", path, "--from", f"{fork}@main", cwd=proj)
         assert p.returncode == 2, p.stderr
-        assert one_error(p).startswith("patchkit: error: " + message), p.stderr
+        assert one_error(p).startswith("patchkit import: error: " + message), p.stderr
     assert snapshot(proj) == before
 
 
@@ -273,7 +273,7 @@ def test_a_flashinfer_overlay_without_its_folder_is_one_line(fi_stack, tmp_path,
             (("--package", "flashinfr"),
              "--package flashinfr: the manifest has no package 'flashinfr'")]:
         p = patchkit("import", "--overlay", str(ov), *args, cwd=fi_stack)
-        assert p.returncode == 2 and one_error(p).startswith("patchkit: error: " + line), p.stderr
+        assert p.returncode == 2 and one_error(p).startswith("patchkit import: error: " + line), p.stderr
     assert snapshot(fi_stack) == before
 
 

@@ -263,3 +263,15 @@ def test_interrupted_rebase_goes_on_or_goes_back(tmp_path, then):
     report = applies_cleanly(proj, tmp_path)
     assert (tmp_path / "wd/pkg/util.py").read_text().endswith("# slow\n")
     assert report.patches[-1].status == "applied"
+
+
+def test_moving_the_pin_backwards_is_said_in_one_line(tmp_path):
+    proj = make_fates(tmp_path)
+    p = patchkit("rebase", "--to", "v0.9.0", cwd=proj)
+    warnings = [line for line in p.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: vLLM v0.9.0 (0.9.0) is older than the pin v1.0.0: the pin "
+                        "moves backwards"], p.stderr
+    forward = patchkit("rebase", "--abort", cwd=proj) if p.returncode else None
+    assert forward is None or forward.returncode == 0
+    p = patchkit("rebase", "--to", "v1.1.0", cwd=proj)
+    assert "warning:" not in p.stderr

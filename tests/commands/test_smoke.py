@@ -359,6 +359,8 @@ def test_cli_json_report(capsys):
     assert doc["ok"] is False and doc["url"] == url and doc["model"] == MODEL
     assert doc["acceptance"] == 0.2 and doc["garble"] is None
     assert doc["spec_decode"]["draft_tokens"] == 10 and doc["spec_decode"]["accepted"] == 2
+    counts = {k: doc["spec_decode"][k] for k in ("drafts", "draft_tokens", "drafted", "accepted")}
+    assert all(type(v) is int for v in counts.values()), counts   # counts, not 10.0
     assert [(c["name"], c["ok"], c["status"]) for c in doc["checks"]] == [
         ("health", True, "ok"), ("models", True, "ok"), ("chat", True, "ok"),
         ("acceptance", False, "failed")]
@@ -487,7 +489,8 @@ def test_a_long_answer_that_counts_right_passes():
 
 
 @pytest.mark.parametrize("kind, words", [("fffd", "U+FFFD"), ("repeat", "a run of repeats"),
-                                         ("skip", "the sequence breaks")])
+                                         ("skip", "the sequence breaks"),
+                                         ("bytes", "U+FFFD")])
 def test_a_long_answer_that_garbles_late_is_caught_at_its_token(kind, words):
     with serve(Behaviour(long_garble_after=2345, long_garble=kind)) as s:
         report = run(s.url, long=4000, min_acceptance=0.5)

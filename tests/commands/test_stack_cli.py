@@ -94,7 +94,7 @@ def test_verify_names_a_package_without_its_checkout(applied, tmp_path):
     p = run(applied, "verify", "--tree", str(tree))
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        f"patchkit: error: flashinfer has 1 patch with assertions but no checkout at "
+        f"patchkit verify: error: flashinfer has 1 patch with assertions but no checkout at "
         f"{tmp_path / 't' / 'flashinfer'}; run 'patchkit apply'"]
 
 
@@ -125,18 +125,18 @@ def test_vllms_matrix_judges_a_flashinfer_range_at_flashinfers_pin(applied):
 
 @pytest.mark.parametrize("args, line", [
     (["apply", "--ref", "flashinfer"],
-     "patchkit: error: --ref 'flashinfer': give NAME=REF, e.g. --ref flashinfer=v0.6.16"),
+     "patchkit apply: error: --ref 'flashinfer': give NAME=REF, e.g. --ref flashinfer=v0.6.16"),
     (["apply", "--ref", "triton=v3"],
-     "patchkit: error: --ref triton: the manifest has no package 'triton' (packages: vllm, "
+     "patchkit apply: error: --ref triton: the manifest has no package 'triton' (packages: vllm, "
      "flashinfer)"),
     (["apply", "--package", "flashinfr"],
-     "patchkit: error: --package flashinfr: the manifest has no package 'flashinfr' "
+     "patchkit apply: error: --package flashinfr: the manifest has no package 'flashinfr' "
      "(packages: vllm, flashinfer); did you mean 'flashinfer'?"),
     (["verify", "--package", "flashinfr"],
-     "patchkit: error: --package flashinfr: the manifest has no package 'flashinfr' "
+     "patchkit verify: error: --package flashinfr: the manifest has no package 'flashinfr' "
      "(packages: vllm, flashinfer); did you mean 'flashinfer'?"),
     (["apply", "--ref", "flashinfer=v0.6.99"],
-     "patchkit: error: flashinfer release 0.6.99 is not on PyPI (no flashinfer-python==0.6.99 "
+     "patchkit apply: error: flashinfer release 0.6.99 is not on PyPI (no flashinfer-python==0.6.99 "
      "wheel)"),
 ])
 def test_bad_input_is_one_line_and_changes_nothing(applied, args, line):
@@ -191,7 +191,7 @@ def test_bisect_walks_flashinfers_releases(guarded):
     assert "), failed/conflict at v0.6.18 (" in lines[0]
     assert lines[1] == ("it changes between the flashinfer releases v0.6.17 (applied) and "
                         "v0.6.18 (failed/conflict)")
-    assert "tested 2 of 1 releases (at most 2)" in lines
+    assert "tested 2 of 2 releases, both ends included (at most 2)" in lines
     assert f"upstream diff of {FI_FILE} from v0.6.17 to v0.6.18:" in lines
     # the upstream change that broke it: 0.6.18 rewrote the line the patch holds on
     assert "-        tile_k = sf_vec_size * 8" in lines
@@ -228,7 +228,7 @@ def test_bisect_json_of_a_flashinfer_patch(guarded):
 def test_bisect_of_a_flashinfer_patch_bad_input_is_one_line(guarded, args, line):
     p = run(guarded, "bisect", "fi-nvfp4-only", *args)
     assert p.returncode == 2, p.stdout + p.stderr
-    assert p.stderr.strip().splitlines()[-1] == f"patchkit: error: {line}"
+    assert p.stderr.strip().splitlines()[-1] == f"patchkit bisect: error: {line}"
     assert "Traceback" not in p.stderr
 
 
@@ -275,7 +275,7 @@ def test_bisect_on_flashinfers_git_history_names_the_commit(from_git):
     lines = p.stdout.splitlines()
     assert lines[0].startswith("fi-nvfp4-only (flashinfer): applied at v0.6.16 (")
     assert lines[1] == f"broken by {commits['v0.6.18'][:10]}  Release 0.6.18"
-    assert "tested 3 of 2 first-parent commits (at most 3)" in lines
+    assert "tested 3 of 3 first-parent commits, both ends included (at most 3)" in lines
 
 
 def test_rebase_check_bisects_flashinfers_failures(from_git):
@@ -338,4 +338,4 @@ def test_a_vllm_bisect_reads_no_base_for_a_pin_no_range_asks_about(tmp_path):
     p = run(proj, "bisect", "fast-mode")
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith(
-        "patchkit: error: flashinfer: a pin read from a base image"), p.stderr
+        "patchkit bisect: error: flashinfer: a pin read from a base image"), p.stderr

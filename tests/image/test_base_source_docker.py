@@ -441,7 +441,7 @@ def test_a_patch_whose_context_the_vendor_changed_fails_with_its_true_reason(
 
 def error_lines(err: str) -> list[str]:
     assert "Traceback" not in err
-    return [line for line in err.splitlines() if line.startswith("patchkit: ")]
+    return [line for line in err.splitlines() if line.startswith("patchkit")]
 
 
 def test_a_version_naming_no_commit_is_one_line_and_nothing_is_made(
@@ -455,7 +455,7 @@ def test_a_version_naming_no_commit_is_one_line_and_nothing_is_made(
                          str(path), *extra])
         (line,) = error_lines(capsys.readouterr().err)
         assert code == 2, line
-        assert line == (f"patchkit: error: base {vendor_base['tag']} holds vLLM 0.31.0+nv25.11, "
+        assert line == (f"patchkit {verb}: error: base {vendor_base['tag']} holds vLLM 0.31.0+nv25.11, "
                         "which names no commit (+g<sha>) and no release; patch it as it is "
                         "with --vllm-repo image")
         assert not workdir.exists()
@@ -474,7 +474,7 @@ def test_the_image_source_with_no_base_is_one_line(tmp_path, capsys, monkeypatch
                         + (["--workdir", str(tmp_path / "w")] if verb != "rebase-check" else []))
         (line,) = error_lines(capsys.readouterr().err)
         assert code == 2, line
-        assert line == ("patchkit: error: the vLLM source 'image' is the vllm package of a base "
+        assert line == (f"patchkit {verb}: error: the vLLM source 'image' is the vllm package of a base "
                         "image: give --base IMAGE or set image.base in patchset.yaml")
     assert not (tmp_path / "w").exists() and absent(docker_client, tag)
 
@@ -500,7 +500,7 @@ def test_a_base_with_no_vllm_is_one_line(tmp_path, no_vllm_base, vendor_base, re
                          "--manifest", str(path), *extra])
         (line,) = error_lines(capsys.readouterr().err)
         assert code == 1, line
-        assert line.startswith(f"patchkit: error: {no_vllm_base} has no installed vllm package")
+        assert line.startswith(f"patchkit {verb}: error: {no_vllm_base} has no installed vllm package")
     assert not (tmp_path / "w").exists() and absent(docker_client, tag)
 
 
@@ -516,7 +516,7 @@ def test_an_engine_that_cannot_be_reached_is_one_line(tmp_path, vendor_base, reg
         code = cli.main([verb, "--workdir", str(tmp_path / "w"), "--manifest", str(path), *extra])
         (line,) = error_lines(capsys.readouterr().err)
         assert code == 1, line
-        assert line.startswith(f"patchkit: error: no Docker Engine answers at {nowhere}")
+        assert line.startswith(f"patchkit {verb}: error: no Docker Engine answers at {nowhere}")
     assert not (tmp_path / "w").exists() and absent(docker_client, tag)
 
 

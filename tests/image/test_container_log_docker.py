@@ -227,7 +227,7 @@ def test_an_unknown_container_is_one_line_and_exit_2(capsys, served):
     assert out == ""
     host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     assert err.splitlines() == [
-        f"patchkit: error: --container pk-no-such-container: no such container on the engine "
+        f"patchkit verify: error: --container pk-no-such-container: no such container on the engine "
         f"at {host}"]
 
 

@@ -306,7 +306,7 @@ def _one_line_exit(capsys, args: list[str]) -> tuple[int, str]:
     code = cli.main(args)
     err = capsys.readouterr().err.strip().splitlines()
     assert not [line for line in err if "Traceback" in line]
-    assert [line for line in err if line.startswith("patchkit: ")] == err[-1:]
+    assert [line for line in err if line.startswith("patchkit")] == err[-1:]
     return code, err[-1]
 
 
@@ -315,7 +315,7 @@ def test_no_daemon_without_push_is_a_usage_error(project, capsys):
     code, line = _one_line_exit(capsys, ["build-image", "--no-daemon", "--no-apply", "--workdir",
                                          str(workdir), "--manifest", str(m.path)])
     assert code == 2
-    assert line == ("patchkit: error: --no-daemon builds the image in the registry, so it needs "
+    assert line == ("patchkit build-image: error: --no-daemon builds the image in the registry, so it needs "
                     "--push")
 
 
@@ -326,14 +326,14 @@ def test_an_unreachable_registry_is_one_line(project, use_cache, capsys):
         "build-image", "--no-daemon", "--push", "--no-apply", "--workdir", str(workdir),
         "--manifest", str(m.path), "--tag", f"{nowhere}/pk-test/nd:1"])
     assert code == 1
-    assert line.startswith(f"patchkit: error: asking the registry of {nowhere}/pk-test/nd:1 "
+    assert line.startswith(f"patchkit build-image: error: asking the registry of {nowhere}/pk-test/nd:1 "
                            "what it holds: pinging container registry")
     assert "connection refused" in line
     code, line = _one_line_exit(capsys, [
         "build-image", "--no-daemon", "--push", "--no-apply", "--workdir", str(workdir),
         "--manifest", str(m.path), "--base", f"{nowhere}/pk-test/base:1"])
     assert code == 1
-    assert line.startswith(f"patchkit: error: base image {nowhere}/pk-test/base:1 is not in any "
+    assert line.startswith(f"patchkit build-image: error: base image {nowhere}/pk-test/base:1 is not in any "
                            "registry it can reach: pinging container registry")
 
 
@@ -415,7 +415,7 @@ def test_a_registry_that_refuses_a_blob_leaves_the_tag_alone(project, readonly_r
         "build-image", "--no-daemon", "--push", "--no-apply", "--workdir", str(workdir),
         "--manifest", str(m.path), "--base", f"{readonly_registry}/pk-test/base:1", "--tag", tag])
     assert code == 1
-    assert line.startswith(f"patchkit: error: push of {tag} refused, the tag is unchanged: "
+    assert line.startswith(f"patchkit build-image: error: push of {tag} refused, the tag is unchanged: "
                            "writing blob: ")
     assert "405" in line  # a read-only registry's answer to an upload
     assert digest_of(tag) == before

@@ -507,6 +507,6 @@ def test_rebase_check_of_flashinfer_pinned_from_the_base(fi_project, tmp_path, m
                      str(image.path), "--timeout", "600"])
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert (code, err) == (2, [
-        "patchkit: error: the flashinfer source 'image' is one base's package and has no "
+        "patchkit rebase-check: error: the flashinfer source 'image' is one base's package and has no "
         "releases to list; name the targets with --to, or list pypi among "
         "packages.flashinfer.repo"])

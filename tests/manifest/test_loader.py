@@ -291,6 +291,14 @@ ERRORS = [
          path=Path("sub/patchset.yaml"), setup=sub_folder),
     case("yaml-syntax", HEAD + "  - id: a\n    summary: x: y\n",
          "patchset.yaml:7: YAML syntax error: …mapping values are not allowed here…"),
+    # an unclosed quote or bracket: the line it begins on, not where the scanner gave up
+    case("yaml-unclosed-quote", HEAD + "  - id: a\n    summary: \"open\n    diff: a.diff\n"
+         "  - id: b\n    summary: y\n",
+         "patchset.yaml:7: YAML syntax error: found unexpected end of stream (while scanning a "
+         "quoted scalar); it begins here and is still open at line 11"),
+    case("yaml-unclosed-bracket", HEAD + "  - id: a\n    summary: [open\n    diff: a.diff\n",
+         "patchset.yaml:7: YAML syntax error: …(while parsing a flow sequence); it begins here "
+         "and is still open at line 8"),
     case("empty-manifest", "# nothing\n", "patchset.yaml: the manifest is empty…"),
     case("top-level-list", "- a\n- b\n",
          "patchset.yaml:1: expected a mapping with name, vllm and patches, got a list"),

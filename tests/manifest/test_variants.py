@@ -228,14 +228,14 @@ def test_cli_variant_flags(proj):
 
 
 @pytest.mark.parametrize("args,message", [
-    (("apply", "--variant", "nope"), "patchkit: error: --variant 'nope': unknown variant "
+    (("apply", "--variant", "nope"), "patchkit apply: error: --variant 'nope': unknown variant "
                                      "(declared: diag, trace)"),
-    (("verify", "--variant", "dia"), "patchkit: error: --variant 'dia': unknown variant; did you "
+    (("verify", "--variant", "dia"), "patchkit verify: error: --variant 'dia': unknown variant; did you "
                                      "mean 'diag'?"),
     (("rebase-check", "--to", "v2", "--variant", "nope"),
-     "patchkit: error: --variant 'nope': unknown variant (declared: diag, trace)"),
+     "patchkit rebase-check: error: --variant 'nope': unknown variant (declared: diag, trace)"),
     (("build-image", "--variant", "nope"),
-     "patchkit: error: --variant 'nope': unknown variant (declared: diag, trace)"),
+     "patchkit build-image: error: --variant 'nope': unknown variant (declared: diag, trace)"),
     (("apply", "--variant", "diag", "--variant", "trace"),
      "patchkit apply: error: Invalid value for '--variant': give it once: a build is one variant "
      "(see 'patchkit apply --help')"),

@@ -47,7 +47,8 @@ def test_validate_reads_packages_and_ranges(tmp_path):
     proj = project(tmp_path)
     p = patchkit("validate", cwd=proj)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == "patchset.yaml: ok (4 patches, vLLM v1, flashinfer v0.6.15)"
+    assert p.stdout.strip() == ("patchset.yaml: ok (4 patches, 2 diffs parsed, 1 transform imported, "
+                                "1 overlay listed, 3 assertions, vLLM v1, flashinfer v0.6.15)")
 
 
 def test_validate_refuses_a_range_on_an_undeclared_package(tmp_path):
@@ -57,7 +58,7 @@ def test_validate_refuses_a_range_on_an_undeclared_package(tmp_path):
     p = patchkit("validate", cwd=proj)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
-        "patchkit: error: patchset.yaml:21: patches[1] (id=fast-mode): triton: a range on "
+        "patchkit validate: error: patchset.yaml:21: patches[1] (id=fast-mode): triton: a range on "
         "package 'triton', which the manifest does not have (packages: vllm, flashinfer; "
         "declare it under packages:)"]
 

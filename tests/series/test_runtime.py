@@ -103,11 +103,11 @@ def test_json_adds_runtime_and_keeps_the_rest(project):
     judged = verify(project, "--log", "rank0.log", "--log", "rank1.log", "--format", "json")
     assert plain.returncode == judged.returncode == 0
     before, after = json.loads(plain.stdout), json.loads(judged.stdout)
-    assert list(after) == ["ok", "target", "verify", "runtime", "starts"]
+    assert list(after) == ["ok", "status", "target", "verify", "runtime", "starts"]
     assert {k: v for k, v in after.items() if k not in ("runtime", "starts")} == before
     # one start in each log: each judged from its first line
-    assert after["starts"] == [{"log": "rank0.log", "starts": 1, "line": 1},
-                               {"log": "rank1.log", "starts": 1, "line": 1}]
+    assert after["starts"] == [{"log": "rank0.log", "starts": 1, "line": 1, "stop": None},
+                               {"log": "rank1.log", "starts": 1, "line": 1, "stop": None}]
     assert plain.stdout.rstrip().rstrip("}").rstrip().rstrip("]") in judged.stdout
     rows = after["runtime"]
     assert [(r["patch"], r["log"], r["ok"], r["found"]) for r in rows] == [
@@ -231,7 +231,7 @@ def test_a_log_that_cannot_be_read_is_one_line_and_exit_2(project, given, messag
     out = verify(project, "--log", "rank0.log", "--log", given)
     assert out.returncode == 2
     assert out.stdout == ""
-    assert out.stderr.splitlines() == [f"patchkit: error: {message}"]
+    assert out.stderr.splitlines() == [f"patchkit verify: error: {message}"]
     as_json = verify(project, "--log", given, "--format", "json")
     assert as_json.returncode == 2
     assert json.loads(as_json.stdout) == {"ok": False, "error": message, "exit_code": 2}
@@ -240,7 +240,8 @@ def test_a_log_that_cannot_be_read_is_one_line_and_exit_2(project, given, messag
 def test_validate_counts_the_markers(project):
     out = patchkit("validate", cwd=project)
     assert out.returncode == 0
-    assert out.stdout.strip() == "patchset.yaml: ok (3 patches, 8 runtime markers, vLLM v1)"
+    assert out.stdout.strip() == ("patchset.yaml: ok (3 patches, 1 diff parsed, 1 transform imported, 1 "
+                                  "overlay listed, 3 assertions, 8 runtime markers, vLLM v1)")
 
 
 # ------------------------------------------------------------------------------ the last start
@@ -273,8 +274,8 @@ def test_a_restarted_rank0_log_is_judged_on_its_last_start(project):
         "ok: 6/6 runtime markers hold in restart0.log, rank1.log"]
     report = json.loads(verify(project, "--log", "restart0.log", "--log", "rank1.log",
                                "--format", "json").stdout)
-    assert report["starts"] == [{"log": "restart0.log", "starts": 2, "line": second},
-                                {"log": "rank1.log", "starts": 1, "line": 1}]
+    assert report["starts"] == [{"log": "restart0.log", "starts": 2, "line": second, "stop": None},
+                                {"log": "rank1.log", "starts": 1, "line": 1, "stop": None}]
     died = next(r for r in report["runtime"] if r["log"] == "died unexpectedly")
     assert died["ok"] and died["found"] == 0 and died["lines"] == []
     assert died["earlier"] == [f"restart0.log:1-{second - 1}"]
@@ -328,7 +329,8 @@ def test_a_restarted_headless_log_is_cut_at_its_next_config(project):
     out = verify(project, "--log", "rank0.log", "--log", "good1.log", "--format", "json")
     assert out.returncode == 0, out.stdout
     assert json.loads(out.stdout)["starts"][1] == {
-        "log": "good1.log", "starts": 2, "line": len((ARCH + RANK1 + DIED).splitlines()) + 1}
+        "log": "good1.log", "starts": 2, "line": len((ARCH + RANK1 + DIED).splitlines()) + 1,
+        "stop": None}
 
 
 def _cut(*lines: str) -> runtime.Start:
@@ -443,7 +445,7 @@ def test_dev_zero_ends_as_not_a_log_in_bounded_memory(project):
     assert out.returncode == 2, out.stderr
     assert out.stdout == ""
     assert out.stderr.splitlines() == [
-        "patchkit: error: --log /dev/zero: line 1 runs on past 64 MiB with no line end: "
+        "patchkit verify: error: --log /dev/zero: line 1 runs on past 64 MiB with no line end: "
         "not a text log"]
 
 
@@ -695,7 +697,7 @@ def test_a_bad_marker_exits_2_from_validate(tmp_path):
     out = patchkit("validate", cwd=tmp_path)
     assert out.returncode == 2
     assert out.stderr.splitlines() == [
-        "patchkit: error: patchset.yaml:8: runtime[0]: count and min together; give one "
+        "patchkit validate: error: patchset.yaml:8: runtime[0]: count and min together; give one "
         "(count: exactly N lines, min: at least N)"]
 
 

@@ -67,7 +67,8 @@ class Behaviour:
     hang: set[str] = field(default_factory=set)      # paths that do not answer
     api_key: str | None = None                # /v1/* wants "Authorization: Bearer KEY"
     long_garble_after: int | None = None      # a long answer goes wrong from this token on
-    long_garble: str = "fffd"                 # how: "fffd", "repeat" (one token again), "skip"
+    long_garble: str = "fffd"                 # how: "fffd", "repeat" (one token again), "skip",
+                                              # "bytes" (partial characters of a byte-level BPE)
     long_stop_after: int | None = None        # a long answer ends (finish_reason stop) here
     reasoning_long: bool = False              # a long answer comes as reasoning, no content
 
@@ -209,8 +210,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, text, prom.CONTENT_TYPE_LATEST)
         self._json(404, {"detail": "Not Found"})
 
-    def _long_tokens(self, b: Behaviour, prompt: str, budget: int) -> list[str] | None:
-        """The tokens of a long answer, or None when ``prompt`` asks for none."""
+    def _long_tokens(self, b: Behaviour, prompt: str, budget: int) -> list[bytes] | None:
+        """The tokens of a long answer as bytes, or None when ``prompt`` asks for none."""
         if prompt.startswith("Count from 1"):
             right = (f"{'' if n == 1 else ' '}{n}" for n in range(1, budget + 1))
         elif prompt.startswith("Repeat the following text"):
@@ -218,11 +219,13 @@ class _Handler(BaseHTTPRequestHandler):
             right = (("" if i == 0 else " ") + words[i % len(words)] for i in range(budget))
         else:
             return None
-        tokens = list(right)[:b.long_stop_after or budget]
+        tokens = [t.encode() for t in list(right)[:b.long_stop_after or budget]]
         k = b.long_garble_after
         if k is not None and k < len(tokens):
-            bad = {"fffd": lambda i: " \ufffd\ufffd", "repeat": lambda i: tokens[k - 1],
-                   "skip": lambda i: tokens[i] + "7"}[b.long_garble]
+            # "bytes": the first two bytes of "€" (E2 82 AC), then " 7", over and over
+            bad = {"fffd": lambda i: " \ufffd\ufffd".encode(), "repeat": lambda i: tokens[k - 1],
+                   "skip": lambda i: tokens[i] + b"7",
+                   "bytes": lambda i: (b" \xe2", b"\x82", b" 7")[(i - k) % 3]}[b.long_garble]
             tokens[k:] = [bad(i) for i in range(k, len(tokens))]
         return tokens
 
@@ -241,7 +244,8 @@ class _Handler(BaseHTTPRequestHandler):
                 srv.metrics.observe(b.draft_tokens, b.accepted_tokens)
         prompt = body["messages"][-1].get("content") or ""
         tokens = self._long_tokens(b, prompt, int(body.get("max_tokens") or 16))
-        content = b.content if tokens is None else "".join(tokens)
+        # the answer is the tokens' bytes decoded as one stream, as vLLM's detokenizer makes it
+        content = b.content if tokens is None else b"".join(tokens).decode("utf-8", "replace")
         reasoning = b.reasoning
         if tokens is not None and b.reasoning_long:
             content, reasoning = None, content
@@ -251,8 +255,10 @@ class _Handler(BaseHTTPRequestHandler):
         completion_tokens = len((b.content or "").split()) + 1 if tokens is None else len(tokens)
         logprobs = None
         if tokens is not None and body.get("logprobs"):
+            # each token's text decoded alone, its bytes that text encoded again (vLLM's way)
+            texts = [t.decode("utf-8", "replace") for t in tokens]
             logprobs = {"content": [{"token": t, "logprob": -0.01, "bytes": list(t.encode()),
-                                     "top_logprobs": []} for t in tokens]}
+                                     "top_logprobs": []} for t in texts]}
         finish = "length" if tokens is not None and b.long_stop_after is None else "stop"
         doc = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                "created": int(time.time()), "model": model,

@@ -127,6 +127,12 @@ class BisectResult:
         return self.good.fate != self.bad.fate
 
     @property
+    def span(self) -> int:
+        """The commits (pypi: releases) the search runs over, both ends included: the
+        candidates, the good end, and the merge base it starts from when there is one."""
+        return self.commits + 1 + (self.base is not None)
+
+    @property
     def limit(self) -> int:
         return limit_for(self.commits) + (self.base is not None)
 

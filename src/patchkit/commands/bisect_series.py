@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import imageref, process, versions
+from patchkit.render import plural
 from patchkit.cache import cache_dir
 from patchkit.commands.bisect import limit_for
 from patchkit.errors import UsageError
@@ -419,7 +420,8 @@ def run(manifest: Manifest, command: str, *, repos: Sequence[str] | None = None,
     result = SeriesBisect(argv, series, left_out,
                           {"ref": at.ref, "commit": at.commit, "version": at.version},
                           spec.variant, image)
-    progress.info(f"bisecting {len(series)} patches at {at.ref} with {shlex.join(argv)} "
+    progress.info(f"bisecting {plural(len(series), 'patch', 'patches')} at {at.ref} with "
+                  f"{shlex.join(argv)} "
                   f"(at most {result.limit} runs)")
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-series-"))
     try:

@@ -159,6 +159,14 @@ def check_compress(how: str) -> str:
     return how
 
 
+def built_image(manifest) -> str:
+    """The tag build-image gives the manifest's default build at its pin (image.tag, else
+    NAME:{ref})."""
+    from patchkit.commands.build_image import default_tag
+
+    return default_tag(manifest, manifest.vllm.ref, None, None)
+
+
 def run(image: str, targets: Sequence[str], *, source: Engine | None = None,
         connect: Callable[[str], Engine] | None = None, log: Log = lambda m: None,
         timeout: float = DEFAULT_TIMEOUT, via: str | None = None, dry_run: bool = False,

@@ -202,6 +202,7 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
                              "instead: change image.base, then check with rebase-check")
         pid = source.package_id(pin.name, pin.dist)
         resolved = source.resolve(repos, to, cache, progress.info, package=pid)
+        _warn_if_backwards(pin.ref, to, resolved.version, pid.label, progress)
         others = {name: r.version for name, r in applier.resolve_pins(
             spec, cache, progress.info, None, [q.name for q in spec.pins if q.name != package]
         ).items()}
@@ -230,6 +231,17 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
             shutil.rmtree(sdir, ignore_errors=True)
             raise
         return _run(state, progress)
+
+
+def _warn_if_backwards(pinned: str, to: str, version: str | None, label: str,
+                       progress: applier.Progress) -> None:
+    """One line when ``to`` is an older release than the pin: moving it back is allowed (a
+    regression hunt), but should never happen unnoticed."""
+    old = versions.release_tag(pinned)
+    new = versions.parse(version) or versions.release_tag(to)
+    if old is not None and new is not None and new < old:
+        progress.info(f"warning: {label} {to} ({new}) is older than the pin {pinned}: the pin "
+                      "moves backwards")
 
 
 def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> RebaseResult:

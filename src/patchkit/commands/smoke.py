@@ -444,14 +444,22 @@ def _check_long_answer(client: _Client, model: str, tokens: int,
     return Check(LONG, True, f"{said}, no garble{facts}"), None, True
 
 
-def _tokens_of(choice: dict) -> list[str]:
-    """The answer's tokens from the OpenAI ``logprobs`` of a choice, or [] when not given."""
+def _tokens_of(choice: dict) -> list[long_answer.Token]:
+    """The answer's tokens from the OpenAI ``logprobs`` of a choice (each with its bytes where
+    the API gives them), or [] when not given."""
     logprobs = choice.get("logprobs")
     items = logprobs.get("content") if isinstance(logprobs, dict) else None
     if not isinstance(items, list) or not all(isinstance(i, dict) and
                                               isinstance(i.get("token"), str) for i in items):
         return []
-    return [i["token"] for i in items]
+    return [long_answer.Token(i["token"], _bytes(i.get("bytes"))) for i in items]
+
+
+def _bytes(value: object) -> bytes | None:
+    if isinstance(value, list) and all(isinstance(b, int) and not isinstance(b, bool)
+                                       and 0 <= b < 256 for b in value):
+        return bytes(value)
+    return None
 
 
 _REPEAT = re.compile(r"(.{1,8}?)\1{3,}", re.S)

@@ -1,19 +1,49 @@
-"""``patchkit validate``: the manifest and the files it names, and nothing else."""
+"""``patchkit validate``: the manifest and the files it names, and nothing else.
+
+Beyond what the loader checks, everything that can be checked without a tree is: each diff is
+parsed, each transform compiled and imported and its ``Transform`` classes found, each
+overlay's files listed.  A broken patch file is a ManifestError naming the file and its line.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import manifest
+from patchkit import kinds, manifest
+from patchkit.errors import ManifestError
 
 
-def run(manifest_path: Path) -> manifest.Manifest:
-    return manifest.load(manifest_path)
+@dataclass
+class Validated:
+    manifest: manifest.Manifest
+    compiled: dict[str, str] = field(default_factory=dict)   # patch id -> what was found
+
+    @property
+    def kinds(self) -> Counter:
+        return Counter(p.kind for p in self.manifest.patches)
 
 
-def summary(m: manifest.Manifest) -> dict:
+def run(manifest_path: Path) -> Validated:
+    m = manifest.load(manifest_path)
+    shown = Path(manifest_path).parent
+    out = Validated(m)
+    for p in m.patches:
+        try:
+            out.compiled[p.id] = kinds.get(p.kind).compile(m.root / p.path, p.path)
+        except kinds.KindError as exc:
+            raise ManifestError(str(exc), path=str(shown / p.path) if str(shown) != "." else
+                                p.path, line=exc.line, entry=p.label) from None
+    return out
+
+
+def summary(v: Validated) -> dict:
     """The ``--format json`` shape: what a CI job needs to fan out over the packages."""
+    m = v.manifest
     return {"ok": True, "name": m.name, "patches": len(m.patches),
             "packages": [{"name": p.name, "dist": p.dist, "ref": p.ref,
                           "patches": sum(1 for x in m.patches if x.package == p.name)}
-                         for p in m.packages]}
+                         for p in m.packages],
+            "compiled": [{"id": p.id, "kind": p.kind, "path": p.path,
+                          "found": v.compiled.get(p.id)} for p in m.patches]}

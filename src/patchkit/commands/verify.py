@@ -23,6 +23,12 @@ if TYPE_CHECKING:  # the image modules are imported only when an image is looked
 
 CHUNK = 64 * 1024   # bytes read from a log file at a time
 
+# The exit code of a verify whose only open question is an acceptance floor the server has had
+# no traffic to show yet (a launch checked at startup).  0 ok, 1 failed, 2 usage, 3 unexpected,
+# 130/143 interrupted are the others; 4 is kept for "needs a hand".
+NOT_YET_JUDGED = 5
+OK, FAILED, PENDING = "ok", "failed", "not yet judged"
+
 
 @dataclass
 class VerifyReport:
@@ -35,21 +41,40 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)  # how the logs were read (lines cut)
     locked: list[str] | None = None             # --locked: how the image differs from the lock
     packages: list[PackageCheck] = field(default_factory=list)  # --image: each package checked
+    require_traffic: bool = False   # a floor not yet judged fails instead of waiting
 
     @property
     def assertions_ok(self) -> bool:
         return all(a.ok for a in self.verify)
 
     @property
+    def waiting(self) -> list[MarkerResult]:
+        """The acceptance floors not yet judged (no traffic served), when they may wait."""
+        return [] if self.require_traffic else [r for r in self.runtime or () if r.pending]
+
+    @property
     def runtime_ok(self) -> bool:
-        return all(r.ok for r in self.runtime or ())
+        """No marker failed (those that may wait aside)."""
+        waiting = self.waiting
+        return all(r.ok or r in waiting for r in self.runtime or ())
+
+    @property
+    def status(self) -> str:
+        if not (self.assertions_ok and self.runtime_ok) or self.locked:
+            return FAILED
+        return PENDING if self.waiting else OK
 
     @property
     def ok(self) -> bool:
-        return self.assertions_ok and self.runtime_ok and not self.locked
+        return self.status == OK
+
+    @property
+    def exit_code(self) -> int:
+        return {OK: 0, FAILED: 1, PENDING: NOT_YET_JUDGED}[self.status]
 
     def to_dict(self) -> dict:
-        out = {"ok": self.ok, "target": self.target, "verify": [a.to_dict() for a in self.verify]}
+        out = {"ok": self.ok, "status": self.status, "target": self.target,
+               "verify": [a.to_dict() for a in self.verify]}
         if self.runtime is not None:
             out["runtime"] = [r.to_dict() for r in self.runtime]
             out["starts"] = [s.to_dict() for s in self.starts]
@@ -164,11 +189,26 @@ def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
         if not path.is_dir():
             raise UsageError(f"{name} has {len(mine)} patch{'es' if len(mine) > 1 else ''} with "
                              f"assertions but no checkout at {path}; run 'patchkit apply'")
+        if own is None:
+            _check_is_checkout(path, name, mine, first)
         results += assertions.run_assertions(mine, assertions.tree_reader(path))
         checked.append(path)
         statuses.update({p.id: p.status for p in own.patches if p.package == name} if own
                         else {})
     return _Checked(results, statuses, found[VLLM], variant, trees=checked)
+
+
+def _check_is_checkout(path: Path, name: str, patches: Sequence[Patch], first: Path) -> None:
+    """A tree patchkit did not make must hold at least one file the assertions read, else it
+    is no checkout of the package at all: one line, not a "no such file" per assertion."""
+    files = sorted({a.file for p in patches for a in p.verify})
+    if not files or any((path / f).is_file() for f in files):
+        return
+    what = "--tree" if path == first else f"{name}'s checkout"
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    raise UsageError(f"{what} {path}: no {'vLLM' if name == VLLM else name} checkout there (no "
+                     f"apply report, and none of the {len(files)} files the assertions read: "
+                     f"{shown})")
 
 
 def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
@@ -304,7 +344,8 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
         default_tree: Path, variant: str | None = None, logs: tuple[str, ...] = (),
         containers: tuple[str, ...] = (), stdin=None, engine=None, base: str | None = None,
         log=lambda m: None, timeout: float = DEFAULT_TIMEOUT,
-        packages: Sequence[str] = (), locked: bool = False) -> VerifyReport:
+        packages: Sequence[str] = (), locked: bool = False,
+        require_traffic: bool = False) -> VerifyReport:
     """The assertions on ``tree`` or ``image``; with ``logs`` (paths, ``-`` for ``stdin``) or
     ``containers`` (names or ids on the engine), the runtime markers too.  A log that cannot be
     had stops the command before anything is checked.  ``base`` (with a tree): judge the
@@ -313,7 +354,8 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
     checked on its checkout beside the tree; ``packages`` (``--package``) limits them.
     With an image, each package's assertions are read at the site its ``dist`` is installed
     in there.  ``locked`` (with an image): also say how the stack it was built on differs
-    from ``patchset.lock``."""
+    from ``patchset.lock``.  ``require_traffic``: an acceptance floor the logs hold no
+    spec-decode metrics line for fails, instead of being not yet judged (exit 5)."""
     if tree and image:
         raise UsageError("give --tree or --image, not both")
     if locked and not image:
@@ -344,7 +386,8 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
             if len(checked.trees) > 1:   # vLLM's and the checkouts beside it
                 target = " and ".join(str(t) for t in checked.trees)
         report = VerifyReport(target, checked.results, holds=checked.holds,
-                              locked=checked.locked, packages=checked.packages)
+                              locked=checked.locked, packages=checked.packages,
+                              require_traffic=require_traffic)
         if sources.logs:
             judgment = sources.judge(manifest, checked)
             report.runtime, report.starts = judgment.results, judgment.starts

@@ -38,7 +38,12 @@ class Manifest(Protocol):
 
 
 class KindError(Exception):
-    """The kind cannot say what a patch touches (it does not parse, it does not import)."""
+    """The kind cannot say what a patch touches (it does not parse, it does not import).
+    ``line``: the line of the patch file at fault, when known."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,11 @@ class PatchKind(Protocol):
 
     def touched(self, full: Path) -> list[str]:
         """Every checkout path the patch reads or writes; KindError when it cannot tell."""
+
+    def compile(self, full: Path, rel: str) -> str:
+        """All that can be checked without a tree (a diff parsed, a transform imported and its
+        classes found, an overlay's files listed): what was found, in a few words; KindError
+        (with the patch file's line where known) when it is broken."""
 
     def apply(self, patch: Patch, full: Path, target: Target) -> Outcome:
         """Apply to ``target.root``, all or nothing; never raises for a bad patch."""

@@ -721,6 +721,13 @@ class DiffKind:
         except (OSError, DiffParseError) as exc:
             raise KindError(str(exc)) from None
 
+    def compile(self, full: Path, rel: str) -> str:
+        patch_set = parse(read_text(full))   # the loader's check has parsed it once already
+        files = len(patch_set)
+        hunks = sum(len(f) for f in patch_set)
+        return (f"{files} file{'s' if files != 1 else ''}, {hunks} "
+                f"hunk{'s' if hunks != 1 else ''}")
+
     def apply(self, patch, full: Path, target: Target) -> Outcome:
         out = apply_file(full, target.root)
         out.staged = True  # `git apply --index` has staged it, deletions included

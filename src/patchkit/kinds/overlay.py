@@ -15,7 +15,7 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import paths
-from patchkit.kinds.base import Rebase, Stop, Target
+from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume, generic_stop
 from patchkit.report import Outcome, PatchResult
 
@@ -121,6 +121,12 @@ class OverlayKind:
 
     def touched(self, full: Path) -> list[str]:
         return files_of(full)
+
+    def compile(self, full: Path, rel: str) -> str:
+        found = files_of(full)
+        if not found:
+            raise KindError(f"{rel}: the overlay holds no files")
+        return f"{len(found)} file{'s' if len(found) != 1 else ''}"
 
     def apply(self, patch, full: Path, target: Target) -> Outcome:
         return apply_tree(full, target.root, target.base_commit, patch.replaces, target.mirror)

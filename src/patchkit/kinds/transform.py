@@ -129,7 +129,13 @@ def _body_of(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
 
 
 class TransformLoadError(Exception):
-    """The transform file cannot be imported or defines no Transform."""
+    """The transform file cannot be imported or defines no Transform.  ``detail`` is the
+    message without the file's name; ``line`` the line at fault in the file, when known."""
+
+    def __init__(self, py_file: Path, detail: str, line: int | None = None) -> None:
+        super().__init__(f"{py_file}: {detail}")
+        self.detail = detail
+        self.line = line
 
 
 def load_transforms(py_file: Path) -> list[type[Transform]]:
@@ -137,28 +143,63 @@ def load_transforms(py_file: Path) -> list[type[Transform]]:
     name = f"_patchkit_transform_{abs(hash(str(py_file.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, py_file)
     if spec is None or spec.loader is None:
-        raise TransformLoadError(f"{py_file}: cannot be imported")
+        raise TransformLoadError(py_file, "cannot be imported")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise TransformLoadError(py_file, f"import failed: SyntaxError: {exc.msg}",
+                                 exc.lineno) from exc
     except (Exception, SystemExit) as exc:  # the author's code: report, never a traceback
-        raise TransformLoadError(f"{py_file}: import failed: {type(exc).__name__}: {exc}") from exc
+        raise TransformLoadError(py_file, f"import failed: {type(exc).__name__}: {exc}",
+                                 _line_in(exc, py_file)) from exc
     finally:
         sys.modules.pop(name, None)
     found = [obj for obj in vars(module).values()
              if inspect.isclass(obj) and issubclass(obj, Transform) and obj is not Transform
              and obj.__module__ == name]
     if not found:
-        raise TransformLoadError(f"{py_file}: defines no patchkit.transform.Transform subclass")
+        raise TransformLoadError(py_file, "defines no patchkit.transform.Transform subclass", 1)
     # vars() keeps definition order, which is the order the classes run in
     for cls in found:
+        line = _class_line(cls) if not isinstance(cls.path, str) or not cls.path else None
         if not cls.path:
-            raise TransformLoadError(f"{py_file}: {cls.__name__} sets no `path`")
+            raise TransformLoadError(py_file, f"{cls.__name__} sets no `path`", line)
         if not isinstance(cls.path, str):
-            raise TransformLoadError(f"{py_file}: {cls.__name__}.path must be a checkout-relative "
-                                     f"path string, not {cls.path!r}")
+            raise TransformLoadError(py_file, f"{cls.__name__}.path must be a checkout-relative "
+                                     f"path string, not {cls.path!r}", line)
     return found
+
+
+def _line_in(exc: BaseException, py_file: Path) -> int | None:
+    """The line of ``py_file`` the exception was raised through last (its deepest frame
+    there), or None."""
+    wanted = str(py_file)
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == wanted:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _class_line(cls: type) -> int | None:
+    """The line of ``cls``'s ``class`` statement in the file it was imported from, or None."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(_file_of(cls)).read_bytes())
+    except (OSError, SyntaxError, ValueError, TypeError):
+        return None
+    return next((node.lineno for node in ast.walk(tree)
+                 if isinstance(node, ast.ClassDef) and node.name == cls.__name__), None)
+
+
+def _file_of(cls: type) -> str | None:
+    return next((v.__code__.co_filename for v in vars(cls).values() if inspect.isfunction(v)),
+                None)
 
 
 def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Outcome:
@@ -281,6 +322,26 @@ class TransformKind:
             return [cls.path for cls in load_transforms(full)]
         except TransformLoadError as exc:
             raise KindError(str(exc)) from None
+
+    def compile(self, full: Path, rel: str) -> str:
+        """Compiled, imported, and each ``Transform`` class found with a path it may write."""
+        try:
+            compile(full.read_bytes(), str(full), "exec", dont_inherit=True)
+        except SyntaxError as exc:   # IndentationError and TabError are SyntaxErrors
+            raise KindError(f"{type(exc).__name__}: {exc.msg}", exc.lineno) from None
+        except (ValueError, OSError) as exc:   # null bytes; unreadable
+            raise KindError(str(exc), 1) from None
+        try:
+            classes = load_transforms(full)
+        except TransformLoadError as exc:
+            raise KindError(exc.detail, exc.line) from None
+        for cls in classes:
+            try:
+                paths.check_relative(cls.path)
+            except paths.UnsafePathError as exc:
+                raise KindError(f"{cls.__name__}.path: {exc}", _class_line(cls)) from None
+        names = ", ".join(cls.__name__ for cls in classes)
+        return f"{len(classes)} Transform class{'es' if len(classes) != 1 else ''} ({names})"
 
     def apply(self, patch, full: Path, target: Target) -> Outcome:
         return run_transform_file(full, target.root, Version(target.version) if target.version else None)

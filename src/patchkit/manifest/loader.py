@@ -51,6 +51,10 @@ _ONE_OF_KINDS = "give exactly one of " + ", ".join(KINDS)
 _ONE_OF_PREDICATES = "give exactly one of " + ", ".join(PREDICATES)
 
 
+# Constructs the YAML scanner reports where it gives up, not where they begin.
+_UNCLOSED = re.compile(r"while (scanning a (quoted|block) scalar|parsing a flow)")
+
+
 def load(path: Path | str) -> Manifest:
     """Read and check ``path``; raise :class:`ManifestError` at the first mistake.
 
@@ -111,6 +115,12 @@ class _Loader:
                     problem = f"{exc.context}, {problem}"
                 elif exc.context:
                     problem += f" ({exc.context})"
+                if _UNCLOSED.match(exc.context or "") and exc.context_mark and mark and \
+                        exc.context_mark.line < mark.line:
+                    # an unclosed quote or bracket is found where the scanner gives up, often
+                    # lines later: the line it began on is the one to fix
+                    problem += f"; it begins here and is still open at line {mark.line + 1}"
+                    mark = exc.context_mark
                 raise ManifestError(f"YAML syntax error: {problem}", path=self.given,
                                     line=mark.line + 1 if mark else None) from None
             except yaml.YAMLError as exc:

@@ -59,7 +59,8 @@ def render_text(result: BisectResult) -> str:
         lines.append(f"it changes between the {whose}releases {a.ref} ({a.fate}) and {b.ref} "
                      f"({b.fate})")
         lines.append(f"  {result.why}")
-    lines.append(f"tested {result.tested} of {result.commits} {unit} (at most {result.limit})")
+    lines.append(f"tested {result.tested} of {result.span} {unit}, both ends included (at most "
+                 f"{result.limit})")
     if result.changed and (result.first_bad or result.narrowed):
         files = ", ".join(result.files) or "no file"
         if result.first_bad:

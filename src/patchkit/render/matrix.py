@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from patchkit.commands.rebase_check import FORMATS, Matrix, Row
 from patchkit.errors import UsageError
 from patchkit.manifest import Manifest
+from patchkit.render import plural
 from patchkit.render.colors import paint
 from patchkit.report import ApplyReport, PatchResult
 
@@ -61,7 +62,8 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
     head = ["patch", *matrix.refs, "notes"]
     table = [[r.patch.id, *[cell_word(c) for c in r.cells], "; ".join(notes(r))] for r in rows]
     widths = [max(len(x[i]) for x in [head, *table]) for i in range(len(head) - 1)]
-    lines = [(f"{m.name}: {len(rows)} patches x {len(matrix.targets)} {matrix.label} targets "
+    targets = plural(len(matrix.targets), matrix.label + " target")
+    lines = [(f"{m.name}: {plural(len(rows), 'patch', 'patches')} x {targets} "
               f"(pinned at {matrix.pin}"
               + (f", variant {matrix.variant})" if matrix.variant else ")")), ""]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  notes")
@@ -112,8 +114,8 @@ def render_markdown(matrix: Matrix) -> str:
         return "\n".join(out) + "\n"
     verdict = ("✅ the series applies to every target" if matrix.ok else
                f"❌ {_failures(len(matrix.failures()))}")
-    out += [(f"Pinned at `{matrix.pin}`; {len(matrix.rows())} patches x {len(matrix.targets)} "
-             f"targets: {verdict}."), ""]
+    out += [(f"Pinned at `{matrix.pin}`; {plural(len(matrix.rows()), 'patch', 'patches')} x "
+             f"{plural(len(matrix.targets), 'target')}: {verdict}."), ""]
     out.append("| patch | " + " | ".join(f"`{ref}`" for ref in matrix.refs) + " | notes |")
     out.append("|---" * (len(matrix.targets) + 2) + "|")
     rows = matrix.rows()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from patchkit.imageref import split_tag
+from patchkit.render import plural
 from patchkit.render.colors import paint
 from patchkit.report import ApplyReport, AssertionResult, PatchResult
 
@@ -90,7 +91,7 @@ def verify(report) -> str:
                  f"assertions passed on {report.target}")
     if report.runtime is not None:
         lines += [f"note: {note}" for note in report.notes]
-        lines += runtime(report.runtime, report.logs)
+        lines += runtime(report.runtime, report.logs, report.waiting)
     if report.holds is not None:
         lines.append(f"{report.target} holds {holds(report.holds.to_dict())}")
     if report.locked is not None:
@@ -101,15 +102,21 @@ def verify(report) -> str:
     return "\n".join(lines)
 
 
-def runtime(results, logs: list[str]) -> list[str]:
+def runtime(results, logs: list[str], waiting=()) -> list[str]:
     """The failures of the runtime markers, one line each (a forbidden line with its
-    ``FILE:LINE:``), then one summary."""
-    lines = [line for r in results for line in r.failure_lines()]
+    ``FILE:LINE:``), then those not yet judged (``waiting``: no traffic served yet), then one
+    summary."""
+    lines = [line for r in results if r not in waiting for line in r.failure_lines()]
+    lines += [f"not yet judged: [{r.label}] {r.message}" for r in waiting]
     held = sum(r.ok for r in results)
     aside = sum(not r.judged for r in results)
-    note = f" ({aside} not judged: their `unless` left out every log)" if aside else ""
-    ok = all(r.ok for r in results)
-    lines.append(f"{'ok' if ok else 'FAILED'}: {held}/{len(results)} runtime markers hold in "
+    notes = ([f"{aside} not judged: their `unless` left out every log"] if aside else []) + \
+            ([f"{len(waiting)} not yet judged: no traffic served yet; verify again after "
+              "smoke, or give --require-traffic"] if waiting else [])
+    note = f" ({'; '.join(notes)})" if notes else ""
+    failed = any(not r.ok and r not in waiting for r in results)
+    word = "FAILED" if failed else "NOT YET JUDGED" if waiting else "ok"
+    lines.append(f"{word}: {held}/{len(results)} runtime markers hold in "
                  f"{', '.join(logs)}{note}")
     return lines
 
@@ -173,3 +180,19 @@ def build_image(report) -> str:
             lines.append(f"FAILED: {report.tag} was built, but {failed} of "
                          f"{len(copied['targets'])} copies failed")
     return "\n".join(lines)
+
+
+def validate(v) -> str:
+    """The parenthesis of validate's line (a ``commands.validate.Validated``): what was
+    counted and compiled."""
+    m = v.manifest
+    parts = [plural(len(m.patches), "patch", "patches")]
+    done = {"diff": "parsed", "transform": "imported", "overlay": "listed"}
+    parts += [f"{plural(n, kind)} {done.get(kind, 'checked')}" for kind, n in v.kinds.items()]
+    asserted = sum(len(p.verify) for p in m.patches)
+    if asserted:
+        parts.append(plural(asserted, "assertion"))
+    markers = len(m.runtime) + sum(len(p.runtime) for p in m.patches)
+    if markers:
+        parts.append(plural(markers, "runtime marker"))
+    return ", ".join(parts)

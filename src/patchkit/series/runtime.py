@@ -15,7 +15,14 @@ logs together must reach its floor.
 
 A log that holds several server starts (a restart appended to the same file) is judged on its
 last start only: the tallies begin anew at each start, and an earlier start's matching lines
-are kept only to say that a marker failing now held only before.
+are kept only to say that a marker failing now held only before.  A start is judged up to its
+stop: from the line where the server says it was asked to stop (SIGINT, SIGTERM), what it logs
+while it tears itself down (an ``EngineDeadError`` from the output handler among it) is not
+judged; a death logged before that line still is.
+
+An acceptance marker over a start that logged no spec-decode metrics line at all is not yet
+judged (``pending``): the server served no drafts, which is a normal moment at startup, not a
+failure; the caller decides whether that may pass.
 
 Pure: the caller reads the logs (files, stdin, a container's log through the image border) and
 hands them over as chunks of bytes, which :class:`LogLines` cuts into bounded lines; nothing here
@@ -159,6 +166,9 @@ class MarkerResult:
     judged: bool = True  # False when `unless` left every log out
     absent: bool = False
     earlier: list[str] = field(default_factory=list)  # LOG:A-B of earlier starts that matched
+    pending: bool = False  # an acceptance floor before any traffic: not yet judged (ok False)
+    acceptance: acceptance.Acceptance | None = None  # an acceptance marker's figures
+    metrics: list[Hit] = field(default_factory=list)  # ... and the metrics lines they came from
 
     @property
     def label(self) -> str:
@@ -183,9 +193,13 @@ class MarkerResult:
         return [f"[{self.label}] {self.message}"]
 
     def to_dict(self) -> dict:
-        return {"patch": self.patch, "log": self.log, "ok": self.ok, "found": self.found,
-                "lines": self.lines, "message": self.message, "judged": self.judged,
-                "earlier": self.earlier}
+        out = {"patch": self.patch, "log": self.log, "ok": self.ok, "found": self.found,
+               "lines": self.lines, "message": self.message, "judged": self.judged,
+               "earlier": self.earlier, "pending": self.pending}
+        if self.acceptance is not None:
+            out["acceptance"] = {**self.acceptance.to_dict(),
+                                 "lines": [str(h) for h in self.metrics]}
+        return out
 
 
 def patches_in(manifest: Manifest, statuses: Mapping[str, str] | None,
@@ -227,6 +241,16 @@ _CONFIG = re.compile(r"\bResolved architecture: ")
 # a log or excerpt without the version lines is still cut, if later than it began.
 _ONCE = re.compile(r"Initializing a V1 LLM engine \(v\S+\) with config|"
                    r"Starting vLLM (?:API )?server (?:\d+ )?on ")
+# Where a start's stop begins, in the words of every supported release (0.27.1 to 0.34.0): the
+# API server's signal handler (vllm/entrypoints/launcher.py, later launchers/launcher.py) logs
+# "[shutdown] API server: shutdown triggered" on SIGINT or SIGTERM; an engine core's
+# (vllm/v1/engine/core.py) "[shutdown] EngineCore: trigger received signal=SIGINT"; a headless
+# rank's (vllm/entrypoints/cli/serve.py) "Received 2 signal." at DEBUG only.  The "[shutdown]"
+# steps and the EngineDeadError of the output handler follow.  Not every "[shutdown]" line is a
+# stop: "[shutdown] MPClient: engine core exited unexpectedly" is a death.
+_STOP = re.compile(r"\[shutdown\] API server: shutdown triggered|"
+                   r"\[shutdown\] EngineCore: trigger received signal=\w+|"
+                   r"\bReceived \d+ signal\.")
 _PROCESS = re.compile(r"\(([\w-]+) pid=\d+\)")   # vLLM's prefix of a child process's lines
 _BARE_HEADER = re.compile(r"\[[\w.-]+:\d+\]\s*$")   # a log record's header with no text after
 
@@ -277,21 +301,27 @@ class _StartCut:
 @dataclass(frozen=True)
 class Start:
     """The start of one log that was judged: its ``line`` (from 1) and how many starts the log
-    holds (``count``; the earlier ones are not judged)."""
+    holds (``count``; the earlier ones are not judged); ``stop``, the line where its stop
+    began (None: not stopped), and that line's text."""
 
     log: str
     line: int
     count: int
+    stop: int | None = None
+    stop_text: str = ""
 
     def to_dict(self) -> dict:
-        return {"log": self.log, "starts": self.count, "line": self.line}
+        return {"log": self.log, "starts": self.count, "line": self.line, "stop": self.stop}
 
     def note(self) -> str | None:
-        """One line for a log with several starts, or None."""
-        if self.count == 1:
-            return None
-        return (f"{self.log}: {self.count} server starts; judged on the last, from line "
-                f"{self.line}")
+        """One line for a log with several starts, or stopped, or None."""
+        said = []
+        if self.count > 1:
+            said.append(f"{self.count} server starts; judged on the last, from line {self.line}")
+        if self.stop is not None:
+            said.append(f"the server was stopped at line {self.stop} ({self.stop_text}); what "
+                        "it logged from there on is not judged")
+        return f"{self.log}: {'; '.join(said)}" if said else None
 
 
 @dataclass
@@ -310,6 +340,7 @@ class _Tally:
     hits: list[Hit] = field(default_factory=list)
     left_out: bool = False   # a line matched the marker's `unless`
     metrics: list[acceptance.LineMetrics] = field(default_factory=list)  # acceptance markers
+    metric_lines: list[Hit] = field(default_factory=list)   # ... the lines they were read from
     lines: tuple[int, int] = (1, 1)   # the lines of an earlier start
 
 
@@ -322,6 +353,8 @@ class _LogTally:
     start: _StartCut
     last: list[_Tally]
     earlier: list[_Tally | None]
+    stop: int | None = None   # where the last start's stop began
+    stop_text: str = ""
 
     @property
     def shown(self) -> str:
@@ -343,7 +376,8 @@ def assess(markers: Sequence[ScopedMarker], logs: Iterable[Log]) -> Judgment:
     tallies = [_read(log, compiled, keep, metrics) for log in logs]
     results = [_verdict(s, [(t, t.last[i], t.earlier[i]) for t in tallies], keep[i])
                for i, s in enumerate(markers)]
-    return Judgment(results, [Start(t.name, t.start.line, t.start.count) for t in tallies])
+    return Judgment(results, [Start(t.name, t.start.line, t.start.count, t.stop, t.stop_text)
+                              for t in tallies])
 
 
 def _read(log: Log, compiled, keep: list[int], metrics: list[bool]) -> _LogTally:
@@ -352,6 +386,8 @@ def _read(log: Log, compiled, keep: list[int], metrics: list[bool]) -> _LogTally
     start = _StartCut()
     here = [_Tally() for _ in compiled]
     earlier: list[_Tally | None] = [None] * len(compiled)
+    stop: int | None = None
+    stop_text = ""
     for number, raw in enumerate(log.lines, 1):
         text = _ANSI.sub("", raw.rstrip("\r\n"))
         first = start.line
@@ -360,6 +396,13 @@ def _read(log: Log, compiled, keep: list[int], metrics: list[bool]) -> _LogTally
             earlier = [_ended(t, first, begins - 1) if t.found else e
                        for t, e in zip(here, earlier)]
             here = [_Tally() for _ in compiled]
+            stop, stop_text = None, ""
+        if stop is not None:
+            continue    # the start is stopping: its teardown is no launch to judge
+        if "shutdown" in text or "signal" in text:
+            if found := _STOP.search(text):
+                stop, stop_text = number, found[0]
+                continue
         for i, (pattern, unless) in enumerate(compiled):
             if pattern.search(text):
                 tally = here[i]
@@ -368,9 +411,10 @@ def _read(log: Log, compiled, keep: list[int], metrics: list[bool]) -> _LogTally
                     tally.hits.append(Hit(log.name, number, _shown(text)))
                 if metrics[i] and (values := acceptance.parse_line(text)) is not None:
                     tally.metrics.append(values)
+                    tally.metric_lines.append(Hit(log.name, number, _shown(text)))
             if unless is not None and not here[i].left_out and unless.search(text):
                 here[i].left_out = True
-    return _LogTally(log.name, start, here, earlier)
+    return _LogTally(log.name, start, here, earlier, stop, stop_text)
 
 
 def _ended(tally: _Tally, first: int, last: int) -> _Tally:
@@ -397,9 +441,13 @@ def _verdict(scoped: ScopedMarker, per_log: list[tuple[_LogTally, _Tally, _Tally
     aside = f" ({_names(left)} left out: {quoted(marker.unless)})" if left else ""
     times = f"{found} time{'s' if found != 1 else ''}"
     earlier = [(log, e) for log, _, e in judged if e is not None]
+    measured = pending = None
+    metric_lines: list[Hit] = []
     if marker.acceptance is not None:
-        ok, message = _acceptance_verdict(marker.acceptance, [m for _, t, _ in judged
-                                                              for m in t.metrics], where, aside)
+        metric_lines = [h for _, t, _ in judged for h in t.metric_lines]
+        ok, message, measured = _acceptance_verdict(
+            marker.acceptance, [m for _, t, _ in judged for m in t.metrics], where, aside)
+        pending = measured is None
         message += _before(earlier, "not counted")
     elif marker.absent:
         ok = found == 0
@@ -422,7 +470,8 @@ def _verdict(scoped: ScopedMarker, per_log: list[tuple[_LogTally, _Tally, _Tally
                        + _before(earlier, "not counted"))
     earlier_lines = [f"{log.name}:{e.lines[0]}-{e.lines[1]}" for log, e in earlier]
     return MarkerResult(scoped.patch, marker.log, ok, found, hits, message,
-                        absent=marker.absent, earlier=earlier_lines)
+                        absent=marker.absent, earlier=earlier_lines, pending=bool(pending),
+                        acceptance=measured, metrics=metric_lines)
 
 
 def _before(earlier: list[tuple[_LogTally, _Tally]], aside: str = "") -> str:
@@ -437,18 +486,22 @@ def _before(earlier: list[tuple[_LogTally, _Tally]], aside: str = "") -> str:
     return f" ({found} in an earlier start, {spans}, {aside})"
 
 
+NOT_YET_JUDGED = "not yet judged (no spec-decode metrics lines: the server has served no drafts)"
+
+
 def _acceptance_verdict(floor: acceptance.Floor, lines: list[acceptance.LineMetrics],
-                        where: str, aside: str) -> tuple[bool, str]:
+                        where: str, aside: str
+                        ) -> tuple[bool, str, acceptance.Acceptance | None]:
     """An acceptance marker: the metrics lines of the judged logs together, held to the
-    floor.  No line at all fails (the server logged no spec-decode metrics: stats off, or no
-    request served yet); zero drafts fail as inconclusive."""
+    floor, and the figures they give.  No line at all is not yet judged (figures None: vLLM
+    logs one every 10 s while it serves drafts, with log stats on); zero drafts fail as
+    inconclusive."""
     if not lines:
-        return False, (f"no spec-decode metrics lines in {where}{aside} (vLLM logs one every "
-                       "10 s while it serves with speculative decoding and log stats on); "
-                       f"{floor.describe()} not shown")
+        return False, f"{floor.describe()} in {where}{aside}: {NOT_YET_JUDGED}", None
     count = f"{len(lines)} metrics line{'s' if len(lines) != 1 else ''} of {where}{aside}"
-    verdict = acceptance.judge(acceptance.from_lines(lines), floor, count)
-    return verdict.ok, verdict.message
+    measured = acceptance.from_lines(lines)
+    verdict = acceptance.judge(measured, floor, count)
+    return verdict.ok, verdict.message, measured
 
 
 def _names(names: list[str]) -> str:

@@ -67,8 +67,8 @@ def ensure_release(cache: Path, ref: str, log=lambda msg: None,
 def _release(cache: Path, ref: str, log, package: PackageId) -> tuple[Path, str, str]:
     """``ensure_release``, and the release's commit.  A release already laid out costs one
     git process: a repository that names the tag's commit is sound."""
-    version = versions.pypi_release(ref, "--vllm-repo pypi" if package == VLLM
-                                    else f"the {package.label} source pypi")
+    # the source may be the manifest's as well as --vllm-repo's: name it, not a flag
+    version = versions.pypi_release(ref, f"the {package.label} source pypi")
     tag = f"v{version}"
     repo = repo_path(cache, package)
     base = cache_subdir(cache, WORD)

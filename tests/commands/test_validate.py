@@ -1,0 +1,69 @@
+"""``patchkit validate`` compiles what it can without a tree: a broken transform is caught
+there, with its file and line, not only at apply."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from testing import one_error, patchkit
+from testing.project import TRANSFORM, make_project
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    return make_project(tmp_path)
+
+
+def test_a_good_series_is_counted_by_kind(project):
+    out = patchkit("validate", cwd=project)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("patchset.yaml: ok (3 patches, 1 diff parsed, 1 transform "
+                                  "imported, 1 overlay listed, 3 assertions, vLLM v1)")
+    doc = json.loads(patchkit("validate", "--format", "json", cwd=project).stdout)
+    assert doc["compiled"] == [
+        {"id": "table-nvfp4", "kind": "diff", "path": "patches/table.diff",
+         "found": "1 file, 1 hunk"},
+        {"id": "fast-mode", "kind": "transform", "path": "patches/fast.py",
+         "found": "1 Transform class (Fast)"},
+        {"id": "extra-file", "kind": "overlay", "path": "overlays/extra", "found": "1 file"}]
+
+
+@pytest.mark.parametrize("source, line, words", [
+    (TRANSFORM.replace("    def transform(self, module):", "    def transform(self, module)"),
+     12, "SyntaxError: expected ':'"),
+    (TRANSFORM.replace("    def transform(self, module):", "   def transform(self, module):"), 12,
+     "IndentationError: unindent does not match any outer indentation level"),
+    (TRANSFORM.replace("class Fast(Transform):", "class Fast:"), 1,
+     "defines no patchkit.transform.Transform subclass"),
+    (TRANSFORM.replace("import libcst.matchers as m", "import libcst.matchers as m\n"
+                       "import no_such_module_here"), 3,
+     "import failed: ModuleNotFoundError: No module named 'no_such_module_here'"),
+    (TRANSFORM.replace('    path = "pkg/mod.py"\n', ""), 6, "Fast sets no `path`"),
+    (TRANSFORM.replace('path = "pkg/mod.py"', 'path = "../outside.py"'), 6, "Fast.path: "),
+])
+def test_a_broken_transform_is_exit_2_with_its_file_and_line(project, source, line, words):
+    (project / "patches/fast.py").write_text(source)
+    out = patchkit("validate", cwd=project)
+    assert out.returncode == 2, out.stdout + out.stderr
+    error = one_error(out)
+    assert error.startswith(f"patchkit validate: error: patches/fast.py:{line}: patches[1] "
+                            "(id=fast-mode): "), error
+    assert words in error and "Traceback" not in out.stderr
+
+
+def test_a_manifest_elsewhere_names_the_file_from_here(project):
+    (project / "patches/fast.py").write_text("class Fast(:\n")
+    out = patchkit("validate", "--manifest", f"{project.name}/patchset.yaml",
+                   cwd=project.parent)
+    assert out.returncode == 2
+    assert one_error(out).startswith(f"patchkit validate: error: {project.name}/patches/"
+                                     "fast.py:1: patches[1] (id=fast-mode): SyntaxError")
+
+
+def test_an_empty_overlay_is_exit_2(project):
+    (project / "overlays/extra/pkg/extra.py").unlink()
+    out = patchkit("validate", cwd=project)
+    assert out.returncode == 2
+    assert "overlays/extra: the overlay holds no files" in one_error(out)
