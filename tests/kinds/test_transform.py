@@ -255,3 +255,11 @@ def test_a_kept_result_is_never_stale(tmp_path, monkeypatch, change):
     out = run_transform_file(tmp_path / "b" / "t.py", root, version)
     assert out.status == "applied" and ran == ["UseB12x", "UseB12x"]
     assert '"b12x"' in (root / "pkg/spec.py").read_text()
+
+
+def test_a_transform_that_says_it_is_not_pure_runs_every_time(tmp_path, monkeypatch):
+    ran = _counting(monkeypatch)
+    impure = RENAME.replace('    path = "pkg/spec.py"\n', '    path = "pkg/spec.py"\n    pure = False\n')
+    run(tmp_path / "a", impure, {"pkg/spec.py": SPEC_BEFORE})
+    out, _ = run(tmp_path / "b", impure, {"pkg/spec.py": SPEC_BEFORE})
+    assert out.status == "applied" and ran == ["UseB12x", "UseB12x"]

@@ -253,6 +253,7 @@ from patchkit.transform import Transform
 
 class Slow(Transform):
     path = "{path}"
+    pure = False   # it waits on the test's word: run it every time
 
     def postcondition(self, module):
         return "# slow" in module.code

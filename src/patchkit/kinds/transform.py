@@ -68,6 +68,10 @@ class Transform:
 
     #: the file this transform edits, relative to the checkout root
     path: str = ""
+    #: its result follows from that file, the release and the transform's own folder alone, so
+    #: it is kept and reused (set False when it reads anything else: the environment, the
+    #: clock, files elsewhere)
+    pure: bool = True
 
     def __init__(self, version: Version | None = None) -> None:
         self.version = version
@@ -222,12 +226,13 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Ou
             return Outcome("failed", "unsafe-path", f"{cls.__name__}: {exc}", files)
         if cls.path not in inputs:
             inputs[cls.path] = target.read_text(encoding="utf-8") if target.is_file() else None
-    key = memo.key(py_file, inputs, version)
-    kept = memo.get(key)
+    pure = all(cls.pure for cls in classes)
+    key = memo.key(py_file, inputs, version) if pure else None
+    kept = memo.get(key) if key else None
     if kept is None:
         outcome, pending = _transformed(classes, inputs, version)
-        if outcome.status != "failed" or outcome.reason in ("anchor-missing",
-                                                              "ambiguous-anchor"):
+        if key and (outcome.status != "failed"
+                    or outcome.reason in ("anchor-missing", "ambiguous-anchor")):
             memo.put(key, outcome, pending)   # the author's exceptions are not kept
     else:
         outcome, pending = kept
