@@ -5,10 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from patchkit import manifest
+from patchkit.series import languages
 
 
 def run(manifest_path: Path) -> manifest.Manifest:
-    return manifest.load(manifest_path)
+    m = manifest.load(manifest_path)
+    # A parser the assertions will need must load now, not halfway through an apply.
+    for name in sorted({a.file for p in m.patches for a in p.verify}):
+        languages.for_file(name).ready()
+    return m
 
 
 def summary(m: manifest.Manifest) -> dict:

@@ -21,6 +21,7 @@ from patchkit.imageref import reference_problem
 from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Assertion, ImageDefaults,
                                      Manifest, Marker, Package, Patch, Variant, id_problem,
                                      shown_id, summary_problem)
+from patchkit.series import languages
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE, ref_problem
 
 KINDS = kinds.NAMES
@@ -40,7 +41,6 @@ MARKER_KEYS = ("log", "absent", "count", "min", "unless", "acceptance")
 FLOOR_KEYS = ("min", "min_length")
 MAX_PATCH_FILE = 64 * 1024 * 1024   # a diff or transform larger than this is no patch
 
-_DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
 _SHA256_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
 _PLATFORM_RE = re.compile(r"[a-z0-9_]+/[a-z0-9_]+(/[a-z0-9_]+)?\Z")
@@ -593,17 +593,25 @@ class _Loader:
             self.fail(f"{where}: two predicates ({predicates[0]} and {predicates[1]}); "
                       f"{_ONE_OF_PREDICATES}", fields[predicates[1]][0])
         file = self.checked_path(fields["file"][1], f"{where}.file")
+        language = languages.for_file(file)
         scope = None
         if "in" in fields:
             scope_node = fields["in"][1]
             scope = self.string(scope_node, f"{where}.in").strip()
-            if not _DOTTED_RE.match(scope):
-                self.fail(f"{where}.in: {scope!r} is not a dotted name like Class.method",
-                          scope_node)
+            problem = language.scope_problem(scope)
+            if problem:
+                self.fail(f"{where}.in: {problem}", scope_node)
         predicate = predicates[0]
         key_node, value_node = fields[predicate]
+        if predicate == "not_contains":  # the same as `not: {contains: TEXT}`
+            value = self.predicate_value(language, "contains", value_node, where,
+                                         shown="not_contains", key=key_node)
+            negated = Assertion(file=file, scope=scope, predicate="contains", value=value,
+                                line=_line(key_node))
+            return Assertion(file=file, scope=scope, predicate="not", value=None,
+                             negated=negated, line=_line(node))
         if predicate != "not":
-            value = self.predicate_value(predicate, value_node, where)
+            value = self.predicate_value(language, predicate, value_node, where, key=key_node)
             return Assertion(file=file, scope=scope, predicate=predicate, value=value,
                              line=_line(node))
         inner_where = f"{where}.not"
@@ -612,7 +620,7 @@ class _Loader:
                 if isinstance(inner_key, yaml.ScalarNode) and inner_key.value in ("file", "in"):
                     self.fail(f"{inner_where}: {inner_key.value!r} is not allowed inside 'not' "
                               "(it checks the assertion's own file and scope)", inner_key)
-        allowed = tuple(p for p in PREDICATES if p != "not")
+        allowed = tuple(p for p in PREDICATES if p not in ("not", "not_contains"))
         inner = self.mapping(value_node, inner_where, PREDICATES,
                              what="a mapping with one predicate")
         inner_predicates = list(inner)
@@ -625,24 +633,29 @@ class _Loader:
                       inner[inner_predicates[1]][0])
         inner_predicate = inner_predicates[0]
         inner_key, inner_value = inner[inner_predicate]
-        if inner_predicate == "not":
-            self.fail(f"{inner_where}: 'not' inside 'not'; state the predicate itself",
+        if inner_predicate in ("not", "not_contains"):
+            self.fail(f"{inner_where}: {inner_predicate!r} inside 'not'; state the predicate itself",
                       inner_key)
-        value = self.predicate_value(inner_predicate, inner_value, inner_where)
+        value = self.predicate_value(language, inner_predicate, inner_value, inner_where,
+                                     key=inner_key)
         negated = Assertion(file=file, scope=scope, predicate=inner_predicate, value=value,
                             line=_line(inner_key))
         return Assertion(file=file, scope=scope, predicate="not", value=None, negated=negated,
                          line=_line(node))
 
-    def predicate_value(self, predicate: str, node: yaml.Node, where: str) -> str:
-        what = f"{where}.{predicate}"
+    def predicate_value(self, language: languages.Language, predicate: str, node: yaml.Node,
+                        where: str, *, shown: str | None = None,
+                        key: yaml.Node | None = None) -> str:
+        what = f"{where}.{shown or predicate}"
+        if predicate not in language.predicates:
+            self.fail(f"{what}: {predicate} does not apply to {language.name} files; give one "
+                      f"of {', '.join(language.predicates)}", key if key is not None else node)
         if predicate == "has_key":
             return self.string(node, what, empty_ok=True)
         value = self.string(node, what)
-        if predicate == "defines" and not value.isidentifier():
-            self.fail(f"{what}: {value!r} is not a Python name", node)
-        if predicate == "calls" and not _DOTTED_RE.match(value):
-            self.fail(f"{what}: {value!r} is not a dotted name like self.method", node)
+        problem = language.value_problem(predicate, value)
+        if problem:
+            self.fail(f"{what}: {problem}", node)
         return value
 
     # -- runtime markers -------------------------------------------------------------------

@@ -12,7 +12,8 @@ from packaging.specifiers import SpecifierSet
 
 from patchkit.acceptance import Floor
 
-PREDICATES = ("defines", "calls", "has_key", "contains", "not")
+# `not_contains: TEXT` is read as `not: {contains: TEXT}`: no Assertion carries it.
+PREDICATES = ("defines", "calls", "has_key", "contains", "not", "not_contains")
 
 
 @dataclass(frozen=True)
