@@ -2,10 +2,11 @@
 
 An assertion names a file, an optional scope (``Class.method`` in Python, ``Class::method`` in
 C++) and one predicate.  The file's language (``languages/``, chosen by suffix) parses it, finds
-the scope and searches it; this module runs the assertions and words their outcomes.  The file and the scope must exist or the assertion fails,
-even under ``not``: a check that cannot find its target proves nothing.  Failures point at the
-deepest part of the scope that was found and say what is there, so a renamed method or a moved
-call is a one-look fix.
+the scope and searches it; this module runs the assertions and words their outcomes.
+
+The file and the scope must exist or the assertion fails, even under ``not``: a check that
+cannot find its target proves nothing.  Failures point at the deepest part of the scope that was
+found and say what is there, so a renamed method or a moved call is a one-look fix.
 """
 
 from __future__ import annotations

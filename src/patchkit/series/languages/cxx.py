@@ -351,6 +351,29 @@ class Cxx:
     def search(self, predicate: str, scope: Scope, value: str) -> Search:
         return _SEARCHES[predicate](scope, value)
 
+    # -- for transforms -------------------------------------------------------------------------
+    def definition_spans(self, text: str, name: str) -> list[tuple[int, int]]:
+        """The (start, end) character offsets in ``text`` of every definition ``name`` names,
+        by the same rule as ``in:``."""
+        data = text.encode("utf-8")
+        tree = self.parse(text, "")
+        want = _parts(name)
+        spans = []
+        for full, node in tree.definitions:
+            if full[-len(want):] == want:
+                top = node.parent if node.parent is not None and \
+                    node.parent.type == "template_declaration" else node
+                spans.append((len(data[:top.start_byte].decode("utf-8", "replace")),
+                              len(data[:node.end_byte].decode("utf-8", "replace"))))
+        return spans
+
+    def error_count(self, text: str) -> int:
+        """How many error and missing nodes the parser leaves in ``text``."""
+        root = self.grammar.parser(self.name).parse(text.encode("utf-8")).root_node
+        if not root.has_error:
+            return 0
+        return sum(1 for n in _descendants(root) if n.type == "ERROR" or n.is_missing)
+
 
 C = Cxx("C", _Grammar("tree_sitter_c", "tree-sitter-c"))
 CPP = Cxx("C++", _Grammar("tree_sitter_cpp", "tree-sitter-cpp"))
