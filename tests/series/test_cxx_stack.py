@@ -90,3 +90,21 @@ def test_a_grammar_that_cannot_load_is_one_line_and_exit_2(tmp_path, header):
     p = subprocess.run([sys.executable, "-m", "patchkit", "validate"], cwd=proj, env=env,
                        text=True, capture_output=True, check=False)
     assert p.returncode == 2 and "cannot load the tree-sitter grammar for CUDA" in one_error(p)
+
+
+def test_flashinfer_csrc_outside_its_wheel_folder_needs_a_source_build(tmp_path, header):
+    # the wheel ships its CUDA sources under flashinfer/data/csrc; a repository-root csrc/ path
+    # is what a FlashInfer git checkout holds, and no wheel does
+    diff = _diff(header, fi.restore_low_latency(header)).replace(
+        fi.MOE_HEADER, "csrc/fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh")
+    proj = _project(tmp_path, diff)
+    text = (proj / "patchset.yaml").read_text().replace(fi.LOW_LATENCY_VERIFY, "")
+    (proj / "patchset.yaml").write_text(text)
+    p = patchkit("apply", cwd=proj, env=_env())
+    assert p.returncode == 2, p.stderr
+    assert one_error(p) == (
+        "patchkit: error: patch fi-low-latency: csrc/fused_moe/cutlass_backend/cutlass_fused_moe"
+        "_kernels.cuh is compiled code not in flashinfer's source (pypi: it holds flashinfer/ as "
+        "the package installs it, no build tree); a change to it needs a source build of "
+        "flashinfer from a git repository")
+    assert not (proj / ".patchkit").exists() or not any((proj / ".patchkit").iterdir())

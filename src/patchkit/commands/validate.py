@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchkit import manifest
-from patchkit.series import languages
+from patchkit import manifest, source
+from patchkit.errors import ManifestError
+from patchkit.series import compiled, languages
 
 
 def run(manifest_path: Path) -> manifest.Manifest:
@@ -13,6 +14,12 @@ def run(manifest_path: Path) -> manifest.Manifest:
     # A parser the assertions will need must load now, not halfway through an apply.
     for name in sorted({a.file for p in m.patches for a in p.verify}):
         languages.for_file(name).ready()
+    pins = [(p.name, source.package_id(p.name, p.dist).label, p.repos,
+             compiled.known_tops(p.name, p.dist)) for p in m.packages]
+    found = compiled.first_problem(m, m.patches, pins)
+    if found:
+        patch, why = found
+        raise ManifestError(why, path=m.path.name, line=patch.line, entry=patch.label)
     return m
 
 

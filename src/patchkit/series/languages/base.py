@@ -55,6 +55,7 @@ class Language(Protocol):
     name: str                    # as messages name it: "Python", "C++", "CUDA"
     predicates: tuple[str, ...]  # the predicate words it judges ("not" aside)
     file_label: str              # the whole file as a scope: "the module", "the file"
+    compiled: bool               # its files are compiled before they run (C, C++, CUDA)
 
     def ready(self) -> None:
         """Load the parser now: :class:`GrammarError` when it cannot be had."""

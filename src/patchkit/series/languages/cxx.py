@@ -300,6 +300,7 @@ class Cxx:
     """One of C, C++ and CUDA: they differ by grammar alone."""
 
     predicates = tuple(_SEARCHES)
+    compiled = True  # built before it runs (a change needs a rebuild)
     file_label = "the file"
 
     def __init__(self, name: str, grammar: _Grammar) -> None:

@@ -214,6 +214,7 @@ _SEARCHES: dict[str, Callable[[Scope, str], Search]] = {
 class Python:
     name = "Python"
     predicates = tuple(_SEARCHES)
+    compiled = False  # runs from its sources
     file_label = "the module"
 
     def ready(self) -> None:
