@@ -108,3 +108,11 @@ def test_flashinfer_csrc_outside_its_wheel_folder_needs_a_source_build(tmp_path,
         "the package installs it, no build tree); a change to it needs a source build of "
         "flashinfer from a git repository")
     assert not (proj / ".patchkit").exists() or not any((proj / ".patchkit").iterdir())
+
+
+def test_the_report_names_the_jit_modules_the_patched_header_feeds(tmp_path, header):
+    proj = _project(tmp_path, _diff(header, fi.restore_low_latency(header)))
+    p = patchkit("apply", "--format", "json", cwd=proj, env=_env())
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["jit_modules"] == {"flashinfer": {fi.MOE_HEADER: [
+        "fused_moe_89", "fused_moe_90", "fused_moe_100", "fused_moe_103", "fused_moe_120"]}}

@@ -29,6 +29,8 @@ BASE_IDENTITY_LABEL = "io.patchkit.base.identity"
 # Each package's version, commit and source ({name: {...}}, JSON), as `patchkit lock` records
 # them: `verify --image --locked` compares them with the lock.
 PACKAGES_LABEL = "io.patchkit.packages"
+# package -> patched file -> the JIT modules built from it (the apply report's jit_modules)
+JIT_MODULES_LABEL = "io.patchkit.jit.modules"
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
 LAYER_LABELS = ("io.patchkit.layer.files", "io.patchkit.layer.bytes",
                 "io.patchkit.layer.whiteouts")
@@ -63,6 +65,8 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
         PATCHES_LABEL: json.dumps(patches, separators=(",", ":")),
         VARIANT_LABEL: tree.report.variant or "",
         PACKAGES_LABEL: json.dumps(packages or {}, sort_keys=True, separators=(",", ":")),
+        JIT_MODULES_LABEL: json.dumps(tree.report.jit_modules, sort_keys=True,
+                                      separators=(",", ":")),
     }
 
 

@@ -101,6 +101,8 @@ class Pinned:
     version: str
     commit: str
     source: str
+    # patched file -> the JIT modules the package builds from it (from the applied checkout)
+    jit_modules: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,10 @@ class Lock:
             p = self.packages[name]
             lines += ["", f"[packages.{name}]", f"version = {_q(p.version)}",
                       f"commit = {_q(p.commit)}", f"source = {_q(p.source)}"]
+            if p.jit_modules:
+                lines += ["", f"[packages.{name}.jit_modules]"]
+                lines += [f"{_q(file)} = [{', '.join(_q(m) for m in mods)}]"
+                          for file, mods in sorted(p.jit_modules.items())]
         lines += ["", "[installed]"]
         lines += [f"{name} = {_q(v)}" for name, v in sorted(self.installed.items())]
         return ("\n".join(lines) + "\n").encode()
@@ -135,7 +141,9 @@ class Lock:
             raise UsageError(f"{path}: not a lock file: {exc}") from None
         try:
             base = data["base"]
-            packages = {str(k): Pinned(_s(v["version"]), _s(v["commit"]), _s(v["source"]))
+            packages = {str(k): Pinned(_s(v["version"]), _s(v["commit"]), _s(v["source"]),
+                                       {str(f): tuple(_s(m) for m in mods) for f, mods in
+                                        (v.get("jit_modules") or {}).items()})
                         for k, v in data.get("packages", {}).items()}
             return cls(_s(base["name"]), _s(base["digest"]), packages,
                        {str(k): _s(v) for k, v in data.get("installed", {}).items()})
@@ -160,8 +168,9 @@ def patched_packages(manifest: Manifest, workdir: Path,
         if checkout.is_checkout(where):
             info = checkout.AppliedCheckout.open(where)
             pin = info.pin(package.name)
+            modules = info.report.jit_modules.get(package.name, {})
             out[package.name] = Pinned(str(pin.version or pin.ref), str(pin.commit or info.base),
-                                       "checkout")
+                                       "checkout", {f: tuple(m) for f, m in modules.items()})
             continue
         version = versions.expected(None, package.ref) or package.ref
         if package.ref == BASE_REF and installed is not None and installed.get(package.dist):

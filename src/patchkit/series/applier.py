@@ -29,7 +29,7 @@ from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
                              VllmInfo)
 from patchkit.series import checkout as applied
-from patchkit.series import assertions, compiled
+from patchkit.series import assertions, compiled, jit
 from patchkit.cache import cache_dir
 
 __all__ = ["Progress", "Tree", "apply_one", "apply_series", "check_workdir", "commit_message",
@@ -439,11 +439,28 @@ def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
         (name, name, [t.resolved.source], t.tops) for name, t in made.items() if t.tops],
         variant=variant)
     try:
-        return run_stack(manifest, made, progress, variant=variant, pins=pins)
+        report = run_stack(manifest, made, progress, variant=variant, pins=pins)
+        report.jit_modules = _jit_modules(manifest, made, report)
+        return report
     except CommandError:
         for name, tree in made.items():   # a checkout borrows the cached repository's objects
             _gone(tree.resolved, name)
         raise
+
+
+def _jit_modules(manifest: Manifest, trees: Mapping[str, Tree], report: ApplyReport
+                 ) -> dict[str, dict[str, list[str]]]:
+    """For each package that compiles what it ships (FlashInfer), the modules built from each
+    file its applied patches changed."""
+    out = {}
+    dists = {p.name: p.dist for p in manifest.packages}
+    for name, tree in trees.items():
+        changed = [f for p in report.patches if p.package == name and p.status == "applied"
+                   for f in p.files]
+        found = jit.modules_for(tree.root, dists.get(name, name), changed) if changed else {}
+        if found:
+            out[name] = found
+    return out
 
 
 def _check_build_sources(manifest: Manifest, run: RunSpec | None, pins, variant=None) -> None:
