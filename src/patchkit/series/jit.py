@@ -77,7 +77,8 @@ class Module:
     includes: set[str] = field(default_factory=set)
 
 
-_INCLUDE_RE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
+# `#include` anywhere on a line (one in a comment too: the modules named are never fewer)
+_INCLUDE_RE = re.compile(rb'#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]')
 
 
 class Graph:
@@ -101,23 +102,30 @@ class Graph:
     def _walk(self, start: set[str]) -> None:
         seen = set(start)
         todo = list(start)
+        files = self.files
+        from_roots: dict[str, list[str]] = {}   # an include -> what the roots give for it
         while todo:
             path = todo.pop()
             try:
                 data = (self.root / path).read_bytes()
             except OSError:
                 continue
-            here = posixpath.dirname(path)
+            here = path.rsplit("/", 1)[0]
             for form, name in _INCLUDE_RE.findall(data):
                 rel = name.decode("utf-8", "replace").strip()
-                bases = ([here] if form == b'"' else []) + self.roots
-                for base in bases:
-                    target = posixpath.normpath(posixpath.join(base, rel))
-                    if target in self.files:
-                        self.included_by.setdefault(target, set()).add(path)
-                        if target not in seen:
-                            seen.add(target)
-                            todo.append(target)
+                targets = from_roots.get(rel)
+                if targets is None:
+                    targets = [t for t in (_join(r, rel) for r in self.roots) if t in files]
+                    from_roots[rel] = targets
+                if form == b'"':
+                    near = _join(here, rel)
+                    if near in files:
+                        targets = [near, *targets]
+                for target in targets:
+                    self.included_by.setdefault(target, set()).add(path)
+                    if target not in seen:
+                        seen.add(target)
+                        todo.append(target)
 
     def reaching(self, path: str) -> set[str]:
         """``path`` and every file that includes it, directly or not."""
@@ -154,6 +162,12 @@ def modules_for(root: Path, dist: str, paths: Iterable[str]) -> dict[str, list[s
 
 
 # ------------------------------------------------------------------------------------ reading
+
+def _join(base: str, rel: str) -> str:
+    if rel.startswith(("./", "../", "/")) or "/." in rel:
+        return posixpath.normpath(posixpath.join(base, rel))
+    return f"{base}/{rel}"
+
 
 def _natural(text: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
@@ -249,37 +263,55 @@ def _modules(root: Path, rules: JitRules, env: Mapping[str, list[str]],
     parsed = []
     for path in _definition_files(root, rules):
         try:
-            parsed.append((path.relative_to(root).as_posix(), ast.parse(path.read_bytes())))
-        except (SyntaxError, ValueError):
+            text = path.read_text(encoding="utf-8")
+            parsed.append((path.relative_to(root).as_posix(), text, ast.parse(text)))
+        except (SyntaxError, ValueError, OSError):
             continue
-    # every call by the name it calls, for the arguments a definition's name is built from
-    calls: dict[str, list[ast.Call]] = {}
-    for _, tree in parsed:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call):
-                name = _called(node)
-                if name:
-                    calls.setdefault(name, []).append(node)
-    lookup = env.get
-    out: list[Module] = []
-    for rel, tree in parsed:
+    specs: list[tuple[str, dict[str, str], ast.FunctionDef, list[ast.Call]]] = []
+    for rel, text, tree in parsed:
         consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
                   for t in n.targets if isinstance(t, ast.Name)
                   and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
-        for fn in ast.walk(tree):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = [n for n, line in enumerate(text.splitlines(), 1)
+                 if any(f"{name}(" in line for name in rules.spec_functions)]
+        for fn in _functions(tree):
+            if not any(fn.lineno <= n <= (fn.end_lineno or fn.lineno) for n in lines):
                 continue
-            specs = [c for c in _own_calls(fn) if _called(c) in rules.spec_functions]
-            if not specs:
-                continue
-            sources, includes = _function_paths(fn, lookup, files)
-            for spec in specs:
-                if _called(spec) == fn.name:
-                    continue
-                for name in _names(spec, fn, calls, rules, consts):
-                    # a name with a field left is a family of modules: say whose
-                    shown = f"{fn.name}:{name}" if "{" in name else name
-                    out.append(Module(shown, fn.name, rel, set(sources), set(includes)))
+            found = [c for c in _own_calls(fn) if _called(c) in rules.spec_functions]
+            if found:
+                specs.append((rel, consts, fn, found))
+    # the calls of the functions whose names build a module's name from their arguments
+    wanted = {fn.name for _, _, fn, _ in specs}
+    calls: dict[str, list[ast.Call]] = {}
+    for _, text, tree in parsed:
+        if any(f"{name}(" in text for name in wanted):
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and _called(node) in wanted:
+                    calls.setdefault(_called(node), []).append(node)  # type: ignore[arg-type]
+    out: list[Module] = []
+    for rel, consts, fn, found in specs:
+        sources, includes = _function_paths(fn, env.get, files)
+        for spec in found:
+            for name in _names(spec, fn, calls, rules, consts):
+                # a name with a field left is a family of modules: say whose
+                shown = f"{fn.name}:{name}" if "{" in name else name
+                out.append(Module(shown, fn.name, rel, set(sources), set(includes)))
+    return out
+
+
+def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every function definition, found through statements alone (no expression is walked)."""
+    out = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        for child in getattr(node, "body", ()) or ():
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append(child)
+            if isinstance(child, ast.stmt):
+                todo.append(child)
+        for name in ("orelse", "finalbody", "handlers"):
+            todo.extend(getattr(node, name, ()) or ())
     return out
 
 

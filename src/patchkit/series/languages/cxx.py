@@ -32,6 +32,9 @@ _ERRORS_SHOWN = 5
 _SCOPES = ("function_definition", "class_specifier", "struct_specifier", "union_specifier")
 _CLASSES = ("class_specifier", "struct_specifier", "union_specifier")
 _LITERALS = ("string_literal", "raw_string_literal", "char_literal", "concatenated_string")
+# names whose text is already what `contains` compares (no spaces, no template arguments)
+_PLAIN = frozenset({"identifier", "field_identifier", "type_identifier", "namespace_identifier",
+                    "number_literal", "true", "false", "nullptr", "statement_identifier"})
 _NAMES = ("identifier", "field_identifier", "type_identifier", "namespace_identifier",
           "number_literal", "true", "false", "nullptr", "qualified_identifier",
           "field_expression", "template_function", "template_type", "statement_identifier")
@@ -39,7 +42,9 @@ _NAMES = ("identifier", "field_identifier", "type_identifier", "namespace_identi
 
 def plain(text: str) -> str:
     """A C++ name without whitespace or template arguments: ``A<T, 2>::f`` -> ``A::f``."""
-    return "".join(_untemplated(text).split()).replace("->", ".")
+    if "<" in text:
+        text = _untemplated(text)
+    return "".join(text.split()).replace("->", ".")
 
 
 def _untemplated(text: str) -> str:
@@ -75,19 +80,36 @@ class _Grammar:
         self.module = module
         self.dist = dist
         self._parser: Any = None
+        self._language: Any = None
+        self._queries: dict[tuple[str, ...], Any] = {}
 
     def parser(self, name: str) -> Any:
         if self._parser is None:
             try:
                 import tree_sitter
                 grammar = importlib.import_module(self.module)
-                self._parser = tree_sitter.Parser(tree_sitter.Language(grammar.language()))
+                self._language = tree_sitter.Language(grammar.language())
+                self._parser = tree_sitter.Parser(self._language)
             except Exception as exc:  # an absent or broken binding: ImportError, OSError, ...
                 raise GrammarError(
                     f"cannot load the tree-sitter grammar for {name} files ({self.module}: "
                     f"{type(exc).__name__}: {exc}); install it with `pip install tree-sitter "
                     f"{self.dist}`") from None
         return self._parser
+
+    def nodes(self, node: Any, kinds: tuple[str, ...]) -> list[Any]:
+        """Every node of ``kinds`` under ``node`` (itself included), in source order, found by
+        a tree-sitter query: the walk runs in C, not node by node in Python."""
+        import tree_sitter
+
+        query = self._queries.get(kinds)
+        if query is None:
+            present = [k for k in kinds if self._language.id_for_node_kind(k, True)]
+            query = tree_sitter.Query(self._language,
+                                      "[" + " ".join(f"({k})" for k in present) + "] @n")
+            self._queries[kinds] = query
+        found = tree_sitter.QueryCursor(query).captures(node).get("n", [])
+        return sorted(found, key=lambda n: (n.start_byte, -n.end_byte))
 
 
 @dataclass(frozen=True)
@@ -157,10 +179,10 @@ def _full_name(node: Any) -> tuple[str, ...]:
     return (*outer, *_own_name(node))
 
 
-def _index(root: Any) -> list[tuple[tuple[str, ...], Any]]:
+def _index(grammar: _Grammar, root: Any) -> list[tuple[tuple[str, ...], Any]]:
     found = []
-    for node in _descendants(root):
-        if node.type in _SCOPES and node.child_by_field_name("body") is not None:
+    for node in grammar.nodes(root, _SCOPES):
+        if node.child_by_field_name("body") is not None:
             name = _full_name(node)
             if name:
                 found.append((name, node))
@@ -272,25 +294,25 @@ def _literal(node: Any) -> str:
     return body[body.find(body[-1]) + 1:-1]  # after a prefix (u8, L) and the quote
 
 
-def _mentions(scope: Scope) -> Iterator[tuple[str, Any]]:
-    inside_literal: Any = None
-    for node in _inside(scope):
-        if inside_literal is not None and node.start_byte < inside_literal:
-            continue  # a literal's own pieces
-        kind = node.type
-        if kind in _LITERALS:
-            inside_literal = node.end_byte
-            yield _literal(node), node
-        elif kind in _NAMES:
-            yield plain(_text(node)) if kind not in ("number_literal",) else _text(node), node
+def _mentions(grammar: _Grammar, scope: Scope) -> Iterator[tuple[str, Any]]:
+    inside_literal = -1
+    for top in scope.nodes:
+        for node in grammar.nodes(top, _LITERALS + _NAMES):
+            if node.start_byte < inside_literal or node == top:
+                continue  # a literal's own pieces
+            if node.type in _LITERALS:
+                inside_literal = node.end_byte
+                yield _literal(node), node
+            else:
+                text = _text(node)
+                yield (text if node.type in _PLAIN else plain(text)), node
 
 
-def _contains(scope: Scope, value: str) -> Search:
-    return _first(_mentions(scope), lambda found: found == value)
-
-
-_SEARCHES: dict[str, Callable[[Scope, str], Search]] = {
-    "defines": _defines, "calls": _calls, "contains": _contains,
+_SEARCHES: dict[str, Callable[[_Grammar, Scope, str], Search]] = {
+    "defines": lambda grammar, scope, value: _defines(scope, value),
+    "calls": lambda grammar, scope, value: _calls(scope, value),
+    "contains": lambda grammar, scope, value: _first(_mentions(grammar, scope),
+                                                     lambda found: found == value),
 }
 
 
@@ -325,7 +347,7 @@ class Cxx:
 
     def parse(self, text: str, rel: str) -> _Tree:
         tree = self.grammar.parser(self.name).parse(text.encode("utf-8"))
-        return _Tree(tree.root_node, _index(tree.root_node))
+        return _Tree(tree.root_node, _index(self.grammar, tree.root_node))
 
     def resolve(self, tree: _Tree, scope: str | None) -> Scope | tuple[Scope, str]:
         top = Scope((tree.root,), self.file_label)
@@ -350,7 +372,7 @@ class Cxx:
         return top, (f"scope {scope} not found{hint}; the file defines: {listing(names)}")
 
     def search(self, predicate: str, scope: Scope, value: str) -> Search:
-        return _SEARCHES[predicate](scope, value)
+        return _SEARCHES[predicate](self.grammar, scope, value)
 
     # -- for transforms -------------------------------------------------------------------------
     def definition_spans(self, text: str, name: str) -> list[tuple[int, int]]:
