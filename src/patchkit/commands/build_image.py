@@ -179,8 +179,11 @@ def _shipped_packages(manifest: Manifest, workdir: Path, held: lock_cmd.BaseStac
         if not shipped:
             continue
         dist = held.installed.get(package.dist) if held is not None else None
+        rebuild = {p.id for p in manifest.patches if p.rebuild == "jit"}
+        rebuild_jit = tuple(f for r in tree.report.patches
+                            if r.package == package.name and r.id in rebuild for f in r.files)
         out.append(build.PackageTree(package.name, package.dist, tree, shipped,
-                                     dist.site if dist is not None else None))
+                                     dist.site if dist is not None else None, rebuild_jit))
     return tuple(out)
 
 

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 from patchkit import source, versions
 from patchkit.errors import ImageError, UsageError
+from patchkit.image import prebuilt
 from patchkit.image import labels as image_labels
 from patchkit.image import distinfo, layer, package, stack
 from patchkit.manifest import Manifest
@@ -170,6 +171,9 @@ class PackageTree:
     shipped: tuple[Change, ...]    # its changes that go into the image
     site: str | None = None        # the folder holding its dist-info in the base; None: not
                                    # read yet (found on the base's files by the plan)
+    # the patched files whose patches say `rebuild: jit`: a prebuilt module built from one is
+    # left out of the image (image/prebuilt.py)
+    rebuild_jit: tuple[str, ...] = ()
 
 
 def package_shipped(changes: Sequence[Change]) -> tuple[Change, ...]:
@@ -233,11 +237,15 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
     entries: list[layer.LayerEntry] = []
     made_dirs: set[str] = set()
     stale = _entries(files, pkg, tree, shipped, pkg.path_of, entries, made_dirs)
-    for other in placed(files, base, packages, log):
+    others = placed(files, base, packages, log)
+    for other in others:
         stale += _entries(files, pkg, other.tree, other.shipped,
                           lambda rel, site=other.site: site.rstrip("/") + "/" + rel,
                           entries, made_dirs)
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
+    if any(o.tree.report.jit_modules for o in others):
+        entries += prebuilt.leave_out(distinfo.installed(files, env), others,  # type: ignore[arg-type]
+                                      base.name, log)
     if serve is not None:
         entries.append(layer.LayerEntry(SERVE_PATH, "file", serve, 0o755))
     if stale:

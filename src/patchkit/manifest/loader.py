@@ -35,7 +35,9 @@ IMAGE_KEYS = ("base", "platform", "tag", "requires")
 # The keys of a patch entry besides its ranges.  A range key is a package's name, in the same
 # mapping, so no package may take one of these names.
 ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verify", "replaces",
-              "sha256", "runtime")
+              "sha256", "runtime", "rebuild")
+# `rebuild:` words: what to do with a prebuilt compiled module built from a patched file
+REBUILD_WORDS = ("jit",)
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
 MARKER_KEYS = ("log", "absent", "count", "min", "unless", "acceptance")
 FLOOR_KEYS = ("min", "min_length")
@@ -424,10 +426,20 @@ class _Loader:
 
         runtime = self.runtime(fields["runtime"][1]) if "runtime" in fields else ()
 
+        rebuild = None
+        if "rebuild" in fields:
+            rebuild_node = fields["rebuild"][1]
+            rebuild = self.string(rebuild_node, "rebuild").strip()
+            if rebuild not in REBUILD_WORDS:
+                close = difflib.get_close_matches(rebuild, REBUILD_WORDS, n=1, cutoff=0.5)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                self.fail(f"rebuild: unknown word {rebuild!r}; expected one of "
+                          f"{', '.join(REBUILD_WORDS)}{hint}", rebuild_node)
+
         patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
                       package=package, ranges=ranges, verify=tuple(verify), replaces=replaces,
                       line=_line(node), index=index, lines=lines, variants=in_variants,
-                      sha256=sha256, runtime=runtime)
+                      sha256=sha256, runtime=runtime, rebuild=rebuild)
         return patch
 
     def unknown_ranges(self, node: yaml.Node) -> None:

@@ -90,6 +90,9 @@ class Patch:
     variants: tuple[str, ...] = ()  # the variants it is in; () = every build
     sha256: str | None = None  # add-pr: the sha256 of the pull request's diff as fetched
     runtime: tuple[Marker, ...] = ()   # lines the server's log shows when the patch is in
+    # `rebuild: jit`: a prebuilt module built from a file it changes is left out of the image,
+    # so the package compiles the module from the patched sources on first use
+    rebuild: str | None = None
     line: int = 0              # line of the entry in patchset.yaml
     index: int = 0             # position in `patches:`
     # line of each key's value (e.g. "vllm", "diff"), so that edits and messages can point at it

@@ -50,6 +50,10 @@ class JitRules:
     env_module: str                  # where the source folders are named, in package_dir
     package_root: str                # the env module's name for package_dir
     include_roots: tuple[str, ...]   # env names of the folders every module includes from
+    # a distribution of prebuilt modules the package loads instead of compiling, and where
+    # each module's files lie in it ({name}: the module's name)
+    prebuilt_dist: str | None = None
+    prebuilt_folder: str = ""
     sources_arg: int = 1             # the position of the sources list
     name_keyword: str = "name"
     include_keyword: str = "extra_include_paths"
@@ -60,7 +64,10 @@ RULES: dict[str, JitRules] = {
         package_dir="flashinfer", spec_functions=("gen_jit_spec",),
         env_module="jit/env.py", package_root="_package_root",
         include_roots=("FLASHINFER_INCLUDE_DIR", "FLASHINFER_CSRC_DIR", "CUTLASS_INCLUDE_DIRS",
-                       "SPDLOG_INCLUDE_DIR", "CCCL_INCLUDE_DIRS")),
+                       "SPDLOG_INCLUDE_DIR", "CCCL_INCLUDE_DIRS"),
+        # flashinfer/jit/env.py: a module found in flashinfer_jit_cache is loaded, never built
+        prebuilt_dist="flashinfer-jit-cache",
+        prebuilt_folder="flashinfer_jit_cache/jit_cache/{name}"),
 }
 
 

@@ -1,0 +1,74 @@
+"""Prebuilt compiled modules that would shadow a patched source in the image.
+
+FlashInfer loads a module from ``flashinfer_jit_cache`` when that distribution is installed and
+holds it, and then never reads the module's sources: a patched header would be shipped and
+never compiled.  For each file a package's patches changed, the apply report names the JIT
+modules built from it (:mod:`patchkit.series.jit`); a module the base ships prebuilt is
+refused, in one line naming the module and the file, unless the patch says ``rebuild: jit``.
+Then the image leaves the prebuilt module out (a whiteout of its folder in the one overlay
+layer), and the package compiles it from the patched sources on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from patchkit.errors import ImageError
+from patchkit.image import layer
+from patchkit.image.distinfo import Installed
+from patchkit.series import jit
+
+
+@dataclass(frozen=True)
+class Shadow:
+    package: str
+    file: str            # the patched file
+    module: str          # the module built from it
+    dist: str            # the distribution that ships the module prebuilt
+    version: str
+    folder: str          # the module's folder in the image
+
+
+def shadows(installed: Installed, packages: Sequence) -> list[Shadow]:
+    """Every prebuilt module in the base built from a file that ``packages`` (build.PackageTree
+    values) patched, in the order of the reports."""
+    out: list[Shadow] = []
+    for p in packages:
+        rules = jit.rules_for(p.dist)
+        if rules is None or rules.prebuilt_dist is None:
+            continue
+        dist = installed.get(rules.prebuilt_dist)
+        if dist is None:
+            continue
+        prefix = rules.prebuilt_folder.split("{", 1)[0]
+        held = {row[len(prefix):].split("/", 1)[0] for row in (dist.record or {})
+                if row.startswith(prefix) and "/" in row[len(prefix):]}
+        for file, modules in p.tree.report.jit_modules.get(p.name, {}).items():
+            for module in modules:
+                if module in held:
+                    folder = rules.prebuilt_folder.format(name=module)
+                    out.append(Shadow(p.name, file, module, dist.name, dist.version,
+                                      f"{dist.site.rstrip('/')}/{folder}"))
+    return out
+
+
+def leave_out(installed: Installed, packages: Sequence, base: str,
+              log=lambda m: None) -> list[layer.LayerEntry]:
+    """The layer's whiteouts for the prebuilt modules that patches with ``rebuild: jit`` leave
+    out; :class:`ImageError` for one that no patch says what to do with."""
+    entries: list[layer.LayerEntry] = []
+    done: set[str] = set()
+    for s in shadows(installed, packages):
+        allowed = next(p for p in packages if p.name == s.package).rebuild_jit
+        if s.file not in allowed:
+            raise ImageError(
+                f"base {base} ships the prebuilt JIT module {s.module} ({s.dist} {s.version}, "
+                f"{s.folder}), which {s.package} loads instead of compiling the patched "
+                f"{s.file}; say `rebuild: jit` on the patch to leave it out of the image")
+        if s.folder not in done:
+            done.add(s.folder)
+            entries.append(layer.LayerEntry(s.folder.lstrip("/"), "whiteout"))
+            log(f"{s.package}: prebuilt {s.module} left out ({s.dist} {s.version}); it is "
+                f"compiled from the patched {s.file} on first use")
+    return entries
