@@ -77,3 +77,45 @@ def test_rebuild_takes_one_word(tmp_path, monkeypatch):
                                                      "    diff: patches/table.diff\n"
                                                      "    rebuild: jit\n", 1))
     assert [p.rebuild for p in manifest.load("patchset.yaml").patches][0] == "jit"
+
+
+class Change:   # a changed file of an applied checkout, as the plan reads it
+    def __init__(self, path: str, blob: str) -> None:
+        self.path, self.blob = path, blob
+
+
+def shipped(blob: str, modules: dict[str, list[str]] | None = None) -> build.PackageTree:
+    return build.PackageTree("flashinfer", "flashinfer-python",
+                             Applied({HEADER: MODULES} if modules is None else modules),
+                             (Change(HEADER, blob), Change("flashinfer/sampling.py", "b" * 40)),
+                             SITE)  # type: ignore[arg-type]
+
+
+def test_the_jit_cache_has_a_place_that_depends_on_the_patched_sources():
+    one = prebuilt.workspace([shipped("1" * 40)], None)
+    assert list(one) == ["FLASHINFER_WORKSPACE_BASE"]
+    place = one["FLASHINFER_WORKSPACE_BASE"]
+    assert place.startswith("/root/.cache/patchkit-jit/") and len(place.rsplit("/", 1)[1]) == 16
+    assert prebuilt.workspace([shipped("1" * 40)], "root") == one          # the same sources
+    assert prebuilt.workspace([shipped("2" * 40)], None) != one            # other contents
+    assert prebuilt.workspace([shipped("1" * 40)], "1000")["FLASHINFER_WORKSPACE_BASE"] \
+        .startswith("/tmp/.cache/patchkit-jit/")                           # not root: writable
+    assert prebuilt.workspace([shipped("1" * 40, {})], None) == {}         # no module fed
+
+
+def test_the_image_config_sets_it_over_the_bases_value():
+    import json
+
+    from patchkit.image import layer
+    from patchkit.imageref import Platform
+
+    class Base:
+        config = {"Env": ["PATH=/usr/bin", "FLASHINFER_WORKSPACE_BASE=/cache"]}
+        history: list = []
+        diff_ids: list = []
+        platform = Platform.parse("linux/arm64")
+
+    made = layer.layer_tar([], 0)
+    config = json.loads(layer.image_config(Base(), made, labels={}, created=0, created_by="x",
+                                           env={"FLASHINFER_WORKSPACE_BASE": "/root/.cache/p"}))
+    assert config["config"]["Env"] == ["PATH=/usr/bin", "FLASHINFER_WORKSPACE_BASE=/root/.cache/p"]

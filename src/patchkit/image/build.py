@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Callable, Sequence
 
@@ -196,6 +196,7 @@ class OverlayPlan:
     package: package.Package
     installed: str | None
     entries: list[layer.LayerEntry]
+    env: dict[str, str] = field(default_factory=dict)   # set in the image's config
 
 
 def _rel_in_image(path: str) -> str:
@@ -243,14 +244,18 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
                           lambda rel, site=other.site: site.rstrip("/") + "/" + rel,
                           entries, made_dirs)
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
+    jit_env: dict[str, str] = {}
     if any(o.tree.report.jit_modules for o in others):
         entries += prebuilt.leave_out(distinfo.installed(files, env), others,  # type: ignore[arg-type]
                                       base.name, log)
+        jit_env = prebuilt.workspace(others, base.config.get("User"))
+        for name, value in jit_env.items():
+            log(f"JIT cache of the patched sources: {name}={value}")
     if serve is not None:
         entries.append(layer.LayerEntry(SERVE_PATH, "file", serve, 0o755))
     if stale:
         log(f"{stale} byte-code cache(s) of patched modules removed in the layer")
-    return OverlayPlan(pkg, installed, entries)
+    return OverlayPlan(pkg, installed, entries, jit_env)
 
 
 def _entries(files: package.Files, pkg: package.Package, tree: AppliedCheckout,
@@ -395,7 +400,8 @@ def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice
 
 def packages_of(manifest: Manifest, tree: AppliedCheckout) -> dict[str, dict[str, str]]:
     """Each package's version, commit and source, as the labels record them."""
-    return {name: asdict(p) for name, p in stack.patched_packages(manifest, tree.root).items()}
+    return {name: {"version": p.version, "commit": p.commit, "source": p.source}
+            for name, p in stack.patched_packages(manifest, tree.root).items()}
 
 
 def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInputs
@@ -405,8 +411,10 @@ def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInput
     labels = dict(inputs.labels)
     labels.update(image_labels.overlay_labels(inputs.key, plan.package.dir, plan.installed,
                                               made))
+    if plan.env:
+        labels[image_labels.JIT_WORKSPACE_LABEL] = next(iter(plan.env.values()))
     config = layer.image_config(
-        base, made, labels=labels, created=inputs.created,
+        base, made, labels=labels, created=inputs.created, env=plan.env,
         created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
         cmd=["/" + SERVE_PATH] if inputs.serve is not None else None,
         reset_entrypoint=inputs.serve is not None)

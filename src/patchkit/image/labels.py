@@ -31,6 +31,8 @@ BASE_IDENTITY_LABEL = "io.patchkit.base.identity"
 PACKAGES_LABEL = "io.patchkit.packages"
 # package -> patched file -> the JIT modules built from it (the apply report's jit_modules)
 JIT_MODULES_LABEL = "io.patchkit.jit.modules"
+# where the image's JIT cache is (FLASHINFER_WORKSPACE_BASE), when it patches a JIT source
+JIT_WORKSPACE_LABEL = "io.patchkit.jit.workspace"
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
 LAYER_LABELS = ("io.patchkit.layer.files", "io.patchkit.layer.bytes",
                 "io.patchkit.layer.whiteouts")

@@ -11,6 +11,7 @@ layer), and the package compiles it from the patched sources on first use.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,3 +73,29 @@ def leave_out(installed: Installed, packages: Sequence, base: str,
             log(f"{s.package}: prebuilt {s.module} left out ({s.dist} {s.version}); it is "
                 f"compiled from the patched {s.file} on first use")
     return entries
+
+
+# --------------------------------------------------------------------------- the mounted cache
+
+WORKSPACE_ENV = "FLASHINFER_WORKSPACE_BASE"
+
+
+def workspace(packages: Sequence, user: str | None) -> dict[str, str]:
+    """The environment that gives the package's JIT cache a place of its own for these
+    patched sources: ``{FLASHINFER_WORKSPACE_BASE: <home>/.cache/patchkit-jit/<digest>}``, the
+    digest that of every patched file a JIT module is built from (path and blob).  A cache a
+    container mounts at FlashInfer's default place (``~/.cache/flashinfer``), which may hold
+    modules built from the pristine sources, is then never read; a cache mounted at the new
+    place only ever holds modules built from these sources.  {} when no JIT module is fed."""
+    fed: list[str] = []
+    for p in packages:
+        rules = jit.rules_for(p.dist)
+        modules = p.tree.report.jit_modules.get(p.name, {})
+        if rules is None or not modules:
+            continue
+        fed += [f"{p.name}:{c.path}:{c.blob}" for c in p.shipped if modules.get(c.path)]
+    if not fed:
+        return {}
+    digest = hashlib.sha256("\n".join(sorted(fed)).encode()).hexdigest()[:16]
+    home = "/root" if (user or "root").split(":")[0] in ("root", "0") else "/tmp"
+    return {WORKSPACE_ENV: f"{home}/.cache/patchkit-jit/{digest}"}

@@ -222,6 +222,10 @@ def package_differences(lock: Lock, packages: Mapping[str, Pinned]) -> list[str]
         if have.commit and want.commit and have.commit != want.commit:
             out.append(f"package {name} commit {have.commit[:12]}, the lock has "
                        f"{want.commit[:12]}")
+        if have.jit_modules and want.jit_modules and dict(have.jit_modules) != dict(
+                want.jit_modules):
+            out.append(f"package {name} feeds other JIT modules than the lock names "
+                       "(run `patchkit lock` again)")
     return out
 
 
