@@ -43,7 +43,7 @@ def test_a_prebuilt_module_of_a_patched_header_is_refused_naming_both():
         f"base base:arm64 ships the prebuilt JIT module fused_moe_120 (flashinfer-jit-cache "
         f"0.6.15+cu130, {SITE}/flashinfer_jit_cache/jit_cache/fused_moe_120), which flashinfer "
         f"loads instead of compiling the patched {HEADER}; say `rebuild: jit` on the patch to "
-        "leave it out of the image")
+        "leave it out of the image, or ship the rebuilt module as an artifact")
 
 
 def test_rebuild_jit_leaves_every_shadowing_module_out():

@@ -410,14 +410,14 @@ ERRORS = [
         - id: foo
           summary: x
         """), "patchset.yaml:6: patches[0] (id=foo): no patch kind: give exactly one of "
-              "diff, transform, overlay"),
+              "diff, transform, overlay, artifact"),
     case("two-kinds", entries("""\
         - id: foo
           summary: x
           diff: patches/a.diff
           transform: patches/t.py
         """), "patchset.yaml:9: patches[0] (id=foo): transform: two patch kinds (diff and "
-              "transform) in one entry; give exactly one of diff, transform, overlay"),
+              "transform) in one entry; give exactly one of diff, transform, overlay, artifact"),
     case("no-diff-file", foo("diff", "patches/nope.diff"),
          "patchset.yaml:8: patches[0] (id=foo): diff: no such file: patches/nope.diff"),
     case("no-transform-file", foo("transform", "patches/nope.py"),
@@ -548,6 +548,37 @@ ERRORS = [
           not: {not_contains: f}
         """), "patchset.yaml:11: patches[0] (id=foo): verify[0].not: 'not_contains' inside "
               "'not'; state the predicate itself"),
+    case("artifact-bad-sha", entries("""\
+        - id: foo
+          summary: x
+          artifact:
+            wheel: https://example.com/x.whl
+            sha256: abc
+            member: a/b.so
+            member_sha256: abc
+            dist: flashinfer-jit-cache
+        """), "patchset.yaml:10: patches[0] (id=foo): artifact.sha256: expected a sha256 (64 "
+              "hex digits), got 'abc'"),
+    case("artifact-missing-dist", entries(f"""\
+        - id: foo
+          summary: x
+          artifact:
+            wheel: https://example.com/x.whl
+            sha256: {"a" * 64}
+            member: a/b.so
+            member_sha256: {"b" * 64}
+        """), "patchset.yaml:9: patches[0] (id=foo): artifact: missing required key 'dist'"),
+    case("artifact-plain-http", entries(f"""\
+        - id: foo
+          summary: x
+          artifact:
+            wheel: http://example.com/x.whl
+            sha256: {"a" * 64}
+            member: a/b.so
+            member_sha256: {"b" * 64}
+            dist: d
+        """), "patchset.yaml:9: patches[0] (id=foo): artifact.wheel: 'http://example.com/x.whl': "
+              "give a path beside the manifest or an https URL"),
     # assertions on C, C++ and CUDA files
     case("cxx-has-key", assertions("""\
         - file: csrc/moe.cuh

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from patchkit import manifest, source
 from patchkit.errors import ManifestError
+from patchkit.image import artifact
 from patchkit.series import compiled, languages
 
 
@@ -20,6 +21,15 @@ def run(manifest_path: Path) -> manifest.Manifest:
     if found:
         patch, why = found
         raise ManifestError(why, path=m.path.name, line=patch.line, entry=patch.label)
+    # an artifact's wheel beside the manifest is proven now: its pins and its ELF header
+    platform = m.image.platform
+    for patch in m.patches:
+        if patch.artifact is not None and not patch.artifact.wheel.startswith("https://"):
+            try:
+                artifact.checked(patch.artifact, m.root, platform.split("/")[1], platform)
+            except artifact.ArtifactError as exc:
+                raise ManifestError(str(exc), path=m.path.name, line=patch.line,
+                                    entry=patch.label) from None
     return m
 
 

@@ -191,6 +191,16 @@ def package_shipped(changes: Sequence[Change]) -> tuple[Change, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class PlacedArtifact:
+    """An artifact's member, checked (image/artifact.py), to place where ``dist`` is."""
+
+    patch: str
+    dist: str
+    member: str
+    data: bytes
+
+
 @dataclass
 class OverlayPlan:
     package: package.Package
@@ -205,7 +215,8 @@ def _rel_in_image(path: str) -> str:
 
 def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheckout,
                  shipped: Sequence[Change], serve: bytes | None, log: Callable[[str], None],
-                 packages: Sequence[PackageTree] = ()) -> OverlayPlan:
+                 packages: Sequence[PackageTree] = (),
+                 artifacts: Sequence[PlacedArtifact] = ()) -> OverlayPlan:
     """Check that the base holds the pristine release, and list the layer's entries: vLLM's
     changed files, then each other package's where the base installed its ``dist``."""
     env = {}
@@ -245,9 +256,13 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
                           entries, made_dirs)
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
     jit_env: dict[str, str] = {}
+    if artifacts:
+        _place_artifacts(distinfo.installed(files, env), files, base.name,  # type: ignore[arg-type]
+                         artifacts, entries, made_dirs, log)
     if any(o.tree.report.jit_modules for o in others):
+        shipped_members = {(a.dist, a.member) for a in artifacts}
         entries += prebuilt.leave_out(distinfo.installed(files, env), others,  # type: ignore[arg-type]
-                                      base.name, log)
+                                      base.name, log, shipped_members)
         jit_env = prebuilt.workspace(others, base.config.get("User"))
         for name, value in jit_env.items():
             log(f"JIT cache of the patched sources: {name}={value}")
@@ -256,6 +271,31 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
     if stale:
         log(f"{stale} byte-code cache(s) of patched modules removed in the layer")
     return OverlayPlan(pkg, installed, entries, jit_env)
+
+
+def _place_artifacts(installed: distinfo.Installed, files: package.Files, base: str,
+                     artifacts: Sequence[PlacedArtifact], entries: list[layer.LayerEntry],
+                     made_dirs: set[str], log: Callable[[str], None]) -> None:
+    """Each artifact's member where the base installed its dist, with the folders it needs."""
+    from patchkit.image.artifact import ArtifactError
+
+    for a in artifacts:
+        dist = installed.get(a.dist)
+        if dist is None:
+            raise ArtifactError(f"patch {a.patch}: artifact for {a.dist}, which base {base} "
+                                f"does not have installed ({installed.missing(a.dist)})")
+        target = f"{dist.site.rstrip('/')}/{a.member}"
+        parent = PurePosixPath(target).parent
+        missing_dirs = []
+        while str(parent) not in made_dirs and not files.exists(str(parent)):
+            missing_dirs.append(str(parent))
+            parent = parent.parent
+        for d in reversed(missing_dirs):
+            made_dirs.add(d)
+            entries.append(layer.LayerEntry(_rel_in_image(d), "dir", mode=0o755))
+        entries.append(layer.LayerEntry(_rel_in_image(target), "file", a.data, 0o755))
+        log(f"{a.patch}: {a.member} ({len(a.data)} bytes) into {dist.site} ({a.dist} "
+            f"{dist.version})")
 
 
 def _entries(files: package.Files, pkg: package.Package, tree: AppliedCheckout,

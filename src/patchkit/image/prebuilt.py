@@ -29,6 +29,7 @@ class Shadow:
     dist: str            # the distribution that ships the module prebuilt
     version: str
     folder: str          # the module's folder in the image
+    member: str          # the module's folder in its distribution
 
 
 def shadows(installed: Installed, packages: Sequence) -> list[Shadow]:
@@ -50,23 +51,29 @@ def shadows(installed: Installed, packages: Sequence) -> list[Shadow]:
                 if module in held:
                     folder = rules.prebuilt_folder.format(name=module)
                     out.append(Shadow(p.name, file, module, dist.name, dist.version,
-                                      f"{dist.site.rstrip('/')}/{folder}"))
+                                      f"{dist.site.rstrip('/')}/{folder}", folder))
     return out
 
 
 def leave_out(installed: Installed, packages: Sequence, base: str,
-              log=lambda m: None) -> list[layer.LayerEntry]:
+              log=lambda m: None, shipped: set[tuple[str, str]] = frozenset()  # type: ignore[assignment]
+              ) -> list[layer.LayerEntry]:
     """The layer's whiteouts for the prebuilt modules that patches with ``rebuild: jit`` leave
-    out; :class:`ImageError` for one that no patch says what to do with."""
+    out; :class:`ImageError` for one that no patch says what to do with.  A module an
+    artifact ships (``shipped``: (dist, member) pairs) counts as rebuilt."""
     entries: list[layer.LayerEntry] = []
     done: set[str] = set()
     for s in shadows(installed, packages):
+        if any(d == s.dist and m.startswith(s.member + "/") for d, m in shipped):
+            log(f"{s.package}: {s.module} is shipped rebuilt by an artifact")
+            continue
         allowed = next(p for p in packages if p.name == s.package).rebuild_jit
         if s.file not in allowed:
             raise ImageError(
                 f"base {base} ships the prebuilt JIT module {s.module} ({s.dist} {s.version}, "
                 f"{s.folder}), which {s.package} loads instead of compiling the patched "
-                f"{s.file}; say `rebuild: jit` on the patch to leave it out of the image")
+                f"{s.file}; say `rebuild: jit` on the patch to leave it out of the image, or "
+                "ship the rebuilt module as an artifact")
         if s.folder not in done:
             done.add(s.folder)
             entries.append(layer.LayerEntry(s.folder.lstrip("/"), "whiteout"))

@@ -18,8 +18,8 @@ from packaging.utils import canonicalize_name
 from patchkit import acceptance, kinds, paths
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
-from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Assertion, ImageDefaults,
-                                     Manifest, Marker, Package, Patch, Variant, id_problem,
+from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Artifact, Assertion,
+                                     ImageDefaults, Manifest, Marker, Package, Patch, Variant, id_problem,
                                      shown_id, summary_problem)
 from patchkit.series import languages
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE, ref_problem
@@ -38,6 +38,7 @@ ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verif
               "sha256", "runtime", "rebuild")
 # `rebuild:` words: what to do with a prebuilt compiled module built from a patched file
 REBUILD_WORDS = ("jit",)
+ARTIFACT_KEYS = ("wheel", "sha256", "member", "member_sha256", "dist")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
 MARKER_KEYS = ("log", "absent", "count", "min", "unless", "acceptance")
 FLOOR_KEYS = ("min", "min_length")
@@ -392,7 +393,12 @@ class _Loader:
             self.fail(f"{given[1]}: two patch kinds ({given[0]} and {given[1]}) in one entry; "
                       f"{_ONE_OF_KINDS}", fields[given[1]][0])
         kind = given[0]
-        rel = self.patch_file(kind, fields[kind][1])
+        artifact = None
+        if kind == "artifact":
+            artifact = self.artifact(fields[kind][1])
+            rel = artifact.wheel
+        else:
+            rel = self.patch_file(kind, fields[kind][1])
 
         package = self.patch_package(fields["package"][1]) if "package" in fields else VLLM
         ranges = {key: self.specifier(value_node, key)
@@ -439,7 +445,7 @@ class _Loader:
         patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
                       package=package, ranges=ranges, verify=tuple(verify), replaces=replaces,
                       line=_line(node), index=index, lines=lines, variants=in_variants,
-                      sha256=sha256, runtime=runtime, rebuild=rebuild)
+                      sha256=sha256, runtime=runtime, rebuild=rebuild, artifact=artifact)
         return patch
 
     def unknown_ranges(self, node: yaml.Node) -> None:
@@ -539,6 +545,35 @@ class _Loader:
             names.append(name)
         return tuple(names)
 
+    def artifact(self, node: yaml.Node) -> Artifact:
+        fields = self.mapping(node, "artifact", ARTIFACT_KEYS, required=ARTIFACT_KEYS,
+                              what="a mapping of wheel, sha256, member, member_sha256, dist")
+        wheel_node = fields["wheel"][1]
+        wheel = self.string(wheel_node, "artifact.wheel").strip()
+        if wheel.startswith("https://"):
+            if not wheel.endswith(".whl"):
+                self.fail(f"artifact.wheel: {wheel} is not a wheel (.whl)", wheel_node)
+        elif "://" in wheel:
+            self.fail(f"artifact.wheel: {wheel!r}: give a path beside the manifest or an "
+                      "https URL", wheel_node)
+        else:
+            wheel = self.patch_file("artifact", wheel_node)
+        sums = {}
+        for key in ("sha256", "member_sha256"):
+            value = self.string(fields[key][1], f"artifact.{key}").strip()
+            if not _SHA256_RE.match(value):
+                self.fail(f"artifact.{key}: expected a sha256 (64 hex digits), got {value!r}",
+                          fields[key][1])
+            sums[key] = value.lower()
+        member_node = fields["member"][1]
+        member = self.string(member_node, "artifact.member").strip()
+        try:
+            member = str(paths.check_relative(member))
+        except paths.UnsafePathError as exc:
+            self.fail(f"artifact.member: {exc}", member_node)
+        dist = canonicalize_name(self.string(fields["dist"][1], "artifact.dist").strip())
+        return Artifact(wheel, sums["sha256"], member, sums["member_sha256"], dist)
+
     def checked_path(self, node: yaml.Node, what: str) -> str:
         rel = self.string(node, what).strip()
         try:
@@ -568,7 +603,7 @@ class _Loader:
             if not full.is_file():
                 self.fail(f"{kind}: {rel} is not a file", node)
             size = full.stat().st_size
-            if size > MAX_PATCH_FILE:  # read whole by every verb: refuse before reading
+            if size > MAX_PATCH_FILE and getattr(plugin, "reads_whole", True):  # read whole by every verb: refuse before reading
                 self.fail(f"{kind}: {rel} is {size >> 20} MiB; a patch file is at most "
                           f"{MAX_PATCH_FILE >> 20} MiB", node)
         problem = plugin.check(full, rel)

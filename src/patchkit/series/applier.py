@@ -88,7 +88,9 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
             return PatchResult(patch.id, patch.kind, "failed", "unsafe-path", None, out.files,
                                f"it changed files it does not name: {shown}",
                                package=patch.package)
-    if out.status == "applied":
+    if out.status == "applied" and not (out.files or out.staged):
+        pass  # it changes the image, not the checkout (an artifact): nothing to commit
+    elif out.status == "applied":
         result.commit = g.commit_all(root, commit_message(patch), [] if out.staged else out.files)
         if result.commit is None:  # wrote bytes identical to what was there
             result.status, result.message = "upstream", "the tree already has this change"
