@@ -172,3 +172,34 @@ def test_validate_refuses_a_wrong_machine_in_one_line(tmp_path, sos):
     assert line.endswith(f"(id=fi-moe-120-minlat): artifact flashinfer_jit_cache-0.6.15+cu130-"
                          f"cp39-abi3-manylinux_2_28_aarch64.whl: {MEMBER} is built for x86-64 "
                          "(ELF machine 62); the image is linux/arm64 (ELF machine 183)")
+
+
+def test_verify_image_proves_the_members_bytes(sos):
+    from patchkit.commands.verify import _artifact_proofs
+    from patchkit.manifest.model import Patch
+
+    good = hashlib.sha256(sos["aarch64"]).hexdigest()
+
+    def patch(member_sha: str, dist_name: str = "flashinfer-jit-cache") -> Patch:
+        return Patch(id="fi-moe-120", summary="s", kind="artifact", path="w.whl",
+                     artifact=Artifact("w.whl", "0" * 64, MEMBER, member_sha, dist_name))
+
+    files = TreeFiles({**dist("flashinfer-jit-cache", "0.6.15+cu130", {MEMBER: sos["aarch64"]})})
+    [ok] = _artifact_proofs([patch(good)], files, {}, "img")
+    assert ok.ok and ok.message == f"{SITE}/{MEMBER} has the pinned sha256 {good[:12]}"
+    [bad] = _artifact_proofs([patch("f" * 64)], files, {}, "img")
+    assert not bad.ok and bad.message.endswith(f", the artifact pins {'f' * 12}")
+    [gone] = _artifact_proofs([patch(good, "other-dist")], files, {}, "img")
+    assert not gone.ok and gone.message == "image img has no other-dist installed"
+
+
+def test_the_lock_records_each_artifact(tmp_path):
+    from patchkit.image import stack
+
+    lock = stack.Lock("base", "sha256:" + "0" * 64, {}, {"flashinfer-jit-cache": "0.6.15"},
+                      {"fi-moe-120": {"dist": "flashinfer-jit-cache", "member": MEMBER,
+                                      "member_sha256": "a" * 64, "wheel_sha256": "b" * 64}})
+    text = lock.render().decode()
+    assert f'[artifacts."fi-moe-120"]\ndist = "flashinfer-jit-cache"\nmember = "{MEMBER}"' in text
+    (tmp_path / "patchset.lock").write_text(text)
+    assert stack.Lock.read(tmp_path / "patchset.lock") == lock

@@ -111,6 +111,8 @@ class Lock:
     base_digest: str
     packages: Mapping[str, Pinned] = field(default_factory=dict)
     installed: Mapping[str, str] = field(default_factory=dict)
+    # patch id -> {dist, member, member_sha256, wheel_sha256} of each artifact the image ships
+    artifacts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def render(self) -> bytes:
         """The file's bytes: sorted, so that the same stack gives the same bytes."""
@@ -126,6 +128,9 @@ class Lock:
                           for file, mods in sorted(p.jit_modules.items())]
         lines += ["", "[installed]"]
         lines += [f"{name} = {_q(v)}" for name, v in sorted(self.installed.items())]
+        for patch in sorted(self.artifacts):
+            lines += ["", f"[artifacts.{_q(patch)}]"]
+            lines += [f"{k} = {_q(v)}" for k, v in sorted(self.artifacts[patch].items())]
         return ("\n".join(lines) + "\n").encode()
 
     @classmethod
@@ -146,7 +151,9 @@ class Lock:
                                         (v.get("jit_modules") or {}).items()})
                         for k, v in data.get("packages", {}).items()}
             return cls(_s(base["name"]), _s(base["digest"]), packages,
-                       {str(k): _s(v) for k, v in data.get("installed", {}).items()})
+                       {str(k): _s(v) for k, v in data.get("installed", {}).items()},
+                       {str(k): {str(f): _s(x) for f, x in v.items()}
+                        for k, v in data.get("artifacts", {}).items()})
         except (KeyError, TypeError, AttributeError) as exc:
             raise UsageError(f"{path}: not a lock file: missing or malformed {exc}") from None
 
