@@ -161,7 +161,9 @@ def modules_for(root: Path, dist: str, paths: Iterable[str]) -> dict[str, list[s
     """For each of ``paths`` that the package ``dist`` (checked out at ``root``) compiles, the
     JIT modules built from it; {} for a package without JIT rules."""
     rules = rules_for(dist)
-    wanted = [p for p in dict.fromkeys(paths) if rules and p.startswith(rules.package_dir + "/")]
+    # Python files are never compiled: a series of them costs no graph
+    wanted = [p for p in dict.fromkeys(paths) if rules and p.startswith(rules.package_dir + "/")
+              and not p.endswith((".py", ".pyi"))]
     if rules is None or not wanted:
         return {}
     graph = Graph(root, rules)
