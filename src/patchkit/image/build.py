@@ -131,6 +131,9 @@ def patchset_digest(manifest: Manifest) -> str:
     files = [manifest.path]
     for patch in manifest.patches:
         target = manifest.root / patch.path
+        if patch.artifact is not None:
+            # a wheel of modules is named by its pinned sha256 (in patchset.yaml): not read
+            continue
         if target.is_dir():
             files.extend(sorted(p for p in target.rglob("*") if p.is_file()))
         else:
