@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
-for tool in git:git patch:patch shellcheck:shellcheck unzip:unzip; do
+# a C compiler, the aarch64 cross compiler and ninja: the compiled-code tests build real shared
+# objects and run ninja with FlashInfer's rule
+for tool in git:git patch:patch shellcheck:shellcheck unzip:unzip gcc:gcc \
+        aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu ninja:ninja-build; do
     command -v "${tool%%:*}" >/dev/null || need+=("${tool##*:}")
 done
 if ((${#need[@]})); then

@@ -183,6 +183,8 @@ class ApplyReport:
     discarded: dict | None = None   # --discard: what the replaced workdir held, where it went
     # every package of the run by name, vllm first: its pin, version, commit, source, workdir
     packages: dict[str, PackageInfo] = field(default_factory=dict)
+    # package -> patched file -> the JIT modules the package builds from it (series/jit.py)
+    jit_modules: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -199,7 +201,9 @@ class ApplyReport:
         data = {"ok": self.ok, "vllm": asdict(self.vllm), "workdir": self.workdir,
                 "patches": [p.to_dict() for p in self.patches],
                 "verify": [a.to_dict() for a in self.verify], "variant": self.variant,
-                "packages": {n: p.to_dict() for n, p in self.packages.items()}}
+                "packages": {n: p.to_dict() for n, p in self.packages.items()},
+                "jit_modules": {n: {f: list(m) for f, m in files.items()}
+                                for n, files in self.jit_modules.items()}}
         if self.keep_failed:
             data["kept"] = self.keep_failed
         if self.discarded:
@@ -221,7 +225,9 @@ class ApplyReport:
                        data.get("kept"), data.get("variant") or None,
                        data.get("discarded") or None,
                        {str(n): PackageInfo.from_dict(p)
-                        for n, p in (data.get("packages") or {}).items()})
+                        for n, p in (data.get("packages") or {}).items()},
+                       {str(n): {str(f): [str(x) for x in m] for f, m in files.items()}
+                        for n, files in (data.get("jit_modules") or {}).items()})
         except (KeyError, TypeError, AttributeError, AssertionError) as exc:
             raise ValueError(f"not an apply report: {exc!r}") from None
 

@@ -8,11 +8,14 @@ from patchkit.kinds.transform import (  # noqa: F401
     AmbiguousAnchorError,
     AnchorError,
     AnchorMissingError,
+    CxxTransform,
+    Span,
     Transform,
     TransformLoadError,
     load_transforms,
     run_transform_file,
 )
 
-__all__ = ["AmbiguousAnchorError", "AnchorError", "AnchorMissingError", "Transform",
+__all__ = ["AmbiguousAnchorError", "AnchorError", "AnchorMissingError", "CxxTransform", "Span",
+           "Transform",
            "TransformLoadError", "load_transforms", "run_transform_file"]

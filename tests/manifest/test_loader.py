@@ -418,14 +418,14 @@ ERRORS = [
         - id: foo
           summary: x
         """), "patchset.yaml:6: patches[0] (id=foo): no patch kind: give exactly one of "
-              "diff, transform, overlay"),
+              "diff, transform, overlay, artifact"),
     case("two-kinds", entries("""\
         - id: foo
           summary: x
           diff: patches/a.diff
           transform: patches/t.py
         """), "patchset.yaml:9: patches[0] (id=foo): transform: two patch kinds (diff and "
-              "transform) in one entry; give exactly one of diff, transform, overlay"),
+              "transform) in one entry; give exactly one of diff, transform, overlay, artifact"),
     case("no-diff-file", foo("diff", "patches/nope.diff"),
          "patchset.yaml:8: patches[0] (id=foo): diff: no such file: patches/nope.diff"),
     case("no-transform-file", foo("transform", "patches/nope.py"),
@@ -513,7 +513,7 @@ ERRORS = [
         - file: vllm/x.py
           in: A
         """), "patchset.yaml:10: patches[0] (id=foo): verify[0]: no predicate; give exactly one "
-              "of defines, calls, has_key, contains, not"),
+              "of defines, calls, has_key, contains, not, not_contains"),
     case("two-predicates", assertions("""\
         - file: vllm/x.py
           defines: a
@@ -521,7 +521,7 @@ ERRORS = [
           calls: f
           contains: g
         """), "patchset.yaml:14: patches[0] (id=foo): verify[1]: two predicates (calls and "
-              "contains); give exactly one of defines, calls, has_key, contains, not"),
+              "contains); give exactly one of defines, calls, has_key, contains, not, not_contains"),
     case("unknown-predicate", assertions("""\
         - file: vllm/x.py
           define: a
@@ -551,6 +551,65 @@ ERRORS = [
           not: {not: {calls: f}}
         """), "patchset.yaml:11: patches[0] (id=foo): verify[0].not: 'not' inside 'not'; "
               "state the predicate itself"),
+    case("not-contains-inside-not", assertions("""\
+        - file: vllm/x.py
+          not: {not_contains: f}
+        """), "patchset.yaml:11: patches[0] (id=foo): verify[0].not: 'not_contains' inside "
+              "'not'; state the predicate itself"),
+    case("artifact-bad-sha", entries("""\
+        - id: foo
+          summary: x
+          artifact:
+            wheel: https://example.com/x.whl
+            sha256: abc
+            member: a/b.so
+            member_sha256: abc
+            dist: flashinfer-jit-cache
+        """), "patchset.yaml:10: patches[0] (id=foo): artifact.sha256: expected a sha256 (64 "
+              "hex digits), got 'abc'"),
+    case("artifact-missing-dist", entries(f"""\
+        - id: foo
+          summary: x
+          artifact:
+            wheel: https://example.com/x.whl
+            sha256: {"a" * 64}
+            member: a/b.so
+            member_sha256: {"b" * 64}
+        """), "patchset.yaml:9: patches[0] (id=foo): artifact: missing required key 'dist'"),
+    case("artifact-plain-http", entries(f"""\
+        - id: foo
+          summary: x
+          artifact:
+            wheel: http://example.com/x.whl
+            sha256: {"a" * 64}
+            member: a/b.so
+            member_sha256: {"b" * 64}
+            dist: d
+        """), "patchset.yaml:9: patches[0] (id=foo): artifact.wheel: 'http://example.com/x.whl': "
+              "give a path beside the manifest or an https URL"),
+    # assertions on C, C++ and CUDA files
+    case("cxx-has-key", assertions("""\
+        - file: csrc/moe.cuh
+          has_key: x
+        """), "patchset.yaml:11: patches[0] (id=foo): verify[0].has_key: has_key does not "
+              "apply to CUDA files; give one of defines, calls, contains"),
+    case("cxx-dotted-scope", assertions("""\
+        - file: csrc/moe.cpp
+          in: Runner.run
+          contains: x
+        """), "patchset.yaml:11: patches[0] (id=foo): verify[0].in: 'Runner.run' is not a C++ "
+              "name like function, Class::method or ns::function"),
+    case("cxx-defines-not-a-name", assertions("""\
+        - file: csrc/moe.c
+          defines: a b
+        """), "patchset.yaml:11: patches[0] (id=foo): verify[0].defines: 'a b' is not a C name "
+              "like NAME or ns::NAME"),
+    case("python-scope-with-colons", assertions("""\
+        - file: vllm/x.py
+          in: A::b
+          contains: x
+        """), "patchset.yaml:11: patches[0] (id=foo): verify[0].in: 'A::b' is not a dotted name "
+              "like Class.method"),
     # packages beside vllm
     case("packages-a-list", HEAD.replace("patches:\n", "packages: [flashinfer]\n"),
          "patchset.yaml:5: packages: expected a mapping of package name -> {dist, repo, ref}, "
@@ -666,6 +725,22 @@ ERRORS = [
 
 def matches(expected: str, message: str) -> bool:
     return re.fullmatch(".*".join(map(re.escape, expected.split("…"))), message, re.S) is not None
+
+
+def test_cxx_assertions_take_qualified_scopes_and_not_contains(repo: Path) -> None:
+    write(repo, assertions("""\
+        - file: csrc/moe.cuh
+          in: CutlassMoeFCRunner<T, W>::compute
+          not_contains: TLLM_THROW
+        - file: csrc/moe.cuh
+          in: tk::moe::kernel
+          calls: this->sync
+        """))
+    first, second = manifest.load("patchset.yaml").patches[0].verify
+    assert (first.predicate, first.scope, first.negated.predicate, first.negated.value) == (
+        "not", "CutlassMoeFCRunner<T, W>::compute", "contains", "TLLM_THROW")
+    assert first.describe() == "not contains TLLM_THROW in CutlassMoeFCRunner<T, W>::compute"
+    assert (second.predicate, second.value) == ("calls", "this->sync")
 
 
 @pytest.mark.parametrize("text, expected, path, setup", ERRORS)

@@ -200,3 +200,111 @@ def git_history(cache: Path, dest: Path, refs: tuple[str, ...]) -> Path:
 def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}).stdout.strip()
+
+
+# -- compiled code ---------------------------------------------------------------------------
+
+# The CUTLASS MoE header that DGX Spark builds patch: in 0.6.15 the low-latency path of
+# `computeStridesTmaWarpSpecializedLowLatency` is a throw, and `fusedBuildExpertMapsSortFirst
+# TokenBlockSize` is defined twice (two templates of one name).
+MOE_HEADER = "flashinfer/data/csrc/fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh"
+MOE_THROW = '  TLLM_THROW("Min latency mode is no longer supported");\n'
+MOE_KERNEL_BEFORE = "// TODO Some of this setup could be cached\n"
+
+# A kernel of our own that fills both GEMMs' problem shapes, strides and pointers for the
+# experts this rank holds, one thread per expert; an expert that received no token gets an
+# empty problem.
+LOW_LATENCY_KERNEL = """\
+// Low latency: every token goes to every active expert, so the offsets are implied.
+template <class T, class WeightType, class OutputType, class ScaleBiasType>
+__global__ void computeStridesTmaWarpSpecializedLowLatencyKernel(
+    TmaWarpSpecializedGroupedGemmInput layout_info1,
+    TmaWarpSpecializedGroupedGemmInput layout_info2, int64_t num_tokens, int64_t gemm1_n,
+    int64_t gemm1_k, int64_t gemm2_n, int64_t gemm2_k, int const num_experts, T const* input1,
+    T const* input2, WeightType const* weights1, WeightType const* weights2,
+    ScaleBiasType const* bias1, ScaleBiasType const* bias2, OutputType* output1,
+    OutputType* output2, int const* num_active_experts_per, int const* active_expert_global_ids,
+    int start_expert) {
+#if (defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900))
+  cudaGridDependencySynchronize();
+#endif
+  int const expert = blockIdx.x * blockDim.x + threadIdx.x;
+  if (expert >= num_experts) {
+    return;
+  }
+  bool const is_active = expert < num_active_experts_per[0];
+  int64_t const gemm_m = is_active ? num_tokens : 0;
+  int64_t const weight_index = is_active ? active_expert_global_ids[expert] - start_expert : 0;
+  layout_info1.shape_info.problem_shapes[expert] =
+      TmaWarpSpecializedGroupedGemmInput::ProblemShape::UnderlyingProblemShape(gemm1_n, gemm_m,
+                                                                               gemm1_k);
+  layout_info2.shape_info.problem_shapes[expert] =
+      TmaWarpSpecializedGroupedGemmInput::ProblemShape::UnderlyingProblemShape(gemm2_n, gemm_m,
+                                                                               gemm2_k);
+  computeTmaWarpSpecializedInputStrides(layout_info1, gemm_m, gemm1_n, gemm1_k, expert);
+  computeTmaWarpSpecializedInputStrides(layout_info2, gemm_m, gemm2_n, gemm2_k, expert);
+  computeTmaWarpSpecializedInputPointers(layout_info1, gemm_m, gemm1_n, gemm1_k,
+                                         expert * num_tokens, weight_index, input1, weights1,
+                                         nullptr, bias1, output1, nullptr, nullptr, expert);
+  computeTmaWarpSpecializedInputPointers(layout_info2, gemm_m, gemm2_n, gemm2_k,
+                                         expert * num_tokens, weight_index, input2, weights2,
+                                         nullptr, bias2, output2, nullptr, nullptr, expert);
+}
+
+"""
+
+LOW_LATENCY_LAUNCH = """\
+  int const threads = std::min(1024, num_experts);
+  int const blocks = (num_experts + threads - 1) / threads;
+  cudaLaunchConfig_t config;
+  config.gridDim = blocks;
+  config.blockDim = threads;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = enable_pdl;
+  config.numAttrs = 1;
+  config.attrs = attrs;
+  cudaLaunchKernelEx(
+      &config,
+      computeStridesTmaWarpSpecializedLowLatencyKernel<T, WeightType, UnfusedGemmOutputType,
+                                                       ScaleBiasType>,
+      layout_info1, layout_info2, num_tokens, gemm1_n, gemm1_k, gemm2_n, gemm2_k, num_experts,
+      input1, input2, weights1, weights2, bias1, bias2, output1, output2, num_active_experts_per,
+      active_expert_global_ids, start_expert);
+  return std::make_pair(layout_info1, layout_info2);
+"""
+
+
+def restore_low_latency(pristine: str) -> str:
+    """The 0.6.15 header with the low-latency descriptor builder back in place of the throw."""
+    assert pristine.count(MOE_THROW) == 1 and pristine.count(MOE_KERNEL_BEFORE) == 1
+    out = pristine.replace(MOE_KERNEL_BEFORE, LOW_LATENCY_KERNEL + MOE_KERNEL_BEFORE)
+    return out.replace(MOE_THROW, LOW_LATENCY_LAUNCH)
+
+
+def moe_header(cache: Path, version: str = "0.6.15") -> str:
+    """The pristine header as the real wheel ships it (downloaded once into ``cache``)."""
+    import zipfile
+
+    wheel = source.pypi._wheel(cache, version, lambda msg: None, FI_PACKAGE)
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(MOE_HEADER).decode("utf-8")
+
+
+LOW_LATENCY_VERIFY = f"""\
+    verify:
+      - file: {MOE_HEADER}
+        in: CutlassMoeFCRunner::computeStridesTmaWarpSpecializedLowLatency
+        not_contains: TLLM_THROW
+      - file: {MOE_HEADER}
+        in: CutlassMoeFCRunner<T, WeightType>::computeStridesTmaWarpSpecializedLowLatency
+        calls: cudaLaunchKernelEx
+      - file: {MOE_HEADER}
+        in: computeStridesTmaWarpSpecializedLowLatencyKernel
+        calls: cudaGridDependencySynchronize
+      - file: {MOE_HEADER}
+        in: tensorrt_llm::kernels::cutlass_kernels::computeStridesTmaWarpSpecializedLowLatencyKernel
+        not: {{contains: TLLM_THROW}}
+"""

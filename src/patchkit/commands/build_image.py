@@ -12,7 +12,9 @@ from patchkit import source
 from patchkit.commands import copy_image
 from patchkit.commands import lock as lock_cmd
 from patchkit.errors import UsageError
+from patchkit.image import artifact
 from patchkit.image import basevllm, build, builders, layer, stack
+from patchkit.cache import cache_dir
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
@@ -148,7 +150,8 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     builder = builders.choose(no_daemon, choice)
     job = builders.Job(manifest, tree, choice, plat, final_tag, base, push, log, engine=engine,
                        registry=registry, max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                       packages=packages, lock=lock)
+                       packages=packages, lock=lock,
+                       artifacts=_artifacts(manifest, tree, plat, log))
     previous = engine.tagged(final_tag) if engine is not None else None
     built = builder.build(job)
     digest, saved = _deliver(engine, built, final_tag, push=push, save=save, previous=previous,
@@ -179,8 +182,28 @@ def _shipped_packages(manifest: Manifest, workdir: Path, held: lock_cmd.BaseStac
         if not shipped:
             continue
         dist = held.installed.get(package.dist) if held is not None else None
+        rebuild = {p.id for p in manifest.patches if p.rebuild == "jit"}
+        rebuild_jit = tuple(f for r in tree.report.patches
+                            if r.package == package.name and r.id in rebuild for f in r.files)
         out.append(build.PackageTree(package.name, package.dist, tree, shipped,
-                                     dist.site if dist is not None else None))
+                                     dist.site if dist is not None else None, rebuild_jit))
+    return tuple(out)
+
+
+def _artifacts(manifest: Manifest, tree: AppliedCheckout, plat: Platform, log
+               ) -> tuple[build.PlacedArtifact, ...]:
+    """The members of the run's applied artifacts, each checked against its pins and the
+    image's platform (one line, exit 2, before anything is built)."""
+    applied = {p.id for p in tree.report.patches if p.status == "applied"}
+    out = []
+    for patch in manifest.patches:
+        a = patch.artifact
+        if a is None or patch.id not in applied:
+            continue
+        data = artifact.checked(a, manifest.root, plat.arch, str(plat), cache_dir())
+        log(f"{patch.id}: {a.member} from {a.wheel.rsplit('/', 1)[-1]}: pins and ELF header "
+            f"({plat.arch}) checked")
+        out.append(build.PlacedArtifact(patch.id, a.dist, a.member, data))
     return tuple(out)
 
 

@@ -127,7 +127,13 @@ def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
     for name, p in sorted(packages.items()):
         log(f"{name} {p.version} ({'commit ' + p.commit[:12] if p.commit else 'no commit'}, "
             f"from its {p.source})")
-    lock = stack.Lock(spec.base, held.digest, packages, held.installed.versions())
+    artifacts = {}
+    if checkout.is_checkout(Path(workdir)):
+        from patchkit.image.labels import artifacts_of
+
+        report = checkout.AppliedCheckout.open(Path(workdir)).report
+        artifacts = {a.pop("patch"): a for a in artifacts_of(manifest, report)}
+    lock = stack.Lock(spec.base, held.digest, packages, held.installed.versions(), artifacts)
     path = lock_path(manifest)
     written = files.write_if_changed(path, lock.render())
     return LockReport(str(path), written, lock)

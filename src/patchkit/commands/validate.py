@@ -11,8 +11,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import kinds, manifest
+from patchkit import kinds, manifest, source
 from patchkit.errors import ManifestError
+from patchkit.image import artifact
+from patchkit.series import compiled, languages
 
 
 @dataclass
@@ -25,8 +27,31 @@ class Validated:
         return Counter(p.kind for p in self.manifest.patches)
 
 
+def _compiled_code(m: manifest.Manifest) -> None:
+    """Parsers the assertions will need, compiled code a wheel source cannot hold, and each
+    artifact's wheel beside the manifest (its pins and its ELF header): checked now, not
+    halfway through an apply."""
+    for name in sorted({a.file for p in m.patches for a in p.verify}):
+        languages.for_file(name).ready()
+    pins = [(p.name, source.package_id(p.name, p.dist).label, p.repos,
+             compiled.known_tops(p.name, p.dist)) for p in m.packages]
+    found = compiled.first_problem(m, m.patches, pins)
+    if found:
+        patch, why = found
+        raise ManifestError(why, path=m.path.name, line=patch.line, entry=patch.label)
+    platform = m.image.platform
+    for patch in m.patches:
+        if patch.artifact is not None and not patch.artifact.wheel.startswith("https://"):
+            try:
+                artifact.checked(patch.artifact, m.root, platform.split("/")[1], platform)
+            except artifact.ArtifactError as exc:
+                raise ManifestError(str(exc), path=m.path.name, line=patch.line,
+                                    entry=patch.label) from None
+
+
 def run(manifest_path: Path) -> Validated:
     m = manifest.load(manifest_path)
+    _compiled_code(m)
     shown = Path(manifest_path).parent
     out = Validated(m)
     for p in m.patches:

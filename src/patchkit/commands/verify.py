@@ -276,10 +276,43 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
                                  f"patch{'es' if len(mine) > 1 else ''} with assertions")
             results = assertions.run_assertions(mine, _image_reader(files, site))
             checks.append(PackageCheck(name, pversion, site, tuple(results)))
+        proofs = _artifact_proofs([p for p in active if p.artifact is not None], files, env,
+                                  image)
         # a manifest of vLLM alone reports as it always has: one package needs no naming
-        return _Checked([a for c in checks for a in c.results], facts.statuses, version,
+        return _Checked([a for c in checks for a in c.results] + proofs, facts.statuses, version,
                         variant, holds=holds, locked=locked,
                         packages=checks if manifest.others else [])
+
+
+def _artifact_proofs(patches: Sequence[Patch], files, env: dict[str, str], image: str
+                     ) -> list[AssertionResult]:
+    """Each artifact's member in the image, where its dist is installed, proven by its
+    pinned sha256: one result per artifact, as assertions report."""
+    if not patches:
+        return []
+    import hashlib
+
+    from patchkit.image import distinfo
+
+    installed = distinfo.installed(files, env)
+    out = []
+    for patch in patches:
+        a = patch.artifact
+        assert a is not None
+        dist = installed.get(a.dist)
+        where = f"{dist.site.rstrip('/')}/{a.member}" if dist is not None else a.member
+        data = files.read(where) if dist is not None else None
+        if dist is None:
+            ok, message = False, f"image {image} has no {a.dist} installed"
+        elif data is None:
+            ok, message = False, f"{where} is not in image {image}"
+        else:
+            got = hashlib.sha256(data).hexdigest()
+            ok = got == a.member_sha256
+            message = (f"{where} has the pinned sha256 {got[:12]}" if ok else
+                       f"{where} has sha256 {got[:12]}, the artifact pins {a.member_sha256[:12]}")
+        out.append(AssertionResult(patch.id, a.member, None, None, ok, message))
+    return out
 
 
 def _image_reader(files, site: str):

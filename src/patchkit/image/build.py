@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Callable, Sequence
 
 from patchkit import source, versions
 from patchkit.errors import ImageError, UsageError
+from patchkit.image import prebuilt
 from patchkit.image import labels as image_labels
 from patchkit.image import distinfo, layer, package, stack
 from patchkit.manifest import Manifest
@@ -130,6 +131,9 @@ def patchset_digest(manifest: Manifest) -> str:
     files = [manifest.path]
     for patch in manifest.patches:
         target = manifest.root / patch.path
+        if patch.artifact is not None:
+            # a wheel of modules is named by its pinned sha256 (in patchset.yaml): not read
+            continue
         if target.is_dir():
             files.extend(sorted(p for p in target.rglob("*") if p.is_file()))
         else:
@@ -170,6 +174,9 @@ class PackageTree:
     shipped: tuple[Change, ...]    # its changes that go into the image
     site: str | None = None        # the folder holding its dist-info in the base; None: not
                                    # read yet (found on the base's files by the plan)
+    # the patched files whose patches say `rebuild: jit`: a prebuilt module built from one is
+    # left out of the image (image/prebuilt.py)
+    rebuild_jit: tuple[str, ...] = ()
 
 
 def package_shipped(changes: Sequence[Change]) -> tuple[Change, ...]:
@@ -187,11 +194,22 @@ def package_shipped(changes: Sequence[Change]) -> tuple[Change, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class PlacedArtifact:
+    """An artifact's member, checked (image/artifact.py), to place where ``dist`` is."""
+
+    patch: str
+    dist: str
+    member: str
+    data: bytes
+
+
 @dataclass
 class OverlayPlan:
     package: package.Package
     installed: str | None
     entries: list[layer.LayerEntry]
+    env: dict[str, str] = field(default_factory=dict)   # set in the image's config
 
 
 def _rel_in_image(path: str) -> str:
@@ -200,7 +218,8 @@ def _rel_in_image(path: str) -> str:
 
 def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheckout,
                  shipped: Sequence[Change], serve: bytes | None, log: Callable[[str], None],
-                 packages: Sequence[PackageTree] = ()) -> OverlayPlan:
+                 packages: Sequence[PackageTree] = (),
+                 artifacts: Sequence[PlacedArtifact] = ()) -> OverlayPlan:
     """Check that the base holds the pristine release, and list the layer's entries: vLLM's
     changed files, then each other package's where the base installed its ``dist``."""
     env = {}
@@ -233,16 +252,53 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
     entries: list[layer.LayerEntry] = []
     made_dirs: set[str] = set()
     stale = _entries(files, pkg, tree, shipped, pkg.path_of, entries, made_dirs)
-    for other in placed(files, base, packages, log):
+    others = placed(files, base, packages, log)
+    for other in others:
         stale += _entries(files, pkg, other.tree, other.shipped,
                           lambda rel, site=other.site: site.rstrip("/") + "/" + rel,
                           entries, made_dirs)
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
+    jit_env: dict[str, str] = {}
+    if artifacts:
+        _place_artifacts(distinfo.installed(files, env), files, base.name,  # type: ignore[arg-type]
+                         artifacts, entries, made_dirs, log)
+    if any(o.tree.report.jit_modules for o in others):
+        shipped_members = {(a.dist, a.member) for a in artifacts}
+        entries += prebuilt.leave_out(distinfo.installed(files, env), others,  # type: ignore[arg-type]
+                                      base.name, log, shipped_members)
+        jit_env = prebuilt.workspace(others, base.config.get("User"))
+        for name, value in jit_env.items():
+            log(f"JIT cache of the patched sources: {name}={value}")
     if serve is not None:
         entries.append(layer.LayerEntry(SERVE_PATH, "file", serve, 0o755))
     if stale:
         log(f"{stale} byte-code cache(s) of patched modules removed in the layer")
-    return OverlayPlan(pkg, installed, entries)
+    return OverlayPlan(pkg, installed, entries, jit_env)
+
+
+def _place_artifacts(installed: distinfo.Installed, files: package.Files, base: str,
+                     artifacts: Sequence[PlacedArtifact], entries: list[layer.LayerEntry],
+                     made_dirs: set[str], log: Callable[[str], None]) -> None:
+    """Each artifact's member where the base installed its dist, with the folders it needs."""
+    from patchkit.image.artifact import ArtifactError
+
+    for a in artifacts:
+        dist = installed.get(a.dist)
+        if dist is None:
+            raise ArtifactError(f"patch {a.patch}: artifact for {a.dist}, which base {base} "
+                                f"does not have installed ({installed.missing(a.dist)})")
+        target = f"{dist.site.rstrip('/')}/{a.member}"
+        parent = PurePosixPath(target).parent
+        missing_dirs = []
+        while str(parent) not in made_dirs and not files.exists(str(parent)):
+            missing_dirs.append(str(parent))
+            parent = parent.parent
+        for d in reversed(missing_dirs):
+            made_dirs.add(d)
+            entries.append(layer.LayerEntry(_rel_in_image(d), "dir", mode=0o755))
+        entries.append(layer.LayerEntry(_rel_in_image(target), "file", a.data, 0o755))
+        log(f"{a.patch}: {a.member} ({len(a.data)} bytes) into {dist.site} ({a.dist} "
+            f"{dist.version})")
 
 
 def _entries(files: package.Files, pkg: package.Package, tree: AppliedCheckout,
@@ -387,7 +443,8 @@ def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice
 
 def packages_of(manifest: Manifest, tree: AppliedCheckout) -> dict[str, dict[str, str]]:
     """Each package's version, commit and source, as the labels record them."""
-    return {name: asdict(p) for name, p in stack.patched_packages(manifest, tree.root).items()}
+    return {name: {"version": p.version, "commit": p.commit, "source": p.source}
+            for name, p in stack.patched_packages(manifest, tree.root).items()}
 
 
 def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInputs
@@ -397,8 +454,10 @@ def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInput
     labels = dict(inputs.labels)
     labels.update(image_labels.overlay_labels(inputs.key, plan.package.dir, plan.installed,
                                               made))
+    if plan.env:
+        labels[image_labels.JIT_WORKSPACE_LABEL] = next(iter(plan.env.values()))
     config = layer.image_config(
-        base, made, labels=labels, created=inputs.created,
+        base, made, labels=labels, created=inputs.created, env=plan.env,
         created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
         cmd=["/" + SERVE_PATH] if inputs.serve is not None else None,
         reset_entrypoint=inputs.serve is not None)

@@ -29,6 +29,12 @@ BASE_IDENTITY_LABEL = "io.patchkit.base.identity"
 # Each package's version, commit and source ({name: {...}}, JSON), as `patchkit lock` records
 # them: `verify --image --locked` compares them with the lock.
 PACKAGES_LABEL = "io.patchkit.packages"
+# package -> patched file -> the JIT modules built from it (the apply report's jit_modules)
+JIT_MODULES_LABEL = "io.patchkit.jit.modules"
+# where the image's JIT cache is (FLASHINFER_WORKSPACE_BASE), when it patches a JIT source
+JIT_WORKSPACE_LABEL = "io.patchkit.jit.workspace"
+# the compiled files placed from pinned wheels: [{patch, dist, member, member_sha256, wheel_sha256}]
+ARTIFACTS_LABEL = "io.patchkit.artifacts"
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
 LAYER_LABELS = ("io.patchkit.layer.files", "io.patchkit.layer.bytes",
                 "io.patchkit.layer.whiteouts")
@@ -63,7 +69,19 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
         PATCHES_LABEL: json.dumps(patches, separators=(",", ":")),
         VARIANT_LABEL: tree.report.variant or "",
         PACKAGES_LABEL: json.dumps(packages or {}, sort_keys=True, separators=(",", ":")),
+        JIT_MODULES_LABEL: json.dumps(tree.report.jit_modules, sort_keys=True,
+                                      separators=(",", ":")),
+        ARTIFACTS_LABEL: json.dumps(artifacts_of(manifest, tree.report), sort_keys=True,
+                                    separators=(",", ":")),
     }
+
+
+def artifacts_of(manifest: Manifest, report) -> list[dict[str, str]]:
+    """The run's applied artifacts, as the label and the lock record them."""
+    applied = {p.id for p in report.patches if p.status == "applied"}
+    return [{"patch": p.id, "dist": p.artifact.dist, "member": p.artifact.member,
+             "member_sha256": p.artifact.member_sha256, "wheel_sha256": p.artifact.sha256}
+            for p in manifest.patches if p.artifact is not None and p.id in applied]
 
 
 def base_labels(base: layer.BaseImage) -> dict[str, str]:

@@ -17,7 +17,7 @@ import tarfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from patchkit.errors import ImageError
 from patchkit.imageref import Platform, repository
@@ -147,8 +147,10 @@ def iso_time(epoch: int) -> str:
 
 def image_config(base: BaseImage, layer: Layer, *, labels: dict[str, str], created: int,
                  created_by: str, cmd: Sequence[str] | None = None,
-                 entrypoint: Sequence[str] | None = None, reset_entrypoint: bool = False) -> bytes:
-    """The new image's config: the base's, plus ``labels``, the command, and ``layer``.
+                 entrypoint: Sequence[str] | None = None, reset_entrypoint: bool = False,
+                 env: Mapping[str, str] | None = None) -> bytes:
+    """The new image's config: the base's, plus ``labels``, ``env`` (replacing the base's
+    values of those names), the command, and ``layer``.
 
     Serialised with sorted keys and no spaces: its sha256 is the image id.
     """
@@ -156,6 +158,9 @@ def image_config(base: BaseImage, layer: Layer, *, labels: dict[str, str], creat
     merged = dict(config.get("Labels") or {})
     merged.update(labels)
     config["Labels"] = merged
+    if env:
+        kept = [item for item in config.get("Env") or [] if item.partition("=")[0] not in env]
+        config["Env"] = kept + [f"{k}={v}" for k, v in sorted(env.items())]
     if reset_entrypoint:
         config.pop("Entrypoint", None)
     if entrypoint is not None:

@@ -101,6 +101,8 @@ class Pinned:
     version: str
     commit: str
     source: str
+    # patched file -> the JIT modules the package builds from it (from the applied checkout)
+    jit_modules: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ class Lock:
     base_digest: str
     packages: Mapping[str, Pinned] = field(default_factory=dict)
     installed: Mapping[str, str] = field(default_factory=dict)
+    # patch id -> {dist, member, member_sha256, wheel_sha256} of each artifact the image ships
+    artifacts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def render(self) -> bytes:
         """The file's bytes: sorted, so that the same stack gives the same bytes."""
@@ -118,8 +122,15 @@ class Lock:
             p = self.packages[name]
             lines += ["", f"[packages.{name}]", f"version = {_q(p.version)}",
                       f"commit = {_q(p.commit)}", f"source = {_q(p.source)}"]
+            if p.jit_modules:
+                lines += ["", f"[packages.{name}.jit_modules]"]
+                lines += [f"{_q(file)} = [{', '.join(_q(m) for m in mods)}]"
+                          for file, mods in sorted(p.jit_modules.items())]
         lines += ["", "[installed]"]
         lines += [f"{name} = {_q(v)}" for name, v in sorted(self.installed.items())]
+        for patch in sorted(self.artifacts):
+            lines += ["", f"[artifacts.{_q(patch)}]"]
+            lines += [f"{k} = {_q(v)}" for k, v in sorted(self.artifacts[patch].items())]
         return ("\n".join(lines) + "\n").encode()
 
     @classmethod
@@ -135,10 +146,14 @@ class Lock:
             raise UsageError(f"{path}: not a lock file: {exc}") from None
         try:
             base = data["base"]
-            packages = {str(k): Pinned(_s(v["version"]), _s(v["commit"]), _s(v["source"]))
+            packages = {str(k): Pinned(_s(v["version"]), _s(v["commit"]), _s(v["source"]),
+                                       {str(f): tuple(_s(m) for m in mods) for f, mods in
+                                        (v.get("jit_modules") or {}).items()})
                         for k, v in data.get("packages", {}).items()}
             return cls(_s(base["name"]), _s(base["digest"]), packages,
-                       {str(k): _s(v) for k, v in data.get("installed", {}).items()})
+                       {str(k): _s(v) for k, v in data.get("installed", {}).items()},
+                       {str(k): {str(f): _s(x) for f, x in v.items()}
+                        for k, v in data.get("artifacts", {}).items()})
         except (KeyError, TypeError, AttributeError) as exc:
             raise UsageError(f"{path}: not a lock file: missing or malformed {exc}") from None
 
@@ -160,8 +175,9 @@ def patched_packages(manifest: Manifest, workdir: Path,
         if checkout.is_checkout(where):
             info = checkout.AppliedCheckout.open(where)
             pin = info.pin(package.name)
+            modules = info.report.jit_modules.get(package.name, {})
             out[package.name] = Pinned(str(pin.version or pin.ref), str(pin.commit or info.base),
-                                       "checkout")
+                                       "checkout", {f: tuple(m) for f, m in modules.items()})
             continue
         version = versions.expected(None, package.ref) or package.ref
         if package.ref == BASE_REF and installed is not None and installed.get(package.dist):
@@ -213,6 +229,10 @@ def package_differences(lock: Lock, packages: Mapping[str, Pinned]) -> list[str]
         if have.commit and want.commit and have.commit != want.commit:
             out.append(f"package {name} commit {have.commit[:12]}, the lock has "
                        f"{want.commit[:12]}")
+        if have.jit_modules and want.jit_modules and dict(have.jit_modules) != dict(
+                want.jit_modules):
+            out.append(f"package {name} feeds other JIT modules than the lock names "
+                       "(run `patchkit lock` again)")
     return out
 
 

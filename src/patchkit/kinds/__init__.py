@@ -15,6 +15,7 @@ REGISTRY = {
     "diff": "patchkit.kinds.diff",
     "transform": "patchkit.kinds.transform",
     "overlay": "patchkit.kinds.overlay",
+    "artifact": "patchkit.kinds.artifact",
 }
 NAMES = tuple(REGISTRY)
 

@@ -33,6 +33,7 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
@@ -63,6 +64,10 @@ class AmbiguousAnchorError(AnchorError):
     reason = "ambiguous-anchor"
 
 
+class ReadError(Exception):
+    """A file, or a transform's result, does not parse (or compile)."""
+
+
 class Transform:
     """Base class of a transform.  Subclasses set ``path`` and define two methods."""
 
@@ -72,6 +77,10 @@ class Transform:
     #: it is kept and reused (set False when it reads anything else: the environment, the
     #: clock, files elsewhere)
     pure: bool = True
+    #: what ``transform()`` returns, as failures name it
+    result_type = "libcst.Module"
+    #: the languages (``patchkit.series.languages``) of the files this base class edits
+    languages: tuple[str, ...] = ("Python",)
 
     def __init__(self, version: Version | None = None) -> None:
         self.version = version
@@ -84,6 +93,25 @@ class Transform:
     def transform(self, module: cst.Module) -> cst.Module:
         """Return the changed module.  Find every edit point with :meth:`anchor`."""
         raise NotImplementedError
+
+    # -- how the runner reads and checks this kind of file -------------------------------------
+    @classmethod
+    def read(cls, text: str) -> cst.Module:
+        try:
+            return cst.parse_module(text)
+        except cst.ParserSyntaxError as exc:
+            raise ReadError(exc.message) from None
+
+    @classmethod
+    def written(cls, result: object) -> str | None:
+        return result.code if isinstance(result, cst.Module) else None
+
+    @classmethod
+    def check_result(cls, before: str, text: str) -> None:
+        try:
+            compile(text, cls.path, "exec")
+        except (SyntaxError, ValueError) as exc:
+            raise ReadError(str(exc)) from None
 
     # -- helpers ------------------------------------------------------------------------------
     @staticmethod
@@ -122,6 +150,94 @@ class Transform:
                     f"anchor matches {len(hits)} places: {'.'.join(walked)}")
             node = hits[0]
         return node
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of a C/C++ file's text: ``text`` is ``file[start:end]``."""
+
+    start: int
+    end: int
+    text: str
+
+    def contains(self, needle: str) -> bool:
+        return needle in self.text
+
+
+class CxxTransform(Transform):
+    """A transform of a C, C++ or CUDA file (``.c .cc .cpp .h .hpp .cu .cuh``): text edits at
+    anchors that must be found exactly once, as in a Python transform::
+
+        class RestoreLowLatency(CxxTransform):
+            path = "flashinfer/data/csrc/fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh"
+
+            def postcondition(self, source: Span) -> bool:
+                fn = self.function(source, "CutlassMoeFCRunner::computeStridesLowLatency")
+                return not fn.contains("TLLM_THROW")
+
+            def transform(self, source: Span) -> str:
+                fn = self.function(source, "CutlassMoeFCRunner::computeStridesLowLatency")
+                throw = self.anchor(fn, 'TLLM_THROW("no longer supported");', "the throw")
+                return self.replace(source, throw, "return launchLowLatency(...);")
+
+    ``postcondition`` and ``transform`` receive the whole file as a :class:`Span`;
+    ``transform`` returns the new text.  The result must parse with no more error nodes than
+    the file had (tree-sitter's grammar of the file's suffix), and the postcondition must hold
+    on it.
+    """
+
+    result_type = "str"
+    languages = ("C", "C++", "CUDA")
+
+    @classmethod
+    def read(cls, text: str) -> Span:  # type: ignore[override]
+        return Span(0, len(text), text)
+
+    @classmethod
+    def written(cls, result: object) -> str | None:
+        return result if isinstance(result, str) else None
+
+    @classmethod
+    def check_result(cls, before: str, text: str) -> None:
+        language = _language(cls.path)
+        had, has = language.error_count(before), language.error_count(text)
+        if has > had:
+            raise ReadError(f"it leaves {has} {language.name} syntax error nodes where the "
+                            f"file had {had}")
+
+    @classmethod
+    def function(cls, source: Span, name: str) -> Span:
+        """The one definition ``name`` names (``f``, ``Class::method``, ``ns::f``; template
+        arguments ignored), with its ``template <...>`` line: 0 -> anchor-missing, 2+ ->
+        ambiguous-anchor."""
+        spans = _language(cls.path).definition_spans(source.text, name)
+        if not spans:
+            raise AnchorMissingError(f"anchor not found: {name}")
+        if len(spans) > 1:
+            raise AmbiguousAnchorError(f"anchor matches {len(spans)} places: {name}")
+        start, end = spans[0]
+        return Span(source.start + start, source.start + end, source.text[start:end])
+
+    @classmethod
+    def anchor(cls, within: Span, needle: str, what: str) -> Span:  # type: ignore[override]
+        """The one place ``needle`` (literal text) occurs inside ``within``."""
+        hits = within.text.count(needle)
+        if not hits:
+            raise AnchorMissingError(f"anchor not found: {what}")
+        if hits > 1:
+            raise AmbiguousAnchorError(f"anchor matches {hits} places: {what}")
+        at = within.text.index(needle)
+        return Span(within.start + at, within.start + at + len(needle), needle)
+
+    @staticmethod
+    def replace(source: Span, span: Span, new: str) -> str:
+        """The file's text with ``span`` replaced by ``new``."""
+        return source.text[:span.start] + new + source.text[span.end:]
+
+
+def _language(path: str):
+    from patchkit.series import languages
+    return languages.for_file(path)
 
 
 def _body_of(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
@@ -173,6 +289,12 @@ def load_transforms(py_file: Path) -> list[type[Transform]]:
         if not isinstance(cls.path, str):
             raise TransformLoadError(py_file, f"{cls.__name__}.path must be a checkout-relative "
                                      f"path string, not {cls.path!r}", line)
+        language = _language(cls.path).name
+        if language not in cls.languages:
+            base = "CxxTransform" if language != "Python" else "Transform"
+            raise TransformLoadError(py_file, f"{cls.__name__} edits a {language} file "
+                                     f"({cls.path}); subclass patchkit.transform.{base}",
+                                     _class_line(cls))
     return found
 
 
@@ -271,9 +393,9 @@ def _run_one(cls: type[Transform], source: str, version: Version | None
     """New text, ``None`` when already applied, or a failed outcome."""
     label = f"{cls.__name__} ({cls.path})"
     try:
-        before = cst.parse_module(source)
-    except cst.ParserSyntaxError as exc:
-        return Outcome("failed", "error", f"{label}: cannot parse: {exc.message}")
+        before = cls.read(source)
+    except ReadError as exc:
+        return Outcome("failed", "error", f"{label}: cannot parse: {exc}")
     instance = cls(version)
     try:
         if instance.postcondition(before):
@@ -283,18 +405,18 @@ def _run_one(cls: type[Transform], source: str, version: Version | None
         return Outcome("failed", exc.reason, f"{label}: {exc}")
     except (Exception, SystemExit) as exc:  # the author's code; sys.exit() there ends no run
         return Outcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
-    if not isinstance(after, cst.Module):
+    text = cls.written(after)
+    if text is None:
         return Outcome("failed", "error", f"{label}: transform() returned "
-                                f"{type(after).__name__}, not libcst.Module")
-    text = after.code
+                                f"{type(after).__name__}, not {cls.result_type}")
     if text == source:
         return Outcome("failed", "error",
                                 f"{label}: transform changed nothing and the postcondition "
                                 "does not hold")
     try:
-        reparsed = cst.parse_module(text)
-        compile(text, cls.path, "exec")
-    except (cst.ParserSyntaxError, SyntaxError) as exc:
+        cls.check_result(source, text)
+        reparsed = cls.read(text)
+    except ReadError as exc:
         return Outcome("failed", "error", f"{label}: result does not compile: {exc}")
     try:
         holds = instance.postcondition(reparsed)

@@ -18,10 +18,11 @@ from packaging.utils import canonicalize_name
 from patchkit import acceptance, kinds, paths
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
-from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Assertion, BumpSettings,
-                                     ImageDefaults,
-                                     Manifest, Marker, Package, Patch, Variant, id_problem,
+from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Artifact, Assertion,
+                                     BumpSettings, ImageDefaults, Manifest, Marker, Package,
+                                     Patch, Variant, id_problem,
                                      shown_id, summary_problem)
+from patchkit.series import languages
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE, ref_problem
 
 KINDS = kinds.NAMES
@@ -36,13 +37,15 @@ IMAGE_KEYS = ("base", "platform", "tag", "requires")
 # The keys of a patch entry besides its ranges.  A range key is a package's name, in the same
 # mapping, so no package may take one of these names.
 ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verify", "replaces",
-              "sha256", "runtime")
+              "sha256", "runtime", "rebuild")
+# `rebuild:` words: what to do with a prebuilt compiled module built from a patched file
+REBUILD_WORDS = ("jit",)
+ARTIFACT_KEYS = ("wheel", "sha256", "member", "member_sha256", "dist")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
 MARKER_KEYS = ("log", "absent", "count", "min", "unless", "acceptance")
 FLOOR_KEYS = ("min", "min_length")
 MAX_PATCH_FILE = 64 * 1024 * 1024   # a diff or transform larger than this is no patch
 
-_DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
 _SHA256_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
 _PLATFORM_RE = re.compile(r"[a-z0-9_]+/[a-z0-9_]+(/[a-z0-9_]+)?\Z")
@@ -420,7 +423,12 @@ class _Loader:
             self.fail(f"{given[1]}: two patch kinds ({given[0]} and {given[1]}) in one entry; "
                       f"{_ONE_OF_KINDS}", fields[given[1]][0])
         kind = given[0]
-        rel = self.patch_file(kind, fields[kind][1])
+        artifact = None
+        if kind == "artifact":
+            artifact = self.artifact(fields[kind][1])
+            rel = artifact.wheel
+        else:
+            rel = self.patch_file(kind, fields[kind][1])
 
         package = self.patch_package(fields["package"][1]) if "package" in fields else VLLM
         ranges = {key: self.specifier(value_node, key)
@@ -454,10 +462,20 @@ class _Loader:
 
         runtime = self.runtime(fields["runtime"][1]) if "runtime" in fields else ()
 
+        rebuild = None
+        if "rebuild" in fields:
+            rebuild_node = fields["rebuild"][1]
+            rebuild = self.string(rebuild_node, "rebuild").strip()
+            if rebuild not in REBUILD_WORDS:
+                close = difflib.get_close_matches(rebuild, REBUILD_WORDS, n=1, cutoff=0.5)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                self.fail(f"rebuild: unknown word {rebuild!r}; expected one of "
+                          f"{', '.join(REBUILD_WORDS)}{hint}", rebuild_node)
+
         patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
                       package=package, ranges=ranges, verify=tuple(verify), replaces=replaces,
                       line=_line(node), index=index, lines=lines, variants=in_variants,
-                      sha256=sha256, runtime=runtime)
+                      sha256=sha256, runtime=runtime, rebuild=rebuild, artifact=artifact)
         return patch
 
     def unknown_ranges(self, node: yaml.Node) -> None:
@@ -557,6 +575,35 @@ class _Loader:
             names.append(name)
         return tuple(names)
 
+    def artifact(self, node: yaml.Node) -> Artifact:
+        fields = self.mapping(node, "artifact", ARTIFACT_KEYS, required=ARTIFACT_KEYS,
+                              what="a mapping of wheel, sha256, member, member_sha256, dist")
+        wheel_node = fields["wheel"][1]
+        wheel = self.string(wheel_node, "artifact.wheel").strip()
+        if wheel.startswith("https://"):
+            if not wheel.endswith(".whl"):
+                self.fail(f"artifact.wheel: {wheel} is not a wheel (.whl)", wheel_node)
+        elif "://" in wheel:
+            self.fail(f"artifact.wheel: {wheel!r}: give a path beside the manifest or an "
+                      "https URL", wheel_node)
+        else:
+            wheel = self.patch_file("artifact", wheel_node)
+        sums = {}
+        for key in ("sha256", "member_sha256"):
+            value = self.string(fields[key][1], f"artifact.{key}").strip()
+            if not _SHA256_RE.match(value):
+                self.fail(f"artifact.{key}: expected a sha256 (64 hex digits), got {value!r}",
+                          fields[key][1])
+            sums[key] = value.lower()
+        member_node = fields["member"][1]
+        member = self.string(member_node, "artifact.member").strip()
+        try:
+            member = str(paths.check_relative(member))
+        except paths.UnsafePathError as exc:
+            self.fail(f"artifact.member: {exc}", member_node)
+        dist = canonicalize_name(self.string(fields["dist"][1], "artifact.dist").strip())
+        return Artifact(wheel, sums["sha256"], member, sums["member_sha256"], dist)
+
     def checked_path(self, node: yaml.Node, what: str) -> str:
         rel = self.string(node, what).strip()
         try:
@@ -586,7 +633,7 @@ class _Loader:
             if not full.is_file():
                 self.fail(f"{kind}: {rel} is not a file", node)
             size = full.stat().st_size
-            if size > MAX_PATCH_FILE:  # read whole by every verb: refuse before reading
+            if size > MAX_PATCH_FILE and getattr(plugin, "reads_whole", True):  # read whole by every verb: refuse before reading
                 self.fail(f"{kind}: {rel} is {size >> 20} MiB; a patch file is at most "
                           f"{MAX_PATCH_FILE >> 20} MiB", node)
         problem = plugin.check(full, rel)
@@ -623,17 +670,25 @@ class _Loader:
             self.fail(f"{where}: two predicates ({predicates[0]} and {predicates[1]}); "
                       f"{_ONE_OF_PREDICATES}", fields[predicates[1]][0])
         file = self.checked_path(fields["file"][1], f"{where}.file")
+        language = languages.for_file(file)
         scope = None
         if "in" in fields:
             scope_node = fields["in"][1]
             scope = self.string(scope_node, f"{where}.in").strip()
-            if not _DOTTED_RE.match(scope):
-                self.fail(f"{where}.in: {scope!r} is not a dotted name like Class.method",
-                          scope_node)
+            problem = language.scope_problem(scope)
+            if problem:
+                self.fail(f"{where}.in: {problem}", scope_node)
         predicate = predicates[0]
         key_node, value_node = fields[predicate]
+        if predicate == "not_contains":  # the same as `not: {contains: TEXT}`
+            value = self.predicate_value(language, "contains", value_node, where,
+                                         shown="not_contains", key=key_node)
+            negated = Assertion(file=file, scope=scope, predicate="contains", value=value,
+                                line=_line(key_node))
+            return Assertion(file=file, scope=scope, predicate="not", value=None,
+                             negated=negated, line=_line(node))
         if predicate != "not":
-            value = self.predicate_value(predicate, value_node, where)
+            value = self.predicate_value(language, predicate, value_node, where, key=key_node)
             return Assertion(file=file, scope=scope, predicate=predicate, value=value,
                              line=_line(node))
         inner_where = f"{where}.not"
@@ -642,7 +697,7 @@ class _Loader:
                 if isinstance(inner_key, yaml.ScalarNode) and inner_key.value in ("file", "in"):
                     self.fail(f"{inner_where}: {inner_key.value!r} is not allowed inside 'not' "
                               "(it checks the assertion's own file and scope)", inner_key)
-        allowed = tuple(p for p in PREDICATES if p != "not")
+        allowed = tuple(p for p in PREDICATES if p not in ("not", "not_contains"))
         inner = self.mapping(value_node, inner_where, PREDICATES,
                              what="a mapping with one predicate")
         inner_predicates = list(inner)
@@ -655,24 +710,29 @@ class _Loader:
                       inner[inner_predicates[1]][0])
         inner_predicate = inner_predicates[0]
         inner_key, inner_value = inner[inner_predicate]
-        if inner_predicate == "not":
-            self.fail(f"{inner_where}: 'not' inside 'not'; state the predicate itself",
+        if inner_predicate in ("not", "not_contains"):
+            self.fail(f"{inner_where}: {inner_predicate!r} inside 'not'; state the predicate itself",
                       inner_key)
-        value = self.predicate_value(inner_predicate, inner_value, inner_where)
+        value = self.predicate_value(language, inner_predicate, inner_value, inner_where,
+                                     key=inner_key)
         negated = Assertion(file=file, scope=scope, predicate=inner_predicate, value=value,
                             line=_line(inner_key))
         return Assertion(file=file, scope=scope, predicate="not", value=None, negated=negated,
                          line=_line(node))
 
-    def predicate_value(self, predicate: str, node: yaml.Node, where: str) -> str:
-        what = f"{where}.{predicate}"
+    def predicate_value(self, language: languages.Language, predicate: str, node: yaml.Node,
+                        where: str, *, shown: str | None = None,
+                        key: yaml.Node | None = None) -> str:
+        what = f"{where}.{shown or predicate}"
+        if predicate not in language.predicates:
+            self.fail(f"{what}: {predicate} does not apply to {language.name} files; give one "
+                      f"of {', '.join(language.predicates)}", key if key is not None else node)
         if predicate == "has_key":
             return self.string(node, what, empty_ok=True)
         value = self.string(node, what)
-        if predicate == "defines" and not value.isidentifier():
-            self.fail(f"{what}: {value!r} is not a Python name", node)
-        if predicate == "calls" and not _DOTTED_RE.match(value):
-            self.fail(f"{what}: {value!r} is not a dotted name like self.method", node)
+        problem = language.value_problem(predicate, value)
+        if problem:
+            self.fail(f"{what}: {problem}", node)
         return value
 
     # -- runtime markers -------------------------------------------------------------------

@@ -12,7 +12,8 @@ from packaging.specifiers import SpecifierSet
 
 from patchkit.acceptance import Floor
 
-PREDICATES = ("defines", "calls", "has_key", "contains", "not")
+# `not_contains: TEXT` is read as `not: {contains: TEXT}`: no Assertion carries it.
+PREDICATES = ("defines", "calls", "has_key", "contains", "not", "not_contains")
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,18 @@ def quoted(regex: str) -> str:
 
 
 @dataclass(frozen=True)
+class Artifact:
+    """`artifact:`: one compiled file of a pinned wheel, placed where the base installed
+    `dist` (image/artifact.py)."""
+
+    wheel: str          # a manifest-relative path, or an https URL
+    sha256: str
+    member: str         # its path inside the wheel
+    member_sha256: str
+    dist: str           # the distribution whose site it goes into, as the base installed it
+
+
+@dataclass(frozen=True)
 class Patch:
     id: str
     summary: str
@@ -89,6 +102,10 @@ class Patch:
     variants: tuple[str, ...] = ()  # the variants it is in; () = every build
     sha256: str | None = None  # add-pr: the sha256 of the pull request's diff as fetched
     runtime: tuple[Marker, ...] = ()   # lines the server's log shows when the patch is in
+    # `rebuild: jit`: a prebuilt module built from a file it changes is left out of the image,
+    # so the package compiles the module from the patched sources on first use
+    rebuild: str | None = None
+    artifact: Artifact | None = None   # the `artifact:` kind's pins
     line: int = 0              # line of the entry in patchset.yaml
     index: int = 0             # position in `patches:`
     # line of each key's value (e.g. "vllm", "diff"), so that edits and messages can point at it

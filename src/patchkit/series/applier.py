@@ -29,7 +29,7 @@ from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
                              VllmInfo)
 from patchkit.series import checkout as applied
-from patchkit.series import assertions
+from patchkit.series import assertions, compiled, jit
 from patchkit.cache import cache_dir
 
 __all__ = ["Progress", "Tree", "apply_one", "apply_series", "check_workdir", "commit_message",
@@ -89,7 +89,9 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
             return PatchResult(patch.id, patch.kind, "failed", "unsafe-path", None, out.files,
                                f"it changed files it does not name: {shown}",
                                package=patch.package)
-    if out.status == "applied":
+    if out.status == "applied" and not (out.files or out.staged):
+        pass  # it changes the image, not the checkout (an artifact): nothing to commit
+    elif out.status == "applied":
         result.commit = g.commit_all(root, commit_message(patch), [] if out.staged else out.files)
         if result.commit is None:  # wrote bytes identical to what was there
             result.status, result.message = "upstream", "the tree already has this change"
@@ -374,6 +376,9 @@ def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = Non
         # Before any download: a workdir that cannot be made is known at once.
         for name, place in places.items():
             scratches[name] = _scratch_beside(place)
+        _check_build_sources(manifest, run, [
+            (pin.name, source.package_id(pin.name, pin.dist).label, pin.sources,
+             compiled.known_tops(pin.name, pin.dist)) for pin in run.pins])
         if pins is None:
             pins = resolve_pins(run, cache, progress.info, base, bases=bases)
         trees = {name: scratches[name] / "t" for name in places}
@@ -432,12 +437,43 @@ def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
             _gone(resolved, name)
             raise
         made[name] = Tree(tree, resolved, () if name == VLLM else package_tops(resolved))
+    # a package whose import folder is known only now, from its release
+    _check_build_sources(manifest, None, [
+        (name, name, [t.resolved.source], t.tops) for name, t in made.items() if t.tops],
+        variant=variant)
     try:
-        return run_stack(manifest, made, progress, variant=variant, pins=pins)
+        report = run_stack(manifest, made, progress, variant=variant, pins=pins)
+        report.jit_modules = _jit_modules(manifest, made, report)
+        return report
     except CommandError:
         for name, tree in made.items():   # a checkout borrows the cached repository's objects
             _gone(tree.resolved, name)
         raise
+
+
+def _jit_modules(manifest: Manifest, trees: Mapping[str, Tree], report: ApplyReport
+                 ) -> dict[str, dict[str, list[str]]]:
+    """For each package that compiles what it ships (FlashInfer), the modules built from each
+    file its applied patches changed."""
+    out = {}
+    dists = {p.name: p.dist for p in manifest.packages}
+    for name, tree in trees.items():
+        changed = [f for p in report.patches if p.package == name and p.status == "applied"
+                   for f in p.files]
+        found = jit.modules_for(tree.root, dists.get(name, name), changed) if changed else {}
+        if found:
+            out[name] = found
+    return out
+
+
+def _check_build_sources(manifest: Manifest, run: RunSpec | None, pins, variant=None) -> None:
+    """One line, before anything is applied, for a patch to compiled code that the package's
+    source cannot hold (vLLM's csrc against a wheel): it needs a source build."""
+    patches = variants.selected(manifest, run.variant if run is not None else variant)
+    found = compiled.first_problem(manifest, patches, pins)
+    if found:
+        patch, why = found
+        raise UsageError(f"patch {patch.id}: {why}")
 
 
 def _gone(resolved: source.Resolved, name: str) -> None:

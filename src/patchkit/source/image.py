@@ -41,6 +41,7 @@ class ImageSource:
     name = WORD
     holds_commits = False  # one tree per base, of patchkit's making
     reads_base = True
+    holds_build_sources = False  # an image holds the installed package, not its build tree
     has_history = False    # one orphan commit per base: nothing to bisect
     no_history_why = "one commit per base, no history"
 

@@ -31,6 +31,7 @@ class Mirror:
     name = "git"
     holds_commits = True   # any commit of the repository can be pinned
     reads_base = False     # the ref `base` is turned into a commit or tag before it gets here
+    holds_build_sources = True  # the repository: csrc, CMakeLists, setup.py
     has_history = True
     no_history_why = None
 

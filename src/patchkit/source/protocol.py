@@ -58,6 +58,9 @@ class Source(Protocol):
     name: ClassVar[str]           # how reports and image labels name the kind: git, pypi, image
     holds_commits: ClassVar[bool]  # any upstream commit can be pinned (not only releases)
     reads_base: ClassVar[bool]    # its tree is what a base image holds
+    # its tree holds what the package is built from (csrc, CMakeLists), not only what a wheel
+    # installs: a patch to compiled code that only the build uses needs such a source
+    holds_build_sources: ClassVar[bool]
     has_history: ClassVar[bool]   # it holds the commits between its releases (bisect needs them)
     # why it has no history, said where a merge base is missing (None when it has one)
     no_history_why: ClassVar[str | None]

@@ -33,6 +33,7 @@ class Pypi:
     name = WORD
     holds_commits = False  # releases only: their commits are patchkit's, not upstream's
     reads_base = False
+    holds_build_sources = False  # a wheel ships built extensions, not their sources
     # One orphan commit per release: there is no history between two releases to search.
     has_history = False
     no_history_why = "one commit per release, no history"

@@ -56,6 +56,7 @@ class Job:
     max_jobs: int | None = None
     nvcc_threads: int | None = None
     packages: tuple[PackageTree, ...] = ()  # the other packages' changes the image ships
+    artifacts: tuple = ()          # build.PlacedArtifact: compiled files from pinned wheels
     lock: object | None = None     # image.stack.Lock of --locked, for a path that reads the
                                    # base itself (no engine read it before the apply)
 

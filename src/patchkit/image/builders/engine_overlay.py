@@ -31,7 +31,7 @@ class EngineOverlay(EnginePath):
         if built is None:
             with engine.files(base.image_id, base.name) as files:
                 plan = plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log,
-                                    job.packages)
+                                    job.packages, job.artifacts)
             made, config = overlay_image(base, plan, inputs)
             held, load = _load(engine, base, made, config, log)
             built = Built(held, base, load is None,

@@ -118,7 +118,7 @@ def build_overlay(job: Job, base_ref: str, reg: Registry, cache: Path | None = N
                                    base.digest or base.image_id, installed, base.name)
                 log(f"the base is the one {stack.LOCK_FILE} names")
         plan = build.plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log,
-                                  job.packages)
+                                  job.packages, job.artifacts)
     made, config = build.overlay_image(base, plan, inputs)
     man = layer.image_manifest(remote, config, made)
     digest = "sha256:" + hashlib.sha256(man).hexdigest()

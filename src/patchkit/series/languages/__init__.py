@@ -1,0 +1,39 @@
+"""The languages assertions are judged in: one module each, chosen by the file's suffix.
+
+A language is a value of the :class:`Language` shape (``base.py``); the assertion engine and the
+manifest loader look it up with :func:`for_file` and never ask which one it is.  What differs
+between Python and C++ (how ``in:`` is spelled, which predicates apply, how a file parses, how a
+scope is found and searched) is the language's to say.  A language module is imported only when
+a file of its kind is met, so a Python-only series never loads a tree-sitter grammar.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import PurePosixPath
+
+from patchkit.series.languages.base import GrammarError, Language, Scope, Search, Unusable
+
+# suffix -> (module, attribute).  `.h` is read as C++: the headers of the projects patchkit
+# patches (FlashInfer, vLLM, CUTLASS) are C++, and C++'s grammar reads most C headers too.
+REGISTRY: dict[str, tuple[str, str]] = {
+    ".py": ("patchkit.series.languages.python", "PYTHON"),
+    ".c": ("patchkit.series.languages.cxx", "C"),
+    ".h": ("patchkit.series.languages.cxx", "CPP"),
+    ".cc": ("patchkit.series.languages.cxx", "CPP"),
+    ".cpp": ("patchkit.series.languages.cxx", "CPP"),
+    ".hpp": ("patchkit.series.languages.cxx", "CPP"),
+    ".cu": ("patchkit.series.languages.cxx", "CUDA"),
+    ".cuh": ("patchkit.series.languages.cxx", "CUDA"),
+}
+# A file of any other suffix is judged as Python, as it always was (a `.pyi`, a script).
+DEFAULT = REGISTRY[".py"]
+
+__all__ = ["DEFAULT", "REGISTRY", "GrammarError", "Language", "Scope", "Search", "Unusable",
+           "for_file"]
+
+
+def for_file(rel: str) -> Language:
+    """The language a checkout file is judged in, by its suffix."""
+    module, attr = REGISTRY.get(PurePosixPath(rel).suffix.lower(), DEFAULT)
+    return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,171 @@
+"""Compiled code through the real Docker Engine: the arm64 stack base with a
+``flashinfer_jit_cache`` dist installed as pip installs it (RECORD), whose ``fused_moe_120.so``
+is a real aarch64 shared object; a patch of our own to the CUTLASS MoE header that module is
+built from.  The prebuilt module is refused, left out with ``rebuild: jit``, or replaced by an
+artifact; the image's JIT cache gets a place of its own; ``verify --image`` proves it."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import secrets
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import docker
+import pytest
+
+from testing import flashinfer as fi
+from testing import imageproject as ip
+from testing import real_cache, stackbase
+from testing.imageproject import RELEASE
+from patchkit import manifest
+from patchkit.commands import build_image, verify
+from patchkit.errors import ImageError
+from patchkit.image.docker import Engine
+from patchkit.series.applier import apply_series
+
+from test_stack_docker import Log, write_manifest
+
+pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+MODULE = "flashinfer_jit_cache/jit_cache/fused_moe_120/fused_moe_120.so"
+NORM = "flashinfer_jit_cache/jit_cache/norm/norm.so"
+
+
+def aarch64_so(tmp: Path, body: str) -> bytes:
+    src = tmp / "m.c"
+    src.write_text(f"int entry(int x) {{ return {body}; }}\n")
+    subprocess.run(["aarch64-linux-gnu-gcc", "-shared", "-fPIC", "-o", str(tmp / "m.so"),
+                    str(src)], check=True)
+    return (tmp / "m.so").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def objects(tmp_path_factory) -> dict[str, bytes]:
+    tmp = tmp_path_factory.mktemp("so")
+    return {"prebuilt": aarch64_so(tmp, "x"), "norm": aarch64_so(tmp, "x + 1"),
+            "rebuilt": aarch64_so(tmp, "2 * x")}
+
+
+@pytest.fixture(scope="module")
+def jit_base(docker_client, bases, registry, objects) -> str:
+    """The stack base plus flashinfer-jit-cache 0.6.15 (a prebuilt fused_moe_120 and norm)."""
+    stack = stackbase.ensure_stack_base(docker_client, bases[RELEASE],
+                                        f"{registry}/pk-test/vllm-stack:{RELEASE}-t2.11.0",
+                                        log=lambda m: print(m, file=sys.stderr))
+    files = stackbase.dist_only("flashinfer-jit-cache", "0.6.15",
+                                {MODULE: objects["prebuilt"], NORM: objects["norm"],
+                                 "flashinfer_jit_cache/__init__.py": b""})
+    key = hashlib.sha256(b"".join([stack["id"].encode(), *sorted(files.values())])).hexdigest()
+    tag = f"{registry}/pk-test/vllm-stack-jit:{RELEASE}-k{key[:12]}"
+    try:
+        docker_client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        with tempfile.TemporaryDirectory(prefix="pk-jit-") as ctx:
+            stackbase._tar(files, Path(ctx) / "stack.tar")
+            (Path(ctx) / "Dockerfile").write_text(f"FROM {stack['tag']}\nADD stack.tar /\n")
+            docker_client.images.build(path=ctx, tag=tag, platform="linux/arm64", rm=True,
+                                       forcerm=True)
+    for line in docker_client.api.push(tag, stream=True, decode=True):
+        assert "error" not in line, line
+    return tag
+
+
+def _project(root: Path, base: str, registry: str, extra: str) -> tuple[Path, manifest.Manifest]:
+    ip.make_project(root, base="x", tag=f"{registry}/pk-test/stack-jit:{{ref}}")
+    header = fi.moe_header(real_cache())
+    diff = "".join(difflib.unified_diff(
+        header.splitlines(True), fi.restore_low_latency(header).splitlines(True),
+        f"a/{fi.MOE_HEADER}", f"b/{fi.MOE_HEADER}"))
+    (root / "patches" / "flashinfer").mkdir()
+    (root / "patches" / "flashinfer" / "fi-low-latency.diff").write_text(diff)
+    entry = ("  - id: fi-low-latency\n"
+             "    summary: restore the low-latency descriptor builder in place of a throw\n"
+             "    package: flashinfer\n"
+             "    diff: patches/flashinfer/fi-low-latency.diff\n" + extra)
+    m = write_manifest(root, base, name=f"pk-jit-{secrets.token_hex(4)}")
+    (root / "patchset.yaml").write_text((root / "patchset.yaml").read_text() + entry)
+    m = manifest.load(root / "patchset.yaml")
+    assert apply_series(m, workdir=root / ".patchkit" / "vllm", cache=real_cache()).ok
+    return root, m
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine.connect(timeout=600)
+
+
+def test_a_prebuilt_module_of_the_patched_header_is_refused(tmp_path, jit_base, registry,
+                                                            engine):
+    root, m = _project(tmp_path, jit_base, registry, "")
+    with pytest.raises(ImageError) as err:
+        build_image.run(m, workdir=root / ".patchkit" / "vllm", apply=False, engine=engine,
+                        tag=f"{registry}/pk-test/stack-jit:refused", progress=Log())
+    assert str(err.value) == (
+        f"base {jit_base} ships the prebuilt JIT module fused_moe_120 (flashinfer-jit-cache "
+        f"0.6.15, {SITE}/flashinfer_jit_cache/jit_cache/fused_moe_120), which flashinfer loads "
+        f"instead of compiling the patched {fi.MOE_HEADER}; say `rebuild: jit` on the patch to "
+        "leave it out of the image, or ship the rebuilt module as an artifact")
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker.from_env().images.get(f"{registry}/pk-test/stack-jit:refused")
+
+
+def test_rebuild_jit_leaves_it_out_and_gives_the_cache_its_own_place(tmp_path, jit_base,
+                                                                    registry, engine):
+    root, m = _project(tmp_path, jit_base, registry, "    rebuild: jit\n")
+    tag = f"{registry}/pk-test/stack-jit:rebuild-{secrets.token_hex(3)}"
+    log = Log()
+    report = build_image.run(m, workdir=root / ".patchkit" / "vllm", apply=False,
+                             engine=engine, tag=tag, progress=log)
+    assert report.ok, report.to_dict()
+    attrs = engine.inspect(tag)
+    env = dict(e.partition("=")[::2] for e in attrs["Config"]["Env"])
+    place = env["FLASHINFER_WORKSPACE_BASE"]
+    assert place.startswith("/root/.cache/patchkit-jit/")
+    labels = attrs["Config"]["Labels"]
+    assert labels["io.patchkit.jit.workspace"] == place
+    assert json.loads(labels["io.patchkit.jit.modules"]) == {"flashinfer": {fi.MOE_HEADER: [
+        "fused_moe_89", "fused_moe_90", "fused_moe_100", "fused_moe_103", "fused_moe_120"]}}
+    with engine.files(attrs["Id"], tag) as files:
+        assert files.read(f"{SITE}/{MODULE}") is None          # the prebuilt is gone
+        assert files.read(f"{SITE}/{NORM}") is not None        # the one no patch feeds stays
+        header = files.read(f"{SITE}/{fi.MOE_HEADER}").decode()
+    assert header == fi.restore_low_latency(fi.moe_header(real_cache()))
+    checked = verify.run(m, image=tag, default_tree=root / ".patchkit" / "vllm", engine=engine)
+    assert checked.ok, checked
+
+
+def test_an_artifact_ships_the_rebuilt_module_and_verify_proves_it(tmp_path, jit_base, registry,
+                                                                  engine, objects):
+    (tmp_path / "wheels").mkdir()
+    whl = tmp_path / "wheels" / ("flashinfer_jit_cache-0.6.15+cu130-cp39-abi3-"
+                                 "manylinux_2_28_aarch64.whl")
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr(MODULE, objects["rebuilt"])
+    artifact = (
+        "  - id: fi-moe-120-minlat\n"
+        "    summary: the fused MoE module for sm120, rebuilt from the patched header\n"
+        "    package: flashinfer\n"
+        "    artifact:\n"
+        f"      wheel: wheels/{whl.name}\n"
+        f"      sha256: {hashlib.sha256(whl.read_bytes()).hexdigest()}\n"
+        f"      member: {MODULE}\n"
+        f"      member_sha256: {hashlib.sha256(objects['rebuilt']).hexdigest()}\n"
+        "      dist: flashinfer-jit-cache\n")
+    root, m = _project(tmp_path, jit_base, registry, artifact)   # an entry after the diff's
+    tag = f"{registry}/pk-test/stack-jit:artifact-{secrets.token_hex(3)}"
+    report = build_image.run(m, workdir=root / ".patchkit" / "vllm", apply=False,
+                             engine=engine, tag=tag, progress=Log())
+    assert report.ok, report.to_dict()
+    attrs = engine.inspect(tag)
+    with engine.files(attrs["Id"], tag) as files:
+        assert files.read(f"{SITE}/{MODULE}") == objects["rebuilt"]
+    assert json.loads(attrs["Config"]["Labels"]["io.patchkit.artifacts"])[0]["member"] == MODULE
+    checked = verify.run(m, image=tag, default_tree=root / ".patchkit" / "vllm", engine=engine)
+    assert checked.ok, checked
