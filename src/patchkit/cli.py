@@ -541,9 +541,12 @@ def lock(workdir, base, platform, timeout, manifest_path, fmt) -> int:
                    "bytes), and send nothing.")
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none",
               show_default=True, help="Compress the stream on the way (for slow links).")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also say on stderr what each target holds, what goes, and all a failed "
+                   "load or link said (by default a target is one line).")
 @TIMEOUT
 @FORMAT
-def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, fmt) -> int:
+def copy_image_cmd(image, targets, more, via, dry_run, compress, verbose, timeout, fmt) -> int:
     """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines.
 
     \b
@@ -560,7 +563,8 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, fmt) -
     from patchkit.commands import copy_image as command
     from patchkit.render import copy as render
 
-    report = command.run(image, [*targets, *more], log=TextProgress(err=True).info,
+    report = command.run(image, [*targets, *more],
+                         log=TextProgress(err=True).info if verbose else lambda m: None,
                          timeout=timeout, via=via, dry_run=dry_run, compress=compress)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
     return 0 if report.ok else 1

@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from patchkit.errors import ImageError, PatchkitError, UsageError
+from patchkit.image import stream
 from patchkit.image.docker import Engine, Prefix, Transfer, engine_url
+from patchkit.process import Piped
 from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
                                   relay, relayed_export, zstd_module)
 from patchkit.image.registry import host_of
@@ -196,6 +198,8 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
         return copy_via(source, image, attrs, urls, via, connect=connect, log=log)
     job = _Job(source, image, attrs, fingerprint(attrs), log, timeout, compress)
     targets = [_Target(url) for url in urls]
+    if not dry_run:
+        job.start_early()
     try:
         _each([functools.partial(job.plan, t, connect) for t in targets], job.stop)
         if dry_run:
@@ -212,6 +216,8 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
     except BaseException:
         job.stop.set()   # a signal: every stream ends, every target's tag is put back
         raise
+    finally:
+        job.end_early(targets)
     _close(t.engine for t in targets)
     return CopyReport(image, job.want, [t.report(dry_run) for t in targets], dry_run)
 
@@ -255,6 +261,7 @@ class _Target:
     same_id: str | None = None      # an image of the same content under another name
     result: TargetResult | None = None
     started: float = field(default_factory=time.monotonic)
+    early_load: Piped | None = None   # its load, started while it was asked what it holds
 
     def fail(self, exc: BaseException) -> None:
         self.result = TargetResult(self.url, "failed", error=str(exc), plan=self.plan)
@@ -283,6 +290,37 @@ class _Job:
         self.stop = threading.Event()
         self._prefixes: list[Prefix] | None = None
         self._lock = threading.Lock()
+        self._early: Piped | None = None
+
+    # The export and the loads start while the targets are asked what they hold (a second or
+    # so over ssh, against seconds of streaming): their children start, ssh connects, the
+    # engine begins its export, and the first megabyte waits in the pipes.  A target that
+    # needs nothing has its load ended unfed (an empty load loads nothing).
+
+    def start_early(self) -> None:
+        if self.source.cli:
+            try:
+                self._early = self.source.export_piped(self.image)
+            except PatchkitError:
+                self._early = None   # started again when needed, and then its error is told
+
+    def take_export(self) -> Piped:
+        with self._lock:
+            early, self._early = self._early, None
+        return early if early is not None else self.source.export_piped(self.image)
+
+    def take_load(self, t: _Target) -> Piped:
+        early, t.early_load = t.early_load, None
+        return early if early is not None else t.engine.load_piped()
+
+    def end_early(self, targets: Sequence[_Target]) -> None:
+        with self._lock:
+            early, self._early = self._early, None
+        for proc in [early, *(t.early_load for t in targets)]:
+            if proc is not None:
+                proc.end()
+        for t in targets:
+            t.early_load = None
 
     def prefixes(self) -> list[Prefix]:
         """The source's images that hold a prefix of the image's layers (its base), once:
@@ -295,6 +333,11 @@ class _Job:
     def plan(self, t: _Target, connect: Callable[[str], Engine]) -> None:
         try:
             t.engine = connect(t.url)
+            if self._early is not None and t.engine.cli:
+                try:
+                    t.early_load = t.engine.load_piped()
+                except PatchkitError:
+                    pass   # started again when needed, and then its error is told
             t.held = t.engine.content(self.image)
             t.plan = self._plan_for(t)
             self.log(f"{t.url}: {t.plan.why}")
@@ -343,6 +386,9 @@ class _Job:
         for t in group:
             self.log(f"{t.url}: streaming {self.image} from the engine at {self.source.host}"
                      + (f" (one export for {len(group)} targets)" if len(group) > 1 else ""))
+        if self.source.cli and all(t.engine.cli for t in group):
+            self._send_piped(group, held, lean)
+            return
         if len(group) == 1:
             t = group[0]
             self.finish(t, lambda: t.engine.load(lambda: self._stream(held, lean, box),
@@ -357,6 +403,72 @@ class _Job:
             th.start()
         for th in threads:
             th.join()
+
+    def _send_piped(self, group: list[_Target], held: Sequence[str], lean: bool) -> None:
+        """``send`` through the docker CLI: ``docker save`` here, ``docker load`` on each
+        target (over its ssh), the bytes between them moved by ``stream.Pump``: spliced
+        whole when the targets hold none of the layers (or cannot take fewer), else relayed
+        without the layers they hold."""
+        box: dict = {"facts": ArchiveFacts(), "wire": [0], "whole": not held}
+        loads = {}
+        for t in group:
+            try:
+                loads[t.url] = self.take_load(t)
+            except PatchkitError as exc:
+                self.finish(t, functools.partial(_raise, exc), box)
+        live = [t for t in group if t.url in loads]
+        if not live:
+            return
+        failure: PatchkitError | None = None
+        pump = export = None
+        try:
+            export = self.take_export()
+            pump = stream.Pump(export.fd, [loads[t.url].fd for t in live], timeout=self.timeout,
+                               stop=self.stop, compress=self.compress,
+                               what=f"the export from the engine at {self.source.host}",
+                               names=[f"the load at {t.url}" for t in live])
+            try:
+                if held:
+                    stream.relay(pump, box["facts"], held, self.diff_ids, lean)
+                else:
+                    stream.whole(pump)
+            finally:
+                pump.close()
+                box["wire"][0] = pump.wire
+            self.source.exported(export, self.timeout)
+        except PatchkitError as exc:
+            failure = exc
+        finally:
+            if export is not None and (failure is not None or export.proc.poll() is None):
+                export.end()
+        # the export failed, or was stopped: no load may complete; a load that broke says why
+        abandon = failure is not None and (pump is None or bool(pump.live()))
+        for t in live:
+            proc = loads[t.url]
+            fd = proc.fd
+            if abandon or (pump is not None and fd in pump.broken and "took nothing" in
+                           pump.broken[fd]):
+                proc.end()
+                why = failure if abandon else ImageError(pump.broken[fd])
+                loads[t.url] = functools.partial(_raise, why)
+            else:
+                proc.close()
+                loads[t.url] = functools.partial(self._loaded, t, proc, box["wire"][0])
+        threads = [threading.Thread(target=self.finish, daemon=True, args=(t, loads[t.url], box))
+                   for t in live]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+
+    def _loaded(self, t: _Target, proc, sent: int) -> str:
+        try:
+            return t.engine.loaded(proc, self.attrs["ConfigDigest"], self.diff_ids, self.timeout,
+                                   sent)
+        finally:
+            for line in proc.err.decode(errors="replace").splitlines():
+                if line.strip():
+                    self.log(f"{t.url}: {line.strip()}")
 
     def finish(self, t: _Target, load: Callable[[], str] | None, box: dict) -> None:
         """The load (or the tag), then the check that the target holds the content."""
@@ -377,17 +489,21 @@ class _Job:
                 got = fingerprint(after) if after is not None else None
                 if got != self.want:
                     raise ImageError(f"after the load the engine at {t.url} holds "
-                                     f"{got or 'nothing'} under {self.image}, not {self.want}; "
-                                     "its tag is put back as it was")
+                                     f"{got or 'nothing'} under {self.image}, not {self.want}")
             except BaseException:
                 _put_back(t.engine, self.image, previous)
                 raise
         except PatchkitError as exc:
-            t.fail(exc)
+            self.log(f"{t.url}: {exc}")
+            t.fail(ImageError(f"{exc}; its tag is as it was"))
             return
         facts, wire = box.get("facts") or ArchiveFacts(), box.get("wire") or [0]
-        sent = Sent(wire[0], facts.layer_bytes(), facts.layer_count(), len(facts.left_out),
-                    facts.left_out_bytes(), self.compress if load else "none")
+        if box.get("whole"):   # spliced, never parsed: the layers as the source counts them
+            sent = Sent(wire[0], self.attrs.get("Size") or 0, len(self.diff_ids), 0, 0,
+                        self.compress)
+        else:
+            sent = Sent(wire[0], facts.layer_bytes(), facts.layer_count(), len(facts.left_out),
+                        facts.left_out_bytes(), self.compress if load else "none")
         t.result = TargetResult(t.url, "replaced" if t.held is not None else "copied", got,
                                 sent=sent, plan=t.plan)
 
@@ -404,6 +520,10 @@ class _Job:
         for t in targets:
             t.plan.missing_bytes = (sum(v for k, v in facts.positions.items()
                                         if k >= t.plan.skipped) if known else None)
+
+
+def _raise(exc: BaseException) -> str:
+    raise exc
 
 
 def _batched(chunks: Iterable[bytes], size: int = CHUNK) -> Iterator[bytes]:
