@@ -117,8 +117,11 @@ class Piped:
         return self.proc.returncode
 
     def end(self) -> None:
-        """Kill it (a stream abandoned, or an interruption), and collect it."""
+        """Kill it (a stream abandoned, or an interruption), and collect it; nothing when it
+        has been collected already."""
         self.close()
+        if self.proc.returncode is not None:
+            return
         if self.proc.poll() is None:
             try:
                 self.proc.kill()

@@ -217,7 +217,7 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
         job.stop.set()   # a signal: every stream ends, every target's tag is put back
         raise
     finally:
-        job.end_early(targets)
+        job.end_children()
     _close(t.engine for t in targets)
     return CopyReport(image, job.want, [t.report(dry_run) for t in targets], dry_run)
 
@@ -291,36 +291,44 @@ class _Job:
         self._prefixes: list[Prefix] | None = None
         self._lock = threading.Lock()
         self._early: Piped | None = None
+        self._children: list[Piped] = []
 
     # The export and the loads start while the targets are asked what they hold (a second or
     # so over ssh, against seconds of streaming): their children start, ssh connects, the
     # engine begins its export, and the first megabyte waits in the pipes.  A target that
     # needs nothing has its load ended unfed (an empty load loads nothing).
 
+    def _child(self, start: Callable[[], Piped]) -> Piped:
+        proc = start()
+        with self._lock:
+            self._children.append(proc)
+        return proc
+
     def start_early(self) -> None:
         if self.source.cli:
             try:
-                self._early = self.source.export_piped(self.image)
+                self._early = self._child(functools.partial(self.source.export_piped,
+                                                            self.image))
             except PatchkitError:
                 self._early = None   # started again when needed, and then its error is told
 
     def take_export(self) -> Piped:
         with self._lock:
             early, self._early = self._early, None
-        return early if early is not None else self.source.export_piped(self.image)
+        return early if early is not None else self._child(
+            functools.partial(self.source.export_piped, self.image))
 
     def take_load(self, t: _Target) -> Piped:
         early, t.early_load = t.early_load, None
-        return early if early is not None else t.engine.load_piped()
+        return early if early is not None else self._child(t.engine.load_piped)
 
-    def end_early(self, targets: Sequence[_Target]) -> None:
+    def end_children(self) -> None:
+        """Every export and load child ended: those never used, and, after an interruption,
+        those a stuck stream still holds (no child outlives the run)."""
         with self._lock:
-            early, self._early = self._early, None
-        for proc in [early, *(t.early_load for t in targets)]:
-            if proc is not None:
-                proc.end()
-        for t in targets:
-            t.early_load = None
+            children, self._children, self._early = self._children, [], None
+        for proc in children:
+            proc.end()
 
     def prefixes(self) -> list[Prefix]:
         """The source's images that hold a prefix of the image's layers (its base), once:
@@ -335,7 +343,7 @@ class _Job:
             t.engine = connect(t.url)
             if self._early is not None and t.engine.cli:
                 try:
-                    t.early_load = t.engine.load_piped()
+                    t.early_load = self._child(t.engine.load_piped)
                 except PatchkitError:
                     pass   # started again when needed, and then its error is told
             t.held = t.engine.content(self.image)

@@ -286,16 +286,17 @@ class _SshStream:
         return _Unclosed(self._reader)
 
     def close(self) -> None:
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        # ssh first: closing its stderr waits for the thread reading it, which waits for ssh
         try:
             self.proc.terminate()
             self.proc.wait(timeout=2)
         except Exception:  # it is gone, or going: nothing of it is needed any more
             self.proc.kill()
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                pipe.close()
+            except OSError:
+                pass
 
 
 class _Unclosed:
@@ -833,8 +834,8 @@ class Engine:
                              f"{shown_seconds(timeout * LOAD_PATIENCE)} of its last byte")
         said = proc.said()
         if code == 255 and proc.cmd[0] == "ssh":
-            raise ImageError(f"the link to {self.host} broke after {sent:,} bytes of the "
-                             f"image ({said or 'ssh exit 255'})")
+            when = f"after {sent:,} bytes of the image" if sent else "before the load began"
+            raise ImageError(f"the link broke {when} (ssh: {said or 'exit 255'})")
         if code:
             raise ImageError(f"loading the image into the engine at {self.host}: "
                              f"{_daemon_said(said) or f'docker load exit {code}'}")

@@ -182,7 +182,7 @@ class Pump:
 
     def _short(self, moved: int, n: int | None) -> int:
         if n is not None and moved < n:
-            raise ImageError(f"{self.what} ended early: {moved:,} of {n:,} bytes of a member")
+            raise ImageError(f"{self.what} ends early: {moved:,} of {n:,} bytes of a member")
         return moved
 
     def skip(self, n: int) -> None:
