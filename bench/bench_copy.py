@@ -322,7 +322,8 @@ def two_and_one(ctx: dict) -> None:
 def report(rows: dict, ctx: dict, runs: int) -> bool:
     ok = True
     m = {k: {f: med(r[f] for r in v) for f in v[0]} for k, v in rows.items() if v}
-    print(f"runs: {runs} (medians; ratios: the worst run); load average {ctx['load']} at "
+    print(f"runs: {runs} (medians; ratios of 1. and 3.: the worst run, of 2.: the median "
+          f"pair); load average {ctx['load']} at "
           f"the start, {os.getloadavg()[0]:.2f} at the end")
     if rows["first"]:
         ok &= _first_and_via(rows, m)
