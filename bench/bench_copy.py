@@ -40,7 +40,9 @@ waits.  Every byte crossed the interpreter three times (the response, the tar wa
 request body).  Now a full copy is ``docker save`` and ``ssh NODE docker load`` as children,
 with ``os.splice`` between their pipes a megabyte a call, and a partial copy reads only the tar
 headers and small JSON members: the layers it keeps are spliced into the load, those the node
-holds into /dev/null.
+holds into /dev/null.  The same copy profiled after (py-spy, 200 Hz, idle samples included):
+of the pump thread's 210 samples, 185 wait in ``poll`` for the children, 22 are inside
+``os.splice`` (the kernel moving pages) and 3 in Python.
 """
 
 from __future__ import annotations
