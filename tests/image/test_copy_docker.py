@@ -242,6 +242,26 @@ def test_a_target_that_closes_the_load_before_it_starts_is_one_line(overlay, oth
         assert "holds none of the" in err and "streaming" in err, err
 
 
+def test_a_store_without_partial_loads_gets_the_export_spliced_whole(overlay, podman_client):
+    # Podman holds the base, but its store takes no partial load: the whole export goes, as
+    # the engine wrote it (nothing parsed on the way), through the docker CLI's load there
+    podman = os.environ["PK_PODMAN_HOST"]
+    forget(podman_client, TAG, overlay["id"])
+    podman_client.images.pull(*overlay["base"].rsplit(":", 1), platform="linux/arm64")
+    said: list[str] = []
+    try:
+        (t,) = copy_image.run(TAG, [podman], log=said.append).targets
+        assert t.status == "copied", t
+        assert any("cannot take a partial load" in line for line in said), said
+        assert (t.sent.layers, t.sent.layers_skipped) == (len(overlay["layers"]), 0)
+        assert t.sent.bytes > sum(BASE_LAYERS) + LAYER
+        attrs = podman_client.api.inspect_image(TAG)
+        assert attrs["RootFS"]["Layers"] == overlay["layers"]
+        assert t.fingerprint == overlay["fingerprint"]
+    finally:
+        forget(podman_client, TAG, overlay["base"])
+
+
 def test_zstd_without_its_library_is_one_line(capfd):
     try:
         import zstandard
