@@ -168,3 +168,21 @@ def test_a_silent_export_and_a_stop_end_the_pump(tmp_path):
         stream.whole(pump)
     silent.end()
     sink.end()
+
+
+def test_a_load_that_takes_nothing_is_let_go_and_the_other_gets_it_all(tmp_path):
+    import os
+
+    data = os.urandom(5 * 2**20)   # more than the stalled load's pipe holds
+    src = tmp_path / "export.tar"
+    src.write_bytes(data)
+    export = Piped(["cat", str(src)], feed=False)
+    good = Piped(["sh", "-c", f"cat > {tmp_path / 'good'}"], feed=True)
+    stuck = Piped(["sleep", "30"], feed=True)   # never reads its stdin
+    pump = stream.Pump(export.fd, [good.fd, stuck.fd], timeout=0.5, names=["good", "stuck"])
+    stream.whole(pump)
+    assert pump.broken == {stuck.fd: "stuck took nothing for 0.5 s"}
+    assert good.wait(10) == 0 and (tmp_path / "good").read_bytes() == data
+    assert pump.wire == len(data)
+    stuck.end()
+    export.wait(10)

@@ -89,10 +89,48 @@ class Pump:
         self.broken[fd] = f"{self.names[self.sinks.index(fd)]} {why}"
 
     def _out(self, view: memoryview) -> None:
-        for fd in self.live():
-            self._put(fd, view)
+        live = self.live()
+        if len(live) == 1:
+            self._put(live[0], view)
+        else:
+            self._spread(live, view)
         self.wire += len(view)
         self._check()
+
+    def _spread(self, fds: list[int], view: memoryview) -> None:
+        """``view`` into every one of ``fds``, each taking what it can as it can (one that
+        is slow does not leave the others idle); one that takes nothing for the timeout is
+        let go."""
+        import time
+
+        left = {fd: view for fd in fds}
+        since = {fd: time.monotonic() for fd in fds}
+        poll = select.poll()
+        for fd in fds:
+            poll.register(fd, select.POLLOUT)
+        while left:
+            for fd, rest in list(left.items()):
+                try:
+                    n = os.write(fd, rest)
+                except BlockingIOError:
+                    if time.monotonic() - since[fd] > self.timeout:
+                        self._let_go(fd, f"took nothing for {shown(self.timeout)}")
+                        del left[fd]
+                        poll.unregister(fd)
+                    continue
+                except OSError as exc:
+                    self._let_go(fd, _broke(exc))
+                    del left[fd]
+                    poll.unregister(fd)
+                    continue
+                since[fd] = time.monotonic()
+                if n < len(rest):
+                    left[fd] = rest[n:]
+                else:
+                    del left[fd]
+                    poll.unregister(fd)
+            if left:
+                poll.poll(self.timeout * 1000)
 
     def write(self, data) -> None:
         """Bytes of the archive (headers, small members) to every load."""
