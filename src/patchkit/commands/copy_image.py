@@ -198,8 +198,7 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
         return copy_via(source, image, attrs, urls, via, connect=connect, log=log)
     job = _Job(source, image, attrs, fingerprint(attrs), log, timeout, compress)
     targets = [_Target(url) for url in urls]
-    if not dry_run:
-        job.start_early()
+    job.speculate = not dry_run
     try:
         _each([functools.partial(job.plan, t, connect) for t in targets], job.stop)
         if dry_run:
@@ -292,11 +291,16 @@ class _Job:
         self._lock = threading.Lock()
         self._early: Piped | None = None
         self._children: list[Piped] = []
+        self._started = False
+        self.speculate = False   # start the export and the loads early (see start_early)
 
-    # The export and the loads start while the targets are asked what they hold (a second or
-    # so over ssh, against seconds of streaming): their children start, ssh connects, the
-    # engine begins its export, and the first megabyte waits in the pipes.  A target that
-    # needs nothing has its load ended unfed (an empty load loads nothing).
+    # The export and the loads start while the targets are asked which layers they hold (a
+    # second or so over ssh, and more on a busy store, against seconds of streaming): their
+    # children start, ssh connects, the engine prepares its export (a classic store writes it
+    # out before the first byte), and the first megabyte waits in the pipes.  Only once a
+    # target is known to lack the content: a run that finds it present everywhere costs the
+    # source nothing.  A target that then needs nothing has its load ended unfed (an empty
+    # load loads nothing).
 
     def _child(self, start: Callable[[], Piped]) -> Piped:
         proc = start()
@@ -304,13 +308,18 @@ class _Job:
             self._children.append(proc)
         return proc
 
-    def start_early(self) -> None:
-        if self.source.cli:
-            try:
+    def start_early(self, t: _Target) -> None:
+        if not (self.speculate and self.source.cli and t.engine.cli):
+            return
+        with self._lock:
+            first, self._started = not self._started, True
+        try:
+            if first:
                 self._early = self._child(functools.partial(self.source.export_piped,
                                                             self.image))
-            except PatchkitError:
-                self._early = None   # started again when needed, and then its error is told
+            t.early_load = self._child(t.engine.load_piped)
+        except PatchkitError:
+            pass   # started again when needed, and then its error is told
 
     def take_export(self) -> Piped:
         with self._lock:
@@ -341,11 +350,6 @@ class _Job:
     def plan(self, t: _Target, connect: Callable[[str], Engine]) -> None:
         try:
             t.engine = connect(t.url)
-            if self._early is not None and t.engine.cli:
-                try:
-                    t.early_load = self._child(t.engine.load_piped)
-                except PatchkitError:
-                    pass   # started again when needed, and then its error is told
             t.held = t.engine.content(self.image)
             t.plan = self._plan_for(t)
             self.log(f"{t.url}: {t.plan.why}")
@@ -366,6 +370,7 @@ class _Job:
             t.same_id = same["Id"]
             return Plan("tag", n, n, why=f"holds this content under another name; tagging it "
                         f"{self.image}, nothing sent")
+        self.start_early(t)
         held = t.engine.layers_held(self.diff_ids, self.prefixes())
         if not held:
             why = f"holds none of the {n} layers: the whole image goes"
