@@ -475,8 +475,8 @@ class Engine:
             client.ping()
         except Exception as exc:  # any transport failure means the same thing here
             raise ImageError(f"no Docker Engine answers at {shown}: {_explain(exc)}") from exc
-        cli = (["docker", *(["-H", host] if host else [])] if shutil.which("docker")
-               else None)
+        # the address the SDK took, never the CLI's own context, which may name another engine
+        cli = ["docker", "-H", shown] if shutil.which("docker") else None
         return cls(client, shown, cli)
 
     @classmethod
