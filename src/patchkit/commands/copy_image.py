@@ -13,6 +13,13 @@ diff_ids), never by image id, which differs between snapshotters.  For each targ
 * then the target is read again: unless it now holds the fingerprint under the tag, the copy
   fails and the target's tag is put back as it was.
 
+Where the docker CLI reaches both sides (``Engine.cli``), the export is a ``docker save``
+child and each load a ``docker load`` child (over the target's ssh), and ``image.stream``
+moves the bytes between their pipes in the kernel: spliced whole for a full copy, or with
+only the tar headers and small JSON members read for a partial one.  Else the export and the
+loads go through the Docker SDK, relayed by ``layer.relay``.  A failed target is one line that
+ends by saying its tag is as it was.
+
 Targets run in parallel, each in a thread of its own with its own deadline; targets that need
 the same layers share one export of the source, teed to their loads.  A target that cannot be
 reached, or refuses the load, or whose link drops, fails alone: the others go on.  A load that
@@ -39,11 +46,11 @@ from typing import Callable, Iterable, Iterator, Sequence
 from patchkit.errors import ImageError, PatchkitError, UsageError
 from patchkit.image import stream
 from patchkit.image.docker import Engine, Prefix, Transfer, engine_url
-from patchkit.process import Piped
 from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
                                   relay, relayed_export, zstd_module)
 from patchkit.image.registry import host_of
 from patchkit.imageref import check_reference, reference_problem, repository, split_tag
+from patchkit.process import Piped
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 Log = Callable[[str], None]
