@@ -98,29 +98,44 @@ class Piped:
         except OSError:
             pass   # a smaller pipe works too
         self.out, self.err = b"", b""
+        self._lock = threading.Lock()
+        self._collected = False
 
     def close(self) -> None:
         """Let go of this end: a feed child reads the end of its input."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        with self._lock:
+            fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
     def wait(self, timeout: float) -> int | None:
         """The exit code once the child has ended, within ``timeout`` seconds of waiting (what
         it wrote is then in ``out`` and ``err``); None when it has not, and is still running."""
         self.close()
+        if self._collected:
+            return self.proc.returncode
         try:
             out, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
-        self.out, self.err = out or b"", err or b""
+        self.out, self.err, self._collected = out or b"", err or b"", True
         return self.proc.returncode
 
-    def end(self) -> None:
+    def ended_badly(self, within: float) -> bool:
+        """Whether it has ended, or ends within ``within`` seconds, with an error; this end
+        left open (a child still writing is not made to fail)."""
+        try:
+            return self.proc.wait(timeout=within) != 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def end(self, close: bool = True) -> None:
         """Kill it (a stream abandoned, or an interruption), and collect it; nothing when it
-        has been collected already."""
-        self.close()
-        if self.proc.returncode is not None:
+        has been collected already.  ``close=False`` leaves this end open, for a thread that
+        may still be using it (the process's exit closes it)."""
+        if close:
+            self.close()
+        if self._collected:
             return
         if self.proc.poll() is None:
             try:
@@ -129,7 +144,7 @@ class Piped:
                 pass
         try:
             out, err = self.proc.communicate(timeout=5)
-            self.out, self.err = out or self.out, err or self.err
+            self.out, self.err, self._collected = out or self.out, err or self.err, True
         except (subprocess.TimeoutExpired, ValueError, OSError):
             pass
 

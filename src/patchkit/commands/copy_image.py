@@ -221,6 +221,8 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
             _each(jobs, job.stop)
     except BaseException:
         job.stop.set()   # a signal: every stream ends, every target's tag is put back
+        job.end_children(close=False)   # a stuck stream's thread may still use its pipes
+        _close(t.engine for t in targets)   # and their ssh sessions end with the run
         raise
     finally:
         job.end_children()
@@ -338,13 +340,13 @@ class _Job:
         early, t.early_load = t.early_load, None
         return early if early is not None else self._child(t.engine.load_piped)
 
-    def end_children(self) -> None:
+    def end_children(self, close: bool = True) -> None:
         """Every export and load child ended: those never used, and, after an interruption,
         those a stuck stream still holds (no child outlives the run)."""
         with self._lock:
             children, self._children, self._early = self._children, [], None
         for proc in children:
-            proc.end()
+            proc.end(close)
 
     def prefixes(self) -> list[Prefix]:
         """The source's images that hold a prefix of the image's layers (its base), once:
@@ -458,6 +460,12 @@ class _Job:
             self.source.exported(export, self.timeout)
         except PatchkitError as exc:
             failure = exc
+            if (export is not None and not self.stop.is_set() and (pump is None or pump.live())
+                    and export.ended_badly(1.0)):
+                try:   # the export's own words say more than a stream that ended early
+                    self.source.exported(export, self.timeout)
+                except PatchkitError as told:
+                    failure = told
         finally:
             if export is not None and (failure is not None or export.proc.poll() is None):
                 export.end()
