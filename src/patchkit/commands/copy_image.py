@@ -365,7 +365,8 @@ class _Job:
             if t.plan.action == "present":
                 t.result = TargetResult(t.url, "present", self.want, plan=t.plan)
         except PatchkitError as exc:
-            t.fail(exc)
+            # a target asked and then lost has had nothing sent
+            t.fail(exc if t.engine is None else ImageError(f"{exc}; its tag is as it was"))
 
     def _plan_for(self, t: _Target) -> Plan:
         n = len(self.diff_ids)
@@ -457,6 +458,7 @@ class _Job:
             finally:
                 pump.close()
                 box["wire"][0] = pump.wire
+            box["complete"] = True   # every byte of the archive went to the loads still live
             self.source.exported(export, self.timeout)
         except PatchkitError as exc:
             failure = exc
@@ -501,6 +503,7 @@ class _Job:
     def finish(self, t: _Target, load: Callable[[], str] | None, box: dict) -> None:
         """The load (or the tag), then the check that the target holds the content."""
         previous = t.held["Id"] if t.held is not None else None
+        as_it_was = True
         try:
             try:
                 held_as = None
@@ -519,11 +522,16 @@ class _Job:
                     raise ImageError(f"after the load the engine at {t.url} holds "
                                      f"{got or 'nothing'} under {self.image}, not {self.want}")
             except BaseException:
-                _put_back(t.engine, self.image, previous)
+                # a load whose archive never ended cannot have tagged anything
+                as_it_was = (_put_back(t.engine, self.image, previous)
+                             or not box.get("complete"))
                 raise
         except PatchkitError as exc:
             self.log(f"{t.url}: {exc}")
-            t.fail(ImageError(f"{exc}; its tag is as it was"))
+            t.fail(ImageError(f"{exc}; " + ("its tag is as it was" if as_it_was else
+                                            f"whether its tag is as it was could not be "
+                                            f"checked: see 'docker image inspect {self.image}' "
+                                            "there")))
             return
         facts, wire = box.get("facts") or ArchiveFacts(), box.get("wire") or [0]
         if box.get("whole"):   # spliced, never parsed: the layers as the source counts them
@@ -625,13 +633,16 @@ def _close(engines: Iterable[Engine | None]) -> None:
             engine.close()
 
 
-def _put_back(target: Engine, image: str, previous: str | None) -> None:
-    """The target's tag as it was before the copy: on ``previous``, or nowhere."""
+def _put_back(target: Engine, image: str, previous: str | None) -> bool:
+    """The target's tag as it was before the copy: on ``previous``, or nowhere; whether it
+    was seen to be so (a link that is gone cannot tell)."""
     try:
         if target.tagged(image) != previous:
             target.restore_tag(image, previous)
+            return target.tagged(image) == previous
+        return True
     except PatchkitError:
-        pass  # the error being reported matters more than this cleanup
+        return False  # the error being reported matters more than this cleanup
 
 
 # ----------------------------------------------------------------- through a registry (--via)
