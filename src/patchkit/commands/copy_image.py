@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from patchkit.errors import ImageError, PatchkitError, UsageError
 from patchkit.image import stream
-from patchkit.image.docker import Engine, Prefix, Transfer, engine_url
+from patchkit.image.docker import LOAD_PATIENCE, Engine, Prefix, Transfer, engine_url
 from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
                                   relay, relayed_export, zstd_module)
 from patchkit.image.registry import host_of
@@ -447,7 +447,8 @@ class _Job:
         try:
             export = self.take_export()
             pump = stream.Pump(export.fd, [loads[t.url].fd for t in live], timeout=self.timeout,
-                               stop=self.stop, compress=self.compress,
+                               first=self.timeout * LOAD_PATIENCE, stop=self.stop,
+                               compress=self.compress,
                                what=f"the export from the engine at {self.source.host}",
                                names=[f"the load at {t.url}" for t in live])
             try:

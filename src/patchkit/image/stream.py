@@ -42,10 +42,14 @@ class Pump:
     load (after compression); ``broken`` says, per sink, why it was let go."""
 
     def __init__(self, src: int, sinks: Sequence[int], *, timeout: float,
-                 stop: threading.Event | None = None, compress: str = "none",
-                 what: str = "the source's export", names: Sequence[str] | None = None) -> None:
+                 first: float | None = None, stop: threading.Event | None = None,
+                 compress: str = "none", what: str = "the source's export",
+                 names: Sequence[str] | None = None) -> None:
         self.src, self.sinks = src, list(sinks)
         self.timeout, self.stop, self.what = timeout, stop or threading.Event(), what
+        # the wait for the first byte: a classic store writes its whole export out first
+        self.first = first if first is not None else timeout
+        self._begun = False
         self.names = list(names) if names is not None else [f"load {i + 1}"
                                                            for i in range(len(self.sinks))]
         self.broken: dict[int, str] = {}
@@ -151,8 +155,12 @@ class Pump:
     # -- the source
 
     def _readable(self) -> None:
-        if not self._wait(self.src, False):
-            raise ImageError(f"{self.what} gave nothing for {shown(self.timeout)}")
+        limit = self.timeout if self._begun else self.first
+        poll = select.poll()
+        poll.register(self.src, select.POLLIN)
+        if not poll.poll(limit * 1000):
+            raise ImageError(f"{self.what} gave nothing for {shown(limit)}")
+        self._begun = True
 
     def read(self, n: int) -> bytes:
         """Exactly ``n`` bytes of the source (a tar header); fewer only at its end."""
