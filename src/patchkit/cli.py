@@ -600,13 +600,16 @@ def lock(workdir, base, platform, timeout, manifest_path, fmt) -> int:
                    "bytes), and send nothing.")
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none",
               show_default=True, help="Compress the stream on the way (for slow links).")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also say on stderr what each target holds, what goes, and all a failed "
+                   "load or link said (by default a target is one line).")
 @TIMEOUT
 @click.option("--manifest", "manifest_path", default=None, type=click.Path(dir_okay=False),
               help="Without IMAGE: copy the image this manifest's build-image tags, image.tag "
                    "at the pin (default: patchset.yaml).")
 @FORMAT
-def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manifest_path,
-                   fmt) -> int:
+def copy_image_cmd(image, targets, more, via, dry_run, compress, verbose, timeout,
+                   manifest_path, fmt) -> int:
     """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines; without IMAGE,
     the image build-image tags for the manifest (image.tag at the pin).
 
@@ -629,7 +632,8 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manife
     if image is None or manifest_path is not None:
         built = command.built_image(_load(manifest_path or "patchset.yaml"))
         image = image or built
-    report = command.run(image, [*targets, *more], log=TextProgress(err=True).info,
+    report = command.run(image, [*targets, *more],
+                         log=TextProgress(err=True).info if verbose else lambda m: None,
                          timeout=timeout, via=via, dry_run=dry_run, compress=compress)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
     return 0 if report.ok else 1

@@ -1,9 +1,12 @@
 """The one subprocess wrapper, for the tools patchkit drives that have no library (``pip``,
 ``patch``, ``skopeo``, ``ssh``, ``docker buildx``), and for a command the user gives
-(``bisect --series --run``): :func:`run_user`, with a deadline and its output bounded."""
+(``bisect --series --run``): :func:`run_user`, with a deadline and its output bounded; and
+:class:`Piped`, a child that is one end of a byte stream the caller moves through the kernel
+(``docker save`` into ``ssh NODE docker load``)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -61,6 +64,94 @@ def spawn(cmd: Sequence[str]) -> subprocess.Popen:
                                 stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
         raise CommandError(list(cmd), 127, f"{cmd[0]}: cannot run it ({exc.strerror})") from None
+
+
+class Piped:
+    """A child whose stdin (``feed``) or stdout (``drain``) is a pipe of which the caller holds
+    the other end as a raw, non-blocking file descriptor, ``fd``: the bytes go between
+    children through the kernel (``os.splice``) and never become Python objects.  Its other
+    output (stdout of a feed child, stderr always) is kept for the one line of an error.  It
+    runs in a session of its own: a ^C is the caller's to handle, and :meth:`end` kills it."""
+
+    PIPE_SIZE = 1 << 20   # fewer, larger hand-overs between the children and the pump
+
+    def __init__(self, cmd: Sequence[str], *, feed: bool,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.cmd = list(cmd)
+        read, write = os.pipe()
+        mine, theirs = (write, read) if feed else (read, write)
+        try:
+            self.proc = subprocess.Popen(
+                self.cmd, stdin=theirs if feed else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if feed else theirs, stderr=subprocess.PIPE,
+                env={**os.environ, **env} if env is not None else None, start_new_session=True)
+        except OSError as exc:
+            os.close(mine)
+            raise CommandError(self.cmd, 127, f"{cmd[0]}: cannot run it ({exc.strerror})"
+                               ) from None
+        finally:
+            os.close(theirs)
+        self.fd: int | None = mine
+        os.set_blocking(mine, False)
+        try:
+            fcntl.fcntl(mine, fcntl.F_SETPIPE_SZ, self.PIPE_SIZE)
+        except OSError:
+            pass   # a smaller pipe works too
+        self.out, self.err = b"", b""
+        self._lock = threading.Lock()
+        self._collected = False
+
+    def close(self) -> None:
+        """Let go of this end: a feed child reads the end of its input."""
+        with self._lock:
+            fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code once the child has ended, within ``timeout`` seconds of waiting (what
+        it wrote is then in ``out`` and ``err``); None when it has not, and is still running."""
+        self.close()
+        if self._collected:
+            return self.proc.returncode
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self.out, self.err, self._collected = out or b"", err or b"", True
+        return self.proc.returncode
+
+    def ended_badly(self, within: float) -> bool:
+        """Whether it has ended, or ends within ``within`` seconds, with an error; this end
+        left open (a child still writing is not made to fail)."""
+        try:
+            return self.proc.wait(timeout=within) != 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def end(self, close: bool = True) -> None:
+        """Kill it (a stream abandoned, or an interruption), and collect it; nothing when it
+        has been collected already.  ``close=False`` leaves this end open, for a thread that
+        may still be using it (the process's exit closes it)."""
+        if close:
+            self.close()
+        if self._collected:
+            return
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+        try:
+            out, err = self.proc.communicate(timeout=5)
+            self.out, self.err, self._collected = out or self.out, err or self.err, True
+        except (subprocess.TimeoutExpired, ValueError, OSError):
+            pass
+
+    def said(self) -> str:
+        """The last line the child wrote on stderr, stripped."""
+        lines = [t.strip() for t in self.err.decode(errors="replace").splitlines()]
+        return next((t for t in reversed(lines) if t), "")
 
 
 def _streamed(cmd: Sequence[str], cwd, env, on_line: Callable[[str], None],

@@ -206,14 +206,60 @@ def test_a_cut_link_leaves_the_tag_as_it_was_and_a_rerun_completes(overlay, othe
         out, err = capfd.readouterr()
         assert link.was_cut
         assert code == 1
+        # one line in all: the target, what broke, and that its tag is as it was
+        assert not err.strip(), err
         (line,) = out.splitlines()
-        assert line.startswith(f"failed    {url}: "), line
+        assert line.startswith(f"failed    {url}: the link broke after "), line
+        assert line.endswith("; its tag is as it was"), line
         assert node3.direct.images.get(TAG).id == other
         link.mend()
         code = cli.main(["copy-image", TAG, "--to", url, "--format", "json"])
         out, _ = capfd.readouterr()
     assert code == 0, out
     assert fingerprint_of(node3.direct, TAG) == overlay["fingerprint"]
+
+
+def test_a_target_that_closes_the_load_before_it_starts_is_one_line(overlay, other, node3,
+                                                                   capfd):
+    # the node answers what it holds (the first connection), then closes the load's own
+    # session as soon as it opens; -v gives the rest
+    forget(node3.direct, TAG, overlay["id"], overlay["base"])
+    holding_other(node3, other)
+    for verbose in ([], ["-v"]):
+        with Link(port_of(node3.url)) as link:
+            url = link.url("pk-node3")
+            link.refuse_after(1)
+            code = cli.main(["copy-image", TAG, "--to", url, *verbose])
+            out, err = capfd.readouterr()
+            assert link.refused >= 1
+        assert code == 1
+        (line,) = out.splitlines()
+        assert line.startswith(f"failed    {url}: the link broke "), line
+        assert "(ssh: " in line and line.endswith("; its tag is as it was"), line
+        assert bool(err.strip()) == bool(verbose), err
+        assert node3.direct.images.get(TAG).id == other
+    if verbose:
+        assert "holds none of the" in err and "streaming" in err, err
+
+
+def test_a_store_without_partial_loads_gets_the_export_spliced_whole(overlay, podman_client):
+    # Podman holds the base, but its store takes no partial load: the whole export goes, as
+    # the engine wrote it (nothing parsed on the way), through the docker CLI's load there
+    podman = os.environ["PK_PODMAN_HOST"]
+    forget(podman_client, TAG, overlay["id"])
+    podman_client.images.pull(*overlay["base"].rsplit(":", 1), platform="linux/arm64")
+    said: list[str] = []
+    try:
+        (t,) = copy_image.run(TAG, [podman], log=said.append).targets
+        assert t.status == "copied", t
+        assert any("cannot take a partial load" in line for line in said), said
+        assert (t.sent.layers, t.sent.layers_skipped) == (len(overlay["layers"]), 0)
+        assert t.sent.bytes > sum(BASE_LAYERS) + LAYER
+        attrs = podman_client.api.inspect_image(TAG)
+        assert attrs["RootFS"]["Layers"] == overlay["layers"]
+        assert t.fingerprint == overlay["fingerprint"]
+    finally:
+        forget(podman_client, TAG, overlay["base"])
 
 
 def test_zstd_without_its_library_is_one_line(capfd):
@@ -256,12 +302,31 @@ def test_a_signal_mid_copy_is_128_plus_it_and_leaves_the_tag(overlay, other, nod
         finally:
             if proc.poll() is None:
                 proc.kill()
+        port = link.port
     said = (tmp_path / "err").read_text()
     assert proc.returncode == 128 + signum, said
+    # no child of the run (its export, its load's ssh through the link) outlives it
+    assert not _children_of_the_link(port, TAG)
     # (ssh may add its own line as the link closes under it)
     assert [line for line in said.splitlines() if line.startswith("patchkit")] == [
         f"patchkit: interrupted by {signum.name}; nothing was changed"], said
     assert node3.direct.images.get(TAG).id == other
+
+
+def _children_of_the_link(port: int, tag: str) -> list[str]:
+    """The command lines of the processes still running ssh to ``port`` or ``docker save``
+    of ``tag``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if (argv[0] == "ssh" and str(port) in argv) or (argv[:1] == ["docker"] and "save" in argv
+                                                        and tag in argv):
+            found.append(" ".join(argv))
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -282,11 +347,12 @@ def test_a_target_out_of_space_keeps_its_tag_and_a_rerun_completes(overlay, smal
     # room for a part of the image only (the store is vfs: the layers take more than sent)
     small_disk.fill(leave=sum(BASE_LAYERS) // 2)
     code = cli.main(["copy-image", TAG, "--to", small_disk.url])
-    out, _ = capfd.readouterr()
+    out, err = capfd.readouterr()
     assert code == 1
+    assert not err.strip(), err
     (line,) = out.splitlines()
     assert line.startswith(f"failed    {small_disk.url}: "), line
-    assert "no space left on device" in line, line
+    assert "no space left on device" in line and line.endswith("; its tag is as it was"), line
     assert engine.images.get(TAG).id == old
     small_disk.free()
     code = cli.main(["copy-image", TAG, "--to", small_disk.url, "--format", "json"])

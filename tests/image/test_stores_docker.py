@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from urllib.parse import urlsplit
 
 import docker
@@ -19,6 +20,7 @@ from testing import imageproject as ip
 from testing.imageproject import RELEASE
 from patchkit import cli, manifest
 from patchkit.commands import copy_image
+from patchkit.process import Piped
 from patchkit.commands.build_image import run as build_image
 from patchkit.errors import ImageError
 from patchkit.image import layer
@@ -218,7 +220,14 @@ def test_a_broken_stream_leaves_nothing_on_the_node(classic, node2, podman_clien
                                  "went away")
             yield chunk
 
+    def breaking_piped(self, ref):
+        # the docker CLI's export, cut off after 64 MiB by a dying engine
+        return Piped(["sh", "-c", f"{shlex.join([*self.cli, 'save', ref])} | head -c "
+                      f"{64 * 2**20}; echo 'Error response from daemon: the engine went away' "
+                      ">&2; exit 1"], feed=False)
+
     monkeypatch.setattr(Engine, "export", breaking)
+    monkeypatch.setattr(Engine, "export_piped", breaking_piped)
     podman = os.environ["PK_PODMAN_HOST"]
     report = copy_image.run(tag, [node2.url, podman])
     assert [t.status for t in report.targets] == ["failed", "failed"] and not report.ok

@@ -5,6 +5,8 @@ sshd on that port; an engine URL ``ssh://pk-node2:<link.port>`` then goes throug
 node's Host block in ~/.ssh/config still gives the host, user and key; the URL's port wins).
 It counts the bytes that cross it each way, and ``cut_after(n)`` closes every connection once
 ``n`` more bytes have crossed, and refuses new ones until ``mend()``: a link that drops.
+``refuse_after(n)`` closes every connection after the first ``n`` as soon as it comes (a node
+that answers its engine's questions and then drops the load's own session).
 ``slow_after(n, rate)`` instead lets the bytes after those ``n`` through at ``rate`` bytes a
 second (each way), and ``stall_after(n)`` lets none through until ``mend()`` or ``close()``
 while keeping every connection open: a copy that is sure to be mid-stream when a test
@@ -34,6 +36,8 @@ class Link:
         self._then = "cut"         # what happens once the budget is spent: cut | slow
         self._rate = 0             # bytes a second once slowed
         self._cut = False
+        self._refuse_after: int | None = None
+        self.refused = 0
         self.changed = threading.Event()   # the cut or the slowing happened
         self._released = threading.Event()  # set: a slowed or stalled pump goes on
         self._lock = threading.Lock()
@@ -72,6 +76,10 @@ class Link:
         with self._lock:
             self._budget, self._then = n, "cut"
 
+    def refuse_after(self, n: int) -> None:
+        with self._lock:
+            self._refuse_after = n
+
     def slow_after(self, n: int, rate: int) -> None:
         with self._lock:
             self._budget, self._then, self._rate = n, "slow", rate
@@ -108,7 +116,11 @@ class Link:
                 client, _ = self._server.accept()
             except OSError:
                 return
-            if self._cut:
+            with self._lock:
+                refuse = self._cut or (self._refuse_after is not None
+                                       and self.connections >= self._refuse_after)
+                self.refused += refuse
+            if refuse:
                 client.close()
                 continue
             try:

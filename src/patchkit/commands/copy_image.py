@@ -13,6 +13,13 @@ diff_ids), never by image id, which differs between snapshotters.  For each targ
 * then the target is read again: unless it now holds the fingerprint under the tag, the copy
   fails and the target's tag is put back as it was.
 
+Where the docker CLI reaches both sides (``Engine.cli``), the export is a ``docker save``
+child and each load a ``docker load`` child (over the target's ssh), and ``image.stream``
+moves the bytes between their pipes in the kernel: spliced whole for a full copy, or with
+only the tar headers and small JSON members read for a partial one.  Else the export and the
+loads go through the Docker SDK, relayed by ``layer.relay``.  A failed target is one line that
+ends by saying its tag is as it was.
+
 Targets run in parallel, each in a thread of its own with its own deadline; targets that need
 the same layers share one export of the source, teed to their loads.  A target that cannot be
 reached, or refuses the load, or whose link drops, fails alone: the others go on.  A load that
@@ -37,11 +44,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from patchkit.errors import ImageError, PatchkitError, UsageError
-from patchkit.image.docker import Engine, Prefix, Transfer, engine_url
+from patchkit.image import stream
+from patchkit.image.docker import LOAD_PATIENCE, Engine, Prefix, Transfer, engine_url
 from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
                                   relay, relayed_export, zstd_module)
 from patchkit.image.registry import host_of
 from patchkit.imageref import check_reference, reference_problem, repository, split_tag
+from patchkit.process import Piped
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 Log = Callable[[str], None]
@@ -204,6 +213,7 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
         return copy_via(source, image, attrs, urls, via, connect=connect, log=log)
     job = _Job(source, image, attrs, fingerprint(attrs), log, timeout, compress)
     targets = [_Target(url) for url in urls]
+    job.speculate = not dry_run
     try:
         _each([functools.partial(job.plan, t, connect) for t in targets], job.stop)
         if dry_run:
@@ -219,7 +229,11 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
             _each(jobs, job.stop)
     except BaseException:
         job.stop.set()   # a signal: every stream ends, every target's tag is put back
+        job.end_children(close=False)   # a stuck stream's thread may still use its pipes
+        _close(t.engine for t in targets)   # and their ssh sessions end with the run
         raise
+    finally:
+        job.end_children()
     _close(t.engine for t in targets)
     return CopyReport(image, job.want, [t.report(dry_run) for t in targets], dry_run)
 
@@ -263,6 +277,7 @@ class _Target:
     same_id: str | None = None      # an image of the same content under another name
     result: TargetResult | None = None
     started: float = field(default_factory=time.monotonic)
+    early_load: Piped | None = None   # its load, started while it was asked what it holds
 
     def fail(self, exc: BaseException) -> None:
         self.result = TargetResult(self.url, "failed", error=str(exc), plan=self.plan)
@@ -291,6 +306,55 @@ class _Job:
         self.stop = threading.Event()
         self._prefixes: list[Prefix] | None = None
         self._lock = threading.Lock()
+        self._early: Piped | None = None
+        self._children: list[Piped] = []
+        self._started = False
+        self.speculate = False   # start the export and the loads early (see start_early)
+
+    # The export and the loads start while the targets are asked which layers they hold (a
+    # second or so over ssh, and more on a busy store, against seconds of streaming): their
+    # children start, ssh connects, the engine prepares its export (a classic store writes it
+    # out before the first byte), and the first megabyte waits in the pipes.  Only once a
+    # target is known to lack the content: a run that finds it present everywhere costs the
+    # source nothing.  A target that then needs nothing has its load ended unfed (an empty
+    # load loads nothing).
+
+    def _child(self, start: Callable[[], Piped]) -> Piped:
+        proc = start()
+        with self._lock:
+            self._children.append(proc)
+        return proc
+
+    def start_early(self, t: _Target) -> None:
+        if not (self.speculate and self.source.cli and t.engine.cli):
+            return
+        with self._lock:
+            first, self._started = not self._started, True
+        try:
+            if first:
+                self._early = self._child(functools.partial(self.source.export_piped,
+                                                            self.image))
+            t.early_load = self._child(t.engine.load_piped)
+        except PatchkitError:
+            pass   # started again when needed, and then its error is told
+
+    def take_export(self) -> Piped:
+        with self._lock:
+            early, self._early = self._early, None
+        return early if early is not None else self._child(
+            functools.partial(self.source.export_piped, self.image))
+
+    def take_load(self, t: _Target) -> Piped:
+        early, t.early_load = t.early_load, None
+        return early if early is not None else self._child(t.engine.load_piped)
+
+    def end_children(self, close: bool = True) -> None:
+        """Every export and load child ended: those never used, and, after an interruption,
+        those a stuck stream still holds (no child outlives the run)."""
+        with self._lock:
+            children, self._children, self._early = self._children, [], None
+        for proc in children:
+            proc.end(close)
 
     def prefixes(self) -> list[Prefix]:
         """The source's images that hold a prefix of the image's layers (its base), once:
@@ -309,7 +373,8 @@ class _Job:
             if t.plan.action == "present":
                 t.result = TargetResult(t.url, "present", self.want, plan=t.plan)
         except PatchkitError as exc:
-            t.fail(exc)
+            # a target asked and then lost has had nothing sent
+            t.fail(exc if t.engine is None else ImageError(f"{exc}; its tag is as it was"))
 
     def _plan_for(self, t: _Target) -> Plan:
         n = len(self.diff_ids)
@@ -323,6 +388,7 @@ class _Job:
             t.same_id = same["Id"]
             return Plan("tag", n, n, why=f"holds this content under another name; tagging it "
                         f"{self.image}, nothing sent")
+        self.start_early(t)
         held = t.engine.layers_held(self.diff_ids, self.prefixes())
         if not held:
             why = f"holds none of the {n} layers: the whole image goes"
@@ -351,6 +417,9 @@ class _Job:
         for t in group:
             self.log(f"{t.url}: streaming {self.image} from the engine at {self.source.host}"
                      + (f" (one export for {len(group)} targets)" if len(group) > 1 else ""))
+        if self.source.cli and all(t.engine.cli for t in group):
+            self._send_piped(group, held, lean)
+            return
         if len(group) == 1:
             t = group[0]
             self.finish(t, lambda: t.engine.load(lambda: self._stream(held, lean, box),
@@ -366,9 +435,84 @@ class _Job:
         for th in threads:
             th.join()
 
+    def _send_piped(self, group: list[_Target], held: Sequence[str], lean: bool) -> None:
+        """``send`` through the docker CLI: ``docker save`` here, ``docker load`` on each
+        target (over its ssh), the bytes between them moved by ``stream.Pump``: spliced
+        whole when the targets hold none of the layers (or cannot take fewer), else relayed
+        without the layers they hold."""
+        box: dict = {"facts": ArchiveFacts(), "wire": [0], "whole": not held}
+        loads = {}
+        for t in group:
+            try:
+                loads[t.url] = self.take_load(t)
+            except PatchkitError as exc:
+                self.finish(t, functools.partial(_raise, exc), box)
+        live = [t for t in group if t.url in loads]
+        if not live:
+            return
+        failure: PatchkitError | None = None
+        pump = export = None
+        try:
+            export = self.take_export()
+            pump = stream.Pump(export.fd, [loads[t.url].fd for t in live], timeout=self.timeout,
+                               first=self.timeout * LOAD_PATIENCE, stop=self.stop,
+                               compress=self.compress,
+                               what=f"the export from the engine at {self.source.host}",
+                               names=[f"the load at {t.url}" for t in live])
+            try:
+                if held:
+                    stream.relay(pump, box["facts"], held, self.diff_ids, lean)
+                else:
+                    stream.whole(pump)
+            finally:
+                pump.close()
+                box["wire"][0] = pump.wire
+            box["complete"] = True   # every byte of the archive went to the loads still live
+            self.source.exported(export, self.timeout)
+        except PatchkitError as exc:
+            failure = exc
+            if (export is not None and not self.stop.is_set() and (pump is None or pump.live())
+                    and export.ended_badly(1.0)):
+                try:   # the export's own words say more than a stream that ended early
+                    self.source.exported(export, self.timeout)
+                except PatchkitError as told:
+                    failure = told
+        finally:
+            if export is not None and (failure is not None or export.proc.poll() is None):
+                export.end()
+        # the export failed, or was stopped: no load may complete; a load that broke says why
+        abandon = failure is not None and (pump is None or bool(pump.live()))
+        for t in live:
+            proc = loads[t.url]
+            fd = proc.fd
+            if abandon or (pump is not None and fd in pump.broken and "took nothing" in
+                           pump.broken[fd]):
+                proc.end()
+                why = failure if abandon else ImageError(pump.broken[fd])
+                loads[t.url] = functools.partial(_raise, why)
+            else:
+                proc.close()
+                loads[t.url] = functools.partial(self._loaded, t, proc, box["wire"][0])
+        threads = [threading.Thread(target=self.finish, daemon=True, args=(t, loads[t.url], box))
+                   for t in live]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+
+    def _loaded(self, t: _Target, proc, sent: int) -> str:
+        try:
+            return t.engine.loaded(proc, self.attrs["ConfigDigest"], self.diff_ids, self.timeout,
+                                   sent)
+        finally:
+            for line in proc.err.decode(errors="replace").splitlines():
+                if line.strip():
+                    self.log(f"{t.url}: {line.strip()}")
+
     def finish(self, t: _Target, load: Callable[[], str] | None, box: dict) -> None:
         """The load (or the tag), then the check that the target holds the content."""
         previous = t.held["Id"] if t.held is not None else None
+        as_it_was = True
         try:
             try:
                 held_as = None
@@ -385,17 +529,26 @@ class _Job:
                 got = fingerprint(after) if after is not None else None
                 if got != self.want:
                     raise ImageError(f"after the load the engine at {t.url} holds "
-                                     f"{got or 'nothing'} under {self.image}, not {self.want}; "
-                                     "its tag is put back as it was")
+                                     f"{got or 'nothing'} under {self.image}, not {self.want}")
             except BaseException:
-                _put_back(t.engine, self.image, previous)
+                # a load whose archive never ended cannot have tagged anything
+                as_it_was = (_put_back(t.engine, self.image, previous)
+                             or not box.get("complete"))
                 raise
         except PatchkitError as exc:
-            t.fail(exc)
+            self.log(f"{t.url}: {exc}")
+            t.fail(ImageError(f"{exc}; " + ("its tag is as it was" if as_it_was else
+                                            f"whether its tag is as it was could not be "
+                                            f"checked: see 'docker image inspect {self.image}' "
+                                            "there")))
             return
         facts, wire = box.get("facts") or ArchiveFacts(), box.get("wire") or [0]
-        sent = Sent(wire[0], facts.layer_bytes(), facts.layer_count(), len(facts.left_out),
-                    facts.left_out_bytes(), self.compress if load else "none")
+        if box.get("whole"):   # spliced, never parsed: the layers as the source counts them
+            sent = Sent(wire[0], self.attrs.get("Size") or 0, len(self.diff_ids), 0, 0,
+                        self.compress)
+        else:
+            sent = Sent(wire[0], facts.layer_bytes(), facts.layer_count(), len(facts.left_out),
+                        facts.left_out_bytes(), self.compress if load else "none")
         t.result = TargetResult(t.url, "replaced" if t.held is not None else "copied", got,
                                 sent=sent, plan=t.plan)
 
@@ -412,6 +565,10 @@ class _Job:
         for t in targets:
             t.plan.missing_bytes = (sum(v for k, v in facts.positions.items()
                                         if k >= t.plan.skipped) if known else None)
+
+
+def _raise(exc: BaseException) -> str:
+    raise exc
 
 
 def _batched(chunks: Iterable[bytes], size: int = CHUNK) -> Iterator[bytes]:
@@ -485,13 +642,16 @@ def _close(engines: Iterable[Engine | None]) -> None:
             engine.close()
 
 
-def _put_back(target: Engine, image: str, previous: str | None) -> None:
-    """The target's tag as it was before the copy: on ``previous``, or nowhere."""
+def _put_back(target: Engine, image: str, previous: str | None) -> bool:
+    """The target's tag as it was before the copy: on ``previous``, or nowhere; whether it
+    was seen to be so (a link that is gone cannot tell)."""
     try:
         if target.tagged(image) != previous:
             target.restore_tag(image, previous)
+            return target.tagged(image) == previous
+        return True
     except PatchkitError:
-        pass  # the error being reported matters more than this cleanup
+        return False  # the error being reported matters more than this cleanup
 
 
 # ----------------------------------------------------------------- through a registry (--via)

@@ -35,6 +35,7 @@ import os
 import re
 import math
 import select
+import shlex
 import shutil
 import socket
 import tarfile
@@ -52,7 +53,7 @@ from patchkit.image.layer import (ArchiveFacts, BaseImage, ChunkReader, Layer, c
                                   history_of, relay)
 from patchkit.imageref import Platform, repository, split_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
-from patchkit.process import run, spawn
+from patchkit.process import Piped, run, spawn
 
 Log = Callable[[str], None]
 
@@ -199,6 +200,13 @@ def _ssh_port(host: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[str, int]:
                        if line.startswith("port ") and line.split()[1].isdigit()), 22)
 
 
+def _ssh_argv(dest: str, port: int, timeout: float | None) -> list[str]:
+    """The system's ssh to ``dest``, ready for the command to run there."""
+    wait = max(1, math.ceil(timeout or DEFAULT_TIMEOUT))  # ssh takes whole seconds
+    return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={wait}",
+            "-o", "ServerAliveInterval=15", "-p", str(port), "--", dest]
+
+
 class _SshStream:
     """One ssh session to a node running ``docker system dial-stdio`` there: the byte stream
     an HTTP connection to the node's engine runs over, kept open for request after request
@@ -207,10 +215,7 @@ class _SshStream:
     what ssh says on stderr is kept, for the one line of an error."""
 
     def __init__(self, dest: str, port: int, timeout: float | None) -> None:
-        wait = max(1, math.ceil(timeout or DEFAULT_TIMEOUT))  # ssh takes whole seconds
-        self.proc = spawn(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={wait}",
-                           "-o", "ServerAliveInterval=15", "-p", str(port), "--", dest,
-                           "docker", "system", "dial-stdio"])
+        self.proc = spawn([*_ssh_argv(dest, port, timeout), "docker", "system", "dial-stdio"])
         self.timeout = timeout
         self._in, self._out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         for fd in (self._in, self._out):
@@ -281,16 +286,17 @@ class _SshStream:
         return _Unclosed(self._reader)
 
     def close(self) -> None:
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        # ssh first: closing its stderr waits for the thread reading it, which waits for ssh
         try:
             self.proc.terminate()
             self.proc.wait(timeout=2)
         except Exception:  # it is gone, or going: nothing of it is needed any more
             self.proc.kill()
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                pipe.close()
+            except OSError:
+                pass
 
 
 class _Unclosed:
@@ -437,12 +443,16 @@ LOAD_PATIENCE = 10   # see Engine._load_once
 
 
 class Engine:
-    """A connection to one Docker Engine."""
+    """A connection to one Docker Engine.  ``cli``, when set, is how the docker CLI reaches
+    the same engine (``docker -H URL``, or ``ssh NODE docker``, each word of what follows
+    quoted for the node's shell): exports and loads then run as its child processes, and the
+    bytes between them go through the kernel (``image.stream``)."""
 
-    def __init__(self, client, host: str | None = None) -> None:
+    def __init__(self, client, host: str | None = None, cli: list[str] | None = None) -> None:
         self.client = client
         self.api = client.api
         self.host = host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        self.cli = cli
         self._store: Store | None = None
         self._version: dict | None = None
 
@@ -465,7 +475,9 @@ class Engine:
             client.ping()
         except Exception as exc:  # any transport failure means the same thing here
             raise ImageError(f"no Docker Engine answers at {shown}: {_explain(exc)}") from exc
-        return cls(client, shown)
+        # the address the SDK took, never the CLI's own context, which may name another engine
+        cli = ["docker", "-H", shown] if shutil.which("docker") else None
+        return cls(client, shown, cli)
 
     @classmethod
     def _connect_ssh(cls, host: str, timeout: float) -> "Engine":
@@ -486,7 +498,7 @@ class Engine:
             said = adapter.complaint() or _explain(exc)
             adapter.close()
             raise ImageError(f"no Docker Engine answers at {host}: {said}") from exc
-        engine = cls(client, host)
+        engine = cls(client, host, [*_ssh_argv(dest, port, timeout), "docker"])
         engine._version = version
         return engine
 
@@ -726,6 +738,10 @@ class Engine:
                 if attempt == 2 or not broken or not callable(archive):
                     raise
                 log(f"the connection to {self.host} broke ({exc}); sending again")
+        return self._held_as(loaded, expect_id, diff_ids)
+
+    def _held_as(self, loaded: list[str], expect_id: str, diff_ids: Iterable[str] | None
+                 ) -> str:
         if self.store().ids_are_config_digests:
             if not self.has_image(expect_id):
                 raise ImageError(f"the engine at {self.host} loaded the archive but holds no "
@@ -776,6 +792,56 @@ class Engine:
         def archive() -> Iterator[bytes]:
             return complete_archive(self.export(base.image_id), config, layer, base.diff_ids)
         return self.load(archive, expect_id, [*base.diff_ids, layer.diff_id], log)
+
+    def _piped(self, args: list[str], feed: bool) -> Piped:
+        assert self.cli is not None
+        remote = self.cli[0] == "ssh"
+        cmd = [*self.cli, *(shlex.quote(a) for a in args)] if remote else [*self.cli, *args]
+        try:
+            return Piped(cmd, feed=feed)
+        except CommandError as exc:
+            raise ImageError(f"the engine at {self.host}: {exc.output.strip()}") from None
+
+    def export_piped(self, ref: str) -> Piped:
+        """``docker save ref`` running, its stdout the pipe ``fd`` (needs ``cli``)."""
+        return self._piped(["save", ref], feed=False)
+
+    def load_piped(self) -> Piped:
+        """``docker load`` running on this engine, its stdin the pipe ``fd`` (needs
+        ``cli``); :meth:`loaded` waits for it."""
+        return self._piped(["load", "-q"], feed=True)
+
+    def exported(self, proc: Piped, timeout: float) -> None:
+        """The export ``proc`` ended well, or one line of why not."""
+        code = proc.wait(timeout)
+        if code is None:
+            proc.end()
+            raise ImageError(f"the export from the engine at {self.host} did not end within "
+                             f"{shown_seconds(timeout)} of its last byte")
+        if code:
+            raise ImageError(f"exporting from the engine at {self.host}: "
+                             f"{_daemon_said(proc.said()) or f'exit {code}'}")
+
+    def loaded(self, proc: Piped, expect_id: str, diff_ids: Iterable[str], timeout: float,
+               sent: int = 0) -> str:
+        """Wait for the load ``proc`` (its input closed) to end; the id the engine holds the
+        image by, as :meth:`load` returns it.  A silence of the engine while it stores the
+        layers may last ``LOAD_PATIENCE`` times ``timeout``."""
+        code = proc.wait(timeout * LOAD_PATIENCE)
+        if code is None:
+            proc.end()
+            raise ImageError(f"the engine at {self.host} did not finish the load within "
+                             f"{shown_seconds(timeout * LOAD_PATIENCE)} of its last byte")
+        said = proc.said()
+        if code == 255 and proc.cmd[0] == "ssh":
+            when = f"after {sent:,} bytes of the image" if sent else "before the load began"
+            raise ImageError(f"the link broke {when} (ssh: {said or 'exit 255'})")
+        if code:
+            raise ImageError(f"loading the image into the engine at {self.host}: "
+                             f"{_daemon_said(said) or f'docker load exit {code}'}")
+        text = proc.out.decode(errors="replace")
+        found = re.findall(r"Loaded image(?: ID)?: (\S+)", text)
+        return self._held_as(found, expect_id, diff_ids)
 
     def export(self, ref: str) -> Iterator[bytes]:
         """``docker save`` of ``ref`` as a stream of chunks; a failure while it streams is an
@@ -974,6 +1040,12 @@ class Transfer:
 
     def to_dict(self) -> dict:
         return {"layers": self.moved, "present": self.present, "bytes": self.bytes}
+
+
+def _daemon_said(line: str) -> str:
+    """The engine's own words in a docker CLI error line."""
+    return re.sub(r"^(Error response from daemon|Error|error during connect): ", "",
+                  line).strip()
 
 
 class ImageFiles:
