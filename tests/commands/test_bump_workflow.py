@@ -11,7 +11,6 @@ import shutil
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml

@@ -14,7 +14,7 @@ from patchkit import manifest, source
 from patchkit import versions
 from patchkit.commands import rebase_check as rebasecheck
 from patchkit.render import matrix as render
-from patchkit.series import applier
+from patchkit.series import applier, releases
 from patchkit.errors import SourceError
 
 TARGETS = ["v1.1.0", "v1.2.0", "v1.3.0"]
@@ -140,12 +140,12 @@ def test_releases_after_the_pin(tmp_path):
     proj = make_fates(tmp_path)
     m = manifest.load(proj / "patchset.yaml")
     cache = tmp_path / "cache"
-    assert rebasecheck.release_targets(m, cache=cache) == TARGETS
-    assert rebasecheck.release_targets(m, cache=cache, pre=True) == [*TARGETS, "v1.4.0rc1"]
+    assert releases.release_targets(m, cache=cache) == TARGETS
+    assert releases.release_targets(m, cache=cache, pre=True) == [*TARGETS, "v1.4.0rc1"]
     # a new upstream release shows up: the mirror is fetched again
     from testing.upstream import sh
     sh("git", "tag", "v1.5.0", "v1.3.0", cwd=tmp_path / "upstream")
-    assert rebasecheck.release_targets(m, cache=cache)[-1] == "v1.5.0"
+    assert releases.release_targets(m, cache=cache)[-1] == "v1.5.0"
 
 
 def test_release_version():

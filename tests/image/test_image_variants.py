@@ -11,6 +11,7 @@ from testing.upstream import dedent, make_diff, make_upstream
 from test_image_unit import SITE, FakeAPI, FakeClient
 
 from patchkit import manifest
+from patchkit.manifest import variants
 from patchkit.commands import build_image as bi
 from patchkit.commands.verify import verify_image
 from patchkit.errors import UsageError
@@ -153,6 +154,6 @@ def test_a_tag_template_with_the_variant_is_checked_before_the_apply(project, tm
         bi.run(project, workdir=tmp_path / "wd", engine=object(), tag="UPPER-{variant}:{ref}",
                variant="diag")
     assert not (tmp_path / "wd").exists()
-    assert bi.default_tag(project, "v0.27.1", "0.27.1", None, "diag") == "demo:v0.27.1-diag"
-    assert bi.default_tag(project, "v0.27.1", "0.27.1", "x/{variant}-y:{version}", None) == (
+    assert variants.default_tag(project, "v0.27.1", "0.27.1", None, "diag") == "demo:v0.27.1-diag"
+    assert variants.default_tag(project, "v0.27.1", "0.27.1", "x/{variant}-y:{version}", None) == (
         "x/y:0.27.1")

@@ -16,7 +16,7 @@ from patchkit import manifest
 from patchkit.errors import UsageError
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import ApplyReport
-from patchkit.series import applier, checkout
+from patchkit.series import applier, checkout, releases
 
 pytestmark = pytest.mark.real_vllm
 
@@ -166,11 +166,10 @@ def test_a_workdir_beside_vllm_holding_work_is_refused(tmp_path, fi_cache):
 
 
 def test_flashinfers_releases_after_its_pin_come_from_pypi(tmp_path):
-    from patchkit.commands import rebase_check
 
     proj = make_stack(tmp_path)
     m = manifest.load(proj / "patchset.yaml")
-    found = rebase_check.release_targets(m, run=run_spec(m), package="flashinfer",
+    found = releases.release_targets(m, run=run_spec(m), package="flashinfer",
                                          cache=tmp_path / "cache")
     # PyPI's history of flashinfer-python: what came right after 0.6.15 never changes
     assert found[:4] == ["v0.6.15.post1", "v0.6.16", "v0.6.16.post1", "v0.6.16.post2"]

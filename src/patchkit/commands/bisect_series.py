@@ -279,10 +279,9 @@ class ImageMaker:
               no_daemon: bool, timeout: float, log: Callable[[str], None],
               engine=None) -> ImageMaker:
         """The image name checked and the engine reached, before any tree is made."""
-        from patchkit.commands.build_image import default_tag
 
         template = tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
-        name = default_tag(manifest, spec.ref, None, template, spec.variant)
+        name = variants.default_tag(manifest, spec.ref, None, template, spec.variant)
         imageref.check_reference("--tag" if tag is not None else "image.tag", name,
                                  digest_ok=False)
         if base is not None:

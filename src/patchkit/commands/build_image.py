@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -82,17 +81,6 @@ class BuildReport:
         return data
 
 
-def default_tag(manifest: Manifest, ref: str | None, version: str | None, tag: str | None,
-                variant: str | None = None) -> str:
-    template = tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
-    # a branch ref such as release/0.27 holds characters no image tag may
-    ref_part = re.sub(r"[^\w.-]", "-", str(ref or "latest"))
-    version_part = re.sub(r"[^\w.-]", "-", str(version or ref_part))
-    text = variants.fill_tag(template, variant)
-    text = text.replace("{ref}", ref_part).replace("{version}", version_part)
-    return text.replace("{name}", manifest.name)
-
-
 def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         repos: Sequence[str] | None = None, base: str | None = None,
         tag: str | None = None, platform: str | None = None, push: bool = False,
@@ -145,7 +133,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     choice = replace(build.choose_mode(tree.changes(), mode),
                      packages=tuple(p.name for p in packages))
     _log_choice(choice, log)
-    final_tag = default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
+    final_tag = variants.default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
     check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
     builder = builders.choose(no_daemon, choice)
     job = builders.Job(manifest, tree, choice, plat, final_tag, base, push, log, engine=engine,
@@ -251,7 +239,7 @@ def _check_inputs(manifest: Manifest, spec: RunSpec, *, base: str | None, tag: s
     if base is not None:
         check_reference("--base", base)
     if tag is not None:
-        check_reference("--tag", default_tag(manifest, "x", "x", tag, spec.variant),
+        check_reference("--tag", variants.default_tag(manifest, "x", "x", tag, spec.variant),
                         digest_ok=False)
     return Platform.parse(spec.platform), copy_image.check_targets(copy_to, "--copy-to")
 
@@ -335,7 +323,7 @@ def _reach_registry(manifest: Manifest, ref: str, tag: str | None,
     from patchkit.image.registry import Registry
 
     registry = Registry(timeout=timeout)
-    registry.digest_of(default_tag(manifest, ref, None, tag, variant))
+    registry.digest_of(variants.default_tag(manifest, ref, None, tag, variant))
     return registry
 
 
@@ -359,4 +347,4 @@ def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built
         buildargs=built.buildargs, load=built.load, holds=holds)
 
 
-__all__ = ["BuildReport", "VllmInfo", "check_reference", "default_tag", "run"]
+__all__ = ["BuildReport", "VllmInfo", "check_reference", "run"]

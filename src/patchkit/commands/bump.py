@@ -33,12 +33,12 @@ from patchkit import git as g
 from patchkit import manifest, process, source, versions
 from patchkit.cache import cache_dir
 from patchkit.commands import rebase
-from patchkit.commands.rebase_check import release_targets
 from patchkit.errors import CommandError, PatchkitError, UsageError
 from patchkit.kinds import Stop
 from patchkit.manifest import VLLM, Manifest
 from patchkit.manifest.runspec import run_spec
 from patchkit.series import applier
+from patchkit.series.releases import release_targets
 
 EXIT_NEEDS_A_HAND = 4
 TRAILER = "Patchkit-Bump"

@@ -50,6 +50,7 @@ from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed,
                                   relay, relayed_export, zstd_module)
 from patchkit.image.registry import host_of
 from patchkit.imageref import check_reference, reference_problem, repository, split_tag
+from patchkit.manifest import variants
 from patchkit.process import Piped
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
@@ -171,9 +172,7 @@ def check_compress(how: str) -> str:
 def built_image(manifest) -> str:
     """The tag build-image gives the manifest's default build at its pin (image.tag, else
     NAME:{ref})."""
-    from patchkit.commands.build_image import default_tag
-
-    return default_tag(manifest, manifest.vllm.ref, None, None)
+    return variants.default_tag(manifest, manifest.vllm.ref, None, None)
 
 
 def run(image: str, targets: Sequence[str], *, source: Engine | None = None,

@@ -26,12 +26,13 @@ from pathlib import Path
 
 from patchkit import interrupt, source, versions
 from patchkit.cache import cache_dir
-from patchkit.errors import PatchkitError, SourceError, UsageError
+from patchkit.errors import PatchkitError, UsageError
 from patchkit.image import basevllm
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import applier
+from patchkit.series.releases import release_targets
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 FORMATS = ("text", "json", "markdown", "junit")
@@ -62,48 +63,6 @@ def check_flags(refs: Sequence[str], releases: bool, pre: bool,
             raise UsageError(f"--output {spec!r}: no folder {Path(path).parent}")
         sinks.append((kind, Path(path)))
     return sinks
-
-
-# ------------------------------------------------------------------------------ the targets
-
-def pin_version(run: RunSpec, cache: Path, log=lambda m: None,
-                base: source.Base | None = None, package: str = VLLM) -> versions.Version:
-    """The release the pin of ``package`` in ``run`` is, or the one its commit lies after."""
-    pin = run.pin(package)
-    v = versions.release_tag(pin.ref)
-    if v is not None:
-        return v
-    resolved = source.resolve(pin.sources, pin.ref, cache, log, base=base,
-                              package=source.package_id(pin.name, pin.dist))
-    try:
-        return versions.sort_key(resolved.version)
-    except versions.InvalidVersion:
-        raise SourceError(f"cannot tell which releases come after the pin {pin.ref!r}: "
-                          "it is no release and has none below it; name targets with --to"
-                          ) from None
-
-
-def release_targets(manifest: Manifest, *, run: RunSpec | None = None,
-                    cache: Path | None = None, pre: bool = False,
-                    log=lambda m: None, base: source.Base | None = None,
-                    package: str = VLLM) -> list[str]:
-    """The release tags of ``package`` after its pin in ``run`` (default: the manifest's),
-    oldest first; pre-releases only with ``pre``."""
-    run = run or run_spec(manifest)
-    cache = cache or cache_dir()
-    at = run.pin(package)
-    # the releases first: a source with none to list (image) says so before the base's
-    # files are read for the pin
-    _, tags = source.list_tags(at.sources, cache, log,
-                               package=source.package_id(at.name, at.dist))
-    pin = pin_version(run, cache, log, base, package)
-    found: dict[versions.Version, str] = {}
-    for tag in tags:
-        v = versions.release_tag(tag)
-        if v is None or v <= pin or (v.is_prerelease and not pre):
-            continue
-        found.setdefault(v, tag)
-    return [found[v] for v in sorted(found)]
 
 
 # ------------------------------------------------------------------------------ the matrix

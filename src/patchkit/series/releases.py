@@ -1,0 +1,52 @@
+"""The releases of a package after its pin: what rebase-check's ``--releases`` and bump's
+newest release are made of."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from patchkit import source, versions
+from patchkit.cache import cache_dir
+from patchkit.errors import SourceError
+from patchkit.manifest import VLLM, Manifest
+from patchkit.manifest.runspec import RunSpec, run_spec
+
+
+def pin_version(run: RunSpec, cache: Path, log=lambda m: None,
+                base: source.Base | None = None, package: str = VLLM) -> versions.Version:
+    """The release the pin of ``package`` in ``run`` is, or the one its commit lies after."""
+    pin = run.pin(package)
+    v = versions.release_tag(pin.ref)
+    if v is not None:
+        return v
+    resolved = source.resolve(pin.sources, pin.ref, cache, log, base=base,
+                              package=source.package_id(pin.name, pin.dist))
+    try:
+        return versions.sort_key(resolved.version)
+    except versions.InvalidVersion:
+        raise SourceError(f"cannot tell which releases come after the pin {pin.ref!r}: "
+                          "it is no release and has none below it; name targets with --to"
+                          ) from None
+
+
+def release_targets(manifest: Manifest, *, run: RunSpec | None = None,
+                    cache: Path | None = None, pre: bool = False,
+                    log=lambda m: None, base: source.Base | None = None,
+                    package: str = VLLM) -> list[str]:
+    """The release tags of ``package`` after its pin in ``run`` (default: the manifest's),
+    oldest first; pre-releases only with ``pre``."""
+    run = run or run_spec(manifest)
+    cache = cache or cache_dir()
+    at = run.pin(package)
+    # the releases first: a source with none to list (image) says so before the base's
+    # files are read for the pin
+    _, tags = source.list_tags(at.sources, cache, log,
+                               package=source.package_id(at.name, at.dist))
+    pin = pin_version(run, cache, log, base, package)
+    found: dict[versions.Version, str] = {}
+    for tag in tags:
+        v = versions.release_tag(tag)
+        if v is None or v <= pin or (v.is_prerelease and not pre):
+            continue
+        found.setdefault(v, tag)
+    return [found[v] for v in sorted(found)]
