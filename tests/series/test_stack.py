@@ -166,7 +166,6 @@ def test_a_workdir_beside_vllm_holding_work_is_refused(tmp_path, fi_cache):
 
 
 def test_flashinfers_releases_after_its_pin_come_from_pypi(tmp_path):
-
     proj = make_stack(tmp_path)
     m = manifest.load(proj / "patchset.yaml")
     found = releases.release_targets(m, run=run_spec(m), package="flashinfer",
