@@ -284,7 +284,7 @@ def test_rebase_of_a_split_series_refreshes_what_applies_and_stops_at_each_file(
     stops at each file it did change, naming that file; dropping the stopped entry goes on to
     the next.  The stops are exactly the files v0.33.0 changed (each stop replays the old pin's
     series up to it: fewer files, the same paths through the rebase)."""
-    from patchkit.commands import rebase
+    from patchkit.series import rebase
     from patchkit.manifest.edit import ManifestText
     from patchkit.source import pypi
 

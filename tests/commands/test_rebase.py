@@ -20,7 +20,7 @@ from testing.project import (
 from testing.upstream import sh
 
 from patchkit import manifest
-from patchkit.commands import rebase
+from patchkit.series import rebase
 from patchkit.series import applier
 from patchkit.errors import UsageError
 

@@ -14,7 +14,7 @@ from testing import patchkit
 from testing.realdiffs import TORCH_UTILS, real_diffs
 
 from patchkit import manifest
-from patchkit.commands import rebase
+from patchkit.series import rebase
 from patchkit.series import applier
 from patchkit.source import pypi
 

@@ -426,7 +426,7 @@ def test_holds_names_the_commit_of_a_dev_build():
 
 
 def test_rebase_refuses_a_pin_that_follows_the_base(tmp_path):
-    from patchkit.commands import rebase
+    from patchkit.series import rebase
 
     path = tmp_path / "patchset.yaml"
     path.write_text("name: t\nvllm:\n  repo: pypi\n  ref: base\nimage:\n  base: reg/vllm:1\n")

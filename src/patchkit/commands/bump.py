@@ -32,7 +32,7 @@ from pathlib import Path
 from patchkit import git as g
 from patchkit import manifest, process, source, versions
 from patchkit.cache import cache_dir
-from patchkit.commands import rebase
+from patchkit.series import rebase
 from patchkit.errors import CommandError, PatchkitError, UsageError
 from patchkit.kinds import Stop
 from patchkit.manifest import VLLM, Manifest

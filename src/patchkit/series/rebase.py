@@ -1,0 +1,507 @@
+"""The rebase engine: move a pin to a new ref, one patch at a time, stopping where a person decides
+
+The series is applied to a checkout of the target in ``.patchkit/rebase/tree`` with the same
+``applier.apply_one`` as ``apply``.  Per patch (what a kind does is the kind's: ``kinds/``):
+
+- applied exactly: kept as is; applied at an offset: its hunk headers are moved so that it
+  applies exactly (proved in a throwaway index; git's own diff of the commit otherwise);
+- upstream: marked with a ``vllm:`` range that ends before the target (or dropped with
+  ``drop_upstream``);
+- failed: the rebase stops.  A diff is merged into the checkout with conflict markers (a
+  three-way merge against the old pin with the same patches before it, else ``git apply
+  --3way``, else ``--reject``) and ``--continue`` turns the edited checkout into the new diff.
+  For a transform or overlay the stop says which file to change, and ``--continue`` retries.
+
+Everything needed to go on or go back lives in ``.patchkit/rebase/``: ``state.json``, the
+checkout, and ``backup/`` with the manifest and every patch file as they were, which ``--abort``
+writes back byte for byte.  When the series is through, the assertions run, the pin moves (only
+``vllm.ref`` and a matching ``image.base`` tag), and the new manifest is proved on a fresh
+checkout: every patch applies exactly, with no offset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from patchkit import locks
+
+from patchkit import git as g
+from patchkit import interrupt, kinds, manifest, source, versions
+from patchkit.cache import cache_dir
+from patchkit.errors import PatchkitError, UsageError
+from patchkit.files import write_if_changed
+from patchkit.kinds import Stop
+from patchkit.kinds.common import ABORT
+from patchkit.manifest import VLLM, Manifest, Patch
+from patchkit.manifest.edit import ManifestText
+from patchkit.manifest.runspec import run_spec
+from patchkit.report import PatchResult
+from patchkit.series import applier, assertions
+
+STATE_FORMAT = 1
+IGNORED = "__pycache__/\n*.pyc\n"  # byte code from running the checkout is never part of a patch
+
+
+@dataclass
+class Step:
+    """What the rebase did with one patch."""
+
+    id: str
+    action: str      # applied | refreshed | resolved | upstream | dropped | skipped
+    detail: str = ""
+
+
+@dataclass
+class RebaseResult:
+    done: bool
+    from_ref: str
+    to_ref: str
+    steps: list[Step]
+    stop: Stop | None = None
+    tree: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    label: str = "vLLM"   # the package whose pin moves, as messages name it
+
+
+def state_dir(root: Path) -> Path:
+    return root / ".patchkit" / "rebase"
+
+
+class _State:
+    """``state.json``: enough to go on after a stop, an interruption or a new process."""
+
+    def __init__(self, sdir: Path, data: dict) -> None:
+        self.sdir = sdir
+        self.data = data
+
+    @property
+    def tree(self) -> Path:
+        return self.sdir / "tree"
+
+    @property
+    def manifest_path(self) -> Path:
+        return Path(self.data["manifest"])
+
+    @property
+    def resolved(self) -> source.Resolved:
+        r = self.data["resolved"]
+        return source.Resolved(r["source"], Path(r["repo"]), r["ref"], r["commit"], r["version"])
+
+    @property
+    def package(self) -> str:
+        """The package whose pin moves (vLLM unless ``--package``)."""
+        return self.data.get("package", VLLM)
+
+    @property
+    def label(self) -> str:
+        return "vLLM" if self.package == VLLM else self.package
+
+    @property
+    def found(self) -> dict[str, str | None]:
+        """The version of every package the ranges are judged on: the target's for the
+        package that moves, the pins of the others."""
+        return {**self.data.get("others", {}), self.package: self.resolved.version}
+
+    @property
+    def tops(self) -> tuple[str, ...]:
+        return tuple(self.data.get("tops", ()))
+
+    def apply_one(self, m: Manifest, p: Patch, tree: Path, res: source.Resolved,
+                  found: dict | None = None) -> PatchResult:
+        return applier.apply_one(m, p, tree, res.commit, res.version, res.repo,
+                                 package=self.package, found=found or self.found,
+                                 tops=self.tops)
+
+    @property
+    def steps(self) -> list[Step]:
+        return [Step(**s) for s in self.data["steps"]]
+
+    def add(self, step: Step) -> None:
+        self.data["steps"].append(asdict(step))
+
+    @property
+    def stopped(self) -> Stop | None:
+        s = self.data.get("stopped")
+        return Stop(**s) if s else None
+
+    @stopped.setter
+    def stopped(self, stop: Stop | None) -> None:
+        self.data["stopped"] = asdict(stop) if stop else None
+
+    def save(self) -> None:
+        write_if_changed(self.sdir / "state.json",
+                         (json.dumps(self.data, indent=2) + "\n").encode())
+
+    @classmethod
+    def load(cls, sdir: Path) -> _State:
+        try:
+            data = json.loads((sdir / "state.json").read_text())
+        except FileNotFoundError:
+            raise UsageError("no rebase in progress (start one with `patchkit rebase --to REF`)"
+                             ) from None
+        except ValueError as exc:
+            raise UsageError(f"{sdir / 'state.json'} is unreadable ({exc}); "
+                             "`patchkit rebase --abort` cleans up") from None
+        if data.get("format") != STATE_FORMAT:
+            raise UsageError(f"{sdir} was written by another patchkit version; "
+                             "`patchkit rebase --abort` cleans up")
+        return cls(sdir, data)
+
+
+def _lock(sdir: Path):
+    sdir.parent.mkdir(parents=True, exist_ok=True)
+    return locks.held(sdir.parent / "rebase.lock", f"the rebase in {sdir.parent}")
+
+
+def _patch_files(m: Manifest) -> list[str]:
+    """Every file the series is made of, manifest-relative, the manifest first."""
+    out = [m.path.name]
+    for p in m.patches:
+        out += kinds.get(p.kind).sources(m.root / p.path, p.path)
+    return list(dict.fromkeys(out))
+
+
+def _rel(path: Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
+# ------------------------------------------------------------------------------ commands
+
+def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
+          drop_upstream: bool = False, cache: Path | None = None, package: str = VLLM,
+          progress: applier.Progress | None = None) -> RebaseResult:
+    """Begin moving the pin of ``package`` (default vLLM) of ``manifest_path`` to ``to``; runs
+    until done or stopped."""
+    progress = progress or applier.Progress()
+    m = manifest.load(manifest_path)
+    if package != VLLM and repos:
+        raise UsageError("--vllm-repo goes with vLLM's rebase, not --package")
+    run_spec(m, only=[package])   # an unknown package: one line, with "did you mean"
+    sdir = state_dir(m.root)
+    with _lock(sdir):
+        if in_progress(m.root):
+            raise UsageError("a rebase is already in progress; go on with `patchkit rebase "
+                             "--continue` or undo it with `patchkit rebase --abort`")
+        spec = run_spec(m, repos=repos)
+        pin = spec.pin(package)
+        repos = pin.sources
+        cache = cache or cache_dir()
+        if (source.BASE_REF in (to, pin.ref)
+                or any(source.kind_of(r).reads_base for r in repos)):
+            raise UsageError("rebase moves the pin between refs of git or PyPI sources; a pin "
+                             f"'{source.BASE_REF}' or the source 'image' follows the base image "
+                             "instead: change image.base, then check with rebase-check")
+        pid = source.package_id(pin.name, pin.dist)
+        resolved = source.resolve(repos, to, cache, progress.info, package=pid)
+        _warn_if_backwards(pin.ref, to, resolved.version, pid.label, progress)
+        others = {name: r.version for name, r in applier.resolve_pins(
+            spec, cache, progress.info, None, [q.name for q in spec.pins if q.name != package]
+        ).items()}
+        tops = () if package == VLLM else applier.package_tops(resolved)
+        shutil.rmtree(sdir, ignore_errors=True)  # the leftovers of a start that never finished
+        sdir.mkdir(parents=True)
+        try:
+            files = _patch_files(m)
+            for rel in files:
+                dest = sdir / "backup" / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(m.root / rel, dest)
+            source.checkout(resolved, sdir / "tree")
+            g.exclude(sdir / "tree", IGNORED)
+            state = _State(sdir, {
+                "format": STATE_FORMAT, "manifest": str(m.path), "from": pin.ref, "to": to,
+                "repos": list(repos), "cache": str(cache), "package": package,
+                "dist": pin.dist, "others": others, "tops": list(tops),
+                "resolved": {"source": resolved.source, "repo": str(resolved.repo),
+                             "ref": resolved.ref, "commit": resolved.commit,
+                             "version": resolved.version},
+                "drop_upstream": drop_upstream, "head": resolved.commit, "steps": [],
+                "stopped": None, "backup": files, "notes": []})
+            state.save()
+        except BaseException:
+            shutil.rmtree(sdir, ignore_errors=True)
+            raise
+        return _run(state, progress)
+
+
+def _warn_if_backwards(pinned: str, to: str, version: str | None, label: str,
+                       progress: applier.Progress) -> None:
+    """One line when ``to`` is an older release than the pin: moving it back is allowed (a
+    regression hunt), but should never happen unnoticed."""
+    old = versions.release_tag(pinned)
+    new = versions.parse(version) or versions.release_tag(to)
+    if old is not None and new is not None and new < old:
+        progress.info(f"warning: {label} {to} ({new}) is older than the pin {pinned}: the pin "
+                      "moves backwards")
+
+
+def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> RebaseResult:
+    """``--continue``: take the user's resolution of the stop, then go on."""
+    progress = progress or applier.Progress()
+    root = Path(os.path.abspath(manifest_path)).parent
+    sdir = state_dir(root)
+    with _lock(sdir):
+        state = _State.load(sdir)
+        stop = state.stopped
+        if stop is not None:
+            m = manifest.load(state.manifest_path)
+            try:
+                p = m.patch(stop.patch)
+            except KeyError:
+                p = None
+            if stop.reason == "assertion" or p is None:
+                if p is None and stop.patch != "":
+                    state.add(Step(stop.patch, "dropped", "removed from the manifest by hand"))
+            else:
+                kinds.get(p.kind).resume(_Rebase(state, m, progress), p, stop)
+            state.stopped = None
+            state.save()
+        return _run(state, progress)
+
+
+def abort(manifest_path: Path) -> list[str]:
+    """``--abort``: write the manifest and every patch file back as they were; drop the state.
+    Returns the files that had changed."""
+    root = Path(os.path.abspath(manifest_path)).parent
+    sdir = state_dir(root)
+    with _lock(sdir):
+        if not sdir.exists():
+            raise UsageError("no rebase in progress")
+        restored: list[str] = []
+        try:
+            files = json.loads((sdir / "state.json").read_text())["backup"]
+        except (OSError, ValueError, KeyError):
+            files = []  # a start that never got going changed nothing
+        for rel in files:
+            if write_if_changed(root / rel, (sdir / "backup" / rel).read_bytes()):
+                restored.append(rel)
+        shutil.rmtree(sdir)
+        return restored
+
+
+def in_progress(root: Path) -> bool:
+    return (state_dir(root) / "state.json").exists()
+
+
+# ------------------------------------------------------------------------------ the run
+
+def _run(state: _State, progress: applier.Progress) -> RebaseResult:
+    tree = state.tree
+    res = state.resolved
+    # An interrupted run may have left a half-applied patch: start again from the last commit.
+    g.discard_changes(tree, state.data["head"])
+    while True:
+        interrupt.check()
+        m = manifest.load(state.manifest_path)
+        done = {s.id for s in state.steps}
+        p = next((q for q in m.patches if q.id not in done), None)
+        if p is None:
+            break
+        if p.package != state.package:   # another package's pin does not move
+            state.add(Step(p.id, "skipped", f"it patches {p.package}, whose pin stays"))
+            state.save()
+            continue
+        r = state.apply_one(m, p, tree, res)
+        progress.patch(r)
+        with interrupt.deferred():  # a step's files and its record in state.json together
+            if r.status == "applied":
+                assert r.commit
+                state.data["head"] = r.commit
+                refreshed = kinds.get(p.kind).refresh(p, m.root / p.path, tree, r)
+                state.add(Step(p.id, "refreshed", refreshed) if refreshed
+                          else Step(p.id, "applied"))
+            elif r.status == "upstream":
+                state.add(_mark_upstream(state, m, p, "already in the tree"))
+            elif r.status == "skipped":
+                state.add(Step(p.id, "skipped", r.message))
+            else:
+                state.stopped = _stop(state, m, p, r, progress)
+                state.save()
+                return _result(state)
+            state.save()
+    return _finish(state)
+
+
+def _result(state: _State, done: bool = False) -> RebaseResult:
+    return RebaseResult(done, state.data["from"], state.data["to"], state.steps, state.stopped,
+                        None if done else state.tree, list(state.data.get("notes", [])),
+                        state.label)
+
+
+def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str) -> Step:
+    version = state.resolved.version
+    text = ManifestText.read(m.path)
+    if state.data["drop_upstream"]:
+        text.delete_item(("patches",), p.index,
+                         comment=f"{p.id}: dropped, upstream in {state.label} "
+                                 f"{state.data['to']} (it reported `upstream` there)")
+        text.write(m.path)
+        others = {q.path for q in m.patches if q.id != p.id}
+        if p.path not in others:
+            target = m.root / p.path
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+        manifest.load(m.path)
+        return Step(p.id, "dropped", f"{why}; entry and {p.path} removed")
+    key = state.package
+    if version is None:
+        return Step(p.id, "upstream", f"{why}; left as is: the target's release is unknown, "
+                                      f"so no {key}: range can be written")
+    path = ("patches", p.index, key)
+    if text.has(path):
+        spec = f"{(text.value(path) or '').strip()},<{version}"
+        text.set_scalar(path, spec)
+    else:
+        spec = f"<{version}"
+        text.insert_key(("patches", p.index), key, spec, after=p.kind, style='"')
+    text.write(m.path)
+    manifest.load(m.path)  # the edit must leave a valid manifest
+    return Step(p.id, "upstream", f'{why}; marked {key}: "{spec}"')
+
+
+# ------------------------------------------------------------------------------ stopping
+
+class _Rebase:
+    """What a kind may see and do of the rebase in progress (``kinds.Rebase``)."""
+
+    def __init__(self, state: _State, m: Manifest, progress: applier.Progress) -> None:
+        self.state = state
+        self.manifest = m
+        self.progress = progress
+        self.tree = state.tree
+        self.to = state.data["to"]
+        self.frm = state.data["from"]
+        self.shown = _rel(state.tree)
+        self.label = state.label
+        self.base_commit = state.resolved.commit
+
+    @contextmanager
+    def old_pin(self, patch: Patch) -> Iterator[tuple[Path, PatchResult] | None]:
+        """The old pin with the patches before ``patch``, then ``patch``, applied."""
+        state = self.state
+        backup = state.sdir / "backup" / Path(state.data["manifest"]).name
+        try:
+            old_m = manifest.load(backup)
+            old_p = old_m.patch(patch.id)
+            old_res = source.resolve(state.data["repos"], state.data["from"],
+                                     Path(state.data["cache"]), self.progress.info,
+                                     package=source.package_id(state.package,
+                                                               state.data.get("dist", VLLM)))
+        except (PatchkitError, KeyError):
+            yield None
+            return
+        old = state.sdir / "old"
+        shutil.rmtree(old, ignore_errors=True)
+        try:
+            source.checkout(old_res, old, applier.needed_paths(old_m, state.package))
+            found = {**state.found, state.package: old_res.version}
+            for q in old_m.patches:
+                if q.id == patch.id:
+                    break
+                state.apply_one(old_m, q, old, old_res, found)
+            r = state.apply_one(old_m, old_p, old, old_res, found)
+            yield (old, r) if r.status == "applied" and r.commit else None
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def mark_upstream(self, patch: Patch, why: str) -> None:
+        self.state.add(_mark_upstream(self.state, self.manifest, patch, why))
+
+    def record_replaces(self, patch: Patch, drift: dict[str, str]) -> None:
+        text = ManifestText.read(self.manifest.path)
+        entry = ("patches", patch.index)
+        for rel, blob in drift.items():
+            if text.has((*entry, "replaces", rel)):
+                text.set_scalar((*entry, "replaces", rel), blob)
+            elif text.has((*entry, "replaces")):
+                text.insert_key((*entry, "replaces"), rel, blob)
+            else:
+                text.insert_key(entry, "replaces", {rel: blob}, after=patch.kind)
+        text.write(self.manifest.path)
+        manifest.load(self.manifest.path)
+
+    def resolved(self, patch: Patch, commit: str, detail: str) -> None:
+        self.state.data["head"] = commit
+        self.state.add(Step(patch.id, "resolved", detail))
+        self.progress.info(f"resolved {patch.id}: {patch.path} rewritten")
+
+
+def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
+          progress: applier.Progress) -> Stop:
+    head = (f"{p.id} ({p.kind} {p.path}) does not apply to {state.label} {state.data['to']}: "
+            f"{r.reason}: {r.message}")
+    return kinds.get(p.kind).stop(_Rebase(state, m, progress), p, r, head)
+
+
+# ------------------------------------------------------------------------------ finishing
+
+def _finish(state: _State) -> RebaseResult:
+    tree, res = state.tree, state.resolved
+    m = manifest.load(state.manifest_path)
+    active = [p for p in m.patches if p.package == state.package
+              and versions.in_ranges(p.ranges, state.found)[0]]
+    failed = [a for a in assertions.run_assertions(active, assertions.tree_reader(tree)) if not a.ok]
+    if failed:
+        lines = [(f"every patch is through, but {len(failed)} assertion"
+                  f"{'s do' if len(failed) > 1 else ' does'} not hold on {state.label} {res.ref}:")]
+        lines += [f"  {a.failure_line()}" for a in failed]
+        lines += ["", (f"Fix the `verify:` entries in {m.path.name} (or --abort and fix the "
+                       "patches), then `patchkit rebase --continue` checks again."), ABORT]
+        state.stopped = Stop("", "verify", "assertion", lines[0], [m.path.name], lines)
+        state.save()
+        return _result(state)
+    notes = list(state.data.get("notes", []))
+    text = ManifestText.read(m.path)
+    old_ref = state.data["from"]
+    if state.package != VLLM:   # only that package's `ref:` line
+        if m.package(state.package).ref != res.ref:
+            text.set_scalar(("packages", state.package, "ref"), res.ref)
+        text.write(m.path)
+        _prove(state, manifest.load(m.path))
+        steps = state.steps
+        shutil.rmtree(state.sdir)
+        return RebaseResult(True, old_ref, res.ref, steps, None, None, notes, state.label)
+    if m.vllm.ref != res.ref:
+        text.set_scalar(("vllm", "ref"), res.ref)
+    base = text.value(("image", "base")) if text.has(("image", "base")) else None
+    if base and "@" not in base and base.endswith(f":{old_ref}"):
+        text.set_scalar(("image", "base"), base[:-len(old_ref)] + res.ref)
+        notes.append(f"image.base: {base} -> {base[:-len(old_ref)] + res.ref}")
+    elif base and old_ref in base:
+        notes.append(f"image.base ({base}) still names vLLM {old_ref}: update it by hand")
+    text.write(m.path)
+    _prove(state, manifest.load(m.path))
+    steps = state.steps
+    shutil.rmtree(state.sdir)
+    return RebaseResult(True, old_ref, res.ref, steps, None, None, notes)
+
+
+def _prove(state: _State, m: Manifest) -> None:
+    """The rebased manifest on a fresh checkout: every patch of the package must apply exactly
+    and give the tree the rebase built."""
+    res = state.resolved
+    proof = state.sdir / "proof"
+    shutil.rmtree(proof, ignore_errors=True)
+    try:
+        # sparse, like rebase-check: commit trees hold every file either way
+        source.checkout(res, proof, applier.needed_paths(m, state.package))
+        results = [state.apply_one(m, p, proof, res) for p in m.patches
+                   if p.package == state.package]
+        bad = [f"{r.id}: {r.status} {r.reason or ''} {r.message} {'; '.join(map(str, r.offsets))}".strip()
+               for r in results if r.status == "failed" or r.offsets]
+        same = g.tree_of(proof, "HEAD") == g.tree_of(state.tree, "HEAD")
+        if bad or not same:
+            detail = "; ".join(bad) if bad else "it gives another tree than the rebase built"
+            raise PatchkitError(f"the rebased series does not apply exactly to {state.label} "
+                                f"{res.ref}: {detail}; `patchkit rebase --abort` puts "
+                                "everything back")
+    finally:
+        shutil.rmtree(proof, ignore_errors=True)
