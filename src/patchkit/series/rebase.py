@@ -1,4 +1,4 @@
-"""The rebase engine: move a pin to a new ref, one patch at a time, stopping where a person decides
+"""The rebase engine: move a pin to a new ref, one patch at a time, stopping where a person decides.
 
 The series is applied to a checkout of the target in ``.patchkit/rebase/tree`` with the same
 ``applier.apply_one`` as ``apply``.  Per patch (what a kind does is the kind's: ``kinds/``):
