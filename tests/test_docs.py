@@ -106,6 +106,11 @@ def project(tmp_path, monkeypatch):
             shutil.copy2(src, proj / name)
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "patchset"]):
         subprocess.run(["git", *args], cwd=proj, check=True, capture_output=True)
+    # GitHub out of reach, as on the build machine: examples that read the manifest's source
+    # list (GitHub, then pypi) fall through to the cached releases at once, wherever they run.
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "url.file:///nonexistent/github/.insteadOf")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "https://github.com/")
     bindir = Path(sys.executable).parent
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     return proj
