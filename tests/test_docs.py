@@ -4,7 +4,9 @@ and every code block marked for it runs (docs/development.md, "Examples that run
 A block is marked by its info string: ```` ```sh test ```` runs with bash in a scratch copy of
 this repository's patchset (exit 0 expected; ```` ```sh test exit=N ```` expects N), and
 ```` ```yaml test ```` is a manifest that ``patchkit validate`` accepts (the patch files it
-names are written empty beside it, as placeholders).
+names get placeholders). A ```` ```text output ```` block right after a ```` ```sh test ````
+block is what the script prints (standard output and error, as a terminal shows them): they
+must hold those lines.
 """
 
 from __future__ import annotations
@@ -64,28 +66,34 @@ def test_every_relative_link_resolves(page):
     assert not broken, f"{page.name}: " + "; ".join(broken)
 
 
-def marked(kind: str) -> list[tuple[str, str, int]]:
-    """Each block marked ``KIND test``: (where, its text, the exit code it declares)."""
+def marked(kind: str) -> list[tuple[str, str, int, str | None]]:
+    """Each block marked ``KIND test``: (where, its text, the exit code it declares, the text
+    of a ``text output`` block right after it, which its standard output must hold)."""
     out = []
     for page in PAGES:
         text = page.read_text()
-        for block in FENCE.finditer(text):
+        blocks = list(FENCE.finditer(text))
+        for block, after in zip(blocks, [*blocks[1:], None]):
             words = block.group(1).split()
             if words[:2] != [kind, "test"]:
                 continue
             code = next((int(w[5:]) for w in words[2:] if w.startswith("exit=")), 0)
+            shown = None
+            if (after is not None and after.group(1).split() == ["text", "output"]
+                    and not text[block.end():after.start()].strip()):
+                shown = after.group(2)
             line = text.count("\n", 0, block.start()) + 1
-            out.append((f"{page.relative_to(REPO_ROOT)}:{line}", block.group(2), code))
+            out.append((f"{page.relative_to(REPO_ROOT)}:{line}", block.group(2), code, shown))
     return out
 
 
 SHELL = marked("sh")
-MANIFESTS = marked("yaml")
+MANIFESTS = [(where, text, code) for where, text, code, _ in marked("yaml")]
 
 
 def test_the_docs_mark_examples_to_run():
     assert len(SHELL) + len(MANIFESTS) >= 15
-    assert any(where.startswith("README.md") for where, _, _ in SHELL)
+    assert any(where.startswith("README.md") for where, *_ in SHELL)
 
 
 @pytest.fixture
@@ -117,11 +125,22 @@ def project(tmp_path, monkeypatch):
 
 
 @pytest.mark.real_vllm
-@pytest.mark.parametrize(("where", "code", "want"), SHELL, ids=[w for w, _, _ in SHELL])
-def test_shell_example_runs(where, code, want, project):
+@pytest.mark.parametrize(("where", "code", "want", "shown"), SHELL, ids=[s[0] for s in SHELL])
+def test_shell_example_runs(where, code, want, shown, project):
     out = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], cwd=project,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == want, f"{where}: exit {out.returncode}\n{out.stdout}\n{out.stderr}"
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert out.returncode == want, f"{where}: exit {out.returncode}\n{out.stdout}"
+    if shown is not None:
+        assert holds(out.stdout, shown), f"{where}: it does not print what the docs show:\n{out.stdout}"
+
+
+def holds(printed: str, shown: str) -> bool:
+    """Whether the lines shown appear in a row among those printed, each the start of its line
+    (trailing blanks aside)."""
+    got = [line.rstrip() for line in printed.splitlines()]
+    want = [line.rstrip() for line in shown.splitlines()]
+    return any(all(g.startswith(w) for g, w in zip(got[i:i + len(want)], want))
+               for i in range(len(got) - len(want) + 1))
 
 
 # The placeholders a manifest example's patch files get: the manifest is what is tested.
