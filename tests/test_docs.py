@@ -131,7 +131,7 @@ def test_shell_example_runs(where, code, want, shown, project):
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert out.returncode == want, f"{where}: exit {out.returncode}\n{out.stdout}"
     if shown is not None:
-        assert holds(out.stdout, shown), f"{where}: it does not print what the docs show:\n{out.stdout}"
+        assert holds(out.stdout, shown), f"{where}: it prints not what the docs show:\n{out.stdout}"
 
 
 def holds(printed: str, shown: str) -> bool:
