@@ -1,4 +1,4 @@
-"""The two-node launch check, as build/serve.sh --help and README.md show it: the same steps in
+"""The two-node launch check, as build/serve.sh --help and docs/dspark.md show it: the same steps in
 the same order, and each patchkit command one that patchkit's own parser accepts."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ def serve_help() -> list[list[str]]:
 
 
 def readme_steps() -> list[list[str]]:
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme[readme.index("### The two-node launch check"):]
+    readme = (REPO_ROOT / "docs" / "dspark.md").read_text()
+    section = readme[readme.index("## The two-node launch check"):]
     return _commands(re.search(r"```sh\n(.*?)```", section, re.S).group(1))
 
 

@@ -13,7 +13,7 @@ import pytest
 from testing import REPO_ROOT
 
 SERVE = REPO_ROOT / "build" / "serve.sh"
-DOCS = REPO_ROOT / "README.md"
+DOCS = REPO_ROOT / "docs" / "dspark.md"
 BASH = shutil.which("bash") or "/bin/bash"
 
 
@@ -32,10 +32,10 @@ def printed(env: dict[str, str] | None = None) -> list[str]:
 
 
 def documented() -> list[str]:
-    """The rank-0 command in README.md, as words."""
+    """The rank-0 command in docs/dspark.md, as words."""
     text = DOCS.read_text()
     match = re.search(r"<!-- serve-command: rank 0 -->\n```sh\n(.*?)```", text, re.S)
-    assert match, "README.md has no rank-0 serve command block"
+    assert match, "docs/dspark.md has no rank-0 serve command block"
     return shlex.split(match.group(1).replace("\\\n", " "))
 
 

@@ -18,7 +18,7 @@ SERVE = REPO_ROOT / "build" / "serve.sh"
 ENGINE_ARGS = "vllm/engine/arg_utils.py"
 FRONTEND_CLASSES = ("BaseFrontendArgs", "FrontendArgs")
 
-# vLLM 0.27.1 and 0.28.0 have no `b12x` MoE backend (0.29.0 added it); the README tells their
+# vLLM 0.27.1 and 0.28.0 have no `b12x` MoE backend (0.29.0 added it); docs/dspark.md tells their
 # users to set DSPARK_DRAFT_MOE_BACKEND=auto.  A release listed here must refuse b12x and accept
 # auto.
 NO_B12X_MOE = {"v0.27.1", "v0.28.0"}

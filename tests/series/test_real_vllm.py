@@ -85,12 +85,12 @@ def test_fuzz_is_refused_on_a_real_file(project, real_vllm, tmp_path):
     assert not (tmp_path / "wd").exists()
 
 
-def test_readme_transform_example_works_on_the_real_file(real_vllm, tmp_path):
+def test_docs_transform_example_works_on_the_real_file(real_vllm, tmp_path):
     import re
 
     from patchkit.transform import run_transform_file
 
-    readme = (REPO_ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "docs" / "manifest.md").read_text()
     code = re.search(r"```python\n(import libcst as cst\n.*?)```", readme, re.S).group(1)
     (tmp_path / "t.py").write_text(code)
     repo, tag = pypi.ensure_release(real_vllm, "v0.27.1")
