@@ -10,9 +10,11 @@ from pathlib import Path
 import click
 
 from patchkit import __version__, errors, interrupt
+from patchkit.manifest import discovery
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 DEFAULT_WORKDIR = ".patchkit/vllm"
+FOUND = "found here or in a folder above"
 DISCARD = click.option("--discard", is_flag=True,
                        help="Replace a workdir that holds commits, changes or untracked files "
                             "(they are saved in a git bundle beside it first).")
@@ -70,7 +72,8 @@ class Group(click.Group):
 
 FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
                       show_default=True, help="Report format.")
-MANIFEST = click.option("--manifest", "manifest_path", default="patchset.yaml", show_default=True,
+MANIFEST = click.option("--manifest", "manifest_path", default=discovery.default_manifest,
+                        show_default=f"patchset.yaml, {FOUND}",
                         type=click.Path(dir_okay=False), help="The patchset manifest.")
 VLLM_REF = click.option("--vllm-ref", "ref",
                         help="Tag, branch or commit, or 'base': the commit or release the base "
@@ -107,7 +110,8 @@ VARIANT = click.option("--variant", multiple=True, callback=_one_variant, metava
 
 
 def workdir_option(help: str):
-    return click.option("--workdir", default=DEFAULT_WORKDIR, show_default=True,
+    return click.option("--workdir", default=discovery.default_workdir,
+                        show_default=f"{DEFAULT_WORKDIR} of the project {FOUND}",
                         type=click.Path(file_okay=False), help=help)
 
 
@@ -126,6 +130,7 @@ def cli() -> None:
     Typical use:
       patchkit validate                      check patchset.yaml and the files it names
       patchkit apply                         apply the series to the pinned vLLM (.patchkit/vllm)
+      patchkit status                        what the checkout holds, and what is not exported
       patchkit verify --tree .patchkit/vllm  re-run the AST assertions
       patchkit build-image                   build the linux/arm64 image
       patchkit rebase-check --releases       how the series fares on newer vLLM releases
@@ -179,7 +184,7 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
 
 @cli.command()
 @click.option("--tree", type=click.Path(file_okay=False),
-              help=f"A patched checkout (default: {DEFAULT_WORKDIR}).")
+              help=f"A patched checkout (default: {DEFAULT_WORKDIR} of the project {FOUND}).")
 @click.option("--image", help="An image: read its files without running it; also say what it "
                              "holds (installed vLLM, its commit, the source, the fingerprint).")
 @click.option("--base", help="With a tree: judge the vllm: ranges on the vLLM this base image "
@@ -209,7 +214,7 @@ def verify(tree, image, base, logs, containers, packages, locked, timeout, varia
     if tree and image:
         raise click.UsageError("give --tree or --image, not both")
     report = command.run(m, tree=Path(tree) if tree else None, image=image,
-                         default_tree=Path(DEFAULT_WORKDIR), variant=variant, logs=logs,
+                         default_tree=Path(discovery.default_workdir()), variant=variant, logs=logs,
                          containers=containers,
                          stdin=click.get_binary_stream("stdin") if "-" in logs else None,
                          base=base, log=lambda msg: echo(msg, err=True), timeout=timeout,
@@ -368,6 +373,25 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
     else:
         click.echo(render_text(result), nl=False)
     return 0 if result.ok else 1
+
+
+@cli.command()
+@click.option("--workdir", type=click.Path(file_okay=False),
+              help=f"vLLM's applied checkout; other packages' are beside it (default: "
+                   f"{DEFAULT_WORKDIR} of the project {FOUND}).")
+@click.option("--manifest", "manifest_path", type=click.Path(dir_okay=False),
+              help=f"The patchset manifest (default: patchset.yaml, {FOUND}).")
+@FORMAT
+def status(workdir, manifest_path, fmt) -> int:
+    """Say what each package's checkout holds: its pin, variant and patches, work not yet
+    exported, and what changed in the manifest since the apply."""
+    from patchkit.commands import status as command
+    from patchkit.render import text
+
+    st = command.run(Path(manifest_path) if manifest_path else None,
+                     Path(workdir) if workdir else None)
+    echo(json.dumps(st.to_dict(), indent=2) if fmt == "json" else text.status(st))
+    return 0
 
 
 @cli.command()

@@ -181,6 +181,8 @@ class ApplyReport:
     discarded: dict | None = None   # --discard: what the replaced workdir held, where it went
     # every package of the run by name, vllm first: its pin, version, commit, source, workdir
     packages: dict[str, PackageInfo] = field(default_factory=dict)
+    # each patch's digest (manifest.digest) when the checkout was made: what status compares
+    digests: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -202,6 +204,8 @@ class ApplyReport:
             data["kept"] = self.keep_failed
         if self.discarded:
             data["discarded"] = self.discarded
+        if self.digests:
+            data["digests"] = dict(self.digests)
         return data
 
     def to_json(self) -> str:
@@ -219,7 +223,8 @@ class ApplyReport:
                        data.get("kept"), data.get("variant") or None,
                        data.get("discarded") or None,
                        {str(n): PackageInfo.from_dict(p)
-                        for n, p in (data.get("packages") or {}).items()})
+                        for n, p in (data.get("packages") or {}).items()},
+                       {str(k): str(v) for k, v in (data.get("digests") or {}).items()})
         except (KeyError, TypeError, AttributeError, AssertionError) as exc:
             raise ValueError(f"not an apply report: {exc!r}") from None
 
