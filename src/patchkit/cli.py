@@ -625,9 +625,106 @@ def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, 
 
 
 
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _cache_manifests(given) -> list[Path]:
+    if given:
+        return [Path(m) for m in given]
+    found = discovery.find()
+    return [Path(discovery.shown(found))] if found is not None else []
+
+
+@cli.group("cache", cls=Group, invoke_without_command=True)
+@click.option("--manifest", "manifests", multiple=True, type=click.Path(dir_okay=False),
+              help=f"Mark what this manifest pins (default: patchset.yaml, {FOUND}); repeat.")
+@FORMAT
+@click.pass_context
+def cache_cmd(ctx, manifests, fmt) -> int:
+    """List what the cache holds ($PATCHKIT_CACHE_DIR, else ~/.cache/patchkit), how large
+    each entry is, when it was last used, and whether the manifest pins it.
+
+    \b
+    patchkit cache                       list it
+    patchkit cache prune                 remove what no manifest pins
+    patchkit cache prune --older-than 30d
+    """
+    if ctx.invoked_subcommand is not None:
+        return 0
+    from patchkit.cache import cache_dir
+    from patchkit.commands import cache as command
+
+    found = command.listing(cache_dir(), _cache_manifests(manifests))
+    if fmt == "json":
+        echo(json.dumps(found.to_dict(), indent=2))
+        return 0
+    echo(f"{found.cache}: {_size(found.bytes)} in {len(found.entries)} entries"
+         + (f" (pinned: by {', '.join(map(str, found.manifests))})" if found.manifests else ""))
+    for e in found.entries:
+        used = __import__("time").strftime("%Y-%m-%d %H:%M", __import__("time").localtime(e.used))
+        echo(f"  {e.kind:<10} {_size(e.bytes):>9}  {used}  {'pinned ' if e.pinned else '       '}"
+             f"{e.what}  ({e.path.relative_to(found.cache)})")
+    return 0
+
+
+def _duration(ctx, param, value):
+    if value is None:
+        return None
+    from patchkit.commands.cache import parse_duration
+    from patchkit.errors import UsageError
+
+    try:
+        return parse_duration(value)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[1], ctx, param) from None
+
+
+@cache_cmd.command("prune")
+@click.option("--older-than", callback=_duration, metavar="DURATION",
+              help="Only what has not been used for this long: 30d, 12h, 90m, 2w.")
+@click.option("--manifest", "manifests", multiple=True, type=click.Path(dir_okay=False),
+              help=f"Keep what this manifest pins (default: patchset.yaml, {FOUND}); repeat "
+                   "for every project that shares the cache.")
+@click.option("--wait", type=click.FloatRange(min=0, max=24 * 3600), default=10.0,
+              show_default=True, metavar="SECONDS",
+              help="How long to wait for the runs using the cache to end.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@FORMAT
+def cache_prune(older_than, manifests, wait, dry_run, fmt) -> int:
+    """Remove what no manifest pins: mirrors of other sources, releases and wheels of other
+    versions, what killed runs left.  Never what a running patchkit uses."""
+    from patchkit.cache import cache_dir
+    from patchkit.commands import cache as command
+
+    result = command.prune(cache_dir(), _cache_manifests(manifests), older_than=older_than,
+                           wait=wait, dry_run=dry_run)
+    if fmt == "json":
+        echo(json.dumps(result.to_dict(), indent=2))
+        return 0
+    verb = "would remove" if dry_run else "removed"
+    for e in result.removed:
+        echo(f"{verb} {e.kind} {e.what} ({_size(e.bytes)})")
+    for e in result.busy:
+        echo(f"kept {e.kind} {e.what}: a run is using it")
+    total = sum(e.bytes for e in result.removed)
+    echo(f"{verb} {len(result.removed)} entries, {_size(total)}; kept {len(result.kept)}"
+         + (f" ({sum(e.pinned for e in result.kept)} pinned by "
+            f"{', '.join(map(str, result.manifests))})" if result.manifests else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
     args = sys.argv[1:] if argv is None else list(argv)
+    if next((a for a in args if not a.startswith("-")), None) != "cache":
+        from patchkit.cache import hold_shared
+
+        hold_shared()   # `cache prune` removes nothing while this run may use the cache
     try:
         rv = cli.main(args=args, prog_name="patchkit", standalone_mode=False)
         return rv if isinstance(rv, int) else 0

@@ -1,12 +1,16 @@
 """The one subprocess wrapper, for the tools patchkit drives that have no library (``pip``,
 ``patch``, ``skopeo``, ``ssh``, ``docker buildx``), and for a command the user gives
-(``bisect --series --run``): :func:`run_user`, with a deadline and its output bounded."""
+(``bisect --series --run``): :func:`run_user`, with a deadline and its output bounded.
+
+Every child is started with :func:`dies_with_us` (git's too, through GitPython): the kernel
+kills it when patchkit ends, ``kill -9`` included."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -14,6 +18,42 @@ from dataclasses import dataclass
 
 from patchkit import interrupt
 from patchkit.errors import CommandError
+
+_PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def _prctl():
+    """libc's ``prctl``, looked up once, before any fork (a child must not load libraries)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+
+
+def dies_with_us() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when patchkit ends, however it ends
+    (``kill -9`` included): nothing patchkit starts outlives it.  A parent gone before the
+    request took hold is caught by its pid.  None where the kernel has no such request."""
+    if _PRCTL is None:
+        return None
+    parent = os.getpid()
+    return lambda: bind_to_parent(parent)
+
+
+def bind_to_parent(parent: int) -> None:
+    """In a child of ``parent`` (a worker process patchkit forked): be killed when it ends."""
+    if _PRCTL is None:
+        return
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(137)
 
 
 def run(cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
@@ -36,7 +76,8 @@ def run(cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
             proc = subprocess.run(list(cmd), cwd=cwd, env=full_env, input=input, text=text,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   stdin=None if input is not None else subprocess.DEVNULL,
-                                  timeout=timeout)  # run() kills the child on any exception
+                                  timeout=timeout,  # run() kills the child on any exception
+                                  preexec_fn=dies_with_us())
     except FileNotFoundError as exc:
         raise CommandError(list(cmd), 127, f"{cmd[0]}: not found ({exc})") from exc
     except subprocess.TimeoutExpired as exc:
@@ -58,7 +99,8 @@ def spawn(cmd: Sequence[str]) -> subprocess.Popen:
     (then ``terminate``)."""
     try:
         return subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                preexec_fn=dies_with_us())
     except OSError as exc:
         raise CommandError(list(cmd), 127, f"{cmd[0]}: cannot run it ({exc.strerror})") from None
 
@@ -68,7 +110,8 @@ def _streamed(cmd: Sequence[str], cwd, env, on_line: Callable[[str], None],
     """``cmd`` with its lines handed on as they come; the last ``keep`` lines kept."""
     tail: list[str] = []
     with subprocess.Popen(list(cmd), cwd=cwd, env=env, text=True, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          preexec_fn=dies_with_us()) as proc:
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -102,7 +145,8 @@ def run_user(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float,
     try:
         proc = subprocess.Popen(list(cmd), cwd=cwd, env={**os.environ, **env},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=dies_with_us())
     except OSError as exc:
         raise CommandError(list(cmd), 127, f"{cmd[0]}: cannot run it ({exc.strerror})") from None
     tail = _Tail(keep)

