@@ -24,6 +24,19 @@ def echo(message: str = "", err: bool = False) -> None:
     click.echo(message, err=err)
 
 
+class Output:
+    """``-q`` / ``-v`` of the running verb: what goes to stderr besides errors."""
+
+    quiet = False
+    verbose = False
+
+
+def say(message: str) -> None:
+    """A line about the work under way (stderr): not with ``-q``."""
+    if not Output.quiet:
+        echo(message, err=True)
+
+
 class TextProgress:
     """Tells as it goes: a line per patch (``patches``), a line per rebase-check target; the
     report itself goes to stdout."""
@@ -34,12 +47,12 @@ class TextProgress:
         self.tty = (sys.stderr if err else sys.stdout).isatty()
 
     def info(self, message: str) -> None:
-        echo(message, err=True)
+        say(message)
 
     def patch(self, result) -> None:
         from patchkit.render.text import patch_line
 
-        if self.patches:
+        if self.patches and not (Output.quiet and self.err):
             echo(patch_line(result, self.tty), err=self.err)
 
     def target(self, report) -> None:
@@ -47,13 +60,30 @@ class TextProgress:
         # a matrix over another package has that package's checkout alone
         name, info = next(iter(report.packages.items()), ("vllm", report.vllm))
         what = "vLLM" if name == "vllm" else name
-        echo(f"{what} {info.ref}: {'ok' if report.ok else f'{failed} failed'}", err=True)
+        say(f"{what} {info.ref}: {'ok' if report.ok else f'{failed} failed'}")
 
 
 class Verb(click.Command):
     """A subcommand that knows whether it was asked for JSON, even when its flags do not parse:
     then an error is also a JSON object on stdout, so a script that parses stdout gets an
-    answer, not silence."""
+    answer, not silence.  Every verb takes ``-q`` and ``-v``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.params += [
+            click.Option(["-q", "--quiet"], is_flag=True,
+                         help="Say nothing on stderr but errors: no progress, no notes."),
+            click.Option(["-v", "--verbose"], is_flag=True,
+                         help="Also show each git and pip command as it runs.")]
+
+    def invoke(self, ctx: click.Context):
+        from patchkit import progress
+        from patchkit.render.progress import TerminalSink
+
+        Output.quiet = ctx.params.pop("quiet", False)
+        Output.verbose = ctx.params.pop("verbose", False) and not Output.quiet
+        progress.install(TerminalSink(quiet=Output.quiet, verbose=Output.verbose))
+        return super().invoke(ctx)
 
     def wants_json(self, args: list[str]) -> bool:
         opts = [o for p in self.params if p.name == "fmt" for o in p.opts]
@@ -217,7 +247,7 @@ def verify(tree, image, base, logs, containers, packages, locked, timeout, varia
                          default_tree=Path(discovery.default_workdir()), variant=variant, logs=logs,
                          containers=containers,
                          stdin=click.get_binary_stream("stdin") if "-" in logs else None,
-                         base=base, log=lambda msg: echo(msg, err=True), timeout=timeout,
+                         base=base, log=say, timeout=timeout,
                          packages=packages, locked=locked)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return 0 if report.ok else 1
@@ -539,7 +569,7 @@ def lock(workdir, base, platform, timeout, manifest_path, fmt) -> int:
     from patchkit.commands import lock as command
 
     report = command.run(_load(manifest_path), workdir=Path(workdir), base=base,
-                         platform=platform, log=lambda msg: echo(msg, err=True),
+                         platform=platform, log=say,
                          timeout=timeout)
     if fmt == "json":
         echo(json.dumps(report.to_dict(), indent=2))
@@ -626,11 +656,9 @@ def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, 
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
+    from patchkit.render.progress import size
+
+    return size(n)
 
 
 def _cache_manifests(given) -> list[Path]:

