@@ -29,11 +29,14 @@ class Output:
 
     quiet = False
     verbose = False
+    said: set[str] = set()
 
 
 def say(message: str) -> None:
-    """A line about the work under way (stderr): not with ``-q``."""
-    if not Output.quiet:
+    """A line about the work under way (stderr): not with ``-q``, and once per run (every
+    target of a run meeting the same unreachable source says the same line)."""
+    if not Output.quiet and message not in Output.said:
+        Output.said.add(message)
         echo(message, err=True)
 
 

@@ -42,9 +42,8 @@ def cached(tmp_path, monkeypatch):
         "    dist: flashinfer-python\n    repo: [pypi]\n    ref: v0.6.15\npatches: []\n")
     wheels = cache / "pypi" / "wheels"
     wheels.mkdir(parents=True)
-    for name in WHEELS:
-        os.link(_real_wheel(name), wheels / name) if _same_fs(wheels, real_cache()) else \
-            shutil.copy(_real_wheel(name), wheels / name)
+    for name in WHEELS:   # copies: the test changes their times
+        shutil.copyfile(_real_wheel(name), wheels / name)
     (wheels / "download.flashinfer-python.x1y2").mkdir()
     (wheels / "download.flashinfer-python.x1y2" / "part").write_bytes(b"\0" * 4096)
     # the mirrors, made by patchkit itself: rebase-check --to v1 resolves the pin's source
@@ -53,13 +52,6 @@ def cached(tmp_path, monkeypatch):
     for src in (up, other):
         mirror.resolve(str(src), "v1", cache, lambda m: None)
     return proj, cache
-
-
-def _same_fs(a: Path, b: Path) -> bool:
-    try:
-        return a.stat().st_dev == b.stat().st_dev
-    except OSError:
-        return False
 
 
 def listed(proj: Path) -> dict[str, dict]:

@@ -17,6 +17,7 @@ cache for itself first (no run may be using it), and each entry's own lock befor
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -52,7 +53,7 @@ def parse_duration(text: str) -> float:
 
 @dataclass
 class Entry:
-    kind: str            # mirror | releases | wheel | base-trees | registry | leftover | log
+    kind: str     # mirror | releases | wheel | base-trees | registry | leftover | unreachable | log
     path: Path
     bytes: int
     used: float          # when it was last used (seconds since the epoch)
@@ -133,6 +134,15 @@ def _entry(kind: str, path: Path, what: str, locks: Sequence[Path] = (),
     return Entry(kind, path, size, used, what, tuple(locks), key)
 
 
+def _unreachable_what(marker: Path) -> str:
+    try:
+        data = json.loads(marker.read_text())
+        until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(data["until"])))
+        return f"{data['url']} did not answer; not asked again until {until}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a source that did not answer"
+
+
 def inventory(cache: Path) -> list[Entry]:
     """Everything the cache holds, largest first."""
     out: list[Entry] = []
@@ -140,7 +150,9 @@ def inventory(cache: Path) -> list[Entry]:
     for p in sorted(repos.iterdir()) if repos.is_dir() else []:
         if p.name.endswith(".lock"):
             continue
-        if p.is_dir() and p.name.endswith(".git"):
+        if p.name.endswith(mirror.UNREACHABLE):
+            out.append(_entry("unreachable", p, _unreachable_what(p)))
+        elif p.is_dir() and p.name.endswith(".git"):
             url = g.remote_url(p) if (p / "HEAD").is_file() else None
             out.append(_entry("mirror", p, url or p.name, [Path(f"{p}.lock")],
                               ("mirror", p.name)))
