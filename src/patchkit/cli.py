@@ -4,6 +4,7 @@ errors go to the one handler in ``errors``."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -108,7 +109,20 @@ FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), de
 MANIFEST = click.option("--manifest", "manifest_path", default=discovery.default_manifest,
                         show_default=f"patchset.yaml, {FOUND}",
                         type=click.Path(dir_okay=False), help="The patchset manifest.")
-VLLM_REF = click.option("--vllm-ref", "ref",
+def _completer(what: str):
+    """A shell_complete callback offering the project's patch ids, variants or tags."""
+    def complete(ctx, param, incomplete):
+        from patchkit.commands import complete as offer
+
+        given = (ctx.params or {}).get("manifest_path")
+        values = getattr(offer, what)(given if isinstance(given, str) else None)
+        return [v for v in values if v.startswith(incomplete)]
+
+    return complete
+
+
+TAGS = _completer("tags")
+VLLM_REF = click.option("--vllm-ref", "ref", shell_complete=TAGS,
                         help="Tag, branch or commit, or 'base': the commit or release the base "
                              "image's installed vLLM names (default: vllm.ref of the manifest).")
 VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
@@ -138,6 +152,7 @@ def _one_variant(ctx, param, values):
 
 
 VARIANT = click.option("--variant", multiple=True, callback=_one_variant, metavar="NAME",
+                       shell_complete=_completer("variant_names"),
                        help="Build the variant NAME of patchset.yaml's variants: the patches "
                             "naming no variant plus those naming NAME (default: no variant).")
 
@@ -257,7 +272,8 @@ def verify(tree, image, base, logs, containers, packages, locked, timeout, varia
 
 
 @cli.command("rebase-check")
-@click.option("--to", "refs", multiple=True, metavar="REF", help="A ref to check (of vLLM, or "
+@click.option("--to", "refs", multiple=True, metavar="REF", shell_complete=TAGS,
+              help="A ref to check (of vLLM, or "
               "of --package); repeat.")
 @click.option("--releases", is_flag=True, help="Every release tag vX.Y.Z after the pin.")
 @click.option("--pre", is_flag=True, help="With --releases: pre-releases too.")
@@ -304,7 +320,8 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
 
 
 @cli.command()
-@click.option("--to", "ref", metavar="REF", help="The ref to move the pin to (vLLM's, or "
+@click.option("--to", "ref", metavar="REF", shell_complete=TAGS,
+              help="The ref to move the pin to (vLLM's, or "
               "--package's).")
 @click.option("--continue", "cont", is_flag=True, help="Go on after resolving a stop.")
 @click.option("--abort", is_flag=True, help="Put the manifest and every patch file back.")
@@ -341,10 +358,10 @@ def rebase(ref, cont, abort, drop_upstream, repos, package, manifest_path) -> in
 
 
 @cli.command()
-@click.argument("patch_id", required=False)
-@click.option("--good", metavar="REF", help="A ref of the patch's package (vLLM, or its "
+@click.argument("patch_id", required=False, shell_complete=_completer("patch_ids"))
+@click.option("--good", metavar="REF", shell_complete=TAGS, help="A ref of the patch's package (vLLM, or its "
               "package:) where the patch has its old fate (default: that package's pin).")
-@click.option("--bad", metavar="REF", help="A ref of the patch's package where it has its new "
+@click.option("--bad", metavar="REF", shell_complete=TAGS, help="A ref of the patch's package where it has its new "
               "fate (default: that package's newest release tag on its source).")
 @click.option("--series", is_flag=True, help="Instead: find the patch of the series (at the pin) "
               "whose addition makes --run CMD fail.")
@@ -752,7 +769,8 @@ def cache_prune(older_than, manifests, wait, dry_run, fmt) -> int:
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
     args = sys.argv[1:] if argv is None else list(argv)
-    if next((a for a in args if not a.startswith("-")), None) != "cache":
+    if next((a for a in args if not a.startswith("-")), None) != "cache" and \
+            "_PATCHKIT_COMPLETE" not in os.environ:
         from patchkit.cache import hold_shared
 
         hold_shared()   # `cache prune` removes nothing while this run may use the cache
