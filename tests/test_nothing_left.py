@@ -78,7 +78,7 @@ def test_kill_9_during_a_download_leaves_no_child_and_the_rerun_cleans(tmp_path)
         assert index.sent == sent, "the download went on after patchkit was killed"
         assert sent < len(index.wheel)
         wheels = cache / "pypi" / "wheels"
-        left = list(wheels.glob("download.vllm.*"))
+        left = list(wheels.glob(f"download.vllm-{VERSION}.*"))
         assert left, "the partial download should be inside the cache, in its own folder"
         assert not list(wheels.glob("*.whl"))
 

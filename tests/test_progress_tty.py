@@ -95,3 +95,14 @@ def test_off_a_terminal_two_plain_lines_and_with_q_none(tmp_path):
         p = patchkit("apply", "-v", cwd=proj, env=env_for(index))
         assert p.returncode == 0, p.stderr
         assert "+ git " in p.stderr
+
+
+def test_releases_of_a_rebase_check_download_side_by_side(tmp_path):
+    proj = project(tmp_path)
+    with TrickleIndex("vllm", VERSION, 3 * 1024 * 1024, more=("0.98.1", "0.98.2")) as index:
+        p = patchkit("rebase-check", "--to", "v0.98.1", "--to", "v0.98.2", cwd=proj,
+                     env=env_for(index))
+        assert p.returncode == 0, p.stderr
+        assert index.most_at_once >= 2, p.stderr
+        for v in ("0.98.1", "0.98.2"):
+            assert f"downloaded vLLM {v} wheel" in p.stderr

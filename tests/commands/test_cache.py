@@ -44,8 +44,8 @@ def cached(tmp_path, monkeypatch):
     wheels.mkdir(parents=True)
     for name in WHEELS:   # copies: the test changes their times
         shutil.copyfile(_real_wheel(name), wheels / name)
-    (wheels / "download.flashinfer-python.x1y2").mkdir()
-    (wheels / "download.flashinfer-python.x1y2" / "part").write_bytes(b"\0" * 4096)
+    (wheels / "download.flashinfer-python-0.6.16.x1y2").mkdir()
+    (wheels / "download.flashinfer-python-0.6.16.x1y2" / "part").write_bytes(b"\0" * 4096)
     # the mirrors, made by patchkit itself: rebase-check --to v1 resolves the pin's source
     from patchkit.source import mirror
 
@@ -68,7 +68,7 @@ def test_cache_lists_entries_sizes_and_pins(cached):
     assert entries[WHEELS[0]]["bytes"] > 1_000_000   # a real wheel
     mirrors = [e for e in entries.values() if e["kind"] == "mirror"]
     assert sorted(e["pinned"] for e in mirrors) == [False, True]
-    assert entries["download.flashinfer-python.x1y2"]["kind"] == "leftover"
+    assert entries["download.flashinfer-python-0.6.16.x1y2"]["kind"] == "leftover"
     p = patchkit("cache", cwd=proj)
     assert p.returncode == 0 and str(cache) in p.stdout.splitlines()[0]
     assert "pinned flashinfer_python 0.6.15" in p.stdout
@@ -84,7 +84,7 @@ def test_prune_removes_what_no_manifest_pins(cached):
     p = patchkit("cache", "prune", cwd=proj)
     assert p.returncode == 0, p.stderr
     after = listed(proj)
-    assert set(before) - set(after) == {WHEELS[1], "download.flashinfer-python.x1y2",
+    assert set(before) - set(after) == {WHEELS[1], "download.flashinfer-python-0.6.16.x1y2",
                                         next(n for n, e in before.items()
                                              if e["kind"] == "mirror" and not e["pinned"])}
     assert all(e["pinned"] or e["kind"] == "log" for e in after.values())

@@ -1,10 +1,11 @@
 """A package index on 127.0.0.1 that serves one wheel slowly: for what a download shows and
 leaves behind while it runs (progress, ``kill -9``).
 
-``TrickleIndex(dist, version, size)`` builds a real wheel of ``size`` bytes (its bulk a
-compiled-looking file, which patchkit's layout leaves out) and serves it under
-``/simple/<dist>/`` (PEP 503), ``chunk`` bytes every ``delay`` seconds; ``fast`` serves it at
-once.  ``sent`` counts the wheel's bytes sent so far."""
+``TrickleIndex(dist, version, size, more=(...))`` builds a real wheel of ``size`` bytes per
+version (its bulk a compiled-looking file, which patchkit's layout leaves out) and serves them
+under ``/simple/<dist>/`` (PEP 503), ``chunk`` bytes every ``delay`` seconds each; ``fast``
+serves at once.  ``sent`` counts the wheels' bytes sent so far, ``most_at_once`` the most
+wheels sent side by side."""
 
 from __future__ import annotations
 
@@ -40,13 +41,16 @@ def make_wheel(dist: str, version: str, size: int) -> tuple[str, bytes]:
 
 class TrickleIndex:
     def __init__(self, dist: str, version: str, size: int, *, chunk: int = 64 * 1024,
-                 delay: float = 0.05) -> None:
+                 delay: float = 0.05, more: tuple[str, ...] = ()) -> None:
         self.dist, self.chunk, self.delay = dist, chunk, delay
         self.fast = False
         self.sent = 0
+        self.active = self.most_at_once = 0   # wheels being sent now, and the most at once
         self.requests: list[str] = []
-        self.wheel_name, self.wheel = make_wheel(dist, version, size)
-        self.sha = hashlib.sha256(self.wheel).hexdigest()
+        self.wheels = dict(make_wheel(dist, v, size) for v in (version, *more))
+        self.wheel_name = next(iter(self.wheels))
+        self.wheel = self.wheels[self.wheel_name]
+        self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -73,11 +77,12 @@ class TrickleIndex:
             def do_GET(self) -> None:
                 index.requests.append(self.path)
                 if self.path.rstrip("/") == f"/simple/{index.dist}":
-                    body = (f'<html><body><a href="/files/{index.wheel_name}#sha256='
-                            f'{index.sha}">{index.wheel_name}</a></body></html>').encode()
-                    self._send(body, "text/html")
-                elif self.path == f"/files/{index.wheel_name}":
-                    self._trickle()
+                    links = "".join(f'<a href="/files/{n}#sha256='
+                                    f'{hashlib.sha256(w).hexdigest()}">{n}</a>'
+                                    for n, w in index.wheels.items())
+                    self._send(f"<html><body>{links}</body></html>".encode(), "text/html")
+                elif self.path.startswith("/files/") and self.path[7:] in index.wheels:
+                    self._trickle(index.wheels[self.path[7:]])
                 else:
                     self.send_error(404)
 
@@ -88,18 +93,25 @@ class TrickleIndex:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def _trickle(self) -> None:
+            def _trickle(self, wheel: bytes) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(len(index.wheel)))
+                self.send_header("Content-Length", str(len(wheel)))
                 self.end_headers()
+                with index.lock:
+                    index.active += 1
+                    index.most_at_once = max(index.most_at_once, index.active)
                 try:
-                    for at in range(0, len(index.wheel), index.chunk):
-                        self.wfile.write(index.wheel[at:at + index.chunk])
-                        index.sent += min(index.chunk, len(index.wheel) - at)
+                    for at in range(0, len(wheel), index.chunk):
+                        self.wfile.write(wheel[at:at + index.chunk])
+                        with index.lock:
+                            index.sent += min(index.chunk, len(wheel) - at)
                         if not index.fast:
                             time.sleep(index.delay)
                 except (BrokenPipeError, ConnectionResetError):
                     pass   # the downloader went away
+                finally:
+                    with index.lock:
+                        index.active -= 1
 
         return Handler

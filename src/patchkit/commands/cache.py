@@ -177,9 +177,8 @@ def inventory(cache: Path) -> list[Entry]:
     wheels = cache / pypi.WORD / "wheels"
     for p in sorted(wheels.iterdir()) if wheels.is_dir() else []:
         if p.name.startswith(pypi.DOWNLOAD):
-            dist = p.name[len(pypi.DOWNLOAD):].rsplit(".", 1)[0]
             out.append(_entry("leftover", p, "a download a killed run left",
-                              [cache / pypi.WORD / f"{dist}.lock"]))
+                              [pypi.download_lock(cache, p.name)]))
         elif p.suffix == ".whl":
             dist, version = p.name.split("-")[:2]
             out.append(_entry("wheel", p, f"{dist} {version}",

@@ -26,12 +26,14 @@ def size(n: float) -> str:
 
 
 class _Bar(progress.Transfer):
-    """One line that tqdm redraws in place."""
+    """One line that tqdm redraws in place; downloads side by side each have their own line
+    (``slots`` hands out the free line numbers)."""
 
-    def __init__(self, label: str, stream: TextIO) -> None:
-        self.label, self.stream = label, stream
+    def __init__(self, label: str, stream: TextIO, slots: _Slots) -> None:
+        self.label, self.stream, self.slots = label, stream, slots
         self.started = time.monotonic()
         self.bar = None
+        self.slot: int | None = None
         self.lock = threading.Lock()
 
     def update(self, done: int, total: int | None) -> None:
@@ -41,9 +43,10 @@ class _Bar(progress.Transfer):
                     return
                 from tqdm import tqdm
 
+                self.slot = self.slots.take()
                 self.bar = tqdm(total=total, desc=self.label, unit="B", unit_scale=True,
                                 unit_divisor=1000, file=self.stream, leave=True,
-                                dynamic_ncols=True, mininterval=0.2)
+                                dynamic_ncols=True, mininterval=0.2, position=self.slot)
             if total and self.bar.total != total:
                 self.bar.total = total
             self.bar.update(done - self.bar.n)
@@ -54,6 +57,25 @@ class _Bar(progress.Transfer):
                 if not ok:
                     self.bar.set_postfix_str("stopped")
                 self.bar.close()
+                self.slots.give(self.slot)
+
+
+class _Slots:
+    """The terminal lines free for a progress bar."""
+
+    def __init__(self) -> None:
+        self.taken: set[int] = set()
+        self.lock = threading.Lock()
+
+    def take(self) -> int:
+        with self.lock:
+            n = next(i for i in range(len(self.taken) + 1) if i not in self.taken)
+            self.taken.add(n)
+            return n
+
+    def give(self, n: int | None) -> None:
+        with self.lock:
+            self.taken.discard(n)
 
 
 class _Lines(progress.Transfer):
@@ -89,6 +111,7 @@ class TerminalSink(progress.Sink):
                  stream: TextIO | None = None) -> None:
         self.quiet, self.verbose = quiet, verbose
         self.stream = stream or sys.stderr
+        self.slots = _Slots()
 
     def _say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
@@ -97,7 +120,7 @@ class TerminalSink(progress.Sink):
         if self.quiet:
             return progress.Transfer()
         if self.stream.isatty():
-            return _Bar(label, self.stream)
+            return _Bar(label, self.stream, self.slots)
         return _Lines(label, self._say)
 
     def command(self, argv: Sequence[str]) -> None:

@@ -26,7 +26,7 @@ from patchkit.cache import cache_subdir
 from patchkit.process import run
 
 WORD = "pypi"
-DOWNLOAD = "download."   # a wheel being downloaded: <wheels>/download.<dist>.XXXX/
+DOWNLOAD = "download."   # a wheel being downloaded: <wheels>/download.<dist>-<version>.XXXX/
 
 
 class Pypi:
@@ -74,12 +74,18 @@ def _release(cache: Path, ref: str, log, package: PackageId) -> tuple[Path, str,
     tag = f"v{version}"
     repo = repo_path(cache, package)
     base = cache_subdir(cache, WORD)
-    with locks.held(base / f"{package.dist}.lock", f"the cached {package.dist} releases", log):
+    held = (base / f"{package.dist}.lock", f"the cached {package.dist} releases", log)
+    with locks.held(*held):
         commit = g.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
         if commit:
             return repo, tag, commit
+    # the download holds its own release's lock alone: several releases download side by side
+    wheel = _wheel(cache, version, log, package)
+    with locks.held(*held):
+        commit = g.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
+        if commit:   # another run laid it out meanwhile
+            return repo, tag, commit
         bare_repository(repo, log)
-        wheel = _wheel(cache, version, log, package)
         log(f"laying out {package.label} {version} from {wheel.name}")
         try:
             commit = _commit_wheel(repo, wheel, version, tag, package)
@@ -103,14 +109,25 @@ def _release(cache: Path, ref: str, log, package: PackageId) -> tuple[Path, str,
     return repo, tag, commit
 
 
+def download_lock(cache: Path, folder: str) -> Path:
+    """The lock held while the download folder ``download.<dist>-<version>.XXXX`` is written."""
+    return cache / WORD / (folder[len(DOWNLOAD):].rsplit(".", 1)[0] + ".download.lock")
+
+
 def _wheel(cache: Path, version: str, log, package: PackageId = VLLM) -> Path:
     wheels = cache_subdir(cache, WORD, "wheels")
+    prefix = f"{DOWNLOAD}{package.dist}-{version}."
+    with locks.held(download_lock(cache, prefix + "x"),
+                    f"the download of {package.label} {version}", log):
+        return _download(wheels, prefix, version, log, package)
+
+
+def _download(wheels: Path, prefix: str, version: str, log, package: PackageId) -> Path:
     # a wheel's file name spells the distribution with '_' for '-' (PEP 427)
     found = sorted(wheels.glob(f"{package.dist.replace('-', '_')}-{version}-*.whl"))
     if found:
         return found[0]
-    # the caller holds the dist's lock: a download folder of this dist is a killed run's
-    prefix = f"{DOWNLOAD}{package.dist}."
+    # the caller holds this release's download lock: a folder of it is a killed run's
     for stale in wheels.glob(prefix + "*"):
         log(f"removing {stale.name}, the download of a run that was killed")
         shutil.rmtree(stale, ignore_errors=True)
