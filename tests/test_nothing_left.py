@@ -116,3 +116,28 @@ def test_a_python_without_pip_is_named_in_one_line(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert lines[-1].startswith("patchkit") and "pip is missing" in lines[-1], p.stderr
     assert "no source has" not in p.stderr and "Traceback" not in p.stderr
+
+
+def test_prune_waits_for_a_running_download_then_removes_what_its_kill_left(tmp_path):
+    proj = project(tmp_path)
+    cache = Path(os.environ["PATCHKIT_CACHE_DIR"])
+    with TrickleIndex("vllm", VERSION, 64 * 1024 * 1024) as index:
+        env = dict(os.environ, PIP_INDEX_URL=index.url, PIP_CONFIG_FILE=os.devnull,
+                   PIP_NO_CACHE_DIR="1")
+        run = spawn("apply", cwd=proj, env=env)
+        try:
+            wait_for(lambda: index.sent > 512 * 1024, "the download to begin")
+            p = patchkit("cache", "prune", "--wait", "0.5", cwd=proj)
+            assert p.returncode == 2, p.stdout + p.stderr
+            assert "another patchkit run is using the cache" in p.stderr
+            left = list((cache / "pypi" / "wheels").glob("download.*"))
+            assert left   # the download under way was not touched
+            os.kill(run.pid, signal.SIGKILL)
+            run.wait(timeout=30)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    p = patchkit("cache", "prune", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    assert "removed leftover a download a killed run left" in p.stdout
+    assert not list((cache / "pypi" / "wheels").glob("download.*"))

@@ -37,6 +37,8 @@ def cache_subdir(cache: Path, *parts: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"the cache {cache} (PATCHKIT_CACHE_DIR) cannot be written: {path}: "
                          "Permission denied")
+    if _marking:
+        hold_shared(cache)
     return path
 
 
@@ -52,6 +54,13 @@ def log_file() -> Path:
 
 IN_USE = "in-use.lock"
 _held: int | None = None   # this process's descriptor of the in-use lock
+_marking = False           # a run of the command line: mark the cache in use at first touch
+
+
+def mark_when_used() -> None:
+    """From now on, the first use of the cache marks it in use until this process ends."""
+    global _marking
+    _marking = True
 
 
 def hold_shared(cache: Path | None = None) -> None:

@@ -771,9 +771,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if next((a for a in args if not a.startswith("-")), None) != "cache" and \
             "_PATCHKIT_COMPLETE" not in os.environ:
-        from patchkit.cache import hold_shared
+        from patchkit.cache import mark_when_used
 
-        hold_shared()   # `cache prune` removes nothing while this run may use the cache
+        mark_when_used()   # `cache prune` removes nothing while this run may use the cache
     try:
         rv = cli.main(args=args, prog_name="patchkit", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
