@@ -2,8 +2,9 @@
 ``patch``, ``skopeo``, ``ssh``, ``docker buildx``), and for a command the user gives
 (``bisect --series --run``): :func:`run_user`, with a deadline and its output bounded.
 
-Every child is started with :func:`dies_with_us` (git's too, through GitPython): the kernel
-kills it when patchkit ends, ``kill -9`` included."""
+Every child that patchkit waits for is started with :func:`dies_with_us` (git's too, through
+GitPython): the kernel kills it when patchkit ends, ``kill -9`` included.  A stream from
+:func:`spawn` ends when its pipes close, which they do when patchkit ends."""
 
 from __future__ import annotations
 
@@ -100,9 +101,11 @@ def spawn(cmd: Sequence[str]) -> subprocess.Popen:
     (then ``terminate``)."""
     progress.command(cmd)
     try:
+        # no death signal here: the kernel sends it when the *thread* that started the
+        # child ends, and a stream outlives the thread that opened it (a connection pool);
+        # it ends with patchkit all the same, when its stdin closes
         return subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=dies_with_us())
+                                stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
         raise CommandError(list(cmd), 127, f"{cmd[0]}: cannot run it ({exc.strerror})") from None
 
