@@ -692,8 +692,10 @@ def _cache_manifests(given) -> list[Path]:
 @click.option("--manifest", "manifests", multiple=True, type=click.Path(dir_okay=False),
               help=f"Mark what this manifest pins (default: patchset.yaml, {FOUND}); repeat.")
 @FORMAT
+@click.option("-q", "--quiet", is_flag=True, help="Say nothing on stderr but errors.")
+@click.option("-v", "--verbose", is_flag=True, help="Also show each git command as it runs.")
 @click.pass_context
-def cache_cmd(ctx, manifests, fmt) -> int:
+def cache_cmd(ctx, manifests, fmt, quiet, verbose) -> int:
     """List what the cache holds ($PATCHKIT_CACHE_DIR, else ~/.cache/patchkit), how large
     each entry is, when it was last used, and whether the manifest pins it.
 
@@ -704,7 +706,11 @@ def cache_cmd(ctx, manifests, fmt) -> int:
     """
     if ctx.invoked_subcommand is not None:
         return 0
+    from patchkit import progress
     from patchkit.cache import cache_dir
+    from patchkit.render.progress import TerminalSink
+
+    progress.install(TerminalSink(quiet=quiet, verbose=verbose and not quiet))
     from patchkit.commands import cache as command
 
     found = command.listing(cache_dir(), _cache_manifests(manifests))
