@@ -141,3 +141,42 @@ def test_prune_waits_for_a_running_download_then_removes_what_its_kill_left(tmp_
     assert p.returncode == 0, p.stderr
     assert "removed leftover a download a killed run left" in p.stdout
     assert not list((cache / "pypi" / "wheels").glob("download.*"))
+
+
+SCRIPT = """
+import sys
+from patchkit import process
+print("started", flush=True)
+process.run_user(["sh", "-c", "sleep 613.25 & sleep 613.25; wait"], env={}, timeout=600)
+"""
+
+
+def test_what_a_users_command_started_dies_with_patchkit_too(tmp_path):
+    """bisect --series --run's command, and what it starts, do not outlive a kill -9."""
+    import subprocess
+    import sys
+
+    from testing import cli_env
+
+    def sleepers() -> list[int]:
+        out = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and alive(int(entry.name)) and \
+                        (entry / "cmdline").read_bytes() == b"sleep\x00613.25\x00":
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+        return out
+
+    runner = subprocess.Popen([sys.executable, "-c", SCRIPT], env=cli_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout.readline().strip() == "started"
+        wait_for(lambda: len(sleepers()) == 2, "the command and its child to start", 30)
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(timeout=30)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    wait_for(lambda: not sleepers(), "the command and what it started to die", 10)

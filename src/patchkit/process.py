@@ -155,6 +155,7 @@ def run_user(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float,
                                 preexec_fn=dies_with_us())
     except OSError as exc:
         raise CommandError(list(cmd), 127, f"{cmd[0]}: cannot run it ({exc.strerror})") from None
+    watchdog = _watchdog(proc.pid)
     tail = _Tail(keep)
     reader = threading.Thread(target=tail.drain, args=(proc.stdout,), daemon=True)
     reader.start()
@@ -166,6 +167,9 @@ def run_user(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float,
             timed_out = True
     finally:
         _kill_session(proc)
+        if watchdog is not None:
+            watchdog.stdin.close()   # its work is done: it ends
+            watchdog.wait()
         proc.wait()
         reader.join(timeout=5)
         # a process that left the session may still hold the pipe: its reader is left to it
@@ -175,6 +179,20 @@ def run_user(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float,
     interrupt.check()
     return Finished(None if timed_out else proc.returncode, tail.text(), tail.dropped > 0,
                     time.monotonic() - started, timed_out)
+
+
+def _watchdog(session: int) -> subprocess.Popen | None:
+    """A small process that kills every process of ``session`` when its stdin closes: when
+    ``run_user`` is done with it, or when patchkit ends in any way (``kill -9`` included), since
+    only patchkit holds the other end.  The death signal reaches the user's command alone; this
+    reaches what that command started too."""
+    try:
+        return subprocess.Popen(["sh", "-c", 'cat >/dev/null; kill -9 "-$1" 2>/dev/null',
+                                 "patchkit-watchdog", str(session)],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return None
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
