@@ -86,8 +86,12 @@ class Verb(click.Command):
 
         Output.quiet = ctx.params.pop("quiet", False)
         Output.verbose = ctx.params.pop("verbose", False) and not Output.quiet
-        progress.install(TerminalSink(quiet=Output.quiet, verbose=Output.verbose))
-        return super().invoke(ctx)
+        Output.said = set()
+        before = progress.install(TerminalSink(quiet=Output.quiet, verbose=Output.verbose))
+        try:
+            return super().invoke(ctx)
+        finally:
+            progress.install(before)   # a caller of main() in-process gets its sink back
 
     def wants_json(self, args: list[str]) -> bool:
         opts = [o for p in self.params if p.name == "fmt" for o in p.opts]
@@ -707,10 +711,17 @@ def cache_cmd(ctx, manifests, fmt, quiet, verbose) -> int:
     if ctx.invoked_subcommand is not None:
         return 0
     from patchkit import progress
-    from patchkit.cache import cache_dir
     from patchkit.render.progress import TerminalSink
 
-    progress.install(TerminalSink(quiet=quiet, verbose=verbose and not quiet))
+    before = progress.install(TerminalSink(quiet=quiet, verbose=verbose and not quiet))
+    try:
+        return _list_cache(manifests, fmt)
+    finally:
+        progress.install(before)
+
+
+def _list_cache(manifests, fmt) -> int:
+    from patchkit.cache import cache_dir
     from patchkit.commands import cache as command
 
     found = command.listing(cache_dir(), _cache_manifests(manifests))

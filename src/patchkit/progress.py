@@ -22,7 +22,7 @@ class Transfer:
 class Sink:
     """Says nothing: what a library caller, and ``-q``, get."""
 
-    def transfer(self, label: str) -> Transfer:
+    def transfer(self, label: str, verb: str = "downloaded") -> Transfer:
         return Transfer()
 
     def command(self, argv: Sequence[str]) -> None:
@@ -32,14 +32,17 @@ class Sink:
 _sink: Sink = Sink()
 
 
-def install(sink: Sink) -> None:
+def install(sink: Sink) -> Sink:
+    """Make ``sink`` the one that shows; returns the one it replaces."""
     global _sink
-    _sink = sink
+    before, _sink = _sink, sink
+    return before
 
 
-def transfer(label: str) -> Transfer:
-    """A transfer named ``label`` ("vllm 0.33.0 wheel") begins."""
-    return _sink.transfer(label)
+def transfer(label: str, verb: str = "downloaded") -> Transfer:
+    """A transfer named ``label`` ("vLLM 0.33.0 wheel") begins; ``verb`` says what was done
+    once it ends ("downloaded", "sent")."""
+    return _sink.transfer(label, verb)
 
 
 def command(argv: Sequence[str]) -> None:

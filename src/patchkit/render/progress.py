@@ -81,8 +81,8 @@ class _Slots:
 class _Lines(progress.Transfer):
     """Off a terminal: a line when it begins (with its size), a line when it ends."""
 
-    def __init__(self, label: str, say) -> None:
-        self.label, self.say = label, say
+    def __init__(self, label: str, say, verb: str) -> None:
+        self.label, self.say, self.verb = label, say, verb
         self.started = time.monotonic()
         self.done, self.total, self.begun = 0, None, False
 
@@ -93,11 +93,11 @@ class _Lines(progress.Transfer):
             self.say(f"{self.label}: {size(self.total)}")
 
     def close(self, ok: bool = True) -> None:
-        if not self.begun:
-            return
+        if not self.begun and not (ok and self.done):
+            return   # nothing was said of it, and nothing came
         took = max(time.monotonic() - self.started, 1e-3)
         if ok:
-            self.say(f"downloaded {self.label}: {size(self.done)} in {took:.1f} s "
+            self.say(f"{self.verb} {self.label}: {size(self.done)} in {took:.1f} s "
                      f"({size(self.done / took)}/s)")
         else:
             self.say(f"{self.label}: stopped after {size(self.done)} of "
@@ -110,18 +110,22 @@ class TerminalSink(progress.Sink):
     def __init__(self, *, quiet: bool = False, verbose: bool = False,
                  stream: TextIO | None = None) -> None:
         self.quiet, self.verbose = quiet, verbose
-        self.stream = stream or sys.stderr
+        self._stream = stream
         self.slots = _Slots()
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream or sys.stderr   # as it is now (a test may swap it)
 
     def _say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
 
-    def transfer(self, label: str) -> progress.Transfer:
+    def transfer(self, label: str, verb: str = "downloaded") -> progress.Transfer:
         if self.quiet:
             return progress.Transfer()
         if self.stream.isatty():
             return _Bar(label, self.stream, self.slots)
-        return _Lines(label, self._say)
+        return _Lines(label, self._say, verb)
 
     def command(self, argv: Sequence[str]) -> None:
         if self.verbose:
