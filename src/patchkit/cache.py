@@ -53,6 +53,7 @@ def log_file() -> Path:
 
 
 IN_USE = "in-use.lock"
+PRUNE_WAIT = 60.0          # seconds a run waits for a prune to finish before going on
 _held: int | None = None   # this process's descriptor of the in-use lock
 _marking = False           # a run of the command line: mark the cache in use at first touch
 
@@ -75,11 +76,19 @@ def hold_shared(cache: Path | None = None) -> None:
         fd = os.open(d / IN_USE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)   # a prune is running: it is brief, and this run waits for no one
-        return
+    deadline = time.monotonic() + PRUNE_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:   # go on: what it uses has its own locks too
+                os.close(fd)
+                return
+            time.sleep(0.05)   # a prune is removing entries: that is brief
+        except OSError:
+            os.close(fd)
+            return
     _held = fd
 
 
