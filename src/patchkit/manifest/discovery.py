@@ -36,7 +36,7 @@ def shown(path: Path) -> str:
     else absolute."""
     path = os.path.abspath(path)
     rel = os.path.relpath(path)
-    return path if rel == ".." or rel.startswith("../") else rel
+    return path if rel in (".", "..") or rel.startswith("../") else rel
 
 
 def default_manifest() -> str:
