@@ -94,8 +94,7 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
                                      with_extended_output=True,
                                      with_exceptions=False, stdout_as_string=False,
                                      strip_newline_in_stdout=False, env=full_env,
-                                     # git dies with patchkit, kill -9 included
-                                     preexec_fn=process.dies_with_us())
+                                     preexec_fn=_death_signal(args))
     except _gitpython().exc.GitCommandNotFound:
         raise ToolMissingError("git is not installed (no git on PATH); patchkit needs it for "
                                "every checkout") from None
@@ -106,6 +105,14 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     if isinstance(err, str):
         err = err.encode("utf-8", "surrogateescape")
     return code, out or b"", err or b""
+
+
+def _death_signal(args: Sequence[str]):
+    """A clone or fetch (as long as the network makes it) dies with patchkit, ``kill -9``
+    included.  Local commands end on their own within moments, and arming the signal costs
+    each one a full fork of this process (measured 2.4x per call: bench/bench_spawn.py), so
+    they go without."""
+    return process.dies_with_us() if tuple(args[:len(NETWORK)]) == NETWORK else None
 
 
 def _text(data: bytes) -> str:

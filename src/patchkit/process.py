@@ -2,8 +2,8 @@
 ``patch``, ``skopeo``, ``ssh``, ``docker buildx``), and for a command the user gives
 (``bisect --series --run``): :func:`run_user`, with a deadline and its output bounded.
 
-Every child that patchkit waits for is started with :func:`dies_with_us` (git's too, through
-GitPython): the kernel kills it when patchkit ends, ``kill -9`` included.  A stream from
+Every child that patchkit waits for is started with :func:`dies_with_us` (git's clones and
+fetches too, through GitPython): the kernel kills it when patchkit ends, ``kill -9`` included.  A stream from
 :func:`spawn` ends when its pipes close, which they do when patchkit ends."""
 
 from __future__ import annotations
