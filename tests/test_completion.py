@@ -4,7 +4,6 @@ holds; from a folder below the project too."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
