@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import re
+import os
 import sys
 from pathlib import Path
 
 import click
 
 from patchkit import __version__, errors, interrupt
+from patchkit.manifest import discovery
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 DEFAULT_WORKDIR = ".patchkit/vllm"
+FOUND = "found here or in a folder above"
 DISCARD = click.option("--discard", is_flag=True,
                        help="Replace a workdir that holds commits, changes or untracked files "
                             "(they are saved in a git bundle beside it first).")
@@ -21,6 +24,22 @@ DISCARD = click.option("--discard", is_flag=True,
 
 def echo(message: str = "", err: bool = False) -> None:
     click.echo(message, err=err)
+
+
+class Output:
+    """``-q`` / ``-v`` of the running verb: what goes to stderr besides errors."""
+
+    quiet = False
+    verbose = False
+    said: set[str] = set()
+
+
+def say(message: str) -> None:
+    """A line about the work under way (stderr): not with ``-q``, and once per run (every
+    target of a run meeting the same unreachable source says the same line)."""
+    if not Output.quiet and message not in Output.said:
+        Output.said.add(message)
+        echo(message, err=True)
 
 
 class TextProgress:
@@ -33,12 +52,12 @@ class TextProgress:
         self.tty = (sys.stderr if err else sys.stdout).isatty()
 
     def info(self, message: str) -> None:
-        echo(message, err=True)
+        say(message)
 
     def patch(self, result) -> None:
         from patchkit.render.text import patch_line
 
-        if self.patches:
+        if self.patches and not (Output.quiet and self.err):
             echo(patch_line(result, self.tty), err=self.err)
 
     def target(self, report) -> None:
@@ -46,13 +65,34 @@ class TextProgress:
         # a matrix over another package has that package's checkout alone
         name, info = next(iter(report.packages.items()), ("vllm", report.vllm))
         what = "vLLM" if name == "vllm" else name
-        echo(f"{what} {info.ref}: {'ok' if report.ok else f'{failed} failed'}", err=True)
+        say(f"{what} {info.ref}: {'ok' if report.ok else f'{failed} failed'}")
 
 
 class Verb(click.Command):
     """A subcommand that knows whether it was asked for JSON, even when its flags do not parse:
     then an error is also a JSON object on stdout, so a script that parses stdout gets an
-    answer, not silence."""
+    answer, not silence.  Every verb takes ``-q`` and ``-v``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.params += [
+            click.Option(["-q", "--quiet"], is_flag=True,
+                         help="Say nothing on stderr but errors: no progress, no notes."),
+            click.Option(["-v", "--verbose"], is_flag=True,
+                         help="Also show each git and pip command as it runs.")]
+
+    def invoke(self, ctx: click.Context):
+        from patchkit import progress
+        from patchkit.render.progress import TerminalSink
+
+        Output.quiet = ctx.params.pop("quiet", False)
+        Output.verbose = ctx.params.pop("verbose", False) and not Output.quiet
+        Output.said = set()
+        before = progress.install(TerminalSink(quiet=Output.quiet, verbose=Output.verbose))
+        try:
+            return super().invoke(ctx)
+        finally:
+            progress.install(before)   # a caller of main() in-process gets its sink back
 
     def wants_json(self, args: list[str]) -> bool:
         opts = [o for p in self.params if p.name == "fmt" for o in p.opts]
@@ -80,9 +120,23 @@ class Group(click.Group):
 
 FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
                       show_default=True, help="Report format.")
-MANIFEST = click.option("--manifest", "manifest_path", default="patchset.yaml", show_default=True,
+MANIFEST = click.option("--manifest", "manifest_path", default=discovery.default_manifest,
+                        show_default=f"patchset.yaml, {FOUND}",
                         type=click.Path(dir_okay=False), help="The patchset manifest.")
-VLLM_REF = click.option("--vllm-ref", "ref",
+def _completer(what: str):
+    """A shell_complete callback offering the project's patch ids, variants or tags."""
+    def complete(ctx, param, incomplete):
+        from patchkit.commands import complete as offer
+
+        given = (ctx.params or {}).get("manifest_path")
+        values = getattr(offer, what)(given if isinstance(given, str) else None)
+        return [v for v in values if v.startswith(incomplete)]
+
+    return complete
+
+
+TAGS = _completer("tags")
+VLLM_REF = click.option("--vllm-ref", "ref", shell_complete=TAGS,
                         help="Tag, branch or commit, or 'base': the commit or release the base "
                              "image's installed vLLM names (default: vllm.ref of the manifest).")
 VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
@@ -112,12 +166,14 @@ def _one_variant(ctx, param, values):
 
 
 VARIANT = click.option("--variant", multiple=True, callback=_one_variant, metavar="NAME",
+                       shell_complete=_completer("variant_names"),
                        help="Build the variant NAME of patchset.yaml's variants: the patches "
                             "naming no variant plus those naming NAME (default: no variant).")
 
 
 def workdir_option(help: str):
-    return click.option("--workdir", default=DEFAULT_WORKDIR, show_default=True,
+    return click.option("--workdir", default=discovery.default_workdir,
+                        show_default=f"{DEFAULT_WORKDIR} of the project {FOUND}",
                         type=click.Path(file_okay=False), help=help)
 
 
@@ -136,6 +192,7 @@ def cli() -> None:
     Typical use:
       patchkit validate                      check patchset.yaml and the files it names
       patchkit apply                         apply the series to the pinned vLLM (.patchkit/vllm)
+      patchkit status                        what the checkout holds, and what is not exported
       patchkit verify --tree .patchkit/vllm  re-run the AST assertions
       patchkit build-image                   build the linux/arm64 image
       patchkit rebase-check --releases       how the series fares on newer vLLM releases
@@ -190,7 +247,7 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
 
 @cli.command()
 @click.option("--tree", type=click.Path(file_okay=False),
-              help=f"A patched checkout (default: {DEFAULT_WORKDIR}).")
+              help=f"A patched checkout (default: {DEFAULT_WORKDIR} of the project {FOUND}).")
 @click.option("--image", help="An image: read its files without running it; also say what it "
                              "holds (installed vLLM, its commit, the source, the fingerprint).")
 @click.option("--base", help="With a tree: judge the vllm: ranges on the vLLM this base image "
@@ -225,17 +282,18 @@ def verify(tree, image, base, logs, containers, require_traffic, packages, locke
     if tree and image:
         raise click.UsageError("give --tree or --image, not both")
     report = command.run(m, tree=Path(tree) if tree else None, image=image,
-                         default_tree=Path(DEFAULT_WORKDIR), variant=variant, logs=logs,
+                         default_tree=Path(discovery.default_workdir()), variant=variant, logs=logs,
                          containers=containers,
                          stdin=click.get_binary_stream("stdin") if "-" in logs else None,
-                         base=base, log=lambda msg: echo(msg, err=True), timeout=timeout,
+                         base=base, log=say, timeout=timeout,
                          packages=packages, locked=locked, require_traffic=require_traffic)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return report.exit_code
 
 
 @cli.command("rebase-check")
-@click.option("--to", "refs", multiple=True, metavar="REF", help="A ref to check (of vLLM, or "
+@click.option("--to", "refs", multiple=True, metavar="REF", shell_complete=TAGS,
+              help="A ref to check (of vLLM, or "
               "of --package); repeat.")
 @click.option("--releases", is_flag=True, help="Every release tag vX.Y.Z after the pin.")
 @click.option("--pre", is_flag=True, help="With --releases: pre-releases too.")
@@ -282,7 +340,8 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
 
 
 @cli.command()
-@click.option("--to", "ref", metavar="REF", help="The ref to move the pin to (vLLM's, or "
+@click.option("--to", "ref", metavar="REF", shell_complete=TAGS,
+              help="The ref to move the pin to (vLLM's, or "
               "--package's).")
 @click.option("--continue", "cont", is_flag=True, help="Go on after resolving a stop.")
 @click.option("--abort", is_flag=True, help="Put the manifest and every patch file back.")
@@ -319,10 +378,10 @@ def rebase(ref, cont, abort, drop_upstream, repos, package, manifest_path) -> in
 
 
 @cli.command()
-@click.argument("patch_id", required=False)
-@click.option("--good", metavar="REF", help="A ref of the patch's package (vLLM, or its "
+@click.argument("patch_id", required=False, shell_complete=_completer("patch_ids"))
+@click.option("--good", metavar="REF", shell_complete=TAGS, help="A ref of the patch's package (vLLM, or its "
               "package:) where the patch has its old fate (default: that package's pin).")
-@click.option("--bad", metavar="REF", help="A ref of the patch's package where it has its new "
+@click.option("--bad", metavar="REF", shell_complete=TAGS, help="A ref of the patch's package where it has its new "
               "fate (default: that package's newest release tag on its source).")
 @click.option("--series", is_flag=True, help="Instead: find the patch of the series (at the pin) "
               "whose addition makes --run CMD fail.")
@@ -425,6 +484,24 @@ def bump(package, ref, dry_run, push, repos, manifest_path, fmt) -> int:
     for r in results:   # a line per package on stderr, whatever stdout holds
         echo(render.summary(r), err=True)
     return command.exit_code(results)
+
+
+@click.option("--workdir", type=click.Path(file_okay=False),
+              help=f"vLLM's applied checkout; other packages' are beside it (default: "
+                   f"{DEFAULT_WORKDIR} of the project {FOUND}).")
+@click.option("--manifest", "manifest_path", type=click.Path(dir_okay=False),
+              help=f"The patchset manifest (default: patchset.yaml, {FOUND}).")
+@FORMAT
+def status(workdir, manifest_path, fmt) -> int:
+    """Say what each package's checkout holds: its pin, variant and patches, work not yet
+    exported, and what changed in the manifest since the apply."""
+    from patchkit.commands import status as command
+    from patchkit.render import text
+
+    st = command.run(Path(manifest_path) if manifest_path else None,
+                     Path(workdir) if workdir else None)
+    echo(json.dumps(st.to_dict(), indent=2) if fmt == "json" else text.status(st))
+    return 0
 
 
 @cli.command()
@@ -574,7 +651,7 @@ def lock(workdir, base, platform, timeout, manifest_path, fmt) -> int:
     from patchkit.commands import lock as command
 
     report = command.run(_load(manifest_path), workdir=Path(workdir), base=base,
-                         platform=platform, log=lambda msg: echo(msg, err=True),
+                         platform=platform, log=say,
                          timeout=timeout)
     if fmt == "json":
         echo(json.dumps(report.to_dict(), indent=2))
@@ -693,6 +770,110 @@ def _prog(args: list[str]) -> str:
     return f"patchkit {name}" if name in cli.commands else "patchkit"
 
 
+def _size(n: int) -> str:
+    from patchkit.render.progress import size
+
+    return size(n)
+
+
+def _cache_manifests(given) -> list[Path]:
+    if given:
+        return [Path(m) for m in given]
+    found = discovery.find()
+    return [Path(discovery.shown(found))] if found is not None else []
+
+
+@cli.group("cache", cls=Group, invoke_without_command=True)
+@click.option("--manifest", "manifests", multiple=True, type=click.Path(dir_okay=False),
+              help=f"Mark what this manifest pins (default: patchset.yaml, {FOUND}); repeat.")
+@FORMAT
+@click.option("-q", "--quiet", is_flag=True, help="Say nothing on stderr but errors.")
+@click.option("-v", "--verbose", is_flag=True, help="Also show each git command as it runs.")
+@click.pass_context
+def cache_cmd(ctx, manifests, fmt, quiet, verbose) -> int:
+    """List what the cache holds ($PATCHKIT_CACHE_DIR, else ~/.cache/patchkit), how large
+    each entry is, when it was last used, and whether the manifest pins it.
+
+    \b
+    patchkit cache                       list it
+    patchkit cache prune                 remove what no manifest pins
+    patchkit cache prune --older-than 30d
+    """
+    if ctx.invoked_subcommand is not None:
+        return 0
+    from patchkit import progress
+    from patchkit.render.progress import TerminalSink
+
+    before = progress.install(TerminalSink(quiet=quiet, verbose=verbose and not quiet))
+    try:
+        return _list_cache(manifests, fmt)
+    finally:
+        progress.install(before)
+
+
+def _list_cache(manifests, fmt) -> int:
+    from patchkit.cache import cache_dir
+    from patchkit.commands import cache as command
+
+    found = command.listing(cache_dir(), _cache_manifests(manifests))
+    if fmt == "json":
+        echo(json.dumps(found.to_dict(), indent=2))
+        return 0
+    echo(f"{found.cache}: {_size(found.bytes)} in {len(found.entries)} entries"
+         + (f" (pinned: by {', '.join(map(str, found.manifests))})" if found.manifests else ""))
+    for e in found.entries:
+        used = __import__("time").strftime("%Y-%m-%d %H:%M", __import__("time").localtime(e.used))
+        echo(f"  {e.kind:<10} {_size(e.bytes):>9}  {used}  {'pinned ' if e.pinned else '       '}"
+             f"{e.what}  ({e.path.relative_to(found.cache)})")
+    return 0
+
+
+def _duration(ctx, param, value):
+    if value is None:
+        return None
+    from patchkit.commands.cache import parse_duration
+    from patchkit.errors import UsageError
+
+    try:
+        return parse_duration(value)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[1], ctx, param) from None
+
+
+@cache_cmd.command("prune")
+@click.option("--older-than", callback=_duration, metavar="DURATION",
+              help="Only what has not been used for this long: 30d, 12h, 90m, 2w.")
+@click.option("--manifest", "manifests", multiple=True, type=click.Path(dir_okay=False),
+              help=f"Keep what this manifest pins (default: patchset.yaml, {FOUND}); repeat "
+                   "for every project that shares the cache.")
+@click.option("--wait", type=click.FloatRange(min=0, max=24 * 3600), default=10.0,
+              show_default=True, metavar="SECONDS",
+              help="How long to wait for the runs using the cache to end.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@FORMAT
+def cache_prune(older_than, manifests, wait, dry_run, fmt) -> int:
+    """Remove what no manifest pins: mirrors of other sources, releases and wheels of other
+    versions, what killed runs left.  Never what a running patchkit uses."""
+    from patchkit.cache import cache_dir
+    from patchkit.commands import cache as command
+
+    result = command.prune(cache_dir(), _cache_manifests(manifests), older_than=older_than,
+                           wait=wait, dry_run=dry_run)
+    if fmt == "json":
+        echo(json.dumps(result.to_dict(), indent=2))
+        return 0
+    verb = "would remove" if dry_run else "removed"
+    for e in result.removed:
+        echo(f"{verb} {e.kind} {e.what} ({_size(e.bytes)})")
+    for e in result.busy:
+        echo(f"kept {e.kind} {e.what}: a run is using it")
+    total = sum(e.bytes for e in result.removed)
+    echo(f"{verb} {len(result.removed)} entries, {_size(total)}; kept {len(result.kept)}"
+         + (f" ({sum(e.pinned for e in result.kept)} pinned by "
+            f"{', '.join(map(str, result.manifests))})" if result.manifests else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
     args = sys.argv[1:] if argv is None else list(argv)
@@ -700,6 +881,11 @@ def main(argv: list[str] | None = None) -> int:
         echo(USAGE, err=True)
         return 2
     prog = _prog(args)
+    if next((a for a in args if not a.startswith("-")), None) != "cache" and \
+            "_PATCHKIT_COMPLETE" not in os.environ:
+        from patchkit.cache import mark_when_used
+
+        mark_when_used()   # `cache prune` removes nothing while this run may use the cache
     try:
         rv = cli.main(args=args, prog_name="patchkit", standalone_mode=False)
         return rv if isinstance(rv, int) else 0

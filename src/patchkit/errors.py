@@ -50,6 +50,13 @@ class SourceError(PatchkitError):
     exit_code = 2
 
 
+class ToolMissingError(PatchkitError):
+    """A tool patchkit runs (git, pip) is not installed where it looks for it: one line naming
+    it, never "no source has ..."."""
+
+    exit_code = 2
+
+
 class CommandError(PatchkitError):
     """A subprocess failed: says the command, its exit code and its indented output."""
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeVar
 
-from patchkit import interrupt, process
-from patchkit.errors import CommandError
+from patchkit import interrupt, process, progress
+from patchkit.errors import CommandError, ToolMissingError
 
 # Commits patchkit makes are reproducible: the same manifest on the same vLLM commit gives the
 # same commit ids on every machine.
@@ -67,7 +67,10 @@ class Result:
 
 
 def _gitpython():
-    import git  # GitPython: imported when git is first needed, not by every CLI start
+    # GitPython: imported when git is first needed, not by every CLI start.  Without a git
+    # executable its import fails with a page of advice: patchkit says it in one line.
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    import git
 
     return git
 
@@ -80,6 +83,7 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     if env:
         full_env.update(env)
     argv = ["git", *BASE_ARGS, *args]
+    progress.command(["git", *args] if cwd is None else ["git", "-C", str(cwd), *args])
     stdin = None
     try:
         if isinstance(input, bytes):
@@ -89,9 +93,11 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
         code, out, err = cmd.execute(argv, istream=stdin if stdin is not None else input,
                                      with_extended_output=True,
                                      with_exceptions=False, stdout_as_string=False,
-                                     strip_newline_in_stdout=False, env=full_env)
-    except _gitpython().exc.GitCommandNotFound as exc:
-        raise CommandError(argv, 127, f"git: not found ({exc})") from None
+                                     strip_newline_in_stdout=False, env=full_env,
+                                     preexec_fn=_death_signal(args))
+    except _gitpython().exc.GitCommandNotFound:
+        raise ToolMissingError("git is not installed (no git on PATH); patchkit needs it for "
+                               "every checkout") from None
     finally:
         if stdin is not None:
             stdin.close()
@@ -99,6 +105,14 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     if isinstance(err, str):
         err = err.encode("utf-8", "surrogateescape")
     return code, out or b"", err or b""
+
+
+def _death_signal(args: Sequence[str]):
+    """A clone or fetch (as long as the network makes it) dies with patchkit, ``kill -9``
+    included.  Local commands end on their own within moments, and arming the signal costs
+    each one a full fork of this process (measured 2.4x per call: bench/bench_spawn.py), so
+    they go without."""
+    return process.dies_with_us() if tuple(args[:len(NETWORK)]) == NETWORK else None
 
 
 def _text(data: bytes) -> str:
@@ -229,6 +243,12 @@ def has_tag(repo: Path, name: str) -> bool:
 
 def is_branch(repo: Path, ref: str) -> bool:
     return _try("show-ref", "--verify", "--quiet", f"refs/heads/{ref}", cwd=repo).ok
+
+
+def remote_url(repo: Path, remote: str = "origin") -> str | None:
+    """The URL a mirror was cloned from, or None."""
+    r = _try("config", "--get", f"remote.{remote}.url", cwd=repo)
+    return (r.stdout.strip() or None) if r.ok else None
 
 
 def tags(repo: Path) -> list[str]:

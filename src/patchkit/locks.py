@@ -52,6 +52,10 @@ def held(path: Path | str, what: str, log: Callable[[str], None] = lambda m: Non
             raise
         os.close(fd)  # won on a file its holder removed: take the new one
     try:
+        os.utime(fd)   # when what it guards was last used (`patchkit cache` shows it)
+    except OSError:
+        pass
+    try:
         yield
     finally:
         try:

@@ -2,7 +2,11 @@
 ``patch``, ``skopeo``, ``ssh``, ``docker buildx``), and for a command the user gives
 (``bisect --series --run``): :func:`run_user`, with a deadline and its output bounded; and
 :class:`Piped`, a child that is one end of a byte stream the caller moves through the kernel
-(``docker save`` into ``ssh NODE docker load``)."""
+(``docker save`` into ``ssh NODE docker load``).
+
+Every child that patchkit waits for is started with :func:`dies_with_us` (git's clones and
+fetches too, through GitPython): the kernel kills it when patchkit ends, ``kill -9`` included.  A stream from
+:func:`spawn` ends when its pipes close, which they do when patchkit ends."""
 
 from __future__ import annotations
 
@@ -10,13 +14,50 @@ import fcntl
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from patchkit import interrupt
+from patchkit import interrupt, progress
 from patchkit.errors import CommandError
+
+_PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def _prctl():
+    """libc's ``prctl``, looked up once, before any fork (a child must not load libraries)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+
+
+def dies_with_us() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when patchkit ends, however it ends
+    (``kill -9`` included): nothing patchkit starts outlives it.  A parent gone before the
+    request took hold is caught by its pid.  None where the kernel has no such request."""
+    if _PRCTL is None:
+        return None
+    parent = os.getpid()
+    return lambda: bind_to_parent(parent)
+
+
+def bind_to_parent(parent: int) -> None:
+    """In a child of ``parent`` (a worker process patchkit forked): be killed when it ends."""
+    if _PRCTL is None:
+        return
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(137)
 
 
 def run(cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
@@ -28,6 +69,7 @@ def run(cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     runs past ``timeout`` seconds, or is interrupted, is killed; the timeout is a CommandError
     whose ``timeout`` is set.  With ``on_line``, stderr joins stdout and each line goes to
     ``on_line`` as it comes; the error's output is then the last lines only."""
+    progress.command(cmd)
     full_env = None
     if env is not None:
         full_env = dict(os.environ)
@@ -39,7 +81,8 @@ def run(cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
             proc = subprocess.run(list(cmd), cwd=cwd, env=full_env, input=input, text=text,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   stdin=None if input is not None else subprocess.DEVNULL,
-                                  timeout=timeout)  # run() kills the child on any exception
+                                  timeout=timeout,  # run() kills the child on any exception
+                                  preexec_fn=dies_with_us())
     except FileNotFoundError as exc:
         raise CommandError(list(cmd), 127, f"{cmd[0]}: not found ({exc})") from exc
     except subprocess.TimeoutExpired as exc:
@@ -59,7 +102,11 @@ def spawn(cmd: Sequence[str]) -> subprocess.Popen:
     own, for a byte stream the caller drives (the ssh session of an engine connection): a ^C
     at the terminal is the caller's to handle, and it ends the command by closing the pipes
     (then ``terminate``)."""
+    progress.command(cmd)
     try:
+        # no death signal here: the kernel sends it when the *thread* that started the
+        # child ends, and a stream outlives the thread that opened it (a connection pool);
+        # it ends with patchkit all the same, when its stdin closes
         return subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
@@ -159,7 +206,8 @@ def _streamed(cmd: Sequence[str], cwd, env, on_line: Callable[[str], None],
     """``cmd`` with its lines handed on as they come; the last ``keep`` lines kept."""
     tail: list[str] = []
     with subprocess.Popen(list(cmd), cwd=cwd, env=env, text=True, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          preexec_fn=dies_with_us()) as proc:
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -190,12 +238,15 @@ def run_user(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float,
     every process of its session is killed; so are those it leaves behind when it ends (they
     hold its output open)."""
     started = time.monotonic()
+    progress.command(cmd)
     try:
         proc = subprocess.Popen(list(cmd), cwd=cwd, env={**os.environ, **env},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=dies_with_us())
     except OSError as exc:
         raise CommandError(list(cmd), 127, f"{cmd[0]}: cannot run it ({exc.strerror})") from None
+    watchdog = _watchdog(proc.pid)
     tail = _Tail(keep)
     reader = threading.Thread(target=tail.drain, args=(proc.stdout,), daemon=True)
     reader.start()
@@ -207,6 +258,9 @@ def run_user(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float,
             timed_out = True
     finally:
         _kill_session(proc)
+        if watchdog is not None:
+            watchdog.stdin.close()   # its work is done: it ends
+            watchdog.wait()
         proc.wait()
         reader.join(timeout=5)
         # a process that left the session may still hold the pipe: its reader is left to it
@@ -216,6 +270,20 @@ def run_user(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float,
     interrupt.check()
     return Finished(None if timed_out else proc.returncode, tail.text(), tail.dropped > 0,
                     time.monotonic() - started, timed_out)
+
+
+def _watchdog(session: int) -> subprocess.Popen | None:
+    """A small process that kills every process of ``session`` when its stdin closes: when
+    ``run_user`` is done with it, or when patchkit ends in any way (``kill -9`` included), since
+    only patchkit holds the other end.  The death signal reaches the user's command alone; this
+    reaches what that command started too."""
+    try:
+        return subprocess.Popen(["sh", "-c", 'cat >/dev/null; kill -9 "-$1" 2>/dev/null',
+                                 "patchkit-watchdog", str(session)],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return None
 
 
 def _kill_session(proc: subprocess.Popen) -> None:

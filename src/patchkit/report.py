@@ -185,6 +185,8 @@ class ApplyReport:
     packages: dict[str, PackageInfo] = field(default_factory=dict)
     # package -> patched file -> the JIT modules the package builds from it (series/jit.py)
     jit_modules: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # each patch's digest (manifest.digest) when the checkout was made: what status compares
+    digests: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -208,6 +210,8 @@ class ApplyReport:
             data["kept"] = self.keep_failed
         if self.discarded:
             data["discarded"] = self.discarded
+        if self.digests:
+            data["digests"] = dict(self.digests)
         return data
 
     def to_json(self) -> str:
@@ -227,7 +231,8 @@ class ApplyReport:
                        {str(n): PackageInfo.from_dict(p)
                         for n, p in (data.get("packages") or {}).items()},
                        {str(n): {str(f): [str(x) for x in m] for f, m in files.items()}
-                        for n, files in (data.get("jit_modules") or {}).items()})
+                        for n, files in (data.get("jit_modules") or {}).items()},
+                       {str(k): str(v) for k, v in (data.get("digests") or {}).items()})
         except (KeyError, TypeError, AttributeError, AssertionError) as exc:
             raise ValueError(f"not an apply report: {exc!r}") from None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -214,8 +215,11 @@ def test_a_cut_link_leaves_the_tag_as_it_was_and_a_rerun_completes(overlay, othe
         assert node3.direct.images.get(TAG).id == other
         link.mend()
         code = cli.main(["copy-image", TAG, "--to", url, "--format", "json"])
-        out, _ = capfd.readouterr()
+        out, err = capfd.readouterr()
     assert code == 0, out
+    # off a terminal, the copy's progress is one plain line when it ends
+    assert re.search(rf"^sent {re.escape(TAG)} to {re.escape(url)}: [\d.]+ [KMG]?B in [\d.]+ s ",
+                     err, re.M), err
     assert fingerprint_of(node3.direct, TAG) == overlay["fingerprint"]
 
 

@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
+from patchkit import progress
 from patchkit.errors import ImageError, PatchkitError, UsageError
 from patchkit.image import stream
 from patchkit.image.docker import LOAD_PATIENCE, Engine, Prefix, Transfer, engine_url
@@ -400,14 +401,22 @@ class _Job:
                    "and the manifest")
         return Plan("send", n, held, store.partial_load, why)
 
-    def _stream(self, held: Sequence[str], lean: bool, box: dict) -> Iterator[bytes]:
+    def _stream(self, held: Sequence[str], lean: bool, box: dict,
+                where: str) -> Iterator[bytes]:
         box["facts"], box["wire"] = ArchiveFacts(), [0]
         archive = relayed_export(self.source.export(self.image), box["facts"], held,
                                  self.diff_ids, lean)
-        for chunk in compressed(_batched(archive), self.compress, box["wire"]):
-            if self.stop.is_set():
-                raise ImageError("interrupted; the load is abandoned")
-            yield chunk
+        shown = progress.transfer(f"{self.image} to {where}", "sent")
+        ok = False
+        try:
+            for chunk in compressed(_batched(archive), self.compress, box["wire"]):
+                if self.stop.is_set():
+                    raise ImageError("interrupted; the load is abandoned")
+                yield chunk
+                shown.update(box["wire"][0], None)
+            ok = True
+        finally:
+            shown.close(ok)
 
     def send(self, group: list[_Target]) -> None:
         held = self.diff_ids[:group[0].plan.skipped]
@@ -421,11 +430,12 @@ class _Job:
             return
         if len(group) == 1:
             t = group[0]
-            self.finish(t, lambda: t.engine.load(lambda: self._stream(held, lean, box),
+            self.finish(t, lambda: t.engine.load(lambda: self._stream(held, lean, box, t.url),
                                                  self.attrs["ConfigDigest"], self.diff_ids,
                                                  self.log), box)
             return
-        streams = _tee(self._stream(held, lean, box), len(group), self.timeout)
+        streams = _tee(self._stream(held, lean, box, f"{len(group)} targets"), len(group),
+                       self.timeout)
         threads = [threading.Thread(target=self.finish, daemon=True, args=(
             t, functools.partial(t.engine.load, s, self.attrs["ConfigDigest"], self.diff_ids,
                                  self.log), box)) for t, s in zip(group, streams)]

@@ -95,6 +95,9 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
             text.append_item(("patches",), entry)
         text.write(m.path)
         manifest.load(m.path)  # what was written must load
+        for name, place in places.items():
+            if commits[name]:   # they are the series' now: apply may replace the checkout
+                checkout.mark_exported(place, commits[name][-1].sha)
     return result
 
 

@@ -20,11 +20,11 @@ import shutil
 import tempfile
 import traceback
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import interrupt, source, versions
+from patchkit import interrupt, process, source, versions
 from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.image import basevllm
@@ -179,9 +179,11 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
     cache = cache or cache_dir()
     pin = run.pin(package)
     held = base if package == VLLM else (bases or {}).get(package)
-    resolved = [source.resolve(pin.sources, ref, cache, progress.info, base=held,
-                               package=source.package_id(pin.name, pin.dist))
-                for ref in dict.fromkeys(refs)]
+    resolved = _resolved(list(dict.fromkeys(refs)),
+                         lambda ref: source.resolve(pin.sources, ref, cache, progress.info,
+                                                    base=held,
+                                                    package=source.package_id(pin.name,
+                                                                              pin.dist)))
     resolved = _by_version(resolved)
     matrix = Matrix(manifest, variant=variant, package=package)
     if package != VLLM:
@@ -242,6 +244,24 @@ class TargetError(PatchkitError):
         self.exit_code = exit_code
 
 
+DOWNLOADS = 3   # targets resolved at once: releases from PyPI download side by side
+
+
+def _resolved(refs: list[str], resolve) -> list[source.Resolved]:
+    """Each ref resolved, in order, at most ``DOWNLOADS`` at a time (a release from PyPI is a
+    download of hundreds of MB; a git ref waits for its mirror's lock in turn)."""
+    if len(refs) < 2:
+        return [resolve(ref) for ref in refs]
+    with ThreadPoolExecutor(max_workers=min(DOWNLOADS, len(refs))) as pool:
+        futures = [pool.submit(resolve, ref) for ref in refs]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+
 def _unwrap(outcome: tuple[str, object]) -> ApplyReport:
     kind, value = outcome
     if kind == "report":
@@ -263,7 +283,10 @@ def _in_processes(jobs: list, workers: int, progress: CheckProgress) -> list[App
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     results: list[ApplyReport | None] = [None] * len(jobs)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    # a worker dies with patchkit, however patchkit ends
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                             initializer=process.bind_to_parent,
+                             initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_one, *job): n for n, job in enumerate(jobs)}
         try:
             for fut in as_completed(futures):

@@ -196,3 +196,37 @@ def validate(v) -> str:
     if markers:
         parts.append(plural(markers, "runtime marker"))
     return ", ".join(parts)
+
+
+def status(st) -> str:
+    """``patchkit status``: a block per package, its checkout, its patches, what to do."""
+    lines = [f"{st.name} ({st.manifest})"]
+    for p in st.packages:
+        what = "vLLM" if p.name == "vllm" else p.name
+        if not p.applied:
+            lines.append(f"{what}: " + "; ".join(p.remedies))
+            continue
+        r = p.report
+        pin = r.packages.get(p.name) or r.vllm
+        lines.append(f"{what}: {p.workdir} holds {pin.ref} = {(pin.commit or '?')[:12]}, "
+                     f"version {pin.version}, variant {r.variant or '(default)'}")
+        counts = ", ".join(f"{len(ids)} {s}" for s, ids in p.patches.items() if ids)
+        lines.append(f"  patches: {counts or 'none'}")
+        for s, ids in p.patches.items():
+            if ids:
+                lines.append(f"    {s + ':':<10} {' '.join(ids)}")
+        c = p.changes
+        said = [f"{k} {' '.join(v)}" for k, v in (("added", c.added), ("edited", c.edited),
+                                                  ("removed", c.removed)) if v]
+        if c.pin:
+            said.append(f"the pin moved from {c.pin[0]} to {c.pin[1]}")
+        if said:
+            lines.append("  manifest changed since the apply: " + "; ".join(said))
+        elif c.edited is None:
+            lines.append("  manifest: patches added or removed since the apply: none (edits "
+                         "are not known: the checkout predates patch digests)")
+        if not p.work and not c:
+            lines.append("  clean: the checkout is the manifest's series, nothing more")
+        for remedy in p.remedies:
+            lines.append(f"  {remedy}")
+    return "\n".join(lines)

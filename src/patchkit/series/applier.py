@@ -24,7 +24,7 @@ from patchkit import git as g
 from patchkit.errors import CommandError, SourceError, UsageError
 from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
-from patchkit.manifest import variants
+from patchkit.manifest import digest, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
                              VllmInfo)
@@ -308,9 +308,10 @@ def check_workdir(workdir: Path, discard: bool = False) -> applied.UserWork:
                          "remove it or name another")
     work = applied.user_work(workdir)
     if work and not discard:
-        raise UsageError(f"--workdir {workdir} holds work: {work.describe()}; turn commits into "
-                         "patches with 'patchkit export', or give --discard to replace it "
-                         "(what is there is saved in a bundle beside it)")
+        raise UsageError(f"--workdir {workdir} holds work: "
+                         + "; ".join(work.remedies(workdir))
+                         + "; or give --discard to replace it (what is there is saved in a "
+                         "bundle beside it)")
     return work
 
 
@@ -391,6 +392,7 @@ def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = Non
                 kept = True
                 report.keep_failed = str(trees.get(VLLM) or next(iter(trees.values())))
             return report
+        report.digests = digest.digests(manifest)
         for tree in trees.values():
             applied.write_report(tree, report)
         _move_in(trees, places, scratches, discard, report, progress)
@@ -493,8 +495,7 @@ def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:
         progress.info(f"--discard: {workdir} is {work.describe()}; moved aside to {dest}")
         return {"what": work.describe(), "moved_to": str(dest), "bundle": None, "refs": [],
                 "head": None}
-    dest = _discard_name(workdir, ".bundle")
-    saved = applied.save_work(workdir, dest)
+    saved = applied.save_work(workdir, workdir.parent, workdir.name)
     progress.info(f"--discard: {work.describe()} of {workdir} {saved.how_to_restore(workdir)}")
     return {"what": work.describe(), "bundle": str(saved.bundle) if saved.bundle else None,
             "refs": list(saved.refs), "head": saved.head}

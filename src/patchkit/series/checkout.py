@@ -9,6 +9,8 @@ one goes through :class:`AppliedCheckout`; "what of it is a person's work?" is
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -20,6 +22,9 @@ from patchkit.source import BASE_TAG
 
 REPORT_FILE = "patchkit-report.json"
 APPLIED_TAG = "patchkit/applied"
+# the last commit ``patchkit export`` turned into patches: it and the commits below it are the
+# series' now, not a person's work (a tag, so that what the clone came with covers it)
+EXPORTED_TAG = "patchkit/exported"
 
 
 def report_path(tree: Path) -> Path:
@@ -113,6 +118,11 @@ def has_applied_tag(path: Path) -> bool:
     return g.has_tag(path, APPLIED_TAG)
 
 
+def mark_exported(path: Path, commit: str) -> None:
+    """``commit`` and the commits below it are in the series' files now."""
+    g.tag(path, EXPORTED_TAG, commit)
+
+
 def commits_after_series(path: Path, *, merges_only: bool = False) -> list[str]:
     """The commits made on top of the applied series, oldest first."""
     return g.commits_between(path, APPLIED_TAG, "HEAD", merges_only=merges_only)
@@ -157,10 +167,33 @@ class UserWork:
             parts.append(_count(self.untracked, "untracked file"))
         return ", ".join(parts)
 
+    def remedies(self, workdir: Path | str) -> list[str]:
+        """Each kind of work and what to do about it, one phrase each: commits are exported,
+        changes committed first, untracked files committed or moved away, HEAD put back."""
+        out = []
+        if self.unreadable:
+            out.append(f"git cannot read it ({self.unreadable}): move {workdir} aside")
+        if self.moved_to:
+            out.append(f"HEAD moved to {self.moved_to[:12]}, off the series: put it back with "
+                       f"'git -C {workdir} checkout {APPLIED_TAG}'")
+        if self.commits:
+            out.append(f"{_count(self.commits, 'commit')} not yet exported: run "
+                       "'patchkit export'")
+        if self.changed:
+            out.append(f"{_count(self.changed, 'changed file')} not committed: commit "
+                       f"('git -C {workdir} commit -a'), then run 'patchkit export'")
+        if self.untracked:
+            out.append(f"{_count(self.untracked, 'untracked file')}: commit "
+                       f"('git -C {workdir} add'), then run 'patchkit export', or move "
+                       f"{'it' if self.untracked == 1 else 'them'} out of the checkout")
+        return out
+
 
 def user_work(path: Path) -> UserWork:
     """What of ``path``, an applied checkout, is a person's rather than patchkit's: the one
-    answer to "may this workdir be replaced as it is?" (it may when the answer is empty)."""
+    answer to "may this workdir be replaced as it is?" (it may when the answer is empty).
+    Commits ``patchkit export`` turned into patches (tag ``patchkit/exported``) are the
+    series' now, not work."""
     gone = g.missing_alternates(path)
     if gone:
         return UserWork(unreadable=f"its objects in {gone[0]} are gone")
@@ -174,7 +207,8 @@ def user_work(path: Path) -> UserWork:
     except CommandError as exc:
         return UserWork(unreadable=exc.output.strip().splitlines()[-1] if exc.output.strip()
                         else f"git exit {exc.returncode}")
-    moved = head != applied and not (commits and g.is_ancestor(path, applied, head))
+    # exported commits are reached by their tag, like what the clone came with
+    moved = head != applied and not g.is_ancestor(path, applied, head)
     untracked = sum(code == "??" for code, _ in entries)
     return UserWork(len(commits), len(entries) - untracked, untracked, head if moved else None)
 
@@ -200,12 +234,14 @@ class SavedWork:
                 f"'{DISCARDED_REFS}/*:{DISCARDED_REFS}/*'")
 
 
-def save_work(path: Path, dest: Path) -> SavedWork:
+def save_work(path: Path, folder: Path, label: str) -> SavedWork:
     """Keep what a person made in the checkout at ``path`` in a git bundle at ``dest``: HEAD as
     ``discarded/head``, every other local branch as ``discarded/branches/NAME``, and the
     uncommitted and untracked files as a commit on HEAD, ``discarded/changes``.  What the
     clone came with is left out (any clone of the source has it), so the bundle stays small;
-    a ref with nothing of its own is not in it."""
+    a ref with nothing of its own is not in it.  The bundle is ``LABEL.discarded-<key>.bundle``
+    in ``folder``, its key a hash of what it holds: the same work discarded again is the same
+    bundle, not one more."""
     head = g.head(path)
     applied = g.resolve_commit(path, APPLIED_TAG) or head
     refs = {f"{DISCARDED_REFS}/head": head}
@@ -218,5 +254,16 @@ def save_work(path: Path, dest: Path) -> SavedWork:
         kept[f"{DISCARDED_REFS}/changes"] = changes
     if not kept:
         return SavedWork(None, (), head)
-    g.write_bundle(path, dest, kept, g.published(path, but="patchkit/"))
+    # the snapshot commit's id holds the time; its tree and parent are its content
+    key = hashlib.sha256("".join(
+        f"{ref} {g.tree_of(path, c) + ' ' + head if ref.endswith('/changes') else c}\n"
+        for ref, c in sorted(kept.items())).encode()).hexdigest()[:16]
+    dest = folder / f"{label}.discarded-{key}.bundle"
+    if not dest.is_file():
+        part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+        try:
+            g.write_bundle(path, part, kept, g.published(path, but="patchkit/"))
+            os.replace(part, dest)   # a bundle is whole, or not there
+        finally:
+            part.unlink(missing_ok=True)
     return SavedWork(dest, tuple(kept), head)

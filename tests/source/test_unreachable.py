@@ -1,0 +1,39 @@
+"""An unreachable source is said once per run, not once per target, and remembered in the cache
+for a while (the line says until when), so the next run does not wait on it again."""
+
+from __future__ import annotations
+
+from testing import patchkit
+from testing.project import make_project
+
+DEAD = "http://127.0.0.1:9/vllm.git"   # nothing listens on the discard port
+
+
+def _project(tmp_path):
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text()
+    up = text.split("repo: ", 1)[1].split()[0]
+    (proj / "patchset.yaml").write_text(text.replace(f"repo: {up}", f"repo: [{DEAD}, {up}]", 1))
+    return proj
+
+
+def lines_about(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "127.0.0.1:9" in ln]
+
+
+def test_an_unreachable_source_is_said_once_per_run_and_remembered(tmp_path):
+    proj = _project(tmp_path)
+    p = patchkit("rebase-check", "--to", "v2", "--to", "v3", "--to", "v4", cwd=proj)
+    assert p.returncode in (0, 1), p.stderr
+    said = lines_about(p.stderr)
+    # the pin and three targets each tried it: one clone attempt, one line saying why
+    assert len(said) == 2, p.stderr
+    assert said[0].startswith(f"mirroring {DEAD} (the first time")
+    assert "is unreachable (cannot clone" in said[1] and "not asked again until" in said[1]
+    assert said[1].endswith("trying the next")
+    # the next run does not try to clone it again
+    p = patchkit("apply", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    said = lines_about(p.stderr)
+    assert len(said) == 1 and "not asked again until" in said[0], p.stderr
+    assert not any(ln.startswith("mirroring") for ln in said)
