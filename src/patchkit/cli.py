@@ -486,6 +486,7 @@ def bump(package, ref, dry_run, push, repos, manifest_path, fmt) -> int:
     return command.exit_code(results)
 
 
+@cli.command()
 @click.option("--workdir", type=click.Path(file_okay=False),
               help=f"vLLM's applied checkout; other packages' are beside it (default: "
                    f"{DEFAULT_WORKDIR} of the project {FOUND}).")
@@ -677,16 +678,13 @@ def lock(workdir, base, platform, timeout, manifest_path, fmt) -> int:
                    "bytes), and send nothing.")
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none",
               show_default=True, help="Compress the stream on the way (for slow links).")
-@click.option("-v", "--verbose", is_flag=True,
-              help="Also say on stderr what each target holds, what goes, and all a failed "
-                   "load or link said (by default a target is one line).")
 @TIMEOUT
 @click.option("--manifest", "manifest_path", default=None, type=click.Path(dir_okay=False),
               help="Without IMAGE: copy the image this manifest's build-image tags, image.tag "
                    "at the pin (default: patchset.yaml).")
 @FORMAT
-def copy_image_cmd(image, targets, more, via, dry_run, compress, verbose, timeout,
-                   manifest_path, fmt) -> int:
+def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manifest_path,
+                   fmt) -> int:
     """Put IMAGE, as the engine DOCKER_HOST names holds it, on other engines; without IMAGE,
     the image build-image tags for the manifest (image.tag at the pin).
 
@@ -710,7 +708,8 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, verbose, timeou
         built = command.built_image(_load(manifest_path or "patchset.yaml"))
         image = image or built
     report = command.run(image, [*targets, *more],
-                         log=TextProgress(err=True).info if verbose else lambda m: None,
+                         # -v: what each target holds, what goes, all a failed load said
+                         log=TextProgress(err=True).info if Output.verbose else lambda m: None,
                          timeout=timeout, via=via, dry_run=dry_run, compress=compress)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
     return 0 if report.ok else 1
@@ -783,7 +782,8 @@ def _cache_manifests(given) -> list[Path]:
     return [Path(discovery.shown(found))] if found is not None else []
 
 
-@cli.group("cache", cls=Group, invoke_without_command=True)
+@cli.group("cache", cls=Group, invoke_without_command=True,
+           short_help="List what the cache holds, or prune what no manifest pins")
 @click.option("--manifest", "manifests", multiple=True, type=click.Path(dir_okay=False),
               help=f"Mark what this manifest pins (default: patchset.yaml, {FOUND}); repeat.")
 @FORMAT
