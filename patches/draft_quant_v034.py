@@ -25,27 +25,12 @@ the same block, the ``from typing import ...`` line (``import copy`` goes before
 
 from __future__ import annotations
 
-import importlib.util
-import types
-from pathlib import Path
-
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.transform import AnchorMissingError, Transform
+from patchkit.transform import AnchorMissingError, Transform, sibling
 
-
-def _sibling(filename: str) -> types.ModuleType:
-    """The transform file next to this one, loaded under a private name."""
-    path = Path(__file__).with_name(filename)
-    spec = importlib.util.spec_from_file_location(f"{__name__}__{path.stem}", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_V033 = _sibling("draft_quant.py")
+_V033 = sibling(__file__, "draft_quant.py")
 HELPER = _V033.HELPER
 SCOPE = "DSparkSpeculatorConfig.adapt_draft_model_config"
 

@@ -14,22 +14,9 @@ checkpoint config, both configs say the same and nothing changes.
 
 from __future__ import annotations
 
-import importlib.util
-import types
-from pathlib import Path
+from patchkit.transform import sibling
 
-
-def _sibling(filename: str) -> types.ModuleType:
-    """The DeepSeek-V4 transform file next to this one, loaded under a private name."""
-    path = Path(__file__).with_name(filename)
-    spec = importlib.util.spec_from_file_location(f"{__name__}__{path.stem}", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_V4 = _sibling("dspark_draft_quant_scope.py")
+_V4 = sibling(__file__, "dspark_draft_quant_scope.py")
 
 
 class ScopeDraftMoeQuantAlgoV41(_V4.ScopeDraftMoeQuantAlgo):

@@ -22,27 +22,13 @@ The guard runs before the draft model is built and counts the stages as
 from __future__ import annotations
 
 import ast
-import importlib.util
-import types
-from pathlib import Path
 
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.transform import AnchorMissingError
+from patchkit.transform import AnchorMissingError, sibling
 
-
-def _sibling(filename: str) -> types.ModuleType:
-    """The DeepSeek-V4 transform file next to this one, loaded under a private name."""
-    path = Path(__file__).with_name(filename)
-    spec = importlib.util.spec_from_file_location(f"{__name__}__{path.stem}", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_V4 = _sibling("dspark_guards.py")
+_V4 = sibling(__file__, "dspark_guards.py")
 
 QUANT_PATH_METHOD = '''    def _verify_draft_quant_path(self, prefix: str) -> None:
         """Refuse to build a draft whose routed experts would load as NVFP4.

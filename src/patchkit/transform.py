@@ -14,8 +14,9 @@ from patchkit.kinds.transform import (  # noqa: F401
     TransformLoadError,
     load_transforms,
     run_transform_file,
+    sibling,
 )
 
 __all__ = ["AmbiguousAnchorError", "AnchorError", "AnchorMissingError", "CxxTransform", "Span",
            "Transform",
-           "TransformLoadError", "load_transforms", "run_transform_file"]
+           "TransformLoadError", "load_transforms", "run_transform_file", "sibling"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,6 +257,20 @@ class TransformLoadError(Exception):
         super().__init__(f"{py_file}: {detail}")
         self.detail = detail
         self.line = line
+
+
+def sibling(here: str, filename: str) -> types.ModuleType:
+    """The transform file ``filename`` beside the one whose ``__file__`` is ``here``, loaded under
+    a private name: a transform that reuses another's pieces (its anchors, its helper's text)
+    instead of copying them.  The files beside a transform are part of its kept result's key."""
+    path = Path(here).with_name(filename)
+    spec = importlib.util.spec_from_file_location(f"_patchkit_sibling_{abs(hash(str(path)))}",
+                                                  path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_transforms(py_file: Path) -> list[type[Transform]]:
