@@ -896,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
-        where = f"patchkit {ctx.info_name}" if ctx and ctx.info_name != "patchkit" else prog
+        where = ctx.command_path if ctx and ctx.info_name != "patchkit" else prog
         echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
         code, message = 2, exc.format_message()
     except (Exception, KeyboardInterrupt, interrupt.Interrupted) as exc:  # the one handler
