@@ -113,6 +113,7 @@ def test_a_bad_duration_is_one_line_exit_2(cached, bad):
     p = patchkit("cache", "prune", "--older-than", bad, cwd=proj)
     assert p.returncode == 2
     assert "not a duration" in one_error(p)
+    assert one_error(p).startswith("patchkit cache prune: error: ")
     assert (cache / "pypi/wheels" / WHEELS[1]).exists()
 
 
