@@ -161,7 +161,8 @@ def test_a_good_containers_log_holds(capsys, served, docker_client):
     code, out, err = verify(capsys, served, "--container", served["good"], "--format", "json")
     assert code == 0, out + err
     report = json.loads(out)
-    assert list(report) == ["ok", "target", "verify", "runtime", "starts", "holds"]
+    assert list(report) == ["ok", "status", "target", "verify", "runtime", "starts", "holds"]
+    assert report["status"] == "ok"
     assert [v["ok"] for v in report["verify"]] == [True]
     name = f"container:{served['good']}"
     rows = {(r["patch"], r["log"]): r for r in report["runtime"]}
@@ -279,7 +280,7 @@ def test_a_restarted_container_is_judged_on_its_current_start(capsys, served, re
     code, out, err = verify(capsys, served, "--container", name, "--format", "json")
     assert code == 0, out + err
     report = json.loads(out)
-    assert report["starts"] == [{"log": f"container:{name}", "starts": 1, "line": 1}]
+    assert report["starts"] == [{"log": f"container:{name}", "starts": 1, "line": 1, "stop": None}]
     rows = {r["log"]: r for r in report["runtime"]}
     assert rows["event=layer_load"]["found"] == 3
     # lines are numbered from the current start's first line, as `docker logs --since` gives
