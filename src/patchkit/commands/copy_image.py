@@ -461,13 +461,16 @@ class _Job:
             return
         failure: PatchkitError | None = None
         pump = export = None
+        where = live[0].url if len(live) == 1 else f"{len(live)} targets"
+        shown = progress.transfer(f"{self.image} to {where}", "sent")
         try:
             export = self.take_export()
             pump = stream.Pump(export.fd, [loads[t.url].fd for t in live], timeout=self.timeout,
                                first=self.timeout * LOAD_PATIENCE, stop=self.stop,
                                compress=self.compress,
                                what=f"the export from the engine at {self.source.host}",
-                               names=[f"the load at {t.url}" for t in live])
+                               names=[f"the load at {t.url}" for t in live],
+                               on_wire=lambda n: shown.update(n, None))
             try:
                 if held:
                     stream.relay(pump, box["facts"], held, self.diff_ids, lean)
@@ -508,6 +511,9 @@ class _Job:
             th.start()
         for th in threads:
             th.join()
+        # "sent" once the loads took it: a load that failed after the last byte sent nothing
+        shown.close(failure is None and all(t.result is not None and t.result.status != "failed"
+                                            for t in live))
 
     def _loaded(self, t: _Target, proc, sent: int) -> str:
         try:

@@ -26,7 +26,7 @@ import os
 import select
 import tarfile
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 from patchkit.errors import ImageError
 from patchkit.image.layer import (_BLOCK, _SMALL, CHUNK, END_OF_ARCHIVE, ArchiveFacts,
@@ -44,7 +44,8 @@ class Pump:
     def __init__(self, src: int, sinks: Sequence[int], *, timeout: float,
                  first: float | None = None, stop: threading.Event | None = None,
                  compress: str = "none", what: str = "the source's export",
-                 names: Sequence[str] | None = None) -> None:
+                 names: Sequence[str] | None = None,
+                 on_wire: Callable[[int], None] | None = None) -> None:
         self.src, self.sinks = src, list(sinks)
         self.timeout, self.stop, self.what = timeout, stop or threading.Event(), what
         # the wait for the first byte: a classic store writes its whole export out first
@@ -54,6 +55,7 @@ class Pump:
                                                            for i in range(len(self.sinks))]
         self.broken: dict[int, str] = {}
         self.wire = 0
+        self._on_wire = on_wire or (lambda n: None)   # told ``wire`` as it grows (progress)
         self._buf = bytearray(CHUNK)
         self._view = memoryview(self._buf)
         self._null: int | None = None
@@ -99,6 +101,7 @@ class Pump:
         else:
             self._spread(live, view)
         self.wire += len(view)
+        self._on_wire(self.wire)
         self._check()
 
     def _spread(self, fds: list[int], view: memoryview) -> None:
@@ -224,6 +227,7 @@ class Pump:
             moved += got
             if counted:
                 self.wire += got
+                self._on_wire(self.wire)
         return self._short(moved, n)
 
     def _short(self, moved: int, n: int | None) -> int:
