@@ -53,7 +53,7 @@ def test_validate_refuses_csrc_against_a_wheel_source(tmp_path):
     assert p.returncode == 2, p.stderr
     line = _line_of(proj, "- id: moe-more-experts")
     index = (proj / "patchset.yaml").read_text().count("  - id: ") - 1
-    assert one_error(p) == (f"patchkit: error: patchset.yaml:{line}: patches[{index}] "
+    assert one_error(p) == (f"patchkit validate: error: patchset.yaml:{line}: patches[{index}] "
                             f"(id=moe-more-experts): " + WHY.format(src="pypi or image"))
 
 
@@ -62,7 +62,7 @@ def test_apply_refuses_it_before_anything_is_fetched_or_made(tmp_path):
     before = snapshot(proj)
     p = patchkit("apply", cwd=proj)
     assert p.returncode == 2, p.stderr
-    assert one_error(p) == "patchkit: error: patch moe-more-experts: " + WHY.format(src="pypi")
+    assert one_error(p) == "patchkit apply: error: patch moe-more-experts: " + WHY.format(src="pypi")
     assert snapshot(proj) == before and not (proj / ".patchkit" / "vllm").exists()
     assert "downloading" not in p.stderr
 
@@ -72,7 +72,7 @@ def test_a_wheel_source_named_on_the_command_line_is_refused_too(tmp_path):
     assert patchkit("validate", cwd=proj).returncode == 0
     p = patchkit("apply", "--vllm-repo", "pypi", "--vllm-ref", "v0.27.1", cwd=proj)
     assert p.returncode == 2, p.stderr
-    assert one_error(p) == "patchkit: error: patch moe-more-experts: " + WHY.format(src="pypi")
+    assert one_error(p) == "patchkit apply: error: patch moe-more-experts: " + WHY.format(src="pypi")
 
 
 def test_a_git_source_takes_the_patch_to_its_kind(tmp_path):

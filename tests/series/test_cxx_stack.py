@@ -83,7 +83,7 @@ def test_a_grammar_that_cannot_load_is_one_line_and_exit_2(tmp_path, header):
                        text=True, capture_output=True, check=False)
     assert p.returncode == 2, p.stderr
     assert one_error(p) == (
-        "patchkit: error: cannot load the tree-sitter grammar for CUDA files "
+        "patchkit apply: error: cannot load the tree-sitter grammar for CUDA files "
         "(tree_sitter_cuda: ImportError: the binding is broken); install it with `pip install "
         "tree-sitter tree-sitter-cuda`")
     assert not (proj / ".patchkit" / "flashinfer").exists()
@@ -103,7 +103,7 @@ def test_flashinfer_csrc_outside_its_wheel_folder_needs_a_source_build(tmp_path,
     p = patchkit("apply", cwd=proj, env=_env())
     assert p.returncode == 2, p.stderr
     assert one_error(p) == (
-        "patchkit: error: patch fi-low-latency: csrc/fused_moe/cutlass_backend/cutlass_fused_moe"
+        "patchkit apply: error: patch fi-low-latency: csrc/fused_moe/cutlass_backend/cutlass_fused_moe"
         "_kernels.cuh is compiled code not in flashinfer's source (pypi: it holds flashinfer/ as "
         "the package installs it, no build tree); a change to it needs a source build of "
         "flashinfer from a git repository")
