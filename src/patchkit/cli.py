@@ -877,7 +877,9 @@ def cache_prune(older_than, manifests, wait, dry_run, fmt) -> int:
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
     args = sys.argv[1:] if argv is None else list(argv)
-    if not args:   # as git: the short usage, not the whole help as an error
+    # as git: the short usage, not the whole help as an error (a shell asking for completions
+    # runs patchkit with no arguments too)
+    if not args and "_PATCHKIT_COMPLETE" not in os.environ:
         echo(USAGE, err=True)
         return 2
     prog = _prog(args)
