@@ -20,7 +20,7 @@ from patchkit import paths
 from patchkit.manifest.model import Assertion, Patch
 from patchkit.report import AssertionResult
 from patchkit.series import languages
-from patchkit.series.languages import Language, Scope, Search, Unusable
+from patchkit.series.languages import Language, Search, Unusable
 from patchkit.series.languages.base import listing as _listing
 
 Reader = Callable[[str], "str | None"]
