@@ -28,7 +28,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.transform import AnchorMissingError, Transform, sibling
+from patchkit.transform import AnchorMissingError, sibling
 
 _V033 = sibling(__file__, "draft_quant.py")
 HELPER = _V033.HELPER
@@ -54,7 +54,7 @@ _TYPE_CHECKING_IF = m.If(test=m.Name("TYPE_CHECKING"))
 _FROM_VLLM_CONFIG = m.ImportFrom(module=m.Attribute(value=m.Name("vllm"), attr=m.Name("config")))
 
 
-class NormalizeDsparkDraftQuantV034(Transform):
+class NormalizeDsparkDraftQuantV034(_V033.NormalizeDsparkDraftQuant):
     path = "vllm/v1/worker/gpu/spec_decode/dspark/config.py"
 
     def postcondition(self, module: cst.Module) -> bool:
@@ -80,12 +80,8 @@ class NormalizeDsparkDraftQuantV034(Transform):
         assign = self.anchor(adapt, _V033._ARCH_ASSIGN,
                              'the DSpark draft `architectures = [... "DSparkDraftModel" ...]` '
                              "assignment")
-        blocks = [b for b in self.find(adapt, m.IndentedBlock())
-                  if any(isinstance(s, cst.SimpleStatementLine) and assign in s.body
-                         for s in b.body)]
-        if len(blocks) != 1:
-            raise AnchorMissingError("anchor not found: the block of the DSpark branch")
-        body = list(blocks[0].body)
+        block = self._block_holding(adapt, assign)   # the 0.33 transform's own finder
+        body = list(block.body)
         at = next(i for i, s in enumerate(body)
                   if isinstance(s, cst.SimpleStatementLine) and assign in s.body)
         later = [i for i in range(at + 1, len(body)) if m.matches(body[i], _UPDATE_ARCH)]
@@ -94,7 +90,7 @@ class NormalizeDsparkDraftQuantV034(Transform):
                 "anchor not found: one spec.update_arch_() after the DSpark architecture "
                 f"assignment (found {len(later)})")
         body.insert(later[0], cst.parse_statement(_CALL_SOURCE))
-        return module.deep_replace(blocks[0], blocks[0].with_changes(body=body))
+        return module.deep_replace(block, block.with_changes(body=body))
 
     def _import_model_config(self, module: cst.Module) -> cst.Module:
         guard = self.anchor(module, _TYPE_CHECKING_IF, "the `if TYPE_CHECKING:` block")
