@@ -104,27 +104,38 @@ class NormalizeDsparkDraftQuant(Transform):
         called = self.has(post_init, m.Call(func=m.Name(HELPER)))
         return defined and called
 
-    def transform(self, module: cst.Module) -> cst.Module:
-        post_init = self.scope(module, "SpeculativeConfig.__post_init__")
-        assign = self.anchor(post_init, _ARCH_ASSIGN,
-                             'the DSpark draft `architectures = ["DSparkDraftModel"]` assignment')
-        block = self._block_holding(post_init, assign)
-        body = list(block.body)
-        at = next(i for i, s in enumerate(body)
-                  if isinstance(s, cst.SimpleStatementLine) and assign in s.body)
-        later = [i for i in range(at + 1, len(body)) if m.matches(body[i], _UPDATE_ARCH)]
-        if len(later) != 1:
-            raise AnchorMissingError(
-                "anchor not found: one self.update_arch_() after the DSpark architecture "
-                f"assignment (found {len(later)})")
-        body.insert(later[0], cst.parse_statement(_CALL_SOURCE))
-        module = module.deep_replace(block, block.with_changes(body=body))
+    # where the DSpark branch is, how it re-inspects the draft, and the call that goes before
+    # that (the 0.34 sibling, a subclass, names its own)
+    branch_scope = "SpeculativeConfig.__post_init__"
+    update_arch = _UPDATE_ARCH
+    update_call = "self.update_arch_()"
+    call_source = _CALL_SOURCE
 
+    def transform(self, module: cst.Module) -> cst.Module:
+        module = self._call_in_branch(module)
         cls = self.scope(module, "SpeculativeConfig")
         helper = list(cst.parse_module(_HELPER_SOURCE).body[1:])
         top = list(module.body)
         index = next(i for i, s in enumerate(top) if s is cls)
         return module.with_changes(body=top[:index] + helper + top[index:])
+
+    def _call_in_branch(self, module: cst.Module) -> cst.Module:
+        """The helper's call, right before the one re-inspection after the DSpark architecture
+        assignment, in the block that holds that assignment."""
+        scope = self.scope(module, self.branch_scope)
+        assign = self.anchor(scope, _ARCH_ASSIGN,
+                             'the DSpark draft `architectures = ["DSparkDraftModel"]` assignment')
+        block = self._block_holding(scope, assign)
+        body = list(block.body)
+        at = next(i for i, s in enumerate(body)
+                  if isinstance(s, cst.SimpleStatementLine) and assign in s.body)
+        later = [i for i in range(at + 1, len(body)) if m.matches(body[i], self.update_arch)]
+        if len(later) != 1:
+            raise AnchorMissingError(
+                f"anchor not found: one {self.update_call} after the DSpark architecture "
+                f"assignment (found {len(later)})")
+        body.insert(later[0], cst.parse_statement(self.call_source))
+        return module.deep_replace(block, block.with_changes(body=body))
 
     def _block_holding(self, scope: cst.CSTNode, assign: cst.CSTNode) -> cst.IndentedBlock:
         blocks = [b for b in self.find(scope, m.IndentedBlock())

@@ -28,7 +28,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from patchkit.transform import AnchorMissingError, sibling
+from patchkit.transform import sibling
 
 _V033 = sibling(__file__, "draft_quant.py")
 HELPER = _V033.HELPER
@@ -56,6 +56,10 @@ _FROM_VLLM_CONFIG = m.ImportFrom(module=m.Attribute(value=m.Name("vllm"), attr=m
 
 class NormalizeDsparkDraftQuantV034(_V033.NormalizeDsparkDraftQuant):
     path = "vllm/v1/worker/gpu/spec_decode/dspark/config.py"
+    branch_scope = SCOPE
+    update_arch = _UPDATE_ARCH
+    update_call = "spec.update_arch_()"
+    call_source = _CALL_SOURCE
 
     def postcondition(self, module: cst.Module) -> bool:
         adapt = self.scope(module, SCOPE)
@@ -74,23 +78,6 @@ class NormalizeDsparkDraftQuantV034(_V033.NormalizeDsparkDraftQuant):
             typing_at = top.index(self.anchor(module, _FROM_TYPING, "the `from typing import` line"))
             top.insert(typing_at, cst.parse_statement("import copy\n"))
         return module.with_changes(body=top)
-
-    def _call_in_branch(self, module: cst.Module) -> cst.Module:
-        adapt = self.scope(module, SCOPE)
-        assign = self.anchor(adapt, _V033._ARCH_ASSIGN,
-                             'the DSpark draft `architectures = [... "DSparkDraftModel" ...]` '
-                             "assignment")
-        block = self._block_holding(adapt, assign)   # the 0.33 transform's own finder
-        body = list(block.body)
-        at = next(i for i, s in enumerate(body)
-                  if isinstance(s, cst.SimpleStatementLine) and assign in s.body)
-        later = [i for i in range(at + 1, len(body)) if m.matches(body[i], _UPDATE_ARCH)]
-        if len(later) != 1:
-            raise AnchorMissingError(
-                "anchor not found: one spec.update_arch_() after the DSpark architecture "
-                f"assignment (found {len(later)})")
-        body.insert(later[0], cst.parse_statement(_CALL_SOURCE))
-        return module.deep_replace(block, block.with_changes(body=body))
 
     def _import_model_config(self, module: cst.Module) -> cst.Module:
         guard = self.anchor(module, _TYPE_CHECKING_IF, "the `if TYPE_CHECKING:` block")
