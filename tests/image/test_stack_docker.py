@@ -25,6 +25,7 @@ from testing.upstream import unified
 from patchkit import cli, manifest
 from patchkit.commands import build_image, lock, verify
 from patchkit.errors import ImageError, ManifestError
+from patchkit.image import base as image_base
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
 from patchkit.series.applier import Progress, apply_series
@@ -150,9 +151,9 @@ def built(fi_project, engine) -> Built:
 
 
 @pytest.fixture(scope="module")
-def held(stack_bases, engine) -> lock.BaseStack:
+def held(stack_bases, engine) -> image_base.BaseStack:
     """What the stack base (torch 2.11.0) holds, read once."""
-    return lock.read_base(engine, stack_bases["2.11.0"]["tag"], Platform.parse("linux/arm64"))
+    return image_base.read(engine, stack_bases["2.11.0"]["tag"], Platform.parse("linux/arm64"))
 
 
 def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(built, stack_bases, project,
@@ -291,7 +292,7 @@ def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(fi_pro
     root, m, workdir, _ = fi_project
     rel = fi.FI_FILE
     lines: list[str] = []
-    proofs = lock.prove_packages(m, workdir, engine, held, lines.append)
+    proofs = image_base.prove_packages(m, workdir, engine, held, lines.append)
     assert proofs["flashinfer"].by_record == (rel,)
     assert lines == ["flashinfer: the files to replace in /usr/local/lib/python3.11/"
                      "dist-packages are pristine (1 proved by RECORD)"]
@@ -304,7 +305,7 @@ def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(fi_pro
                                "flashinfer-python": dataclasses.replace(dist, record=bad)}))
     with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
                                          r"flashinfer-python v0.6.15 .*RECORD hash differs"):
-        lock.prove_packages(m, workdir, engine, broken)
+        image_base.prove_packages(m, workdir, engine, broken)
 
 
 # ------------------------------------------------- both packages patched, end to end

@@ -9,9 +9,9 @@ from typing import Sequence
 
 from patchkit import source
 from patchkit.commands import copy_image
-from patchkit.commands import lock as lock_cmd
 from patchkit.errors import UsageError
 from patchkit.image import artifact
+from patchkit.image import base as base_
 from patchkit.image import basevllm, build, builders, layer, stack
 from patchkit.cache import cache_dir
 from patchkit.imageref import Platform, check_reference
@@ -124,9 +124,9 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         if not report.ok:
             return BuildReport.failed_apply(report)
     tree = _applied(workdir, apply, variant)
-    lock_cmd.prove_packages(manifest, workdir, engine, held, log)
+    base_.prove_packages(manifest, workdir, engine, held, log)
     if lock is not None:
-        lock_cmd.check_packages(manifest, lock, stack.patched_packages(
+        stack.check_packages(manifest, lock, stack.patched_packages(
             manifest, workdir, held.installed if held else None))
         log(f"the base and the packages are the ones {stack.LOCK_FILE} names")
     packages = _shipped_packages(manifest, workdir, held)
@@ -155,7 +155,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     return report
 
 
-def _shipped_packages(manifest: Manifest, workdir: Path, held: lock_cmd.BaseStack | None
+def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack | None
                       ) -> tuple[build.PackageTree, ...]:
     """The other packages whose applied checkouts change files the image ships, each with
     the site the base installed it in when the base was read (and proven) here; the registry
@@ -198,11 +198,11 @@ def _artifacts(manifest: Manifest, tree: AppliedCheckout, plat: Platform, log
 def _lock_of(manifest: Manifest, locked: bool) -> stack.Lock | None:
     if not locked:
         return None
-    return lock_cmd.read_lock(manifest)
+    return stack.read_lock(manifest)
 
 
 def _check_stack(manifest: Manifest, spec: RunSpec, plat: Platform, engine,
-                 lock: stack.Lock | None, log) -> lock_cmd.BaseStack | None:
+                 lock: stack.Lock | None, log) -> base_.BaseStack | None:
     """The base's installed distributions, judged before the apply: the packages' pins,
     ``image.requires`` and the lock.  None when nothing asks (or no engine reads it: the
     registry path judges them on the base's layers)."""
@@ -214,8 +214,8 @@ def _check_stack(manifest: Manifest, spec: RunSpec, plat: Platform, engine,
     if lock is None and not manifest.others and not manifest.image.requires:
         return None
     check_reference("--base", spec.base)
-    held = lock_cmd.read_base(engine, spec.base, plat, log)
-    lock_cmd.check_base(manifest, held, lock)
+    held = base_.read(engine, spec.base, plat, log)
+    base_.check(manifest, held, lock)
     return held
 
 

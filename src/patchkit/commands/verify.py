@@ -395,7 +395,7 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
         raise UsageError("--locked goes with --image: it compares an image's stack with the lock")
     lock = None
     if locked:
-        from patchkit.commands.lock import read_lock
+        from patchkit.image.stack import read_lock
 
         lock = read_lock(manifest)
     if image and base:

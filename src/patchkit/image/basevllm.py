@@ -15,6 +15,8 @@ from patchkit import git as g
 from patchkit import source
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import distinfo, package
+from patchkit.image import base
+from patchkit.image.base import env_of
 from patchkit.image.docker import Engine, Log
 from patchkit.image.layer import BaseImage
 from patchkit.imageref import Platform, check_reference
@@ -113,10 +115,6 @@ def _tops(dist: distinfo.Dist, base: str) -> tuple[str, ...]:
     return tuple(tops)
 
 
-def env_of(config: dict) -> dict[str, str]:
-    return dict(item.partition("=")[::2] for item in config.get("Env") or ())
-
-
 def open_base(engine: Engine, ref: str, platform: Platform, log: Log = lambda m: None) -> BaseVllm:
     """The base ``ref`` (pulled for ``platform`` when missing) and the vLLM installed in it."""
     image = engine.resolve_base(ref, platform, log)
@@ -144,9 +142,8 @@ def for_packages(run: RunSpec, *, refs: Mapping[str, Sequence[str]] | None = Non
                          "'image'): give --base IMAGE or set image.base in patchset.yaml")
     check_reference("--base", run.base)
     engine = engine or Engine.connect(timeout=timeout)
-    image = engine.resolve_base(run.base, Platform.parse(run.platform), log)
-    with engine.files(image.image_id, image.name) as files:
-        installed = distinfo.installed(files, env_of(image.config))
+    held = base.read(engine, run.base, Platform.parse(run.platform))
+    image, installed = held.image, held.installed
     out = {}
     for pin in wanted:
         dist = installed.get(pin.dist)

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 from patchkit import source, versions
 from patchkit.errors import ImageError, UsageError
+from patchkit.image import base as base_
 from patchkit.image import prebuilt
 from patchkit.image import labels as image_labels
 from patchkit.image import distinfo, layer, package, stack
@@ -341,19 +342,12 @@ def placed(files: package.Files, base: layer.BaseImage, packages: Sequence[Packa
     on the base's files."""
     if all(p.site is not None for p in packages):
         return list(packages)
-    env = dict(i.partition("=")[::2] for i in base.config.get("Env") or ())
-    installed = distinfo.installed(files, env)  # type: ignore[arg-type]
+    installed = distinfo.installed(files, base_.env_of(base.config))  # type: ignore[arg-type]
     out = []
     for p in packages:
         if p.site is None:
-            dist = installed.get(p.dist)
-            if dist is None:
-                raise ImageError(f"base {base.name} has no {p.dist} installed "
-                                 f"({installed.missing(p.dist)})")
-            proof = distinfo.prove_checkout(files, dist, p.tree, package=p.name,
-                                           image=base.name)
-            log(f"{p.name}: the files to replace in {dist.site} are pristine "
-                f"({proof.describe()})")
+            dist, _ = base_.prove_package(files, installed, base.name, p.name, p.dist, p.tree,
+                                          log)
             p = replace(p, site=dist.site)
         out.append(p)
     return out

@@ -158,6 +158,22 @@ class Lock:
             raise UsageError(f"{path}: not a lock file: missing or malformed {exc}") from None
 
 
+def lock_path(manifest: Manifest) -> Path:
+    """Where the manifest's lock file is: beside it."""
+    return manifest.root / LOCK_FILE
+
+
+def read_lock(manifest: Manifest) -> Lock:
+    return Lock.read(lock_path(manifest))
+
+
+def check_packages(manifest: Manifest, lock: Lock, packages: Mapping[str, Pinned]) -> None:
+    """Refuse applied packages that differ from the lock (each difference named)."""
+    found = package_differences(lock, packages)
+    if found:
+        raise refused(found, lock_path(manifest), "the applied stack")
+
+
 def checkout_dir(workdir: Path, name: str) -> Path:
     """Where the applied checkout of package ``name`` is: vLLM's at ``workdir``, the others'
     beside it (``.patchkit/<name>``)."""
