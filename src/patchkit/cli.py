@@ -700,6 +700,7 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manife
     load or lost its link (its tag is as it was); the others are still tried.
     """
     from patchkit.commands import copy_image as command
+    from patchkit.image.transfer import How
     from patchkit.render import copy as render
 
     if image is not None and "://" in image:   # no image reference holds one: an ENGINE
@@ -710,7 +711,7 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manife
     report = command.run(image, [*targets, *more],
                          # -v: what each target holds, what goes, all a failed load said
                          log=TextProgress(err=True).info if Output.verbose else lambda m: None,
-                         timeout=timeout, via=via, dry_run=dry_run, compress=compress)
+                         timeout=timeout, how=How(via, dry_run, compress))
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.text(report))
     return 0 if report.ok else 1
 

@@ -33,6 +33,7 @@ from testing.smallimage import MiB, filler
 from patchkit import cli
 from patchkit.commands import copy_image
 from patchkit.image import layer
+from patchkit.image.transfer import How
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -280,7 +281,7 @@ def test_zstd_without_its_library_is_one_line(capfd):
 def test_gzip_goes_through_the_load(overlay, node3):
     forget(node3.direct, TAG, overlay["id"])
     node3.direct.images.pull(*overlay["base"].rsplit(":", 1), platform="linux/arm64")
-    (t,) = copy_image.run(TAG, [node3.url], compress="gzip").targets
+    (t,) = copy_image.run(TAG, [node3.url], how=How(compress="gzip")).targets
     assert (t.status, t.sent.compress) == ("copied", "gzip"), t
     assert fingerprint_of(node3.direct, TAG) == overlay["fingerprint"]
 

@@ -31,6 +31,7 @@ from patchkit import cli, manifest
 from patchkit.commands import copy_image
 from patchkit.commands.build_image import run as build_image
 from patchkit.image import layer
+from patchkit.image.transfer import How
 from patchkit.series.applier import apply_series
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
@@ -125,7 +126,7 @@ def test_via_pushes_what_the_registry_lacks_and_the_node_pulls_what_it_lacks(
     want = fingerprint_of(docker_client, tag)
     layers = len(docker_client.api.inspect_image(tag)["RootFS"]["Layers"])
 
-    report = copy_image.run(tag, [node2.url], via=registry)
+    report = copy_image.run(tag, [node2.url], how=How(via=registry))
     (t,) = report.targets
     assert (t.status, t.fingerprint, t.error) == ("copied", want, None)
     assert fingerprint_of(node2.direct, tag) == want
@@ -143,7 +144,7 @@ def test_via_pushes_what_the_registry_lacks_and_the_node_pulls_what_it_lacks(
     assert gone(docker_client, pushed.ref)
     assert node2.direct.images.get(tag).tags == [tag]
 
-    again = copy_image.run(tag, [node2.url], via=registry)
+    again = copy_image.run(tag, [node2.url], how=How(via=registry))
     (t,) = again.targets
     assert (t.status, t.fingerprint, again.via) == ("present", want, None)
     forget(node2.direct, tag)
@@ -180,7 +181,7 @@ def test_a_target_that_cannot_reach_the_registry_fails_alone(image, node2, podma
     forget(node2.direct, tag)
     forget(podman_client, tag)
     podman = os.environ["PK_PODMAN_HOST"]
-    report = copy_image.run(tag, [node2.url, podman], via="localhost:5055")
+    report = copy_image.run(tag, [node2.url, podman], how=How(via="localhost:5055"))
     node, pm = report.targets
     assert (node.status, node.fingerprint) == ("copied", fingerprint_of(docker_client, tag))
     assert fingerprint_of(node2.direct, tag) == node.fingerprint

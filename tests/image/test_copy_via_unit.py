@@ -9,7 +9,7 @@ import json
 import pytest
 
 from patchkit import cli
-from patchkit.commands import copy_image
+from patchkit.image import transfer as copy_image
 from patchkit.errors import UsageError
 
 

@@ -24,6 +24,7 @@ from patchkit.image.docker import Engine
 from patchkit.series.checkout import Change
 from patchkit.errors import ImageError, UsageError
 from patchkit.manifest import ImageDefaults, Manifest, VllmSource, variants
+from patchkit.manifest.runspec import run_spec
 
 SITE = "/opt/venv/lib/python3.12/site-packages"
 SPEC_V1 = "class SpeculativeConfig:\n    method = 'ngram'\n"
@@ -547,7 +548,7 @@ def test_no_apply_with_a_ref_or_repo_is_a_conflict(project, workdir):
 
 
 def test_a_branch_ref_makes_a_valid_tag(project):
-    assert variants.default_tag(project, "release/0.27", "0.27.1", None) == (
+    assert variants.default_tag(project, "release/0.27", "0.27.1", run_spec(project).tag) == (
         "demo:release-0.27")
     assert reference.reference_problem("demo:release-0.27") is None
 

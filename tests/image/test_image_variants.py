@@ -16,6 +16,7 @@ from patchkit.commands import build_image as bi
 from patchkit.commands.verify import verify_image
 from patchkit.errors import UsageError
 from patchkit.image.docker import Engine
+from patchkit.manifest.runspec import run_spec
 
 MOD = "MODE = 'plain'\n"
 BASE = "reg:5000/vllm/base:0.27.1"
@@ -154,6 +155,6 @@ def test_a_tag_template_with_the_variant_is_checked_before_the_apply(project, tm
         bi.run(project, workdir=tmp_path / "wd", engine=object(), tag="UPPER-{variant}:{ref}",
                variant="diag")
     assert not (tmp_path / "wd").exists()
-    assert variants.default_tag(project, "v0.27.1", "0.27.1", None, "diag") == "demo:v0.27.1-diag"
+    assert variants.default_tag(project, "v0.27.1", "0.27.1", run_spec(project).tag, "diag") == "demo:v0.27.1-diag"
     assert variants.default_tag(project, "v0.27.1", "0.27.1", "x/{variant}-y:{version}", None) == (
         "x/y:0.27.1")

@@ -18,14 +18,14 @@ def test_the_manifest_gives_what_the_options_leave_out(tmp_path):
     m = _manifest(tmp_path)
     assert run_spec(m) == RunSpec(
         ref="v1", sources=(str(tmp_path / "proj" / "up"), "pypi", str(tmp_path / "other")),
-        base="vllm/vllm-openai:v1", platform="linux/arm64", variant=None)
+        base="vllm/vllm-openai:v1", platform="linux/arm64", variant=None, tag="demo:{ref}")
 
 
 def test_the_options_win_and_their_paths_stay_as_given(tmp_path):
     m = _manifest(tmp_path, image="image:\n  platform: linux/amd64\n")
     got = run_spec(m, ref="v2", repos=["./mine"], base="b:1", platform="linux/arm64",
                    variant="diag")
-    assert got == RunSpec("v2", ("./mine",), "b:1", "linux/arm64", "diag")
+    assert got == RunSpec("v2", ("./mine",), "b:1", "linux/arm64", "diag", tag="demo:{ref}")
     assert run_spec(m).platform == "linux/amd64" and run_spec(m).base is None
 
 
@@ -43,3 +43,19 @@ def test_the_image_source_alone_on_the_command_line_pins_base(tmp_path):
     assert run_spec(m, repos=["image"], ref="v1").ref == "v1"
     assert run_spec(m, repos=["image", "pypi"]).ref == "v1"
     assert run_spec(m, repos=["pypi"]).ref == "v1" and run_spec(m).ref == "v1"
+
+
+def test_the_tag_template_is_decided_once(tmp_path):
+    m = _manifest(tmp_path)
+    assert (run_spec(m).tag, run_spec(m).tag_option) == ("demo:{ref}", "image.tag")
+    assert (run_spec(m, tag="x:{ref}").tag, run_spec(m, tag="x:{ref}").tag_option) == (
+        "x:{ref}", "--tag")
+    (tmp_path / "2").mkdir()
+    m2 = _manifest(tmp_path / "2", image="image:\n  tag: mine:{version}\n")
+    assert run_spec(m2).tag == "mine:{version}"
+
+
+def test_the_engine_given_is_the_runs_and_no_other_is_connected(tmp_path):
+    engine = object()
+    run = run_spec(_manifest(tmp_path), engine=engine, timeout=7.0)
+    assert run.connect() is engine and run.connect() is engine and run.timeout == 7.0

@@ -280,10 +280,8 @@ class ImageMaker:
               engine=None) -> ImageMaker:
         """The image name checked and the engine reached, before any tree is made."""
 
-        template = tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
-        name = variants.default_tag(manifest, spec.ref, None, template, spec.variant)
-        imageref.check_reference("--tag" if tag is not None else "image.tag", name,
-                                 digest_ok=False)
+        name = variants.default_tag(manifest, spec.ref, None, spec.tag, spec.variant)
+        imageref.check_reference(spec.tag_option, name, digest_ok=False)
         if base is not None:
             imageref.check_reference("--base", base)
         if engine is None and not no_daemon:
@@ -404,7 +402,7 @@ def run(manifest: Manifest, command: str, *, repos: Sequence[str] | None = None,
     progress = progress or applier.Progress()
     argv = check_command(command)
     variants.check(manifest, variant)
-    spec = run_spec(manifest, repos=repos, variant=variant, base=base)
+    spec = run_spec(manifest, repos=repos, variant=variant, base=base, tag=tag)
     images = None
     if image:
         images = ImageMaker.reach(manifest, spec, tag=tag, base=base, no_daemon=no_daemon,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from patchkit import source
-from patchkit.commands import copy_image
+from patchkit.image import transfer
 from patchkit.errors import UsageError
 from patchkit.image import artifact
 from patchkit.image import base as base_
@@ -49,7 +49,7 @@ class BuildReport:
     buildargs: dict | None = None
     variant: str | None = None
     load: str | None = None         # overlay: "partial" or "complete" archive
-    copy: object | None = None      # copy_image.CopyReport of --copy-to
+    copy: object | None = None      # transfer.CopyReport of --copy-to
     holds: build.Holds | None = None
 
     @classmethod
@@ -102,7 +102,8 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     progress = progress or Progress()
     log = progress.info
     started = time.monotonic()
-    spec = run_spec(manifest, ref=ref, repos=repos, base=base, platform=platform, variant=variant)
+    spec = run_spec(manifest, ref=ref, repos=repos, base=base, platform=platform, variant=variant,
+                    tag=tag, workdir=workdir, timeout=timeout, engine=engine)
     workdir = Path(workdir)
     # What can be refused is refused before the apply, which takes a while.
     asked = builders.Asked(push, save, mode, tuple(copy_to))
@@ -111,7 +112,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
         check_workdir(workdir, discard)  # before any source or engine is asked
     plat, copy_urls = _check_inputs(manifest, spec, base=base, tag=tag, copy_to=copy_to)
     if via is not None:
-        via = copy_image.check_via(via)
+        via = transfer.check_via(via)
         if not copy_urls:
             raise UsageError("--via REGISTRY is the way --copy-to copies; give --copy-to ENGINE")
     lock = _lock_of(manifest, locked)
@@ -133,8 +134,9 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     choice = replace(build.choose_mode(tree.changes(), mode),
                      packages=tuple(p.name for p in packages))
     _log_choice(choice, log)
-    final_tag = variants.default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
-    check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
+    final_tag = variants.default_tag(manifest, tree.vllm.ref, tree.vllm.version, spec.tag,
+                                     tree.report.variant)
+    check_reference(spec.tag_option, final_tag, digest_ok=False)
     builder = builders.choose(no_daemon, choice)
     job = builders.Job(manifest, tree, choice, plat, final_tag, base, push, log, engine=engine,
                        registry=registry, max_jobs=max_jobs, nvcc_threads=nvcc_threads,
@@ -150,7 +152,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
                      saved=saved, started=started, holds=holds)
     if copy_urls:
         log(f"copying {final_tag} to {', '.join(copy_urls)}")
-        report.copy = copy_image.copy(engine, final_tag, copy_urls, log=log, timeout=timeout,
+        report.copy = transfer.copy(engine, final_tag, copy_urls, log=log, timeout=timeout,
                                       via=via)
     return report
 
@@ -238,10 +240,10 @@ def _check_inputs(manifest: Manifest, spec: RunSpec, *, base: str | None, tag: s
     variants.check(manifest, spec.variant)
     if base is not None:
         check_reference("--base", base)
-    if tag is not None:
-        check_reference("--tag", variants.default_tag(manifest, "x", "x", tag, spec.variant),
+    if spec.tag_given:
+        check_reference("--tag", variants.default_tag(manifest, "x", "x", spec.tag, spec.variant),
                         digest_ok=False)
-    return Platform.parse(spec.platform), copy_image.check_targets(copy_to, "--copy-to")
+    return Platform.parse(spec.platform), transfer.check_targets(copy_to, "--copy-to")
 
 
 def _reach(manifest: Manifest, no_daemon: bool, engine, registry, *, ref: str | None,

@@ -358,9 +358,9 @@ def _stack_checks(manifest: Manifest, installed, facts, lock, image: str) -> lis
 
     if installed is None:
         return None
-    problems = stack.requires_problems(manifest, installed, image)
+    problems = stack.requires_problems(manifest, installed, image, what="image")
     if problems:
-        raise ImageError("; ".join(problems).replace(f"base {image} ", f"image {image} "))
+        raise ImageError("; ".join(problems))
     if lock is None:
         return None
     found = stack.base_differences(lock, facts.base_digest or "(not recorded)",

@@ -49,16 +49,18 @@ HEADER = ("# patchset.lock: the stack this patchset was proven on. Written by `p
 
 # ------------------------------------------------------------------------- the base's checks
 
-def requires_problems(manifest: Manifest, installed: Installed, base: str) -> list[str]:
-    """One line per ``image.requires`` entry the base does not meet."""
+def requires_problems(manifest: Manifest, installed: Installed, base: str,
+                      what: str = "base") -> list[str]:
+    """One line per ``image.requires`` entry the base (``what``: or the image) does not
+    meet."""
     out = []
     for name, spec in sorted(manifest.image.requires.items()):
         dist = installed.get(name)
         if dist is None:
-            out.append(f"base {base} has no {name} installed ({installed.missing(name)}), "
+            out.append(f"{what} {base} has no {name} installed ({installed.missing(name)}), "
                        f"image.requires wants {spec}")
         elif not _satisfies(spec, dist.version):
-            out.append(f"base {base} has {name} {dist.version}, image.requires wants {spec}")
+            out.append(f"{what} {base} has {name} {dist.version}, image.requires wants {spec}")
     return out
 
 

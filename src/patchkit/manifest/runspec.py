@@ -1,18 +1,23 @@
 """What one run builds: the manifest's defaults and the command line's choices, settled once.
 
-Every verb makes its :class:`RunSpec` with :func:`run_spec`; what runs below the verb takes the
-values of it (a ref, the sources, a base name) rather than the manifest's defaults again.
+Every verb makes its :class:`RunSpec` once, with :func:`run_spec`, and passes it down; what runs
+below the verb takes the values of it (a ref, the sources, a base name, the tag template, the
+workdir, the cache, the timeout, the engine) rather than picking a default again.  The engine is
+connected once, on first use, by :meth:`RunSpec.connect`.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from patchkit.cache import cache_dir
 from patchkit.errors import UsageError
 from patchkit.manifest.model import VLLM, Manifest
 from patchkit.source.refs import BASE_REF
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,27 @@ class RunSpec:
     variant: str | None = None  # the build of the series (None: the default build)
     others: tuple[Pin, ...] = ()        # the pins of `packages:` (--ref NAME=REF moves one)
     only: tuple[str, ...] | None = None  # --package: the packages the run is limited to
+    tag: str = ""              # the tag template: --tag, else image.tag, else NAME:{ref}
+    tag_given: bool = False    # the template is --tag's (not the manifest's)
+    workdir: Path | None = None          # --workdir: where vLLM's checkout is applied
+    cache: Path = field(default_factory=cache_dir)  # the cache of sources and builds
+    timeout: float = DEFAULT_TIMEOUT     # --timeout: the longest silence of the engine
+    engine: object = field(default=None, compare=False, repr=False)  # the engine (given, or
+                                                                      # connected once)
+
+    @property
+    def tag_option(self) -> str:
+        """Where the tag template comes from, as an error names it."""
+        return "--tag" if self.tag_given else "image.tag"
+
+    def connect(self):
+        """The run's engine: the one given, else one connected on first use (once for the
+        whole run), whose silences ``timeout`` bounds."""
+        if self.engine is None:
+            from patchkit.image.docker import Engine   # the engine border, only when needed
+
+            object.__setattr__(self, "engine", Engine.connect(timeout=self.timeout))
+        return self.engine
 
     @property
     def pins(self) -> tuple[Pin, ...]:
@@ -50,10 +76,13 @@ class RunSpec:
 def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str] | None = None,
              base: str | None = None, platform: str | None = None,
              variant: str | None = None, refs: Sequence[str] = (),
-             only: Sequence[str] = ()) -> RunSpec:
+             only: Sequence[str] = (), tag: str | None = None, workdir: Path | None = None,
+             cache: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
+             engine=None) -> RunSpec:
     """The run ``manifest`` and the options given make.  An option left out (None; no
     ``repos``) takes the manifest's value; an empty ``ref`` stays, to be refused as a ref.
-    ``refs`` are ``--ref NAME=REF`` texts, ``only`` the ``--package`` names."""
+    ``refs`` are ``--ref NAME=REF`` texts, ``only`` the ``--package`` names.  ``engine``: an
+    engine already connected (else :meth:`RunSpec.connect` connects one)."""
     moved = _moved_pins(manifest, refs)
     if VLLM in moved:
         if ref is not None and ref != moved[VLLM]:
@@ -68,7 +97,16 @@ def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str]
                    base=base or manifest.image.base,
                    platform=platform or manifest.image.platform,
                    variant=variant, others=others,
-                   only=tuple(dict.fromkeys(only)) if only else None)
+                   only=tuple(dict.fromkeys(only)) if only else None,
+                   tag=tag_template(manifest, tag), tag_given=tag is not None,
+                   workdir=Path(workdir) if workdir is not None else None,
+                   cache=cache or cache_dir(), timeout=timeout, engine=engine)
+
+
+def tag_template(manifest: Manifest, tag: str | None) -> str:
+    """The image tag's template: ``tag`` (``--tag``), else ``image.tag``, else
+    ``NAME:{ref}``."""
+    return tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
 
 
 def _moved_pins(manifest: Manifest, refs: Sequence[str]) -> dict[str, str]:

@@ -62,11 +62,10 @@ def fill_tag(template: str, variant: str | None) -> str:
     return text.replace(PLACEHOLDER, "")
 
 
-def default_tag(manifest: Manifest, ref: str | None, version: str | None, tag: str | None,
+def default_tag(manifest: Manifest, ref: str | None, version: str | None, template: str,
                 variant: str | None = None) -> str:
-    """The image tag a build of ``manifest`` at ``ref`` gets: ``tag`` (else ``image.tag``, else
-    ``NAME:{ref}``) with ``{ref}``, ``{version}``, ``{name}`` and ``{variant}`` filled in."""
-    template = tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
+    """The image tag a build of ``manifest`` at ``ref`` gets: the run's tag ``template`` with
+    ``{ref}``, ``{version}``, ``{name}`` and ``{variant}`` filled in."""
     # a branch ref such as release/0.27 holds characters no image tag may
     ref_part = re.sub(r"[^\w.-]", "-", str(ref or "latest"))
     version_part = re.sub(r"[^\w.-]", "-", str(version or ref_part))
