@@ -416,6 +416,7 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
     Exit 0 when the patch is named, 1 when it cannot be.
     """
     from patchkit.commands import bisect_series
+    from patchkit.manifest.runspec import run_spec
 
     bisect_series.check_flags(series=series, patch_id=patch_id, good=good, bad=bad,
                               command=command, image=image, no_daemon=no_daemon, tag=tag,
@@ -423,9 +424,10 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
     if series:
         from patchkit.render.bisect import render_series
 
-        found = bisect_series.run(_load(manifest_path), command, repos=repos or None,
-                                  variant=variant, timeout=timeout, image=image,
-                                  no_daemon=no_daemon, tag=tag, base=base,
+        m = _load(manifest_path)
+        spec = run_spec(m, repos=repos or None, variant=variant, base=base, tag=tag,
+                        timeout=timeout)
+        found = bisect_series.run(m, command, spec, image=image, no_daemon=no_daemon,
                                   progress=TextProgress(err=True, patches=False))
         if fmt == "json":
             echo(json.dumps(found.to_dict(), indent=2))
@@ -435,7 +437,7 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
     from patchkit.commands import bisect as command_
     from patchkit.render.bisect import render_text
 
-    result = command_.run(_load(manifest_path), patch_id, good=good, bad=bad,
+    result = command_.run(_load(manifest_path), patch_id, ends=(good, bad),
                           repos=repos or None, progress=TextProgress(err=True, patches=False),
                           variant=variant, pins=pins)
     if fmt == "json":
@@ -627,13 +629,13 @@ def build_image_cmd(ref, repos, workdir, no_apply, discard, base, tag, platform,
     from patchkit.commands import build_image as command
     from patchkit.render import text
 
-    report = command.run(_load(manifest_path), workdir=Path(workdir), ref=ref,
-                         repos=repos or None, base=base, tag=tag, platform=platform, push=push,
-                         save=Path(save) if save else None, mode=mode, apply=not no_apply,
-                         max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                         progress=TextProgress(err=True), variant=variant,
-                         no_daemon=no_daemon, copy_to=copy_to, timeout=timeout,
-                         discard=discard, locked=locked, via=via)
+    request = command.Request(
+        workdir=Path(workdir), ref=ref, repos=repos or None, base=base, tag=tag,
+        platform=platform, push=push, save=Path(save) if save else None, mode=mode,
+        apply=not no_apply, max_jobs=max_jobs, nvcc_threads=nvcc_threads, variant=variant,
+        no_daemon=no_daemon, copy_to=copy_to, timeout=timeout, discard=discard, locked=locked,
+        via=via)
+    report = command.run(_load(manifest_path), request, progress=TextProgress(err=True))
     summary = report.to_dict()
     echo(json.dumps(summary, indent=2) if fmt == "json" else text.build_image(report))
     return 0 if summary["ok"] else 1

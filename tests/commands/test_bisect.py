@@ -18,7 +18,8 @@ from testing import isolate, patchkit
 from testing.upstream import sh
 
 from patchkit import manifest, source
-from patchkit.commands import bisect
+from patchkit.commands import bisect as bisect_command
+from patchkit.series import bisect
 from patchkit.commands import rebase_check as rebasecheck
 from patchkit.errors import SourceError, UsageError
 from patchkit.render import matrix as render
@@ -49,7 +50,9 @@ class History:
     def run(self, patch_id: str, **kw) -> bisect.BisectResult:
         key = (patch_id, tuple(sorted(kw.items())))
         if key not in self._runs:
-            self._runs[key] = bisect.run(self.m, patch_id, cache=self.cache, **kw)
+            ends = (kw.pop("good", None), kw.pop("bad", None))
+            self._runs[key] = bisect_command.run(self.m, patch_id, ends=ends, cache=self.cache,
+                                                 **kw)
         return self._runs[key]
 
     def cli(self, *args: str, tmpdir: Path | None = None) -> subprocess.CompletedProcess:
@@ -178,8 +181,8 @@ def test_the_earlier_patches_are_those_of_the_build(hist, tmp_path):
 
 def test_scratch_is_removed_and_the_workdir_untouched(hist, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    r = bisect.run(hist.m, "fast-mode", good=hist.sha["header"], bad=hist.sha["upstream"],
-                   cache=hist.cache)
+    r = bisect_command.run(hist.m, "fast-mode", ends=(hist.sha["header"], hist.sha["upstream"]),
+                           cache=hist.cache)
     assert r.first_bad is not None and r.first_bad.commit == hist.sha["upstream"]
     assert list(tmp_path.iterdir()) == []
     assert not (hist.proj / ".patchkit").exists()
@@ -271,9 +274,9 @@ def test_bad_inputs_are_one_line(hist, tmp_path, args, code, words):
 
 def test_bad_inputs_in_the_core(hist):
     with pytest.raises(UsageError, match="did you mean 'stable'"):
-        bisect.run(hist.m, "stabel", cache=hist.cache)
+        bisect_command.run(hist.m, "stabel", cache=hist.cache)
     with pytest.raises(SourceError, match="did you mean v1.0.0"):
-        bisect.run(hist.m, "stable", bad="v1.0.00", cache=hist.cache)
+        bisect_command.run(hist.m, "stable", ends=(None, "v1.0.00"), cache=hist.cache)
 
 
 def test_rebase_check_bisect_notes(hist):

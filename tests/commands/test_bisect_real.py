@@ -18,7 +18,8 @@ from testing.upstream import sh
 from testing.realdiffs import TORCH_UTILS, unified
 
 from patchkit import manifest
-from patchkit.commands import bisect
+from patchkit.commands import bisect as bisect_command
+from patchkit.series import bisect
 from patchkit.commands import rebase_check as rebasecheck
 from patchkit.render import matrix as render
 from patchkit.render.bisect import render_text
@@ -67,7 +68,7 @@ def _narrowed(r: bisect.BisectResult) -> list[tuple[str, str]]:
 
 def test_pypi_narrows_to_the_pair_of_releases_and_says_why(project):
     m = manifest.load(project / "patchset.yaml")
-    seed = bisect.run(m, "seed", bad="v0.33.0")
+    seed = bisect_command.run(m, "seed", ends=(None, "v0.33.0"))
     assert (str(seed.good.fate), str(seed.bad.fate)) == ("applied", "failed/conflict")
     assert _narrowed(seed) == [("v0.31.0", "applied"), ("v0.32.0", "failed/conflict")]
     assert seed.first_bad is None and not seed.ok
@@ -81,12 +82,12 @@ def test_pypi_narrows_to_the_pair_of_releases_and_says_why(project):
     assert "bisect on a git source to name the commit" in text
     assert f"upstream diff of {TORCH_UTILS} from v0.31.0 to v0.32.0:" in text
 
-    imports = bisect.run(m, "imports", bad="v0.33.0")
+    imports = bisect_command.run(m, "imports", ends=(None, "v0.33.0"))
     assert _narrowed(imports) == [("v0.32.0", "applied"), ("v0.33.0", "failed/conflict")]
     assert "-from packaging.version import Version\n" in imports.diff
 
     # applied -> upstream -> conflict: the first change from the good fate is where it went up
-    ultra = bisect.run(m, "ultraquant", bad="v0.33.0")
+    ultra = bisect_command.run(m, "ultraquant", ends=(None, "v0.33.0"))
     assert _narrowed(ultra) == [("v0.31.0", "applied"), ("v0.32.0", "upstream")]
     assert '+    "ultraquant_4bit": torch.uint8,\n' in ultra.diff
 

@@ -26,6 +26,7 @@ from testing import imageproject as ip
 from testing.baseimage import DEV_RELEASE, SITE as BASE_SITE
 from patchkit import cli, manifest
 from patchkit.commands import apply as apply_command
+from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.source import image as image_source
 from patchkit.source import pypi
@@ -176,7 +177,7 @@ def dev_built(dev_applied, docker_client):
     m, workdir, _, _ = dev_applied
     drop_images(docker_client, DEV_NAME)
     with cache_env():
-        report = build_image(m, workdir=workdir, apply=False)
+        report = build_image(m, Request(workdir=workdir, apply=False))
     assert report.ok, report.to_dict()
     return report.to_dict()
 
@@ -264,7 +265,7 @@ def test_verify_judges_ranges_on_the_base_given(dev_applied, bases, capsys):
 def test_dev_build_rebuilt_with_nothing_changed_is_the_same_image(dev_built, dev_applied):
     m, workdir, _, _ = dev_applied
     with cache_env():
-        again = build_image(m, workdir=workdir, apply=False).to_dict()
+        again = build_image(m, Request(workdir=workdir, apply=False)).to_dict()
     assert again["reused"] is True
     assert again["image_id"] == dev_built["image_id"]
     assert again["holds"] == dev_built["holds"]
@@ -279,7 +280,8 @@ def test_a_release_pin_on_the_dev_build_of_its_commit_is_accepted(dev_applied, d
     workdir = tmp_path / "vllm"
     tag = f"{registry}/pk-test/dev-e2e:release-pin"
     with cache_env():
-        report = build_image(m, workdir=workdir, ref=f"v{DEV_RELEASE}", repos=["pypi"], tag=tag)
+        report = build_image(m, Request(workdir=workdir, ref=f"v{DEV_RELEASE}", repos=["pypi"],
+                                        tag=tag))
     assert report.ok, report.to_dict()
     summary = report.to_dict()
     assert summary["vllm"]["version"] == DEV_RELEASE
@@ -346,7 +348,7 @@ def vendor_built(vendor_applied, docker_client):
     m, workdir, _ = vendor_applied
     drop_images(docker_client, VENDOR_NAME)
     with cache_env():
-        report = build_image(m, workdir=workdir, apply=False)
+        report = build_image(m, Request(workdir=workdir, apply=False))
     assert report.ok, report.to_dict()
     return report.to_dict()
 

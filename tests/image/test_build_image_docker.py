@@ -18,6 +18,7 @@ import pytest
 from testing import imageproject as ip
 from testing.imageproject import OTHER_RELEASE, RELEASE
 from patchkit import cli, manifest
+from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
 from patchkit.series.applier import apply_series
@@ -81,7 +82,7 @@ def built(project, docker_client):
     # Images of earlier runs would be reused; this run must make its own.
     for img in docker_client.images.list(filters={"label": "io.patchkit.patchset.name=pk-e2e"}):
         docker_client.images.remove(img.id, force=True)
-    code, summary = _summary(build_image(m, workdir=workdir, apply=False))
+    code, summary = _summary(build_image(m, Request(workdir=workdir, apply=False)))
     assert summary["reused"] is False
     assert code == 0
     return summary
@@ -198,7 +199,7 @@ def test_serve_recipe_is_the_default_command(built, docker_client):
 def test_rebuild_with_nothing_changed_reuses_the_image(built, project, monkeypatch):
     m, workdir = project
     monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
-    code, again = _summary(build_image(m, workdir=workdir, apply=False))
+    code, again = _summary(build_image(m, Request(workdir=workdir, apply=False)))
     assert code == 0
     assert again["reused"] is True
     assert again["image_id"] == built["image_id"]
@@ -212,7 +213,8 @@ def test_same_inputs_give_the_same_layer_and_image(built, project, docker_client
     other = tmp_path / "vllm"
     shutil.copytree(workdir, other, symlinks=True)
     docker_client.images.remove(built["image_id"], force=True)
-    code, again = _summary(build_image(m, workdir=other, apply=False, tag=f"{REGISTRY_TAG}:again"))
+    code, again = _summary(build_image(m, Request(workdir=other, apply=False,
+                                                  tag=f"{REGISTRY_TAG}:again")))
     assert code == 0 and again["reused"] is False
     assert again["image_id"] == built["image_id"]
     assert again["layer"]["diff_id"] == built["layer"]["diff_id"]
@@ -221,7 +223,7 @@ def test_same_inputs_give_the_same_layer_and_image(built, project, docker_client
 
 def test_push_then_read_back_from_the_registry(built, project, registry):
     m, workdir = project
-    code, pushed = _summary(build_image(m, workdir=workdir, apply=False, push=True))
+    code, pushed = _summary(build_image(m, Request(workdir=workdir, apply=False, push=True)))
     assert code == 0 and pushed["digest"].startswith("sha256:")
     ref = f"docker://{REGISTRY_TAG}:v{RELEASE}"
     raw = json.loads(subprocess.run(["skopeo", "inspect", "--tls-verify=false", ref], check=True,
@@ -237,7 +239,7 @@ def test_push_then_read_back_from_the_registry(built, project, registry):
 def test_save_writes_an_archive_for_docker_load(built, project, tmp_path):
     m, workdir = project
     target = tmp_path / "image.tar"
-    code, saved = _summary(build_image(m, workdir=workdir, apply=False, save=target))
+    code, saved = _summary(build_image(m, Request(workdir=workdir, apply=False, save=target)))
     assert code == 0 and saved["saved"]["path"] == str(target)
     with tarfile.open(target) as tar:
         man = json.load(tar.extractfile("manifest.json"))
@@ -260,7 +262,8 @@ def test_base_holding_another_release_is_refused(project, bases, docker_client):
     m, workdir = project
     tag = f"{REGISTRY_TAG}:refused-release"
     with pytest.raises(ImageError) as exc:
-        build_image(m, workdir=workdir, apply=False, base=bases[OTHER_RELEASE]["tag"], tag=tag)
+        build_image(m, Request(workdir=workdir, apply=False, base=bases[OTHER_RELEASE]["tag"],
+                               tag=tag))
     assert f"holds vLLM {OTHER_RELEASE}, not {RELEASE}" in str(exc.value)
     assert "\n" not in str(exc.value)
     assert _absent(docker_client, tag)
@@ -277,7 +280,8 @@ def test_base_with_a_changed_file_is_refused(project, bases, docker_client, tmp_
                                platform="linux/arm64")
     tag = f"{REGISTRY_TAG}:refused-file"
     with pytest.raises(ImageError) as exc:
-        build_image(m, workdir=workdir, apply=False, base="pk-test/vllm-base-edited:1", tag=tag)
+        build_image(m, Request(workdir=workdir, apply=False, base="pk-test/vllm-base-edited:1",
+                               tag=tag))
     assert f"{ip.SPEC} is not the pristine file of vLLM v{RELEASE}" in str(exc.value)
     assert _absent(docker_client, tag)
 
@@ -292,15 +296,16 @@ def test_base_of_another_architecture_is_refused(project, docker_client, tmp_pat
     tag = f"{REGISTRY_TAG}:refused-arch"
     with pytest.raises(ImageError, match=r"base image pk-test/amd64-base:1 is linux/amd64, "
                                          r"not linux/arm64"):
-        build_image(m, workdir=workdir, apply=False, base="pk-test/amd64-base:1", tag=tag)
+        build_image(m, Request(workdir=workdir, apply=False, base="pk-test/amd64-base:1", tag=tag))
     assert _absent(docker_client, tag)
 
 
 def test_missing_base_is_one_line(project, registry):
     m, workdir = project
     with pytest.raises(ImageError) as exc:
-        build_image(m, workdir=workdir, apply=False, base=f"{registry}/pk-test/no-such-base:1",
-                    tag=f"{REGISTRY_TAG}:nobase")
+        build_image(m, Request(workdir=workdir, apply=False,
+                               base=f"{registry}/pk-test/no-such-base:1",
+                               tag=f"{REGISTRY_TAG}:nobase"))
     assert str(exc.value).startswith(f"base image {registry}/pk-test/no-such-base:1 not found")
     assert "\n" not in str(exc.value)
 
@@ -309,7 +314,7 @@ def test_refused_push_leaves_nothing_tagged(built, project, docker_client):
     m, workdir = project
     tag = "127.0.0.1:5999/pk-test/nowhere:1"  # no registry listens there
     with pytest.raises(ImageError) as exc:
-        build_image(m, workdir=workdir, apply=False, tag=tag, push=True)
+        build_image(m, Request(workdir=workdir, apply=False, tag=tag, push=True))
     assert str(exc.value).startswith(f"push of {tag} refused") or "pushing" in str(exc.value)
     assert "\n" not in str(exc.value)
     assert _absent(docker_client, tag)

@@ -29,6 +29,7 @@ from testing.regproxy import RegistryProxy
 from testing.smallimage import MiB, filler
 from patchkit import cli, manifest
 from patchkit.commands import copy_image
+from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.image import layer
 from patchkit.image.transfer import How
@@ -111,7 +112,7 @@ def image(project, base, docker_client, node2):
     """The overlay image on the source, and the node holding its base as pulled from the
     registry (the cluster's case), but not the image."""
     m, workdir = project
-    summary = build_image(m, workdir=workdir, apply=False).to_dict()
+    summary = build_image(m, Request(workdir=workdir, apply=False)).to_dict()
     assert summary["ok"], summary
     node2.direct.images.pull(*base.rsplit(":", 1), platform="linux/arm64")
     return summary

@@ -364,7 +364,8 @@ def _layer_of(api: FakeAPI) -> list[tarfile.TarInfo]:
 
 def test_overlay_lays_exactly_the_patched_files_into_the_found_package(project, workdir):
     engine, api = _engine()
-    code, summary = _summary(bi.run(project, workdir=workdir, apply=False, engine=engine))
+    code, summary = _summary(bi.run(project, bi.Request(workdir=workdir, apply=False,
+                                                        engine=engine)))
     assert code == 0
     site = SITE.lstrip("/")
     assert _layer_of(api) == [
@@ -392,7 +393,8 @@ def test_overlay_lays_exactly_the_patched_files_into_the_found_package(project, 
     assert config["Cmd"] == ["/usr/local/bin/patchkit-serve"] and "Entrypoint" not in config
 
     # Nothing changed: found by its inputs, nothing loaded again.
-    code, again = _summary(bi.run(project, workdir=workdir, apply=False, engine=engine))
+    code, again = _summary(bi.run(project, bi.Request(workdir=workdir, apply=False,
+                                                      engine=engine)))
     assert again["reused"] is True and again["image_id"] == summary["image_id"]
     assert len(api.loaded) == 1
 
@@ -400,16 +402,19 @@ def test_overlay_lays_exactly_the_patched_files_into_the_found_package(project, 
 def test_an_image_built_from_ours_is_not_taken_for_ours(project, workdir):
     # `FROM demo:v0.27.1` + a step: the child inherits our labels, inputs key included
     engine, api = _engine()
-    code, summary = _summary(bi.run(project, workdir=workdir, apply=False, engine=engine))
+    code, summary = _summary(bi.run(project, bi.Request(workdir=workdir, apply=False,
+                                                        engine=engine)))
     ours = api.images_[summary["image_id"]]
     child = {"attrs": dict(ours["attrs"], RootFS={"Layers": [
         *ours["attrs"]["RootFS"]["Layers"], "sha256:" + "c" * 64]}), "fs": {}}
     api.images_ = {"sha256:" + "0" * 64: child, **api.images_}  # listed first
-    code, again = _summary(bi.run(project, workdir=workdir, apply=False, engine=engine))
+    code, again = _summary(bi.run(project, bi.Request(workdir=workdir, apply=False,
+                                                      engine=engine)))
     assert code == 0 and again["reused"] is True and again["image_id"] == summary["image_id"]
     assert again["layer"]["diff_id"] == ours["attrs"]["RootFS"]["Layers"][-1]
     del api.images_[summary["image_id"]]  # only the child is left: a new image is made
-    code, third = _summary(bi.run(project, workdir=workdir, apply=False, engine=engine))
+    code, third = _summary(bi.run(project, bi.Request(workdir=workdir, apply=False,
+                                                      engine=engine)))
     assert code == 0 and third["reused"] is False and len(api.loaded) == 2
 
 
@@ -429,7 +434,7 @@ def test_a_base_that_is_not_the_pristine_release_is_refused_and_nothing_tagged(
         project, workdir, fs, message):
     engine, api = _engine(fs)
     with pytest.raises(ImageError) as exc:
-        bi.run(project, workdir=workdir, apply=False, engine=engine)
+        bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine))
     assert message in str(exc.value) and "\n" not in str(exc.value)
     assert "demo:v0.27.1" not in api.tags and not api.loaded
 
@@ -438,17 +443,18 @@ def test_wrong_architecture_and_missing_base_are_one_line(project, workdir):
     engine, api = _engine(arch="amd64")
     with pytest.raises(ImageError, match=r"^base image reg:5000/vllm/base:0.27.1 is linux/amd64, "
                                          r"not linux/arm64$"):
-        bi.run(project, workdir=workdir, apply=False, engine=engine)
+        bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine))
     engine, api = _engine()
     with pytest.raises(ImageError, match=r"^base image reg:5000/other:1 not found: manifest for"):
-        bi.run(project, workdir=workdir, apply=False, engine=engine, base="reg:5000/other:1")
+        bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine,
+                                   base="reg:5000/other:1"))
     assert not api.loaded and "demo:v0.27.1" not in api.tags
 
 
 def test_refused_push_puts_the_tag_back(project, workdir):
     engine, api = _engine()
     with pytest.raises(ImageError, match=r"^push of demo:v0.27.1 refused: denied"):
-        bi.run(project, workdir=workdir, apply=False, engine=engine, push=True)
+        bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine, push=True))
     assert "demo:v0.27.1" not in api.tags
 
 
@@ -456,8 +462,8 @@ def test_a_save_where_nothing_can_be_written_is_one_line_and_untags(project, wor
     engine, api = _engine()
     (workdir.parent / "afile").write_text("")
     with pytest.raises(ImageError, match=r"^--save .*afile/out.tar: cannot write there: "):
-        bi.run(project, workdir=workdir, apply=False, engine=engine,
-                       save=workdir.parent / "afile" / "out.tar")
+        bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine,
+                                   save=workdir.parent / "afile" / "out.tar"))
     assert "demo:v0.27.1" not in api.tags
 
 
@@ -522,7 +528,7 @@ def _refused_before_the_apply(project, tmp_path, **kw) -> str:
     """build_image with apply=True on a manifest whose source does not exist: a flag refused
     first never reaches the apply (which would fail on the source)."""
     with pytest.raises(UsageError) as info:
-        bi.run(project, workdir=tmp_path / "wd", engine=object(), **kw)
+        bi.run(project, bi.Request(workdir=tmp_path / "wd", engine=object(), **kw))
     assert "\n" not in str(info.value)
     assert not (tmp_path / "wd").exists()
     return str(info.value)
@@ -544,7 +550,7 @@ def test_bad_tag_base_and_platform_are_refused_before_the_apply(project, tmp_pat
 def test_no_apply_with_a_ref_or_repo_is_a_conflict(project, workdir):
     for kw in ({"ref": "v0.33.0"}, {"repos": ["pypi"]}):
         with pytest.raises(UsageError, match="with --no-apply the workdir is used as it is"):
-            bi.run(project, workdir=workdir, apply=False, engine=object(), **kw)
+            bi.run(project, bi.Request(workdir=workdir, apply=False, engine=object(), **kw))
 
 
 def test_a_branch_ref_makes_a_valid_tag(project):
@@ -565,7 +571,7 @@ def test_a_workdir_whose_borrowed_objects_are_gone_is_one_line(project, tmp_path
 
     shutil.rmtree(up)
     with pytest.raises(UsageError) as info:
-        bi.run(project, workdir=wd, apply=False, engine=object())
+        bi.run(project, bi.Request(workdir=wd, apply=False, engine=object()))
     assert str(info.value) == (f"{wd} borrows its git objects from {up / '.git' / 'objects'}, "
                                "which is gone (was the cache deleted?); run 'patchkit apply --discard' "
                                "again")
@@ -587,7 +593,8 @@ def test_a_pull_the_engine_refuses_is_named_once(project, workdir, monkeypatch):
 
     monkeypatch.setattr(api, "pull", refused)
     with pytest.raises(ImageError) as info:
-        bi.run(project, workdir=workdir, apply=False, engine=engine, base="reg:5000/other:1")
+        bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine,
+                                   base="reg:5000/other:1"))
     assert str(info.value) == ("base image reg:5000/other:1 not found: manifest for "
                                "reg:5000/other:1 not found: manifest unknown")
 

@@ -86,7 +86,7 @@ def _layer_files(api: FakeAPI) -> list[str]:
 def test_each_variant_gets_its_tag_labels_and_files(project, tmp_path):
     engine, api = _engine()
     wd = tmp_path / "wd"
-    plain = bi.run(project, workdir=wd, engine=engine)
+    plain = bi.run(project, bi.Request(workdir=wd, engine=engine))
     assert plain.ok, plain.to_dict()
     assert plain.tag == "demo:v0.27.1" and plain.to_dict()["variant"] is None
     assert [(p["id"], p["status"]) for p in plain.patches] == [("fast", "applied"),
@@ -95,7 +95,7 @@ def test_each_variant_gets_its_tag_labels_and_files(project, tmp_path):
     assert labels["io.patchkit.variant"] == ""
     assert f"{SITE[1:]}/vllm/diag_probe.py" not in _layer_files(api)
 
-    diag = bi.run(project, workdir=wd, engine=engine, variant="diag")
+    diag = bi.run(project, bi.Request(workdir=wd, engine=engine, variant="diag"))
     assert diag.ok and diag.tag == "demo:v0.27.1-diag" and diag.to_dict()["variant"] == "diag"
     assert diag.image_id != plain.image_id
     labels = api.inspect_image(diag.image_id)["Config"]["Labels"]
@@ -106,17 +106,17 @@ def test_each_variant_gets_its_tag_labels_and_files(project, tmp_path):
     assert api.tags["demo:v0.27.1"] == plain.image_id  # the other variant's tag is untouched
 
     # --no-apply builds what the workdir is: its variant names the tag
-    again = bi.run(project, workdir=wd, engine=engine, apply=False)
+    again = bi.run(project, bi.Request(workdir=wd, engine=engine, apply=False))
     assert (again.tag, again.image_id, again.reused) == ("demo:v0.27.1-diag", diag.image_id, True)
 
 
 def test_no_apply_with_another_variant_is_refused(project, tmp_path):
     engine, api = _engine()
     wd = tmp_path / "wd"
-    assert bi.run(project, workdir=wd, engine=engine).ok
+    assert bi.run(project, bi.Request(workdir=wd, engine=engine)).ok
     with pytest.raises(UsageError, match=r"^--variant diag: .*wd was applied as the default build \(no variant\); "
                                          r"with --no-apply the workdir is used as it is$"):
-        bi.run(project, workdir=wd, engine=engine, apply=False, variant="diag")
+        bi.run(project, bi.Request(workdir=wd, engine=engine, apply=False, variant="diag"))
 
 
 def _labelled(api: FakeAPI, ref: str, labels: dict, files: dict) -> None:
@@ -152,8 +152,8 @@ def test_verify_image_follows_the_variant_of_its_labels(project):
 
 def test_a_tag_template_with_the_variant_is_checked_before_the_apply(project, tmp_path):
     with pytest.raises(UsageError, match=r"^--tag 'UPPER-diag:x' is not an image reference"):
-        bi.run(project, workdir=tmp_path / "wd", engine=object(), tag="UPPER-{variant}:{ref}",
-               variant="diag")
+        bi.run(project, bi.Request(workdir=tmp_path / "wd", engine=object(),
+                                   tag="UPPER-{variant}:{ref}", variant="diag"))
     assert not (tmp_path / "wd").exists()
     assert variants.default_tag(project, "v0.27.1", "0.27.1", run_spec(project).tag, "diag") == "demo:v0.27.1-diag"
     assert variants.default_tag(project, "v0.27.1", "0.27.1", "x/{variant}-y:{version}", None) == (

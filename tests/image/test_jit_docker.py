@@ -105,8 +105,10 @@ def test_a_prebuilt_module_of_the_patched_header_is_refused(tmp_path, jit_base, 
                                                             engine):
     root, m = _project(tmp_path, jit_base, registry, "")
     with pytest.raises(ImageError) as err:
-        build_image.run(m, workdir=root / ".patchkit" / "vllm", apply=False, engine=engine,
-                        tag=f"{registry}/pk-test/stack-jit:refused", progress=Log())
+        build_image.run(m, build_image.Request(workdir=root / ".patchkit" / "vllm", apply=False,
+                                               engine=engine,
+                                               tag=f"{registry}/pk-test/stack-jit:refused"),
+                                               progress=Log())
     assert str(err.value) == (
         f"base {jit_base} ships the prebuilt JIT module fused_moe_120 (flashinfer-jit-cache "
         f"0.6.15, {SITE}/flashinfer_jit_cache/jit_cache/fused_moe_120), which flashinfer loads "
@@ -121,8 +123,9 @@ def test_rebuild_jit_leaves_it_out_and_gives_the_cache_its_own_place(tmp_path, j
     root, m = _project(tmp_path, jit_base, registry, "    rebuild: jit\n")
     tag = f"{registry}/pk-test/stack-jit:rebuild-{secrets.token_hex(3)}"
     log = Log()
-    report = build_image.run(m, workdir=root / ".patchkit" / "vllm", apply=False,
-                             engine=engine, tag=tag, progress=log)
+    report = build_image.run(m, build_image.Request(workdir=root / ".patchkit" / "vllm",
+                                                    apply=False, engine=engine, tag=tag),
+                                                    progress=log)
     assert report.ok, report.to_dict()
     attrs = engine.inspect(tag)
     env = dict(e.partition("=")[::2] for e in attrs["Config"]["Env"])
@@ -160,8 +163,9 @@ def test_an_artifact_ships_the_rebuilt_module_and_verify_proves_it(tmp_path, jit
         "      dist: flashinfer-jit-cache\n")
     root, m = _project(tmp_path, jit_base, registry, artifact)   # an entry after the diff's
     tag = f"{registry}/pk-test/stack-jit:artifact-{secrets.token_hex(3)}"
-    report = build_image.run(m, workdir=root / ".patchkit" / "vllm", apply=False,
-                             engine=engine, tag=tag, progress=Log())
+    report = build_image.run(m, build_image.Request(workdir=root / ".patchkit" / "vllm",
+                                                    apply=False, engine=engine, tag=tag),
+                                                    progress=Log())
     assert report.ok, report.to_dict()
     attrs = engine.inspect(tag)
     with engine.files(attrs["Id"], tag) as files:

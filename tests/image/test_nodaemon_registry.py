@@ -25,6 +25,7 @@ import pytest
 from testing import imageproject as ip
 from testing.imageproject import RELEASE
 from patchkit import cli, manifest
+from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.errors import ImageError
 from patchkit.series.applier import apply_series
@@ -130,7 +131,7 @@ def built(project, relay, cache, image_repo):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATCHKIT_CACHE_DIR", str(cache))
         relay.reset()
-        report = build_image(m, workdir=workdir, apply=False, push=True, no_daemon=True)
+        report = build_image(m, Request(workdir=workdir, apply=False, push=True, no_daemon=True))
         traffic = relay.reset()
     assert report.ok
     return {"summary": report.to_dict(), "traffic": traffic, "tag": tag}
@@ -238,7 +239,8 @@ def test_a_second_run_uploads_nothing(built, project, relay, use_cache, nd_base)
     m, workdir = project
     layers = [d["digest"] for d in json.loads(raw(nd_base["ref"]))["layers"]]
     relay.reset()
-    again = build_image(m, workdir=workdir, apply=False, push=True, no_daemon=True).to_dict()
+    again = build_image(m, Request(workdir=workdir, apply=False, push=True,
+                                   no_daemon=True)).to_dict()
     traffic = relay.reset()
     assert again["reused"] is True
     assert again["digest"] == built["summary"]["digest"]
@@ -254,8 +256,8 @@ def test_another_tag_of_the_same_image_mounts_everything(built, project, relay, 
     tag = f"{image_repo[0]}-copy:{TAG}"
     image_repo[1].append(tag)
     relay.reset()
-    other = build_image(m, workdir=workdir, apply=False, push=True, no_daemon=True,
-                        tag=tag).to_dict()
+    other = build_image(m, Request(workdir=workdir, apply=False, push=True, no_daemon=True,
+                                   tag=tag)).to_dict()
     traffic = relay.reset()
     assert other["digest"] == built["summary"]["digest"] and other["reused"] is False
     uploads = [r for r in traffic.writes() if r.method == "PATCH" or
@@ -274,7 +276,7 @@ def test_the_engine_path_gives_the_same_layer_and_config(built, project, docker_
         pass
     tag = f"{image_repo[0]}:engine"
     image_repo[1].append(tag)
-    engine = build_image(m, workdir=workdir, apply=False, push=True, tag=tag).to_dict()
+    engine = build_image(m, Request(workdir=workdir, apply=False, push=True, tag=tag)).to_dict()
     assert engine["reused"] is False  # the engine made the image itself
     assert engine["layer"]["diff_id"] == summary["layer"]["diff_id"]
     assert engine["image_id"] == summary["image_id"]
@@ -341,15 +343,16 @@ def test_a_base_in_no_registry_is_one_line(project, use_cache, relay, image_repo
     m, workdir = project
     # a name without a registry host means Docker Hub, which this machine cannot reach
     with pytest.raises(ImageError) as exc:
-        build_image(m, workdir=workdir, apply=False, push=True, no_daemon=True,
-                    base="pk-test/only-in-an-engine:1", tag=f"{image_repo[0]}:x")
+        build_image(m, Request(workdir=workdir, apply=False, push=True, no_daemon=True,
+                               base="pk-test/only-in-an-engine:1", tag=f"{image_repo[0]}:x"))
     text = str(exc.value)
     assert text.startswith("base image pk-test/only-in-an-engine:1 is not in any registry it can "
                            "reach (the name has no registry host, so it means Docker Hub")
     assert "\n" not in text
     with pytest.raises(ImageError) as exc:
-        build_image(m, workdir=workdir, apply=False, push=True, no_daemon=True,
-                    base=f"{relay.addr}/pk-test/no-such-base:1", tag=f"{image_repo[0]}:x")
+        build_image(m, Request(workdir=workdir, apply=False, push=True, no_daemon=True,
+                               base=f"{relay.addr}/pk-test/no-such-base:1",
+                               tag=f"{image_repo[0]}:x"))
     assert str(exc.value) == (f"base image {relay.addr}/pk-test/no-such-base:1 not found in its "
                               f"registry: reading manifest 1 in {relay.addr}/pk-test/no-such-base: "
                               "manifest unknown: manifest unknown")

@@ -317,7 +317,7 @@ def _manifest(tmp_path: Path) -> Manifest:
 ])
 def test_no_daemon_refuses_what_needs_an_engine_before_any_work(tmp_path, kw, message):
     with pytest.raises(UsageError) as exc:
-        bi.run(_manifest(tmp_path), workdir=tmp_path / "nowhere", no_daemon=True, **kw)
+        bi.run(_manifest(tmp_path), bi.Request(workdir=tmp_path / "nowhere", no_daemon=True, **kw))
     assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
     assert exc.value.exit_code == 2
 

@@ -9,6 +9,7 @@ import pytest
 
 from testing.upstream import make_diff, make_upstream
 from patchkit import manifest
+from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.series.applier import apply_series
 from patchkit.errors import ImageError
@@ -84,7 +85,8 @@ def _project(root, dockerfile: str, tag: str):
 def test_native_change_builds_vllm_from_the_patched_checkout(tmp_path, docker_client):
     tag = "pk-test/source-mode:v0.1.0"
     m, workdir = _project(tmp_path, DOCKERFILE, tag)
-    code, summary = _summary(build_image(m, workdir=workdir, apply=False, max_jobs=6, nvcc_threads=3))
+    code, summary = _summary(build_image(m, Request(workdir=workdir, apply=False, max_jobs=6,
+                                                    nvcc_threads=3)))
     assert code == 0
     assert summary["mode"] == "source"
     assert summary["mode_reason"] == "csrc/ops.cu is outside the vllm package and feeds vLLM's build"
@@ -115,7 +117,7 @@ def test_buildkit_dockerfile_needs_buildx(tmp_path, docker_client):
     tag = "pk-test/source-mode-bk:v0.1.0"
     m, workdir = _project(tmp_path, BUILDKIT_DOCKERFILE, tag)
     with pytest.raises(ImageError) as exc:
-        build_image(m, workdir=workdir, apply=False)
+        build_image(m, Request(workdir=workdir, apply=False))
     text = str(exc.value)
     assert text.startswith("docker/Dockerfile needs BuildKit (line 4: RUN --mount=type=cache")
     assert "docker buildx" in text and "\n" not in text

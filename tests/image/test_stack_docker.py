@@ -141,8 +141,9 @@ def built(fi_project, engine) -> Built:
     one lock) the tests of the stack share."""
     root, m, workdir, _ = fi_project
     log = Log()
-    report = build_image.run(m, workdir=workdir, apply=False, tag=f"{ip.REGISTRY}/pk-test/"
-                             "stackimg-e2e:1", progress=log, engine=engine)
+    report = build_image.run(m, build_image.Request(workdir=workdir, apply=False,
+                                                    tag=f"{ip.REGISTRY}/pk-test/"
+                             "stackimg-e2e:1", engine=engine), progress=log)
     assert report.ok and not report.reused, report.to_dict()
     first = lock.run(m, workdir=workdir, engine=engine)
     data = (root / "patchset.lock").read_bytes()
@@ -186,8 +187,8 @@ def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(built, stack_
 def test_locked_build_and_verify_accept_the_same_stack(built, fi_project, engine):
     root, m, workdir, _ = fi_project
     log = Log()
-    report = build_image.run(m, workdir=workdir, apply=False, progress=log, locked=True,
-                             engine=engine)
+    report = build_image.run(m, build_image.Request(workdir=workdir, apply=False, locked=True,
+                                                    engine=engine), progress=log)
     assert report.ok and report.reused
     assert any("patchset.lock names" in line for line in log.lines)
     checked = verify.run(m, image=built.report.tag, default_tree=workdir, locked=True,
@@ -205,8 +206,8 @@ def test_locked_refuses_a_base_that_differs_naming_each_difference(built, fi_pro
     tag = f"{ip.REGISTRY}/pk-test/stack-refused:1"
     try:
         with pytest.raises(ImageError) as err:
-            build_image.run(m2, workdir=workdir, apply=False, tag=tag, locked=True,
-                            engine=engine)
+            build_image.run(m2, build_image.Request(workdir=workdir, apply=False, tag=tag,
+                                                    locked=True, engine=engine))
         lines = str(err.value).splitlines()
         assert lines[0] == f"base {other['tag']} differs from patchset.lock in 2 ways"
         assert lines[1] == (f"  base digest {other['repo_digest'].split('@')[1]}, the lock has "
@@ -247,8 +248,8 @@ def test_a_base_is_refused_before_the_apply_for_each_reason(project, stack_bases
         bad = write_manifest(root, base, **change)
         fresh = tmp_path / ".patchkit" / "vllm"
         with pytest.raises(error) as err:
-            build_image.run(bad, workdir=fresh, tag=f"{ip.REGISTRY}/pk-test/stack-refused:2",
-                            engine=engine)
+            build_image.run(bad, build_image.Request(
+                workdir=fresh, tag=f"{ip.REGISTRY}/pk-test/stack-refused:2", engine=engine))
         assert str(err.value) == message.format(base=base)
         assert not fresh.exists()   # refused before the apply
     finally:
@@ -378,7 +379,8 @@ def test_a_changed_flashinfer_patch_makes_a_new_image(fi_project, built, tmp_pat
         unified(fi.FI_FILE, fi_pristine(), text))
     tag = f"{ip.REGISTRY}/pk-test/stackimg-change:1"
     m2 = manifest.load(copy / "patchset.yaml")
-    again = build_image.run(m2, workdir=copy / ".patchkit" / "vllm", tag=tag, engine=engine)
+    again = build_image.run(m2, build_image.Request(workdir=copy / ".patchkit" / "vllm", tag=tag,
+                                                    engine=engine))
     assert again.ok and not again.reused, again.to_dict()
     assert again.image_id != built.report.image_id
     with engine.files(again.image_id, tag) as files:
@@ -401,8 +403,9 @@ def test_no_daemon_locked_ships_flashinfers_file_and_refuses_a_lock_that_differs
     saved = (root / "patchset.lock").read_bytes()
     tag = f"{registry}/pk-test/stackimg-nd:{secrets.token_hex(4)}"
     log = Log()
-    built = build_image.run(m, workdir=workdir, apply=False, tag=tag, push=True,
-                            no_daemon=True, locked=True, progress=log, timeout=600)
+    built = build_image.run(m, build_image.Request(workdir=workdir, apply=False, tag=tag,
+                                                   push=True, no_daemon=True, locked=True,
+                                                   timeout=600), progress=log)
     try:
         assert built.ok, built.to_dict()
         assert "the base is the one patchset.lock names" in log.lines
@@ -412,8 +415,9 @@ def test_no_daemon_locked_ships_flashinfers_file_and_refuses_a_lock_that_differs
                                                                    'torch = "2.10.0"'))
         other = f"{registry}/pk-test/stackimg-nd:{secrets.token_hex(4)}-refused"
         with pytest.raises(ImageError) as err:
-            build_image.run(m, workdir=workdir, apply=False, tag=other, push=True,
-                            no_daemon=True, locked=True, timeout=600)
+            build_image.run(m, build_image.Request(workdir=workdir, apply=False, tag=other,
+                                                   push=True, no_daemon=True, locked=True,
+                                                   timeout=600))
         base = m.image.base
         assert str(err.value).splitlines() == [
             f"base {base} differs from patchset.lock in 1 way",
@@ -448,9 +452,9 @@ def test_flashinfers_pin_and_files_read_from_the_base(fi_project, engine, tmp_pa
 
     m = pinned_from_base(fi_project, tmp_path, pin)
     copy = m.root
-    spec = run_spec(m)
+    spec = run_spec(m, engine=engine)
     lines: list[str] = []
-    bases = basevllm.for_packages(spec, engine=engine, log=lines.append)
+    bases = basevllm.for_packages(spec, log=lines.append)
     assert lines == [f"base {m.image.base} holds flashinfer-python 0.6.15 in {SITE}"]
     report = apply_series(m, run=spec, workdir=copy / ".patchkit" / "vllm", bases=bases,
                           cache=real_cache())

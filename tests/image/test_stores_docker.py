@@ -21,6 +21,7 @@ from testing.imageproject import RELEASE
 from patchkit import cli, manifest
 from patchkit.commands import copy_image
 from patchkit.process import Piped
+from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.errors import ImageError
 from patchkit.image import layer
@@ -90,7 +91,7 @@ def project(tmp_path_factory, bases, registry):
 @pytest.fixture(scope="module")
 def classic(project, docker_client):
     m, workdir = project
-    summary = build_image(m, workdir=workdir, apply=False).to_dict()
+    summary = build_image(m, Request(workdir=workdir, apply=False)).to_dict()
     assert summary["ok"], summary
     docker_client.api.tag(summary["image_id"], *COPY_TAG.rsplit(":", 1))
     return summary
@@ -111,7 +112,7 @@ def test_podman_builds_the_same_image_through_a_complete_archive(project, classi
     engine = Engine.connect(host)
     assert engine.store().kind == "containers-storage"
     said = Said()
-    got = build_image(m, workdir=workdir, apply=False, tag=tag, engine=engine,
+    got = build_image(m, Request(workdir=workdir, apply=False, tag=tag, engine=engine),
                       progress=said).to_dict()
     assert got["ok"] and got["load"] == "complete" and not got["reused"]
     assert (f"loading a complete archive: the engine at {host} keeps images in "

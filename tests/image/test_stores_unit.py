@@ -207,12 +207,13 @@ def test_the_store_is_told_from_version_and_info(version, info, kind):
 @pytest.mark.parametrize("kind", ["classic", "containerd", "containers-storage"])
 def test_every_store_gets_the_same_config_and_layer(project, workdir, kind):
     reference, ref_api = store_engine("classic")
-    want = bi.run(project, workdir=workdir, apply=False, engine=reference).to_dict()
+    want = bi.run(project, bi.Request(workdir=workdir, apply=False, engine=reference)).to_dict()
     want_config = ref_api.configs[want["image_id"]]
 
     engine, api = store_engine(kind)
     said = Said()
-    got = bi.run(project, workdir=workdir, apply=False, engine=engine, progress=said).to_dict()
+    got = bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine),
+                 progress=said).to_dict()
     assert got["ok"] and got["layer"]["diff_id"] == want["layer"]["diff_id"]
     # the same config, byte for byte: the same config digest whichever way it was loaded
     assert api.configs[api.tags["demo:v0.27.1"]] == want_config
@@ -235,7 +236,7 @@ def test_every_store_gets_the_same_config_and_layer(project, workdir, kind):
                 f"{store}, which cannot take a partial load") in said.lines
 
     # unchanged: found again by its inputs, nothing loaded twice
-    again = bi.run(project, workdir=workdir, apply=False, engine=engine).to_dict()
+    again = bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine)).to_dict()
     assert again["reused"] and again["image_id"] == got["image_id"] and len(api.loaded) == 1
 
 
@@ -243,7 +244,7 @@ def test_a_store_that_refuses_the_complete_archive_leaves_nothing_tagged(project
     engine, api = store_engine("containers-storage")
     api.refuse = "payload does not match any of the supported image formats"
     with pytest.raises(ImageError) as exc:
-        bi.run(project, workdir=workdir, apply=False, engine=engine)
+        bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine))
     assert "payload does not match" in str(exc.value) and "\n" not in str(exc.value)
     assert "demo:v0.27.1" not in api.tags
 
@@ -519,8 +520,10 @@ def test_build_image_copy_to(project, workdir, monkeypatch, tmp_path):
                         classmethod(lambda cls, host=None, timeout=600: connect(host)))
     url = next(iter(engines))
     with pytest.raises(UsageError, match="--copy-to 'node2' is not an engine address"):
-        bi.run(project, workdir=tmp_path / "never-applied", engine=engine, copy_to=["node2"])
-    summary = bi.run(project, workdir=workdir, apply=False, engine=engine, copy_to=[url]).to_dict()
+        bi.run(project, bi.Request(workdir=tmp_path / "never-applied", engine=engine,
+                                   copy_to=["node2"]))
+    summary = bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine,
+                                         copy_to=[url])).to_dict()
     assert summary["ok"] is True
     (t,) = summary["copy"]["targets"]
     assert t["engine"] == url and t["status"] == "copied"
@@ -532,7 +535,8 @@ def test_build_image_copy_to(project, workdir, monkeypatch, tmp_path):
     target_api.refuse = "disk full"
     target_api.tags.pop("demo:v0.27.1")
     target_api.images_.pop(summary["image_id"])
-    failed = bi.run(project, workdir=workdir, apply=False, engine=engine, copy_to=[url])
+    failed = bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine,
+                                        copy_to=[url]))
     from patchkit.render import text
     assert failed.to_dict()["ok"] is False and api.tags["demo:v0.27.1"] == summary["image_id"]
     assert text.build_image(failed).splitlines()[-1] == (

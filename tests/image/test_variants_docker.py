@@ -10,6 +10,7 @@ from test_build_image_docker import SITE, files_of
 from testing import imageproject as ip
 from testing.imageproject import RELEASE
 from patchkit import manifest
+from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
 from testing import real_cache
@@ -31,9 +32,9 @@ def test_the_default_build_and_a_variant_are_two_images(tmp_path, bases, registr
     workdir = tmp_path / ".patchkit" / "vllm"
     guard = f"{SITE}/{ip.NEW}"
 
-    plain = build_image(m, workdir=workdir)
+    plain = build_image(m, Request(workdir=workdir))
     assert plain.ok, plain.to_dict()
-    diag = build_image(m, workdir=workdir, variant="diag")
+    diag = build_image(m, Request(workdir=workdir, variant="diag"))
     assert diag.ok, diag.to_dict()
     assert plain.tag == f"{registry}/pk-test/pk-variants:v{RELEASE}"
     assert diag.tag == f"{registry}/pk-test/pk-variants:v{RELEASE}-diag"

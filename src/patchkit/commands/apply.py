@@ -27,7 +27,6 @@ def run(manifest: Manifest, *, ref: str | None, repos: Sequence[str] | None, wor
     for place in applier.workdirs(spec, workdir).values():
         applier.check_workdir(place, discard)  # before any source or engine is asked
     holder = basevllm.for_run(spec, log=progress.info)
-    bases = basevllm.for_packages(spec, engine=holder.engine if holder else None,
-                                  log=progress.info)
+    bases = basevllm.for_packages(spec, log=progress.info)
     return applier.apply_series(manifest, run=spec, workdir=workdir, keep_failed=keep_failed,
                                progress=progress, base=holder, discard=discard, bases=bases)

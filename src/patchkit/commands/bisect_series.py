@@ -1,6 +1,6 @@
 """``patchkit bisect --series --run CMD``: the patch of your own series that makes CMD fail.
 
-It is ``git bisect run`` over the series instead of the upstream history (``commands/bisect.py``
+It is ``git bisect run`` over the series instead of the upstream history (``series/bisect.py``
 moves the upstream commit under one patch; this moves how much of the series is applied at the
 pin).  A point of the search is a prefix of the series: its first k patches, applied to the
 pinned checkout as ``apply`` applies them, in a scratch folder.  The predicate is the user's
@@ -34,15 +34,16 @@ from pathlib import Path
 
 from patchkit import imageref, process, versions
 from patchkit.render import plural
-from patchkit.cache import cache_dir
-from patchkit.commands.bisect import limit_for
+from patchkit.series.bisect import limit_for
 from patchkit.errors import UsageError
+from patchkit.image import base as base_
 from patchkit.image import basevllm
+from patchkit.image.assembly import Choices, assemble, reach_registry
 from patchkit.manifest import Manifest, Patch, variants
-from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.manifest.runspec import RunSpec
 from patchkit.report import ApplyReport
 from patchkit.series import applier
-from patchkit.timeouts import DEFAULT_TIMEOUT
+from patchkit.series.checkout import AppliedCheckout
 
 __all__ = ["GOOD", "BAD", "SKIP", "ERROR", "Run", "SeriesBisect", "check_command",
            "check_flags", "outcome_of", "run", "search"]
@@ -266,41 +267,40 @@ class ImageMaker:
     in the registry; on an engine the tag is put back where it was once CMD has run."""
 
     repository: str
-    base: str | None
-    variant: str | None
+    spec: RunSpec
     no_daemon: bool
-    timeout: float
     log: Callable[[str], None]
-    engine: object | None = None
+    registry: object | None = None
     previous: dict = field(default_factory=dict)
 
     @classmethod
-    def reach(cls, manifest: Manifest, spec: RunSpec, *, tag: str | None, base: str | None,
-              no_daemon: bool, timeout: float, log: Callable[[str], None],
-              engine=None) -> ImageMaker:
+    def reach(cls, manifest: Manifest, spec: RunSpec, *, no_daemon: bool,
+              log: Callable[[str], None]) -> ImageMaker:
         """The image name checked and the engine reached, before any tree is made."""
-
         name = variants.default_tag(manifest, spec.ref, None, spec.tag, spec.variant)
         imageref.check_reference(spec.tag_option, name, digest_ok=False)
-        if base is not None:
-            imageref.check_reference("--base", base)
-        if engine is None and not no_daemon:
-            from patchkit.image.docker import Engine
+        if spec.base is not None:
+            imageref.check_reference("--base", spec.base)
+        if not no_daemon:
+            spec.connect()
+        return cls(imageref.repository(name), spec, no_daemon, log)
 
-            engine = Engine.connect(timeout=timeout)
-        return cls(imageref.repository(name), base, spec.variant, no_daemon, timeout, log,
-                   engine)
+    @property
+    def engine(self):
+        return None if self.no_daemon else self.spec.connect()
 
     def build(self, manifest: Manifest, workdir: Path, k: int) -> str:
-        from patchkit.commands import build_image
-
         tag = f"{self.repository}:bisect-{k}"
+        run = dataclasses.replace(self.spec, tag=tag, tag_given=True, workdir=workdir)
         if self.engine is not None:
             self.previous[tag] = self.engine.tagged(tag)
-        report = build_image.run(manifest, workdir=workdir, apply=False, tag=tag, base=self.base,
-                                 push=self.no_daemon, no_daemon=self.no_daemon,
-                                 engine=self.engine, variant=self.variant, timeout=self.timeout,
-                                 progress=_Quiet(self.log))
+        elif self.registry is None:
+            self.registry = reach_registry(manifest, run)
+        log = _Quiet(self.log).info
+        report = assemble(manifest, run, Choices(push=self.no_daemon, no_daemon=self.no_daemon),
+                          tree=AppliedCheckout.open(workdir), lock=None, log=log,
+                          held=base_.judged(manifest, run, self.engine, None, log),
+                          registry=self.registry)
         return report.tag or tag
 
     def remove(self, tag: str) -> None:
@@ -391,24 +391,20 @@ def _series_at(manifest: Manifest, spec: RunSpec, pins: dict
     return kept, out
 
 
-def run(manifest: Manifest, command: str, *, repos: Sequence[str] | None = None,
-        variant: str | None = None, timeout: float = DEFAULT_TIMEOUT, image: bool = False,
-        no_daemon: bool = False, tag: str | None = None, base: str | None = None,
-        cache: Path | None = None, progress: applier.Progress | None = None,
-        engine=None) -> SeriesBisect:
-    """The first patch of the series (of ``variant``'s build, at the pin) whose addition turns
-    ``command`` from passing to failing, with every run made.  The command, the variant and
-    with ``image`` the engine are checked before any tree is made."""
+def run(manifest: Manifest, command: str, spec: RunSpec, *, image: bool = False,
+        no_daemon: bool = False, progress: applier.Progress | None = None) -> SeriesBisect:
+    """The first patch of the series (of the run's variant's build, at the pin) whose addition
+    turns ``command`` from passing to failing, with every run made (each bounded by the run's
+    timeout).  The command, the variant and with ``image`` the engine are checked before any
+    tree is made."""
     progress = progress or applier.Progress()
     argv = check_command(command)
-    variants.check(manifest, variant)
-    spec = run_spec(manifest, repos=repos, variant=variant, base=base, tag=tag)
+    variants.check(manifest, spec.variant)
     images = None
     if image:
-        images = ImageMaker.reach(manifest, spec, tag=tag, base=base, no_daemon=no_daemon,
-                                  timeout=timeout, log=progress.info, engine=engine)
-    holder = basevllm.for_run(spec, engine=getattr(images, "engine", None), log=progress.info)
-    pins = applier.resolve_pins(spec, cache or cache_dir(), progress.info, holder)
+        images = ImageMaker.reach(manifest, spec, no_daemon=no_daemon, log=progress.info)
+    holder = basevllm.for_run(spec, log=progress.info)
+    pins = applier.resolve_pins(spec, spec.cache, progress.info, holder)
     series, left_out = _series_at(manifest, spec, pins)
     if not series:
         raise UsageError(f"the build has no patch in range at the pin {spec.ref}: nothing to "
@@ -422,7 +418,7 @@ def run(manifest: Manifest, command: str, *, repos: Sequence[str] | None = None,
                   f"(at most {result.limit} runs)")
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-series-"))
     try:
-        tester = Tester(manifest, spec, pins, series, argv, scratch, timeout, progress.info,
+        tester = Tester(manifest, spec, pins, series, argv, scratch, spec.timeout, progress.info,
                         images)
 
         def logged(k: int) -> Run:

@@ -1,95 +1,66 @@
-"""``patchkit build-image``: apply, choose the build path, build, tag, push, save."""
+"""``patchkit build-image``: apply, choose the build path, build, tag, push, save (the image is
+made by :mod:`patchkit.image.assembly`)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from patchkit import source
-from patchkit.image import transfer
 from patchkit.errors import UsageError
-from patchkit.image import artifact
 from patchkit.image import base as base_
-from patchkit.image import basevllm, build, builders, layer, stack
-from patchkit.cache import cache_dir
+from patchkit.image import basevllm, build, builders, stack, transfer
+from patchkit.image.assembly import BuildReport, Choices, assemble, reach_registry
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport, VllmInfo
-from patchkit.series.checkout import AppliedCheckout, is_checkout
 from patchkit.series.applier import Progress, apply_series, check_workdir
+from patchkit.series.checkout import AppliedCheckout
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 MODES = ("auto", build.OVERLAY_MODE, build.SOURCE_MODE)
 
 
-@dataclass
-class BuildReport:
-    """What ``build-image`` made; ``to_dict`` is the ``--format json`` shape."""
+@dataclass(frozen=True)
+class Request:
+    """What build-image is asked: the options the run value is made of, and the build's own."""
 
-    ok: bool
-    error: str | None = None
-    mode: str | None = None
-    mode_reason: str | None = None
+    workdir: Path
+    ref: str | None = None
+    repos: Sequence[str] | None = None
+    base: str | None = None
     tag: str | None = None
-    image_id: str | None = None
-    digest: str | None = None
     platform: str | None = None
-    base: dict | None = None
-    vllm: dict = field(default_factory=dict)
-    patches: list[dict] = field(default_factory=list)
-    layer: build.LayerInfo | None = None
-    reused: bool = False
-    pushed: bool = False
-    saved: dict | None = None
-    not_shipped: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    buildargs: dict | None = None
     variant: str | None = None
-    load: str | None = None         # overlay: "partial" or "complete" archive
-    copy: object | None = None      # transfer.CopyReport of --copy-to
-    holds: build.Holds | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    engine: object = None
+    push: bool = False
+    save: Path | None = None
+    mode: str = "auto"
+    apply: bool = True
+    max_jobs: int | None = None
+    nvcc_threads: int | None = None
+    no_daemon: bool = False
+    copy_to: Sequence[str] = ()
+    discard: bool = False
+    locked: bool = False
+    via: str | None = None
 
-    @classmethod
-    def failed_apply(cls, report: ApplyReport) -> BuildReport:
-        failed = [p.id for p in report.patches if p.status == "failed"]
-        data = report.to_dict()
-        return cls(False, "the series did not apply"
-                   + (f" ({', '.join(failed)} failed)" if failed else " (assertions failed)"),
-                   vllm=data["vllm"], patches=data["patches"])
+    def run_value(self, manifest: Manifest) -> RunSpec:
+        return run_spec(manifest, ref=self.ref, repos=self.repos, base=self.base, tag=self.tag,
+                        platform=self.platform, variant=self.variant, workdir=self.workdir,
+                        timeout=self.timeout, engine=self.engine)
 
-    def to_dict(self) -> dict:
-        if not self.ok:
-            return {"ok": False, "error": self.error, "vllm": self.vllm, "patches": self.patches}
-        data = {"ok": True, "mode": self.mode, "mode_reason": self.mode_reason, "tag": self.tag,
-                "image_id": self.image_id, "digest": self.digest, "platform": self.platform,
-                "base": self.base, "vllm": self.vllm, "patches": self.patches,
-                "layer": self.layer.to_dict() if self.layer else None, "reused": self.reused,
-                "pushed": self.pushed, "saved": self.saved, "not_shipped": self.not_shipped,
-                "seconds": self.seconds, "variant": self.variant}
-        if self.buildargs:
-            data["buildargs"] = self.buildargs
-        if self.load:
-            data["load"] = self.load
-        if self.holds is not None:
-            data["holds"] = self.holds.to_dict()
-        if self.copy is not None:
-            data["copy"] = self.copy.to_dict()
-            data["ok"] = self.copy.ok
-        return data
+    @property
+    def choices(self) -> Choices:
+        return Choices(self.mode, self.push, self.save, self.no_daemon, self.max_jobs,
+                       self.nvcc_threads)
 
 
-def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
-        repos: Sequence[str] | None = None, base: str | None = None,
-        tag: str | None = None, platform: str | None = None, push: bool = False,
-        save: Path | None = None, mode: str = "auto", apply: bool = True,
-        max_jobs: int | None = None, nvcc_threads: int | None = None,
-        progress: Progress | None = None, engine=None, variant: str | None = None,
-        no_daemon: bool = False, registry=None, copy_to: Sequence[str] = (),
-        timeout: float = DEFAULT_TIMEOUT, discard: bool = False,
-        locked: bool = False, via: str | None = None) -> BuildReport:
+def run(manifest: Manifest, request: Request, *, progress: Progress | None = None,
+        registry=None) -> BuildReport:
     """Build (and optionally push and save) the image; with ``no_daemon``, straight in the
     registry (``push`` required, no engine).  The engine (or the registry) is reached before
     the series is applied; ``timeout`` bounds each of its silences.  The base's installed
@@ -100,253 +71,83 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     a series that does not apply is a report with ``ok`` false.
     """
     progress = progress or Progress()
-    log = progress.info
     started = time.monotonic()
-    spec = run_spec(manifest, ref=ref, repos=repos, base=base, platform=platform, variant=variant,
-                    tag=tag, workdir=workdir, timeout=timeout, engine=engine)
-    workdir = Path(workdir)
+    spec = request.run_value(manifest)
     # What can be refused is refused before the apply, which takes a while.
-    asked = builders.Asked(push, save, mode, tuple(copy_to))
-    _check_options(asked, no_daemon, apply=apply, ref=ref, repos=repos, discard=discard)
-    if apply:
-        check_workdir(workdir, discard)  # before any source or engine is asked
-    plat, copy_urls = _check_inputs(manifest, spec, base=base, tag=tag, copy_to=copy_to)
-    if via is not None:
-        via = transfer.check_via(via)
-        if not copy_urls:
-            raise UsageError("--via REGISTRY is the way --copy-to copies; give --copy-to ENGINE")
-    lock = _lock_of(manifest, locked)
+    copy_urls, via = _check(manifest, spec, request)
+    lock = stack.read_lock(manifest) if request.locked else None
     # Reached before the apply too: an engine or registry that is not there is known at once.
-    engine, registry = _reach(manifest, no_daemon, engine, registry, ref=spec.ref, tag=tag,
-                              variant=variant, timeout=timeout)
-    held = _check_stack(manifest, spec, plat, engine, lock, log)
-    if apply:
-        report = _apply(manifest, spec, workdir, engine, progress=progress, discard=discard)
+    if request.no_daemon:
+        registry = registry or reach_registry(manifest, spec)
+    engine = None if request.no_daemon else spec.connect()
+    held = base_.judged(manifest, spec, engine, lock, progress.info)
+    if request.apply:
+        report = _apply(manifest, spec, engine, progress=progress, discard=request.discard)
         if not report.ok:
             return BuildReport.failed_apply(report)
-    tree = _applied(workdir, apply, variant)
-    base_.prove_packages(manifest, workdir, engine, held, log)
-    if lock is not None:
-        stack.check_packages(manifest, lock, stack.patched_packages(
-            manifest, workdir, held.installed if held else None))
-        log(f"the base and the packages are the ones {stack.LOCK_FILE} names")
-    packages = _shipped_packages(manifest, workdir, held)
-    choice = replace(build.choose_mode(tree.changes(), mode),
-                     packages=tuple(p.name for p in packages))
-    _log_choice(choice, log)
-    final_tag = variants.default_tag(manifest, tree.vllm.ref, tree.vllm.version, spec.tag,
-                                     tree.report.variant)
-    check_reference(spec.tag_option, final_tag, digest_ok=False)
-    builder = builders.choose(no_daemon, choice)
-    job = builders.Job(manifest, tree, choice, plat, final_tag, base, push, log, engine=engine,
-                       registry=registry, max_jobs=max_jobs, nvcc_threads=nvcc_threads,
-                       packages=packages, lock=lock,
-                       artifacts=_artifacts(manifest, tree, plat, log))
-    previous = engine.tagged(final_tag) if engine is not None else None
-    built = builder.build(job)
-    digest, saved = _deliver(engine, built, final_tag, push=push, save=save, previous=previous,
-                             log=log)
-    kind = source.kind_of(tree.vllm.repo or spec.sources[0]).name
-    holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
-    report = _report(tree, choice, plat, final_tag, built, digest, push=push,
-                     saved=saved, started=started, holds=holds)
+    report = assemble(manifest, spec, request.choices, tree=_applied(spec, request.apply),
+                      held=held, lock=lock, registry=registry, log=progress.info,
+                      started=started)
     if copy_urls:
-        log(f"copying {final_tag} to {', '.join(copy_urls)}")
-        report.copy = transfer.copy(engine, final_tag, copy_urls, log=log, timeout=timeout,
-                                      via=via)
+        progress.info(f"copying {report.tag} to {', '.join(copy_urls)}")
+        report.copy = transfer.copy(engine, report.tag, copy_urls, log=progress.info,
+                                    timeout=spec.timeout, via=via)
     return report
 
 
-def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack | None
-                      ) -> tuple[build.PackageTree, ...]:
-    """The other packages whose applied checkouts change files the image ships, each with
-    the site the base installed it in when the base was read (and proven) here; the registry
-    path finds the others' sites on the base's layers."""
-    out = []
-    for package in manifest.others:
-        where = stack.checkout_dir(workdir, package.name)
-        if not is_checkout(where):
-            continue
-        tree = AppliedCheckout.open(where)
-        shipped = build.package_shipped(tree.changes())
-        if not shipped:
-            continue
-        dist = held.installed.get(package.dist) if held is not None else None
-        rebuild = {p.id for p in manifest.patches if p.rebuild == "jit"}
-        rebuild_jit = tuple(f for r in tree.report.patches
-                            if r.package == package.name and r.id in rebuild for f in r.files)
-        out.append(build.PackageTree(package.name, package.dist, tree, shipped,
-                                     dist.site if dist is not None else None, rebuild_jit))
-    return tuple(out)
+def _check(manifest: Manifest, spec: RunSpec, request: Request
+           ) -> tuple[list[str], str | None]:
+    """Every option checked, and the workdir, before any source or engine is asked: the
+    --copy-to engines and the registry --via names."""
+    _check_options(request)
+    if request.apply:
+        check_workdir(Path(request.workdir), request.discard)
+    variants.check(manifest, spec.variant)
+    if request.base is not None:
+        check_reference("--base", request.base)
+    if spec.tag_given:
+        check_reference("--tag", variants.default_tag(manifest, "x", "x", spec.tag, spec.variant),
+                        digest_ok=False)
+    Platform.parse(spec.platform)
+    copy_urls = transfer.check_targets(request.copy_to, "--copy-to")
+    via = transfer.check_via(request.via) if request.via is not None else None
+    if via is not None and not copy_urls:
+        raise UsageError("--via REGISTRY is the way --copy-to copies; give --copy-to ENGINE")
+    return copy_urls, via
 
 
-def _artifacts(manifest: Manifest, tree: AppliedCheckout, plat: Platform, log
-               ) -> tuple[build.PlacedArtifact, ...]:
-    """The members of the run's applied artifacts, each checked against its pins and the
-    image's platform (one line, exit 2, before anything is built)."""
-    applied = {p.id for p in tree.report.patches if p.status == "applied"}
-    out = []
-    for patch in manifest.patches:
-        a = patch.artifact
-        if a is None or patch.id not in applied:
-            continue
-        data = artifact.checked(a, manifest.root, plat.arch, str(plat), cache_dir())
-        log(f"{patch.id}: {a.member} from {a.wheel.rsplit('/', 1)[-1]}: pins and ELF header "
-            f"({plat.arch}) checked")
-        out.append(build.PlacedArtifact(patch.id, a.dist, a.member, data))
-    return tuple(out)
-
-
-def _lock_of(manifest: Manifest, locked: bool) -> stack.Lock | None:
-    if not locked:
-        return None
-    return stack.read_lock(manifest)
-
-
-def _check_stack(manifest: Manifest, spec: RunSpec, plat: Platform, engine,
-                 lock: stack.Lock | None, log) -> base_.BaseStack | None:
-    """The base's installed distributions, judged before the apply: the packages' pins,
-    ``image.requires`` and the lock.  None when nothing asks (or no engine reads it: the
-    registry path judges them on the base's layers)."""
-    if lock is not None and not spec.base:
-        raise UsageError("--locked compares the base with the lock: give --base IMAGE or set "
-                         "image.base in patchset.yaml")
-    if engine is None or not spec.base:
-        return None
-    if lock is None and not manifest.others and not manifest.image.requires:
-        return None
-    check_reference("--base", spec.base)
-    held = base_.read(engine, spec.base, plat, log)
-    base_.check(manifest, held, lock)
-    return held
-
-
-def _check_options(asked: builders.Asked, no_daemon: bool, *, apply: bool, ref: str | None,
-                   repos: Sequence[str] | None, discard: bool) -> None:
+def _check_options(request: Request) -> None:
+    asked = builders.Asked(request.push, request.save, request.mode, tuple(request.copy_to))
     if asked.mode not in MODES:
         raise UsageError(f"--mode {asked.mode!r}: expected auto, overlay or source")
-    builders.refuse(no_daemon, asked)
-    if not apply and (ref is not None or repos):
+    builders.refuse(request.no_daemon, asked)
+    if not request.apply and (request.ref is not None or request.repos):
         raise UsageError("--vllm-ref and --vllm-repo choose what to apply; with --no-apply the "
                          "workdir is used as it is")
-    if not apply and discard:
+    if not request.apply and request.discard:
         raise UsageError("--discard replaces the workdir by a new apply; with --no-apply the "
                          "workdir is used as it is")
 
 
-def _check_inputs(manifest: Manifest, spec: RunSpec, *, base: str | None, tag: str | None,
-                  copy_to: Sequence[str]) -> tuple[Platform, list[str]]:
-    """The platform and the --copy-to engines, once every name given is known to be good."""
-    variants.check(manifest, spec.variant)
-    if base is not None:
-        check_reference("--base", base)
-    if spec.tag_given:
-        check_reference("--tag", variants.default_tag(manifest, "x", "x", spec.tag, spec.variant),
-                        digest_ok=False)
-    return Platform.parse(spec.platform), transfer.check_targets(copy_to, "--copy-to")
-
-
-def _reach(manifest: Manifest, no_daemon: bool, engine, registry, *, ref: str | None,
-           tag: str | None, variant: str | None, timeout: float):
-    """The engine, or with ``no_daemon`` the registry, once it has answered."""
-    if no_daemon:
-        return None, registry or _reach_registry(manifest, ref, tag, variant, timeout)
-    if engine is None:
-        from patchkit.image.docker import Engine
-
-        engine = Engine.connect(timeout=timeout)
-    return engine, None
-
-
-def _apply(manifest: Manifest, spec: RunSpec, workdir: Path, engine, *, progress: Progress,
+def _apply(manifest: Manifest, spec: RunSpec, engine, *, progress: Progress,
            discard: bool) -> ApplyReport:
     needs = basevllm.needed(spec)
     if needs and engine is None:
         raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
                          "with an engine first, then build-image --no-daemon --no-apply")
-    holder = basevllm.for_run(spec, engine=engine, log=progress.info)
-    bases = basevllm.for_packages(spec, engine=engine, log=progress.info) if engine else {}
-    return apply_series(manifest, run=spec, workdir=workdir, progress=progress, base=holder,
-                        discard=discard, bases=bases)
+    holder = basevllm.for_run(spec, log=progress.info)
+    bases = basevllm.for_packages(spec, log=progress.info) if engine else {}
+    return apply_series(manifest, run=spec, workdir=spec.workdir, progress=progress,
+                        base=holder, discard=discard, bases=bases)
 
 
-def _applied(workdir: Path, apply: bool, variant: str | None) -> AppliedCheckout:
-    tree = AppliedCheckout.open(workdir)
-    if not apply and variant is not None and variant != tree.report.variant:
-        raise UsageError(f"--variant {variant}: {workdir} was applied as "
+def _applied(spec: RunSpec, apply: bool) -> AppliedCheckout:
+    tree = AppliedCheckout.open(spec.workdir)
+    if not apply and spec.variant is not None and spec.variant != tree.report.variant:
+        raise UsageError(f"--variant {spec.variant}: {spec.workdir} was applied as "
                          f"{variants.describe(tree.report.variant)}; with --no-apply the "
                          "workdir is used as it is")
     return tree
 
 
-def _log_choice(choice: build.ModeChoice, log) -> None:
-    log(f"mode: {choice.mode} ({choice.reason})")
-    if choice.not_shipped:
-        log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
-
-
-def _deliver(engine, built: build.Built, tag: str, *, push: bool, save: Path | None,
-             previous: str | None, log) -> tuple[str | None, dict | None]:
-    """Push and save what the build left in the engine (what a build pushed itself is
-    not pushed again): the manifest digest and the archive saved."""
-    digest, saved = built.digest, None
-    try:
-        if push and not built.pushed_by_build:
-            log(f"pushing {tag}")
-            digest = engine.push(tag, log)
-        if save is not None:
-            size = engine.save(tag, Path(save))
-            saved = {"path": str(save), "bytes": size}
-            log(f"saved {tag} to {save} ({size} bytes)")
-    except BaseException:
-        # A refused or interrupted push leaves no tag behind: the tag names what was delivered.
-        if not built.pushed_by_build:
-            engine.restore_tag(tag, previous)
-        raise
-    return digest, saved
-
-
-def _fingerprint(built: build.Built, engine, tag: str) -> str | None:
-    """The built image's fingerprint: from the config patchkit made, when it made one; else
-    from the engine where that needs no export (its ids are config digests); else unknown."""
-    b, made = built.base, built.layer
-    if built.config_digest and b is not None and made is not None and made.diff_id:
-        return layer.fingerprint_of(built.config_digest, [*b.diff_ids, made.diff_id])
-    if engine is None or built.pushed_by_build or not engine.store().ids_are_config_digests:
-        return None
-    content = engine.content(tag)
-    return layer.fingerprint(content) if content else None
-
-
-def _reach_registry(manifest: Manifest, ref: str, tag: str | None,
-                    variant: str | None, timeout: float):
-    """The registry the tag goes to, asked once what it holds there: a registry that cannot be
-    reached is an error before any work (the tag's {version} is not known yet; its host is)."""
-    from patchkit.image.registry import Registry
-
-    registry = Registry(timeout=timeout)
-    registry.digest_of(variants.default_tag(manifest, ref, None, tag, variant))
-    return registry
-
-
-def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built, digest, *,
-            push: bool, saved: dict | None, started: float, holds: build.Holds) -> BuildReport:
-    b = built.base
-    vllm = asdict(tree.vllm)
-    if built.vllm_dir:
-        vllm["dir"] = built.vllm_dir
-    if built.installed:
-        vllm["installed"] = built.installed
-    return BuildReport(
-        ok=True, mode=choice.mode, mode_reason=choice.reason, tag=final_tag,
-        image_id=built.image_id, digest=digest, platform=str(plat),
-        base=({"name": b.name, "digest": b.digest or b.image_id, "pinned_by": b.pinned_by,
-               "image_id": b.image_id, "fingerprint": b.fingerprint} if b else None),
-        vllm=vllm, patches=[{"id": p.id, "status": p.status} for p in tree.report.patches],
-        variant=tree.report.variant,
-        layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
-        not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
-        buildargs=built.buildargs, load=built.load, holds=holds)
-
-
-__all__ = ["BuildReport", "VllmInfo", "check_reference", "run"]
+__all__ = ["BuildReport", "Request", "VllmInfo", "check_reference", "run"]

@@ -314,7 +314,7 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         bisect: bool = False, base: str | None = None, pins: Sequence[str] = (),
         package: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Matrix:
     """The targets named and, with ``releases``, every release after the pin; then the check;
-    with ``bisect``, the upstream commit that broke each failure (``commands.bisect``).
+    with ``bisect``, the upstream commit that broke each failure (``series.bisect``).
     ``base`` names the base image (default image.base) that a ref ``base`` and the source
     ``image`` read, of any package; it is read without running it, through an engine whose
     every silence ``timeout`` bounds, and only when a pin or a target needs it.  ``package``
@@ -324,15 +324,14 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
     spec = run_spec(manifest, repos=repos, base=base, variant=variant, refs=pins,
-                    only=[package] if package else ())
+                    only=[package] if package else (), timeout=timeout)
     package = package or VLLM
     targets = list(refs)
     pin = spec.pin(package)
     # the refs the matrix's package is taken at; every other package at its pin
     wanted = {package: targets + ([pin.ref] if releases else [])}
-    holder = basevllm.for_run(spec, refs=wanted.get(VLLM), timeout=timeout, log=progress.info)
-    bases = basevllm.for_packages(spec, refs=wanted, engine=holder.engine if holder else None,
-                                  timeout=timeout, log=progress.info)
+    holder = basevllm.for_run(spec, refs=wanted.get(VLLM), log=progress.info)
+    bases = basevllm.for_packages(spec, refs=wanted, log=progress.info)
     if releases:
         found = release_targets(manifest, run=spec, pre=pre, log=progress.info,
                                 base=holder if package == VLLM else bases.get(package),
@@ -343,7 +342,7 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
     matrix = check(manifest, targets, run=spec, jobs=jobs, progress=progress, base=holder,
                    package=package, bases=bases)
     if bisect:
-        from patchkit.commands.bisect import bisect_failures
+        from patchkit.series.bisect import bisect_failures
 
         matrix.bisects = bisect_failures(manifest, matrix.failures(), run=spec,
                                          progress=progress, package=package)

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchkit.errors import ImageError
+from patchkit.errors import ImageError, UsageError
 from patchkit.image import distinfo, stack
 from patchkit.image.layer import BaseImage
-from patchkit.imageref import Platform
+from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest
+from patchkit.manifest.runspec import RunSpec
 from patchkit.series import checkout
 
 Log = Callable[[str], None]
@@ -56,6 +57,24 @@ def check(manifest: Manifest, base: BaseStack, lock: stack.Lock | None) -> None:
     stack.check_base(manifest, base.installed, base.image.name)
     if lock is not None:
         stack.check_locked(manifest, lock, base.digest, base.installed, base.image.name)
+
+
+def judged(manifest: Manifest, run: RunSpec, engine, lock: stack.Lock | None,
+           log: Log = lambda m: None) -> BaseStack | None:
+    """The run's base read and judged before the apply: the packages' pins, ``image.requires``
+    and the lock.  None when nothing asks (or no ``engine`` reads it: the registry path judges
+    them on the base's layers)."""
+    if lock is not None and not run.base:
+        raise UsageError("--locked compares the base with the lock: give --base IMAGE or set "
+                         "image.base in patchset.yaml")
+    if engine is None or not run.base:
+        return None
+    if lock is None and not manifest.others and not manifest.image.requires:
+        return None
+    check_reference("--base", run.base)
+    held = read(engine, run.base, Platform.parse(run.platform), log)
+    check(manifest, held, lock)
+    return held
 
 
 def prove_package(files, installed: distinfo.Installed, base: str, name: str, dist_name: str,

@@ -21,7 +21,6 @@ from patchkit.image.docker import Engine, Log
 from patchkit.image.layer import BaseImage
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest.runspec import RunSpec
-from patchkit.timeouts import DEFAULT_TIMEOUT
 
 SYMLINK, EXECUTABLE, REGULAR = 0o120000, 0o100755, 0o100644
 
@@ -126,12 +125,11 @@ def open_base(engine: Engine, ref: str, platform: Platform, log: Log = lambda m:
 
 
 def for_packages(run: RunSpec, *, refs: Mapping[str, Sequence[str]] | None = None,
-                 engine: Engine | None = None, timeout: float = DEFAULT_TIMEOUT,
                  log: Log = lambda m: None) -> dict[str, BaseDist]:
     """The base each other package of ``run`` reads (its ref ``base`` or its source
-    ``image``), by package name; empty when none does (no engine is reached then).  ``refs``
-    are the refs a package is taken at, by name (default: its pin); ``timeout`` bounds each
-    silence of the engine it connects to."""
+    ``image``), by package name, on the run's engine; empty when none does (no engine is
+    reached then).  ``refs`` are the refs a package is taken at, by name (default: its
+    pin)."""
     wanted = [pin for pin in run.others if run.in_run(pin.name) and (
         source.BASE_REF in (refs or {}).get(pin.name, (pin.ref,))
         or any(source.kind_of(s).reads_base for s in pin.sources))]
@@ -141,7 +139,7 @@ def for_packages(run: RunSpec, *, refs: Mapping[str, Sequence[str]] | None = Non
         raise UsageError(f"{wanted[0].name}: a pin read from a base image (ref 'base', source "
                          "'image'): give --base IMAGE or set image.base in patchset.yaml")
     check_reference("--base", run.base)
-    engine = engine or Engine.connect(timeout=timeout)
+    engine = run.connect()
     held = base.read(engine, run.base, Platform.parse(run.platform))
     image, installed = held.image, held.installed
     out = {}
@@ -164,15 +162,15 @@ def needed(run: RunSpec, refs: Sequence[str] | None = None) -> str | None:
     return None
 
 
-def for_run(run: RunSpec, *, refs: Sequence[str] | None = None, engine: Engine | None = None,
-            timeout: float = DEFAULT_TIMEOUT, log: Log = lambda m: None) -> BaseVllm | None:
-    """The base ``run`` reads vLLM from, when its sources or ``refs`` (default: its ref) need
-    one; None when they do not.  ``timeout`` bounds each silence of the engine it connects to."""
+def for_run(run: RunSpec, *, refs: Sequence[str] | None = None,
+            log: Log = lambda m: None) -> BaseVllm | None:
+    """The base ``run`` reads vLLM from (on the run's engine), when its sources or ``refs``
+    (default: its ref) need one; None when they do not."""
     why = needed(run, refs)
     if why is None:
         return None
     if not run.base:
         raise UsageError(f"{why}: give --base IMAGE or set image.base in patchset.yaml")
     check_reference("--base", run.base)
-    return open_base(engine or Engine.connect(timeout=timeout), run.base,
+    return open_base(run.connect(), run.base,
                      Platform.parse(run.platform), log)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from patchkit.commands.bisect import BisectResult, Fate
+from patchkit.series.bisect import BisectResult, Fate
 from patchkit.manifest import VLLM
 from patchkit.commands.bisect_series import SeriesBisect
 

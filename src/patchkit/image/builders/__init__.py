@@ -48,7 +48,7 @@ class Job:
     choice: ModeChoice
     platform: Platform
     tag: str
-    base: str | None               # --base, else image.base of the manifest
+    base: str | None               # the run's base: --base, else image.base of the manifest
     push: bool
     log: Callable[[str], None]
     engine: object | None = None   # image.docker.Engine, for the paths through an engine
@@ -61,7 +61,7 @@ class Job:
                                    # base itself (no engine read it before the apply)
 
     def base_ref(self) -> str:
-        ref = self.base or self.manifest.image.base
+        ref = self.base
         if not ref:
             raise UsageError("no base image: give --base or set image.base in patchset.yaml")
         return ref

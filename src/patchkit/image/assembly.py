@@ -1,0 +1,237 @@
+"""An image made from an applied checkout: the packages proven on the base, the build path
+chosen, the image built, tagged, pushed and saved, and the report of it.  ``build-image`` comes
+here once its series is applied, and ``bisect --series --image`` for each tree it makes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from patchkit import source
+from patchkit.image import artifact
+from patchkit.image import base as base_
+from patchkit.image import build, builders, layer, stack
+from patchkit.imageref import Platform, check_reference
+from patchkit.manifest import Manifest, variants
+from patchkit.manifest.runspec import RunSpec
+from patchkit.report import ApplyReport
+from patchkit.series.checkout import AppliedCheckout, is_checkout
+
+
+@dataclass(frozen=True)
+class Choices:
+    """How the image is made and delivered (the run value holds what is built)."""
+
+    mode: str = "auto"
+    push: bool = False
+    save: Path | None = None
+    no_daemon: bool = False
+    max_jobs: int | None = None
+    nvcc_threads: int | None = None
+
+
+@dataclass
+class BuildReport:
+    """What ``build-image`` made; ``to_dict`` is the ``--format json`` shape."""
+
+    ok: bool
+    error: str | None = None
+    mode: str | None = None
+    mode_reason: str | None = None
+    tag: str | None = None
+    image_id: str | None = None
+    digest: str | None = None
+    platform: str | None = None
+    base: dict | None = None
+    vllm: dict = field(default_factory=dict)
+    patches: list[dict] = field(default_factory=list)
+    layer: build.LayerInfo | None = None
+    reused: bool = False
+    pushed: bool = False
+    saved: dict | None = None
+    not_shipped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    buildargs: dict | None = None
+    variant: str | None = None
+    load: str | None = None         # overlay: "partial" or "complete" archive
+    copy: object | None = None      # transfer.CopyReport of --copy-to
+    holds: build.Holds | None = None
+
+    @classmethod
+    def failed_apply(cls, report: ApplyReport) -> BuildReport:
+        failed = [p.id for p in report.patches if p.status == "failed"]
+        data = report.to_dict()
+        return cls(False, "the series did not apply"
+                   + (f" ({', '.join(failed)} failed)" if failed else " (assertions failed)"),
+                   vllm=data["vllm"], patches=data["patches"])
+
+    def to_dict(self) -> dict:
+        if not self.ok:
+            return {"ok": False, "error": self.error, "vllm": self.vllm, "patches": self.patches}
+        data = {"ok": True, "mode": self.mode, "mode_reason": self.mode_reason, "tag": self.tag,
+                "image_id": self.image_id, "digest": self.digest, "platform": self.platform,
+                "base": self.base, "vllm": self.vllm, "patches": self.patches,
+                "layer": self.layer.to_dict() if self.layer else None, "reused": self.reused,
+                "pushed": self.pushed, "saved": self.saved, "not_shipped": self.not_shipped,
+                "seconds": self.seconds, "variant": self.variant}
+        if self.buildargs:
+            data["buildargs"] = self.buildargs
+        if self.load:
+            data["load"] = self.load
+        if self.holds is not None:
+            data["holds"] = self.holds.to_dict()
+        if self.copy is not None:
+            data["copy"] = self.copy.to_dict()
+            data["ok"] = self.copy.ok
+        return data
+
+
+def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: AppliedCheckout,
+             held: base_.BaseStack | None, lock: stack.Lock | None, registry=None,
+             log=lambda m: None, started: float | None = None) -> BuildReport:
+    """The image of the applied checkout ``tree`` (at the run's workdir, the other packages
+    beside it), built on the engine the run connected, or with ``no_daemon`` straight in
+    ``registry``; ``held`` is the base as read before the apply (None: not read), ``lock``
+    the lock the stack must match."""
+    started = time.monotonic() if started is None else started
+    engine = None if choices.no_daemon else run.connect()
+    workdir = Path(run.workdir or ".")
+    base_.prove_packages(manifest, workdir, engine, held, log)
+    if lock is not None:
+        stack.check_packages(manifest, lock, stack.patched_packages(
+            manifest, workdir, held.installed if held else None))
+        log(f"the base and the packages are the ones {stack.LOCK_FILE} names")
+    packages = _shipped_packages(manifest, workdir, held)
+    choice = replace(build.choose_mode(tree.changes(), choices.mode),
+                     packages=tuple(p.name for p in packages))
+    _log_choice(choice, log)
+    final_tag = variants.default_tag(manifest, tree.vllm.ref, tree.vllm.version, run.tag,
+                                     tree.report.variant)
+    check_reference(run.tag_option, final_tag, digest_ok=False)
+    plat = Platform.parse(run.platform)
+    job = builders.Job(manifest, tree, choice, plat, final_tag, run.base, choices.push, log,
+                       engine=engine, registry=registry, max_jobs=choices.max_jobs,
+                       nvcc_threads=choices.nvcc_threads, packages=packages, lock=lock,
+                       artifacts=_artifacts(manifest, tree, plat, run.cache, log))
+    previous = engine.tagged(final_tag) if engine is not None else None
+    built = builders.choose(choices.no_daemon, choice).build(job)
+    digest, saved = _deliver(engine, built, final_tag, push=choices.push, save=choices.save,
+                             previous=previous, log=log)
+    kind = source.kind_of(tree.vllm.repo or run.sources[0]).name
+    holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
+    return _report(tree, choice, plat, final_tag, built, digest, push=choices.push,
+                   saved=saved, started=started, holds=holds)
+
+
+def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack | None
+                      ) -> tuple[build.PackageTree, ...]:
+    """The other packages whose applied checkouts change files the image ships, each with
+    the site the base installed it in when the base was read (and proven) here; the registry
+    path finds the others' sites on the base's layers."""
+    out = []
+    for package in manifest.others:
+        where = stack.checkout_dir(workdir, package.name)
+        if not is_checkout(where):
+            continue
+        tree = AppliedCheckout.open(where)
+        shipped = build.package_shipped(tree.changes())
+        if not shipped:
+            continue
+        dist = held.installed.get(package.dist) if held is not None else None
+        rebuild = {p.id for p in manifest.patches if p.rebuild == "jit"}
+        rebuild_jit = tuple(f for r in tree.report.patches
+                            if r.package == package.name and r.id in rebuild for f in r.files)
+        out.append(build.PackageTree(package.name, package.dist, tree, shipped,
+                                     dist.site if dist is not None else None, rebuild_jit))
+    return tuple(out)
+
+
+def _artifacts(manifest: Manifest, tree: AppliedCheckout, plat: Platform, cache: Path, log
+               ) -> tuple[build.PlacedArtifact, ...]:
+    """The members of the run's applied artifacts, each checked against its pins and the
+    image's platform (one line, exit 2, before anything is built)."""
+    applied = {p.id for p in tree.report.patches if p.status == "applied"}
+    out = []
+    for patch in manifest.patches:
+        a = patch.artifact
+        if a is None or patch.id not in applied:
+            continue
+        data = artifact.checked(a, manifest.root, plat.arch, str(plat), cache)
+        log(f"{patch.id}: {a.member} from {a.wheel.rsplit('/', 1)[-1]}: pins and ELF header "
+            f"({plat.arch}) checked")
+        out.append(build.PlacedArtifact(patch.id, a.dist, a.member, data))
+    return tuple(out)
+
+
+
+def _log_choice(choice: build.ModeChoice, log) -> None:
+    log(f"mode: {choice.mode} ({choice.reason})")
+    if choice.not_shipped:
+        log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
+
+
+def _deliver(engine, built: build.Built, tag: str, *, push: bool, save: Path | None,
+             previous: str | None, log) -> tuple[str | None, dict | None]:
+    """Push and save what the build left in the engine (what a build pushed itself is
+    not pushed again): the manifest digest and the archive saved."""
+    digest, saved = built.digest, None
+    try:
+        if push and not built.pushed_by_build:
+            log(f"pushing {tag}")
+            digest = engine.push(tag, log)
+        if save is not None:
+            size = engine.save(tag, Path(save))
+            saved = {"path": str(save), "bytes": size}
+            log(f"saved {tag} to {save} ({size} bytes)")
+    except BaseException:
+        # A refused or interrupted push leaves no tag behind: the tag names what was delivered.
+        if not built.pushed_by_build:
+            engine.restore_tag(tag, previous)
+        raise
+    return digest, saved
+
+
+
+def _fingerprint(built: build.Built, engine, tag: str) -> str | None:
+    """The built image's fingerprint: from the config patchkit made, when it made one; else
+    from the engine where that needs no export (its ids are config digests); else unknown."""
+    b, made = built.base, built.layer
+    if built.config_digest and b is not None and made is not None and made.diff_id:
+        return layer.fingerprint_of(built.config_digest, [*b.diff_ids, made.diff_id])
+    if engine is None or built.pushed_by_build or not engine.store().ids_are_config_digests:
+        return None
+    content = engine.content(tag)
+    return layer.fingerprint(content) if content else None
+
+
+
+def reach_registry(manifest: Manifest, run: RunSpec):
+    """The registry the tag goes to, asked once what it holds there: a registry that cannot be
+    reached is an error before any work (the tag's {version} is not known yet; its host is)."""
+    from patchkit.image.registry import Registry
+
+    registry = Registry(timeout=run.timeout)
+    registry.digest_of(variants.default_tag(manifest, run.ref, None, run.tag, run.variant))
+    return registry
+
+
+
+def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built, digest, *,
+            push: bool, saved: dict | None, started: float, holds: build.Holds) -> BuildReport:
+    b = built.base
+    vllm = asdict(tree.vllm)
+    if built.vllm_dir:
+        vllm["dir"] = built.vllm_dir
+    if built.installed:
+        vllm["installed"] = built.installed
+    return BuildReport(
+        ok=True, mode=choice.mode, mode_reason=choice.reason, tag=final_tag,
+        image_id=built.image_id, digest=digest, platform=str(plat),
+        base=({"name": b.name, "digest": b.digest or b.image_id, "pinned_by": b.pinned_by,
+               "image_id": b.image_id, "fingerprint": b.fingerprint} if b else None),
+        vllm=vllm, patches=[{"id": p.id, "status": p.status} for p in tree.report.patches],
+        variant=tree.report.variant,
+        layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
+        not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
+        buildargs=built.buildargs, load=built.load, holds=holds)
