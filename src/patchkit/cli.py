@@ -281,12 +281,12 @@ def verify(tree, image, base, logs, containers, require_traffic, packages, locke
     m = _load(manifest_path)
     if tree and image:
         raise click.UsageError("give --tree or --image, not both")
-    report = command.run(m, tree=Path(tree) if tree else None, image=image,
-                         default_tree=Path(discovery.default_workdir()), variant=variant, logs=logs,
-                         containers=containers,
-                         stdin=click.get_binary_stream("stdin") if "-" in logs else None,
-                         base=base, log=say, timeout=timeout,
-                         packages=packages, locked=locked, require_traffic=require_traffic)
+    request = command.Request(
+        Path(discovery.default_workdir()), tree=Path(tree) if tree else None, image=image,
+        base=base, variant=variant, logs=logs, containers=containers, packages=packages,
+        locked=locked, require_traffic=require_traffic, timeout=timeout)
+    report = command.run(m, request, log=say,
+                         stdin=click.get_binary_stream("stdin") if "-" in logs else None)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
     return report.exit_code
 

@@ -140,7 +140,7 @@ def test_rebuild_jit_leaves_it_out_and_gives_the_cache_its_own_place(tmp_path, j
         assert files.read(f"{SITE}/{NORM}") is not None        # the one no patch feeds stays
         header = files.read(f"{SITE}/{fi.MOE_HEADER}").decode()
     assert header == fi.restore_low_latency(fi.moe_header(real_cache()))
-    checked = verify.run(m, image=tag, default_tree=root / ".patchkit" / "vllm", engine=engine)
+    checked = verify.run(m, verify.Request(root / ".patchkit" / "vllm", image=tag, engine=engine))
     assert checked.ok, checked
 
 
@@ -171,5 +171,5 @@ def test_an_artifact_ships_the_rebuilt_module_and_verify_proves_it(tmp_path, jit
     with engine.files(attrs["Id"], tag) as files:
         assert files.read(f"{SITE}/{MODULE}") == objects["rebuilt"]
     assert json.loads(attrs["Config"]["Labels"]["io.patchkit.artifacts"])[0]["member"] == MODULE
-    checked = verify.run(m, image=tag, default_tree=root / ".patchkit" / "vllm", engine=engine)
+    checked = verify.run(m, verify.Request(root / ".patchkit" / "vllm", image=tag, engine=engine))
     assert checked.ok, checked

@@ -191,8 +191,8 @@ def test_locked_build_and_verify_accept_the_same_stack(built, fi_project, engine
                                                     engine=engine), progress=log)
     assert report.ok and report.reused
     assert any("patchset.lock names" in line for line in log.lines)
-    checked = verify.run(m, image=built.report.tag, default_tree=workdir, locked=True,
-                         engine=engine)
+    checked = verify.run(m, verify.Request(workdir, image=built.report.tag, locked=True,
+                                           engine=engine))
     assert checked.ok and checked.locked == []
     assert checked.to_dict()["locked"] == {"ok": True, "differences": []}
 
@@ -218,8 +218,8 @@ def test_locked_refuses_a_base_that_differs_naming_each_difference(built, fi_pro
         lock_text = (root / "patchset.lock").read_text()
         (root / "patchset.lock").write_text(lock_text.replace('torch = "2.11.0"',
                                                               'torch = "2.10.0"'))
-        checked = verify.run(m, image=built.report.tag, default_tree=workdir, locked=True,
-                             engine=engine)
+        checked = verify.run(m, verify.Request(workdir, image=built.report.tag, locked=True,
+                                               engine=engine))
         assert not checked.ok
         assert checked.locked == ["torch 2.11.0, the lock has 2.10.0"]
     finally:
@@ -332,7 +332,7 @@ def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, b
     assert inside is not None and inside.decode() == fi.patched(fi_pristine())
     assert inside == (fi_tree / fi.FI_FILE).read_bytes()
 
-    checked = verify.run(m, image=tag, default_tree=workdir, engine=engine)
+    checked = verify.run(m, verify.Request(image=tag, default_tree=workdir, engine=engine))
     assert checked.ok, checked.to_dict()
     sections = checked.to_dict()["packages"]
     assert sections["flashinfer"] == {"version": "0.6.15", "site": SITE, "assertions": 2,
@@ -349,8 +349,8 @@ def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, b
     commit = applied.packages["flashinfer"].commit
     assert locked.lock.packages["flashinfer"] == lock.stack.Pinned("0.6.15", commit, "checkout")
     assert locked.lock.base_digest == base["repo_digest"].split("@")[1]
-    assert verify.run(m, image=tag, default_tree=workdir, locked=True,
-                      engine=engine).locked == []
+    assert verify.run(m, verify.Request(workdir, image=tag, locked=True,
+                                        engine=engine)).locked == []
 
 
 def test_verify_image_fails_on_flashinfers_file_not_patched_in_it(fi_project, stack_bases,
@@ -358,8 +358,8 @@ def test_verify_image_fails_on_flashinfers_file_not_patched_in_it(fi_project, st
     """The stack base itself holds the pristine FlashInfer file: its assertions fail there,
     named by file and patch, while the report still names the package."""
     root, m, workdir, _ = fi_project
-    checked = verify.run(m, image=stack_bases["2.11.0"]["tag"], default_tree=workdir,
-                         packages=("flashinfer",), engine=engine)
+    checked = verify.run(m, verify.Request(workdir, image=stack_bases["2.11.0"]["tag"],
+                                           packages=("flashinfer",), engine=engine))
     assert not checked.ok
     assert [(a.patch, a.file, a.ok) for a in checked.verify] == [
         ("fi-moe-activations", fi.FI_FILE, False)] * 2

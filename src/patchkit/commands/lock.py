@@ -35,17 +35,14 @@ def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
     """Read the base and the applied checkouts, and write ``patchset.lock`` beside the
     manifest (atomically; the same stack gives the same bytes).  ``timeout`` bounds each
     silence of the engine."""
-    spec = run_spec(manifest, base=base, platform=platform)
+    spec = run_spec(manifest, base=base, platform=platform, workdir=workdir, timeout=timeout,
+                    engine=engine)
     if not spec.base:
         raise UsageError("patchkit lock needs a base: give --base IMAGE or set image.base in "
                          "patchset.yaml")
     check_reference("--base" if base else "image.base", spec.base)
     plat = Platform.parse(spec.platform)
-    if engine is None:
-        from patchkit.image.docker import Engine
-
-        engine = Engine.connect(timeout=timeout)
-    held = base_.read(engine, spec.base, plat, log)
+    held = base_.read(spec.connect(), spec.base, plat, log)
     base_.check(manifest, held, None)
     packages = stack.patched_packages(manifest, Path(workdir), held.installed)
     for name, p in sorted(packages.items()):

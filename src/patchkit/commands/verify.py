@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from patchkit import paths, versions
 from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.manifest.runspec import run_spec
+from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import AssertionResult
 from patchkit.series import assertions, checkout, runtime
 from patchkit.series.runtime import MarkerResult
@@ -214,25 +214,15 @@ def _check_is_checkout(path: Path, name: str, patches: Sequence[Patch], first: P
 def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
                  ) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
-    spec = run_spec(manifest, variant=variant)
-    return _check_image(manifest, image, spec.platform, engine=engine,
-                        variant=spec.variant).results
+    spec = run_spec(manifest, variant=variant, engine=engine)
+    return _check_image(manifest, image, spec).results
 
 
-def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
-                 variant: str | None = None, lock=None,
-                 packages: Sequence[str] | None = None) -> _Checked:
-    """Each package's assertions on the files ``image`` holds: vLLM's where its package is,
-    every other package's at the site its ``dist`` is installed in (its dist-info); ranges are
-    judged on the versions installed there.  ``packages`` (``--package``) limits them."""
-    from patchkit.image import layer, package
-    from patchkit.image.build import Holds
-    from patchkit.image.labels import ImageFacts
-    from patchkit.image.docker import Engine
+def _image_attrs(engine, image: str, platform: str) -> dict:
+    """What the engine says of ``image``, pulled for ``platform`` when it is missing."""
     from patchkit.imageref import Platform, check_reference
 
     check_reference("--image", image)
-    engine = engine or Engine.connect()
     attrs = engine.inspect(image)
     if attrs is None:
         plat = Platform.parse(platform)
@@ -243,9 +233,22 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
         attrs = engine.inspect(image)
     if attrs is None:
         raise ImageError(f"image {image} not found on the engine at {engine.host}")
+    return attrs
+
+
+def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None) -> _Checked:
+    """Each package's assertions on the files ``image`` holds: vLLM's where its package is,
+    every other package's at the site its ``dist`` is installed in (its dist-info); ranges are
+    judged on the versions installed there.  The run's packages (``--package``) limit them."""
+    from patchkit.image import layer, package
+    from patchkit.image.build import Holds
+    from patchkit.image.labels import ImageFacts
+
+    engine = run.connect()
+    attrs = _image_attrs(engine, image, run.platform)
     config = attrs.get("Config") or {}
     facts = ImageFacts.from_labels(config.get("Labels") or {})
-    variant = built_variant(manifest, variant, facts.variant, facts.variant_known,
+    variant = built_variant(manifest, run.variant, facts.variant, facts.variant_known,
                             f"image {image}")
     env = dict(item.partition("=")[::2] for item in config.get("Env") or ())
     with engine.files(attrs["Id"], image) as files:
@@ -264,24 +267,32 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
         sites = _image_sites(manifest, installed, pkg.site, version)
         found = {name: v for name, (_, v) in sites.items()}
         active = active_patches(manifest, facts.skipped(), version, variant, found)
-        checks = []
-        for name, (site, pversion) in sites.items():
-            mine = [p for p in active if p.package == name]
-            if packages is not None and name not in packages or not mine and site is None:
-                continue
-            if site is None:
-                dist = manifest.package(name).dist
-                raise ImageError(f"image {image} has no {dist} installed "
-                                 f"({installed.missing(dist)}); {name} has {len(mine)} "
-                                 f"patch{'es' if len(mine) > 1 else ''} with assertions")
-            results = assertions.run_assertions(mine, _image_reader(files, site))
-            checks.append(PackageCheck(name, pversion, site, tuple(results)))
+        checks = _package_checks(manifest, image, files, sites, active, installed, run.only)
         proofs = _artifact_proofs([p for p in active if p.artifact is not None], files, env,
                                   image)
         # a manifest of vLLM alone reports as it always has: one package needs no naming
         return _Checked([a for c in checks for a in c.results] + proofs, facts.statuses, version,
                         variant, holds=holds, locked=locked,
                         packages=checks if manifest.others else [])
+
+
+def _package_checks(manifest: Manifest, image: str, files, sites, active: Sequence[Patch],
+                    installed, packages: Sequence[str] | None) -> list[PackageCheck]:
+    """Each package's active assertions read at its site in the image (of ``packages``,
+    default all); a package with assertions whose dist the image lacks is one line."""
+    checks = []
+    for name, (site, pversion) in sites.items():
+        mine = [p for p in active if p.package == name]
+        if packages is not None and name not in packages or not mine and site is None:
+            continue
+        if site is None:
+            dist = manifest.package(name).dist
+            raise ImageError(f"image {image} has no {dist} installed "
+                             f"({installed.missing(dist)}); {name} has {len(mine)} "
+                             f"patch{'es' if len(mine) > 1 else ''} with assertions")
+        results = assertions.run_assertions(mine, _image_reader(files, site))
+        checks.append(PackageCheck(name, pversion, site, tuple(results)))
+    return checks
 
 
 def _artifact_proofs(patches: Sequence[Patch], files, env: dict[str, str], image: str
@@ -373,54 +384,70 @@ def _stack_checks(manifest: Manifest, installed, facts, lock, image: str) -> lis
     return found + stack.package_differences(lock, pinned)
 
 
-def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = None,
-        default_tree: Path, variant: str | None = None, logs: tuple[str, ...] = (),
-        containers: tuple[str, ...] = (), stdin=None, engine=None, base: str | None = None,
-        log=lambda m: None, timeout: float = DEFAULT_TIMEOUT,
-        packages: Sequence[str] = (), locked: bool = False,
-        require_traffic: bool = False) -> VerifyReport:
-    """The assertions on ``tree`` or ``image``; with ``logs`` (paths, ``-`` for ``stdin``) or
-    ``containers`` (names or ids on the engine), the runtime markers too.  A log that cannot be
+@dataclass(frozen=True)
+class Request:
+    """What verify is asked: a tree or an image, the logs and containers whose runtime markers
+    to judge, and the options the run value is made of."""
+
+    default_tree: Path
+    tree: Path | None = None
+    image: str | None = None
+    base: str | None = None
+    variant: str | None = None
+    logs: tuple[str, ...] = ()
+    containers: tuple[str, ...] = ()
+    packages: Sequence[str] = ()
+    locked: bool = False
+    require_traffic: bool = False
+    timeout: float = DEFAULT_TIMEOUT
+    engine: object = None
+
+    def check(self) -> None:
+        if self.tree and self.image:
+            raise UsageError("give --tree or --image, not both")
+        if self.locked and not self.image:
+            raise UsageError("--locked goes with --image: it compares an image's stack with "
+                             "the lock")
+
+
+def run(manifest: Manifest, request: Request, *, stdin=None,
+        log=lambda m: None) -> VerifyReport:
+    """The assertions on the tree or the image; with logs (paths, ``-`` for ``stdin``) or
+    containers (names or ids on the engine), the runtime markers too.  A log that cannot be
     had stops the command before anything is checked.  ``base`` (with a tree): judge the
     patches' ranges on the vLLM that base image holds, the one the tree is to be laid on.
-    ``timeout`` bounds each silence of the engine.  With a tree, each package's assertions are
-    checked on its checkout beside the tree; ``packages`` (``--package``) limits them.
-    With an image, each package's assertions are read at the site its ``dist`` is installed
-    in there.  ``locked`` (with an image): also say how the stack it was built on differs
-    from ``patchset.lock``.  ``require_traffic``: an acceptance floor the logs hold no
-    spec-decode metrics line for fails, instead of being not yet judged (exit 5)."""
-    if tree and image:
-        raise UsageError("give --tree or --image, not both")
-    if locked and not image:
-        raise UsageError("--locked goes with --image: it compares an image's stack with the lock")
+    ``timeout`` bounds each silence of the engine, connected once.  With a tree, each
+    package's assertions are checked on its checkout beside the tree; ``packages``
+    (``--package``) limits them.  With an image, each package's assertions are read at the
+    site its ``dist`` is installed in there.  ``locked`` (with an image): also say how the
+    stack it was built on differs from ``patchset.lock``.  ``require_traffic``: an acceptance
+    floor the logs hold no spec-decode metrics line for fails, instead of being not yet judged
+    (exit 5)."""
+    r = request
+    r.check()
     lock = None
-    if locked:
+    if r.locked:
         from patchkit.image.stack import read_lock
 
         lock = read_lock(manifest)
-    if image and base:
+    if r.image and r.base:
         raise UsageError("--base goes with --tree: an image's own files say what it holds")
-    variants.check(manifest, variant)
-    if engine is None and (image or base or containers):
-        from patchkit.image.docker import Engine
-
-        engine = Engine.connect(timeout=timeout)
-    spec = run_spec(manifest, variant=variant, only=packages)
-    version = _base_version(base, spec.platform, engine, log) if base else None
-    with _Logs(logs, containers, stdin=stdin, engine=engine) as sources:
-        if image:
-            target = image
-            checked = _check_image(manifest, image, spec.platform,
-                                   engine=sources.engine or engine, variant=variant, lock=lock,
-                                   packages=spec.only)
+    variants.check(manifest, r.variant)
+    spec = run_spec(manifest, variant=r.variant, only=r.packages, timeout=r.timeout,
+                    engine=r.engine)
+    engine = spec.connect() if r.image or r.base or r.containers else None
+    version = _base_version(r.base, spec, log) if r.base else None
+    with _Logs(r.logs, r.containers, stdin=stdin, engine=engine) as sources:
+        if r.image:
+            target, checked = r.image, _check_image(manifest, r.image, spec, lock=lock)
         else:
-            target = str(tree or default_tree)
-            checked = _check_tree(manifest, Path(target), variant, version, spec.only)
+            target = str(r.tree or r.default_tree)
+            checked = _check_tree(manifest, Path(target), r.variant, version, spec.only)
             if len(checked.trees) > 1:   # vLLM's and the checkouts beside it
                 target = " and ".join(str(t) for t in checked.trees)
         report = VerifyReport(target, checked.results, holds=checked.holds,
                               locked=checked.locked, packages=checked.packages,
-                              require_traffic=require_traffic)
+                              require_traffic=r.require_traffic)
         if sources.logs:
             judgment = sources.judge(manifest, checked)
             report.runtime, report.starts = judgment.results, judgment.starts
@@ -430,14 +457,13 @@ def run(manifest: Manifest, *, tree: Path | None = None, image: str | None = Non
     return report
 
 
-def _base_version(base: str, platform: str, engine, log) -> str | None:
+def _base_version(base: str, run: RunSpec, log) -> str | None:
     from patchkit.image import basevllm
-    from patchkit.image.docker import Engine
     from patchkit.imageref import Platform, check_reference
 
     check_reference("--base", base)
-    plat = Platform.parse(platform)
-    return basevllm.open_base(engine or Engine.connect(), base, plat, log).version
+    plat = Platform.parse(run.platform)
+    return basevllm.open_base(run.connect(), base, plat, log).version
 
 
 class _Logs:
@@ -483,13 +509,8 @@ class _Logs:
                 _file_chunks(fh, f"--log {path}"), f"--log {path}")))
 
     def _add_containers(self, containers: tuple[str, ...]) -> None:
-        if not containers:
-            return
-        from patchkit.image.docker import Engine
-
         for name in containers:
             try:
-                self.engine = self.engine or Engine.connect()
                 chunks = self.engine.container_log(name)
             except ImageError as exc:
                 raise LogError(f"--container {name}: {exc}") from exc
