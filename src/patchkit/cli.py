@@ -235,12 +235,14 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
           fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
+    from patchkit.manifest.runspec import run_spec
     from patchkit.render import text
 
-    report = command.run(_load(manifest_path), ref=ref, repos=repos or None,
-                         workdir=Path(workdir), keep_failed=keep_failed,
-                         progress=TextProgress(err=fmt == "json"), variant=variant, base=base,
-                         discard=discard, pins=pins, packages=packages)
+    m = _load(manifest_path)
+    spec = run_spec(m, ref=ref, repos=repos or None, base=base, variant=variant, refs=pins,
+                    only=packages, workdir=Path(workdir))
+    report = command.run(m, spec, keep_failed=keep_failed,
+                         progress=TextProgress(err=fmt == "json"), discard=discard)
     echo(report.to_json() if fmt == "json" else text.apply(report))
     return 0 if report.ok else 1
 
@@ -319,17 +321,18 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
     matrix.  Exit 1 if any patch fails anywhere."""
     from patchkit.commands import rebase_check as command
     from patchkit.errors import UsageError
+    from patchkit.manifest.runspec import run_spec
     from patchkit.render import matrix as render
 
     try:
         sinks = command.check_flags(refs, releases, pre, outputs)
     except UsageError as exc:  # a flag problem reads like click's own
         raise click.UsageError(str(exc)) from None
-    result = command.run(_load(manifest_path), refs=refs, releases=releases, pre=pre,
-                         repos=repos or None, jobs=jobs,
-                         progress=TextProgress(err=True, patches=False), variant=variant,
-                         bisect=bisect, base=base, package=package, pins=pins,
-                         timeout=timeout)
+    m = _load(manifest_path)
+    spec = run_spec(m, repos=repos or None, base=base, variant=variant, refs=pins,
+                    only=[package] if package else (), timeout=timeout)
+    result = command.run(m, spec, refs=refs, releases=releases, pre=pre, jobs=jobs,
+                         progress=TextProgress(err=True, patches=False), bisect=bisect)
     for kind, path in sinks:
         try:
             path.write_text(render.render(result, kind))

@@ -13,6 +13,7 @@ from testing.project import PULL, Hold, add_slow, make_fates, snapshot
 from patchkit import manifest, source
 from patchkit import versions
 from patchkit.commands import rebase_check as rebasecheck
+from patchkit.manifest.runspec import run_spec
 from patchkit.render import matrix as render
 from patchkit.series import applier, releases
 from patchkit.errors import SourceError
@@ -36,7 +37,8 @@ def checked(tmp_path_factory):
         isolate(mp, tmp / "home")
         proj = make_fates(tmp)
         m = manifest.load(proj / "patchset.yaml")
-        return rebasecheck.check(m, list(reversed(TARGETS)), cache=tmp / "cache", jobs=2)
+        return rebasecheck.check(m, list(reversed(TARGETS)), run_spec(m, cache=tmp / "cache"),
+                                 jobs=2)
 
 
 def test_every_fate_in_the_matrix(checked):
@@ -172,7 +174,8 @@ def test_resolves_each_target_once_and_leaves_nothing_behind(tmp_path, monkeypat
     monkeypatch.setattr(source, "resolve", counting)
     m = manifest.load(proj / "patchset.yaml")
     before = snapshot(proj)
-    matrix = rebasecheck.check(m, TARGETS + ["v1.2.0"], cache=tmp_path / "cache", jobs=2)
+    matrix = rebasecheck.check(m, TARGETS + ["v1.2.0"], run_spec(m, cache=tmp_path / "cache"),
+                               jobs=2)
     assert sorted(calls) == TARGETS
     assert len(matrix.targets) == 3
     assert list(scratch_root.iterdir()) == []
@@ -184,8 +187,9 @@ def test_sparse_checkout_gives_the_same_reports_as_a_full_one(tmp_path):
     m = manifest.load(proj / "patchset.yaml")
     assert applier.needed_paths(m) == ["pkg/conf.py", "pkg/mod.py", "pkg/other.py",
                                            "pkg/util.py"]
-    sparse = rebasecheck.check(m, TARGETS, cache=tmp_path / "cache", jobs=1)
-    full = rebasecheck.check(m, TARGETS, cache=tmp_path / "cache", jobs=1, sparse=False)
+    run = run_spec(m, cache=tmp_path / "cache")
+    sparse = rebasecheck.check(m, TARGETS, run, jobs=1)
+    full = rebasecheck.check(m, TARGETS, run, jobs=1, sparse=False)
     assert render.render_json(sparse) == render.render_json(full)
 
 
@@ -193,7 +197,7 @@ def test_unknown_target_is_a_source_error(tmp_path):
     proj = make_fates(tmp_path)
     m = manifest.load(proj / "patchset.yaml")
     with pytest.raises(SourceError, match="unknown vLLM ref 'v9.9.9'"):
-        rebasecheck.check(m, ["v1.1.0", "v9.9.9"], cache=tmp_path / "cache")
+        rebasecheck.check(m, ["v1.1.0", "v9.9.9"], run_spec(m, cache=tmp_path / "cache"))
 
 
 def test_cli_exit_codes_formats_and_outputs(tmp_path):

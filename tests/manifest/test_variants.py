@@ -11,6 +11,7 @@ from testing.project import make_project
 
 from patchkit import manifest
 from patchkit.commands import rebase_check, verify
+from patchkit.manifest.runspec import run_spec
 from patchkit.errors import ManifestError, UsageError
 from patchkit.manifest import variants
 from patchkit.series import applier, checkout
@@ -250,8 +251,9 @@ def test_cli_bad_variants_exit_2_in_one_line(proj, args, message):
 
 def test_rebase_check_of_a_variant(proj, tmp_path):
     m = manifest.load(proj / "patchset.yaml")
-    default = rebase_check.check(m, ["v2", "v4"], cache=tmp_path / "cache", jobs=1)
-    diag = rebase_check.check(m, ["v2", "v4"], cache=tmp_path / "cache", jobs=2, variant="diag")
+    default = rebase_check.check(m, ["v2", "v4"], run_spec(m, cache=tmp_path / "cache"), jobs=1)
+    diag = rebase_check.check(m, ["v2", "v4"], run_spec(m, cache=tmp_path / "cache",
+                                                        variant="diag"), jobs=2)
     words = {r.patch.id: [c.status for c in r.cells] for r in default.rows()}
     assert words == {"table-nvfp4": ["applied", "upstream"], "fast-mode": ["skipped", "skipped"],
                      "extra-file": ["skipped", "skipped"]}

@@ -25,15 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import interrupt, process, source, versions
-from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.image import basevllm
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.manifest.runspec import RunSpec
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import applier
 from patchkit.series.releases import release_targets
-from patchkit.timeouts import DEFAULT_TIMEOUT
 
 FORMATS = ("text", "json", "markdown", "junit")
 _PULL = re.compile(r"github\.com/vllm-project/vllm/pull/(\d+)")
@@ -161,22 +159,19 @@ class Matrix:
         }
 
 
-def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None,
-          cache: Path | None = None, jobs: int | None = None,
+def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | None = None,
           progress: CheckProgress | None = None, sparse: bool = True,
-          variant: str | None = None, base: source.Base | None = None,
-          package: str = VLLM, bases: Mapping[str, source.Base] | None = None) -> Matrix:
-    """Apply the series of the run's variant to each of ``refs`` of ``package`` in a scratch
-    checkout and run the assertions; ``run`` defaults to the manifest's with ``variant`` (None:
-    the default build).  ``base`` is the base image vLLM's ref ``base`` and source ``image``
-    read, ``bases`` the same for each other package, by name.  Every other package stays at
-    its pin, and the ranges on it are judged there; for a package other than vLLM the rows are
-    its patches."""
-    run = run or run_spec(manifest, variant=variant)
+          bases: Mapping[str, source.Base] | None = None) -> Matrix:
+    """Apply the series of the run's variant (None: the default build) to each of ``refs`` of
+    the run's package (``--package``, else vLLM) in a scratch checkout and run the
+    assertions.  ``bases`` are the base images each package's ref ``base`` and source
+    ``image`` read, by name.  Every other package stays at its pin, and the ranges on it are
+    judged there; for a package other than vLLM the rows are its patches."""
     variant = run.variant
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
-    cache = cache or cache_dir()
+    cache, package = run.cache, run.only[0] if run.only else VLLM
+    base, bases = (bases or {}).get(VLLM), bases or {}
     pin = run.pin(package)
     held = base if package == VLLM else (bases or {}).get(package)
     resolved = _resolved(list(dict.fromkeys(refs)),
@@ -308,24 +303,20 @@ def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:
         return resolved  # a target of unknown release: keep the order given
 
 
-def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
-        pre: bool = False, repos: Sequence[str] | None = None, jobs: int | None = None,
-        progress: CheckProgress | None = None, variant: str | None = None,
-        bisect: bool = False, base: str | None = None, pins: Sequence[str] = (),
-        package: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Matrix:
+def run(manifest: Manifest, spec: RunSpec, *, refs: Sequence[str] = (), releases: bool = False,
+        pre: bool = False, jobs: int | None = None, progress: CheckProgress | None = None,
+        bisect: bool = False) -> Matrix:
     """The targets named and, with ``releases``, every release after the pin; then the check;
     with ``bisect``, the upstream commit that broke each failure (``series.bisect``).
-    ``base`` names the base image (default image.base) that a ref ``base`` and the source
-    ``image`` read, of any package; it is read without running it, through an engine whose
-    every silence ``timeout`` bounds, and only when a pin or a target needs it.  ``package``
-    (``--package``) makes the targets that package's refs and the rows its patches; ``pins``
-    (``--ref NAME=REF``) move the other packages' pins."""
-    variants.check(manifest, variant)
+    The run's base (``--base``, default image.base) is the image that a ref ``base`` and the
+    source ``image`` read, of any package; it is read without running it, through the run's
+    engine, and only when a pin or a target needs it.  The run's package (``--package``)
+    makes the targets that package's refs and the rows its patches; its pins (``--ref
+    NAME=REF``) move the other packages' pins."""
+    variants.check(manifest, spec.variant)
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
-    spec = run_spec(manifest, repos=repos, base=base, variant=variant, refs=pins,
-                    only=[package] if package else (), timeout=timeout)
-    package = package or VLLM
+    package = spec.only[0] if spec.only else VLLM
     targets = list(refs)
     pin = spec.pin(package)
     # the refs the matrix's package is taken at; every other package at its pin
@@ -339,8 +330,8 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
         whose = "" if package == VLLM else f"{package} "
         progress.info(f"{whose}releases after {pin.ref}: {', '.join(found) or 'none'}")
         targets += found
-    matrix = check(manifest, targets, run=spec, jobs=jobs, progress=progress, base=holder,
-                   package=package, bases=bases)
+    matrix = check(manifest, targets, spec, jobs=jobs, progress=progress,
+                   bases={**bases, VLLM: holder} if holder else bases)
     if bisect:
         from patchkit.series.bisect import bisect_failures
 
