@@ -585,9 +585,9 @@ def import_cmd(ref, from_repo, overlay, onto, patch_id, summary, split, package,
         raise click.UsageError("--onto, --id, --summary, --split and --package go with --overlay")
     progress = TextProgress(err=True)
     if overlay:
-        result = command.run_overlay(Path(manifest_path), Path(overlay), onto=onto,
-                                     patch_id=patch_id, summary=summary, split=split or "one",
-                                     from_repo=from_repo, package=package, progress=progress)
+        how = command.Overlay(onto=onto, patch_id=patch_id, summary=summary,
+                              split=split or "one", from_repo=from_repo, package=package)
+        result = command.run_overlay(Path(manifest_path), Path(overlay), how, progress=progress)
     else:
         result = command.run(Path(manifest_path), ref, from_repo=from_repo, progress=progress)
     echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else porting.import_(result))

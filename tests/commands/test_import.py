@@ -242,7 +242,7 @@ def test_applying_an_overlay_diff_reproduces_its_files(vproj, tmp_path):
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    result = import_.run_overlay(path, root, patch_id="probe", summary="a probe")
+    result = import_.run_overlay(path, root, import_.Overlay(patch_id="probe", summary="a probe"))
     assert [(p.id, p.summary) for p in result.patches] == [("probe", "a probe")]
     assert result.base == sh("git", "rev-parse", "v2", cwd=tmp_path / "vllm-up")
     wd = vproj / ".patchkit/vllm"
@@ -255,7 +255,7 @@ def test_onto_names_the_base_and_wins_over_the_lock(vproj, tmp_path):
     overlay = _package_copy(tmp_path / "pkg", {"__init__.py": "", "mod.py": MOD_V1,
                                                "config.py": PKG_V2["vllm/config.py"] + "X = 1\n"},
                             lock="v1\n")
-    result = import_.run_overlay(vproj / "patchset.yaml", overlay, onto="v2")
+    result = import_.run_overlay(vproj / "patchset.yaml", overlay, import_.Overlay(onto="v2"))
     assert result.base == sh("git", "rev-parse", "v2", cwd=tmp_path / "vllm-up")
     assert "upstream.lock names v1; --onto v2 is used instead" in result.notes
     saved = (vproj / "patches/pkg.diff").read_text()

@@ -28,8 +28,7 @@ from patchkit.kinds import diff
 from patchkit.manifest import VLLM, Manifest
 from patchkit.report import ApplyReport
 from patchkit.series import intake
-from patchkit.cache import cache_dir
-from patchkit.manifest.runspec import run_spec
+from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.series import applier
 from patchkit.series.applier import Progress
 from patchkit.timeouts import DEFAULT_TIMEOUT
@@ -186,10 +185,10 @@ def run(manifest_path: Path, pr: str, *, patch_id: str | None = None,
         progress: Progress | None = None, cache: Path | None = None) -> AddedPr:
     m = manifest.load(manifest_path)
     name = package or VLLM
-    if package is not None:
-        run_spec(m, only=[package])   # an unknown package: one line, with "did you mean"
+    # an unknown package is one line, with "did you mean"
+    run = run_spec(m, only=[package] if package is not None else (), cache=cache)
     pull = parse_pull(pr, m, name)
-    keep = _keeper(include, _tops(m, name, progress, cache))
+    keep = _keeper(include, _tops(run, name, progress))
     pid = intake.check_new_id(m, patch_id if patch_id is not None else f"pr-{pull.number}",
                               package=name)
     data = fetch(pull)
@@ -211,18 +210,16 @@ def run(manifest_path: Path, pr: str, *, patch_id: str | None = None,
     title = diff.subject(text)
     new = intake.NewPatch(pid, title or f"pull request {pull.number}", kept_text,
                           upstream=pull.url, sha256=sha, source=pull.diff_url, package=name)
-    reports = intake.prove(m, [new], progress=progress, cache=cache)
+    reports = intake.prove(m, [new], run, progress=progress)
     intake.write(m, [new])
     return AddedPr(new, pull, kept, dropped, reports)
 
 
-def _tops(m: Manifest, package: str, progress: Progress | None,
-          cache: Path | None) -> tuple[str, ...]:
+def _tops(run: RunSpec, package: str, progress: Progress | None) -> tuple[str, ...]:
     """Another package's import folders at its pin (``flashinfer/``): what an image holds of
     it, so what its patch may change.  vLLM's patches keep every path, as before."""
     if package == VLLM:
         return ()
-    run = run_spec(m)
     log = (progress or Progress()).info
-    pins = applier.resolve_pins(run, cache or cache_dir(), log, None, [package])
+    pins = applier.resolve_pins(run, run.cache, log, None, [package])
     return applier.package_tops(pins[package])

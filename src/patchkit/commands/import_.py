@@ -30,10 +30,9 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import manifest, paths, source
-from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import Manifest, capped_id, summary_problem
-from patchkit.manifest.runspec import run_spec
+from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport
 from patchkit.series import applier, intake
 from patchkit.source import mirror
@@ -87,20 +86,13 @@ def run(manifest_path: Path, ref: str, *, from_repo: str | None = None,
     """The commits ``merge-base(pin, REF)..REF`` as new diff patches at the end of the series."""
     m = manifest.load(manifest_path)
     log = _log(progress)
-    cache = cache or cache_dir()
-    problem = source.ref_problem(ref)
-    if problem:
-        raise UsageError(f"REF: {problem}")
+    _check_ref(ref, from_repo)
+    spec = run_spec(m, cache=cache)
+    pin = source.resolve(spec.sources, spec.ref, spec.cache, log)
     if from_repo is not None:
-        problem = source.source_problem(from_repo)
-        if problem:
-            raise UsageError(f"--from: {problem}")
-    spec = run_spec(m)
-    pin = source.resolve(spec.sources, spec.ref, cache, log)
-    if from_repo is not None:
-        fork = mirror.resolve(_from_path(from_repo, m), ref, cache, log)
+        fork = mirror.resolve(_from_path(from_repo, m), ref, spec.cache, log)
     else:
-        fork = source.resolve(spec.sources, ref, cache, log)
+        fork = source.resolve(spec.sources, ref, spec.cache, log)
     result = Imported()
     with tempfile.TemporaryDirectory(prefix="patchkit-import-") as tmp:
         repo = Path(tmp) / "both.git"
@@ -112,36 +104,54 @@ def run(manifest_path: Path, ref: str, *, from_repo: str | None = None,
             raise UsageError(f"{ref} ({fork.commit[:12]}) shares no history with the pin "
                              f"{spec.ref} ({pin.commit[:12]}){why}")
         result.base = base
-        merges = g.commits_between(repo, base, fork.commit, merges_only=True)
-        if merges:
-            raise UsageError(f"{ref}: merge commit {merges[-1][:12]} after the merge base "
-                             f"{base[:12]}; import takes a straight line of commits (rebase the "
-                             "branch first)")
-        commits = g.commits_between(repo, base, fork.commit)
-        if not commits:
-            result.notes.append(f"{ref} ({fork.commit[:12]}) has no commit after its merge base "
-                                f"with the pin {spec.ref}")
-        claimed: set[str] = set()
-        for sha in commits:
-            c = g.commit_info(repo, sha)
-            summary = intake.summary(c)
-            text = g.diff(repo, f"{sha}~1", sha)
-            if not text.strip():
-                result.notes.append(f"{sha[:12]} {summary!r} changes nothing; not imported")
-                continue
-            same = _already_there(m, intake.wanted_id(c), text)
-            if same:
-                result.notes.append(f"{sha[:12]} {summary!r} is in the series already as "
-                                    f"{same}; not imported again")
-                continue
-            pid = intake.free_id(intake.wanted_id(c), m, claimed, reuse=False)
-            claimed.add(pid)
-            result.patches.append(intake.from_commit(c, pid, text))
+        _take_commits(m, repo, ref, fork.commit, spec.ref, result)
     if not result.patches:
         return result  # nothing new: nothing to prove, nothing written
-    result.reports = intake.prove(m, result.patches, progress=progress, cache=cache)
+    result.reports = intake.prove(m, result.patches, spec, progress=progress)
     intake.write(m, result.patches)
     return result
+
+
+def _check_ref(ref: str, from_repo: str | None) -> None:
+    problem = source.ref_problem(ref)
+    if problem:
+        raise UsageError(f"REF: {problem}")
+    if from_repo is not None:
+        problem = source.source_problem(from_repo)
+        if problem:
+            raise UsageError(f"--from: {problem}")
+
+
+def _take_commits(m: Manifest, repo: Path, ref: str, tip: str, pinned: str,
+                  result: Imported) -> None:
+    """The commits from ``result.base`` to ``tip`` in ``repo`` as new patches in ``result``;
+    what is empty, or in the series already, as notes."""
+    base = result.base
+    merges = g.commits_between(repo, base, tip, merges_only=True)
+    if merges:
+        raise UsageError(f"{ref}: merge commit {merges[-1][:12]} after the merge base "
+                         f"{base[:12]}; import takes a straight line of commits (rebase the "
+                         "branch first)")
+    commits = g.commits_between(repo, base, tip)
+    if not commits:
+        result.notes.append(f"{ref} ({tip[:12]}) has no commit after its merge base "
+                            f"with the pin {pinned}")
+    claimed: set[str] = set()
+    for sha in commits:
+        c = g.commit_info(repo, sha)
+        summary = intake.summary(c)
+        text = g.diff(repo, f"{sha}~1", sha)
+        if not text.strip():
+            result.notes.append(f"{sha[:12]} {summary!r} changes nothing; not imported")
+            continue
+        same = _already_there(m, intake.wanted_id(c), text)
+        if same:
+            result.notes.append(f"{sha[:12]} {summary!r} is in the series already as "
+                                f"{same}; not imported again")
+            continue
+        pid = intake.free_id(intake.wanted_id(c), m, claimed, reuse=False)
+        claimed.add(pid)
+        result.patches.append(intake.from_commit(c, pid, text))
 
 
 def _from_path(repo: str, m: Manifest) -> str:
@@ -334,38 +344,46 @@ def _lock_ref(word: str) -> str:
 SPLITS = ("one", "file", "dir")
 
 
-def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
-                patch_id: str | None = None, summary: str | None = None,
-                split: str = "one", from_repo: str | None = None, package: str | None = None,
+@dataclass(frozen=True)
+class Overlay:
+    """How an overlay is imported: the ref it is diffed against (``--onto``, default the
+    lock's or the pin), the new patch's id and summary, the ``split``, the fork it is read
+    from (``REPO@REF``) and the package it patches (default vLLM)."""
+
+    onto: str | None = None
+    patch_id: str | None = None
+    summary: str | None = None
+    split: str = "one"
+    from_repo: str | None = None
+    package: str | None = None
+
+    def check(self) -> None:
+        problem = summary_problem(self.summary) if self.summary is not None else None
+        if problem:  # said of the option: the manifest it would go in is not written yet
+            raise UsageError(f"--summary: {problem}")
+        if self.split not in SPLITS:
+            raise UsageError(f"--split {self.split!r}: expected one of {', '.join(SPLITS)}")
+
+
+def run_overlay(manifest_path: Path, folder: Path, how: Overlay = Overlay(), *,
                 progress: applier.Progress | None = None, cache: Path | None = None) -> Imported:
-    """The overlay tree at ``folder`` (a path inside ``from_repo`` when given, ``REPO@REF``)
-    as new diff patches of ``package`` (default vLLM) at the end of the series: one, or one
-    per file or folder (``split``)."""
+    """The overlay tree at ``folder`` (a path inside ``how.from_repo`` when given,
+    ``REPO@REF``) as new diff patches of the package (default vLLM) at the end of the series:
+    one, or one per file or folder (``how.split``)."""
     m = manifest.load(manifest_path)
-    if package is not None:
-        run_spec(m, only=[package])   # an unknown package: one line, with "did you mean"
-    package = package or PACKAGE
-    problem = summary_problem(summary) if summary is not None else None
-    if problem:  # said of the option: the manifest it would go in is not written yet
-        raise UsageError(f"--summary: {problem}")
-    if split not in SPLITS:
-        raise UsageError(f"--split {split!r}: expected one of {', '.join(SPLITS)}")
-    log = _log(progress)
-    cache = cache or cache_dir()
-    if from_repo is None:
-        return _import_tree(m, Path(folder), str(folder), onto=onto, patch_id=patch_id,
-                            summary=summary, split=split, log=log, progress=progress, cache=cache,
-                            package=package)
-    repo, ref = _repo_at(from_repo)
+    # an unknown package is one line, with "did you mean"
+    run = run_spec(m, only=[how.package] if how.package else (), cache=cache)
+    how.check()
+    if how.from_repo is None:
+        return _import_tree(m, Path(folder), str(folder), how, run, progress)
+    repo, ref = _repo_at(how.from_repo)
     inside = _inside_path(str(folder))
-    fork = mirror.resolve(_from_path(repo, m), ref, cache, log)
+    fork = mirror.resolve(_from_path(repo, m), ref, run.cache, _log(progress))
     with tempfile.TemporaryDirectory(prefix="patchkit-fork-") as tmp:
         where = Path(tmp) / (Path(inside).name or Path(repo.rstrip("/")).name.removesuffix(".git"))
-        lock_said = _extract(fork, inside, where, f"--from {from_repo}")
-        return _import_tree(m, where, f"{from_repo}:{inside}", onto=onto, patch_id=patch_id,
-                            summary=summary, split=split, log=log, progress=progress,
-                            cache=cache, lock_said=lock_said and f"{from_repo}:{LOCK}",
-                            package=package)
+        lock_said = _extract(fork, inside, where, f"--from {how.from_repo}")
+        return _import_tree(m, where, f"{how.from_repo}:{inside}", how, run, progress,
+                            lock_said=lock_said and f"{how.from_repo}:{LOCK}")
 
 
 def _repo_at(text: str) -> tuple[str, str]:
@@ -419,9 +437,10 @@ def _extract(fork: source.Resolved, inside: str, dest: Path, said: str) -> bool:
     return False
 
 
-def _import_tree(m: Manifest, folder: Path, shown: str, *, onto, patch_id, summary, split,
-                 log, progress, cache, lock_said: str | None = None,
-                 package: str = PACKAGE) -> Imported:
+def _import_tree(m: Manifest, folder: Path, shown: str, how: Overlay, run: RunSpec, progress,
+                 lock_said: str | None = None) -> Imported:
+    onto, patch_id, summary, split = how.onto, how.patch_id, how.summary, how.split
+    package, log = how.package or PACKAGE, _log(progress)
     name = Path(folder).resolve().name
     wanted = patch_id if patch_id is not None else (intake.slug(name) or "overlay")
     pid = (intake.check_new_id(m, wanted, package=package)
@@ -429,7 +448,7 @@ def _import_tree(m: Manifest, folder: Path, shown: str, *, onto, patch_id, summa
     tree = read_overlay(Path(folder), package)
     result = Imported(notes=tree.notes())
     said = lock_said or _lock_said(tree, Path(folder), shown)
-    base, base_ref = _overlay_base(m, tree, said, onto, result.notes, log, cache, package)
+    base, base_ref = _overlay_base(m, tree, said, onto, result.notes, log, run, package)
     result.base = base.commit
     text = _diff_against(base, tree, result.notes, package)
     if not text.strip():  # as for a branch with nothing new: nothing failed, nothing written
@@ -445,7 +464,7 @@ def _import_tree(m: Manifest, folder: Path, shown: str, *, onto, patch_id, summa
     else:
         result.patches += _split(m, text, split, pid if patch_id is not None else None,
                                  summary, label, shown, package)
-    result.reports = intake.prove(m, result.patches, progress=progress, cache=cache)
+    result.reports = intake.prove(m, result.patches, run, progress=progress)
     intake.write(m, result.patches)
     return result
 
@@ -458,12 +477,12 @@ def _lock_said(tree: OverlayTree, folder: Path, shown: str) -> str:
 
 
 def _overlay_base(m: Manifest, tree: OverlayTree, said_lock: str, onto: str | None,
-                  notes: list[str], log, cache: Path,
+                  notes: list[str], log, run: RunSpec,
                   package: str = PACKAGE) -> tuple[source.Resolved, str]:
     """The commit the tree's files were copied from: --onto, else the first of the lock's
     commit, tag, version that a source of ``package`` has (a note when it is not the first),
     else its pin."""
-    pin = run_spec(m).pin(package)
+    pin = run.pin(package)
     pid = source.package_id(pin.name, pin.dist)
     if onto is not None:
         problem = source.ref_problem(onto)
@@ -479,7 +498,7 @@ def _overlay_base(m: Manifest, tree: OverlayTree, said_lock: str, onto: str | No
     failed: list[str] = []
     for n, (said, ref) in enumerate(tries):
         try:
-            base = source.resolve(pin.sources, ref, cache, log, package=pid)
+            base = source.resolve(pin.sources, ref, run.cache, log, package=pid)
         except PatchkitError as exc:
             failed.append(f"{ref}: {exc}")
             continue

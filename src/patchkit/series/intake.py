@@ -20,12 +20,11 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import interrupt, kinds, manifest, source
-from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
 from patchkit.manifest import ID_RE, VLLM, Manifest, Patch, capped_id, id_problem, shown_id
 from patchkit.manifest.edit import ManifestText
-from patchkit.manifest.runspec import run_spec
+from patchkit.manifest.runspec import RunSpec
 from patchkit.manifest.variants import describe
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import applier
@@ -161,13 +160,12 @@ def check_new_id(m: Manifest, patch_id: str, flag: str = "--id", package: str = 
     return patch_id
 
 
-def prove(m: Manifest, new: Sequence[NewPatch], *, progress: applier.Progress | None = None,
-          cache: Path | None = None) -> list[ApplyReport]:
-    """Apply the series with ``new`` at its end at the pins (vLLM's, and each package's the
-    new patches patch), for the default build and each variant; NotAppliedError (exit 1)
+def prove(m: Manifest, new: Sequence[NewPatch], run: RunSpec, *,
+          progress: applier.Progress | None = None) -> list[ApplyReport]:
+    """Apply the series with ``new`` at its end at the run's pins (vLLM's, and each package's
+    the new patches patch), for the default build and each variant; NotAppliedError (exit 1)
     naming the first failure when one does not apply."""
     progress = progress or applier.Progress()
-    cache = cache or cache_dir()
     with tempfile.TemporaryDirectory(prefix="patchkit-intake-") as tmp:
         candidate = _candidate(m, new, Path(tmp))
         for p in candidate.patches[len(m.patches):]:
@@ -175,9 +173,8 @@ def prove(m: Manifest, new: Sequence[NewPatch], *, progress: applier.Progress | 
             if problem:
                 raise NotAppliedError(f"{p.id}: {problem.replace(p.path, 'the diff')}; nothing "
                                       "was written")
-        run = run_spec(m)
         names = [VLLM, *dict.fromkeys(p.package for p in new if p.package != VLLM)]
-        pins = applier.resolve_pins(run, cache, progress.info, None)  # every range is judged
+        pins = applier.resolve_pins(run, run.cache, progress.info, None)  # every range is judged
         reports = []
         for n, variant in enumerate([None, *m.variants]):
             trees = {}
