@@ -85,7 +85,7 @@ def test_counts_that_land_after_the_answer_are_waited_for():
     # vLLM records a step's counters just after it hands the outputs on: here the first read
     # after the answer is still the old one
     with serve(Behaviour(late_metrics=True)) as s:
-        report = run(s.url, min_acceptance=0.7, settle=0.01)
+        report = run(s.url, min_acceptance=0.7)
     assert report.ok and report.acceptance == 0.75
 
 

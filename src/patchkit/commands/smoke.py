@@ -167,19 +167,13 @@ def counter_total(samples: Iterable[Sample], name: str) -> float | None:
 
 def run(url: str, model: str | None = None, min_acceptance: float | None = None, *,
         timeout: float = DEFAULT_TIMEOUT, api_key: str | None = None,
-        max_tokens: int = MAX_TOKENS, settle: float = SETTLE_SECONDS,
         min_acceptance_length: float | None = None, long: int | None = None,
         text: str | None = None) -> SmokeReport:
     """Smoke the server at ``url`` (its root; a trailing ``/v1`` is allowed).  A bad URL, floor,
     token count or timeout is an error (exit 2); everything the server does is in the report."""
     base = base_url(url)
     floor = _floor(min_acceptance, min_acceptance_length)
-    _check_long(long, text)
-    if model is not None and not model.strip():
-        raise UsageError("--model: empty name")
-    if not timeout > 0 or math.isinf(timeout):
-        raise UsageError(f"--timeout {timeout}: a positive number of seconds")
-    check_api_key(api_key)
+    _check_options(model, timeout, api_key, long, text)
     client = _Client(base, timeout, api_key)
     checks: list[Check] = []
     names = [MODELS, CHAT] + ([LONG] if long is not None else []) + \
@@ -205,7 +199,7 @@ def run(url: str, model: str | None = None, min_acceptance: float | None = None,
     interrupt.check()
 
     before = _read_counters(client) if floor is not None else None
-    chat = _check_chat(client, chosen, max_tokens)
+    chat = _check_chat(client, chosen, MAX_TOKENS)
     checks.append(chat.check)
     answered, bad = chat.answered, None
     if long is not None:
@@ -214,18 +208,35 @@ def run(url: str, model: str | None = None, min_acceptance: float | None = None,
         checks.append(long_check)
         answered = answered or long_answered
     accepted = None
-    if floor is not None:
-        if not answered:
-            rest_not_run(names[-2], "no request got an answer")
-        else:
-            interrupt.check()
-            after = _settled_counters(client, settle)
-            over = "the request" if long is None else "the two requests"
-            accepted, check = _check_acceptance(before, after, floor, over)
-            checks.append(check)
+    if floor is not None and not answered:
+        rest_not_run(names[-2], "no request got an answer")
+    elif floor is not None:
+        accepted = _acceptance(client, before, floor, long, checks)
     return SmokeReport(base, chosen, tuple(checks),
                        acceptance=accepted.rate if accepted else None, answer=chat.answer,
                        spec_decode=accepted, garble=bad)
+
+
+def _check_options(model: str | None, timeout: float, api_key: str | None, long: int | None,
+                   text: str | None) -> None:
+    _check_long(long, text)
+    if model is not None and not model.strip():
+        raise UsageError("--model: empty name")
+    if not timeout > 0 or math.isinf(timeout):
+        raise UsageError(f"--timeout {timeout}: a positive number of seconds")
+    check_api_key(api_key)
+
+
+def _acceptance(client: _Client, before, floor: spec.Floor, long: int | None,
+                checks: list[Check]):
+    """The acceptance over the requests made since ``before``, judged against ``floor`` (its
+    check appended to ``checks``), once the server's counters have settled."""
+    interrupt.check()
+    after = _settled_counters(client, SETTLE_SECONDS)
+    over = "the request" if long is None else "the two requests"
+    accepted, check = _check_acceptance(before, after, floor, over)
+    checks.append(check)
+    return accepted
 
 
 def _floor(rate: float | None, length: float | None) -> spec.Floor | None:
