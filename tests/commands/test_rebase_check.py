@@ -142,12 +142,13 @@ def test_releases_after_the_pin(tmp_path):
     proj = make_fates(tmp_path)
     m = manifest.load(proj / "patchset.yaml")
     cache = tmp_path / "cache"
-    assert releases.release_targets(m, cache=cache) == TARGETS
-    assert releases.release_targets(m, cache=cache, pre=True) == [*TARGETS, "v1.4.0rc1"]
+    assert releases.release_targets(m, run_spec(m, cache=cache)) == TARGETS
+    assert releases.release_targets(m, run_spec(m, cache=cache), pre=True) == [*TARGETS,
+                                                                              "v1.4.0rc1"]
     # a new upstream release shows up: the mirror is fetched again
     from testing.upstream import sh
     sh("git", "tag", "v1.5.0", "v1.3.0", cwd=tmp_path / "upstream")
-    assert releases.release_targets(m, cache=cache)[-1] == "v1.5.0"
+    assert releases.release_targets(m, run_spec(m, cache=cache))[-1] == "v1.5.0"
 
 
 def test_release_version():

@@ -168,8 +168,8 @@ def test_a_workdir_beside_vllm_holding_work_is_refused(tmp_path, fi_cache):
 def test_flashinfers_releases_after_its_pin_come_from_pypi(tmp_path):
     proj = make_stack(tmp_path)
     m = manifest.load(proj / "patchset.yaml")
-    found = releases.release_targets(m, run=run_spec(m), package="flashinfer",
-                                         cache=tmp_path / "cache")
+    found = releases.release_targets(m, run_spec(m, cache=tmp_path / "cache"),
+                                     package="flashinfer")
     # PyPI's history of flashinfer-python: what came right after 0.6.15 never changes
     assert found[:4] == ["v0.6.15.post1", "v0.6.16", "v0.6.16.post1", "v0.6.16.post2"]
     assert "v0.6.15" not in found and "v0.6.14" not in found

@@ -31,12 +31,11 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import manifest, process, source, versions
-from patchkit.cache import cache_dir
 from patchkit.series import rebase
 from patchkit.errors import CommandError, PatchkitError, UsageError
 from patchkit.kinds import Stop
 from patchkit.manifest import VLLM, Manifest
-from patchkit.manifest.runspec import run_spec
+from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.series import applier
 from patchkit.series.releases import release_targets
 
@@ -105,11 +104,24 @@ def run(manifest_path: Path, *, package: str | None = None, to: str | None = Non
         raise UsageError("--dry-run writes nothing, so it pushes nothing: drop --push")
     m = manifest.load(manifest_path)
     names = [package] if package else [p.name for p in m.packages]
-    run_spec(m, only=names)   # an unknown package: one line, with "did you mean"
+    # an unknown package: one line, with "did you mean"
+    spec = run_spec(m, repos=repos, only=names)
     if repos and names != [VLLM]:
         raise UsageError("--vllm-repo goes with vLLM's bump (--package vllm)")
     project = _project(m)
-    return [_bump_one(m, project, name, to, dry_run, push, repos, progress) for name in names]
+    ask = Ask(to, dry_run, push, repos)
+    return [_bump_one(m, project, spec, name, ask, progress) for name in names]
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a bump was asked: the release to move to (default the newest), whether only to
+    try it, where to push the branch, and vLLM's sources (``--vllm-repo``)."""
+
+    to: str | None
+    dry_run: bool
+    push: str | None
+    repos: Sequence[str] | None
 
 
 def _project(m: Manifest) -> Path:
@@ -126,23 +138,15 @@ def _project(m: Manifest) -> Path:
     return top
 
 
-def _bump_one(m: Manifest, project: Path, name: str, to: str | None, dry_run: bool,
-              push: str | None, repos: Sequence[str] | None,
+def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
               progress: applier.Progress) -> BumpResult:
-    spec = run_spec(m, repos=repos)
     pin = spec.pin(name)
     label = "vLLM" if name == VLLM else name
-    cache = cache_dir()
-    pid = source.package_id(pin.name, pin.dist)
-    target = to or _newest(m, spec, name, cache, progress)
+    target = ask.to or _newest(m, spec, name, progress)
     if target is None:
         return BumpResult(name, label, pin.ref, None, "current")
-    resolved = source.resolve(pin.sources, target, cache, progress.info, package=pid)
-    version = resolved.version or target.removeprefix("v")
-    if (versions.release_tag(pin.ref) is not None and versions.release_tag(target) is not None
-            and versions.release_tag(target) <= versions.release_tag(pin.ref)):
-        raise UsageError(f"{label} {target} is not newer than the pin {pin.ref}: bump only "
-                         "moves a pin forwards")
+    version = _version(spec, name, target, progress)
+    dry_run, push = ask.dry_run, ask.push
     branch = branch_name(name, version)
     remote_was = _check_branches(project, branch, name, version, push)
     rel = m.path.relative_to(project)
@@ -160,16 +164,9 @@ def _bump_one(m: Manifest, project: Path, name: str, to: str | None, dry_run: bo
             result.notes.append(f"the port was finished by hand in {scratch}")
             keep = _probe_all(scratch / rel, result, name, target)
         else:
-            keep = _port(scratch / rel, result, name, target, repos, progress)
-        if result.needs_a_hand or dry_run:
-            return result
-        head = g.head(scratch)
-        result.commit = g.user_commit(scratch, _message(result, version))
-        result.changed = [path for _s, path, *_ in g.changed_files(scratch, head, result.commit)]
-        g.update_ref(project, f"refs/heads/{branch}", result.commit)
-        if push:
-            g.push_branch(project, push, branch, result.commit, remote_was, REMOTE_TIMEOUT)
-            result.pushed = push
+            keep = _port(scratch / rel, result, name, target, ask.repos, progress)
+        if not (result.needs_a_hand or dry_run):
+            _commit(project, scratch, result, version, remote_was, push)
         return result
     except CommandError as exc:
         if push and result.commit and not result.pushed:
@@ -185,8 +182,35 @@ def _bump_one(m: Manifest, project: Path, name: str, to: str | None, dry_run: bo
                 shutil.rmtree(scratch.parent, ignore_errors=True)
 
 
-def _newest(m: Manifest, spec, name: str, cache: Path, progress) -> str | None:
-    targets = release_targets(m, run=spec, cache=cache, log=progress.info, package=name)
+def _version(spec: RunSpec, name: str, target: str, progress) -> str:
+    """The release ``target`` of package ``name`` names, once it is known to be newer than
+    the pin."""
+    pin = spec.pin(name)
+    label = "vLLM" if name == VLLM else name
+    resolved = source.resolve(pin.sources, target, spec.cache, progress.info,
+                              package=source.package_id(pin.name, pin.dist))
+    version = resolved.version or target.removeprefix("v")
+    if (versions.release_tag(pin.ref) is not None and versions.release_tag(target) is not None
+            and versions.release_tag(target) <= versions.release_tag(pin.ref)):
+        raise UsageError(f"{label} {target} is not newer than the pin {pin.ref}: bump only "
+                         "moves a pin forwards")
+    return version
+
+
+def _commit(project: Path, scratch: Path, result: BumpResult, version: str, remote_was,
+            push: str | None) -> None:
+    """The port as one commit on the bump branch (pushed with ``push``)."""
+    head = g.head(scratch)
+    result.commit = g.user_commit(scratch, _message(result, version))
+    result.changed = [path for _s, path, *_ in g.changed_files(scratch, head, result.commit)]
+    g.update_ref(project, f"refs/heads/{result.branch}", result.commit)
+    if push:
+        g.push_branch(project, push, result.branch, result.commit, remote_was, REMOTE_TIMEOUT)
+        result.pushed = push
+
+
+def _newest(m: Manifest, spec: RunSpec, name: str, progress) -> str | None:
+    targets = release_targets(m, spec, log=progress.info, package=name)
     return targets[-1] if targets else None
 
 

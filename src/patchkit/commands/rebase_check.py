@@ -324,7 +324,7 @@ def run(manifest: Manifest, spec: RunSpec, *, refs: Sequence[str] = (), releases
     holder = basevllm.for_run(spec, refs=wanted.get(VLLM), log=progress.info)
     bases = basevllm.for_packages(spec, refs=wanted, log=progress.info)
     if releases:
-        found = release_targets(manifest, run=spec, pre=pre, log=progress.info,
+        found = release_targets(manifest, spec, pre=pre, log=progress.info,
                                 base=holder if package == VLLM else bases.get(package),
                                 package=package)
         whose = "" if package == VLLM else f"{package} "

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from patchkit import source, versions
-from patchkit.cache import cache_dir
 from patchkit.errors import SourceError
 from patchkit.manifest import VLLM, Manifest
-from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.manifest.runspec import RunSpec
 
 
 def pin_version(run: RunSpec, cache: Path, log=lambda m: None,
@@ -29,14 +28,12 @@ def pin_version(run: RunSpec, cache: Path, log=lambda m: None,
                           ) from None
 
 
-def release_targets(manifest: Manifest, *, run: RunSpec | None = None,
-                    cache: Path | None = None, pre: bool = False,
+def release_targets(manifest: Manifest, run: RunSpec, *, pre: bool = False,
                     log=lambda m: None, base: source.Base | None = None,
                     package: str = VLLM) -> list[str]:
-    """The release tags of ``package`` after its pin in ``run`` (default: the manifest's),
-    oldest first; pre-releases only with ``pre``."""
-    run = run or run_spec(manifest)
-    cache = cache or cache_dir()
+    """The release tags of ``package`` after its pin in ``run``, oldest first (the run's cache
+    holds what is fetched); pre-releases only with ``pre``."""
+    cache = run.cache
     at = run.pin(package)
     # the releases first: a source with none to list (image) says so before the base's
     # files are read for the pin
