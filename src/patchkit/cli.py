@@ -421,9 +421,8 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
     from patchkit.commands import bisect_series
     from patchkit.manifest.runspec import run_spec
 
-    bisect_series.check_flags(series=series, patch_id=patch_id, good=good, bad=bad,
-                              command=command, image=image, no_daemon=no_daemon, tag=tag,
-                              base=base, pins=pins)
+    bisect_series.Flags(series=series, patch_id=patch_id, good=good, bad=bad, command=command,
+                        image=image, no_daemon=no_daemon, tag=tag, base=base, pins=pins).check()
     if series:
         from patchkit.render.bisect import render_series
 

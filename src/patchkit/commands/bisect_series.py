@@ -46,7 +46,7 @@ from patchkit.series import applier
 from patchkit.series.checkout import AppliedCheckout
 
 __all__ = ["GOOD", "BAD", "SKIP", "ERROR", "Run", "SeriesBisect", "check_command",
-           "check_flags", "outcome_of", "run", "search"]
+           "Flags", "outcome_of", "run", "search"]
 
 GOOD, BAD, SKIP, ERROR = "good", "bad", "skip", "error"
 KEEP = 16 * 1024   # bytes of each run's output kept for the report
@@ -126,36 +126,53 @@ class SeriesBisect:
 
 # ------------------------------------------------------------------------------ bad input
 
-def check_flags(*, series: bool, patch_id: str | None, good: str | None, bad: str | None,
-                command: str | None, image: bool, no_daemon: bool, tag: str | None,
-                base: str | None = None, pins: Sequence[str] = ()) -> None:
-    """What cannot go together, one line each, before any work."""
-    if not series:
-        for given, flag in ((command is not None, "--run"), (image, "--image"),
-                            (no_daemon, "--no-daemon"), (tag is not None, "--tag"),
-                            (base is not None, "--base")):
+@dataclass(frozen=True)
+class Flags:
+    """The flags of ``patchkit bisect``, judged together before any work."""
+
+    series: bool
+    patch_id: str | None
+    good: str | None
+    bad: str | None
+    command: str | None
+    image: bool
+    no_daemon: bool
+    tag: str | None
+    base: str | None = None
+    pins: Sequence[str] = ()
+
+    def check(self) -> None:
+        """What cannot go together, one line each."""
+        if not self.series:
+            self._check_one_patch()
+            return
+        if self.patch_id is not None:
+            raise UsageError(f"--series bisects the whole series: drop the PATCH_ID "
+                             f"{self.patch_id!r}")
+        for given, flag in ((self.good, "--good"), (self.bad, "--bad")):
+            if given is not None:
+                raise UsageError(f"{flag} moves the upstream commit under one patch; --series "
+                                 "bisects the series at the pin: drop it")
+        if self.pins:
+            raise UsageError("--ref moves a pin under one patch's bisect; --series bisects the "
+                             "series at the manifest's pins: drop it")
+        if self.command is None:
+            raise UsageError("--series needs --run CMD: the command that passes (exit 0) or "
+                             "fails (1-127; 125 skips) on a tree")
+        for given, flag in ((self.no_daemon, "--no-daemon"), (self.tag is not None, "--tag"),
+                            (self.base is not None, "--base")):
+            if given and not self.image:
+                raise UsageError(f"{flag} goes with --image (an image of each tree)")
+
+    def _check_one_patch(self) -> None:
+        for given, flag in ((self.command is not None, "--run"), (self.image, "--image"),
+                            (self.no_daemon, "--no-daemon"), (self.tag is not None, "--tag"),
+                            (self.base is not None, "--base")):
             if given:
                 raise UsageError(f"{flag} goes with --series (bisect the series with a command)")
-        if patch_id is None:
+        if self.patch_id is None:
             raise UsageError("give a PATCH_ID (the upstream commit that changed its fate), or "
                              "--series --run CMD (the patch of the series that makes CMD fail)")
-        return
-    if patch_id is not None:
-        raise UsageError(f"--series bisects the whole series: drop the PATCH_ID {patch_id!r}")
-    for given, flag in ((good, "--good"), (bad, "--bad")):
-        if given is not None:
-            raise UsageError(f"{flag} moves the upstream commit under one patch; --series "
-                             "bisects the series at the pin: drop it")
-    if pins:
-        raise UsageError("--ref moves a pin under one patch's bisect; --series bisects the "
-                         "series at the manifest's pins: drop it")
-    if command is None:
-        raise UsageError("--series needs --run CMD: the command that passes (exit 0) or "
-                         "fails (1-127; 125 skips) on a tree")
-    for given, flag in ((no_daemon, "--no-daemon"), (tag is not None, "--tag"),
-                        (base is not None, "--base")):
-        if given and not image:
-            raise UsageError(f"{flag} goes with --image (an image of each tree)")
 
 
 def check_command(text: str) -> list[str]:
