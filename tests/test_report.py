@@ -11,12 +11,15 @@ from testing.project import make_project
 from patchkit import manifest
 from patchkit.report import ApplyReport, Offset
 from patchkit.series import applier, checkout
+from patchkit.manifest.runspec import run_spec
 
 
 def test_the_stored_report_gives_back_the_offsets_it_was_written_with(tmp_path):
     proj = make_project(tmp_path)
     wd = tmp_path / "wd"
-    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd, ref="v2")
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"),
+                                  run=run_spec(manifest.load(proj / "patchset.yaml"),
+                                  ref="v2"), workdir=wd)
     assert report.patches[0].offsets == [Offset(1, "pkg/mod.py", 6, 2)]
     stored = json.loads(checkout.report_path(wd).read_text())["patches"][0]
     assert stored["offsets"] == ["hunk 1 of pkg/mod.py at line 6 (offset +2)"]

@@ -21,6 +21,7 @@ from patchkit import manifest
 from patchkit.errors import ManifestError
 from patchkit.kinds import diff
 from patchkit.series import applier
+from patchkit.manifest.runspec import run_spec
 
 GH_MANIFEST = MANIFEST.replace("  repo: {repo}   # the fixture upstream\n",
                                "  repo: [{repo}, https://github.com/vllm-project/vllm.git]  # mirror first\n")
@@ -149,7 +150,7 @@ def test_a_pr_number_becomes_a_patch_without_its_tests_and_docs(proj, server):
         f"    sha256: {sha}\n")
     m = manifest.load(proj / "patchset.yaml")
     assert m.patch("pr-101").sha256 == sha
-    report = applier.apply_series(m, workdir=proj / ".patchkit/vllm")
+    report = applier.apply_series(m, run=run_spec(m), workdir=proj / ".patchkit/vllm")
     assert report.ok and report.status_of("pr-101") == "applied"
     assert "return x + 2" in (proj / ".patchkit/vllm/pkg/mod.py").read_text()
     assert not (proj / ".patchkit/vllm/tests").exists()

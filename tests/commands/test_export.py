@@ -9,6 +9,7 @@ from testing.upstream import commit, sh
 
 from patchkit import manifest
 from patchkit.series import applier, checkout
+from patchkit.manifest.runspec import run_spec
 from patchkit.errors import UsageError
 from patchkit.commands.export import export, slug
 
@@ -16,7 +17,8 @@ from patchkit.commands.export import export, slug
 def applied(tmp_path):
     proj = make_fates(tmp_path)
     wd = proj / ".patchkit/vllm"
-    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd)
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"),
+                                  run=run_spec(manifest.load(proj / "patchset.yaml")), workdir=wd)
     assert report.ok
     return proj, wd
 
@@ -47,7 +49,9 @@ def test_commits_become_patches_and_round_trip(applied, tmp_path):
     assert all(ln.startswith("+") for ln in changed) and len(changed) == 7
 
     # a fresh apply of the exported series gives the tree the developer committed
-    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=tmp_path / "again")
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"),
+                                  run=run_spec(manifest.load(proj / "patchset.yaml")),
+                                  workdir=tmp_path / "again")
     assert report.ok, report.to_json()
     assert [p.status for p in report.patches][-2:] == ["applied", "applied"]
     assert sh("git", "rev-parse", "HEAD^{tree}", cwd=tmp_path / "again") == head_tree
@@ -175,7 +179,8 @@ def test_each_packages_commits_become_that_packages_patches(tmp_path, real_vllm)
     ensure_releases(real_vllm)
     proj = make_stack(tmp_path / "stack")
     wd = proj / ".patchkit/vllm"
-    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd)
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"),
+                                  run=run_spec(manifest.load(proj / "patchset.yaml")), workdir=wd)
     assert report.ok, report.to_json()
     fi = proj / ".patchkit/flashinfer"
     kernel = (fi / FI_FILE).read_text()
@@ -195,7 +200,9 @@ def test_each_packages_commits_become_that_packages_patches(tmp_path, real_vllm)
                           "package": "flashinfer",
                           "diff": "patches/flashinfer/clamp-the-gate-limit.diff"}
     again = tmp_path / "again" / "vllm"
-    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=again)
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"),
+                                  run=run_spec(manifest.load(proj / "patchset.yaml")),
+                                  workdir=again)
     assert report.ok, report.to_json()
     assert report.status_of("clamp-the-gate-limit") == "applied"
     assert {name: sh("git", "rev-parse", "HEAD^{tree}", cwd=place) for name, place in

@@ -15,6 +15,7 @@ from patchkit import manifest
 from patchkit.commands import import_
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.series import applier
+from patchkit.manifest.runspec import run_spec
 
 BRANCH = "dspark-nvfp4-a4w4"
 
@@ -64,7 +65,8 @@ def test_a_fork_branch_becomes_patches_oldest_first(proj, fork):
         {"id": "speed-up-helper-2", "summary": "Speed up helper",
          "diff": "patches/speed-up-helper-2.diff"}]
     wd = proj / ".patchkit/vllm"
-    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd)
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"),
+                                  run=run_spec(manifest.load(proj / "patchset.yaml")), workdir=wd)
     assert report.ok and [p.status for p in report.patches][3:] == ["applied"] * 3
     for rel in ("pkg/guard.py", "pkg/other.py"):
         assert (wd / rel).read_text() == (fork / rel).read_text()
@@ -213,7 +215,8 @@ def test_a_package_copy_becomes_one_diff_against_its_lock(vproj, tmp_path):
     saved = (vproj / "patches/dist-vllm.diff").read_text()
     assert "vllm/config.py" not in saved and "_version" not in saved and "pyc" not in saved
     wd = vproj / ".patchkit/vllm"
-    report = applier.apply_series(manifest.load(vproj / "patchset.yaml"), workdir=wd)
+    report = applier.apply_series(manifest.load(vproj / "patchset.yaml"),
+                                  run=run_spec(manifest.load(vproj / "patchset.yaml")), workdir=wd)
     assert report.ok, report.to_json()
     assert (wd / "vllm/guard.py").read_text() == "GUARD = 1\n"
     assert "return x + 3" in (wd / "vllm/mod.py").read_text()
@@ -246,7 +249,8 @@ def test_applying_an_overlay_diff_reproduces_its_files(vproj, tmp_path):
     assert [(p.id, p.summary) for p in result.patches] == [("probe", "a probe")]
     assert result.base == sh("git", "rev-parse", "v2", cwd=tmp_path / "vllm-up")
     wd = vproj / ".patchkit/vllm"
-    assert applier.apply_series(manifest.load(path), workdir=wd).ok
+    assert applier.apply_series(manifest.load(path), run=run_spec(manifest.load(path)),
+                                workdir=wd).ok
     for rel, text in files.items():
         assert (wd / rel).read_text() == text
 

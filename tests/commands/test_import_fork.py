@@ -15,6 +15,7 @@ from patchkit import git as g
 from patchkit import manifest
 from patchkit.manifest import ID_MAX
 from patchkit.series import applier
+from patchkit.manifest.runspec import run_spec
 
 pytestmark = pytest.mark.real_vllm
 
@@ -69,7 +70,8 @@ def proj(tmp_path, real_vllm) -> Path:
 
 def _applied(proj: Path, tmp_path: Path) -> Path:
     wd = tmp_path / "applied"
-    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd)
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"),
+                                  run=run_spec(manifest.load(proj / "patchset.yaml")), workdir=wd)
     assert report.ok, report.to_json()
     return wd
 
@@ -327,7 +329,7 @@ def test_rebase_of_a_split_series_refreshes_what_applies_and_stops_at_each_file(
     assert sum(a in ("applied", "refreshed") for a in actions.values()) == patches - len(changed)
     rebased = manifest.load(proj / "patchset.yaml")
     assert rebased.vllm.ref == "v0.33.0" and len(rebased.patches) == patches - len(changed)
-    report = applier.apply_series(rebased, workdir=tmp_path / "applied")
+    report = applier.apply_series(rebased, run=run_spec(rebased), workdir=tmp_path / "applied")
     assert report.ok and all(r.status == "applied" and not r.offsets for r in report.patches)
 
 

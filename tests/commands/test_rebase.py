@@ -22,6 +22,7 @@ from testing.upstream import sh
 from patchkit import manifest
 from patchkit.series import rebase
 from patchkit.series import applier
+from patchkit.manifest.runspec import run_spec
 from patchkit.errors import UsageError
 
 def manifest_diff(proj: Path) -> list[str]:
@@ -31,7 +32,9 @@ def manifest_diff(proj: Path) -> list[str]:
 
 
 def applies_cleanly(proj: Path, tmp: Path, name: str = "wd"):
-    report = applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=tmp / name)
+    report = applier.apply_series(manifest.load(proj / "patchset.yaml"),
+                                  run=run_spec(manifest.load(proj / "patchset.yaml")),
+                                  workdir=tmp / name)
     assert report.ok, report.to_json()
     assert all(not p.offsets for p in report.patches)
     return report

@@ -16,6 +16,7 @@ from testing.realdiffs import TORCH_UTILS, real_diffs
 from patchkit import manifest
 from patchkit.series import rebase
 from patchkit.series import applier
+from patchkit.manifest.runspec import run_spec
 from patchkit.source import pypi
 
 pytestmark = pytest.mark.real_vllm
@@ -114,6 +115,8 @@ def test_rebase_real_to_the_end(project, tmp_path):
     assert data["vllm"]["ref"] == "v0.33.0"
     assert data["patches"][0]["vllm"] == "<0.33.0"
     assert "# the wheels" in (project / "patchset.yaml").read_text()
-    report = applier.apply_series(manifest.load(project / "patchset.yaml"), workdir=tmp_path / "wd")
+    report = applier.apply_series(manifest.load(project / "patchset.yaml"),
+                                  run=run_spec(manifest.load(project / "patchset.yaml")),
+                                  workdir=tmp_path / "wd")
     assert report.ok and all(not r.offsets for r in report.patches)
     assert [r.status for r in report.patches] == ["skipped", "applied", "applied"]

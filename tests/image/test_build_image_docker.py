@@ -22,6 +22,7 @@ from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
 from patchkit.series.applier import apply_series
+from patchkit.manifest.runspec import run_spec
 from patchkit.errors import ImageError
 from patchkit.image import layer
 from testing import real_cache
@@ -70,7 +71,7 @@ def project(tmp_path_factory, bases, registry):
                            tag=f"{registry}/pk-test/dspark-e2e:{{ref}}")
     m = manifest.load(path)
     workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, workdir=workdir, cache=real_cache())
+    report = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
     assert report.ok, report.to_json()
     ip.remove_module(workdir)
     return m, workdir

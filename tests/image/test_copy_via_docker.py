@@ -34,6 +34,7 @@ from patchkit.commands.build_image import run as build_image
 from patchkit.image import layer
 from patchkit.image.transfer import How
 from patchkit.series.applier import apply_series
+from patchkit.manifest.runspec import run_spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
@@ -102,7 +103,7 @@ def project(tmp_path_factory, base):
     path = ip.make_project(root, base=base, tag=f"{REPO}:{{ref}}-{RUN}", name=NAME)
     m = manifest.load(path)
     workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, workdir=workdir, cache=real_cache())
+    report = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
     assert report.ok, report.to_json()
     return m, workdir
 

@@ -256,6 +256,7 @@ def test_differences_name_each_one():
 def test_an_applied_checkout_of_a_package_is_proven_on_the_base(tmp_path):
     from testing.upstream import make_upstream, unified
 
+    from patchkit.manifest.runspec import run_spec
     from patchkit.series.applier import apply_series
     from patchkit.series.checkout import AppliedCheckout
 
@@ -270,8 +271,8 @@ def test_an_applied_checkout_of_a_package_is_proven_on_the_base(tmp_path):
         f"name: fi\nvllm:\n  repo: {up}\n  ref: v0.6.15\npatches:\n"
         "  - id: p\n    summary: prefetch\n    diff: patches/p.diff\n")
     workdir = proj / ".patchkit" / "flashinfer"
-    assert apply_series(loader.load(proj / "patchset.yaml"), workdir=workdir,
-                        cache=tmp_path / "cache").ok
+    m = loader.load(proj / "patchset.yaml")
+    assert apply_series(m, run=run_spec(m, cache=tmp_path / "cache"), workdir=workdir).ok
     tree = AppliedCheckout.open(workdir)
     files = base_files()
     fi = distinfo.installed(files, {}).get("flashinfer-python")

@@ -28,6 +28,7 @@ from patchkit.commands import build_image, verify
 from patchkit.errors import ImageError
 from patchkit.image.docker import Engine
 from patchkit.series.applier import apply_series
+from patchkit.manifest.runspec import run_spec
 
 from test_stack_docker import Log, write_manifest
 
@@ -92,7 +93,8 @@ def _project(root: Path, base: str, registry: str, extra: str) -> tuple[Path, ma
     m = write_manifest(root, base, name=f"pk-jit-{secrets.token_hex(4)}")
     (root / "patchset.yaml").write_text((root / "patchset.yaml").read_text() + entry)
     m = manifest.load(root / "patchset.yaml")
-    assert apply_series(m, workdir=root / ".patchkit" / "vllm", cache=real_cache()).ok
+    assert apply_series(m, run=run_spec(m, cache=real_cache()),
+                        workdir=root / ".patchkit" / "vllm").ok
     return root, m
 
 

@@ -29,6 +29,7 @@ from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.errors import ImageError
 from patchkit.series.applier import apply_series
+from patchkit.manifest.runspec import run_spec
 from testing.regproxy import RegistryProxy
 from testing import real_cache
 
@@ -114,7 +115,7 @@ def project(tmp_path_factory, nd_base, image_repo):
     path = ip.make_project(root, base=nd_base["ref"], tag=f"{image_repo[0]}:{{ref}}")
     m = manifest.load(path)
     workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, workdir=workdir, cache=real_cache())
+    report = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
     assert report.ok, report.to_json()
     ip.remove_module(workdir)
     return m, workdir

@@ -12,6 +12,7 @@ from patchkit import manifest
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.series.applier import apply_series
+from patchkit.manifest.runspec import run_spec
 from patchkit.errors import ImageError
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -77,7 +78,7 @@ def _project(root, dockerfile: str, tag: str):
     (proj / "patchset.yaml").write_text(MANIFEST.format(repo=upstream, tag=tag))
     m = manifest.load(proj / "patchset.yaml")
     workdir = proj / ".patchkit" / "vllm"
-    report = apply_series(m, workdir=workdir, cache=root / "cache")
+    report = apply_series(m, run=run_spec(m, cache=root / "cache"), workdir=workdir)
     assert report.ok, report.to_json()
     return m, workdir
 

@@ -28,6 +28,7 @@ from patchkit.errors import ImageError, ManifestError
 from patchkit.image import base as image_base
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
+from patchkit.manifest.runspec import run_spec
 from patchkit.series.applier import Progress, apply_series
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
@@ -103,7 +104,7 @@ def project(tmp_path_factory, stack_bases, registry):
     ip.make_project(root, base="x", tag=f"{registry}/pk-test/stack-e2e:{{ref}}")
     m = write_manifest(root, stack_bases["2.11.0"]["tag"])
     workdir = root / ".patchkit" / "vllm"
-    assert apply_series(m, workdir=workdir, cache=real_cache()).ok
+    assert apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir).ok
     return root, m, workdir
 
 
@@ -121,7 +122,7 @@ def fi_project(tmp_path_factory, stack_bases, registry):
     m = write_manifest(root, stack_bases["2.11.0"]["tag"],
                        name=f"pk-stackimg-{secrets.token_hex(4)}", fi_patch=True)
     workdir = root / ".patchkit" / "vllm"
-    applied = apply_series(m, workdir=workdir, cache=real_cache())
+    applied = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
     assert applied.ok, applied.to_json()
     return root, m, workdir, applied
 
@@ -448,16 +449,14 @@ def test_flashinfers_pin_and_files_read_from_the_base(fi_project, engine, tmp_pa
     """``repo: image`` (the pin ``base`` implied) patches the FlashInfer files the base has
     installed; ``ref: base`` with PyPI pins the release the base's dist-info names."""
     from patchkit.image import basevllm
-    from patchkit.manifest.runspec import run_spec
 
     m = pinned_from_base(fi_project, tmp_path, pin)
     copy = m.root
-    spec = run_spec(m, engine=engine)
+    spec = run_spec(m, engine=engine, cache=real_cache())
     lines: list[str] = []
     bases = basevllm.for_packages(spec, log=lines.append)
     assert lines == [f"base {m.image.base} holds flashinfer-python 0.6.15 in {SITE}"]
-    report = apply_series(m, run=spec, workdir=copy / ".patchkit" / "vllm", bases=bases,
-                          cache=real_cache())
+    report = apply_series(m, run=spec, workdir=copy / ".patchkit" / "vllm", bases=bases)
     assert report.ok, report.to_json()
     fi_pkg = report.packages["flashinfer"]
     assert fi_pkg.version == "0.6.15"

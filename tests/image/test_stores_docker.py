@@ -28,6 +28,7 @@ from patchkit.image import layer
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
 from patchkit.series.applier import Progress, apply_series
+from patchkit.manifest.runspec import run_spec
 from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
@@ -83,7 +84,7 @@ def project(tmp_path_factory, bases, registry):
                            tag=f"{registry}/pk-test/engines-e2e:{{ref}}", name=NAME)
     m = manifest.load(path)
     workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, workdir=workdir, cache=real_cache())
+    report = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
     assert report.ok, report.to_json()
     return m, workdir
 

@@ -161,7 +161,7 @@ def test_the_variant_in_a_tag(template, variant, tag):
 def test_apply_without_a_variant_skips_the_variant_patches_with_the_reason(proj):
     m = manifest.load(proj / "patchset.yaml")
     wd = proj / ".patchkit/vllm"
-    report = applier.apply_series(m, workdir=wd)
+    report = applier.apply_series(m, run=run_spec(m), workdir=wd)
     assert report.ok, report.to_json()
     assert fates(report) == [("table-nvfp4", "applied", ""),
                              ("fast-mode", "skipped", "only in variant diag"),
@@ -180,11 +180,11 @@ def test_apply_without_a_variant_skips_the_variant_patches_with_the_reason(proj)
 def test_apply_of_a_variant_adds_its_patches_and_is_recorded(proj):
     m = manifest.load(proj / "patchset.yaml")
     wd = proj / ".patchkit/vllm"
-    report = applier.apply_series(m, workdir=wd, variant="diag")
+    report = applier.apply_series(m, run=run_spec(m, variant="diag"), workdir=wd)
     assert report.ok, report.to_json()
     assert fates(report) == [("table-nvfp4", "applied", ""), ("fast-mode", "applied", ""),
                              ("extra-file", "applied", "")]
-    report = applier.apply_series(m, workdir=wd, variant="trace")
+    report = applier.apply_series(m, run=run_spec(m, variant="trace"), workdir=wd)
     assert fates(report) == [("table-nvfp4", "applied", ""),
                              ("fast-mode", "skipped", "only in variant diag"),
                              ("extra-file", "applied", "")]
@@ -200,7 +200,7 @@ def test_apply_of_a_variant_adds_its_patches_and_is_recorded(proj):
 def test_a_tree_without_a_report_is_verified_as_the_variant_asked(proj, tmp_path):
     m = manifest.load(proj / "patchset.yaml")
     wd = proj / ".patchkit/vllm"
-    applier.apply_series(m, workdir=wd, variant="diag")
+    applier.apply_series(m, run=run_spec(m, variant="diag"), workdir=wd)
     checkout.report_path(wd).unlink()
     assert [a.patch for a in verify.verify_tree(m, wd)] == ["table-nvfp4"]
     assert [(a.patch, a.ok) for a in verify.verify_tree(m, wd, "diag")] == [

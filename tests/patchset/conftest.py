@@ -13,6 +13,7 @@ import pytest
 
 from patchkit import manifest
 from patchkit.series import applier
+from patchkit.manifest.runspec import run_spec
 from testing import REPO_ROOT, real_cache
 
 from testing.lift import base_text
@@ -45,8 +46,9 @@ def patched(request, tmp_path_factory) -> Applied:
     release = request.param
     series = manifest.load(REPO_ROOT / "patchset.yaml")
     workdir = tmp_path_factory.mktemp(f"vllm-{release}") / "tree"
-    report = applier.apply_series(series, ref=release, repos=("pypi",), workdir=workdir,
-                                 cache=real_cache())
+    report = applier.apply_series(series,
+                                  run=run_spec(series, ref=release, repos=("pypi",),
+                                  cache=real_cache()), workdir=workdir)
     failed = [(p.id, p.status, p.reason, p.message) for p in report.patches
               if p.status not in ("applied", "upstream", "skipped")]
     assert report.ok and not failed, failed or [v for v in report.verify if not v.ok]

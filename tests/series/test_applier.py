@@ -13,6 +13,7 @@ from patchkit import git as g
 from patchkit import manifest
 from patchkit.series import applier, checkout
 from patchkit.errors import SourceError, UsageError
+from patchkit.manifest.runspec import run_spec
 
 
 def load(proj: Path):
@@ -20,7 +21,9 @@ def load(proj: Path):
 
 
 def apply(proj: Path, workdir: Path, **kw):
-    return applier.apply_series(load(proj), workdir=workdir, **kw)
+    m = load(proj)
+    run = run_spec(m, **{k: kw.pop(k) for k in ("ref", "repos", "variant", "cache") if k in kw})
+    return applier.apply_series(m, run=run, workdir=workdir, **kw)
 
 
 def statuses(report):

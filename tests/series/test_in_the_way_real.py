@@ -13,6 +13,7 @@ from testing.upstream import sh
 from patchkit import manifest
 from patchkit.render import text as render_text
 from patchkit.series import applier
+from patchkit.manifest.runspec import run_spec
 from patchkit.source import pypi
 
 pytestmark = pytest.mark.real_vllm
@@ -69,8 +70,8 @@ def project(real_vllm, tmp_path):
 def test_every_conflicting_hunk_and_the_gone_file_are_named(project, tmp_path):
     proj, expect = project
     m = manifest.load(proj / "patchset.yaml")
-    assert applier.apply_series(m, workdir=tmp_path / "a").ok
-    report = applier.apply_series(m, ref="v0.33.0", workdir=tmp_path / "b")
+    assert applier.apply_series(m, run=run_spec(m), workdir=tmp_path / "a").ok
+    report = applier.apply_series(m, run=run_spec(m, ref="v0.33.0"), workdir=tmp_path / "b")
     (big,) = report.patches
     assert big.status == "failed"
     named = {(w.file, w.hunk, w.reason) for w in big.in_the_way}

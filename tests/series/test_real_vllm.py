@@ -13,6 +13,7 @@ from testing.upstream import sh
 
 from patchkit import manifest
 from patchkit.series import applier
+from patchkit.manifest.runspec import run_spec
 from patchkit.source import pypi
 
 pytestmark = pytest.mark.real_vllm
@@ -42,7 +43,9 @@ def project(real_vllm, tmp_path):
 
 def test_series_applies_at_v0_27_1_one_commit_each(project, tmp_path):
     wd = tmp_path / "wd"
-    report = applier.apply_series(manifest.load(project / "patchset.yaml"), workdir=wd)
+    report = applier.apply_series(manifest.load(project / "patchset.yaml"),
+                                  run=run_spec(manifest.load(project / "patchset.yaml")),
+                                  workdir=wd)
     assert report.ok, report.to_json()
     assert [p.status for p in report.patches] == ["applied"] * 4
     assert report.vllm.version == "0.27.1"
@@ -58,9 +61,9 @@ def test_series_applies_at_v0_27_1_one_commit_each(project, tmp_path):
 def test_series_at_v0_33_0_reports_each_true_fate_and_leaves_workdir(project, tmp_path):
     wd = tmp_path / "wd"
     m = manifest.load(project / "patchset.yaml")
-    assert applier.apply_series(m, workdir=wd).ok
+    assert applier.apply_series(m, run=run_spec(m), workdir=wd).ok
     good_head = sh("git", "rev-parse", "HEAD", cwd=wd)
-    report = applier.apply_series(m, ref="v0.33.0", workdir=wd)
+    report = applier.apply_series(m, run=run_spec(m, ref="v0.33.0"), workdir=wd)
     assert not report.ok
     fates = {p.id: (p.status, p.reason) for p in report.patches}
     assert fates == {"dtype-map": ("upstream", None), "dtype-size": ("applied", None),
@@ -80,7 +83,9 @@ def test_fuzz_is_refused_on_a_real_file(project, real_vllm, tmp_path):
     text = (project / "patches/dtype-map.diff").read_text()
     text = text.replace(' "fp8_per_token_head": torch.uint8,\n', ' "fp8_per_token_head": torch.uint16,\n', 1)
     (project / "patches/dtype-map.diff").write_text(text)
-    report = applier.apply_series(manifest.load(project / "patchset.yaml"), workdir=tmp_path / "wd")
+    report = applier.apply_series(manifest.load(project / "patchset.yaml"),
+                                  run=run_spec(manifest.load(project / "patchset.yaml")),
+                                  workdir=tmp_path / "wd")
     assert (report.patches[0].status, report.patches[0].reason) == ("failed", "fuzz")
     assert not (tmp_path / "wd").exists()
 

@@ -28,9 +28,8 @@ def fi_cache() -> Path:
 
 def apply(proj: Path, cache: Path, **kw) -> ApplyReport:
     m = manifest.load(proj / "patchset.yaml")
-    run = run_spec(m, refs=kw.pop("refs", ()), only=kw.pop("only", ()))
-    return applier.apply_series(m, run=run, workdir=proj / ".patchkit" / "vllm", cache=cache,
-                               **kw)
+    run = run_spec(m, refs=kw.pop("refs", ()), only=kw.pop("only", ()), cache=cache)
+    return applier.apply_series(m, run=run, workdir=proj / ".patchkit" / "vllm", **kw)
 
 
 def state(wd: Path) -> tuple[str, str]:

@@ -14,11 +14,14 @@ from testing.upstream import sh
 
 from patchkit import locks, manifest
 from patchkit.errors import UsageError
+from patchkit.manifest.runspec import run_spec
 from patchkit.series import applier, checkout
 
 
 def apply(proj: Path, wd: Path, **kw):
-    return applier.apply_series(manifest.load(proj / "patchset.yaml"), workdir=wd, **kw)
+    m = manifest.load(proj / "patchset.yaml")
+    run = run_spec(m, **{k: kw.pop(k) for k in ("ref", "repos", "variant", "cache") if k in kw})
+    return applier.apply_series(m, run=run, workdir=wd, **kw)
 
 
 def commit(wd: Path, name: str, text: str, message: str) -> str:

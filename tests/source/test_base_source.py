@@ -18,6 +18,7 @@ from patchkit.image import build, layer
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.series.applier import apply_series
+from patchkit.manifest.runspec import run_spec
 from patchkit.source import image as image_source
 
 ATTN = dedent("""
@@ -239,7 +240,7 @@ def test_ranges_are_judged_on_the_installed_dev_version(tmp_path, upstream):
             vllm: ">0.31.0"
     """))
     m = manifest.load(proj / "patchset.yaml")
-    report = apply_series(m, workdir=proj / "w", cache=tmp_path / "cache",
+    report = apply_series(m, run=run_spec(m, cache=tmp_path / "cache"), workdir=proj / "w",
                           base=FakeBase(f"0.31.1.dev7+g{full[:9]}"))
     assert report.ok, report.to_json()
     assert [p.status for p in report.patches] == ["applied"]
@@ -340,7 +341,8 @@ def test_patches_land_on_the_vendor_files_and_keep_their_changes(tmp_path):
     diff = make_diff(ATTN, ATTN.replace("return x", "return x * 2"), "vllm/attention.py")
     m = _project(tmp_path, {"double": diff})
     workdir = tmp_path / "w"
-    report = apply_series(m, workdir=workdir, cache=tmp_path / "cache", base=vendor_base())
+    report = apply_series(m, run=run_spec(m, cache=tmp_path / "cache"), workdir=workdir,
+                          base=vendor_base())
     assert report.ok, report.to_json()
     text = (workdir / "vllm/attention.py").read_text()
     assert "return x * 2" in text and "NV_TUNED = True  # vendor" in text
@@ -352,7 +354,8 @@ def test_a_patch_whose_context_the_vendor_changed_fails_with_its_true_reason(tmp
                      "vllm/platforms/cuda.py")
     m = _project(tmp_path, {"cuda-new": diff})
     workdir = tmp_path / "w"
-    report = apply_series(m, workdir=workdir, cache=tmp_path / "cache", base=vendor_base())
+    report = apply_series(m, run=run_spec(m, cache=tmp_path / "cache"), workdir=workdir,
+                          base=vendor_base())
     assert not report.ok
     (result,) = report.patches
     assert (result.status, result.reason) == ("failed", "conflict")

@@ -25,12 +25,11 @@ from patchkit.errors import CommandError, SourceError, UsageError
 from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest import digest, variants
-from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.manifest.runspec import RunSpec
 from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
                              VllmInfo)
 from patchkit.series import checkout as applied
 from patchkit.series import assertions, compiled, jit
-from patchkit.cache import cache_dir
 
 __all__ = ["Progress", "Tree", "apply_one", "apply_series", "check_workdir", "commit_message",
            "in_range", "needed_paths", "package_tops", "resolve_pins", "run_series", "run_stack",
@@ -350,27 +349,23 @@ def resolve_pins(run: RunSpec, cache: Path, log, base: source.Base | None,
     return out
 
 
-def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = None,
-                 ref: str | None = None, repos: Sequence[str] | None = None,
-                 variant: str | None = None, keep_failed: bool = False,
-                 progress: Progress | None = None, cache: Path | None = None,
-                 base: source.Base | None = None, discard: bool = False,
-                 pins: Mapping[str, source.Resolved] | None = None,
+def apply_series(manifest: Manifest, *, run: RunSpec, workdir: Path, keep_failed: bool = False,
+                 progress: Progress | None = None, base: source.Base | None = None,
+                 discard: bool = False, pins: Mapping[str, source.Resolved] | None = None,
                  bases: Mapping[str, source.Base] | None = None) -> ApplyReport:
-    """Check out every package of ``run`` (default: the run ``ref``, ``repos`` and ``variant``
-    make) at its pin, apply the series of its variant, verify; move every checkout into place
-    (vLLM's at ``workdir``, the others beside it) only if all passed.  On failure every
+    """Check out every package of ``run`` at its pin (sources fetched into the run's cache),
+    apply the series of its variant, verify; move every checkout into place (vLLM's at
+    ``workdir``, the others beside it) only if all passed.  On failure every
     workdir is exactly as it was.  ``base`` is the base image that the ref ``base`` and the
     source ``image`` read (``bases``: each other package's, by name).  A workdir holding a
     person's work is refused, or with ``discard`` saved, then replaced.  ``pins``: the pins of
     ``run`` already resolved (a caller that applies the series many times resolves them once)."""
-    run = run or run_spec(manifest, ref=ref, repos=repos, variant=variant)
     variants.check(manifest, run.variant)
     progress = progress or Progress()
     places = workdirs(run, workdir)
     for place in places.values():
         check_workdir(place, discard)
-    cache = cache or cache_dir()
+    cache = run.cache
     scratches: dict[str, Path] = {}
     kept = False
     try:
