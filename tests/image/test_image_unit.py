@@ -596,7 +596,7 @@ def test_a_pull_the_engine_refuses_is_named_once(project, workdir, monkeypatch):
 def test_a_containers_current_start_is_read_from_its_state():
     from datetime import datetime, timezone
 
-    from patchkit.image.docker import since_start
+    from patchkit.image.enginefacts import since_start
 
     started = "2026-12-02T01:50:00.123456789Z"
     at = datetime(2026, 12, 2, 1, 50, tzinfo=timezone.utc).timestamp()

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import tarfile
+from dataclasses import replace
 
 import docker.errors
 import pytest
@@ -22,7 +23,9 @@ from patchkit.commands import build_image as bi
 from patchkit.commands import copy_image
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import layer
-from patchkit.image.docker import Engine, engine_url, store_of
+from patchkit.image.docker import Engine, engine_url
+from patchkit.image.enginefacts import Inspected, store_of
+from patchkit.imageref import Platform
 from patchkit.series.applier import Progress
 
 workdir = unit.workdir
@@ -310,23 +313,23 @@ def test_an_export_of_another_image_is_refused():
 # -------------------------------------------------------------------------- fingerprints
 
 def test_fingerprint_is_config_and_layers_never_the_image_id():
-    attrs = {"Id": "sha256:" + "1" * 64, "ConfigDigest": "sha256:" + "2" * 64,
-             "RootFS": {"Layers": ["sha256:" + "3" * 64]}}
-    fp = layer.fingerprint(attrs)
+    image = Inspected("sha256:" + "1" * 64, ("sha256:" + "3" * 64,), Platform("linux", "arm64"),
+                      config_digest="sha256:" + "2" * 64)
+    fp = layer.fingerprint(image)
     assert fp.startswith("sha256:")
-    assert fp == layer.fingerprint({**attrs, "Id": "sha256:" + "9" * 64})
-    assert fp != layer.fingerprint({**attrs, "RootFS": {"Layers": []}})
-    assert fp != layer.fingerprint({**attrs, "ConfigDigest": "sha256:" + "4" * 64})
+    assert fp == layer.fingerprint(replace(image, id="sha256:" + "9" * 64))
+    assert fp != layer.fingerprint(replace(image, diff_ids=()))
+    assert fp != layer.fingerprint(replace(image, config_digest="sha256:" + "4" * 64))
     with pytest.raises(ImageError):
-        layer.fingerprint({"Id": attrs["Id"], "RootFS": attrs["RootFS"]})
+        layer.fingerprint(replace(image, config_digest=None))
 
 
 def test_a_containerd_store_fingerprints_by_the_config_it_exports():
     classic, _ = store_engine("classic")
     containerd, api = store_engine("containerd")
     here, there = classic.content(BASE_TAG), containerd.content(BASE_TAG)
-    assert here["Id"] != there["Id"] and api.exports == 1
-    assert here["ConfigDigest"] == there["ConfigDigest"] == here["Id"]
+    assert here.id != there.id and api.exports == 1
+    assert here.config_digest == there.config_digest == here.id
     assert layer.fingerprint(here) == layer.fingerprint(there)
 
 

@@ -82,14 +82,12 @@ class EngineSource(EnginePath):
 
 def _check_platform(engine: Engine, tag: str, platform: Platform) -> str | None:
     """The id of the image built, once it is known to be of ``platform``."""
-    attrs = engine.inspect(tag)
-    if attrs is None:
+    built = engine.inspect(tag)
+    if built is None:
         return None
-    got = Platform(attrs.get("Os") or "linux", attrs.get("Architecture") or "?",
-                   attrs.get("Variant"))
-    if not got.matches(platform):
-        raise ImageError(f"the build gave a {got} image, not {platform}")
-    return attrs["Id"]
+    if not built.platform.matches(platform):
+        raise ImageError(f"the build gave a {built.platform} image, not {platform}")
+    return built.id
 
 
 BUILDER = EngineSource()

@@ -110,8 +110,7 @@ def build_overlay(job: Job, base_ref: str, reg: Registry, cache: Path | None = N
         if job.manifest.others or job.manifest.image.requires or job.lock is not None:
             # no engine read the base before the apply: its pins, requires and the lock are
             # judged here, on its layers, before anything is uploaded
-            env = dict(i.partition("=")[::2] for i in base.config.get("Env") or ())
-            installed = distinfo.installed(files, env)
+            installed = distinfo.installed(files, base.env)
             stack.check_base(job.manifest, installed, base.name)
             if job.lock is not None:
                 stack.check_locked(job.manifest, job.lock,  # type: ignore[arg-type]
