@@ -21,7 +21,8 @@ class EngineOverlay(EnginePath):
     mode = OVERLAY_MODE
 
     def build(self, job: Job) -> Built:
-        engine: Engine = job.engine  # type: ignore[assignment]
+        engine = job.engine
+        assert engine is not None, "a path through an engine is given one"
         base_ref, platform, log = job.base_ref(), job.platform, job.log
         log(f"resolving the base {base_ref} for {platform}")
         base = engine.resolve_base(base_ref, platform, log)

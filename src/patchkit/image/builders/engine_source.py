@@ -47,7 +47,8 @@ class EngineSource(EnginePath):
         return why
 
     def build(self, job: Job) -> Built:
-        engine: Engine = job.engine  # type: ignore[assignment]
+        engine = job.engine
+        assert engine is not None, "a path through an engine is given one"
         tree, tag, platform, log = job.tree, job.tag, job.platform, job.log
         dockerfile = tree.root / DOCKERFILE
         if not dockerfile.is_file():
