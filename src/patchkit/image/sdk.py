@@ -18,6 +18,8 @@ from patchkit.timeouts import shown as shown_seconds
 
 
 def sdk():
+    """The ``docker`` package, imported at the first call: a run that asks no engine never
+    imports it."""
     try:
         import docker
         import docker.errors
@@ -27,6 +29,7 @@ def sdk():
 
 
 def explain(exc: BaseException) -> str:
+    """An SDK or transport failure in one line: the engine's own words, else the system's."""
     docker = sdk()
     if isinstance(exc, docker.errors.APIError):
         text = exc.explanation or str(exc)
