@@ -218,22 +218,22 @@ def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | 
     return _check_image(manifest, image, spec).results
 
 
-def _image_attrs(engine, image: str, platform: str) -> dict:
+def _image_attrs(engine, image: str, platform: str):
     """What the engine says of ``image``, pulled for ``platform`` when it is missing."""
     from patchkit.imageref import Platform, check_reference
 
     check_reference("--image", image)
-    attrs = engine.inspect(image)
-    if attrs is None:
+    held = engine.inspect(image)
+    if held is None:
         plat = Platform.parse(platform)
         try:
             engine.resolve_base(image, plat)
         except ImageError as exc:
             raise ImageError(str(exc).replace("base image ", "image ", 1)) from exc
-        attrs = engine.inspect(image)
-    if attrs is None:
+        held = engine.inspect(image)
+    if held is None:
         raise ImageError(f"image {image} not found on the engine at {engine.host}")
-    return attrs
+    return held
 
 
 def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None) -> _Checked:
@@ -245,13 +245,12 @@ def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None) -> 
     from patchkit.image.labels import ImageFacts
 
     engine = run.connect()
-    attrs = _image_attrs(engine, image, run.platform)
-    config = attrs.get("Config") or {}
-    facts = ImageFacts.from_labels(config.get("Labels") or {})
+    held = _image_attrs(engine, image, run.platform)
+    facts = ImageFacts.from_labels(held.labels)
     variant = built_variant(manifest, run.variant, facts.variant, facts.variant_known,
                             f"image {image}")
-    env = dict(item.partition("=")[::2] for item in config.get("Env") or ())
-    with engine.files(attrs["Id"], image) as files:
+    env = held.env
+    with engine.files(held.id, image) as files:
         hinted = facts.vllm_dir
         if hinted and files.exists(hinted.rstrip("/") + "/__init__.py"):
             pkg = package.Package(str(PurePosixPath(hinted).parent), None)
@@ -259,7 +258,7 @@ def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None) -> 
             pkg = package.find_package(files, env)
         version = facts.installed or package.installed_version(files, pkg, None)
         # where ids are not config digests only an export of the whole image would tell it
-        fingerprint = (layer.fingerprint(engine.content(attrs["Id"]))
+        fingerprint = (layer.fingerprint(engine.content(held.id))
                        if engine.store().ids_are_config_digests else None)
         holds = Holds.of(version, facts.source, fingerprint)
         installed = _installed(manifest, files, env, lock)

@@ -36,16 +36,11 @@ class BaseStack:
         return self.image.digest or self.image.image_id
 
 
-def env_of(config: dict) -> dict[str, str]:
-    """An image config's environment, as a mapping."""
-    return dict(item.partition("=")[::2] for item in config.get("Env") or ())
-
-
 def read(engine, ref: str, platform: Platform, log: Log = lambda m: None) -> BaseStack:
     """The base ``ref`` (pulled when missing) and what its dist-info say is installed."""
     image = engine.resolve_base(ref, platform, log)
     with engine.files(image.image_id, image.name) as fs:
-        installed = distinfo.installed(fs, env_of(image.config))
+        installed = distinfo.installed(fs, image.env)
     log(f"base {ref}: {len(installed.dists)} distribution(s) installed in "
         f"{', '.join(installed.sites) or '(no site-packages)'}")
     return BaseStack(image, installed)

@@ -16,7 +16,6 @@ from patchkit import source
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import distinfo, package
 from patchkit.image import base
-from patchkit.image.base import env_of
 from patchkit.image.docker import Engine, Log
 from patchkit.image.layer import BaseImage
 from patchkit.imageref import Platform, check_reference
@@ -118,7 +117,7 @@ def open_base(engine: Engine, ref: str, platform: Platform, log: Log = lambda m:
     """The base ``ref`` (pulled for ``platform`` when missing) and the vLLM installed in it."""
     image = engine.resolve_base(ref, platform, log)
     with engine.files(image.image_id, image.name) as files:
-        pkg = package.find_package(files, env_of(image.config))
+        pkg = package.find_package(files, image.env)
         version = package.installed_version(files, pkg, None)
     log(f"base {ref} holds vLLM {version or '(version unknown)'} in {pkg.dir}")
     return BaseVllm(engine, image, pkg, version)
