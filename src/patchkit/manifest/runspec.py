@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from patchkit.errors import UsageError
 from patchkit.manifest.model import VLLM, Manifest
+from patchkit.source.protocol import PackageId
 from patchkit.source.refs import BASE_REF
 
 
@@ -19,10 +20,17 @@ from patchkit.source.refs import BASE_REF
 class Pin:
     """One package's pin for the run: its ref and the sources to take it from."""
 
-    name: str
-    dist: str
+    id: PackageId
     ref: str
     sources: tuple[str, ...]   # local paths from the manifest's folder
+
+    @property
+    def name(self) -> str:
+        return self.id.name
+
+    @property
+    def dist(self) -> str:
+        return self.id.dist
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,7 @@ class RunSpec:
     @property
     def pins(self) -> tuple[Pin, ...]:
         """Every package's pin, vLLM first."""
-        return (Pin(VLLM, VLLM, self.ref, self.sources), *self.others)
+        return (Pin(VLLM, self.ref, self.sources), *self.others)
 
     def in_run(self, name: str) -> bool:
         return self.only is None or name in self.only
@@ -55,13 +63,15 @@ def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str]
     ``repos``) takes the manifest's value; an empty ``ref`` stays, to be refused as a ref.
     ``refs`` are ``--ref NAME=REF`` texts, ``only`` the ``--package`` names."""
     moved = _moved_pins(manifest, refs)
-    if VLLM in moved:
-        if ref is not None and ref != moved[VLLM]:
-            raise UsageError(f"--vllm-ref {ref} and --ref vllm={moved[VLLM]} disagree; give one")
-        ref = moved[VLLM]
+    if VLLM.name in moved:
+        given = moved[VLLM.name]
+        if ref is not None and ref != given:
+            raise UsageError(f"{VLLM.option('ref', ref)} and --ref {VLLM.name}={given} disagree; "
+                             "give one")
+        ref = given
     for name in only:
         _known(manifest, name, "--package")
-    others = tuple(Pin(p.name, p.dist, moved.get(p.name, p.ref), manifest.sources(p.repos))
+    others = tuple(Pin(p.id, moved.get(p.name, p.ref), manifest.sources(p.repos))
                    for p in manifest.others)
     return RunSpec(ref=_ref(manifest, ref, repos),
                    sources=tuple(repos) if repos else manifest.sources(),
