@@ -74,11 +74,11 @@ def test_the_image_labels_name_the_modules(tmp_path):
 
     from patchkit import manifest
     from patchkit.image import labels
-    from patchkit.report import ApplyReport, VllmInfo
+    from patchkit.report import ApplyReport, PackageInfo
     from testing.project import make_project
 
     class Applied:   # what run_labels reads of an applied checkout
-        report = ApplyReport(VllmInfo("v1", "c" * 40, "1.0.0"), None,
+        report = ApplyReport(PackageInfo("v1", "c" * 40, "1.0.0"), None,
                              jit_modules={"flashinfer": {fi.MOE_HEADER: FUSED_MOE}})
         vllm, base = report.vllm, "c" * 40
 

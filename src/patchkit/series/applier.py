@@ -26,8 +26,7 @@ from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest import digest, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
-                             VllmInfo)
+from patchkit.report import ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult
 from patchkit.series import checkout as applied
 from patchkit.series import assertions, compiled, jit
 from patchkit.cache import cache_dir
@@ -225,7 +224,7 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
     progress = progress or Progress()
     pins = {n: t.resolved for n, t in trees.items()} if pins is None else pins
     at = trees[VLLM.name].resolved if VLLM.name in trees else vllm or pins[VLLM.name]
-    report = ApplyReport(VllmInfo(at.ref, at.commit, at.version, at.source), workdir=None,
+    report = ApplyReport(PackageInfo(at.ref, at.commit, at.version, at.source), workdir=None,
                          variant=variant if isinstance(variant, str) else None)
     report.packages = {n: PackageInfo(t.resolved.ref, t.resolved.commit, t.resolved.version,
                                       t.resolved.source) for n, t in trees.items()}

@@ -473,7 +473,7 @@ def _finish(state: _State) -> RebaseResult:
         shutil.rmtree(state.sdir)
         return RebaseResult(True, old_ref, res.ref, steps, None, None, notes, state.label)
     if m.vllm.ref != res.ref:
-        text.set_scalar(("vllm", "ref"), res.ref)
+        text.set_scalar((VLLM.name, "ref"), res.ref)
     base = text.value(("image", "base")) if text.has(("image", "base")) else None
     if base and "@" not in base and base.endswith(f":{old_ref}"):
         text.set_scalar(("image", "base"), base[:-len(old_ref)] + res.ref)
