@@ -60,7 +60,7 @@ def test_a_shared_header_feeds_every_module_that_reaches_it(tree):
 
 def test_the_lock_keeps_the_modules_of_each_patched_file(tmp_path):
     lock = stack.Lock("base", "sha256:" + "0" * 64, {
-        "flashinfer": stack.Pinned("0.6.15", "c" * 40, "checkout",
+        "flashinfer": stack.Pinned("0.6.15", "c" * 40, "pypi",
                                    {fi.MOE_HEADER: tuple(FUSED_MOE)})})
     text = lock.render().decode()
     assert f'"{fi.MOE_HEADER}" = ["fused_moe_89", "fused_moe_90",' in text

@@ -347,6 +347,21 @@ def test_patches_land_on_the_vendor_files_and_keep_their_changes(tmp_path):
     assert report.vllm.source == "image" and report.vllm.version == "0.31.0+nv25.11"
 
 
+
+def test_the_lock_entry_and_labels_say_the_pristine_tree_came_from_the_image(tmp_path):
+    from patchkit.image import stack
+
+    diff = make_diff(ATTN, ATTN.replace("return x", "return x * 2"), "vllm/attention.py")
+    m = _project(tmp_path, {"double": diff})
+    workdir = tmp_path / "w"
+    assert apply_series(m, workdir=workdir, cache=tmp_path / "cache", base=vendor_base()).ok
+    pinned = stack.patched_packages(m, workdir)["vllm"]
+    assert (pinned.version, pinned.source) == ("0.31.0+nv25.11", "image")
+    assert 'source = "image"' in stack.Lock("b", "sha256:" + "0" * 64,
+                                            {"vllm": pinned}).render().decode()
+    labels = build.packages_of(m, AppliedCheckout.open(workdir))
+    assert labels["vllm"]["source"] == "image"
+
 def test_a_patch_whose_context_the_vendor_changed_fails_with_its_true_reason(tmp_path):
     diff = make_diff(CUDA, CUDA.replace("logger = None\n", "logger = None\nNEW = 1\n"),
                      "vllm/platforms/cuda.py")

@@ -82,7 +82,7 @@ class AddedPr:
         return self.reports[0].status_of(self.patch.id) or "applied"
 
     def to_dict(self) -> dict:
-        return {"ok": True, "id": self.patch.id, "package": self.patch.package,
+        return {"ok": True, "id": self.patch.id, "package": self.patch.package.name,
                 "path": self.patch.path,
                 "summary": self.patch.summary, "upstream": self.patch.upstream,
                 "sha256": self.patch.sha256, "fetched": self.pull.diff_url,

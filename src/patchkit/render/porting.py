@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from patchkit.manifest import identity
 
-
-def _pin(report, package: str) -> str:
+def _pin(report, package) -> str:
     """A package's pin as the report names it: ``vLLM v0.33.0``, ``flashinfer v0.6.15``."""
-    info = report.packages.get(package) or report.vllm
-    return f"{identity(package).label} {info.ref}"
+    info = report.packages.get(package.name) or report.vllm
+    return f"{package.label} {info.ref}"
 
 
 def _status_note(pid: str, status: str, ref: str) -> str | None:
