@@ -60,7 +60,8 @@ def test_what_sets_vllm_apart_is_data_of_its_value(tmp_path):
     assert manifest.identity("vllm", "vllm") is VLLM
     assert (VLLM.label, fi.label) == ("vLLM", "flashinfer")
     work = tmp_path / ".patchkit" / "vllm"
-    assert VLLM.checkout(work) == work and fi.checkout(work) == tmp_path / ".patchkit" / "flashinfer"
+    assert VLLM.checkout(work) == work
+    assert fi.checkout(work) == tmp_path / ".patchkit" / "flashinfer"
     assert VLLM.option("repo", "image") == "--vllm-repo image"
     assert fi.option("repo", "image") == "packages.flashinfer.repo: image"
     assert (VLLM.key("ref"), fi.key("ref")) == ("vllm.ref", "packages.flashinfer.ref")

@@ -224,8 +224,8 @@ class _Loader:
         image = self.image(top["image"][1]) if "image" in top else ImageDefaults()
         for package in (vllm, *others):
             if package.ref == BASE_REF and not image.base:
-                raise ManifestError(f"{package.id.key('ref')}: {BASE_REF!r} pins what the base image holds, "
-                                    "and image.base is not set", path=self.given,
+                raise ManifestError(f"{package.id.key('ref')}: {BASE_REF!r} pins what the base "
+                                    "image holds, and image.base is not set", path=self.given,
                                     line=package.ref_line)
         if "variants" in top:
             self.declared = self.variants(top["variants"][1])

@@ -70,8 +70,8 @@ def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: 
 def _pin_of(base: Base | None, package: PackageId = VLLM) -> versions.Pin:
     """What the ref ``base`` of ``package`` pins in a git source, or why it pins nothing."""
     if base is None:
-        raise UsageError(f"{package.option('ref', BASE_REF)} reads the pin from a base image: give --base IMAGE or "
-                         "set image.base in patchset.yaml")
+        raise UsageError(f"{package.option('ref', BASE_REF)} reads the pin from a base image: "
+                         "give --base IMAGE or set image.base in patchset.yaml")
     if base.version is None:
         raise SourceError(f"base {base.name}: cannot tell which {package.label} it holds (its "
                           f"{base.package_dir} has no version); patch it as it is with "
@@ -114,8 +114,8 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None
     if pin.commit and not kind.holds_commits:
         raise SourceError(f"base {base.name} holds {package.label} {base.version}, built from "
                           f"commit {pin.ref}, and the source {source} holds releases only; name "
-                          f"a git source ({package.option('repo', 'URL')}), or patch the base as it is with "
-                          f"{_as_is(package)}")
+                          f"a git source with {package.option('repo', 'URL')}, or patch the base as "
+                          f"it is with {_as_is(package)}")
     log(f"base {base.name} holds {package.label} {base.version}: pinning "
         + (f"commit {pin.ref}" if pin.commit else pin.ref))
     found = kind.resolve(source, pin.ref, cache, log, package=package, base=base)
