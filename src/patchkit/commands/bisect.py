@@ -10,7 +10,7 @@ from pathlib import Path
 
 from patchkit import source
 from patchkit.errors import UsageError
-from patchkit.manifest import VLLM, Manifest, variants
+from patchkit.manifest import Manifest, variants
 from patchkit.manifest.runspec import run_spec
 from patchkit.series import applier
 from patchkit.series.bisect import (BisectResult, Oracle, between, end_names, newest_release,
@@ -36,7 +36,8 @@ def run(manifest: Manifest, patch_id: str, *, ends: Ends = (None, None),
     if good is not None and any(text.partition("=")[0].strip() == name for text in pins):
         raise UsageError(f"--good {good} and --ref {name}= both say where the bisect starts; "
                          "give one")
-    spec = run_spec(manifest, ref=good if name == VLLM else None, repos=repos, variant=variant,
+    moved_by_flag = manifest.package(name).id.primary   # --good is vLLM's ref, for run_spec
+    spec = run_spec(manifest, ref=good if moved_by_flag else None, repos=repos, variant=variant,
                     refs=pins, cache=cache)
     at, package = spec.pin(name), package_of(manifest, patch)
     lo = source.resolve(at.sources, good if good is not None else at.ref, spec.cache,
@@ -49,6 +50,7 @@ def run(manifest: Manifest, patch_id: str, *, ends: Ends = (None, None),
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-"))
     try:
         oracle = Oracle(manifest, patch, scratch, progress.info, spec.variant, others)
-        return between(manifest, patch, lo, hi, oracle, spec.cache, end_names(name, good, bad))
+        return between(manifest, patch, lo, hi, oracle, spec.cache,
+                       end_names(package, good, bad))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

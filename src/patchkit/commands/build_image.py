@@ -15,7 +15,7 @@ from patchkit.image.assembly import BuildReport, Choices, assemble, reach_regist
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import ApplyReport, VllmInfo
+from patchkit.report import ApplyReport
 from patchkit.series.applier import Progress, apply_series, check_workdir
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.timeouts import DEFAULT_TIMEOUT
@@ -150,4 +150,4 @@ def _applied(spec: RunSpec, apply: bool) -> AppliedCheckout:
     return tree
 
 
-__all__ = ["BuildReport", "Request", "VllmInfo", "check_reference", "run"]
+__all__ = ["BuildReport", "Request", "check_reference", "run"]

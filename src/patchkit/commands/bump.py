@@ -34,7 +34,7 @@ from patchkit import manifest, process, source, versions
 from patchkit.series import rebase
 from patchkit.errors import CommandError, PatchkitError, UsageError
 from patchkit.kinds import Stop
-from patchkit.manifest import VLLM, Manifest
+from patchkit.manifest import Manifest
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.series import applier
 from patchkit.series.releases import release_targets
@@ -106,7 +106,7 @@ def run(manifest_path: Path, *, package: str | None = None, to: str | None = Non
     names = [package] if package else [p.name for p in m.packages]
     # an unknown package: one line, with "did you mean"
     spec = run_spec(m, repos=repos, only=names)
-    if repos and names != [VLLM]:
+    if repos and not all(m.package(n).id.primary for n in names):
         raise UsageError("--vllm-repo goes with vLLM's bump (--package vllm)")
     project = _project(m)
     ask = Ask(to, dry_run, push, repos)
@@ -141,7 +141,7 @@ def _project(m: Manifest) -> Path:
 def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
               progress: applier.Progress) -> BumpResult:
     pin = spec.pin(name)
-    label = "vLLM" if name == VLLM else name
+    label = pin.id.label
     target = ask.to or _newest(m, spec, name, progress)
     if target is None:
         return BumpResult(name, label, pin.ref, None, "current")
@@ -186,9 +186,8 @@ def _version(spec: RunSpec, name: str, target: str, progress) -> str:
     """The release ``target`` of package ``name`` names, once it is known to be newer than
     the pin."""
     pin = spec.pin(name)
-    label = "vLLM" if name == VLLM else name
-    resolved = source.resolve(pin.sources, target, spec.cache, progress.info,
-                              package=source.package_id(pin.name, pin.dist))
+    label = pin.id.label
+    resolved = source.resolve(pin.sources, target, spec.cache, progress.info, package=pin.id)
     version = resolved.version or target.removeprefix("v")
     if (versions.release_tag(pin.ref) is not None and versions.release_tag(target) is not None
             and versions.release_tag(target) <= versions.release_tag(pin.ref)):

@@ -47,7 +47,7 @@ def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
     packages = stack.patched_packages(manifest, Path(workdir), held.installed)
     for name, p in sorted(packages.items()):
         log(f"{name} {p.version} ({'commit ' + p.commit[:12] if p.commit else 'no commit'}, "
-            f"from its {p.source})")
+            f"from {p.source})")
     artifacts = {}
     if checkout.is_checkout(Path(workdir)):
         from patchkit.image.labels import artifacts_of

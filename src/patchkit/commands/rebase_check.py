@@ -89,12 +89,12 @@ class Matrix:
     variant: str | None = None
     # --bisect: (target ref of `package`, patch id) -> BisectResult, or why it could not run
     bisects: dict[tuple[str, str], object] = field(default_factory=dict)
-    package: str = VLLM           # the package whose refs the targets are
+    package: str = VLLM.name      # the package whose refs the targets are
     series: tuple[Patch, ...] | None = None   # the rows (default: every patch)
 
     @property
     def label(self) -> str:
-        return "vLLM" if self.package == VLLM else self.package
+        return self.manifest.package(self.package).label
 
     @property
     def pin(self) -> str:
@@ -102,8 +102,7 @@ class Matrix:
 
     def ref_of(self, target: ApplyReport) -> str:
         """The target's ref: of vLLM, or of the package the matrix is over."""
-        info = target.packages.get(self.package)
-        return target.vllm.ref if self.package == VLLM or info is None else info.ref
+        return (target.packages.get(self.package) or target.vllm).ref
 
     @property
     def ok(self) -> bool:
@@ -170,18 +169,17 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
     variant = run.variant
     variants.check(manifest, variant)
     progress = progress or CheckProgress()
-    cache, package = run.cache, run.only[0] if run.only else VLLM
-    base, bases = (bases or {}).get(VLLM), bases or {}
+    cache, package = run.cache, run.only[0] if run.only else manifest.vllm.name
+    bases = bases or {}
+    base, held = bases.get(VLLM.name), bases.get(package)
     pin = run.pin(package)
-    held = base if package == VLLM else (bases or {}).get(package)
     resolved = _resolved(list(dict.fromkeys(refs)),
                          lambda ref: source.resolve(pin.sources, ref, cache, progress.info,
                                                     base=held,
-                                                    package=source.package_id(pin.name,
-                                                                              pin.dist)))
+                                                    package=pin.id))
     resolved = _by_version(resolved)
     matrix = Matrix(manifest, variant=variant, package=package)
-    if package != VLLM:
+    if not pin.id.primary:
         matrix.series = tuple(p for p in manifest.patches if p.package == package)
     # every other package at its pin: the ranges on it are judged at each target too
     others = applier.resolve_pins(run, cache, progress.info, base,
@@ -209,7 +207,7 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
 
 
 def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] | None,
-         variant: str | None = None, package: str = VLLM,
+         variant: str | None = None, package: str = VLLM.name,
          others: dict[str, source.Resolved] | None = None,
          series: tuple[Patch, ...] | None = None) -> tuple[str, object]:
     """One target, in a worker: an ApplyReport, or what stopped it as plain values (not every
@@ -217,7 +215,8 @@ def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] 
     try:
         try:
             source.checkout(res, tree, paths)
-            at = applier.Tree(tree, res, () if package == VLLM else applier.package_tops(res))
+            at = applier.Tree(tree, res,
+                              applier.package_tops(res, manifest.package(package).id))
             return "report", applier.run_stack(manifest, {package: at}, patches=series,
                                                variant=variant, pins={**(others or {}),
                                                                       package: res})
@@ -316,22 +315,22 @@ def run(manifest: Manifest, spec: RunSpec, *, refs: Sequence[str] = (), releases
     variants.check(manifest, spec.variant)
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
-    package = spec.only[0] if spec.only else VLLM
+    package = spec.only[0] if spec.only else manifest.vllm.name
     targets = list(refs)
     pin = spec.pin(package)
     # the refs the matrix's package is taken at; every other package at its pin
     wanted = {package: targets + ([pin.ref] if releases else [])}
-    holder = basevllm.for_run(spec, refs=wanted.get(VLLM), log=progress.info)
+    holder = basevllm.for_run(spec, refs=wanted.get(VLLM.name), log=progress.info)
     bases = basevllm.for_packages(spec, refs=wanted, log=progress.info)
     if releases:
         found = release_targets(manifest, spec, pre=pre, log=progress.info,
-                                base=holder if package == VLLM else bases.get(package),
+                                base={**bases, VLLM.name: holder}.get(package),
                                 package=package)
-        whose = "" if package == VLLM else f"{package} "
+        whose = pin.id.aside("{} ")
         progress.info(f"{whose}releases after {pin.ref}: {', '.join(found) or 'none'}")
         targets += found
     matrix = check(manifest, targets, spec, jobs=jobs, progress=progress,
-                   bases={**bases, VLLM: holder} if holder else bases)
+                   bases={**bases, VLLM.name: holder} if holder else bases)
     if bisect:
         from patchkit.series.bisect import bisect_failures
 

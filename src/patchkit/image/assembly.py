@@ -118,7 +118,7 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
     built = builders.choose(choices.no_daemon, choice).build(job)
     digest, saved = _deliver(engine, built, final_tag, push=choices.push, save=choices.save,
                              previous=previous, log=log)
-    kind = source.kind_of(tree.vllm.repo or run.sources[0]).name
+    kind = source.kind_of(tree.vllm.source or run.sources[0]).name
     holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
     return _report(tree, choice, plat, final_tag, built, digest, push=choices.push,
                    saved=saved, started=started, holds=holds)
@@ -131,7 +131,7 @@ def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack |
     path finds the others' sites on the base's layers."""
     out = []
     for package in manifest.others:
-        where = stack.checkout_dir(workdir, package.name)
+        where = package.checkout(workdir)
         if not is_checkout(where):
             continue
         tree = AppliedCheckout.open(where)

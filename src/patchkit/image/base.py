@@ -91,7 +91,7 @@ def prove_packages(manifest: Manifest, workdir: Path, engine, base: BaseStack | 
                    log: Log = lambda m: None) -> dict[str, distinfo.Proof]:
     """Each package's applied checkout beside ``workdir`` (``.patchkit/<name>``) proven on the
     base, with :func:`prove_package`.  vLLM's own proof is made by the overlay plan."""
-    trees = [(p, stack.checkout_dir(workdir, p.name)) for p in manifest.others]
+    trees = [(p, p.checkout(workdir)) for p in manifest.others]
     trees = [(p, d) for p, d in trees if checkout.is_checkout(d)]
     if not trees or base is None or engine is None:
         return {}
