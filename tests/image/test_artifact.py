@@ -18,10 +18,10 @@ from patchkit.image import artifact, build, distinfo, prebuilt
 from patchkit.image.artifact import ArtifactError
 from patchkit.manifest.model import Artifact
 from testing import one_error, patchkit
+from testing.checkout import applied
+from testing.flashinfer import MOE_HEADER as HEADER, MOE_MODULES as MODULES
+from testing.imagetree import FI, SITE, TreeFiles, dist
 from testing.project import make_project
-
-from test_distinfo import FI, SITE, TreeFiles, dist
-from test_prebuilt import HEADER, MODULES, Applied
 
 MEMBER = "flashinfer_jit_cache/jit_cache/fused_moe_120/fused_moe_120.so"
 CROSS = "aarch64-linux-gnu-gcc"
@@ -117,8 +117,8 @@ def test_the_member_is_placed_where_the_base_installed_its_dist(sos):
     # the module it ships counts as rebuilt: no refusal, no whiteout
     shadowing = TreeFiles({**dist("flashinfer-python", "0.6.15", FI),
                            **dist("flashinfer-jit-cache", "0.6.15+cu130", {MEMBER: b"old"})})
-    tree = build.PackageTree("flashinfer", "flashinfer-python", Applied({HEADER: MODULES}), (),
-                             SITE)  # type: ignore[arg-type]
+    tree = build.PackageTree("flashinfer", "flashinfer-python", applied({HEADER: MODULES}), (),
+                             SITE)
     assert prebuilt.leave_out(distinfo.installed(shadowing, {}), [tree], "b", print,
                               {("flashinfer-jit-cache", MEMBER)}) == []
 

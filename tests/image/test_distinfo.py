@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from pathlib import Path
 
 import pytest
@@ -12,50 +10,7 @@ from packaging.specifiers import SpecifierSet
 from patchkit.errors import ImageError, ManifestError, UsageError
 from patchkit.image import distinfo, stack
 from patchkit.manifest import loader
-
-SITE = "/usr/local/lib/python3.11/dist-packages"
-
-
-class TreeFiles:
-    """An image's files as a dict of absolute path -> bytes (folders are implied)."""
-
-    image = "base:test"
-
-    def __init__(self, files: dict[str, bytes]) -> None:
-        self.files = files
-        self.reads: list[str] = []
-
-    def exists(self, path: str) -> bool:
-        return path in self.files or any(p.startswith(path.rstrip("/") + "/") for p in self.files)
-
-    def read(self, path: str) -> bytes | None:
-        self.reads.append(path)
-        return self.files.get(path)
-
-    def names(self, folder: str) -> list[str] | None:
-        prefix = folder.rstrip("/") + "/"
-        found = {p[len(prefix):].split("/")[0] for p in self.files if p.startswith(prefix)}
-        return sorted(found) if found else None
-
-
-def h(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def dist(name: str, version: str, files: dict[str, bytes], *, record: bool = True,
-         folder: str | None = None, site: str = SITE) -> dict[str, bytes]:
-    folder = folder or f"{name.replace('-', '_')}-{version}.dist-info"
-    out = {f"{site}/{rel}": data for rel, data in files.items()}
-    out[f"{site}/{folder}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\n"
-                                        f"Version: {version}\n\nlong text\n").encode()
-    if record:
-        rows = [f"{rel},sha256={h(data)},{len(data)}" for rel, data in files.items()]
-        rows.append(f"{folder}/RECORD,,")
-        out[f"{site}/{folder}/RECORD"] = ("\n".join(rows) + "\n").encode()
-    return out
-
-
-FI = {"flashinfer/__init__.py": b"x = 1\n", "flashinfer/fused_moe/core.py": b"def f():\n    pass\n"}
+from testing.imagetree import FI, SITE, TreeFiles, dist, record_sha256
 
 
 def base_files() -> TreeFiles:
@@ -73,7 +28,7 @@ def test_reads_every_dist_info_with_names_normalized_and_records():
     fi = got.get("Flashinfer_Python")
     assert fi.site == SITE and fi.info == f"{SITE}/flashinfer_python-0.6.15.dist-info"
     row = fi.record["flashinfer/fused_moe/core.py"]
-    assert row.sha256 == h(FI["flashinfer/fused_moe/core.py"]) and row.size == 18
+    assert row.sha256 == record_sha256(FI["flashinfer/fused_moe/core.py"]) and row.size == 18
     assert fi.record["flashinfer_python-0.6.15.dist-info/RECORD"].sha256 is None
     assert got.get("nvidia-cutlass-dsl").record is None
     assert got.sites == (SITE,)
