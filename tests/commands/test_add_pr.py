@@ -15,16 +15,12 @@ import pytest
 import yaml
 from testing import patchkit, snapshot
 from testing.upstream import sh
-from testing.project import MANIFEST, MOD_V1, make_project
+from testing.project import GH_MANIFEST, MOD_V1, make_project
 
 from patchkit import manifest
 from patchkit.errors import ManifestError
 from patchkit.kinds import diff
 from patchkit.series import applier
-
-GH_MANIFEST = MANIFEST.replace("  repo: {repo}   # the fixture upstream\n",
-                               "  repo: [{repo}, https://github.com/vllm-project/vllm.git]  # mirror first\n")
-
 
 class Server:
     """Serves ``routes`` (path -> bytes) on 127.0.0.1; anything else is a 404, as on GitHub."""
