@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from testing import imageproject as ip
-from testing.baseimage import DEV_RELEASE, SITE as BASE_SITE
+from testing.baseimage import DEV_RELEASE
+from testing.imageproject import SITE
+from testing.progress import Said
 from patchkit import cli, manifest
 from patchkit.commands import apply as apply_command
 from patchkit.commands.build_image import run as build_image
@@ -34,7 +36,6 @@ from testing.upstream import unified
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(2400)]
 
-SITE = "/" + BASE_SITE
 ATTN = "vllm/models/deepseek_v4/attention.py"
 CUDA = "vllm/platforms/cuda.py"
 ENVS = "vllm/envs.py"
@@ -53,17 +54,6 @@ def cache_env():
             os.environ.pop("PATCHKIT_CACHE_DIR", None)
         else:
             os.environ["PATCHKIT_CACHE_DIR"] = old
-
-
-class Log:
-    def __init__(self):
-        self.lines: list[str] = []
-
-    def info(self, message: str) -> None:
-        self.lines.append(message)
-
-    def patch(self, result) -> None:
-        pass
 
 
 def sha256(data: bytes) -> str:
@@ -164,7 +154,7 @@ def dev_applied(tmp_path_factory, dev_base, registry, docker_client):
     root = tmp_path_factory.mktemp("dev")
     m = manifest.load(dev_manifest(root, dev_base, registry))
     workdir = root / ".patchkit" / "vllm"
-    log = Log()
+    log = Said()
     with cache_env():
         report = apply_command.run(m, ref=None, repos=None, workdir=workdir, progress=log)
     assert report.ok, report.to_json()
@@ -336,7 +326,7 @@ def vendor_applied(tmp_path_factory, vendor_base, registry):
     m = manifest.load(vendor_project(root, vendor_base, registry))
     workdir = root / ".patchkit" / "vllm"
     with cache_env():
-        report = apply_command.run(m, ref=None, repos=["image"], workdir=workdir, progress=Log())
+        report = apply_command.run(m, ref=None, repos=["image"], workdir=workdir, progress=Said())
     assert report.ok, report.to_json()
     return m, workdir, report
 

@@ -6,7 +6,6 @@ that holds the same release, byte-code caches included.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -16,7 +15,7 @@ import tarfile
 import pytest
 
 from testing import imageproject as ip
-from testing.imageproject import OTHER_RELEASE, RELEASE
+from testing.imageproject import OTHER_RELEASE, RELEASE, SITE, files_of
 from patchkit import cli, manifest
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
@@ -27,32 +26,10 @@ from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
-SITE = "/usr/local/lib/python3.11/dist-packages"
 
 def _summary(report):
     """``(exit code, --format json object)`` of a build-image run."""
     return (0 if report.ok else 1), report.to_dict()
-
-
-def files_of(client, image: str, paths: list[str]) -> dict[str, bytes | None]:
-    """Reads files out of an image through a container that is never started."""
-    import docker
-
-    c = client.api.create_container(image, command=["/x"], entrypoint=[])
-    try:
-        out = {}
-        for p in paths:
-            try:
-                stream, _ = client.api.get_archive(c["Id"], p)
-            except docker.errors.NotFound:
-                out[p] = None
-                continue
-            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-                member = tar.next()
-                out[p] = tar.extractfile(member).read() if member.isfile() else b"<not a file>"
-        return out
-    finally:
-        client.api.remove_container(c["Id"], force=True)
 
 
 def run_arm64(client, image: str, *args: str, entrypoint=None) -> str:

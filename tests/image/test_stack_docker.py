@@ -20,32 +20,17 @@ import pytest
 from testing import flashinfer as fi
 from testing import imageproject as ip
 from testing import real_cache, stackbase
-from testing.imageproject import RELEASE
+from testing.imageproject import RELEASE, SITE, write_manifest
+from testing.progress import Said
 from testing.upstream import unified
 from patchkit import cli, manifest
 from patchkit.commands import build_image, lock, verify
 from patchkit.errors import ImageError, ManifestError
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
-from patchkit.series.applier import Progress, apply_series
+from patchkit.series.applier import apply_series
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
-
-PACKAGES = """\
-packages:
-  flashinfer:
-    dist: flashinfer-python
-    repo: pypi
-    ref: {fi_ref}
-"""
-
-
-class Log(Progress):
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def info(self, message: str) -> None:
-        self.lines.append(message)
 
 
 @pytest.fixture(scope="session")
@@ -58,35 +43,11 @@ def stack_bases(docker_client, bases, registry) -> dict:
             for torch in ("2.11.0", "2.10.0")}
 
 
-def write_manifest(root, base: str, *, fi_ref="v0.6.15",
-                   requires='{torch: "==2.11.*", nvidia-cutlass-dsl: ">=4.5,<4.6"}',
-                   extra_package: str = "", name: str = "pk-stack", fi_patch: bool = False):
-    """The image project's manifest on ``base``, named ``name``; with ``fi_patch``, FlashInfer's
-    patch (testing.flashinfer.FI_ENTRY) ends its series."""
-    path = root / "patchset.yaml"
-    original = root / "patchset.orig"   # the image project's manifest, before any change
-    if not original.exists():
-        original.write_text(path.read_text())
-    fi_entry = fi.FI_ENTRY if fi_patch else ""
-    text = original.read_text().replace("name: pk-e2e\n", f"name: {name}\n")
-    head, _, rest = text.partition("image:\n")
-    image_block, _, patches = rest.partition("patches:\n")
-    image_block = "\n".join(line for line in image_block.splitlines()
-                            if not line.startswith("  base:"))
-    path.write_text(head + PACKAGES.format(fi_ref=fi_ref) + extra_package + "image:\n"
-                    + f"  base: {base}\n" + image_block + f"\n  requires: {requires}\n"
-                    + "patches:\n" + patches + fi_entry)
-    return manifest.load(path)
-
-
 @pytest.fixture(scope="module")
 def engine() -> Engine:
     """The engine, with room for a shared machine's load: each stopped container of the stack
     base is a full copy of its files on the vfs driver."""
     return Engine.connect(timeout=600)
-
-
-SITE = "/usr/local/lib/python3.11/dist-packages"
 
 
 def fi_pristine() -> str:
@@ -139,7 +100,7 @@ def built(fi_project, engine) -> Built:
     """``fi_project`` built once on the stack base, then locked twice: the one image (and the
     one lock) the tests of the stack share."""
     root, m, workdir, _ = fi_project
-    log = Log()
+    log = Said()
     report = build_image.run(m, workdir=workdir, apply=False, tag=f"{ip.REGISTRY}/pk-test/"
                              "stackimg-e2e:1", progress=log, engine=engine)
     assert report.ok and not report.reused, report.to_dict()
@@ -184,7 +145,7 @@ def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(built, stack_
 
 def test_locked_build_and_verify_accept_the_same_stack(built, fi_project, engine):
     root, m, workdir, _ = fi_project
-    log = Log()
+    log = Said()
     report = build_image.run(m, workdir=workdir, apply=False, progress=log, locked=True,
                              engine=engine)
     assert report.ok and report.reused
@@ -399,7 +360,7 @@ def test_no_daemon_locked_ships_flashinfers_file_and_refuses_a_lock_that_differs
     root, m, workdir, _ = fi_project
     saved = (root / "patchset.lock").read_bytes()
     tag = f"{registry}/pk-test/stackimg-nd:{secrets.token_hex(4)}"
-    log = Log()
+    log = Said()
     built = build_image.run(m, workdir=workdir, apply=False, tag=tag, push=True,
                             no_daemon=True, locked=True, progress=log, timeout=600)
     try:

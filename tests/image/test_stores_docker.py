@@ -17,7 +17,8 @@ import docker
 import pytest
 
 from testing import imageproject as ip
-from testing.imageproject import RELEASE
+from testing.imageproject import RELEASE, SITE
+from testing.progress import Said
 from patchkit import cli, manifest
 from patchkit.commands import copy_image
 from patchkit.process import Piped
@@ -26,12 +27,11 @@ from patchkit.errors import ImageError
 from patchkit.image import layer
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
-from patchkit.series.applier import Progress, apply_series
+from patchkit.series.applier import apply_series
 from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
-SITE = "/usr/local/lib/python3.11/dist-packages"
 REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
 COPY_TAG = f"{REGISTRY}/pk-test/engines-copy:1"
 NAME = "pk-stores"
@@ -41,14 +41,6 @@ site = {SITE!r}
 code = importlib.machinery.SourceFileLoader("m", site + "/" + {ip.SPEC!r}).get_code("m")
 print(platform.machine(), {ip.MARK_SPEC!r} in code.co_names)
 """
-
-
-class Said(Progress):
-    def __init__(self):
-        self.lines: list[str] = []
-
-    def info(self, message):
-        self.lines.append(message)
 
 
 def fingerprint_of(client, ref: str) -> str:

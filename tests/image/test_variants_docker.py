@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_build_image_docker import SITE, files_of
 
 from testing import imageproject as ip
-from testing.imageproject import RELEASE
+from testing.imageproject import RELEASE, SITE, files_of
 from patchkit import manifest
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image

@@ -4,21 +4,28 @@ The series touches what the real DSpark series touches, in miniature: a diff on
 vllm/config/speculative.py and one on vllm/utils/torch_utils.py (the dtype map), a new module in
 a new package folder.  ``remove_module`` adds the removal of a small module as a commit on top
 of an applied checkout, as a user would before ``patchkit export``.  Each patched module carries a marker
-that the tests look for inside the running arm64 container.
+that the tests look for inside the running arm64 container.  ``write_manifest`` puts the
+project on a stack base, FlashInfer pinned beside vLLM; ``files_of`` reads an image's files
+straight from the engine, beside patchkit, for the tests to compare with.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 import zipfile
 from pathlib import Path
 
-from testing.baseimage import find_wheel
+from patchkit import manifest
+from testing import flashinfer as fi
+from testing.baseimage import SITE as BASE_SITE, find_wheel
 from testing.upstream import commit, unified
 
 REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
 RELEASE = "0.27.1"        # the release the test patchset is applied to
 OTHER_RELEASE = "0.33.0"  # a base holding another release, for the refusal
+SITE = "/" + BASE_SITE     # where the bases install vLLM
 
 SPEC = "vllm/config/speculative.py"
 DTYPES = "vllm/utils/torch_utils.py"
@@ -103,3 +110,55 @@ def make_project(root: Path, *, base: str, tag: str, version: str = "0.27.1",
     path = root / "patchset.yaml"
     path.write_text(MANIFEST.format(version=version, base=base, tag=tag, mark_spec=MARK_SPEC, name=name))
     return path
+
+
+# FlashInfer pinned beside vLLM, for the image project on a stack base (testing.stackbase)
+STACK_PACKAGES = """\
+packages:
+  flashinfer:
+    dist: flashinfer-python
+    repo: pypi
+    ref: {fi_ref}
+"""
+
+
+def write_manifest(root, base: str, *, fi_ref="v0.6.15",
+                   requires='{torch: "==2.11.*", nvidia-cutlass-dsl: ">=4.5,<4.6"}',
+                   extra_package: str = "", name: str = "pk-stack", fi_patch: bool = False):
+    """The image project's manifest on ``base``, named ``name``; with ``fi_patch``, FlashInfer's
+    patch (testing.flashinfer.FI_ENTRY) ends its series."""
+    path = root / "patchset.yaml"
+    original = root / "patchset.orig"   # the image project's manifest, before any change
+    if not original.exists():
+        original.write_text(path.read_text())
+    fi_entry = fi.FI_ENTRY if fi_patch else ""
+    text = original.read_text().replace("name: pk-e2e\n", f"name: {name}\n")
+    head, _, rest = text.partition("image:\n")
+    image_block, _, patches = rest.partition("patches:\n")
+    image_block = "\n".join(line for line in image_block.splitlines()
+                            if not line.startswith("  base:"))
+    path.write_text(head + STACK_PACKAGES.format(fi_ref=fi_ref) + extra_package + "image:\n"
+                    + f"  base: {base}\n" + image_block + f"\n  requires: {requires}\n"
+                    + "patches:\n" + patches + fi_entry)
+    return manifest.load(path)
+
+
+def files_of(client, image: str, paths: list[str]) -> dict[str, bytes | None]:
+    """Reads files out of an image through a container that is never started."""
+    import docker
+
+    c = client.api.create_container(image, command=["/x"], entrypoint=[])
+    try:
+        out = {}
+        for p in paths:
+            try:
+                stream, _ = client.api.get_archive(c["Id"], p)
+            except docker.errors.NotFound:
+                out[p] = None
+                continue
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = tar.next()
+                out[p] = tar.extractfile(member).read() if member.isfile() else b"<not a file>"
+        return out
+    finally:
+        client.api.remove_container(c["Id"], force=True)
