@@ -24,6 +24,7 @@ import pytest
 
 from testing import imageproject as ip
 from testing.baseimage import DEV_RELEASE
+from testing.dockersdk import absent
 from testing.imageproject import SITE
 from testing.progress import Said
 from patchkit import cli, manifest
@@ -100,16 +101,6 @@ def run_python(client, image: str, program: str, *args: str) -> str:
 
 def hashes_in(client, image: str, rels: list[str]) -> dict:
     return json.loads(run_python(client, image, HASHES, SITE, *rels))
-
-
-def absent(client, ref: str) -> bool:
-    import docker
-
-    try:
-        client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        return True
-    return False
 
 
 def fingerprint_by_hand(attrs: dict) -> str:

@@ -23,15 +23,14 @@ import docker
 import pytest
 
 from testing import imageproject as ip
-from testing import real_cache, smallimage
+from testing import smallimage
+from testing.dockersdk import fingerprint_of, forget
 from testing.imageproject import DTYPES, RELEASE, SPEC
 from testing.regproxy import RegistryProxy
 from testing.smallimage import MiB, filler
-from patchkit import cli, manifest
+from patchkit import cli
 from patchkit.commands import copy_image
 from patchkit.commands.build_image import run as build_image
-from patchkit.image import layer
-from patchkit.series.applier import apply_series
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
@@ -42,18 +41,6 @@ RUN = secrets.token_hex(4)   # this run's tags: another checkout's run uses othe
 
 def run_tag(name: str) -> str:
     return f"{REPO}:{name}-{RUN}"
-
-
-def fingerprint_of(client, ref: str) -> str:
-    attrs = client.api.inspect_image(ref)
-    return layer.fingerprint({"ConfigDigest": attrs["Id"], "RootFS": attrs["RootFS"]})
-
-
-def forget(client, ref: str) -> None:
-    try:
-        client.images.remove(ref, force=True)
-    except docker.errors.NotFound:
-        pass
 
 
 def fresh_layer(client, parent: str, tag: str) -> None:
@@ -97,12 +84,7 @@ def base(docker_client, registry, node2):
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, base):
     root = tmp_path_factory.mktemp("via")
-    path = ip.make_project(root, base=base, tag=f"{REPO}:{{ref}}-{RUN}", name=NAME)
-    m = manifest.load(path)
-    workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, workdir=workdir, cache=real_cache())
-    assert report.ok, report.to_json()
-    return m, workdir
+    return ip.applied_project(root, base=base, tag=f"{REPO}:{{ref}}-{RUN}", name=NAME)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ from unidiff import PatchSet
 
 from testing import baseimage
 from testing import REPO_ROOT
-from testing.imageproject import SITE, files_of
+from testing.dockersdk import files_of
+from testing.imageproject import SITE
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
 

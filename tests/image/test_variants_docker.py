@@ -7,7 +7,8 @@ import json
 import pytest
 
 from testing import imageproject as ip
-from testing.imageproject import RELEASE, SITE, files_of
+from testing.dockersdk import files_of
+from testing.imageproject import RELEASE, SITE
 from patchkit import manifest
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image

@@ -5,20 +5,19 @@ vllm/config/speculative.py and one on vllm/utils/torch_utils.py (the dtype map),
 a new package folder.  ``remove_module`` adds the removal of a small module as a commit on top
 of an applied checkout, as a user would before ``patchkit export``.  Each patched module carries a marker
 that the tests look for inside the running arm64 container.  ``write_manifest`` puts the
-project on a stack base, FlashInfer pinned beside vLLM; ``files_of`` reads an image's files
-straight from the engine, beside patchkit, for the tests to compare with.
+project on a stack base, FlashInfer pinned beside vLLM.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import tarfile
 import zipfile
 from pathlib import Path
 
 from patchkit import manifest
+from patchkit.series.applier import apply_series
 from testing import flashinfer as fi
+from testing import real_cache
 from testing.baseimage import SITE as BASE_SITE, find_wheel
 from testing.upstream import commit, unified
 
@@ -112,6 +111,19 @@ def make_project(root: Path, *, base: str, tag: str, version: str = "0.27.1",
     return path
 
 
+def applied_project(root: Path, *, base: str, tag: str, name: str = "pk-e2e",
+                    remove: bool = False) -> tuple[manifest.Manifest, Path]:
+    """The project made under ``root`` and applied to the release: its manifest and applied
+    checkout; with ``remove``, GONE's removal committed on top (``remove_module``)."""
+    m = manifest.load(make_project(root, base=base, tag=tag, name=name))
+    workdir = root / ".patchkit" / "vllm"
+    report = apply_series(m, workdir=workdir, cache=real_cache())
+    assert report.ok, report.to_json()
+    if remove:
+        remove_module(workdir)
+    return m, workdir
+
+
 # FlashInfer pinned beside vLLM, for the image project on a stack base (testing.stackbase)
 STACK_PACKAGES = """\
 packages:
@@ -141,24 +153,3 @@ def write_manifest(root, base: str, *, fi_ref="v0.6.15",
                     + f"  base: {base}\n" + image_block + f"\n  requires: {requires}\n"
                     + "patches:\n" + patches + fi_entry)
     return manifest.load(path)
-
-
-def files_of(client, image: str, paths: list[str]) -> dict[str, bytes | None]:
-    """Reads files out of an image through a container that is never started."""
-    import docker
-
-    c = client.api.create_container(image, command=["/x"], entrypoint=[])
-    try:
-        out = {}
-        for p in paths:
-            try:
-                stream, _ = client.api.get_archive(c["Id"], p)
-            except docker.errors.NotFound:
-                out[p] = None
-                continue
-            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-                member = tar.next()
-                out[p] = tar.extractfile(member).read() if member.isfile() else b"<not a file>"
-        return out
-    finally:
-        client.api.remove_container(c["Id"], force=True)
