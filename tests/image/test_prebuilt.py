@@ -96,13 +96,9 @@ def test_the_image_config_sets_it_over_the_bases_value():
     from patchkit.image import layer
     from patchkit.imageref import Platform
 
-    class Base:
-        config = {"Env": ["PATH=/usr/bin", "FLASHINFER_WORKSPACE_BASE=/cache"]}
-        history: list = []
-        diff_ids: list = []
-        platform = Platform.parse("linux/arm64")
-
+    base = layer.BaseImage("base:arm64", "sha256:" + "b" * 64, None, Platform.parse("linux/arm64"),
+                           {"Env": ["PATH=/usr/bin", "FLASHINFER_WORKSPACE_BASE=/cache"]}, (), ())
     made = layer.layer_tar([], 0)
-    config = json.loads(layer.image_config(Base(), made, labels={}, created=0, created_by="x",
+    config = json.loads(layer.image_config(base, made, labels={}, created=0, created_by="x",
                                            env={"FLASHINFER_WORKSPACE_BASE": "/root/.cache/p"}))
     assert config["config"]["Env"] == ["PATH=/usr/bin", "FLASHINFER_WORKSPACE_BASE=/root/.cache/p"]
