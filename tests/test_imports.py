@@ -79,7 +79,8 @@ def _is_test_module(dotted: str) -> bool:
 def imported_test_modules(source: str) -> list[str]:
     """The test modules (``test_*`` or ``conftest``) that ``source`` imports, however it
     spells it: ``import``, ``from ... import`` (relative too, and a module imported by name
-    from its folder), or ``importlib.import_module``/``__import__`` of a literal name."""
+    from its folder), ``importlib.import_module``/``__import__`` of a literal name, or
+    ``pytest_plugins``."""
     found = []
     for node in ast.walk(ast.parse(source)):
         names: list[str] = []
@@ -93,6 +94,10 @@ def imported_test_modules(source: str) -> list[str]:
               and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
                    or (isinstance(node.func, ast.Name) and node.func.id == "__import__"))):
             names = [node.args[0].value]
+        elif (isinstance(node, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == "pytest_plugins" for t in node.targets)):
+            names = [c.value for c in ast.walk(node.value)
+                     if isinstance(c, ast.Constant) and isinstance(c.value, str)]
         found += [n for n in names if n and _is_test_module(n)][:1]
     return found
 
@@ -102,14 +107,15 @@ def imported_test_modules(source: str) -> list[str]:
     "from commands.test_a import X", "from .test_a import X", "from . import test_a",
     "from commands import test_a", "from conftest import x", "import conftest",
     "def f():\n    from test_a import X\n", "importlib.import_module('commands.test_a')",
-    "__import__('test_a')"])
+    "__import__('test_a')", "pytest_plugins = ['testing.x', 'commands.test_a']"])
 def test_the_guard_sees_every_spelling_of_a_test_module_import(source):
     assert imported_test_modules(source) != [], source
 
 
 @pytest.mark.parametrize("source", [
-    "from testing import patchkit", "import testing.imagetree", "from testing.project import "
-    "make_project", "import pytest", "from patchkit.commands import apply", "import testing"])
+    "from testing import patchkit", "import testing.imagetree",
+    "from testing.project import make_project", "import pytest",
+    "from patchkit.commands import apply", "import testing", "pytest_plugins = ['testing.x']"])
 def test_the_guard_passes_shared_helpers_and_the_code_under_test(source):
     assert imported_test_modules(source) == []
 
