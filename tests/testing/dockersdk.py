@@ -31,13 +31,10 @@ def files_of(client, image: str, paths: list[str]) -> dict[str, bytes | None]:
         client.api.remove_container(c["Id"], force=True)
 
 
-def fingerprint_of(client, ref: str) -> str | None:
+def fingerprint_of(client, ref: str) -> str:
     """The fingerprint as patchkit defines it, read straight from an engine whose image ids are
-    config digests (the Docker Engines here); None when it has no such image."""
-    try:
-        attrs = client.api.inspect_image(ref)
-    except docker.errors.NotFound:
-        return None
+    config digests (the Docker Engines here)."""
+    attrs = client.api.inspect_image(ref)
     return layer.fingerprint({"ConfigDigest": attrs["Id"], "RootFS": attrs["RootFS"]})
 
 
