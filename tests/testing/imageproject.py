@@ -4,8 +4,8 @@ The series touches what the real DSpark series touches, in miniature: a diff on
 vllm/config/speculative.py and one on vllm/utils/torch_utils.py (the dtype map), a new module in
 a new package folder.  ``remove_module`` adds the removal of a small module as a commit on top
 of an applied checkout, as a user would before ``patchkit export``.  Each patched module carries a marker
-that the tests look for inside the running arm64 container.  ``write_manifest`` puts the
-project on a stack base, FlashInfer pinned beside vLLM.
+that the tests look for inside the running arm64 container.  ``applied_project`` makes the
+project and applies it; ``write_manifest`` puts it on a stack base, FlashInfer pinned beside vLLM.
 """
 
 from __future__ import annotations
