@@ -35,7 +35,7 @@ def fingerprint_of(client, ref: str) -> str:
     """The fingerprint as patchkit defines it, read straight from an engine whose image ids are
     config digests (the Docker Engines here)."""
     attrs = client.api.inspect_image(ref)
-    return layer.fingerprint({"ConfigDigest": attrs["Id"], "RootFS": attrs["RootFS"]})
+    return layer.fingerprint_of(attrs["Id"], attrs["RootFS"]["Layers"])
 
 
 def absent(client, ref: str) -> bool:
