@@ -39,9 +39,10 @@ def fingerprint_of(client, ref: str) -> str:
 
 
 def absent(client, ref: str) -> bool:
+    """Whether the engine has no image ``ref``."""
     try:
         client.images.get(ref)
-    except docker.errors.ImageNotFound:
+    except docker.errors.NotFound:
         return True
     return False
 
