@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchkit.report import ApplyReport, VllmInfo
+from patchkit.report import ApplyReport, PackageInfo
 from patchkit.series.checkout import AppliedCheckout, Change
 
 
 def applied(modules: dict[str, list[str]], package: str = "flashinfer") -> AppliedCheckout:
     """A checkout of ``package`` whose report says which JIT modules it builds from each patched
     file (``modules``); nothing of it is on disk."""
-    report = ApplyReport(VllmInfo("v1", "c" * 40, "1.0.0"), None,
+    report = ApplyReport(PackageInfo("v1", "c" * 40, "1.0.0"), None,
                          jit_modules={package: modules})
     return AppliedCheckout(Path("/nonexistent/applied"), report, "c" * 40, "d" * 40)
 
