@@ -14,8 +14,9 @@ from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import AssertionResult
-from patchkit.series import assertions, checkout, runtime
-from patchkit.series.runtime import MarkerResult
+from patchkit.series import assertions, checkout
+from patchkit.serving import runtime
+from patchkit.serving.runtime import MarkerResult
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:  # the image modules are imported only when an image is looked at

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from patchkit.acceptance import Floor
+from patchkit.serving.acceptance import Floor
 
 # `not_contains: TEXT` is read as `not: {contains: TEXT}`: no Assertion carries it.
 PREDICATES = ("defines", "calls", "has_key", "contains", "not", "not_contains")
