@@ -4,7 +4,7 @@ One default for every such wait, which ``--timeout SECONDS`` changes.  For engin
 bounds each silence (the connection, then every wait for the next bytes), never a whole
 transfer: a load, export or push of gigabytes goes on as long as bytes keep coming.  The small
 HTTP calls of ``http`` (smoke, GitHub) and skopeo's registry queries are bounded as a whole.
-Another patchkit run holding a lock is no silent peer: ``locks.WAIT`` bounds that wait.
+Another patchkit run holding a lock is no silent peer: ``filelocks.WAIT`` bounds that wait.
 """
 
 from __future__ import annotations
