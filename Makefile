@@ -4,6 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# workers of pytest-xdist; tests that share an engine or a release's checkout stay on one
+# (tests/conftest.py); JOBS=0 runs in this process
+JOBS ?= 2
 
 .PHONY: apply test venv clean
 
@@ -21,7 +24,7 @@ apply: $(PY)
 
 test: $(PY)
 	bash .ci/setup.sh
-	. /tmp/pk-services.env && $(PY) -m pytest $(PYTEST_ARGS)
+	. /tmp/pk-services.env && $(PY) -m pytest -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .patchkit

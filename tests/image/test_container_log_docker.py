@@ -13,6 +13,7 @@ import os
 import subprocess
 import tarfile
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -102,6 +103,21 @@ def _rootfs(out: Path) -> None:
                 tar.add(entry, arcname=entry.name)
 
 
+def _settled(container, deadline: float = 60) -> None:
+    """Until the engine has written all the container's lines: it copies stdout and stderr to
+    the log on their own, so a line can land after the process has ended.  Settled is the same
+    log read twice, a second apart."""
+    end = time.monotonic() + deadline
+    before = container.logs(stdout=True, stderr=True)
+    while True:
+        time.sleep(1)
+        now = container.logs(stdout=True, stderr=True)
+        if now == before:
+            return
+        assert time.monotonic() < end, f"{container.name}'s log is still growing"
+        before = now
+
+
 @pytest.fixture(scope="module")
 def served(docker_client, tmp_path_factory):
     """The log-printing image (labels: kv-cache and draft-guard in, other-model skipped), a good
@@ -136,6 +152,7 @@ def served(docker_client, tmp_path_factory):
                                                      network_disabled=True)
             containers[which] = container
             assert container.wait(timeout=300)["StatusCode"] == 0
+            _settled(container)
         yield {"tag": tag, "manifest": str(root / "patchset.yaml"), "root": root,
                **{which: c.name for which, c in containers.items()},
                "good_id": containers["good"].id, "image": image}
@@ -234,14 +251,14 @@ def test_an_unknown_container_is_one_line_and_exit_2(capsys, served):
 
 # ------------------------------------------------------------------------------ restarts
 
-def _wait_for(container, text: str, deadline: float = 300) -> None:
-    """Until ``text`` is in the container's log (its server is up)."""
-    import time
-
+def _wait_for(container, text: str, times: int = 1, deadline: float = 300) -> None:
+    """Until ``text`` is in the container's log ``times`` times (its server is up), and the log
+    has settled."""
     end = time.monotonic() + deadline
-    while text not in container.logs(stdout=True, stderr=True).decode():
-        assert time.monotonic() < end, f"{container.name} never logged {text!r}"
+    while container.logs(stdout=True, stderr=True).decode().count(text) < times:
+        assert time.monotonic() < end, f"{container.name} never logged {text!r} {times} times"
         time.sleep(0.5)
+    _settled(container)
 
 
 @pytest.fixture(scope="module")
@@ -257,11 +274,13 @@ def restarted(docker_client, served):
                 environment={"RESTART": "1", "STAY": stay, "LONG": "0"})
             made[which] = container
             assert container.wait(timeout=300)["StatusCode"] == 0
+            _settled(container)
             container.start()
             if stay == "1":
-                _wait_for(container, "Application startup complete")
+                _wait_for(container, "Application startup complete", times=2)
             else:
                 assert container.wait(timeout=300)["StatusCode"] == 0
+                _settled(container)
         yield {which: c.name for which, c in made.items()}
     finally:
         for container in made.values():

@@ -49,7 +49,7 @@ def fingerprint_of(client, ref: str) -> str | None:
         attrs = client.api.inspect_image(ref)
     except docker.errors.NotFound:
         return None
-    return layer.fingerprint({"ConfigDigest": attrs["Id"], "RootFS": attrs["RootFS"]})
+    return layer.fingerprint_of(attrs["Id"], attrs["RootFS"]["Layers"])
 
 
 def forget(client, *refs: str) -> None:

@@ -46,7 +46,7 @@ def run_tag(name: str) -> str:
 
 def fingerprint_of(client, ref: str) -> str:
     attrs = client.api.inspect_image(ref)
-    return layer.fingerprint({"ConfigDigest": attrs["Id"], "RootFS": attrs["RootFS"]})
+    return layer.fingerprint_of(attrs["Id"], attrs["RootFS"]["Layers"])
 
 
 def forget(client, ref: str) -> None:

@@ -72,7 +72,7 @@ def test_via_with_a_direct_copy_option_exits_2_before_any_engine(monkeypatch, ca
 
 
 def test_a_transfer_counts_layers_moved_and_held_and_their_bytes_once():
-    from patchkit.image.docker import Transfer
+    from patchkit.image.enginefacts import Transfer
 
     pull = Transfer()
     for line in [{"status": "Pulling from pk/app", "id": "1"},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import json
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import docker.errors
 import pytest
+from testing.fakeengine import FakeAPI, FakeClient
 
 from patchkit import versions
 from patchkit.commands import build_image as bi
@@ -150,134 +150,6 @@ def test_same_release_ignores_local_build_labels():
     assert not versions.same_release("0.27.1rc1", "0.27.1")
     assert versions.expected(None, "v0.33.0") == "0.33.0"
     assert versions.expected(None, "main") is None
-
-
-# ------------------------------------------------------------ the fake engine at the border
-
-DIR = object()
-
-
-class FakeResponse:
-    def __init__(self, status, stat=None):
-        self.status_code = status
-        self.headers = {}
-        if stat is not None:
-            self.headers["X-Docker-Container-Path-Stat"] = base64.b64encode(json.dumps(stat).encode())
-
-
-class FakeAPI:
-    """The slice of docker.APIClient that patchkit.image calls, over in-memory images."""
-
-    def __init__(self, images: dict, containerd: bool = False):
-        self.images_ = images            # id -> {"attrs": ..., "fs": {path: bytes | DIR}}
-        self.tags: dict[str, str] = {}
-        self.containers: dict[str, str] = {}
-        self.loaded: list[bytes] = []
-        self.containerd = containerd
-
-    def _image(self, ref):
-        iid = self.tags.get(ref, ref)
-        if iid not in self.images_:
-            raise docker.errors.ImageNotFound(f"no such image: {ref}")
-        return iid
-
-    def info(self):
-        status = [["driver-type", "io.containerd.snapshotter.v1"]] if self.containerd else []
-        return {"DriverStatus": status}
-
-    def version(self):
-        return {"Components": [{"Name": "Engine", "Version": "20.10.24"}]}
-
-    def inspect_image(self, ref):
-        iid = self._image(ref)
-        attrs = dict(self.images_[iid]["attrs"], Id=iid)
-        attrs["RepoTags"] = [t for t, i in self.tags.items() if i == iid]
-        return attrs
-
-    def history(self, ref):
-        return [{"Created": 1, "CreatedBy": "ADD rootfs", "Size": 5}]
-
-    def pull(self, repo, tag=None, **kw):
-        yield {"error": f"manifest for {repo}:{tag} not found"}
-
-    def images(self, filters=None, all=False):
-        if not filters:
-            return [{"Id": i} for i in self.images_]
-        key, _, value = filters["label"].partition("=")
-        return [{"Id": i} for i, img in self.images_.items()
-                if ((img["attrs"].get("Config") or {}).get("Labels") or {}).get(key) == value]
-
-    def create_container(self, image, **kw):
-        cid = f"c{len(self.containers)}"
-        self.containers[cid] = self._image(image)
-        return {"Id": cid}
-
-    def remove_container(self, cid, **kw):
-        self.containers.pop(cid, None)
-
-    def _url(self, fmt, *args):
-        return fmt.format(*args)
-
-    def _raise_for_status(self, res):
-        assert res.status_code == 200
-
-    def _fs(self, cid):
-        return self.images_[self.containers[cid]]["fs"]
-
-    def _stat(self, fs, path):
-        path = path.rstrip("/")
-        if path in fs:
-            return {"name": path.rsplit("/", 1)[-1], "size": 0, "linkTarget": "",
-                    "mode": (1 << 31) if fs[path] is DIR else 0o644}
-        if any(p.startswith(path + "/") for p in fs):
-            return {"name": path.rsplit("/", 1)[-1], "size": 0, "mode": 1 << 31, "linkTarget": ""}
-        return None
-
-    def head(self, url, params):
-        cid = url.split("/")[2]
-        st = self._stat(self._fs(cid), params["path"])
-        return FakeResponse(200, st) if st else FakeResponse(404)
-
-    def get_archive(self, cid, path):
-        fs = self._fs(cid)
-        st = self._stat(fs, path)
-        if st is None:
-            raise docker.errors.NotFound(f"no {path}")
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            if fs.get(path, DIR) is not DIR:
-                info = tarfile.TarInfo(path.rsplit("/", 1)[-1])
-                info.size = len(fs[path])
-                tar.addfile(info, io.BytesIO(fs[path]))
-        return iter([buf.getvalue()]), st
-
-    def load_image(self, data):
-        self.loaded.append(data)
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            man = json.load(tar.extractfile("manifest.json"))[0]
-            config = tar.extractfile(man["Config"]).read()
-            doc = json.loads(config)
-            self.images_[layer.image_id_of(config)] = {
-                "attrs": {"Config": doc["config"], "Architecture": doc["architecture"],
-                          "Os": doc["os"], "RootFS": {"Layers": doc["rootfs"]["diff_ids"]}},
-                "fs": {}}
-        yield {"stream": "Loaded image ID: x\n"}
-
-    def tag(self, image_id, repo, tag, force=False):
-        self.tags[f"{repo}:{tag}"] = image_id
-        return True
-
-    def remove_image(self, ref, noprune=False):
-        self.tags.pop(ref, None)
-
-    def push(self, repo, tag=None, **kw):
-        yield {"status": "The push refers to repository"}
-        yield {"error": "denied: requested access to the resource is denied"}
-
-
-class FakeClient:
-    def __init__(self, api):
-        self.api = api
 
 
 def _git(cwd, *args):
@@ -596,7 +468,7 @@ def test_a_pull_the_engine_refuses_is_named_once(project, workdir, monkeypatch):
 def test_a_containers_current_start_is_read_from_its_state():
     from datetime import datetime, timezone
 
-    from patchkit.image.docker import since_start
+    from patchkit.image.enginefacts import since_start
 
     started = "2026-12-02T01:50:00.123456789Z"
     at = datetime(2026, 12, 2, 1, 50, tzinfo=timezone.utc).timestamp()

@@ -8,7 +8,8 @@ import tarfile
 
 import pytest
 from testing.upstream import dedent, make_diff, make_upstream
-from test_image_unit import SITE, FakeAPI, FakeClient
+from testing.fakeengine import FakeAPI, FakeClient
+from test_image_unit import SITE
 
 from patchkit import manifest
 from patchkit.manifest import variants

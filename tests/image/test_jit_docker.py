@@ -124,15 +124,14 @@ def test_rebuild_jit_leaves_it_out_and_gives_the_cache_its_own_place(tmp_path, j
     report = build_image.run(m, workdir=root / ".patchkit" / "vllm", apply=False,
                              engine=engine, tag=tag, progress=log)
     assert report.ok, report.to_dict()
-    attrs = engine.inspect(tag)
-    env = dict(e.partition("=")[::2] for e in attrs["Config"]["Env"])
-    place = env["FLASHINFER_WORKSPACE_BASE"]
+    image = engine.inspect(tag)
+    place = image.env["FLASHINFER_WORKSPACE_BASE"]
     assert place.startswith("/root/.cache/patchkit-jit/")
-    labels = attrs["Config"]["Labels"]
+    labels = image.labels
     assert labels["io.patchkit.jit.workspace"] == place
     assert json.loads(labels["io.patchkit.jit.modules"]) == {"flashinfer": {fi.MOE_HEADER: [
         "fused_moe_89", "fused_moe_90", "fused_moe_100", "fused_moe_103", "fused_moe_120"]}}
-    with engine.files(attrs["Id"], tag) as files:
+    with engine.files(image.id, tag) as files:
         assert files.read(f"{SITE}/{MODULE}") is None          # the prebuilt is gone
         assert files.read(f"{SITE}/{NORM}") is not None        # the one no patch feeds stays
         header = files.read(f"{SITE}/{fi.MOE_HEADER}").decode()
@@ -163,9 +162,9 @@ def test_an_artifact_ships_the_rebuilt_module_and_verify_proves_it(tmp_path, jit
     report = build_image.run(m, workdir=root / ".patchkit" / "vllm", apply=False,
                              engine=engine, tag=tag, progress=Log())
     assert report.ok, report.to_dict()
-    attrs = engine.inspect(tag)
-    with engine.files(attrs["Id"], tag) as files:
+    image = engine.inspect(tag)
+    with engine.files(image.id, tag) as files:
         assert files.read(f"{SITE}/{MODULE}") == objects["rebuilt"]
-    assert json.loads(attrs["Config"]["Labels"]["io.patchkit.artifacts"])[0]["member"] == MODULE
+    assert json.loads(image.labels["io.patchkit.artifacts"])[0]["member"] == MODULE
     checked = verify.run(m, image=tag, default_tree=root / ".patchkit" / "vllm", engine=engine)
     assert checked.ok, checked

@@ -55,7 +55,7 @@ def fingerprint_of(client, ref: str) -> str:
     """The fingerprint as patchkit defines it, read straight from an engine whose image ids are
     config digests (both Docker Engines here)."""
     attrs = client.api.inspect_image(ref)
-    return layer.fingerprint({"ConfigDigest": attrs["Id"], "RootFS": attrs["RootFS"]})
+    return layer.fingerprint_of(attrs["Id"], attrs["RootFS"]["Layers"])
 
 
 def run_python(client, image: str, script: str) -> str:

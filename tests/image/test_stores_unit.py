@@ -8,13 +8,14 @@ test_stores_docker.py.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
+from dataclasses import replace
 
-import docker.errors
 import pytest
+from testing.fakeengine import (DOCKER29_INFO, PODMAN_INFO, FakeClient, StoreAPI,
+                                 tar_bytes)
 
 import test_image_unit as unit
 from patchkit import cli
@@ -22,7 +23,9 @@ from patchkit.commands import build_image as bi
 from patchkit.commands import copy_image
 from patchkit.errors import ImageError, UsageError
 from patchkit.image import layer
-from patchkit.image.docker import Engine, engine_url, store_of
+from patchkit.image.docker import Engine, engine_url
+from patchkit.image.enginefacts import Inspected, store_of
+from patchkit.imageref import Platform
 from patchkit.series.applier import Progress
 
 workdir = unit.workdir
@@ -30,32 +33,6 @@ project = unit.project
 
 BASE_TAG = "reg:5000/vllm/base:0.27.1"
 BASE_LAYER = layer.layer_tar([layer.LayerEntry("etc/os-release", "file", b"ID=fake\n")], 0)
-PODMAN_INFO = {"Driver": "vfs", "DriverStatus": [], "BuildahVersion": "1.28.2",
-               "ServerVersion": "4.3.1"}
-DOCKER29_INFO = {"Driver": "overlayfs", "DriverStatus": [["driver-type",
-                                                          "io.containerd.snapshotter.v1"]]}
-
-
-def _tar(members: list[tuple]) -> bytes:
-    """``(name, bytes)`` files and ``(name, "->", target)`` symlinks, as a tar archive."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for m in members:
-            info = tarfile.TarInfo(m[0])
-            if len(m) == 3:
-                info.type, info.linkname = tarfile.SYMTYPE, m[2]
-                tar.addfile(info)
-            else:
-                info.size = len(m[1])
-                tar.addfile(info, io.BytesIO(m[1]))
-    return buf.getvalue()
-
-
-def _chunks(data: bytes, size: int = 7000):
-    for i in range(0, len(data), size):
-        yield data[i:i + size]
-
-
 def _config(diff_ids, labels=None) -> bytes:
     doc = {"architecture": "arm64", "os": "linux",
            "config": {"Env": ["PATH=/opt/venv/bin:/usr/local/bin:/usr/bin",
@@ -66,114 +43,12 @@ def _config(diff_ids, labels=None) -> bytes:
     return json.dumps(doc, sort_keys=True).encode()
 
 
-class StoreAPI(unit.FakeAPI):
-    """unit.FakeAPI with the export, the load rules and the ids of one kind of store."""
-
-    def __init__(self, kind: str = "classic"):
-        super().__init__({}, containerd=kind == "containerd")
-        self.kind = kind
-        self.blobs: dict[str, bytes] = {}     # diff_id -> layer, the layers the engine holds
-        self.configs: dict[str, bytes] = {}   # image id -> config
-        self.exports = 0
-        self.refuse: str | None = None
-
-    def info(self):
-        return {"classic": {"Driver": "vfs", "DriverStatus": []}, "containerd": DOCKER29_INFO,
-                "containers-storage": PODMAN_INFO}[self.kind]
-
-    def id_of(self, config: bytes) -> str:
-        if self.kind == "containerd":  # the digest of a manifest the store wrote
-            return "sha256:" + hashlib.sha256(b"manifest of " + config).hexdigest()
-        return layer.image_id_of(config)
-
-    def add(self, config: bytes, layers: dict[str, bytes], fs=None, tag=None, digest=None) -> str:
-        iid = self.id_of(config)
-        doc = json.loads(config)
-        self.blobs.update(layers)
-        self.configs[iid] = config
-        self.images_[iid] = {"attrs": {
-            "Architecture": doc["architecture"], "Os": doc["os"], "Config": doc["config"],
-            "RootFS": {"Type": "layers", "Layers": doc["rootfs"]["diff_ids"]},
-            "RepoDigests": [f"{tag.rsplit(':', 1)[0]}@{digest}"] if digest else []},
-            "fs": fs or {}}
-        if tag:
-            self.tags[tag] = iid
-        return iid
-
-    def history(self, ref):
-        return [{"Created": 1, "CreatedBy": "ADD rootfs", "Size": 5}]
-
-    def get_image(self, ref):
-        self.exports += 1
-        iid = self._image(ref)
-        config = self.configs[iid]
-        diff_ids = json.loads(config)["rootfs"]["diff_ids"]
-        members, paths = [], []
-        for i, d in enumerate(diff_ids):
-            hexd = d.split(":", 1)[1]
-            if self.kind == "containers-storage":   # Podman's layout
-                members += [(f"{hexd}.tar", self.blobs[d]),
-                            (f"v1-{i}/layer.tar", "->", f"../{hexd}.tar")]
-                paths.append(f"{hexd}.tar")
-            elif self.kind == "containerd":          # an OCI layout beside manifest.json
-                members.append((f"blobs/sha256/{hexd}", self.blobs[d]))
-                paths.append(f"blobs/sha256/{hexd}")
-            else:
-                members.append((f"v1-{i}/layer.tar", self.blobs[d]))
-                paths.append(f"v1-{i}/layer.tar")
-        cname = (f"blobs/sha256/{layer.image_id_of(config)[7:]}" if self.kind == "containerd"
-                 else f"{layer.image_id_of(config)[7:]}.json")
-        members.append((cname, config))
-        tags = [ref] if ref in self.tags else []
-        members.append(("manifest.json", json.dumps(
-            [{"Config": cname, "RepoTags": tags, "Layers": paths}]).encode()))
-        if self.kind == "containerd":
-            members += [("index.json", b'{"manifests": []}'), ("oci-layout", b"{}")]
-        else:
-            members.append(("repositories", b"{}"))
-        yield from _chunks(_tar(members))
-
-    def load_image(self, data):
-        raw = data if isinstance(data, bytes) else b"".join(data)
-        self.loaded.append(raw)
-        if self.refuse:
-            raise docker.errors.APIError(self.refuse)
-        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-            named = {m.name: m for m in tar.getmembers()}
-            man = json.load(tar.extractfile("manifest.json"))[0]
-            config = tar.extractfile(man["Config"]).read()
-            diff_ids = json.loads(config)["rootfs"]["diff_ids"]
-            got = {}
-            for path, diff_id in zip(man["Layers"], diff_ids):
-                member = named.get(path)
-                if member is not None and member.issym():
-                    linked = f"{path.rsplit('/', 1)[0]}/{member.linkname}"
-                    member = named.get(linked.split("/../")[-1])
-                if member is None:
-                    if self.kind == "classic" and diff_id in self.blobs:
-                        continue
-                    raise docker.errors.APIError("Some layer tarfiles are missing in the tarball")
-                blob = tar.extractfile(member).read()
-                if "sha256:" + hashlib.sha256(blob).hexdigest() != diff_id:
-                    raise docker.errors.APIError(f"invalid diffID for {path}")
-                got[diff_id] = blob
-        iid = self.add(config, got)
-        for t in man.get("RepoTags") or ():
-            self.tags[t] = iid
-        yield {"stream": f"Loaded image ID: {iid}\n"}
-
-    def remove_image(self, ref, noprune=False):
-        if ref not in self.tags:
-            raise docker.errors.ImageNotFound(f"no such image: {ref}")
-        self.tags.pop(ref)
-
-
 def store_engine(kind: str = "classic", host: str = "unix:///fake.sock") -> tuple[Engine, StoreAPI]:
     """An engine holding the base of unit.project, as a store of ``kind`` holds it."""
     api = StoreAPI(kind)
     api.add(_config([BASE_LAYER.diff_id]), {BASE_LAYER.diff_id: BASE_LAYER.data},
             fs=unit._base_fs(), tag=BASE_TAG, digest="sha256:" + "d" * 64)
-    return Engine(unit.FakeClient(api), host), api
+    return Engine(FakeClient(api), host), api
 
 
 class Said(Progress):
@@ -290,7 +165,7 @@ def test_a_copy_relays_the_export_and_counts_its_layer_bytes():
 @pytest.mark.parametrize("chunks,message", [
     (lambda e: [b"".join(e)[:9000]], "export ends"),
     (lambda e: [b"not a tar archive at all" * 40], "not a"),
-    (lambda e: [_tar([("a.json", b"{}")])], "has no manifest.json"),
+    (lambda e: [tar_bytes([("a.json", b"{}")])], "has no manifest.json"),
 ])
 def test_a_broken_export_is_one_line(chunks, message):
     made = layer.layer_tar([layer.LayerEntry("opt/x.py", "file", b"X = 1\n")], 5)
@@ -310,23 +185,23 @@ def test_an_export_of_another_image_is_refused():
 # -------------------------------------------------------------------------- fingerprints
 
 def test_fingerprint_is_config_and_layers_never_the_image_id():
-    attrs = {"Id": "sha256:" + "1" * 64, "ConfigDigest": "sha256:" + "2" * 64,
-             "RootFS": {"Layers": ["sha256:" + "3" * 64]}}
-    fp = layer.fingerprint(attrs)
+    image = Inspected("sha256:" + "1" * 64, ("sha256:" + "3" * 64,), Platform("linux", "arm64"),
+                      config_digest="sha256:" + "2" * 64)
+    fp = layer.fingerprint(image)
     assert fp.startswith("sha256:")
-    assert fp == layer.fingerprint({**attrs, "Id": "sha256:" + "9" * 64})
-    assert fp != layer.fingerprint({**attrs, "RootFS": {"Layers": []}})
-    assert fp != layer.fingerprint({**attrs, "ConfigDigest": "sha256:" + "4" * 64})
+    assert fp == layer.fingerprint(replace(image, id="sha256:" + "9" * 64))
+    assert fp != layer.fingerprint(replace(image, diff_ids=()))
+    assert fp != layer.fingerprint(replace(image, config_digest="sha256:" + "4" * 64))
     with pytest.raises(ImageError):
-        layer.fingerprint({"Id": attrs["Id"], "RootFS": attrs["RootFS"]})
+        layer.fingerprint(replace(image, config_digest=None))
 
 
 def test_a_containerd_store_fingerprints_by_the_config_it_exports():
     classic, _ = store_engine("classic")
     containerd, api = store_engine("containerd")
     here, there = classic.content(BASE_TAG), containerd.content(BASE_TAG)
-    assert here["Id"] != there["Id"] and api.exports == 1
-    assert here["ConfigDigest"] == there["ConfigDigest"] == here["Id"]
+    assert here.id != there.id and api.exports == 1
+    assert here.config_digest == there.config_digest == here.id
     assert layer.fingerprint(here) == layer.fingerprint(there)
 
 

@@ -15,6 +15,8 @@ from patchkit import git as g
 from patchkit import manifest, source, versions
 from patchkit.errors import ManifestError, SourceError, UsageError
 from patchkit.image import build, layer
+from patchkit.image.enginefacts import Inspected
+from patchkit.imageref import Platform
 from patchkit.report import ApplyReport, VllmInfo
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.series.applier import apply_series
@@ -403,12 +405,13 @@ def test_a_tree_read_from_a_base_fits_a_base_holding_that_very_version():
 
 def test_the_fingerprint_is_config_and_layers_not_the_image_id():
     layers = ["sha256:" + "a" * 64]
-    one = layer.fingerprint({"Id": "sha256:" + "9" * 64, "ConfigDigest": "sha256:" + "1" * 64,
-                             "RootFS": {"Layers": layers}})
+    one = layer.fingerprint(Inspected("sha256:" + "9" * 64, tuple(layers),
+                                      Platform("linux", "arm64"),
+                                      config_digest="sha256:" + "1" * 64))
     # the engine's image id plays no part: only the config digest and the layers
-    assert one == layer.fingerprint({"Id": "sha256:" + "8" * 64,
-                                     "ConfigDigest": "sha256:" + "1" * 64,
-                                     "RootFS": {"Layers": layers}})
+    assert one == layer.fingerprint(Inspected("sha256:" + "8" * 64, tuple(layers),
+                                              Platform("linux", "arm64"),
+                                              config_digest="sha256:" + "1" * 64))
     assert one == layer.fingerprint_of("sha256:" + "1" * 64, layers)
     assert one.startswith("sha256:") and len(one) == 71
     assert one != layer.fingerprint_of("sha256:" + "1" * 64, ["sha256:" + "b" * 64])

@@ -46,7 +46,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 from patchkit import progress
 from patchkit.errors import ImageError, PatchkitError, UsageError
 from patchkit.image import stream
-from patchkit.image.docker import LOAD_PATIENCE, Engine, Prefix, Transfer, engine_url
+from patchkit.image.docker import LOAD_PATIENCE, Engine, engine_url
+from patchkit.image.enginefacts import Inspected, Prefix, Transfer
 from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
                                   relay, relayed_export, zstd_module)
 from patchkit.image.registry import host_of
@@ -206,12 +207,12 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
     """``run`` once the targets (and ``via``, see ``check_via``) are checked and the source is
     connected (build-image's ``--copy-to`` comes in here)."""
     connect = connect or functools.partial(Engine.connect, timeout=timeout)
-    attrs = source.content(image)
-    if attrs is None:
+    content = source.content(image)
+    if content is None:
         raise ImageError(f"no image {image} on the engine at {source.host}")
     if via:
-        return copy_via(source, image, attrs, urls, via, connect=connect, log=log)
-    job = _Job(source, image, attrs, fingerprint(attrs), log, timeout, compress)
+        return copy_via(source, image, content, urls, via, connect=connect, log=log)
+    job = _Job(source, image, content, fingerprint(content), log, timeout, compress)
     targets = [_Target(url) for url in urls]
     job.speculate = not dry_run
     try:
@@ -273,7 +274,7 @@ class _Target:
     url: str
     engine: Engine | None = None
     plan: Plan | None = None
-    held: dict | None = None        # what the tag named before (content), None: nothing
+    held: Inspected | None = None       # what the tag named before (content), None: nothing
     same_id: str | None = None      # an image of the same content under another name
     result: TargetResult | None = None
     started: float = field(default_factory=time.monotonic)
@@ -298,10 +299,10 @@ _PODMAN_REFUSAL = "Some layer tarfiles are missing in the tarball"
 class _Job:
     """One copy of one image to many targets: the source, what it holds, and the deadline."""
 
-    def __init__(self, source: Engine, image: str, attrs: dict, want: str, log: Log,
+    def __init__(self, source: Engine, image: str, content: Inspected, want: str, log: Log,
                  timeout: float, compress: str) -> None:
-        self.source, self.image, self.attrs, self.want = source, image, attrs, want
-        self.diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or ())
+        self.source, self.image, self.content, self.want = source, image, content, want
+        self.diff_ids = list(content.diff_ids)
         self.log, self.timeout, self.compress = log, timeout, compress
         self.stop = threading.Event()
         self._prefixes: list[Prefix] | None = None
@@ -361,7 +362,7 @@ class _Job:
         what each target is asked for by name before it is asked for all it holds."""
         with self._lock:
             if self._prefixes is None:
-                self._prefixes = self.source.prefixes(self.diff_ids, self.attrs.get("Size"))
+                self._prefixes = self.source.prefixes(self.diff_ids, self.content.size)
             return self._prefixes
 
     def plan(self, t: _Target, connect: Callable[[str], Engine]) -> None:
@@ -382,10 +383,10 @@ class _Job:
             return Plan("present", n, n, why=f"holds {self.image} with the same content "
                         "already; nothing sent")
         store = t.engine.store()
-        same = (t.engine.content(self.attrs["ConfigDigest"])
+        same = (t.engine.content(self.content.config_digest)
                 if store.ids_are_config_digests else None)
         if same is not None and fingerprint(same) == self.want:
-            t.same_id = same["Id"]
+            t.same_id = same.id
             return Plan("tag", n, n, why=f"holds this content under another name; tagging it "
                         f"{self.image}, nothing sent")
         self.start_early(t)
@@ -431,13 +432,13 @@ class _Job:
         if len(group) == 1:
             t = group[0]
             self.finish(t, lambda: t.engine.load(lambda: self._stream(held, lean, box, t.url),
-                                                 self.attrs["ConfigDigest"], self.diff_ids,
+                                                 self.content.config_digest, self.diff_ids,
                                                  self.log), box)
             return
         streams = _tee(self._stream(held, lean, box, f"{len(group)} targets"), len(group),
                        self.timeout)
         threads = [threading.Thread(target=self.finish, daemon=True, args=(
-            t, functools.partial(t.engine.load, s, self.attrs["ConfigDigest"], self.diff_ids,
+            t, functools.partial(t.engine.load, s, self.content.config_digest, self.diff_ids,
                                  self.log), box)) for t, s in zip(group, streams)]
         for th in threads:
             th.start()
@@ -517,7 +518,7 @@ class _Job:
 
     def _loaded(self, t: _Target, proc, sent: int) -> str:
         try:
-            return t.engine.loaded(proc, self.attrs["ConfigDigest"], self.diff_ids, self.timeout,
+            return t.engine.loaded(proc, self.content.config_digest, self.diff_ids, self.timeout,
                                    sent)
         finally:
             for line in proc.err.decode(errors="replace").splitlines():
@@ -526,7 +527,7 @@ class _Job:
 
     def finish(self, t: _Target, load: Callable[[], str] | None, box: dict) -> None:
         """The load (or the tag), then the check that the target holds the content."""
-        previous = t.held["Id"] if t.held is not None else None
+        previous = t.held.id if t.held is not None else None
         as_it_was = True
         try:
             try:
@@ -559,7 +560,7 @@ class _Job:
             return
         facts, wire = box.get("facts") or ArchiveFacts(), box.get("wire") or [0]
         if box.get("whole"):   # spliced, never parsed: the layers as the source counts them
-            sent = Sent(wire[0], self.attrs.get("Size") or 0, len(self.diff_ids), 0, 0,
+            sent = Sent(wire[0], self.content.size or 0, len(self.diff_ids), 0, 0,
                         self.compress)
         else:
             sent = Sent(wire[0], facts.layer_bytes(), facts.layer_count(), len(facts.left_out),
@@ -708,10 +709,10 @@ def via_ref(via: str, image: str) -> str:
     return f"{via}/{path}:{tag}"
 
 
-def copy_via(source: Engine, image: str, attrs: dict, urls: Sequence[str], via: str, *,
+def copy_via(source: Engine, image: str, content: Inspected, urls: Sequence[str], via: str, *,
              connect: Callable[[str], Engine], log: Log) -> CopyReport:
     """``copy`` through the registry ``via``: one push, then a pull on each target lacking it."""
-    want = fingerprint(attrs)
+    want = fingerprint(content)
     ref = via_ref(via, image)
     results: list[TargetResult] = []
     todo: list[tuple[TargetResult, Engine, str | None]] = []
@@ -730,11 +731,11 @@ def copy_via(source: Engine, image: str, attrs: dict, urls: Sequence[str], via: 
             continue
         result = TargetResult(url, "replaced" if held is not None else "copied")
         results.append(result)
-        todo.append((result, target, held["Id"] if held is not None else None))
+        todo.append((result, target, held.id if held is not None else None))
     pushed = None
     if todo:
         try:
-            pushed = _push_via(source, image, attrs["Id"], ref, log)
+            pushed = _push_via(source, image, content.id, ref, log)
         except PatchkitError as exc:
             for result, _, _ in todo:
                 result.status, result.error = "failed", str(exc)
@@ -744,7 +745,7 @@ def copy_via(source: Engine, image: str, attrs: dict, urls: Sequence[str], via: 
         try:
             assert pushed is not None
             _pull_to(target, image, f"{repository(ref)}@{pushed.digest}", want, previous,
-                     result, log, len((attrs.get("RootFS") or {}).get("Layers") or ()))
+                     result, log, len(content.diff_ids))
         except PatchkitError as exc:
             result.status, result.error = "failed", str(exc)
         result.seconds = round(time.monotonic() - started, 2)
@@ -784,7 +785,7 @@ def _pull_to(target: Engine, image: str, pinned: str, want: str, previous: str |
         if pulled is None:
             raise ImageError(f"the engine at {result.engine} pulled {pinned} but holds no "
                              "image by that name")
-        target.tag(pulled["Id"], image)
+        target.tag(pulled.id, image)
         after = target.content(image)
         got = fingerprint(after) if after is not None else None
         if got != want:

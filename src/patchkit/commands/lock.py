@@ -57,11 +57,9 @@ def read_lock(manifest: Manifest) -> stack.Lock:
 
 def read_base(engine, ref: str, platform: Platform, log=lambda m: None) -> BaseStack:
     """The base ``ref`` (pulled when missing) and what its dist-info say is installed."""
-    from patchkit.image.basevllm import env_of
-
     image = engine.resolve_base(ref, platform, log)
     with engine.files(image.image_id, image.name) as fs:
-        installed = distinfo.installed(fs, env_of(image.config))
+        installed = distinfo.installed(fs, image.env)
     log(f"base {ref}: {len(installed.dists)} distribution(s) installed in "
         f"{', '.join(installed.sites) or '(no site-packages)'}")
     return BaseStack(image, installed)

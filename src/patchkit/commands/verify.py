@@ -234,22 +234,21 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
 
     check_reference("--image", image)
     engine = engine or Engine.connect()
-    attrs = engine.inspect(image)
-    if attrs is None:
+    held = engine.inspect(image)
+    if held is None:
         plat = Platform.parse(platform)
         try:
             engine.resolve_base(image, plat)
         except ImageError as exc:
             raise ImageError(str(exc).replace("base image ", "image ", 1)) from exc
-        attrs = engine.inspect(image)
-    if attrs is None:
+        held = engine.inspect(image)
+    if held is None:
         raise ImageError(f"image {image} not found on the engine at {engine.host}")
-    config = attrs.get("Config") or {}
-    facts = ImageFacts.from_labels(config.get("Labels") or {})
+    facts = ImageFacts.from_labels(held.labels)
     variant = built_variant(manifest, variant, facts.variant, facts.variant_known,
                             f"image {image}")
-    env = dict(item.partition("=")[::2] for item in config.get("Env") or ())
-    with engine.files(attrs["Id"], image) as files:
+    env = held.env
+    with engine.files(held.id, image) as files:
         hinted = facts.vllm_dir
         if hinted and files.exists(hinted.rstrip("/") + "/__init__.py"):
             pkg = package.Package(str(PurePosixPath(hinted).parent), None)
@@ -257,7 +256,7 @@ def _check_image(manifest: Manifest, image: str, platform: str, *, engine=None,
             pkg = package.find_package(files, env)
         version = facts.installed or package.installed_version(files, pkg, None)
         # where ids are not config digests only an export of the whole image would tell it
-        fingerprint = (layer.fingerprint(engine.content(attrs["Id"]))
+        fingerprint = (layer.fingerprint(engine.content(held.id))
                        if engine.store().ids_are_config_digests else None)
         holds = Holds.of(version, facts.source, fingerprint)
         installed = _installed(manifest, files, env, lock)

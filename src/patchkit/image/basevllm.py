@@ -113,15 +113,11 @@ def _tops(dist: distinfo.Dist, base: str) -> tuple[str, ...]:
     return tuple(tops)
 
 
-def env_of(config: dict) -> dict[str, str]:
-    return dict(item.partition("=")[::2] for item in config.get("Env") or ())
-
-
 def open_base(engine: Engine, ref: str, platform: Platform, log: Log = lambda m: None) -> BaseVllm:
     """The base ``ref`` (pulled for ``platform`` when missing) and the vLLM installed in it."""
     image = engine.resolve_base(ref, platform, log)
     with engine.files(image.image_id, image.name) as files:
-        pkg = package.find_package(files, env_of(image.config))
+        pkg = package.find_package(files, image.env)
         version = package.installed_version(files, pkg, None)
     log(f"base {ref} holds vLLM {version or '(version unknown)'} in {pkg.dir}")
     return BaseVllm(engine, image, pkg, version)
@@ -146,7 +142,7 @@ def for_packages(run: RunSpec, *, refs: Mapping[str, Sequence[str]] | None = Non
     engine = engine or Engine.connect(timeout=timeout)
     image = engine.resolve_base(run.base, Platform.parse(run.platform), log)
     with engine.files(image.image_id, image.name) as files:
-        installed = distinfo.installed(files, env_of(image.config))
+        installed = distinfo.installed(files, image.env)
     out = {}
     for pin in wanted:
         dist = installed.get(pin.dist)

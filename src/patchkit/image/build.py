@@ -222,11 +222,7 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
                  artifacts: Sequence[PlacedArtifact] = ()) -> OverlayPlan:
     """Check that the base holds the pristine release, and list the layer's entries: vLLM's
     changed files, then each other package's where the base installed its ``dist``."""
-    env = {}
-    for item in base.config.get("Env") or ():
-        k, _, v = item.partition("=")
-        env[k] = v
-    pkg = package.find_package(files, env)
+    pkg = package.find_package(files, base.env)
     log(f"vllm package in the base: {pkg.dir}"
         + (f" (also found, not used: {', '.join(pkg.others)})" if pkg.others else ""))
     vllm = tree.vllm
@@ -260,11 +256,11 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
     jit_env: dict[str, str] = {}
     if artifacts:
-        _place_artifacts(distinfo.installed(files, env), files, base.name,  # type: ignore[arg-type]
+        _place_artifacts(distinfo.installed(files, base.env), files, base.name,  # type: ignore[arg-type]
                          artifacts, entries, made_dirs, log)
     if any(o.tree.report.jit_modules for o in others):
         shipped_members = {(a.dist, a.member) for a in artifacts}
-        entries += prebuilt.leave_out(distinfo.installed(files, env), others,  # type: ignore[arg-type]
+        entries += prebuilt.leave_out(distinfo.installed(files, base.env), others,  # type: ignore[arg-type]
                                       base.name, log, shipped_members)
         jit_env = prebuilt.workspace(others, base.config.get("User"))
         for name, value in jit_env.items():
@@ -341,8 +337,7 @@ def placed(files: package.Files, base: layer.BaseImage, packages: Sequence[Packa
     on the base's files."""
     if all(p.site is not None for p in packages):
         return list(packages)
-    env = dict(i.partition("=")[::2] for i in base.config.get("Env") or ())
-    installed = distinfo.installed(files, env)  # type: ignore[arg-type]
+    installed = distinfo.installed(files, base.env)  # type: ignore[arg-type]
     out = []
     for p in packages:
         if p.site is None:

@@ -1,7 +1,10 @@
 """The Docker border: everything patchkit asks of a Docker Engine.
 
-This is the only module that imports ``docker`` or runs the docker CLI; every SDK or API
-failure leaves it as a one-line :class:`~patchkit.errors.ImageError`.  The engine is the one
+The engine API: :class:`Engine` is the one way patchkit reaches an engine, and the only one
+that runs the docker CLI; the SDK is imported and its failures worded in ``sdk``, the ssh
+transport is ``sshlink``, an image's files are read by ``imagefiles``, and what an engine
+reports comes back as the values of ``enginefacts`` (an inspected image is an
+:class:`~patchkit.image.enginefacts.Inspected`, never inspect output).  The engine is the one
 ``DOCKER_HOST`` names: a local socket, a TCP endpoint, or ``ssh://user@dgx-spark`` (through the
 system's ssh client).
 
@@ -24,119 +27,30 @@ silent for minutes.
 
 from __future__ import annotations
 
-import base64
-import errno as errno_
-import fcntl
-import functools
+import dataclasses
 import importlib.util
-import io
-import json
 import os
 import re
-import math
-import select
 import shlex
 import shutil
-import socket
-import tarfile
 import tempfile
-import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
 from patchkit.errors import CommandError, ImageError, UsageError
-from patchkit.image.layer import (ArchiveFacts, BaseImage, ChunkReader, Layer, complete_archive,
-                                  history_of, relay)
+from patchkit.image.enginefacts import Inspected, Prefix, Store, Transfer, since_start, store_of
+from patchkit.image.imagefiles import ImageFiles
+from patchkit.image.layer import (ArchiveFacts, BaseImage, Layer, complete_archive, history_of,
+                                  relay)
+from patchkit.image.sdk import border, explain, sdk
+from patchkit.image.sshlink import ssh_adapter_class, ssh_argv, ssh_port
 from patchkit.imageref import Platform, repository, split_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
-from patchkit.process import Piped, run, spawn
+from patchkit.process import Piped, run
 
 Log = Callable[[str], None]
-
-# ----------------------------------------------------------------------------- the engine
-
-def _docker():
-    try:
-        import docker
-        import docker.errors
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise ImageError(f"the docker SDK is not installed ({exc})") from exc
-    return docker
-
-
-def _explain(exc: BaseException) -> str:
-    docker = _docker()
-    if isinstance(exc, docker.errors.APIError):
-        text = exc.explanation or str(exc)
-        if isinstance(text, bytes):
-            text = text.decode(errors="replace")
-        return " ".join(str(text).split())
-    return _reason(exc) or " ".join(str(exc).split()) or type(exc).__name__
-
-
-_OS_WORDS = {errno_.ENOENT: "no such socket", errno_.ECONNREFUSED: "connection refused",
-             errno_.EACCES: "permission denied", errno_.ECONNRESET: "the connection was reset",
-             errno_.EPIPE: "the connection was cut", errno_.EHOSTUNREACH: "host unreachable",
-             errno_.ENETUNREACH: "network unreachable", errno_.ENOTSOCK: "not a socket"}
-
-
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and what it wraps: causes, contexts, and exceptions among its args (requests and
-    urllib3 carry the OS error there, inside a tuple's repr otherwise)."""
-    seen: set[int] = set()
-    todo: list[object] = [exc]
-    while todo:
-        e = todo.pop(0)
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
-
-
-def _reason(exc: BaseException) -> str:
-    """A transport failure in plain words ("no such socket", "no answer within 30 s"), or ""
-    when it is none patchkit knows."""
-    import requests
-    import urllib3.exceptions
-
-    found = list(_causes(exc))
-    for e in found:  # first: urllib3 words a refused connection as a kind of timeout
-        if isinstance(e, socket.gaierror):
-            return "cannot resolve the host name"
-        if isinstance(e, OSError) and e.errno in _OS_WORDS:
-            return _OS_WORDS[e.errno]
-    for e in found:
-        if isinstance(e, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError,
-                          socket.timeout, TimeoutError)):
-            said = re.search(r"timeout=([0-9.]+)", str(e))
-            return (f"no answer within {shown_seconds(float(said.group(1)))}" if said
-                    else "no answer in time")
-    for e in found:
-        if isinstance(e, OSError) and e.strerror:
-            return e.strerror[:1].lower() + e.strerror[1:]
-    return ""
-
-
-@contextmanager
-def _border(what: str) -> Iterator[None]:
-    """SDK and transport failures -> one-line ImageError naming what was being done."""
-    docker = _docker()
-    import requests
-
-    try:
-        yield
-    except ImageError:
-        raise
-    except docker.errors.NotFound as exc:
-        raise ImageError(f"{what}: not found ({_explain(exc)})") from exc
-    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
-        raise ImageError(f"{what}: {_explain(exc)}") from exc
-
 
 # ------------------------------------------------------------------------ engine addresses
 
@@ -178,266 +92,6 @@ def docker_host() -> str | None:
     return engine_url(text, "DOCKER_HOST") if text.strip() else None
 
 
-def _ssh_dest(url) -> str:
-    return f"{url.username}@{url.hostname}" if url.username else url.hostname
-
-
-def _ssh_port(host: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[str, int]:
-    """The ssh destination (``[user@]host``) and port of an ssh:// address: the URL's port,
-    else the one the system's ssh would take (``ssh -G``, so ~/.ssh/config applies; the SDK
-    would pass port 22, overriding it)."""
-    if not shutil.which("ssh"):
-        raise ImageError(f"{host}: an ssh:// engine needs the ssh client, which is not installed")
-    url = urlsplit(host)
-    dest = _ssh_dest(url)
-    if url.port is not None:
-        return dest, url.port
-    try:
-        shown = run(["ssh", "-G", dest], check=False, timeout=max(1, math.ceil(timeout)))
-    except CommandError as exc:
-        raise ImageError(f"no Docker Engine answers at {host}: {exc.output.strip()}") from None
-    return dest, next((int(line.split()[1]) for line in shown.stdout.splitlines()
-                       if line.startswith("port ") and line.split()[1].isdigit()), 22)
-
-
-def _ssh_argv(dest: str, port: int, timeout: float | None) -> list[str]:
-    """The system's ssh to ``dest``, ready for the command to run there."""
-    wait = max(1, math.ceil(timeout or DEFAULT_TIMEOUT))  # ssh takes whole seconds
-    return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={wait}",
-            "-o", "ServerAliveInterval=15", "-p", str(port), "--", dest]
-
-
-class _SshStream:
-    """One ssh session to a node running ``docker system dial-stdio`` there: the byte stream
-    an HTTP connection to the node's engine runs over, kept open for request after request
-    (the SDK's own ssh transport opens a session per request: a key exchange, some 4 KB and a
-    round trip or more each).  Every read and write waits at most the timeout urllib3 sets;
-    what ssh says on stderr is kept, for the one line of an error."""
-
-    def __init__(self, dest: str, port: int, timeout: float | None) -> None:
-        self.proc = spawn([*_ssh_argv(dest, port, timeout), "docker", "system", "dial-stdio"])
-        self.timeout = timeout
-        self._in, self._out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
-        for fd in (self._in, self._out):
-            os.set_blocking(fd, False)
-            try:   # fewer, larger hand-overs between this process and ssh
-                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
-            except (OSError, AttributeError):
-                pass   # a smaller pipe works too
-        self._said = bytearray()
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-        self._reader = io.BufferedReader(_PipeReader(self), 1 << 16)
-
-    def _drain_stderr(self) -> None:
-        try:
-            while chunk := self.proc.stderr.read1(4096):
-                self._said = (self._said + chunk)[-4096:]
-        except (OSError, ValueError):
-            pass
-
-    def complaint(self) -> str:
-        """The last line ssh (or the node's shell) wrote on stderr, once it has ended."""
-        try:
-            self.proc.wait(timeout=2)
-        except Exception:
-            return ""
-        lines = [t.strip() for t in self._said.decode(errors="replace").splitlines()]
-        said = [t for t in lines if t]
-        return said[-1] if said else (f"ssh exited with {self.proc.returncode}"
-                                      if self.proc.returncode else "")
-
-    def settimeout(self, timeout: float | None) -> None:
-        self.timeout = timeout
-
-    def gettimeout(self) -> float | None:
-        return self.timeout
-
-    def fileno(self) -> int:
-        return self._out   # readable between responses only when ssh has ended
-
-    def _wait(self, fd: int, writing: bool) -> None:
-        ready = select.select([] if writing else [fd], [fd] if writing else [], [], self.timeout)
-        if not any(ready):
-            raise socket.timeout(f"timed out (timeout={self.timeout})")
-
-    def sendall(self, data) -> None:
-        view = memoryview(data).cast("B")
-        while view:
-            self._wait(self._in, True)
-            try:
-                view = view[os.write(self._in, view):]
-            except BlockingIOError:
-                continue
-            except BrokenPipeError:
-                raise ConnectionResetError(errno_.EPIPE, "ssh to the node has ended") from None
-
-    send = sendall
-
-    def recv_into(self, buf) -> int:
-        while True:
-            self._wait(self._out, False)
-            try:
-                return os.readv(self._out, [buf])
-            except BlockingIOError:
-                continue
-
-    def makefile(self, mode: str = "rb", *args, **kwargs):
-        # one buffer for every response, as on one socket, which closing a response leaves
-        return _Unclosed(self._reader)
-
-    def close(self) -> None:
-        # ssh first: closing its stderr waits for the thread reading it, which waits for ssh
-        try:
-            self.proc.terminate()
-            self.proc.wait(timeout=2)
-        except Exception:  # it is gone, or going: nothing of it is needed any more
-            self.proc.kill()
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                pipe.close()
-            except OSError:
-                pass
-
-
-class _Unclosed:
-    """A response's view of the stream's reader: closing it leaves the stream open."""
-
-    def __init__(self, reader: io.BufferedReader) -> None:
-        self._reader, self.closed = reader, False
-
-    def __getattr__(self, name: str):
-        return getattr(self._reader, name)
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class _PipeReader(io.RawIOBase):
-    def __init__(self, stream: _SshStream) -> None:
-        self.stream = stream
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf) -> int:
-        return self.stream.recv_into(buf)
-
-
-@functools.cache
-def _ssh_adapter_class():
-    """The SDK's ssh adapter, made to keep its connections: one pool for the engine, whose
-    connections run over :class:`_SshStream` sessions and are used again request after
-    request (HTTP keep-alive through ``dial-stdio``)."""
-    from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
-
-    class Connection(SSHConnection):
-        def connect(self) -> None:
-            self.sock = _SshStream(*self.ssh_host, self.timeout)
-            self.adapter_streams.append(self.sock)
-
-    class Pool(SSHConnectionPool):
-        def _get_conn(self, timeout=None):
-            conn = super()._get_conn(timeout)
-            if conn.sock is not None and not conn.is_connected:
-                conn.close()   # its ssh has ended: the request opens a new session
-            return conn
-
-        def _new_conn(self):
-            conn = Connection(None, self.timeout, self.ssh_host)
-            conn.adapter_streams = self.streams
-            return conn
-
-    class Adapter(SSHHTTPAdapter):
-        def __init__(self, dest: str, port: int, timeout: float) -> None:
-            super().__init__(f"ssh://{dest}:{port}", timeout, shell_out=True)
-            self.streams: list[_SshStream] = []
-            self.pool = Pool(None, timeout, self.max_pool_size, (dest, port))
-            self.pool.streams = self.streams
-
-        def get_connection(self, url, proxies=None):
-            return self.pool
-
-        def complaint(self) -> str:
-            return next((c for c in (s.complaint() for s in reversed(self.streams)) if c), "")
-
-        def close(self) -> None:
-            super().close()
-            self.pool.close()
-            for stream in self.streams:
-                stream.close()
-
-    return Adapter
-
-
-# ----------------------------------------------------------------------------- image stores
-
-@dataclass(frozen=True)
-class Store:
-    """Where an engine keeps its images, which decides how an image may reach it."""
-
-    kind: str       # classic | containerd | containers-storage
-    detail: str     # how it was told
-
-    @property
-    def partial_load(self) -> bool:
-        """Whether a load archive may leave out the layers the engine already holds."""
-        return self.kind == "classic"
-
-    @property
-    def ids_are_config_digests(self) -> bool:
-        """A containerd store names an image by the digest of its manifest (or index)."""
-        return self.kind != "containerd"
-
-    def __str__(self) -> str:
-        return {"classic": "the classic image store", "containerd": "containerd's image store",
-                "containers-storage": "containers-storage"}[self.kind]
-
-
-def store_of(version: dict, info: dict) -> Store:
-    """The store an engine has, from its version and info answers."""
-    for component in version.get("Components") or ():
-        if component.get("Name") == "Podman Engine":
-            return Store("containers-storage", f"Podman {component.get('Version') or ''}".strip())
-    if "BuildahVersion" in info:  # only Podman's Docker API answers with Buildah's version
-        return Store("containers-storage", f"Podman {info.get('ServerVersion') or ''}".strip())
-    for pair in info.get("DriverStatus") or ():
-        if len(pair) == 2 and pair[0] == "driver-type" and "containerd" in str(pair[1]):
-            return Store("containerd", f"snapshotter {info.get('Driver') or pair[1]}")
-    if info.get("Driver") == "overlayfs":  # containerd's snapshotter; the classic one is overlay2
-        return Store("containerd", "snapshotter overlayfs")
-    return Store("classic", f"storage driver {info.get('Driver') or 'unknown'}")
-
-
-_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$")
-
-
-def since_start(state: dict) -> float | None:
-    """The time (Unix seconds, to the microsecond) from which a container's log is its current
-    start's, from its inspected ``State``; None when it never started (the whole log, empty).
-    That is ``StartedAt``; but a running container that stopped before (a restart) has the
-    previous run's ``FinishedAt`` before it, which the engine sets once that run's output is
-    drained, so its log is read from there: a line written before the engine recorded the new
-    start (a fast first line) still counts."""
-    started = _epoch(state.get("StartedAt"))
-    finished = _epoch(state.get("FinishedAt"))
-    if started and finished and state.get("Running") and finished < started:
-        return finished
-    return started
-
-
-def _epoch(stamp: str | None) -> float | None:
-    """An RFC 3339 time as the engine writes it (``2026-12-02T01:50:00.123456789Z``), in
-    Unix seconds floored to the microsecond; None for the zero time or no time."""
-    found = _STAMP.match(stamp or "")
-    if not found:
-        return None
-    whole, fraction, zone = found.groups()
-    seconds = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone)).timestamp()
-    if seconds <= 0:   # Go's zero time, 0001-01-01T00:00:00Z: never
-        return None
-    micros = int((fraction or ".0")[1:7].ljust(6, "0"))
-    return int(seconds) + micros / 1_000_000
-
 
 LOAD_PATIENCE = 10   # see Engine._load_once
 
@@ -460,7 +114,7 @@ class Engine:
     def connect(cls, host: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> "Engine":
         """The engine at ``host`` (an address ``engine_url`` took), else the one DOCKER_HOST
         names, once it has answered; ``timeout`` bounds each silence of it."""
-        docker = _docker()
+        docker = sdk()
         host = host or docker_host()
         shown = host or "unix:///var/run/docker.sock"
         if host and host.startswith("ssh://"):
@@ -474,7 +128,7 @@ class Engine:
                       else docker.from_env(timeout=timeout))
             client.ping()
         except Exception as exc:  # any transport failure means the same thing here
-            raise ImageError(f"no Docker Engine answers at {shown}: {_explain(exc)}") from exc
+            raise ImageError(f"no Docker Engine answers at {shown}: {explain(exc)}") from exc
         # the address the SDK took, never the CLI's own context, which may name another engine
         cli = ["docker", "-H", shown] if shutil.which("docker") else None
         return cls(client, shown, cli)
@@ -484,9 +138,9 @@ class Engine:
         """The engine behind ssh (the system's, so ~/.ssh/config and agents apply), over one
         ssh session kept open for every request; its first answer (the version, which the
         SDK needs anyway) is the proof that it answers, else what ssh said is the error."""
-        docker = _docker()
-        dest, port = _ssh_port(host, timeout)
-        adapter = _ssh_adapter_class()(dest, port, timeout)
+        docker = sdk()
+        dest, port = ssh_port(host, timeout)
+        adapter = ssh_adapter_class()(dest, port, timeout)
         try:
             client = docker.DockerClient(base_url=f"ssh://{dest}:{port}", timeout=timeout,
                                          use_ssh_client=True, version=_MIN_API)
@@ -495,10 +149,10 @@ class Engine:
             version = client.api.version(api_version=False)
             client.api._version = version["ApiVersion"]
         except Exception as exc:  # any transport failure means the same thing here
-            said = adapter.complaint() or _explain(exc)
+            said = adapter.complaint() or explain(exc)
             adapter.close()
             raise ImageError(f"no Docker Engine answers at {host}: {said}") from exc
-        engine = cls(client, host, [*_ssh_argv(dest, port, timeout), "docker"])
+        engine = cls(client, host, [*ssh_argv(dest, port, timeout), "docker"])
         engine._version = version
         return engine
 
@@ -512,7 +166,7 @@ class Engine:
     # -- facts
 
     def info(self) -> dict:
-        with _border(f"asking the engine at {self.host} about itself"):
+        with border(f"asking the engine at {self.host} about itself"):
             return self.api.info()
 
     def store(self) -> Store:
@@ -522,29 +176,27 @@ class Engine:
             if self._version is not None:
                 version = self._version
             elif "BuildahVersion" not in info:  # Podman's info says so; its version is slow
-                with _border(f"asking the engine at {self.host} for its version"):
+                with border(f"asking the engine at {self.host} for its version"):
                     version = self.api.version()
             self._store = store_of(version, info)
         return self._store
 
-    def content(self, ref: str) -> dict | None:
-        """Inspect output of ``ref`` with ``ConfigDigest`` added (see ``layer.fingerprint``), or
+    def content(self, ref: str) -> Inspected | None:
+        """``ref`` inspected, with its ``config_digest`` known (see ``layer.fingerprint``), or
         None when the engine has no such image.  A containerd store's ids are manifest
         digests, so there the config is read from the engine's export of the image."""
-        attrs = self.inspect(ref)
-        if attrs is None:
+        image = self.inspect(ref)
+        if image is None:
             return None
-        attrs = dict(attrs)
         if self.store().ids_are_config_digests:
-            iid = attrs["Id"]
-            attrs["ConfigDigest"] = iid if iid.startswith("sha256:") else f"sha256:{iid}"
+            iid = image.id
+            digest = iid if iid.startswith("sha256:") else f"sha256:{iid}"
         else:
             facts = ArchiveFacts()
-            for _ in relay(self.export(attrs["Id"]), facts):
+            for _ in relay(self.export(image.id), facts):
                 pass
-            layers = (attrs.get("RootFS") or {}).get("Layers") or ()
-            attrs["ConfigDigest"] = facts.config_digest(layers)
-        return attrs
+            digest = facts.config_digest(image.diff_ids)
+        return dataclasses.replace(image, config_digest=digest)
 
     def layers_held(self, diff_ids: Iterable[str], known: Iterable["Prefix"] = (),
                     limit: int = 2000) -> int:
@@ -559,11 +211,10 @@ class Engine:
         best = self._held_by_name(want, list(known))
         if best:
             return best
-        with _border(f"listing the images of the engine at {self.host}"):
+        with border(f"listing the images of the engine at {self.host}"):
             ids = [i["Id"] for i in self.api.images(all=True)][:limit]
         for iid in ids:
-            layers = ((self.inspect(iid) or {}).get("RootFS") or {}).get("Layers") or ()
-            best = max(best, _common_prefix(layers, want))
+            best = max(best, _common_prefix(self._diff_ids(iid), want))
             if best == len(want):
                 break
         return best
@@ -573,7 +224,7 @@ class Engine:
         if not names:
             return 0
         try:
-            with _border(f"listing the images of the engine at {self.host}"):
+            with border(f"listing the images of the engine at {self.host}"):
                 found = self.api.images(filters={"reference": names})
         except ImageError:
             return 0   # a store that takes no such filter: the whole list is read instead
@@ -583,8 +234,7 @@ class Engine:
             if image.get("Id") in by_id and self.store().ids_are_config_digests:
                 best = max(best, by_id[image["Id"]])   # the config names the layers
             else:
-                layers = ((self.inspect(image["Id"]) or {}).get("RootFS") or {}).get("Layers")
-                best = max(best, _common_prefix(layers or (), want))
+                best = max(best, _common_prefix(self._diff_ids(image["Id"]), want))
         return best
 
     def prefixes(self, diff_ids: Iterable[str], size: int | None = None,
@@ -593,43 +243,48 @@ class Engine:
         (an image's base, and the base's base): what another engine may hold them by.  Only
         images no bigger than ``size`` (the image's own) can be one."""
         want = list(diff_ids)
-        with _border(f"listing the images of the engine at {self.host}"):
+        with border(f"listing the images of the engine at {self.host}"):
             listed = [i for i in self.api.images() if size is None or (i.get("Size") or 0) <= size]
         found: list[Prefix] = []
         for image in listed[:limit]:
             names = [n for n in (image.get("RepoTags") or []) + (image.get("RepoDigests") or [])
                      if n and "<none>" not in n]
-            attrs = self.inspect(image["Id"]) if names else None
-            layers = list(((attrs or {}).get("RootFS") or {}).get("Layers") or ())
+            layers = list(self._diff_ids(image["Id"])) if names else []
             if names and 0 < len(layers) < len(want) and layers == want[:len(layers)]:
                 found.append(Prefix(tuple(names), image["Id"], len(layers)))
         return sorted(found, key=lambda p: -p.layers)
 
     def tagged(self, ref: str) -> str | None:
         """The id of the image ``ref`` names on this engine, or None."""
-        return (self.inspect(ref) or {}).get("Id")
+        image = self.inspect(ref)
+        return image.id if image is not None else None
 
-    def inspect(self, ref: str) -> dict | None:
-        docker = _docker()
+    def inspect(self, ref: str) -> Inspected | None:
+        """The image ``ref`` names, or None when the engine has no such image."""
+        docker = sdk()
         try:
-            with _border(f"inspecting {ref}"):
-                return self.api.inspect_image(ref)
+            with border(f"inspecting {ref}"):
+                return Inspected.of(self.api.inspect_image(ref))
         except ImageError as exc:
             if isinstance(exc.__cause__, docker.errors.ImageNotFound) or (
                     isinstance(exc.__cause__, docker.errors.NotFound)):
                 return None
             raise
 
+    def _diff_ids(self, ref: str) -> tuple[str, ...]:
+        image = self.inspect(ref)
+        return image.diff_ids if image is not None else ()
+
     def resolve_base(self, ref: str, platform: Platform, log: Log = lambda m: None,
                      pull: bool = True) -> BaseImage:
         """The base as the engine holds it (pulled for ``platform`` when missing), checked to be
         of that platform and pinned by its registry digest, else by its image id."""
-        attrs = self.inspect(ref)
-        if attrs is None and pull and not ref.startswith("sha256:"):
+        image = self.inspect(ref)
+        if image is None and pull and not ref.startswith("sha256:"):
             repo, tag = (ref.split("@", 1) if "@" in ref else split_tag(ref))
             log(f"pulling {ref} for {platform}")
             try:
-                with _border(f"pulling the base {ref}"):
+                with border(f"pulling the base {ref}"):
                     for line in self.api.pull(repo, tag=tag, platform=str(platform), stream=True,
                                               decode=True):
                         if "error" in line:
@@ -638,31 +293,21 @@ class Engine:
             except ImageError as exc:
                 if str(exc).startswith("base image"):
                     raise
-                why = _explain(exc.__cause__) if exc.__cause__ is not None else str(exc)
+                why = explain(exc.__cause__) if exc.__cause__ is not None else str(exc)
                 raise ImageError(f"base image {ref} not found: {why}") from exc
-            attrs = self.inspect(ref)
-        if attrs is None:
+            image = self.inspect(ref)
+        if image is None:
             raise ImageError(f"base image {ref} not found on the engine at {self.host}")
-        got = Platform(attrs.get("Os") or "linux", attrs.get("Architecture") or "unknown",
-                       attrs.get("Variant") or None)
+        got = image.platform
         if not got.matches(platform):
             raise ImageError(f"base image {ref} is {got}, not {platform}")
-        repo = repository(ref)
-        digest = None
-        if "@sha256:" in ref:
-            digest = ref.split("@", 1)[1]
-        else:
-            for rd in attrs.get("RepoDigests") or ():
-                if rd.split("@", 1)[0] == repo:
-                    digest = rd.split("@", 1)[1]
-                    break
-        diff_ids = tuple((attrs.get("RootFS") or {}).get("Layers") or ())
-        with _border(f"reading the history of {ref}"):
-            raw_history = self.api.history(attrs["Id"])
-        return BaseImage(name=ref, image_id=attrs["Id"], digest=digest, platform=got,
-                         config=attrs.get("Config") or {}, diff_ids=diff_ids,
-                         history=history_of(raw_history, len(diff_ids), ref),
-                         config_digest=(attrs["Id"] if self.store().ids_are_config_digests
+        digest = ref.split("@", 1)[1] if "@sha256:" in ref else image.digest_in(repository(ref))
+        with border(f"reading the history of {ref}"):
+            raw_history = self.api.history(image.id)
+        return BaseImage(name=ref, image_id=image.id, digest=digest, platform=got,
+                         config=dict(image.config), diff_ids=image.diff_ids,
+                         history=history_of(raw_history, len(image.diff_ids), ref),
+                         config_digest=(image.id if self.store().ids_are_config_digests
                                         else None))
 
     # -- files of an image, without running it
@@ -672,7 +317,7 @@ class Engine:
         """The image's filesystem, readable through a container that is created, never started,
         and removed on the way out.  ``name`` is how messages call the image (what the user
         gave), when ``image`` is its id."""
-        with _border(f"creating a stopped container of {image}"):
+        with border(f"creating a stopped container of {image}"):
             created = self.api.create_container(
                 image, command=["/.patchkit-never-started"], entrypoint=[],
                 network_disabled=True, labels={"io.patchkit.scratch": "1"})
@@ -693,9 +338,9 @@ class Engine:
         (the caller cuts them into lines, within its bounds), or None when the engine has no
         such container.  What earlier starts of it logged is left out (``since_start``).  A log
         driver the engine cannot read back is an ImageError."""
-        docker = _docker()
+        docker = sdk()
         try:
-            with _border(f"inspecting the container {name}"):
+            with border(f"inspecting the container {name}"):
                 attrs = self.api.inspect_container(name)
         except ImageError as exc:
             if isinstance(exc.__cause__, docker.errors.NotFound):
@@ -704,14 +349,14 @@ class Engine:
         return self._log_chunks(attrs["Id"], name, since_start(attrs.get("State") or {}))
 
     def _log_chunks(self, cid: str, name: str, since: float | None) -> Iterator[bytes]:
-        with _border(f"reading the log of the container {name}"):
+        with border(f"reading the log of the container {name}"):
             yield from self.api.logs(cid, stdout=True, stderr=True, stream=True, follow=False,
                                      **({"since": since} if since else {}))
 
     # -- making images
 
     def images_with_label(self, key: str, value: str) -> list[str]:
-        with _border("listing images"):
+        with border("listing images"):
             return [i["Id"] for i in self.api.images(filters={"label": f"{key}={value}"})]
 
     def has_image(self, image_id: str) -> bool:
@@ -749,9 +394,9 @@ class Engine:
             return expect_id
         want = list(diff_ids or ())
         for ref in loaded:
-            attrs = self.inspect(ref)
-            if attrs and list((attrs.get("RootFS") or {}).get("Layers") or ()) == want:
-                return attrs["Id"]
+            image = self.inspect(ref)
+            if image is not None and list(image.diff_ids) == want:
+                return image.id
         raise ImageError(f"the engine at {self.host} loaded the archive but holds no image of "
                          f"config {expect_id[:19]}")
 
@@ -761,7 +406,7 @@ class Engine:
         copies the parent's files for each new layer, so each silence may last
         ``LOAD_PATIENCE`` times the timeout."""
         loaded: list[str] = []
-        with _border(f"loading the image into the engine at {self.host}"), self._patient():
+        with border(f"loading the image into the engine at {self.host}"), self._patient():
             for line in self.api.load_image(archive):
                 if not isinstance(line, dict):
                     continue
@@ -846,12 +491,12 @@ class Engine:
     def export(self, ref: str) -> Iterator[bytes]:
         """``docker save`` of ``ref`` as a stream of chunks; a failure while it streams is an
         ImageError (never an OSError, which a load reading this stream would take for its own)."""
-        with _border(f"exporting {ref} from the engine at {self.host}"):
+        with border(f"exporting {ref} from the engine at {self.host}"):
             yield from self.api.get_image(ref)
 
     def tag(self, image_id: str, ref: str) -> None:
         repo, tag = split_tag(ref)
-        with _border(f"tagging {image_id[:19]} as {ref}"):
+        with border(f"tagging {image_id[:19]} as {ref}"):
             if not self.api.tag(image_id, repo, tag, force=True):
                 raise ImageError(f"the engine would not tag {image_id[:19]} as {ref}")
 
@@ -861,18 +506,14 @@ class Engine:
             if previous:
                 self.tag(previous, ref)
             else:
-                with _border(f"untagging {ref}"):
+                with border(f"untagging {ref}"):
                     self.api.remove_image(ref, noprune=True)
         except ImageError:
             pass  # the error being reported matters more than this cleanup
 
     def repo_digest(self, ref: str) -> str | None:
-        attrs = self.inspect(ref) or {}
-        repo = repository(ref)
-        for rd in attrs.get("RepoDigests") or ():
-            if rd.split("@", 1)[0] == repo:
-                return rd.split("@", 1)[1]
-        return None
+        image = self.inspect(ref)
+        return image.digest_in(repository(ref)) if image is not None else None
 
     def push(self, ref: str, log: Log = lambda m: None, *,
              tally: "Transfer | None" = None) -> str:
@@ -880,7 +521,7 @@ class Engine:
         only the layers the registry lacks (it asks for each); ``tally`` counts them."""
         repo, tag = split_tag(ref)
         digest = None
-        with _border(f"pushing {ref}"):
+        with border(f"pushing {ref}"):
             for line in self.api.push(repo, tag=tag, stream=True, decode=True):
                 if line.get("error"):
                     raise ImageError(f"push of {ref} refused: {' '.join(str(line['error']).split())}")
@@ -903,7 +544,7 @@ class Engine:
         timeout; what moved is counted in the returned Transfer."""
         repo, tag = ref.split("@", 1) if "@" in ref else split_tag(ref)
         tally = Transfer()
-        with _border(f"the engine at {self.host} pulling {ref}"):
+        with border(f"the engine at {self.host} pulling {ref}"):
             for line in self.api.pull(repo, tag=tag, stream=True, decode=True):
                 if line.get("error"):
                     raise ImageError(f"the engine at {self.host} could not pull {ref}: "
@@ -923,7 +564,7 @@ class Engine:
         except OSError as exc:
             raise ImageError(f"--save {path}: cannot write there: {exc.strerror}") from None
         try:
-            with _border(f"saving {ref}"), os.fdopen(fd, "wb") as out:
+            with border(f"saving {ref}"), os.fdopen(fd, "wb") as out:
                 for chunk in self.api.get_image(ref):
                     out.write(chunk)
             os.replace(tmp, path)
@@ -937,7 +578,7 @@ class Engine:
         """A classic-builder build through the API; returns the image id."""
         image_id = None
         last_error = None
-        with _border(f"building {tag}"):
+        with border(f"building {tag}"):
             stream = self.api.build(path=str(context), dockerfile=dockerfile, target=target,
                                     buildargs=buildargs, labels=labels, tag=tag,
                                     platform=str(platform), rm=True, forcerm=True, decode=True)
@@ -952,10 +593,10 @@ class Engine:
                     image_id = aux["ID"]
         if last_error:
             raise ImageError(f"build of {tag} failed: {last_error}")
-        attrs = self.inspect(tag)
-        if not attrs:
+        built = self.inspect(tag)
+        if built is None:
             raise ImageError(f"build of {tag} gave no image")
-        return image_id or attrs["Id"]
+        return image_id or built.id
 
     # -- the docker CLI, for what the SDK cannot do (BuildKit)
 
@@ -990,14 +631,6 @@ class Engine:
         return {"DOCKER_HOST": self.host}
 
 
-@dataclass(frozen=True)
-class Prefix:
-    """An image that holds the first ``layers`` layers of another, and the names it has."""
-
-    names: tuple[str, ...]
-    image_id: str
-    layers: int
-
 
 def _common_prefix(layers: Iterable[str], want: list[str]) -> int:
     n = 0
@@ -1008,144 +641,8 @@ def _common_prefix(layers: Iterable[str], want: list[str]) -> int:
     return n
 
 
-@dataclass
-class Transfer:
-    """What a push or a pull moved, layer by layer, as the engine's progress told it:
-    ``moved`` layers went over the wire (``bytes`` of them: a push counts the layers' own
-    bytes, a pull the compressed blobs it fetched), ``present`` ones the other side held."""
-
-    moved: int = 0
-    present: int = 0
-    bytes: int = 0
-
-    def __post_init__(self) -> None:
-        self._sizes: dict[str, int] = {}
-
-    _MOVED = ("Pushed", "Pull complete")
-    _PRESENT = ("Layer already exists", "Already exists")
-
-    def count(self, line: dict) -> None:
-        status, lid = str(line.get("status") or ""), line.get("id")
-        if not lid:
-            return
-        if status in self._MOVED:
-            self.moved += 1
-        elif status in self._PRESENT or status.startswith("Mounted from"):
-            self.present += 1
-        elif status in ("Pushing", "Downloading"):
-            total = (line.get("progressDetail") or {}).get("total") or 0
-            if total > self._sizes.get(lid, 0):
-                self.bytes += total - self._sizes.get(lid, 0)
-                self._sizes[lid] = total
-
-    def to_dict(self) -> dict:
-        return {"layers": self.moved, "present": self.present, "bytes": self.bytes}
-
 
 def _daemon_said(line: str) -> str:
     """The engine's own words in a docker CLI error line."""
     return re.sub(r"^(Error response from daemon|Error|error during connect): ", "",
                   line).strip()
-
-
-class ImageFiles:
-    """Reads an image's files through a stopped container."""
-
-    def __init__(self, api, container_id: str, image: str) -> None:
-        self.api = api
-        self.cid = container_id
-        self.image = image
-        self._kept: dict[str, bytes] = {}   # small files read on the way by names()
-
-    def stat(self, path: str) -> dict | None:
-        """``{"name", "size", "mode", "mtime", "linkTarget"}`` of ``path``, or None if absent."""
-        with _border(f"looking for {path} in {self.image}"):
-            res = self.api.head(self.api._url("/containers/{0}/archive", self.cid),
-                                params={"path": path})
-            if res.status_code == 404:
-                return None
-            self.api._raise_for_status(res)
-            header = res.headers.get("X-Docker-Container-Path-Stat")
-        if not header:
-            return None
-        return json.loads(base64.b64decode(header))
-
-    def exists(self, path: str) -> bool:
-        return self.stat(path) is not None
-
-    def walk(self, folder: str, _depth: int = 0) -> Iterator[tuple[tarfile.TarInfo, bytes | None]]:
-        """Every entry under ``folder`` with a regular file's bytes, from one archive the
-        engine streams: never one request per file, never the whole archive in memory.
-
-        Names start with the folder's own name (``vllm/...``; when ``folder`` is a symlink,
-        which is followed, its target's name); a hard link comes with no bytes and
-        ``linkname`` naming the earlier entry."""
-        st = self.stat(folder)
-        if st is None:
-            raise ImageError(f"{self.image} has no {folder}")
-        target = st.get("linkTarget")
-        if target and _depth < 8:
-            if not target.startswith("/"):
-                target = str(PurePosixPath(folder).parent / target)
-            yield from self.walk(target, _depth + 1)
-            return
-        with _border(f"reading {folder} from {self.image}"):
-            stream, _ = self.api.get_archive(self.cid, folder, chunk_size=1 << 20)
-            try:
-                with tarfile.open(fileobj=io.BufferedReader(ChunkReader(stream), 1 << 20),
-                                  mode="r|") as tar:
-                    for member in tar:
-                        data = None
-                        if member.isreg():
-                            fh = tar.extractfile(member)
-                            data = fh.read() if fh else b""
-                        yield member, data
-            except tarfile.TarError as exc:
-                raise ImageError(f"reading {folder} from {self.image}: the engine's archive is "
-                                 f"not a tar stream ({exc})") from exc
-
-    def names(self, folder: str) -> list[str] | None:
-        """The names of ``folder``'s entries, or None when it is no folder.  The engine has
-        no listing but an archive of the folder, so that archive is streamed once; the
-        dist-info files met on the way (METADATA, RECORD) are kept for :meth:`read`, which
-        saves one request each."""
-        st = self.stat(folder)
-        if st is None or not st.get("mode", 0) & (1 << 31) and not st.get("linkTarget"):
-            return None
-        names: set[str] = set()
-        for info, data in self.walk(folder):
-            parts = info.name.rstrip("/").split("/")
-            if len(parts) < 2:
-                continue  # the folder itself
-            names.add(parts[1])
-            if (data is not None and len(parts) == 3 and parts[1].endswith(".dist-info")
-                    and parts[2] in ("METADATA", "RECORD")):
-                self._kept[f"{folder.rstrip('/')}/{parts[1]}/{parts[2]}"] = data
-        return sorted(names)
-
-    def read(self, path: str, _depth: int = 0) -> bytes | None:
-        """The bytes of the regular file at ``path`` (symlinks followed), or None if absent."""
-        if path in self._kept:
-            return self._kept[path]
-        docker = _docker()
-        try:
-            with _border(f"reading {path} from {self.image}"):
-                stream, st = self.api.get_archive(self.cid, path)
-                data = b"".join(stream)
-        except ImageError as exc:
-            if isinstance(exc.__cause__, docker.errors.NotFound):
-                return None
-            raise
-        if st.get("mode", 0) & (1 << 31):
-            return None  # a directory
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            for member in tar:
-                if member.issym() and _depth < 8:
-                    target = st.get("linkTarget") or member.linkname
-                    if not target.startswith("/"):
-                        target = str(PurePosixPath(path).parent / target)
-                    return self.read(target, _depth + 1)
-                if member.isfile():
-                    fh = tar.extractfile(member)
-                    return fh.read() if fh else None
-        return None

@@ -9,6 +9,7 @@ base's config with the labels and command replaced and the layer appended, so th
 from __future__ import annotations
 
 import calendar
+import functools
 import hashlib
 import io
 import json
@@ -20,6 +21,7 @@ from pathlib import PurePosixPath
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from patchkit.errors import ImageError
+from patchkit.image.enginefacts import Inspected, parse_env
 from patchkit.imageref import Platform, repository
 
 # The image config fields kept from the base.  Inspect output differs between engine versions
@@ -50,6 +52,10 @@ class BaseImage:
             repo = repository(self.name)
             return f"{repo}@{self.digest}"
         return self.image_id
+
+    @functools.cached_property
+    def env(self) -> dict[str, str]:
+        return parse_env(self.config)
 
     @property
     def pinned_by(self) -> str:
@@ -256,18 +262,16 @@ def fingerprint_of(config_digest: str, diff_ids: Sequence[str]) -> str:
     return "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
 
 
-def fingerprint(attrs: dict) -> str:
+def fingerprint(image: Inspected) -> str:
     """The content fingerprint of an image as an engine reports it: its config digest and its
     layers' diff_ids, never the engine's image id (a containerd store's id is the digest of a
     manifest it made, which differs between snapshotters and between loads).
 
-    ``attrs`` is inspect output with ``ConfigDigest`` added by the engine border, which knows
-    how its engine names the config.
+    ``image`` comes from ``Engine.content``, which knows how its engine names the config.
     """
-    config = attrs.get("ConfigDigest")
-    if not config:
+    if not image.config_digest:
         raise ImageError("no config digest is known for this image; cannot fingerprint it")
-    return fingerprint_of(config, (attrs.get("RootFS") or {}).get("Layers") or ())
+    return fingerprint_of(image.config_digest, image.diff_ids)
 
 
 # ---------------------------------------------------------------------- archives, streamed

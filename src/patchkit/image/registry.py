@@ -16,8 +16,10 @@ failure leaves it as a one-line :class:`~patchkit.errors.ImageError`.
   every base, so each blob is fetched once.  skopeo records where it saw each blob; a push to
   the same registry then mounts a blob from the repository it was read from instead of sending
   it again (a cross-repository mount), and copies it blob by blob elsewhere.
-* A push sends the blobs first and the manifest last, with the digests preserved: nothing is
-  visible under the tag until every blob is there, and the manifest stored is the one given.
+* A push writes the image as skopeo's ``dir:`` layout (the base's blobs linked from the blob
+  folder, never copied) and sends the blobs first and the manifest last, with the digests
+  preserved: nothing is visible under the tag until every blob is there, and the manifest
+  stored is the one given.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Callable, Sequence
 from patchkit import filelocks
 from patchkit.errors import CommandError, ImageError
 from patchkit.image.layer import (DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX, OCI_MANIFEST,
-                                  RemoteImage)
+                                  Layer, RemoteImage, image_id_of)
 from patchkit.imageref import Platform, repository
 from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.process import run
@@ -42,6 +44,7 @@ from patchkit.process import run
 Log = Callable[[str], None]
 
 INSECURE_ENV = "PATCHKIT_INSECURE_REGISTRIES"
+DIR_VERSION = "Directory Transport Version: 1.1\n"  # skopeo's dir: layout
 DOCKER_HUB = "docker.io"
 
 
@@ -249,7 +252,25 @@ class Registry:
 
     # -- writing
 
-    def push(self, layout: Path, ref: str) -> str:
+    def push_image(self, ref: str, manifest: bytes, config: bytes, made: Layer,
+                   base: RemoteImage, blobs: Path, scratch: Path) -> str:
+        """Pushes to ``ref`` the image of ``manifest``: ``base``'s layers (their blobs in
+        ``blobs``), then ``made`` and ``config``; written as a layout in a folder under
+        ``scratch`` that is removed after.  Returns the manifest digest, checked to be the
+        digest of ``manifest`` itself."""
+        digest = _digest(manifest)
+        tmp = Path(tempfile.mkdtemp(prefix="push-", dir=scratch))
+        try:
+            write_layout(tmp / "image", manifest, config, made, base, blobs)
+            pushed = self._push_layout(tmp / "image", ref)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if pushed != digest:
+            raise ImageError(f"the registry stored {ref} as {pushed}, not the manifest {digest} "
+                             "patchkit made")
+        return digest
+
+    def _push_layout(self, layout: Path, ref: str) -> str:
         """Pushes the image in ``layout`` (skopeo's ``dir:`` layout) to ``ref``: blobs first,
         the manifest last, digests preserved.  Returns the manifest digest the tag names."""
         digest_file = layout.parent / "pushed-digest"
@@ -261,6 +282,21 @@ class Registry:
             return digest_file.read_text().strip()
         except OSError:
             raise ImageError(f"push of {ref} gave no digest") from None
+
+
+def write_layout(dest: Path, manifest: bytes, config: bytes, made: Layer, base: RemoteImage,
+                 blobs: Path) -> None:
+    """skopeo's ``dir:`` layout of an image made on ``base``: the manifest, the config and the
+    new layer as files; the base's blobs as links into ``blobs``."""
+    dest.mkdir()
+    (dest / "version").write_text(DIR_VERSION)
+    (dest / "manifest.json").write_bytes(manifest)
+    (dest / image_id_of(config).split(":", 1)[1]).write_bytes(config)
+    (dest / made.diff_id.split(":", 1)[1]).write_bytes(made.data)
+    for d in base.layers:
+        link = dest / d["digest"].split(":", 1)[1]
+        if not link.exists():
+            os.symlink(blob_path(blobs, d["digest"]), link)
 
 
 def _json(raw: bytes, what: str) -> dict:

@@ -21,7 +21,8 @@ class EngineOverlay(EnginePath):
     mode = OVERLAY_MODE
 
     def build(self, job: Job) -> Built:
-        engine: Engine = job.engine  # type: ignore[assignment]
+        engine = job.engine
+        assert engine is not None, "a path through an engine is given one"
         base_ref, platform, log = job.base_ref(), job.platform, job.log
         log(f"resolving the base {base_ref} for {platform}")
         base = engine.resolve_base(base_ref, platform, log)
@@ -47,11 +48,11 @@ def _known(engine: Engine, key: str, base: layer.BaseImage, log) -> Built | None
     """The image an earlier run made of the same inputs, found by its label: the base's layers
     and one more.  An image built FROM it carries its labels too, on more layers."""
     for known in engine.images_with_label(INPUTS_LABEL, key):
-        attrs = engine.inspect(known) or {}
-        layers = list((attrs.get("RootFS") or {}).get("Layers") or [])
+        image = engine.inspect(known)
+        layers = list(image.diff_ids) if image is not None else []
         if layers[:-1] != list(base.diff_ids) or len(layers) != len(base.diff_ids) + 1:
             continue
-        facts = ImageFacts.from_labels((attrs.get("Config") or {}).get("Labels") or {})
+        facts = ImageFacts.from_labels(image.labels)
         log(f"nothing changed since image {known[:19]}: reusing it")
         return Built(known, base, True, LayerInfo(*facts.layer, layers[-1]), facts.vllm_dir,
                      facts.installed)

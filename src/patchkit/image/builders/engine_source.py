@@ -47,7 +47,8 @@ class EngineSource(EnginePath):
         return why
 
     def build(self, job: Job) -> Built:
-        engine: Engine = job.engine  # type: ignore[assignment]
+        engine = job.engine
+        assert engine is not None, "a path through an engine is given one"
         tree, tag, platform, log = job.tree, job.tag, job.platform, job.log
         dockerfile = tree.root / DOCKERFILE
         if not dockerfile.is_file():
@@ -82,14 +83,12 @@ class EngineSource(EnginePath):
 
 def _check_platform(engine: Engine, tag: str, platform: Platform) -> str | None:
     """The id of the image built, once it is known to be of ``platform``."""
-    attrs = engine.inspect(tag)
-    if attrs is None:
+    built = engine.inspect(tag)
+    if built is None:
         return None
-    got = Platform(attrs.get("Os") or "linux", attrs.get("Architecture") or "?",
-                   attrs.get("Variant"))
-    if not got.matches(platform):
-        raise ImageError(f"the build gave a {got} image, not {platform}")
-    return attrs["Id"]
+    if not built.platform.matches(platform):
+        raise ImageError(f"the build gave a {built.platform} image, not {platform}")
+    return built.id
 
 
 BUILDER = EngineSource()

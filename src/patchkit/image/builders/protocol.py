@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from patchkit.errors import UsageError
 from patchkit.image.build import Built, ModeChoice, PackageTree
 from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
 from patchkit.series.checkout import AppliedCheckout
+
+if TYPE_CHECKING:   # imported by the path that uses it, when chosen
+    from patchkit.image.docker import Engine
+    from patchkit.image.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,8 @@ class Job:
     base: str | None               # --base, else image.base of the manifest
     push: bool
     log: Callable[[str], None]
-    engine: object | None = None   # image.docker.Engine, for the paths through an engine
-    registry: object | None = None  # image.registry.Registry, for the path without one
+    engine: Engine | None = None   # for the paths through an engine
+    registry: Registry | None = None  # for the path without one
     max_jobs: int | None = None
     nvcc_threads: int | None = None
     packages: tuple[PackageTree, ...] = ()  # the other packages' changes the image ships

@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from patchkit.errors import ImageError, UsageError
@@ -36,23 +33,6 @@ from patchkit.image.builders.protocol import Asked, Job
 from patchkit.image.layer import RemoteImage
 from patchkit.image.registry import Registry, blob_path, host_of
 from patchkit.cache import cache_dir, cache_subdir
-
-DIR_VERSION = "Directory Transport Version: 1.1\n"  # skopeo's dir: layout
-
-
-def write_layout(dest: Path, manifest: bytes, config: bytes, made: layer.Layer,
-                 remote: RemoteImage, blobs: Path) -> None:
-    """skopeo's ``dir:`` layout of the new image; the base's blobs are links into the cache."""
-    dest.mkdir()
-    (dest / "version").write_text(DIR_VERSION)
-    (dest / "manifest.json").write_bytes(manifest)
-    (dest / layer.image_id_of(config).split(":", 1)[1]).write_bytes(config)
-    (dest / made.diff_id.split(":", 1)[1]).write_bytes(made.data)
-    for d in remote.layers:
-        link = dest / d["digest"].split(":", 1)[1]
-        if not link.exists():
-            os.symlink(blob_path(blobs, d["digest"]), link)
-
 
 class RegistryOverlay:
     name = "registry-overlay"
@@ -83,7 +63,7 @@ class RegistryOverlay:
         if base_ref.startswith("sha256:"):
             raise ImageError(f"--base {base_ref} is an engine's image id; --no-daemon reads the "
                              "base from a registry: name it as host/repository:tag")
-        built = build_overlay(job, base_ref, job.registry or Registry())  # type: ignore[arg-type]
+        built = build_overlay(job, base_ref, job.registry or Registry())
         job.log(f"{job.tag} is {built.digest}" + (" (already there)" if built.reused else ""))
         return built
 
@@ -110,8 +90,7 @@ def build_overlay(job: Job, base_ref: str, reg: Registry, cache: Path | None = N
         if job.manifest.others or job.manifest.image.requires or job.lock is not None:
             # no engine read the base before the apply: its pins, requires and the lock are
             # judged here, on its layers, before anything is uploaded
-            env = dict(i.partition("=")[::2] for i in base.config.get("Env") or ())
-            installed = distinfo.installed(files, env)
+            installed = distinfo.installed(files, base.env)
             lockfile.check_base(job.manifest, installed, base.name)
             if job.lock is not None:
                 lockfile.check_locked(job.manifest, job.lock,  # type: ignore[arg-type]
@@ -128,7 +107,7 @@ def build_overlay(job: Job, base_ref: str, reg: Registry, cache: Path | None = N
     else:
         log(f"pushing one layer ({made.files} files, {made.bytes} bytes), its config and the "
             f"manifest onto {len(remote.layers)} base layer(s) of {remote.pinned}")
-        _push(reg, store, tag, digest, man, config, made, remote, blobs)
+        reg.push_image(tag, man, config, made, remote, blobs, store)
     return build.Built(layer.image_id_of(config), base, reused,
                        build.LayerInfo(made.files, made.bytes, made.whiteouts, made.diff_id),
                        plan.package.dir, plan.installed, pushed_by_build=True,
@@ -151,19 +130,6 @@ def _indexed(remote: RemoteImage, base_ref: str, blobs: Path, indexes: Path
                                       indexes, what)
         layers.append(layerfs.IndexedLayer(path, d["digest"], members))
     return layers
-
-
-def _push(reg: Registry, store: Path, tag: str, digest: str, man: bytes, config: bytes,
-          made: layer.Layer, remote: RemoteImage, blobs: Path) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="push-", dir=store))
-    try:
-        write_layout(tmp / "image", man, config, made, remote, blobs)
-        pushed = reg.push(tmp / "image", tag)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if pushed != digest:
-        raise ImageError(f"the registry stored {tag} as {pushed}, not the manifest {digest} "
-                         "patchkit made")
 
 
 BUILDER = RegistryOverlay()
