@@ -67,10 +67,12 @@ def test_committing_in_a_folder_that_is_no_repository_is_a_git_error(tmp_path):
         g.commit_all(tmp_path / "plain", "m")
 
 
-def test_a_missing_folder_is_refused_not_run_in_the_current_one(tmp_path, monkeypatch, repo):
+def test_a_missing_folder_is_no_repository_not_the_current_one(tmp_path, monkeypatch, repo):
     monkeypatch.chdir(repo)   # a repository that git would otherwise answer for
     with pytest.raises(GitError, match="no such folder"):
         g.head(tmp_path / "gone")
+    assert g.resolve_commit(tmp_path / "gone", "v1") is None
+    assert g.resolve_commit(repo, "v1") is not None
 
 
 def test_a_local_command_past_its_deadline_is_killed(repo, tmp_path, monkeypatch):

@@ -95,8 +95,9 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     limit = timeout if timeout is not None else \
         timeouts.GIT_TRANSFER if network else timeouts.GIT_LOCAL
     if cwd is not None and not os.path.isdir(cwd):
-        # GitPython would run the command in this process's folder instead
-        raise GitError(["git", "-C", str(cwd), *args], 128, f"no such folder: {cwd}")
+        # GitPython would run the command in this process's folder instead: git's own answer
+        # for a folder that is no repository, a query's False and a command's GitError
+        return 128, b"", f"fatal: no such folder: {cwd}\n".encode("utf-8", "surrogateescape")
     cmd = _gitpython().cmd.Git(str(cwd) if cwd is not None else None)
     full_env = dict(QUIET)
     if env:
