@@ -51,10 +51,10 @@ def test_a_broken_offset_value_is_not_a_report():
 
 
 def test_what_is_in_the_way_reads_back_and_an_older_report_has_none():
-    from patchkit.report import InTheWay, PatchResult, VllmInfo
+    from patchkit.report import InTheWay, PatchResult, PackageInfo
 
     ways = [InTheWay("vllm/a.py", 2, "conflict", 40), InTheWay("vllm/c.py", None, "gone")]
-    report = ApplyReport(VllmInfo("v1", "c" * 40, "1.0"), None,
+    report = ApplyReport(PackageInfo("v1", "c" * 40, "1.0"), None,
                          [PatchResult("p", "diff", "failed", "conflict", in_the_way=ways)])
     data = json.loads(report.to_json())
     assert data["patches"][0]["in_the_way"] == [

@@ -61,11 +61,9 @@ class TextProgress:
             echo(patch_line(result, self.tty), err=self.err)
 
     def target(self, report) -> None:
-        failed = sum(p.status == "failed" for p in report.patches)
-        # a matrix over another package has that package's checkout alone
-        name, info = next(iter(report.packages.items()), ("vllm", report.vllm))
-        what = "vLLM" if name == "vllm" else name
-        say(f"{what} {info.ref}: {'ok' if report.ok else f'{failed} failed'}")
+        from patchkit.render.text import target_line
+
+        say(target_line(report))
 
 
 class Verb(click.Command):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from patchkit.source.protocol import VLLM
+
 STATUSES = ("applied", "upstream", "skipped", "failed")
 REASONS = ("conflict", "fuzz", "anchor-missing", "ambiguous-anchor", "unsafe-path",
            "overlay-drift", "assertion", "error")
@@ -82,16 +84,10 @@ class Outcome:
 
 
 @dataclass
-class VllmInfo:
-    ref: str
-    commit: str
-    version: str | None
-    repo: str | None = None
-
-
-@dataclass
 class PackageInfo:
-    """One package's section of a report: its pin, what it resolved to, where it went."""
+    """One package's section of a report: its pin, what it resolved to (``source``: the
+    source it was taken from, as given), where it went.  vLLM's is also the report's ``vllm``
+    section, which JSON writes as it always has (``repo`` for the source, no workdir)."""
 
     ref: str
     commit: str
@@ -119,7 +115,7 @@ class PatchResult:
     message: str = ""
     offsets: list[Offset] = field(default_factory=list)
     hunk: Hunk | None = None    # a conflict's hunk; not part of the JSON report
-    package: str = "vllm"       # the package it patches
+    package: str = VLLM.name    # the package it patches
     in_the_way: list[InTheWay] = field(default_factory=list)   # every hunk and file in the way
 
     def __post_init__(self) -> None:
@@ -142,7 +138,7 @@ class PatchResult:
                    data.get("reason"), data.get("commit"), list(data.get("files") or []),
                    str(data.get("message") or ""),
                    [Offset.from_dict(o) for o in data.get("offset_values") or []],
-                   package=str(data.get("package") or "vllm"),
+                   package=str(data.get("package") or VLLM.name),
                    in_the_way=[InTheWay.from_dict(w) for w in data.get("in_the_way") or []])
 
 
@@ -174,7 +170,7 @@ class AssertionResult:
 
 @dataclass
 class ApplyReport:
-    vllm: VllmInfo
+    vllm: PackageInfo           # vLLM's pin, also when the run made no checkout of it
     workdir: str | None
     patches: list[PatchResult] = field(default_factory=list)
     verify: list[AssertionResult] = field(default_factory=list)
@@ -200,7 +196,10 @@ class ApplyReport:
         return {p.id for p in self.patches if p.status == "skipped"}
 
     def to_dict(self) -> dict:
-        data = {"ok": self.ok, "vllm": asdict(self.vllm), "workdir": self.workdir,
+        v = self.vllm
+        data = {"ok": self.ok,
+                "vllm": {"ref": v.ref, "commit": v.commit, "version": v.version, "repo": v.source},
+                "workdir": self.workdir,
                 "patches": [p.to_dict() for p in self.patches],
                 "verify": [a.to_dict() for a in self.verify], "variant": self.variant,
                 "packages": {n: p.to_dict() for n, p in self.packages.items()},
@@ -222,7 +221,8 @@ class ApplyReport:
         """The one reader of an apply report; raises ValueError for what is not one."""
         try:
             v = data["vllm"]
-            vllm = VllmInfo(str(v["ref"]), str(v.get("commit") or ""), v.get("version"), v.get("repo"))
+            vllm = PackageInfo(str(v["ref"]), str(v.get("commit") or ""), v.get("version"),
+                               v.get("repo"))
             return cls(vllm, data.get("workdir"),
                        [PatchResult.from_dict(p) for p in data.get("patches") or []],
                        [AssertionResult.from_dict(a) for a in data.get("verify") or []],

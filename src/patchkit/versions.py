@@ -73,7 +73,12 @@ def pypi_release(ref: str, where: str = "the vLLM source pypi") -> str:
     return text
 
 
-_SHOWN = {"vllm": "vLLM"}   # how messages spell a package's name; the others as the manifest does
+def _shown(package: str | None) -> str:
+    """How messages spell a package's name (None: vLLM's): vLLM by its label, the others as
+    the manifest does."""
+    from patchkit.source.protocol import VLLM   # the source family imports this module
+
+    return {VLLM.name: VLLM.label}.get(package or VLLM.name, package or "")
 
 
 def in_ranges(ranges: Mapping[str, SpecifierSet | None],
@@ -91,11 +96,11 @@ def in_ranges(ranges: Mapping[str, SpecifierSet | None],
 
 
 def in_range(spec: SpecifierSet | None, version: str | None,
-             package: str = "vllm") -> tuple[bool, str]:
+             package: str | None = None) -> tuple[bool, str]:
     """Is ``version`` of ``package`` inside ``spec`` (no spec: always); the reason when not."""
     if spec is None:
         return True, ""
-    name = _SHOWN.get(package, package)
+    name = _shown(package)
     if version is None:
         return False, f"the {name} version is unknown, so the range {spec} cannot be checked"
     v = parse(version)

@@ -354,7 +354,7 @@ def vendor_built(vendor_applied, docker_client):
 def test_the_pristine_tree_is_every_file_of_the_vendor_package(vendor_applied, vendor_base,
                                                                 docker_client):
     _, workdir, report = vendor_applied
-    assert report.vllm.repo == "image"
+    assert report.vllm.source == "image"
     assert report.vllm.version == vendor_base["version"] == "0.31.0+nv25.11"
     listed = json.loads(run_python(docker_client, vendor_base["tag"], LISTING, f"{SITE}/vllm"))
     assert ls_files(workdir) == listed

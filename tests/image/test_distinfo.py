@@ -208,9 +208,9 @@ def test_a_base_whose_version_is_not_the_pin_is_refused(tmp_path):
 
 def lock() -> lockfile.Lock:
     return lockfile.Lock("base:test", "sha256:" + "a" * 64,
-                      {"vllm": lockfile.Pinned("0.27.1", "c" * 40, "checkout"),
-                       "flashinfer": lockfile.Pinned("0.6.15", "", "pin")},
-                      {"torch": "2.11.0", "flashinfer-python": "0.6.15"})
+                         {"vllm": lockfile.Pinned("0.27.1", "c" * 40, "git"),
+                          "flashinfer": lockfile.Pinned("0.6.15", "", "pypi")},
+                         {"torch": "2.11.0", "flashinfer-python": "0.6.15"})
 
 
 def test_the_lock_is_sorted_text_read_back_as_written(tmp_path):
@@ -246,8 +246,7 @@ def test_differences_name_each_one():
                    "nvidia-cutlass-dsl 4.5.0 is installed, the lock has none",
                    "torch 2.10.0, the lock has 2.11.0"]
     assert lockfile.base_differences(lock(), lock().base_digest, dict(lock().installed)) == []
-    got = lockfile.package_differences(lock(), {"vllm": lockfile.Pinned("0.27.1", "d" * 40,
-                                                                        "checkout")})
+    got = lockfile.package_differences(lock(), {"vllm": lockfile.Pinned("0.27.1", "d" * 40, "git")})
     assert got == ["package flashinfer is in the lock, not in the stack",
                    f"package vllm commit {'d' * 12}, the lock has {'c' * 12}"]
 
@@ -294,16 +293,16 @@ def test_verify_locked_compares_the_labels_and_the_image_dist_info(tmp_path):
 
     m = manifest(tmp_path)
     the_lock = lockfile.Lock("base:test", "sha256:" + "a" * 64,
-                          {"flashinfer": lockfile.Pinned("0.6.15", "", "pin")},
-                          {"flashinfer-python": "0.6.15", "nvidia-cutlass-dsl": "4.5.0",
-                           "torch": "2.11.0"})
+                             {"flashinfer": lockfile.Pinned("0.6.15", "", "pypi")},
+                             {"flashinfer-python": "0.6.15", "nvidia-cutlass-dsl": "4.5.0",
+                              "torch": "2.11.0"})
     recorded = {labels.BASE_DIGEST_LABEL: "sha256:" + "a" * 64, labels.PACKAGES_LABEL:
-                json.dumps({"flashinfer": {"version": "0.6.15", "commit": "", "source": "pin"}})}
+                json.dumps({"flashinfer": {"version": "0.6.15", "commit": "", "source": "pypi"}})}
     facts = labels.ImageFacts.from_labels(recorded)
-    assert facts.packages == {"flashinfer": {"version": "0.6.15", "commit": "", "source": "pin"}}
+    assert facts.packages == {"flashinfer": {"version": "0.6.15", "commit": "", "source": "pypi"}}
     assert _stack_checks(m, distinfo.installed(base_files(), {}), facts, the_lock, "img") == []
     recorded[labels.PACKAGES_LABEL] = json.dumps(
-        {"flashinfer": {"version": "0.6.16", "commit": "", "source": "pin"}})
+        {"flashinfer": {"version": "0.6.16", "commit": "", "source": "pypi"}})
     assert _stack_checks(m, distinfo.installed(base_files(), {}),
                          labels.ImageFacts.from_labels(recorded), the_lock, "img") == ["package flashinfer version 0.6.16, the lock has 0.6.15"]
     unlabelled = labels.ImageFacts.from_labels({})

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from patchkit.image import build, prebuilt
-from patchkit.report import ApplyReport, VllmInfo
+from patchkit.report import ApplyReport, PackageInfo
 
 HEADER = "flashinfer/data/csrc/fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh"
 SOURCE = "flashinfer/data/csrc/fused_moe/cutlass_backend/cutlass_fused_moe_instantiation.cu"
@@ -56,7 +56,7 @@ class Change:
 
 class Applied:
     def __init__(self) -> None:
-        self.report = ApplyReport(VllmInfo("v1", "c" * 40, "1.0.0"), None,
+        self.report = ApplyReport(PackageInfo("v1", "c" * 40, "1.0.0"), None,
                                   jit_modules={"flashinfer": {HEADER: ["fused_moe_120"]}})
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from patchkit.errors import ImageError, ManifestError
 from patchkit.image import build, distinfo, prebuilt
-from patchkit.report import ApplyReport, VllmInfo
+from patchkit.report import ApplyReport, PackageInfo
 
 from test_distinfo import FI, SITE, TreeFiles, dist
 
@@ -19,7 +19,7 @@ SO = b"\x7fELF\x02\x01\x01" + b"\0" * 9 + b"\x03\0\xb7\0"   # an aarch64 shared 
 
 class Applied:   # the part of an applied checkout the check reads
     def __init__(self, modules: dict[str, list[str]]) -> None:
-        self.report = ApplyReport(VllmInfo("v1", "c" * 40, "1.0.0"), None,
+        self.report = ApplyReport(PackageInfo("v1", "c" * 40, "1.0.0"), None,
                                   jit_modules={"flashinfer": modules})
 
 

@@ -168,10 +168,10 @@ def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(built, stack_
     assert f'name = "{base["tag"]}"' in text
     assert f'digest = "{base["repo_digest"].split("@")[1]}"' in text
     assert '[packages.vllm]\nversion = "0.27.1"\ncommit = "' in text
-    assert 'source = "checkout"' in text
+    assert 'source = "pypi"' in text   # where each pristine tree came from
     # apply made FlashInfer's checkout beside vLLM's
     assert re.search(r'\[packages\.flashinfer\]\nversion = "0\.6\.15"\ncommit = "[0-9a-f]{40}"\n'
-                     r'source = "checkout"', text), text
+                     r'source = "pypi"', text), text
     installed = text.split("[installed]\n")[1].splitlines()
     assert installed == ['flashinfer-python = "0.6.15"', 'nvidia-cutlass-dsl = "4.5.0"',
                          'torch = "2.11.0"', 'vllm = "0.27.1"']
@@ -179,7 +179,7 @@ def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(built, stack_
     # a package with no patches of its own is a checkout the lock names too
     _, m, workdir = project
     pinned = lockfile.patched_packages(m, workdir, held.installed)["flashinfer"]
-    assert (pinned.version, pinned.source) == ("0.6.15", "checkout")
+    assert (pinned.version, pinned.source) == ("0.6.15", "pypi")
     assert re.fullmatch("[0-9a-f]{40}", pinned.commit), pinned
 
 
@@ -346,7 +346,7 @@ def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, b
 
     locked = built.first
     commit = applied.packages["flashinfer"].commit
-    assert locked.lock.packages["flashinfer"] == lockfile.Pinned("0.6.15", commit, "checkout")
+    assert locked.lock.packages["flashinfer"] == lockfile.Pinned("0.6.15", commit, "pypi")
     assert locked.lock.base_digest == base["repo_digest"].split("@")[1]
     assert verify.run(m, image=tag, default_tree=workdir, locked=True,
                       engine=engine).locked == []

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from patchkit import manifest
-from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.manifest.runspec import Pin, RunSpec, run_spec
+from patchkit.source import VLLM
 
 
 def _manifest(tmp_path, image: str = "image:\n  base: vllm/vllm-openai:v1\n"):
@@ -17,7 +18,7 @@ def _manifest(tmp_path, image: str = "image:\n  base: vllm/vllm-openai:v1\n"):
 def test_the_manifest_gives_what_the_options_leave_out(tmp_path):
     m = _manifest(tmp_path)
     assert run_spec(m) == RunSpec(
-        ref="v1", sources=(str(tmp_path / "proj" / "up"), "pypi", str(tmp_path / "other")),
+        pins=(Pin(VLLM, "v1", (str(tmp_path / "proj" / "up"), "pypi", str(tmp_path / "other"))),),
         base="vllm/vllm-openai:v1", platform="linux/arm64", variant=None)
 
 
@@ -25,7 +26,8 @@ def test_the_options_win_and_their_paths_stay_as_given(tmp_path):
     m = _manifest(tmp_path, image="image:\n  platform: linux/amd64\n")
     got = run_spec(m, ref="v2", repos=["./mine"], base="b:1", platform="linux/arm64",
                    variant="diag")
-    assert got == RunSpec("v2", ("./mine",), "b:1", "linux/arm64", "diag")
+    assert got == RunSpec((Pin(VLLM, "v2", ("./mine",)),), "b:1", "linux/arm64", "diag")
+    assert (got.ref, got.sources, got.others) == ("v2", ("./mine",), ())
     assert run_spec(m).platform == "linux/amd64" and run_spec(m).base is None
 
 

@@ -60,8 +60,8 @@ def test_a_shared_header_feeds_every_module_that_reaches_it(tree):
 
 def test_the_lock_keeps_the_modules_of_each_patched_file(tmp_path):
     lock = lockfile.Lock("base", "sha256:" + "0" * 64, {
-        "flashinfer": lockfile.Pinned("0.6.15", "c" * 40, "checkout",
-                                   {fi.MOE_HEADER: tuple(FUSED_MOE)})})
+        "flashinfer": lockfile.Pinned("0.6.15", "c" * 40, "pypi",
+                                      {fi.MOE_HEADER: tuple(FUSED_MOE)})})
     text = lock.render().decode()
     assert f'"{fi.MOE_HEADER}" = ["fused_moe_89", "fused_moe_90",' in text
     path = tmp_path / "patchset.lock"
@@ -74,11 +74,11 @@ def test_the_image_labels_name_the_modules(tmp_path):
 
     from patchkit import manifest
     from patchkit.image import labels
-    from patchkit.report import ApplyReport, VllmInfo
+    from patchkit.report import ApplyReport, PackageInfo
     from testing.project import make_project
 
     class Applied:   # what run_labels reads of an applied checkout
-        report = ApplyReport(VllmInfo("v1", "c" * 40, "1.0.0"), None,
+        report = ApplyReport(PackageInfo("v1", "c" * 40, "1.0.0"), None,
                              jit_modules={"flashinfer": {fi.MOE_HEADER: FUSED_MOE}})
         vllm, base = report.vllm, "c" * 40
 

@@ -70,6 +70,31 @@ def test_both_packages_are_checked_out_patched_and_reported(tmp_path, fi_cache):
     assert subject.startswith("patchkit: fi-moe-activations: ")
 
 
+
+def test_each_package_lock_entry_and_label_name_where_its_pristine_tree_came_from(tmp_path,
+                                                                                  fi_cache):
+    """vLLM from its git upstream, FlashInfer from PyPI: each says so, as a kind of source
+    (git, pypi, image), with a checkout and, before any, from its pin."""
+    from patchkit.image import build, lockfile
+
+    proj = make_stack(tmp_path)
+    m = manifest.load(proj / "patchset.yaml")
+    workdir = proj / ".patchkit" / "vllm"
+    before = lockfile.patched_packages(m, workdir)
+    assert {n: (p.source, p.commit) for n, p in before.items()} == {
+        "vllm": ("git", ""), "flashinfer": ("pypi", "")}
+    assert apply(proj, fi_cache).ok
+    after = lockfile.patched_packages(m, workdir)
+    fi_commit = sh("git", "rev-parse", "patchkit/base", cwd=proj / ".patchkit" / "flashinfer")
+    assert after["flashinfer"] == lockfile.Pinned("0.6.15", fi_commit, "pypi",
+                                                  after["flashinfer"].jit_modules)
+    assert after["vllm"].source == "git"
+    text = lockfile.Lock("b", "sha256:" + "0" * 64, after).render().decode()
+    assert (f'[packages.flashinfer]\nversion = "0.6.15"\ncommit = "{fi_commit}"\n'
+            'source = "pypi"') in text
+    labels = build.packages_of(m, checkout.AppliedCheckout.open(workdir))
+    assert {n: p["source"] for n, p in labels.items()} == {"vllm": "git", "flashinfer": "pypi"}
+
 def test_ref_moves_a_pin_and_a_range_on_it_skips_a_vllm_patch(tmp_path, fi_cache):
     proj = make_stack(tmp_path)
     report = apply(proj, fi_cache, refs=["flashinfer=v0.6.16"])

@@ -17,7 +17,7 @@ from patchkit.errors import ManifestError, SourceError, UsageError
 from patchkit.image import build, layer
 from patchkit.image.enginefacts import Inspected
 from patchkit.imageref import Platform
-from patchkit.report import ApplyReport, VllmInfo
+from patchkit.report import ApplyReport, PackageInfo
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.series.applier import apply_series
 from patchkit.source import image as image_source
@@ -190,12 +190,12 @@ def test_a_version_naming_no_commit_is_one_line_suggesting_the_image_source(tmp_
 def test_a_packages_base_pin_messages_name_that_package(tmp_path):
     """Another package's ref ``base`` is read from its dist-info in the base: what it cannot
     pin names that package and its manifest key, never vLLM's flags."""
-    fi = source.package_id("flashinfer", "flashinfer-python")
+    fi = manifest.identity("flashinfer", "flashinfer-python")
     cache = tmp_path / "cache"
     with pytest.raises(UsageError) as info:
         source.resolve(["pypi"], "base", cache, package=fi)
-    assert str(info.value) == ("flashinfer: the ref base reads the pin from a base image: give "
-                               "--base IMAGE or set image.base in patchset.yaml")
+    assert str(info.value) == ("packages.flashinfer.ref: base reads the pin from a base image: "
+                               "give --base IMAGE or set image.base in patchset.yaml")
     with pytest.raises(SourceError) as info:
         source.resolve(["pypi"], "base", cache, base=FakeBase("0.6.15+cu130.local"),
                        package=fi)
@@ -346,8 +346,23 @@ def test_patches_land_on_the_vendor_files_and_keep_their_changes(tmp_path):
     assert report.ok, report.to_json()
     text = (workdir / "vllm/attention.py").read_text()
     assert "return x * 2" in text and "NV_TUNED = True  # vendor" in text
-    assert report.vllm.repo == "image" and report.vllm.version == "0.31.0+nv25.11"
+    assert report.vllm.source == "image" and report.vllm.version == "0.31.0+nv25.11"
 
+
+
+def test_the_lock_entry_and_labels_say_the_pristine_tree_came_from_the_image(tmp_path):
+    from patchkit.image import lockfile
+
+    diff = make_diff(ATTN, ATTN.replace("return x", "return x * 2"), "vllm/attention.py")
+    m = _project(tmp_path, {"double": diff})
+    workdir = tmp_path / "w"
+    assert apply_series(m, workdir=workdir, cache=tmp_path / "cache", base=vendor_base()).ok
+    pinned = lockfile.patched_packages(m, workdir)["vllm"]
+    assert (pinned.version, pinned.source) == ("0.31.0+nv25.11", "image")
+    assert 'source = "image"' in lockfile.Lock("b", "sha256:" + "0" * 64,
+                                               {"vllm": pinned}).render().decode()
+    labels = build.packages_of(m, AppliedCheckout.open(workdir))
+    assert labels["vllm"]["source"] == "image"
 
 def test_a_patch_whose_context_the_vendor_changed_fails_with_its_true_reason(tmp_path):
     diff = make_diff(CUDA, CUDA.replace("logger = None\n", "logger = None\nNEW = 1\n"),
@@ -366,7 +381,7 @@ def test_a_patch_whose_context_the_vendor_changed_fails_with_its_true_reason(tmp
 
 def _tree(version: str | None, commit: str, repo: str = "https://github.com/vllm-project/vllm",
           ref: str = "v0.31.0") -> AppliedCheckout:
-    report = ApplyReport(VllmInfo(ref, commit, version, repo), workdir=None)
+    report = ApplyReport(PackageInfo(ref, commit, version, repo), workdir=None)
     return AppliedCheckout(Path("/nonexistent"), report, commit, commit)
 
 

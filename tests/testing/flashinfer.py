@@ -13,12 +13,12 @@ import os
 import subprocess
 from pathlib import Path
 
-from patchkit import source
+from patchkit import manifest, source
 from testing.project import make_project
 
 FI_RELEASES = ("v0.6.15", "v0.6.16")
 FI_FILE = "flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py"
-FI_PACKAGE = source.package_id("flashinfer", "flashinfer-python")
+FI_PACKAGE = manifest.identity("flashinfer", "flashinfer-python")
 
 FI_PATCH = """\
 --- a/flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py

@@ -38,7 +38,7 @@ GITHUB = "https://github.com"
 HOST_ENV = "PATCHKIT_GITHUB"
 VLLM_GITHUB = ("vllm-project", "vllm")
 # where a package's pull requests are when its `repo:` list names no GitHub repository
-KNOWN_GITHUB = {"vllm": VLLM_GITHUB, "flashinfer": ("flashinfer-ai", "flashinfer")}
+KNOWN_GITHUB = {VLLM.name: VLLM_GITHUB, "flashinfer": ("flashinfer-ai", "flashinfer")}
 LEFT_OUT = ("tests", "docs", "benchmarks", ".github")  # no image is built from them
 MAX_BYTES = 16 * 1024 * 1024
 SHOWN = 5   # files of the pull request an error names
@@ -82,7 +82,7 @@ class AddedPr:
         return self.reports[0].status_of(self.patch.id) or "applied"
 
     def to_dict(self) -> dict:
-        return {"ok": True, "id": self.patch.id, "package": self.patch.package,
+        return {"ok": True, "id": self.patch.id, "package": self.patch.package.name,
                 "path": self.patch.path,
                 "summary": self.patch.summary, "upstream": self.patch.upstream,
                 "sha256": self.patch.sha256, "fetched": self.pull.diff_url,
@@ -99,7 +99,7 @@ def github_host() -> str:
     return host.rstrip("/")
 
 
-def parse_pull(arg: str, m: Manifest, package: str = VLLM) -> PullRequest:
+def parse_pull(arg: str, m: Manifest, package: str = VLLM.name) -> PullRequest:
     """``N``, ``#N`` (a pull request of ``package``'s GitHub repository) or a pull request's
     URL."""
     text = arg.strip()
@@ -110,7 +110,7 @@ def parse_pull(arg: str, m: Manifest, package: str = VLLM) -> PullRequest:
         owner_name, note = _github_repo(m, package), ""
         if owner_name is None:
             owner_name = KNOWN_GITHUB.get(package)
-            where = "vllm.repo" if package == VLLM else f"packages.{package}.repo"
+            where = m.package(package).id.key("repo")
             if owner_name is None:
                 raise UsageError(f"add-pr {arg}: {where} of {m.path.name} names no GitHub "
                                  f"repository of {package}; list it there "
@@ -132,7 +132,7 @@ def parse_pull(arg: str, m: Manifest, package: str = VLLM) -> PullRequest:
     return PullRequest(host, owner, name, int(n), web=host)
 
 
-def _github_repo(m: Manifest, package: str = VLLM) -> tuple[str, str] | None:
+def _github_repo(m: Manifest, package: str = VLLM.name) -> tuple[str, str] | None:
     for repo in m.package(package).repos:
         found = _GITHUB_SOURCE.match(repo.strip())
         if found:
@@ -185,13 +185,13 @@ def run(manifest_path: Path, pr: str, *, patch_id: str | None = None,
         include: Sequence[str] = (), package: str | None = None,
         progress: Progress | None = None, cache: Path | None = None) -> AddedPr:
     m = manifest.load(manifest_path)
-    name = package or VLLM
+    name = package or m.vllm.name
     if package is not None:
         run_spec(m, only=[package])   # an unknown package: one line, with "did you mean"
     pull = parse_pull(pr, m, name)
     keep = _keeper(include, _tops(m, name, progress, cache))
     pid = intake.check_new_id(m, patch_id if patch_id is not None else f"pr-{pull.number}",
-                              package=name)
+                              package=m.package(name).id)
     data = fetch(pull)
     sha = hashlib.sha256(data).hexdigest()
     try:
@@ -210,7 +210,8 @@ def run(manifest_path: Path, pr: str, *, patch_id: str | None = None,
                             "keep some with --include GLOB")
     title = difftext.subject(text)
     new = intake.NewPatch(pid, title or f"pull request {pull.number}", kept_text,
-                          upstream=pull.url, sha256=sha, source=pull.diff_url, package=name)
+                          upstream=pull.url, sha256=sha, source=pull.diff_url,
+                          package=m.package(name).id)
     reports = intake.prove(m, [new], progress=progress, cache=cache)
     intake.write(m, [new])
     return AddedPr(new, pull, kept, dropped, reports)
@@ -220,9 +221,9 @@ def _tops(m: Manifest, package: str, progress: Progress | None,
           cache: Path | None) -> tuple[str, ...]:
     """Another package's import folders at its pin (``flashinfer/``): what an image holds of
     it, so what its patch may change.  vLLM's patches keep every path, as before."""
-    if package == VLLM:
+    if not m.package(package).id.confined:
         return ()
     run = run_spec(m)
     log = (progress or Progress()).info
     pins = applier.resolve_pins(run, cache or cache_dir(), log, None, [package])
-    return applier.package_tops(pins[package])
+    return applier.package_tops(pins[package], m.package(package).id)

@@ -45,7 +45,7 @@ from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, SourceError, UsageError
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import ApplyReport, PatchResult, VllmInfo
+from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import applier
 
 __all__ = ["BisectResult", "End", "Fate", "FirstBad", "Oracle", "bisect_failures", "fate_at",
@@ -120,7 +120,7 @@ class BisectResult:
     base: End | None = None   # where the search starts when good is on a side line: the merge base
     narrowed: tuple[End, End] | None = None   # pypi: the adjacent releases where it changes
     why: str | None = None    # pypi: why the search stops at a pair of releases
-    package: str = VLLM       # the package whose history (or releases) is walked
+    package: str = VLLM.name  # the package whose history (or releases) is walked
 
     @property
     def changed(self) -> bool:
@@ -189,7 +189,7 @@ def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path
     try:
         tree = work / "t"
         source.checkout(at, tree, paths)
-        tops = () if package == VLLM else applier.package_tops(at)
+        tops = applier.package_tops(at, manifest.package(package).id)
         report = applier.run_stack(manifest, {package: applier.Tree(tree, at, tops)},
                                    patches=series, pins={**(pins or {}), package: at})
     finally:
@@ -250,7 +250,7 @@ class Oracle:
                            pins=self.pins)
             self.fates[at.commit] = fate
             shown = at.commit[:10] if at.ref == at.commit else f"{at.ref} ({at.commit[:10]})"
-            where = "" if self.patch.package == VLLM else f"{self.patch.package} "
+            where = self.manifest.package(self.patch.package).id.aside("{} ")
             self.log(f"{self.patch.id} at {where}{shown}: {fate}")
         return self.fates[at.commit]
 
@@ -339,8 +339,7 @@ def _patch(manifest: Manifest, patch_id: str) -> Patch:
 
 def _package_id(manifest: Manifest, patch: Patch) -> source.PackageId:
     """Who the patch's package is to its sources."""
-    package = manifest.package(patch.package)
-    return source.package_id(package.name, package.dist)
+    return manifest.package(patch.package).id
 
 
 def _files(manifest: Manifest, patch: Patch) -> list[str]:
@@ -427,7 +426,8 @@ def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str 
     if good is not None and any(text.partition("=")[0].strip() == name for text in pins):
         raise UsageError(f"--good {good} and --ref {name}= both say where the bisect starts; "
                          "give one")
-    spec = run_spec(manifest, ref=good if name == VLLM else None, repos=repos, variant=variant,
+    moved_by_flag = manifest.package(name).id.primary   # --good is vLLM's ref, for run_spec
+    spec = run_spec(manifest, ref=good if moved_by_flag else None, repos=repos, variant=variant,
                     refs=pins)
     cache = cache or cache_dir()
     at, package = spec.pin(name), _package_id(manifest, patch)
@@ -440,7 +440,7 @@ def run(manifest: Manifest, patch_id: str, *, good: str | None = None, bad: str 
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-"))
     try:
         oracle = Oracle(manifest, patch, scratch, progress.info, spec.variant, others)
-        return between(manifest, patch, lo, hi, oracle, cache, _names(name, good, bad))
+        return between(manifest, patch, lo, hi, oracle, cache, _names(package, good, bad))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -449,14 +449,14 @@ def _ranged(manifest: Manifest, package: str) -> list[str]:
     """The packages other than ``package`` whose pins the bisect needs: those some patch has
     a range on, and vLLM's, which the report names (a pin nothing asks about is not resolved,
     nor its base read)."""
-    return sorted(({n for p in manifest.patches for n in p.ranges} | {VLLM}) - {package})
+    return sorted(({n for p in manifest.patches for n in p.ranges} | {VLLM.name}) - {package})
 
 
-def _names(package: str, good: str | None, bad: str | None) -> Names:
+def _names(package: source.PackageId, good: str | None, bad: str | None) -> Names:
     """How messages name the ends: the flag given or the default taken, and the package when
     it is not vLLM (``--good flashinfer v0.6.15``)."""
-    of = "" if package == VLLM else f" {package}"
-    whose = "the" if package == VLLM else f"{package}'s"
+    of = package.aside(" {}")
+    whose = package.aside("{}'s") or "the"
     return (f"--good{of}" if good is not None else f"{whose} pin",
             f"--bad{of}" if bad is not None else f"{whose} newest release")
 
@@ -465,7 +465,7 @@ def _names(package: str, good: str | None, bad: str | None) -> Names:
 
 def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, PatchResult]], *,
                     run: RunSpec, cache: Path | None = None,
-                    progress: applier.Progress | None = None, package: str = VLLM
+                    progress: applier.Progress | None = None, package: str = VLLM.name
                     ) -> dict[tuple[str, str], BisectResult | str]:
     """``rebase-check --bisect``: for each failed patch x target (a ref of ``package``), the
     bisect from that package's pin in ``run`` to that target, for its variant; where it cannot
@@ -480,12 +480,12 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
     pins: dict[str, source.Resolved] = {}
     others: dict[str, source.Resolved] | None = None   # every other package, at its pin
     at = run.pin(package)
-    pid = source.package_id(at.name, at.dist)
+    pid = at.id
     try:
         for target, failed in failures:
-            info = target.vllm if package == VLLM else target.packages[package]
+            info = target.packages.get(package) or target.vllm
             key = (info.ref, failed.id)
-            src = (info.repo if isinstance(info, VllmInfo) else info.source) or at.sources[0]
+            src = info.source or at.sources[0]
             if not source.kind_of(src).has_history:
                 out[key] = f"cannot bisect on the {src} source: {NO_HISTORY}"
                 continue
@@ -500,7 +500,7 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
                 oracle = oracles.setdefault(patch.id, Oracle(manifest, patch, scratch,
                                                              progress.info, run.variant, others))
                 out[key] = between(manifest, patch, pins[src], bad, oracle, cache,
-                                   (_names(package, None, None)[0], "the target"))
+                                   (_names(pid, None, None)[0], "the target"))
             except PatchkitError as exc:
                 out[key] = f"cannot bisect: {exc}"
     finally:

@@ -38,7 +38,7 @@ from patchkit.cache import cache_dir
 from patchkit.commands.bisect import limit_for
 from patchkit.errors import UsageError
 from patchkit.image import basevllm
-from patchkit.manifest import Manifest, Patch, variants
+from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import ApplyReport
 from patchkit.series import applier
@@ -221,7 +221,7 @@ class Tester:
 
     def __call__(self, k: int) -> Run:
         last = self.series[k - 1].id if k else None
-        workdir = self.scratch / f"{k:03d}" / "vllm"
+        workdir = self.scratch / f"{k:03d}" / VLLM.name
         quiet = _Quiet(self.log)
         m = dataclasses.replace(self.manifest, patches=tuple(self.series[:k]))
         image = None
@@ -415,7 +415,7 @@ def run(manifest: Manifest, command: str, *, repos: Sequence[str] | None = None,
     if not series:
         raise UsageError(f"the build has no patch in range at the pin {spec.ref}: nothing to "
                          "bisect")
-    at = pins["vllm"] if "vllm" in pins else next(iter(pins.values()))
+    at = pins.get(VLLM.name) or next(iter(pins.values()))
     result = SeriesBisect(argv, series, left_out,
                           {"ref": at.ref, "commit": at.commit, "version": at.version},
                           spec.variant, image)

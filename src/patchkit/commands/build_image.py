@@ -18,7 +18,7 @@ from patchkit.cache import cache_dir
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import ApplyReport, VllmInfo
+from patchkit.report import ApplyReport
 from patchkit.series.checkout import AppliedCheckout, is_checkout
 from patchkit.series.applier import Progress, apply_series, check_workdir
 from patchkit.timeouts import DEFAULT_TIMEOUT
@@ -145,7 +145,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     built = builder.build(job)
     digest, saved = _deliver(engine, built, final_tag, push=push, save=save, previous=previous,
                              log=log)
-    kind = source.kind_of(tree.vllm.repo or spec.sources[0]).name
+    kind = source.kind_of(tree.vllm.source or spec.sources[0]).name
     holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
     report = _report(tree, choice, plat, final_tag, built, digest, push=push,
                      saved=saved, started=started, holds=holds)
@@ -163,7 +163,7 @@ def _shipped_packages(manifest: Manifest, workdir: Path, held: lock_cmd.BaseStac
     path finds the others' sites on the base's layers."""
     out = []
     for package in manifest.others:
-        where = lockfile.checkout_dir(workdir, package.name)
+        where = package.checkout(workdir)
         if not is_checkout(where):
             continue
         tree = AppliedCheckout.open(where)
@@ -348,4 +348,4 @@ def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built
         buildargs=built.buildargs, load=built.load, holds=holds)
 
 
-__all__ = ["BuildReport", "VllmInfo", "check_reference", "run"]
+__all__ = ["BuildReport", "check_reference", "run"]

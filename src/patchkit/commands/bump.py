@@ -106,7 +106,7 @@ def run(manifest_path: Path, *, package: str | None = None, to: str | None = Non
     m = manifest.load(manifest_path)
     names = [package] if package else [p.name for p in m.packages]
     run_spec(m, only=names)   # an unknown package: one line, with "did you mean"
-    if repos and names != [VLLM]:
+    if repos and not all(m.package(n).id.primary for n in names):
         raise UsageError("--vllm-repo goes with vLLM's bump (--package vllm)")
     project = _project(m)
     return [_bump_one(m, project, name, to, dry_run, push, repos, progress) for name in names]
@@ -131,9 +131,9 @@ def _bump_one(m: Manifest, project: Path, name: str, to: str | None, dry_run: bo
               progress: applier.Progress) -> BumpResult:
     spec = run_spec(m, repos=repos)
     pin = spec.pin(name)
-    label = "vLLM" if name == VLLM else name
+    pid = pin.id
+    label = pid.label
     cache = cache_dir()
-    pid = source.package_id(pin.name, pin.dist)
     target = to or _newest(m, spec, name, cache, progress)
     if target is None:
         return BumpResult(name, label, pin.ref, None, "current")

@@ -18,7 +18,6 @@ from patchkit import git as g
 from patchkit import interrupt, manifest
 from patchkit.errors import UsageError
 from patchkit.files import write_if_changed
-from patchkit.manifest import VLLM
 from patchkit.manifest.edit import ManifestText
 from patchkit.series import checkout, intake
 
@@ -63,14 +62,13 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
     other package's checkout beside it (``.patchkit/flashinfer``) into patches of that package."""
     m = manifest.load(manifest_path)
     workdir = Path(workdir)
-    places = {p.name: workdir if p.name == VLLM else workdir.parent / p.name
-              for p in m.packages}
+    places = {p.name: p.checkout(workdir) for p in m.packages}
     places = {name: place for name, place in places.items()
-              if name == VLLM or (place / ".git").exists()}
+              if place == workdir or (place / ".git").exists()}
     if not (workdir / ".git").exists():
         if len(places) == 1:
             raise UsageError(f"--workdir {workdir}: not a checkout (run `patchkit apply` first)")
-        del places[VLLM]   # `apply --package` made the other packages' checkouts alone
+        del places[m.vllm.name]   # `apply --package` made the other packages' checkouts alone
     result = ExportResult()
     commits = {name: _commits(place) for name, place in places.items()}
     below: set[str] = set()
@@ -107,6 +105,7 @@ def _export_commits(m, text: ManifestText, place: Path, package: str,
     """Write each commit of ``package``'s checkout at ``place`` as its diff; the entries of
     the new ones, to append."""
     taken = {p.id: p for p in m.patches}
+    identity = m.package(package).id
     new_entries = []
     for c in commits:
         summary = intake.summary(c)
@@ -117,9 +116,9 @@ def _export_commits(m, text: ManifestText, place: Path, package: str,
         # an entry of an earlier export (its diff file, not in the applied series) is this
         # commit's own, and is updated in place
         pid = intake.free_id(intake.wanted_id(c), m, claimed | below, reuse=True,
-                             package=package)
+                             package=identity)
         claimed.add(pid)
-        rel = intake.diff_path(pid, package)
+        rel = intake.diff_path(pid, identity)
         existing = taken.get(pid)
         (m.root / rel).parent.mkdir(parents=True, exist_ok=True)
         file_changed = write_if_changed(m.root / rel, diff.encode("utf-8", "surrogateescape"))
@@ -130,7 +129,7 @@ def _export_commits(m, text: ManifestText, place: Path, package: str,
                 action = "updated"
         else:
             new = intake.from_commit(c, pid, diff)
-            new.package = package
+            new.package = identity
             new_entries.append(new.entry())
             action = "added"
         result.exported.append(Exported(pid, c.sha, rel, summary, action))

@@ -32,21 +32,20 @@ from patchkit import git as g
 from patchkit import manifest, paths, source
 from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
-from patchkit.manifest import Manifest, capped_id, summary_problem
+from patchkit.manifest import VLLM, Manifest, capped_id, identity, summary_problem
 from patchkit.manifest.runspec import run_spec
 from patchkit.report import ApplyReport
 from patchkit.series import applier, intake
 from patchkit.source import mirror
 
 LOCK = "upstream.lock"
-PACKAGE = "vllm"
 # Never part of a source tree: byte-code, VCS and tool data (folder -> why it is left out).
 _SKIP_DIRS = {"__pycache__": "byte-code", ".git": "version control data",
               ".mypy_cache": "tool caches", ".pytest_cache": "tool caches"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 MAX_FILE = 16 * 1024 * 1024   # bytes of a file taken into a diff; a larger one is no source
-# Written by vLLM's build into an installed package; a checkout has none.
-_GENERATED = {"vllm/_version.py"}
+# Written by a package's build into what it installs; a checkout has none (by package name).
+_GENERATED = {VLLM.name: {f"{VLLM.top}/_version.py"}}
 _SHA = re.compile(r"\b[0-9a-f]{40}\b")
 _KEYED = re.compile(r"^\s*[\"']?(?:commit|sha|revision|rev|ref|tag|version)[\"']?\s*[:=]\s*"
                     r"[\"']?([^\s\"',}]+)", re.IGNORECASE | re.MULTILINE)
@@ -186,7 +185,7 @@ def _beside(package: str) -> str:
 
 def _label(package: str) -> str:
     """The package as a message names it: vLLM, flashinfer."""
-    return "vLLM" if package == PACKAGE else package
+    return identity(package, package).label
 
 
 def _layout(folder: Path, package: str) -> tuple[Path, str, list[str]]:
@@ -211,7 +210,7 @@ def _layout(folder: Path, package: str) -> tuple[Path, str, list[str]]:
     return below[0], "", beside
 
 
-def read_overlay(folder: Path, package: str = PACKAGE) -> OverlayTree:
+def read_overlay(folder: Path, package: str = VLLM.name) -> OverlayTree:
     if not folder.is_dir():
         raise UsageError(f"--overlay {folder}: no such directory")
     root, prefix, beside = _layout(folder, package)
@@ -292,7 +291,7 @@ class Lock:
 _ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
 
 
-def _read_lock(path: Path, package: str = PACKAGE) -> Lock:
+def _read_lock(path: Path, package: str = VLLM.name) -> Lock:
     """``KEY=VALUE`` lines (the package's own ``<PKG>_COMMIT``, ``_TAG``, ``_VERSION``, never
     another package's), else a full sha anywhere in it, else the value of a
     ``commit``/``ref``/``tag``/``version`` key, else its only word."""
@@ -344,7 +343,7 @@ def run_overlay(manifest_path: Path, folder: Path, *, onto: str | None = None,
     m = manifest.load(manifest_path)
     if package is not None:
         run_spec(m, only=[package])   # an unknown package: one line, with "did you mean"
-    package = package or PACKAGE
+    package = package or m.vllm.name
     problem = summary_problem(summary) if summary is not None else None
     if problem:  # said of the option: the manifest it would go in is not written yet
         raise UsageError(f"--summary: {problem}")
@@ -421,10 +420,10 @@ def _extract(fork: source.Resolved, inside: str, dest: Path, said: str) -> bool:
 
 def _import_tree(m: Manifest, folder: Path, shown: str, *, onto, patch_id, summary, split,
                  log, progress, cache, lock_said: str | None = None,
-                 package: str = PACKAGE) -> Imported:
+                 package: str = VLLM.name) -> Imported:
     name = Path(folder).resolve().name
     wanted = patch_id if patch_id is not None else (intake.slug(name) or "overlay")
-    pid = (intake.check_new_id(m, wanted, package=package)
+    pid = (intake.check_new_id(m, wanted, package=m.package(package).id)
            if split == "one" or patch_id is not None else wanted)
     tree = read_overlay(Path(folder), package)
     result = Imported(notes=tree.notes())
@@ -441,7 +440,7 @@ def _import_tree(m: Manifest, folder: Path, shown: str, *, onto, patch_id, summa
     if split == "one":
         result.patches.append(intake.NewPatch(
             pid, summary or f"the files of {name}, against {label}", text, source=shown,
-            package=package))
+            package=m.package(package).id))
     else:
         result.patches += _split(m, text, split, pid if patch_id is not None else None,
                                  summary, label, shown, package)
@@ -459,12 +458,12 @@ def _lock_said(tree: OverlayTree, folder: Path, shown: str) -> str:
 
 def _overlay_base(m: Manifest, tree: OverlayTree, said_lock: str, onto: str | None,
                   notes: list[str], log, cache: Path,
-                  package: str = PACKAGE) -> tuple[source.Resolved, str]:
+                  package: str = VLLM.name) -> tuple[source.Resolved, str]:
     """The commit the tree's files were copied from: --onto, else the first of the lock's
     commit, tag, version that a source of ``package`` has (a note when it is not the first),
     else its pin."""
     pin = run_spec(m).pin(package)
-    pid = source.package_id(pin.name, pin.dist)
+    pid = pin.id
     if onto is not None:
         problem = source.ref_problem(onto)
         if problem:
@@ -513,7 +512,7 @@ def _file_diffs(text: str) -> list[tuple[str, str]]:
 
 
 def _split(m: Manifest, text: str, split: str, prefix: str | None, summary: str | None,
-           label: str, shown: str, package: str = PACKAGE) -> list[intake.NewPatch]:
+           label: str, shown: str, package: str = VLLM.name) -> list[intake.NewPatch]:
     """One patch per changed file (``file``) or per folder holding changed files (``dir``),
     in path order; ids from the path (the package's own name left off), capped, unique."""
     groups: dict[str, list[str]] = {}
@@ -528,18 +527,18 @@ def _split(m: Manifest, text: str, split: str, prefix: str | None, summary: str 
             stem = stem.rsplit(".", 1)[0] if "." in stem.rsplit("/", 1)[-1] else stem
         words = "-".join(re.findall(r"[a-z0-9]+", stem.lower())) or "top"
         base = capped_id(f"{prefix}-{words}" if prefix else words)
-        pid = intake.free_id(base, m, claimed, reuse=False, package=package)
+        pid = intake.free_id(base, m, claimed, reuse=False, package=m.package(package).id)
         claimed.add(pid)
         what = key + ("/" if split == "dir" else "")
         said = f"{summary}: {what}" if summary else f"{what} from {Path(shown).name}, " \
                                                     f"against {label}"
         out.append(intake.NewPatch(pid, said, "".join(groups[key]), source=shown,
-                                   package=package))
+                                   package=m.package(package).id))
     return out
 
 
 def _diff_against(base: source.Resolved, tree: OverlayTree, notes: list[str],
-                  package: str = PACKAGE) -> str:
+                  package: str = VLLM.name) -> str:
     """The diff that turns ``base``'s files into the tree's (a sparse checkout of just them)."""
     with tempfile.TemporaryDirectory(prefix="patchkit-overlay-") as tmp:
         work = Path(tmp) / "t"
@@ -550,7 +549,7 @@ def _diff_against(base: source.Resolved, tree: OverlayTree, notes: list[str],
             if dest.exists():  # the content only: a copy's file modes say nothing
                 dest.write_bytes(full.read_bytes())
                 continue
-            if package == PACKAGE and rel in _GENERATED:
+            if rel in _GENERATED.get(package, ()):
                 generated.append(rel)
                 continue
             dest.parent.mkdir(parents=True, exist_ok=True)

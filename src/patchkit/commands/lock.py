@@ -85,7 +85,7 @@ def prove_packages(manifest: Manifest, workdir: Path, engine, base: BaseStack | 
     """Each package's applied checkout beside ``workdir`` (``.patchkit/<name>``) proven on the
     base: the files its series changes are the pristine ones there (by RECORD where it has
     their hashes).  vLLM's own proof is made by the overlay plan, with the same function."""
-    trees = [(p, stack.checkout_dir(workdir, p.name)) for p in manifest.others]
+    trees = [(p, p.checkout(workdir)) for p in manifest.others]
     trees = [(p, d) for p, d in trees if checkout.is_checkout(d)]
     if not trees or base is None or engine is None:
         return {}
@@ -125,7 +125,7 @@ def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
     packages = stack.patched_packages(manifest, Path(workdir), held.installed)
     for name, p in sorted(packages.items()):
         log(f"{name} {p.version} ({'commit ' + p.commit[:12] if p.commit else 'no commit'}, "
-            f"from its {p.source})")
+            f"from {p.source})")
     artifacts = {}
     if checkout.is_checkout(Path(workdir)):
         from patchkit.image.labels import artifacts_of

@@ -27,4 +27,4 @@ def run(manifest_path: Path, *, to: str | None = None, cont: bool = False, abort
         return resume(manifest_path, progress=progress)
     assert to is not None
     return start(manifest_path, to, repos=repos, drop_upstream=drop_upstream,
-                 package=package or VLLM, progress=progress)
+                 package=package or VLLM.name, progress=progress)

@@ -91,12 +91,12 @@ class Matrix:
     variant: str | None = None
     # --bisect: (target ref of `package`, patch id) -> BisectResult, or why it could not run
     bisects: dict[tuple[str, str], object] = field(default_factory=dict)
-    package: str = VLLM           # the package whose refs the targets are
+    package: str = VLLM.name      # the package whose refs the targets are
     series: tuple[Patch, ...] | None = None   # the rows (default: every patch)
 
     @property
     def label(self) -> str:
-        return "vLLM" if self.package == VLLM else self.package
+        return self.manifest.package(self.package).label
 
     @property
     def pin(self) -> str:
@@ -104,8 +104,7 @@ class Matrix:
 
     def ref_of(self, target: ApplyReport) -> str:
         """The target's ref: of vLLM, or of the package the matrix is over."""
-        info = target.packages.get(self.package)
-        return target.vllm.ref if self.package == VLLM or info is None else info.ref
+        return (target.packages.get(self.package) or target.vllm).ref
 
     @property
     def ok(self) -> bool:
@@ -165,7 +164,7 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
           cache: Path | None = None, jobs: int | None = None,
           progress: CheckProgress | None = None, sparse: bool = True,
           variant: str | None = None, base: source.Base | None = None,
-          package: str = VLLM, bases: Mapping[str, source.Base] | None = None) -> Matrix:
+          package: str = VLLM.name, bases: Mapping[str, source.Base] | None = None) -> Matrix:
     """Apply the series of the run's variant to each of ``refs`` of ``package`` in a scratch
     checkout and run the assertions; ``run`` defaults to the manifest's with ``variant`` (None:
     the default build).  ``base`` is the base image vLLM's ref ``base`` and source ``image``
@@ -178,15 +177,14 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
     progress = progress or CheckProgress()
     cache = cache or cache_dir()
     pin = run.pin(package)
-    held = base if package == VLLM else (bases or {}).get(package)
+    held = {**(bases or {}), VLLM.name: base}.get(package)
     resolved = _resolved(list(dict.fromkeys(refs)),
                          lambda ref: source.resolve(pin.sources, ref, cache, progress.info,
                                                     base=held,
-                                                    package=source.package_id(pin.name,
-                                                                              pin.dist)))
+                                                    package=pin.id))
     resolved = _by_version(resolved)
     matrix = Matrix(manifest, variant=variant, package=package)
-    if package != VLLM:
+    if not pin.id.primary:
         matrix.series = tuple(p for p in manifest.patches if p.package == package)
     # every other package at its pin: the ranges on it are judged at each target too
     others = applier.resolve_pins(run, cache, progress.info, base,
@@ -214,7 +212,7 @@ def check(manifest: Manifest, refs: Sequence[str], *, run: RunSpec | None = None
 
 
 def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] | None,
-         variant: str | None = None, package: str = VLLM,
+         variant: str | None = None, package: str = VLLM.name,
          others: dict[str, source.Resolved] | None = None,
          series: tuple[Patch, ...] | None = None) -> tuple[str, object]:
     """One target, in a worker: an ApplyReport, or what stopped it as plain values (not every
@@ -222,7 +220,8 @@ def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] 
     try:
         try:
             source.checkout(res, tree, paths)
-            at = applier.Tree(tree, res, () if package == VLLM else applier.package_tops(res))
+            at = applier.Tree(tree, res,
+                              applier.package_tops(res, manifest.package(package).id))
             return "report", applier.run_stack(manifest, {package: at}, patches=series,
                                                variant=variant, pins={**(others or {}),
                                                                       package: res})
@@ -325,19 +324,19 @@ def run(manifest: Manifest, *, refs: Sequence[str] = (), releases: bool = False,
     check_flags(refs, releases, pre, ())
     spec = run_spec(manifest, repos=repos, base=base, variant=variant, refs=pins,
                     only=[package] if package else ())
-    package = package or VLLM
+    package = package or manifest.vllm.name
     targets = list(refs)
     pin = spec.pin(package)
     # the refs the matrix's package is taken at; every other package at its pin
     wanted = {package: targets + ([pin.ref] if releases else [])}
-    holder = basevllm.for_run(spec, refs=wanted.get(VLLM), timeout=timeout, log=progress.info)
+    holder = basevllm.for_run(spec, refs=wanted.get(VLLM.name), timeout=timeout, log=progress.info)
     bases = basevllm.for_packages(spec, refs=wanted, engine=holder.engine if holder else None,
                                   timeout=timeout, log=progress.info)
     if releases:
         found = release_targets(manifest, run=spec, pre=pre, log=progress.info,
-                                base=holder if package == VLLM else bases.get(package),
+                                base={**bases, VLLM.name: holder}.get(package),
                                 package=package)
-        whose = "" if package == VLLM else f"{package} "
+        whose = pin.id.aside("{} ")
         progress.info(f"{whose}releases after {pin.ref}: {', '.join(found) or 'none'}")
         targets += found
     matrix = check(manifest, targets, run=spec, jobs=jobs, progress=progress, base=holder,

@@ -84,8 +84,7 @@ def run(manifest_path: Path | None, workdir: Path | None) -> Status:
         manifest_path = Path(discovery.shown(found))
     m = manifest_.load(manifest_path)
     workdir = Path(workdir) if workdir is not None else m.root / discovery.WORKDIR
-    places = {p.name: workdir if p.name == VLLM else workdir.parent / p.name
-              for p in m.packages}
+    places = {p.name: p.checkout(workdir) for p in m.packages}
     return Status(manifest_path, m.name, [_package(m, name, place)
                                           for name, place in places.items()])
 
@@ -122,7 +121,7 @@ def _changes(m: Manifest, name: str, report: ApplyReport) -> ManifestChanges:
         out.edited = [i for i, d in current.items() if report.digests.get(i) != d]
     else:
         out.edited = None
-    pin = report.packages.get(name) or (report.vllm if name == VLLM else None)
+    pin = report.packages.get(name) or (report.vllm if m.package(name).id.primary else None)
     wanted = m.package(name).ref
     if pin is not None and pin.ref != wanted:
         out.pin = (pin.ref, wanted)

@@ -33,8 +33,7 @@ def _compiled_code(m: manifest.Manifest) -> None:
     halfway through an apply."""
     for name in sorted({a.file for p in m.patches for a in p.verify}):
         languages.for_file(name).ready()
-    pins = [(p.name, source.package_id(p.name, p.dist).label, p.repos,
-             compiled.known_tops(p.name, p.dist)) for p in m.packages]
+    pins = [(p.name, p.label, p.repos, compiled.known_tops(p.id)) for p in m.packages]
     found = compiled.first_problem(m, m.patches, pins)
     if found:
         patch, why = found

@@ -129,7 +129,7 @@ def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
     """The patches whose assertions apply: in the build of ``variant``, neither skipped by the
     apply nor outside the ranges of the releases ``found`` (package name -> version; default:
     vLLM's ``version``, when one was found)."""
-    found = {n: v for n, v in (found or {"vllm": version}).items() if v}
+    found = {n: v for n, v in (found or {VLLM.name: version}).items() if v}
     return [p for p in variants.selected(manifest, variant)
             if p.id not in skipped and versions.in_ranges(p.ranges, found)[0]]
 
@@ -160,7 +160,7 @@ def package_trees(manifest: Manifest, tree: Path,
                   packages: Sequence[str] | None = None) -> dict[str, Path]:
     """Where apply put each package (of ``packages``, default all): vLLM at ``tree``, every
     other package beside it under its name."""
-    return {p.name: tree if p.name == VLLM else tree.parent / p.name for p in manifest.packages
+    return {p.name: p.checkout(tree) for p in manifest.packages
             if packages is None or p.name in packages}
 
 
@@ -177,7 +177,7 @@ def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
                             report is not None, f"--tree {first}")
     found: dict[str, str | None] = {n: p.version for n, p in report.packages.items()} if report \
         else {}
-    found[VLLM] = version or (report.vllm.version if report else None)
+    found[VLLM.name] = version or (report.vllm.version if report else None)
     results: list[AssertionResult] = []
     statuses: dict[str, str] = {}
     checked: list[Path] = []
@@ -191,23 +191,23 @@ def _check_tree(manifest: Manifest, tree: Path, variant: str | None,
             raise UsageError(f"{name} has {len(mine)} patch{'es' if len(mine) > 1 else ''} with "
                              f"assertions but no checkout at {path}; run 'patchkit apply'")
         if own is None:
-            _check_is_checkout(path, name, mine, first)
+            _check_is_checkout(path, manifest.package(name).label, mine, first)
         results += assertions.run_assertions(mine, assertions.tree_reader(path))
         checked.append(path)
         statuses.update({p.id: p.status for p in own.patches if p.package == name} if own
                         else {})
-    return _Checked(results, statuses, found[VLLM], variant, trees=checked)
+    return _Checked(results, statuses, found[VLLM.name], variant, trees=checked)
 
 
-def _check_is_checkout(path: Path, name: str, patches: Sequence[Patch], first: Path) -> None:
+def _check_is_checkout(path: Path, label: str, patches: Sequence[Patch], first: Path) -> None:
     """A tree patchkit did not make must hold at least one file the assertions read, else it
     is no checkout of the package at all: one line, not a "no such file" per assertion."""
     files = sorted({a.file for p in patches for a in p.verify})
     if not files or any((path / f).is_file() for f in files):
         return
-    what = "--tree" if path == first else f"{name}'s checkout"
+    what = "--tree" if path == first else f"{label}'s checkout"
     shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-    raise UsageError(f"{what} {path}: no {'vLLM' if name == VLLM else name} checkout there (no "
+    raise UsageError(f"{what} {path}: no {label} checkout there (no "
                      f"apply report, and none of the {len(files)} files the assertions read: "
                      f"{shown})")
 
@@ -344,7 +344,7 @@ def _image_sites(manifest: Manifest, installed, vllm_site: str, vllm_version: st
                  ) -> dict[str, tuple[str | None, str | None]]:
     """Each package -> (the site its files are read from, its installed version); a package
     whose ``dist`` the image lacks (or whose dist-info were not read) has neither."""
-    out: dict[str, tuple[str | None, str | None]] = {VLLM: (vllm_site, vllm_version)}
+    out: dict[str, tuple[str | None, str | None]] = {VLLM.name: (vllm_site, vllm_version)}
     for p in manifest.others:
         dist = installed.get(p.dist) if installed is not None else None
         out[p.name] = (dist.site, dist.version) if dist else (None, None)

@@ -52,7 +52,7 @@ class BaseVllm:
     def package_files(self) -> Iterator[g.TreeFile]:
         """Every file under the package folder as ``vllm/...``, streamed from one archive."""
         with self.engine.files(self.image.image_id, self.image.name) as files:
-            yield from _folder_files(files, self.package.dir, "vllm")
+            yield from _folder_files(files, self.package.dir, source.VLLM.top)
 
 
 @dataclass

@@ -26,11 +26,10 @@ from patchkit.errors import ImageError, UsageError
 from patchkit.image import prebuilt
 from patchkit.image import labels as image_labels
 from patchkit.image import distinfo, layer, lockfile, package
-from patchkit.manifest import Manifest
+from patchkit.manifest import VLLM, Manifest
 from patchkit.series.checkout import AppliedCheckout, Change
 
 LAYER_FORMAT = "2"  # bump when the layer or config layout changes: it is part of the inputs key
-PACKAGE = "vllm"
 SERVE_SCRIPT = "build/serve.sh"
 SERVE_PATH = "usr/local/bin/patchkit-serve"
 NATIVE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".inl",
@@ -93,7 +92,7 @@ def choose_mode(changes: Sequence[Change], forced: str = "auto") -> ModeChoice:
     needs_source: str | None = None
     for c in changes:
         p = PurePosixPath(c.path)
-        if p.parts[0] != PACKAGE:
+        if p.parts[0] != VLLM.top:   # outside vLLM's import folder
             if p.parts[0] in NOT_SHIPPED_TOPS or (len(p.parts) > 1 and p.suffix in NOT_SHIPPED_SUFFIXES) \
                     or (len(p.parts) == 1 and p.suffix in NOT_SHIPPED_SUFFIXES):
                 not_shipped.append(c.path)
@@ -233,7 +232,7 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
     if problem:
         raise ImageError(problem)
     named = versions.named_commit(installed)
-    if named and not (vllm.repo and source.kind_of(vllm.repo).reads_base):
+    if named and not (vllm.source and source.kind_of(vllm.source).reads_base):
         log(f"base {base.name} was built from commit {named}, the pinned one")
     pristine = tree.pristine([c.path for c in shipped if c.status != "A"])
     where = f"vLLM {ref} (commit {tree.base[:12]})"
@@ -357,9 +356,9 @@ def placed(files: package.Files, base: layer.BaseImage, packages: Sequence[Packa
 def _vllm_dist(files: package.Files, pkg: package.Package, installed: str | None
                ) -> distinfo.Dist:
     """vLLM's dist-info, for its RECORD; without one, a dist whose files are all read."""
-    found = distinfo.read_dist(files, pkg.site, f"vllm-{installed}{distinfo.INFO_SUFFIX}") \
+    found = distinfo.read_dist(files, pkg.site, f"{VLLM.dist}-{installed}{distinfo.INFO_SUFFIX}") \
         if installed else None
-    return found or distinfo.Dist("vllm", installed or "", pkg.site, "")
+    return found or distinfo.Dist(VLLM.dist, installed or "", pkg.site, "")
 
 
 def installed_problem(base_name: str, installed: str | None, tree: AppliedCheckout,
@@ -374,7 +373,7 @@ def installed_problem(base_name: str, installed: str | None, tree: AppliedChecko
     """
     vllm = tree.vllm
     ref = vllm.ref or tree.base[:12]
-    if vllm.repo and source.kind_of(vllm.repo).reads_base:
+    if vllm.source and source.kind_of(vllm.source).reads_base:
         if installed != vllm.version:
             return (f"base {base_name} holds vLLM {installed or '(version unknown)'}, and the tree "
                     f"was read from a base holding vLLM {vllm.version or '(version unknown)'}: "

@@ -46,7 +46,7 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
     """What every image patchkit builds says about the run that made it; ``packages``: each
     package's ``{"version", "commit", "source"}`` by name."""
     vllm = tree.vllm
-    repo = vllm.repo or (manifest.vllm.repos[0] if manifest.vllm.repos else "")
+    repo = vllm.source or (manifest.vllm.repos[0] if manifest.vllm.repos else "")
     kind = source.kind_of(repo) if repo else None
     if kind is not None:
         repo = kind.label(repo, str(vllm.version or vllm.ref))

@@ -14,7 +14,7 @@ The lock is TOML (read with ``tomllib``), sorted, one ``key = "value"`` a line::
     [packages.vllm]
     version = "0.33.0"
     commit = "..."
-    source = "checkout"     # checkout: the applied checkout said; pin: the manifest's pin
+    source = "pypi"         # where its pristine tree came from: git, pypi or image
 
     [installed]
     flashinfer-python = "0.6.15"
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from patchkit import versions
+from patchkit import source, versions
 from patchkit.errors import ImageError, ManifestError, UsageError
 from patchkit.image.distinfo import Installed
 from patchkit.manifest import Manifest
@@ -96,7 +96,8 @@ def check_base(manifest: Manifest, installed: Installed, base: str,
 
 @dataclass(frozen=True)
 class Pinned:
-    """A patched package's version and commit, and what said so (``checkout`` or ``pin``)."""
+    """A patched package's version and commit, and the kind of source its pristine tree came
+    from (``git``, ``pypi``, ``image``).  The commit is "" when no applied checkout said it."""
 
     version: str
     commit: str
@@ -158,31 +159,28 @@ class Lock:
             raise UsageError(f"{path}: not a lock file: missing or malformed {exc}") from None
 
 
-def checkout_dir(workdir: Path, name: str) -> Path:
-    """Where the applied checkout of package ``name`` is: vLLM's at ``workdir``, the others'
-    beside it (``.patchkit/<name>``)."""
-    return workdir if name == "vllm" else workdir.parent / name
-
-
 def patched_packages(manifest: Manifest, workdir: Path,
                      installed: Installed | None = None) -> dict[str, Pinned]:
-    """Each package's version and commit: from its applied checkout when there is one
-    (``source = "checkout"``), else from the manifest's pin (``"pin"``: the version its ref
-    names, or with ``ref: base`` what ``installed`` holds; the commit unknown)."""
+    """Each package's version, commit and source kind: from its applied checkout when there is
+    one (the source its pristine tree was taken from), else from the manifest's pin (the
+    version its ref names, or with ``ref: base`` what ``installed`` holds; the commit unknown;
+    the kind of its first source)."""
     out: dict[str, Pinned] = {}
     for package in manifest.packages:
-        where = checkout_dir(workdir, package.name)
+        where = package.checkout(workdir)
+        first = source.kind_of(package.repos[0]).name
         if checkout.is_checkout(where):
             info = checkout.AppliedCheckout.open(where)
             pin = info.pin(package.name)
+            kind = source.kind_of(pin.source).name if pin.source else first
             modules = info.report.jit_modules.get(package.name, {})
             out[package.name] = Pinned(str(pin.version or pin.ref), str(pin.commit or info.base),
-                                       "checkout", {f: tuple(m) for f, m in modules.items()})
+                                       kind, {f: tuple(m) for f, m in modules.items()})
             continue
         version = versions.expected(None, package.ref) or package.ref
         if package.ref == BASE_REF and installed is not None and installed.get(package.dist):
             version = installed.get(package.dist).version
-        out[package.name] = Pinned(version, "", "pin")
+        out[package.name] = Pinned(version, "", first)
     return out
 
 

@@ -19,10 +19,11 @@ from patchkit.manifest.model import (
     VllmSource,
     capped_id,
     id_problem,
+    identity,
     shown_id,
     summary_problem,
 )
 
 __all__ = ["ID_MAX", "ID_RE", "KINDS", "PREDICATES", "VLLM", "Assertion", "BumpSettings", "ImageDefaults",
            "Manifest", "Marker", "Package", "Patch", "VllmSource", "capped_id", "id_problem",
-           "load", "shown_id", "summary_problem"]
+           "identity",            "load", "shown_id", "summary_problem"]

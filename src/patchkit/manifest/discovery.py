@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from patchkit.source.protocol import VLLM
+
 MANIFEST = "patchset.yaml"
-WORKDIR = Path(".patchkit") / "vllm"   # vLLM's checkout, relative to the project's folder
+WORKDIR = Path(".patchkit") / VLLM.name   # vLLM's checkout, relative to the project's folder
 
 
 def find(start: Path | None = None) -> Path | None:

@@ -220,14 +220,13 @@ class _Loader:
                            what="a mapping with name, vllm and patches")
         name = self.string(top["name"][1], "name").strip()
         vllm = self.vllm(*top["vllm"])
-        self.packages = {VLLM: vllm}
+        self.packages = {VLLM.name: vllm}
         others = self.package_entries(top["packages"][1]) if "packages" in top else ()
         image = self.image(top["image"][1]) if "image" in top else ImageDefaults()
         for package in (vllm, *others):
             if package.ref == BASE_REF and not image.base:
-                where = VLLM if package.name == VLLM else f"packages.{package.name}"
-                raise ManifestError(f"{where}.ref: {BASE_REF!r} pins what the base image holds, "
-                                    "and image.base is not set", path=self.given,
+                raise ManifestError(f"{package.id.key('ref')}: {BASE_REF!r} pins what the base "
+                                    "image holds, and image.base is not set", path=self.given,
                                     line=package.ref_line)
         if "variants" in top:
             self.declared = self.variants(top["variants"][1])
@@ -273,7 +272,7 @@ class _Loader:
         fields = self.mapping(node, "vllm", VLLM_KEYS, required=("repo", "ref"))
         repos = self.repos(fields["repo"][1], "vllm.repo")
         ref_node = fields["ref"][1]
-        return Package(VLLM, VLLM, repos, self.ref(ref_node, "vllm.ref"), _line(key_node),
+        return Package(VLLM.name, VLLM.dist, repos, self.ref(ref_node, "vllm.ref"), _line(key_node),
                        _line(ref_node))
 
     def repos(self, node: yaml.Node, what: str) -> tuple[str, ...]:
@@ -312,7 +311,7 @@ class _Loader:
 
     def package_name(self, name: str, node: yaml.Node) -> None:
         shown = shown_id(name)
-        if name == VLLM:
+        if name == VLLM.name:
             self.fail("packages: 'vllm' is pinned by the vllm: section; it cannot be declared "
                       "again under packages:", node)
         if not ID_RE.match(name):
@@ -431,7 +430,7 @@ class _Loader:
         else:
             rel = self.patch_file(kind, fields[kind][1])
 
-        package = self.patch_package(fields["package"][1]) if "package" in fields else VLLM
+        package = self.patch_package(fields["package"][1]) if "package" in fields else VLLM.name
         ranges = {key: self.specifier(value_node, key)
                   for key, (_, value_node) in fields.items() if key in self.packages}
 

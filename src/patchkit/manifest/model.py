@@ -11,6 +11,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from patchkit.serving.acceptance import Floor
+from patchkit.source.protocol import VLLM, PackageId
 
 # `not_contains: TEXT` is read as `not: {contains: TEXT}`: no Assertion carries it.
 PREDICATES = ("defines", "calls", "has_key", "contains", "not", "not_contains")
@@ -94,7 +95,7 @@ class Patch:
     kind: str                  # a name of patchkit.kinds.NAMES
     path: str                  # the diff file, transform file or overlay dir, manifest-relative
     upstream: str | None = None
-    package: str = "vllm"      # the name of the package it patches; its paths are from that root
+    package: str = VLLM.name   # the name of the package it patches; its paths are from that root
     # the version ranges it holds on, by package name (any package of the manifest), as written
     ranges: Mapping[str, SpecifierSet] = field(default_factory=dict)
     verify: tuple[Assertion, ...] = ()
@@ -118,7 +119,7 @@ class Patch:
     @property
     def vllm(self) -> SpecifierSet | None:
         """Its range on vLLM (the ``vllm:`` key), or None."""
-        return self.ranges.get(VLLM)
+        return self.ranges.get(VLLM.name)
 
     def without_range(self, package: str) -> Patch:
         """The same patch, holding on no range of ``package``."""
@@ -126,7 +127,12 @@ class Patch:
         return dataclasses.replace(self, ranges=kept)
 
 
-VLLM = "vllm"   # the package the `vllm:` section pins; a patch patches it unless it says otherwise
+def identity(name: str, dist: str | None = None) -> PackageId:
+    """The identity of the manifest's package ``name`` (``dist``: its distribution, by default
+    its name): vLLM's (the ``vllm:`` section, which a patch patches unless it says otherwise)
+    as it always was, its cache paths and commit ids unchanged; any other's with its import
+    folder read from its release.  A report names packages by name; this reads them back."""
+    return VLLM if name == VLLM.name else PackageId(name, dist or name, "", name)
 
 
 @dataclass(frozen=True)
@@ -142,11 +148,24 @@ class Package:
     ref_line: int = 0
     dist_line: int = field(default=0, compare=False)  # line of `dist:` (else of its key)
 
+    @property
+    def id(self) -> PackageId:
+        """What tells it apart: its label, checkout place, import folder, options."""
+        return identity(self.name, self.dist)
+
+    @property
+    def label(self) -> str:
+        return self.id.label
+
+    def checkout(self, workdir: Path) -> Path:
+        """Its checkout in a run whose workdir is ``workdir``."""
+        return self.id.checkout(workdir)
+
 
 def VllmSource(repos: tuple[str, ...], ref: str, line: int = 0,  # noqa: N802 (was a class)
                ref_line: int = 0) -> Package:
     """The vllm package, built the way callers built it before `packages:` existed."""
-    return Package(VLLM, VLLM, tuple(repos), ref, line, ref_line)
+    return Package(VLLM.name, VLLM.dist, tuple(repos), ref, line, ref_line)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from patchkit.errors import UsageError
 from patchkit.manifest.model import VLLM, Manifest
+from patchkit.source.protocol import PackageId
 from patchkit.source.refs import BASE_REF
 
 
@@ -19,26 +20,43 @@ from patchkit.source.refs import BASE_REF
 class Pin:
     """One package's pin for the run: its ref and the sources to take it from."""
 
-    name: str
-    dist: str
+    id: PackageId
     ref: str
     sources: tuple[str, ...]   # local paths from the manifest's folder
+
+    @property
+    def name(self) -> str:
+        return self.id.name
+
+    @property
+    def dist(self) -> str:
+        return self.id.dist
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    ref: str                   # the vLLM ref: --vllm-ref, else vllm.ref (may be `base`)
-    sources: tuple[str, ...]   # --vllm-repo, else vllm.repo (local paths from the manifest's folder)
+    # every package's pin, vLLM first: vLLM's from --vllm-ref and --vllm-repo, else its
+    # section (the ref may be `base`); the others' from `packages:`, --ref NAME=REF moving one
+    pins: tuple[Pin, ...]
     base: str | None           # the base image name: --base, else image.base
     platform: str              # OS/ARCH: --platform, else image.platform
     variant: str | None = None  # the build of the series (None: the default build)
-    others: tuple[Pin, ...] = ()        # the pins of `packages:` (--ref NAME=REF moves one)
     only: tuple[str, ...] | None = None  # --package: the packages the run is limited to
 
     @property
-    def pins(self) -> tuple[Pin, ...]:
-        """Every package's pin, vLLM first."""
-        return (Pin(VLLM, VLLM, self.ref, self.sources), *self.others)
+    def ref(self) -> str:
+        """vLLM's ref."""
+        return self.pin(VLLM.name).ref
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """vLLM's sources (local paths from the manifest's folder)."""
+        return self.pin(VLLM.name).sources
+
+    @property
+    def others(self) -> tuple[Pin, ...]:
+        """The pins of the packages other than vLLM, as `packages:` lists them."""
+        return tuple(p for p in self.pins if not p.id.primary)
 
     def in_run(self, name: str) -> bool:
         return self.only is None or name in self.only
@@ -55,19 +73,20 @@ def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str]
     ``repos``) takes the manifest's value; an empty ``ref`` stays, to be refused as a ref.
     ``refs`` are ``--ref NAME=REF`` texts, ``only`` the ``--package`` names."""
     moved = _moved_pins(manifest, refs)
-    if VLLM in moved:
-        if ref is not None and ref != moved[VLLM]:
-            raise UsageError(f"--vllm-ref {ref} and --ref vllm={moved[VLLM]} disagree; give one")
-        ref = moved[VLLM]
+    if VLLM.name in moved:
+        given = moved[VLLM.name]
+        if ref is not None and ref != given:
+            raise UsageError(f"{VLLM.option('ref', ref)} and --ref {VLLM.name}={given} disagree; "
+                             "give one")
+        ref = given
     for name in only:
         _known(manifest, name, "--package")
-    others = tuple(Pin(p.name, p.dist, moved.get(p.name, p.ref), manifest.sources(p.repos))
+    vllm = Pin(manifest.vllm.id, _ref(manifest, ref, repos),
+               tuple(repos) if repos else manifest.sources())
+    others = tuple(Pin(p.id, moved.get(p.name, p.ref), manifest.sources(p.repos))
                    for p in manifest.others)
-    return RunSpec(ref=_ref(manifest, ref, repos),
-                   sources=tuple(repos) if repos else manifest.sources(),
-                   base=base or manifest.image.base,
-                   platform=platform or manifest.image.platform,
-                   variant=variant, others=others,
+    return RunSpec(pins=(vllm, *others), base=base or manifest.image.base,
+                   platform=platform or manifest.image.platform, variant=variant,
                    only=tuple(dict.fromkeys(only)) if only else None)
 
 

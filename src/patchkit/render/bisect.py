@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from patchkit.commands.bisect import BisectResult, Fate
-from patchkit.manifest import VLLM
+from patchkit.manifest import identity
 from patchkit.commands.bisect_series import SeriesBisect
 
 SHORT = 10  # hex digits of a commit shown to a person
@@ -34,7 +34,7 @@ def short(result: BisectResult) -> str:
 def render_text(result: BisectResult) -> str:
     good, bad = result.good, result.bad
     # a patch of another package names it, as apply's report does: "fi-x (flashinfer): ..."
-    of = "" if result.package == VLLM else f" ({result.package})"
+    of = identity(result.package).aside(" ({})")
     lines = [f"{result.patch}{of}: {good.fate} at {good.ref} ({good.commit[:SHORT]}), "
              f"{bad.fate} at {bad.ref} ({bad.commit[:SHORT]})"]
     if result.base is not None:
@@ -55,7 +55,7 @@ def render_text(result: BisectResult) -> str:
             lines.append(f"  (at {bad.ref} it is {bad.fate}: it changed again later)")
     elif result.narrowed:
         a, b = result.narrowed
-        whose = "" if result.package == VLLM else f"{result.package} "
+        whose = identity(result.package).aside("{} ")
         lines.append(f"it changes between the {whose}releases {a.ref} ({a.fate}) and {b.ref} "
                      f"({b.fate})")
         lines.append(f"  {result.why}")

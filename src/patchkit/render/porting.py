@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 
-def _pin(report, package: str) -> str:
+def _pin(report, package) -> str:
     """A package's pin as the report names it: ``vLLM v0.33.0``, ``flashinfer v0.6.15``."""
-    if package == "vllm" or package not in report.packages:
-        return f"vLLM {report.vllm.ref}"
-    return f"{package} {report.packages[package].ref}"
+    info = report.packages.get(package.name) or report.vllm
+    return f"{package.label} {info.ref}"
 
 
 def _status_note(pid: str, status: str, ref: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from patchkit.imageref import split_tag
+from patchkit.manifest import VLLM, identity
 from patchkit.render import plural
 from patchkit.render.colors import paint
 from patchkit.report import ApplyReport, AssertionResult, PatchResult
@@ -15,8 +16,7 @@ def status_word(status: str, color: bool) -> str:
 def patch_line(r: PatchResult, color: bool = False) -> str:
     detail = f"{r.reason}: {r.message}" if r.status == "failed" else r.message
     line = f"{status_word(r.status, color)} {r.id}"
-    if r.package != "vllm":
-        line += f" ({r.package})"
+    line += identity(r.package).aside(" ({})")
     if r.commit:
         line += f" [{r.commit[:10]}]"
     if r.offsets:
@@ -24,6 +24,14 @@ def patch_line(r: PatchResult, color: bool = False) -> str:
     if detail:
         line += f": {detail}"
     return line
+
+
+def target_line(report: ApplyReport) -> str:
+    """One target of a matrix as it is done: ``vLLM v0.33.0: ok``, ``flashinfer v0.6.16: 1
+    failed`` (a matrix over another package has that package's checkout alone)."""
+    failed = sum(p.status == "failed" for p in report.patches)
+    name, info = next(iter(report.packages.items()), (VLLM.name, report.vllm))
+    return f"{identity(name).label} {info.ref}: {'ok' if report.ok else f'{failed} failed'}"
 
 
 def assertion_failure(result: AssertionResult) -> str:
@@ -47,7 +55,7 @@ def pin_lines(report: ApplyReport) -> list[str]:
     version and source, and where its checkout goes."""
     lines = []
     for name, p in report.packages.items():
-        if name != "vllm":
+        if not identity(name).primary:
             where = f", checkout at {p.workdir}" if p.workdir else ""
             lines.append(f"{name} {p.ref} = {p.commit[:12]}, version {p.version}, from "
                          f"{p.source}{where}")
@@ -202,7 +210,7 @@ def status(st) -> str:
     """``patchkit status``: a block per package, its checkout, its patches, what to do."""
     lines = [f"{st.name} ({st.manifest})"]
     for p in st.packages:
-        what = "vLLM" if p.name == "vllm" else p.name
+        what = identity(p.name).label
         if not p.applied:
             lines.append(f"{what}: " + "; ".join(p.remedies))
             continue

@@ -26,8 +26,7 @@ from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest import digest, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
-                             VllmInfo)
+from patchkit.report import ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult
 from patchkit.series import checkout as applied
 from patchkit.series import assertions, compiled, jit
 from patchkit.cache import cache_dir
@@ -48,11 +47,11 @@ class Progress:
 
 
 def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
-    return versions.in_ranges(patch.ranges, {"vllm": version})
+    return versions.in_ranges(patch.ranges, {VLLM.name: version})
 
 
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
-              version: str | None, mirror: Path | None = None, *, package: str = VLLM,
+              version: str | None, mirror: Path | None = None, *, package: str = VLLM.name,
               found: Mapping[str, str | None] | None = None,
               tops: Sequence[str] = ()) -> PatchResult:
     """Apply one patch to the checkout of ``package`` at ``root`` and commit it; never raises
@@ -182,9 +181,12 @@ def _outside(manifest: Manifest, patch: Patch, tops: Sequence[str]) -> str | Non
             f"names paths from that package's root")
 
 
-def package_tops(resolved: source.Resolved) -> tuple[str, ...]:
-    """The import folders of a package at its pin: its root folders holding ``__init__.py``
-    (for a release from PyPI, the folders its wheel holds)."""
+def package_tops(resolved: source.Resolved, package: source.PackageId) -> tuple[str, ...]:
+    """The import folders ``package``'s patches are confined to at its pin: its root folders
+    holding ``__init__.py`` (for a release from PyPI, the folders its wheel holds); none for a
+    package whose source is its whole repository (vLLM's)."""
+    if not package.confined:
+        return ()
     return tuple(g.package_folders(resolved.repo, resolved.commit))
 
 
@@ -199,7 +201,7 @@ def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
     """Apply the series to the fresh vLLM checkout at ``root`` and run the assertions.  With
     ``variant`` (a name, or None for the default build) the patches outside that build are
     ``skipped``; by default every patch is tried.  Another package's patches are skipped."""
-    return run_stack(manifest, {VLLM: Tree(root, resolved)}, progress, patches, variant)
+    return run_stack(manifest, {VLLM.name: Tree(root, resolved)}, progress, patches, variant)
 
 
 @dataclass(frozen=True)
@@ -221,8 +223,8 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
     no tree is skipped.  ``vllm`` is vLLM's pin when it has no tree."""
     progress = progress or Progress()
     pins = {n: t.resolved for n, t in trees.items()} if pins is None else pins
-    at = trees[VLLM].resolved if VLLM in trees else vllm or pins[VLLM]
-    report = ApplyReport(VllmInfo(at.ref, at.commit, at.version, at.source), workdir=None,
+    at = trees[VLLM.name].resolved if VLLM.name in trees else vllm or pins[VLLM.name]
+    report = ApplyReport(PackageInfo(at.ref, at.commit, at.version, at.source), workdir=None,
                          variant=variant if isinstance(variant, str) else None)
     report.packages = {n: PackageInfo(t.resolved.ref, t.resolved.commit, t.resolved.version,
                                       t.resolved.source) for n, t in trees.items()}
@@ -319,8 +321,7 @@ def workdirs(run: RunSpec, workdir: Path) -> dict[str, Path]:
     """Where each package of ``run`` goes: vLLM at ``workdir``, every other package beside it
     under its own name (``.patchkit/vllm``, ``.patchkit/flashinfer``)."""
     workdir = Path(workdir).absolute()
-    places = {p.name: workdir if p.name == VLLM else workdir.parent / p.name
-              for p in run.pins if run.in_run(p.name)}
+    places = {p.name: p.id.checkout(workdir) for p in run.pins if run.in_run(p.name)}
     if len(set(places.values())) < len(places):
         raise UsageError(f"--workdir {workdir}: {workdir.name}'s checkout goes beside vLLM's "
                          f"under its own name, {workdir}; name another --workdir")
@@ -338,15 +339,15 @@ def resolve_pins(run: RunSpec, cache: Path, log, base: source.Base | None,
     for pin in run.pins:
         if names is not None and pin.name not in names:
             continue
-        held = base if pin.name == VLLM else (bases or {}).get(pin.name)
-        if held is None and pin.name != VLLM and (
+        held = base if pin.id.primary else (bases or {}).get(pin.name)
+        if held is None and not pin.id.primary and (
                 pin.ref == source.BASE_REF
                 or any(source.kind_of(s).reads_base for s in pin.sources)):
             raise UsageError(f"{pin.name}: a pin read from a base image (ref 'base', source "
                              "'image') needs the base read through an engine here; pin a "
                              "release or a git source")
         out[pin.name] = source.resolve(pin.sources, pin.ref, cache, log, base=held,
-                                       package=source.package_id(pin.name, pin.dist))
+                                       package=pin.id)
     return out
 
 
@@ -378,19 +379,19 @@ def apply_series(manifest: Manifest, *, workdir: Path, run: RunSpec | None = Non
         for name, place in places.items():
             scratches[name] = _scratch_beside(place)
         _check_build_sources(manifest, run, [
-            (pin.name, source.package_id(pin.name, pin.dist).label, pin.sources,
-             compiled.known_tops(pin.name, pin.dist)) for pin in run.pins])
+            (pin.name, pin.id.label, pin.sources,
+             compiled.known_tops(pin.id)) for pin in run.pins])
         if pins is None:
             pins = resolve_pins(run, cache, progress.info, base, bases=bases)
         trees = {name: scratches[name] / "t" for name in places}
         report = _checked_out_stack(manifest, pins, trees, progress, run.variant)
         for name, place in places.items():
             report.packages[name].workdir = str(place)
-        report.workdir = str(places[VLLM]) if VLLM in places else None
+        report.workdir = str(places[VLLM.name]) if VLLM.name in places else None
         if not report.ok:
             if keep_failed:
                 kept = True
-                report.keep_failed = str(trees.get(VLLM) or next(iter(trees.values())))
+                report.keep_failed = str(trees.get(VLLM.name) or next(iter(trees.values())))
             return report
         report.digests = digest.digests(manifest)
         for tree in trees.values():
@@ -423,7 +424,8 @@ def _move_in(trees: Mapping[str, Path], places: Mapping[str, Path], scratches: M
                 if work:
                     saved = _save(places[name], work, progress)
                     if report.discarded is None:
-                        report.discarded = dict(saved, package=name) if name != VLLM else saved
+                        report.discarded = dict(saved, package=name) if report.packages[
+                            name].workdir != report.workdir else saved
             _swap_all(trees, places, scratches)
 
 
@@ -436,9 +438,9 @@ def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
         try:
             source.checkout(resolved, tree)
         except CommandError:
-            _gone(resolved, name)
+            _gone(resolved, manifest.package(name).label)
             raise
-        made[name] = Tree(tree, resolved, () if name == VLLM else package_tops(resolved))
+        made[name] = Tree(tree, resolved, package_tops(resolved, manifest.package(name).id))
     # a package whose import folder is known only now, from its release
     _check_build_sources(manifest, None, [
         (name, name, [t.resolved.source], t.tops) for name, t in made.items() if t.tops],
@@ -449,7 +451,7 @@ def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
         return report
     except CommandError:
         for name, tree in made.items():   # a checkout borrows the cached repository's objects
-            _gone(tree.resolved, name)
+            _gone(tree.resolved, manifest.package(name).label)
         raise
 
 
@@ -478,10 +480,9 @@ def _check_build_sources(manifest: Manifest, run: RunSpec | None, pins, variant=
         raise UsageError(f"patch {patch.id}: {why}")
 
 
-def _gone(resolved: source.Resolved, name: str) -> None:
+def _gone(resolved: source.Resolved, label: str) -> None:
     if not g.is_repository(resolved.repo):
-        what = "vLLM" if name == VLLM else name
-        raise SourceError(f"the cached {what} repository {resolved.repo} went away during "
+        raise SourceError(f"the cached {label} repository {resolved.repo} went away during "
                           "the run (was the cache deleted?); nothing was changed, run "
                           "again") from None
 

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from patchkit import git as g
 from patchkit.errors import CommandError, UsageError
-from patchkit.report import ApplyReport, VllmInfo
+from patchkit.report import ApplyReport, PackageInfo
 from patchkit.source import BASE_TAG
 
 REPORT_FILE = "patchkit-report.json"
@@ -84,10 +84,10 @@ class AppliedCheckout:
         return cls(workdir, report, base, g.head(workdir))
 
     @property
-    def vllm(self) -> VllmInfo:
+    def vllm(self) -> PackageInfo:
         return self.report.vllm
 
-    def pin(self, package: str):
+    def pin(self, package: str) -> PackageInfo:
         """What ``package``'s checkout was made from (its ref, commit and version): its own
         section of the run's report, which each checkout of the run holds whole; else, for a
         checkout a run of its own made, the report's vLLM section."""

@@ -75,7 +75,6 @@ def first_problem(manifest: Manifest, patches: Sequence[Patch],
     return None
 
 
-def known_tops(name: str, dist: str) -> tuple[str, ...]:
+def known_tops(package: source.PackageId) -> tuple[str, ...]:
     """A package's import folder when it is known without its release (vLLM's ``vllm``)."""
-    top = source.package_id(name, dist).top
-    return (top,) if top else ()
+    return (package.top,) if package.top else ()

@@ -51,7 +51,7 @@ class NewPatch:
     upstream: str | None = None
     sha256: str | None = None
     source: str = ""     # where it came from, for messages (a URL, a commit)
-    package: str = VLLM  # the package it patches; its paths are from that package's root
+    package: source.PackageId = VLLM  # the package it patches; its paths are from its root
 
     @property
     def path(self) -> str:
@@ -59,8 +59,8 @@ class NewPatch:
 
     def entry(self) -> list[tuple[str, str]]:
         out = [("id", self.id), ("summary", self.summary or self.id)]
-        if self.package != VLLM:
-            out.append(("package", self.package))
+        if not self.package.primary:   # a patch patches vLLM unless it says otherwise
+            out.append(("package", self.package.name))
         if self.upstream:
             out.append(("upstream", self.upstream))
         out.append((DIFF, self.path))
@@ -69,10 +69,10 @@ class NewPatch:
         return out
 
 
-def diff_path(pid: str, package: str = VLLM) -> str:
+def diff_path(pid: str, package: source.PackageId = VLLM) -> str:
     """Where a new diff patch goes: ``patches/<id>.diff``, another package's under its name
     (``patches/flashinfer/<id>.diff``)."""
-    return f"{PATCH_DIR}/{pid}.diff" if package == VLLM else f"{PATCH_DIR}/{package}/{pid}.diff"
+    return f"{package.beside(PATCH_DIR)}/{pid}.diff"
 
 
 # ------------------------------------------------------------------------------ commits
@@ -120,7 +120,7 @@ def wanted_id(c: g.CommitInfo) -> str:
 
 
 def free_id(base: str, m: Manifest, unavailable: set[str], *, reuse: bool,
-            package: str = VLLM) -> str:
+            package: source.PackageId = VLLM) -> str:
     """``base``, else ``base-2``, ``base-3`` ...: the first id no entry and no file under
     patches/ has (of ``package``).  With ``reuse``, an entry whose diff is that file counts as
     free: it is the same patch, written before, to be updated in place."""
@@ -144,7 +144,8 @@ def from_commit(c: g.CommitInfo, pid: str, text: str) -> NewPatch:
     return NewPatch(pid, summary(c) or pid, text, upstream=upstream_of(c), source=c.sha)
 
 
-def check_new_id(m: Manifest, patch_id: str, flag: str = "--id", package: str = VLLM) -> str:
+def check_new_id(m: Manifest, patch_id: str, flag: str = "--id",
+                 package: source.PackageId = VLLM) -> str:
     """``patch_id`` when it can name a new patch of ``package``: a valid id, not in the series,
     no file there."""
     problem = id_problem(patch_id)
@@ -176,7 +177,7 @@ def prove(m: Manifest, new: Sequence[NewPatch], *, progress: applier.Progress | 
                 raise NotAppliedError(f"{p.id}: {problem.replace(p.path, 'the diff')}; nothing "
                                       "was written")
         run = run_spec(m)
-        names = [VLLM, *dict.fromkeys(p.package for p in new if p.package != VLLM)]
+        names = list(dict.fromkeys([VLLM.name, *(p.package.name for p in new)]))
         pins = applier.resolve_pins(run, cache, progress.info, None)  # every range is judged
         reports = []
         for n, variant in enumerate([None, *m.variants]):
@@ -185,7 +186,7 @@ def prove(m: Manifest, new: Sequence[NewPatch], *, progress: applier.Progress | 
                 for name in names:
                     tree = Path(tmp) / f"t{n}" / name
                     source.checkout(pins[name], tree, applier.needed_paths(candidate, name))
-                    tops = () if name == VLLM else applier.package_tops(pins[name])
+                    tops = applier.package_tops(pins[name], m.package(name).id)
                     trees[name] = applier.Tree(tree, pins[name], tops)
                 report = applier.run_stack(candidate, trees, variant=variant, pins=pins)
             finally:
@@ -204,7 +205,7 @@ def _candidate(m: Manifest, new: Sequence[NewPatch], tmp: Path) -> Manifest:
         file = tmp / f"{p.id}.diff"
         file.write_text(p.text, encoding="utf-8", errors="surrogateescape")
         added.append(Patch(id=p.id, summary=p.summary or p.id, kind=DIFF, path=str(file),
-                           upstream=p.upstream, package=p.package, index=len(m.patches) + n))
+                           upstream=p.upstream, package=p.package.name, index=len(m.patches) + n))
     return dataclasses.replace(m, patches=(*m.patches, *added))
 
 
@@ -213,7 +214,7 @@ def _failure(m: Manifest, report: ApplyReport, new: Sequence[NewPatch],
     new_ids = {p.id for p in new}
     failed: list[PatchResult] = [r for r in report.patches if r.status == "failed"]
     first = next((r for r in failed if r.id in new_ids), failed[0] if failed else None)
-    where = pin_label(report, first.package if first else new[0].package)
+    where = pin_label(report, m.package(first.package).id if first else new[0].package)
     if m.variants:
         where += f", {describe(variant)}"
     if first is None:
@@ -223,12 +224,11 @@ def _failure(m: Manifest, report: ApplyReport, new: Sequence[NewPatch],
     return f"{what} does not apply at {where}: {first.reason}: {first.message}; nothing was written"
 
 
-def pin_label(report: ApplyReport, package: str = VLLM) -> str:
+def pin_label(report: ApplyReport, package: source.PackageId = VLLM) -> str:
     """A package's pin in a report as a message names it: ``vLLM v0.33.0 (1a2b3c4d5e6f)``,
     ``flashinfer v0.6.15 (...)``."""
-    info = report.packages.get(package) if package != VLLM else None
-    ref, commit = (info.ref, info.commit) if info else (report.vllm.ref, report.vllm.commit)
-    return f"{'vLLM' if package == VLLM else package} {ref} ({commit[:12]})"
+    info = report.packages.get(package.name) or report.vllm
+    return f"{package.label} {info.ref} ({info.commit[:12]})"
 
 
 def write(m: Manifest, new: Sequence[NewPatch]) -> None:

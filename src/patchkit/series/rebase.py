@@ -66,7 +66,7 @@ class RebaseResult:
     stop: Stop | None = None
     tree: Path | None = None
     notes: list[str] = field(default_factory=list)
-    label: str = "vLLM"   # the package whose pin moves, as messages name it
+    label: str = VLLM.label   # the package whose pin moves, as messages name it
 
 
 def state_dir(root: Path) -> Path:
@@ -96,11 +96,15 @@ class _State:
     @property
     def package(self) -> str:
         """The package whose pin moves (vLLM unless ``--package``)."""
-        return self.data.get("package", VLLM)
+        return self.data.get("package", VLLM.name)
+
+    @property
+    def id(self) -> source.PackageId:
+        return manifest.identity(self.package, self.data.get("dist", self.package))
 
     @property
     def label(self) -> str:
-        return "vLLM" if self.package == VLLM else self.package
+        return self.id.label
 
     @property
     def found(self) -> dict[str, str | None]:
@@ -177,15 +181,15 @@ def _rel(path: Path) -> str:
 # ------------------------------------------------------------------------------ commands
 
 def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
-          drop_upstream: bool = False, cache: Path | None = None, package: str = VLLM,
+          drop_upstream: bool = False, cache: Path | None = None, package: str = VLLM.name,
           progress: applier.Progress | None = None) -> RebaseResult:
     """Begin moving the pin of ``package`` (default vLLM) of ``manifest_path`` to ``to``; runs
     until done or stopped."""
     progress = progress or applier.Progress()
     m = manifest.load(manifest_path)
-    if package != VLLM and repos:
-        raise UsageError("--vllm-repo goes with vLLM's rebase, not --package")
     run_spec(m, only=[package])   # an unknown package: one line, with "did you mean"
+    if not m.package(package).id.primary and repos:
+        raise UsageError("--vllm-repo goes with vLLM's rebase, not --package")
     sdir = state_dir(m.root)
     with _lock(sdir):
         if in_progress(m.root):
@@ -200,13 +204,13 @@ def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
             raise UsageError("rebase moves the pin between refs of git or PyPI sources; a pin "
                              f"'{source.BASE_REF}' or the source 'image' follows the base image "
                              "instead: change image.base, then check with rebase-check")
-        pid = source.package_id(pin.name, pin.dist)
+        pid = pin.id
         resolved = source.resolve(repos, to, cache, progress.info, package=pid)
         _warn_if_backwards(pin.ref, to, resolved.version, pid.label, progress)
         others = {name: r.version for name, r in applier.resolve_pins(
             spec, cache, progress.info, None, [q.name for q in spec.pins if q.name != package]
         ).items()}
-        tops = () if package == VLLM else applier.package_tops(resolved)
+        tops = applier.package_tops(resolved, pid)
         shutil.rmtree(sdir, ignore_errors=True)  # the leftovers of a start that never finished
         sdir.mkdir(parents=True)
         try:
@@ -393,8 +397,7 @@ class _Rebase:
             old_p = old_m.patch(patch.id)
             old_res = source.resolve(state.data["repos"], state.data["from"],
                                      Path(state.data["cache"]), self.progress.info,
-                                     package=source.package_id(state.package,
-                                                               state.data.get("dist", VLLM)))
+                                     package=state.id)
         except (PatchkitError, KeyError):
             yield None
             return
@@ -461,7 +464,7 @@ def _finish(state: _State) -> RebaseResult:
     notes = list(state.data.get("notes", []))
     text = ManifestText.read(m.path)
     old_ref = state.data["from"]
-    if state.package != VLLM:   # only that package's `ref:` line
+    if not state.id.primary:   # only that package's `ref:` line
         if m.package(state.package).ref != res.ref:
             text.set_scalar(("packages", state.package, "ref"), res.ref)
         text.write(m.path)
@@ -470,7 +473,7 @@ def _finish(state: _State) -> RebaseResult:
         shutil.rmtree(state.sdir)
         return RebaseResult(True, old_ref, res.ref, steps, None, None, notes, state.label)
     if m.vllm.ref != res.ref:
-        text.set_scalar(("vllm", "ref"), res.ref)
+        text.set_scalar((VLLM.name, "ref"), res.ref)
     base = text.value(("image", "base")) if text.has(("image", "base")) else None
     if base and "@" not in base and base.endswith(f":{old_ref}"):
         text.set_scalar(("image", "base"), base[:-len(old_ref)] + res.ref)

@@ -13,14 +13,14 @@ from patchkit.manifest.runspec import RunSpec, run_spec
 
 
 def pin_version(run: RunSpec, cache: Path, log=lambda m: None,
-                base: source.Base | None = None, package: str = VLLM) -> versions.Version:
+                base: source.Base | None = None, package: str = VLLM.name) -> versions.Version:
     """The release the pin of ``package`` in ``run`` is, or the one its commit lies after."""
     pin = run.pin(package)
     v = versions.release_tag(pin.ref)
     if v is not None:
         return v
     resolved = source.resolve(pin.sources, pin.ref, cache, log, base=base,
-                              package=source.package_id(pin.name, pin.dist))
+                              package=pin.id)
     try:
         return versions.sort_key(resolved.version)
     except versions.InvalidVersion:
@@ -32,7 +32,7 @@ def pin_version(run: RunSpec, cache: Path, log=lambda m: None,
 def release_targets(manifest: Manifest, *, run: RunSpec | None = None,
                     cache: Path | None = None, pre: bool = False,
                     log=lambda m: None, base: source.Base | None = None,
-                    package: str = VLLM) -> list[str]:
+                    package: str = VLLM.name) -> list[str]:
     """The release tags of ``package`` after its pin in ``run`` (default: the manifest's),
     oldest first; pre-releases only with ``pre``."""
     run = run or run_spec(manifest)
@@ -41,7 +41,7 @@ def release_targets(manifest: Manifest, *, run: RunSpec | None = None,
     # the releases first: a source with none to list (image) says so before the base's
     # files are read for the pin
     _, tags = source.list_tags(at.sources, cache, log,
-                               package=source.package_id(at.name, at.dist))
+                               package=at.id)
     pin = pin_version(run, cache, log, base, package)
     found: dict[versions.Version, str] = {}
     for tag in tags:

@@ -22,7 +22,7 @@ from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
 from patchkit.source import image, mirror, pypi
-from patchkit.source.protocol import VLLM, PackageId, Source, package_id
+from patchkit.source.protocol import VLLM, PackageId, Source
 from patchkit.source.protocol import Base
 from patchkit.source.refs import BASE_REF, ref_problem, source_problem
 from patchkit.source.resolved import Log, Resolved, version_of
@@ -36,7 +36,7 @@ WORDS: dict[str, Source] = {pypi.WORD: pypi.SOURCE, image.WORD: image.SOURCE}
 GIT: Source = mirror.SOURCE
 
 __all__ = ["BASE_REF", "BASE_TAG", "GIT", "VLLM", "WORDS", "Base", "PackageId", "Resolved",
-           "Source", "checkout", "package_id", "kind_of", "list_tags", "ref_problem", "resolve",
+           "Source", "checkout", "kind_of", "list_tags", "ref_problem", "resolve",
            "source_problem", "version_of"]
 
 
@@ -70,10 +70,8 @@ def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: 
 def _pin_of(base: Base | None, package: PackageId = VLLM) -> versions.Pin:
     """What the ref ``base`` of ``package`` pins in a git source, or why it pins nothing."""
     if base is None:
-        what = ("--vllm-ref base" if package == VLLM
-                else f"{package.label}: the ref {BASE_REF}")
-        raise UsageError(f"{what} reads the pin from a base image: give --base IMAGE or "
-                         "set image.base in patchset.yaml")
+        raise UsageError(f"{package.option('ref', BASE_REF)} reads the pin from a base image: "
+                         "give --base IMAGE or set image.base in patchset.yaml")
     if base.version is None:
         raise SourceError(f"base {base.name}: cannot tell which {package.label} it holds (its "
                           f"{base.package_dir} has no version); patch it as it is with "
@@ -88,7 +86,7 @@ def _pin_of(base: Base | None, package: PackageId = VLLM) -> versions.Pin:
 
 def _as_is(package: PackageId) -> str:
     """How a base's package is patched as it is: vLLM's flag, another's manifest key."""
-    return "--vllm-repo image" if package == VLLM else f"packages.{package.name}.repo: image"
+    return package.option("repo", "image")
 
 
 def _first_answer(sources: Sequence[str], attempt: Callable[[str], T], log: Log,
@@ -114,11 +112,10 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None
     pin = _pin_of(base, package)
     assert base is not None
     if pin.commit and not kind.holds_commits:
-        git = "with --vllm-repo" if package == VLLM else f"in packages.{package.name}.repo"
         raise SourceError(f"base {base.name} holds {package.label} {base.version}, built from "
                           f"commit {pin.ref}, and the source {source} holds releases only; name "
-                          f"a git source {git}, or patch the base as it is with "
-                          f"{_as_is(package)}")
+                          f"a git source with {package.option('repo', 'URL')}, or patch the base as "
+                          f"it is with {_as_is(package)}")
     log(f"base {base.name} holds {package.label} {base.version}: pinning "
         + (f"commit {pin.ref}" if pin.commit else pin.ref))
     found = kind.resolve(source, pin.ref, cache, log, package=package, base=base)

@@ -29,8 +29,15 @@ from patchkit.cache import cache_subdir
 
 WORD = IMAGE_SOURCE
 
-NO_BASE = ("the vLLM source 'image' is the vllm package of a base image: give --base IMAGE or "
-           "set image.base in patchset.yaml")
+
+
+def no_base(package: PackageId) -> str:
+    """Why the source ``image`` of ``package`` cannot be read without a base image."""
+    return (f"the {package.label} source 'image' is the {package.dist} package of a base image: "
+            "give --base IMAGE or set image.base in patchset.yaml")
+
+
+NO_BASE = no_base(VLLM)
 _SHA = re.compile(r"[0-9a-f]{7,40}")
 _REF_PART = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -48,18 +55,15 @@ class ImageSource:
     def resolve(self, text: str, ref: str, cache: Path, log: Log, *,
                 package: PackageId = VLLM, base: Base | None = None) -> Resolved:
         if base is None:
-            raise UsageError(NO_BASE if package == VLLM else
-                             f"the {package.label} source 'image' is the {package.dist} "
-                             "installed in a base image: give --base IMAGE or set image.base "
-                             "in patchset.yaml")
+            raise UsageError(no_base(package))
         _check_ref(ref, base, package)
         repo, commit = ensure_tree(cache, base, log, package)
         return Resolved(text, repo, ref, commit, base.version)
 
     def tags(self, text: str, cache: Path, log: Log, *, package: PackageId = VLLM) -> list[str]:
-        also = "" if package == VLLM else f", or list pypi among packages.{package.name}.repo"
         raise SourceError(f"the {package.label} source 'image' is one base's package and has no "
-                          f"releases to list; name the targets with --to{also}")
+                          "releases to list; name the targets with --to, or list pypi among "
+                          f"{package.key('repo')}")
 
     def label(self, text: str, version: str, package: PackageId = VLLM) -> str:
         return text
@@ -146,12 +150,8 @@ def _check_ref(ref: str, base: Base, package: PackageId = VLLM) -> None:
     named = versions.named_commit(installed)
     if named and _SHA.fullmatch(ref) and (ref.startswith(named) or named.startswith(ref)):
         return
-    if package == VLLM:
-        raise SourceError(f"the vLLM source 'image' is what base {base.name} holds (vLLM "
-                          f"{installed or 'of unknown version'}), and the pin {ref} names "
-                          "something else; give --vllm-ref base")
     raise SourceError(f"the {package.label} source 'image' is what base {base.name} holds "
-                      f"({package.dist} {installed or 'of unknown version'}), and the ref {ref} "
-                      f"names something else; name {BASE_REF}"
+                      f"({package.label} {installed or 'of unknown version'}), and the pin {ref} "
+                      f"names something else; give {package.option('ref', BASE_REF)}"
                       + (f" (or v{installed})" if installed else "")
-                      + f", or list pypi among packages.{package.name}.repo")
+                      + f", or list pypi among {package.key('repo')}")
