@@ -194,12 +194,12 @@ def test_verify_image_proves_the_members_bytes(sos):
 
 
 def test_the_lock_records_each_artifact(tmp_path):
-    from patchkit.image import stack
+    from patchkit.image import lockfile
 
-    lock = stack.Lock("base", "sha256:" + "0" * 64, {}, {"flashinfer-jit-cache": "0.6.15"},
+    lock = lockfile.Lock("base", "sha256:" + "0" * 64, {}, {"flashinfer-jit-cache": "0.6.15"},
                       {"fi-moe-120": {"dist": "flashinfer-jit-cache", "member": MEMBER,
                                       "member_sha256": "a" * 64, "wheel_sha256": "b" * 64}})
     text = lock.render().decode()
     assert f'[artifacts."fi-moe-120"]\ndist = "flashinfer-jit-cache"\nmember = "{MEMBER}"' in text
     (tmp_path / "patchset.lock").write_text(text)
-    assert stack.Lock.read(tmp_path / "patchset.lock") == lock
+    assert lockfile.Lock.read(tmp_path / "patchset.lock") == lock

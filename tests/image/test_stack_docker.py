@@ -26,6 +26,7 @@ from testing.upstream import unified
 from patchkit import cli, manifest
 from patchkit.commands import build_image, lock, verify
 from patchkit.errors import ImageError, ManifestError
+from patchkit.image import lockfile
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
 from patchkit.series.applier import apply_series
@@ -138,7 +139,7 @@ def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(built, stack_
     assert built.first.written and not built.again.written  # the second run wrote the same bytes
     # a package with no patches of its own is a checkout the lock names too
     _, m, workdir = project
-    pinned = lock.stack.patched_packages(m, workdir, held.installed)["flashinfer"]
+    pinned = lockfile.patched_packages(m, workdir, held.installed)["flashinfer"]
     assert (pinned.version, pinned.source) == ("0.6.15", "pypi")
     assert re.fullmatch("[0-9a-f]{40}", pinned.commit), pinned
 
@@ -306,7 +307,7 @@ def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, b
 
     locked = built.first
     commit = applied.packages["flashinfer"].commit
-    assert locked.lock.packages["flashinfer"] == lock.stack.Pinned("0.6.15", commit, "pypi")
+    assert locked.lock.packages["flashinfer"] == lockfile.Pinned("0.6.15", commit, "pypi")
     assert locked.lock.base_digest == base["repo_digest"].split("@")[1]
     assert verify.run(m, image=tag, default_tree=workdir, locked=True,
                       engine=engine).locked == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.image import stack
+from patchkit.image import lockfile
 from patchkit.series import jit
 from testing import flashinfer as fi
 from testing import real_cache
@@ -57,14 +57,14 @@ def test_a_shared_header_feeds_every_module_that_reaches_it(tree):
 
 
 def test_the_lock_keeps_the_modules_of_each_patched_file(tmp_path):
-    lock = stack.Lock("base", "sha256:" + "0" * 64, {
-        "flashinfer": stack.Pinned("0.6.15", "c" * 40, "pypi",
-                                   {fi.MOE_HEADER: tuple(fi.MOE_MODULES)})})
+    lock = lockfile.Lock("base", "sha256:" + "0" * 64, {
+        "flashinfer": lockfile.Pinned("0.6.15", "c" * 40, "pypi",
+                                      {fi.MOE_HEADER: tuple(fi.MOE_MODULES)})})
     text = lock.render().decode()
     assert f'"{fi.MOE_HEADER}" = ["fused_moe_89", "fused_moe_90",' in text
     path = tmp_path / "patchset.lock"
     path.write_text(text)
-    assert stack.Lock.read(path) == lock
+    assert lockfile.Lock.read(path) == lock
 
 
 def test_the_image_labels_name_the_modules(tmp_path):

@@ -12,7 +12,8 @@ from patchkit.commands import copy_image
 from patchkit.commands import lock as lock_cmd
 from patchkit.errors import UsageError
 from patchkit.image import artifact
-from patchkit.image import basevllm, build, builders, layer, stack
+from patchkit.image import basevllm, build, builders, layer, lockfile
+from patchkit.image.builders.protocol import Asked, Job
 from patchkit.cache import cache_dir
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
@@ -105,7 +106,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     spec = run_spec(manifest, ref=ref, repos=repos, base=base, platform=platform, variant=variant)
     workdir = Path(workdir)
     # What can be refused is refused before the apply, which takes a while.
-    asked = builders.Asked(push, save, mode, tuple(copy_to))
+    asked = Asked(push, save, mode, tuple(copy_to))
     _check_options(asked, no_daemon, apply=apply, ref=ref, repos=repos, discard=discard)
     if apply:
         check_workdir(workdir, discard)  # before any source or engine is asked
@@ -126,9 +127,9 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     tree = _applied(workdir, apply, variant)
     lock_cmd.prove_packages(manifest, workdir, engine, held, log)
     if lock is not None:
-        lock_cmd.check_packages(manifest, lock, stack.patched_packages(
+        lock_cmd.check_packages(manifest, lock, lockfile.patched_packages(
             manifest, workdir, held.installed if held else None))
-        log(f"the base and the packages are the ones {stack.LOCK_FILE} names")
+        log(f"the base and the packages are the ones {lockfile.LOCK_FILE} names")
     packages = _shipped_packages(manifest, workdir, held)
     choice = replace(build.choose_mode(tree.changes(), mode),
                      packages=tuple(p.name for p in packages))
@@ -136,7 +137,7 @@ def run(manifest: Manifest, *, workdir: Path, ref: str | None = None,
     final_tag = variants.default_tag(manifest, tree.vllm.ref, tree.vllm.version, tag, tree.report.variant)
     check_reference("--tag" if tag is not None else "image.tag", final_tag, digest_ok=False)
     builder = builders.choose(no_daemon, choice)
-    job = builders.Job(manifest, tree, choice, plat, final_tag, base, push, log, engine=engine,
+    job = Job(manifest, tree, choice, plat, final_tag, base, push, log, engine=engine,
                        registry=registry, max_jobs=max_jobs, nvcc_threads=nvcc_threads,
                        packages=packages, lock=lock,
                        artifacts=_artifacts(manifest, tree, plat, log))
@@ -195,14 +196,14 @@ def _artifacts(manifest: Manifest, tree: AppliedCheckout, plat: Platform, log
     return tuple(out)
 
 
-def _lock_of(manifest: Manifest, locked: bool) -> stack.Lock | None:
+def _lock_of(manifest: Manifest, locked: bool) -> lockfile.Lock | None:
     if not locked:
         return None
     return lock_cmd.read_lock(manifest)
 
 
 def _check_stack(manifest: Manifest, spec: RunSpec, plat: Platform, engine,
-                 lock: stack.Lock | None, log) -> lock_cmd.BaseStack | None:
+                 lock: lockfile.Lock | None, log) -> lock_cmd.BaseStack | None:
     """The base's installed distributions, judged before the apply: the packages' pins,
     ``image.requires`` and the lock.  None when nothing asks (or no engine reads it: the
     registry path judges them on the base's layers)."""
@@ -219,7 +220,7 @@ def _check_stack(manifest: Manifest, spec: RunSpec, plat: Platform, engine,
     return held
 
 
-def _check_options(asked: builders.Asked, no_daemon: bool, *, apply: bool, ref: str | None,
+def _check_options(asked: Asked, no_daemon: bool, *, apply: bool, ref: str | None,
                    repos: Sequence[str] | None, discard: bool) -> None:
     if asked.mode not in MODES:
         raise UsageError(f"--mode {asked.mode!r}: expected auto, overlay or source")

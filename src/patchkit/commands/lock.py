@@ -12,7 +12,8 @@ from pathlib import Path
 
 from patchkit import files
 from patchkit.errors import ImageError, UsageError
-from patchkit.image import distinfo, stack
+from patchkit.image import distinfo
+from patchkit.image import lockfile as stack
 from patchkit.image.layer import BaseImage
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest
