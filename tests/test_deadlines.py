@@ -9,7 +9,7 @@ import time
 import pytest
 from testing import patchkit, spawn
 from testing.peers import silent_port, trickling_body, trickling_headers
-from testing.project import make_project
+from testing.project import GH_MANIFEST, make_project
 
 from patchkit.errors import CommandError, ImageError
 from patchkit.image.docker import Engine
@@ -120,8 +120,6 @@ def test_one_signal_ends_a_wait_on_a_silent_engine(tmp_path, sig):
 
 
 def test_one_sigint_ends_add_pr_waiting_on_a_silent_github(tmp_path):
-    from commands.test_add_pr import GH_MANIFEST
-
     proj = make_project(tmp_path, GH_MANIFEST)
     before = (proj / "patchset.yaml").read_bytes()
     with silent_port() as peer:

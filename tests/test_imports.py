@@ -1,12 +1,16 @@
 """What a run imports: libcst only when a transform is involved, docker only for an image,
-and GitPython not for the CLI's start."""
+and GitPython not for the CLI's start.  What the tests import: no test module imports another
+(what tests share lives in tests/testing/)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from testing import cli_env
 from testing.upstream import make_upstream
@@ -61,3 +65,67 @@ def test_a_transform_brings_libcst_and_still_no_docker(tmp_path):
 def test_help_and_validate_import_no_border_library(tmp_path):
     proj = _project(tmp_path, transform=False)
     assert _run(proj, "validate") == {"code": 0, "libcst": False, "docker": False, "git": False}
+
+
+# ------------------------------------------------------------------- what the tests import
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _is_test_module(dotted: str) -> bool:
+    return any(part.startswith("test_") or part == "conftest" for part in dotted.split("."))
+
+
+def imported_test_modules(source: str) -> list[str]:
+    """The test modules (``test_*`` or ``conftest``) that ``source`` imports, however it
+    spells it: ``import``, ``from ... import`` (relative too, and a module imported by name
+    from its folder), ``importlib.import_module``/``__import__`` of a literal name, or
+    ``pytest_plugins``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            names = [module] + [f"{module}.{alias.name}".lstrip(".") for alias in node.names]
+        elif (isinstance(node, ast.Call) and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name) and node.func.id == "__import__"))):
+            names = [node.args[0].value]
+        elif (isinstance(node, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == "pytest_plugins" for t in node.targets)):
+            names = [c.value for c in ast.walk(node.value)
+                     if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+        found += [n for n in names if n and _is_test_module(n)][:1]
+    return found
+
+
+@pytest.mark.parametrize("source", [
+    "import test_a", "import test_a as unit", "import commands.test_a", "from test_a import X",
+    "from commands.test_a import X", "from .test_a import X", "from . import test_a",
+    "from commands import test_a", "from conftest import x", "import conftest",
+    "def f():\n    from test_a import X\n", "importlib.import_module('commands.test_a')",
+    "__import__('test_a')", "pytest_plugins = ['testing.x', 'commands.test_a']"])
+def test_the_guard_sees_every_spelling_of_a_test_module_import(source):
+    assert imported_test_modules(source) != [], source
+
+
+@pytest.mark.parametrize("source", [
+    "from testing import patchkit", "import testing.imagetree",
+    "from testing.project import make_project", "import pytest",
+    "from patchkit.commands import apply", "import testing", "pytest_plugins = ['testing.x']"])
+def test_the_guard_passes_shared_helpers_and_the_code_under_test(source):
+    assert imported_test_modules(source) == []
+
+
+def test_no_test_module_imports_another():
+    """What tests share is in tests/testing/, so that each test module stands alone."""
+    found = {}
+    for path in sorted(TESTS.rglob("*.py")):
+        names = imported_test_modules(path.read_text(encoding="utf-8"))
+        if names:
+            found[path.relative_to(TESTS.parent).as_posix()] = names
+    assert found == {}, "\n".join(f"{file} imports {', '.join(names)}: move what it shares "
+                                   "to tests/testing/" for file, names in found.items())

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from testing import patchkit, spawn
-from testing.trickle import TrickleIndex
+from testing.trickle import TrickleIndex, pinned_project
 
 VERSION = "0.99.0"
 
@@ -45,20 +45,11 @@ def wait_for(check, what: str, deadline: float = 120.0) -> None:
         time.sleep(0.1)
 
 
-def project(tmp_path: Path) -> Path:
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    (proj / "patchset.yaml").write_text(
-        f"name: demo\nvllm:\n  repo: pypi\n  ref: v{VERSION}\npatches: []\n")
-    return proj
-
-
 def test_kill_9_during_a_download_leaves_no_child_and_the_rerun_cleans(tmp_path):
-    proj = project(tmp_path)
+    proj = pinned_project(tmp_path, VERSION)
     cache = Path(os.environ["PATCHKIT_CACHE_DIR"])
     with TrickleIndex("vllm", VERSION, 64 * 1024 * 1024) as index:
-        env = dict(os.environ, PIP_INDEX_URL=index.url, PIP_CONFIG_FILE=os.devnull,
-                   PIP_NO_CACHE_DIR="1")
+        env = index.pip_env()
         run = spawn("apply", cwd=proj, env=env)
         try:
             wait_for(lambda: index.sent > 1024 * 1024, "the download to begin")
@@ -108,7 +99,7 @@ def test_a_python_without_pip_is_named_in_one_line(tmp_path):
         if not entry.name.lower().startswith("pip") and not entry.name.startswith("_") \
                 and entry.suffix != ".pth":
             (theirs / entry.name).symlink_to(entry)
-    proj = project(tmp_path)
+    proj = pinned_project(tmp_path, VERSION)
     p = subprocess.run([str(venv / "bin/python"), "-m", "patchkit", "apply"], cwd=proj,
                        env=dict(os.environ, PYTHONPATH=str(SRC)), text=True,
                        capture_output=True, check=False)
@@ -119,11 +110,10 @@ def test_a_python_without_pip_is_named_in_one_line(tmp_path):
 
 
 def test_prune_waits_for_a_running_download_then_removes_what_its_kill_left(tmp_path):
-    proj = project(tmp_path)
+    proj = pinned_project(tmp_path, VERSION)
     cache = Path(os.environ["PATCHKIT_CACHE_DIR"])
     with TrickleIndex("vllm", VERSION, 64 * 1024 * 1024) as index:
-        env = dict(os.environ, PIP_INDEX_URL=index.url, PIP_CONFIG_FILE=os.devnull,
-                   PIP_NO_CACHE_DIR="1")
+        env = index.pip_env()
         run = spawn("apply", cwd=proj, env=env)
         try:
             wait_for(lambda: index.sent > 512 * 1024, "the download to begin")

@@ -14,23 +14,10 @@ from pathlib import Path
 
 import pytest
 from testing import SRC, patchkit
-from testing.trickle import TrickleIndex
+from testing.trickle import TrickleIndex, pinned_project
 
 VERSION = "0.98.0"
 LINE = re.compile(r"vLLM 0\.98\.0 wheel:\s+(\d+)%\|.*\|\s*([\d.]+)([kMG]?)/([\d.]+)([kMG]?)")
-
-
-def project(tmp_path: Path) -> Path:
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    (proj / "patchset.yaml").write_text(
-        f"name: demo\nvllm:\n  repo: pypi\n  ref: v{VERSION}\npatches: []\n")
-    return proj
-
-
-def env_for(index: TrickleIndex) -> dict[str, str]:
-    return dict(os.environ, PIP_INDEX_URL=index.url, PIP_CONFIG_FILE=os.devnull,
-                PIP_NO_CACHE_DIR="1")
 
 
 def _bytes(number: str, unit: str) -> float:
@@ -39,10 +26,10 @@ def _bytes(number: str, unit: str) -> float:
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def test_the_progress_line_moves_and_ends_on_a_terminal(tmp_path):
-    proj = project(tmp_path)
+    proj = pinned_project(tmp_path, VERSION)
     sock = tmp_path / "tmux.sock"
     with TrickleIndex("vllm", VERSION, 12 * 1024 * 1024) as index:
-        env = env_for(index)
+        env = index.pip_env()
         env["PYTHONPATH"] = str(SRC)
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
                            if k.startswith(("PIP_", "PATCHKIT_", "GIT_", "PYTHONPATH")))
@@ -76,9 +63,9 @@ def test_the_progress_line_moves_and_ends_on_a_terminal(tmp_path):
 
 
 def test_off_a_terminal_two_plain_lines_and_with_q_none(tmp_path):
-    proj = project(tmp_path)
+    proj = pinned_project(tmp_path, VERSION)
     with TrickleIndex("vllm", VERSION, 2 * 1024 * 1024, delay=0.01) as index:
-        p = patchkit("apply", cwd=proj, env=env_for(index))
+        p = patchkit("apply", cwd=proj, env=index.pip_env())
         assert p.returncode == 0, p.stderr
         said = [ln for ln in p.stderr.splitlines()
                 if ln.startswith(("vLLM 0.98.0 wheel", "downloaded vLLM 0.98.0"))]
@@ -89,19 +76,19 @@ def test_off_a_terminal_two_plain_lines_and_with_q_none(tmp_path):
         assert "\r" not in p.stderr
         shutil.rmtree(proj / ".patchkit")
         shutil.rmtree(Path(os.environ["PATCHKIT_CACHE_DIR"]))
-        p = patchkit("apply", "-q", cwd=proj, env=env_for(index))
+        p = patchkit("apply", "-q", cwd=proj, env=index.pip_env())
         assert p.returncode == 0, p.stderr
         assert p.stderr == ""
-        p = patchkit("apply", "-v", cwd=proj, env=env_for(index))
+        p = patchkit("apply", "-v", cwd=proj, env=index.pip_env())
         assert p.returncode == 0, p.stderr
         assert "+ git " in p.stderr
 
 
 def test_releases_of_a_rebase_check_download_side_by_side(tmp_path):
-    proj = project(tmp_path)
+    proj = pinned_project(tmp_path, VERSION)
     with TrickleIndex("vllm", VERSION, 3 * 1024 * 1024, more=("0.98.1", "0.98.2")) as index:
         p = patchkit("rebase-check", "--to", "v0.98.1", "--to", "v0.98.2", cwd=proj,
-                     env=env_for(index))
+                     env=index.pip_env())
         assert p.returncode == 0, p.stderr
         assert index.most_at_once >= 2, p.stderr
         for v in ("0.98.1", "0.98.2"):

@@ -75,6 +75,11 @@ class CommandError(PatchkitError):
         super().__init__(msg)
 
 
+class GitError(CommandError):
+    """A git command failed, or ran past its deadline (``timeout`` set): the one error of the
+    git border, said as any failed command is."""
+
+
 class ImageError(PatchkitError):
     """The Docker Engine refused, or the base image does not fit."""
 

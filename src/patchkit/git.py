@@ -2,8 +2,14 @@
 
 It drives git through GitPython (its command wrapper for porcelain and plumbing, its object
 database for reading blobs) and offers typed functions; no caller builds a git argument list.
-Failures leave it as :class:`~patchkit.errors.CommandError` (the command, its exit code, its
-output), or as the answer of a query (``None``, ``False``) where failing is an answer.
+Every git process starts in one place, :func:`_execute`, and every one has a deadline: a
+command on this machine ``timeouts.GIT_LOCAL``, a mirror's clone or fetch
+``timeouts.GIT_TRANSFER``, a query or push to a user's remote the timeout its caller gives; the
+reads of the object database share ``timeouts.GIT_LOCAL``.  A command past its deadline is
+killed.  Failures leave it as one error, :class:`~patchkit.errors.GitError` (the command, its
+exit code, its output; ``timeout`` set when it was killed), GitPython's own exceptions
+translated on the way, or as the answer of a query (``None``, ``False``) where failing is an
+answer.  Only a missing git executable is another error, ``ToolMissingError``.
 
 Every command runs with the same pinned options: no hooks, no signing, no CRLF conversion, no
 quoting of paths, no prompt for credentials, and none of the system's git config, so that a
@@ -14,14 +20,18 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeVar
 
-from patchkit import interrupt, process, progress
-from patchkit.errors import CommandError, ToolMissingError
+from patchkit import interrupt, process, progress, timeouts
+from patchkit.errors import GitError, ToolMissingError
 
 # Commits patchkit makes are reproducible: the same manifest on the same vLLM commit gives the
 # same commit ids on every machine.
@@ -76,8 +86,18 @@ def _gitpython():
 
 
 def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
-             env: dict[str, str] | None = None, input: bytes | IO[bytes] | None = None
+             env: dict[str, str] | None = None, input: bytes | IO[bytes] | None = None,
+             timeout: float | None = None, network: bool = False
              ) -> tuple[int, bytes, bytes]:
+    """The one place a git process starts: with the pinned options, killed (and its children)
+    past ``timeout`` seconds, by default ``timeouts.GIT_LOCAL``, or ``timeouts.GIT_TRANSFER``
+    for a ``network`` command.  A killed command is a GitError whose ``timeout`` is set."""
+    limit = timeout if timeout is not None else \
+        timeouts.GIT_TRANSFER if network else timeouts.GIT_LOCAL
+    if cwd is not None and not os.path.isdir(cwd):
+        # GitPython would run the command in this process's folder instead: git's own answer
+        # for a folder that is no repository, a query's False and a command's GitError
+        return 128, b"", f"fatal: no such folder: {cwd}\n".encode("utf-8", "surrogateescape")
     cmd = _gitpython().cmd.Git(str(cwd) if cwd is not None else None)
     full_env = dict(QUIET)
     if env:
@@ -85,6 +105,7 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     argv = ["git", *BASE_ARGS, *args]
     progress.command(["git", *args] if cwd is None else ["git", "-C", str(cwd), *args])
     stdin = None
+    started = time.monotonic()
     try:
         if isinstance(input, bytes):
             stdin = tempfile.TemporaryFile()
@@ -94,7 +115,8 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
                                      with_extended_output=True,
                                      with_exceptions=False, stdout_as_string=False,
                                      strip_newline_in_stdout=False, env=full_env,
-                                     preexec_fn=_death_signal(args))
+                                     kill_after_timeout=limit,
+                                     preexec_fn=_death_signal(network))
     except _gitpython().exc.GitCommandNotFound:
         raise ToolMissingError("git is not installed (no git on PATH); patchkit needs it for "
                                "every checkout") from None
@@ -102,38 +124,62 @@ def _execute(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
         if stdin is not None:
             stdin.close()
     interrupt.check()  # a child stopped by ^C is an interruption, not a failed command
+    if code != 0 and time.monotonic() - started >= limit:
+        # GitPython's own line about the kill is left out: the error says it
+        raise GitError(["git", *args], -9, _text(out or b""), limit)
     if isinstance(err, str):
         err = err.encode("utf-8", "surrogateescape")
     return code, out or b"", err or b""
 
 
-def _death_signal(args: Sequence[str]):
-    """A clone or fetch (as long as the network makes it) dies with patchkit, ``kill -9``
+def _death_signal(network: bool):
+    """A clone, fetch or push (as long as the network makes it) dies with patchkit, ``kill -9``
     included.  Local commands end on their own within moments, and arming the signal costs
     each one a full fork of this process (measured 2.4x per call: bench/bench_spawn.py), so
     they go without."""
-    return process.dies_with_us() if tuple(args[:len(NETWORK)]) == NETWORK else None
+    return process.dies_with_us() if network else None
 
 
 def _text(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
-def _try(*args: str, cwd=None, env=None, input: bytes | IO[bytes] | None = None) -> Result:
-    code, out, err = _execute(args, cwd=cwd, env=env, input=input)
+def _try(*args: str, cwd=None, env=None, input: bytes | IO[bytes] | None = None,
+         timeout: float | None = None, network: bool = False) -> Result:
+    """What a command that may fail said; past its deadline it is a GitError all the same."""
+    code, out, err = _execute(args, cwd=cwd, env=env, input=input, timeout=timeout,
+                              network=network)
     return Result(code == 0, code, _text(out), _text(err))
 
 
-def _run(*args: str, cwd=None, env=None, input: bytes | IO[bytes] | None = None) -> str:
+def _run(*args: str, cwd=None, env=None, input: bytes | IO[bytes] | None = None,
+         timeout: float | None = None, network: bool = False) -> str:
     """Stdout of a command that must succeed."""
-    code, out, err = _execute(args, cwd=cwd, env=env, input=input)
+    code, out, err = _execute(args, cwd=cwd, env=env, input=input, timeout=timeout,
+                              network=network)
     if code != 0:
-        raise CommandError(["git", *args], code, _text(out) + _text(err))
+        raise GitError(["git", *args], code, _text(out) + _text(err))
     return _text(out)
 
 
 def _line(*args: str, cwd=None, env=None) -> str:
     return _run(*args, cwd=cwd, env=env).strip()
+
+
+@contextmanager
+def _translated(args: Sequence[str]) -> Iterator[None]:
+    """GitPython's exceptions, where patchkit uses its objects in-process (the object database,
+    the ref files), become the one GitError naming ``args``."""
+    git = _gitpython()
+    try:
+        yield
+    except (git.exc.InvalidGitRepositoryError, git.exc.NoSuchPathError) as exc:
+        raise GitError(["git", *args], 128, f"not a git repository: {exc}") from None
+    except git.exc.GitCommandError as exc:
+        raise GitError(["git", *args], exc.status if isinstance(exc.status, int) else 1,
+                       str(exc.stderr or exc)) from None
+    except git.exc.GitError as exc:
+        raise GitError(["git", *args], 1, str(exc)) from None
 
 
 def _lines(text: str) -> list[str]:
@@ -164,14 +210,14 @@ def init_bare(path: Path) -> None:
 
 
 def clone_mirror(url: str, dest: Path) -> None:
-    """A bare mirror of ``url`` at ``dest``; CommandError when the source does not answer."""
-    _run(*NETWORK, "clone", "--quiet", "--mirror", "--", url, str(dest))
+    """A bare mirror of ``url`` at ``dest``; GitError when the source does not answer."""
+    _run(*NETWORK, "clone", "--quiet", "--mirror", "--", url, str(dest), network=True)
 
 
 def fetch_mirror(repo: Path, url: str) -> None:
     """Every branch and tag of ``url`` into the mirror ``repo``, pruning what went away."""
     _run(*NETWORK, "fetch", "--quiet", "--prune", "--tags", "--", url,
-         "+refs/heads/*:refs/heads/*", cwd=repo)
+         "+refs/heads/*:refs/heads/*", cwd=repo, network=True)
 
 
 def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None
@@ -349,7 +395,7 @@ def package_folders(repo: Path, commit: str) -> list[str]:
     def folders(read: Callable[[str], bytes | None]) -> list[str]:
         root = read(f"{commit}^{{tree}}")
         if root is None:
-            raise CommandError(["git", "cat-file", "--batch"], 128, f"no commit {commit}")
+            raise GitError(["git", "cat-file", "--batch"], 128, f"no commit {commit}")
         entries = _gitpython().objects.fun.tree_entries_from_data(root)
         names = [name for _sha, mode, name in entries if mode == 0o40000]
         return sorted(n for n in names if read(f"{commit}:{n}/__init__.py") is not None)
@@ -393,30 +439,41 @@ def read_blobs(repo: Path, specs: Iterable[str]) -> dict[str, bytes | None]:
 
 def _reading(repo: Path, work: Callable[[Callable[[str], bytes | None]], T]) -> T:
     """``work(read)`` with ``read(spec)`` the bytes of an object spec, None when missing, all
-    through one ``cat-file`` process."""
-    git = _gitpython()
-    env = dict(os.environ, **QUIET)
-    try:
-        db = git.Repo(str(repo))
-    except (git.exc.InvalidGitRepositoryError, git.exc.NoSuchPathError) as exc:
-        raise CommandError(["git", "cat-file", "--batch"], 128, f"not a git repository: {exc}"
-                           ) from None
+    through one ``cat-file`` process, which is killed past ``timeouts.GIT_LOCAL``."""
+    args = ("cat-file", "--batch")
+    with _translated(args):
+        db = _gitpython().Repo(str(repo))
+    limit = timeouts.GIT_LOCAL
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        for persistent in (db.git.cat_file_all, db.git.cat_file_header):
+            proc = getattr(persistent, "proc", None)
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
 
     def read(spec: str) -> bytes | None:
         interrupt.check()
         try:
             _sha, _kind, _size, data = db.git.get_object_data(spec)
-        except ValueError:  # missing or ambiguous: GitPython's word for cat-file's answer
-            return None
+        except (ValueError, OSError) as exc:
+            if expired.is_set():
+                raise GitError(["git", *args], -9, "", limit) from None
+            if isinstance(exc, OSError):
+                raise
+            return None  # missing or ambiguous: GitPython's word for cat-file's answer
         return data
 
+    watchdog = threading.Timer(limit, expire)
+    watchdog.daemon = True
     try:
-        db.git.update_environment(**{k: v for k, v in env.items() if k in QUIET})
-        return work(read)
-    except git.exc.GitCommandError as exc:
-        raise CommandError(["git", "cat-file", "--batch"], exc.status or 1,
-                           str(exc.stderr or exc)) from None
+        db.git.update_environment(**QUIET)
+        watchdog.start()
+        with _translated(args):
+            return work(read)
     finally:
+        watchdog.cancel()
         db.close()
 
 
@@ -440,7 +497,7 @@ def commit_all(repo: Path, message: str, paths: Iterable[str] | None = None) -> 
         return _head_of_refs(repo)
     if _try("diff", "--cached", "--quiet", cwd=repo).ok:
         return None
-    raise CommandError(["git", *args], made.code, made.stdout + made.stderr)
+    raise GitError(["git", *args], made.code, made.stdout + made.stderr)
 
 
 def commit_staged(repo: Path, steps: Sequence[tuple[str, Sequence[str]]]
@@ -450,13 +507,14 @@ def commit_staged(repo: Path, steps: Sequence[tuple[str, Sequence[str]]]
     staged changes, each on the one before, HEAD's branch moved to the last; None for a step
     that changed none of its paths (no commit).  Two git processes for them all (the staged
     changes, one ``fast-import``).  None, nothing done, when HEAD is on no branch."""
-    db = _gitpython().Repo(str(repo))
-    try:
-        if db.head.is_detached:
-            return None
-        branch, parent = db.head.reference.path, _head_of_refs(repo)
-    finally:
-        db.close()
+    with _translated(("symbolic-ref", "HEAD")):
+        db = _gitpython().Repo(str(repo))
+        try:
+            if db.head.is_detached:
+                return None
+            branch, parent = db.head.reference.path, _head_of_refs(repo)
+        finally:
+            db.close()
     every = [p for _message, paths in steps for p in paths]
     raw = _run("diff-index", "--cached", "--raw", "-z", "--no-renames", "--no-abbrev", "HEAD",
                "--", *(f":(literal){p}" for p in every), cwd=repo) if every else ""
@@ -518,11 +576,14 @@ def _stripspace(message: str) -> str:
 def _head_of_refs(repo: Path) -> str:
     """The commit HEAD names, read from the ref files (no process)."""
     git = _gitpython()
-    db = git.Repo(str(repo))
-    try:
-        return git.SymbolicReference.dereference_recursive(db, "HEAD")
-    finally:
-        db.close()
+    with _translated(("rev-parse", "HEAD")):
+        db = git.Repo(str(repo))
+        try:
+            return git.SymbolicReference.dereference_recursive(db, "HEAD")
+        except ValueError as exc:  # GitPython's word for a ref it cannot follow
+            raise GitError(["git", "rev-parse", "HEAD"], 128, str(exc)) from None
+        finally:
+            db.close()
 
 
 def stage_all(repo: Path) -> None:
@@ -817,8 +878,8 @@ def user_commit(repo: Path, message: str) -> str:
 
 def remote_branch(repo: Path, remote: str, branch: str, timeout: float) -> str | None:
     """What ``branch`` is at ``remote`` (None: no such branch there); a remote that cannot be
-    reached within ``timeout`` seconds is a CommandError."""
-    out = _run_deadline(timeout, "ls-remote", "--heads", remote, f"refs/heads/{branch}", cwd=repo)
+    reached within ``timeout`` seconds is a GitError."""
+    out = _remote(timeout, "ls-remote", "--heads", remote, f"refs/heads/{branch}", cwd=repo)
     for line in _lines(out):
         sha, _, ref = line.partition("\t")
         if ref == f"refs/heads/{branch}":
@@ -828,8 +889,7 @@ def remote_branch(repo: Path, remote: str, branch: str, timeout: float) -> str |
 
 def fetch_commit(repo: Path, remote: str, branch: str, timeout: float) -> str:
     """Fetch ``branch`` of ``remote`` (FETCH_HEAD only: no ref of the user's moves)."""
-    _run_deadline(timeout, "fetch", "--quiet", "--no-tags", remote, f"refs/heads/{branch}",
-                  cwd=repo)
+    _remote(timeout, "fetch", "--quiet", "--no-tags", remote, f"refs/heads/{branch}", cwd=repo)
     return _line("rev-parse", "FETCH_HEAD", cwd=repo)
 
 
@@ -838,12 +898,13 @@ def push_branch(repo: Path, remote: str, branch: str, commit: str, expected: str
     """Set ``branch`` at ``remote`` to ``commit``, only if it is still ``expected`` there (None:
     absent): one ref, all or nothing."""
     lease = f"--force-with-lease=refs/heads/{branch}:{expected or ''}"
-    _run_deadline(timeout, "push", "--quiet", "--porcelain", lease, remote,
-                  f"{commit}:refs/heads/{branch}", cwd=repo)
+    _remote(timeout, "push", "--quiet", "--porcelain", lease, remote,
+            f"{commit}:refs/heads/{branch}", cwd=repo)
 
 
-def _run_deadline(timeout: float, *args: str, cwd) -> str:
-    """A git command that talks to a remote, killed after ``timeout`` seconds."""
-    env = dict(QUIET, GIT_SSH_COMMAND=os.environ.get("GIT_SSH_COMMAND", "ssh") +
-               f" -o BatchMode=yes -o ConnectTimeout={max(1, int(timeout))}")
-    return process.run(["git", *BASE_ARGS, *args], cwd=cwd, env=env, timeout=timeout).stdout
+def _remote(timeout: float, *args: str, cwd) -> str:
+    """A git command that talks to a user's remote: ssh never asks, and gives up connecting
+    within ``timeout`` seconds, which is the command's deadline too."""
+    env = {"GIT_SSH_COMMAND": os.environ.get("GIT_SSH_COMMAND", "ssh") +
+           f" -o BatchMode=yes -o ConnectTimeout={max(1, int(timeout))}"}
+    return _run(*args, cwd=cwd, env=env, timeout=timeout, network=True)

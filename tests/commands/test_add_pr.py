@@ -15,17 +15,13 @@ import pytest
 import yaml
 from testing import patchkit, snapshot
 from testing.upstream import sh
-from testing.project import MANIFEST, MOD_V1, make_project
+from testing.project import GH_MANIFEST, MOD_V1, make_project
 
 from patchkit import manifest
 from patchkit.errors import ManifestError
-from patchkit.kinds import diff
+from patchkit.kinds.diff import text as difftext
 from patchkit.series import applier
 from patchkit.manifest.runspec import run_spec
-
-GH_MANIFEST = MANIFEST.replace("  repo: {repo}   # the fixture upstream\n",
-                               "  repo: [{repo}, https://github.com/vllm-project/vllm.git]  # mirror first\n")
-
 
 class Server:
     """Serves ``routes`` (path -> bytes) on 127.0.0.1; anything else is a 404, as on GitHub."""
@@ -138,7 +134,7 @@ def test_a_pr_number_becomes_a_patch_without_its_tests_and_docs(proj, server):
         ".github/workflows/ci.yml, benchmarks/bench_helper.py, docs/usage.md, tests/test_mod.py",
         "ok: the series applies at vLLM v1 with pr-101 (1 file(s))"]
     saved = (proj / "patches/pr-101.diff").read_text()
-    assert diff.touched(diff.parse(saved)) == ["pkg/mod.py"]
+    assert difftext.touched(difftext.parse(saved)) == ["pkg/mod.py"]
     assert saved in fetched.decode()  # the kept section byte for byte
     after = (proj / "patchset.yaml").read_text()
     assert after.startswith(before)  # only lines added: comments and all else stay
@@ -304,13 +300,13 @@ def test_keep_files_keeps_sections_byte_for_byte(tmp_path):
     head = ("From 0000 Mon Sep 17 00:00:00 2001\nSubject: [PATCH 2/3] =?UTF-8?q?Caf=C3=A9?=\n"
             " for all\n\nWhy.\n---\n tests/t.py | 2 +-\n 1 file changed\n\n")
     text = head + tests + binary + moved + "-- \n2.39.5\n"
-    kept_text, kept, dropped = diff.keep_files(text, lambda p: not p.startswith("tests/"))
+    kept_text, kept, dropped = difftext.keep_files(text, lambda p: not p.startswith("tests/"))
     assert kept_text == head.split("---\n")[0] + binary + moved + "-- \n2.39.5\n"
     assert (kept, dropped) == (["vllm/b.bin", "tests/old.py", "vllm/new.py"], ["tests/t.py"])
-    assert diff.subject(text) == "Café for all"
-    assert diff.subject(tests) is None
-    with pytest.raises(diff.DiffParseError):
-        diff.keep_files("no diff here\n", lambda p: True)
+    assert difftext.subject(text) == "Café for all"
+    assert difftext.subject(tests) is None
+    with pytest.raises(difftext.DiffParseError):
+        difftext.keep_files("no diff here\n", lambda p: True)
 
 
 # ------------------------------------------------------------------------------ another package

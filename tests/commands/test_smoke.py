@@ -19,10 +19,13 @@ from testing.standin_vllm import ANSWER, MODEL, Behaviour, refusing_port, serve
 
 from patchkit import cli, http
 from patchkit.commands import smoke
-from patchkit.commands.smoke import (ACCEPTED_TOKENS, DRAFT_TOKENS, MetricsFormatError,
-                                     counter_total, degenerate, parse_metrics, run)
+from patchkit.commands.smoke import run
 from patchkit.errors import UsageError
 from patchkit.render.smoke import render_text
+from patchkit.serving import metrics
+from patchkit.serving.garble import degenerate
+from patchkit.serving.metrics import (ACCEPTED_TOKENS, DRAFT_TOKENS, MetricsFormatError,
+                                      counter_total, parse_metrics)
 
 CHAT = "/v1/chat/completions"
 
@@ -452,8 +455,8 @@ def test_created_twins_are_served_and_never_read():
     twins = [x for x in samples if x.name.endswith("_created") and "spec_decode" in x.name]
     # the twins hold Unix times: read as counts they would give a rate and a length far off
     assert {x.name for x in twins} >= {DRAFT_TOKENS.replace("_total", "_created"),
-                                       smoke.DRAFTS.replace("_total", "_created"),
-                                       smoke.PER_POSITION.replace("_total", "_created")}
+                                       metrics.DRAFTS.replace("_total", "_created"),
+                                       metrics.PER_POSITION.replace("_total", "_created")}
     assert all(x.value > 1e9 for x in twins)
     got = report.spec_decode
     assert (got.rate, got.drafts, got.mean_length) == (7 / 30, 10, 1.7)

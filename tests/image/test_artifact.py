@@ -18,10 +18,10 @@ from patchkit.image import artifact, build, distinfo, prebuilt
 from patchkit.image.artifact import ArtifactError
 from patchkit.manifest.model import Artifact
 from testing import one_error, patchkit
+from testing.checkout import applied
+from testing.flashinfer import MOE_HEADER as HEADER, MOE_MODULES as MODULES
+from testing.imagetree import FI, SITE, TreeFiles, dist
 from testing.project import make_project
-
-from test_distinfo import FI, SITE, TreeFiles, dist
-from test_prebuilt import HEADER, MODULES, Applied
 
 MEMBER = "flashinfer_jit_cache/jit_cache/fused_moe_120/fused_moe_120.so"
 CROSS = "aarch64-linux-gnu-gcc"
@@ -117,8 +117,8 @@ def test_the_member_is_placed_where_the_base_installed_its_dist(sos):
     # the module it ships counts as rebuilt: no refusal, no whiteout
     shadowing = TreeFiles({**dist("flashinfer-python", "0.6.15", FI),
                            **dist("flashinfer-jit-cache", "0.6.15+cu130", {MEMBER: b"old"})})
-    tree = build.PackageTree("flashinfer", "flashinfer-python", Applied({HEADER: MODULES}), (),
-                             SITE)  # type: ignore[arg-type]
+    tree = build.PackageTree("flashinfer", "flashinfer-python", applied({HEADER: MODULES}), (),
+                             SITE)
     assert prebuilt.leave_out(distinfo.installed(shadowing, {}), [tree], "b", print,
                               {("flashinfer-jit-cache", MEMBER)}) == []
 
@@ -194,12 +194,12 @@ def test_verify_image_proves_the_members_bytes(sos):
 
 
 def test_the_lock_records_each_artifact(tmp_path):
-    from patchkit.image import stack
+    from patchkit.image import lockfile
 
-    lock = stack.Lock("base", "sha256:" + "0" * 64, {}, {"flashinfer-jit-cache": "0.6.15"},
+    lock = lockfile.Lock("base", "sha256:" + "0" * 64, {}, {"flashinfer-jit-cache": "0.6.15"},
                       {"fi-moe-120": {"dist": "flashinfer-jit-cache", "member": MEMBER,
                                       "member_sha256": "a" * 64, "wheel_sha256": "b" * 64}})
     text = lock.render().decode()
     assert f'[artifacts."fi-moe-120"]\ndist = "flashinfer-jit-cache"\nmember = "{MEMBER}"' in text
     (tmp_path / "patchset.lock").write_text(text)
-    assert stack.Lock.read(tmp_path / "patchset.lock") == lock
+    assert lockfile.Lock.read(tmp_path / "patchset.lock") == lock

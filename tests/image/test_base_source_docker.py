@@ -23,9 +23,13 @@ from pathlib import Path
 import pytest
 
 from testing import imageproject as ip
-from testing.baseimage import DEV_RELEASE, SITE as BASE_SITE
+from testing.baseimage import DEV_RELEASE
+from testing.dockersdk import absent
+from testing.imageproject import SITE
+from testing.progress import Said
 from patchkit import cli, manifest
 from patchkit.commands import apply as apply_command
+from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.manifest.runspec import run_spec
@@ -36,7 +40,6 @@ from testing.upstream import unified
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(2400)]
 
-SITE = "/" + BASE_SITE
 ATTN = "vllm/models/deepseek_v4/attention.py"
 CUDA = "vllm/platforms/cuda.py"
 ENVS = "vllm/envs.py"
@@ -55,17 +58,6 @@ def cache_env():
             os.environ.pop("PATCHKIT_CACHE_DIR", None)
         else:
             os.environ["PATCHKIT_CACHE_DIR"] = old
-
-
-class Log:
-    def __init__(self):
-        self.lines: list[str] = []
-
-    def info(self, message: str) -> None:
-        self.lines.append(message)
-
-    def patch(self, result) -> None:
-        pass
 
 
 def sha256(data: bytes) -> str:
@@ -114,16 +106,6 @@ def hashes_in(client, image: str, rels: list[str]) -> dict:
     return json.loads(run_python(client, image, HASHES, SITE, *rels))
 
 
-def absent(client, ref: str) -> bool:
-    import docker
-
-    try:
-        client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        return True
-    return False
-
-
 def fingerprint_by_hand(attrs: dict) -> str:
     """The config digest (the image id on this engine's classic store) and the diff_ids."""
     doc = json.dumps({"config": attrs["Id"], "layers": attrs["RootFS"]["Layers"]},
@@ -166,7 +148,7 @@ def dev_applied(tmp_path_factory, dev_base, registry, docker_client):
     root = tmp_path_factory.mktemp("dev")
     m = manifest.load(dev_manifest(root, dev_base, registry))
     workdir = root / ".patchkit" / "vllm"
-    log = Log()
+    log = Said()
     with cache_env():
         report = apply_command.run(m, run_spec(m, workdir=workdir), progress=log)
     assert report.ok, report.to_json()
@@ -340,7 +322,7 @@ def vendor_applied(tmp_path_factory, vendor_base, registry):
     workdir = root / ".patchkit" / "vllm"
     with cache_env():
         report = apply_command.run(m, run_spec(m, repos=["image"], workdir=workdir),
-                                   progress=Log())
+                                   progress=Said())
     assert report.ok, report.to_json()
     return m, workdir, report
 

@@ -6,7 +6,6 @@ that holds the same release, byte-code caches included.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -16,45 +15,22 @@ import tarfile
 import pytest
 
 from testing import imageproject as ip
-from testing.imageproject import OTHER_RELEASE, RELEASE
-from patchkit import cli, manifest
+from testing.dockersdk import absent, files_of
+from testing.imageproject import OTHER_RELEASE, RELEASE, SITE
+from patchkit import cli
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
-from patchkit.series.applier import apply_series
-from patchkit.manifest.runspec import run_spec
 from patchkit.errors import ImageError
 from patchkit.image import layer
 from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
-SITE = "/usr/local/lib/python3.11/dist-packages"
 
 def _summary(report):
     """``(exit code, --format json object)`` of a build-image run."""
     return (0 if report.ok else 1), report.to_dict()
-
-
-def files_of(client, image: str, paths: list[str]) -> dict[str, bytes | None]:
-    """Reads files out of an image through a container that is never started."""
-    import docker
-
-    c = client.api.create_container(image, command=["/x"], entrypoint=[])
-    try:
-        out = {}
-        for p in paths:
-            try:
-                stream, _ = client.api.get_archive(c["Id"], p)
-            except docker.errors.NotFound:
-                out[p] = None
-                continue
-            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-                member = tar.next()
-                out[p] = tar.extractfile(member).read() if member.isfile() else b"<not a file>"
-        return out
-    finally:
-        client.api.remove_container(c["Id"], force=True)
 
 
 def run_arm64(client, image: str, *args: str, entrypoint=None) -> str:
@@ -67,14 +43,8 @@ def run_arm64(client, image: str, *args: str, entrypoint=None) -> str:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, bases, registry):
     root = tmp_path_factory.mktemp("proj")
-    path = ip.make_project(root, base=bases[RELEASE]["tag"],
-                           tag=f"{registry}/pk-test/dspark-e2e:{{ref}}")
-    m = manifest.load(path)
-    workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
-    assert report.ok, report.to_json()
-    ip.remove_module(workdir)
-    return m, workdir
+    return ip.applied_project(root, base=bases[RELEASE]["tag"],
+                              tag=f"{registry}/pk-test/dspark-e2e:{{ref}}", remove=True)
 
 
 @pytest.fixture(scope="module")
@@ -249,16 +219,6 @@ def test_save_writes_an_archive_for_docker_load(built, project, tmp_path):
         assert len(man[0]["Layers"]) == 2
 
 
-def _absent(client, ref: str) -> bool:
-    import docker
-
-    try:
-        client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        return True
-    return False
-
-
 def test_base_holding_another_release_is_refused(project, bases, docker_client):
     m, workdir = project
     tag = f"{REGISTRY_TAG}:refused-release"
@@ -267,7 +227,7 @@ def test_base_holding_another_release_is_refused(project, bases, docker_client):
                                tag=tag))
     assert f"holds vLLM {OTHER_RELEASE}, not {RELEASE}" in str(exc.value)
     assert "\n" not in str(exc.value)
-    assert _absent(docker_client, tag)
+    assert absent(docker_client, tag)
 
 
 def test_base_with_a_changed_file_is_refused(project, bases, docker_client, tmp_path):
@@ -284,7 +244,7 @@ def test_base_with_a_changed_file_is_refused(project, bases, docker_client, tmp_
         build_image(m, Request(workdir=workdir, apply=False, base="pk-test/vllm-base-edited:1",
                                tag=tag))
     assert f"{ip.SPEC} is not the pristine file of vLLM v{RELEASE}" in str(exc.value)
-    assert _absent(docker_client, tag)
+    assert absent(docker_client, tag)
 
 
 def test_base_of_another_architecture_is_refused(project, docker_client, tmp_path):
@@ -298,7 +258,7 @@ def test_base_of_another_architecture_is_refused(project, docker_client, tmp_pat
     with pytest.raises(ImageError, match=r"base image pk-test/amd64-base:1 is linux/amd64, "
                                          r"not linux/arm64"):
         build_image(m, Request(workdir=workdir, apply=False, base="pk-test/amd64-base:1", tag=tag))
-    assert _absent(docker_client, tag)
+    assert absent(docker_client, tag)
 
 
 def test_missing_base_is_one_line(project, registry):
@@ -318,7 +278,7 @@ def test_refused_push_leaves_nothing_tagged(built, project, docker_client):
         build_image(m, Request(workdir=workdir, apply=False, tag=tag, push=True))
     assert str(exc.value).startswith(f"push of {tag} refused") or "pushing" in str(exc.value)
     assert "\n" not in str(exc.value)
-    assert _absent(docker_client, tag)
+    assert absent(docker_client, tag)
 
 
 def test_verify_image_runs_the_assertions_on_the_image_files(built, project, bases):

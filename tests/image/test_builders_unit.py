@@ -10,6 +10,7 @@ import pytest
 
 from patchkit.errors import ImageError
 from patchkit.image import build, builders
+from patchkit.image.builders.protocol import Asked
 from patchkit.series.checkout import Change
 
 
@@ -18,12 +19,12 @@ def _choice(*paths: str) -> build.ModeChoice:
 
 
 def test_an_engine_takes_every_option():
-    builders.refuse(False, builders.Asked(push=False, save=Path("x.tar"), mode="source",
+    builders.refuse(False, Asked(push=False, save=Path("x.tar"), mode="source",
                                           copy_to=("tcp://127.0.0.1:9",)))
 
 
 def test_the_registry_path_takes_push_alone():
-    builders.refuse(True, builders.Asked(push=True, save=None, mode="overlay"))
+    builders.refuse(True, Asked(push=True, save=None, mode="overlay"))
 
 
 def test_one_path_is_chosen_from_the_family_and_the_mode():
@@ -40,7 +41,7 @@ def test_one_path_is_chosen_from_the_family_and_the_mode():
 
 
 def test_every_registered_path_says_its_mode_and_family():
-    for name in builders.REGISTRY:
+    for name in builders.TABLE:
         path = builders.get(name)
         assert path.name == name and path.mode in (build.OVERLAY_MODE, build.SOURCE_MODE)
     assert {b.name for b in builders.family(True)} == {"registry-overlay"}

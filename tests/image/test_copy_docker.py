@@ -27,12 +27,12 @@ import docker
 import pytest
 
 from testing import smallimage
+from testing.dockersdk import fingerprint_of, forget
 from testing.link import Link
 from testing.smalldisk import Unavailable, small_disk_engine
 from testing.smallimage import MiB, filler
 from patchkit import cli
 from patchkit.commands import copy_image
-from patchkit.image import layer
 from patchkit.image.transfer import How
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -43,23 +43,6 @@ BASE = f"{REGISTRY}/pk-test/copy-base:{RUN}"
 TAG = f"{REGISTRY}/pk-test/copy-overlay:{RUN}"
 BASE_LAYERS = (3 * MiB // 2,) * 3   # the base's layers' file bytes
 LAYER = MiB                          # the overlay's own layer's
-
-
-def fingerprint_of(client, ref: str) -> str | None:
-    try:
-        attrs = client.api.inspect_image(ref)
-    except docker.errors.NotFound:
-        return None
-    return layer.fingerprint_of(attrs["Id"], attrs["RootFS"]["Layers"])
-
-
-def forget(client, *refs: str) -> None:
-    """Drop these refs (the tests' own tags and image ids only) from an engine."""
-    for ref in refs:
-        try:
-            client.images.remove(ref, force=True)
-        except docker.errors.NotFound:
-            pass
 
 
 def port_of(url: str) -> int:

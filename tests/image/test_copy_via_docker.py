@@ -19,22 +19,19 @@ import os
 import secrets
 import tarfile
 
-import docker
 import pytest
 
 from testing import imageproject as ip
-from testing import real_cache, smallimage
+from testing import smallimage
+from testing.dockersdk import absent, fingerprint_of, forget
 from testing.imageproject import DTYPES, RELEASE, SPEC
 from testing.regproxy import RegistryProxy
 from testing.smallimage import MiB, filler
-from patchkit import cli, manifest
+from patchkit import cli
 from patchkit.commands import copy_image
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
-from patchkit.image import layer
 from patchkit.image.transfer import How
-from patchkit.series.applier import apply_series
-from patchkit.manifest.runspec import run_spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
@@ -45,18 +42,6 @@ RUN = secrets.token_hex(4)   # this run's tags: another checkout's run uses othe
 
 def run_tag(name: str) -> str:
     return f"{REPO}:{name}-{RUN}"
-
-
-def fingerprint_of(client, ref: str) -> str:
-    attrs = client.api.inspect_image(ref)
-    return layer.fingerprint_of(attrs["Id"], attrs["RootFS"]["Layers"])
-
-
-def forget(client, ref: str) -> None:
-    try:
-        client.images.remove(ref, force=True)
-    except docker.errors.NotFound:
-        pass
 
 
 def fresh_layer(client, parent: str, tag: str) -> None:
@@ -71,14 +56,6 @@ def fresh_layer(client, parent: str, tag: str) -> None:
     buf.seek(0)
     client.images.build(fileobj=buf, custom_context=True, tag=tag, platform="linux/arm64",
                         rm=True, forcerm=True)
-
-
-def gone(client, ref: str) -> bool:
-    try:
-        client.images.get(ref)
-    except docker.errors.NotFound:
-        return True
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +77,7 @@ def base(docker_client, registry, node2):
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, base):
     root = tmp_path_factory.mktemp("via")
-    path = ip.make_project(root, base=base, tag=f"{REPO}:{{ref}}-{RUN}", name=NAME)
-    m = manifest.load(path)
-    workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
-    assert report.ok, report.to_json()
-    return m, workdir
+    return ip.applied_project(root, base=base, tag=f"{REPO}:{{ref}}-{RUN}", name=NAME)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +115,7 @@ def test_via_pushes_what_the_registry_lacks_and_the_node_pulls_what_it_lacks(
     assert t.pulled.bytes <= image["layer"]["bytes"] + 2**16
     assert t.sent.bytes == 0   # nothing crossed the link to the node
     # the source keeps its names; the node got the image's own name only
-    assert gone(docker_client, pushed.ref)
+    assert absent(docker_client, pushed.ref)
     assert node2.direct.images.get(tag).tags == [tag]
 
     again = copy_image.run(tag, [node2.url], how=How(via=registry))
@@ -172,7 +144,7 @@ def test_a_registry_that_refuses_blobs_leaves_the_node_as_it_was(image, node2, b
     assert line.startswith(f"failed    {node2.url}: push of {proxy.addr}/{tag} refused: ")
     assert "denied" in line and line.endswith("; nothing was pulled by any target")
     assert node2.direct.images.get(tag).id == before
-    assert gone(docker_client, f"{proxy.addr}/{tag}")
+    assert absent(docker_client, f"{proxy.addr}/{tag}")
     forget(docker_client, tag)  # the fresh layer is of this run alone
 
 
@@ -190,7 +162,7 @@ def test_a_target_that_cannot_reach_the_registry_fails_alone(image, node2, podma
     assert pm.status == "failed" and not report.ok
     assert pm.error.startswith(f"the engine at {podman} could not pull localhost:5055/{REPO}@")
     assert "HTTP response to HTTPS client" in pm.error and "\n" not in pm.error
-    assert gone(podman_client, tag)
+    assert absent(podman_client, tag)
 
 
 def test_build_image_copy_to_via(project, image, node2, registry, capsys):

@@ -2,60 +2,15 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from pathlib import Path
 
 import pytest
 from packaging.specifiers import SpecifierSet
 
 from patchkit.errors import ImageError, ManifestError, UsageError
-from patchkit.image import distinfo, stack
+from patchkit.image import distinfo, lockfile
 from patchkit.manifest import loader
-
-SITE = "/usr/local/lib/python3.11/dist-packages"
-
-
-class TreeFiles:
-    """An image's files as a dict of absolute path -> bytes (folders are implied)."""
-
-    image = "base:test"
-
-    def __init__(self, files: dict[str, bytes]) -> None:
-        self.files = files
-        self.reads: list[str] = []
-
-    def exists(self, path: str) -> bool:
-        return path in self.files or any(p.startswith(path.rstrip("/") + "/") for p in self.files)
-
-    def read(self, path: str) -> bytes | None:
-        self.reads.append(path)
-        return self.files.get(path)
-
-    def names(self, folder: str) -> list[str] | None:
-        prefix = folder.rstrip("/") + "/"
-        found = {p[len(prefix):].split("/")[0] for p in self.files if p.startswith(prefix)}
-        return sorted(found) if found else None
-
-
-def h(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def dist(name: str, version: str, files: dict[str, bytes], *, record: bool = True,
-         folder: str | None = None, site: str = SITE) -> dict[str, bytes]:
-    folder = folder or f"{name.replace('-', '_')}-{version}.dist-info"
-    out = {f"{site}/{rel}": data for rel, data in files.items()}
-    out[f"{site}/{folder}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\n"
-                                        f"Version: {version}\n\nlong text\n").encode()
-    if record:
-        rows = [f"{rel},sha256={h(data)},{len(data)}" for rel, data in files.items()]
-        rows.append(f"{folder}/RECORD,,")
-        out[f"{site}/{folder}/RECORD"] = ("\n".join(rows) + "\n").encode()
-    return out
-
-
-FI = {"flashinfer/__init__.py": b"x = 1\n", "flashinfer/fused_moe/core.py": b"def f():\n    pass\n"}
+from testing.imagetree import FI, SITE, TreeFiles, dist, record_sha256
 
 
 def base_files() -> TreeFiles:
@@ -73,7 +28,7 @@ def test_reads_every_dist_info_with_names_normalized_and_records():
     fi = got.get("Flashinfer_Python")
     assert fi.site == SITE and fi.info == f"{SITE}/flashinfer_python-0.6.15.dist-info"
     row = fi.record["flashinfer/fused_moe/core.py"]
-    assert row.sha256 == h(FI["flashinfer/fused_moe/core.py"]) and row.size == 18
+    assert row.sha256 == record_sha256(FI["flashinfer/fused_moe/core.py"]) and row.size == 18
     assert fi.record["flashinfer_python-0.6.15.dist-info/RECORD"].sha256 is None
     assert got.get("nvidia-cutlass-dsl").record is None
     assert got.sites == (SITE,)
@@ -175,13 +130,13 @@ def test_a_bad_requires_is_a_manifest_error_at_its_line(tmp_path, requires, mess
 
 
 def test_a_base_meeting_every_pin_and_require_passes(tmp_path):
-    stack.check_base(manifest(tmp_path), distinfo.installed(base_files(), {}), "b")
+    lockfile.check_base(manifest(tmp_path), distinfo.installed(base_files(), {}), "b")
 
 
 def test_a_require_not_met_names_the_dist_its_version_and_the_specifier(tmp_path):
     m = manifest(tmp_path, requires='    torch: "==2.10.*"\n    cuda-python: ">=12"')
     with pytest.raises(ImageError) as err:
-        stack.check_base(m, distinfo.installed(base_files(), {}), "b")
+        lockfile.check_base(m, distinfo.installed(base_files(), {}), "b")
     assert str(err.value) == (
         f"base b has no cuda-python installed (no cuda_python-*.dist-info in {SITE}), "
         "image.requires wants >=12; base b has torch 2.11.0, image.requires wants ==2.10.*")
@@ -191,7 +146,7 @@ def test_a_base_without_the_dist_is_a_manifest_error_at_the_dist_line(tmp_path):
     files = base_files()
     files.files = {k: v for k, v in files.files.items() if "flashinfer" not in k}
     with pytest.raises(ManifestError) as err:
-        stack.check_base(manifest(tmp_path), distinfo.installed(files, {}), "b")
+        lockfile.check_base(manifest(tmp_path), distinfo.installed(files, {}), "b")
     assert str(err.value) == (
         "patchset.yaml:7: packages.flashinfer.dist: base b has no flashinfer-python installed "
         f"(no flashinfer_python-*.dist-info in {SITE})")
@@ -200,17 +155,17 @@ def test_a_base_without_the_dist_is_a_manifest_error_at_the_dist_line(tmp_path):
 def test_a_base_whose_version_is_not_the_pin_is_refused(tmp_path):
     with pytest.raises(ImageError, match=r"^base b holds flashinfer-python 0.6.15, the pin is "
                                          r"v0.6.16$"):
-        stack.check_base(manifest(tmp_path, ref="v0.6.16"),
+        lockfile.check_base(manifest(tmp_path, ref="v0.6.16"),
                          distinfo.installed(base_files(), {}), "b")
 
 
 # ------------------------------------------------------------------------------- the lock
 
-def lock() -> stack.Lock:
-    return stack.Lock("base:test", "sha256:" + "a" * 64,
-                      {"vllm": stack.Pinned("0.27.1", "c" * 40, "git"),
-                       "flashinfer": stack.Pinned("0.6.15", "", "pypi")},
-                      {"torch": "2.11.0", "flashinfer-python": "0.6.15"})
+def lock() -> lockfile.Lock:
+    return lockfile.Lock("base:test", "sha256:" + "a" * 64,
+                         {"vllm": lockfile.Pinned("0.27.1", "c" * 40, "git"),
+                          "flashinfer": lockfile.Pinned("0.6.15", "", "pypi")},
+                         {"torch": "2.11.0", "flashinfer-python": "0.6.15"})
 
 
 def test_the_lock_is_sorted_text_read_back_as_written(tmp_path):
@@ -220,7 +175,7 @@ def test_the_lock_is_sorted_text_read_back_as_written(tmp_path):
     assert text.index('flashinfer-python = "0.6.15"') < text.index('torch = "2.11.0"')
     path = tmp_path / "patchset.lock"
     path.write_bytes(data)
-    assert stack.Lock.read(path) == lock()
+    assert lockfile.Lock.read(path) == lock()
 
 
 @pytest.mark.parametrize("text, message", [
@@ -234,19 +189,19 @@ def test_a_missing_or_malformed_lock_is_one_usage_line(tmp_path, text, message):
     if text is not None:
         path.write_text(text)
     with pytest.raises(UsageError, match=message) as err:
-        stack.Lock.read(path)
+        lockfile.Lock.read(path)
     assert "\n" not in str(err.value)
 
 
 def test_differences_name_each_one():
-    got = stack.base_differences(lock(), "sha256:" + "b" * 64,
+    got = lockfile.base_differences(lock(), "sha256:" + "b" * 64,
                                  {"torch": "2.10.0", "nvidia-cutlass-dsl": "4.5.0"})
     assert got == [f"base digest sha256:{'b' * 64}, the lock has sha256:{'a' * 64}",
                    "flashinfer-python is not installed, the lock has 0.6.15",
                    "nvidia-cutlass-dsl 4.5.0 is installed, the lock has none",
                    "torch 2.10.0, the lock has 2.11.0"]
-    assert stack.base_differences(lock(), lock().base_digest, dict(lock().installed)) == []
-    got = stack.package_differences(lock(), {"vllm": stack.Pinned("0.27.1", "d" * 40, "git")})
+    assert lockfile.base_differences(lock(), lock().base_digest, dict(lock().installed)) == []
+    got = lockfile.package_differences(lock(), {"vllm": lockfile.Pinned("0.27.1", "d" * 40, "git")})
     assert got == ["package flashinfer is in the lock, not in the stack",
                    f"package vllm commit {'d' * 12}, the lock has {'c' * 12}"]
 
@@ -293,10 +248,10 @@ def test_verify_locked_compares_the_labels_and_the_image_dist_info(tmp_path):
     from patchkit.image import labels
 
     m = manifest(tmp_path)
-    the_lock = stack.Lock("base:test", "sha256:" + "a" * 64,
-                          {"flashinfer": stack.Pinned("0.6.15", "", "pypi")},
-                          {"flashinfer-python": "0.6.15", "nvidia-cutlass-dsl": "4.5.0",
-                           "torch": "2.11.0"})
+    the_lock = lockfile.Lock("base:test", "sha256:" + "a" * 64,
+                             {"flashinfer": lockfile.Pinned("0.6.15", "", "pypi")},
+                             {"flashinfer-python": "0.6.15", "nvidia-cutlass-dsl": "4.5.0",
+                              "torch": "2.11.0"})
     recorded = {labels.BASE_DIGEST_LABEL: "sha256:" + "a" * 64, labels.PACKAGES_LABEL:
                 json.dumps({"flashinfer": {"version": "0.6.15", "commit": "", "source": "pypi"}})}
     facts = labels.ImageFacts.from_labels(recorded)

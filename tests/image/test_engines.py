@@ -7,10 +7,8 @@ builds report and hold what they claim.  Under CI=true a missing service fails t
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
-import tarfile
 from urllib.parse import urlparse
 
 import pytest
@@ -20,10 +18,10 @@ from unidiff import PatchSet
 
 from testing import baseimage
 from testing import REPO_ROOT
+from testing.dockersdk import files_of
+from testing.imageproject import SITE
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
-
-SITE = "/usr/local/lib/python3.11/dist-packages"
 
 # What a base's python says about the vLLM it holds.  The bases hold no torch, so `import
 # vllm` stops at vllm.env_override; the version is then read as pip and patchkit would read
@@ -64,18 +62,10 @@ def probe(client, image: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def files_of(client, image: str, paths: list[str]) -> dict[str, str]:
-    """Reads text files out of an image through a container that is never started."""
-    c = client.api.create_container(image, command=["/x"], entrypoint=[])
-    try:
-        out = {}
-        for p in paths:
-            stream, _ = client.api.get_archive(c["Id"], f"{SITE}/{p}")
-            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-                out[p] = tar.extractfile(tar.next()).read().decode()
-        return out
-    finally:
-        client.api.remove_container(c["Id"], force=True)
+def texts_of(client, image: str, rels: list[str]) -> dict[str, str]:
+    """The text of each of ``rels`` (relative to the site folder) in ``image``."""
+    got = files_of(client, image, [f"{SITE}/{rel}" for rel in rels])
+    return {rel: got[f"{SITE}/{rel}"].decode() for rel in rels}
 
 
 def pristine(rev: str, path: str) -> str:
@@ -158,7 +148,7 @@ def test_dev_base_reports_a_dev_version_naming_the_release_commit(dev_base, dock
     assert got["import"].startswith("ImportError"), got  # no torch here: see VERSION_PROBE
     # The sources are the commit's own, found by the short id the version names.
     path = "vllm/config/speculative.py"
-    assert files_of(docker_client, dev_base["tag"], [path])[path] == pristine(commit[:9], path)
+    assert texts_of(docker_client, dev_base["tag"], [path])[path] == pristine(commit[:9], path)
 
 
 def patchset_files() -> dict[str, list]:
@@ -185,7 +175,7 @@ def test_vendor_base_reports_its_version_and_holds_its_edits(vendor_base, docker
 
     edits = [baseimage.Edit(**e) for e in vendor_base["edits"]]
     untouched = "vllm/config/speculative.py"
-    texts = files_of(docker_client, vendor_base["tag"], [e.file for e in edits] + [untouched])
+    texts = texts_of(docker_client, vendor_base["tag"], [e.file for e in edits] + [untouched])
     tag = f"v{vendor_base['release']}"
     for edit in edits:
         before = pristine(tag, edit.file)

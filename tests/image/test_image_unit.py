@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 from testing.fakeengine import FakeAPI, FakeClient
+from testing.venvbase import SITE, SPEC_V1, SPEC_V2, applied_checkout, base_fs, demo_project
 
 from patchkit import versions
 from patchkit.commands import build_image as bi
@@ -25,10 +25,6 @@ from patchkit.series.checkout import Change
 from patchkit.errors import ImageError, UsageError
 from patchkit.manifest import ImageDefaults, Manifest, VllmSource, variants
 from patchkit.manifest.runspec import run_spec
-
-SITE = "/opt/venv/lib/python3.12/site-packages"
-SPEC_V1 = "class SpeculativeConfig:\n    method = 'ngram'\n"
-SPEC_V2 = SPEC_V1 + "    draft_quant = 'normalized'\n"
 
 def _summary(report):
     """``(exit code, --format json object)`` of a build-image run."""
@@ -153,63 +149,14 @@ def test_same_release_ignores_local_build_labels():
     assert versions.expected(None, "main") is None
 
 
-def _git(cwd, *args):
-    env = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@e.invalid", "GIT_COMMITTER_NAME": "u",
-           "GIT_COMMITTER_EMAIL": "u@e.invalid", "GIT_AUTHOR_DATE": "2024-01-01T00:00:00+0000",
-           "GIT_COMMITTER_DATE": "2024-01-01T00:00:00+0000", "PATH": "/usr/bin:/bin",
-           "HOME": str(cwd)}
-    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, stdout=subprocess.PIPE)
-
-
 @pytest.fixture
 def workdir(tmp_path) -> Path:
-    """An applied checkout by hand: one modified, one added, one removed module, one test."""
-    wd = tmp_path / "vllm"
-    files = {"vllm/__init__.py": "", "vllm/config/speculative.py": SPEC_V1,
-             "vllm/utils/old.py": "OLD = 1\n"}
-    for rel, text in files.items():
-        (wd / rel).parent.mkdir(parents=True, exist_ok=True)
-        (wd / rel).write_text(text)
-    _git(wd, "init", "-q")
-    _git(wd, "add", "-A")
-    _git(wd, "commit", "-qm", "upstream")
-    _git(wd, "tag", "patchkit/base")
-    (wd / "vllm/config/speculative.py").write_text(SPEC_V2)
-    (wd / "vllm/dspark").mkdir()
-    (wd / "vllm/dspark/guard.py").write_text("GUARD = True\n")
-    (wd / "vllm/utils/old.py").unlink()
-    (wd / "tests").mkdir()
-    (wd / "tests/test_guard.py").write_text("def test(): pass\n")
-    _git(wd, "add", "-A")
-    _git(wd, "commit", "-qm", "patched")
-    (wd / ".git" / "patchkit-report.json").write_text(json.dumps({
-        "ok": True, "vllm": {"ref": "v0.27.1", "commit": "c" * 40, "version": "0.27.1",
-                             "repo": "https://example.invalid/vllm.git"},
-        "patches": [{"id": "p1", "status": "applied"}, {"id": "p2", "status": "upstream"}]}))
-    return wd
+    return applied_checkout(tmp_path)
 
 
 @pytest.fixture
 def project(tmp_path) -> Manifest:
-    root = tmp_path / "proj"
-    (root / "build").mkdir(parents=True)
-    (root / "patchset.yaml").write_text("name: demo\n")
-    (root / "build" / "serve.sh").write_text("#!/bin/sh\nexec vllm serve \"$@\"\n")
-    return Manifest(name="demo", root=root, path=root / "patchset.yaml",
-                    vllm=VllmSource(("https://example.invalid/vllm.git",), "v0.27.1"),
-                    image=ImageDefaults(base="reg:5000/vllm/base:0.27.1", tag="demo:{ref}"),
-                    patches=())
-
-
-def _base_fs(version="0.27.1", spec=SPEC_V1):
-    return {f"{SITE}/vllm/__init__.py": b"", f"{SITE}/vllm/config/speculative.py": spec.encode(),
-            f"{SITE}/vllm/utils/old.py": b"OLD = 1\n",
-            f"{SITE}/vllm/_version.py": f"__version__ = version = '{version}'\n".encode(),
-            f"{SITE}/vllm-{version}.dist-info/METADATA": f"Name: vllm\nVersion: {version}\n".encode(),
-            f"{SITE}/vllm/config/__pycache__/speculative.cpython-312.pyc": b"stale",
-            f"{SITE}/vllm/config/__pycache__/speculative.cpython-312.opt-1.pyc": b"stale",
-            f"{SITE}/vllm/utils/__pycache__/old.cpython-312.pyc": b"stale",
-            "/usr/local/lib/python3.11/dist-packages/yaml/__init__.py": b""}
+    return demo_project(tmp_path)
 
 
 def _engine(fs=None, arch="arm64", containerd=False) -> tuple[Engine, FakeAPI]:
@@ -220,7 +167,7 @@ def _engine(fs=None, arch="arm64", containerd=False) -> tuple[Engine, FakeAPI]:
         "RootFS": {"Layers": ["sha256:" + "1" * 64]},
         "Config": {"Env": ["PATH=/opt/venv/bin:/usr/local/bin:/usr/bin", "VIRTUAL_ENV=/opt/venv"],
                    "Entrypoint": ["vllm", "serve"]}},
-        "fs": fs if fs is not None else _base_fs()}}, containerd=containerd)
+        "fs": fs if fs is not None else base_fs()}}, containerd=containerd)
     api.tags["reg:5000/vllm/base:0.27.1"] = base_id
     return Engine(FakeClient(api), "unix:///fake.sock"), api
 
@@ -291,13 +238,13 @@ def test_an_image_built_from_ours_is_not_taken_for_ours(project, workdir):
 
 
 @pytest.mark.parametrize("fs,message", [
-    (_base_fs(version="0.33.0"), "base reg:5000/vllm/base:0.27.1 holds vLLM 0.33.0, not 0.27.1"),
-    (_base_fs(spec=SPEC_V1 + "# edited\n"),
+    (base_fs(version="0.33.0"), "base reg:5000/vllm/base:0.27.1 holds vLLM 0.33.0, not 0.27.1"),
+    (base_fs(spec=SPEC_V1 + "# edited\n"),
      "base reg:5000/vllm/base:0.27.1: vllm/config/speculative.py is not the pristine file of "
      "vLLM v0.27.1"),
-    ({**_base_fs(), f"{SITE}/vllm/dspark/guard.py": b"X = 1\n"},
+    ({**base_fs(), f"{SITE}/vllm/dspark/guard.py": b"X = 1\n"},
      "base reg:5000/vllm/base:0.27.1 already has vllm/dspark/guard.py"),
-    ({k: v for k, v in _base_fs().items() if "old.py" not in k},
+    ({k: v for k, v in base_fs().items() if "old.py" not in k},
      "base reg:5000/vllm/base:0.27.1 has no vllm/utils/old.py"),
     ({"/usr/bin/python3": b""},
      "reg:5000/vllm/base:0.27.1 has no installed vllm package"),  # named as given, not by id
@@ -355,7 +302,7 @@ def test_an_ssh_engine_without_paramiko_says_what_to_install(monkeypatch):
 def test_verify_image_reads_the_package_files(tmp_path):
     from patchkit.manifest import Assertion, Patch
 
-    fs = _base_fs(spec=SPEC_V2)
+    fs = base_fs(spec=SPEC_V2)
     engine, api = _engine(fs)
     patch = Patch(id="p1", summary="s", kind="diff", path="p.diff",
                   verify=(Assertion("vllm/config/speculative.py", "SpeculativeConfig", "defines",

@@ -9,7 +9,7 @@ import tarfile
 import pytest
 from testing.upstream import dedent, make_diff, make_upstream
 from testing.fakeengine import FakeAPI, FakeClient
-from test_image_unit import SITE
+from testing.venvbase import SITE
 
 from patchkit import manifest
 from patchkit.manifest import variants

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from patchkit.image import build, prebuilt
-from patchkit.report import ApplyReport, PackageInfo
+from testing.checkout import applied, changed
+from testing.flashinfer import MOE_HEADER as HEADER
 
-HEADER = "flashinfer/data/csrc/fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh"
 SOURCE = "flashinfer/data/csrc/fused_moe/cutlass_backend/cutlass_fused_moe_instantiation.cu"
 OLD = 1_700_000_000   # the overlay layer's time: the base commit's, older than any build since
 
@@ -49,17 +49,6 @@ def _module(site: Path, cache: Path) -> tuple[str, int]:
     return out, lib.scale(1)
 
 
-class Change:
-    def __init__(self, path: str, blob: str) -> None:
-        self.path, self.blob = path, blob
-
-
-class Applied:
-    def __init__(self) -> None:
-        self.report = ApplyReport(PackageInfo("v1", "c" * 40, "1.0.0"), None,
-                                  jit_modules={"flashinfer": {HEADER: ["fused_moe_120"]}})
-
-
 def test_a_mounted_cache_of_the_pristine_header_is_not_the_images(tmp_path):
     if shutil.which("ninja") is None or shutil.which("gcc") is None:
         pytest.fail("ninja and gcc are needed: apt-get install -y ninja-build gcc")
@@ -78,8 +67,9 @@ def test_a_mounted_cache_of_the_pristine_header_is_not_the_images(tmp_path):
     out, answer = _module(site, home)
     assert "no work to do" in out and answer == 1    # the trap: the unpatched module runs
 
-    tree = build.PackageTree("flashinfer", "flashinfer-python", Applied(),  # type: ignore
-                             (Change(HEADER, "2" * 40),), "/site")
+    tree = build.PackageTree("flashinfer", "flashinfer-python",
+                             applied({HEADER: ["fused_moe_120"]}), (changed(HEADER, "2" * 40),),
+                             "/site")
     place = prebuilt.workspace([tree], None)["FLASHINFER_WORKSPACE_BASE"]
     assert not place.startswith(str(home))
     image_cache = tmp_path / place.lstrip("/")

@@ -22,7 +22,8 @@ import pytest
 from testing import flashinfer as fi
 from testing import imageproject as ip
 from testing import real_cache, stackbase
-from testing.imageproject import RELEASE
+from testing.imageproject import RELEASE, SITE, write_manifest
+from testing.progress import Said
 from patchkit import manifest
 from patchkit.commands import build_image, verify
 from patchkit.errors import ImageError
@@ -30,11 +31,8 @@ from patchkit.image.docker import Engine
 from patchkit.series.applier import apply_series
 from patchkit.manifest.runspec import run_spec
 
-from test_stack_docker import Log, write_manifest
-
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
-SITE = "/usr/local/lib/python3.11/dist-packages"
 MODULE = "flashinfer_jit_cache/jit_cache/fused_moe_120/fused_moe_120.so"
 NORM = "flashinfer_jit_cache/jit_cache/norm/norm.so"
 
@@ -110,7 +108,7 @@ def test_a_prebuilt_module_of_the_patched_header_is_refused(tmp_path, jit_base, 
         build_image.run(m, build_image.Request(workdir=root / ".patchkit" / "vllm", apply=False,
                                                engine=engine,
                                                tag=f"{registry}/pk-test/stack-jit:refused"),
-                                               progress=Log())
+                                               progress=Said())
     assert str(err.value) == (
         f"base {jit_base} ships the prebuilt JIT module fused_moe_120 (flashinfer-jit-cache "
         f"0.6.15, {SITE}/flashinfer_jit_cache/jit_cache/fused_moe_120), which flashinfer loads "
@@ -124,7 +122,7 @@ def test_rebuild_jit_leaves_it_out_and_gives_the_cache_its_own_place(tmp_path, j
                                                                     registry, engine):
     root, m = _project(tmp_path, jit_base, registry, "    rebuild: jit\n")
     tag = f"{registry}/pk-test/stack-jit:rebuild-{secrets.token_hex(3)}"
-    log = Log()
+    log = Said()
     report = build_image.run(m, build_image.Request(workdir=root / ".patchkit" / "vllm",
                                                     apply=False, engine=engine, tag=tag),
                                                     progress=log)
@@ -134,8 +132,8 @@ def test_rebuild_jit_leaves_it_out_and_gives_the_cache_its_own_place(tmp_path, j
     assert place.startswith("/root/.cache/patchkit-jit/")
     labels = image.labels
     assert labels["io.patchkit.jit.workspace"] == place
-    assert json.loads(labels["io.patchkit.jit.modules"]) == {"flashinfer": {fi.MOE_HEADER: [
-        "fused_moe_89", "fused_moe_90", "fused_moe_100", "fused_moe_103", "fused_moe_120"]}}
+    assert json.loads(labels["io.patchkit.jit.modules"]) == {"flashinfer": {fi.MOE_HEADER:
+                                                                         fi.MOE_MODULES}}
     with engine.files(image.id, tag) as files:
         assert files.read(f"{SITE}/{MODULE}") is None          # the prebuilt is gone
         assert files.read(f"{SITE}/{NORM}") is not None        # the one no patch feeds stays
@@ -166,7 +164,7 @@ def test_an_artifact_ships_the_rebuilt_module_and_verify_proves_it(tmp_path, jit
     tag = f"{registry}/pk-test/stack-jit:artifact-{secrets.token_hex(3)}"
     report = build_image.run(m, build_image.Request(workdir=root / ".patchkit" / "vllm",
                                                     apply=False, engine=engine, tag=tag),
-                                                    progress=Log())
+                                                    progress=Said())
     assert report.ok, report.to_dict()
     image = engine.inspect(tag)
     with engine.files(image.id, tag) as files:

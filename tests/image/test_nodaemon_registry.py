@@ -24,14 +24,11 @@ import pytest
 
 from testing import imageproject as ip
 from testing.imageproject import RELEASE
-from patchkit import cli, manifest
+from patchkit import cli
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.errors import ImageError
-from patchkit.series.applier import apply_series
-from patchkit.manifest.runspec import run_spec
 from testing.regproxy import RegistryProxy
-from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
@@ -112,13 +109,8 @@ def image_repo(relay):
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, nd_base, image_repo):
     root = tmp_path_factory.mktemp("nd-proj")
-    path = ip.make_project(root, base=nd_base["ref"], tag=f"{image_repo[0]}:{{ref}}")
-    m = manifest.load(path)
-    workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
-    assert report.ok, report.to_json()
-    ip.remove_module(workdir)
-    return m, workdir
+    return ip.applied_project(root, base=nd_base["ref"], tag=f"{image_repo[0]}:{{ref}}",
+                              remove=True)
 
 
 TAG = f"v{RELEASE}"

@@ -8,19 +8,11 @@ import pytest
 
 from patchkit.errors import ImageError, ManifestError
 from patchkit.image import build, distinfo, prebuilt
-from patchkit.report import ApplyReport, PackageInfo
+from testing.checkout import applied, changed
+from testing.flashinfer import MOE_HEADER as HEADER, MOE_MODULES as MODULES
+from testing.imagetree import FI, SITE, TreeFiles, dist
 
-from test_distinfo import FI, SITE, TreeFiles, dist
-
-HEADER = "flashinfer/data/csrc/fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh"
-MODULES = ["fused_moe_89", "fused_moe_90", "fused_moe_100", "fused_moe_103", "fused_moe_120"]
 SO = b"\x7fELF\x02\x01\x01" + b"\0" * 9 + b"\x03\0\xb7\0"   # an aarch64 shared object's start
-
-
-class Applied:   # the part of an applied checkout the check reads
-    def __init__(self, modules: dict[str, list[str]]) -> None:
-        self.report = ApplyReport(PackageInfo("v1", "c" * 40, "1.0.0"), None,
-                                  jit_modules={"flashinfer": modules})
 
 
 def installed(*modules: str) -> distinfo.Installed:
@@ -32,8 +24,8 @@ def installed(*modules: str) -> distinfo.Installed:
 
 
 def tree(rebuild: tuple[str, ...] = ()) -> build.PackageTree:
-    return build.PackageTree("flashinfer", "flashinfer-python",
-                             Applied({HEADER: MODULES}), (), SITE, rebuild)  # type: ignore
+    return build.PackageTree("flashinfer", "flashinfer-python", applied({HEADER: MODULES}), (),
+                             SITE, rebuild)
 
 
 def test_a_prebuilt_module_of_a_patched_header_is_refused_naming_both():
@@ -79,16 +71,11 @@ def test_rebuild_takes_one_word(tmp_path, monkeypatch):
     assert [p.rebuild for p in manifest.load("patchset.yaml").patches][0] == "jit"
 
 
-class Change:   # a changed file of an applied checkout, as the plan reads it
-    def __init__(self, path: str, blob: str) -> None:
-        self.path, self.blob = path, blob
-
-
 def shipped(blob: str, modules: dict[str, list[str]] | None = None) -> build.PackageTree:
     return build.PackageTree("flashinfer", "flashinfer-python",
-                             Applied({HEADER: MODULES} if modules is None else modules),
-                             (Change(HEADER, blob), Change("flashinfer/sampling.py", "b" * 40)),
-                             SITE)  # type: ignore[arg-type]
+                             applied({HEADER: MODULES} if modules is None else modules),
+                             (changed(HEADER, blob), changed("flashinfer/sampling.py", "b" * 40)),
+                             SITE)
 
 
 def test_the_jit_cache_has_a_place_that_depends_on_the_patched_sources():
@@ -109,13 +96,9 @@ def test_the_image_config_sets_it_over_the_bases_value():
     from patchkit.image import layer
     from patchkit.imageref import Platform
 
-    class Base:
-        config = {"Env": ["PATH=/usr/bin", "FLASHINFER_WORKSPACE_BASE=/cache"]}
-        history: list = []
-        diff_ids: list = []
-        platform = Platform.parse("linux/arm64")
-
+    base = layer.BaseImage("base:arm64", "sha256:" + "b" * 64, None, Platform.parse("linux/arm64"),
+                           {"Env": ["PATH=/usr/bin", "FLASHINFER_WORKSPACE_BASE=/cache"]}, (), ())
     made = layer.layer_tar([], 0)
-    config = json.loads(layer.image_config(Base(), made, labels={}, created=0, created_by="x",
+    config = json.loads(layer.image_config(base, made, labels={}, created=0, created_by="x",
                                            env={"FLASHINFER_WORKSPACE_BASE": "/root/.cache/p"}))
     assert config["config"]["Env"] == ["PATH=/usr/bin", "FLASHINFER_WORKSPACE_BASE=/root/.cache/p"]

@@ -20,34 +20,20 @@ import pytest
 from testing import flashinfer as fi
 from testing import imageproject as ip
 from testing import real_cache, stackbase
-from testing.imageproject import RELEASE
+from testing.imageproject import RELEASE, SITE, write_manifest
+from testing.progress import Said
 from testing.upstream import unified
 from patchkit import cli, manifest
 from patchkit.commands import build_image, lock, verify
 from patchkit.errors import ImageError, ManifestError
 from patchkit.image import base as image_base
+from patchkit.image import lockfile
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
 from patchkit.manifest.runspec import run_spec
-from patchkit.series.applier import Progress, apply_series
+from patchkit.series.applier import apply_series
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
-
-PACKAGES = """\
-packages:
-  flashinfer:
-    dist: flashinfer-python
-    repo: pypi
-    ref: {fi_ref}
-"""
-
-
-class Log(Progress):
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def info(self, message: str) -> None:
-        self.lines.append(message)
 
 
 @pytest.fixture(scope="session")
@@ -60,35 +46,11 @@ def stack_bases(docker_client, bases, registry) -> dict:
             for torch in ("2.11.0", "2.10.0")}
 
 
-def write_manifest(root, base: str, *, fi_ref="v0.6.15",
-                   requires='{torch: "==2.11.*", nvidia-cutlass-dsl: ">=4.5,<4.6"}',
-                   extra_package: str = "", name: str = "pk-stack", fi_patch: bool = False):
-    """The image project's manifest on ``base``, named ``name``; with ``fi_patch``, FlashInfer's
-    patch (testing.flashinfer.FI_ENTRY) ends its series."""
-    path = root / "patchset.yaml"
-    original = root / "patchset.orig"   # the image project's manifest, before any change
-    if not original.exists():
-        original.write_text(path.read_text())
-    fi_entry = fi.FI_ENTRY if fi_patch else ""
-    text = original.read_text().replace("name: pk-e2e\n", f"name: {name}\n")
-    head, _, rest = text.partition("image:\n")
-    image_block, _, patches = rest.partition("patches:\n")
-    image_block = "\n".join(line for line in image_block.splitlines()
-                            if not line.startswith("  base:"))
-    path.write_text(head + PACKAGES.format(fi_ref=fi_ref) + extra_package + "image:\n"
-                    + f"  base: {base}\n" + image_block + f"\n  requires: {requires}\n"
-                    + "patches:\n" + patches + fi_entry)
-    return manifest.load(path)
-
-
 @pytest.fixture(scope="module")
 def engine() -> Engine:
     """The engine, with room for a shared machine's load: each stopped container of the stack
     base is a full copy of its files on the vfs driver."""
     return Engine.connect(timeout=600)
-
-
-SITE = "/usr/local/lib/python3.11/dist-packages"
 
 
 def fi_pristine() -> str:
@@ -141,7 +103,7 @@ def built(fi_project, engine) -> Built:
     """``fi_project`` built once on the stack base, then locked twice: the one image (and the
     one lock) the tests of the stack share."""
     root, m, workdir, _ = fi_project
-    log = Log()
+    log = Said()
     report = build_image.run(m, build_image.Request(workdir=workdir, apply=False,
                                                     tag=f"{ip.REGISTRY}/pk-test/"
                              "stackimg-e2e:1", engine=engine), progress=log)
@@ -180,14 +142,14 @@ def test_the_base_is_proven_by_record_and_the_lock_holds_the_stack(built, stack_
     assert built.first.written and not built.again.written  # the second run wrote the same bytes
     # a package with no patches of its own is a checkout the lock names too
     _, m, workdir = project
-    pinned = lock.stack.patched_packages(m, workdir, held.installed)["flashinfer"]
+    pinned = lockfile.patched_packages(m, workdir, held.installed)["flashinfer"]
     assert (pinned.version, pinned.source) == ("0.6.15", "pypi")
     assert re.fullmatch("[0-9a-f]{40}", pinned.commit), pinned
 
 
 def test_locked_build_and_verify_accept_the_same_stack(built, fi_project, engine):
     root, m, workdir, _ = fi_project
-    log = Log()
+    log = Said()
     report = build_image.run(m, build_image.Request(workdir=workdir, apply=False, locked=True,
                                                     engine=engine), progress=log)
     assert report.ok and report.reused
@@ -333,7 +295,7 @@ def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, b
     assert inside is not None and inside.decode() == fi.patched(fi_pristine())
     assert inside == (fi_tree / fi.FI_FILE).read_bytes()
 
-    checked = verify.run(m, verify.Request(image=tag, default_tree=workdir, engine=engine))
+    checked = verify.run(m, verify.Request(workdir, image=tag, engine=engine))
     assert checked.ok, checked.to_dict()
     sections = checked.to_dict()["packages"]
     assert sections["flashinfer"] == {"version": "0.6.15", "site": SITE, "assertions": 2,
@@ -348,7 +310,7 @@ def test_both_packages_applied_built_read_back_verified_and_locked(fi_project, b
 
     locked = built.first
     commit = applied.packages["flashinfer"].commit
-    assert locked.lock.packages["flashinfer"] == lock.stack.Pinned("0.6.15", commit, "pypi")
+    assert locked.lock.packages["flashinfer"] == lockfile.Pinned("0.6.15", commit, "pypi")
     assert locked.lock.base_digest == base["repo_digest"].split("@")[1]
     assert verify.run(m, verify.Request(workdir, image=tag, locked=True,
                                         engine=engine)).locked == []
@@ -403,7 +365,7 @@ def test_no_daemon_locked_ships_flashinfers_file_and_refuses_a_lock_that_differs
     root, m, workdir, _ = fi_project
     saved = (root / "patchset.lock").read_bytes()
     tag = f"{registry}/pk-test/stackimg-nd:{secrets.token_hex(4)}"
-    log = Log()
+    log = Said()
     built = build_image.run(m, build_image.Request(workdir=workdir, apply=False, tag=tag,
                                                    push=True, no_daemon=True, locked=True,
                                                    timeout=600), progress=log)

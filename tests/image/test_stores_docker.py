@@ -17,23 +17,22 @@ import docker
 import pytest
 
 from testing import imageproject as ip
-from testing.imageproject import RELEASE
-from patchkit import cli, manifest
+from testing.dockersdk import fingerprint_of
+from testing.imageproject import RELEASE, SITE
+from testing.progress import Said
+from patchkit import cli
 from patchkit.commands import copy_image
 from patchkit.process import Piped
+from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.errors import ImageError
 from patchkit.image import layer
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
-from patchkit.series.applier import Progress, apply_series
-from patchkit.manifest.runspec import run_spec
-from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
-SITE = "/usr/local/lib/python3.11/dist-packages"
 REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
 COPY_TAG = f"{REGISTRY}/pk-test/engines-copy:1"
 NAME = "pk-stores"
@@ -43,21 +42,6 @@ site = {SITE!r}
 code = importlib.machinery.SourceFileLoader("m", site + "/" + {ip.SPEC!r}).get_code("m")
 print(platform.machine(), {ip.MARK_SPEC!r} in code.co_names)
 """
-
-
-class Said(Progress):
-    def __init__(self):
-        self.lines: list[str] = []
-
-    def info(self, message):
-        self.lines.append(message)
-
-
-def fingerprint_of(client, ref: str) -> str:
-    """The fingerprint as patchkit defines it, read straight from an engine whose image ids are
-    config digests (both Docker Engines here)."""
-    attrs = client.api.inspect_image(ref)
-    return layer.fingerprint_of(attrs["Id"], attrs["RootFS"]["Layers"])
 
 
 def run_python(client, image: str, script: str) -> str:
@@ -80,13 +64,8 @@ def forget(client, ref: str) -> None:
 def project(tmp_path_factory, bases, registry):
     root = tmp_path_factory.mktemp("stores")
     # A name of its own: the other image tests clear the engines of pk-e2e images as they start.
-    path = ip.make_project(root, base=bases[RELEASE]["tag"],
-                           tag=f"{registry}/pk-test/engines-e2e:{{ref}}", name=NAME)
-    m = manifest.load(path)
-    workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
-    assert report.ok, report.to_json()
-    return m, workdir
+    return ip.applied_project(root, base=bases[RELEASE]["tag"],
+                              tag=f"{registry}/pk-test/engines-e2e:{{ref}}", name=NAME)
 
 
 @pytest.fixture(scope="module")

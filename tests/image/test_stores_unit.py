@@ -12,12 +12,14 @@ import io
 import json
 import tarfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from testing.fakeengine import (DOCKER29_INFO, PODMAN_INFO, FakeClient, StoreAPI,
                                  tar_bytes)
+from testing.progress import Said
+from testing.venvbase import applied_checkout, base_fs, demo_project
 
-import test_image_unit as unit
 from patchkit import cli
 from patchkit.commands import build_image as bi
 from patchkit.commands import copy_image
@@ -26,10 +28,18 @@ from patchkit.image import layer
 from patchkit.image.docker import Engine, engine_url
 from patchkit.image.enginefacts import Inspected, store_of
 from patchkit.imageref import Platform
-from patchkit.series.applier import Progress
+from patchkit.manifest import Manifest
 
-workdir = unit.workdir
-project = unit.project
+
+@pytest.fixture
+def workdir(tmp_path) -> Path:
+    return applied_checkout(tmp_path)
+
+
+@pytest.fixture
+def project(tmp_path) -> Manifest:
+    return demo_project(tmp_path)
+
 
 BASE_TAG = "reg:5000/vllm/base:0.27.1"
 BASE_LAYER = layer.layer_tar([layer.LayerEntry("etc/os-release", "file", b"ID=fake\n")], 0)
@@ -44,19 +54,11 @@ def _config(diff_ids, labels=None) -> bytes:
 
 
 def store_engine(kind: str = "classic", host: str = "unix:///fake.sock") -> tuple[Engine, StoreAPI]:
-    """An engine holding the base of unit.project, as a store of ``kind`` holds it."""
+    """An engine holding the base of the project, as a store of ``kind`` holds it."""
     api = StoreAPI(kind)
     api.add(_config([BASE_LAYER.diff_id]), {BASE_LAYER.diff_id: BASE_LAYER.data},
-            fs=unit._base_fs(), tag=BASE_TAG, digest="sha256:" + "d" * 64)
+            fs=base_fs(), tag=BASE_TAG, digest="sha256:" + "d" * 64)
     return Engine(FakeClient(api), host), api
-
-
-class Said(Progress):
-    def __init__(self):
-        self.lines = []
-
-    def info(self, message):
-        self.lines.append(message)
 
 
 # --------------------------------------------------------------------------- detection

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_build_image_docker import SITE, files_of
 
 from testing import imageproject as ip
-from testing.imageproject import RELEASE
+from testing.dockersdk import files_of
+from testing.imageproject import RELEASE, SITE
 from patchkit import manifest
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from testing.upstream import dedent, make_diff, make_upstream, sh
 
-from patchkit.kinds import diff as diffapply
+from patchkit.kinds.diff import gitapply as diffapply
+from patchkit.kinds.diff.text import parse
 
 BASE = """\
 def alpha():
@@ -210,7 +211,7 @@ def test_every_hunk_and_file_in_the_way_is_named_and_the_tree_left_alone(tmp_pat
     (repo / "n.txt").write_text("mine\n")
     sh("git", "add", "-A", ".", cwd=repo)
     sh("git", "commit", "-qm", "target", cwd=repo)
-    patch = diffapply.parse(diff_file.read_text())
+    patch = parse(diff_file.read_text())
     ways = diffapply.find_in_the_way(patch, diff_file, repo)
     assert [(w.file, w.hunk, w.reason) for w in ways] == [
         ("a.txt", 1, "conflict"), ("a.txt", 3, "conflict"), ("b.txt", 1, "conflict"),

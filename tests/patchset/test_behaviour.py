@@ -22,7 +22,7 @@ from patchkit import manifest
 from patchkit.series.assertions import run_assertions
 
 from testing import REPO_ROOT
-from testing.lift import find, lift
+from testing.lift import Logger, find, lift
 
 ATTN = "vllm/models/deepseek_v4/attention.py"
 COMPRESSOR = "vllm/models/deepseek_v4/compressor.py"
@@ -57,16 +57,6 @@ class _Torch:
 
 
 TORCH = _Torch()
-
-
-class _Log:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def _record(self, msg: str, *args: object, **_: object) -> None:
-        self.lines.append(msg % args if args else msg)
-
-    info = info_once = warning = warning_once = debug = _record
 
 
 @pytest.fixture
@@ -136,7 +126,7 @@ def test_the_mla_check_lets_nvfp4_ds_mla_through(patched):
 
 
 def _resolver(patched):
-    log = _Log()
+    log = Logger()
     return lift(patched.text(ATTN), "_resolve_dsv4_kv_cache_dtype",
                 {"torch": TORCH, "logger": log}), log
 
@@ -503,7 +493,7 @@ class _QuantConfig:
 
 
 def _quant_guard(patched):
-    log = _Log()
+    log = Logger()
     return lift(patched.text(DSPARK), "DSparkDeepseekV4ForCausalLM._verify_draft_quant_path",
                 {"logger": log}), log
 

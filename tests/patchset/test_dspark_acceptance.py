@@ -6,7 +6,7 @@ own lower floor only, and rank 1 (headless, no API, no metrics lines) is not ask
 from __future__ import annotations
 
 from patchkit import manifest
-from patchkit.series import runtime
+from patchkit.serving import runtime
 from testing import REPO_ROOT
 
 SERIES = manifest.load(REPO_ROOT / "patchset.yaml")

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from patchkit import manifest, versions
-from patchkit.series import runtime
+from patchkit.serving import runtime
 from testing import REPO_ROOT, patchkit
 
 from testing.releases import RELEASES, since

@@ -22,7 +22,7 @@ import pytest
 from patchkit.transform import run_transform_file
 
 from testing import REPO_ROOT
-from testing.lift import find, lift
+from testing.lift import Logger, find, lift
 
 DSPARK41 = "vllm/models/deepseek_v41/nvidia/dspark.py"
 QUANT41 = "vllm/models/deepseek_v41/quant_config.py"
@@ -62,16 +62,6 @@ class _Torch:
         return f"torch.{name}"
 
 
-class _Log:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def _record(self, msg: str, *args: object, **_: object) -> None:
-        self.lines.append(msg % args if args else msg)
-
-    info = info_once = warning = warning_once = debug = _record
-
-
 # A ModelOpt NVFP4 export of V4.1: FP8 linears, NVFP4 routed experts in the target, and the
 # bundled draft stages (mtp.*) left in their native MXFP4 by `ignore`.
 V41_TARGET_QUANT = {
@@ -100,7 +90,7 @@ def quant_config_for(patched, monkeypatch):
     """The release's V4.1 DeepseekV4FP8Config quant path (its lazy expert_dtype and
     moe_quant_algo, and from 0.32.0 its per-layer NVFP4 choice), built from a draft config while
     ``target`` is the current model config, as when load_dspark_model builds the draft."""
-    log = _Log()
+    log = Logger()
     vllm_logger = types.ModuleType("vllm.logger")
     vllm_logger.init_logger = lambda name: log
     for name, module in (("vllm", types.ModuleType("vllm")), ("vllm.logger", vllm_logger)):
@@ -225,7 +215,7 @@ def draft_class(patched, *, fused_shared: bool = False):
     """DSparkDeepseekV4ForCausalLM of the patched release file, among stubs; ``built`` lists
     the prefixes the draft model was built under (the guard runs before)."""
     text = patched.text(DSPARK41)
-    log = _Log()
+    log = Logger()
     built: list[str] = []
 
     class DraftModel:
@@ -480,7 +470,7 @@ def test_v41_guards_fail_where_the_guard_would_be_wrong(tmp_path, old, new, says
 
 
 def _v41_resolver(patched):
-    log = _Log()
+    log = Logger()
     return lift(patched.text(ATTN41), "_resolve_dsv4_kv_cache_dtype",
                 {"torch": _Torch(), "logger": log}), log
 

@@ -166,7 +166,7 @@ def test_c_sources_use_the_c_grammar():
 
 def test_an_unloadable_grammar_is_one_usage_error(monkeypatch):
     broken = cxx.Cxx("CUDA", cxx._Grammar("tree_sitter_no_such_grammar", "tree-sitter-cuda"))
-    monkeypatch.setitem(languages.REGISTRY, ".cu", (__name__, "_BROKEN"))
+    monkeypatch.setitem(languages.TABLE, ".cu", (__name__, "_BROKEN"))
     monkeypatch.setitem(globals(), "_BROKEN", broken)
     with pytest.raises(GrammarError) as err:
         check("calls", "x", "f")

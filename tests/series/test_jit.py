@@ -8,14 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.image import stack
+from patchkit.image import lockfile
 from patchkit.series import jit
 from testing import flashinfer as fi
 from testing import real_cache
 
 pytestmark = pytest.mark.real_vllm
-
-FUSED_MOE = ["fused_moe_89", "fused_moe_90", "fused_moe_100", "fused_moe_103", "fused_moe_120"]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +28,7 @@ def tree(tmp_path_factory) -> Path:
 
 def test_the_cutlass_moe_header_feeds_the_fused_moe_modules_alone(tree):
     found = jit.modules_for(tree, "flashinfer-python", [fi.MOE_HEADER])
-    assert found == {fi.MOE_HEADER: FUSED_MOE}
+    assert found == {fi.MOE_HEADER: fi.MOE_MODULES}
 
 
 def test_a_header_and_a_source_of_the_norm_module(tree):
@@ -50,7 +48,7 @@ def test_python_files_and_other_packages_name_no_module(tree):
 def test_a_shared_header_feeds_every_module_that_reaches_it(tree):
     graph = jit.Graph(tree, jit.rules_for("flashinfer-python"))
     cute = graph.modules_of("flashinfer/data/cutlass/include/cute/tensor.hpp")
-    assert set(FUSED_MOE) <= set(cute) and "norm" not in cute
+    assert set(fi.MOE_MODULES) <= set(cute) and "norm" not in cute
     # the name of a module made per architecture is expanded from its callers
     names = {m.name for m in graph.modules}
     assert {"fp4_quantization_90", "fp4_quantization_120"} <= names
@@ -59,14 +57,14 @@ def test_a_shared_header_feeds_every_module_that_reaches_it(tree):
 
 
 def test_the_lock_keeps_the_modules_of_each_patched_file(tmp_path):
-    lock = stack.Lock("base", "sha256:" + "0" * 64, {
-        "flashinfer": stack.Pinned("0.6.15", "c" * 40, "pypi",
-                                   {fi.MOE_HEADER: tuple(FUSED_MOE)})})
+    lock = lockfile.Lock("base", "sha256:" + "0" * 64, {
+        "flashinfer": lockfile.Pinned("0.6.15", "c" * 40, "pypi",
+                                      {fi.MOE_HEADER: tuple(fi.MOE_MODULES)})})
     text = lock.render().decode()
     assert f'"{fi.MOE_HEADER}" = ["fused_moe_89", "fused_moe_90",' in text
     path = tmp_path / "patchset.lock"
     path.write_text(text)
-    assert stack.Lock.read(path) == lock
+    assert lockfile.Lock.read(path) == lock
 
 
 def test_the_image_labels_name_the_modules(tmp_path):
@@ -79,7 +77,7 @@ def test_the_image_labels_name_the_modules(tmp_path):
 
     class Applied:   # what run_labels reads of an applied checkout
         report = ApplyReport(PackageInfo("v1", "c" * 40, "1.0.0"), None,
-                             jit_modules={"flashinfer": {fi.MOE_HEADER: FUSED_MOE}})
+                             jit_modules={"flashinfer": {fi.MOE_HEADER: fi.MOE_MODULES}})
         vllm, base = report.vllm, "c" * 40
 
         def tree_id(self) -> str:
@@ -88,4 +86,4 @@ def test_the_image_labels_name_the_modules(tmp_path):
     m = manifest.load(make_project(tmp_path) / "patchset.yaml")
     made = labels.run_labels(m, Applied(), mode="overlay", created=0, digest="x")
     assert json.loads(made[labels.JIT_MODULES_LABEL]) == {
-        "flashinfer": {fi.MOE_HEADER: FUSED_MOE}}
+        "flashinfer": {fi.MOE_HEADER: fi.MOE_MODULES}}

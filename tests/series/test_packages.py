@@ -4,17 +4,8 @@ Applying them is test_stack.py's."""
 from __future__ import annotations
 
 from testing import patchkit
+from testing.flashinfer import PACKAGES
 from testing.project import make_project
-
-
-PACKAGES = """\
-packages:
-  flashinfer:
-    dist: flashinfer-python
-    repo: [pypi]
-    ref: v0.6.15
-patches:
-"""
 
 FI_DIFF = """\
 --- a/flashinfer/x.py

@@ -74,21 +74,21 @@ def test_each_package_lock_entry_and_label_name_where_its_pristine_tree_came_fro
                                                                                   fi_cache):
     """vLLM from its git upstream, FlashInfer from PyPI: each says so, as a kind of source
     (git, pypi, image), with a checkout and, before any, from its pin."""
-    from patchkit.image import build, stack
+    from patchkit.image import build, lockfile
 
     proj = make_stack(tmp_path)
     m = manifest.load(proj / "patchset.yaml")
     workdir = proj / ".patchkit" / "vllm"
-    before = stack.patched_packages(m, workdir)
+    before = lockfile.patched_packages(m, workdir)
     assert {n: (p.source, p.commit) for n, p in before.items()} == {
         "vllm": ("git", ""), "flashinfer": ("pypi", "")}
     assert apply(proj, fi_cache).ok
-    after = stack.patched_packages(m, workdir)
+    after = lockfile.patched_packages(m, workdir)
     fi_commit = sh("git", "rev-parse", "patchkit/base", cwd=proj / ".patchkit" / "flashinfer")
-    assert after["flashinfer"] == stack.Pinned("0.6.15", fi_commit, "pypi",
-                                               after["flashinfer"].jit_modules)
+    assert after["flashinfer"] == lockfile.Pinned("0.6.15", fi_commit, "pypi",
+                                                  after["flashinfer"].jit_modules)
     assert after["vllm"].source == "git"
-    text = stack.Lock("b", "sha256:" + "0" * 64, after).render().decode()
+    text = lockfile.Lock("b", "sha256:" + "0" * 64, after).render().decode()
     assert (f'[packages.flashinfer]\nversion = "0.6.15"\ncommit = "{fi_commit}"\n'
             'source = "pypi"') in text
     labels = build.packages_of(m, checkout.AppliedCheckout.open(workdir))

@@ -12,7 +12,7 @@ from testing import patchkit
 from testing.project import make_project
 from testing.upstream import sh
 
-from patchkit import locks, manifest
+from patchkit import filelocks, manifest
 from patchkit.errors import UsageError
 from patchkit.manifest.runspec import run_spec
 from patchkit.series import applier, checkout
@@ -221,9 +221,9 @@ def test_no_lock_file_is_left_beside_the_workdir(applied):
 
 def test_the_lock_excludes_a_second_holder(tmp_path):
     lock = tmp_path / ".wd.patchkit.lock"
-    code = ("import sys; from patchkit import locks\n"
-            "with locks.held(sys.argv[1], 'wd', vanish=True): print('in', flush=True)\n")
-    with locks.held(lock, "wd", vanish=True):
+    code = ("import sys; from patchkit import filelocks\n"
+            "with filelocks.held(sys.argv[1], 'wd', vanish=True): print('in', flush=True)\n")
+    with filelocks.held(lock, "wd", vanish=True):
         other = subprocess.Popen([__import__("sys").executable, "-c", code, str(lock)],
                                  stdout=subprocess.PIPE, text=True)
         with pytest.raises(subprocess.TimeoutExpired):

@@ -353,16 +353,16 @@ def test_patches_land_on_the_vendor_files_and_keep_their_changes(tmp_path):
 
 
 def test_the_lock_entry_and_labels_say_the_pristine_tree_came_from_the_image(tmp_path):
-    from patchkit.image import stack
+    from patchkit.image import lockfile
 
     diff = make_diff(ATTN, ATTN.replace("return x", "return x * 2"), "vllm/attention.py")
     m = _project(tmp_path, {"double": diff})
     workdir = tmp_path / "w"
     assert apply_series(m, run=run_spec(m, cache=tmp_path / "cache"), workdir=workdir, base=vendor_base()).ok
-    pinned = stack.patched_packages(m, workdir)["vllm"]
+    pinned = lockfile.patched_packages(m, workdir)["vllm"]
     assert (pinned.version, pinned.source) == ("0.31.0+nv25.11", "image")
-    assert 'source = "image"' in stack.Lock("b", "sha256:" + "0" * 64,
-                                            {"vllm": pinned}).render().decode()
+    assert 'source = "image"' in lockfile.Lock("b", "sha256:" + "0" * 64,
+                                               {"vllm": pinned}).render().decode()
     labels = build.packages_of(m, AppliedCheckout.open(workdir))
     assert labels["vllm"]["source"] == "image"
 

@@ -20,7 +20,14 @@ pyproject's ``pythonpath`` puts tests/ on the import path, so any test imports `
 * ``testing.link`` -- a relay between ssh and a node's sshd that counts, cuts and slows;
   ``testing.smallimage`` -- small images of a run's own, for copies; ``testing.smalldisk`` --
   an engine of a test's own on a small tmpfs; ``testing.fakeengine`` -- a Docker Engine in
-  memory under the engine border, for the image paths' unit tests.
+  memory under the engine border, for the image paths' unit tests;
+* ``testing.dockersdk`` -- an image's files, fingerprint and presence read straight through the
+  Docker SDK; ``testing.imagetree`` -- an image's files held in memory, with dist-info;
+  ``testing.checkout`` -- applied checkouts as values; ``testing.venvbase`` -- the image unit
+  tests' hand-made base, checkout and project; ``testing.progress`` -- a run's progress kept
+  for the test to read.
+
+No test module imports another (tests/test_imports.py holds to it): what tests share is here.
 """
 
 from __future__ import annotations

@@ -208,6 +208,8 @@ def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
 # `computeStridesTmaWarpSpecializedLowLatency` is a throw, and `fusedBuildExpertMapsSortFirst
 # TokenBlockSize` is defined twice (two templates of one name).
 MOE_HEADER = "flashinfer/data/csrc/fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh"
+# the JIT modules 0.6.15 builds from it (its own module definitions)
+MOE_MODULES = ["fused_moe_89", "fused_moe_90", "fused_moe_100", "fused_moe_103", "fused_moe_120"]
 MOE_THROW = '  TLLM_THROW("Min latency mode is no longer supported");\n'
 MOE_KERNEL_BEFORE = "// TODO Some of this setup could be cached\n"
 

@@ -4,7 +4,8 @@ The series touches what the real DSpark series touches, in miniature: a diff on
 vllm/config/speculative.py and one on vllm/utils/torch_utils.py (the dtype map), a new module in
 a new package folder.  ``remove_module`` adds the removal of a small module as a commit on top
 of an applied checkout, as a user would before ``patchkit export``.  Each patched module carries a marker
-that the tests look for inside the running arm64 container.
+that the tests look for inside the running arm64 container.  ``applied_project`` makes the
+project and applies it; ``write_manifest`` puts it on a stack base, FlashInfer pinned beside vLLM.
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ import os
 import zipfile
 from pathlib import Path
 
-from testing.baseimage import find_wheel
+from patchkit import manifest
+from patchkit.series.applier import apply_series
+from testing import flashinfer as fi
+from testing import real_cache
+from testing.baseimage import SITE as BASE_SITE, find_wheel
 from testing.upstream import commit, unified
 
 REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
 RELEASE = "0.27.1"        # the release the test patchset is applied to
 OTHER_RELEASE = "0.33.0"  # a base holding another release, for the refusal
+SITE = "/" + BASE_SITE     # where the bases install vLLM
 
 SPEC = "vllm/config/speculative.py"
 DTYPES = "vllm/utils/torch_utils.py"
@@ -103,3 +109,47 @@ def make_project(root: Path, *, base: str, tag: str, version: str = "0.27.1",
     path = root / "patchset.yaml"
     path.write_text(MANIFEST.format(version=version, base=base, tag=tag, mark_spec=MARK_SPEC, name=name))
     return path
+
+
+def applied_project(root: Path, *, base: str, tag: str, name: str = "pk-e2e",
+                    remove: bool = False) -> tuple[manifest.Manifest, Path]:
+    """The project made under ``root`` and applied to the release: its manifest and applied
+    checkout; with ``remove``, GONE's removal committed on top (``remove_module``)."""
+    m = manifest.load(make_project(root, base=base, tag=tag, name=name))
+    workdir = root / ".patchkit" / "vllm"
+    report = apply_series(m, workdir=workdir, cache=real_cache())
+    assert report.ok, report.to_json()
+    if remove:
+        remove_module(workdir)
+    return m, workdir
+
+
+# FlashInfer pinned beside vLLM, for the image project on a stack base (testing.stackbase)
+STACK_PACKAGES = """\
+packages:
+  flashinfer:
+    dist: flashinfer-python
+    repo: pypi
+    ref: {fi_ref}
+"""
+
+
+def write_manifest(root, base: str, *, fi_ref="v0.6.15",
+                   requires='{torch: "==2.11.*", nvidia-cutlass-dsl: ">=4.5,<4.6"}',
+                   extra_package: str = "", name: str = "pk-stack", fi_patch: bool = False):
+    """The image project's manifest on ``base``, named ``name``; with ``fi_patch``, FlashInfer's
+    patch (testing.flashinfer.FI_ENTRY) ends its series."""
+    path = root / "patchset.yaml"
+    original = root / "patchset.orig"   # the image project's manifest, before any change
+    if not original.exists():
+        original.write_text(path.read_text())
+    fi_entry = fi.FI_ENTRY if fi_patch else ""
+    text = original.read_text().replace("name: pk-e2e\n", f"name: {name}\n")
+    head, _, rest = text.partition("image:\n")
+    image_block, _, patches = rest.partition("patches:\n")
+    image_block = "\n".join(line for line in image_block.splitlines()
+                            if not line.startswith("  base:"))
+    path.write_text(head + STACK_PACKAGES.format(fi_ref=fi_ref) + extra_package + "image:\n"
+                    + f"  base: {base}\n" + image_block + f"\n  requires: {requires}\n"
+                    + "patches:\n" + patches + fi_entry)
+    return manifest.load(path)

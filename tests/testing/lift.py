@@ -1,5 +1,6 @@
 """Run pieces of the patched vLLM sources without vLLM: lift one definition out of a file with
-``ast`` and execute it in a namespace of stubs (no torch, no GPU)."""
+``ast`` and execute it in a namespace of stubs (no torch, no GPU).  ``Logger`` stands in for
+vLLM's logger and keeps what it was told."""
 
 from __future__ import annotations
 
@@ -52,3 +53,15 @@ def lift(source: str, dotted: str, namespace: dict[str, Any]) -> Any:
     module = ast.Module(body=[node], type_ignores=[])
     exec(compile(ast.fix_missing_locations(module), f"<{dotted}>", "exec"), namespace)
     return namespace[name]
+
+
+class Logger:
+    """vLLM's logger, keeping each line it is told (its %-arguments filled in)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def _record(self, msg: str, *args: object, **_: object) -> None:
+        self.lines.append(msg % args if args else msg)
+
+    info = info_once = warning = warning_once = debug = _record

@@ -92,6 +92,9 @@ patches:
       - file: pkg/extra.py
         defines: EXTRA
 """
+# the same with GitHub's vLLM behind the fixture upstream: a source add-pr can fetch a PR from
+GH_MANIFEST = MANIFEST.replace("  repo: {repo}   # the fixture upstream\n",
+                               "  repo: [{repo}, https://github.com/vllm-project/vllm.git]  # mirror first\n")
 
 
 def write_project(proj: Path, files: Mapping[str, str], manifest: str) -> Path:

@@ -5,7 +5,8 @@ leaves behind while it runs (progress, ``kill -9``).
 version (its bulk a compiled-looking file, which patchkit's layout leaves out) and serves them
 under ``/simple/<dist>/`` (PEP 503), ``chunk`` bytes every ``delay`` seconds each; ``fast``
 serves at once.  ``sent`` counts the wheels' bytes sent so far, ``most_at_once`` the most
-wheels sent side by side."""
+wheels sent side by side; ``pip_env()`` points pip at it.  ``pinned_project`` is a project that
+downloads vLLM from it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import threading
 import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 def make_wheel(dist: str, version: str, size: int) -> tuple[str, bytes]:
@@ -39,6 +41,15 @@ def make_wheel(dist: str, version: str, size: int) -> tuple[str, bytes]:
     return name, buf.getvalue()
 
 
+def pinned_project(tmp: Path, version: str) -> Path:
+    """A project at ``tmp/proj`` pinning vLLM ``version`` from PyPI, with no patches."""
+    proj = tmp / "proj"
+    proj.mkdir()
+    (proj / "patchset.yaml").write_text(
+        f"name: demo\nvllm:\n  repo: pypi\n  ref: v{version}\npatches: []\n")
+    return proj
+
+
 class TrickleIndex:
     def __init__(self, dist: str, version: str, size: int, *, chunk: int = 64 * 1024,
                  delay: float = 0.05, more: tuple[str, ...] = ()) -> None:
@@ -58,6 +69,11 @@ class TrickleIndex:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/simple"
+
+    def pip_env(self) -> dict[str, str]:
+        """This process's environment, with pip on this index alone (no config, no cache)."""
+        return dict(os.environ, PIP_INDEX_URL=self.url, PIP_CONFIG_FILE=os.devnull,
+                    PIP_NO_CACHE_DIR="1")
 
     def __enter__(self) -> TrickleIndex:
         self.thread.start()

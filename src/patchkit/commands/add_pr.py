@@ -24,7 +24,7 @@ from pathlib import Path
 
 from patchkit import http, manifest
 from patchkit.errors import PatchkitError, UsageError
-from patchkit.kinds import diff
+from patchkit.kinds.diff import text as difftext
 from patchkit.manifest import VLLM, Manifest
 from patchkit.report import ApplyReport
 from patchkit.series import intake
@@ -199,15 +199,15 @@ def run(manifest_path: Path, pr: str, *, patch_id: str | None = None,
         raise PatchkitError(f"{pull.diff_url}: the answer is not UTF-8 text (byte {exc.start}); "
                             "not a diff") from None
     try:
-        kept_text, kept, dropped = diff.keep_files(text, keep)
-    except diff.DiffParseError as exc:
+        kept_text, kept, dropped = difftext.keep_files(text, keep)
+    except difftext.DiffParseError as exc:
         raise PatchkitError(f"{pull.diff_url}: not a diff: {exc}") from None
     _check_include(include, sorted(kept + dropped), pull.number)
     if not kept:
         raise PatchkitError(f"pull request {pull.number} changes only files no image holds "
                             f"({', '.join(dropped[:3])}{' ...' if len(dropped) > 3 else ''}); "
                             "keep some with --include GLOB")
-    title = diff.subject(text)
+    title = difftext.subject(text)
     new = intake.NewPatch(pid, title or f"pull request {pull.number}", kept_text,
                           upstream=pull.url, sha256=sha, source=pull.diff_url,
                           package=m.package(name).id)

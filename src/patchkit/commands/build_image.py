@@ -10,7 +10,9 @@ from typing import Sequence
 
 from patchkit.errors import UsageError
 from patchkit.image import base as base_
-from patchkit.image import basevllm, build, builders, stack, transfer
+from patchkit.image import basevllm, build, builders, transfer
+from patchkit.image import lockfile as stack
+from patchkit.image.builders.protocol import Asked
 from patchkit.image.assembly import BuildReport, Choices, assemble, reach_registry
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
@@ -117,7 +119,7 @@ def _check(manifest: Manifest, spec: RunSpec, request: Request
 
 
 def _check_options(request: Request) -> None:
-    asked = builders.Asked(request.push, request.save, request.mode, tuple(request.copy_to))
+    asked = Asked(request.push, request.save, request.mode, tuple(request.copy_to))
     if asked.mode not in MODES:
         raise UsageError(f"--mode {asked.mode!r}: expected auto, overlay or source")
     builders.refuse(request.no_daemon, asked)

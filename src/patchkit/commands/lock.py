@@ -8,7 +8,7 @@ from pathlib import Path
 from patchkit import files
 from patchkit.errors import UsageError
 from patchkit.image import base as base_
-from patchkit.image import stack
+from patchkit.image import lockfile as stack
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest
 from patchkit.manifest.runspec import run_spec

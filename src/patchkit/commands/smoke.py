@@ -7,10 +7,10 @@ Checks, in order, each giving one line:
 * ``chat``: one ``POST /v1/chat/completions`` at temperature 0 with a small ``max_tokens`` gives
   an answer with content that is neither empty nor degenerate;
 * ``long`` (with ``long``): one deterministic generation at temperature 0 of that many tokens,
-  counting from 1 or repeating a given text, walked for garble (:mod:`patchkit.garble`): the
-  first bad token's offset and the text around it;
+  counting from 1 or repeating a given text, walked for garble (:mod:`patchkit.serving.garble`):
+  the first bad token's offset and the text around it;
 * ``acceptance`` (with ``min_acceptance`` or ``min_acceptance_length``): the speculative-decoding
-  acceptance over smoke's requests (:mod:`patchkit.acceptance`), from the change in
+  acceptance over smoke's requests (:mod:`patchkit.serving.acceptance`), from the change in
   ``vllm:spec_decode_num_accepted_tokens_total`` over that in
   ``vllm:spec_decode_num_draft_tokens_total`` (the rate), in ``vllm:spec_decode_num_drafts_total``
   (the mean acceptance length, ``1 + accepted / drafts``) and in
@@ -27,33 +27,24 @@ the result is a :class:`SmokeReport`.
 from __future__ import annotations
 
 import math
-import re
 import time
-import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from patchkit import acceptance as spec, http, interrupt
-from patchkit import garble as long_answer
+from patchkit import http, interrupt
 from patchkit.errors import UsageError
+from patchkit.serving import acceptance as spec
+from patchkit.serving import garble as long_answer
+from patchkit.serving.garble import degenerate
+from patchkit.serving.metrics import (ACCEPTED_TOKENS, DRAFT_TOKENS, DRAFTS, MetricsFormatError,
+                                      counter_total, parse_metrics, per_position)
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 HEALTH, MODELS, CHAT, LONG, ACCEPTANCE = "health", "models", "chat", "long", "acceptance"
 MAX_TOKENS = 32
 LONG_MAX = 1 << 20   # tokens of one --long answer; no served context is longer
 PROMPT = "What is the capital of France? Answer in one short sentence."
-# The counters vLLM's SpecDecodingProm registers (vllm/v1/spec_decode/metrics.py), as the
-# Prometheus client exposes them: counter names get the ``_total`` suffix.
-# Their ``_created`` twins (the time each series was made) have names of their own and are never
-# read.
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
-PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-POSITION = "position"     # its label: the draft position, from "0"
 # vLLM records a step's counters just after it hands the outputs on, so the last step of the
 # request may land a moment after the answer: /metrics is read again until it holds still.
 SETTLE_SECONDS = 0.2
@@ -101,66 +92,6 @@ class SmokeReport:
                 "checks": [c.to_dict() for c in self.checks], "acceptance": self.acceptance,
                 "spec_decode": self.spec_decode.to_dict() if self.spec_decode else None,
                 "garble": self.garble.to_dict() if self.garble else None}
-
-
-# ------------------------------------------------------------------------ Prometheus text
-
-@dataclass(frozen=True)
-class Sample:
-    name: str
-    labels: tuple[tuple[str, str], ...]
-    value: float
-
-
-class MetricsFormatError(ValueError):
-    pass
-
-
-# prometheus_client's parser is lax (it is documented to be): two things it lets through are
-# refused here, so that a garbled /metrics is said to be garbled and not read half-way.
-_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
-_ESCAPE = re.compile(r'\\[\\"n]')
-
-
-def parse_metrics(text: str) -> list[Sample]:
-    """The samples of a Prometheus text exposition (version 0.0.4, or OpenMetrics text), read
-    by ``prometheus_client``'s parser, the library vLLM renders them with.
-
-    Comments (``# HELP``, ``# TYPE``, ``# EOF`` and any other) and blank lines are skipped;
-    label values may hold escaped quotes, backslashes and newlines; a sample may carry a
-    timestamp, and under OpenMetrics an exemplar.  A line that is none of these raises
-    :class:`MetricsFormatError` naming its number.
-    """
-    samples = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            samples += _parse_sample(line)
-        except ValueError as exc:  # the library's, translated here with the line it refused
-            said = " ".join(str(exc).split()) or "not a sample"
-            raise MetricsFormatError(f"line {number}: {said}: {http.snippet(line, 80)!r}") from None
-    return samples
-
-
-def _parse_sample(line: str) -> list[Sample]:
-    if "\\" in _ESCAPE.sub("", line):
-        raise ValueError("bad escape in a label value")
-    bare = _QUOTED.sub('""', line)  # no brace, space or '#' left inside a label value
-    sample = bare.split(" # ", 1)[0]  # an OpenMetrics exemplar follows ' # '
-    rest = sample.split("}", 1)[-1] if "{" in sample else sample.split(None, 1)[-1]
-    if len(rest.split()) > 2:
-        raise ValueError("expected a value and an optional timestamp")
-    return [Sample(s.name, tuple(s.labels.items()), float(s.value))
-            for family in text_string_to_metric_families(line) for s in family.samples]
-
-
-def counter_total(samples: Iterable[Sample], name: str) -> float | None:
-    """The sum of every series of ``name`` (all engines, all label sets); None when there is
-    none.  A counter's ``_created`` samples have their own name: they never count."""
-    values = [s.value for s in samples if s.name == name]
-    return math.fsum(values) if values else None
 
 
 # ------------------------------------------------------------------------ the checks
@@ -473,23 +404,6 @@ def _bytes(value: object) -> bytes | None:
     return None
 
 
-_REPEAT = re.compile(r"(.{1,8}?)\1{3,}", re.S)
-
-
-def degenerate(text: str) -> str | None:
-    """Why ``text`` is not a real answer, or None: what a model on a broken kernel or cache
-    path says (one token over and over, bytes that are not text)."""
-    if "\ufffd" in text:
-        return f"undecodable bytes (U+FFFD) in {http.snippet(text, 40)!r}"
-    if any(unicodedata.category(c) == "Cc" and c not in "\n\r\t" for c in text):
-        return f"control characters in {http.snippet(text, 40)!r}"
-    flat = " ".join(text.split())
-    m = _REPEAT.fullmatch(flat) or _REPEAT.fullmatch(flat + " ")
-    if len(flat) >= 8 and m:
-        return f"{m.group(1).strip() or m.group(1)!r} over and over"
-    return None
-
-
 # ------------------------------------------------------------------------ acceptance
 
 @dataclass(frozen=True)
@@ -513,16 +427,6 @@ def _read_counters(client: _Client) -> _Counters:
     return _Counters(counter_total(samples, DRAFT_TOKENS), counter_total(samples, ACCEPTED_TOKENS),
                      drafts=counter_total(samples, DRAFTS),
                      per_position=per_position(samples))
-
-
-def per_position(samples: Iterable[Sample]) -> tuple[tuple[int, float], ...]:
-    """The accepted tokens at each draft position, every engine summed, by position."""
-    by: dict[int, list[float]] = {}
-    for s in samples:
-        where = dict(s.labels).get(POSITION)
-        if s.name == PER_POSITION and where is not None and where.isdigit():
-            by.setdefault(int(where), []).append(s.value)
-    return tuple((p, math.fsum(v)) for p, v in sorted(by.items()))
 
 
 def _settled_counters(client: _Client, settle: float,

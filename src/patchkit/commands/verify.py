@@ -14,8 +14,9 @@ from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
 from patchkit.report import AssertionResult
-from patchkit.series import assertions, checkout, runtime
-from patchkit.series.runtime import MarkerResult
+from patchkit.series import assertions, checkout
+from patchkit.serving import runtime
+from patchkit.serving.runtime import MarkerResult
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:  # the image modules are imported only when an image is looked at
@@ -364,23 +365,23 @@ def _image_sites(manifest: Manifest, installed, vllm_site: str, vllm_version: st
 def _stack_checks(manifest: Manifest, installed, facts, lock, image: str) -> list[str] | None:
     """``image.requires`` on the image's installed distributions (else one line, exit 1); with
     ``lock``, how the image's stack differs from it."""
-    from patchkit.image import stack
+    from patchkit.image import lockfile
 
     if installed is None:
         return None
-    problems = stack.requires_problems(manifest, installed, image, what="image")
+    problems = lockfile.requires_problems(manifest, installed, image, what="image")
     if problems:
         raise ImageError("; ".join(problems))
     if lock is None:
         return None
-    found = stack.base_differences(lock, facts.base_digest or "(not recorded)",
+    found = lockfile.base_differences(lock, facts.base_digest or "(not recorded)",
                                    installed.versions())
     if facts.packages is None:
         return [*found, f"the labels of {image} do not record its packages' versions and "
                         "commits (it was not built by this patchkit)"]
-    pinned = {name: stack.Pinned(p.get("version", ""), p.get("commit", ""), p.get("source", ""))
+    pinned = {name: lockfile.Pinned(p.get("version", ""), p.get("commit", ""), p.get("source", ""))
               for name, p in facts.packages.items()}
-    return found + stack.package_differences(lock, pinned)
+    return found + lockfile.package_differences(lock, pinned)
 
 
 @dataclass(frozen=True)
@@ -426,7 +427,7 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
     r.check()
     lock = None
     if r.locked:
-        from patchkit.image.stack import read_lock
+        from patchkit.image.lockfile import read_lock
 
         lock = read_lock(manifest)
     if r.image and r.base:

@@ -11,7 +11,9 @@ from pathlib import Path
 from patchkit import source
 from patchkit.image import artifact
 from patchkit.image import base as base_
-from patchkit.image import build, builders, layer, stack
+from patchkit.image import build, builders, layer
+from patchkit.image import lockfile as stack
+from patchkit.image.builders.protocol import Job
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.manifest.runspec import RunSpec
@@ -110,7 +112,7 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
                                      tree.report.variant)
     check_reference(run.tag_option, final_tag, digest_ok=False)
     plat = Platform.parse(run.platform)
-    job = builders.Job(manifest, tree, choice, plat, final_tag, run.base, choices.push, log,
+    job = Job(manifest, tree, choice, plat, final_tag, run.base, choices.push, log,
                        engine=engine, registry=registry, max_jobs=choices.max_jobs,
                        nvcc_threads=choices.nvcc_threads, packages=packages, lock=lock,
                        artifacts=_artifacts(manifest, tree, plat, run.cache, log))

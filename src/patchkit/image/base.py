@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit.errors import ImageError, UsageError
-from patchkit.image import distinfo, stack
+from patchkit.image import distinfo
+from patchkit.image import lockfile as stack
 from patchkit.image.layer import BaseImage
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest

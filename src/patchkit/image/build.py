@@ -26,7 +26,7 @@ from patchkit.errors import ImageError, UsageError
 from patchkit.image import base as base_
 from patchkit.image import prebuilt
 from patchkit.image import labels as image_labels
-from patchkit.image import distinfo, layer, package, stack
+from patchkit.image import distinfo, layer, lockfile, package
 from patchkit.manifest import VLLM, Manifest
 from patchkit.series.checkout import AppliedCheckout, Change
 
@@ -433,7 +433,7 @@ def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice
 def packages_of(manifest: Manifest, tree: AppliedCheckout) -> dict[str, dict[str, str]]:
     """Each package's version, commit and source, as the labels record them."""
     return {name: {"version": p.version, "commit": p.commit, "source": p.source}
-            for name, p in stack.patched_packages(manifest, tree.root).items()}
+            for name, p in lockfile.patched_packages(manifest, tree.root).items()}
 
 
 def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInputs

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
-from patchkit import locks
+from patchkit import filelocks
 from patchkit.errors import CommandError, ImageError
 from patchkit.image.layer import (DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX, OCI_MANIFEST,
                                   Layer, RemoteImage, image_id_of)
@@ -229,7 +229,7 @@ class Registry:
             return 0
 
         blobs.mkdir(parents=True, exist_ok=True)
-        with locks.held(blobs.parent / "fetch.lock", f"the blob cache {blobs}", log):
+        with filelocks.held(blobs.parent / "fetch.lock", f"the blob cache {blobs}", log):
             missing = [d for d in wanted if not blob_path(blobs, d).is_file()]
             if not missing:
                 return 0

@@ -11,17 +11,17 @@ import importlib
 
 from patchkit.kinds.base import KindError, PatchKind, Rebase, Stop, Target
 
-REGISTRY = {
+TABLE = {
     "diff": "patchkit.kinds.diff",
     "transform": "patchkit.kinds.transform",
     "overlay": "patchkit.kinds.overlay",
     "artifact": "patchkit.kinds.artifact",
 }
-NAMES = tuple(REGISTRY)
+NAMES = tuple(TABLE)
 
 __all__ = ["NAMES", "KindError", "PatchKind", "Rebase", "Stop", "Target", "get"]
 
 
 def get(name: str) -> PatchKind:
     """The kind a manifest entry names; KeyError for a name that is none."""
-    return importlib.import_module(REGISTRY[name]).KIND
+    return importlib.import_module(TABLE[name]).KIND

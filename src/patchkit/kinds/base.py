@@ -1,7 +1,7 @@
 """The protocol every patch kind implements, and the values kinds hand back.
 
 A kind is one module under ``kinds/`` with a ``KIND`` object of this shape, named once in the
-registry (``kinds/__init__.py``).  Callers look the kind up by the manifest key and never ask
+kind table (``kinds/__init__.py``).  Callers look the kind up by the manifest key and never ask
 which kind it is: what differs between kinds (how the manifest entry is checked, which checkout
 paths it touches, how it applies, what ``rebase`` does when it applied at an offset, stopped,
 or is taken up again) is the kind's to say.

@@ -15,7 +15,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from patchkit import acceptance, kinds, paths
+from patchkit import kinds, paths
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
 from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Artifact, Assertion,
@@ -23,6 +23,7 @@ from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Artifact, 
                                      Patch, Variant, id_problem,
                                      shown_id, summary_problem)
 from patchkit.series import languages
+from patchkit.serving import acceptance
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE, ref_problem
 
 KINDS = kinds.NAMES

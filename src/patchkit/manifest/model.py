@@ -10,7 +10,7 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from patchkit.acceptance import Floor
+from patchkit.serving.acceptance import Floor
 from patchkit.source.protocol import VLLM, PackageId
 
 # `not_contains: TEXT` is read as `not: {contains: TEXT}`: no Assertion carries it.

@@ -153,7 +153,7 @@ def failure_text(matrix: Matrix, target: ApplyReport, r: PatchResult) -> str:
 
 
 def _failed_hunk(manifest: Manifest, r: PatchResult) -> str | None:
-    from patchkit.kinds.diff import hunk_text
+    from patchkit.kinds.diff.text import hunk_text
 
     try:
         patch = manifest.patch(r.id)

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from patchkit import interrupt, kinds, source, versions
-from patchkit import locks
+from patchkit import filelocks
 from patchkit import git as g
 from patchkit.errors import CommandError, SourceError, UsageError
 from patchkit.kinds.common import commit_message
@@ -404,7 +404,7 @@ def _move_in(trees: Mapping[str, Path], places: Mapping[str, Path], scratches: M
     """Every checkout into its place together, the work of a replaced one saved first."""
     with ExitStack() as holding:
         for place in places.values():
-            holding.enter_context(locks.held(place.parent / f".{place.name}.patchkit.lock",
+            holding.enter_context(filelocks.held(place.parent / f".{place.name}.patchkit.lock",
                                              f"the workdir {place}", progress.info,
                                              vanish=True))
         interrupt.check()  # the last point where stopping leaves every workdir as it was

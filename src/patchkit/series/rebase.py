@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from patchkit import locks
+from patchkit import filelocks
 
 from patchkit import git as g
 from patchkit import interrupt, kinds, manifest, source, versions
@@ -160,7 +160,7 @@ class _State:
 
 def _lock(sdir: Path):
     sdir.parent.mkdir(parents=True, exist_ok=True)
-    return locks.held(sdir.parent / "rebase.lock", f"the rebase in {sdir.parent}")
+    return filelocks.held(sdir.parent / "rebase.lock", f"the rebase in {sdir.parent}")
 
 
 def _patch_files(m: Manifest) -> list[str]:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from patchkit import locks
+from patchkit import filelocks
 
 from patchkit import git as g
 from patchkit import versions
@@ -91,7 +91,8 @@ def ensure_tree(cache: Path, base: Base, log: Log = lambda m: None,
     repo = repo_path(cache, package)
     folder = cache_subdir(cache, WORD)
     ref = ref_of(base)
-    with locks.held(folder / f"{package.dist}.lock", f"the cached {package.dist} of bases", log):
+    with filelocks.held(folder / f"{package.dist}.lock", f"the cached {package.dist} of bases",
+                        log):
         bare_repository(repo, log)
         commit = g.resolve_commit(repo, ref)
         if commit:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from patchkit import git as g
-from patchkit import locks
+from patchkit import filelocks
 from patchkit.errors import CommandError, SourceError
 from patchkit.source.protocol import VLLM, PackageId
 from patchkit.source.resolved import Log, Resolved, version_of
@@ -55,7 +55,7 @@ def resolve(source: str, ref: str, cache: Path, log: Log, *, package: PackageId 
             base=None) -> Resolved:
     """``ref`` in the mirror of the git source ``source``, cloned or fetched as needed."""
     url, repo = _mirror_of(source, cache)
-    with locks.held(str(repo) + ".lock", f"the mirror of {source}", log):
+    with filelocks.held(str(repo) + ".lock", f"the mirror of {source}", log):
         fresh = _open_mirror(url, repo, log)
         # Branches move, so a branch ref is always refetched; tags and shas are immutable.
         commit = None if (not fresh and g.is_branch(repo, ref)) else g.resolve_commit(repo, ref)
@@ -72,7 +72,7 @@ def resolve(source: str, ref: str, cache: Path, log: Log, *, package: PackageId 
 def tags(source: str, cache: Path, log: Log) -> list[str]:
     """Every tag the source has now (fetched first, so new releases show)."""
     url, repo = _mirror_of(source, cache)
-    with locks.held(str(repo) + ".lock", f"the mirror of {source}", log):
+    with filelocks.held(str(repo) + ".lock", f"the mirror of {source}", log):
         if not _open_mirror(url, repo, log):
             log(f"fetching tags of {source}")
             _fetch(repo, url)

@@ -16,7 +16,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from patchkit import locks, progress
+from patchkit import filelocks, progress
 from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import CommandError, SourceError, ToolMissingError
@@ -76,13 +76,13 @@ def _release(cache: Path, ref: str, log, package: PackageId) -> tuple[Path, str,
     repo = repo_path(cache, package)
     base = cache_subdir(cache, WORD)
     held = (base / f"{package.dist}.lock", f"the cached {package.dist} releases", log)
-    with locks.held(*held):
+    with filelocks.held(*held):
         commit = g.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
         if commit:
             return repo, tag, commit
     # the download holds its own release's lock alone: several releases download side by side
     wheel = _wheel(cache, version, log, package)
-    with locks.held(*held):
+    with filelocks.held(*held):
         commit = g.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
         if commit:   # another run laid it out meanwhile
             return repo, tag, commit
@@ -118,7 +118,7 @@ def download_lock(cache: Path, folder: str) -> Path:
 def _wheel(cache: Path, version: str, log, package: PackageId = VLLM) -> Path:
     wheels = cache_subdir(cache, WORD, "wheels")
     prefix = f"{DOWNLOAD}{package.dist}-{version}."
-    with locks.held(download_lock(cache, prefix + "x"),
+    with filelocks.held(download_lock(cache, prefix + "x"),
                     f"the download of {package.label} {version}", log):
         return _download(wheels, prefix, version, log, package)
 

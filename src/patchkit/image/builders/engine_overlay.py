@@ -11,7 +11,7 @@ from __future__ import annotations
 from patchkit.image import layer
 from patchkit.image.build import (OVERLAY_MODE, Built, LayerInfo, overlay_image, overlay_inputs,
                                   plan_overlay)
-from patchkit.image.builders import EnginePath, Job
+from patchkit.image.builders.protocol import EnginePath, Job
 from patchkit.image.docker import Engine
 from patchkit.image.labels import INPUTS_LABEL, ImageFacts
 

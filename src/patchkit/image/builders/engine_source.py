@@ -9,7 +9,7 @@ import re
 from patchkit.errors import ImageError
 from patchkit.image.build import (SOURCE_MODE, Built, ModeChoice, packages_of, patchset_digest,
                                   source_date)
-from patchkit.image.builders import EnginePath, Job
+from patchkit.image.builders.protocol import EnginePath, Job
 from patchkit.image.docker import Engine
 from patchkit.image.labels import run_labels
 from patchkit.imageref import Platform

@@ -28,8 +28,8 @@ import json
 from pathlib import Path
 
 from patchkit.errors import ImageError, UsageError
-from patchkit.image import build, distinfo, layer, layerfs, stack
-from patchkit.image.builders import Asked, Job
+from patchkit.image import build, distinfo, layer, layerfs, lockfile
+from patchkit.image.builders.protocol import Asked, Job
 from patchkit.image.layer import RemoteImage
 from patchkit.image.registry import Registry, blob_path, host_of
 from patchkit.cache import cache_dir, cache_subdir
@@ -91,11 +91,11 @@ def build_overlay(job: Job, base_ref: str, reg: Registry, cache: Path | None = N
             # no engine read the base before the apply: its pins, requires and the lock are
             # judged here, on its layers, before anything is uploaded
             installed = distinfo.installed(files, base.env)
-            stack.check_base(job.manifest, installed, base.name)
+            lockfile.check_base(job.manifest, installed, base.name)
             if job.lock is not None:
-                stack.check_locked(job.manifest, job.lock,  # type: ignore[arg-type]
+                lockfile.check_locked(job.manifest, job.lock,  # type: ignore[arg-type]
                                    base.digest or base.image_id, installed, base.name)
-                log(f"the base is the one {stack.LOCK_FILE} names")
+                log(f"the base is the one {lockfile.LOCK_FILE} names")
         plan = build.plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log,
                                   job.packages, job.artifacts)
     made, config = build.overlay_image(base, plan, inputs)

@@ -16,7 +16,7 @@ from patchkit.series.languages.base import GrammarError, Language, Scope, Search
 
 # suffix -> (module, attribute).  `.h` is read as C++: the headers of the projects patchkit
 # patches (FlashInfer, vLLM, CUTLASS) are C++, and C++'s grammar reads most C headers too.
-REGISTRY: dict[str, tuple[str, str]] = {
+TABLE: dict[str, tuple[str, str]] = {
     ".py": ("patchkit.series.languages.python", "PYTHON"),
     ".c": ("patchkit.series.languages.cxx", "C"),
     ".h": ("patchkit.series.languages.cxx", "CPP"),
@@ -27,13 +27,13 @@ REGISTRY: dict[str, tuple[str, str]] = {
     ".cuh": ("patchkit.series.languages.cxx", "CUDA"),
 }
 # A file of any other suffix is judged as Python, as it always was (a `.pyi`, a script).
-DEFAULT = REGISTRY[".py"]
+DEFAULT = TABLE[".py"]
 
-__all__ = ["DEFAULT", "REGISTRY", "GrammarError", "Language", "Scope", "Search", "Unusable",
+__all__ = ["DEFAULT", "TABLE", "GrammarError", "Language", "Scope", "Search", "Unusable",
            "for_file"]
 
 
 def for_file(rel: str) -> Language:
     """The language a checkout file is judged in, by its suffix."""
-    module, attr = REGISTRY.get(PurePosixPath(rel).suffix.lower(), DEFAULT)
+    module, attr = TABLE.get(PurePosixPath(rel).suffix.lower(), DEFAULT)
     return getattr(importlib.import_module(module), attr)

@@ -17,7 +17,7 @@ from testing import patchkit
 from testing.project import MANIFEST, make_project
 
 from patchkit import manifest
-from patchkit.series import runtime
+from patchkit.serving import runtime
 from testing import REPO_ROOT
 
 SERIES = manifest.load(REPO_ROOT / "patchset.yaml")

@@ -17,7 +17,7 @@ from testing.project import MANIFEST, make_project
 from patchkit import manifest
 from patchkit.errors import LogError, ManifestError
 from patchkit.manifest import Marker
-from patchkit.series import runtime
+from patchkit.serving import runtime
 from testing.releases import RELEASES
 
 # The fixture project's three patches, each with markers; fast-mode is out of range on v1

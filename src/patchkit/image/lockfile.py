@@ -1,4 +1,4 @@
-"""The stack an image is proven on: what the base must hold, and ``patchset.lock``.
+"""The lock file, ``patchset.lock``: the stack an image is proven on, and what the base must hold.
 
 :func:`check_base` judges a base's installed distributions (read by :mod:`distinfo`) against
 the manifest: every package's ``dist`` installed at its pin, every ``image.requires``

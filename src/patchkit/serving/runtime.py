@@ -10,7 +10,7 @@ leaves out each log that has a line matching it (rank 1 runs headless and never 
 startup; a DeepSeek-V4.1 launch never takes a V4-only path).
 
 An ``acceptance:`` marker is judged on the values of vLLM's periodic spec-decode metrics lines
-(:mod:`patchkit.acceptance` reads them) rather than on their number: the lines of the judged
+(:mod:`patchkit.serving.acceptance` reads them) rather than on their number: the lines of the judged
 logs together must reach its floor.
 
 A log that holds several server starts (a restart appended to the same file) is judged on its
@@ -35,10 +35,11 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from patchkit import acceptance, versions
+from patchkit import versions
 from patchkit.errors import LogError
 from patchkit.manifest import VLLM, Manifest, Marker
 from patchkit.manifest.model import quoted
+from patchkit.serving import acceptance
 
 IN_STATUSES = ("applied", "upstream")
 SAMPLES = 3         # matching lines kept for a required or counted marker

@@ -11,15 +11,19 @@ and the first place it goes wrong is found:
 * U+FFFD, the replacement character a detokenizer writes for bytes that are not UTF-8.
 
 An answer cut off by the token budget may end inside a number or a repeat: that is no garble.
-Pure: the caller makes the request.
+A short answer is judged whole (:func:`degenerate`): one piece over and over, or bytes that are
+not text.  Pure: the caller makes the request.
 """
 
 from __future__ import annotations
 
 import codecs
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from patchkit import http
 
 CONTEXT = 40         # characters shown each side of the first bad one
 
@@ -214,4 +218,23 @@ def _by_alignment(text: str, char: int, tokens: Sequence[Token]) -> int | None:
                 break
         else:   # no later token matches: a run that reaches the end holds the rest
             return k if k + RUN >= len(tokens) else None
+    return None
+
+
+# ------------------------------------------------------------------------ a short answer
+
+_REPEAT = re.compile(r"(.{1,8}?)\1{3,}", re.S)
+
+
+def degenerate(text: str) -> str | None:
+    """Why ``text`` is not a real answer, or None: what a model on a broken kernel or cache
+    path says (one token over and over, bytes that are not text)."""
+    if "\ufffd" in text:
+        return f"undecodable bytes (U+FFFD) in {http.snippet(text, 40)!r}"
+    if any(unicodedata.category(c) == "Cc" and c not in "\n\r\t" for c in text):
+        return f"control characters in {http.snippet(text, 40)!r}"
+    flat = " ".join(text.split())
+    m = _REPEAT.fullmatch(flat) or _REPEAT.fullmatch(flat + " ")
+    if len(flat) >= 8 and m:
+        return f"{m.group(1).strip() or m.group(1)!r} over and over"
     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from patchkit.acceptance import (FAIL, INCONCLUSIVE, PASS, Floor, from_counts, from_lines, judge,
+from patchkit.serving.acceptance import (FAIL, INCONCLUSIVE, PASS, Floor, from_counts, from_lines, judge,
                                  length_problem, parse_line, rate_problem)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from patchkit.garble import Token, check_count, check_repeat, with_tokens
+from patchkit.serving.garble import Token, check_count, check_repeat, with_tokens
 
 COUNT = " ".join(str(n) for n in range(1, 2001))
 

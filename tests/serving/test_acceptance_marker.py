@@ -16,10 +16,10 @@ import pytest
 from testing import patchkit
 from testing.project import make_project
 
-from patchkit import acceptance, git, manifest
+from patchkit import git, manifest
 from patchkit.errors import ManifestError
 from patchkit.manifest import Marker
-from patchkit.series import runtime
+from patchkit.serving import acceptance, runtime
 from patchkit.source import pypi
 from testing.releases import RELEASES
 from testing.releases import RELEASES

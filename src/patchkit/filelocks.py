@@ -7,7 +7,7 @@ said once, and given up after ``WAIT`` seconds with one line naming it: every wa
 deadline.  The deadline is long, because the other run may be cloning a mirror or building a
 release from PyPI, which take minutes on a slow link; a signal ends the wait at once.
 
-``held(path, what)`` leaves its file behind, as lock files in a cache do.  ``held(...,
+``held(path, what)`` leaves the locked file behind, as a cache's locked files stay.  ``held(...,
 vanish=True)`` removes it before letting go (a workdir's lock must not litter the user's
 folder); a waiter that then wins the lock on the removed file tries again on the new one.
 """
@@ -30,14 +30,14 @@ POLL = 0.05
 SAY_AFTER = 1.0  # a wait shorter than this is not worth a line
 
 
-class LockBusy(PatchkitError):
+class BusyError(PatchkitError):
     """Another patchkit run held a lock for longer than ``WAIT``."""
 
 
 @contextmanager
 def held(path: Path | str, what: str, log: Callable[[str], None] = lambda m: None, *,
          vanish: bool = False) -> Iterator[None]:
-    """Holds the lock file ``path`` (guarding ``what``, as messages name it) for the block."""
+    """Holds the file lock on ``path`` (guarding ``what``, as messages name it) for the block."""
     path = Path(path)
     deadline = time.monotonic() + WAIT
     said = False
@@ -80,7 +80,7 @@ def _wait(fd: int, path: Path, what: str, log: Callable[[str], None], deadline: 
         interrupt.check()
         now = time.monotonic()
         if now >= deadline:
-            raise LockBusy(f"{what}: another patchkit run has held {path} for more than "
+            raise BusyError(f"{what}: another patchkit run has held {path} for more than "
                            f"{shown(WAIT)}; run again when it has ended")
         if not said and now - start >= SAY_AFTER:
             log(f"waiting for another patchkit run that holds {what} ({path}), at most "

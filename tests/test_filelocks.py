@@ -1,4 +1,4 @@
-"""The locks patchkit takes against another run of itself: a real flock held by a real other
+"""The file locks patchkit takes against another run of itself: a real flock held by a real other
 process, waited for with a deadline, said once, free again when its holder dies."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from patchkit import locks
+from patchkit import filelocks
 from patchkit.errors import PatchkitError
 
-HOLD = ("import sys, time; from patchkit import locks\n"
-        "with locks.held(sys.argv[1], 'x'):\n"
+HOLD = ("import sys, time; from patchkit import filelocks\n"
+        "with filelocks.held(sys.argv[1], 'x'):\n"
         "    print('in', flush=True); time.sleep(60)\n")
 
 
@@ -34,12 +34,12 @@ def holder(tmp_path):
 def test_another_runs_lock_is_waited_for_said_once_then_given_up_in_one_line(
         holder, monkeypatch):
     lock, _ = holder
-    monkeypatch.setattr(locks, "WAIT", 0.6)
-    monkeypatch.setattr(locks, "SAY_AFTER", 0.1)
+    monkeypatch.setattr(filelocks, "WAIT", 0.6)
+    monkeypatch.setattr(filelocks, "SAY_AFTER", 0.1)
     said = []
     start = time.monotonic()
-    with pytest.raises(locks.LockBusy) as e:
-        with locks.held(lock, "the mirror of pypi", said.append):
+    with pytest.raises(filelocks.BusyError) as e:
+        with filelocks.held(lock, "the mirror of pypi", said.append):
             pytest.fail("entered a lock another process holds")
     waited = time.monotonic() - start
     assert 0.6 <= waited < 5
@@ -52,21 +52,21 @@ def test_another_runs_lock_is_waited_for_said_once_then_given_up_in_one_line(
 
 def test_a_lock_is_had_as_soon_as_its_holder_ends_even_by_kill_9(holder, monkeypatch):
     lock, p = holder
-    monkeypatch.setattr(locks, "SAY_AFTER", 30)
+    monkeypatch.setattr(filelocks, "SAY_AFTER", 30)
     os.kill(p.pid, signal.SIGKILL)
     said = []
-    with locks.held(lock, "x", said.append):
+    with filelocks.held(lock, "x", said.append):
         pass
     assert said == [] and lock.exists()  # a cache's lock file stays
 
 
 def test_a_free_lock_is_taken_without_a_word_and_a_second_take_waits(tmp_path,
                                                                      monkeypatch):
-    monkeypatch.setattr(locks, "WAIT", 0.3)
+    monkeypatch.setattr(filelocks, "WAIT", 0.3)
     said = []
-    with locks.held(tmp_path / "a.lock", "a", said.append):
+    with filelocks.held(tmp_path / "a.lock", "a", said.append):
         # a second take of the same lock, even in this process, is a second holder
-        with pytest.raises(locks.LockBusy):
-            with locks.held(tmp_path / "a.lock", "a"):
+        with pytest.raises(filelocks.BusyError):
+            with filelocks.held(tmp_path / "a.lock", "a"):
                 pass
     assert said == []
