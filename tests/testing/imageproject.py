@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from patchkit import manifest
+from patchkit.manifest.runspec import run_spec
 from patchkit.series.applier import apply_series
 from testing import flashinfer as fi
 from testing import real_cache
@@ -117,7 +118,7 @@ def applied_project(root: Path, *, base: str, tag: str, name: str = "pk-e2e",
     checkout; with ``remove``, GONE's removal committed on top (``remove_module``)."""
     m = manifest.load(make_project(root, base=base, tag=tag, name=name))
     workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, workdir=workdir, cache=real_cache())
+    report = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
     assert report.ok, report.to_json()
     if remove:
         remove_module(workdir)
