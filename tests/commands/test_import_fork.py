@@ -286,6 +286,7 @@ def test_rebase_of_a_split_series_refreshes_what_applies_and_stops_at_each_file(
     stops at each file it did change, naming that file; dropping the stopped entry goes on to
     the next.  The stops are exactly the files v0.33.0 changed (each stop replays the old pin's
     series up to it: fewer files, the same paths through the rebase)."""
+    from patchkit.commands import rebase as rebase_cmd
     from patchkit.series import rebase
     from patchkit.manifest.edit import ManifestText
     from patchkit.source import pypi
@@ -306,7 +307,7 @@ def test_rebase_of_a_split_series_refreshes_what_applies_and_stops_at_each_file(
                for q in by_id.values()}
     repo, _tag = pypi.ensure_release(real_vllm, "v0.33.0")
     changed = _changed(repo, sorted(edited)[3:])
-    result = rebase.start(proj / "patchset.yaml", "v0.33.0")
+    result = rebase_cmd.start_at(proj / "patchset.yaml", "v0.33.0")
     stops = []
     while result.stop is not None:
         stopped = by_id[result.stop.patch]

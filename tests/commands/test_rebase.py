@@ -21,6 +21,7 @@ from testing.upstream import sh
 
 from patchkit import manifest
 from patchkit.series import rebase
+from patchkit.commands import rebase as rebase_cmd
 from patchkit.series import applier
 from patchkit.manifest.runspec import run_spec
 from patchkit.errors import UsageError
@@ -43,7 +44,7 @@ def applies_cleanly(proj: Path, tmp: Path, name: str = "wd"):
 def test_offset_is_refreshed_upstream_marked_and_only_needed_lines_change(tmp_path):
     proj = make_fates(tmp_path)
     old_table = (proj / "patches/table.diff").read_text()
-    result = rebase.start(proj / "patchset.yaml", "v1.1.0")
+    result = rebase_cmd.start_at(proj / "patchset.yaml", "v1.1.0")
     assert result.done and result.stop is None
     assert [(s.id, s.action) for s in result.steps] == [
         ("table-nvfp4", "refreshed"), ("fast-mode", "applied"), ("other-fix", "applied"),
@@ -70,7 +71,7 @@ def test_offset_is_refreshed_upstream_marked_and_only_needed_lines_change(tmp_pa
 
 def test_drop_upstream_removes_entry_and_file(tmp_path):
     proj = make_fates(tmp_path)
-    result = rebase.start(proj / "patchset.yaml", "v1.1.0", drop_upstream=True)
+    result = rebase_cmd.start_at(proj / "patchset.yaml", "v1.1.0", drop_upstream=True)
     assert result.done
     assert ("already-in", "dropped") in [(s.id, s.action) for s in result.steps]
     assert not (proj / "patches/util2.diff").exists()
@@ -91,7 +92,7 @@ def test_conflict_stop_continue_to_the_end(tmp_path):
     proj = make_fates(tmp_path)
     tree = proj / ".patchkit/rebase/tree"
 
-    first = rebase.start(proj / "patchset.yaml", "v1.3.0")
+    first = rebase_cmd.start_at(proj / "patchset.yaml", "v1.3.0")
     assert not first.done and first.stop.patch == "fast-mode"
     assert first.stop.reason == "anchor-missing" and first.stop.edit == ["patches/fast.py"]
     assert any("Change patches/fast.py: its anchor is not in the file any more" in ln
@@ -146,7 +147,7 @@ def test_conflict_stop_continue_to_the_end(tmp_path):
 def test_abort_restores_every_byte(tmp_path):
     proj = make_fates(tmp_path)
     before = snapshot(proj)
-    first = rebase.start(proj / "patchset.yaml", "v1.2.0")  # table marked, other-fix conflicts
+    first = rebase_cmd.start_at(proj / "patchset.yaml", "v1.2.0")  # table marked, other-fix conflicts
     assert first.stop.patch == "other-fix"
     assert snapshot(proj) != before  # the manifest already carries the upstream mark
     (proj / "patches/other.diff").write_text("half-edited\n")
@@ -162,7 +163,7 @@ def test_abort_restores_every_byte(tmp_path):
 def test_abort_after_a_refresh_and_a_resolution(tmp_path):
     proj = make_fates(tmp_path)
     before = snapshot(proj)
-    rebase.start(proj / "patchset.yaml", "v1.3.0", drop_upstream=True)
+    rebase_cmd.start_at(proj / "patchset.yaml", "v1.3.0", drop_upstream=True)
     (proj / "patches/fast.py").write_text(TRANSFORM_V13)
     rebase.resume(proj / "patchset.yaml")
     (proj / ".patchkit/rebase/tree/pkg/other.py").write_text(OTHER_RESOLVED)
@@ -175,7 +176,7 @@ def test_abort_after_a_refresh_and_a_resolution(tmp_path):
 
 def test_empty_resolution_marks_the_patch_upstream(tmp_path):
     proj = make_fates(tmp_path)
-    first = rebase.start(proj / "patchset.yaml", "v1.2.0")
+    first = rebase_cmd.start_at(proj / "patchset.yaml", "v1.2.0")
     assert first.stop.patch == "other-fix"
     sh("git", "checkout", "--", ".", cwd=proj / ".patchkit/rebase/tree")  # take upstream's side
     done = rebase.resume(proj / "patchset.yaml")
@@ -189,14 +190,14 @@ def test_one_rebase_at_a_time_and_continue_needs_one(tmp_path):
     proj = make_fates(tmp_path)
     with pytest.raises(UsageError, match="no rebase in progress"):
         rebase.resume(proj / "patchset.yaml")
-    rebase.start(proj / "patchset.yaml", "v1.2.0")
+    rebase_cmd.start_at(proj / "patchset.yaml", "v1.2.0")
     with pytest.raises(UsageError, match="already in progress"):
-        rebase.start(proj / "patchset.yaml", "v1.3.0")
+        rebase_cmd.start_at(proj / "patchset.yaml", "v1.3.0")
 
 
 def test_transform_stop_refuses_edits_in_the_checkout(tmp_path):
     proj = make_fates(tmp_path)
-    rebase.start(proj / "patchset.yaml", "v1.3.0")
+    rebase_cmd.start_at(proj / "patchset.yaml", "v1.3.0")
     (proj / ".patchkit/rebase/tree/pkg/mod.py").write_text("edited = 1\n")
     with pytest.raises(UsageError, match="fast-mode is a transform: change patches/fast.py"):
         rebase.resume(proj / "patchset.yaml")
@@ -207,7 +208,7 @@ def test_hunk_from_a_diff_without_index_lines_uses_the_old_pin(tmp_path):
     merge base comes from the old pin with the earlier patches applied."""
     proj = make_fates(tmp_path)
     assert "index " not in (proj / "patches/other.diff").read_text()
-    stop = rebase.start(proj / "patchset.yaml", "v1.2.0").stop
+    stop = rebase_cmd.start_at(proj / "patchset.yaml", "v1.2.0").stop
     assert len(stop.edit) == 1 and stop.edit[0].endswith(".patchkit/rebase/tree/pkg/other.py")
     assert "<<<<<<< vLLM v1.2.0" in (proj / ".patchkit/rebase/tree/pkg/other.py").read_text()
     assert not (proj / ".patchkit/rebase/old").exists()  # the old pin's checkout is gone

@@ -15,6 +15,7 @@ from testing.realdiffs import TORCH_UTILS, real_diffs
 
 from patchkit import manifest
 from patchkit.series import rebase
+from patchkit.commands import rebase as rebase_cmd
 from patchkit.series import applier
 from patchkit.manifest.runspec import run_spec
 from patchkit.source import pypi
@@ -90,7 +91,7 @@ def test_rebase_check_real_releases(project):
 def test_rebase_real_refresh_and_conflict_then_abort(project, tmp_path):
     before = {p.name: p.read_bytes() for p in (project / "patches").iterdir()}
     before["patchset.yaml"] = (project / "patchset.yaml").read_bytes()
-    first = rebase.start(project / "patchset.yaml", "v0.33.0")
+    first = rebase_cmd.start_at(project / "patchset.yaml", "v0.33.0")
     assert first.stop and first.stop.patch == "dtype-tail" and first.stop.reason == "conflict"
     steps = {s.id: s.action for s in first.steps}
     assert steps == {"dtype-map": "upstream", "dtype-size": "refreshed"}
@@ -109,7 +110,7 @@ def test_rebase_real_to_the_end(project, tmp_path):
     keep = [e for e in text.split("  - id: ")[1:] if e.split("\n")[0] in ("dtype-map", "dtype-size", "marker")]
     (project / "patchset.yaml").write_text(text.split("  - id: ")[0] + "".join(
         "  - id: " + e for e in keep))
-    result = rebase.start(project / "patchset.yaml", "v0.33.0")
+    result = rebase_cmd.start_at(project / "patchset.yaml", "v0.33.0")
     assert result.done, result.stop
     data = yaml.safe_load((project / "patchset.yaml").read_text())
     assert data["vllm"]["ref"] == "v0.33.0"

@@ -446,16 +446,17 @@ def test_holds_names_the_commit_of_a_dev_build():
     assert build.Holds.of("0.31.0+nv25.11", "image", None).commit is None
 
 
-def test_rebase_refuses_a_pin_that_follows_the_base(tmp_path):
-    from patchkit.series import rebase
+def test_rebase_refuses_a_pin_that_follows_the_base(tmp_path, monkeypatch):
+    from patchkit.commands import rebase as rebase_cmd
 
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "patchset.yaml"
     path.write_text("name: t\nvllm:\n  repo: pypi\n  ref: base\nimage:\n  base: reg/vllm:1\n")
     with pytest.raises(UsageError, match="follows the base image instead"):
-        rebase.start(path, "v0.33.0", cache=tmp_path / "cache")
+        rebase_cmd.start_at(path, "v0.33.0")
     path.write_text("name: t\nvllm:\n  repo: image\n  ref: v0.31.0\n")
     with pytest.raises(UsageError, match="follows the base image instead"):
-        rebase.start(path, "v0.33.0", cache=tmp_path / "cache")
+        rebase_cmd.start_at(path, "v0.33.0")
     assert not (tmp_path / "cache").exists()
 
 

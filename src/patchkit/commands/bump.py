@@ -164,7 +164,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
             result.notes.append(f"the port was finished by hand in {scratch}")
             keep = _probe_all(scratch / rel, result, name, target)
         else:
-            keep = _port(scratch / rel, result, name, target, ask.repos, progress)
+            keep = _port(scratch / rel, spec, result, name, target, progress)
         if not (result.needs_a_hand or dry_run):
             _commit(project, scratch, result, version, remote_was, push)
         return result
@@ -259,12 +259,12 @@ def _finished_by_hand(scratch: Path, rel: Path, label: str, version: str) -> boo
     return True
 
 
-def _port(manifest_path: Path, result: BumpResult, name: str, target: str,
-          repos: Sequence[str] | None, progress) -> bool:
-    """Rebase, assertions and probes in the scratch tree; True when a person must finish it
-    there (the tree is kept)."""
-    done = rebase.start(manifest_path, target, repos=repos, drop_upstream=True, package=name,
-                        progress=progress)
+def _port(manifest_path: Path, spec: RunSpec, result: BumpResult, name: str, target: str,
+          progress) -> bool:
+    """Rebase, assertions and probes in the scratch tree (its manifest a copy of the run's);
+    True when a person must finish it there (the tree is kept)."""
+    done = rebase.start(manifest.load(manifest_path), spec, target, drop_upstream=True,
+                        package=name, progress=progress)
     ours = [p.id for p in manifest.load(manifest_path).patches if p.package == name]
     # the body speaks of this package's series: the others' patches keep their pins
     result.steps = [s for s in done.steps if s.id in ours or s.action == "dropped"]

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from patchkit import manifest
 from patchkit.errors import UsageError
 from patchkit.manifest import VLLM
+from patchkit.manifest.runspec import run_spec
 from patchkit.series import applier
 from patchkit.series.rebase import RebaseResult, abort, resume, start
 
@@ -26,5 +28,17 @@ def run(manifest_path: Path, *, to: str | None = None, cont: bool = False, abort
     if cont:
         return resume(manifest_path, progress=progress)
     assert to is not None
-    return start(manifest_path, to, repos=repos, drop_upstream=drop_upstream,
-                 package=package or VLLM.name, progress=progress)
+    return start_at(manifest_path, to, repos=repos, drop_upstream=drop_upstream,
+                    package=package or VLLM.name, progress=progress)
+
+
+def start_at(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
+             drop_upstream: bool = False, package: str = VLLM.name,
+             progress: applier.Progress | None = None) -> RebaseResult:
+    """A rebase of ``package`` in the manifest at ``manifest_path`` begun, on the run its
+    options make."""
+    m = manifest.load(manifest_path)
+    spec = run_spec(m, repos=repos, only=[package])   # an unknown package: one line
+    if not m.package(package).id.primary and repos:
+        raise UsageError("--vllm-repo goes with vLLM's rebase, not --package")
+    return start(m, spec, to, drop_upstream=drop_upstream, package=package, progress=progress)

@@ -227,10 +227,7 @@ def _image_attrs(engine, image: str, platform: str):
     held = engine.inspect(image)
     if held is None:
         plat = Platform.parse(platform)
-        try:
-            engine.resolve_base(image, plat)
-        except ImageError as exc:
-            raise ImageError(str(exc).replace("base image ", "image ", 1)) from exc
+        engine.resolve_base(image, plat, what="image")
         held = engine.inspect(image)
     if held is None:
         raise ImageError(f"image {image} not found on the engine at {engine.host}")

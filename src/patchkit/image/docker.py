@@ -276,9 +276,10 @@ class Engine:
         return image.diff_ids if image is not None else ()
 
     def resolve_base(self, ref: str, platform: Platform, log: Log = lambda m: None,
-                     pull: bool = True) -> BaseImage:
+                     pull: bool = True, what: str = "base image") -> BaseImage:
         """The base as the engine holds it (pulled for ``platform`` when missing), checked to be
-        of that platform and pinned by its registry digest, else by its image id."""
+        of that platform and pinned by its registry digest, else by its image id.  ``what``
+        names it in errors."""
         image = self.inspect(ref)
         if image is None and pull and not ref.startswith("sha256:"):
             repo, tag = (ref.split("@", 1) if "@" in ref else split_tag(ref))
@@ -288,19 +289,19 @@ class Engine:
                     for line in self.api.pull(repo, tag=tag, platform=str(platform), stream=True,
                                               decode=True):
                         if "error" in line:
-                            raise ImageError(f"base image {ref} not found: "
+                            raise ImageError(f"{what} {ref} not found: "
                                              f"{' '.join(str(line['error']).split())}")
             except ImageError as exc:
-                if str(exc).startswith("base image"):
+                if str(exc).startswith(what):
                     raise
                 why = explain(exc.__cause__) if exc.__cause__ is not None else str(exc)
-                raise ImageError(f"base image {ref} not found: {why}") from exc
+                raise ImageError(f"{what} {ref} not found: {why}") from exc
             image = self.inspect(ref)
         if image is None:
-            raise ImageError(f"base image {ref} not found on the engine at {self.host}")
+            raise ImageError(f"{what} {ref} not found on the engine at {self.host}")
         got = image.platform
         if not got.matches(platform):
-            raise ImageError(f"base image {ref} is {got}, not {platform}")
+            raise ImageError(f"{what} {ref} is {got}, not {platform}")
         digest = ref.split("@", 1)[1] if "@sha256:" in ref else image.digest_in(repository(ref))
         with border(f"reading the history of {ref}"):
             raw_history = self.api.history(image.id)

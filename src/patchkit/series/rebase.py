@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,14 +33,13 @@ from patchkit import filelocks
 
 from patchkit import git as g
 from patchkit import interrupt, kinds, manifest, source, versions
-from patchkit.cache import cache_dir
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
 from patchkit.kinds import Stop
 from patchkit.kinds.common import ABORT
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest.edit import ManifestText
-from patchkit.manifest.runspec import run_spec
+from patchkit.manifest.runspec import RunSpec
 from patchkit.report import PatchResult
 from patchkit.series import applier, assertions
 
@@ -180,25 +179,19 @@ def _rel(path: Path) -> str:
 
 # ------------------------------------------------------------------------------ commands
 
-def start(manifest_path: Path, to: str, *, repos: Sequence[str] | None = None,
-          drop_upstream: bool = False, cache: Path | None = None, package: str = VLLM.name,
-          progress: applier.Progress | None = None) -> RebaseResult:
-    """Begin moving the pin of ``package`` (default vLLM) of ``manifest_path`` to ``to``; runs
-    until done or stopped."""
+def start(m: Manifest, spec: RunSpec, to: str, *, drop_upstream: bool = False,
+          package: str = VLLM.name, progress: applier.Progress | None = None) -> RebaseResult:
+    """Begin moving the pin of ``package`` (default vLLM) of ``m`` to ``to``, with the sources
+    and cache of the run ``spec``; runs until done or stopped."""
     progress = progress or applier.Progress()
-    m = manifest.load(manifest_path)
-    run_spec(m, only=[package])   # an unknown package: one line, with "did you mean"
-    if not m.package(package).id.primary and repos:
-        raise UsageError("--vllm-repo goes with vLLM's rebase, not --package")
     sdir = state_dir(m.root)
     with _lock(sdir):
         if in_progress(m.root):
             raise UsageError("a rebase is already in progress; go on with `patchkit rebase "
                              "--continue` or undo it with `patchkit rebase --abort`")
-        spec = run_spec(m, repos=repos)
         pin = spec.pin(package)
         repos = pin.sources
-        cache = cache or cache_dir()
+        cache = spec.cache
         if (source.BASE_REF in (to, pin.ref)
                 or any(source.kind_of(r).reads_base for r in repos)):
             raise UsageError("rebase moves the pin between refs of git or PyPI sources; a pin "
