@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# workers of pytest-xdist; tests that share an engine or a release's checkout stay on one
+# workers of pytest-xdist; the engine tests (*_docker.py) run in order on one of them
 # (tests/conftest.py); JOBS=0 runs in this process
 JOBS ?= 2
 
@@ -24,7 +24,7 @@ apply: $(PY)
 
 test: $(PY)
 	bash .ci/setup.sh
-	. /tmp/pk-services.env && $(PY) -m pytest -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
+	. /tmp/pk-services.env && $(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .patchkit

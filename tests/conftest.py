@@ -19,19 +19,30 @@ def real_vllm(monkeypatch):
     return cache
 
 
-def pytest_collection_modifyitems(items):
-    """Work units for parallel runs (``make test`` runs pytest-xdist with ``--dist loadgroup``).
+ENGINE_TESTS = "_docker.py"   # the file-name ending of the modules that drive the real engines
 
-    The tests that drive the real engines share their state (the engines' images, the nodes,
-    the registry): they are one unit, run in order on one worker.  The tests of one applied
-    release share its checkout (``patched``), made once a worker.  Every other module is a unit
-    of its own, so its module fixtures are made once.  Without xdist the marks do nothing."""
-    for item in items:
-        params = getattr(item, "callspec", None)
-        if item.get_closest_marker("docker"):
-            group = "engines"
-        elif params is not None and "patched" in params.params:
-            group = f"release-{params.params['patched']}"
-        else:
-            group = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+
+def pytest_collection_modifyitems(items):
+    """The tests that drive the real engines share their state (the engines' images, the nodes,
+    the registry), so they run in order on one worker of a parallel run (``make test`` runs
+    pytest-xdist): they are the tests marked ``docker``, and their modules are named so that
+    the controller, which sees only test ids, knows them."""
+    stray = [item.nodeid for item in items if item.get_closest_marker("docker")
+             and not item.nodeid.split("::", 1)[0].endswith(ENGINE_TESTS)]
+    if stray:
+        raise pytest.UsageError(f"{stray[0]}: marked docker, so its file's name ends in "
+                                f"{ENGINE_TESTS} (the engine tests run in order on one worker)")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Work units for the workers: every engine test in one, in order; every other test on its
+    own, as pytest-xdist's ``load`` sends them."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "engines" if path.endswith(ENGINE_TESTS) else nodeid
+
+    return Units(config, log)

@@ -1,5 +1,5 @@
 """The engine-less build's own logic: the layer file system, the manifest it pushes, the
-registry border's pure parts.  No registry here; tests/image/test_nodaemon_registry.py uses
+registry border's pure parts.  No registry here; tests/image/test_nodaemon_registry_docker.py uses
 the real one."""
 
 from __future__ import annotations
