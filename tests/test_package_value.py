@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from patchkit import manifest
-from patchkit.source.protocol import VLLM, PackageId
+from patchkit.packageid import VLLM, PackageId
 
 SRC = Path(manifest.__file__).resolve().parents[1]   # src/patchkit
 MANIFEST_DIR = SRC / "manifest"
@@ -52,7 +52,7 @@ def test_vllm_is_named_by_one_constant():
     assert constants == []
     made = [name for name, text in _sources().items()
             if re.search(r"PackageId\(\s*[\"']vllm[\"']", text)]
-    assert made == ["source/protocol.py"]
+    assert made == ["packageid.py"]
 
 
 def test_what_sets_vllm_apart_is_data_of_its_value(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from patchkit.source.protocol import VLLM
+from patchkit.packageid import VLLM
 
 STATUSES = ("applied", "upstream", "skipped", "failed")
 REASONS = ("conflict", "fuzz", "anchor-missing", "ambiguous-anchor", "unsafe-path",

@@ -22,6 +22,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from patchkit.errors import UsageError
+from patchkit.packageid import VLLM
 
 __all__ = ["InvalidVersion", "Version", "parse", "release_tag", "tag_version", "pypi_release",
            "in_range", "in_ranges", "expected", "same_release", "sort_key", "named_commit", "Pin",
@@ -76,8 +77,6 @@ def pypi_release(ref: str, where: str = "the vLLM source pypi") -> str:
 def _shown(package: str | None) -> str:
     """How messages spell a package's name (None: vLLM's): vLLM by its label, the others as
     the manifest does."""
-    from patchkit.source.protocol import VLLM   # the source family imports this module
-
     return {VLLM.name: VLLM.label}.get(package or VLLM.name, package or "")
 
 

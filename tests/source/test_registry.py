@@ -9,7 +9,7 @@ import pytest
 from patchkit import source
 from patchkit.errors import SourceError
 from patchkit.source import image, mirror, pypi
-from patchkit.source.protocol import PackageId
+from patchkit.packageid import PackageId
 
 
 @pytest.mark.parametrize("text", ["https://github.com/vllm-project/vllm.git", "/srv/vllm",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from patchkit import manifest as manifest_
 from patchkit.errors import UsageError
-from patchkit.manifest import VLLM, Manifest, digest, discovery
+from patchkit.manifest import Manifest, digest, discovery
 from patchkit.report import ApplyReport
 from patchkit.series import checkout
 

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import kinds, manifest, source
+from patchkit import kinds, manifest
 from patchkit.errors import ManifestError
 from patchkit.image import artifact
 from patchkit.series import compiled, languages

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from patchkit.source.protocol import VLLM
+from patchkit.packageid import VLLM
 
 MANIFEST = "patchset.yaml"
 WORKDIR = Path(".patchkit") / VLLM.name   # vLLM's checkout, relative to the project's folder

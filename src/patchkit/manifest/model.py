@@ -11,7 +11,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from patchkit.serving.acceptance import Floor
-from patchkit.source.protocol import VLLM, PackageId
+from patchkit.packageid import VLLM, PackageId
 
 # `not_contains: TEXT` is read as `not: {contains: TEXT}`: no Assertion carries it.
 PREDICATES = ("defines", "calls", "has_key", "contains", "not", "not_contains")

@@ -16,7 +16,7 @@ from pathlib import Path
 from patchkit.cache import cache_dir
 from patchkit.errors import UsageError
 from patchkit.manifest.model import VLLM, Manifest
-from patchkit.source.protocol import PackageId
+from patchkit.packageid import PackageId
 from patchkit.source.refs import BASE_REF
 from patchkit.timeouts import DEFAULT_TIMEOUT
 

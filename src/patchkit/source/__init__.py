@@ -22,7 +22,8 @@ from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
 from patchkit.source import image, mirror, pypi
-from patchkit.source.protocol import VLLM, PackageId, Source
+from patchkit.packageid import VLLM, PackageId
+from patchkit.source.protocol import Source
 from patchkit.source.protocol import Base
 from patchkit.source.refs import BASE_REF, ref_problem, source_problem
 from patchkit.source.resolved import Log, Resolved, version_of

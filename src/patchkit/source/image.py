@@ -22,7 +22,8 @@ from patchkit import filelocks
 from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
-from patchkit.source.protocol import VLLM, Base, PackageId
+from patchkit.packageid import VLLM, PackageId
+from patchkit.source.protocol import Base
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE
 from patchkit.source.resolved import Log, Resolved, bare_repository
 from patchkit.cache import cache_subdir

@@ -21,7 +21,7 @@ from pathlib import Path
 from patchkit import git as g
 from patchkit import filelocks
 from patchkit.errors import CommandError, SourceError
-from patchkit.source.protocol import VLLM, PackageId
+from patchkit.packageid import VLLM, PackageId
 from patchkit.source.resolved import Log, Resolved, version_of
 from patchkit.cache import cache_subdir
 from patchkit.files import discard

@@ -20,7 +20,7 @@ from patchkit import filelocks, progress
 from patchkit import git as g
 from patchkit import versions
 from patchkit.errors import CommandError, SourceError, ToolMissingError
-from patchkit.source.protocol import VLLM, PackageId
+from patchkit.packageid import VLLM, PackageId
 from patchkit.source.resolved import Log, Resolved, bare_repository
 from patchkit.cache import cache_subdir
 from patchkit.process import run
