@@ -6,6 +6,7 @@ by what a user's setup could make hang (an fsmonitor hook, an ssh that never ans
 from __future__ import annotations
 
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ def _hanging_script(path):
     return path
 
 
-def _gone(pid_file) -> bool:
+def _ended(pid_file) -> bool:
     """Every process the script ran as has ended (a zombie nobody reaped has ended too)."""
     for pid in pid_file.read_text().split():
         try:
@@ -32,6 +33,18 @@ def _gone(pid_file) -> bool:
             continue
         if state not in ("Z", "X"):
             return False
+    return True
+
+
+def _gone(pid_file, within: float = 10) -> bool:
+    """The script's processes end once killed: a signal is delivered, not waited for, so on a
+    busy machine the kernel may take a moment; a process still alive after ``within`` seconds
+    was not killed."""
+    end = time.monotonic() + within
+    while not _ended(pid_file):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
     return True
 
 
