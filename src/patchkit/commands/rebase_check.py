@@ -30,7 +30,7 @@ from patchkit.image import basevllm
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec
 from patchkit.report import ApplyReport, PatchResult
-from patchkit.series import applier
+from patchkit.series import applier, trial
 from patchkit.series.releases import release_targets
 
 FORMATS = ("text", "json", "markdown", "junit")
@@ -213,15 +213,8 @@ def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] 
     """One target, in a worker: an ApplyReport, or what stopped it as plain values (not every
     exception survives pickling)."""
     try:
-        try:
-            source.checkout(res, tree, paths)
-            at = applier.Tree(tree, res,
-                              applier.package_tops(res, manifest.package(package).id))
-            return "report", applier.run_stack(manifest, {package: at}, patches=series,
-                                               variant=variant, pins={**(others or {}),
-                                                                      package: res})
-        finally:
-            shutil.rmtree(tree, ignore_errors=True)
+        return "report", trial.run(manifest, res, tree, package=package, others=others or {},
+                                   paths=paths, series=series, variant=variant)
     except interrupt.Interrupted as exc:
         return "interrupted", exc.signum
     except PatchkitError as exc:
