@@ -193,7 +193,7 @@ def test_a_fix_that_stops_applying_needs_a_successor_or_a_hand(proj):
     (proj / "patchset.yaml").write_text(ranged + (
         "  - id: other-fix-v11\n    summary: add one, from 1.1 on\n"
         "    diff: patches/other-v11.diff\n    vllm: \">=1.1\"\n"
-        "    supersedes: [other-fix]\n"))
+        "    supersedes: [other-fix, already-in]\n"))
     commit(proj, "its successor")
     out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
     assert out.returncode == 0, out.stderr
@@ -202,10 +202,16 @@ def test_a_fix_that_stops_applying_needs_a_successor_or_a_hand(proj):
     assert "**Newly applied** (take effect for the first time at v1.1.0):\n\n- `other-fix-v11`" \
         in out.stdout
     assert "- `other-fix`: superseded by `other-fix-v11`" in out.stdout
+    # an upstream patch a supersedes: names keeps its entry, with a range, for that reference
+    assert "| `already-in` | applied | skipped | upstream: range marked; superseded by " \
+           "`other-fix-v11`; already in the tree; kept for other-fix-v11, which supersedes it" \
+           in out.stdout
+    bumped = yaml.safe_load(sh("git", "show", f"{BRANCH}:patchset.yaml", cwd=proj))
+    assert {p["id"]: p.get("vllm") for p in bumped["patches"]}["already-in"] == "<1.1.0"
     message = sh("git", "log", "-1", "--format=%B", BRANCH, cwd=proj)
     assert "Newly applied: other-fix-v11" in message
-    assert "No longer applied: other-fix (superseded by other-fix-v11), already-in (upstream)" \
-        in message
+    assert "No longer applied: other-fix (superseded by other-fix-v11), already-in (superseded " \
+        "by other-fix-v11)" in message
 
 
 def test_a_port_that_needs_a_hand_says_which_patch_and_writes_no_branch(proj):
@@ -419,3 +425,21 @@ def test_a_flashinfer_bump_on_real_releases(tmp_path, real_vllm):
     assert lost.returncode == EXIT_NEEDS_A_HAND, lost.stderr
     assert "**Needs a hand**: `fi-nvfp4-only` took effect at v0.6.16 and not at v0.6.18" \
         in lost.stdout
+
+
+def test_a_reviewer_reads_upstreams_changes_from_the_body():
+    """A GitHub source gives the compare view and the release page, in any URL form; PyPI its
+    release page; a local path nothing."""
+    from patchkit.commands.bump import Links, _links
+    from patchkit.manifest.runspec import Pin
+    from patchkit.packageid import VLLM
+
+    pin = Pin(VLLM, "v0.33.0", ())
+    for url in ("https://github.com/vllm-project/vllm.git", "git@github.com:vllm-project/vllm",
+                "https://github.com/vllm-project/vllm/"):
+        assert _links((url, "pypi"), pin, "v0.34.0", "0.34.0") == Links(
+            "https://github.com/vllm-project/vllm/compare/v0.33.0...v0.34.0",
+            "https://github.com/vllm-project/vllm/releases/tag/v0.34.0")
+    assert _links(("pypi",), pin, "v0.34.0", "0.34.0") == Links(
+        None, "https://pypi.org/project/vllm/0.34.0/")
+    assert _links(("/srv/vllm",), pin, "v0.34.0", "0.34.0") == Links()

@@ -255,9 +255,11 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
     if not resumed:
         scratch.parent.mkdir(parents=True, exist_ok=True)
         g.add_worktree(project, scratch, "HEAD")
+    # the manifest's sources name the project upstream even when this run reads another
+    sources = (*m.package(name).repos, *pin.sources)
     base = Bump(name, label, pin.ref, target, Status.DRY_RUN if ask.dry_run else Status.BUMPED,
-                branch=None if ask.dry_run else branch, links=_links(pin.sources, pin, target,
-                                                                   version))
+                branch=None if ask.dry_run else branch,
+                links=_links(sources, pin, target, version))
     keep = False
     try:
         side = _Sides(m, name, old, new, others, scratch)
@@ -400,11 +402,11 @@ def _fates(old_m: Manifest, new_m: Manifest, package: str, before: ApplyReport,
             port, detail = "resolved", "finished by hand"
         else:
             port, detail = _carried(old_m, new_m, pid, project, scratch), ""
-        status = after.status_of(pid)
+        was, status = before.status_of(pid), after.status_of(pid)
         successor = next((q.id for q in new_m.patches
-                          if pid in q.supersedes and after.status_of(q.id) == "applied"), None)
-        out.append(Fate(pid, before.status_of(pid), status, port, detail, links.get(pid),
-                        successor))
+                          if pid in q.supersedes and after.status_of(q.id) == "applied"),
+                         None) if was == "applied" != status else None
+        out.append(Fate(pid, was, status, port, detail, links.get(pid), successor))
     return tuple(out)
 
 
