@@ -304,7 +304,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
             keep = True
             return replace(result, status=Status.NEEDS_A_HAND, why=why, branch=None,
                            worktree=None if ask.dry_run else str(scratch))
-        probes = _probes(scratch / rel, result, name, target)
+        probes = _probes(ported, result, name, target)
         result = replace(result, probes=probes)
         failing = next((p for p in probes if not p.ok), None)
         if failing is not None:
@@ -685,9 +685,8 @@ def _finished_by_hand(scratch: Path, rel: Path, label: str, version: str) -> boo
 
 # ------------------------------------------------------------------------------ probes
 
-def _probes(manifest_path: Path, result: Bump, name: str, target: str) -> tuple[Probe, ...]:
-    """The manifest's probes, in order, until one fails."""
-    m = manifest.load(manifest_path)
+def _probes(m: Manifest, result: Bump, name: str, target: str) -> tuple[Probe, ...]:
+    """The ported manifest's probes, run in its folder, in order, until one fails."""
     done: list[Probe] = []
     for command in m.bump.probes:
         done.append(_probe(command, m, name, result, target))
