@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import imageref, process, versions
-from patchkit.render import plural
 from patchkit.series.bisect import limit_for
 from patchkit.errors import UsageError
 from patchkit.image import base as base_
@@ -430,7 +429,8 @@ def run(manifest: Manifest, command: str, spec: RunSpec, *, image: bool = False,
     result = SeriesBisect(argv, series, left_out,
                           {"ref": at.ref, "commit": at.commit, "version": at.version},
                           spec.variant, image)
-    progress.info(f"bisecting {plural(len(series), 'patch', 'patches')} at {at.ref} with "
+    count = f"{len(series)} patch{'' if len(series) == 1 else 'es'}"
+    progress.info(f"bisecting {count} at {at.ref} with "
                   f"{shlex.join(argv)} "
                   f"(at most {result.limit} runs)")
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-series-"))

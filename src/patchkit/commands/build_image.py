@@ -13,6 +13,7 @@ from patchkit.image import base as base_
 from patchkit.image import basevllm, build, builders, transfer
 from patchkit.image import lockfile as stack
 from patchkit.image.builders.protocol import Asked
+from patchkit.image.docker import Engine
 from patchkit.image.assembly import BuildReport, Choices, assemble, reach_registry
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
@@ -53,7 +54,7 @@ class Request:
     def run_value(self, manifest: Manifest) -> RunSpec:
         return run_spec(manifest, ref=self.ref, repos=self.repos, base=self.base, tag=self.tag,
                         platform=self.platform, variant=self.variant, workdir=self.workdir,
-                        timeout=self.timeout, engine=self.engine)
+                        timeout=self.timeout, engine=self.engine, open_engine=Engine.connect)
 
     @property
     def choices(self) -> Choices:

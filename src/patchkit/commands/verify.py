@@ -212,10 +212,18 @@ def _check_is_checkout(path: Path, label: str, patches: Sequence[Patch], first: 
                      f"{shown})")
 
 
+def _open_engine(timeout: float):
+    """The engine a run opens when it first looks at an image (the engine border is imported
+    only then)."""
+    from patchkit.image.docker import Engine
+
+    return Engine.connect(timeout=timeout)
+
+
 def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
                  ) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
-    spec = run_spec(manifest, variant=variant, engine=engine)
+    spec = run_spec(manifest, variant=variant, engine=engine, open_engine=_open_engine)
     return _check_image(manifest, image, spec).results
 
 
@@ -431,7 +439,7 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
         raise UsageError("--base goes with --tree: an image's own files say what it holds")
     variants.check(manifest, r.variant)
     spec = run_spec(manifest, variant=r.variant, only=r.packages, timeout=r.timeout,
-                    engine=r.engine)
+                    engine=r.engine, open_engine=_open_engine)
     engine = spec.connect() if r.image or r.base or r.containers else None
     version = _base_version(r.base, spec, log) if r.base else None
     with _Logs(r.logs, r.containers, stdin=stdin, engine=engine) as sources:

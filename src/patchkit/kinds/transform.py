@@ -41,7 +41,7 @@ import libcst as cst
 import libcst.matchers as m
 from packaging.version import Version
 
-from patchkit import paths
+from patchkit import paths, syntax
 from patchkit.kinds import memo
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume
@@ -80,7 +80,7 @@ class Transform:
     pure: bool = True
     #: what ``transform()`` returns, as failures name it
     result_type = "libcst.Module"
-    #: the languages (``patchkit.series.languages``) of the files this base class edits
+    #: the languages (``patchkit.syntax``) of the files this base class edits
     languages: tuple[str, ...] = ("Python",)
 
     def __init__(self, version: Version | None = None) -> None:
@@ -237,8 +237,7 @@ class CxxTransform(Transform):
 
 
 def _language(path: str):
-    from patchkit.series import languages
-    return languages.for_file(path)
+    return syntax.for_file(path)
 
 
 def _body_of(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
