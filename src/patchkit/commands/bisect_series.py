@@ -40,7 +40,7 @@ from patchkit.image import basevllm
 from patchkit.image.assembly import Choices, assemble, reach_registry
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec
-from patchkit.report import ApplyReport
+from patchkit.report import ApplyReport, Status
 from patchkit.series import applier
 from patchkit.series.checkout import AppliedCheckout
 
@@ -218,7 +218,8 @@ def outcome_of(done: process.Finished, timeout: float) -> tuple[str, str]:
 
 
 def _unmade(report: ApplyReport) -> str:
-    failed = [f"{p.id} failed ({p.reason})" for p in report.patches if p.status == "failed"]
+    failed = [f"{p.id} failed ({p.reason})" for p in report.patches
+              if p.status is Status.FAILED]
     return "tree not made: " + (", ".join(failed) or "an assertion failed")
 
 
@@ -247,7 +248,7 @@ class Tester:
                                           progress=quiet)
             if not report.ok:
                 failed = tuple((p.id, p.reason or "") for p in report.patches
-                               if p.status == "failed")
+                               if p.status is Status.FAILED)
                 return Run(k, last, SKIP, _unmade(report), quiet.seconds(), failed=failed)
             env = {"PATCHKIT_TREE": str(workdir)}
             if self.images is not None:

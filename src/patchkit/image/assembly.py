@@ -17,7 +17,7 @@ from patchkit.image.builders.protocol import Job
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
 from patchkit.manifest.runspec import RunSpec
-from patchkit.report import ApplyReport
+from patchkit.report import ApplyReport, Status
 from patchkit.series.checkout import AppliedCheckout, is_checkout
 
 
@@ -62,7 +62,7 @@ class BuildReport:
 
     @classmethod
     def failed_apply(cls, report: ApplyReport) -> BuildReport:
-        failed = [p.id for p in report.patches if p.status == "failed"]
+        failed = [p.id for p in report.patches if p.status is Status.FAILED]
         data = report.to_dict()
         return cls(False, "the series did not apply"
                    + (f" ({', '.join(failed)} failed)" if failed else " (assertions failed)"),
@@ -153,7 +153,7 @@ def _artifacts(manifest: Manifest, tree: AppliedCheckout, plat: Platform, cache:
                ) -> tuple[build.PlacedArtifact, ...]:
     """The members of the run's applied artifacts, each checked against its pins and the
     image's platform (one line, exit 2, before anything is built)."""
-    applied = {p.id for p in tree.report.patches if p.status == "applied"}
+    applied = {p.id for p in tree.report.patches if p.status is Status.APPLIED}
     out = []
     for patch in manifest.patches:
         a = patch.artifact

@@ -6,15 +6,15 @@ from patchkit.imageref import split_tag
 from patchkit.manifest import VLLM, identity
 from patchkit.render import plural
 from patchkit.render.colors import paint
-from patchkit.report import ApplyReport, AssertionResult, PatchResult
+from patchkit.report import ApplyReport, AssertionResult, PatchResult, Status
 
 
-def status_word(status: str, color: bool) -> str:
+def status_word(status: Status, color: bool) -> str:
     return paint(f"{status:<9}", status, color)
 
 
 def patch_line(r: PatchResult, color: bool = False) -> str:
-    detail = f"{r.reason}: {r.message}" if r.status == "failed" else r.message
+    detail = f"{r.reason}: {r.message}" if r.status is Status.FAILED else r.message
     line = f"{status_word(r.status, color)} {r.id}"
     line += identity(r.package).aside(" ({})")
     if r.commit:
@@ -29,7 +29,7 @@ def patch_line(r: PatchResult, color: bool = False) -> str:
 def target_line(report: ApplyReport) -> str:
     """One target of a matrix as it is done: ``vLLM v0.33.0: ok``, ``flashinfer v0.6.16: 1
     failed`` (a matrix over another package has that package's checkout alone)."""
-    failed = sum(p.status == "failed" for p in report.patches)
+    failed = sum(p.status is Status.FAILED for p in report.patches)
     name, info = next(iter(report.packages.items()), (VLLM.name, report.vllm))
     return f"{identity(name).label} {info.ref}: {'ok' if report.ok else f'{failed} failed'}"
 

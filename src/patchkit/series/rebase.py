@@ -40,7 +40,7 @@ from patchkit.kinds.common import ABORT
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest.edit import ManifestText
 from patchkit.manifest.runspec import RunSpec
-from patchkit.report import PatchResult
+from patchkit.report import PatchResult, Reason, Status
 from patchkit.series import applier, assertions
 
 STATE_FORMAT = 1
@@ -131,7 +131,7 @@ class _State:
     @property
     def stopped(self) -> Stop | None:
         s = self.data.get("stopped")
-        return Stop(**s) if s else None
+        return Stop(**{**s, "reason": Reason(s["reason"])}) if s else None
 
     @stopped.setter
     def stopped(self, stop: Stop | None) -> None:
@@ -255,7 +255,7 @@ def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> 
                 p = m.patch(stop.patch)
             except KeyError:
                 p = None
-            if stop.reason == "assertion" or p is None:
+            if stop.reason is Reason.ASSERTION or p is None:
                 if p is None and stop.patch != "":
                     state.add(Step(stop.patch, "dropped", "removed from the manifest by hand"))
             else:
@@ -310,15 +310,15 @@ def _run(state: _State, progress: applier.Progress) -> RebaseResult:
         r = state.apply_one(m, p, tree, res)
         progress.patch(r)
         with interrupt.deferred():  # a step's files and its record in state.json together
-            if r.status == "applied":
+            if r.status is Status.APPLIED:
                 assert r.commit
                 state.data["head"] = r.commit
                 refreshed = kinds.get(p.kind).refresh(p, m.root / p.path, tree, r)
                 state.add(Step(p.id, "refreshed", refreshed) if refreshed
                           else Step(p.id, "applied"))
-            elif r.status == "upstream":
+            elif r.status is Status.UPSTREAM:
                 state.add(_mark_upstream(state, m, p, "already in the tree"))
-            elif r.status == "skipped":
+            elif r.status is Status.SKIPPED:
                 state.add(Step(p.id, "skipped", r.message))
             else:
                 state.stopped = _stop(state, m, p, r, progress)
@@ -404,7 +404,7 @@ class _Rebase:
                     break
                 state.apply_one(old_m, q, old, old_res, found)
             r = state.apply_one(old_m, old_p, old, old_res, found)
-            yield (old, r) if r.status == "applied" and r.commit else None
+            yield (old, r) if r.status is Status.APPLIED and r.commit else None
         finally:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -451,7 +451,7 @@ def _finish(state: _State) -> RebaseResult:
         lines += [f"  {a.failure_line()}" for a in failed]
         lines += ["", (f"Fix the `verify:` entries in {m.path.name} (or --abort and fix the "
                        "patches), then `patchkit rebase --continue` checks again."), ABORT]
-        state.stopped = Stop("", "verify", "assertion", lines[0], [m.path.name], lines)
+        state.stopped = Stop("", "verify", Reason.ASSERTION, lines[0], [m.path.name], lines)
         state.save()
         return _result(state)
     notes = list(state.data.get("notes", []))
@@ -492,7 +492,7 @@ def _prove(state: _State, m: Manifest) -> None:
         results = [state.apply_one(m, p, proof, res) for p in m.patches
                    if p.package == state.package]
         bad = [f"{r.id}: {r.status} {r.reason or ''} {r.message} {'; '.join(map(str, r.offsets))}".strip()
-               for r in results if r.status == "failed" or r.offsets]
+               for r in results if r.status is Status.FAILED or r.offsets]
         same = g.tree_of(proof, "HEAD") == g.tree_of(state.tree, "HEAD")
         if bad or not same:
             detail = "; ".join(bad) if bad else "it gives another tree than the rebase built"
