@@ -2,9 +2,10 @@
 
 The words are the contract's: a :class:`Status` (``applied | upstream | skipped | failed``) and,
 for ``failed``, one :class:`Reason`.  Both are enums: code compares members, never text; each
-member is its word where it is written (JSON, text, a label).  An :class:`ApplyReport` is written as JSON (the apply
-report of a checkout, ``--format json``) by :meth:`ApplyReport.to_dict` and read back by
-:meth:`ApplyReport.from_dict`, the one reader of that shape.
+member is its word where it is written (JSON, text, a label).  An :class:`ApplyReport` is
+written as JSON (the apply report of a checkout, ``--format json``) by
+:meth:`ApplyReport.to_dict` and read back by :meth:`ApplyReport.from_dict`, the one reader of
+that shape.
 """
 
 from __future__ import annotations
@@ -169,7 +170,8 @@ class PatchResult:
         A report written before those were stored reads as having no offsets."""
         reason = data.get("reason")
         return cls(str(data["id"]), str(data.get("kind") or ""), Status(data["status"]),
-                   None if reason is None else Reason(reason), data.get("commit"), list(data.get("files") or []),
+                   None if reason is None else Reason(reason), data.get("commit"),
+                   list(data.get("files") or []),
                    str(data.get("message") or ""),
                    [Offset.from_dict(o) for o in data.get("offset_values") or []],
                    package=str(data.get("package") or VLLM.name),

@@ -4,7 +4,7 @@ made by :mod:`patchkit.image.assembly`)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -93,8 +93,9 @@ def run(manifest: Manifest, request: Request, *, progress: Progress | None = Non
                       started=started)
     if copy_urls:
         progress.info(f"copying {report.tag} to {', '.join(copy_urls)}")
-        report.copy = transfer.copy(engine, report.tag, copy_urls, log=progress.info,
-                                    timeout=spec.timeout, via=via)
+        copied = transfer.copy(engine, report.tag, copy_urls, log=progress.info,
+                               timeout=spec.timeout, via=via)
+        report = replace(report, copy=copied)
     return report
 
 

@@ -133,7 +133,8 @@ class ImageFacts:
         return cls(statuses, labels.get(VLLM_DIR_LABEL) or None,
                    labels.get(INSTALLED_LABEL) or None,
                    labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels,
-                   labels.get(SOURCE_LABEL) or None, counts, labels.get(BASE_DIGEST_LABEL) or None,  # type: ignore[arg-type]
+                   labels.get(SOURCE_LABEL) or None, counts,  # type: ignore[arg-type]
+                   labels.get(BASE_DIGEST_LABEL) or None,
                    _packages(labels.get(PACKAGES_LABEL)))
 
     def skipped(self) -> set[str]:

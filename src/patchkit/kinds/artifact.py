@@ -45,7 +45,8 @@ class ArtifactKind:
         return None
 
     def stop(self, rebase: Rebase, patch, result: PatchResult, head: str) -> Stop:
-        return Stop(patch.id, self.name, result.reason or Reason.ERROR, result.message, [patch.path],
+        return Stop(patch.id, self.name, result.reason or Reason.ERROR, result.message,
+                    [patch.path],
                     [head, "", f"Change {patch.path} or the artifact's pins, then "
                                "`patchkit rebase --continue`.", ABORT])
 

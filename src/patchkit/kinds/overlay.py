@@ -43,15 +43,15 @@ def apply_tree(overlay: Path, root: Path, base_commit: str, replaces: Mapping[st
         mode = os.lstat(src).st_mode
         if not stat.S_ISREG(mode):
             kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
-            return Outcome(Status.FAILED, Reason.UNSAFE_PATH, f"{rel}: {kind}; overlays copy regular "
-                                  "files only", rels)
+            return Outcome(Status.FAILED, Reason.UNSAFE_PATH,
+                           f"{rel}: {kind}; overlays copy regular files only", rels)
         try:
             dest = paths.safe_join(root, rel)
         except paths.UnsafePathError as exc:
             return Outcome(Status.FAILED, Reason.UNSAFE_PATH, str(exc), rels)
         if dest.exists() and not dest.is_file():
-            return Outcome(Status.FAILED, Reason.CONFLICT, f"{rel}: the checkout has a directory there",
-                                  rels)
+            return Outcome(Status.FAILED, Reason.CONFLICT,
+                           f"{rel}: the checkout has a directory there", rels)
         if dest.is_file() and same_bytes(dest, src):
             same += 1
             continue

@@ -504,8 +504,8 @@ class TransformKind:
                   f"before {patch.id} (left unchanged)."),
                  f"Change {patch.path}: {what}.  Match its anchors against {files}, then",
                  f"`patchkit rebase --continue` runs {patch.path} again and goes on.", ABORT]
-        return Stop(patch.id, self.name, result.reason or Reason.ERROR, result.message, [patch.path],
-                    lines)
+        return Stop(patch.id, self.name, result.reason or Reason.ERROR, result.message,
+                    [patch.path], lines)
 
     def resume(self, rebase: Rebase, patch, stop: Stop) -> None:
         dirty_resume(rebase, patch)

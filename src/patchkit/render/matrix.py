@@ -99,7 +99,8 @@ def _failures(n: int) -> str:
     return f"{n} patch failure{'s' if n != 1 else ''}"
 
 
-_MD_ICON = {Status.APPLIED: "✅", Status.UPSTREAM: "⬆️", Status.SKIPPED: "⏭️", Status.FAILED: "❌"}
+_MD_ICON = {Status.APPLIED: "✅", Status.UPSTREAM: "⬆️", Status.SKIPPED: "⏭️",
+            Status.FAILED: "❌"}
 
 
 def _md(text: str) -> str:

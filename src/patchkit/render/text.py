@@ -154,8 +154,8 @@ def export(result, workdir: str) -> str:
 
 def build_image(report) -> str:
     """The closing lines of a text run of build-image (a ``commands.build_image.BuildReport``)."""
-    if not report.ok:
-        return f"FAILED: {report.error or 'build-image failed'}"
+    if not report.built:
+        return f"FAILED: {report.error}"
     image_id = report.image_id or "(pushed by the build)"
     what = f"{report.tag} {image_id[:19]} ({report.platform}, {report.mode} mode"
     what += ", reused)" if report.reused else ")"

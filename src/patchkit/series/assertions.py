@@ -1,8 +1,8 @@
 """Syntax-tree assertions: what each patch promises about the patched tree.
 
 An assertion names a file, an optional scope (``Class.method`` in Python, ``Class::method`` in
-C++) and one predicate.  The file's language (``patchkit.syntax``, chosen by suffix) parses it, finds
-the scope and searches it; this module runs the assertions and words their outcomes.
+C++) and one predicate.  The file's language (``patchkit.syntax``, chosen by suffix) parses it,
+finds the scope and searches it; this module runs the assertions and words their outcomes.
 
 The file and the scope must exist or the assertion fails, even under ``not``: a check that
 cannot find its target proves nothing.  Failures point at the deepest part of the scope that was

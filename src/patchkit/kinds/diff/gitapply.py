@@ -75,11 +75,13 @@ def _checked(diff_file: Path, root: Path) -> tuple[str, PatchSet, list[str]] | O
         except paths.UnsafePathError as exc:
             return Outcome(Status.FAILED, Reason.UNSAFE_PATH, str(exc), files)
     if _SYMLINK.search(text):
-        return Outcome(Status.FAILED, Reason.UNSAFE_PATH, "the diff creates or changes a symlink", files)
+        return Outcome(Status.FAILED, Reason.UNSAFE_PATH, "the diff creates or changes a symlink",
+                       files)
     binary = binary_without_data(text)
     if binary:
-        return Outcome(Status.FAILED, Reason.ERROR, f"{diff_file.name}: {binary!r}: the diff names a binary "
-                       "change without its content (make it with `git diff --binary`)", files)
+        return Outcome(Status.FAILED, Reason.ERROR,
+                       f"{diff_file.name}: {binary!r}: the diff names a binary change without its "
+                       "content (make it with `git diff --binary`)", files)
     return text, patch, files
 
 
@@ -106,28 +108,30 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
             return seen
     files = seen
     if g.apply(root, diff_file, check=True, reverse=True).ok:
-        return Outcome(Status.UPSTREAM, None, "the tree already has this change (it reverse-applies)",
-                           files)
+        return Outcome(Status.UPSTREAM, None,
+                       "the tree already has this change (it reverse-applies)", files)
     in_the_way = find_in_the_way(patch, diff_file, root)
     missing = re.search(r"error: (\S+): (No such file or directory|does not exist in index)",
                         fwd.stderr)
     if missing:
         message = f"{missing.group(1)}: the file to patch does not exist"
-        return Outcome(Status.FAILED, Reason.ANCHOR_MISSING, _with_summary(message, patch, in_the_way),
-                       files, in_the_way=in_the_way)
+        return Outcome(Status.FAILED, Reason.ANCHOR_MISSING,
+                       _with_summary(message, patch, in_the_way), files, in_the_way=in_the_way)
     if not _FAILED_AT.search(fwd.stderr) and "already exists" not in fwd.stderr:
         # not a hunk that missed its lines: git could not use the diff at all
-        return Outcome(Status.FAILED, Reason.ERROR, f"{diff_file.name}: {_first_line(fwd.stderr)}", files)
+        return Outcome(Status.FAILED, Reason.ERROR,
+                       f"{diff_file.name}: {_first_line(fwd.stderr)}", files)
     crlf = _crlf_mismatch(diff_file, root, files)
     if crlf:
-        return Outcome(Status.FAILED, Reason.ERROR, f"{diff_file.name} has CRLF line ends and {crlf} has LF "
-                       "ones: convert the diff (e.g. dos2unix) and try again", files)
+        return Outcome(Status.FAILED, Reason.ERROR,
+                       f"{diff_file.name} has CRLF line ends and {crlf} has LF ones: convert the "
+                       "diff (e.g. dos2unix) and try again", files)
     reason = Reason.FUZZ if _applies_with_fuzz(diff_file, root) else Reason.CONFLICT
     message, hunk = _conflict_message(patch, fwd.stderr, root)
     if reason is Reason.FUZZ:
         message += " (it would apply only with fuzz, which is never accepted)"
-    return Outcome(Status.FAILED, reason, _with_summary(message, patch, in_the_way), files, hunk=hunk,
-                   in_the_way=in_the_way)
+    return Outcome(Status.FAILED, reason, _with_summary(message, patch, in_the_way), files,
+                   hunk=hunk, in_the_way=in_the_way)
 
 
 def apply_together(diff_files: Sequence[Path], root: Path) -> list[Outcome | None] | None:
