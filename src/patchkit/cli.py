@@ -374,11 +374,8 @@ def rebase(ref, cont, abort, drop_upstream, repos, package, manifest_path) -> in
     result = command.run(Path(manifest_path), to=ref, cont=cont, abort_=abort,
                          drop_upstream=drop_upstream, repos=repos or None, package=package,
                          progress=TextProgress(err=True))
-    if isinstance(result, list):
-        echo(f"rebase aborted; restored {', '.join(result) if result else 'nothing (no file had changed)'}")
-        return 0
     echo(text.rebase(result))
-    return 1 if result.stop else 0
+    return 0 if result.ok else 1
 
 
 @cli.command()

@@ -130,6 +130,9 @@ def runtime(results, logs: list[str], waiting=()) -> list[str]:
 
 
 def rebase(result) -> str:
+    if result.aborted:
+        return ("rebase aborted; restored "
+                + (", ".join(result.restored) or "nothing (no file had changed)"))
     lines = [f"{step.action:<9} {step.id}" + (f": {step.detail}" if step.detail else "")
              for step in result.steps]
     lines += [f"note: {note}" for note in result.notes]

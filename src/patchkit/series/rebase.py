@@ -56,8 +56,11 @@ class Step:
     detail: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RebaseResult:
+    """Where one run of ``rebase`` left the move of a pin: stopped for a person (``stop``),
+    done, or aborted (``restored``: the files written back as they were)."""
+
     done: bool
     from_ref: str
     to_ref: str
@@ -66,6 +69,16 @@ class RebaseResult:
     tree: Path | None = None
     notes: list[str] = field(default_factory=list)
     label: str = VLLM.label   # the package whose pin moves, as messages name it
+    restored: list[str] | None = None   # --abort: the files written back (None: no abort)
+
+    @property
+    def aborted(self) -> bool:
+        return self.restored is not None
+
+    @property
+    def ok(self) -> bool:
+        """Nothing is left for a person to decide (done, aborted, or going on)."""
+        return self.stop is None
 
 
 def state_dir(root: Path) -> Path:
@@ -265,9 +278,9 @@ def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> 
         return _run(state, progress)
 
 
-def abort(manifest_path: Path) -> list[str]:
+def abort(manifest_path: Path) -> RebaseResult:
     """``--abort``: write the manifest and every patch file back as they were; drop the state.
-    Returns the files that had changed."""
+    The result's ``restored`` names the files that had changed."""
     root = Path(os.path.abspath(manifest_path)).parent
     sdir = state_dir(root)
     with _lock(sdir):
@@ -275,14 +288,16 @@ def abort(manifest_path: Path) -> list[str]:
             raise UsageError("no rebase in progress")
         restored: list[str] = []
         try:
-            files = json.loads((sdir / "state.json").read_text())["backup"]
-        except (OSError, ValueError, KeyError):
-            files = []  # a start that never got going changed nothing
+            data = json.loads((sdir / "state.json").read_text())
+            files = data["backup"]
+        except (OSError, ValueError, KeyError, TypeError):
+            data, files = {}, []  # a start that never got going changed nothing
         for rel in files:
             if write_if_changed(root / rel, (sdir / "backup" / rel).read_bytes()):
                 restored.append(rel)
         shutil.rmtree(sdir)
-        return restored
+        return RebaseResult(False, str(data.get("from") or ""), str(data.get("to") or ""), [],
+                            label=_State(sdir, data).label, restored=restored)
 
 
 def in_progress(root: Path) -> bool:
