@@ -479,10 +479,10 @@ class _Job:
         for t in live:
             proc = loads[t.url]
             fd = proc.fd
-            if abandon or (pump is not None and fd in pump.broken and "took nothing" in
-                           pump.broken[fd]):
+            stalled = pump is not None and fd in pump.broken and pump.broken[fd].stalled
+            if abandon or stalled:
                 proc.end()
-                why = failure if abandon else ImageError(pump.broken[fd])
+                why = failure if abandon else ImageError(str(pump.broken[fd]))
                 loads[t.url] = functools.partial(_raise, why)
             else:
                 proc.close()
