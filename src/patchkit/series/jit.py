@@ -54,9 +54,7 @@ class JitRules:
     # each module's files lie in it ({name}: the module's name)
     prebuilt_dist: str | None = None
     prebuilt_folder: str = ""
-    sources_arg: int = 1             # the position of the sources list
     name_keyword: str = "name"
-    include_keyword: str = "extra_include_paths"
 
 
 RULES: dict[str, JitRules] = {
