@@ -43,8 +43,9 @@ from dataclasses import dataclass
 # the manifest is read; `smoke` holds a measure to it too.
 from patchkit.manifest.model import ACCEPTANCE_LINE, Floor, length_problem, rate_problem
 
-__all__ = ["FAIL", "INCONCLUSIVE", "LINE", "PASS", "Acceptance", "Floor", "LineMetrics", "Verdict",
-           "from_counts", "from_lines", "judge", "length_problem", "parse_line", "rate_problem"]
+__all__ = ["FAIL", "INCONCLUSIVE", "LINE", "PASS", "Acceptance", "Floor", "LineMetrics",
+           "Verdict", "from_counts", "from_lines", "judge", "length_problem", "parse_line",
+           "rate_problem"]
 
 PASS, FAIL, INCONCLUSIVE = "ok", "failed", "inconclusive"
 
