@@ -479,12 +479,12 @@ def test_build_image_text_says_what_the_image_holds():
 def test_a_build_whose_copy_failed_is_not_ok_in_every_reading():
     """One ``ok``: the report's, its JSON's and the exit code's agree when a copy failed."""
     from patchkit.commands.build_image import BuildReport
-    from patchkit.image.transfer import CopyReport, TargetResult
+    from patchkit.image.transfer import CopyReport, CopyStatus, TargetResult
     from patchkit.render import text
 
     copied = CopyReport("reg/pk:1", "sha256:" + "3" * 64,
-                        [TargetResult("ssh://node2", "copied"),
-                         TargetResult("ssh://node3", "failed", error="no route")])
+                        [TargetResult("ssh://node2", CopyStatus.COPIED),
+                         TargetResult("ssh://node3", CopyStatus.FAILED, error="no route")])
     report = BuildReport(mode="overlay", tag="reg/pk:1", image_id="sha256:" + "1" * 64,
                          platform="linux/arm64", copy=copied)
     assert report.built and not report.ok and report.to_dict()["ok"] is False

@@ -187,7 +187,7 @@ def build_image(report) -> str:
             lines.append(f"  copy: {via_line(copied['via'])}")
         lines += [f"  copy: {target_line(t)}" for t in copied["targets"]]
         if not copied["ok"]:
-            failed = sum(t["status"] == "failed" for t in copied["targets"])
+            failed = sum(not t.ok for t in report.copy.targets)
             lines.append(f"FAILED: {report.tag} was built, but {failed} of "
                          f"{len(copied['targets'])} copies failed")
     return "\n".join(lines)
