@@ -42,12 +42,23 @@ from dataclasses import dataclass
 # The floor is a manifest value (an `acceptance:` marker's `min` and `min_length`), checked where
 # the manifest is read; `smoke` holds a measure to it too.
 from patchkit.manifest.model import ACCEPTANCE_LINE, Floor, length_problem, rate_problem
+from patchkit.report import Word
 
-__all__ = ["FAIL", "INCONCLUSIVE", "LINE", "PASS", "Acceptance", "Floor", "LineMetrics",
-           "Verdict", "from_counts", "from_lines", "judge", "length_problem", "parse_line",
+__all__ = ["FAIL", "INCONCLUSIVE", "LINE", "PASS", "Acceptance", "Floor", "Judgement",
+           "LineMetrics", "Verdict", "from_counts", "from_lines", "judge", "length_problem", "parse_line",
            "rate_problem"]
 
-PASS, FAIL, INCONCLUSIVE = "ok", "failed", "inconclusive"
+
+
+class Judgement(Word):
+    """A verdict on acceptance: ``inconclusive`` (nothing drafted) never passes."""
+
+    PASS = "ok"
+    FAIL = "failed"
+    INCONCLUSIVE = "inconclusive"
+
+
+PASS, FAIL, INCONCLUSIVE = Judgement.PASS, Judgement.FAIL, Judgement.INCONCLUSIVE
 
 
 # ------------------------------------------------------------------------ the value
@@ -108,12 +119,12 @@ def from_counts(drafts: float | None, draft_tokens: float, accepted: float,
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str        # PASS, FAIL or INCONCLUSIVE
+    status: Judgement
     message: str
 
     @property
     def ok(self) -> bool:
-        return self.status == PASS
+        return self.status is Judgement.PASS
 
 
 def judge(acceptance: Acceptance, floor: Floor, over: str = "") -> Verdict:
