@@ -13,7 +13,7 @@ from patchkit import paths, versions
 from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import AssertionResult
+from patchkit.report import AssertionResult, Word
 from patchkit.series import assertions, checkout
 from patchkit.serving import runtime
 from patchkit.serving.runtime import MarkerResult
@@ -28,7 +28,17 @@ CHUNK = 64 * 1024   # bytes read from a log file at a time
 # no traffic to show yet (a launch checked at startup).  0 ok, 1 failed, 2 usage, 3 unexpected,
 # 130/143 interrupted are the others; 4 is kept for "needs a hand".
 NOT_YET_JUDGED = 5
-OK, FAILED, PENDING = "ok", "failed", "not yet judged"
+
+
+class VerifyStatus(Word):
+    """How a verify came out: a floor with no traffic yet is ``not yet judged`` (exit 5)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    PENDING = "not yet judged"
+
+
+OK, FAILED, PENDING = VerifyStatus.OK, VerifyStatus.FAILED, VerifyStatus.PENDING
 
 
 @dataclass
@@ -60,14 +70,14 @@ class VerifyReport:
         return all(r.ok or r in waiting for r in self.runtime or ())
 
     @property
-    def status(self) -> str:
+    def status(self) -> VerifyStatus:
         if not (self.assertions_ok and self.runtime_ok) or self.locked:
             return FAILED
         return PENDING if self.waiting else OK
 
     @property
     def ok(self) -> bool:
-        return self.status == OK
+        return self.status is OK
 
     @property
     def exit_code(self) -> int:
