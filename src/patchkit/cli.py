@@ -233,12 +233,13 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
           fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
+    from patchkit.image.docker import Engine
     from patchkit.manifest.runspec import run_spec
     from patchkit.render import text
 
     m = _load(manifest_path)
     spec = run_spec(m, ref=ref, repos=repos or None, base=base, variant=variant, refs=pins,
-                    only=packages, workdir=Path(workdir))
+                    only=packages, workdir=Path(workdir), open_engine=Engine.connect)
     report = command.run(m, spec, keep_failed=keep_failed,
                          progress=TextProgress(err=fmt == "json"), discard=discard)
     echo(report.to_json() if fmt == "json" else text.apply(report))
@@ -319,6 +320,7 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
     matrix.  Exit 1 if any patch fails anywhere."""
     from patchkit.commands import rebase_check as command
     from patchkit.errors import UsageError
+    from patchkit.image.docker import Engine
     from patchkit.manifest.runspec import run_spec
     from patchkit.render import matrix as render
 
@@ -328,7 +330,8 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
         raise click.UsageError(str(exc)) from None
     m = _load(manifest_path)
     spec = run_spec(m, repos=repos or None, base=base, variant=variant, refs=pins,
-                    only=[package] if package else (), timeout=timeout)
+                    only=[package] if package else (), timeout=timeout,
+                    open_engine=Engine.connect)
     result = command.run(m, spec, refs=refs, releases=releases, pre=pre, jobs=jobs,
                          progress=TextProgress(err=True, patches=False), bisect=bisect)
     for kind, path in sinks:
@@ -371,11 +374,8 @@ def rebase(ref, cont, abort, drop_upstream, repos, package, manifest_path) -> in
     result = command.run(Path(manifest_path), to=ref, cont=cont, abort_=abort,
                          drop_upstream=drop_upstream, repos=repos or None, package=package,
                          progress=TextProgress(err=True))
-    if isinstance(result, list):
-        echo(f"rebase aborted; restored {', '.join(result) if result else 'nothing (no file had changed)'}")
-        return 0
     echo(text.rebase(result))
-    return 1 if result.stop else 0
+    return 0 if result.ok else 1
 
 
 @cli.command()
@@ -417,6 +417,7 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
     Exit 0 when the patch is named, 1 when it cannot be.
     """
     from patchkit.commands import bisect_series
+    from patchkit.image.docker import Engine
     from patchkit.manifest.runspec import run_spec
 
     bisect_series.Flags(series=series, patch_id=patch_id, good=good, bad=bad, command=command,
@@ -426,7 +427,7 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
 
         m = _load(manifest_path)
         spec = run_spec(m, repos=repos or None, variant=variant, base=base, tag=tag,
-                        timeout=timeout)
+                        timeout=timeout, open_engine=Engine.connect)
         found = bisect_series.run(m, command, spec, image=image, no_daemon=no_daemon,
                                   progress=TextProgress(err=True, patches=False))
         if fmt == "json":
@@ -482,7 +483,7 @@ def bump(package, ref, dry_run, push, repos, manifest_path, fmt) -> int:
                         indent=2))
     else:
         bodies = [render.body(r) for r in results
-                  if r.to_ref is not None and r.status is not command.Status.UNCHANGED]
+                  if r.to_ref is not None and r.status is not command.BumpStatus.UNCHANGED]
         if bodies:
             echo("\n".join(bodies).rstrip("\n"))
     for r in results:   # a line per package on stderr, whatever stdout holds

@@ -62,7 +62,6 @@ DIFF_ARGS = ("-c", "diff.suppressBlankEmpty=false", "-c", "diff.mnemonicPrefix=f
              "--no-renames", "--no-relative", "--full-index", "--binary", "--unified=3",
              "--diff-algorithm=myers", "--indent-heuristic", "--src-prefix=a/", "--dst-prefix=b/")
 
-SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
 T = TypeVar("T")
 
 

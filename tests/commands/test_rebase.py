@@ -152,8 +152,11 @@ def test_abort_restores_every_byte(tmp_path):
     assert snapshot(proj) != before  # the manifest already carries the upstream mark
     (proj / "patches/other.diff").write_text("half-edited\n")
     (proj / "overlays/conf/pkg/conf.py").write_text("scribbled\n")
-    restored = rebase.abort(proj / "patchset.yaml")
-    assert set(restored) == {"patchset.yaml", "patches/other.diff", "overlays/conf/pkg/conf.py"}
+    aborted = rebase.abort(proj / "patchset.yaml")
+    assert aborted.aborted and aborted.ok and (aborted.from_ref, aborted.to_ref) == ("v1.0.0",
+                                                                                    "v1.2.0")
+    assert set(aborted.restored) == {"patchset.yaml", "patches/other.diff",
+                                     "overlays/conf/pkg/conf.py"}
     assert snapshot(proj) == before
     assert not (proj / ".patchkit/rebase").exists()
     with pytest.raises(UsageError, match="no rebase in progress"):

@@ -32,6 +32,7 @@ from patchkit.commands import apply as apply_command
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
+from patchkit.image.docker import Engine
 from patchkit.manifest.runspec import run_spec
 from patchkit.source import image as image_source
 from patchkit.source import pypi
@@ -150,7 +151,8 @@ def dev_applied(tmp_path_factory, dev_base, registry, docker_client):
     workdir = root / ".patchkit" / "vllm"
     log = Said()
     with cache_env():
-        report = apply_command.run(m, run_spec(m, workdir=workdir), progress=log)
+        report = apply_command.run(m, run_spec(m, workdir=workdir, open_engine=Engine.connect),
+                                     progress=log)
     assert report.ok, report.to_json()
     return m, workdir, report, log
 
@@ -197,7 +199,6 @@ def test_dev_build_summary_says_what_the_image_holds(dev_built, dev_base, docker
     assert labels["io.patchkit.vllm.installed"] == dev_base["version"]
     assert labels["io.patchkit.vllm.installed.commit"] == commit[:9]
     assert labels["io.patchkit.vllm.source"] == "git"
-    from patchkit.image.docker import Engine
     from patchkit.imageref import Platform
 
     base = Engine.connect().resolve_base(dev_base["tag"], Platform.parse("linux/arm64"))
@@ -321,7 +322,8 @@ def vendor_applied(tmp_path_factory, vendor_base, registry):
     m = manifest.load(vendor_project(root, vendor_base, registry))
     workdir = root / ".patchkit" / "vllm"
     with cache_env():
-        report = apply_command.run(m, run_spec(m, repos=["image"], workdir=workdir),
+        report = apply_command.run(m, run_spec(m, repos=["image"], workdir=workdir,
+                                               open_engine=Engine.connect),
                                    progress=Said())
     assert report.ok, report.to_json()
     return m, workdir, report

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from patchkit import manifest
 from patchkit.manifest.runspec import Pin, RunSpec, run_spec
 from patchkit.source import VLLM
@@ -62,3 +64,19 @@ def test_the_engine_given_is_the_runs_and_no_other_is_connected(tmp_path):
     engine = object()
     run = run_spec(_manifest(tmp_path), engine=engine, timeout=7.0)
     assert run.connect() is engine and run.connect() is engine and run.timeout == 7.0
+
+
+def test_the_engine_is_opened_by_the_verbs_opener_once_and_only_when_needed(tmp_path):
+    opened = []
+
+    def open_engine(timeout):
+        opened.append(timeout)
+        return object()
+
+    m = _manifest(tmp_path)
+    run = run_spec(m, open_engine=open_engine, timeout=7.0)
+    assert opened == []                      # a run that never needs an engine opens none
+    engine = run.connect()
+    assert run.connect() is engine and opened == [7.0]
+    with pytest.raises(RuntimeError, match="no engine"):
+        run_spec(m).connect()                # a verb that gave neither cannot reach one

@@ -11,9 +11,9 @@ import pytest
 
 from patchkit.manifest import Assertion, Patch
 from patchkit.report import AssertionResult
-from patchkit.series import languages
+from patchkit import syntax
 from patchkit.series.assertions import run_assertions, tree_reader
-from patchkit.series.languages import GrammarError, cxx
+from patchkit.syntax import GrammarError, cxx
 from testing import flashinfer as fi
 from testing import real_cache
 
@@ -60,11 +60,11 @@ def check(predicate: str, value: str, scope: str | None = None, *, negate: bool 
 
 
 def test_the_language_is_chosen_by_suffix():
-    assert languages.for_file("a/b.cu") is cxx.CUDA
-    assert languages.for_file("a/b.cuh") is cxx.CUDA
-    assert all(languages.for_file(f"x{s}") is cxx.CPP for s in (".cc", ".cpp", ".hpp", ".h"))
-    assert languages.for_file("x.c") is cxx.C
-    assert languages.for_file("x.py").name == "Python"
+    assert syntax.for_file("a/b.cu") is cxx.CUDA
+    assert syntax.for_file("a/b.cuh") is cxx.CUDA
+    assert all(syntax.for_file(f"x{s}") is cxx.CPP for s in (".cc", ".cpp", ".hpp", ".h"))
+    assert syntax.for_file("x.c") is cxx.C
+    assert syntax.for_file("x.py").name == "Python"
 
 
 @pytest.mark.parametrize("scope", ["tk::moe::Runner::run", "Runner::run", "moe::Runner::run",
@@ -166,7 +166,7 @@ def test_c_sources_use_the_c_grammar():
 
 def test_an_unloadable_grammar_is_one_usage_error(monkeypatch):
     broken = cxx.Cxx("CUDA", cxx._Grammar("tree_sitter_no_such_grammar", "tree-sitter-cuda"))
-    monkeypatch.setitem(languages.TABLE, ".cu", (__name__, "_BROKEN"))
+    monkeypatch.setitem(syntax.TABLE, ".cu", (__name__, "_BROKEN"))
     monkeypatch.setitem(globals(), "_BROKEN", broken)
     with pytest.raises(GrammarError) as err:
         check("calls", "x", "f")

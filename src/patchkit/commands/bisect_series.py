@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import imageref, process, versions
-from patchkit.render import plural
 from patchkit.series.bisect import limit_for
 from patchkit.errors import UsageError
 from patchkit.image import base as base_
@@ -41,7 +40,7 @@ from patchkit.image import basevllm
 from patchkit.image.assembly import Choices, assemble, reach_registry
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec
-from patchkit.report import ApplyReport
+from patchkit.report import ApplyReport, Status
 from patchkit.series import applier
 from patchkit.series.checkout import AppliedCheckout
 
@@ -219,7 +218,8 @@ def outcome_of(done: process.Finished, timeout: float) -> tuple[str, str]:
 
 
 def _unmade(report: ApplyReport) -> str:
-    failed = [f"{p.id} failed ({p.reason})" for p in report.patches if p.status == "failed"]
+    failed = [f"{p.id} failed ({p.reason})" for p in report.patches
+              if p.status is Status.FAILED]
     return "tree not made: " + (", ".join(failed) or "an assertion failed")
 
 
@@ -248,7 +248,7 @@ class Tester:
                                           progress=quiet)
             if not report.ok:
                 failed = tuple((p.id, p.reason or "") for p in report.patches
-                               if p.status == "failed")
+                               if p.status is Status.FAILED)
                 return Run(k, last, SKIP, _unmade(report), quiet.seconds(), failed=failed)
             env = {"PATCHKIT_TREE": str(workdir)}
             if self.images is not None:
@@ -430,7 +430,8 @@ def run(manifest: Manifest, command: str, spec: RunSpec, *, image: bool = False,
     result = SeriesBisect(argv, series, left_out,
                           {"ref": at.ref, "commit": at.commit, "version": at.version},
                           spec.variant, image)
-    progress.info(f"bisecting {plural(len(series), 'patch', 'patches')} at {at.ref} with "
+    count = f"{len(series)} patch{'' if len(series) == 1 else 'es'}"
+    progress.info(f"bisecting {count} at {at.ref} with "
                   f"{shlex.join(argv)} "
                   f"(at most {result.limit} runs)")
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-series-"))

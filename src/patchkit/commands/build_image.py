@@ -4,7 +4,7 @@ made by :mod:`patchkit.image.assembly`)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -13,6 +13,7 @@ from patchkit.image import base as base_
 from patchkit.image import basevllm, build, builders, transfer
 from patchkit.image import lockfile as stack
 from patchkit.image.builders.protocol import Asked
+from patchkit.image.docker import Engine
 from patchkit.image.assembly import BuildReport, Choices, assemble, reach_registry
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest, variants
@@ -53,7 +54,7 @@ class Request:
     def run_value(self, manifest: Manifest) -> RunSpec:
         return run_spec(manifest, ref=self.ref, repos=self.repos, base=self.base, tag=self.tag,
                         platform=self.platform, variant=self.variant, workdir=self.workdir,
-                        timeout=self.timeout, engine=self.engine)
+                        timeout=self.timeout, engine=self.engine, open_engine=Engine.connect)
 
     @property
     def choices(self) -> Choices:
@@ -92,8 +93,9 @@ def run(manifest: Manifest, request: Request, *, progress: Progress | None = Non
                       started=started)
     if copy_urls:
         progress.info(f"copying {report.tag} to {', '.join(copy_urls)}")
-        report.copy = transfer.copy(engine, report.tag, copy_urls, log=progress.info,
-                                    timeout=spec.timeout, via=via)
+        copied = transfer.copy(engine, report.tag, copy_urls, log=progress.info,
+                               timeout=spec.timeout, via=via)
+        report = replace(report, copy=copied)
     return report
 
 

@@ -9,6 +9,7 @@ from patchkit import files
 from patchkit.errors import UsageError
 from patchkit.image import base as base_
 from patchkit.image import lockfile as stack
+from patchkit.image.docker import Engine
 from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest
 from patchkit.manifest.runspec import run_spec
@@ -36,7 +37,7 @@ def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
     manifest (atomically; the same stack gives the same bytes).  ``timeout`` bounds each
     silence of the engine."""
     spec = run_spec(manifest, base=base, platform=platform, workdir=workdir, timeout=timeout,
-                    engine=engine)
+                    engine=engine, open_engine=Engine.connect)
     if not spec.base:
         raise UsageError("patchkit lock needs a base: give --base IMAGE or set image.base in "
                          "patchset.yaml")

@@ -14,10 +14,10 @@ from pathlib import Path
 from patchkit import manifest as manifest_
 from patchkit.errors import UsageError
 from patchkit.manifest import Manifest, digest, discovery
+from patchkit import report as report_
 from patchkit.report import ApplyReport
 from patchkit.series import checkout
 
-STATUSES = ("applied", "upstream", "skipped", "failed")
 
 
 @dataclass
@@ -100,7 +100,7 @@ def _package(m: Manifest, name: str, place: Path) -> PackageStatus:
                              remedies=[f"{place} holds no readable apply report; run "
                                        "'patchkit apply --discard'"])
     own = [r for r in report.patches if r.package == name]
-    patches = {s: [r.id for r in own if r.status == s] for s in STATUSES}
+    patches = {str(s): [r.id for r in own if r.status is s] for s in report_.Status}
     work = checkout.user_work(place)
     changes = _changes(m, name, report)
     remedies = work.remedies(place)

@@ -11,10 +11,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import kinds, manifest
+from patchkit import kinds, manifest, syntax
 from patchkit.errors import ManifestError
 from patchkit.image import artifact
-from patchkit.series import compiled, languages
+from patchkit.series import compiled
 
 
 @dataclass
@@ -32,7 +32,7 @@ def _compiled_code(m: manifest.Manifest) -> None:
     artifact's wheel beside the manifest (its pins and its ELF header): checked now, not
     halfway through an apply."""
     for name in sorted({a.file for p in m.patches for a in p.verify}):
-        languages.for_file(name).ready()
+        syntax.for_file(name).ready()
     pins = [(p.name, p.label, p.repos, compiled.known_tops(p.id)) for p in m.packages]
     found = compiled.first_problem(m, m.patches, pins)
     if found:

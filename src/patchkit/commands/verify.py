@@ -13,7 +13,7 @@ from patchkit import paths, versions
 from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import AssertionResult
+from patchkit.report import AssertionResult, Word
 from patchkit.series import assertions, checkout
 from patchkit.serving import runtime
 from patchkit.serving.runtime import MarkerResult
@@ -28,7 +28,17 @@ CHUNK = 64 * 1024   # bytes read from a log file at a time
 # no traffic to show yet (a launch checked at startup).  0 ok, 1 failed, 2 usage, 3 unexpected,
 # 130/143 interrupted are the others; 4 is kept for "needs a hand".
 NOT_YET_JUDGED = 5
-OK, FAILED, PENDING = "ok", "failed", "not yet judged"
+
+
+class VerifyStatus(Word):
+    """How a verify came out: a floor with no traffic yet is ``not yet judged`` (exit 5)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    PENDING = "not yet judged"
+
+
+OK, FAILED, PENDING = VerifyStatus.OK, VerifyStatus.FAILED, VerifyStatus.PENDING
 
 
 @dataclass
@@ -60,14 +70,14 @@ class VerifyReport:
         return all(r.ok or r in waiting for r in self.runtime or ())
 
     @property
-    def status(self) -> str:
+    def status(self) -> VerifyStatus:
         if not (self.assertions_ok and self.runtime_ok) or self.locked:
             return FAILED
         return PENDING if self.waiting else OK
 
     @property
     def ok(self) -> bool:
-        return self.status == OK
+        return self.status is OK
 
     @property
     def exit_code(self) -> int:
@@ -212,10 +222,18 @@ def _check_is_checkout(path: Path, label: str, patches: Sequence[Patch], first: 
                      f"{shown})")
 
 
+def _open_engine(timeout: float):
+    """The engine a run opens when it first looks at an image (the engine border is imported
+    only then)."""
+    from patchkit.image.docker import Engine
+
+    return Engine.connect(timeout=timeout)
+
+
 def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
                  ) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
-    spec = run_spec(manifest, variant=variant, engine=engine)
+    spec = run_spec(manifest, variant=variant, engine=engine, open_engine=_open_engine)
     return _check_image(manifest, image, spec).results
 
 
@@ -431,7 +449,7 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
         raise UsageError("--base goes with --tree: an image's own files say what it holds")
     variants.check(manifest, r.variant)
     spec = run_spec(manifest, variant=r.variant, only=r.packages, timeout=r.timeout,
-                    engine=r.engine)
+                    engine=r.engine, open_engine=_open_engine)
     engine = spec.connect() if r.image or r.base or r.containers else None
     version = _base_version(r.base, spec, log) if r.base else None
     with _Logs(r.logs, r.containers, stdin=stdin, engine=engine) as sources:

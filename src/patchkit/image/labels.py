@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from patchkit import source, versions
 from patchkit.image import layer
 from patchkit.manifest import Manifest
+from patchkit.report import Status
 from patchkit.series.checkout import AppliedCheckout
 
 INPUTS_LABEL = "io.patchkit.inputs"
@@ -78,7 +79,7 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
 
 def artifacts_of(manifest: Manifest, report) -> list[dict[str, str]]:
     """The run's applied artifacts, as the label and the lock record them."""
-    applied = {p.id for p in report.patches if p.status == "applied"}
+    applied = {p.id for p in report.patches if p.status is Status.APPLIED}
     return [{"patch": p.id, "dist": p.artifact.dist, "member": p.artifact.member,
              "member_sha256": p.artifact.member_sha256, "wheel_sha256": p.artifact.sha256}
             for p in manifest.patches if p.artifact is not None and p.id in applied]
@@ -111,13 +112,12 @@ def overlay_labels(key: str, package_dir: str, installed: str | None,
 class ImageFacts:
     """What an image's labels say about how patchkit made it (nothing when it did not)."""
 
-    statuses: dict[str, str]       # patch id -> status
+    statuses: dict[str, Status]    # patch id -> status
     vllm_dir: str | None
     installed: str | None
     variant: str | None = None     # the variant built (None: the default build)
     variant_known: bool = False    # the labels say which variant (images patchkit made)
     source: str | None = None      # git | pypi | image
-    base_identity: str | None = None
     layer: tuple[int, int, int] = (0, 0, 0)  # the overlay layer's files, bytes, whiteouts
     base_digest: str | None = None
     packages: dict[str, dict[str, str]] | None = None   # None: the labels do not say
@@ -125,7 +125,7 @@ class ImageFacts:
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
         try:
-            statuses = {str(p["id"]): str(p["status"])
+            statuses = {str(p["id"]): Status(p["status"])
                         for p in json.loads(labels.get(PATCHES_LABEL) or "[]")}
         except (ValueError, TypeError, KeyError):
             statuses = {}
@@ -133,12 +133,12 @@ class ImageFacts:
         return cls(statuses, labels.get(VLLM_DIR_LABEL) or None,
                    labels.get(INSTALLED_LABEL) or None,
                    labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels,
-                   labels.get(SOURCE_LABEL) or None, labels.get(BASE_IDENTITY_LABEL) or None,
-                   counts, labels.get(BASE_DIGEST_LABEL) or None,  # type: ignore[arg-type]
+                   labels.get(SOURCE_LABEL) or None, counts,  # type: ignore[arg-type]
+                   labels.get(BASE_DIGEST_LABEL) or None,
                    _packages(labels.get(PACKAGES_LABEL)))
 
     def skipped(self) -> set[str]:
-        return {pid for pid, status in self.statuses.items() if status == "skipped"}
+        return {pid for pid, status in self.statuses.items() if status is Status.SKIPPED}
 
 
 def _packages(text: str | None) -> dict[str, dict[str, str]] | None:

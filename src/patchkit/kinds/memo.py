@@ -21,7 +21,7 @@ import libcst
 
 from patchkit import __version__
 from patchkit.cache import cache_dir
-from patchkit.report import Outcome
+from patchkit.report import Outcome, Reason, Status
 
 FORMAT = "patchkit-transform-memo/1"
 LIMIT = 64 << 20   # an entry is a few release files; a larger one is not ours
@@ -67,7 +67,9 @@ def get(digest: str) -> tuple[Outcome, dict[str, str]] | None:
     try:
         with open(folder / f"{digest}.json", "rb") as fh:
             data = json.loads(fh.read(LIMIT))
-        outcome = Outcome(data["status"], data["reason"], data["message"])
+        reason = data["reason"]
+        outcome = Outcome(Status(data["status"]), None if reason is None else Reason(reason),
+                          data["message"])
         return outcome, dict(data["texts"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

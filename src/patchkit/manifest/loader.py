@@ -16,15 +16,13 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from patchkit import kinds, paths
+from patchkit import kinds, paths, syntax
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
-from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Artifact, Assertion,
-                                     BumpSettings, ImageDefaults, Manifest, Marker, Package,
-                                     Patch, Variant, id_problem,
-                                     shown_id, summary_problem)
-from patchkit.series import languages
-from patchkit.serving import acceptance
+from patchkit.manifest.model import (ACCEPTANCE_LINE, ID_MAX, ID_RE, PREDICATES, VLLM, Artifact,
+                                     Assertion, BumpSettings, Floor, ImageDefaults, Manifest,
+                                     Marker, Package, Patch, Variant, id_problem, length_problem,
+                                     rate_problem, shown_id, summary_problem)
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE, ref_problem
 
 KINDS = kinds.NAMES
@@ -709,7 +707,7 @@ class _Loader:
             self.fail(f"{where}: two predicates ({predicates[0]} and {predicates[1]}); "
                       f"{_ONE_OF_PREDICATES}", fields[predicates[1]][0])
         file = self.checked_path(fields["file"][1], f"{where}.file")
-        language = languages.for_file(file)
+        language = syntax.for_file(file)
         scope = None
         if "in" in fields:
             scope_node = fields["in"][1]
@@ -759,7 +757,7 @@ class _Loader:
         return Assertion(file=file, scope=scope, predicate="not", value=None, negated=negated,
                          line=_line(node))
 
-    def predicate_value(self, language: languages.Language, predicate: str, node: yaml.Node,
+    def predicate_value(self, language: syntax.Language, predicate: str, node: yaml.Node,
                         where: str, *, shown: str | None = None,
                         key: yaml.Node | None = None) -> str:
         what = f"{where}.{shown or predicate}"
@@ -826,8 +824,7 @@ class _Loader:
             self.fail(f"{what}: give min (a rate from 0 to 1), min_length (1 or more) or both",
                       floor_node)
         values = {}
-        for key, check in (("min", acceptance.rate_problem),
-                           ("min_length", acceptance.length_problem)):
+        for key, check in (("min", rate_problem), ("min_length", length_problem)):
             if key in floor:
                 value_node = floor[key][1]
                 value = self.value(value_node) if isinstance(value_node, yaml.ScalarNode) \
@@ -839,8 +836,8 @@ class _Loader:
                     self.fail(f"{what}.{key}: {problem}{got}", value_node)
                 values[key] = float(value)
         unless = self.regex(fields["unless"][1], f"{where}.unless") if "unless" in fields else None
-        return Marker(log=acceptance.LINE, unless=unless, line=_line(node),
-                      acceptance=acceptance.Floor(values.get("min"), values.get("min_length")))
+        return Marker(log=ACCEPTANCE_LINE, unless=unless, line=_line(node),
+                      acceptance=Floor(values.get("min"), values.get("min_length")))
 
     def regex(self, node: yaml.Node, what: str) -> str:
         text = self.string(node, what)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -10,7 +11,6 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from patchkit.serving.acceptance import Floor
 from patchkit.packageid import VLLM, PackageId
 
 # `not_contains: TEXT` is read as `not: {contains: TEXT}`: no Assertion carries it.
@@ -36,6 +36,46 @@ class Assertion:
         return f"{self.predicate} {self.value}{where}"
 
 
+# A periodic spec-decode metrics line of vLLM, in any wording it has used (the V0 and V1 metrics
+# loggers; serving.acceptance reads the figures from it): an acceptance marker's `log`.
+ACCEPTANCE_LINE = r"\b(?:SpecDecoding|Speculative) metrics: "
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What acceptance must reach: ``min_rate`` (0 to 1) and/or ``min_length`` (1 or more)."""
+
+    min_rate: float | None = None
+    min_length: float | None = None
+
+    def describe(self) -> str:
+        parts = ([f"rate at least {self.min_rate:g}"] if self.min_rate is not None else []) + \
+                ([f"mean length at least {self.min_length:g}"]
+                 if self.min_length is not None else [])
+        return "acceptance " + (" and ".join(parts) or "measured")
+
+
+def rate_problem(value: object) -> str | None:
+    """Why ``value`` is no minimum rate, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return "expected a rate from 0 to 1"
+    if not 0 <= value <= 1:
+        return f"{value:g} is outside 0 to 1 (a rate: 0.25 means a quarter of the draft " \
+               "tokens accepted)"
+    return None
+
+
+def length_problem(value: object) -> str | None:
+    """Why ``value`` is no minimum mean acceptance length, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or math.isinf(value):
+        return "expected a mean acceptance length, 1 or more"
+    if value < 1:
+        return (f"{value:g} is below 1 (the mean acceptance length counts the bonus token: "
+                "1 means no draft token accepted)")
+    return None
+
+
 @dataclass(frozen=True)
 class Marker:
     """One runtime marker: a line the server's startup log must, or must not, show.
@@ -47,7 +87,7 @@ class Marker:
 
     An ``acceptance:`` marker holds the speculative-decoding acceptance that vLLM's periodic
     spec-decode metrics lines report to a floor; its ``log`` is the regular expression of those
-    lines (``acceptance.LINE``)."""
+    lines (``ACCEPTANCE_LINE``)."""
 
     log: str
     absent: bool = False

@@ -3,13 +3,15 @@
 Every verb makes its :class:`RunSpec` once, with :func:`run_spec`, and passes it down; what runs
 below the verb takes the values of it (a ref, the sources, a base name, the tag template, the
 workdir, the cache, the timeout, the engine) rather than picking a default again.  The engine is
-connected once, on first use, by :meth:`RunSpec.connect`.
+the verb's to give: an engine already connected, or the way to open one (``open_engine``, the
+engine border's ``Engine.connect``), which :meth:`RunSpec.connect` calls once, on first use.  The
+run never reaches for the engine border itself.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +55,9 @@ class RunSpec:
     cache: Path = field(default_factory=cache_dir)  # the cache of sources and builds
     timeout: float = DEFAULT_TIMEOUT     # --timeout: the longest silence of the engine
     engine: object = field(default=None, compare=False, repr=False)  # the engine (given, or
-                                                                      # connected once)
+                                                                      # opened once)
+    # how the verb opens an engine, given its timeout (None: the verb gives no engine)
+    open_engine: Callable[..., object] | None = field(default=None, compare=False, repr=False)
 
     @property
     def tag_option(self) -> str:
@@ -61,12 +65,12 @@ class RunSpec:
         return "--tag" if self.tag_given else "image.tag"
 
     def connect(self):
-        """The run's engine: the one given, else one connected on first use (once for the
-        whole run), whose silences ``timeout`` bounds."""
+        """The run's engine: the one given, else the one the verb's ``open_engine`` opens on
+        first use (once for the whole run), whose silences ``timeout`` bounds."""
         if self.engine is None:
-            from patchkit.image.docker import Engine   # the engine border, only when needed
-
-            object.__setattr__(self, "engine", Engine.connect(timeout=self.timeout))
+            if self.open_engine is None:
+                raise RuntimeError("this run was given no engine and no way to open one")
+            object.__setattr__(self, "engine", self.open_engine(timeout=self.timeout))
         return self.engine
 
     @property
@@ -96,11 +100,12 @@ def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str]
              variant: str | None = None, refs: Sequence[str] = (),
              only: Sequence[str] = (), tag: str | None = None, workdir: Path | None = None,
              cache: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
-             engine=None) -> RunSpec:
+             engine=None, open_engine: Callable[..., object] | None = None) -> RunSpec:
     """The run ``manifest`` and the options given make.  An option left out (None; no
     ``repos``) takes the manifest's value; an empty ``ref`` stays, to be refused as a ref.
     ``refs`` are ``--ref NAME=REF`` texts, ``only`` the ``--package`` names.  ``engine``: an
-    engine already connected (else :meth:`RunSpec.connect` connects one)."""
+    engine already connected; else ``open_engine(timeout=...)`` opens one when the run first
+    needs it."""
     moved = _moved_pins(manifest, refs)
     if VLLM.name in moved:
         given = moved[VLLM.name]
@@ -119,7 +124,8 @@ def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str]
                    only=tuple(dict.fromkeys(only)) if only else None,
                    tag=tag_template(manifest, tag), tag_given=tag is not None,
                    workdir=Path(workdir) if workdir is not None else None,
-                   cache=cache or cache_dir(), timeout=timeout, engine=engine)
+                   cache=cache or cache_dir(), timeout=timeout, engine=engine,
+                   open_engine=open_engine)
 
 
 def tag_template(manifest: Manifest, tag: str | None) -> str:

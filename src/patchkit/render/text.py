@@ -6,15 +6,15 @@ from patchkit.imageref import split_tag
 from patchkit.manifest import VLLM, identity
 from patchkit.render import plural
 from patchkit.render.colors import paint
-from patchkit.report import ApplyReport, AssertionResult, PatchResult
+from patchkit.report import ApplyReport, AssertionResult, PatchResult, Status
 
 
-def status_word(status: str, color: bool) -> str:
+def status_word(status: Status, color: bool) -> str:
     return paint(f"{status:<9}", status, color)
 
 
 def patch_line(r: PatchResult, color: bool = False) -> str:
-    detail = f"{r.reason}: {r.message}" if r.status == "failed" else r.message
+    detail = f"{r.reason}: {r.message}" if r.status is Status.FAILED else r.message
     line = f"{status_word(r.status, color)} {r.id}"
     line += identity(r.package).aside(" ({})")
     if r.commit:
@@ -29,7 +29,7 @@ def patch_line(r: PatchResult, color: bool = False) -> str:
 def target_line(report: ApplyReport) -> str:
     """One target of a matrix as it is done: ``vLLM v0.33.0: ok``, ``flashinfer v0.6.16: 1
     failed`` (a matrix over another package has that package's checkout alone)."""
-    failed = sum(p.status == "failed" for p in report.patches)
+    failed = sum(p.status is Status.FAILED for p in report.patches)
     name, info = next(iter(report.packages.items()), (VLLM.name, report.vllm))
     return f"{identity(name).label} {info.ref}: {'ok' if report.ok else f'{failed} failed'}"
 
@@ -130,6 +130,9 @@ def runtime(results, logs: list[str], waiting=()) -> list[str]:
 
 
 def rebase(result) -> str:
+    if result.aborted:
+        return ("rebase aborted; restored "
+                + (", ".join(result.restored) or "nothing (no file had changed)"))
     lines = [f"{step.action:<9} {step.id}" + (f": {step.detail}" if step.detail else "")
              for step in result.steps]
     lines += [f"note: {note}" for note in result.notes]
@@ -154,8 +157,8 @@ def export(result, workdir: str) -> str:
 
 def build_image(report) -> str:
     """The closing lines of a text run of build-image (a ``commands.build_image.BuildReport``)."""
-    if not report.ok:
-        return f"FAILED: {report.error or 'build-image failed'}"
+    if not report.built:
+        return f"FAILED: {report.error}"
     image_id = report.image_id or "(pushed by the build)"
     what = f"{report.tag} {image_id[:19]} ({report.platform}, {report.mode} mode"
     what += ", reused)" if report.reused else ")"
@@ -184,7 +187,7 @@ def build_image(report) -> str:
             lines.append(f"  copy: {via_line(copied['via'])}")
         lines += [f"  copy: {target_line(t)}" for t in copied["targets"]]
         if not copied["ok"]:
-            failed = sum(t["status"] == "failed" for t in copied["targets"])
+            failed = sum(not t.ok for t in report.copy.targets)
             lines.append(f"FAILED: {report.tag} was built, but {failed} of "
                          f"{len(copied['targets'])} copies failed")
     return "\n".join(lines)

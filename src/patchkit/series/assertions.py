@@ -1,8 +1,8 @@
 """Syntax-tree assertions: what each patch promises about the patched tree.
 
 An assertion names a file, an optional scope (``Class.method`` in Python, ``Class::method`` in
-C++) and one predicate.  The file's language (``languages/``, chosen by suffix) parses it, finds
-the scope and searches it; this module runs the assertions and words their outcomes.
+C++) and one predicate.  The file's language (``patchkit.syntax``, chosen by suffix) parses it,
+finds the scope and searches it; this module runs the assertions and words their outcomes.
 
 The file and the scope must exist or the assertion fails, even under ``not``: a check that
 cannot find its target proves nothing.  Failures point at the deepest part of the scope that was
@@ -19,9 +19,9 @@ from pathlib import Path
 from patchkit import paths
 from patchkit.manifest.model import Assertion, Patch
 from patchkit.report import AssertionResult
-from patchkit.series import languages
-from patchkit.series.languages import Language, Search, Unusable
-from patchkit.series.languages.base import listing as _listing
+from patchkit import syntax
+from patchkit.syntax import Language, Search, Unusable
+from patchkit.syntax.base import listing as _listing
 
 Reader = Callable[[str], "str | None"]
 
@@ -119,7 +119,7 @@ def _check(patch_id: str, assertion: Assertion, files: _Files) -> AssertionResul
         return AssertionResult(patch=patch_id, file=assertion.file, line=line, col=col, ok=ok,
                                message=message)
 
-    language = languages.for_file(assertion.file)
+    language = syntax.for_file(assertion.file)
     tree = files.parse(assertion.file, language)
     if isinstance(tree, Unusable):
         return result(False, tree.message, tree.line, tree.col)

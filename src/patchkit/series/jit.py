@@ -38,7 +38,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from patchkit.series import languages
+from patchkit import syntax
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,7 @@ class JitRules:
     # each module's files lie in it ({name}: the module's name)
     prebuilt_dist: str | None = None
     prebuilt_folder: str = ""
-    sources_arg: int = 1             # the position of the sources list
     name_keyword: str = "name"
-    include_keyword: str = "extra_include_paths"
 
 
 RULES: dict[str, JitRules] = {
@@ -154,7 +152,7 @@ class Graph:
     def compiled(self, path: str) -> bool:
         """Whether ``path`` is something this package compiles (a source or reached by one)."""
         return path in self.included_by or any(path in m.sources for m in self.modules) \
-            or languages.for_file(path).compiled
+            or syntax.for_file(path).compiled
 
 
 def modules_for(root: Path, dist: str, paths: Iterable[str]) -> dict[str, list[str]]:

@@ -40,8 +40,9 @@ from patchkit.errors import LogError
 from patchkit.manifest import VLLM, Manifest, Marker
 from patchkit.manifest.model import quoted
 from patchkit.serving import acceptance
+from patchkit.report import Status
 
-IN_STATUSES = ("applied", "upstream")
+IN_STATUSES = (Status.APPLIED, Status.UPSTREAM)
 SAMPLES = 3         # matching lines kept for a required or counted marker
 FORBIDDEN_LINES = 20  # matching lines kept for a forbidden one (found says how many in all)
 
@@ -203,7 +204,7 @@ class MarkerResult:
         return out
 
 
-def patches_in(manifest: Manifest, statuses: Mapping[str, str] | None,
+def patches_in(manifest: Manifest, statuses: Mapping[str, Status] | None,
                version: str | None) -> set[str]:
     """The ids of the patches that are in.  With the statuses of an apply report or an image's
     labels: those ``applied`` or ``upstream`` there.  Without (a tree or image patchkit did not

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.series.languages.base import GrammarError, Scope, Search, listing
+from patchkit.syntax.base import GrammarError, Scope, Search, listing
 
 _NAME = r"~?[A-Za-z_][A-Za-z0-9_]*"
 _QUALIFIED_RE = re.compile(rf"(::)?{_NAME}(::{_NAME})*\Z")

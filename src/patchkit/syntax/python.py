@@ -8,7 +8,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Iterator
 
-from patchkit.series.languages.base import Scope, Search, Unusable, listing
+from patchkit.syntax.base import Scope, Search, Unusable, listing
 
 _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
