@@ -209,6 +209,9 @@ def validate(v) -> str:
 def status(st) -> str:
     """``patchkit status``: a block per package, its checkout, its patches, what to do."""
     lines = [f"{st.name} ({st.manifest})"]
+    if st.settings:
+        lines.append("settings changed since the apply (outside patches:): "
+                     + ", ".join(st.settings))
     for p in st.packages:
         what = identity(p.name).label
         if not p.applied:

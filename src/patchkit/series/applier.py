@@ -389,6 +389,7 @@ def apply_series(manifest: Manifest, *, run: RunSpec, workdir: Path, keep_failed
                 report.keep_failed = str(trees.get(VLLM.name) or next(iter(trees.values())))
             return report
         report.digests = digest.digests(manifest)
+        report.settings = digest.settings(manifest)
         for tree in trees.values():
             applied.write_report(tree, report)
         _move_in(trees, places, scratches, discard, report, progress)
