@@ -923,6 +923,9 @@ def main(argv: list[str] | None = None) -> int:
         code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file,
                                             prog=prog)
         echo(line, err=True)
+        more = getattr(exc, "more", None)
+        if more and Output.verbose:   # -v: what the one line left out
+            echo(f"  {more}", err=True)
         if not isinstance(exc, (errors.PatchkitError, Exception)):
             return code  # an interruption: nothing to report
     if cli.wants_json(args):

@@ -215,9 +215,24 @@ def clone_mirror(url: str, dest: Path) -> None:
 
 
 def fetch_mirror(repo: Path, url: str) -> None:
-    """Every branch and tag of ``url`` into the mirror ``repo``, pruning what went away."""
-    _run(*NETWORK, "fetch", "--quiet", "--prune", "--tags", "--", url,
-         "+refs/heads/*:refs/heads/*", cwd=repo, network=True)
+    """Every branch and tag of ``url`` into the mirror ``repo``, pruning what went away.  A
+    tag the source moved moves in the mirror too (``--tags`` would refuse it, silently under
+    ``--quiet``: "would clobber existing tag")."""
+    _run(*NETWORK, "fetch", "--quiet", "--prune", "--", url, "+refs/heads/*:refs/heads/*",
+         "+refs/tags/*:refs/tags/*", cwd=repo, network=True)
+
+
+ANSWER_WAIT = 30.0   # seconds a source is given to list its branches
+
+
+def answers(url: str) -> bool:
+    """True when the git source ``url`` answers at all (lists its branches): what tells a
+    source that is out of reach from one that answered and refused one thing."""
+    try:
+        return _try(*NETWORK, "ls-remote", "--heads", "--", url, timeout=ANSWER_WAIT,
+                    network=True).ok
+    except GitError:
+        return False
 
 
 def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None

@@ -184,8 +184,7 @@ def inventory(cache: Path) -> list[Entry]:
                               [pypi.download_lock(cache, p.name)]))
         elif p.suffix == ".whl":
             dist, version = p.name.split("-")[:2]
-            # last used when a run read it (pypi touches it then), not when it took the
-            # lock that all of the dist's releases share
+            # last used when a run read it, not when it took its dist's lock (stamps=())
             out.append(_entry("wheel", p, f"{dist} {version}",
                               [cache / pypi.WORD / f"{dist.replace('_', '-')}.lock"],
                               ("wheel", canonicalize_name(dist), version), stamps=()))

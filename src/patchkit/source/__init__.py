@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from patchkit import git as g
-from patchkit import versions
+from patchkit import progress, versions
 from patchkit.errors import SourceError, UsageError
 from patchkit.source import image, mirror, pypi
 from patchkit.packageid import VLLM, PackageId
@@ -98,10 +98,15 @@ def _first_answer(sources: Sequence[str], attempt: Callable[[str], T], log: Log,
         try:
             return source, attempt(source)
         except SourceError as exc:
+            more = getattr(exc, "more", None)
+            if more:
+                progress.detail(more)
             if len(sources) == 1:
                 raise
-            log(f"source {source}: {exc}; trying the next")
-            failures.append(f"{source}: {exc}")
+            # a line that names the source already is not prefixed with it again
+            named = str(exc) if source in str(exc) else f"source {source}: {exc}"
+            log(f"{named}; trying the next")
+            failures.append(named)
     raise SourceError(f"{none_answered}: " + "; ".join(failures))
 
 
