@@ -197,6 +197,29 @@ def _errors(node: Any) -> list[int]:
                    if n.type == "ERROR" or n.is_missing})
 
 
+def _enclosing(scope: str, read: tuple[str, ...]) -> str:
+    """What the asked ``scope`` puts around the name as it was read: ``flashinfer::``."""
+    want = _parts(scope)
+    return "::".join(want[:len(want) - len(read)]) + "::"
+
+
+def _nearest_error(root: Any, line: int) -> tuple[int, int, int] | None:
+    """The error or missing node nearest to ``line`` (one that spans it first, the smallest
+    such), as (first line, last line, column); None when the file parses clean."""
+    if not root.has_error:
+        return None
+    best: tuple[tuple[int, int], tuple[int, int, int]] | None = None
+    for n in _descendants(root):
+        if n.type != "ERROR" and not n.is_missing:
+            continue
+        first, last = n.start_point[0] + 1, n.end_point[0] + 1
+        away = 0 if first <= line <= last else min(abs(line - first), abs(line - last))
+        key = (away, last - first)
+        if best is None or key < best[0]:
+            best = (key, (first, last, n.start_point[1]))
+    return best[1] if best else None
+
+
 def _scope_of(node: Any, label: str) -> Scope:
     lines = _errors(node)
     trouble = None
@@ -365,11 +388,45 @@ class Cxx:
             return where, (f"scope {scope} names {len(hits)} definitions (lines {lines}): an "
                            "overload or a definition repeated under #if; an assertion needs "
                            "exactly one")
-        names = ["::".join(name) for name, _ in tree.definitions]
+        # a definition whose name is the end of the one asked for (norm::RMSNorm for
+        # flashinfer::norm::RMSNorm) is that name read outside what encloses it: never listed
+        # as something else the file defines
+        near = [(name, node) for name, node in tree.definitions
+                if len(name) < len(want) and want[-len(name):] == name]
+        names = ["::".join(name) for name, _ in tree.definitions
+                 if want[-1] != name[-1]]
+        if near:
+            return self._misread(tree, scope, near[0], names)
         tails = {"::".join(name[-len(want):]): "::".join(name) for name, _ in tree.definitions}
         close = difflib.get_close_matches("::".join(want), list(tails), n=1, cutoff=0.7)
         hint = f" (did you mean {tails[close[0]]}?)" if close else ""
-        return top, (f"scope {scope} not found{hint}; the file defines: {listing(names)}")
+        errors = _errors(tree.root)
+        unread = (f"; a definition inside a syntax error node is not seen (error nodes at "
+                  f"line{'s' * (len(errors) > 1)} {', '.join(map(str, errors[:_ERRORS_SHOWN]))}"
+                  f"{' and more' if len(errors) > _ERRORS_SHOWN else ''})" if errors else "")
+        return top, (f"scope {scope} not found{hint}; the file defines: {listing(names)}"
+                     f"{unread}")
+
+    def _misread(self, tree: _Tree, scope: str, near: tuple[tuple[str, ...], Any],
+                 names: list[str]) -> tuple[Scope, str]:
+        """``scope`` is there, but the parser read it as ``near`` (outside what encloses it):
+        a syntax error took the enclosing namespace or class away.  The message names the
+        error node nearest to it, and points there."""
+        name, node = near
+        line = node.start_point[0] + 1
+        error = _nearest_error(tree.root, line)
+        read = f"{'::'.join(name)} at line {line} is read outside {_enclosing(scope, name)}"
+        if error is None:
+            where = Scope((node,), scope, line, node.start_point[1])
+            return where, (f"scope {scope} not found: {read}; the file defines: "
+                           f"{listing(names)}")
+        first, last, col = error
+        span = f"line {first}" if first == last else f"lines {first} to {last}"
+        where = Scope((node,), scope, line if first <= line <= last else first,
+                      node.start_point[1] if first <= line <= last else col)
+        return where, (f"scope {scope} not found: {read}, because of the syntax error node "
+                       f"nearest to it ({span}; an unbalanced brace, or a macro the parser "
+                       "cannot read?)")
 
     def search(self, predicate: str, scope: Scope, value: str) -> Search:
         return _SEARCHES[predicate](self.grammar, scope, value)
