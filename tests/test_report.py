@@ -66,3 +66,26 @@ def test_what_is_in_the_way_reads_back_and_an_older_report_has_none():
     assert ApplyReport.from_dict(data).patches[0].in_the_way == ways
     del data["patches"][0]["in_the_way"]
     assert ApplyReport.from_dict(data).patches[0].in_the_way == []
+
+
+def test_the_summary_says_the_statuses_in_one_order_and_apply_names_the_jit_modules():
+    """Whichever patch comes first in the series, the closing line counts applied before
+    skipped; a patch whose file feeds a FlashInfer JIT module is named with it in the text."""
+    from patchkit.report import PackageInfo, PatchResult
+    from patchkit.render import text
+
+    pin = PackageInfo("v1", "0" * 40, "1")
+    header = "flashinfer/data/include/flashinfer/norm.cuh"
+    first_skipped = ApplyReport(pin, "wd", [
+        PatchResult("a", "diff", "skipped"), PatchResult("b", "diff", "applied"),
+        PatchResult("fi-norm", "diff", "applied", files=[header], package="flashinfer"),
+        PatchResult("fi-other", "diff", "applied", files=["flashinfer/x.py"],
+                    package="flashinfer")],
+        jit_modules={"flashinfer": {header: ["norm"]}})
+    first_applied = ApplyReport(pin, "wd", [PatchResult("b", "diff", "applied"),
+                                            PatchResult("a", "diff", "skipped")])
+    assert text.summary(first_skipped).startswith("3 applied, 1 skipped;")
+    assert text.summary(first_applied).startswith("1 applied, 1 skipped;")
+    out = text.apply(first_skipped).splitlines()
+    assert f"fi-norm feeds flashinfer's JIT module norm (through {header})" in out
+    assert not any(line.startswith("fi-other") for line in out)

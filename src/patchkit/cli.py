@@ -381,7 +381,7 @@ def rebase(ref, cont, abort, drop_upstream, repos, package, manifest_path) -> in
         raise click.UsageError("--drop-upstream, --vllm-repo and --package go with --to")
     result = command.run(Path(manifest_path), to=ref, cont=cont, abort_=abort,
                          drop_upstream=drop_upstream, repos=repos or None, package=package,
-                         progress=TextProgress(err=True))
+                         progress=TextProgress(err=True, patches=False))
     if isinstance(result, list):
         echo(f"rebase aborted; restored {', '.join(result) if result else 'nothing (no file had changed)'}")
         return 0
