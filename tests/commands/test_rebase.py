@@ -264,7 +264,8 @@ def test_interrupted_rebase_goes_on_or_goes_back(tmp_path, then):
         return
     p = patchkit("rebase", "--continue", cwd=proj)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert [ln.split()[:2] for ln in p.stdout.splitlines()[:7]] == [
+    assert p.stdout.splitlines()[0] == "vLLM v1.0.0 -> v1.1.0, patch by patch:"
+    assert [ln.split()[:2] for ln in p.stdout.splitlines()[1:8]] == [
         ["refreshed", "table-nvfp4:"], ["applied", "fast-mode"], ["applied", "other-fix"],
         ["applied", "conf-overlay"], ["skipped", "legacy:"], ["upstream", "already-in:"],
         ["applied", "slow"]]
