@@ -55,3 +55,14 @@ def test_a_lone_unreachable_source_is_one_short_error_line(tmp_path):
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith(f"patchkit apply: error: {DEAD} is unreachable; not asked again")
     assert len(last) <= 120
+
+
+def test_verbose_says_more_of_a_lone_unreachable_source_once(tmp_path):
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text()
+    up = text.split("repo: ", 1)[1].split()[0]
+    (proj / "patchset.yaml").write_text(text.replace(f"repo: {up}", f"repo: {DEAD}", 1))
+    p = patchkit("-v", "apply", cwd=proj)
+    assert p.returncode == 2
+    more = [ln for ln in p.stderr.splitlines() if "remembered in" in ln]
+    assert len(more) == 1 and "cannot clone" in more[0], p.stderr

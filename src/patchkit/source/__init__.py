@@ -98,11 +98,11 @@ def _first_answer(sources: Sequence[str], attempt: Callable[[str], T], log: Log,
         try:
             return source, attempt(source)
         except SourceError as exc:
+            if len(sources) == 1:
+                raise   # the run ends on it: the command line says its more with -v
             more = getattr(exc, "more", None)
             if more:
                 progress.detail(more)
-            if len(sources) == 1:
-                raise
             # a line that names the source already is not prefixed with it again
             named = str(exc) if source in str(exc) else f"source {source}: {exc}"
             log(f"{named}; trying the next")
