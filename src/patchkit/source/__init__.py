@@ -124,7 +124,13 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None
                           f"it is with {_as_is(package)}")
     log(f"base {base.name} holds {package.label} {base.version}: pinning "
         + (f"commit {pin.ref}" if pin.commit else pin.ref))
-    found = kind.resolve(source, pin.ref, cache, log, package=package, base=base)
+    try:
+        found = kind.resolve(source, pin.ref, cache, log, package=package, base=base)
+    except mirror.MissingError as exc:
+        raise mirror.MissingError(
+            f"{exc}; base {base.name} holds {package.label} {base.version}, built from it: "
+            f"name a source that has it with {package.option('repo', 'URL')}, or patch the base "
+            f"as it is with {_as_is(package)}") from None
     # ranges are judged on what the base holds (a dev build 0.31.1.dev7 is >=0.31)
     return replace(found, version=base.version)
 

@@ -66,8 +66,8 @@ def resolve(source: str, ref: str, cache: Path, log: Log, *, package: PackageId 
         if commit is None:
             if g.SHA_RE.match(ref):
                 # the source answered (it was fetched or cloned just now): it lacks the commit
-                raise SourceError(f"{package.label} commit {ref} is missing from {source} (it "
-                                  "answered: fetched just now, the commit is not there)")
+                raise MissingError(f"{package.label} commit {ref} is missing from {source} (it "
+                                   "answered: fetched just now, the commit is not there)")
             raise SourceError(f"unknown {package.label} ref {ref!r} in {source}"
                               f"{_did_you_mean(repo, ref)}")
         return Resolved(source, repo, ref, commit, version_of(repo, commit, package.top))
@@ -118,6 +118,10 @@ UNREACHABLE_FOR = 15 * 60
 
 
 UNREACHABLE = ".unreachable"   # <mirror>.git.unreachable: {"url", "why", "until"}
+
+
+class MissingError(SourceError):
+    """A source that answered lacks the commit asked for: nothing is remembered."""
 
 
 class UnreachableError(SourceError):
