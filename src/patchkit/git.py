@@ -667,6 +667,23 @@ def diff(repo: Path, *revs: str, cached: bool = False) -> str:
     return _run(*args, *revs, "--", cwd=repo)
 
 
+_HUNK_RE = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", re.M)
+
+
+def changed_lines(repo: Path, base: str, path: str) -> list[int]:
+    """The lines of ``path`` in the work tree of ``repo`` that differ from ``base`` (a line
+    next to what was removed stands for the removal); [] when that cannot be told (no such
+    rev, not a repository)."""
+    r = _try(*DIFF_ARGS, "--unified=0", base, "--", f":(literal){path}", cwd=repo)
+    if not r.ok:
+        return []
+    lines: list[int] = []
+    for m in _HUNK_RE.finditer(r.stdout):
+        start, count = int(m.group(1)), int(m.group(2) or 1)
+        lines += range(start, start + count) if count else [max(start, 1)]
+    return lines
+
+
 def diff_paths(repo: Path, old: str, new: str, paths: Sequence[str]) -> str:
     """``git diff old new -- paths``, with every output option pinned; empty when no path
     differs (or none is given)."""
