@@ -70,16 +70,18 @@ class _Files:
     def __init__(self, read: Reader) -> None:
         self.read = read
         self.cache: dict[str, object] = {}
+        self.lines: dict[str, list[int]] = {}
 
     def changed(self, rel: str) -> list[int]:
-        """The lines the series changed in ``rel``, where the reader can tell (a checkout)."""
-        changed = getattr(self.read, "changed", None)
-        if changed is None:
-            return []
-        try:
-            return changed(rel)
-        except Exception:  # noqa: BLE001  # a hint for a message; never a failure of its own
-            return []
+        """The lines the series changed in ``rel``, where the reader can tell (a checkout);
+        asked only for a failure's message, once per file."""
+        if rel not in self.lines:
+            changed = getattr(self.read, "changed", None)
+            try:
+                self.lines[rel] = changed(rel) if changed is not None else []
+            except Exception:  # noqa: BLE001  # a hint for a message, never a failure itself
+                self.lines[rel] = []
+        return self.lines[rel]
 
     def parse(self, rel: str, language: Language) -> object:
         if rel not in self.cache:
@@ -147,7 +149,9 @@ def _check(patch_id: str, assertion: Assertion, files: _Files) -> AssertionResul
     tree = files.parse(assertion.file, language)
     if isinstance(tree, Unusable):
         return result(False, tree.message, tree.line, tree.col)
-    resolved = language.resolve(tree, assertion.scope, near=files.changed(assertion.file))
+    resolved = language.resolve(tree, assertion.scope)
+    if isinstance(resolved, tuple):   # said again near what the series changed in the file
+        resolved = language.resolve(tree, assertion.scope, near=files.changed(assertion.file))
     if isinstance(resolved, tuple):
         deepest, message = resolved
         return result(False, message, deepest.line, deepest.col)
