@@ -211,7 +211,8 @@ fi
 
 run_words() { # RANK: the docker run arguments of that rank
     local rank=$1 var
-    words=(run --detach --name "$name-rank$rank")
+    # --pull never: an image a node lacks is one error at once, not a pull past the deadline
+    words=(run --detach --pull never --name "$name-rank$rank")
     [ "$gpus" = none ] || words+=(--gpus "$gpus")
     words+=(--network host --ipc host)
     if [ "$ulimits" != none ]; then
