@@ -159,7 +159,8 @@ def _failed(url: str, repo: Path, why: str) -> SourceError:
     its branches) refused this one thing, and nothing is remembered; one that does not answer
     is remembered for ``UNREACHABLE_FOR``."""
     if g.answers(url):
-        return SourceError(f"{url} answered, but the mirror could not be updated ({why})")
+        done = "made" if why.startswith("cannot clone") else "updated"
+        return SourceError(f"{url} answered, but the mirror could not be {done} ({why})")
     until = time.time() + UNREACHABLE_FOR
     try:
         _marker(repo).write_text(json.dumps({"url": url, "why": why, "until": until}))
