@@ -66,6 +66,20 @@ def test_every_relative_link_resolves(page):
     assert not broken, f"{page.name}: " + "; ".join(broken)
 
 
+def test_error_lines_shown_name_the_verb_as_the_handler_prints_them():
+    """The one handler prints ``patchkit VERB: error: ...``: a page showing the prefix
+    without the verb shows a line no run prints."""
+    from patchkit import errors
+
+    code, line, _ = errors.handle(errors.UsageError("x"), "status", "0", Path,
+                                  prog="patchkit status")
+    assert line == "patchkit status: error: x"
+    wrong = [f"{page.name}:{n}" for page in PAGES
+             for n, text in enumerate(page.read_text().splitlines(), 1)
+             if "patchkit: error:" in text]
+    assert not wrong, wrong
+
+
 def marked(kind: str) -> list[tuple[str, str, int, str | None]]:
     """Each block marked ``KIND test``: (where, its text, the exit code it declares, the text
     of a ``text output`` block right after it, which its standard output must hold)."""

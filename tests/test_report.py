@@ -94,3 +94,26 @@ def test_an_unknown_status_or_reason_is_not_a_report():
                   {"id": "p", "status": "failed", "reason": "bad-luck"}):
         with pytest.raises(ValueError, match="not an apply report"):
             ApplyReport.from_dict({"vllm": {"ref": "v1"}, "patches": [patch]})
+
+
+def test_the_summary_says_the_statuses_in_one_order_and_apply_names_the_jit_modules():
+    """Whichever patch comes first in the series, the closing line counts applied before
+    skipped; a patch whose file feeds a FlashInfer JIT module is named with it in the text."""
+    from patchkit.report import PackageInfo, PatchResult
+    from patchkit.render import text
+
+    pin = PackageInfo("v1", "0" * 40, "1")
+    header = "flashinfer/data/include/flashinfer/norm.cuh"
+    first_skipped = ApplyReport(pin, "wd", [
+        PatchResult("a", "diff", Status.SKIPPED), PatchResult("b", "diff", Status.APPLIED),
+        PatchResult("fi-norm", "diff", Status.APPLIED, files=[header], package="flashinfer"),
+        PatchResult("fi-other", "diff", Status.APPLIED, files=["flashinfer/x.py"],
+                    package="flashinfer")],
+        jit_modules={"flashinfer": {header: ["norm"]}})
+    first_applied = ApplyReport(pin, "wd", [PatchResult("b", "diff", Status.APPLIED),
+                                            PatchResult("a", "diff", Status.SKIPPED)])
+    assert text.summary(first_skipped).startswith("3 applied, 1 skipped;")
+    assert text.summary(first_applied).startswith("1 applied, 1 skipped;")
+    out = text.apply(first_skipped).splitlines()
+    assert f"fi-norm feeds flashinfer's JIT module norm (through {header})" in out
+    assert not any(line.startswith("fi-other") for line in out)

@@ -219,6 +219,8 @@ class ApplyReport:
     jit_modules: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # each patch's digest (manifest.digest) when the checkout was made: what status compares
     digests: dict[str, str] = field(default_factory=dict)
+    # each setting's digest outside `patches:` (manifest.digest.settings): what status compares
+    settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -247,6 +249,8 @@ class ApplyReport:
             data["discarded"] = self.discarded
         if self.digests:
             data["digests"] = dict(self.digests)
+        if self.settings:
+            data["settings"] = dict(self.settings)
         return data
 
     def to_json(self) -> str:
@@ -268,7 +272,8 @@ class ApplyReport:
                         for n, p in (data.get("packages") or {}).items()},
                        {str(n): {str(f): [str(x) for x in m] for f, m in files.items()}
                         for n, files in (data.get("jit_modules") or {}).items()},
-                       {str(k): str(v) for k, v in (data.get("digests") or {}).items()})
+                       {str(k): str(v) for k, v in (data.get("digests") or {}).items()},
+                       {str(k): str(v) for k, v in (data.get("settings") or {}).items()})
         except (KeyError, TypeError, AttributeError, AssertionError, ValueError) as exc:
             raise ValueError(f"not an apply report: {exc!r}") from None
 

@@ -163,6 +163,24 @@ def test_a_version_naming_a_commit_pins_that_commit(tmp_path, upstream):
     assert base.reads == 0  # the pin needs the version only
 
 
+def test_a_dev_build_whose_commit_the_source_lacks_is_missing_never_unreachable(tmp_path,
+                                                                                upstream):
+    """The repository answers without the base's commit: named as missing, with the source
+    and the base, and nothing remembered; the next run asks the source again."""
+    cache = tmp_path / "cache"
+    source.resolve([str(upstream)], "v0.31.0", cache)   # the mirror is there: a fetch follows
+    base = FakeBase("0.31.1.dev7+gc5de82f35")
+    with pytest.raises(SourceError) as info:
+        source.resolve([str(upstream)], "base", cache, base=base)
+    assert str(info.value).startswith(
+        f"vLLM commit c5de82f35 is missing from {upstream} (it answered: fetched just now, the "
+        f"commit is not there); base {base.name} holds vLLM 0.31.1.dev7+gc5de82f35, built from "
+        "it: name a source that has it with --vllm-repo URL, or patch the base as it is with "
+        "--vllm-repo image")
+    assert "unreachable" not in str(info.value)
+    assert not list((cache / "repos").glob("*.unreachable"))
+
+
 def test_a_dated_dev_version_pins_its_commit_too(tmp_path, upstream):
     full = commit_of(upstream, "v0.32.0")
     base = FakeBase(f"0.32.1.dev0+g{full[:9]}.d20260714")

@@ -2,7 +2,8 @@
 
 Beyond what the loader checks, everything that can be checked without a tree is: each diff is
 parsed, each transform compiled and imported and its ``Transform`` classes found, each
-overlay's files listed.  A broken patch file is a ManifestError naming the file and its line.
+overlay's files listed, and every path rule ``apply`` applies that needs no release (a patch
+of a package other than vLLM writes nothing in vLLM's folder or at the root).  A broken patch file is a ManifestError naming the file and its line.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from patchkit import kinds, manifest, syntax
 from patchkit.errors import ManifestError
 from patchkit.image import artifact
-from patchkit.series import compiled
+from patchkit.series import applier, compiled
 
 
 @dataclass
@@ -38,6 +39,10 @@ def _compiled_code(m: manifest.Manifest) -> None:
     if found:
         patch, why = found
         raise ManifestError(why, path=m.path.name, line=patch.line, entry=patch.label)
+    for patch in m.patches:   # apply's path rules, as far as they need no release
+        why = applier.outside_before_release(m, patch)
+        if why:
+            raise ManifestError(why, path=m.path.name, line=patch.line, entry=patch.label)
     platform = m.image.platform
     for patch in m.patches:
         if patch.artifact is not None and not patch.artifact.wheel.startswith("https://"):

@@ -60,8 +60,9 @@ class VerifyReport:
 
     @property
     def waiting(self) -> list[MarkerResult]:
-        """The acceptance floors not yet judged (no traffic served), when they may wait."""
-        return [] if self.require_traffic else [r for r in self.runtime or () if r.pending]
+        """The acceptance floors not yet judged (no traffic served); none when traffic is
+        required (``runtime.traffic_required`` made them failures)."""
+        return [r for r in self.runtime or () if r.pending]
 
     @property
     def runtime_ok(self) -> bool:
@@ -466,6 +467,8 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
         if sources.logs:
             judgment = sources.judge(manifest, checked)
             report.runtime, report.starts = judgment.results, judgment.starts
+            if r.require_traffic:
+                report.runtime = [runtime.traffic_required(m) for m in report.runtime]
             report.logs = sources.names
             report.notes = sources.notes() + [n for n in map(runtime.Start.note,
                                                              judgment.starts) if n]

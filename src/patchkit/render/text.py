@@ -39,10 +39,9 @@ def assertion_failure(result: AssertionResult) -> str:
 
 
 def summary(report: ApplyReport) -> str:
-    counts: dict[str, int] = {}
-    for p in report.patches:
-        counts[p.status] = counts.get(p.status, 0) + 1
-    parts = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no patches"
+    # the statuses in one order on every run: applied, upstream, skipped, failed
+    counts = {s: sum(p.status is s for p in report.patches) for s in Status}
+    parts = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no patches"
     passed = sum(a.ok for a in report.verify)
     variant = f", variant {report.variant}" if report.variant else ""
     return (f"{parts}; {passed}/{len(report.verify)} assertions passed "
@@ -62,9 +61,23 @@ def pin_lines(report: ApplyReport) -> list[str]:
     return lines
 
 
+def jit_lines(report: ApplyReport) -> list[str]:
+    """One line per applied patch whose files feed a JIT module of its package (FlashInfer
+    compiles them from its sources at first use): which modules, through which file."""
+    lines = []
+    for r in report.patches:
+        files = report.jit_modules.get(r.package, {})
+        fed = {f: files[f] for f in r.files if files.get(f)} if r.status == "applied" else {}
+        if fed:
+            modules = list(dict.fromkeys(m for mods in fed.values() for m in mods))
+            lines.append(f"{r.id} feeds {r.package}'s JIT module{'s' * (len(modules) > 1)} "
+                         f"{', '.join(modules)} (through {', '.join(fed)})")
+    return lines
+
+
 def apply(report: ApplyReport) -> str:
     lines = [assertion_failure(a) for a in report.verify if not a.ok]
-    others = pin_lines(report)
+    others = pin_lines(report) + jit_lines(report)
     if report.ok:
         where = f"; checkout at {report.workdir}" if report.workdir else ""
         lines.append(f"ok: {summary(report)}{where}")
@@ -130,11 +143,14 @@ def runtime(results, logs: list[str], waiting=()) -> list[str]:
 
 
 def rebase(result) -> str:
+    """The rebase's one list of what it did to each patch, under a heading saying which move
+    it is (no patch line is said while it runs: the list would come twice)."""
     if result.aborted:
         return ("rebase aborted; restored "
                 + (", ".join(result.restored) or "nothing (no file had changed)"))
-    lines = [f"{step.action:<9} {step.id}" + (f": {step.detail}" if step.detail else "")
-             for step in result.steps]
+    lines = [f"{result.label} {result.from_ref} -> {result.to_ref}, patch by patch:"]
+    lines += [f"{step.action:<9} {step.id}" + (f": {step.detail}" if step.detail else "")
+              for step in result.steps]
     lines += [f"note: {note}" for note in result.notes]
     if result.stop:
         lines.append("")
@@ -212,6 +228,9 @@ def validate(v) -> str:
 def status(st) -> str:
     """``patchkit status``: a block per package, its checkout, its patches, what to do."""
     lines = [f"{st.name} ({st.manifest})"]
+    if st.settings:
+        lines.append("settings changed since the apply (outside patches:): "
+                     + ", ".join(st.settings))
     for p in st.packages:
         what = identity(p.name).label
         if not p.applied:

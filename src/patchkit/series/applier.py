@@ -169,16 +169,45 @@ def _outside(manifest: Manifest, patch: Patch, tops: Sequence[str]) -> str | Non
     cannot name its paths is left to fail as it applies."""
     if not tops:
         return None
+    where = ", ".join(f"{t}/" for t in tops)
+    return _first_bad(manifest, patch, lambda p: p.split("/", 1)[0] not in tops or "/" not in p,
+                      where)
+
+
+def outside_before_release(manifest: Manifest, patch: Patch) -> str | None:
+    """The part of ``_outside`` that needs no release, for ``validate``: a patch of a package
+    confined to its import folders touches no file at the root and nothing in a folder another
+    package of the manifest owns (``vllm/`` for a FlashInfer patch); where its own folder is
+    known without its release, nothing outside it."""
+    package = manifest.package(patch.package).id
+    if not package.confined:
+        return None
+    own = compiled.known_tops(package)
+    if own:
+        return _outside(manifest, patch, own)
+    theirs = {t: p.name for p in manifest.packages if p.name != patch.package
+              for t in compiled.known_tops(p.id)}
+    bad = _first_bad(manifest, patch, lambda p: "/" not in p or p.split("/", 1)[0] in theirs,
+                     "")
+    return bad
+
+
+def _first_bad(manifest: Manifest, patch: Patch, bad: Callable[[str], bool],
+               where: str) -> str | None:
     try:
         paths = kinds.get(patch.kind).touched(manifest.root / patch.path)
     except (OSError, kinds.KindError):
         return None
     paths += [a.file for a in patch.verify]
-    bad = [p for p in paths if p.split("/", 1)[0] not in tops or "/" not in p]
-    if not bad:
+    found = next((p for p in paths if bad(p)), None)
+    if found is None:
         return None
-    where = ", ".join(f"{t}/" for t in tops)
-    return (f"{bad[0]} is outside {patch.package}'s files ({where}); a {patch.package} patch "
+    owner = next((q.name for q in manifest.packages if q.name != patch.package
+                  and "/" in found and found.split("/", 1)[0] in compiled.known_tops(q.id)),
+                 None)
+    shown = f"({where})" if where else (f"(it is {owner}'s)" if owner else
+                                         "(a file at the root)")
+    return (f"{found} is outside {patch.package}'s files {shown}; a {patch.package} patch "
             f"names paths from that package's root")
 
 
@@ -391,6 +420,7 @@ def apply_series(manifest: Manifest, *, run: RunSpec, workdir: Path, keep_failed
                 report.keep_failed = str(trees.get(VLLM.name) or next(iter(trees.values())))
             return report
         report.digests = digest.digests(manifest)
+        report.settings = digest.settings(manifest)
         for tree in trees.values():
             applied.write_report(tree, report)
         _move_in(trees, places, scratches, discard, report, progress)

@@ -26,22 +26,36 @@ from patchkit.syntax.base import listing as _listing
 Reader = Callable[[str], "str | None"]
 
 
-def tree_reader(root: Path) -> Reader:
-    """A reader over a checkout: the file's text, or ``None`` when it is absent.
+class _TreeReader:
+    """A reader over a checkout: the file's text, or ``None`` when it is absent; and the lines
+    the series changed in it (against the checkout's pristine tag), which a failure message
+    may point near.
 
     A path through a symlink raises :class:`paths.UnsafePathError`, which fails the assertion
     with that message rather than reading outside the checkout.
     """
 
-    def read(rel: str) -> str | None:
-        path = paths.safe_join(root, rel)
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __call__(self, rel: str) -> str | None:
+        path = paths.safe_join(self.root, rel)
         try:
             data = path.read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         return data.decode("utf-8")
 
-    return read
+    def changed(self, rel: str) -> list[int]:
+        from patchkit import git
+        from patchkit.source import BASE_TAG
+
+        return git.changed_lines(self.root, BASE_TAG, rel)
+
+
+def tree_reader(root: Path) -> Reader:
+    """A reader over a checkout (see ``_TreeReader``)."""
+    return _TreeReader(root)
 
 
 def run_assertions(patches: Iterable[Patch], read: Reader) -> list[AssertionResult]:
@@ -56,6 +70,18 @@ class _Files:
     def __init__(self, read: Reader) -> None:
         self.read = read
         self.cache: dict[str, object] = {}
+        self.lines: dict[str, list[int]] = {}
+
+    def changed(self, rel: str) -> list[int]:
+        """The lines the series changed in ``rel``, where the reader can tell (a checkout);
+        asked only for a failure's message, once per file."""
+        if rel not in self.lines:
+            changed = getattr(self.read, "changed", None)
+            try:
+                self.lines[rel] = changed(rel) if changed is not None else []
+            except Exception:  # noqa: BLE001  # a hint for a message, never a failure itself
+                self.lines[rel] = []
+        return self.lines[rel]
 
     def parse(self, rel: str, language: Language) -> object:
         if rel not in self.cache:
@@ -124,6 +150,8 @@ def _check(patch_id: str, assertion: Assertion, files: _Files) -> AssertionResul
     if isinstance(tree, Unusable):
         return result(False, tree.message, tree.line, tree.col)
     resolved = language.resolve(tree, assertion.scope)
+    if isinstance(resolved, tuple):   # said again near what the series changed in the file
+        resolved = language.resolve(tree, assertion.scope, near=files.changed(assertion.file))
     if isinstance(resolved, tuple):
         deepest, message = resolved
         return result(False, message, deepest.line, deepest.col)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import difflib
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from patchkit.syntax.base import Scope, Search, Unusable, listing
 
@@ -241,8 +241,9 @@ class Python:
         except ValueError as exc:  # e.g. NUL bytes in the source
             return Unusable(f"does not parse: {exc}", 1, 0)
 
-    def resolve(self, tree: ast.Module, scope: str | None) -> Scope | tuple[Scope, str]:
-        return _resolve(tree, scope)
+    def resolve(self, tree: ast.Module, scope: str | None, near: Sequence[int] = ()
+                ) -> Scope | tuple[Scope, str]:
+        return _resolve(tree, scope)   # a module that parses has no error node to point at
 
     def search(self, predicate: str, scope: Scope, value: str) -> Search:
         return _SEARCHES[predicate](scope, value)
