@@ -22,6 +22,7 @@ from patchkit import git as g
 from patchkit import filelocks
 from patchkit.errors import CommandError, SourceError
 from patchkit.packageid import VLLM, PackageId
+from patchkit.source.refs import is_commit_id
 from patchkit.source.resolved import Log, Resolved, version_of
 from patchkit.cache import cache_subdir
 from patchkit.files import discard
@@ -64,7 +65,7 @@ def resolve(source: str, ref: str, cache: Path, log: Log, *, package: PackageId 
             _fetch(repo, url)
             commit = g.resolve_commit(repo, ref)
         if commit is None:
-            if g.SHA_RE.match(ref):
+            if is_commit_id(ref):
                 # the source answered (it was fetched or cloned just now): it lacks the commit
                 raise MissingError(f"{package.label} commit {ref} is missing from {source} (it "
                                    "answered: fetched just now, the commit is not there)")
