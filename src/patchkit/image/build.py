@@ -28,6 +28,7 @@ from patchkit.image import prebuilt
 from patchkit.image import labels as image_labels
 from patchkit.image import distinfo, layer, lockfile, package
 from patchkit.manifest import VLLM, Manifest
+from patchkit.manifest.model import ImageDefaults
 from patchkit.series.checkout import AppliedCheckout, Change
 
 LAYER_FORMAT = "2"  # bump when the layer or config layout changes: it is part of the inputs key
@@ -177,6 +178,9 @@ class PackageTree:
     # the patched files whose patches say `rebuild: jit`: a prebuilt module built from one is
     # left out of the image (image/prebuilt.py)
     rebuild_jit: tuple[str, ...] = ()
+    # the GPU architecture its prebuilt modules are judged for (image.cuda_arch), unless the
+    # base sets FlashInfer's own list
+    cuda_arch: str = ImageDefaults.cuda_arch
 
 
 def package_shipped(changes: Sequence[Change]) -> tuple[Change, ...]:
@@ -260,9 +264,10 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
                          artifacts, entries, made_dirs, log)
     if any(o.tree.report.jit_modules for o in others):
         shipped_members = {(a.dist, a.member) for a in artifacts}
-        entries += prebuilt.leave_out(distinfo.installed(files, base.env), others,  # type: ignore[arg-type]
-                                      base.name, log, shipped_members)
-        jit_env = prebuilt.workspace(others, base.config.get("User"))
+        have = distinfo.installed(files, base.env)  # type: ignore[arg-type]
+        entries += prebuilt.leave_out(files, have, base.env, others, base.name, log,
+                                      shipped_members)
+        jit_env = prebuilt.cache_env(files, have, base.env, base.config.get("User"), others)
         for name, value in jit_env.items():
             log(f"JIT cache of the patched sources: {name}={value}")
     if serve is not None:
@@ -444,7 +449,7 @@ def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInput
     labels.update(image_labels.overlay_labels(inputs.key, plan.package.dir, plan.installed,
                                               made))
     if plan.env:
-        labels[image_labels.JIT_WORKSPACE_LABEL] = next(iter(plan.env.values()))
+        labels.update(image_labels.jit_labels(plan.env))
     config = layer.image_config(
         base, made, labels=labels, created=inputs.created, env=plan.env,
         created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
