@@ -312,12 +312,18 @@ class Reading:
         return out
 
 
-def read(files, installed: Installed, env: Mapping[str, str], packages: Sequence,
-         where: str) -> Reading:
-    """Where each package (build.PackageTree values) in the image would load modules
-    prebuilt from; only packages whose patches feed a JIT module are read."""
-    return Reading({p.name: find(files, installed, env, p.dist, p.cuda_arch, where)
-                    for p in packages if p.tree.report.jit_modules.get(p.name)})
+def read(files, installed: Installed, env: Mapping[str, str],
+         wanted: Mapping[str, tuple[str, str]], where: str) -> Reading:
+    """Where each package in the image would load modules prebuilt from (``wanted``: package
+    name -> its distribution and ``image.cuda_arch``)."""
+    return Reading({name: find(files, installed, env, dist, arch, where)
+                    for name, (dist, arch) in wanted.items()})
+
+
+def _wanted(packages: Sequence) -> dict[str, tuple[str, str]]:
+    """The packages (build.PackageTree values) whose patches feed a JIT module."""
+    return {p.name: (p.dist, p.cuda_arch) for p in packages
+            if p.tree.report.jit_modules.get(p.name)}
 
 
 def shadows_in(files, reading: Reading, jit_modules: Mapping[str, Mapping[str, Sequence[str]]]
@@ -337,7 +343,7 @@ def shadows_in(files, reading: Reading, jit_modules: Mapping[str, Mapping[str, S
 
 def shadows(files, installed: Installed, env: Mapping[str, str], packages: Sequence,
             where: str) -> list[Shadow]:
-    reading = read(files, installed, env, packages, where)
+    reading = read(files, installed, env, _wanted(packages), where)
     return shadows_in(files, reading,
                       {p.name: p.tree.report.jit_modules.get(p.name, {}) for p in packages})
 
@@ -349,7 +355,7 @@ def leave_out(files, installed: Installed, env: Mapping[str, str], packages: Seq
     """The layer's whiteouts for the prebuilt modules that patches with ``rebuild: jit`` leave
     out; :class:`ImageError` for one that no patch says what to do with.  A module an
     artifact ships (``shipped``: (dist, member) pairs) counts as rebuilt."""
-    reading = read(files, installed, env, packages, f"base {base}")
+    reading = read(files, installed, env, _wanted(packages), f"base {base}")
     for note in reading.notes():
         log(note)
     entries: list[layer.LayerEntry] = []
@@ -373,6 +379,70 @@ def leave_out(files, installed: Installed, env: Mapping[str, str], packages: Seq
             log(f"{s.package}: prebuilt {s.module} left out ({s.holder.describe()}); it is "
                 f"compiled from the patched {s.file} on first use")
     return entries
+
+
+# ------------------------------------------------------------------------ proof in an image
+
+@dataclass(frozen=True)
+class Proof:
+    """One module built from a patched file, judged in an image: the prebuilt modules that
+    would still load in its place (none: FlashInfer compiles it from the patched sources)."""
+
+    package: str
+    file: str
+    module: str
+    shadows: tuple[Shadow, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.shadows
+
+    def message(self, image: str) -> str:
+        if self.shadows:
+            where = "; ".join(s.describe() for s in self.shadows)
+            return (f"the patched {self.file} feeds JIT module {self.module}, and image {image} "
+                    f"still holds it prebuilt ({where}), which {self.package} loads instead "
+                    "of compiling the patched source")
+        return (f"the patched {self.file} feeds JIT module {self.module}; no prebuilt "
+                f"{self.module} would load in image {image}: it is compiled from the patched "
+                "source")
+
+
+def prove(files, installed: Installed, env: Mapping[str, str],
+          wanted: Mapping[str, tuple[str, str]],
+          jit_modules: Mapping[str, Mapping[str, Sequence[str]]], image: str
+          ) -> tuple[list[Proof], list[str]]:
+    """Each module a patched file feeds in ``image``, judged; and the notes of the reading."""
+    reading = read(files, installed, env, wanted, f"image {image}")
+    found = shadows_in(files, reading, jit_modules)
+    out = []
+    for name in wanted:
+        for file, modules in jit_modules.get(name, {}).items():
+            for module in modules:
+                out.append(Proof(name, file, module, tuple(
+                    s for s in found if (s.package, s.file, s.module) == (name, file, module))))
+    return out, reading.notes()
+
+
+def modules_in_image(files, site: str, dist: str, paths: Sequence[str], scratch) -> dict:
+    """The JIT modules built from ``paths`` by the package ``dist`` as an image holds it at
+    ``site`` (for an image with no record of them): its folder copied out of the image in one
+    stream into ``scratch``, and read as a checkout is."""
+    rules = jit.rules_for(dist)
+    if rules is None or not hasattr(files, "walk"):
+        return {}
+    import os
+    from pathlib import Path
+
+    root = Path(scratch)
+    for info, data in files.walk(f"{site.rstrip('/')}/{rules.package_dir}"):
+        name = info.name.lstrip("/")
+        if data is None or ".." in name.split("/") or name.endswith(".so"):
+            continue
+        target = root / name
+        os.makedirs(target.parent, exist_ok=True)
+        target.write_bytes(data)
+    return jit.modules_for(root, dist, paths)
 
 
 # --------------------------------------------------------------------------- the mounted cache
