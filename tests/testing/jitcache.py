@@ -85,3 +85,29 @@ def cubin(version: str) -> dict[str, bytes]:
     return installed_dist("flashinfer-cubin", version, {
         "flashinfer_cubin/__init__.py": b"",
         "flashinfer_cubin/cubins/a/k.cubin": b"\0cubin"})
+
+
+def flashinfer_subset(wheel, keep) -> dict[str, bytes]:
+    """The files of a real ``flashinfer-python`` wheel that ``keep(path)`` takes, with its whole
+    dist-info as pip leaves it (METADATA, its RECORD of every file plus INSTALLER): an install
+    that a test base can hold whole where the release itself is too large (0.7.4 unpacks to
+    700 MB, 390 MB of it CUDA sources no test compiles)."""
+    import zipfile
+
+    out: dict[str, bytes] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        info = next(n.split("/")[0] for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+        for name in zf.namelist():
+            if name.endswith("/") or name == f"{info}/RECORD":
+                continue
+            if name.startswith(info + "/") or keep(name):
+                out[name] = zf.read(name)
+        rows = [r for r in csv.reader(io.StringIO(zf.read(f"{info}/RECORD").decode()))
+                if r and r[0] != f"{info}/RECORD"]
+    out[f"{info}/INSTALLER"] = b"pip\n"
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerows([*rows, (f"{info}/INSTALLER", _hash(b"pip\n"), "4"),
+                      (f"{info}/RECORD", "", "")])
+    out[f"{info}/RECORD"] = buf.getvalue().encode()
+    return out
