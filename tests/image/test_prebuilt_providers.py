@@ -294,7 +294,7 @@ def test_image_cuda_arch_is_one_flashinfer_knows(tmp_path, monkeypatch):
     monkeypatch.chdir(proj)
     assert manifest.load("patchset.yaml").image.cuda_arch == "121a"
     assert "\npatches:\n" in text
-    for good in ("120f", "sm90a", "12.1a"):
+    for good in ("120f", "sm90a", "12.1a", "120"):
         (proj / "patchset.yaml").write_text(text.replace(
             "\npatches:\n", f"\nimage:\n  cuda_arch: {good}\npatches:\n", 1))
         assert manifest.load("patchset.yaml").image.cuda_arch == good

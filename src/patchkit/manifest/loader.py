@@ -363,6 +363,10 @@ class _Loader:
             if key == "requires":
                 requires, lines = self.requires(value_node)
                 continue
+            if key == "cuda_arch" and isinstance(value_node, yaml.ScalarNode) and \
+                    str(value_node.value).strip():
+                values[key] = str(value_node.value).strip()   # 120 and 12.0 as written
+                continue
             values[key] = self.string(value_node, f"image.{key}").strip()
         if "cuda_arch" in values and jit.parse_arch(values["cuda_arch"]) is None:
             self.fail(f"image.cuda_arch: {values['cuda_arch']!r} is not a CUDA architecture "
