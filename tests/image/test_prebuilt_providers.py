@@ -339,3 +339,12 @@ def test_a_marker_requires_that_the_module_was_built_in_the_releases_wording(tmp
         "        log: x\n", 1))
     with pytest.raises(ManifestError, match="log and jit_built together"):
         manifest.load("patchset.yaml")
+
+
+def test_a_module_an_artifact_ships_is_the_rebuilt_one_in_an_image():
+    image = base(*GB10)
+    member = "flashinfer_jit_cache/providers/sm121a/jit_cache/norm/norm.so"
+    found, _ = prebuilt.prove(image[0], image[1], {}, {"flashinfer": ("flashinfer-python", "121a")},
+                              {"flashinfer": {NORM: ["norm"]}}, "i",
+                              {("flashinfer-jit-cache-sm121a", member)})
+    assert [p.ok for p in found] == [True]

@@ -355,7 +355,8 @@ def _jit_proofs(manifest: Manifest, files, installed, active: Sequence[Patch], f
         if fed:
             wanted[package.name] = (package.dist, manifest.image.cuda_arch)
             modules[package.name] = fed
-    found, _ = prebuilt.prove(files, installed, env, wanted, modules, image)
+    shipped = {(p.artifact.dist, p.artifact.member) for p in active if p.artifact is not None}
+    found, _ = prebuilt.prove(files, installed, env, wanted, modules, image, shipped)
     return [AssertionResult(owners.get((p.package, p.file), p.package), p.file, None, None, p.ok,
                             p.message(image)) for p in found], places
 

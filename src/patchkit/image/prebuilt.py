@@ -294,6 +294,12 @@ class Shadow:
     def describe(self) -> str:
         return f"{self.holder.describe()}, {self.folder}"
 
+    def shipped_in(self, shipped) -> bool:
+        """Whether an artifact ships the module in its place (``shipped``: (dist, member)
+        pairs): then it is the rebuilt one, and counts as such."""
+        return any(canonicalize_name(d) == canonicalize_name(self.dist) and
+                   m.startswith(self.member + "/") for d, m in shipped)
+
 
 @dataclass(frozen=True)
 class Reading:
@@ -362,8 +368,7 @@ def leave_out(files, installed: Installed, env: Mapping[str, str], packages: Seq
     done: set[str] = set()
     jit_modules = {p.name: p.tree.report.jit_modules.get(p.name, {}) for p in packages}
     for s in shadows_in(files, reading, jit_modules):
-        if any(canonicalize_name(d) == canonicalize_name(s.dist) and
-               m.startswith(s.member + "/") for d, m in shipped):
+        if s.shipped_in(shipped):
             log(f"{s.package}: {s.module} is shipped rebuilt by an artifact")
             continue
         allowed = next(p for p in packages if p.name == s.package).rebuild_jit
@@ -410,11 +415,14 @@ class Proof:
 
 def prove(files, installed: Installed, env: Mapping[str, str],
           wanted: Mapping[str, tuple[str, str]],
-          jit_modules: Mapping[str, Mapping[str, Sequence[str]]], image: str
+          jit_modules: Mapping[str, Mapping[str, Sequence[str]]], image: str,
+          shipped: set[tuple[str, str]] = frozenset()  # type: ignore[assignment]
           ) -> tuple[list[Proof], list[str]]:
-    """Each module a patched file feeds in ``image``, judged; and the notes of the reading."""
+    """Each module a patched file feeds in ``image``, judged (a module an artifact ships,
+    ``shipped``, is the rebuilt one: its bytes are proven by the artifact's own result); and
+    the notes of the reading."""
     reading = read(files, installed, env, wanted, f"image {image}")
-    found = shadows_in(files, reading, jit_modules)
+    found = [s for s in shadows_in(files, reading, jit_modules) if not s.shipped_in(shipped)]
     out = []
     for name in wanted:
         for file, modules in jit_modules.get(name, {}).items():
