@@ -259,12 +259,14 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
                           entries, made_dirs)
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
     jit_env: dict[str, str] = {}
+    fed = any(o.tree.report.jit_modules for o in others)
+    # the base's distributions, read once for what needs them
+    have = (distinfo.installed(files, base.env)  # type: ignore[arg-type]
+            if artifacts or fed else None)
     if artifacts:
-        _place_artifacts(distinfo.installed(files, base.env), files, base.name,  # type: ignore[arg-type]
-                         artifacts, entries, made_dirs, log)
-    if any(o.tree.report.jit_modules for o in others):
+        _place_artifacts(have, files, base.name, artifacts, entries, made_dirs, log)
+    if fed:
         shipped_members = {(a.dist, a.member) for a in artifacts}
-        have = distinfo.installed(files, base.env)  # type: ignore[arg-type]
         entries += prebuilt.leave_out(files, have, base.env, others, base.name, log,
                                       shipped_members)
         jit_env = prebuilt.cache_env(files, have, base.env, base.config.get("User"), others)

@@ -151,7 +151,8 @@ class ImageFacts:
                    labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels,
                    labels.get(SOURCE_LABEL) or None, labels.get(BASE_IDENTITY_LABEL) or None,
                    counts, labels.get(BASE_DIGEST_LABEL) or None,  # type: ignore[arg-type]
-                   _packages(labels.get(PACKAGES_LABEL)), _jit_modules(labels.get(JIT_MODULES_LABEL)))
+                   _packages(labels.get(PACKAGES_LABEL)),
+                   _jit_modules(labels.get(JIT_MODULES_LABEL)))
 
     def skipped(self) -> set[str]:
         return {pid for pid, status in self.statuses.items() if status == "skipped"}
