@@ -348,3 +348,23 @@ def test_a_module_an_artifact_ships_is_the_rebuilt_one_in_an_image():
                               {"flashinfer": {NORM: ["norm"]}}, "i",
                               {("flashinfer-jit-cache-sm121a", member)})
     assert [p.ok for p in found] == [True]
+
+
+def test_a_provider_without_manifest_json_is_read_from_what_its_entry_point_returns():
+    files = jitcache.provider("sm121a", {"norm": SO}, "0.7.4")
+    package = "flashinfer_jit_cache/providers/sm121a"
+    del files[f"{package}/manifest.json"]
+    files[f"{package}/__init__.py"] = (
+        b"import pathlib\n\n\ndef get_provider():\n    return {\n        'schema_version': 1,\n"
+        b"        'distribution': 'flashinfer-jit-cache-sm121a', 'version': '0.7.4',\n"
+        b"        'cuda_architectures': ['12.1a'], 'modules': ['norm'],\n"
+        b"        'jit_cache_dir': str(pathlib.Path(__file__).parent / 'jit_cache'),\n    }\n")
+    image = base(jitcache.shim("0.7.4"), files)
+    with pytest.raises(ImageError, match=f"sm121a, {PROVIDERS}/sm121a/jit_cache/norm\\)"):
+        leave_out(image)
+    files[f"{package}/__init__.py"] = b"def get_provider():\n    return load()\n"
+    with pytest.raises(prebuilt.ProviderError) as err:
+        leave_out(base(jitcache.shim("0.7.4"), files))
+    assert err.value.exit_code == 2
+    assert ("no manifest.json in " f"{PROVIDERS}/sm121a, and flashinfer_jit_cache.providers."
+            "sm121a:get_provider returns no mapping written out") in str(err.value)

@@ -226,19 +226,35 @@ def _provider(files, dist: Dist, name: str, value: str, rule: PrebuiltRule,
     return _holder(manifest, dist, name, folder, rule, f"{said}: {path}")
 
 
-def _returned_literal(source: bytes, function: str) -> object | None:
+def _returned_literal(source: bytes, function: str) -> dict | None:
+    """The manifest a provider's entry point function writes out: the first mapping in it with
+    a ``modules`` key, its values that are literals taken as written.  A value computed at run
+    time is left out, but for ``jit_cache_dir``, where a path built from the module's own place
+    (``Path(__file__).parent / "jit_cache"``) is taken as the folder its last part names."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return None
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.Return) and isinstance(inner.value, ast.Dict):
-                    try:
-                        return ast.literal_eval(inner.value)
-                    except ValueError:
-                        return None
+        if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.name == function):
+            continue
+        for inner in ast.walk(node):
+            if not isinstance(inner, ast.Dict):
+                continue
+            out: dict = {}
+            for key, value in zip(inner.keys, inner.values):
+                if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+                    continue
+                try:
+                    out[key.value] = ast.literal_eval(value)
+                except ValueError:
+                    parts = [n.value for n in ast.walk(value)
+                             if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+                    if key.value == "jit_cache_dir" and parts and "__file__" in ast.unparse(value):
+                        out[key.value] = parts[-1].strip("/")
+            if "modules" in out:
+                return out
     return None
 
 
