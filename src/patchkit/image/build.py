@@ -31,7 +31,8 @@ from patchkit.manifest import VLLM, Manifest
 from patchkit.manifest.model import ImageDefaults
 from patchkit.series.checkout import AppliedCheckout, Change
 
-LAYER_FORMAT = "2"  # bump when the layer or config layout changes: it is part of the inputs key
+LAYER_FORMAT = "3"  # bump when the layer or config layout changes: it is part of the inputs key
+# 3: prebuilt modules found as FlashInfer 0.7 finds them, and FLASHINFER_CUBIN_DIR kept
 SERVE_SCRIPT = "build/serve.sh"
 SERVE_PATH = "usr/local/bin/patchkit-serve"
 NATIVE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".inl",
