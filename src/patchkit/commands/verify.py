@@ -273,7 +273,8 @@ def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None,
         checks = _package_checks(manifest, image, files, sites, active, installed, run.only)
         proofs = _artifact_proofs([p for p in active if p.artifact is not None], files, env,
                                   image)
-        compiled, jit = _jit_proofs(manifest, files, installed, active, facts, held, image,
+        judged = [p for p in active if run.in_run(p.package)]
+        compiled, jit = _jit_proofs(manifest, files, installed, judged, facts, held, image,
                                     workdir)
         # a manifest of vLLM alone reports as it always has: one package needs no naming
         return _Checked([a for c in checks for a in c.results] + proofs + compiled,
