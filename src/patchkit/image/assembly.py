@@ -153,7 +153,8 @@ def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack |
         rebuild_jit = tuple(f for r in tree.report.patches
                             if r.package == package.name and r.id in rebuild for f in r.files)
         out.append(build.PackageTree(package.name, package.dist, tree, shipped,
-                                     dist.site if dist is not None else None, rebuild_jit))
+                                     dist.site if dist is not None else None, rebuild_jit,
+                                     manifest.image.cuda_arch))
     return tuple(out)
 
 

@@ -96,11 +96,19 @@ class Marker:
     unless: str | None = None
     line: int = 0              # line of the entry in patchset.yaml
     acceptance: Floor | None = None
+    # `jit_built: MODULE`: ``log`` is the package's own wording for a JIT build of MODULE
+    # (series/jit.py), which a module loaded prebuilt never logs
+    jit_built: str | None = None
 
     def describe(self) -> str:
         """What the marker asks for, e.g. ``at least 1 line matching 'X'``."""
         if self.acceptance is not None:
             return self.acceptance.describe() + " in the spec-decode metrics lines"
+        if self.jit_built is not None and not self.absent and self.count is None:
+            n = self.minimum or 1
+            return (f"at least {n} line{'s' if n != 1 else ''} saying that JIT module "
+                    f"{self.jit_built} was built from source, not loaded prebuilt "
+                    f"(matching {quoted(self.log)})")
         if self.absent:
             want = "no line"
         elif self.count is not None:
@@ -219,6 +227,9 @@ class ImageDefaults:
     # `requires:` distributions the patches depend on but do not patch, by normalized name
     requires: Mapping[str, SpecifierSet] = field(default_factory=dict)
     requires_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
+    # the GPU architecture prebuilt compiled modules are judged for (GB10 by default), unless
+    # the base sets FLASHINFER_CUDA_ARCH_LIST
+    cuda_arch: str = "121a"
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,9 @@ def verify(report) -> str:
         lines += runtime(report.runtime, report.logs, report.waiting)
     if report.holds is not None:
         lines.append(f"{report.target} holds {holds(report.holds.to_dict())}")
+    for name, where in getattr(report, "jit", {}).items():
+        lines.append(f"{name}: JIT cache in {where['jit_cache']}, cubins in {where['cubins']} "
+                     f"({where['cubins_from']})")
     if report.locked is not None:
         lines += [f"  {d}" for d in report.locked]
         lines.append(f"{'FAILED' if report.locked else 'ok'}: {report.target} was "
