@@ -37,7 +37,6 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
-from urllib.parse import urlsplit
 
 from patchkit.errors import CommandError, ImageError, UsageError
 from patchkit.image.enginefacts import Inspected, Prefix, Store, Transfer, since_start, store_of
@@ -46,7 +45,7 @@ from patchkit.image.layer import (ArchiveFacts, BaseImage, Layer, complete_archi
                                   relay)
 from patchkit.image.sdk import border, explain, sdk
 from patchkit.image.sshlink import ssh_adapter_class, ssh_argv, ssh_port
-from patchkit.imageref import Platform, repository, split_tag
+from patchkit.imageref import Platform, engine_problem, repository, split_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
 from patchkit.process import Piped, run
 
@@ -56,33 +55,13 @@ Log = Callable[[str], None]
 
 _MIN_API = "1.24"   # what the SDK is told before the engine has said its own
 
-ENGINE_FORMS = "ssh://[user@]host[:port], unix:///path/to/socket or tcp://host:port"
-
-
 def engine_url(text: str, what: str = "engine") -> str:
-    """``text`` checked to be an engine address (see ENGINE_FORMS); a usage error otherwise."""
-    def bad(why: str) -> UsageError:
-        return UsageError(f"{what} {text!r} is not an engine address: {why}")
-
-    try:
-        url = urlsplit(text)
-        port = url.port
-    except ValueError as exc:
-        raise bad(str(exc)) from None
-    if url.scheme not in ("ssh", "unix", "tcp"):
-        raise bad(f"expected {ENGINE_FORMS}")
-    if url.query or url.fragment:
-        raise bad("an engine address has no ?query or #fragment")
-    if url.scheme == "unix":
-        if url.netloc or not url.path.startswith("/"):
-            raise bad("a socket is unix:///absolute/path")
-        return text
-    if not url.hostname or url.path not in ("", "/") or url.password:
-        raise bad("expected ssh://[user@]host[:port]" if url.scheme == "ssh" else
-                  "expected tcp://host:port")
-    if url.scheme == "tcp" and (port is None or url.username):
-        raise bad("expected tcp://host:port")
-    return text.rstrip("/")
+    """``text`` checked to be an engine address (see ``imageref.ENGINE_FORMS``); a usage
+    error otherwise."""
+    problem = engine_problem(text)
+    if problem:
+        raise UsageError(f"{what} {text!r} is not an engine address: {problem}")
+    return text if text.startswith("unix:") else text.rstrip("/")
 
 
 def docker_host() -> str | None:

@@ -176,6 +176,8 @@ class ImageDefaults:
     # `requires:` distributions the patches depend on but do not patch, by normalized name
     requires: Mapping[str, SpecifierSet] = field(default_factory=dict)
     requires_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
+    # the engines `images` and `rollback` reach besides DOCKER_HOST's (engine addresses)
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
