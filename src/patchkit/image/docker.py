@@ -88,6 +88,7 @@ class Engine:
         self.cli = cli
         self._store: Store | None = None
         self._version: dict | None = None
+        self._info: dict | None = None
 
     @classmethod
     def connect(cls, host: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> "Engine":
@@ -148,9 +149,18 @@ class Engine:
         with border(f"asking the engine at {self.host} about itself"):
             return self.api.info()
 
+    def identity(self) -> str:
+        """What names this engine whatever address reached it: the ID its info gives (a
+        Docker Engine's), else its address."""
+        if self._info is None:
+            self._info = self.info()
+        return str(self._info.get("ID") or self.host)
+
     def store(self) -> Store:
         if self._store is None:
-            info = self.info()
+            if self._info is None:
+                self._info = self.info()
+            info = self._info
             version: dict = {}
             if self._version is not None:
                 version = self._version
@@ -338,6 +348,33 @@ class Engine:
     def images_with_label(self, key: str, value: str) -> list[str]:
         with border("listing images"):
             return [i["Id"] for i in self.api.images(filters={"label": f"{key}={value}"})]
+
+    def users(self) -> dict[str, list[str]]:
+        """The containers of this engine, running or stopped, by the id of their image: their
+        names."""
+        with border(f"listing the containers of the engine at {self.host}"):
+            listed = self.api.containers(all=True)
+        out: dict[str, list[str]] = {}
+        for c in listed:
+            names = [n.lstrip("/") for n in c.get("Names") or ()] or [str(c.get("Id"))[:12]]
+            out.setdefault(str(c.get("ImageID") or ""), []).extend(names)
+        return out
+
+    def own_bytes(self) -> dict[str, int]:
+        """Each image's bytes that no other image shares (what removing it alone frees), by
+        id, as the engine's disk usage tells them."""
+        with border(f"asking the engine at {self.host} for its disk usage"):
+            usage = self.api.df()
+        out = {}
+        for image in usage.get("Images") or ():
+            size, shared = image.get("Size") or 0, image.get("SharedSize") or 0
+            out[str(image.get("Id"))] = max(0, size - max(0, shared))
+        return out
+
+    def untag(self, ref: str) -> None:
+        """``ref`` taken off its image; an image left with no name and no container goes."""
+        with border(f"removing {ref} from the engine at {self.host}"):
+            self.api.remove_image(ref)
 
     def has_image(self, image_id: str) -> bool:
         return self.inspect(image_id) is not None
