@@ -143,7 +143,7 @@ def _target(manifest: Manifest, moving: str, to: str | None,
     is none; whether it is a pending rollback's."""
     live = [(n, nb) for n, nb in found if nb is not None]
     if not live:
-        raise UsageError("no node could be reached: "
+        raise ImageError("no node could be reached: "
                          + "; ".join(n.error or n.url for n, _ in found))
     if to is not None:
         for node, nb in live:

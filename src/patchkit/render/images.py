@@ -55,7 +55,7 @@ def pruned(report) -> str:
             lines.append(f"kept      {where}: {k['tag']}: {k['why']}")
         if node["ok"]:
             lines.append(f"{where}: {verb} {len(node['removed'])} build(s), "
-                         f"{size(node['bytes_freed'])} freed; kept the newest {data['keep']}")
+                         f"{size(node['bytes_freed'])} freed")
     return "\n".join(lines)
 
 
