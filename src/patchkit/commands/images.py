@@ -76,7 +76,8 @@ def run(manifest: Manifest, nodes: Sequence[str] = (), *, timeout: float = DEFAU
     history = history or builds_.History()
     reached = nodes_.reach(urls, timeout, connect)
     try:
-        listed = [_listing(n, manifest.name, history) for n in reached]
+        listed = [got for got, _ in nodes_.each(
+            reached, lambda n: _listing(n, manifest.name, history))]
     finally:
         nodes_.close(reached)
     return Listing(manifest.name, listed, drift(listed))
@@ -172,7 +173,8 @@ def prune(manifest: Manifest, keep: int, nodes: Sequence[str] = (), *, dry_run: 
     history = history or builds_.History()
     reached = nodes_.reach(urls, timeout, connect)
     try:
-        done = [_prune_node(n, manifest.name, keep, dry_run, history) for n in reached]
+        done = [got for got, _ in nodes_.each(
+            reached, lambda n: _prune_node(n, manifest.name, keep, dry_run, history))]
     finally:
         nodes_.close(reached)
     return Pruned(manifest.name, keep, done, dry_run)

@@ -124,14 +124,14 @@ def _moving(manifest: Manifest, to: str | None, tag: str | None) -> str:
 
 def _read(reached: Sequence[nodes_.Node], patchset: str, history: builds_.History
           ) -> list[tuple[nodes_.Node, builds_.NodeBuilds | None]]:
+    live = [n for n in reached if n.engine is not None]
+    got = dict(zip(map(id, live), nodes_.each(
+        live, lambda n: builds_.read(n.engine, patchset, history))))
     out = []
     for node in reached:
-        nb = None
-        if node.engine is not None:
-            try:
-                nb = builds_.read(node.engine, patchset, history)
-            except PatchkitError as exc:
-                node.error = str(exc)
+        nb, error = got.get(id(node), (None, None))
+        if error is not None:
+            node.error = str(error)
         out.append((node, nb))
     return out
 

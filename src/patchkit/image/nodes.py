@@ -8,8 +8,9 @@ the first address naming it.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 from patchkit.errors import PatchkitError
 from patchkit.image.docker import Engine, docker_host, engine_url
@@ -37,23 +38,61 @@ def addresses(manifest_nodes: Sequence[str], given: Sequence[str], what: str) ->
 
 def reach(urls: Sequence[str], timeout: float,
           connect: Callable[[str], Engine] | None = None) -> list[Node]:
-    """Each node connected, or its error kept; the same engine reached twice is one node."""
+    """Each node connected (all at once: an ssh handshake is most of the wait), or its error
+    kept; the same engine reached twice is one node."""
     connect = connect or (lambda url: Engine.connect(url, timeout=timeout))
+
+    def one(url: str) -> tuple[Engine, str]:
+        engine = connect(url)
+        try:
+            return engine, engine.identity()
+        except BaseException:
+            engine.close()
+            raise
+
     nodes: list[Node] = []
     seen: dict[str, str] = {}
-    for url in urls:
-        try:
-            engine = connect(url)
-            identity = engine.identity()
-        except PatchkitError as exc:
-            nodes.append(Node(url, error=str(exc)))
+    for url, (got, error) in zip(urls, each(urls, one)):
+        if error is not None:
+            nodes.append(Node(url, error=str(error)))
             continue
+        engine, identity = got
         if identity in seen:
             engine.close()
             continue
         seen[identity] = url
         nodes.append(Node(url, engine))
     return nodes
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def each(items: Sequence[T], fn: Callable[[T], R]) -> list[tuple[R | None, PatchkitError | None]]:
+    """``fn`` on every item, each in a thread of its own (the nodes are asked at once): per
+    item, in order, its value or the error it raised.  An error that is not patchkit's is
+    raised here once every thread has ended."""
+    out: list = [(None, None)] * len(items)
+    unexpected: list[BaseException] = []
+
+    def call(i: int, item: T) -> None:
+        try:
+            out[i] = (fn(item), None)
+        except PatchkitError as exc:
+            out[i] = (None, exc)
+        except BaseException as exc:
+            unexpected.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i, item), daemon=True)
+               for i, item in enumerate(items)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if unexpected:
+        raise unexpected[0]
+    return out
 
 
 def close(nodes: Sequence[Node]) -> None:
