@@ -65,7 +65,7 @@ class Rollback:
 
     moving: str
     to: str
-    fingerprint: str
+    fingerprint: str | None      # None: the source's store tells it only through an export
     nodes: list[NodeRollback]
     dry_run: bool = False
     resumed: bool = False        # it completed a rollback an earlier run left pending
@@ -103,7 +103,7 @@ def run(manifest: Manifest, *, to: str | None = None, tag: str | None = None,
             pending.done()
         else:
             pending.keep(target)
-    return Rollback(moving, target, want, done, dry_run, resumed)
+    return Rollback(moving, target, want.fingerprint, done, dry_run, resumed)
 
 
 def _moving(manifest: Manifest, to: str | None, tag: str | None) -> str:
@@ -176,19 +176,48 @@ def _target(manifest: Manifest, moving: str, to: str | None,
     return older[0].fixed, False
 
 
-def _source(found, target: str) -> tuple[Engine, str]:
-    """The first node that holds the build, and its fingerprint there."""
+@dataclass(frozen=True)
+class Content:
+    """What a node holds under a tag, as far as it tells without an export: the layers, the
+    inputs key, and the fingerprint where the store's ids are config digests (a containerd
+    store tells it only through an export, which over ssh would cross the link)."""
+
+    diff_ids: tuple[str, ...]
+    inputs: str | None
+    fingerprint: str | None
+
+    def same(self, other: "Content | None") -> bool:
+        if other is None or (self.diff_ids, self.inputs) != (other.diff_ids, other.inputs):
+            return False
+        return None in (self.fingerprint, other.fingerprint) or \
+            self.fingerprint == other.fingerprint
+
+    def __str__(self) -> str:
+        return self.fingerprint or f"{len(self.diff_ids)} layers, inputs {self.inputs}"
+
+
+def _content(engine: Engine, ref: str) -> Content | None:
+    image = (engine.content(ref) if engine.store().ids_are_config_digests
+             else engine.inspect(ref))
+    if image is None:
+        return None
+    return Content(image.diff_ids, image.labels.get(labels.INPUTS_LABEL),
+                   layer.fingerprint(image) if image.config_digest else None)
+
+
+def _source(found, target: str) -> tuple[Engine, Content]:
+    """The first node that holds the build, and what it holds."""
     for node, nb in found:
         if nb is None or nb.by_tag(target) is None:
             continue
-        content = node.engine.content(target)
+        content = _content(node.engine, target)
         if content is not None:
-            return node.engine, layer.fingerprint(content)
+            return node.engine, content
     raise UsageError(f"{target}: no node reached holds it")
 
 
 def _node(node: nodes_.Node, nb: builds_.NodeBuilds | None, moving: str, target: str,
-          want: str, source: Engine, dry_run: bool, timeout: float, log, history
+          want: Content, source: Engine, dry_run: bool, timeout: float, log, history
           ) -> NodeRollback:
     started = time.monotonic()
     if nb is None:
@@ -198,10 +227,9 @@ def _node(node: nodes_.Node, nb: builds_.NodeBuilds | None, moving: str, target:
     was = (current.fixed or current.id[:19]) if current is not None else None
     result = NodeRollback(node.url, "already", was)
     try:
-        if current is not None and current.fixed == target and \
-                _fingerprint(engine, moving) == want:
-            return result
-        held = _fingerprint(engine, target) == want
+        if current is not None and current.fixed == target:
+            return result   # the build holding both tags: the moving one names it already
+        held = want.same(_content(engine, target))
         result.status = "moved" if held else "copied"
         if dry_run:
             return result
@@ -211,22 +239,19 @@ def _node(node: nodes_.Node, nb: builds_.NodeBuilds | None, moving: str, target:
             (result.copy,) = copied.targets
             if not result.copy.ok:
                 raise ImageError(result.copy.error or f"the copy of {target} failed")
+            if not want.same(_content(engine, target)):
+                raise ImageError(f"after the copy {target} there is not the build {want}")
             history.got_now(nb.identity, engine.tagged(target) or "")
+        proven = engine.tagged(target)
         previous = engine.tagged(moving)
-        engine.tag(engine.tagged(target), moving)
-        got = _fingerprint(engine, moving)
-        if got != want:
+        engine.tag(proven, moving)
+        if engine.tagged(moving) != proven:
             engine.restore_tag(moving, previous)
-            raise ImageError(f"after the move {moving} names {got or 'nothing'}, not {want}; "
-                                "it is put back as it was")
+            raise ImageError(f"after the move {moving} does not name {target}; it is put back "
+                             "as it was")
         log(f"{node.url}: {moving} -> {target}")
     except PatchkitError as exc:
         result.status, result.error = "failed", str(exc)
     finally:
         result.seconds = round(time.monotonic() - started, 2)
     return result
-
-
-def _fingerprint(engine: Engine, ref: str) -> str | None:
-    content = engine.content(ref)
-    return layer.fingerprint(content) if content is not None else None
