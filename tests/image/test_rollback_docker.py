@@ -161,6 +161,15 @@ def test_rollback_and_forward_move_no_bytes_and_keep_the_order(builds, project, 
 def test_a_node_missing_the_build_gets_its_layer_then_its_tag(builds, project, node3, capsys):
     with pytest.raises(docker.errors.ImageNotFound):
         node3.direct.images.get(builds["old"]["fixed"])
+    # a dry run says what would move, and moves nothing
+    code = main("rollback", "--manifest", str(project), "--node", node3.url,
+                "--to", builds["old"]["fixed"], "--dry-run")
+    said = capsys.readouterr().out.splitlines()
+    assert code == 0 and [line.split()[:2] for line in said] == [
+        ["would-be", "moved"], ["would-be", "copied"]], said
+    with pytest.raises(docker.errors.ImageNotFound):
+        node3.direct.images.get(builds["old"]["fixed"])
+    assert moving_on(node3.direct) == builds["new"]["id"]
     code = main("rollback", "--manifest", str(project), "--node", node3.url,
                 "--to", builds["old"]["fixed"], "--format", "json")
     out = json.loads(capsys.readouterr().out)
