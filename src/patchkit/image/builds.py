@@ -61,7 +61,7 @@ class Build:
                 "current": self.current, "created": self.created,
                 "got": _iso(self.got), "vllm": f.version or f.installed,
                 "packages": {k: v.get("version") for k, v in (f.packages or {}).items()},
-                "patches": sorted(p for p, s in f.statuses.items() if s == "applied")}
+                "patches": [p for p, s in f.statuses.items() if s == "applied"]}
 
 
 @dataclass
