@@ -94,15 +94,14 @@ def run(manifest: Manifest, *, to: str | None = None, tag: str | None = None,
         target, resumed = _target(manifest, moving, to, found, pending)
         source, want = _source(found, target)
         log(f"rolling {moving} back to {target} ({want})")
+        if not dry_run:
+            pending.keep(target)   # before any node moves: an interrupted run is completed too
         done = [_node(n, nb, moving, target, want, source, dry_run, timeout, log, history)
                 for n, nb in found]
     finally:
         nodes_.close(reached)
-    if not dry_run:
-        if all(n.ok for n in done):
-            pending.done()
-        else:
-            pending.keep(target)
+    if not dry_run and all(n.ok for n in done):
+        pending.done()
     return Rollback(moving, target, want.fingerprint, done, dry_run, resumed)
 
 
