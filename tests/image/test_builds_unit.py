@@ -103,3 +103,11 @@ def test_image_nodes_load(tmp_path):
     path.write_text("name: x\nvllm: {repo: pypi, ref: v0.27.1}\nimage:\n"
                     "  nodes: [ssh://spark-2, 'unix:///run/d.sock']\npatches: []\n")
     assert manifest.load(path).image.nodes == ("ssh://spark-2", "unix:///run/d.sock")
+
+
+def test_a_build_current_under_two_moving_tags_has_two_immutable_tags():
+    b = builds._build(image(["dsv4:v1", "dsv4:v1-3f2a1b4c5d6e", "dsv4:latest",
+                             "dsv4:latest-3f2a1b4c5d6e"]), 1.0)
+    assert set(b.moving) == {"dsv4:v1", "dsv4:latest"} and b.foreign == ()
+    assert b.fixed_for("dsv4:latest") == "dsv4:latest-3f2a1b4c5d6e"
+    assert b.lineage("dsv4:v1") and b.lineage("dsv4:latest") and not b.lineage("dsv4:v2")

@@ -98,7 +98,8 @@ def drift(listed: Sequence[NodeListing]) -> list[Drift]:
     tags = sorted({t for n in reached for b in n.builds for t in b.moving})
     out = []
     for tag in tags:
-        holders = {n.node: next((b.fixed or b.id for b in n.builds if tag in b.moving), None)
+        holders = {n.node: next((b.fixed_for(tag) or b.fixed or b.id for b in n.builds
+                                 if tag in b.moving), None)
                    for n in reached}
         if len(set(holders.values())) > 1:
             out.append(Drift(tag, holders))
@@ -200,9 +201,11 @@ def _prune_node(node: nodes_.Node, patchset: str, keep: int, dry_run: bool,
                 result.kept.append(Kept(name, b.id, why))
                 continue
             if not dry_run:
-                engine.untag(b.fixed or b.id)   # its one name: the image goes with it
+                # its names, all patchkit's: the image goes with the last
+                for ref in ((b.fixed, *b.more_fixed) if b.fixed else (b.id,)):
+                    engine.untag(ref)
                 if engine.inspect(b.id) is not None:
-                    raise ImageError(f"{name} is still there after its tag was removed")
+                    raise ImageError(f"{name} is still there after its tags were removed")
             result.removed.append(Removed(name, b.id, own.get(b.id, 0)))
     except PatchkitError as exc:
         result.error = str(exc)

@@ -160,19 +160,21 @@ def _target(manifest: Manifest, moving: str, to: str | None,
     first, nb = live[0]
     current = nb.current(moving)
     left = pending.to()
-    if left is not None and current is not None and current.fixed == left \
-            and any(b is None or b.current(moving) is None or b.current(moving).fixed != left
-                    for _, b in found):
+    if left is not None and current is not None and current.fixed_for(moving) == left \
+            and any(b is None or b.current(moving) is None
+                    or b.current(moving).fixed_for(moving) != left for _, b in found):
         return left, True
     if current is None:
         raise UsageError(f"{moving} names no build of {manifest.name} on {first.url}: "
                          "nothing to roll back from")
     lineage = nb.lineage(moving)
-    older = [b for b in lineage[lineage.index(current) + 1:] if b.fixed]
+    older = [b.fixed_for(moving) for b in lineage[lineage.index(current) + 1:]
+             if b.fixed_for(moving)]
     if not older:
         raise UsageError(f"nothing to roll back to: {first.url} holds no build of {moving} "
-                         f"older than the current one ({current.fixed or current.id[:19]})")
-    return older[0].fixed, False
+                         f"older than the current one "
+                         f"({current.fixed_for(moving) or current.id[:19]})")
+    return older[0], False
 
 
 @dataclass(frozen=True)
@@ -223,10 +225,10 @@ def _node(node: nodes_.Node, nb: builds_.NodeBuilds | None, moving: str, target:
         return NodeRollback(node.url, "failed", error=node.error)
     engine = node.engine
     current = nb.current(moving)
-    was = (current.fixed or current.id[:19]) if current is not None else None
+    was = (current.fixed_for(moving) or current.id[:19]) if current is not None else None
     result = NodeRollback(node.url, "already", was)
     try:
-        if current is not None and current.fixed == target:
+        if current is not None and current.fixed_for(moving) == target:
             return result   # the build holding both tags: the moving one names it already
         held = want.same(_content(engine, target))
         result.status = "moved" if held else "copied"

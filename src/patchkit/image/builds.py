@@ -41,6 +41,7 @@ class Build:
     got: float                        # when the node got it (see the module's doc)
     facts: labels.ImageFacts
     image: Inspected = field(repr=False, compare=False)
+    more_fixed: tuple[str, ...] = ()  # its immutable tags beside other moving tags
 
     @property
     def current(self) -> bool:
@@ -48,15 +49,23 @@ class Build:
 
     @property
     def tags(self) -> tuple[str, ...]:
-        return ((self.fixed,) if self.fixed else ()) + self.moving + self.foreign
+        return (((self.fixed,) if self.fixed else ()) + self.more_fixed + self.moving
+                + self.foreign)
 
     def lineage(self, moving: str) -> bool:
         """Whether this build was made under the moving tag ``moving``."""
-        return self.fixed is not None and labels.moving_of(self.fixed) == moving
+        return any(labels.moving_of(t) == moving
+                   for t in ((self.fixed,) if self.fixed else ()) + self.more_fixed)
+
+    def fixed_for(self, moving: str) -> str | None:
+        """Its immutable tag beside ``moving``."""
+        return next((t for t in ((self.fixed,) if self.fixed else ()) + self.more_fixed
+                     if labels.moving_of(t) == moving), None)
 
     def to_dict(self) -> dict:
         f = self.facts
         return {"id": self.id, "tags": list(self.tags), "immutable_tag": self.fixed,
+                "more_immutable_tags": list(self.more_fixed),
                 "moving_tags": list(self.moving), "other_tags": list(self.foreign),
                 "current": self.current, "created": self.created,
                 "got": _iso(self.got), "vllm": f.version or f.installed,
@@ -109,9 +118,9 @@ def _build(image: Inspected, got: float) -> Build:
     moving = [t for t in tags if t not in fixed
               and labels.immutable_tag(t, image.labels, image.id) in fixed]
     foreign = [t for t in tags if t not in fixed and t not in moving]
-    return Build(image.id, fixed[0] if fixed else None, tuple(moving),
-                 tuple(fixed[1:] + foreign), image.created, got,
-                 labels.ImageFacts.from_labels(image.labels), image)
+    return Build(image.id, fixed[0] if fixed else None, tuple(moving), tuple(foreign),
+                 image.created, got, labels.ImageFacts.from_labels(image.labels), image,
+                 tuple(fixed[1:]))
 
 
 class History:
