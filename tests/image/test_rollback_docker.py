@@ -197,6 +197,11 @@ def test_an_unreachable_node_fails_alone_and_a_rerun_completes(builds, project, 
         assert len(failed) == 1 and url in failed[0], out
         assert moving_on(docker_client) == moving_on(node2.direct) == builds["old"]["id"]
         assert moving_on(node3.direct) == builds["new"]["id"]
+        # listed while it is unreachable: the others are listed, and exit 1
+        code = main("images", "--manifest", str(project), "--node", url, "--format", "json")
+        listed = json.loads(capfd.readouterr().out)
+        assert code == 1 and [n["ok"] for n in listed["nodes"]] == [True, False], listed
+        assert listed["nodes"][0]["images"] and url in listed["nodes"][1]["error"]
         # the listing names the node that runs another build
         assert main("images", "--manifest", str(project), "--node", node2.url, "--node",
                     node3.url) == 0

@@ -74,7 +74,8 @@ class BuildReport:
         if not self.ok:
             return {"ok": False, "error": self.error, "vllm": self.vllm, "patches": self.patches}
         data = {"ok": True, "mode": self.mode, "mode_reason": self.mode_reason, "tag": self.tag,
-                "immutable_tag": self.immutable_tag, "image_id": self.image_id, "digest": self.digest, "platform": self.platform,
+                "immutable_tag": self.immutable_tag, "image_id": self.image_id,
+                "digest": self.digest, "platform": self.platform,
                 "base": self.base, "vllm": self.vllm, "patches": self.patches,
                 "layer": self.layer.to_dict() if self.layer else None, "reused": self.reused,
                 "pushed": self.pushed, "saved": self.saved, "not_shipped": self.not_shipped,

@@ -20,6 +20,9 @@ only the tar headers and small JSON members read for a partial one.  Else the ex
 loads go through the Docker SDK, relayed by ``layer.relay``.  A failed target is one line that
 ends by saying its tag is as it was.
 
+A copy of a build's moving tag carries its immutable tag (``labels.immutable_tag``) along:
+each target that holds the content afterwards gets that tag on it too.
+
 Targets run in parallel, each in a thread of its own with its own deadline; targets that need
 the same layers share one export of the source, teed to their loads.  A target that cannot be
 reached, or refuses the load, or whose link drops, fails alone: the others go on.  A load that
