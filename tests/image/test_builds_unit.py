@@ -111,3 +111,10 @@ def test_a_build_current_under_two_moving_tags_has_two_immutable_tags():
     assert set(b.moving) == {"dsv4:v1", "dsv4:latest"} and b.foreign == ()
     assert b.fixed_for("dsv4:latest") == "dsv4:latest-3f2a1b4c5d6e"
     assert b.lineage("dsv4:v1") and b.lineage("dsv4:latest") and not b.lineage("dsv4:v2")
+
+
+def test_a_build_removed_is_forgotten(tmp_path):
+    history = builds.History(tmp_path)
+    history.save("E", {"a": 1.0, "b": 2.0})
+    history.forget("E", ["a"])
+    assert history.of("E") == {"b": 2.0}

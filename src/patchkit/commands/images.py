@@ -188,7 +188,8 @@ def _prune_node(node: nodes_.Node, patchset: str, keep: int, dry_run: bool,
     if engine is None:
         return result
     try:
-        found = builds_.read(engine, patchset, history).builds
+        listed = builds_.read(engine, patchset, history)
+        found = listed.builds
         beyond = found[keep:]
         if not beyond:
             return result
@@ -207,6 +208,8 @@ def _prune_node(node: nodes_.Node, patchset: str, keep: int, dry_run: bool,
                 if engine.inspect(b.id) is not None:
                     raise ImageError(f"{name} is still there after its tags were removed")
             result.removed.append(Removed(name, b.id, own.get(b.id, 0)))
+        if not dry_run:
+            history.forget(listed.identity, [r.id for r in result.removed])
     except PatchkitError as exc:
         result.error = str(exc)
     return result

@@ -145,6 +145,12 @@ class History:
         data = {"engine": identity, "got": dict(sorted(got.items()))}
         write_if_changed(self._path(identity), (json.dumps(data, indent=1) + "\n").encode())
 
+    def forget(self, identity: str, image_ids: list[str]) -> None:
+        """Builds removed from the node: got again later, they are new there."""
+        seen = self.of(identity)
+        if any(i in seen for i in image_ids):
+            self.save(identity, {k: v for k, v in seen.items() if k not in image_ids})
+
     def got_now(self, identity: str, image_id: str) -> None:
         """The node got ``image_id`` now (a rollback copied it there)."""
         seen = self.of(identity)
