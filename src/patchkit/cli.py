@@ -787,8 +787,7 @@ def rollback(to, tag, nodes, dry_run, timeout, manifest_path, fmt) -> int:
     from patchkit.commands import rollback as command
     from patchkit.render import images as render
 
-    report = command.run(_load(manifest_path), to=to, tag=tag, nodes=nodes, dry_run=dry_run,
-                         timeout=timeout,
+    report = command.run(_load(manifest_path), command.Request(to, tag, nodes, dry_run, timeout),
                          log=TextProgress(err=True).info if Output.verbose else lambda m: None)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.rollback(report))
     return 0 if report.ok else 1

@@ -80,29 +80,52 @@ class Rollback:
                 "resumed": self.resumed, "nodes": [n.to_dict() for n in self.nodes]}
 
 
-def run(manifest: Manifest, *, to: str | None = None, tag: str | None = None,
-        nodes: Sequence[str] = (), dry_run: bool = False, timeout: float = DEFAULT_TIMEOUT,
+@dataclass(frozen=True)
+class Request:
+    """What rollback is asked."""
+
+    to: str | None = None            # the build (its immutable tag); None: the one before
+    tag: str | None = None           # the moving tag; None: --to's, else the manifest's
+    nodes: Sequence[str] = ()        # more nodes besides DOCKER_HOST's and image.nodes
+    dry_run: bool = False
+    timeout: float = DEFAULT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class _Move:
+    """One rollback's decisions, the same for every node."""
+
+    moving: str
+    target: str
+    want: "Content"
+    source: Engine
+    request: Request
+    log: Callable[[str], None]
+    history: builds_.History
+
+
+def run(manifest: Manifest, request: Request = Request(), *,
         log: Callable[[str], None] = lambda m: None, history: builds_.History | None = None,
         connect: Callable[[str], Engine] | None = None) -> Rollback:
-    moving = _moving(manifest, to, tag)
-    urls = nodes_.addresses(manifest.image.nodes, nodes, "--node")
+    moving = _moving(manifest, request.to, request.tag)
+    urls = nodes_.addresses(manifest.image.nodes, request.nodes, "--node")
     history = history or builds_.History()
     pending = builds_.Pending(moving, history.cache)
-    reached = nodes_.reach(urls, timeout, connect)
+    reached = nodes_.reach(urls, request.timeout, connect)
     try:
         found = _read(reached, manifest.name, history)
-        target, resumed = _target(manifest, moving, to, found, pending)
+        target, resumed = _target(manifest, moving, request.to, found, pending)
         source, want = _source(found, target)
         log(f"rolling {moving} back to {target} ({want})")
-        if not dry_run:
+        if not request.dry_run:
             pending.keep(target)   # before any node moves: an interrupted run is completed too
-        done = [_node(n, nb, moving, target, want, source, dry_run, timeout, log, history)
-                for n, nb in found]
+        move = _Move(moving, target, want, source, request, log, history)
+        done = [_node(n, nb, move) for n, nb in found]
     finally:
         nodes_.close(reached)
-    if not dry_run and all(n.ok for n in done):
+    if not request.dry_run and all(n.ok for n in done):
         pending.done()
-    return Rollback(moving, target, want.fingerprint, done, dry_run, resumed)
+    return Rollback(moving, target, want.fingerprint, done, request.dry_run, resumed)
 
 
 def _moving(manifest: Manifest, to: str | None, tag: str | None) -> str:
@@ -217,13 +240,11 @@ def _source(found, target: str) -> tuple[Engine, Content]:
     raise UsageError(f"{target}: no node reached holds it")
 
 
-def _node(node: nodes_.Node, nb: builds_.NodeBuilds | None, moving: str, target: str,
-          want: Content, source: Engine, dry_run: bool, timeout: float, log, history
-          ) -> NodeRollback:
+def _node(node: nodes_.Node, nb: builds_.NodeBuilds | None, move: _Move) -> NodeRollback:
     started = time.monotonic()
     if nb is None:
         return NodeRollback(node.url, "failed", error=node.error)
-    engine = node.engine
+    engine, moving, target, want = node.engine, move.moving, move.target, move.want
     current = nb.current(moving)
     was = (current.fixed_for(moving) or current.id[:19]) if current is not None else None
     result = NodeRollback(node.url, "already", was)
@@ -232,17 +253,18 @@ def _node(node: nodes_.Node, nb: builds_.NodeBuilds | None, moving: str, target:
             return result   # the build holding both tags: the moving one names it already
         held = want.same(_content(engine, target))
         result.status = "moved" if held else "copied"
-        if dry_run:
+        if move.request.dry_run:
             return result
         if not held:
-            log(f"{node.url}: lacks {target}: sending the layers it lacks")
-            copied = transfer.copy(source, target, [node.url], log=log, timeout=timeout)
+            move.log(f"{node.url}: lacks {target}: sending the layers it lacks")
+            copied = transfer.copy(move.source, target, [node.url], log=move.log,
+                                   timeout=move.request.timeout)
             (result.copy,) = copied.targets
             if not result.copy.ok:
                 raise ImageError(result.copy.error or f"the copy of {target} failed")
             if not want.same(_content(engine, target)):
                 raise ImageError(f"after the copy {target} there is not the build {want}")
-            history.got_now(nb.identity, engine.tagged(target) or "")
+            move.history.got_now(nb.identity, engine.tagged(target) or "")
         proven = engine.tagged(target)
         previous = engine.tagged(moving)
         engine.tag(proven, moving)
@@ -250,7 +272,7 @@ def _node(node: nodes_.Node, nb: builds_.NodeBuilds | None, moving: str, target:
             engine.restore_tag(moving, previous)
             raise ImageError(f"after the move {moving} does not name {target}; it is put back "
                              "as it was")
-        log(f"{node.url}: {moving} -> {target}")
+        move.log(f"{node.url}: {moving} -> {target}")
     except PatchkitError as exc:
         result.status, result.error = "failed", str(exc)
     finally:
