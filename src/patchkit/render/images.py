@@ -4,6 +4,7 @@ node)."""
 
 from __future__ import annotations
 
+from patchkit.packageid import VLLM
 from patchkit.render.progress import size
 
 
@@ -32,8 +33,9 @@ def _build_lines(image: dict) -> list[str]:
     head = f"  {mark} {name}  {image['id'][:19]}"
     if image["moving_tags"]:
         head += f"  current: {', '.join(image['moving_tags'])}"
-    packages = ", ".join(f"{k} {v}" for k, v in sorted(image["packages"].items())
-                         if v and k != "vllm")
+    others = dict(image["packages"])
+    others.pop(VLLM.name, None)   # told first, as vLLM
+    packages = ", ".join(f"{k} {v}" for k, v in sorted(others.items()) if v)
     info = (f"      vLLM {image['vllm'] or '?'}" + (f" ({packages})" if packages else "")
             + f"; created {image['created'] or '?'}; on this node since {image['got']}")
     lines = [head, info, f"      patches: {', '.join(image['patches']) or 'none'}"]
