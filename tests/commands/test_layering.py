@@ -54,8 +54,9 @@ def test_the_checks_see_what_they_judge():
 def test_an_engine_is_connected_where_a_verb_starts():
     """The verb (the command line or the command) gives the run its engine, or the way to open
     one (``Engine.connect``); nothing below the commands reaches for one, except the copy to
-    other engines, which connects each target."""
-    allowed = {SRC / "cli.py", SRC / "image" / "transfer.py", SRC / "image" / "docker.py"}
+    other engines, which connects each target, and the nodes images and rollback reach."""
+    allowed = {SRC / "cli.py", SRC / "image" / "transfer.py", SRC / "image" / "docker.py",
+               SRC / "image" / "nodes.py"}
     found = []
     for path, tree in _trees(SRC):
         if path.parent == COMMANDS:

@@ -134,6 +134,14 @@ def tag_template(manifest: Manifest, tag: str | None) -> str:
     return tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
 
 
+def built_tag(manifest: Manifest) -> str:
+    """The tag build-image gives the manifest's default build at its pin (image.tag, else
+    NAME:{ref}): the moving tag copy-image, images and rollback take by default."""
+    from patchkit.manifest import variants
+
+    return variants.default_tag(manifest, manifest.vllm.ref, None, tag_template(manifest, None))
+
+
 def _moved_pins(manifest: Manifest, refs: Sequence[str]) -> dict[str, str]:
     moved: dict[str, str] = {}
     for text in refs:
