@@ -32,6 +32,7 @@ from common import rebase_check, shown
 from patchkit import git as g
 from patchkit import manifest, source
 from patchkit.cache import cache_dir
+from patchkit.manifest.runspec import run_spec
 from patchkit.series import applier
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +45,8 @@ def effects(series, cache: Path, work: Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for release in RELEASES:
         tree = work / f"apply-{release}"
-        applier.apply_series(series, ref=release, repos=("pypi",), workdir=tree, cache=cache)
+        run = run_spec(series, ref=release, repos=("pypi",), cache=cache)
+        applier.apply_series(series, run=run, workdir=tree)
         for line in g._lines(g._run("log", "--format=%H %s", "patchkit/base..HEAD", cwd=tree)):
             sha, subject = line.split(" ", 1)
             pid = subject.removeprefix("patchkit: ").split(":", 1)[0]

@@ -75,7 +75,7 @@ def test_reading_objects_of_a_folder_that_is_no_repository_is_a_git_error(tmp_pa
 def test_committing_in_a_folder_that_is_no_repository_is_a_git_error(tmp_path):
     (tmp_path / "plain").mkdir()
     with pytest.raises(GitError):
-        g.commit_staged(tmp_path / "plain", [("m", ["a"])])
+        g.Commits(tmp_path / "plain")
     with pytest.raises(GitError):
         g.commit_all(tmp_path / "plain", "m")
 
