@@ -1,12 +1,14 @@
-"""What a transform made, kept by content: the key is the digest of everything its result can
-depend on, so a hit is the same result, never a stale one (the way ccache and Bazel key their
-caches, not by time).
+"""Results kept by content: the key is the digest of everything a result can depend on, so a
+hit is the same result, never a stale one (the way ccache and Bazel key their caches, not by
+time).  Each kind of result has its space, a folder of the cache: ``transforms/`` for what a
+transform made, ``assertions/`` for what the assertions on one file found (their key is
+``series/assertions.py``'s to make).  Entries are one JSON file each, written by rename; one
+that cannot be read is a miss.
 
-The key covers the transform file and every other ``.py`` file in its folder (a transform may
-load its siblings), the release version it is told, each file it reads (path and bytes, or its
-absence), and the code that runs it: patchkit's version, the bytes of the authoring API and of
-the runner, and libcst's version.  Entries live under ``<cache>/transforms/``, one JSON file
-each, written by rename; one that cannot be read is a miss.
+A transform's key covers the transform file and every other ``.py`` file in its folder (a
+transform may load its siblings), the release version it is told, each file it reads (path and
+bytes, or its absence), and the code that runs it: patchkit's version, the bytes of the
+authoring API and of the runner, and libcst's version.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ import json
 import os
 import tempfile
 from pathlib import Path
-
-import libcst
 
 from patchkit import __version__
 from patchkit.cache import cache_dir
@@ -29,24 +29,69 @@ _RUNNER = [Path(__file__).with_name("transform.py"),
            Path(__file__).resolve().parents[1] / "transform.py"]
 
 
-def _folder() -> Path | None:
+def _folder(space: str) -> Path | None:
     try:
-        folder = cache_dir() / "transforms"
+        folder = cache_dir() / space
         folder.mkdir(parents=True, exist_ok=True)
         return folder
     except OSError:
         return None   # no cache: every run computes
 
 
+class Digest:
+    """A key being made: each part labelled and length-prefixed, so no two lists of parts
+    give the same key."""
+
+    def __init__(self, form: str) -> None:
+        self._h = hashlib.sha256()
+        self.add("format", form.encode())
+        self.add("patchkit", __version__.encode())
+
+    def add(self, label: str, data: bytes) -> None:
+        self._h.update(f"{label}\0{len(data)}\0".encode())
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def kept(space: str, digest: str) -> object | None:
+    """The JSON value kept in ``space`` under ``digest``, or None."""
+    folder = _folder(space)
+    if folder is None:
+        return None
+    try:
+        with open(folder / f"{digest}.json", "rb") as fh:
+            return json.loads(fh.read(LIMIT))
+    except (OSError, ValueError):
+        return None
+
+
+def keep(space: str, digest: str, value: object) -> None:
+    """Keep the JSON value ``value`` in ``space`` under ``digest`` (a full disk, or a value
+    too large, costs a recompute next time, nothing else)."""
+    folder = _folder(space)
+    if folder is None:
+        return
+    data = json.dumps(value).encode()
+    if len(data) > LIMIT:
+        return
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".memo-", dir=folder)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, folder / f"{digest}.json")
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
 def key(py_file: Path, inputs: dict[str, str | None], version) -> str:
-    h = hashlib.sha256()
+    import libcst   # only when a transform is involved
 
-    def add(label: str, data: bytes) -> None:
-        h.update(f"{label}\0{len(data)}\0".encode())
-        h.update(data)
-
-    add("format", FORMAT.encode())
-    add("patchkit", __version__.encode())
+    h = Digest(FORMAT)
+    add = h.add
     add("libcst", getattr(libcst, "__version__", "?").encode())
     for runner in _RUNNER:
         add("runner", runner.read_bytes() if runner.is_file() else b"")
@@ -61,32 +106,14 @@ def key(py_file: Path, inputs: dict[str, str | None], version) -> str:
 
 
 def get(digest: str) -> tuple[Outcome, dict[str, str]] | None:
-    folder = _folder()
-    if folder is None:
-        return None
+    data = kept("transforms", digest)
     try:
-        with open(folder / f"{digest}.json", "rb") as fh:
-            data = json.loads(fh.read(LIMIT))
-        outcome = Outcome(data["status"], data["reason"], data["message"])
-        return outcome, dict(data["texts"])
-    except (OSError, ValueError, KeyError, TypeError):
+        outcome = Outcome(data["status"], data["reason"], data["message"])  # type: ignore[index]
+        return outcome, dict(data["texts"])   # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
         return None
 
 
 def put(digest: str, outcome: Outcome, texts: dict[str, str]) -> None:
-    folder = _folder()
-    if folder is None:
-        return
-    data = json.dumps({"status": outcome.status, "reason": outcome.reason,
-                       "message": outcome.message, "texts": texts}).encode()
-    if len(data) > LIMIT:
-        return
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".memo-", dir=folder)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, folder / f"{digest}.json")
-    except OSError:
-        if tmp is not None:   # a full disk costs a recompute next time, nothing else
-            Path(tmp).unlink(missing_ok=True)
+    keep("transforms", digest, {"status": outcome.status, "reason": outcome.reason,
+                                "message": outcome.message, "texts": texts})
