@@ -695,8 +695,10 @@ class Commits:
             stream.write(b"".join(b"get-mark :%d\n" % n
                                   for n in range(1, len(self._steps) + 1)))
             stream.seek(0)
-            out = _run("fast-import", "--quiet", "--force", "--date-format=raw",
-                       cwd=self.repo, input=stream)
+            # one pack, not a loose file (and a folder) per object: fewer files to write,
+            # and to remove with a scratch tree
+            out = _run("-c", "fastimport.unpackLimit=0", "fast-import", "--quiet", "--force",
+                       "--date-format=raw", cwd=self.repo, input=stream)
         made = out.split()
         want = [sha for sha, _text, _changes in self._steps]
         if made != want:

@@ -1,8 +1,9 @@
 """Results kept by content: the key is the digest of everything a result can depend on, so a
 hit is the same result, never a stale one (the way ccache and Bazel key their caches, not by
 time).  Each kind of result has its space, a folder of the cache: ``transforms/`` for what a
-transform made, ``assertions/`` for what the assertions on one file found (their key is
-``series/assertions.py``'s to make).  Entries are one JSON file each, written by rename; one
+transform made, ``transform-listings/`` for the classes a transform file defines and the paths
+they edit (so a kept result needs no import of the file, nor of libcst), ``assertions/`` for
+what the assertions on one file found (their key is ``series/assertions.py``'s to make).  Entries are one JSON file each, written by rename; one
 that cannot be read is a miss.
 
 A transform's key covers the transform file and every other ``.py`` file in its folder (a
@@ -24,9 +25,11 @@ from patchkit.cache import cache_dir
 from patchkit.report import Outcome
 
 FORMAT = "patchkit-transform-memo/1"
+LISTING = "patchkit-transform-listing/1"
 LIMIT = 64 << 20   # an entry is a few release files; a larger one is not ours
 _RUNNER = [Path(__file__).with_name("transform.py"),
            Path(__file__).resolve().parents[1] / "transform.py"]
+_LANGUAGES = Path(__file__).resolve().parents[1] / "series" / "languages" / "__init__.py"
 
 
 def _folder(space: str) -> Path | None:
@@ -88,21 +91,48 @@ def keep(space: str, digest: str, value: object) -> None:
 
 
 def key(py_file: Path, inputs: dict[str, str | None], version) -> str:
-    import libcst   # only when a transform is involved
-
+    """The key of what the transform ``py_file`` makes of ``inputs`` at ``version``."""
     h = Digest(FORMAT)
-    add = h.add
-    add("libcst", getattr(libcst, "__version__", "?").encode())
+    h.add("libcst", _libcst_version().encode())
+    _code(h, py_file)
+    h.add("version", str(version).encode())
+    for path, text in inputs.items():
+        h.add(f"input {path}", b"\0missing" if text is None else text.encode("utf-8"))
+    return h.hexdigest()
+
+
+def listing_key(py_file: Path) -> str:
+    """The key of what the transform file ``py_file`` defines (its classes and their paths):
+    its code, and the table of languages its classes are checked against."""
+    h = Digest(LISTING)
+    h.add("languages", _LANGUAGES.read_bytes() if _LANGUAGES.is_file() else b"")
+    _code(h, py_file)
+    return h.hexdigest()
+
+
+def _code(h: Digest, py_file: Path) -> None:
+    """The runner, the transform file and every other ``.py`` file beside it."""
     for runner in _RUNNER:
-        add("runner", runner.read_bytes() if runner.is_file() else b"")
-    add("transform", py_file.read_bytes())
+        h.add("runner", runner.read_bytes() if runner.is_file() else b"")
+    h.add("transform", py_file.read_bytes())
     for sibling in sorted(py_file.parent.glob("*.py")):
         if sibling.name != py_file.name:
-            add(f"sibling {sibling.name}", sibling.read_bytes())
-    add("version", str(version).encode())
-    for path, text in inputs.items():
-        add(f"input {path}", b"\0missing" if text is None else text.encode("utf-8"))
-    return h.hexdigest()
+            h.add(f"sibling {sibling.name}", sibling.read_bytes())
+
+
+_versions: dict[str, str] = {}
+
+
+def _libcst_version() -> str:
+    """libcst's version as installed, without importing it."""
+    if "libcst" not in _versions:
+        from importlib import metadata
+
+        try:
+            _versions["libcst"] = metadata.version("libcst")
+        except metadata.PackageNotFoundError:
+            _versions["libcst"] = "?"
+    return _versions["libcst"]
 
 
 def get(digest: str) -> tuple[Outcome, dict[str, str]] | None:
