@@ -222,22 +222,36 @@ def fetch_mirror(repo: Path, url: str) -> None:
          "+refs/heads/*:refs/heads/*", cwd=repo, network=True)
 
 
-def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None
-                 ) -> None:
+def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None,
+                 tag: str | None = None) -> None:
     """A checkout of ``commit`` at ``dest`` borrowing ``source``'s objects (no copy); with
-    ``paths``, sparse: only those files are written out.  The clone writes the sparse setting
-    into the new repository's config; then HEAD names the branch ``patchkit``, still unborn,
-    and ``reset --hard`` makes it ``commit`` and writes the tree out.  That reads the commit's
-    trees alone, where ``checkout -B`` from an unborn branch also looks up every blob (a sparse
-    checkout of a large tree: seven times the system calls)."""
+    ``paths``, sparse: only those files are written out; with ``tag``, that tag names
+    ``commit``.  The clone writes the sparse setting into the new repository's config; then
+    HEAD names the branch ``patchkit``, still unborn, and ``reset --hard`` makes it
+    ``commit`` and writes the tree out.  That reads the commit's trees alone, where
+    ``checkout -B`` from an unborn branch also looks up every blob (a sparse checkout of a
+    large tree: seven times the system calls).  HEAD and the tag are written as git writes
+    them, in the new repository, without a process each."""
     sparse = ("--config", "core.sparseCheckout=true") if paths is not None else ()
     _run("clone", "--quiet", "--shared", "--no-checkout", *sparse, str(source), str(dest))
     if paths is not None:
         info = dest / ".git" / "info"
         info.mkdir(exist_ok=True)
         (info / "sparse-checkout").write_text("".join(_sparse_pattern(p) + "\n" for p in paths))
-    _run("symbolic-ref", "HEAD", "refs/heads/patchkit", cwd=dest)
+    _new_ref(dest, "HEAD", "ref: refs/heads/patchkit")
     _run("reset", "--quiet", "--hard", commit, cwd=dest)
+    if tag is not None:
+        _new_ref(dest, f"refs/tags/{tag}", _head_of_refs(dest))
+
+
+def _new_ref(work_tree: Path, ref: str, value: str) -> None:
+    """Write the ref ``ref`` (or HEAD) of the repository just cloned at ``work_tree`` as a
+    loose ref file holding ``value``, by rename."""
+    path = work_tree / ".git" / ref
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.lock")
+    tmp.write_text(f"{value}\n")
+    os.replace(tmp, path)
 
 
 def _sparse_pattern(path: str) -> str:
@@ -536,6 +550,7 @@ class Commits:
             self._db.close()
             raise
         self._db.git.update_environment(**QUIET)
+        self._expired = threading.Event()
         self._written = self.tip          # what the repository's branch is at
         self._steps: list[tuple[str, bytes, list[tuple[str, bytes | None, bytes]]]] = []
         self._at_written: dict[str, tuple[bytes, bytes] | None] = {}   # path -> its entry there
@@ -554,23 +569,28 @@ class Commits:
     # -- reading what the commits build on
     def _object(self, sha: str) -> bytes:
         args = ("cat-file", "--batch")
-        expired = threading.Event()
+        try:
+            with _translated(args):
+                return self._db.git.get_object_data(sha)[3]
+        except (ValueError, OSError) as exc:
+            if self._expired.is_set():
+                raise GitError(["git", *args], -9, "", timeouts.GIT_LOCAL) from None
+            raise GitError(["git", *args], 128, f"{self.repo}: cannot read {sha}: {exc}") \
+                from None
 
+    @contextmanager
+    def _deadline(self) -> Iterator[None]:
+        """The reads of one commit end within ``timeouts.GIT_LOCAL``: past it the
+        ``cat-file`` process is killed and the read fails."""
         def expire() -> None:
-            expired.set()
+            self._expired.set()
             _kill_readers(self._db)
 
         watchdog = threading.Timer(timeouts.GIT_LOCAL, expire)
         watchdog.daemon = True
         watchdog.start()
         try:
-            with _translated(args):
-                return self._db.git.get_object_data(sha)[3]
-        except (ValueError, OSError) as exc:
-            if expired.is_set():
-                raise GitError(["git", *args], -9, "", timeouts.GIT_LOCAL) from None
-            raise GitError(["git", *args], 128, f"{self.repo}: cannot read {sha}: {exc}") \
-                from None
+            yield
         finally:
             watchdog.cancel()
 
@@ -600,6 +620,10 @@ class Commits:
     # -- making commits
     def commit(self, message: str, paths: Iterable[str]) -> str | None:
         """The next commit: ``paths`` as the work tree has them (a missing one deleted)."""
+        with self._deadline():
+            return self._commit(message, paths)
+
+    def _commit(self, message: str, paths: Iterable[str]) -> str | None:
         changes: list[tuple[str, bytes | None, bytes]] = []
         for path in _files_under(self.repo, paths):
             mode, data = _work_file(self.repo / path)
@@ -704,7 +728,8 @@ class Commits:
         if made != want:
             raise GitError(["git", "fast-import"], 1, f"{self.repo}: fast-import made "
                            f"{made} where {want} was made in-process")
-        moved = [p for p, before in self._at_written.items() if before != self._entry(p)]
+        with self._deadline():
+            moved = [p for p, before in self._at_written.items() if before != self._entry(p)]
         if moved:
             _run("update-index", "--add", "--remove", "-z", "--stdin", cwd=self.repo,
                  input=b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in moved))

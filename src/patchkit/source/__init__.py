@@ -135,5 +135,4 @@ def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None,
 def checkout(resolved: Resolved, dest: Path, paths: Sequence[str] | None = None) -> None:
     """Check ``resolved.commit`` out at ``dest`` (new), sharing the mirror's objects; only
     ``paths`` when given."""
-    g.clone_shared(resolved.repo, dest, resolved.commit, paths)
-    g.tag(dest, BASE_TAG, resolved.commit)
+    g.clone_shared(resolved.repo, dest, resolved.commit, paths, tag=BASE_TAG)
