@@ -102,6 +102,12 @@ def test_keep_failed_keeps_scratch(tmp_path):
     kept = Path(report.keep_failed)
     assert kept.is_dir() and (kept / "pkg/extra.py").exists()
     assert not (tmp_path / "wd").exists()
+    # after the failed patch: one commit for the patch that applied, the index at it
+    log = sh("git", "log", "--format=%H %s", "patchkit/base..patchkit/applied", cwd=kept)
+    assert [line.split(" ", 2)[1:2] for line in log.splitlines()] == [["patchkit:"]]
+    assert log.split()[0] == report.patches[2].commit == sh("git", "rev-parse", "HEAD", cwd=kept)
+    assert "extra-file" in log
+    assert sh("git", "status", "--porcelain", "--untracked-files=all", cwd=kept) == ""
 
 
 def test_offset_is_reported(tmp_path):
