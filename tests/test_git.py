@@ -137,8 +137,8 @@ def test_commits_made_in_process_are_the_commits_git_makes(tmp_path):
 
     steps = [
         ("one: edit", {"pkg/mod.py": "A = 2\n"}, None),
-        ("two: new folders\n\nwith a body  \n\n\n", {"a/b/c.py": "C = 1\n", "tool.sh": "#!/bin/sh\n"},
-         script),
+        ("two: new folders\n\nwith a body  \n\n\n",
+         {"a/b/c.py": "C = 1\n", "tool.sh": "#!/bin/sh\n"}, script),
         ("three: nothing", {"top.txt": "t\n"}, None),
         ("four: gone", {"pkg/mod.py": None}, lambda root: (root / "tool.sh").chmod(0o644)),
     ]

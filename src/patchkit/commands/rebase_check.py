@@ -216,7 +216,8 @@ def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] 
         try:
             source.checkout(res, tree, paths)
             at = applier.Tree(tree, res,
-                              applier.package_tops(res, manifest.package(package).id))
+                              applier.package_tops(res, manifest.package(package).id),
+                              keep=False)
             return "report", applier.run_stack(manifest, {package: at}, patches=series,
                                                variant=variant, pins={**(others or {}),
                                                                       package: res})

@@ -3,8 +3,8 @@ hit is the same result, never a stale one (the way ccache and Bazel key their ca
 time).  Each kind of result has its space, a folder of the cache: ``transforms/`` for what a
 transform made, ``transform-listings/`` for the classes a transform file defines and the paths
 they edit (so a kept result needs no import of the file, nor of libcst), ``assertions/`` for
-what the assertions on one file found (their key is ``series/assertions.py``'s to make).  Entries are one JSON file each, written by rename; one
-that cannot be read is a miss.
+what the assertions on one file found (their key is ``series/assertions.py``'s to make).
+Entries are one JSON file each, written by rename; one that cannot be read is a miss.
 
 A transform's key covers the transform file and every other ``.py`` file in its folder (a
 transform may load its siblings), the release version it is told, each file it reads (path and

@@ -446,12 +446,31 @@ def _transformed(classes: Sequence[type[Transform]], inputs: dict[str, str | Non
     return Outcome("applied", None, ""), pending
 
 
+def _read(cls: type[Transform], text: str):
+    """``cls.read(text)``, once per text for the classes that read files patchkit's way: the
+    transforms of a release that edit one file share its parse (libcst's nodes and a Span
+    never change; a transform returns new ones).  A class with its own ``read`` reads alone."""
+    how = getattr(cls.read, "__func__", None)
+    if how not in _OWN_READS:
+        return cls.read(text)
+    key = (how, text)
+    if key not in _parses:
+        if len(_parses) >= 16:
+            del _parses[next(iter(_parses))]
+        _parses[key] = cls.read(text)
+    return _parses[key]
+
+
+_parses: dict[tuple[object, str], object] = {}
+_OWN_READS = (Transform.read.__func__, CxxTransform.read.__func__)  # type: ignore[attr-defined]
+
+
 def _run_one(cls: type[Transform], source: str, version: Version | None
              ) -> str | None | Outcome:
     """New text, ``None`` when already applied, or a failed outcome."""
     label = f"{cls.__name__} ({cls.path})"
     try:
-        before = cls.read(source)
+        before = _read(cls, source)
     except ReadError as exc:
         return Outcome("failed", "error", f"{label}: cannot parse: {exc}")
     instance = cls(version)
@@ -473,7 +492,7 @@ def _run_one(cls: type[Transform], source: str, version: Version | None
                                 "does not hold")
     try:
         cls.check_result(source, text)
-        reparsed = cls.read(text)
+        reparsed = _read(cls, text)
     except ReadError as exc:
         return Outcome("failed", "error", f"{label}: result does not compile: {exc}")
     try:

@@ -214,16 +214,21 @@ class Tree:
     root: Path
     resolved: source.Resolved
     tops: tuple[str, ...] = ()   # its import folders, for a package other than vLLM
+    # the checkout outlives the run (apply's): its commits are written into it, the branch
+    # and tag patchkit/applied at the last; a scratch checkout removed after the run gets the
+    # same commit ids in its report, and nothing written that no one would read
+    keep: bool = True
 
 
 def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress | None = None,
               patches: Sequence[Patch] | None = None, variant=variants.EVERY, *,
               pins: Mapping[str, source.Resolved] | None = None,
               vllm: source.Resolved | None = None) -> ApplyReport:
-    """Apply the series, each patch to its package's tree of ``trees``, and run every
-    assertion against the tree of its package.  Ranges are judged on the versions of ``pins``
-    (every pinned package of the run; default: those of ``trees``).  A patch whose package has
-    no tree is skipped.  ``vllm`` is vLLM's pin when it has no tree."""
+    """Apply the series, each patch to its package's tree of ``trees`` with one commit per
+    patch that changed it, and run every assertion against the tree of its package.  Ranges
+    are judged on the versions of ``pins`` (every pinned package of the run; default: those
+    of ``trees``).  A patch whose package has no tree is skipped.  ``vllm`` is vLLM's pin when
+    it has no tree."""
     progress = progress or Progress()
     pins = {n: t.resolved for n, t in trees.items()} if pins is None else pins
     at = trees[VLLM.name].resolved if VLLM.name in trees else vllm or pins[VLLM.name]
@@ -240,7 +245,8 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
             report.patches.append(result)
             progress.patch(result)
         for name, tree in trees.items():
-            commits[name].write(tag=applied.APPLIED_TAG)
+            if tree.keep:
+                commits[name].write(tag=applied.APPLIED_TAG)
     for name, tree in trees.items():
         active = [p for p, r in zip(series, report.patches)
                   if r.status != "skipped" and p.package == name]

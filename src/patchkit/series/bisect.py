@@ -191,7 +191,8 @@ def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path
         tree = work / "t"
         source.checkout(at, tree, paths)
         tops = applier.package_tops(at, manifest.package(package).id)
-        report = applier.run_stack(manifest, {package: applier.Tree(tree, at, tops)},
+        scratch_tree = applier.Tree(tree, at, tops, keep=False)   # removed below
+        report = applier.run_stack(manifest, {package: scratch_tree},
                                    patches=series, pins={**(pins or {}), package: at})
     finally:
         shutil.rmtree(work, ignore_errors=True)
