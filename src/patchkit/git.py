@@ -233,7 +233,9 @@ def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | N
     large tree: seven times the system calls).  HEAD and the tag are written as git writes
     them, in the new repository, without a process each."""
     sparse = ("--config", "core.sparseCheckout=true") if paths is not None else ()
-    _run("clone", "--quiet", "--shared", "--no-checkout", *sparse, str(source), str(dest))
+    # no template: no sample hooks to write (and remove), none of a user's template folder
+    _run("clone", "--quiet", "--shared", "--no-checkout", "--template=", *sparse, str(source),
+         str(dest))
     if paths is not None:
         info = dest / ".git" / "info"
         info.mkdir(exist_ok=True)

@@ -33,12 +33,19 @@ _LANGUAGES = Path(__file__).resolve().parents[1] / "series" / "languages" / "__i
 
 
 def _folder(space: str) -> Path | None:
-    try:
-        folder = cache_dir() / space
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
-    except OSError:
-        return None   # no cache: every run computes
+    """``space``'s folder in the cache, made once per process and cache setting."""
+    setting = (space, os.environ.get("PATCHKIT_CACHE_DIR"))
+    if setting not in _made:
+        try:
+            folder = cache_dir() / space
+            folder.mkdir(parents=True, exist_ok=True)
+            _made[setting] = folder
+        except OSError:
+            return None   # no cache: every run computes
+    return _made[setting]
+
+
+_made: dict[tuple[str, str | None], Path] = {}
 
 
 class Digest:
