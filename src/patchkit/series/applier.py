@@ -267,7 +267,8 @@ def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tr
              found: Mapping[str, str | None], commits: Mapping[str, g.Commits]
              ) -> Iterator[PatchResult]:
     """Each patch's result, in order, applied to its package's tree.  A run of patches of one
-    kind and package that no check refuses goes in together when its kind can do that."""
+    kind and package that no check refuses goes in together when its kind can do that; the
+    patches between them that are passed over (out of range, left out) do not end it."""
     def alone(patch: Patch) -> PatchResult:
         interrupt.check()
         tree = trees.get(patch.package)
@@ -281,20 +282,31 @@ def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tr
                          tree.resolved.version, tree.resolved.repo, package=patch.package,
                          found=found, tops=tree.tops, commits=commits[patch.package])
 
+    def passed(patch: Patch) -> bool:   # judged without touching any tree
+        return _goes_alone(manifest, patch, trees.get(patch.package), variant, found)
+
     at = 0
     while at < len(series):
         patch, tree = series[at], trees.get(series[at].package)
         end = at + 1
-        if not _goes_alone(manifest, patch, tree, variant, found):
-            while end < len(series) and series[end].kind == patch.kind and \
-                    series[end].package == patch.package and \
-                    not _goes_alone(manifest, series[end], tree, variant, found):
-                end += 1
-        if end - at > 1:
+        if not passed(patch):
+            # the run goes on past patches that are passed over (out of range, left out),
+            # which take their place in the results as they would alone
+            scan = at + 1
+            while scan < len(series) and (passed(series[scan]) or (
+                    series[scan].kind == patch.kind and series[scan].package == patch.package)):
+                scan += 1
+                if not passed(series[scan - 1]):
+                    end = scan
+        span = series[at:end]
+        run = [p for p in span if not passed(p)]
+        if len(run) > 1:
             interrupt.check()
-            yield from _together(manifest, series[at:end], tree, commits[patch.package], alone)
+            together = _together(manifest, run, tree, commits[patch.package], alone)
+            for p in span:
+                yield alone(p) if passed(p) else next(together)
         else:
-            yield alone(patch)
+            yield from map(alone, span)
         at = end
 
 
