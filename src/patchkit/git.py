@@ -223,7 +223,7 @@ def fetch_mirror(repo: Path, url: str) -> None:
 
 
 def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None,
-                 tag: str | None = None) -> None:
+                 tag: str | None = None, *, refs: bool = True) -> None:
     """A checkout of ``commit`` at ``dest`` borrowing ``source``'s objects (no copy); with
     ``paths``, sparse: only those files are written out; with ``tag``, that tag names
     ``commit``.  The clone writes the sparse setting into the new repository's config; then
@@ -231,11 +231,16 @@ def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | N
     ``commit`` and writes the tree out.  That reads the commit's trees alone, where
     ``checkout -B`` from an unborn branch also looks up every blob (a sparse checkout of a
     large tree: seven times the system calls).  HEAD and the tag are written as git writes
-    them, in the new repository, without a process each."""
-    sparse = ("--config", "core.sparseCheckout=true") if paths is not None else ()
-    # no template: no sample hooks to write (and remove), none of a user's template folder
-    _run("clone", "--quiet", "--shared", "--no-checkout", "--template=", *sparse, str(source),
-         str(dest))
+    them, in the new repository, without a process each.  Without ``refs`` (a scratch
+    checkout no one asks what the source's branches and tags are) the new repository is
+    made as ``git init`` makes one, borrowing the objects, and nothing is cloned."""
+    if refs:
+        sparse = ("--config", "core.sparseCheckout=true") if paths is not None else ()
+        # no template: no sample hooks to write (and remove), none of a user's template folder
+        _run("clone", "--quiet", "--shared", "--no-checkout", "--template=", *sparse,
+             str(source), str(dest))
+    else:
+        _borrowing_work_tree(source, dest, sparse=paths is not None)
     if paths is not None:
         info = dest / ".git" / "info"
         info.mkdir(exist_ok=True)
@@ -244,6 +249,26 @@ def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | N
     _run("reset", "--quiet", "--hard", commit, cwd=dest)
     if tag is not None:
         _new_ref(dest, f"refs/tags/{tag}", _head_of_refs(dest))
+
+
+def _borrowing_work_tree(source: Path, dest: Path, *, sparse: bool) -> None:
+    """A new repository with a work tree at ``dest`` (absent or empty), laid out as
+    ``git init --template=`` lays one out, whose objects are ``source``'s (as ``clone
+    --shared`` records them); no ref, HEAD unborn."""
+    objects = Path(source) / "objects"
+    if not objects.is_dir():
+        objects = Path(source) / ".git" / "objects"
+    if not objects.is_dir():
+        raise GitError(["git", "clone", "--shared", str(source), str(dest)], 128,
+                       f"fatal: repository '{source}' does not exist")
+    git_dir = dest / ".git"
+    for folder in ("objects/info", "objects/pack", "refs/heads", "refs/tags"):
+        (git_dir / folder).mkdir(parents=True)
+    (git_dir / "objects" / "info" / "alternates").write_text(f"{objects.resolve()}\n")
+    (git_dir / "config").write_text(
+        "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n"
+        "\tlogallrefupdates = true\n" + ("\tsparsecheckout = true\n" if sparse else ""))
+    (git_dir / "HEAD").write_text("ref: refs/heads/patchkit\n")
 
 
 def _new_ref(work_tree: Path, ref: str, value: str) -> None:

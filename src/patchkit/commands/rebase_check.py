@@ -214,7 +214,7 @@ def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] 
     exception survives pickling)."""
     try:
         try:
-            source.checkout(res, tree, paths)
+            source.checkout(res, tree, paths, scratch=True)
             at = applier.Tree(tree, res,
                               applier.package_tops(res, manifest.package(package).id),
                               keep=False)
