@@ -2,9 +2,9 @@
 warm cache.
 
 patchkit: one `patchkit rebase-check --vllm-repo pypi --to R ...` process over every release in
-docs/support.md (v0.27.1 to v0.34.0): resolve, a sparse shared checkout per release, every patch
-of the series (diffs, libcst transforms) applied or judged with one commit each where it
-applied, every assertion, the report, the scratch checkouts removed.
+docs/support.md (v0.27.1 to v0.34.0): resolve, a sparse checkout per release borrowing the
+cached objects, every patch of the series (diffs, libcst transforms) applied or judged with one
+commit each where it applied, every assertion, the report, the scratch checkouts removed.
 
 The baseline, what a shell script checking the same releases does with git alone: per release a
 `git clone --shared --no-checkout` of the same cached upstream, a sparse checkout of the same
