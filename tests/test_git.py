@@ -5,12 +5,13 @@ by what a user's setup could make hang (an fsmonitor hook, an ssh that never ans
 
 from __future__ import annotations
 
+import shutil
 import stat
 import time
 from pathlib import Path
 
 import pytest
-from testing.upstream import make_upstream
+from testing.upstream import make_upstream, sh, write_files
 
 from patchkit import git as g
 from patchkit import timeouts
@@ -75,7 +76,7 @@ def test_reading_objects_of_a_folder_that_is_no_repository_is_a_git_error(tmp_pa
 def test_committing_in_a_folder_that_is_no_repository_is_a_git_error(tmp_path):
     (tmp_path / "plain").mkdir()
     with pytest.raises(GitError):
-        g.commit_staged(tmp_path / "plain", [("m", ["a"])])
+        g.Commits(tmp_path / "plain")
     with pytest.raises(GitError):
         g.commit_all(tmp_path / "plain", "m")
 
@@ -119,3 +120,49 @@ def test_a_mirror_clone_has_the_transfer_deadline(tmp_path, monkeypatch):
         g.clone_mirror("ssh://nowhere/repo.git", tmp_path / "m.git")
     assert e.value.timeout == 1.0
     assert _gone(tmp_path / "ssh.pids")
+
+
+def test_commits_made_in_process_are_the_commits_git_makes(tmp_path):
+    """Commits gives each step the id `git add -A -- paths` + `git commit` gives it (new
+    folders, an executable, a deletion that empties a folder, a mode change, nothing at all),
+    and write() leaves the branch, a tag, HEAD and the index where git would."""
+    ours = make_upstream(tmp_path / "ours", {"v1": {"pkg/mod.py": "A = 1\n", "top.txt": "t\n"}})
+    theirs = tmp_path / "theirs"
+    shutil.copytree(ours, theirs, symlinks=True)
+    sh("git", "checkout", "-q", "-b", "series", cwd=ours)
+    sh("git", "checkout", "-q", "-b", "series", cwd=theirs)
+
+    def script(root):
+        (root / "tool.sh").chmod(0o755)
+
+    steps = [
+        ("one: edit", {"pkg/mod.py": "A = 2\n"}, None),
+        ("two: new folders\n\nwith a body  \n\n\n",
+         {"a/b/c.py": "C = 1\n", "tool.sh": "#!/bin/sh\n"}, script),
+        ("three: nothing", {"top.txt": "t\n"}, None),
+        ("four: gone", {"pkg/mod.py": None}, lambda root: (root / "tool.sh").chmod(0o644)),
+    ]
+    made = []
+    with g.Commits(ours) as commits:
+        for message, files, more in steps:
+            for root in (ours, theirs):
+                write_files(root, files)
+                if more:
+                    more(root)
+            names = [*files, *(["tool.sh"] if more else [])]
+            made.append(commits.commit(message, names))
+            assert made[-1] == g.commit_all(theirs, message, names)
+        assert made[2] is None and None not in made[:2] + made[3:]
+        assert sh("git", "rev-parse", "HEAD", cwd=ours) != made[-1]   # nothing written yet
+        commits.write(tag="done")
+    assert sh("git", "rev-parse", "HEAD", "series", "done", cwd=ours).split() == [made[-1]] * 3
+    assert sh("git", "status", "--porcelain", "--untracked-files=all", cwd=ours) == ""
+    assert sh("git", "ls-files", "-s", cwd=ours) == sh("git", "ls-files", "-s", cwd=theirs)
+    assert sh("git", "ls-tree", "--name-only", "HEAD", cwd=ours).split() == ["a", "tool.sh",
+                                                                             "top.txt"]
+
+
+def test_commits_need_a_branch(repo):
+    sh("git", "checkout", "-q", "--detach", cwd=repo)
+    with pytest.raises(GitError, match="on no branch"):
+        g.Commits(repo)

@@ -62,6 +62,16 @@ def test_a_transform_brings_libcst_and_still_no_docker(tmp_path):
     assert got == {"code": 0, "libcst": True, "docker": False, "git": True}
 
 
+def test_a_transform_whose_result_is_kept_runs_without_libcst(tmp_path):
+    """The second apply finds what the transform file defines and what it made kept by
+    content: neither the file nor libcst is imported."""
+    proj = _project(tmp_path, transform=True)
+    assert _run(proj, "apply")["libcst"] is True
+    got = _run(proj, "apply")
+    assert got == {"code": 0, "libcst": False, "docker": False, "git": True}
+    assert "C = 3" in (proj / ".patchkit" / "vllm" / "pkg" / "mod.py").read_text()
+
+
 def test_help_and_validate_import_no_border_library(tmp_path):
     proj = _project(tmp_path, transform=False)
     assert _run(proj, "validate") == {"code": 0, "libcst": False, "docker": False, "git": False}

@@ -18,9 +18,11 @@ user's setup changes nothing patchkit writes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
+import stat
 import tempfile
 import threading
 import time
@@ -49,8 +51,8 @@ QUIET = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "",
 BASE_ARGS = ("-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false",
              "-c", "tag.gpgsign=false", "-c", "core.autocrlf=false", "-c", "advice.detachedHead=false",
              "-c", "init.defaultBranch=main", "-c", "core.quotePath=false",
-             # a commit's bytes are patchkit's, whatever the user's config: commit_staged()
-             # writes the same commits through fast-import
+             # a commit's bytes are patchkit's, whatever the user's config: Commits makes
+             # the same commits in-process
              "-c", "commit.cleanup=whitespace", "-c", "i18n.commitEncoding=UTF-8")
 # A source that stops answering (a dropped route, a stalled proxy) fails within a minute, so the
 # next source in the list gets its turn instead of the run hanging.
@@ -234,22 +236,63 @@ def answers(url: str) -> bool:
         return False
 
 
-def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None
-                 ) -> None:
+def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None,
+                 tag: str | None = None, *, refs: bool = True) -> None:
     """A checkout of ``commit`` at ``dest`` borrowing ``source``'s objects (no copy); with
-    ``paths``, sparse: only those files are written out.  The clone writes the sparse setting
-    into the new repository's config; then HEAD names the branch ``patchkit``, still unborn,
-    and ``reset --hard`` makes it ``commit`` and writes the tree out.  That reads the commit's
-    trees alone, where ``checkout -B`` from an unborn branch also looks up every blob (a sparse
-    checkout of a large tree: seven times the system calls)."""
-    sparse = ("--config", "core.sparseCheckout=true") if paths is not None else ()
-    _run("clone", "--quiet", "--shared", "--no-checkout", *sparse, str(source), str(dest))
+    ``paths``, sparse: only those files are written out; with ``tag``, that tag names
+    ``commit``.  The clone writes the sparse setting into the new repository's config; then
+    HEAD names the branch ``patchkit``, still unborn, and ``reset --hard`` makes it
+    ``commit`` and writes the tree out.  That reads the commit's trees alone, where
+    ``checkout -B`` from an unborn branch also looks up every blob (a sparse checkout of a
+    large tree: seven times the system calls).  HEAD and the tag are written as git writes
+    them, in the new repository, without a process each.  Without ``refs`` (a scratch
+    checkout no one asks what the source's branches and tags are) the new repository is
+    made as ``git init`` makes one, borrowing the objects, and nothing is cloned."""
+    if refs:
+        sparse = ("--config", "core.sparseCheckout=true") if paths is not None else ()
+        # no template: no sample hooks to write (and remove), none of a user's template folder
+        _run("clone", "--quiet", "--shared", "--no-checkout", "--template=", *sparse,
+             str(source), str(dest))
+    else:
+        _borrowing_work_tree(source, dest, sparse=paths is not None)
     if paths is not None:
         info = dest / ".git" / "info"
         info.mkdir(exist_ok=True)
         (info / "sparse-checkout").write_text("".join(_sparse_pattern(p) + "\n" for p in paths))
-    _run("symbolic-ref", "HEAD", "refs/heads/patchkit", cwd=dest)
+    _new_ref(dest, "HEAD", "ref: refs/heads/patchkit")
     _run("reset", "--quiet", "--hard", commit, cwd=dest)
+    if tag is not None:
+        _new_ref(dest, f"refs/tags/{tag}", _head_of_refs(dest))
+
+
+def _borrowing_work_tree(source: Path, dest: Path, *, sparse: bool) -> None:
+    """A new repository with a work tree at ``dest`` (absent or empty), laid out as
+    ``git init --template=`` lays one out, whose objects are ``source``'s (as ``clone
+    --shared`` records them); no ref, HEAD unborn."""
+    objects = Path(source) / "objects"
+    if not objects.is_dir():
+        objects = Path(source) / ".git" / "objects"
+    if not objects.is_dir():
+        raise GitError(["git", "clone", "--shared", str(source), str(dest)], 128,
+                       f"fatal: repository '{source}' does not exist")
+    git_dir = dest / ".git"
+    for folder in ("objects/info", "objects/pack", "refs/heads", "refs/tags"):
+        (git_dir / folder).mkdir(parents=True)
+    (git_dir / "objects" / "info" / "alternates").write_text(f"{objects.resolve()}\n")
+    (git_dir / "config").write_text(
+        "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n"
+        "\tlogallrefupdates = true\n" + ("\tsparsecheckout = true\n" if sparse else ""))
+    (git_dir / "HEAD").write_text("ref: refs/heads/patchkit\n")
+
+
+def _new_ref(work_tree: Path, ref: str, value: str) -> None:
+    """Write the ref ``ref`` (or HEAD) of the repository just cloned at ``work_tree`` as a
+    loose ref file holding ``value``, by rename."""
+    path = work_tree / ".git" / ref
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.lock")
+    tmp.write_text(f"{value}\n")
+    os.replace(tmp, path)
 
 
 def _sparse_pattern(path: str) -> str:
@@ -457,6 +500,14 @@ def read_blobs(repo: Path, specs: Iterable[str]) -> dict[str, bytes | None]:
     return _reading(repo, lambda read: {spec: read(spec) for spec in wanted})
 
 
+def _kill_readers(db) -> None:
+    """End the ``cat-file`` processes GitPython keeps for ``db``."""
+    for persistent in (db.git.cat_file_all, db.git.cat_file_header):
+        proc = getattr(persistent, "proc", None)
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+
+
 def _reading(repo: Path, work: Callable[[Callable[[str], bytes | None]], T]) -> T:
     """``work(read)`` with ``read(spec)`` the bytes of an object spec, None when missing, all
     through one ``cat-file`` process, which is killed past ``timeouts.GIT_LOCAL``."""
@@ -468,10 +519,7 @@ def _reading(repo: Path, work: Callable[[Callable[[str], bytes | None]], T]) -> 
 
     def expire() -> None:
         expired.set()
-        for persistent in (db.git.cat_file_all, db.git.cat_file_header):
-            proc = getattr(persistent, "proc", None)
-            if proc is not None and proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
+        _kill_readers(db)
 
     def read(spec: str) -> bytes | None:
         interrupt.check()
@@ -520,60 +568,269 @@ def commit_all(repo: Path, message: str, paths: Iterable[str] | None = None) -> 
     raise GitError(["git", *args], made.code, made.stdout + made.stderr)
 
 
-def commit_staged(repo: Path, steps: Sequence[tuple[str, Sequence[str]]]
-                  ) -> list[str | None] | None:
-    """What ``commit_all(repo, message, [])`` after staging each step's paths in turn makes,
-    when the steps' paths are distinct and all staged now: one commit per step of its paths'
-    staged changes, each on the one before, HEAD's branch moved to the last; None for a step
-    that changed none of its paths (no commit).  Two git processes for them all (the staged
-    changes, one ``fast-import``).  None, nothing done, when HEAD is on no branch."""
-    with _translated(("symbolic-ref", "HEAD")):
-        db = _gitpython().Repo(str(repo))
+class Commits:
+    """The commits of a series on the branch of the work tree ``repo``, made in-process.
+
+    ``commit(message, paths)`` reads ``paths`` from the work tree and returns the commit that
+    ``git add -A -- paths`` then ``git commit -m message`` with the fixed identity would make,
+    by the same bytes (so the same id), or None when the tree would not change; no process
+    runs.  ``write`` puts the commits made since the last write into the repository with one
+    ``fast-import`` (the branch moves to the last, ``tag`` names it) and brings the index of
+    the paths they changed to it with one ``update-index``; each commit's id is checked
+    against fast-import's.  Until then HEAD, the index and ``status`` are as last written.
+    One ``cat-file`` process, open until ``close``, reads the trees the commits build on.
+    A work tree on no branch is a GitError."""
+
+    def __init__(self, repo: Path) -> None:
+        git = _gitpython()
+        self.repo = Path(repo)
+        with _translated(("symbolic-ref", "HEAD")):
+            self._db = git.Repo(str(repo))
         try:
-            if db.head.is_detached:
-                return None
-            branch, parent = db.head.reference.path, _head_of_refs(repo)
+            with _translated(("symbolic-ref", "HEAD")):
+                if self._db.head.is_detached:
+                    raise GitError(["git", "symbolic-ref", "HEAD"], 128,
+                                   f"{repo}: HEAD is on no branch")
+                self.branch = self._db.head.reference.path
+                self.tip = git.SymbolicReference.dereference_recursive(self._db, "HEAD")
+        except BaseException:
+            self._db.close()
+            raise
+        self._db.git.update_environment(**QUIET)
+        self._expired = threading.Event()
+        self._written = self.tip          # what the repository's branch is at
+        self._steps: list[tuple[str, bytes, list[tuple[str, bytes | None, bytes]]]] = []
+        self._at_written: dict[str, tuple[bytes, bytes] | None] = {}   # path -> its entry there
+        self._folders: dict[str, dict[bytes, tuple[bytes, bytes]]] = {}   # at the tip
+        self._root: bytes | None = None   # the tip's tree (binary id)
+
+    def __enter__(self) -> Commits:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- reading what the commits build on
+    def _object(self, sha: str) -> bytes:
+        args = ("cat-file", "--batch")
+        try:
+            with _translated(args):
+                return self._db.git.get_object_data(sha)[3]
+        except (ValueError, OSError) as exc:
+            if self._expired.is_set():
+                raise GitError(["git", *args], -9, "", timeouts.GIT_LOCAL) from None
+            raise GitError(["git", *args], 128, f"{self.repo}: cannot read {sha}: {exc}") \
+                from None
+
+    @contextmanager
+    def _deadline(self) -> Iterator[None]:
+        """The reads of one commit end within ``timeouts.GIT_LOCAL``: past it the
+        ``cat-file`` process is killed and the read fails."""
+        def expire() -> None:
+            self._expired.set()
+            _kill_readers(self._db)
+
+        watchdog = threading.Timer(timeouts.GIT_LOCAL, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            yield
         finally:
-            db.close()
-    every = [p for _message, paths in steps for p in paths]
-    raw = _run("diff-index", "--cached", "--raw", "-z", "--no-renames", "--no-abbrev", "HEAD",
-               "--", *(f":(literal){p}" for p in every), cwd=repo) if every else ""
-    fields = raw.split("\0")
-    staged = {fields[i + 1]: fields[i].lstrip(":").split() for i in range(0, len(fields) - 1, 2)}
-    when = "946684800 +0000"  # IDENTITY's date
-    made: list[int | None] = []
-    with tempfile.TemporaryFile() as stream:
-        for message, paths in steps:
-            changes = [_change(p, staged[p]) for p in paths if p in staged]
-            if not changes:
-                made.append(None)
-                continue
-            mark = len([m for m in made if m is not None]) + 1
-            stream.write(f"commit {branch}\nmark :{mark}\n".encode())
-            for who in ("author", "committer"):
-                stream.write(f"{who} patchkit <patchkit@localhost> {when}\n".encode())
-            text = _stripspace(message).encode("utf-8", "surrogateescape")
-            stream.write(b"data %d\n%s" % (len(text), text))
-            stream.write(f"from {f':{mark - 1}' if mark > 1 else parent}\n".encode())
-            stream.writelines(changes)
-            stream.write(b"\n")
-            made.append(mark)
-        marks = [m for m in made if m is not None]
-        if not marks:
-            return [None] * len(steps)
-        stream.write(b"".join(b"get-mark :%d\n" % m for m in marks))
-        stream.seek(0)
-        out = _run("fast-import", "--quiet", "--date-format=raw", cwd=repo, input=stream)
-    shas = dict(zip(marks, out.split()))
-    return [shas[m] if m is not None else None for m in made]
+            watchdog.cancel()
+
+    def _folder(self, folder: str) -> dict[bytes, tuple[bytes, bytes]] | None:
+        """The entries of ``folder`` (\"\" the root) at the tip: name -> (mode, binary id);
+        None when the tip has no such folder."""
+        if folder in self._folders:
+            return self._folders[folder]
+        if not folder:
+            head = self._object(self.tip)
+            tree = bytes.fromhex(head[5:45].decode())   # b"tree <hex>\n..."
+        else:
+            parent, _, name = folder.rpartition("/")
+            above = self._folder(parent)
+            entry = above.get(name.encode("utf-8", "surrogateescape")) if above else None
+            if entry is None or entry[0] != b"40000":
+                return None
+            tree = entry[1]
+        self._folders[folder] = _tree_entries(self._object(tree.hex()))
+        return self._folders[folder]
+
+    def _entry(self, path: str) -> tuple[bytes, bytes] | None:
+        folder, _, name = path.rpartition("/")
+        entries = self._folder(folder)
+        return entries.get(name.encode("utf-8", "surrogateescape")) if entries else None
+
+    # -- making commits
+    def commit(self, message: str, paths: Iterable[str]) -> str | None:
+        """The next commit: ``paths`` as the work tree has them (a missing one deleted)."""
+        with self._deadline():
+            return self._commit(message, paths)
+
+    def _commit(self, message: str, paths: Iterable[str]) -> str | None:
+        changes: list[tuple[str, bytes | None, bytes]] = []
+        for path in _files_under(self.repo, paths):
+            mode, data = _work_file(self.repo / path)
+            old = self._entry(path)
+            new = None if mode is None else (mode, _object_id(b"blob", data))
+            if new != old and (old is None or old[0] != b"160000"):
+                changes.append((path, mode, data))
+                self._at_written.setdefault(path, old)
+                self._put(path, new)
+        if not changes:
+            return None
+        tree = self._tree("")
+        body = (f"tree {tree.hex()}\nparent {self.tip}\n"
+                f"author patchkit <patchkit@localhost> {_WHEN}\n"
+                f"committer patchkit <patchkit@localhost> {_WHEN}\n\n").encode()
+        text = _stripspace(message).encode("utf-8", "surrogateescape")
+        self.tip = _object_id(b"commit", body + text).hex()
+        self._steps.append((self.tip, text, changes))
+        return self.tip
+
+    def _put(self, path: str, entry: tuple[bytes, bytes] | None) -> None:
+        """Set (None: remove) ``path``'s entry in the tip's folders; a folder left empty goes,
+        and each folder above is marked to be hashed again (its id dropped)."""
+        parts = path.split("/")
+        for depth in range(len(parts) - 1):   # each folder above exists and is a folder
+            folder, name = "/".join(parts[:depth]), parts[depth]
+            entries = self._folder(folder)
+            assert entries is not None
+            key = name.encode("utf-8", "surrogateescape")
+            here = "/".join(parts[:depth + 1])
+            if entries.get(key, (b"",))[0] != b"40000":
+                if entry is None:
+                    return   # nothing there to remove
+                self._folders[here] = {}   # a file there gives way to the folder
+            else:
+                self._folder(here)
+            entries[key] = (b"40000", b"")
+        folder, _, name = path.rpartition("/")
+        entries = self._folder(folder)
+        assert entries is not None
+        key = name.encode("utf-8", "surrogateescape")
+        if entries.get(key, (b"",))[0] == b"40000":   # a folder gives way to the file
+            below = f"{path}/"
+            for known in [f for f in self._folders if f == path or f.startswith(below)]:
+                del self._folders[known]
+        if entry is None:
+            entries.pop(key, None)
+        else:
+            entries[key] = entry
+        while folder and not self._folders[folder]:   # git keeps no empty folder
+            parent, _, name = folder.rpartition("/")
+            self._folders[parent].pop(name.encode("utf-8", "surrogateescape"), None)
+            folder = parent
+
+    def _tree(self, folder: str) -> bytes:
+        """The id of ``folder``'s tree at the tip, hashing the folders marked below it."""
+        entries = self._folders[folder]
+        for name, (mode, sha) in entries.items():
+            if mode == b"40000" and not sha:
+                below = f"{folder}/{name.decode('utf-8', 'surrogateescape')}" if folder else \
+                    name.decode("utf-8", "surrogateescape")
+                entries[name] = (mode, self._tree(below))
+        ordered = sorted(entries.items(),
+                         key=lambda item: item[0] + (b"/" if item[1][0] == b"40000" else b""))
+        return _object_id(b"tree", b"".join(b"%s %s\0%s" % (mode, name, sha)
+                                            for name, (mode, sha) in ordered))
+
+    # -- into the repository
+    def write(self, tag: str | None = None) -> None:
+        """The commits made since the last write into the repository, the branch at the last,
+        ``tag`` (when given) there too, and the index of every path they changed as the
+        branch has it.  The work tree is expected to hold those paths as committed."""
+        if not self._steps and tag is None:
+            return
+        with tempfile.TemporaryFile() as stream:
+            for n, (_sha, text, changes) in enumerate(self._steps, 1):
+                stream.write(f"commit {self.branch}\nmark :{n}\n".encode())
+                for who in ("author", "committer"):
+                    stream.write(f"{who} patchkit <patchkit@localhost> {_WHEN}\n".encode())
+                stream.write(b"data %d\n%s" % (len(text), text))
+                stream.write(f"from {f':{n - 1}' if n > 1 else self._written}\n".encode())
+                for path, mode, data in changes:
+                    quoted = _quoted(path).encode("utf-8", "surrogateescape")
+                    if mode is None:
+                        stream.write(b"D %s\n" % quoted)
+                    else:
+                        stream.write(b"M %s inline %s\ndata %d\n%s\n"
+                                     % (mode, quoted, len(data), data))
+                stream.write(b"\n")
+            if tag is not None:
+                last = f":{len(self._steps)}" if self._steps else self.tip
+                stream.write(f"reset refs/tags/{tag}\nfrom {last}\n\n".encode())
+            stream.write(b"".join(b"get-mark :%d\n" % n
+                                  for n in range(1, len(self._steps) + 1)))
+            stream.seek(0)
+            # one pack, not a loose file (and a folder) per object: fewer files to write,
+            # and to remove with a scratch tree
+            out = _run("-c", "fastimport.unpackLimit=0", "fast-import", "--quiet", "--force",
+                       "--date-format=raw", cwd=self.repo, input=stream)
+        made = out.split()
+        want = [sha for sha, _text, _changes in self._steps]
+        if made != want:
+            raise GitError(["git", "fast-import"], 1, f"{self.repo}: fast-import made "
+                           f"{made} where {want} was made in-process")
+        with self._deadline():
+            moved = [p for p, before in self._at_written.items() if before != self._entry(p)]
+        if moved:
+            _run("update-index", "--add", "--remove", "-z", "--stdin", cwd=self.repo,
+                 input=b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in moved))
+        self._written, self._steps, self._at_written = self.tip, [], {}
 
 
-def _change(path: str, raw: list[str]) -> bytes:
-    """A fast-import file change from a ``diff-index --raw`` entry (old mode, new mode, old
-    blob, new blob, status)."""
-    _old_mode, new_mode, _old, new, status = raw
-    line = f"D {_quoted(path)}\n" if status == "D" else f"M {new_mode} {new} {_quoted(path)}\n"
-    return line.encode("utf-8", "surrogateescape")
+_WHEN = "946684800 +0000"   # IDENTITY's date, as a commit records it
+
+
+def _object_id(kind: bytes, data: bytes) -> bytes:
+    """The binary id git gives an object of ``kind`` holding ``data``."""
+    return hashlib.sha1(b"%s %d\0%s" % (kind, len(data), data)).digest()
+
+
+def _tree_entries(data: bytes) -> dict[bytes, tuple[bytes, bytes]]:
+    """A tree object's entries: name -> (mode, binary id), in its order."""
+    out: dict[bytes, tuple[bytes, bytes]] = {}
+    at = 0
+    while at < len(data):
+        space = data.index(b" ", at)
+        nul = data.index(b"\0", space)
+        out[data[space + 1:nul]] = (data[at:space], data[nul + 1:nul + 21])
+        at = nul + 21
+    return out
+
+
+def _work_file(full: Path) -> tuple[bytes | None, bytes]:
+    """A work-tree file's mode as git records it and its bytes (a link: its target); mode
+    None when there is no file."""
+    try:
+        st = os.lstat(full)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, b""
+    if stat.S_ISLNK(st.st_mode):
+        return b"120000", os.fsencode(os.readlink(full))
+    if not stat.S_ISREG(st.st_mode):
+        return None, b""
+    return (b"100755" if st.st_mode & 0o100 else b"100644"), full.read_bytes()
+
+
+def _files_under(root: Path, paths: Iterable[str]) -> list[str]:
+    """``paths``, each folder among them replaced by the files under it (as ``git add``
+    takes a folder)."""
+    out: list[str] = []
+    for path in dict.fromkeys(paths):
+        full = root / path
+        if full.is_dir() and not full.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(full):
+                dirnames[:] = sorted(d for d in dirnames if d != ".git")
+                rel = Path(dirpath).relative_to(root).as_posix()
+                out += [f"{rel}/{f}" for f in sorted(filenames)]
+        else:
+            out.append(path)
+    return out
 
 
 def _stripspace(message: str) -> str:

@@ -110,7 +110,6 @@ class Outcome:
     files: list[str] = field(default_factory=list)
     offsets: list[Offset] = field(default_factory=list)
     hunk: Hunk | None = None
-    staged: bool = False   # the applier staged its own changes (deletions included)
     in_the_way: list[InTheWay] = field(default_factory=list)
     # no author's code ran: the applier wrote ``files`` and nothing else (a kept result)
     wrote_only_files: bool = False

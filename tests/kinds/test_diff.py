@@ -41,8 +41,10 @@ def test_applies_exactly(tree, tmp_path):
     out = diffapply.apply_file(write(tmp_path, make_diff(BASE, CHANGED, "pkg/mod.py")), tree)
     assert (out.status, out.reason, out.offsets) == ("applied", None, [])
     assert "y = 20" in (tree / "pkg/mod.py").read_text()
-    # staged, so the engine can commit exactly what the diff did
-    assert sh("git", "diff", "--cached", "--name-only", cwd=tree) == "pkg/mod.py"
+    # in the work tree alone, and named, so the engine commits exactly what the diff did
+    assert out.files == ["pkg/mod.py"]
+    assert sh("git", "diff", "--name-only", cwd=tree) == "pkg/mod.py"
+    assert sh("git", "diff", "--cached", "--name-only", cwd=tree) == ""
 
 
 def test_offset_is_applied_and_reported(tree, tmp_path):

@@ -102,6 +102,12 @@ def test_keep_failed_keeps_scratch(tmp_path):
     kept = Path(report.keep_failed)
     assert kept.is_dir() and (kept / "pkg/extra.py").exists()
     assert not (tmp_path / "wd").exists()
+    # after the failed patch: one commit for the patch that applied, the index at it
+    log = sh("git", "log", "--format=%H %s", "patchkit/base..patchkit/applied", cwd=kept)
+    assert [line.split(" ", 2)[1:2] for line in log.splitlines()] == [["patchkit:"]]
+    assert log.split()[0] == report.patches[2].commit == sh("git", "rev-parse", "HEAD", cwd=kept)
+    assert "extra-file" in log
+    assert sh("git", "status", "--porcelain", "--untracked-files=all", cwd=kept) == ""
 
 
 def test_offset_is_reported(tmp_path):
@@ -389,3 +395,22 @@ def test_diffs_on_distinct_files_make_the_commits_git_makes_one_by_one(tmp_path)
     assert [str(o) for o in report.patches[1].offsets] == [
         "hunk 1 of pkg/b.txt at line 9 (offset +3)"]
     assert [p.commit for p in report.patches] == _one_by_one(proj, "v2", tmp_path / "git2")
+
+
+def test_a_patch_out_of_range_between_diffs_keeps_its_place(tmp_path):
+    """Diffs around a patch that is passed over (out of range) still go in as one run: the
+    skipped patch keeps its place in the report, and each diff its own commit in order."""
+    proj = _distinct_files_project(tmp_path)
+    manifest = proj / "patchset.yaml"
+    manifest.write_text(manifest.read_text().replace(
+        "    diff: patches/n.diff\n", "    diff: patches/n.diff\n    vllm: \">=9\"\n"))
+    report = apply(proj, tmp_path / "wd")
+    assert statuses(report) == [("a", "applied", None), ("b", "applied", None),
+                                ("n", "skipped", None), ("c", "applied", None),
+                                ("d", "upstream", None), ("e", "applied", None)]
+    log = sh("git", "log", "--reverse", "--format=%H %s", "patchkit/base..HEAD",
+             cwd=tmp_path / "wd").splitlines()
+    assert [line.split()[0] for line in log] == [p.commit for p in report.patches if p.commit]
+    assert [line.split()[2] for line in log] == ["a:", "b:", "c:", "e:"]
+    assert not (tmp_path / "wd/pkg/n.txt").exists()
+    assert sh("git", "status", "--porcelain", cwd=tmp_path / "wd") == ""

@@ -1,10 +1,12 @@
 """rebase-check: the series against newer vLLM releases, as a patch x release matrix.
 
 Each target is resolved once, checked out in a scratch directory and run through the same
-engine as ``apply``; targets run side by side in worker processes.  The checkout is a shared clone (the cached
-objects are borrowed, never copied) and sparse: only the files the series reads or writes (the
-diffs' files, the transforms' ``path``, the overlay files, the assertion files) are written out,
-which turns a checkout of thousands of files into one of a few.  When those files cannot all be
+engine as ``apply``; targets run side by side in worker processes.  The checkout borrows the
+cached objects (never copied, no clone: a scratch checkout needs none of the source's refs),
+its commits are made in-process and not written (their ids are in the report), and it is
+sparse: only the files the series reads or writes (the diffs' files, the transforms' ``path``,
+the overlay files, the assertion files) are written out, which turns a checkout of thousands of
+files into one of a few.  When those files cannot all be
 named up front (a diff that does not parse, a transform that does not import) the checkout is
 full, so the engine reports the failure exactly as ``apply`` would.  ``--workdir`` is never
 touched.  Renderers turn the matrix into text for a person, JSON for scripts, Markdown for a CI

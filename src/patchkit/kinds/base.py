@@ -120,8 +120,9 @@ class PatchKind(Protocol):
     def apply_together(self, fulls: Sequence[Path], target: Target) -> list[Outcome | None] | None:
         """Several patches of this kind, one after the other in the series, applied in one go:
         each one's Outcome as ``apply`` one after the other would give it, when they all go in
-        (staged).  When some would not, the tree is untouched and those are None in the list;
-        None when the kind cannot apply these together."""
+        (written to the work tree, each naming its files).  When some would not, the tree is
+        untouched and those are None in the list; None when the kind cannot apply these
+        together."""
 
     def refresh(self, patch: Patch, full: Path, tree: Path, result: PatchResult) -> str | None:
         """After it applied at an offset in a rebase: rewrite it to apply exactly; what was

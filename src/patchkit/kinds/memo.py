@@ -1,12 +1,15 @@
-"""What a transform made, kept by content: the key is the digest of everything its result can
-depend on, so a hit is the same result, never a stale one (the way ccache and Bazel key their
-caches, not by time).
+"""Results kept by content: the key is the digest of everything a result can depend on, so a
+hit is the same result, never a stale one (the way ccache and Bazel key their caches, not by
+time).  Each kind of result has its space, a folder of the cache: ``transforms/`` for what a
+transform made, ``transform-listings/`` for the classes a transform file defines and the paths
+they edit (so a kept result needs no import of the file, nor of libcst), ``assertions/`` for
+what the assertions on one file found (their key is ``series/assertions.py``'s to make).
+Entries are one JSON file each, written by rename; one that cannot be read is a miss.
 
-The key covers the transform file and every other ``.py`` file in its folder (a transform may
-load its siblings), the release version it is told, each file it reads (path and bytes, or its
-absence), and the code that runs it: patchkit's version, the bytes of the authoring API and of
-the runner, and libcst's version.  Entries live under ``<cache>/transforms/``, one JSON file
-each, written by rename; one that cannot be read is a miss.
+A transform's key covers the transform file and every other ``.py`` file in its folder (a
+transform may load its siblings), the release version it is told, each file it reads (path and
+bytes, or its absence), and the code that runs it: patchkit's version, the bytes of the
+authoring API and of the runner, and libcst's version.
 """
 
 from __future__ import annotations
@@ -17,70 +20,70 @@ import os
 import tempfile
 from pathlib import Path
 
-import libcst
-
 from patchkit import __version__
 from patchkit.cache import cache_dir
 from patchkit.report import Outcome, Reason, Status
 
 FORMAT = "patchkit-transform-memo/1"
+LISTING = "patchkit-transform-listing/1"
 LIMIT = 64 << 20   # an entry is a few release files; a larger one is not ours
 _RUNNER = [Path(__file__).with_name("transform.py"),
            Path(__file__).resolve().parents[1] / "transform.py"]
+_LANGUAGES = Path(__file__).resolve().parents[1] / "syntax" / "__init__.py"
 
 
-def _folder() -> Path | None:
-    try:
-        folder = cache_dir() / "transforms"
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
-    except OSError:
-        return None   # no cache: every run computes
+def _folder(space: str) -> Path | None:
+    """``space``'s folder in the cache, made once per process and cache setting."""
+    setting = (space, os.environ.get("PATCHKIT_CACHE_DIR"))
+    if setting not in _made:
+        try:
+            folder = cache_dir() / space
+            folder.mkdir(parents=True, exist_ok=True)
+            _made[setting] = folder
+        except OSError:
+            return None   # no cache: every run computes
+    return _made[setting]
 
 
-def key(py_file: Path, inputs: dict[str, str | None], version) -> str:
-    h = hashlib.sha256()
-
-    def add(label: str, data: bytes) -> None:
-        h.update(f"{label}\0{len(data)}\0".encode())
-        h.update(data)
-
-    add("format", FORMAT.encode())
-    add("patchkit", __version__.encode())
-    add("libcst", getattr(libcst, "__version__", "?").encode())
-    for runner in _RUNNER:
-        add("runner", runner.read_bytes() if runner.is_file() else b"")
-    add("transform", py_file.read_bytes())
-    for sibling in sorted(py_file.parent.glob("*.py")):
-        if sibling.name != py_file.name:
-            add(f"sibling {sibling.name}", sibling.read_bytes())
-    add("version", str(version).encode())
-    for path, text in inputs.items():
-        add(f"input {path}", b"\0missing" if text is None else text.encode("utf-8"))
-    return h.hexdigest()
+_made: dict[tuple[str, str | None], Path] = {}
 
 
-def get(digest: str) -> tuple[Outcome, dict[str, str]] | None:
-    folder = _folder()
+class Digest:
+    """A key being made: each part labelled and length-prefixed, so no two lists of parts
+    give the same key."""
+
+    def __init__(self, form: str) -> None:
+        self._h = hashlib.sha256()
+        self.add("format", form.encode())
+        self.add("patchkit", __version__.encode())
+
+    def add(self, label: str, data: bytes) -> None:
+        self._h.update(f"{label}\0{len(data)}\0".encode())
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def kept(space: str, digest: str) -> object | None:
+    """The JSON value kept in ``space`` under ``digest``, or None."""
+    folder = _folder(space)
     if folder is None:
         return None
     try:
         with open(folder / f"{digest}.json", "rb") as fh:
-            data = json.loads(fh.read(LIMIT))
-        reason = data["reason"]
-        outcome = Outcome(Status(data["status"]), None if reason is None else Reason(reason),
-                          data["message"])
-        return outcome, dict(data["texts"])
-    except (OSError, ValueError, KeyError, TypeError):
+            return json.loads(fh.read(LIMIT))
+    except (OSError, ValueError):
         return None
 
 
-def put(digest: str, outcome: Outcome, texts: dict[str, str]) -> None:
-    folder = _folder()
+def keep(space: str, digest: str, value: object) -> None:
+    """Keep the JSON value ``value`` in ``space`` under ``digest`` (a full disk, or a value
+    too large, costs a recompute next time, nothing else)."""
+    folder = _folder(space)
     if folder is None:
         return
-    data = json.dumps({"status": outcome.status, "reason": outcome.reason,
-                       "message": outcome.message, "texts": texts}).encode()
+    data = json.dumps(value).encode()
     if len(data) > LIMIT:
         return
     tmp = None
@@ -90,5 +93,66 @@ def put(digest: str, outcome: Outcome, texts: dict[str, str]) -> None:
             fh.write(data)
         os.replace(tmp, folder / f"{digest}.json")
     except OSError:
-        if tmp is not None:   # a full disk costs a recompute next time, nothing else
+        if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+
+
+def key(py_file: Path, inputs: dict[str, str | None], version) -> str:
+    """The key of what the transform ``py_file`` makes of ``inputs`` at ``version``."""
+    h = Digest(FORMAT)
+    h.add("libcst", _libcst_version().encode())
+    _code(h, py_file)
+    h.add("version", str(version).encode())
+    for path, text in inputs.items():
+        h.add(f"input {path}", b"\0missing" if text is None else text.encode("utf-8"))
+    return h.hexdigest()
+
+
+def listing_key(py_file: Path) -> str:
+    """The key of what the transform file ``py_file`` defines (its classes and their paths):
+    its code, and the table of languages its classes are checked against."""
+    h = Digest(LISTING)
+    h.add("languages", _LANGUAGES.read_bytes() if _LANGUAGES.is_file() else b"")
+    _code(h, py_file)
+    return h.hexdigest()
+
+
+def _code(h: Digest, py_file: Path) -> None:
+    """The runner, the transform file and every other ``.py`` file beside it."""
+    for runner in _RUNNER:
+        h.add("runner", runner.read_bytes() if runner.is_file() else b"")
+    h.add("transform", py_file.read_bytes())
+    for sibling in sorted(py_file.parent.glob("*.py")):
+        if sibling.name != py_file.name:
+            h.add(f"sibling {sibling.name}", sibling.read_bytes())
+
+
+_versions: dict[str, str] = {}
+
+
+def _libcst_version() -> str:
+    """libcst's version as installed, without importing it."""
+    if "libcst" not in _versions:
+        from importlib import metadata
+
+        try:
+            _versions["libcst"] = metadata.version("libcst")
+        except metadata.PackageNotFoundError:
+            _versions["libcst"] = "?"
+    return _versions["libcst"]
+
+
+def get(digest: str) -> tuple[Outcome, dict[str, str]] | None:
+    data = kept("transforms", digest)
+    try:
+        reason = data["reason"]  # type: ignore[index]
+        outcome = Outcome(Status(data["status"]), None if reason is None else Reason(reason),
+                          data["message"])  # type: ignore[index]
+        return outcome, dict(data["texts"])   # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def put(digest: str, outcome: Outcome, texts: dict[str, str]) -> None:
+    keep("transforms", digest, {"status": outcome.status, "reason": outcome.reason,
+                                "message": outcome.message, "texts": texts})

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import libcst as cst
-import libcst.matchers as m
+from typing import TYPE_CHECKING
+
 from packaging.version import Version
 
 from patchkit import paths, syntax
@@ -46,6 +46,17 @@ from patchkit.kinds import memo
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume
 from patchkit.report import Outcome, PatchResult, Reason, Status
+
+if TYPE_CHECKING:
+    import libcst as cst
+    import libcst.matchers as m
+
+
+def _cst():
+    """libcst, imported when a transform runs: a result kept by content needs none."""
+    import libcst
+
+    return libcst
 
 
 class AnchorError(Exception):
@@ -98,6 +109,7 @@ class Transform:
     # -- how the runner reads and checks this kind of file -------------------------------------
     @classmethod
     def read(cls, text: str) -> cst.Module:
+        cst = _cst()
         try:
             return cst.parse_module(text)
         except cst.ParserSyntaxError as exc:
@@ -105,7 +117,7 @@ class Transform:
 
     @classmethod
     def written(cls, result: object) -> str | None:
-        return result.code if isinstance(result, cst.Module) else None
+        return result.code if isinstance(result, _cst().Module) else None
 
     @classmethod
     def check_result(cls, before: str, text: str) -> None:
@@ -118,7 +130,9 @@ class Transform:
     @staticmethod
     def find(tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> Sequence[cst.CSTNode]:
         """Every node under ``tree`` (itself included) that ``matcher`` matches."""
-        return m.findall(tree, matcher)
+        import libcst.matchers
+
+        return libcst.matchers.findall(tree, matcher)
 
     @classmethod
     def has(cls, tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
@@ -142,7 +156,7 @@ class Transform:
         for name in dotted.split("."):
             walked.append(name)
             body = _body_of(node)
-            hits = [s for s in body if isinstance(s, (cst.ClassDef, cst.FunctionDef))
+            hits = [s for s in body if isinstance(s, (_cst().ClassDef, _cst().FunctionDef))
                     and s.name.value == name]
             if not hits:
                 raise AnchorMissingError(f"anchor not found: {'.'.join(walked)}")
@@ -241,7 +255,7 @@ def _language(path: str):
 
 
 def _body_of(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
-    if isinstance(node, cst.Module):
+    if isinstance(node, _cst().Module):
         return node.body
     body = getattr(node, "body", None)
     inner = getattr(body, "body", None)
@@ -348,24 +362,29 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Ou
     A transform is a pure function of its code and the files it reads, so its result is kept
     in the cache under the digest of both (``memo``): the same transform on the same release
     file writes the same bytes without parsing them again (a matrix over eight releases runs
-    each transform once per distinct file)."""
+    each transform once per distinct file), and without importing the transform file when
+    what it defines is kept too (``listed``)."""
     try:
-        classes = load_transforms(py_file)
+        listing, pure, classes = listed(py_file)
     except TransformLoadError as exc:
         return Outcome(Status.FAILED, Reason.ERROR, str(exc))
-    files = list(dict.fromkeys(cls.path for cls in classes))
+    files = list(dict.fromkeys(path for _name, path in listing))
     inputs: dict[str, str | None] = {}
-    for cls in classes:
+    for name, path in listing:
         try:
-            target = paths.safe_join(root, cls.path)
+            target = paths.safe_join(root, path)
         except paths.UnsafePathError as exc:
-            return Outcome(Status.FAILED, Reason.UNSAFE_PATH, f"{cls.__name__}: {exc}", files)
-        if cls.path not in inputs:
-            inputs[cls.path] = target.read_text(encoding="utf-8") if target.is_file() else None
-    pure = all(cls.pure for cls in classes)
+            return Outcome(Status.FAILED, Reason.UNSAFE_PATH, f"{name}: {exc}", files)
+        if path not in inputs:
+            inputs[path] = target.read_text(encoding="utf-8") if target.is_file() else None
     key = memo.key(py_file, inputs, version) if pure else None
     kept = memo.get(key) if key else None
     if kept is None:
+        if classes is None:
+            try:
+                classes = load_transforms(py_file)
+            except TransformLoadError as exc:
+                return Outcome(Status.FAILED, Reason.ERROR, str(exc))
         outcome, pending = _transformed(classes, inputs, version)
         if key and (outcome.status is not Status.FAILED
                     or outcome.reason in (Reason.ANCHOR_MISSING, Reason.AMBIGUOUS_ANCHOR)):
@@ -377,6 +396,30 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Ou
     for rel, text in pending.items():
         paths.safe_join(root, rel).write_text(text, encoding="utf-8")
     return outcome
+
+
+LISTINGS = "transform-listings"
+
+
+def listed(py_file: Path) -> tuple[list[tuple[str, str]], bool, list[type[Transform]] | None]:
+    """What ``py_file`` defines: ``(class name, path)`` of each Transform class in running
+    order, whether every one is ``pure``, and the classes when they had to be imported.  The
+    listing of a file whose classes are all pure is kept by content (``memo.listing_key``);
+    TransformLoadError when the file must be imported and cannot be."""
+    key = memo.listing_key(py_file)
+    data = memo.kept(LISTINGS, key)
+    try:
+        listing = [(str(name), str(path)) for name, path in data]   # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        listing = []
+    if listing:
+        return listing, True, None
+    classes = load_transforms(py_file)
+    listing = [(cls.__name__, cls.path) for cls in classes]
+    pure = all(cls.pure for cls in classes)
+    if pure:
+        memo.keep(LISTINGS, key, listing)
+    return listing, pure, classes
 
 
 def _transformed(classes: Sequence[type[Transform]], inputs: dict[str, str | None],
@@ -402,12 +445,31 @@ def _transformed(classes: Sequence[type[Transform]], inputs: dict[str, str | Non
     return Outcome(Status.APPLIED, None, ""), pending
 
 
+def _read(cls: type[Transform], text: str):
+    """``cls.read(text)``, once per text for the classes that read files patchkit's way: the
+    transforms of a release that edit one file share its parse (libcst's nodes and a Span
+    never change; a transform returns new ones).  A class with its own ``read`` reads alone."""
+    how = getattr(cls.read, "__func__", None)
+    if how not in _OWN_READS:
+        return cls.read(text)
+    key = (how, text)
+    if key not in _parses:
+        if len(_parses) >= 16:
+            del _parses[next(iter(_parses))]
+        _parses[key] = cls.read(text)
+    return _parses[key]
+
+
+_parses: dict[tuple[object, str], object] = {}
+_OWN_READS = (Transform.read.__func__, CxxTransform.read.__func__)  # type: ignore[attr-defined]
+
+
 def _run_one(cls: type[Transform], source: str, version: Version | None
              ) -> str | None | Outcome:
     """New text, ``None`` when already applied, or a failed outcome."""
     label = f"{cls.__name__} ({cls.path})"
     try:
-        before = cls.read(source)
+        before = _read(cls, source)
     except ReadError as exc:
         return Outcome(Status.FAILED, Reason.ERROR, f"{label}: cannot parse: {exc}")
     instance = cls(version)
@@ -429,7 +491,7 @@ def _run_one(cls: type[Transform], source: str, version: Version | None
                                 "does not hold")
     try:
         cls.check_result(source, text)
-        reparsed = cls.read(text)
+        reparsed = _read(cls, text)
     except ReadError as exc:
         return Outcome(Status.FAILED, Reason.ERROR, f"{label}: result does not compile: {exc}")
     try:
@@ -460,7 +522,7 @@ class TransformKind:
 
     def touched(self, full: Path) -> list[str]:
         try:
-            return [cls.path for cls in load_transforms(full)]
+            return [path for _name, path in listed(full)[0]]
         except TransformLoadError as exc:
             raise KindError(str(exc)) from None
 

@@ -111,7 +111,7 @@ class _Loader:
     def load(self) -> Manifest:
         try:
             try:
-                document = self.yaml.get_single_node()
+                document = self._document()
             except yaml.MarkedYAMLError as exc:
                 mark = exc.problem_mark or exc.context_mark
                 problem = exc.problem or "invalid YAML"
@@ -140,6 +140,23 @@ class _Loader:
                 raise ManifestError("YAML nested too deeply to read", path=self.given) from None
         finally:
             self.yaml.dispose()
+
+    def _document(self) -> yaml.Node | None:
+        """The document's node, composed by libyaml where PyYAML has it (several times
+        faster); a document libyaml refuses is composed again by the pure parser, whose
+        errors say what is wrong as they always did."""
+        fast = getattr(yaml, "CSafeLoader", None)
+        if fast is not None:
+            loader = fast(self.text)
+            try:
+                node = loader.get_single_node()
+            except (yaml.YAMLError, RecursionError):
+                loader.dispose()
+            else:
+                self.yaml.dispose()
+                self.yaml = loader
+                return node
+        return self.yaml.get_single_node()
 
     def value(self, node: yaml.Node) -> object:
         """The Python value of a scalar node (strings, numbers, booleans, null, dates)."""

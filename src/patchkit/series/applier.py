@@ -53,11 +53,13 @@ def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
               version: str | None, mirror: Path | None = None, *, package: str = VLLM.name,
               found: Mapping[str, str | None] | None = None,
-              tops: Sequence[str] = ()) -> PatchResult:
+              tops: Sequence[str] = (), commits: g.Commits | None = None) -> PatchResult:
     """Apply one patch to the checkout of ``package`` at ``root`` and commit it; never raises
     for a bad patch.  Its ranges are judged on ``found`` (package name -> version; default: the
     one ``version`` of ``package``); with ``tops`` (the package's import folders) a patch
-    touching a path outside them fails as ``unsafe-path``."""
+    touching a path outside them fails as ``unsafe-path``.  With ``commits`` (the run's
+    in-process commits on ``root``) the commit is made there, and written out with the
+    others; without, by git at once."""
     if patch.package != package:   # ``root`` is another package's tree
         return _result(patch, Status.SKIPPED, message=f"it patches {patch.package}, which has no "
                                                  "checkout in this run")
@@ -75,28 +77,32 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
         out = kind.apply(patch, manifest.root / patch.path,
                          kinds.Target(root, base_commit, version, mirror))
     except OSError as exc:
-        _reset(root)
+        _reset(root, commits)
         return _result(patch, Status.FAILED, Reason.ERROR, message=f"{exc}")
     result = _outcome_result(patch, out)
     if not (kind.writes_only_named or out.wrote_only_files) and out.status in (Status.APPLIED,
                                                                                Status.UPSTREAM):
         # What it did not name would be left out of the commit yet ride along in the workdir.
+        if commits is not None:
+            commits.write()   # git's view of the tree is the commits so far
         stray = [p for p in g.dirty_paths(root) if p not in out.files]
         if stray:
-            _reset(root)
+            _reset(root, commits)
             shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
             return PatchResult(patch.id, patch.kind, Status.FAILED, Reason.UNSAFE_PATH, None,
                                out.files,
                                f"it changed files it does not name: {shown}",
                                package=patch.package)
-    if out.status is Status.APPLIED and not (out.files or out.staged):
+    if out.status is Status.APPLIED and not out.files:
         pass  # it changes the image, not the checkout (an artifact): nothing to commit
     elif out.status is Status.APPLIED:
-        result.commit = g.commit_all(root, commit_message(patch), [] if out.staged else out.files)
+        message = commit_message(patch)
+        result.commit = commits.commit(message, out.files) if commits is not None else \
+            g.commit_all(root, message, out.files)
         if result.commit is None:  # wrote bytes identical to what was there
             result.status, result.message = Status.UPSTREAM, "the tree already has this change"
     elif out.status is Status.FAILED:
-        _reset(root)
+        _reset(root, commits)
     return result
 
 
@@ -106,7 +112,7 @@ def _outcome_result(patch: Patch, out: Outcome) -> PatchResult:
                        package=patch.package)
 
 
-def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree,
+def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree, commits: g.Commits,
               alone: Callable[[Patch], PatchResult], *, again: bool = True
               ) -> Iterator[PatchResult]:
     """``run`` (patches of one kind, each in range and inside its package's folders) applied
@@ -128,7 +134,7 @@ def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree,
         between: list[Patch] = []
         for p, out in [*zip(run, outs), (None, None)]:
             if out is None:
-                yield from (_together(manifest, between, tree, alone, again=False)
+                yield from (_together(manifest, between, tree, commits, alone, again=False)
                             if len(between) > 1 else map(alone, between))
                 between = []
                 if p is not None:
@@ -136,14 +142,9 @@ def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree,
             else:
                 between.append(p)
         return
-    made = g.commit_staged(tree.root, [(commit_message(p), o.files) for p, o in zip(run, outs)])
-    if made is None:
-        _reset(tree.root)
-        yield from map(alone, run)
-        return
-    for p, out, commit in zip(run, outs, made):
+    for p, out in zip(run, outs):
         result = _outcome_result(p, out)
-        result.commit = commit
+        result.commit = commit = commits.commit(commit_message(p), out.files)
         if commit is None:  # wrote bytes identical to what was there
             result.status, result.message = Status.UPSTREAM, "the tree already has this change"
         yield result
@@ -220,8 +221,11 @@ def package_tops(resolved: source.Resolved, package: source.PackageId) -> tuple[
     return tuple(g.package_folders(resolved.repo, resolved.commit))
 
 
-def _reset(root: Path) -> None:
-    """Throw away whatever a failed patch left in the scratch tree."""
+def _reset(root: Path, commits: g.Commits | None = None) -> None:
+    """Throw away whatever a failed patch left in the scratch tree (the commits before it
+    written out first)."""
+    if commits is not None:
+        commits.write()
     g.discard_changes(root, check=False)
 
 
@@ -241,16 +245,21 @@ class Tree:
     root: Path
     resolved: source.Resolved
     tops: tuple[str, ...] = ()   # its import folders, for a package other than vLLM
+    # the checkout outlives the run (apply's): its commits are written into it, the branch
+    # and tag patchkit/applied at the last; a scratch checkout removed after the run gets the
+    # same commit ids in its report, and nothing written that no one would read
+    keep: bool = True
 
 
 def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress | None = None,
               patches: Sequence[Patch] | None = None, variant=variants.EVERY, *,
               pins: Mapping[str, source.Resolved] | None = None,
               vllm: source.Resolved | None = None) -> ApplyReport:
-    """Apply the series, each patch to its package's tree of ``trees``, and run every
-    assertion against the tree of its package.  Ranges are judged on the versions of ``pins``
-    (every pinned package of the run; default: those of ``trees``).  A patch whose package has
-    no tree is skipped.  ``vllm`` is vLLM's pin when it has no tree."""
+    """Apply the series, each patch to its package's tree of ``trees`` with one commit per
+    patch that changed it, and run every assertion against the tree of its package.  Ranges
+    are judged on the versions of ``pins`` (every pinned package of the run; default: those
+    of ``trees``).  A patch whose package has no tree is skipped.  ``vllm`` is vLLM's pin when
+    it has no tree."""
     progress = progress or Progress()
     pins = {n: t.resolved for n, t in trees.items()} if pins is None else pins
     at = trees[VLLM.name].resolved if VLLM.name in trees else vllm or pins[VLLM.name]
@@ -260,9 +269,15 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
                                       t.resolved.source) for n, t in trees.items()}
     found = {n: r.version for n, r in pins.items()}
     series = list(manifest.patches if patches is None else patches)
-    for result in _applied(manifest, series, trees, variant, found):
-        report.patches.append(result)
-        progress.patch(result)
+    with ExitStack() as held:
+        # one commit per patch, made in-process; each tree's written out once, at the end
+        commits = {n: held.enter_context(g.Commits(t.root)) for n, t in trees.items()}
+        for result in _applied(manifest, series, trees, variant, found, commits):
+            report.patches.append(result)
+            progress.patch(result)
+        for name, tree in trees.items():
+            if tree.keep:
+                commits[name].write(tag=applied.APPLIED_TAG)
     for name, tree in trees.items():
         active = [p for p, r in zip(series, report.patches)
                   if r.status is not Status.SKIPPED and p.package == name]
@@ -276,15 +291,15 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
             a = failed_by[r.id]
             r.status, r.reason = Status.FAILED, Reason.ASSERTION
             r.message = f"{a.location()}: {a.message}"
-    for tree in trees.values():
-        g.tag(tree.root, applied.APPLIED_TAG, "HEAD")
     return report
 
 
 def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tree], variant,
-             found: Mapping[str, str | None]) -> Iterator[PatchResult]:
+             found: Mapping[str, str | None], commits: Mapping[str, g.Commits]
+             ) -> Iterator[PatchResult]:
     """Each patch's result, in order, applied to its package's tree.  A run of patches of one
-    kind and package that no check refuses goes in together when its kind can do that."""
+    kind and package that no check refuses goes in together when its kind can do that; the
+    patches between them that are passed over (out of range, left out) do not end it."""
     def alone(patch: Patch) -> PatchResult:
         interrupt.check()
         tree = trees.get(patch.package)
@@ -296,22 +311,33 @@ def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tr
                                                      "no checkout in this run")
         return apply_one(manifest, patch, tree.root, tree.resolved.commit,
                          tree.resolved.version, tree.resolved.repo, package=patch.package,
-                         found=found, tops=tree.tops)
+                         found=found, tops=tree.tops, commits=commits[patch.package])
+
+    def passed(patch: Patch) -> bool:   # judged without touching any tree
+        return _goes_alone(manifest, patch, trees.get(patch.package), variant, found)
 
     at = 0
     while at < len(series):
         patch, tree = series[at], trees.get(series[at].package)
         end = at + 1
-        if not _goes_alone(manifest, patch, tree, variant, found):
-            while end < len(series) and series[end].kind == patch.kind and \
-                    series[end].package == patch.package and \
-                    not _goes_alone(manifest, series[end], tree, variant, found):
-                end += 1
-        if end - at > 1:
+        if not passed(patch):
+            # the run goes on past patches that are passed over (out of range, left out),
+            # which take their place in the results as they would alone
+            scan = at + 1
+            while scan < len(series) and (passed(series[scan]) or (
+                    series[scan].kind == patch.kind and series[scan].package == patch.package)):
+                scan += 1
+                if not passed(series[scan - 1]):
+                    end = scan
+        span = series[at:end]
+        run = [p for p in span if not passed(p)]
+        if len(run) > 1:
             interrupt.check()
-            yield from _together(manifest, series[at:end], tree, alone)
+            together = _together(manifest, run, tree, commits[patch.package], alone)
+            for p in span:
+                yield alone(p) if passed(p) else next(together)
         else:
-            yield alone(patch)
+            yield from map(alone, span)
         at = end
 
 

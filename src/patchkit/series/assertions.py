@@ -12,11 +12,13 @@ found and say what is there, so a renamed method or a moved call is a one-look f
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit import paths
+from patchkit.kinds import memo
 from patchkit.manifest.model import Assertion, Patch
 from patchkit.report import AssertionResult
 from patchkit import syntax
@@ -59,9 +61,49 @@ def tree_reader(root: Path) -> Reader:
 
 
 def run_assertions(patches: Iterable[Patch], read: Reader) -> list[AssertionResult]:
-    """Every assertion of every patch, in order; each file is read and parsed once."""
+    """Every assertion of every patch, in order; each file is read and parsed once.  What the
+    assertions on one file found is kept by content (``kinds.memo``, space ``assertions``): the
+    same file, the same assertions and the same judging code give the same results without a
+    parse (a matrix meets the same file in many releases, and every run meets it again)."""
     files = _Files(read)
-    return [_check(patch.id, assertion, files) for patch in patches for assertion in patch.verify]
+    checks = [(patch.id, assertion) for patch in patches for assertion in patch.verify]
+    by_file: dict[str, list[int]] = {}
+    for n, (_id, assertion) in enumerate(checks):
+        by_file.setdefault(assertion.file, []).append(n)
+    results: list[AssertionResult | None] = [None] * len(checks)
+    for rel, at in by_file.items():
+        mine = [checks[n] for n in at]
+        key = files.key(rel, mine)
+        found = _kept(key, len(mine)) if key else None
+        if found is None:
+            found = [_check(patch_id, assertion, files) for patch_id, assertion in mine]
+            if key:
+                memo.keep(SPACE, key, [r.to_dict() for r in found])
+        for n, result in zip(at, found):
+            results[n] = result
+    return [r for r in results if r is not None]
+
+
+SPACE = "assertions"
+FORMAT = "patchkit-assertions/1"
+# the code that judges: this module and the languages
+_JUDGES = [Path(__file__), *sorted(Path(syntax.__file__).parent.glob("*.py"))]
+_judges: list[bytes] = []
+
+
+def _kept(key: str, count: int) -> list[AssertionResult] | None:
+    data = memo.kept(SPACE, key)
+    try:
+        found = [AssertionResult.from_dict(d) for d in data]   # type: ignore[union-attr]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return found if len(found) == count else None
+
+
+def _spec(assertion: Assertion) -> list:
+    """What an assertion asks, without where the manifest says it."""
+    inner = _spec(assertion.negated) if assertion.negated is not None else None
+    return [assertion.file, assertion.scope, assertion.predicate, assertion.value, inner]
 
 
 # ------------------------------------------------------------------------------------ files
@@ -70,6 +112,7 @@ class _Files:
     def __init__(self, read: Reader) -> None:
         self.read = read
         self.cache: dict[str, object] = {}
+        self.texts: dict[str, str | Unusable] = {}
         self.lines: dict[str, list[int]] = {}
 
     def changed(self, rel: str) -> list[int]:
@@ -83,12 +126,30 @@ class _Files:
                 self.lines[rel] = []
         return self.lines[rel]
 
-    def parse(self, rel: str, language: Language) -> object:
-        if rel not in self.cache:
-            self.cache[rel] = self._parse(rel, language)
-        return self.cache[rel]
+    def key(self, rel: str, checks: list[tuple[str, Assertion]]) -> str | None:
+        """The digest of everything the results of ``checks`` on ``rel`` depend on; None when
+        the file cannot be read (then they are not kept)."""
+        text = self.text(rel)
+        if isinstance(text, Unusable):
+            return None
+        language = syntax.for_file(rel)
+        if not _judges:
+            _judges.extend(p.read_bytes() for p in _JUDGES)
+        h = memo.Digest(FORMAT)
+        for code in _judges:
+            h.add("judge", code)
+        h.add("language", f"{language.name} {language.engine}".encode())
+        h.add("file", rel.encode())
+        h.add("text", text.encode("utf-8", "surrogateescape"))
+        h.add("checks", json.dumps([[i, _spec(a)] for i, a in checks]).encode())
+        return h.hexdigest()
 
-    def _parse(self, rel: str, language: Language) -> object:
+    def text(self, rel: str) -> str | Unusable:
+        if rel not in self.texts:
+            self.texts[rel] = self._read(rel)
+        return self.texts[rel]
+
+    def _read(self, rel: str) -> str | Unusable:
         try:
             text = self.read(rel)
         except paths.UnsafePathError as exc:
@@ -99,7 +160,13 @@ class _Files:
             return Unusable(f"cannot read: {exc.strerror or exc}")
         if text is None:
             return Unusable("no such file")
-        return language.parse(text, rel)
+        return text
+
+    def parse(self, rel: str, language: Language) -> object:
+        if rel not in self.cache:
+            text = self.text(rel)
+            self.cache[rel] = text if isinstance(text, Unusable) else language.parse(text, rel)
+        return self.cache[rel]
 
 
 # ------------------------------------------------------------------------------------ predicates

@@ -189,9 +189,10 @@ def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path
     work = Path(tempfile.mkdtemp(prefix="at-", dir=scratch))
     try:
         tree = work / "t"
-        source.checkout(at, tree, paths)
+        source.checkout(at, tree, paths, scratch=True)
         tops = applier.package_tops(at, manifest.package(package).id)
-        report = applier.run_stack(manifest, {package: applier.Tree(tree, at, tops)},
+        scratch_tree = applier.Tree(tree, at, tops, keep=False)   # removed below
+        report = applier.run_stack(manifest, {package: scratch_tree},
                                    patches=series, pins={**(pins or {}), package: at})
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -182,9 +182,10 @@ def prove(m: Manifest, new: Sequence[NewPatch], run: RunSpec, *,
             try:
                 for name in names:
                     tree = Path(tmp) / f"t{n}" / name
-                    source.checkout(pins[name], tree, applier.needed_paths(candidate, name))
+                    source.checkout(pins[name], tree, applier.needed_paths(candidate, name),
+                                    scratch=True)
                     tops = applier.package_tops(pins[name], m.package(name).id)
-                    trees[name] = applier.Tree(tree, pins[name], tops)
+                    trees[name] = applier.Tree(tree, pins[name], tops, keep=False)
                 report = applier.run_stack(candidate, trees, variant=variant, pins=pins)
             finally:
                 shutil.rmtree(Path(tmp) / f"t{n}", ignore_errors=True)

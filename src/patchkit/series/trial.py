@@ -24,9 +24,10 @@ def run(manifest: Manifest, resolved: source.Resolved, dest: Path, *, package: s
     """The report of ``series`` (default: every patch) at ``resolved`` of ``package``, checked
     out at ``dest`` (only ``paths`` when given); ``dest`` is gone afterwards."""
     try:
-        source.checkout(resolved, dest, paths)
+        source.checkout(resolved, dest, paths, scratch=True)
         at = applier.Tree(dest, resolved,
-                          applier.package_tops(resolved, manifest.package(package).id))
+                          applier.package_tops(resolved, manifest.package(package).id),
+                          keep=False)
         return applier.run_stack(manifest, {package: at}, patches=series, variant=variant,
                                  pins={**others, package: resolved})
     finally:

@@ -143,8 +143,9 @@ def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None,
                          log, f"no source could list {package.label} releases")
 
 
-def checkout(resolved: Resolved, dest: Path, paths: Sequence[str] | None = None) -> None:
+def checkout(resolved: Resolved, dest: Path, paths: Sequence[str] | None = None, *,
+             scratch: bool = False) -> None:
     """Check ``resolved.commit`` out at ``dest`` (new), sharing the mirror's objects; only
-    ``paths`` when given."""
-    g.clone_shared(resolved.repo, dest, resolved.commit, paths)
-    g.tag(dest, BASE_TAG, resolved.commit)
+    ``paths`` when given.  A ``scratch`` checkout, removed after the run, holds none of the
+    mirror's branches and tags (only its own branch and tag ``patchkit/base``)."""
+    g.clone_shared(resolved.repo, dest, resolved.commit, paths, tag=BASE_TAG, refs=not scratch)

@@ -56,6 +56,7 @@ class Language(Protocol):
     predicates: tuple[str, ...]  # the predicate words it judges ("not" aside)
     file_label: str              # the whole file as a scope: "the module", "the file"
     compiled: bool               # its files are compiled before they run (C, C++, CUDA)
+    engine: str                  # the parser and its version (a kept result's key names it)
 
     def ready(self) -> None:
         """Load the parser now: :class:`GrammarError` when it cannot be had."""

@@ -361,6 +361,19 @@ class Cxx:
     def ready(self) -> None:
         self.grammar.parser(self.name)
 
+    @property
+    def engine(self) -> str:
+        """tree-sitter's version and the grammar's, as installed."""
+        from importlib import metadata
+
+        found = []
+        for dist in ("tree-sitter", self.grammar.dist):
+            try:
+                found.append(f"{dist} {metadata.version(dist)}")
+            except metadata.PackageNotFoundError:
+                found.append(f"{dist} absent")
+        return ", ".join(found)
+
     def scope_problem(self, scope: str) -> str | None:
         if not _QUALIFIED_RE.match(_written(scope)):
             return (f"{scope!r} is not a {self.name} name like function, Class::method or "

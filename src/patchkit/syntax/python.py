@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import difflib
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from patchkit.syntax.base import Scope, Search, Unusable, listing
@@ -216,6 +217,7 @@ class Python:
     predicates = tuple(_SEARCHES)
     compiled = False  # runs from its sources
     file_label = "the module"
+    engine = f"ast of Python {sys.version}"
 
     def ready(self) -> None:
         return None  # `ast` is always there

@@ -75,9 +75,7 @@ class DiffKind:
                 f"hunk{'s' if hunks != 1 else ''}")
 
     def apply(self, patch, full: Path, target: Target) -> Outcome:
-        out = apply_file(full, target.root)
-        out.staged = True  # `git apply --index` has staged it, deletions included
-        return out
+        return apply_file(full, target.root)
 
     def apply_together(self, fulls: Sequence[Path], target: Target
                        ) -> list[Outcome | None] | None:

@@ -86,7 +86,8 @@ def _checked(diff_file: Path, root: Path) -> tuple[str, PatchSet, list[str]] | O
 
 
 def apply_file(diff_file: Path, root: Path) -> Outcome:
-    """Apply ``diff_file`` to the checkout at ``root`` (index and tree), all or nothing."""
+    """Apply ``diff_file`` to the work tree at ``root``, all or nothing; the index is not
+    touched (the caller commits the files named)."""
     checked = _checked(diff_file, root)
     if isinstance(checked, Outcome):
         return checked
@@ -99,7 +100,7 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
     seen = files if plain else _git_view(root, diff_file, files)
     if isinstance(seen, Outcome):
         return seen
-    fwd = g.apply(root, diff_file, index=True, verbose=True)
+    fwd = g.apply(root, diff_file, verbose=True)
     if fwd.ok:
         return Outcome(Status.APPLIED, None, "", seen, _offsets(fwd.stderr))
     if plain:  # the tree is as it was: the failure is told as for any diff
@@ -154,11 +155,11 @@ def apply_together(diff_files: Sequence[Path], root: Path) -> list[Outcome | Non
             return None
         seen.update(files)
         parts.append(text)
-        outcomes.append(Outcome(Status.APPLIED, None, "", files, staged=True))
+        outcomes.append(Outcome(Status.APPLIED, None, "", files))
     with tempfile.TemporaryDirectory(prefix="patchkit-diffs-") as tmp:
         joined = Path(tmp) / "together.diff"
         joined.write_text("".join(parts), encoding="utf-8", errors="surrogateescape")
-        fwd = g.apply(root, joined, index=True, verbose=True)
+        fwd = g.apply(root, joined, verbose=True)
     if not fwd.ok:
         return _in_the_way(fwd.stderr, outcomes)
     offsets = _offsets(fwd.stderr)

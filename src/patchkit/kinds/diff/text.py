@@ -9,6 +9,7 @@ resolution must not add.  Nothing here runs git: every diff patchkit writes come
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,7 +32,14 @@ def strip_prefix(path: str | None) -> str | None:
 
 
 def parse(text: str) -> PatchSet:
-    """Parse a unified diff; raise DiffParseError for anything that is not one."""
+    """Parse a unified diff; raise DiffParseError for anything that is not one.  A text is
+    parsed once per process (a matrix's workers inherit what the command parsed before them):
+    the PatchSet is shared, for reading only."""
+    return _parsed(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str) -> PatchSet:
     try:
         patch = PatchSet(text)
     except UnidiffParseError as exc:
