@@ -11,7 +11,7 @@ from testing.project import make_project
 from patchkit import manifest
 from patchkit.report import ApplyReport, Offset
 from patchkit.series import applier, checkout
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 
 def test_the_stored_report_gives_back_the_offsets_it_was_written_with(tmp_path):

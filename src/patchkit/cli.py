@@ -233,13 +233,13 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
           fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
-    from patchkit.manifest.runspec import run_spec
+    from patchkit.run import Asked
     from patchkit.render import text
 
     m = _load(manifest_path)
-    spec = run_spec(m, ref=ref, repos=repos or None, base=base, variant=variant, refs=pins,
-                    only=packages, workdir=Path(workdir))
-    report = command.run(m, spec, keep_failed=keep_failed,
+    asked = Asked(ref=ref, repos=repos or None, base=base, variant=variant, refs=pins,
+                  only=packages, workdir=Path(workdir))
+    report = command.run(m, asked, keep_failed=keep_failed,
                          progress=TextProgress(err=fmt == "json"), discard=discard)
     echo(report.to_json() if fmt == "json" else text.apply(report))
     return 0 if report.ok else 1
@@ -319,7 +319,7 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
     matrix.  Exit 1 if any patch fails anywhere."""
     from patchkit.commands import rebase_check as command
     from patchkit.errors import UsageError
-    from patchkit.manifest.runspec import run_spec
+    from patchkit.run import Asked
     from patchkit.render import matrix as render
 
     try:
@@ -327,9 +327,9 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
     except UsageError as exc:  # a flag problem reads like click's own
         raise click.UsageError(str(exc)) from None
     m = _load(manifest_path)
-    spec = run_spec(m, repos=repos or None, base=base, variant=variant, refs=pins,
-                    only=[package] if package else (), timeout=timeout)
-    result = command.run(m, spec, refs=refs, releases=releases, pre=pre, jobs=jobs,
+    asked = Asked(repos=repos or None, base=base, variant=variant, refs=pins,
+                  only=(package,) if package else (), timeout=timeout)
+    result = command.run(m, asked, refs=refs, releases=releases, pre=pre, jobs=jobs,
                          progress=TextProgress(err=True, patches=False), bisect=bisect)
     for kind, path in sinks:
         try:
@@ -417,7 +417,7 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
     Exit 0 when the patch is named, 1 when it cannot be.
     """
     from patchkit.commands import bisect_series
-    from patchkit.manifest.runspec import run_spec
+    from patchkit.run import Asked
 
     bisect_series.Flags(series=series, patch_id=patch_id, good=good, bad=bad, command=command,
                         image=image, no_daemon=no_daemon, tag=tag, base=base, pins=pins).check()
@@ -425,9 +425,8 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
         from patchkit.render.bisect import render_series
 
         m = _load(manifest_path)
-        spec = run_spec(m, repos=repos or None, variant=variant, base=base, tag=tag,
-                        timeout=timeout)
-        found = bisect_series.run(m, command, spec, image=image, no_daemon=no_daemon,
+        asked = Asked(repos=repos or None, variant=variant, base=base, tag=tag, timeout=timeout)
+        found = bisect_series.run(m, command, asked, image=image, no_daemon=no_daemon,
                                   progress=TextProgress(err=True, patches=False))
         if fmt == "json":
             echo(json.dumps(found.to_dict(), indent=2))
@@ -708,7 +707,7 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manife
     if image is not None and "://" in image:   # no image reference holds one: an ENGINE
         image, more = None, (image, *more)
     if image is None or manifest_path is not None:
-        built = command.built_image(_load(manifest_path or "patchset.yaml"))
+        built = command.built_image(_load(manifest_path or discovery.default_manifest()))
         image = image or built
     report = command.run(image, [*targets, *more],
                          # -v: what each target holds, what goes, all a failed load said
@@ -877,6 +876,21 @@ def cache_prune(older_than, manifests, wait, dry_run, fmt) -> int:
     return 0
 
 
+# The settings the core names, as the command line's options name them (the others are
+# --SETTING, underscores as dashes).
+OPTIONS = {"ref": "--vllm-ref", "repos": "--vllm-repo", "refs": "--ref", "only": "--package"}
+
+
+def _worded(origin: errors.Origin) -> str:
+    """Where a setting came from, as the command line says it: its option (``--base``), or
+    the manifest key at its line (``image.base at patchset.yaml:12``)."""
+    if origin.key is None:
+        return OPTIONS.get(origin.setting, "--" + origin.setting.replace("_", "-"))
+    if origin.path is None or not origin.line:
+        return origin.key
+    return f"{origin.key} at {discovery.shown(Path(origin.path))}:{origin.line}"
+
+
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
     args = sys.argv[1:] if argv is None else list(argv)
@@ -908,7 +922,7 @@ def main(argv: list[str] | None = None) -> int:
         from patchkit.cache import log_file
 
         code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file,
-                                            prog=prog)
+                                            prog=prog, word=_worded)
         echo(line, err=True)
         if not isinstance(exc, (errors.PatchkitError, Exception)):
             return code  # an interruption: nothing to report

@@ -24,7 +24,7 @@ from patchkit.image.docker import Engine
 from patchkit.series.checkout import Change
 from patchkit.errors import ImageError, UsageError
 from patchkit.manifest import ImageDefaults, Manifest, VllmSource, variants
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 def _summary(report):
     """``(exit code, --format json object)`` of a build-image run."""

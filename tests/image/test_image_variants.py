@@ -17,7 +17,7 @@ from patchkit.commands import build_image as bi
 from patchkit.commands.verify import verify_image
 from patchkit.errors import UsageError
 from patchkit.image.docker import Engine
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 MOD = "MODE = 'plain'\n"
 BASE = "reg:5000/vllm/base:0.27.1"

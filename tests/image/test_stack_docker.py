@@ -30,7 +30,7 @@ from patchkit.image import base as image_base
 from patchkit.image import lockfile
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.series.applier import apply_series
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]

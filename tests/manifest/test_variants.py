@@ -11,7 +11,7 @@ from testing.project import make_project
 
 from patchkit import manifest
 from patchkit.commands import rebase_check, verify
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.errors import ManifestError, UsageError
 from patchkit.manifest import variants
 from patchkit.series import applier, checkout

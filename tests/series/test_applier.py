@@ -13,7 +13,7 @@ from patchkit import git as g
 from patchkit import manifest
 from patchkit.series import applier, checkout
 from patchkit.errors import SourceError, UsageError
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 
 def load(proj: Path):

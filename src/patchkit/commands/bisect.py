@@ -11,7 +11,7 @@ from pathlib import Path
 from patchkit import source
 from patchkit.errors import UsageError
 from patchkit.manifest import Manifest, variants
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.series import applier
 from patchkit.series.bisect import (BisectResult, Oracle, between, end_names, newest_release,
                                     package_of, patch_named, ranged)

@@ -40,7 +40,8 @@ from patchkit.image import base as base_
 from patchkit.image import basevllm
 from patchkit.image.assembly import Choices, assemble, reach_registry
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.manifest.runspec import RunSpec
+from patchkit.image.docker import Engine
+from patchkit.run import Asked, RunSpec
 from patchkit.report import ApplyReport
 from patchkit.series import applier
 from patchkit.series.checkout import AppliedCheckout
@@ -289,26 +290,25 @@ class ImageMaker:
     log: Callable[[str], None]
     registry: object | None = None
     previous: dict = field(default_factory=dict)
+    held: base_.BaseStack | None = None   # the base, read once (on an engine)
 
     @classmethod
     def reach(cls, manifest: Manifest, spec: RunSpec, *, no_daemon: bool,
               log: Callable[[str], None]) -> ImageMaker:
-        """The image name checked and the engine reached, before any tree is made."""
-        name = variants.default_tag(manifest, spec.ref, None, spec.tag, spec.variant)
-        imageref.check_reference(spec.tag_option, name, digest_ok=False)
-        if spec.base is not None:
-            imageref.check_reference("--base", spec.base)
-        if not no_daemon:
-            spec.connect()
-        return cls(imageref.repository(name), spec, no_daemon, log)
+        """The image name checked and the base read once, before any tree is made (the
+        run's engine was connected by the verb)."""
+        name = spec.final_tag(manifest, spec.ref, None, spec.variant)
+        return cls(imageref.repository(name), spec, no_daemon, log,
+                   held=None if no_daemon else base_.judged(manifest, spec, spec.engine, None,
+                                                            log))
 
     @property
     def engine(self):
-        return None if self.no_daemon else self.spec.connect()
+        return None if self.no_daemon else self.spec.engine
 
     def build(self, manifest: Manifest, workdir: Path, k: int) -> str:
         tag = f"{self.repository}:bisect-{k}"
-        run = dataclasses.replace(self.spec, tag=tag, tag_given=True, workdir=workdir)
+        run = dataclasses.replace(self.spec, tag=tag, workdir=workdir)
         if self.engine is not None:
             self.previous[tag] = self.engine.tagged(tag)
         elif self.registry is None:
@@ -316,7 +316,7 @@ class ImageMaker:
         log = _Quiet(self.log).info
         report = assemble(manifest, run, Choices(push=self.no_daemon, no_daemon=self.no_daemon),
                           tree=AppliedCheckout.open(workdir), lock=None, log=log,
-                          held=base_.judged(manifest, run, self.engine, None, log),
+                          held=self.held,
                           registry=self.registry)
         return report.tag or tag
 
@@ -408,15 +408,19 @@ def _series_at(manifest: Manifest, spec: RunSpec, pins: dict
     return kept, out
 
 
-def run(manifest: Manifest, command: str, spec: RunSpec, *, image: bool = False,
+def run(manifest: Manifest, command: str, asked: Asked, *, image: bool = False,
         no_daemon: bool = False, progress: applier.Progress | None = None) -> SeriesBisect:
     """The first patch of the series (of the run's variant's build, at the pin) whose addition
     turns ``command`` from passing to failing, with every run made (each bounded by the run's
     timeout).  The command, the variant and with ``image`` the engine are checked before any
-    tree is made."""
+    tree is made; the run is made of ``asked``, with an engine when images are built on one
+    or a pin is read from a base image."""
     progress = progress or applier.Progress()
     argv = check_command(command)
-    variants.check(manifest, spec.variant)
+    variants.check(manifest, asked.variant)
+    wants = (image and not no_daemon) or asked.reads_base(manifest)
+    spec = asked.spec(manifest, Engine.connect(timeout=asked.timeout)
+                      if wants and asked.engine is None else None)
     images = None
     if image:
         images = ImageMaker.reach(manifest, spec, no_daemon=no_daemon, log=progress.info)

@@ -12,7 +12,7 @@ from patchkit.image.transfer import CopyReport, How, Log, check_compress, check_
     check_via, copy
 from patchkit.imageref import check_reference
 from patchkit.manifest import Manifest, variants
-from patchkit.manifest.runspec import tag_template
+from patchkit.run import tag_template
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 

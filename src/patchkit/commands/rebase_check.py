@@ -28,7 +28,8 @@ from patchkit import interrupt, process, source, versions
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.image import basevllm
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.manifest.runspec import RunSpec
+from patchkit.image.docker import Engine
+from patchkit.run import Asked, RunSpec, pins
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import applier
 from patchkit.series.releases import release_targets
@@ -302,7 +303,7 @@ def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:
         return resolved  # a target of unknown release: keep the order given
 
 
-def run(manifest: Manifest, spec: RunSpec, *, refs: Sequence[str] = (), releases: bool = False,
+def run(manifest: Manifest, asked: Asked, *, refs: Sequence[str] = (), releases: bool = False,
         pre: bool = False, jobs: int | None = None, progress: CheckProgress | None = None,
         bisect: bool = False) -> Matrix:
     """The targets named and, with ``releases``, every release after the pin; then the check;
@@ -312,14 +313,17 @@ def run(manifest: Manifest, spec: RunSpec, *, refs: Sequence[str] = (), releases
     engine, and only when a pin or a target needs it.  The run's package (``--package``)
     makes the targets that package's refs and the rows its patches; its pins (``--ref
     NAME=REF``) move the other packages' pins."""
-    variants.check(manifest, spec.variant)
+    variants.check(manifest, asked.variant)
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
-    package = spec.only[0] if spec.only else manifest.vllm.name
+    package = asked.only[0] if asked.only else manifest.vllm.name
     targets = list(refs)
-    pin = spec.pin(package)
+    pin = next(p for p in pins(manifest, ref=asked.ref, repos=asked.repos, refs=asked.refs)
+               if p.name == package)
     # the refs the matrix's package is taken at; every other package at its pin
     wanted = {package: targets + ([pin.ref] if releases else [])}
+    wants = asked.engine is None and asked.reads_base(manifest, wanted)
+    spec = asked.spec(manifest, Engine.connect(timeout=asked.timeout) if wants else None)
     holder = basevllm.for_run(spec, refs=wanted.get(VLLM.name), log=progress.info)
     bases = basevllm.for_packages(spec, refs=wanted, log=progress.info)
     if releases:

@@ -14,9 +14,9 @@ from patchkit.image import base as base_
 from patchkit.image import build, builders, layer
 from patchkit.image import lockfile as stack
 from patchkit.image.builders.protocol import Job
-from patchkit.imageref import Platform, check_reference
+from patchkit.imageref import Platform
 from patchkit.manifest import Manifest, variants
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.report import ApplyReport
 from patchkit.series.checkout import AppliedCheckout, is_checkout
 
@@ -97,8 +97,8 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
     ``registry``; ``held`` is the base as read before the apply (None: not read), ``lock``
     the lock the stack must match."""
     started = time.monotonic() if started is None else started
-    engine = None if choices.no_daemon else run.connect()
-    workdir = Path(run.workdir or ".")
+    engine = None if choices.no_daemon else run.engine   # the one the verb connected
+    workdir = tree.root
     base_.prove_packages(manifest, workdir, engine, held, log)
     if lock is not None:
         stack.check_packages(manifest, lock, stack.patched_packages(
@@ -108,14 +108,13 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
     choice = replace(build.choose_mode(tree.changes(), choices.mode),
                      packages=tuple(p.name for p in packages))
     _log_choice(choice, log)
-    final_tag = variants.default_tag(manifest, tree.vllm.ref, tree.vllm.version, run.tag,
-                                     tree.report.variant)
-    check_reference(run.tag_option, final_tag, digest_ok=False)
-    plat = Platform.parse(run.platform)
-    job = Job(manifest, tree, choice, plat, final_tag, run.base, choices.push, log,
+    final_tag = run.final_tag(manifest, tree.vllm.ref, tree.vllm.version, tree.report.variant)
+    plat = run.platform
+    job = Job(manifest, tree, choice, plat, final_tag, run.base, choices.push, log, run.cache,
                        engine=engine, registry=registry, max_jobs=choices.max_jobs,
                        nvcc_threads=choices.nvcc_threads, packages=packages, lock=lock,
-                       artifacts=_artifacts(manifest, tree, plat, run.cache, log))
+                       artifacts=_artifacts(manifest, tree, plat, run.cache, log),
+                       base_from=run.base_from, held=held)
     previous = engine.tagged(final_tag) if engine is not None else None
     built = builders.choose(choices.no_daemon, choice).build(job)
     digest, saved = _deliver(engine, built, final_tag, push=choices.push, save=choices.save,

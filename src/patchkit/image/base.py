@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchkit.errors import ImageError, UsageError
+from patchkit.errors import ImageError
 from patchkit.image import distinfo
 from patchkit.image import lockfile as stack
 from patchkit.image.layer import BaseImage
-from patchkit.imageref import Platform, check_reference
+from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.series import checkout
 
 Log = Callable[[str], None]
@@ -60,15 +60,13 @@ def judged(manifest: Manifest, run: RunSpec, engine, lock: stack.Lock | None,
     """The run's base read and judged before the apply: the packages' pins, ``image.requires``
     and the lock.  None when nothing asks (or no ``engine`` reads it: the registry path judges
     them on the base's layers)."""
-    if lock is not None and not run.base:
-        raise UsageError("--locked compares the base with the lock: give --base IMAGE or set "
-                         "image.base in patchset.yaml")
+    if lock is not None:
+        run.the_base("the lock is compared with the base")
     if engine is None or not run.base:
         return None
     if lock is None and not manifest.others and not manifest.image.requires:
         return None
-    check_reference("--base", run.base)
-    held = read(engine, run.base, Platform.parse(run.platform), log)
+    held = read(engine, run.base, run.platform, log)
     check(manifest, held, lock)
     return held
 

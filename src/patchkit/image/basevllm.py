@@ -1,6 +1,6 @@
 """The vLLM a base image holds, read without running it: its version and its package files.
 
-``--vllm-ref base`` pins from the installed version, ``--vllm-repo image`` takes its pristine
+vLLM's ref ``base`` pins from the installed version, its source ``image`` takes its pristine
 tree from the package files; both are served by :class:`BaseVllm`, the
 :class:`patchkit.source.Base` of an image on an engine.  :func:`for_run` decides whether a run
 needs one, and says in one line why it cannot have one.
@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 from patchkit import git as g
 from patchkit import source
-from patchkit.errors import ImageError, UsageError
+from patchkit.errors import ImageError
 from patchkit.image import distinfo, package
 from patchkit.image import base
 from patchkit.image.docker import Engine, Log
 from patchkit.image.layer import BaseImage
-from patchkit.imageref import Platform, check_reference
-from patchkit.manifest.runspec import RunSpec
+from patchkit.imageref import Platform
+from patchkit.run import RunSpec
 
 SYMLINK, EXECUTABLE, REGULAR = 0o120000, 0o100755, 0o100644
 
@@ -134,12 +134,10 @@ def for_packages(run: RunSpec, *, refs: Mapping[str, Sequence[str]] | None = Non
         or any(source.kind_of(s).reads_base for s in pin.sources))]
     if not wanted:
         return {}
-    if not run.base:
-        raise UsageError(f"{wanted[0].name}: a pin read from a base image (ref 'base', source "
-                         "'image'): give --base IMAGE or set image.base in patchset.yaml")
-    check_reference("--base", run.base)
-    engine = run.connect()
-    held = base.read(engine, run.base, Platform.parse(run.platform))
+    why = f"{wanted[0].name}: a pin read from a base image (ref 'base', source 'image')"
+    ref = run.the_base(why)
+    engine = run.the_engine(why)
+    held = base.read(engine, ref, run.platform)
     image, installed = held.image, held.installed
     out = {}
     for pin in wanted:
@@ -157,7 +155,7 @@ def needed(run: RunSpec, refs: Sequence[str] | None = None) -> str | None:
     if any(source.kind_of(s).reads_base for s in run.sources):
         return "the vLLM source 'image' is the vllm package of a base image"
     if source.BASE_REF in ((run.ref,) if refs is None else refs):
-        return f"--vllm-ref {source.BASE_REF} reads the pin from a base image"
+        return f"vLLM's ref {source.BASE_REF} reads the pin from a base image"
     return None
 
 
@@ -168,8 +166,4 @@ def for_run(run: RunSpec, *, refs: Sequence[str] | None = None,
     why = needed(run, refs)
     if why is None:
         return None
-    if not run.base:
-        raise UsageError(f"{why}: give --base IMAGE or set image.base in patchset.yaml")
-    check_reference("--base", run.base)
-    return open_base(run.connect(), run.base,
-                     Platform.parse(run.platform), log)
+    return open_base(run.the_engine(why), run.the_base(why), run.platform, log)

@@ -219,9 +219,12 @@ def _rel_in_image(path: str) -> str:
 def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheckout,
                  shipped: Sequence[Change], serve: bytes | None, log: Callable[[str], None],
                  packages: Sequence[PackageTree] = (),
-                 artifacts: Sequence[PlacedArtifact] = ()) -> OverlayPlan:
+                 artifacts: Sequence[PlacedArtifact] = (),
+                 dists: distinfo.Installed | None = None) -> OverlayPlan:
     """Check that the base holds the pristine release, and list the layer's entries: vLLM's
-    changed files, then each other package's where the base installed its ``dist``."""
+    changed files, then each other package's where the base installed its ``dist``.
+    ``dists``: the base's installed distributions when they were read already (else they are
+    read here, once, when artifacts or JIT modules ask)."""
     pkg = package.find_package(files, base.env)
     log(f"vllm package in the base: {pkg.dir}"
         + (f" (also found, not used: {', '.join(pkg.others)})" if pkg.others else ""))
@@ -255,13 +258,14 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
                           entries, made_dirs)
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
     jit_env: dict[str, str] = {}
+    jit = any(o.tree.report.jit_modules for o in others)
+    if dists is None and (artifacts or jit):
+        dists = distinfo.installed(files, base.env)  # type: ignore[arg-type]
     if artifacts:
-        _place_artifacts(distinfo.installed(files, base.env), files, base.name,  # type: ignore[arg-type]
-                         artifacts, entries, made_dirs, log)
-    if any(o.tree.report.jit_modules for o in others):
+        _place_artifacts(dists, files, base.name, artifacts, entries, made_dirs, log)
+    if jit:
         shipped_members = {(a.dist, a.member) for a in artifacts}
-        entries += prebuilt.leave_out(distinfo.installed(files, base.env), others,  # type: ignore[arg-type]
-                                      base.name, log, shipped_members)
+        entries += prebuilt.leave_out(dists, others, base.name, log, shipped_members)
         jit_env = prebuilt.workspace(others, base.config.get("User"))
         for name, value in jit_env.items():
             log(f"JIT cache of the patched sources: {name}={value}")

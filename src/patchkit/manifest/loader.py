@@ -375,7 +375,8 @@ class _Loader:
             if problem:
                 self.fail(f"image.{key}: {values[key]!r} is not an image reference: {problem}",
                           fields[key][1])
-        return ImageDefaults(**values, requires=requires, requires_lines=lines)
+        return ImageDefaults(**values, requires=requires, requires_lines=lines,
+                             lines={k: _line(fields[k][1]) for k in values})
 
     def requires(self, node: yaml.Node) -> tuple[dict[str, SpecifierSet], dict[str, int]]:
         """``image.requires:``: ``DIST: SPECIFIER`` each, by normalized distribution name."""

@@ -21,14 +21,16 @@ from pathlib import Path
 from patchkit import interrupt, kinds, source, versions
 from patchkit import filelocks
 from patchkit import git as g
-from patchkit.errors import CommandError, SourceError, UsageError
+from patchkit.errors import CommandError, Origin, SettingError, SourceError, UsageError, literal
 from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest import digest, variants
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.report import ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult
 from patchkit.series import checkout as applied
 from patchkit.series import assertions, compiled, jit
+
+WORKDIR, DISCARD = Origin("workdir"), Origin("discard")
 
 __all__ = ["Progress", "Tree", "apply_one", "apply_series", "check_workdir", "commit_message",
            "in_range", "needed_paths", "package_tops", "resolve_pins", "run_series", "run_stack",
@@ -305,14 +307,14 @@ def check_workdir(workdir: Path, discard: bool = False) -> applied.UserWork:
     if not applied.is_checkout(workdir):
         if workdir.is_dir() and not any(workdir.iterdir()):
             return applied.UserWork()
-        raise UsageError(f"--workdir {workdir} exists and is not a patchkit checkout; "
-                         "remove it or name another")
+        raise SettingError(f"{{workdir}} {literal(workdir)} exists and is not a patchkit "
+                           "checkout; remove it or name another", WORKDIR)
     work = applied.user_work(workdir)
     if work and not discard:
-        raise UsageError(f"--workdir {workdir} holds work: "
-                         + "; ".join(work.remedies(workdir))
-                         + "; or give --discard to replace it (what is there is saved in a "
-                         "bundle beside it)")
+        raise SettingError(f"{{workdir}} {literal(workdir)} holds work: "
+                           + literal("; ".join(work.remedies(workdir)))
+                           + "; or give {discard} to replace it (what is there is saved in a "
+                           "bundle beside it)", WORKDIR, DISCARD)
     return work
 
 
@@ -322,8 +324,9 @@ def workdirs(run: RunSpec, workdir: Path) -> dict[str, Path]:
     workdir = Path(workdir).absolute()
     places = {p.name: p.id.checkout(workdir) for p in run.pins if run.in_run(p.name)}
     if len(set(places.values())) < len(places):
-        raise UsageError(f"--workdir {workdir}: {workdir.name}'s checkout goes beside vLLM's "
-                         f"under its own name, {workdir}; name another --workdir")
+        raise SettingError(f"{{workdir}} {literal(workdir)}: {literal(workdir.name)}'s checkout "
+                           f"goes beside vLLM's under its own name, {literal(workdir)}; name "
+                           "another {workdir}", WORKDIR)
     return places
 
 
@@ -488,11 +491,11 @@ def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:
     if work.unreadable:
         dest = _discard_name(workdir, "")
         os.rename(workdir, dest)
-        progress.info(f"--discard: {workdir} is {work.describe()}; moved aside to {dest}")
+        progress.info(f"discarding: {workdir} is {work.describe()}; moved aside to {dest}")
         return {"what": work.describe(), "moved_to": str(dest), "bundle": None, "refs": [],
                 "head": None}
     saved = applied.save_work(workdir, workdir.parent, workdir.name)
-    progress.info(f"--discard: {work.describe()} of {workdir} {saved.how_to_restore(workdir)}")
+    progress.info(f"discarding: {work.describe()} of {workdir} {saved.how_to_restore(workdir)}")
     return {"what": work.describe(), "bundle": str(saved.bundle) if saved.bundle else None,
             "refs": list(saved.refs), "head": saved.head}
 
@@ -512,7 +515,8 @@ def _scratch_beside(workdir: Path) -> Path:
     parent = workdir.parent
     existing = next((p for p in (parent, *parent.parents) if os.path.lexists(p)), None)
     if existing is not None and not existing.is_dir():
-        raise UsageError(f"--workdir {workdir}: {existing} is a file, not a folder")
+        raise SettingError(f"{{workdir}} {literal(workdir)}: {literal(existing)} is a file, "
+                           "not a folder", WORKDIR)
     prefix = f".{workdir.name}.patchkit-"
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -521,7 +525,8 @@ def _scratch_beside(workdir: Path) -> Path:
         (scratch / "pid").write_text(str(os.getpid()))
         return scratch
     except OSError as exc:
-        raise UsageError(f"--workdir {workdir}: cannot write in {parent}: {exc.strerror}") from None
+        raise SettingError(f"{{workdir}} {literal(workdir)}: cannot write in {literal(parent)}: "
+                           f"{literal(exc.strerror)}", WORKDIR) from None
 
 
 def _remove_orphans(parent: Path, prefix: str) -> None:

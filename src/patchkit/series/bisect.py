@@ -37,15 +37,14 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from patchkit import git as g
 from patchkit import kinds, source, versions
-from patchkit.cache import cache_dir
-from patchkit.errors import PatchkitError, SourceError, UsageError
+from patchkit.errors import Origin, PatchkitError, SettingError, SourceError, UsageError, literal
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import applier
 
@@ -271,8 +270,19 @@ def _first_change(candidates: Sequence[str], fate_of: Callable[[str], Fate], goo
     return hi
 
 
-# Where each end of a search came from, as messages name it: "--good" or "the pin", and so on.
-Names = tuple[str, str]
+# Where each end of a search came from, as messages name it: the good and bad settings given
+# (the command line words them), or the default taken ("the pin"), each with what follows it.
+End_ = tuple[Origin, str]
+Names = tuple[End_, End_]
+GIVEN: Names = ((Origin("good"), ""), (Origin("bad"), ""))
+
+
+def _said(names: Names, template: str) -> SettingError:
+    """An error whose ``template`` names the ends as ``{good}`` and ``{bad}``."""
+    (good, of_good), (bad, of_bad) = names
+    good, bad = replace(good, setting="good"), replace(bad, setting="bad")
+    return SettingError(template.replace("{good}", "{good}" + literal(of_good))
+                        .replace("{bad}", "{bad}" + literal(of_bad)), good, bad)
 
 
 def _at_commit(end: source.Resolved, commit: str) -> source.Resolved:
@@ -287,12 +297,12 @@ def _merge_base(good: source.Resolved, bad: source.Resolved, names: Names) -> st
     repo, old, new = good.repo, good.commit, bad.commit
     if g.is_ancestor(repo, old, new):
         return None
-    what = f"{names[0]} {good.ref} is not an ancestor of {names[1]} {bad.ref}"
+    what = f"{{good}} {literal(good.ref)} is not an ancestor of {{bad}} {literal(bad.ref)}"
     if g.is_ancestor(repo, new, old):
-        raise UsageError(f"{what}: it comes after it (swap them?)")
+        raise _said(names, f"{what}: it comes after it (swap them?)")
     base = g.merge_base(repo, old, new)
     if base is None:
-        raise UsageError(f"{what}: their histories never meet")
+        raise _said(names, f"{what}: their histories never meet")
     return base
 
 
@@ -305,8 +315,8 @@ def _releases_between(good: source.Resolved, bad: source.Resolved, cache: Path,
     if lo is None or hi is None:
         raise SourceError(f"cannot order {good.ref} and {bad.ref}: not releases")
     if lo >= hi:
-        raise UsageError(f"{names[0]} {good.ref} is not older than {names[1]} {bad.ref} "
-                         "(swap them?)")
+        raise _said(names, f"{{good}} {literal(good.ref)} is not older than {{bad}} "
+                           f"{literal(bad.ref)} (swap them?)")
     _, tags = source.list_tags([good.source], cache, log, package=package)
     found: dict[versions.Version, str] = {}
     for tag in tags:
@@ -322,8 +332,8 @@ def newest_release(src: str, cache: Path, log: Callable[[str], None] = lambda m:
     _, tags = source.list_tags([src], cache, log, package=package)
     found = [(v, t) for t in tags if (v := versions.release_tag(t)) and not v.is_prerelease]
     if not found:
-        raise SourceError(f"{src} has no {package.label} release tag vX.Y.Z to bisect up to; "
-                          "give --bad REF")
+        raise SettingError(f"{literal(src)} has no {literal(package.label)} release tag "
+                           "vX.Y.Z to bisect up to; give {bad} REF", Origin("bad"))
     return max(found)[1]
 
 
@@ -349,13 +359,13 @@ def _files(manifest: Manifest, patch: Patch) -> list[str]:
 
 
 def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source.Resolved,
-            oracle: Oracle, cache: Path, names: Names = ("--good", "--bad")) -> BisectResult:
+            oracle: Oracle, cache: Path, names: Names = GIVEN) -> BisectResult:
     """Bisect ``patch`` from ``good`` to ``bad`` (refs of its package, both resolved in the
-    same source); ``names`` say in messages where each end came from: the flag given, or the
-    default taken."""
+    same source); ``names`` say in messages where each end came from: the setting given, or
+    the default taken."""
     if good.commit == bad.commit:
-        raise UsageError(f"{names[0]} {good.ref} and {names[1]} {bad.ref} are the same commit "
-                         f"{good.commit[:12]}: nothing lies between them")
+        raise _said(names, f"{{good}} {literal(good.ref)} and {{bad}} {literal(bad.ref)} are "
+                           f"the same commit {good.commit[:12]}: nothing lies between them")
     history = source.kind_of(good.source).has_history
     package = package_of(manifest, patch)
     # What can be checked without a checkout is checked before the first one.
@@ -377,11 +387,12 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
         start = _at_commit(bad, base)
         result.base = End("merge base", base, fate(start))
         if result.base.fate != result.good.fate:
-            raise UsageError(
-                f"{names[0]} {good.ref} is not an ancestor of {names[1]} {bad.ref}, and at "
-                f"their merge base {base[:12]} the patch is {result.base.fate}, not "
-                f"{result.good.fate}: its fate changes on {good.ref}'s own line; bisect from "
-                f"a commit of {bad.ref}'s history (--good REF)")
+            raise _said(names, (
+                f"{{good}} {literal(good.ref)} is not an ancestor of {{bad}} "
+                f"{literal(bad.ref)}, and at their merge base {base[:12]} the patch is "
+                f"{result.base.fate}, not {result.good.fate}: its fate changes on "
+                f"{literal(good.ref)}'s own line; bisect from a commit of "
+                f"{literal(bad.ref)}'s history ({{good}} REF)"))
     if result.changed:
         found: dict[str, source.Resolved] = {}
 
@@ -419,25 +430,26 @@ def ranged(manifest: Manifest, package: str) -> list[str]:
 
 
 def end_names(package: source.PackageId, good: str | None, bad: str | None) -> Names:
-    """How messages name the ends: the flag given or the default taken, and the package when
-    it is not vLLM (``--good flashinfer v0.6.15``)."""
+    """How messages name the ends: the setting given or the default taken, and the package
+    when it is not vLLM (``good flashinfer v0.6.15``)."""
     of = package.aside(" {}")
     whose = package.aside("{}'s") or "the"
-    return (f"--good{of}" if good is not None else f"{whose} pin",
-            f"--bad{of}" if bad is not None else f"{whose} newest release")
+    return ((Origin("good"), of) if good is not None else (Origin("good", f"{whose} pin"), ""),
+            (Origin("bad"), of) if bad is not None
+            else (Origin("bad", f"{whose} newest release"), ""))
 
 
 # ------------------------------------------------------------------------------ rebase-check
 
 def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, PatchResult]], *,
-                    run: RunSpec, cache: Path | None = None,
-                    progress: applier.Progress | None = None, package: str = VLLM.name
+                    run: RunSpec, progress: applier.Progress | None = None,
+                    package: str = VLLM.name
                     ) -> dict[tuple[str, str], BisectResult | str]:
     """``rebase-check --bisect``: for each failed patch x target (a ref of ``package``), the
     bisect from that package's pin in ``run`` to that target, for its variant; where it cannot
     run, why (one line)."""
     progress = progress or applier.Progress()
-    cache = cache or cache_dir()
+    cache = run.cache
     out: dict[tuple[str, str], BisectResult | str] = {}
     if not failures:
         return out
@@ -466,7 +478,8 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
                 oracle = oracles.setdefault(patch.id, Oracle(manifest, patch, scratch,
                                                              progress.info, run.variant, others))
                 out[key] = between(manifest, patch, pins[src], bad, oracle, cache,
-                                   (end_names(pid, None, None)[0], "the target"))
+                                   (end_names(pid, None, None)[0],
+                                    (Origin("bad", "the target"), "")))
             except PatchkitError as exc:
                 out[key] = f"cannot bisect: {exc}"
     finally:

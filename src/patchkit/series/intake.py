@@ -24,7 +24,7 @@ from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
 from patchkit.manifest import ID_RE, VLLM, Manifest, Patch, capped_id, id_problem, shown_id
 from patchkit.manifest.edit import ManifestText
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.manifest.variants import describe
 from patchkit.report import ApplyReport, PatchResult
 from patchkit.series import applier

@@ -39,7 +39,7 @@ from patchkit.kinds import Stop
 from patchkit.kinds.common import ABORT
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest.edit import ManifestText
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.report import PatchResult
 from patchkit.series import applier, assertions
 
