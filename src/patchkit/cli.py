@@ -877,13 +877,15 @@ def cache_prune(older_than, manifests, wait, dry_run, fmt) -> int:
 
 
 # The settings the core names, as the command line's options name them (the others are
-# --SETTING, underscores as dashes).
+# --SETTING, underscores as dashes; an argument is named in capitals, and said so).
 OPTIONS = {"ref": "--vllm-ref", "repos": "--vllm-repo", "refs": "--ref", "only": "--package"}
 
 
-def _worded(origin: errors.Origin) -> str:
+def worded(origin: errors.Origin) -> str:
     """Where a setting came from, as the command line says it: its option (``--base``), or
     the manifest key at its line (``image.base at patchset.yaml:12``)."""
+    if origin.key is None and origin.setting.isupper():
+        return origin.setting
     if origin.key is None:
         return OPTIONS.get(origin.setting, "--" + origin.setting.replace("_", "-"))
     if origin.path is None or not origin.line:
@@ -922,7 +924,7 @@ def main(argv: list[str] | None = None) -> int:
         from patchkit.cache import log_file
 
         code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file,
-                                            prog=prog, word=_worded)
+                                            prog=prog, word=worded)
         echo(line, err=True)
         if not isinstance(exc, (errors.PatchkitError, Exception)):
             return code  # an interruption: nothing to report

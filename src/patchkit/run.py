@@ -137,9 +137,14 @@ class Asked:
 
     def reads_base(self, manifest: Manifest,
                    wanted: Mapping[str, Sequence[str]] | None = None) -> bool:
-        """Whether the run reads a base image (see :func:`reads_base`)."""
-        return reads_base(pins(manifest, ref=self.ref, repos=self.repos, refs=self.refs),
-                          self.only, wanted)
+        """Whether the run reads a base image (see :func:`reads_base`); one that does with no
+        base named is refused here, before an engine is connected for it."""
+        reads = reads_base(pins(manifest, ref=self.ref, repos=self.repos, refs=self.refs),
+                           self.only, wanted)
+        if reads and not (self.base or manifest.image.base):
+            raise SettingError("a pin is read from a base image (a ref 'base' or the source "
+                               "'image'): give {base} IMAGE or set image.base", Origin("base"))
+        return reads
 
     def spec(self, manifest: Manifest, engine: Engine | None = None) -> RunSpec:
         """The run: these options, else the manifest's values; ``engine`` the verb's (else

@@ -408,6 +408,13 @@ def _series_at(manifest: Manifest, spec: RunSpec, pins: dict
     return kept, out
 
 
+def _run_of(manifest: Manifest, asked: Asked, *, on_engine: bool) -> RunSpec:
+    """The run, with an engine when images are built on one or a pin reads a base image."""
+    variants.check(manifest, asked.variant)
+    wants = asked.engine is None and (on_engine or asked.reads_base(manifest))
+    return asked.spec(manifest, Engine.connect(timeout=asked.timeout) if wants else None)
+
+
 def run(manifest: Manifest, command: str, asked: Asked, *, image: bool = False,
         no_daemon: bool = False, progress: applier.Progress | None = None) -> SeriesBisect:
     """The first patch of the series (of the run's variant's build, at the pin) whose addition
@@ -417,10 +424,7 @@ def run(manifest: Manifest, command: str, asked: Asked, *, image: bool = False,
     or a pin is read from a base image."""
     progress = progress or applier.Progress()
     argv = check_command(command)
-    variants.check(manifest, asked.variant)
-    wants = (image and not no_daemon) or asked.reads_base(manifest)
-    spec = asked.spec(manifest, Engine.connect(timeout=asked.timeout)
-                      if wants and asked.engine is None else None)
+    spec = _run_of(manifest, asked, on_engine=image and not no_daemon)
     images = None
     if image:
         images = ImageMaker.reach(manifest, spec, no_daemon=no_daemon, log=progress.info)
