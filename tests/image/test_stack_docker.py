@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from contextlib import ExitStack
 
 import pytest
 
@@ -248,28 +249,31 @@ def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(fi_p
     assert (root / "patchset.lock").read_bytes() == saved
 
 
-def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(fi_project, held,
-                                                                          engine):
+def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(fi_project, engine,
+                                                                          stack_bases):
     """The real patch on the real FlashInfer 0.6.15 file, its applied checkout beside vLLM's,
     proven on the base by RECORD; a RECORD that does not hash to the pristine file is refused.
     (What the image ships of it: the end-to-end test below reads it back.)"""
     root, m, workdir, _ = fi_project
     rel = fi.FI_FILE
     lines: list[str] = []
-    proofs = image_base.prove_packages(m, workdir, engine, held, lines.append)
-    assert proofs["flashinfer"].by_record == (rel,)
-    assert lines == ["flashinfer: the files to replace in /usr/local/lib/python3.11/"
-                     "dist-packages are pristine (1 proved by RECORD)"]
-    # a RECORD that does not hash to the pristine file: refused, naming it
-    dist = held.installed.get("flashinfer-python")
-    bad = dict(dist.record)
-    bad[rel] = dataclasses.replace(bad[rel], sha256="A" * 43)
-    broken = dataclasses.replace(held, installed=dataclasses.replace(
-        held.installed, dists={**held.installed.dists,
-                               "flashinfer-python": dataclasses.replace(dist, record=bad)}))
-    with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
-                                         r"flashinfer-python v0.6.15 .*RECORD hash differs"):
-        image_base.prove_packages(m, workdir, engine, broken)
+    with image_base.opened(engine, stack_bases["2.11.0"]["tag"],
+                           Platform.parse("linux/arm64")) as held:
+        proofs = image_base.prove_packages(m, workdir, held, lines.append)
+        assert proofs["flashinfer"].by_record == (rel,)
+        assert lines == ["flashinfer: the files to replace in /usr/local/lib/python3.11/"
+                         "dist-packages are pristine (1 proved by RECORD)"]
+        # a RECORD that does not hash to the pristine file: refused, naming it
+        dist = held.installed.get("flashinfer-python")
+        bad = dict(dist.record)
+        bad[rel] = dataclasses.replace(bad[rel], sha256="A" * 43)
+        broken = image_base.BaseStack(held.image, held.files)
+        vars(broken)["installed"] = dataclasses.replace(   # what the base's RECORD would say
+            held.installed, dists={**held.installed.dists,
+                                   "flashinfer-python": dataclasses.replace(dist, record=bad)})
+        with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
+                                             r"flashinfer-python v0.6.15 .*RECORD hash differs"):
+            image_base.prove_packages(m, workdir, broken)
 
 
 # ------------------------------------------------- both packages patched, end to end
@@ -416,9 +420,11 @@ def test_flashinfers_pin_and_files_read_from_the_base(fi_project, engine, tmp_pa
     copy = m.root
     spec = run_spec(m, engine=engine, cache=real_cache())
     lines: list[str] = []
-    bases = basevllm.for_packages(spec, log=lines.append)
-    assert lines == [f"base {m.image.base} holds flashinfer-python 0.6.15 in {SITE}"]
-    report = apply_series(m, run=spec, workdir=copy / ".patchkit" / "vllm", bases=bases)
+    with ExitStack() as hold:
+        held = basevllm.held(spec, hold)
+        bases = basevllm.for_packages(spec, held, log=lines.append)
+        assert lines == [f"base {m.image.base} holds flashinfer-python 0.6.15 in {SITE}"]
+        report = apply_series(m, run=spec, workdir=copy / ".patchkit" / "vllm", bases=bases)
     assert report.ok, report.to_json()
     fi_pkg = report.packages["flashinfer"]
     assert fi_pkg.version == "0.6.15"

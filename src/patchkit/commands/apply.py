@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from patchkit.image import basevllm
 from patchkit.image.docker import Engine
 from patchkit.manifest import Manifest
@@ -21,8 +23,10 @@ def run(manifest: Manifest, asked: Asked, *, keep_failed: bool = False,
     spec = asked.spec(manifest, Engine.connect(timeout=asked.timeout) if wants else None)
     for place in applier.workdirs(spec, spec.workdir).values():
         applier.check_workdir(place, discard)  # before any source is asked
-    holder = basevllm.for_run(spec, log=progress.info)
-    bases = basevllm.for_packages(spec, log=progress.info)
-    return applier.apply_series(manifest, run=spec, workdir=spec.workdir,
-                                keep_failed=keep_failed, progress=progress, base=holder,
-                                discard=discard, bases=bases)
+    with ExitStack() as hold:   # the base, read once, open for the apply
+        held = basevllm.held(spec, hold, log=progress.info)
+        holder = basevllm.for_run(spec, held, log=progress.info)
+        bases = basevllm.for_packages(spec, held, log=progress.info)
+        return applier.apply_series(manifest, run=spec, workdir=spec.workdir,
+                                    keep_failed=keep_failed, progress=progress, base=holder,
+                                    discard=discard, bases=bases)

@@ -29,6 +29,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -294,13 +295,12 @@ class ImageMaker:
 
     @classmethod
     def reach(cls, manifest: Manifest, spec: RunSpec, *, no_daemon: bool,
-              log: Callable[[str], None]) -> ImageMaker:
-        """The image name checked and the base read once, before any tree is made (the
-        run's engine was connected by the verb)."""
+              log: Callable[[str], None], held: base_.BaseStack | None) -> ImageMaker:
+        """The image name checked before any tree is made; the run's engine was connected by
+        the verb, and ``held`` is its base, read once."""
         name = spec.final_tag(manifest, spec.ref, None, spec.variant)
         return cls(imageref.repository(name), spec, no_daemon, log,
-                   held=None if no_daemon else base_.judged(manifest, spec, spec.engine, None,
-                                                            log))
+                   held=None if no_daemon else held)
 
     @property
     def engine(self):
@@ -424,11 +424,20 @@ def run(manifest: Manifest, command: str, asked: Asked, *, image: bool = False,
     or a pin is read from a base image."""
     progress = progress or applier.Progress()
     argv = check_command(command)
-    spec = _run_of(manifest, asked, on_engine=image and not no_daemon)
-    images = None
-    if image:
-        images = ImageMaker.reach(manifest, spec, no_daemon=no_daemon, log=progress.info)
-    holder = basevllm.for_run(spec, log=progress.info)
+    on_engine = image and not no_daemon
+    spec = _run_of(manifest, asked, on_engine=on_engine)
+    with ExitStack() as hold:   # the base, read once, open for the whole search
+        held = (base_.judged(manifest, spec, spec.engine, None, hold, progress.info)
+                if on_engine else basevllm.held(spec, hold, log=progress.info))
+        images = ImageMaker.reach(manifest, spec, no_daemon=no_daemon, log=progress.info,
+                                  held=held) if image else None
+        holder = basevllm.for_run(spec, held, log=progress.info)
+        return _search(manifest, spec, argv, holder, images, progress)
+
+
+def _search(manifest: Manifest, spec: RunSpec, argv: list[str], holder, images,
+            progress: applier.Progress) -> SeriesBisect:
+    """The search of :func:`run`, its run made and its base read."""
     pins = applier.resolve_pins(spec, spec.cache, progress.info, holder)
     series, left_out = _series_at(manifest, spec, pins)
     if not series:
@@ -437,7 +446,7 @@ def run(manifest: Manifest, command: str, asked: Asked, *, image: bool = False,
     at = pins.get(VLLM.name) or next(iter(pins.values()))
     result = SeriesBisect(argv, series, left_out,
                           {"ref": at.ref, "commit": at.commit, "version": at.version},
-                          spec.variant, image)
+                          spec.variant, images is not None)
     progress.info(f"bisecting {plural(len(series), 'patch', 'patches')} at {at.ref} with "
                   f"{shlex.join(argv)} "
                   f"(at most {result.limit} runs)")

@@ -4,6 +4,7 @@ made by :mod:`patchkit.image.assembly`)."""
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -89,18 +90,20 @@ def run(manifest: Manifest, request: Request, *, progress: Progress | None = Non
     # Reached before the apply too: a registry that is not there is known at once.
     if request.no_daemon:
         registry = registry or reach_registry(manifest, spec)
-    engine = spec.engine
-    held = base_.judged(manifest, spec, engine, lock, progress.info)
-    if request.apply:
-        report = _apply(manifest, spec, engine, progress=progress, discard=request.discard)
-        if not report.ok:
-            return BuildReport.failed_apply(report)
-    report = assemble(manifest, spec, request.choices, tree=_applied(spec, request.apply),
-                      held=held, lock=lock, registry=registry, log=progress.info,
-                      started=started)
+    # the workdir used as it is is opened before the base is read
+    tree = None if request.apply else _applied(spec, apply=False)
+    with ExitStack() as hold:   # the base, read once, open until the image is made
+        held = base_.judged(manifest, spec, spec.engine, lock, hold, progress.info)
+        if request.apply:
+            report = _apply(manifest, spec, held, progress=progress, discard=request.discard)
+            if not report.ok:
+                return BuildReport.failed_apply(report)
+        report = assemble(manifest, spec, request.choices, tree=tree or _applied(spec, True),
+                          held=held, lock=lock, registry=registry, log=progress.info,
+                          started=started)
     if copy_urls:
         progress.info(f"copying {report.tag} to {', '.join(copy_urls)}")
-        report.copy = transfer.copy(engine, report.tag, copy_urls, log=progress.info,
+        report.copy = transfer.copy(spec.engine, report.tag, copy_urls, log=progress.info,
                                     timeout=spec.timeout, via=via)
     return report
 
@@ -129,14 +132,14 @@ def _check_options(request: Request) -> None:
                          "workdir is used as it is")
 
 
-def _apply(manifest: Manifest, spec: RunSpec, engine, *, progress: Progress,
-           discard: bool) -> ApplyReport:
+def _apply(manifest: Manifest, spec: RunSpec, held: base_.BaseStack | None, *,
+           progress: Progress, discard: bool) -> ApplyReport:
     needs = basevllm.needed(spec)
-    if needs and engine is None:
+    if needs and spec.engine is None:
         raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
                          "with an engine first, then build-image --no-daemon --no-apply")
-    holder = basevllm.for_run(spec, log=progress.info)
-    bases = basevllm.for_packages(spec, log=progress.info) if engine else {}
+    holder = basevllm.for_run(spec, held, log=progress.info)
+    bases = basevllm.for_packages(spec, held, log=progress.info) if spec.engine else {}
     return apply_series(manifest, run=spec, workdir=spec.workdir, progress=progress,
                         base=holder, discard=discard, bases=bases)
 

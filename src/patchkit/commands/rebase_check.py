@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import traceback
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -324,8 +325,32 @@ def run(manifest: Manifest, asked: Asked, *, refs: Sequence[str] = (), releases:
     wanted = {package: targets + ([pin.ref] if releases else [])}
     wants = asked.engine is None and asked.reads_base(manifest, wanted)
     spec = asked.spec(manifest, Engine.connect(timeout=asked.timeout) if wants else None)
-    holder = basevllm.for_run(spec, refs=wanted.get(VLLM.name), log=progress.info)
-    bases = basevllm.for_packages(spec, refs=wanted, log=progress.info)
+    with ExitStack() as hold:   # the base, read once, open while the targets are had
+        held = basevllm.held(spec, hold, refs=wanted, log=progress.info)
+        return _matrix(manifest, spec, _Targets(targets, releases, pre, jobs, bisect), held,
+                       wanted, progress)
+
+
+@dataclass(frozen=True)
+class _Targets:
+    """What :func:`run` is asked to check, and how."""
+
+    refs: list[str]
+    releases: bool
+    pre: bool
+    jobs: int | None
+    bisect: bool
+
+
+def _matrix(manifest: Manifest, spec: RunSpec, asked: _Targets, held,
+            wanted: Mapping[str, Sequence[str]], progress: CheckProgress) -> Matrix:
+    """The check of :func:`run`, its run made and its base held open."""
+    targets, releases, pre, jobs, bisect = (list(asked.refs), asked.releases, asked.pre,
+                                            asked.jobs, asked.bisect)
+    package = spec.only[0] if spec.only else manifest.vllm.name
+    pin = spec.pin(package)
+    holder = basevllm.for_run(spec, held, refs=wanted.get(VLLM.name), log=progress.info)
+    bases = basevllm.for_packages(spec, held, refs=wanted, log=progress.info)
     if releases:
         found = release_targets(manifest, spec, pre=pre, log=progress.info,
                                 base={**bases, VLLM.name: holder}.get(package),

@@ -457,10 +457,12 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
 
 
 def _base_version(run: RunSpec, log) -> str | None:
+    from patchkit.image import base as base_
     from patchkit.image import basevllm
 
-    return basevllm.open_base(run.the_engine("the base"), run.the_base("the base"),
-                              run.platform, log).version
+    with base_.opened(run.the_engine("the base"), run.the_base("the base"), run.platform,
+                      log) as held:
+        return basevllm.vllm_of(held, log).version
 
 
 class _Logs:

@@ -99,7 +99,7 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
     started = time.monotonic() if started is None else started
     engine = None if choices.no_daemon else run.engine   # the one the verb connected
     workdir = tree.root
-    base_.prove_packages(manifest, workdir, engine, held, log)
+    base_.prove_packages(manifest, workdir, held, log)
     if lock is not None:
         stack.check_packages(manifest, lock, stack.patched_packages(
             manifest, workdir, held.installed if held else None))

@@ -220,11 +220,11 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
                  shipped: Sequence[Change], serve: bytes | None, log: Callable[[str], None],
                  packages: Sequence[PackageTree] = (),
                  artifacts: Sequence[PlacedArtifact] = (),
-                 dists: distinfo.Installed | None = None) -> OverlayPlan:
+                 dists: Callable[[], distinfo.Installed] | None = None) -> OverlayPlan:
     """Check that the base holds the pristine release, and list the layer's entries: vLLM's
     changed files, then each other package's where the base installed its ``dist``.
-    ``dists``: the base's installed distributions when they were read already (else they are
-    read here, once, when artifacts or JIT modules ask)."""
+    ``dists`` gives the base's installed distributions, read once, when artifacts or JIT
+    modules ask (default: read here from ``files``)."""
     pkg = package.find_package(files, base.env)
     log(f"vllm package in the base: {pkg.dir}"
         + (f" (also found, not used: {', '.join(pkg.others)})" if pkg.others else ""))
@@ -259,13 +259,13 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
     jit_env: dict[str, str] = {}
     jit = any(o.tree.report.jit_modules for o in others)
-    if dists is None and (artifacts or jit):
-        dists = distinfo.installed(files, base.env)  # type: ignore[arg-type]
+    installed_ = (dists() if dists is not None else distinfo.installed(files, base.env)  # type: ignore[arg-type]
+                  ) if artifacts or jit else None
     if artifacts:
-        _place_artifacts(dists, files, base.name, artifacts, entries, made_dirs, log)
+        _place_artifacts(installed_, files, base.name, artifacts, entries, made_dirs, log)
     if jit:
         shipped_members = {(a.dist, a.member) for a in artifacts}
-        entries += prebuilt.leave_out(dists, others, base.name, log, shipped_members)
+        entries += prebuilt.leave_out(installed_, others, base.name, log, shipped_members)
         jit_env = prebuilt.workspace(others, base.config.get("User"))
         for name, value in jit_env.items():
             log(f"JIT cache of the patched sources: {name}={value}")
