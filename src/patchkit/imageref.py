@@ -58,7 +58,7 @@ _DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a
 
 def reference_problem(ref: str, *, digest_ok: bool = True) -> str | None:
     """Why ``ref`` is not an image reference the engine would take, or None.  Checked before
-    anything is built, so that a bad ``--tag`` is known before the work, not after it."""
+    anything is built, so that a bad tag is known before the work, not after it."""
     if not ref.strip():
         return "it is empty"
     rest, _, digest = ref.partition("@")

@@ -1,6 +1,6 @@
 """The shape of the commands, read from their syntax trees: no command imports another (what
 two commands share lives in a library module), every command function stays short and takes
-few parameters (the run value carries the rest), and an engine is connected in one place."""
+few parameters (the run value carries the rest), and an engine is connected by the verbs."""
 
 from __future__ import annotations
 

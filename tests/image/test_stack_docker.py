@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from contextlib import ExitStack
 
@@ -97,22 +98,37 @@ class Built:
     first: lock.LockReport
     again: lock.LockReport
     data: bytes            # patchset.lock as the first lock wrote it
+    reads: list[dict]      # the engine's events: the containers the build made of the base
 
 
 @pytest.fixture(scope="module")
-def built(fi_project, engine) -> Built:
+def built(fi_project, engine, docker_client, stack_bases) -> Built:
     """``fi_project`` built once on the stack base, then locked twice: the one image (and the
     one lock) the tests of the stack share."""
     root, m, workdir, _ = fi_project
     log = Said()
+    time.sleep(1.1)   # the events' clock counts seconds: none of an earlier step's
+    since = time.time()
     report = build_image.run(m, build_image.Request(workdir=workdir, apply=False,
                                                     tag=f"{ip.REGISTRY}/pk-test/"
                              "stackimg-e2e:1", engine=engine), progress=log)
     assert report.ok and not report.reused, report.to_dict()
+    base = stack_bases["2.11.0"]["tag"]
+    ids = {base, docker_client.images.get(base).id}
+    reads = [e for e in docker_client.events(
+        since=since, until=time.time() + 1, decode=True,
+        filters={"type": "container", "event": "create", "label": "io.patchkit.scratch=1"})
+        if e["Actor"]["Attributes"].get("image") in ids]
     first = lock.run(m, workdir=workdir, engine=engine)
     data = (root / "patchset.lock").read_bytes()
     again = lock.run(m, workdir=workdir, engine=engine)
-    return Built(report, log.lines, first, again, data)
+    return Built(report, log.lines, first, again, data, reads)
+
+
+def test_the_build_reads_the_base_through_one_container(built):
+    """Its distributions judged, FlashInfer's files proven, the overlay planned: one container
+    of the base for all of them, counted by the engine's own events."""
+    assert len(built.reads) == 1, built.reads
 
 
 @pytest.fixture(scope="module")

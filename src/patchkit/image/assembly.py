@@ -1,6 +1,6 @@
 """An image made from an applied checkout: the packages proven on the base, the build path
 chosen, the image built, tagged, pushed and saved, and the report of it.  ``build-image`` comes
-here once its series is applied, and ``bisect --series --image`` for each tree it makes."""
+here once its series is applied, and the series bisect, building an image, for each tree it makes."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class Choices:
 
 @dataclass
 class BuildReport:
-    """What ``build-image`` made; ``to_dict`` is the ``--format json`` shape."""
+    """What ``build-image`` made; ``to_dict`` is its JSON shape."""
 
     ok: bool
     error: str | None = None
@@ -57,7 +57,7 @@ class BuildReport:
     buildargs: dict | None = None
     variant: str | None = None
     load: str | None = None         # overlay: "partial" or "complete" archive
-    copy: object | None = None      # transfer.CopyReport of --copy-to
+    copy: object | None = None      # transfer.CopyReport of the copy to other engines
     holds: build.Holds | None = None
 
     @classmethod

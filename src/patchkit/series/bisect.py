@@ -1,5 +1,5 @@
 """The first upstream commit at which a patch's fate changes (``patchkit bisect``, and
-``rebase-check --bisect``).
+the bisect of each failure of ``rebase-check``).
 
 It is ``git bisect run`` with the predicate in one function, :func:`fate_at`: the patch's fate
 at a commit is what the series engine makes of it there, the patches before it applied where
@@ -7,7 +7,7 @@ they apply, the patch itself with its ``vllm:`` range ignored (it is the one und
 its assertions.  Fate means the status and, for ``failed``, the reason; two commits where the
 patch applies at different offsets have the same fate.
 
-The fates at ``--good`` and ``--bad`` come first.  When they differ, a binary search over
+The fates at the good and the bad end come first.  When they differ, a binary search over
 ``git rev-list --first-parent good..bad`` finds a commit whose fate is not the good one while
 its first parent's is: ceil(log2 n) tests for n commits, each in a sparse checkout (only the
 files the series reads or writes) in a scratch folder that is removed afterwards.  A merge on
@@ -15,12 +15,12 @@ the first-parent line is one step: the side branch it brings in is not walked, s
 is the merge that landed the change.
 
 vLLM tags a release on its own release branch (cut from main, with cherry-picks), so one
-release is seldom an ancestor of the next.  When ``--good`` is not an ancestor of ``--bad`` the
+release is seldom an ancestor of the next.  When the good end is not an ancestor of the bad one the
 search starts from their merge base instead, provided the patch has the good fate there too
 (one more test); where it does not, the change happened on good's own line and it says so.
 
 The ``pypi`` source holds one orphan commit per release and nothing between them; there the
-same search runs over the releases from ``--good`` to ``--bad`` and ends at the pair of
+same search runs over the releases from the good end to the bad one and ends at the pair of
 adjacent releases where the fate changes.
 
 A patch of another package (``package: flashinfer``) is bisected over that package's history
@@ -231,7 +231,7 @@ def _touched(manifest: Manifest, patch: Patch) -> list[str]:
 
 
 class Oracle:
-    """:func:`fate_at` for one patch, each commit computed once (``rebase-check --bisect`` asks
+    """:func:`fate_at` for one patch, each commit computed once (``rebase-check`` asks
     the pin's fate once for all its targets)."""
 
     def __init__(self, manifest: Manifest, patch: Patch, scratch: Path,
@@ -445,7 +445,7 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
                     run: RunSpec, progress: applier.Progress | None = None,
                     package: str = VLLM.name
                     ) -> dict[tuple[str, str], BisectResult | str]:
-    """``rebase-check --bisect``: for each failed patch x target (a ref of ``package``), the
+    """``rebase-check``'s bisect: for each failed patch x target (a ref of ``package``), the
     bisect from that package's pin in ``run`` to that target, for its variant; where it cannot
     run, why (one line)."""
     progress = progress or applier.Progress()

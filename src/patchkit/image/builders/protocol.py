@@ -53,7 +53,7 @@ class Job:
     nvcc_threads: int | None = None
     packages: tuple[PackageTree, ...] = ()  # the other packages' changes the image ships
     artifacts: tuple = ()          # build.PlacedArtifact: compiled files from pinned wheels
-    lock: object | None = None     # image.lockfile.Lock of --locked, for a path that reads the
+    lock: object | None = None     # image.lockfile.Lock asked for, for a path that reads the
                                    # base itself (no engine read it before the apply)
     base_from: Origin = Origin("base")  # where ``base`` came from, as an error names it
     held: BaseStack | None = None  # the base as the run read it on the engine (None: not read)
