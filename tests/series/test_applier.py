@@ -392,3 +392,13 @@ def test_diffs_on_distinct_files_make_the_commits_git_makes_one_by_one(tmp_path)
     assert [str(o) for o in report.patches[1].offsets] == [
         "hunk 1 of pkg/b.txt at line 9 (offset +3)"]
     assert [p.commit for p in report.patches] == _one_by_one(proj, "v2", tmp_path / "git2")
+
+
+def test_a_transforms_result_is_kept_in_the_runs_cache(tmp_path):
+    """The run names the cache: what a pure transform made is kept there, nowhere else."""
+    proj = make_project(tmp_path)
+    cache = tmp_path / "run-cache"
+    report = apply(proj, tmp_path / "wd", cache=cache)
+    assert report.ok, report.to_json()
+    assert [p.status for p in report.patches if p.kind == "transform"] == ["applied"]
+    assert len(list((cache / "transforms").glob("*.json"))) == 1

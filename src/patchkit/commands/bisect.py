@@ -49,7 +49,8 @@ def run(manifest: Manifest, patch_id: str, *, ends: Ends = (None, None),
                                   names=ranged(manifest, name))
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-"))
     try:
-        oracle = Oracle(manifest, patch, scratch, progress.info, spec.variant, others)
+        oracle = Oracle(manifest, patch, scratch, progress.info, spec.variant, others,
+                        spec.cache)
         return between(manifest, patch, lo, hi, oracle, spec.cache,
                        end_names(package, good, bad))
     finally:

@@ -28,6 +28,7 @@ from pathlib import Path
 from patchkit import interrupt, process, source, versions
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.image import basevllm
+from patchkit.kinds import memo
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.image.docker import Engine
 from patchkit.run import Asked, RunSpec, pins
@@ -195,11 +196,11 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
     paths = applier.needed_paths(manifest) if sparse else None
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-rebase-check-"))
     try:
-        work = [(manifest, res, scratch / str(n), paths, variant, package, others,
-                 matrix.series) for n, res in enumerate(resolved)]
+        work = [_Job(manifest, res, scratch / str(n), paths, variant, package, others,
+                     matrix.series, memo.folder(cache)) for n, res in enumerate(resolved)]
         if workers == 1:
             for job in work:
-                matrix.targets.append(_unwrap(_one(*job)))
+                matrix.targets.append(_unwrap(_one(job)))
                 progress.target(matrix.targets[-1])
         else:
             matrix.targets = _in_processes(work, workers, progress)
@@ -208,20 +209,34 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
     return matrix
 
 
-def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] | None,
-         variant: str | None = None, package: str = VLLM.name,
-         others: dict[str, source.Resolved] | None = None,
-         series: tuple[Patch, ...] | None = None) -> tuple[str, object]:
+@dataclass(frozen=True)
+class _Job:
+    """One target for a worker: the checkout to make (of ``paths``, None: every file) and the
+    series to apply there."""
+
+    manifest: Manifest
+    res: source.Resolved
+    tree: Path
+    paths: list[str] | None
+    variant: str | None
+    package: str
+    others: dict[str, source.Resolved] | None
+    series: tuple[Patch, ...] | None
+    memo: Path | None          # where a pure transform's result is kept (the run's cache's)
+
+
+def _one(job: _Job) -> tuple[str, object]:
     """One target, in a worker: an ApplyReport, or what stopped it as plain values (not every
     exception survives pickling)."""
+    manifest, res, tree, package = job.manifest, job.res, job.tree, job.package
     try:
         try:
-            source.checkout(res, tree, paths)
+            source.checkout(res, tree, job.paths)
             at = applier.Tree(tree, res,
-                              applier.package_tops(res, manifest.package(package).id))
-            return "report", applier.run_stack(manifest, {package: at}, patches=series,
-                                               variant=variant, pins={**(others or {}),
-                                                                      package: res})
+                              applier.package_tops(res, manifest.package(package).id), job.memo)
+            return "report", applier.run_stack(manifest, {package: at}, patches=job.series,
+                                               variant=job.variant,
+                                               pins={**(job.others or {}), package: res})
         finally:
             shutil.rmtree(tree, ignore_errors=True)
     except interrupt.Interrupted as exc:
@@ -283,7 +298,7 @@ def _in_processes(jobs: list, workers: int, progress: CheckProgress) -> list[App
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                              initializer=process.bind_to_parent,
                              initargs=(os.getpid(),)) as pool:
-        futures = {pool.submit(_one, *job): n for n, job in enumerate(jobs)}
+        futures = {pool.submit(_one, job): n for n, job in enumerate(jobs)}
         try:
             for fut in as_completed(futures):
                 interrupt.check()

@@ -54,6 +54,7 @@ class Target:
     base_commit: str           # the pristine upstream commit
     version: str | None        # the package's release, when known
     mirror: Path | None = None  # the cached repository the checkout borrows from
+    memo: Path | None = None    # where a pure transform's result is kept (the run's cache's)
 
 
 @dataclass

@@ -5,8 +5,9 @@ caches, not by time).
 The key covers the transform file and every other ``.py`` file in its folder (a transform may
 load its siblings), the release version it is told, each file it reads (path and bytes, or its
 absence), and the code that runs it: patchkit's version, the bytes of the authoring API and of
-the runner, and libcst's version.  Entries live under ``<cache>/transforms/``, one JSON file
-each, written by rename; one that cannot be read is a miss.
+the runner, and libcst's version.  Entries live under ``<cache>/transforms/`` of the run's
+cache (:func:`folder`; the caller names it), one JSON file each, written by rename; one that
+cannot be read is a miss.  With no folder named nothing is kept.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 import libcst
 
 from patchkit import __version__
-from patchkit.cache import cache_dir
 from patchkit.report import Outcome
 
 FORMAT = "patchkit-transform-memo/1"
@@ -29,11 +29,17 @@ _RUNNER = [Path(__file__).with_name("transform.py"),
            Path(__file__).resolve().parents[1] / "transform.py"]
 
 
-def _folder() -> Path | None:
+def folder(cache: Path) -> Path:
+    """Where the results are kept in the run's ``cache``."""
+    return cache / "transforms"
+
+
+def _made(where: Path | None) -> Path | None:
+    if where is None:
+        return None
     try:
-        folder = cache_dir() / "transforms"
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+        where.mkdir(parents=True, exist_ok=True)
+        return where
     except OSError:
         return None   # no cache: every run computes
 
@@ -60,12 +66,12 @@ def key(py_file: Path, inputs: dict[str, str | None], version) -> str:
     return h.hexdigest()
 
 
-def get(digest: str) -> tuple[Outcome, dict[str, str]] | None:
-    folder = _folder()
-    if folder is None:
+def get(where: Path | None, digest: str) -> tuple[Outcome, dict[str, str]] | None:
+    """The result kept in ``where`` under ``digest``, or None."""
+    if where is None:
         return None
     try:
-        with open(folder / f"{digest}.json", "rb") as fh:
+        with open(where / f"{digest}.json", "rb") as fh:
             data = json.loads(fh.read(LIMIT))
         outcome = Outcome(data["status"], data["reason"], data["message"])
         return outcome, dict(data["texts"])
@@ -73,8 +79,9 @@ def get(digest: str) -> tuple[Outcome, dict[str, str]] | None:
         return None
 
 
-def put(digest: str, outcome: Outcome, texts: dict[str, str]) -> None:
-    folder = _folder()
+def put(where: Path | None, digest: str, outcome: Outcome, texts: dict[str, str]) -> None:
+    """Keep a result in ``where`` (None: nothing is kept)."""
+    folder = _made(where)
     if folder is None:
         return
     data = json.dumps({"status": outcome.status, "reason": outcome.reason,

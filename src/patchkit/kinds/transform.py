@@ -343,13 +343,15 @@ def _file_of(cls: type) -> str | None:
                 None)
 
 
-def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Outcome:
+def run_transform_file(py_file: Path, root: Path, version: Version | None,
+                       kept_in: Path | None = None) -> Outcome:
     """Apply every transform in ``py_file`` to the checkout at ``root``, all or nothing.
 
     A transform is a pure function of its code and the files it reads, so its result is kept
-    in the cache under the digest of both (``memo``): the same transform on the same release
-    file writes the same bytes without parsing them again (a matrix over eight releases runs
-    each transform once per distinct file)."""
+    in ``kept_in`` (the run's cache's ``memo.folder``; None: not kept) under the digest of both
+    (``memo``): the same transform on the same release file writes the same bytes without
+    parsing them again (a matrix over eight releases runs each transform once per distinct
+    file)."""
     try:
         classes = load_transforms(py_file)
     except TransformLoadError as exc:
@@ -365,12 +367,12 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Ou
             inputs[cls.path] = target.read_text(encoding="utf-8") if target.is_file() else None
     pure = all(cls.pure for cls in classes)
     key = memo.key(py_file, inputs, version) if pure else None
-    kept = memo.get(key) if key else None
+    kept = memo.get(kept_in, key) if key else None
     if kept is None:
         outcome, pending = _transformed(classes, inputs, version)
         if key and (outcome.status != "failed"
                     or outcome.reason in ("anchor-missing", "ambiguous-anchor")):
-            memo.put(key, outcome, pending)   # the author's exceptions are not kept
+            memo.put(kept_in, key, outcome, pending)   # the author's exceptions are not kept
     else:
         outcome, pending = kept
         outcome.wrote_only_files = True   # nothing of the author's ran this time
@@ -486,7 +488,9 @@ class TransformKind:
         return f"{len(classes)} Transform class{'es' if len(classes) != 1 else ''} ({names})"
 
     def apply(self, patch, full: Path, target: Target) -> Outcome:
-        return run_transform_file(full, target.root, Version(target.version) if target.version else None)
+        return run_transform_file(full, target.root,
+                                  Version(target.version) if target.version else None,
+                                  target.memo)
 
     def apply_together(self, fulls, target: Target) -> None:
         return None  # each on its own

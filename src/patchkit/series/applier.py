@@ -22,6 +22,7 @@ from patchkit import interrupt, kinds, source, versions
 from patchkit import filelocks
 from patchkit import git as g
 from patchkit.errors import CommandError, Origin, SettingError, SourceError, UsageError, literal
+from patchkit.kinds import memo
 from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest import digest, variants
@@ -54,7 +55,7 @@ def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
               version: str | None, mirror: Path | None = None, *, package: str = VLLM.name,
               found: Mapping[str, str | None] | None = None,
-              tops: Sequence[str] = ()) -> PatchResult:
+              tops: Sequence[str] = (), memo: Path | None = None) -> PatchResult:
     """Apply one patch to the checkout of ``package`` at ``root`` and commit it; never raises
     for a bad patch.  Its ranges are judged on ``found`` (package name -> version; default: the
     one ``version`` of ``package``); with ``tops`` (the package's import folders) a patch
@@ -74,7 +75,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     kind = kinds.get(patch.kind)
     try:
         out = kind.apply(patch, manifest.root / patch.path,
-                         kinds.Target(root, base_commit, version, mirror))
+                         kinds.Target(root, base_commit, version, mirror, memo))
     except OSError as exc:
         _reset(root)
         return _result(patch, "failed", "error", message=f"{exc}")
@@ -115,7 +116,7 @@ def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree,
     the ones between them together again (once: after that, each alone); in series order."""
     kind = kinds.get(run[0].kind)
     target = kinds.Target(tree.root, tree.resolved.commit, tree.resolved.version,
-                          tree.resolved.repo)
+                          tree.resolved.repo, tree.memo)
     try:
         outs = kind.apply_together([manifest.root / p.path for p in run], target) \
             if kind.writes_only_named else None
@@ -212,6 +213,7 @@ class Tree:
     root: Path
     resolved: source.Resolved
     tops: tuple[str, ...] = ()   # its import folders, for a package other than vLLM
+    memo: Path | None = None     # where a pure transform's result is kept (the run's cache's)
 
 
 def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress | None = None,
@@ -267,7 +269,7 @@ def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tr
                                                      "no checkout in this run")
         return apply_one(manifest, patch, tree.root, tree.resolved.commit,
                          tree.resolved.version, tree.resolved.repo, package=patch.package,
-                         found=found, tops=tree.tops)
+                         found=found, tops=tree.tops, memo=tree.memo)
 
     at = 0
     while at < len(series):
@@ -382,7 +384,7 @@ def apply_series(manifest: Manifest, *, run: RunSpec, workdir: Path, keep_failed
         if pins is None:
             pins = resolve_pins(run, cache, progress.info, base, bases=bases)
         trees = {name: scratches[name] / "t" for name in places}
-        report = _checked_out_stack(manifest, pins, trees, progress, run.variant)
+        report = _checked_out_stack(manifest, pins, trees, progress, run)
         for name, place in places.items():
             report.packages[name].workdir = str(place)
         report.workdir = str(places[VLLM.name]) if VLLM.name in places else None
@@ -429,7 +431,8 @@ def _move_in(trees: Mapping[str, Path], places: Mapping[str, Path], scratches: M
 
 def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
                        trees: Mapping[str, Path], progress: Progress,
-                       variant: str | None) -> ApplyReport:
+                       run: RunSpec) -> ApplyReport:
+    variant = run.variant
     made: dict[str, Tree] = {}
     for name, tree in trees.items():
         resolved = pins[name]
@@ -438,7 +441,8 @@ def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
         except CommandError:
             _gone(resolved, manifest.package(name).label)
             raise
-        made[name] = Tree(tree, resolved, package_tops(resolved, manifest.package(name).id))
+        made[name] = Tree(tree, resolved, package_tops(resolved, manifest.package(name).id),
+                          memo.folder(run.cache))
     # a package whose import folder is known only now, from its release
     _check_build_sources(manifest, None, [
         (name, name, [t.resolved.source], t.tops) for name, t in made.items() if t.tops],

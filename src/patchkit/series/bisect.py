@@ -42,6 +42,7 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import kinds, source, versions
+from patchkit.kinds import memo
 from patchkit.errors import Origin, PatchkitError, SettingError, SourceError, UsageError, literal
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.run import RunSpec
@@ -174,7 +175,8 @@ def pull_of(subject: str) -> int | None:
 def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path,
             paths: Sequence[str] | None = None, before: Sequence[Patch] | None = None,
             variant: str | None = None,
-            pins: Mapping[str, source.Resolved] | None = None) -> Fate:
+            pins: Mapping[str, source.Resolved] | None = None,
+            cache: Path | None = None) -> Fate:
     """This patch's fate at ``at.commit`` of its package: the patches of that package before it
     in the build of ``variant`` (``before``, default all of them) applied where they apply, then
     the patch itself with its range on its package ignored (and whatever variants it names),
@@ -190,7 +192,8 @@ def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path
         tree = work / "t"
         source.checkout(at, tree, paths)
         tops = applier.package_tops(at, manifest.package(package).id)
-        report = applier.run_stack(manifest, {package: applier.Tree(tree, at, tops)},
+        kept = memo.folder(cache) if cache is not None else None
+        report = applier.run_stack(manifest, {package: applier.Tree(tree, at, tops, kept)},
                                    patches=series, pins={**(pins or {}), package: at})
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -236,9 +239,10 @@ class Oracle:
 
     def __init__(self, manifest: Manifest, patch: Patch, scratch: Path,
                  log: Callable[[str], None] = lambda m: None, variant: str | None = None,
-                 pins: Mapping[str, source.Resolved] | None = None) -> None:
+                 pins: Mapping[str, source.Resolved] | None = None,
+                 cache: Path | None = None) -> None:
         self.manifest, self.patch, self.scratch, self.log = manifest, patch, scratch, log
-        self.variant, self.pins = variant, dict(pins or {})
+        self.variant, self.pins, self.cache = variant, dict(pins or {}), cache
         self.before = _reaching(manifest, patch, variant)
         upto = (*self.before, patch)
         self.paths = applier.needed_paths(dataclasses.replace(manifest, patches=upto))
@@ -247,7 +251,7 @@ class Oracle:
     def __call__(self, at: source.Resolved) -> Fate:
         if at.commit not in self.fates:
             fate = fate_at(self.manifest, self.patch, at, self.scratch, self.paths, self.before,
-                           pins=self.pins)
+                           pins=self.pins, cache=self.cache)
             self.fates[at.commit] = fate
             shown = at.commit[:10] if at.ref == at.commit else f"{at.ref} ({at.commit[:10]})"
             where = self.manifest.package(self.patch.package).id.aside("{} ")
@@ -476,7 +480,8 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
                     others = applier.resolve_pins(run, cache, progress.info, None,
                                                   names=ranged(manifest, package))
                 oracle = oracles.setdefault(patch.id, Oracle(manifest, patch, scratch,
-                                                             progress.info, run.variant, others))
+                                                             progress.info, run.variant, others,
+                                                             cache))
                 out[key] = between(manifest, patch, pins[src], bad, oracle, cache,
                                    (end_names(pid, None, None)[0],
                                     (Origin("bad", "the target"), "")))

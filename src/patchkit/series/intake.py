@@ -22,6 +22,7 @@ from patchkit import git as g
 from patchkit import interrupt, kinds, manifest, source
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
+from patchkit.kinds import memo
 from patchkit.manifest import ID_RE, VLLM, Manifest, Patch, capped_id, id_problem, shown_id
 from patchkit.manifest.edit import ManifestText
 from patchkit.run import RunSpec
@@ -184,7 +185,7 @@ def prove(m: Manifest, new: Sequence[NewPatch], run: RunSpec, *,
                     tree = Path(tmp) / f"t{n}" / name
                     source.checkout(pins[name], tree, applier.needed_paths(candidate, name))
                     tops = applier.package_tops(pins[name], m.package(name).id)
-                    trees[name] = applier.Tree(tree, pins[name], tops)
+                    trees[name] = applier.Tree(tree, pins[name], tops, memo.folder(run.cache))
                 report = applier.run_stack(candidate, trees, variant=variant, pins=pins)
             finally:
                 shutil.rmtree(Path(tmp) / f"t{n}", ignore_errors=True)

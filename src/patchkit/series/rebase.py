@@ -35,7 +35,7 @@ from patchkit import git as g
 from patchkit import interrupt, kinds, manifest, source, versions
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
-from patchkit.kinds import Stop
+from patchkit.kinds import Stop, memo
 from patchkit.kinds.common import ABORT
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest.edit import ManifestText
@@ -119,7 +119,7 @@ class _State:
                   found: dict | None = None) -> PatchResult:
         return applier.apply_one(m, p, tree, res.commit, res.version, res.repo,
                                  package=self.package, found=found or self.found,
-                                 tops=self.tops)
+                                 tops=self.tops, memo=memo.folder(Path(self.data["cache"])))
 
     @property
     def steps(self) -> list[Step]:
