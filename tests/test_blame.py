@@ -54,4 +54,5 @@ def test_a_base_that_is_no_reference_is_blamed_on_the_option(tmp_path):
 def test_a_missing_base_names_both_the_option_and_the_key(tmp_path):
     proj = _project(tmp_path, None)
     said = _error(patchkit("apply", "--vllm-repo", "image", cwd=proj))
-    assert said.endswith("give --base IMAGE or set image.base")
+    assert said == ("patchkit apply: error: the vLLM source 'image' is the vllm package of a "
+                    "base image: give --base IMAGE or set image.base in patchset.yaml")

@@ -105,7 +105,7 @@ class RunSpec:
     def the_base(self, why: str) -> str:
         """The base image name, which ``why`` needs: the option, else image.base."""
         if not self.base:
-            raise SettingError(f"{literal(why)}: give {{base}} IMAGE", self.base_from)
+            raise SettingError(f"{literal(why)}: {NO_BASE}", self.base_from)
         return self.base
 
     def final_tag(self, manifest: Manifest, ref: str, version: str | None,
@@ -137,14 +137,13 @@ class Asked:
 
     def reads_base(self, manifest: Manifest,
                    wanted: Mapping[str, Sequence[str]] | None = None) -> bool:
-        """Whether the run reads a base image (see :func:`reads_base`); one that does with no
+        """Whether the run reads a base image (see :func:`reading_base`); one that does with no
         base named is refused here, before an engine is connected for it."""
-        reads = reads_base(pins(manifest, ref=self.ref, repos=self.repos, refs=self.refs),
+        why = reading_base(pins(manifest, ref=self.ref, repos=self.repos, refs=self.refs),
                            self.only, wanted)
-        if reads and not (self.base or manifest.image.base):
-            raise SettingError("a pin is read from a base image (a ref 'base' or the source "
-                               "'image'): give {base} IMAGE or set image.base", Origin("base"))
-        return reads
+        if why and not (self.base or manifest.image.base):
+            raise SettingError(f"{literal(why)}: {NO_BASE}", Origin("base"))
+        return why is not None
 
     def spec(self, manifest: Manifest, engine: Engine | None = None) -> RunSpec:
         """The run: these options, else the manifest's values; ``engine`` the verb's (else
@@ -155,13 +154,24 @@ class Asked:
                         timeout=self.timeout, engine=engine or self.engine)
 
 
-def reads_base(pins: Sequence[Pin], only: Sequence[str] | None = None,
-               wanted: Mapping[str, Sequence[str]] | None = None) -> bool:
-    """Whether a run of ``pins`` (limited to ``only``) reads a base image: a package whose
-    source is ``image``, or whose refs (``wanted``, by name; default its pin) hold ``base``.
-    A verb connects an engine for its run when this says so."""
-    return any(p.reads_base((wanted or {}).get(p.name)) for p in pins
-               if not only or p.id.primary or p.name in only)
+NO_BASE = "give {base} IMAGE or set image.base in patchset.yaml"
+
+
+def reading_base(pins: Sequence[Pin], only: Sequence[str] | None = None,
+                 wanted: Mapping[str, Sequence[str]] | None = None) -> str | None:
+    """Why a run of ``pins`` (limited to ``only``) reads a base image, or None: a package
+    whose source is ``image``, or whose refs (``wanted``, by name; default its pin) hold
+    ``base``.  A verb connects an engine for its run when this says so."""
+    for p in pins:
+        if only and not p.id.primary and p.name not in only:
+            continue
+        if p.id.primary and any(source.kind_of(s).reads_base for s in p.sources):
+            return "the vLLM source 'image' is the vllm package of a base image"
+        if p.id.primary and p.reads_base((wanted or {}).get(p.name)):
+            return f"vLLM's ref {BASE_REF} reads the pin from a base image"
+        if p.reads_base((wanted or {}).get(p.name)):
+            return f"{p.name}: a pin read from a base image (ref 'base', source 'image')"
+    return None
 
 
 def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str] | None = None,

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from testing import imageproject as ip
-from testing.dockersdk import absent, files_of
+from testing.dockersdk import absent, created_of, files_of
 from testing.imageproject import OTHER_RELEASE, RELEASE, SITE
 from patchkit import cli
 from patchkit.commands.build_image import Request
@@ -318,12 +318,8 @@ def test_a_build_reads_its_base_through_one_container(built, project, docker_cli
     since = time.time()
     code, again = _summary(build_image(m, Request(workdir=other, apply=False,
                                                   tag=f"{REGISTRY_TAG}:once")))
-    until = time.time() + 1
+    until = time.time()
     assert code == 0 and again["reused"] is False
     base = bases[RELEASE]["tag"]
-    ids = {base, docker_client.images.get(base).id}
-    created = [e for e in docker_client.events(
-        since=since, until=until, decode=True,
-        filters={"type": "container", "event": "create", "label": "io.patchkit.scratch=1"})
-        if e["Actor"]["Attributes"].get("image") in ids]
+    created = created_of(docker_client, {base, docker_client.images.get(base).id}, since, until)
     assert len(created) == 1, created

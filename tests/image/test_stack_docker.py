@@ -23,6 +23,7 @@ from testing import flashinfer as fi
 from testing import imageproject as ip
 from testing import real_cache, stackbase
 from testing.imageproject import RELEASE, SITE, write_manifest
+from testing.dockersdk import created_of
 from testing.progress import Said
 from testing.upstream import unified
 from patchkit import cli, manifest
@@ -114,11 +115,8 @@ def built(fi_project, engine, docker_client, stack_bases) -> Built:
                              "stackimg-e2e:1", engine=engine), progress=log)
     assert report.ok and not report.reused, report.to_dict()
     base = stack_bases["2.11.0"]["tag"]
-    ids = {base, docker_client.images.get(base).id}
-    reads = [e for e in docker_client.events(
-        since=since, until=time.time() + 1, decode=True,
-        filters={"type": "container", "event": "create", "label": "io.patchkit.scratch=1"})
-        if e["Actor"]["Attributes"].get("image") in ids]
+    reads = created_of(docker_client, {base, docker_client.images.get(base).id}, since,
+                       time.time())
     first = lock.run(m, workdir=workdir, engine=engine)
     data = (root / "patchset.lock").read_bytes()
     again = lock.run(m, workdir=workdir, engine=engine)

@@ -19,7 +19,7 @@ from patchkit.image import distinfo, package
 from patchkit.image import base
 from patchkit.image.docker import Log
 from patchkit.image.layer import BaseImage
-from patchkit.run import RunSpec
+from patchkit.run import RunSpec, reading_base
 
 SYMLINK, EXECUTABLE, REGULAR = 0o120000, 0o100755, 0o100644
 
@@ -129,10 +129,9 @@ def held(run: RunSpec, hold: ExitStack, *, refs: Mapping[str, Sequence[str]] | N
     """The run's base, opened once on the run's engine for as long as ``hold`` holds it, when
     a package of the run reads it (its ref ``base`` among ``refs``, by name, default its pin;
     or its source ``image``); None when none does."""
-    reading = [p for p in run.pins if run.in_run(p.name) and p.reads_base((refs or {}).get(p.name))]
-    if not reading:
+    why = reading_base(run.pins, run.only, refs)
+    if why is None:
         return None
-    why = f"{reading[0].id.label}: a pin read from a base image (ref 'base', source 'image')"
     return hold.enter_context(base.opened(run.the_engine(why), run.the_base(why),
                                           run.platform, log))
 
@@ -169,12 +168,9 @@ def _missing(run: RunSpec, why: str):
 
 
 def needed(run: RunSpec, refs: Sequence[str] | None = None) -> str | None:
-    """Why ``run`` (on ``refs``, default its ref) reads a base image, or None."""
-    if any(source.kind_of(s).reads_base for s in run.sources):
-        return "the vLLM source 'image' is the vllm package of a base image"
-    if source.BASE_REF in ((run.ref,) if refs is None else refs):
-        return f"vLLM's ref {source.BASE_REF} reads the pin from a base image"
-    return None
+    """Why ``run``'s vLLM (on ``refs``, default its ref) reads a base image, or None."""
+    vllm = run.pin(source.VLLM.name)
+    return reading_base((vllm,), None, None if refs is None else {vllm.name: refs})
 
 
 def for_run(run: RunSpec, held: base.BaseStack | None, *, refs: Sequence[str] | None = None,
