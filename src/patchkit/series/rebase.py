@@ -331,7 +331,7 @@ def _run(state: _State, m: Manifest, progress: applier.Progress) -> RebaseResult
                 state.save()
                 return _result(state)
             state.save()
-    return _finish(state)
+    return _finish(state, m)
 
 
 def _result(state: _State, done: bool = False) -> RebaseResult:
@@ -448,9 +448,10 @@ def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
 
 # ------------------------------------------------------------------------------ finishing
 
-def _finish(state: _State) -> RebaseResult:
+def _finish(state: _State, m: Manifest) -> RebaseResult:
+    """Every patch through: the assertions on the tree, then the pin moved in ``m`` (the
+    manifest as the run left it) and the result proven on a fresh checkout."""
     tree, res = state.tree, state.resolved
-    m = manifest.load(state.manifest_path)
     active = [p for p in m.patches if p.package == state.package
               and versions.in_ranges(p.ranges, state.found)[0]]
     failed = [a for a in assertions.run_assertions(active, assertions.tree_reader(tree)) if not a.ok]
