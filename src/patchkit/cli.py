@@ -463,8 +463,9 @@ def bump(package, ref, dry_run, push, repos, manifest_path, fmt) -> int:
     patchkit/bump-<package>-<version>, with a pull request body on stdout.
 
     \b
-    Exit 0: bumped, or nothing newer; 4: needs a hand (a patch, an assertion or a probe
-    stopped it; the body says which); 2: bad input, nothing written.
+    Exit 0: bumped, or nothing new; 4: needs a hand (a patch, a lost fix, an assertion or
+    a probe stopped it; the body says which); 2: bad input (a commit on the branch this bump
+    did not write, here or at the remote, included), nothing written.
     \b
     patchkit bump --dry-run
     patchkit bump --package vllm --push origin
@@ -479,7 +480,8 @@ def bump(package, ref, dry_run, push, repos, manifest_path, fmt) -> int:
                          "bumps": [dict(r.to_dict(), body=render.body(r)) for r in results]},
                         indent=2))
     else:
-        bodies = [render.body(r) for r in results if r.to_ref is not None]
+        bodies = [render.body(r) for r in results
+                  if r.to_ref is not None and r.status is not command.Status.UNCHANGED]
         if bodies:
             echo("\n".join(bodies).rstrip("\n"))
     for r in results:   # a line per package on stderr, whatever stdout holds

@@ -318,6 +318,12 @@ def update_ref(repo: Path, ref: str, commit: str) -> None:
     _run("update-ref", ref, commit, cwd=repo)
 
 
+def move_ref(repo: Path, ref: str, commit: str, expected: str | None) -> None:
+    """Point ``ref`` at ``commit`` only if it is still ``expected`` (None: only if it does not
+    exist), in one step; else a GitError and nothing moves."""
+    _run("update-ref", ref, commit, expected or "0" * 40, cwd=repo)
+
+
 # ------------------------------------------------------------------------------ history
 
 def commits_between(repo: Path, old: str, new: str, *, merges_only: bool = False) -> list[str]:
@@ -863,17 +869,30 @@ def remove_worktree(repo: Path, dest: Path) -> None:
     _try("worktree", "prune", cwd=repo)
 
 
-def user_commit(repo: Path, message: str) -> str:
-    """Commit everything in ``repo``'s work tree as the user (their configured identity, else
-    patchkit's, dated now): a change for a person to review, not a series commit.  patchkit's
-    own folder (``.patchkit/``: checkouts, a rebase's state) is never part of it."""
+def worktree_tree(repo: Path) -> str:
+    """The tree of everything in ``repo``'s work tree, untracked files included, ignored files
+    and patchkit's own folder (``.patchkit/``: checkouts, a rebase's state) left out; the
+    work tree's index is updated to it, nothing is committed."""
     _run("add", "-A", cwd=repo)
     _run("rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", ".patchkit", cwd=repo)
-    env = {}
+    return _line("write-tree", cwd=repo)
+
+
+def user_commit_of(repo: Path, tree: str, parent: str, message: str) -> str:
+    """A commit of ``tree`` on ``parent`` as the user (their configured identity, else
+    patchkit's), dated as ``parent`` was committed: a change for a person to review whose id
+    follows from its inputs alone, so the same change made twice, or on two machines with one
+    identity, is the same commit.  No ref moves."""
+    when = _line("show", "-s", "--format=%cI", parent, cwd=repo)
+    env = {"GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
     if not _try("config", "user.name", cwd=repo).stdout.strip():
         env.update({k: v for k, v in IDENTITY.items() if not k.endswith("_DATE")})
-    _run("commit", "--quiet", "--no-verify", "-m", message, cwd=repo, env=env)
-    return head(repo)
+    return _line("commit-tree", tree, "-p", parent, "-m", message, cwd=repo, env=env)
+
+
+def parents(repo: Path, commit: str) -> list[str]:
+    """The parents of ``commit``, in order."""
+    return _line("show", "-s", "--format=%P", commit, cwd=repo).split()
 
 
 def remote_branch(repo: Path, remote: str, branch: str, timeout: float) -> str | None:
@@ -888,8 +907,12 @@ def remote_branch(repo: Path, remote: str, branch: str, timeout: float) -> str |
 
 
 def fetch_commit(repo: Path, remote: str, branch: str, timeout: float) -> str:
-    """Fetch ``branch`` of ``remote`` (FETCH_HEAD only: no ref of the user's moves)."""
-    _remote(timeout, "fetch", "--quiet", "--no-tags", remote, f"refs/heads/{branch}", cwd=repo)
+    """Fetch ``branch`` of ``remote`` into FETCH_HEAD alone: no ref of the user's moves, a
+    remote-tracking branch included."""
+    # --refmap= : no remote-tracking ref moves either, so a fetch never changes what the user's
+    # refs say is known
+    _remote(timeout, "fetch", "--quiet", "--no-tags", "--refmap=", remote,
+            f"refs/heads/{branch}", cwd=repo)
     return _line("rev-parse", "FETCH_HEAD", cwd=repo)
 
 

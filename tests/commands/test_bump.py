@@ -79,11 +79,21 @@ def test_bump_writes_one_commit_on_its_branch_and_pushes_it(proj, remote):
     # the body: every patch's fate and the proof
     body = out.stdout
     assert body.startswith("## Bump vLLM from v1.0.0 to v1.1.0\n")
-    for pid, fate in [("table-nvfp4", "carried, refreshed"), ("fast-mode", "carried as it is"),
-                      ("already-in", "upstream: dropped")]:
-        assert f"| `{pid}` | {fate} |" in body
+    # each patch at the old pin, at the new release, and what the port did
+    for pid, fate in [("table-nvfp4", "applied | applied | refreshed; hunk headers moved"),
+                      ("fast-mode", "applied | applied | carried as it is"),
+                      ("legacy", "skipped | skipped |"),
+                      ("already-in", "applied | — | upstream: dropped")]:
+        assert f"| `{pid}` | {fate}" in body
+    assert "[vllm#4242](https://github.com/vllm-project/vllm/pull/4242)" in body
+    assert "**No longer applied**" in body and "- `already-in`: upstream in vLLM v1.1.0" in body
+    assert "**Newly applied**" not in body
     assert "applies exactly (no offset, no fuzz) to v1.1.0" in body
-    assert "3 `verify:` assertions hold" in body   # table-nvfp4, fast-mode, conf-overlay
+    # the assertions that ran, as apply counts them: table-nvfp4, fast-mode, conf-overlay
+    assert "3 `verify:` assertions ran and hold" in body
+    assert "not proven: no server was started and no GPU was used" in body
+    assert "- already-in: applied -> absent (dropped)" in message
+    assert "No longer applied: already-in (upstream)" in message
     assert out.stderr.splitlines()[-1].startswith(f"ok: vLLM v1.0.0 -> v1.1.0 on {BRANCH}")
 
 
@@ -98,6 +108,112 @@ def test_a_second_bump_to_the_same_release_replaces_its_own_commit(proj, remote)
     assert sh("git", "rev-parse", BRANCH, cwd=remote) == tip
 
 
+def test_a_bump_with_nothing_new_writes_and_pushes_nothing(proj, remote, tmp_path):
+    first = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--push", "origin", cwd=proj)
+    assert first.returncode == 0, first.stderr
+    here, there = refs(proj), refs(remote)
+    reflog = sh("git", "reflog", "show", "--format=%H", BRANCH, cwd=proj)
+    again = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--push", "origin", cwd=proj)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == ""
+    tip = sh("git", "rev-parse", BRANCH, cwd=proj)
+    assert again.stderr.splitlines()[-1] == (
+        f"nothing new: {BRANCH} holds vLLM v1.0.0 -> v1.1.0 already ({tip[:12]}); "
+        "nothing written")
+    assert refs(proj) == here and refs(remote) == there
+    assert sh("git", "reflog", "show", "--format=%H", BRANCH, cwd=proj) == reflog
+    # the commit follows from its inputs: another clone bumping the same series writes it too
+    other = tmp_path / "other"
+    sh("git", "clone", "-q", str(remote), str(other))
+    made = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=other)
+    assert made.returncode == 0, made.stderr
+    assert sh("git", "rev-parse", BRANCH, cwd=other) == tip
+
+
+def reviewer_pushes(remote: Path, tmp_path: Path, amend: bool = False) -> str:
+    """A second clone takes the bump branch, commits on it (or rewrites the bump commit) and
+    pushes; the commit it pushed."""
+    rev = tmp_path / "reviewer"
+    sh("git", "clone", "-q", "-b", BRANCH, str(remote), str(rev))
+    sh("git", "config", "user.name", "A Reviewer", cwd=rev)
+    sh("git", "config", "user.email", "reviewer@example.com", cwd=rev)
+    (rev / "NOTES").write_text("a reviewer's fix\n")
+    sh("git", "add", "NOTES", cwd=rev)
+    sh("git", "commit", "-q", *(["--amend", "--no-edit"] if amend else ["-m", "review fix"]),
+       cwd=rev)
+    sh("git", "push", "-q", "--force", "origin", BRANCH, cwd=rev)
+    return sh("git", "rev-parse", "HEAD", cwd=rev)
+
+
+@pytest.mark.parametrize("case", ["no-fetch", "fetched", "amended", "local"])
+def test_a_reviewers_commit_is_never_overwritten(proj, remote, tmp_path, case):
+    assert patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--push", "origin",
+                    cwd=proj).returncode == 0
+    theirs = reviewer_pushes(remote, tmp_path, amend=case == "amended")
+    commit(proj, "a later change on main", {"README": "more\n"})   # the bump has news
+    args = ["bump", "--package", "vllm", "--to", "v1.1.0"]
+    if case in ("fetched", "amended"):
+        sh("git", "fetch", "-q", "origin", cwd=proj)   # the reviewer's commit is known here
+    if case == "local":   # pulled into the local branch; the bump is not pushing
+        sh("git", "fetch", "-q", "origin", f"{BRANCH}:{BRANCH}", "--force", cwd=proj)
+    else:
+        args += ["--push", "origin"]
+    before_here, before_there = refs(proj), refs(remote)
+    out = patchkit(*args, cwd=proj)
+    assert out.returncode == 2, out.stderr
+    line = one_error(out)
+    where = "here" if case == "local" else f"at origin ({remote})"
+    assert f"the branch {BRANCH} {where} has 1 commit this bump did not write" in line
+    assert theirs[:12] in line
+    assert refs(proj) == before_here and refs(remote) == before_there
+    assert sh("git", "rev-parse", BRANCH, cwd=remote) == theirs
+    assert len(worktrees(proj)) == 1 and not (proj / ".patchkit" / "bump").exists()
+
+
+def test_a_fix_that_stops_applying_needs_a_successor_or_a_hand(proj):
+    """other-fix took effect at v1.0.0; ranged below v1.1.0 with nothing in its place, the
+    bump stops; a patch that says `supersedes: [other-fix]` and takes effect at v1.1.0 lets
+    it through, and the body names both."""
+    text = (proj / "patchset.yaml").read_text()
+    ranged = text.replace("    diff: patches/other.diff\n",
+                          '    diff: patches/other.diff\n    vllm: "<1.1"\n')
+    (proj / "patchset.yaml").write_text(ranged)
+    commit(proj, "other-fix ends before 1.1")
+    before = refs(proj)
+    lost = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    assert lost.returncode == EXIT_NEEDS_A_HAND, lost.stderr
+    assert "**Needs a hand**: `other-fix` took effect at v1.0.0 and not at v1.1.0 (skipped)" \
+        in lost.stdout
+    assert "| `other-fix` | applied | **skipped: lost** |" in lost.stdout
+    assert "- `other-fix`: **lost**" in lost.stdout
+    assert refs(proj) == before
+    sh("git", "worktree", "remove", "--force", str(proj / ".patchkit/bump/vllm-1.1.0"), cwd=proj)
+
+    (proj / "patches" / "other-v11.diff").write_text((proj / "patches/other.diff").read_text())
+    (proj / "patchset.yaml").write_text(ranged + (
+        "  - id: other-fix-v11\n    summary: add one, from 1.1 on\n"
+        "    diff: patches/other-v11.diff\n    vllm: \">=1.1\"\n"
+        "    supersedes: [other-fix, already-in]\n"))
+    commit(proj, "its successor")
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    assert "| `other-fix` | applied | skipped | superseded by `other-fix-v11`" in out.stdout
+    assert "| `other-fix-v11` | skipped | applied | carried as it is" in out.stdout
+    assert "**Newly applied** (take effect for the first time at v1.1.0):\n\n- `other-fix-v11`" \
+        in out.stdout
+    assert "- `other-fix`: superseded by `other-fix-v11`" in out.stdout
+    # an upstream patch a supersedes: names keeps its entry, with a range, for that reference
+    assert "| `already-in` | applied | skipped | upstream: range marked; superseded by " \
+           "`other-fix-v11`; already in the tree; kept for other-fix-v11, which supersedes it" \
+           in out.stdout
+    bumped = yaml.safe_load(sh("git", "show", f"{BRANCH}:patchset.yaml", cwd=proj))
+    assert {p["id"]: p.get("vllm") for p in bumped["patches"]}["already-in"] == "<1.1.0"
+    message = sh("git", "log", "-1", "--format=%B", BRANCH, cwd=proj)
+    assert "Newly applied: other-fix-v11" in message
+    assert "No longer applied: other-fix (superseded by other-fix-v11), already-in (superseded " \
+        "by other-fix-v11)" in message
+
+
 def test_a_port_that_needs_a_hand_says_which_patch_and_writes_no_branch(proj):
     before_files, before_refs = files(proj), refs(proj)
     out = patchkit("bump", cwd=proj)   # every package: vLLM's newest release is v1.3.0
@@ -105,7 +221,9 @@ def test_a_port_that_needs_a_hand_says_which_patch_and_writes_no_branch(proj):
     assert refs(proj) == before_refs and files(proj) == before_files
     body = out.stdout
     assert "**Needs a hand**: `fast-mode` could not be ported to vLLM v1.3.0" in body
-    assert "| `fast-mode` | **needs a hand** |" in body and "anchor" in body
+    assert "| `fast-mode` | applied | not proven | **needs a hand**; " in body
+    assert "anchor" in body
+    assert "| `other-fix` | applied | not proven | not tried yet; after `fast-mode`" in body
     assert "### What needs a hand" in body
     # the port is left for a person, with the rebase stopped in it
     left = proj / ".patchkit" / "bump" / "vllm-1.3.0"
@@ -135,6 +253,17 @@ def test_a_port_finished_by_hand_becomes_the_branch(proj):
     assert "ref: v1.2.0" in sh("git", "show", f"{branch}:patchset.yaml", cwd=proj)
     assert f"the port was finished by hand in {left}" in done.stdout
     assert not left.exists() and len(worktrees(proj)) == 1
+    # described as an automatic port is, and what the person did besides
+    body = done.stdout
+    assert "| `other-fix` | applied | applied | resolved by hand" in body
+    assert "| `fast-mode` | applied | applied | carried as it is" in body
+    assert "### Finished by hand" in body and "`patches/other.diff`" in body
+    assert "<details><summary>The diff against the automatic attempt</summary>" in body
+    assert "+-    return a * b\n++    return a * b + 1" in body or "a * b + 1" in \
+        body.split("```diff", 1)[1]
+    message = sh("git", "log", "-1", "--format=%B", branch, cwd=proj)
+    assert "- other-fix: applied -> applied (resolved)" in message
+    assert "Finished by hand: patches/other.diff" in message
 
 
 def test_dry_run_writes_nothing_and_prints_the_body(proj):
@@ -148,7 +277,11 @@ def test_dry_run_writes_nothing_and_prints_the_body(proj):
     [bump] = report["bumps"]
     assert report["ok"] and bump["status"] == "dry-run" and bump["branch"] is None
     assert bump["to_ref"] == "v1.1.0" and not bump["needs_a_hand"]
-    assert {s["id"]: s["action"] for s in bump["steps"]}["already-in"] == "dropped"
+    fates = {f["id"]: f for f in bump["fates"]}
+    assert fates["already-in"]["port"] == "dropped" and fates["already-in"]["before"] == "applied"
+    assert fates["fast-mode"]["after"] == "applied"
+    assert bump["no_longer_applied"] == ["already-in"] and bump["newly_applied"] == []
+    assert bump["assertions"] == 3
     assert bump["body"].startswith("## Bump vLLM from v1.0.0 to v1.1.0")
 
 
@@ -192,12 +325,30 @@ def test_nothing_newer_is_one_line_and_exit_0(proj):
     assert refs(proj) == before
 
 
+def test_dry_run_works_on_a_tree_with_changes(proj):
+    (proj / "NOTES").write_text("an untracked note\n")
+    (proj / "patchset.yaml").write_text((proj / "patchset.yaml").read_text() + "# mine\n")
+    before_files, before_refs = files(proj), refs(proj)
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--dry-run", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    assert files(proj) == before_files and refs(proj) == before_refs
+    # a real bump carries none of them, and refuses only the tracked file's change
+    real = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    assert real.returncode == 2 and "has changes to tracked files (patchset.yaml)" in \
+        one_error(real)
+    (proj / "patchset.yaml").write_text(sh("git", "show", "HEAD:patchset.yaml", cwd=proj) + "\n")
+    done = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    assert done.returncode == 0, done.stderr
+    assert "NOTES" not in sh("git", "show", "--name-only", "--format=", BRANCH, cwd=proj)
+
+
 @pytest.mark.parametrize("case", ["dirty", "foreign-branch", "unreachable", "no-release",
-                                  "older", "to-without-package"])
+                                  "older", "to-without-package", "no-pin"])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(proj, tmp_path, case):
     args = ["bump", "--package", "vllm", "--to", "v1.1.0"]
     if case == "dirty":
-        (proj / "NOTES").write_text("an untracked note\n")
+        with (proj / ".gitignore").open("a") as fh:   # a tracked file
+            fh.write("*.orig\n")
     elif case == "foreign-branch":
         sh("git", "checkout", "-q", "-b", BRANCH, cwd=proj)
         commit(proj, "a person's fix", {"NOTES": "mine\n"})
@@ -208,15 +359,25 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(proj, tmp_path, case):
         args[-1] = "v9.9.9"
     elif case == "older":
         args[-1] = "v0.9.0"
+    elif case == "no-pin":   # a release the source never had
+        text = (proj / "patchset.yaml").read_text().replace("ref: v1.0.0", "ref: v1.0.5")
+        (proj / "patchset.yaml").write_text(text)
+        commit(proj, "a pin that does not exist")
     else:
         args = ["bump", "--to", "v1.1.0"]
     before_files, before_refs = files(proj), refs(proj)
     out = patchkit(*args, cwd=proj)
     assert out.returncode == 2, out.stderr
     line = one_error(out)
-    expected = {"dirty": "has changes (NOTES)", "foreign-branch": "not this bump's",
-                "unreachable": "cannot reach the remote", "no-release": "v9.9.9",
-                "older": "not newer than the pin", "to-without-package": "--package"}[case]
+    missing = tmp_path / "no-such-remote.git"
+    expected = {"dirty": "has changes to tracked files (.gitignore)",
+                "foreign-branch": "has 1 commit this bump did not write",
+                "unreachable": (f"cannot reach the remote '{missing}' ({missing}): '{missing}' "
+                                "does not appear to be a git repository; Could not read from "
+                                "remote repository."),
+                "no-release": "v9.9.9",
+                "older": "not newer than the pin", "to-without-package": "--package",
+                "no-pin": "the pin vLLM v1.0.5 (patchset.yaml:5) is not on its sources"}[case]
     assert expected in line
     assert files(proj) == before_files and refs(proj) == before_refs
     assert len(worktrees(proj)) == 1 and not (proj / ".patchkit" / "bump").exists()
@@ -242,7 +403,7 @@ def test_a_flashinfer_bump_on_real_releases(tmp_path, real_vllm):
     bumped = yaml.safe_load(sh("git", "show", f"{branch}:patchset.yaml", cwd=proj))
     assert bumped["packages"]["flashinfer"]["ref"] == "v0.6.17"
     assert bumped["vllm"]["ref"] == "v1"   # the other pin stays
-    assert "| `fi-nvfp4-only` | carried, refreshed |" in out.stdout
+    assert "| `fi-nvfp4-only` | applied | applied | refreshed" in out.stdout
     assert "| `fast-mode` |" not in out.stdout   # vLLM's patches are not this bump's
     assert "every patch of flashinfer applies exactly" in out.stdout
 
@@ -253,3 +414,32 @@ def test_a_flashinfer_bump_on_real_releases(tmp_path, real_vllm):
     assert "hunk 1 of flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_micro_kernel.py" \
         in hand.stdout
     assert sh("git", "branch", "--list", "patchkit/bump-flashinfer-0.6.18", cwd=proj) == ""
+
+    # a FlashInfer fix ranged below the release, with no successor, stops the bump too
+    entry = "    diff: patches/flashinfer/fi-nvfp4-only.diff\n"
+    text = (proj / "patchset.yaml").read_text().replace(
+        entry, entry + '    flashinfer: "<0.6.18"\n')
+    (proj / "patchset.yaml").write_text(text)
+    commit(proj, "the guard ends before 0.6.18")
+    lost = patchkit("bump", "--package", "flashinfer", "--to", "v0.6.18", "--dry-run", cwd=proj)
+    assert lost.returncode == EXIT_NEEDS_A_HAND, lost.stderr
+    assert "**Needs a hand**: `fi-nvfp4-only` took effect at v0.6.16 and not at v0.6.18" \
+        in lost.stdout
+
+
+def test_a_reviewer_reads_upstreams_changes_from_the_body():
+    """A GitHub source gives the compare view and the release page, in any URL form; PyPI its
+    release page; a local path nothing."""
+    from patchkit.commands.bump import Links, _links
+    from patchkit.manifest.runspec import Pin
+    from patchkit.packageid import VLLM
+
+    pin = Pin(VLLM, "v0.33.0", ())
+    for url in ("https://github.com/vllm-project/vllm.git", "git@github.com:vllm-project/vllm",
+                "https://github.com/vllm-project/vllm/"):
+        assert _links((url, "pypi"), pin, "v0.34.0", "0.34.0") == Links(
+            "https://github.com/vllm-project/vllm/compare/v0.33.0...v0.34.0",
+            "https://github.com/vllm-project/vllm/releases/tag/v0.34.0")
+    assert _links(("pypi",), pin, "v0.34.0", "0.34.0") == Links(
+        None, "https://pypi.org/project/vllm/0.34.0/")
+    assert _links(("/srv/vllm",), pin, "v0.34.0", "0.34.0") == Links()

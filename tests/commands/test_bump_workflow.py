@@ -98,14 +98,27 @@ def test_the_workflow_opens_then_updates_one_pull_request_per_release(runner):
                                    "Bump vLLM from v1.0.0 to v1.1.0"]
     assert create["body"].startswith("## Bump vLLM from v1.0.0 to v1.1.0")
     assert f"Branch `{branch}`, one commit, pushed to `origin`." in create["body"]
-    assert "| `already-in` | upstream: dropped |" in create["body"]
+    assert "| `already-in` | applied | — | upstream: dropped" in create["body"]
     assert (runner["tmp"] / "output").read_text() == "code=0\n"
 
-    # the next scheduled run pushes the branch again and edits the same pull request
+    # the next scheduled run with nothing new pushes nothing and edits nothing
+    calls = len(gh_calls(runner))
+    bump, _ = run_steps(runner)
+    assert "nothing new" in bump.stderr.splitlines()[-1]
+    assert sh("git", "rev-parse", branch, cwd=runner["bare"]) == tip
+    assert len(gh_calls(runner)) == calls
+
+    # once main moves, the next run pushes the branch again and edits the same pull request
+    work = runner["work"]
+    (work / "README").write_text("more\n")
+    sh("git", "add", "README", cwd=work)
+    sh("git", "commit", "-qm", "a later change on main", cwd=work)
+    sh("git", "push", "-q", "origin", "main", cwd=work)
     run_steps(runner)
     verbs = [c["args"][:2] for c in gh_calls(runner) if c["args"][0] == "pr"]
     assert verbs.count(["pr", "create"]) == 1 and verbs[-1] == ["pr", "edit"]
     assert sh("git", "rev-list", "--count", f"main..{branch}", cwd=runner["bare"]) == "1"
+    assert sh("git", "rev-parse", branch, cwd=runner["bare"]) != tip
 
 
 def test_a_port_that_needs_a_hand_opens_an_issue_and_pushes_nothing(runner):

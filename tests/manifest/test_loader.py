@@ -723,6 +723,40 @@ ERRORS = [
 ]
 
 
+TWO = """\
+    - id: old-fix
+      summary: x
+      diff: patches/a.diff
+    - id: new-fix
+      summary: y
+      diff: patches/a.diff
+      supersedes: {}
+    """
+ERRORS += [
+    case("supersedes-unknown", entries(TWO.format("[old-fx]")),
+         "patchset.yaml:12: patches[1] (id=new-fix): supersedes: no patch has the id 'old-fx'; "
+         "did you mean 'old-fix'?"),
+    case("supersedes-itself", entries(TWO.format("[new-fix]")),
+         "patchset.yaml:12: patches[1] (id=new-fix): supersedes[0]: a patch cannot supersede "
+         "itself"),
+    case("supersedes-not-a-list", entries(TWO.format("old-fix")),
+         "patchset.yaml:12: patches[1] (id=new-fix): supersedes: expected a list of patch ids, "
+         "got …"),
+    case("supersedes-other-package",
+         HEAD.replace("patches:\n", FLASHINFER + "patches:\n") + textwrap.dedent(TWO.format(
+             "[old-fix]")).replace("  diff: patches/a.diff\n  supersedes",
+                                   "  diff: patches/a.diff\n  package: flashinfer\n  supersedes"),
+         "patchset.yaml:…: patches[1] (id=new-fix): supersedes: 'old-fix' patches vllm, this "
+         "patch flashinfer: a fix is carried on within its package"),
+]
+
+
+def test_supersedes_names_earlier_fixes(repo: Path) -> None:
+    write(repo, entries(TWO.format("[old-fix]")))
+    old, new = manifest.load("patchset.yaml").patches
+    assert (old.supersedes, new.supersedes) == ((), ("old-fix",))
+
+
 def matches(expected: str, message: str) -> bool:
     return re.fullmatch(".*".join(map(re.escape, expected.split("…"))), message, re.S) is not None
 

@@ -3,48 +3,70 @@
 What Renovate and Dependabot do for a dependency, for the pin of a patch series.  Per package
 (vLLM and each entry of ``packages:``) with a newer release:
 
-1. in a scratch work tree of the project (``.patchkit/bump/<package>-<version>``, detached at
+1. the bump branch is judged as it is now, here and at the remote, before anything is written:
+   a commit on it that this bump did not write is refused (a reviewer's push is never
+   overwritten);
+2. in a scratch work tree of the project (``.patchkit/bump/<package>-<version>``, detached at
    HEAD: the user's branch, index and files are never touched), ``rebase`` moves the pin:
-   offsets refreshed, patches the release already has dropped (a comment names the release),
-   every patch proven to apply exactly on a fresh checkout, the assertions run;
-2. the manifest's ``bump.probes`` run there (behaviour tests, a support table's refresh): each
-   must exit 0 within ``bump.timeout``; files they change are part of the change;
-3. one commit, on ``patchkit/bump-<package>-<version>``, and with ``--push REMOTE`` that branch
-   at the remote (only if it is still what it was there: one ref, all or nothing).
+   offsets refreshed, patches the release already has dropped, every patch proven to apply
+   exactly on a fresh checkout;
+3. both sides are tried as ``apply`` tries them (``series.trial``): every patch's fate at the
+   old pin and at the new release, and the assertions that ran.  A patch that took effect at
+   the old pin and does not at the new release is upstream, or superseded by a patch that
+   takes effect there and says ``supersedes: [id]``, or the bump needs a hand;
+4. the manifest's ``bump.probes`` run there; files they change are part of the change;
+5. one commit, whose id follows from its inputs, on ``patchkit/bump-<package>-<version>``, and
+   with ``--push REMOTE`` that branch at the remote (only if it is still what it was there).
+   A port whose result is the branch's tip already writes and pushes nothing.
 
-A patch that cannot be ported, an assertion that stops holding or a probe that fails ends the
-bump as "needs a hand" (``EXIT_NEEDS_A_HAND``): no branch is written, and the scratch tree is left
-as ``rebase`` leaves a stop, for a person to finish there (``patchkit rebase --continue``, then
-``patchkit bump --package NAME`` again).  The pull request body (``render.bump``) says every
-patch's fate, what needs a hand and how the series was proven.  ``--dry-run`` does all of it in
-a throwaway tree and writes nothing.
+A port that stops, a lost fix, an assertion that fails or a probe that fails ends the bump as
+"needs a hand" (``EXIT_NEEDS_A_HAND``): no branch is written, and the scratch tree is kept for
+a person to finish there (``patchkit rebase --continue`` after a stop), then ``patchkit bump
+--package NAME`` again takes it from there and says what the person changed.  ``--dry-run``
+does all of it in a throwaway tree and writes nothing.  The pull request body is
+``render.bump``'s.
 """
 
 from __future__ import annotations
 
+import enum
+import json
+import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from patchkit import git as g
-from patchkit import manifest, process, source, versions
-from patchkit.series import rebase
-from patchkit.errors import CommandError, PatchkitError, UsageError
+from patchkit import kinds, manifest, process, source, versions
+from patchkit.errors import CommandError, PatchkitError, SourceError, UsageError
 from patchkit.kinds import Stop
 from patchkit.manifest import Manifest
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.series import applier
+from patchkit.report import ApplyReport
+from patchkit.series import applier, rebase, trial
 from patchkit.series.releases import release_targets
 
 EXIT_NEEDS_A_HAND = 4
 TRAILER = "Patchkit-Bump"
+TREE_TRAILER = "Patchkit-Tree"
 REMOTE_TIMEOUT = 60.0
+ATTEMPT = "bump-attempt.json"   # in the scratch tree's .patchkit/: what the automatic port left
+_GITHUB = re.compile(r"^(?:https://|git@|ssh://git@)github\.com[/:]([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")
+_PULL = re.compile(r"github\.com/([\w.-]+)/([\w.-]+)/pull/(\d+)")
 
 
-@dataclass
+class Status(enum.Enum):
+    CURRENT = "current"            # nothing newer than the pin
+    BUMPED = "bumped"              # the branch written (and pushed)
+    UNCHANGED = "unchanged"        # the branch holds this very port already: nothing written
+    DRY_RUN = "dry-run"            # proven, nothing written
+    NEEDS_A_HAND = "needs-a-hand"  # a person finishes it; nothing written to a branch
+
+
+@dataclass(frozen=True)
 class Probe:
     command: str
     returncode: int | None     # None: killed at the deadline
@@ -55,62 +77,109 @@ class Probe:
     def ok(self) -> bool:
         return self.returncode == 0
 
+    @property
+    def summary(self) -> str:
+        """Its own last word (pytest's ``N passed in ...``): the last line it wrote."""
+        lines = [ln.strip() for ln in self.output.splitlines() if ln.strip()]
+        return lines[-1] if lines else ""
 
-@dataclass
-class BumpResult:
-    """One package's bump."""
+
+@dataclass(frozen=True)
+class Fate:
+    """One patch on both sides of the port."""
+
+    id: str
+    before: str | None    # its status at the old pin; None: not in the series there
+    after: str | None     # at the new release; None: not in the series any more
+    port: str             # what the port did: applied | refreshed | resolved | upstream |
+                          # dropped | skipped | removed | added | stopped | untried
+    detail: str = ""
+    upstream: str | None = None    # the manifest's upstream link
+    successor: str | None = None   # the patch that takes effect in its place (supersedes: it)
+
+    @property
+    def newly_applied(self) -> bool:
+        return self.after == "applied" and self.before != "applied"
+
+    @property
+    def no_longer_applied(self) -> bool:
+        return self.before == "applied" and self.after != "applied"
+
+    @property
+    def went_upstream(self) -> bool:
+        """Proven upstream at the new release, the way ``apply`` proves it."""
+        return self.after == "upstream" or self.port in ("upstream", "dropped")
+
+    @property
+    def lost(self) -> bool:
+        """It took effect at the old pin, and nothing says where its fix is now."""
+        return self.no_longer_applied and not self.went_upstream and self.successor is None \
+            and self.port not in ("stopped", "untried")
+
+
+@dataclass(frozen=True)
+class HandWork:
+    """What a person changed, relative to the automatic attempt, in a port they finished."""
+
+    files: tuple[str, ...]
+    diff: str
+
+
+@dataclass(frozen=True)
+class Links:
+    compare: str | None = None    # the upstream changes between the two releases
+    release: str | None = None    # the new release's page
+
+
+@dataclass(frozen=True)
+class Bump:
+    """One package's bump, whole."""
 
     package: str               # the manifest's name for it (vllm, flashinfer, ...)
     label: str                 # as messages name it (vLLM)
     from_ref: str
     to_ref: str | None         # None: nothing newer
-    status: str                # bumped | dry-run | current | needs-a-hand
+    status: Status
+    why: str = ""              # needs a hand: the one-line reason
     branch: str | None = None
     commit: str | None = None
     pushed: str | None = None  # the remote the branch went to
-    steps: list[rebase.Step] = field(default_factory=list)
+    fates: tuple[Fate, ...] = ()
     stop: Stop | None = None
-    probes: list[Probe] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)   # files of the change
+    probes: tuple[Probe, ...] = ()
+    assertions: int = 0        # the assertions that ran on the ported tree
+    assertions_failed: int = 0
+    changed: tuple[str, ...] = ()  # files of the change
+    by_hand: HandWork | None = None
     worktree: str | None = None    # where a person finishes a bump that needs a hand
-    notes: list[str] = field(default_factory=list)
-    assertions: int = 0
-    dry_run: bool = False
-    untried: list[str] = field(default_factory=list)   # after the patch that stopped the port
+    notes: tuple[str, ...] = ()
+    links: Links = Links()
+    lost: tuple[str, ...] = ()     # fixes that stopped taking effect with nothing in their place
 
     @property
     def needs_a_hand(self) -> bool:
-        return self.status == "needs-a-hand"
+        return self.status is Status.NEEDS_A_HAND
+
+    @property
+    def dry_run(self) -> bool:
+        return self.status is Status.DRY_RUN
+
+    @property
+    def ok(self) -> bool:
+        return not self.needs_a_hand
 
     def to_dict(self) -> dict:
         data = asdict(self)
+        data["status"] = self.status.value
         data["needs_a_hand"] = self.needs_a_hand
-        data["probes"] = [dict(asdict(p), ok=p.ok) for p in self.probes]
+        data["probes"] = [dict(asdict(p), ok=p.ok, summary=p.summary) for p in self.probes]
+        data["newly_applied"] = [f.id for f in self.fates if f.newly_applied]
+        data["no_longer_applied"] = [f.id for f in self.fates if f.no_longer_applied]
         return data
 
 
 def branch_name(package: str, version: str) -> str:
     return f"patchkit/bump-{package}-{version}"
-
-
-def run(manifest_path: Path, *, package: str | None = None, to: str | None = None,
-        dry_run: bool = False, push: str | None = None, repos: Sequence[str] | None = None,
-        progress: applier.Progress | None = None) -> list[BumpResult]:
-    """Bump ``package`` (default: every package of the manifest, vLLM first)."""
-    progress = progress or applier.Progress()
-    if to and not package:
-        raise UsageError("--to names a release of one package: give --package too")
-    if dry_run and push:
-        raise UsageError("--dry-run writes nothing, so it pushes nothing: drop --push")
-    m = manifest.load(manifest_path)
-    names = [package] if package else [p.name for p in m.packages]
-    # an unknown package: one line, with "did you mean"
-    spec = run_spec(m, repos=repos, only=names)
-    if repos and not all(m.package(n).id.primary for n in names):
-        raise UsageError("--vllm-repo goes with vLLM's bump (--package vllm)")
-    project = _project(m)
-    ask = Ask(to, dry_run, push, repos)
-    return [_bump_one(m, project, spec, name, ask, progress) for name in names]
 
 
 @dataclass(frozen=True)
@@ -124,88 +193,300 @@ class Ask:
     repos: Sequence[str] | None
 
 
-def _project(m: Manifest) -> Path:
+def run(manifest_path: Path, *, package: str | None = None, to: str | None = None,
+        dry_run: bool = False, push: str | None = None, repos: Sequence[str] | None = None,
+        progress: applier.Progress | None = None) -> list[Bump]:
+    """Bump ``package`` (default: every package of the manifest, vLLM first)."""
+    progress = progress or applier.Progress()
+    if to and not package:
+        raise UsageError("--to names a release of one package: give --package too")
+    if dry_run and push:
+        raise UsageError("--dry-run writes nothing, so it pushes nothing: drop --push")
+    m = manifest.load(manifest_path)
+    names = [package] if package else [p.name for p in m.packages]
+    # an unknown package: one line, with "did you mean"
+    spec = run_spec(m, repos=repos, only=names)
+    if repos and not all(m.package(n).id.primary for n in names):
+        raise UsageError("--vllm-repo goes with vLLM's bump (--package vllm)")
+    project = _project(m, dry_run)
+    ask = Ask(to, dry_run, push, repos)
+    return [_bump_one(m, project, spec, name, ask, progress) for name in names]
+
+
+def _project(m: Manifest, dry_run: bool) -> Path:
+    """The work tree the manifest is in.  A real bump refuses changes to tracked files (it
+    ports HEAD, and would leave them out); untracked files are never part of it, and a dry run
+    writes nothing, so neither is in the way."""
     top = g.toplevel(m.root)
     if top is None:
         raise UsageError(f"{m.path} is not in a git work tree: bump writes its change as a "
                          "commit on a branch")
-    # patchkit's own folder (checkouts, a bump left for a person) is not the user's work
-    dirty = [path for _xy, path in g.status(top) if not path.startswith(".patchkit/")]
+    if dry_run:
+        return top
+    dirty = [path for xy, path in g.status(top)
+             if xy != "??" and not path.startswith(".patchkit/")]
     if dirty:
         more = f" and {len(dirty) - 1} more" if len(dirty) > 1 else ""
-        raise UsageError(f"the work tree {top} has changes ({dirty[0]}{more}): commit or stash "
-                         "them first; bump writes the port as a commit of its own")
+        raise UsageError(f"the work tree {top} has changes to tracked files ({dirty[0]}{more}): "
+                         "commit or stash them first; bump ports HEAD, as a commit of its own")
     return top
 
 
+# ------------------------------------------------------------------------------ one package
+
 def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
-              progress: applier.Progress) -> BumpResult:
+              progress: applier.Progress) -> Bump:
     pin = spec.pin(name)
     label = pin.id.label
+    old = _resolve_pin(spec, name, m, progress)
     target = ask.to or _newest(m, spec, name, progress)
     if target is None:
-        return BumpResult(name, label, pin.ref, None, "current")
-    version = _version(spec, name, target, progress)
-    dry_run, push = ask.dry_run, ask.push
+        return Bump(name, label, pin.ref, None, Status.CURRENT)
+    new = _resolve_target(spec, name, target, progress)
+    version = new.version or target.removeprefix("v")
     branch = branch_name(name, version)
-    remote_was = _check_branches(project, branch, name, version, push)
+    tips = _branch_tips(project, branch, name, version, ask.push)
+    others = applier.resolve_pins(spec, spec.cache, progress.info, None,
+                                  [q.name for q in spec.pins if q.name != name])
     rel = m.path.relative_to(project)
-    scratch = Path(tempfile.mkdtemp(prefix="patchkit-bump-")) / "tree" if dry_run \
+    scratch = Path(tempfile.mkdtemp(prefix="patchkit-bump-")) / "tree" if ask.dry_run \
         else project / ".patchkit" / "bump" / f"{name}-{version}"
     resumed = scratch.exists() and _finished_by_hand(scratch, rel, label, version)
     if not resumed:
         scratch.parent.mkdir(parents=True, exist_ok=True)
         g.add_worktree(project, scratch, "HEAD")
-    result = BumpResult(name, label, pin.ref, target, "dry-run" if dry_run else "bumped",
-                        branch=None if dry_run else branch, dry_run=dry_run)
+    # the manifest's sources name the project upstream even when this run reads another
+    sources = (*m.package(name).repos, *pin.sources)
+    base = Bump(name, label, pin.ref, target, Status.DRY_RUN if ask.dry_run else Status.BUMPED,
+                branch=None if ask.dry_run else branch,
+                links=_links(sources, pin, target, version))
     keep = False
     try:
+        side = _Sides(m, name, old, new, others, scratch)
+        before = side.before()
         if resumed:
-            result.notes.append(f"the port was finished by hand in {scratch}")
-            keep = _probe_all(scratch / rel, result, name, target)
+            attempt = _Attempt.load(scratch)
+            steps, stopped, notes = attempt.steps, attempt.stopped, attempt.notes
+            notes = (*notes, f"the port was finished by hand in {scratch}")
+            hand = attempt.hand_work(scratch)
         else:
-            keep = _port(scratch / rel, spec, result, name, target, progress)
-        if not (result.needs_a_hand or dry_run):
-            _commit(project, scratch, result, version, remote_was, push)
-        return result
-    except CommandError as exc:
-        if push and result.commit and not result.pushed:
-            raise PatchkitError(f"could not push {branch} to {push}: {_last_line(exc)}; the "
-                                f"branch is written here, push it by hand") from None
-        raise
+            done = rebase.start(manifest.load(scratch / rel), spec, target, drop_upstream=True,
+                                package=name, progress=progress)
+            ours = {p.id for p in m.patches if p.package == name}
+            steps = {s.id: s for s in done.steps if s.id in ours}
+            stopped, notes, hand = None, tuple(done.notes), None
+            if done.stop is not None:
+                keep = True
+                if not ask.dry_run:
+                    _Attempt.save(scratch, steps, done.stop.patch, notes)
+                fates = _fates_at_stop(m, name, before, steps, done.stop, _upstreams(m))
+                why = (f"`{done.stop.patch}` could not be ported to {label} {target}"
+                       if done.stop.patch else f"the assertions do not hold on {label} {target}")
+                return replace(base, status=Status.NEEDS_A_HAND, why=why, fates=fates,
+                               stop=done.stop, notes=notes, branch=None,
+                               worktree=None if ask.dry_run else str(scratch))
+        ported = manifest.load(scratch / rel)
+        after = side.after(ported)
+        fates = _fates(m, ported, name, before, after, steps, stopped, project, scratch)
+        if any(f.port == "removed" for f in fates):
+            # an entry a person removed: upstream only if the release has its change, proven
+            # as apply proves it (the old series tried at the new release)
+            tried = side.old_at_new()
+            fates = tuple(replace(f, port="dropped", detail="upstream: removed by hand; its "
+                                  "change is in the release") if f.port == "removed"
+                          and tried.status_of(f.id) == "upstream" else f for f in fates)
+        failed = [a for a in after.verify if not a.ok]
+        result = replace(base, fates=fates, notes=notes, by_hand=hand,
+                         assertions=len(after.verify), assertions_failed=len(failed),
+                         lost=tuple(f.id for f in fates if f.lost))
+        why = _stopped_by(result, after, target)
+        if why:
+            keep = True
+            return replace(result, status=Status.NEEDS_A_HAND, why=why, branch=None,
+                           worktree=None if ask.dry_run else str(scratch))
+        probes = _probes(ported, result, name, target)
+        result = replace(result, probes=probes)
+        failing = next((p for p in probes if not p.ok), None)
+        if failing is not None:
+            keep = True
+            how = ("ran past its deadline" if failing.returncode is None
+                   else f"exit {failing.returncode}")
+            return replace(result, status=Status.NEEDS_A_HAND, branch=None,
+                           why=f"the probe `{failing.command}` failed ({how})",
+                           worktree=None if ask.dry_run else str(scratch))
+        if ask.dry_run:
+            return result
+        return _write(project, scratch, result, version, tips, ask.push)
     finally:
-        if keep and not dry_run:
-            result.worktree = str(scratch)
-        else:
+        if ask.dry_run or not keep:
             g.remove_worktree(project, scratch)
-            if dry_run:
+            if ask.dry_run:
                 shutil.rmtree(scratch.parent, ignore_errors=True)
+            else:
+                _remove_empty(scratch.parent, project)
 
 
-def _version(spec: RunSpec, name: str, target: str, progress) -> str:
-    """The release ``target`` of package ``name`` names, once it is known to be newer than
-    the pin."""
+def _remove_empty(folder: Path, top: Path) -> None:
+    """``folder`` and the folders above it up to ``top``, those that are empty: a bump leaves
+    no trace where it left no port."""
+    while folder != top:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
+
+
+def _stopped_by(result: Bump, after: ApplyReport, target: str) -> str:
+    """Why the proven port still needs a person, or ''."""
+    if result.lost:
+        lost = [f for f in result.fates if f.lost]
+        names = ", ".join(f"`{f.id}`" for f in lost)
+        where = "is" if len(lost) == 1 else "are"
+        return (f"{names} took effect at {result.from_ref} and not at {target} ({lost[0].after or 'removed'}); "
+                f"{'it' if len(lost) == 1 else 'they'} {where} not upstream there and no patch "
+                f"that takes effect there supersedes {'it' if len(lost) == 1 else 'them'}")
+    bad = [p for p in after.patches if p.status == "failed"]
+    if bad:
+        return f"`{bad[0].id}` fails on {result.label} {target}: {bad[0].reason}"
+    if result.assertions_failed:
+        return (f"{result.assertions_failed} of {result.assertions} assertions fail on "
+                f"{result.label} {target}")
+    return ""
+
+
+class _Sides:
+    """The two trials of a port: the series as it was at the old pin, the ported series at
+    the new release; each a fresh sparse checkout, as ``rebase-check`` makes them."""
+
+    def __init__(self, m: Manifest, package: str, old: source.Resolved, new: source.Resolved,
+                 others: Mapping[str, source.Resolved], scratch: Path) -> None:
+        self.m, self.package, self.old, self.new, self.others = m, package, old, new, others
+        self.place = scratch.parent
+
+    def before(self) -> ApplyReport:
+        return self._trial(self.m, self.old, "before")
+
+    def after(self, ported: Manifest) -> ApplyReport:
+        return self._trial(ported, self.new, "after")
+
+    def old_at_new(self) -> ApplyReport:
+        """The series as it was, at the new release: which of its patches are upstream there."""
+        return self._trial(self.m, self.new, "upstream")
+
+    def _trial(self, m: Manifest, at: source.Resolved, name: str) -> ApplyReport:
+        series = [p for p in m.patches if p.package == self.package]
+        with tempfile.TemporaryDirectory(prefix=f"patchkit-bump-{name}-") as tmp:
+            return trial.run(m, at, Path(tmp) / "tree", package=self.package,
+                             others=self.others, paths=applier.needed_paths(m, self.package),
+                             series=series)
+
+
+def _upstreams(m: Manifest) -> dict[str, str | None]:
+    return {p.id: p.upstream for p in m.patches}
+
+
+def _fates(old_m: Manifest, new_m: Manifest, package: str, before: ApplyReport,
+           after: ApplyReport, steps: Mapping[str, rebase.Step], stopped: str | None,
+           project: Path, scratch: Path) -> tuple[Fate, ...]:
+    """Every patch of ``package``, old series then new, on both sides of the port."""
+    old_ids = [p.id for p in old_m.patches if p.package == package]
+    new_ids = [p.id for p in new_m.patches if p.package == package]
+    links = {**_upstreams(old_m), **_upstreams(new_m)}
+    out = []
+    for pid in dict.fromkeys(old_ids + new_ids):
+        step = steps.get(pid)
+        if step is not None:
+            port, detail = step.action, step.detail
+        elif pid == stopped:
+            port, detail = "resolved", "finished by hand"
+        else:
+            port, detail = _carried(old_m, new_m, pid, project, scratch), ""
+        was, status = before.status_of(pid), after.status_of(pid)
+        successor = next((q.id for q in new_m.patches
+                          if pid in q.supersedes and after.status_of(q.id) == "applied"),
+                         None) if was == "applied" != status else None
+        out.append(Fate(pid, was, status, port, detail, links.get(pid), successor))
+    return tuple(out)
+
+
+def _fates_at_stop(m: Manifest, package: str, before: ApplyReport,
+                   steps: Mapping[str, rebase.Step], stop: Stop,
+                   links: Mapping[str, str | None]) -> tuple[Fate, ...]:
+    """The table of a port that stopped: what the port did up to the stop; nothing after it
+    was tried."""
+    out, seen = [], False
+    for p in m.patches:
+        if p.package != package:
+            continue
+        step = steps.get(p.id)
+        if p.id == stop.patch:
+            seen = True
+            out.append(Fate(p.id, before.status_of(p.id), None, "stopped", stop.message,
+                            links.get(p.id)))
+        elif step is not None:
+            out.append(Fate(p.id, before.status_of(p.id), None, step.action, step.detail,
+                            links.get(p.id)))
+        else:
+            out.append(Fate(p.id, before.status_of(p.id), None, "untried",
+                            f"after `{stop.patch}`" if seen else "", links.get(p.id)))
+    return tuple(out)
+
+
+def _carried(old_m: Manifest, new_m: Manifest, pid: str, project: Path, scratch: Path) -> str:
+    """What a port finished by hand did with a patch the automatic attempt did not reach:
+    ``applied`` (its files as they were), ``refreshed`` (its files changed), ``removed`` or
+    ``added`` (its entry)."""
+    try:
+        old_p = old_m.patch(pid)
+    except KeyError:
+        return "added"
+    try:
+        new_p = new_m.patch(pid)
+    except KeyError:
+        return "removed"
+    kind = kinds.get(new_p.kind)
+    files = set(kinds.get(old_p.kind).sources(old_m.root / old_p.path, old_p.path)) | set(
+        kind.sources(new_m.root / new_p.path, new_p.path))
+    rel_new = new_m.root.relative_to(scratch)
+    rel_old = old_m.root.relative_to(project)
+    same = all(_read(project / rel_old / f) == _read(scratch / rel_new / f) for f in files)
+    return "applied" if same else "refreshed"
+
+
+def _read(path: Path) -> bytes | None:
+    if path.is_dir():
+        return b"\0".join(_read(p) or b"" for p in sorted(path.rglob("*")) if p.is_file())
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+# ------------------------------------------------------------------------------ inputs
+
+def _resolve_pin(spec: RunSpec, name: str, m: Manifest, progress) -> source.Resolved:
+    """The pin as the sources have it: a pin they do not have is bad input, never the start
+    of a port."""
     pin = spec.pin(name)
-    label = pin.id.label
+    try:
+        return source.resolve(pin.sources, pin.ref, spec.cache, progress.info, package=pin.id)
+    except SourceError as exc:
+        package = m.package(name)
+        where = f"{m.path.name}:{package.ref_line}" if package.ref_line else m.path.name
+        raise UsageError(f"the pin {pin.id.label} {pin.ref} ({where}) is not on its sources: "
+                         f"{exc}") from None
+
+
+def _resolve_target(spec: RunSpec, name: str, target: str, progress) -> source.Resolved:
+    """The release ``target`` names, once it is known to be newer than the pin."""
+    pin = spec.pin(name)
     resolved = source.resolve(pin.sources, target, spec.cache, progress.info, package=pin.id)
-    version = resolved.version or target.removeprefix("v")
     if (versions.release_tag(pin.ref) is not None and versions.release_tag(target) is not None
             and versions.release_tag(target) <= versions.release_tag(pin.ref)):
-        raise UsageError(f"{label} {target} is not newer than the pin {pin.ref}: bump only "
-                         "moves a pin forwards")
-    return version
-
-
-def _commit(project: Path, scratch: Path, result: BumpResult, version: str, remote_was,
-            push: str | None) -> None:
-    """The port as one commit on the bump branch (pushed with ``push``)."""
-    head = g.head(scratch)
-    result.commit = g.user_commit(scratch, _message(result, version))
-    result.changed = [path for _s, path, *_ in g.changed_files(scratch, head, result.commit)]
-    g.update_ref(project, f"refs/heads/{result.branch}", result.commit)
-    if push:
-        g.push_branch(project, push, result.branch, result.commit, remote_was, REMOTE_TIMEOUT)
-        result.pushed = push
+        raise UsageError(f"{pin.id.label} {target} is not newer than the pin {pin.ref}: bump "
+                         "only moves a pin forwards")
+    return resolved
 
 
 def _newest(m: Manifest, spec: RunSpec, name: str, progress) -> str | None:
@@ -213,36 +494,179 @@ def _newest(m: Manifest, spec: RunSpec, name: str, progress) -> str | None:
     return targets[-1] if targets else None
 
 
-def _check_branches(project: Path, branch: str, name: str, version: str,
-                    push: str | None) -> str | None:
-    """Refuse a branch (here, or at ``push``) that holds other commits than an earlier bump to
-    the same release; what the remote's branch is now (None: absent)."""
-    mine = g.resolve_commit(project, f"refs/heads/{branch}")
-    if mine is not None:
-        _only_bump_commits(project, mine, branch, name, version, "here")
+def _links(sources: Sequence[str], pin, target: str, version: str) -> Links:
+    """Where a reviewer reads what changed upstream: a GitHub source's compare view and
+    release page, else PyPI's page of the release."""
+    for src in sources:
+        found = _GITHUB.match(src.strip())
+        if found:
+            base = f"https://github.com/{found.group(1)}/{found.group(2)}"
+            return Links(f"{base}/compare/{pin.ref}...{target}", f"{base}/releases/tag/{target}")
+    if any(s.strip() == "pypi" for s in sources):
+        return Links(None, f"https://pypi.org/project/{pin.dist}/{version}/")
+    return Links()
+
+
+# ------------------------------------------------------------------------------ the branch
+
+@dataclass(frozen=True)
+class _Tips:
+    """The bump branch as it was found, here and at the remote (None: absent)."""
+
+    local: str | None
+    remote: str | None
+
+
+def _branch_tips(project: Path, branch: str, name: str, version: str,
+                 push: str | None) -> _Tips:
+    """The branch here and at ``push``, judged before anything is written: a commit on either
+    that this bump did not write is refused.  What counts as known is HEAD's history alone,
+    so a fetch (which moves remote-tracking branches) never makes a reviewer's commit look
+    like the project's."""
+    local = g.resolve_commit(project, f"refs/heads/{branch}")
+    if local is not None:
+        _refuse_foreign(project, local, branch, name, version, "here")
     if not push:
-        return None
+        return _Tips(local, None)
+    url = g.remote_url(project, push) or push
     try:
-        theirs = g.remote_branch(project, push, branch, REMOTE_TIMEOUT)
-        if theirs is not None:
+        remote = g.remote_branch(project, push, branch, REMOTE_TIMEOUT)
+        if remote is not None and remote != local:
             g.fetch_commit(project, push, branch, REMOTE_TIMEOUT)
     except CommandError as exc:
-        raise UsageError(f"cannot reach the remote {push!r}: {_last_line(exc)}") from None
-    if theirs is not None:
-        _only_bump_commits(project, theirs, branch, name, version, f"at {push}")
-    return theirs
+        raise UsageError(f"cannot reach the remote {push!r} ({url}): {_git_reason(exc)}"
+                         ) from None
+    if remote is not None:
+        shown = push if url == push else f"{push} ({url})"
+        _refuse_foreign(project, remote, branch, name, version, f"at {shown}")
+    return _Tips(local, remote)
 
 
-def _only_bump_commits(project: Path, tip: str, branch: str, name: str, version: str,
-                       where: str) -> None:
-    own = g.local_commits(project, "HEAD", tip)
-    foreign = [c for c in own
-               if (TRAILER, f"{name} {version}") not in g.commit_info(project, c).trailers]
-    if foreign or len(own) > 1:
-        count = len(foreign) or len(own)
-        raise UsageError(f"the branch {branch} {where} has {count} commit"
-                         f"{'s' if count != 1 else ''} that are not this bump's: merge or "
-                         "delete it first; bump replaces only its own commit")
+def _refuse_foreign(project: Path, tip: str, branch: str, name: str, version: str,
+                    where: str) -> None:
+    foreign = [c for c in g.commits_between(project, "HEAD", tip)
+               if not _ours(project, c, name, version)]
+    if foreign:
+        n = len(foreign)
+        first = g.commit_info(project, foreign[-1])
+        more = f" and {n - 1} more" if n > 1 else ""
+        raise UsageError(f"the branch {branch} {where} has {n} commit{'s' if n > 1 else ''} "
+                         f"this bump did not write ({first.sha[:12]} {first.subject!r}{more}): "
+                         f"bump never overwrites {'them' if n > 1 else 'it'}; merge "
+                         f"{'them' if n > 1 else 'it'} or delete the branch, then bump again")
+
+
+def _ours(project: Path, commit: str, name: str, version: str) -> bool:
+    """A commit this bump wrote: its trailer names the package and release, and the tree it
+    names is its own (an amended or rewritten bump commit is a person's)."""
+    trailers = g.commit_info(project, commit).trailers
+    return ((TRAILER, f"{name} {version}") in trailers
+            and (TREE_TRAILER, g.tree_of(project, commit)) in trailers)
+
+
+def _git_reason(exc: CommandError) -> str:
+    """git's own reason, whole: its error lines, else everything it said."""
+    lines = [ln.strip() for ln in exc.output.splitlines() if ln.strip()]
+    errors = [re.sub(r"^(fatal|error): ", "", ln) for ln in lines
+              if ln.startswith(("fatal:", "error:"))]
+    if exc.timeout is not None:
+        return f"no answer within {exc.timeout:g} s"
+    return "; ".join(errors or lines) or f"git exit {exc.returncode}"
+
+
+def _write(project: Path, scratch: Path, result: Bump, version: str, tips: _Tips,
+           push: str | None) -> Bump:
+    """The port as one commit on the bump branch (and at ``push``); nothing written where the
+    branch holds it already."""
+    head = g.head(scratch)
+    tree = g.worktree_tree(scratch)
+    commit = next((tip for tip in (tips.local, tips.remote)
+                   if tip and g.tree_of(project, tip) == tree
+                   and g.parents(project, tip) == [head]), None)
+    if commit is None:
+        commit = g.user_commit_of(scratch, tree, head, _message(result, version, tree))
+    changed = tuple(path for _s, path, *_ in g.changed_files(scratch, head, commit))
+    result = replace(result, commit=commit, changed=changed)
+    wrote = False
+    if commit != tips.local:
+        g.move_ref(project, f"refs/heads/{result.branch}", commit, tips.local)
+        wrote = True
+    if push and commit != tips.remote:
+        try:
+            g.push_branch(project, push, result.branch, commit, tips.remote, REMOTE_TIMEOUT)
+        except CommandError as exc:
+            raise PatchkitError(f"could not push {result.branch} to {push}: {_git_reason(exc)}; "
+                                "the branch is written here, push it by hand") from None
+        wrote = True
+    if push:
+        result = replace(result, pushed=push)
+    return result if wrote else replace(result, status=Status.UNCHANGED)
+
+
+def _message(result: Bump, version: str, tree: str) -> str:
+    """The commit message: the title, the fates in short, and the trailers that mark the
+    commit as this bump's.  No time or host in it: the same port gives the same commit."""
+    fates = [f"- {f.id}: {f.before or 'absent'} -> {f.after or 'absent'}"
+             + (f" ({f.port})" if f.port not in ("applied", "skipped") else "")
+             for f in result.fates if not {f.before, f.after} <= {None, "skipped"}]
+    sections = [[f"Bump {result.label} from {result.from_ref} to {result.to_ref}"], fates]
+    newly = [f.id for f in result.fates if f.newly_applied]
+    gone = [f"{f.id} ({_gone_why(f)})" for f in result.fates if f.no_longer_applied]
+    sections.append(([f"Newly applied: {', '.join(newly)}"] if newly else [])
+                    + ([f"No longer applied: {', '.join(gone)}"] if gone else []))
+    proof = [f"{result.assertions} assertions ran and hold on {result.to_ref}."]
+    if result.by_hand:
+        proof.append(f"Finished by hand: {', '.join(result.by_hand.files)}.")
+    sections += [proof, [f"{TRAILER}: {result.package} {version}", f"{TREE_TRAILER}: {tree}"]]
+    return "\n\n".join("\n".join(s) for s in sections if s)
+
+
+def _gone_why(f: Fate) -> str:
+    if f.successor:
+        return f"superseded by {f.successor}"
+    if f.went_upstream:
+        return "upstream"
+    return "lost"
+
+
+# ------------------------------------------------------------------------------ a person's port
+
+class _Attempt:
+    """What the automatic port left in the scratch tree when it stopped: the tree as it was
+    (a commit, so that what the person changes after can be shown), the steps it took, the
+    patch it stopped at and its notes."""
+
+    def __init__(self, snapshot: str, steps: dict[str, rebase.Step], stopped: str,
+                 notes: tuple[str, ...]) -> None:
+        self.snapshot, self.steps, self.stopped, self.notes = snapshot, steps, stopped, notes
+
+    @staticmethod
+    def save(scratch: Path, steps: Mapping[str, rebase.Step], stopped: str,
+             notes: Sequence[str]) -> None:
+        tree = g.worktree_tree(scratch)
+        snapshot = g.user_commit_of(scratch, tree, g.head(scratch), "the automatic attempt")
+        data = {"snapshot": snapshot, "stopped": stopped, "notes": list(notes),
+                "steps": [asdict(s) for s in steps.values()]}
+        path = scratch / ".patchkit" / ATTEMPT
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, scratch: Path) -> _Attempt:
+        try:
+            data = json.loads((scratch / ".patchkit" / ATTEMPT).read_text())
+            steps = {s["id"]: rebase.Step(**s) for s in data["steps"]}
+            return cls(str(data["snapshot"]), steps, str(data["stopped"]),
+                       tuple(data.get("notes", ())))
+        except (OSError, ValueError, KeyError, TypeError):
+            raise UsageError(f"{scratch} holds no record of the automatic port ({ATTEMPT}): "
+                             f"drop it with `git worktree remove --force {scratch}` and bump "
+                             "again") from None
+
+    def hand_work(self, scratch: Path) -> HandWork:
+        tree = g.worktree_tree(scratch)
+        files = tuple(path for _s, path, *_ in g.changed_files(scratch, self.snapshot, tree))
+        return HandWork(files, g.diff(scratch, self.snapshot, tree) if files else "")
 
 
 def _finished_by_hand(scratch: Path, rel: Path, label: str, version: str) -> bool:
@@ -259,39 +683,19 @@ def _finished_by_hand(scratch: Path, rel: Path, label: str, version: str) -> boo
     return True
 
 
-def _port(manifest_path: Path, spec: RunSpec, result: BumpResult, name: str, target: str,
-          progress) -> bool:
-    """Rebase, assertions and probes in the scratch tree (its manifest a copy of the run's);
-    True when a person must finish it there (the tree is kept)."""
-    done = rebase.start(manifest.load(manifest_path), spec, target, drop_upstream=True,
-                        package=name, progress=progress)
-    ours = [p.id for p in manifest.load(manifest_path).patches if p.package == name]
-    # the body speaks of this package's series: the others' patches keep their pins
-    result.steps = [s for s in done.steps if s.id in ours or s.action == "dropped"]
-    result.notes = done.notes
-    if done.stop is not None:
-        result.status = "needs-a-hand"
-        result.stop = done.stop
-        seen = {s.id for s in result.steps} | {done.stop.patch}
-        result.untried = [pid for pid in ours if pid not in seen]
-        return True
-    return _probe_all(manifest_path, result, name, target)
+# ------------------------------------------------------------------------------ probes
 
-
-def _probe_all(manifest_path: Path, result: BumpResult, name: str, target: str) -> bool:
-    """The manifest's probes, in order, until one fails; True when one did (a person's)."""
-    m = manifest.load(manifest_path)
-    result.assertions = sum(len(p.verify) for p in m.patches if p.package == name)
+def _probes(m: Manifest, result: Bump, name: str, target: str) -> tuple[Probe, ...]:
+    """The ported manifest's probes, run in its folder, in order, until one fails."""
+    done: list[Probe] = []
     for command in m.bump.probes:
-        probe = _probe(command, m, name, result, target)
-        result.probes.append(probe)
-        if not probe.ok:
-            result.status = "needs-a-hand"
-            return True
-    return False
+        done.append(_probe(command, m, name, result, target))
+        if not done[-1].ok:
+            break
+    return tuple(done)
 
 
-def _probe(command: str, m: Manifest, name: str, result: BumpResult, target: str) -> Probe:
+def _probe(command: str, m: Manifest, name: str, result: Bump, target: str) -> Probe:
     # PATCHKIT_PYTHON: the interpreter patchkit runs in, which can import it (and its tests)
     env = {"PATCHKIT_BUMP_PACKAGE": name, "PATCHKIT_BUMP_FROM": result.from_ref,
            "PATCHKIT_BUMP_REF": target, "PATCHKIT_PYTHON": sys.executable}
@@ -300,20 +704,11 @@ def _probe(command: str, m: Manifest, name: str, result: BumpResult, target: str
     return Probe(command, done.returncode, round(done.seconds, 1), tail)
 
 
-def _message(result: BumpResult, version: str) -> str:
-    lines = [f"Bump {result.label} from {result.from_ref} to {result.to_ref}", ""]
-    lines += [f"- {s.id}: {s.action}" + (f" ({s.detail})" if s.detail else "")
-              for s in result.steps if s.action != "skipped"]
-    lines += ["", f"{TRAILER}: {result.package} {version}"]
-    return "\n".join(lines)
-
-
-def _last_line(exc: CommandError) -> str:
-    lines = [ln.strip() for ln in exc.output.splitlines() if ln.strip()]
-    return lines[-1] if lines else f"exit {exc.returncode}"
-
-
-def exit_code(results: Sequence[BumpResult]) -> int:
+def exit_code(results: Sequence[Bump]) -> int:
     return EXIT_NEEDS_A_HAND if any(r.needs_a_hand for r in results) else 0
 
 
+def pull_name(url: str | None) -> str | None:
+    """``vllm#51835`` for a GitHub pull request link."""
+    found = _PULL.search(url or "")
+    return f"{found.group(2)}#{found.group(3)}" if found else None

@@ -33,7 +33,7 @@ from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.image.docker import Engine
 from patchkit.run import Asked, RunSpec, pins
 from patchkit.report import ApplyReport, PatchResult
-from patchkit.series import applier
+from patchkit.series import applier, trial
 from patchkit.series.releases import release_targets
 
 FORMATS = ("text", "json", "markdown", "junit")
@@ -230,15 +230,9 @@ def _one(job: _Job) -> tuple[str, object]:
     exception survives pickling)."""
     manifest, res, tree, package = job.manifest, job.res, job.tree, job.package
     try:
-        try:
-            source.checkout(res, tree, job.paths)
-            at = applier.Tree(tree, res,
-                              applier.package_tops(res, manifest.package(package).id), job.memo)
-            return "report", applier.run_stack(manifest, {package: at}, patches=job.series,
-                                               variant=job.variant,
-                                               pins={**(job.others or {}), package: res})
-        finally:
-            shutil.rmtree(tree, ignore_errors=True)
+        return "report", trial.run(manifest, res, tree, package=package,
+                                   others=job.others or {}, paths=job.paths, series=job.series,
+                                   variant=job.variant, memo=job.memo)
     except interrupt.Interrupted as exc:
         return "interrupted", exc.signum
     except PatchkitError as exc:

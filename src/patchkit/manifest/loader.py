@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -38,7 +39,7 @@ IMAGE_KEYS = ("base", "platform", "tag", "requires")
 # The keys of a patch entry besides its ranges.  A range key is a package's name, in the same
 # mapping, so no package may take one of these names.
 ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verify", "replaces",
-              "sha256", "runtime", "rebuild")
+              "sha256", "runtime", "rebuild", "supersedes")
 # `rebuild:` words: what to do with a prebuilt compiled module built from a patched file
 REBUILD_WORDS = ("jit",)
 ARTIFACT_KEYS = ("wheel", "sha256", "member", "member_sha256", "dist")
@@ -237,6 +238,7 @@ class _Loader:
             first_line: dict[str, int] = {}
             for index, item in enumerate(items):
                 patches.append(self.patch(item, index, first_line))
+            self.successors(patches)
             self.entry = None
         runtime = self.runtime(top["runtime"][1]) if "runtime" in top else ()
         bump = self.bump(top["bump"][1]) if "bump" in top else BumpSettings()
@@ -473,11 +475,48 @@ class _Loader:
                 self.fail(f"rebuild: unknown word {rebuild!r}; expected one of "
                           f"{', '.join(REBUILD_WORDS)}{hint}", rebuild_node)
 
+        supersedes: tuple[str, ...] = ()
+        if "supersedes" in fields:
+            supersedes = self.supersedes(fields["supersedes"][1], patch_id)
+
         patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
                       package=package, ranges=ranges, verify=tuple(verify), replaces=replaces,
                       line=_line(node), index=index, lines=lines, variants=in_variants,
-                      sha256=sha256, runtime=runtime, rebuild=rebuild, artifact=artifact)
+                      sha256=sha256, runtime=runtime, rebuild=rebuild, artifact=artifact,
+                      supersedes=supersedes)
         return patch
+
+    def supersedes(self, node: yaml.Node, patch_id: str) -> tuple[str, ...]:
+        """``supersedes: [ID...]``: the patches whose fix this one carries on from, each once
+        and never itself (that each exists is judged once every entry is read)."""
+        items = self.sequence(node, "supersedes", "a list of patch ids")
+        ids: list[str] = []
+        for i, item in enumerate(items):
+            other = self.string(item, f"supersedes[{i}]").strip()
+            if other == patch_id:
+                self.fail(f"supersedes[{i}]: a patch cannot supersede itself", item)
+            if other in ids:
+                self.fail(f"supersedes[{i}]: {other!r} is named twice", item)
+            ids.append(other)
+        return tuple(ids)
+
+    def successors(self, patches: Sequence[Patch]) -> None:
+        """Each id a ``supersedes:`` names is a patch of the same package in the series."""
+        by_id = {p.id: p for p in patches}
+        for p in patches:
+            for other in p.supersedes:
+                self.entry = p.label
+                line = p.lines.get("supersedes")
+                if other not in by_id:
+                    close = difflib.get_close_matches(other, tuple(by_id), n=1, cutoff=0.6)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    raise ManifestError(f"supersedes: no patch has the id {other!r}{hint}",
+                                        path=self.given, line=line, entry=self.entry)
+                if by_id[other].package != p.package:
+                    raise ManifestError(f"supersedes: {other!r} patches {by_id[other].package}, "
+                                        f"this patch {p.package}: a fix is carried on within "
+                                        "its package", path=self.given, line=line,
+                                        entry=self.entry)
 
     def unknown_ranges(self, node: yaml.Node) -> None:
         """A key that holds a version range but names no package of the manifest: said as such,

@@ -107,6 +107,9 @@ class Patch:
     # so the package compiles the module from the patched sources on first use
     rebuild: str | None = None
     artifact: Artifact | None = None   # the `artifact:` kind's pins
+    # `supersedes:` the patches whose fix this one carries on, at releases outside their range
+    # (a bump that stops applying one of them needs this patch to take effect instead)
+    supersedes: tuple[str, ...] = ()
     line: int = 0              # line of the entry in patchset.yaml
     index: int = 0             # position in `patches:`
     # line of each key's value (e.g. "vllm", "diff"), so that edits and messages can point at it

@@ -1,52 +1,61 @@
 """What `patchkit bump` says: a pull request body in Markdown per bump, one line when a package
-is already on its newest release."""
+is already on its newest release or its branch holds the port already."""
 
 from __future__ import annotations
 
-FATES = {
+from patchkit.commands.bump import Bump, Fate, Status, pull_name
+
+# what the port did with a patch, as a reviewer reads it
+PORT = {
     "applied": "carried as it is",
-    "refreshed": "carried, refreshed",
-    "resolved": "carried, resolved by hand",
-    "upstream": "upstream: marked with a range",
+    "refreshed": "refreshed",
+    "resolved": "resolved by hand",
+    "upstream": "upstream: range marked",
     "dropped": "upstream: dropped",
-    "skipped": "out of its range",
+    "skipped": "",
+    "removed": "entry removed",
+    "added": "entry added",
+    "stopped": "**needs a hand**",
+    "untried": "not tried yet",
 }
 
 
-def current(result) -> str:
-    return (f"{result.label}: pinned at {result.from_ref}, the newest release; nothing to bump")
+def current(result: Bump) -> str:
+    return f"{result.label}: pinned at {result.from_ref}, the newest release; nothing to bump"
 
 
-def body(result) -> str:
-    """The pull request body: what changed, every patch's fate, what needs a hand, and how the
-    series was proven."""
+def body(result: Bump) -> str:
+    """The pull request body: what changed, every patch's fate on both sides, what needs a
+    hand, and how the series was proven (and what was not)."""
     if result.to_ref is None:
         return current(result) + "\n"
     title = f"Bump {result.label} from {result.from_ref} to {result.to_ref}"
     lines = [f"## {title}", ""]
     if result.needs_a_hand:
-        lines += [f"**Needs a hand**: {_why(result)}", ""]
+        lines += [f"**Needs a hand**: {result.why}", ""]
     if result.dry_run:
-        lines += ["A dry run: nothing was written"
-                  + (" (without `--dry-run` the port is left for a person)."
-                     if result.needs_a_hand else "."), ""]
+        lines += ["A dry run: nothing was written.", ""]
+    elif result.status is Status.UNCHANGED:
+        lines += [f"Branch `{result.branch}` holds this port already: nothing was written.", ""]
     elif not result.needs_a_hand:
         lines += [f"Branch `{result.branch}`, one commit"
                   + (f", pushed to `{result.pushed}`." if result.pushed else "."), ""]
-    lines += ["| patch | fate | detail |", "|---|---|---|"]
-    stopped = result.stop.patch if result.stop else None
-    for step in result.steps:
-        lines.append(f"| `{step.id}` | {FATES.get(step.action, step.action)} | "
-                     f"{_cell(step.detail)} |")
-    if stopped:
-        lines.append(f"| `{stopped}` | **needs a hand** | {_cell(result.stop.message)} |")
-    lines += [f"| `{pid}` | not tried yet | after `{stopped or 'the stop'}` |"
-              for pid in result.untried]
-    lines.append("")
+    links = [f"[{name}]({url})" for name, url in
+             (("changes upstream", result.links.compare), ("release", result.links.release)) if url]
+    if links:
+        lines += [f"{result.label} {result.to_ref}: " + " · ".join(links), ""]
+    lines += _table(result)
+    lines += _changes(result)
     if result.stop:
         lines += ["### What needs a hand", "", "```text", *result.stop.instructions, "```", ""]
     lines += ["### How it was proven", ""]
     lines += _proof(result)
+    if result.by_hand:
+        lines += ["", "### Finished by hand", "",
+                  "What a person changed after the automatic attempt stopped: "
+                  + ", ".join(f"`{f}`" for f in result.by_hand.files) + ".", "",
+                  "<details><summary>The diff against the automatic attempt</summary>", "",
+                  "```diff", result.by_hand.diff.rstrip("\n"), "```", "", "</details>"]
     if result.changed:
         lines += ["", "### Files changed", ""] + [f"- `{path}`" for path in result.changed]
     if result.notes:
@@ -54,54 +63,123 @@ def body(result) -> str:
     if result.worktree:
         again = f"patchkit bump --package {result.package} --to {result.to_ref}"
         lines += ["", f"The port is left in `{result.worktree}` for a person: finish it there "
-                      f"(`patchkit rebase --continue` after a stop, or fix what the probe "
-                      f"found), then `{again}` takes it from there."]
+                      f"(`patchkit rebase --continue` after a stop, a `supersedes:` or a range "
+                      f"for a lost fix, or fix what the probe found), then `{again}` takes it "
+                      "from there."]
     lines += ["", "<sub>Written by `patchkit bump`.</sub>"]
     return "\n".join(lines) + "\n"
 
 
-def _why(result) -> str:
-    if result.stop:
-        where = f"`{result.stop.patch}`" if result.stop.patch else "the assertions"
-        return f"{where} could not be ported to {result.label} {result.to_ref}"
-    failed = next(p for p in result.probes if not p.ok)
-    how = "ran past its deadline" if failed.returncode is None else f"exit {failed.returncode}"
-    return f"the probe `{failed.command}` failed ({how})"
+def _table(result: Bump) -> list[str]:
+    old, new = result.from_ref, result.to_ref
+    lines = [f"| patch | at `{old}` | at `{new}` | port | upstream |", "|---|---|---|---|---|"]
+    for f in result.fates:
+        port = PORT.get(f.port, f.port)
+        detail = _cell(f.detail)
+        if f.successor:
+            detail = _cell(f"superseded by `{f.successor}`" + (f"; {f.detail}" if f.detail else ""))
+        cell = "; ".join(x for x in (port, detail) if x)
+        lines.append(f"| `{f.id}` | {_fate(f.before)} | {_after(f, result)} | {cell} | "
+                     f"{_link(f.upstream)} |")
+    return lines + [""]
 
 
-def _proof(result) -> list[str]:
+def _fate(status: str | None) -> str:
+    return status or "—"
+
+
+def _after(f: Fate, result: Bump) -> str:
+    if result.stop is not None:
+        return "not proven"
+    if f.lost:
+        return f"**{f.after or 'removed'}: lost**"
+    return _fate(f.after)
+
+
+def _link(url: str | None) -> str:
+    if not url:
+        return ""
+    return f"[{pull_name(url) or 'link'}]({url})"
+
+
+def _changes(result: Bump) -> list[str]:
+    """The fixes that start and stop taking effect with this bump, each with where its fix
+    went."""
+    if result.stop is not None:
+        return []
+    newly = [f for f in result.fates if f.newly_applied]
+    gone = [f for f in result.fates if f.no_longer_applied]
+    out: list[str] = []
+    if newly:
+        out += ["**Newly applied** (take effect for the first time at "
+                f"{result.to_ref}):", ""] + [f"- `{f.id}`" for f in newly] + [""]
+    if gone:
+        out += ["**No longer applied** (took effect at "
+                f"{result.from_ref}, not at {result.to_ref}):", ""]
+        for f in gone:
+            if f.successor:
+                out.append(f"- `{f.id}`: superseded by `{f.successor}`")
+            elif f.went_upstream:
+                out.append(f"- `{f.id}`: upstream in {result.label} {result.to_ref}")
+            else:
+                out.append(f"- `{f.id}`: **lost**: not upstream, and no patch that takes "
+                           "effect supersedes it")
+        out.append("")
+    return out
+
+
+def _proof(result: Bump) -> list[str]:
     if result.stop:
         return [f"- the series stopped at `{result.stop.patch or 'verify'}`: nothing past it "
-                "was proven"]
+                "was proven",
+                "- not proven: no server was started and no GPU was used"]
     lines = [f"- every patch of {result.label} applies exactly (no offset, no fuzz) to "
              f"{result.to_ref} on a fresh checkout, giving the tree the port built",
-             f"- {result.assertions} `verify:` assertion"
-             f"{'s hold' if result.assertions != 1 else ' holds'} on the ported tree"]
+             f"- {_assertions(result)} on the ported tree, as `patchkit apply` runs them "
+             "(those of the patches that take effect there)"]
     for probe in result.probes:
         state = "passed" if probe.ok else ("ran past its deadline" if probe.returncode is None
                                            else f"FAILED (exit {probe.returncode})")
-        lines.append(f"- probe `{probe.command}`: {state} in {probe.seconds:g} s")
+        said = f": {probe.summary}" if probe.summary else ""
+        lines.append(f"- probe `{probe.command}`: {state} in {probe.seconds:g} s{said}")
         if not probe.ok and probe.output:
             lines += ["", "  ```text", *["  " + ln for ln in probe.output.splitlines()],
                       "  ```"]
-    if not result.probes:
+    if not result.probes and not result.needs_a_hand:
         lines.append("- no probes: the manifest names none (`bump.probes`)")
+    elif not result.probes:
+        lines.append("- no probe ran: the port needs a hand first")
+    lines.append("- not proven: no server was started and no GPU was used; the runtime "
+                 "markers and acceptance floors are judged on a real launch "
+                 "(`patchkit verify --log`, `patchkit smoke`)")
     return lines
+
+
+def _assertions(result: Bump) -> str:
+    n = result.assertions
+    if result.assertions_failed:
+        return f"{result.assertions_failed} of {n} `verify:` assertions FAIL"
+    if n == 0:
+        return "no `verify:` assertion ran"
+    return f"{n} `verify:` assertion{'s ran and hold' if n != 1 else ' ran and holds'}"
 
 
 def _cell(text: str) -> str:
     return " ".join((text or "").split()).replace("|", "\\|")
 
 
-def summary(result) -> str:
+def summary(result: Bump) -> str:
     """The closing line of a text run, on stderr."""
     if result.to_ref is None:
         return current(result)
     if result.needs_a_hand:
         where = f" (left in {result.worktree})" if result.worktree else ""
-        return f"needs a hand: {result.label} {result.to_ref}: {_why(result)}{where}"
-    if result.status == "dry-run":
+        return f"needs a hand: {result.label} {result.to_ref}: {result.why}{where}"
+    if result.dry_run:
         return f"dry run: {result.label} {result.from_ref} -> {result.to_ref} would be bumped"
+    if result.status is Status.UNCHANGED:
+        return (f"nothing new: {result.branch} holds {result.label} {result.from_ref} -> "
+                f"{result.to_ref} already ({result.commit[:12]}); nothing written")
     pushed = f", pushed to {result.pushed}" if result.pushed else ""
     return (f"ok: {result.label} {result.from_ref} -> {result.to_ref} on {result.branch} "
             f"({result.commit[:12]}){pushed}")

@@ -346,7 +346,10 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str
     (loaded once: the edit must leave a valid manifest)."""
     version = state.resolved.version
     text = ManifestText.read(m.path)
-    if state.data["drop_upstream"]:
+    successors = [q.id for q in m.patches if p.id in q.supersedes]
+    if successors:   # its entry stays, for the `supersedes:` that names it
+        why += f"; kept for {', '.join(successors)}, which supersede{'s' if len(successors) == 1 else ''} it"
+    if state.data["drop_upstream"] and not successors:
         text.delete_item(("patches",), p.index,
                          comment=f"{p.id}: dropped, upstream in {state.label} "
                                  f"{state.data['to']} (it reported `upstream` there)")
