@@ -60,13 +60,13 @@ class RunSpec:
     # every package's pin, vLLM first: vLLM's from the ref and repos options, else its section
     # (the ref may be `base`); the others' from `packages:`, a `NAME=REF` pin moving one
     pins: tuple[Pin, ...]
-    base: str | None           # the base image name (a checked reference): the option, else image.base
+    base: str | None           # the base image (a checked reference): the option, else image.base
     platform: Platform         # the option, else image.platform
+    cache: Path                # the cache of sources, builds and transforms' results
     variant: str | None = None  # the build of the series (None: the default build)
     only: tuple[str, ...] | None = None  # the packages the run is limited to (None: all)
     tag: str = ""              # the tag template: the option, else image.tag, else NAME:{ref}
     workdir: Path | None = None          # where vLLM's checkout is applied (None: no checkout)
-    cache: Path = Path()       # the cache of sources and builds
     timeout: float = DEFAULT_TIMEOUT     # the longest silence of an engine, node or registry
     # the engine the verb connected (or a test handed in); None: the run has none
     engine: Engine | None = field(default=None, compare=False, repr=False)

@@ -213,8 +213,8 @@ def _check_is_checkout(path: Path, label: str, patches: Sequence[Patch], first: 
                      f"{shown})")
 
 
-def verify_image(manifest: Manifest, image: str, *, engine: Engine | None = None, variant: str | None = None
-                 ) -> list[AssertionResult]:
+def verify_image(manifest: Manifest, image: str, *, engine: Engine | None = None,
+                 variant: str | None = None) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
     spec = run_spec(manifest, variant=variant, engine=engine or Engine.connect())
     return _check_image(manifest, image, spec).results

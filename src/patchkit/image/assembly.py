@@ -1,6 +1,7 @@
 """An image made from an applied checkout: the packages proven on the base, the build path
 chosen, the image built, tagged, pushed and saved, and the report of it.  ``build-image`` comes
-here once its series is applied, and the series bisect, building an image, for each tree it makes."""
+here once its series is applied, and the series bisect, building an image, for each tree it
+makes."""
 
 from __future__ import annotations
 

@@ -259,8 +259,10 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
     jit_env: dict[str, str] = {}
     jit = any(o.tree.report.jit_modules for o in others)
-    installed_ = (dists() if dists is not None else distinfo.installed(files, base.env)  # type: ignore[arg-type]
-                  ) if artifacts or jit else None
+    installed_ = None
+    if artifacts or jit:   # read once, for both
+        installed_ = dists() if dists is not None else distinfo.installed(
+            files, base.env)  # type: ignore[arg-type]
     if artifacts:
         _place_artifacts(installed_, files, base.name, artifacts, entries, made_dirs, log)
     if jit:
