@@ -308,7 +308,7 @@ class ImageMaker:
 
     def build(self, manifest: Manifest, workdir: Path, k: int) -> str:
         tag = f"{self.repository}:bisect-{k}"
-        run = dataclasses.replace(self.spec, tag=tag, workdir=workdir)
+        run = dataclasses.replace(self.spec, tag=tag, workdir=workdir, engine=self.engine)
         if self.engine is not None:
             self.previous[tag] = self.engine.tagged(tag)
         elif self.registry is None:

@@ -98,7 +98,7 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
     ``registry``; ``held`` is the base as read before the apply (None: not read), ``lock``
     the lock the stack must match."""
     started = time.monotonic() if started is None else started
-    engine = None if choices.no_daemon else run.engine   # the one the verb connected
+    engine = run.engine   # the one the verb connected (None: built straight in the registry)
     workdir = tree.root
     base_.prove_packages(manifest, workdir, held, log)
     if lock is not None:
