@@ -19,21 +19,26 @@
 #   DSPARK_DRAFT_MOE_BACKEND  the draft's MoE backend; vLLM 0.27.1 and 0.28.0
 #                             have no b12x, use auto there              [b12x]
 # Anything missing, empty or malformed stops the script before vLLM starts, naming the setting.
+# The rest of the environment reaches vLLM unchanged: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME
+# (the node-to-node link's interface) and NCCL_IB_HCA (its RDMA device) among it.
 #
-# The two-node launch check, from a machine with patchkit and this repository (IMAGE is the same
-# image on both nodes, the image's default command is this script):
-#   1. rank 1 first:  DOCKER_HOST=ssh://spark-2 docker run -d --name dsv4-rank1 --gpus all \
-#                       --network host --ipc host -v /models:/models -e DSPARK_NODE_RANK=1 IMAGE
-#   2. then rank 0:   DOCKER_HOST=ssh://spark-1 docker run -d --name dsv4-rank0 --gpus all \
-#                       --network host --ipc host -v /models:/models -e DSPARK_NODE_RANK=0 IMAGE
-#   3. once rank 0 answers /health, one answer with content, a long one without garble, and
-#      the draft accepted, from rank 0's API (on spark-1):
-#        patchkit smoke http://127.0.0.1:8000 --long 4096 --timeout 600 --min-acceptance 0.25
-#   4. 10 s later (vLLM logs its spec-decode metrics every 10 s), each node's log against the
+# The two-node launch check, from a machine with patchkit and this repository that reaches each
+# node's Docker Engine over ssh (IMAGE is the same image on both nodes; its default command is
+# this script; build/launch.sh --help lists every setting, docs/dspark.md walks through it):
+#   1. the two docker run commands, then rank 1, then rank 0 once rank 1 is up; up returns
+#      once rank 0's API answers /health:
+#        LAUNCH_IMAGE=IMAGE NCCL_SOCKET_IFNAME=IFACE NCCL_IB_HCA=RDMA build/launch.sh print
+#        LAUNCH_IMAGE=IMAGE NCCL_SOCKET_IFNAME=IFACE NCCL_IB_HCA=RDMA build/launch.sh up
+#   2. one answer with content, a long one without garble, and the draft accepted, from the
+#      same machine, at rank 0's API:
+#        patchkit smoke http://spark-1:8000 --long 4096 --timeout 600 --min-acceptance 0.25
+#   3. 10 s later (vLLM logs its spec-decode metrics every 10 s), each node's log against the
 #      patches in IMAGE and the series' acceptance floors (exit 0 every marker holds, 1 one
 #      does not, naming the patch and the line):
 #        DOCKER_HOST=ssh://spark-2 patchkit verify --image IMAGE --container dsv4-rank1 --require-traffic
 #        DOCKER_HOST=ssh://spark-1 patchkit verify --image IMAGE --container dsv4-rank0 --require-traffic
+#   4. stop: both logs saved as dsv4-rank0.log and dsv4-rank1.log, both containers removed:
+#        build/launch.sh down
 set -euo pipefail
 
 die() {

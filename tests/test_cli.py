@@ -290,3 +290,20 @@ def test_copy_image_takes_manifest_and_copies_its_build_without_image(tmp_path):
                  cwd=proj, env=env)
     assert (p.returncode, p.stderr.splitlines()[-1]) == (
         2, "patchkit copy-image: error: nope.yaml: no such file")
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_and_verbose_work_before_or_after_the_verb(tmp_path, where):
+    proj = make_project(tmp_path)
+
+    def run(flag: str, verb: str = "apply"):
+        args = (flag, verb) if where == "before" else (verb, flag)
+        p = patchkit(*args, cwd=proj)
+        assert p.returncode == 0, p.stderr
+        return p
+
+    assert run("-q").stderr == ""
+    assert "+ git " in run("-v").stderr
+    assert "+ git " in run("--verbose").stderr
+    assert run("--quiet", "cache").stderr == ""
+    assert run("-q").stdout.splitlines()[-1].startswith("ok: 3 applied")

@@ -66,6 +66,20 @@ def test_every_relative_link_resolves(page):
     assert not broken, f"{page.name}: " + "; ".join(broken)
 
 
+def test_error_lines_shown_name_the_verb_as_the_handler_prints_them():
+    """The one handler prints ``patchkit VERB: error: ...``: a page showing the prefix
+    without the verb shows a line no run prints."""
+    from patchkit import errors
+
+    code, line, _ = errors.handle(errors.UsageError("x"), "status", "0", Path,
+                                  prog="patchkit status")
+    assert line == "patchkit status: error: x"
+    wrong = [f"{page.name}:{n}" for page in PAGES
+             for n, text in enumerate(page.read_text().splitlines(), 1)
+             if "patchkit: error:" in text]
+    assert not wrong, wrong
+
+
 def marked(kind: str) -> list[tuple[str, str, int, str | None]]:
     """Each block marked ``KIND test``: (where, its text, the exit code it declares, the text
     of a ``text output`` block right after it, which its standard output must hold)."""
@@ -183,3 +197,23 @@ def test_manifest_example_validates(where, text, want, tmp_path):
     out = subprocess.run([sys.executable, "-m", "patchkit", "validate"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == want, f"{where}: exit {out.returncode}\n{out.stdout}\n{out.stderr}"
+
+
+def _takes_manifest(command) -> bool:
+    return any("--manifest" in p.opts for p in command.params)
+
+
+def test_the_docs_say_which_verbs_take_manifest():
+    """README and docs/commands.md say every verb but smoke takes --manifest: so it is."""
+    import click
+
+    from patchkit.cli import cli
+
+    ctx = click.Context(cli)
+    verbs = {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)}
+    cache = verbs["cache"]
+    verbs.update({f"cache {n}": cache.get_command(ctx, n) for n in cache.list_commands(ctx)})
+    assert sorted(n for n, c in verbs.items() if not _takes_manifest(c)) == ["smoke"]
+    for page in ("README.md", "docs/commands.md"):
+        text = " ".join((REPO_ROOT / page).read_text(encoding="utf-8").split())
+        assert "every one but `smoke` takes `--manifest file`" in text.lower(), page

@@ -70,3 +70,28 @@ def test_a_free_lock_is_taken_without_a_word_and_a_second_take_waits(tmp_path,
             with filelocks.held(tmp_path / "a.lock", "a"):
                 pass
     assert said == []
+
+
+def test_a_run_never_waits_on_its_own_lock_as_on_another_run(tmp_path, monkeypatch):
+    """Two threads of one run (rebase-check resolving targets side by side) take the cached
+    releases' lock in turn, without a line saying that another run holds it."""
+    import threading
+
+    monkeypatch.setattr(filelocks, "SAY_AFTER", 0.05)
+    lock = tmp_path / "vllm.lock"
+    inside, done = threading.Event(), threading.Event()
+
+    def worker():
+        with filelocks.held(lock, "the cached vllm releases"):
+            inside.set()
+            time.sleep(0.5)
+        done.set()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert inside.wait(10)
+    said = []
+    with filelocks.held(lock, "the cached vllm releases", said.append):
+        assert done.is_set()   # had only once the other thread let go
+    t.join(10)
+    assert said == []

@@ -27,12 +27,13 @@ def readme_steps() -> list[list[str]]:
 
 
 def _commands(text: str) -> list[list[str]]:
-    """Each docker or patchkit command line, as words (DOCKER_HOST=... left out)."""
+    """Each docker, patchkit or build/launch.sh command line, as words (the NAME=VALUE
+    settings before it left out)."""
     out = []
     for line in text.replace("\\\n", " ").splitlines():
         line = re.sub(r"^\s*(\d\.\s+)?(rank \d first:|then rank \d:)?\s*", "", line)
-        if re.match(r"(DOCKER_HOST=\S+ )?(docker|patchkit) ", line):
-            out.append([w for w in shlex.split(line) if not w.startswith("DOCKER_HOST=")])
+        if re.match(r"([A-Z_0-9]+=\S+ )*(docker|patchkit|build/launch\.sh)( |$)", line):
+            out.append([w for w in shlex.split(line) if not re.match(r"[A-Z_0-9]+=", w)])
     return out
 
 
@@ -40,20 +41,28 @@ def test_serve_help_and_readme_show_the_same_steps():
     assert serve_help() == readme_steps()
 
 
-def test_rank1_starts_first_then_rank0_and_each_is_verified():
+def test_launch_then_smoke_then_verify_each_node_then_down():
     steps = readme_steps()
-    starts = [s for s in steps if s[:2] == ["docker", "run"]]
-    assert [s[s.index("--name") + 1] for s in starts] == ["dsv4-rank1", "dsv4-rank0"]
-    assert [s[s.index("-e") + 1] for s in starts] == ["DSPARK_NODE_RANK=1", "DSPARK_NODE_RANK=0"]
+    assert [s[0] for s in steps] == ["build/launch.sh", "build/launch.sh", "patchkit",
+                                     "patchkit", "patchkit", "build/launch.sh"]
+    assert [s[1] for s in steps] == ["print", "up", "smoke", "verify", "verify", "down"]
     checks = [s for s in steps if s[0] == "patchkit"]
     # smoke first: its traffic puts the spec-decode metrics lines in the log verify judges
-    assert [s[1] for s in checks] == ["smoke", "verify", "verify"]
     assert [s[s.index("--container") + 1] for s in checks[1:]] == ["dsv4-rank1", "dsv4-rank0"]
     assert all("--image" in s for s in checks[1:])
-    # smoke asks rank 0's API, on the port build/serve.sh gives it by default
-    assert checks[0][2] == "http://127.0.0.1:8000" and "--min-acceptance" in checks[0]
+    # smoke runs on this machine and asks rank 0's API, on the port serve.sh gives it
+    assert checks[0][2] == "http://spark-1:8000" and "--min-acceptance" in checks[0]
     assert "--long" in checks[0]
     assert "port=${DSPARK_PORT-8000}" in (REPO_ROOT / "build" / "serve.sh").read_text()
+    assert "host=${DSPARK_HOST-0.0.0.0}" in (REPO_ROOT / "build" / "serve.sh").read_text()
+    # the containers verify reads are those launch.sh names
+    assert "name=${LAUNCH_NAME-dsv4}" in (REPO_ROOT / "build" / "launch.sh").read_text()
+
+
+def test_the_docs_never_run_smoke_on_a_node():
+    text = (REPO_ROOT / "docs" / "dspark.md").read_text()
+    assert "on spark-1: one chat" not in text and "(on spark-1)" not in text
+    assert "`smoke` runs here, not on a node" in text
 
 
 def test_each_patchkit_command_parses():

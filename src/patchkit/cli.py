@@ -32,6 +32,8 @@ class Output:
     quiet = False
     verbose = False
     said: set[str] = set()
+    # -q / -v given before the verb (`patchkit -q apply`): as if given after it
+    before = (False, False)
 
 
 def say(message: str) -> None:
@@ -83,8 +85,9 @@ class Verb(click.Command):
         from patchkit import progress
         from patchkit.render.progress import TerminalSink
 
-        Output.quiet = ctx.params.pop("quiet", False)
-        Output.verbose = ctx.params.pop("verbose", False) and not Output.quiet
+        Output.quiet = ctx.params.pop("quiet", False) or Output.before[0]
+        Output.verbose = (ctx.params.pop("verbose", False) or Output.before[1]) \
+            and not Output.quiet
         Output.said = set()
         before = progress.install(TerminalSink(quiet=Output.quiet, verbose=Output.verbose))
         try:
@@ -183,7 +186,12 @@ def _load(manifest_path: str):
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="patchkit")
-def cli() -> None:
+@click.option("-q", "--quiet", "quiet", is_flag=True,
+              help="Say nothing on stderr but errors (before or after the verb).")
+@click.option("-v", "--verbose", "verbose", is_flag=True,
+              help="Also show each git and pip command as it runs, and what a short line "
+                   "leaves out (before or after the verb).")
+def cli(quiet: bool, verbose: bool) -> None:
     """Exact, fail-closed patch series for vLLM.
 
     \b
@@ -195,7 +203,10 @@ def cli() -> None:
       patchkit build-image                   build the linux/arm64 image
       patchkit rebase-check --releases       how the series fares on newer vLLM releases
       patchkit bump --dry-run                the port to the newest release, as a change to review
+
+    -q and -v go before or after the verb: 'patchkit -q apply' is 'patchkit apply -q'.
     """
+    Output.before = (quiet, verbose)
 
 
 @cli.command()
@@ -370,12 +381,9 @@ def rebase(ref, cont, abort, drop_upstream, repos, package, manifest_path) -> in
         raise click.UsageError("--drop-upstream, --vllm-repo and --package go with --to")
     result = command.run(Path(manifest_path), to=ref, cont=cont, abort_=abort,
                          drop_upstream=drop_upstream, repos=repos or None, package=package,
-                         progress=TextProgress(err=True))
-    if isinstance(result, list):
-        echo(f"rebase aborted; restored {', '.join(result) if result else 'nothing (no file had changed)'}")
-        return 0
+                         progress=TextProgress(err=True, patches=False))
     echo(text.rebase(result))
-    return 1 if result.stop else 0
+    return 0 if result.ok else 1
 
 
 @cli.command()
@@ -481,7 +489,7 @@ def bump(package, ref, dry_run, push, repos, manifest_path, fmt) -> int:
                         indent=2))
     else:
         bodies = [render.body(r) for r in results
-                  if r.to_ref is not None and r.status is not command.Status.UNCHANGED]
+                  if r.to_ref is not None and r.status is not command.BumpStatus.UNCHANGED]
         if bodies:
             echo("\n".join(bodies).rstrip("\n"))
     for r in results:   # a line per package on stderr, whatever stdout holds
@@ -808,6 +816,7 @@ def cache_cmd(ctx, manifests, fmt, quiet, verbose) -> int:
     from patchkit import progress
     from patchkit.render.progress import TerminalSink
 
+    quiet, verbose = quiet or Output.before[0], verbose or Output.before[1]
     before = progress.install(TerminalSink(quiet=quiet, verbose=verbose and not quiet))
     try:
         return _list_cache(manifests, fmt)
@@ -904,6 +913,7 @@ def main(argv: list[str] | None = None) -> int:
         echo(USAGE, err=True)
         return 2
     prog = _prog(args)
+    Output.before = (False, False)
     if next((a for a in args if not a.startswith("-")), None) != "cache" and \
             "_PATCHKIT_COMPLETE" not in os.environ:
         from patchkit.cache import mark_when_used
@@ -928,6 +938,9 @@ def main(argv: list[str] | None = None) -> int:
         code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file,
                                             prog=prog, word=worded)
         echo(line, err=True)
+        more = getattr(exc, "more", None)
+        if more and Output.verbose:   # -v: what the one line left out
+            echo(f"  {more}", err=True)
         if not isinstance(exc, (errors.PatchkitError, Exception)):
             return code  # an interruption: nothing to report
     if cli.wants_json(args):

@@ -10,12 +10,17 @@ release from PyPI, which take minutes on a slow link; a signal ends the wait at 
 ``held(path, what)`` leaves the locked file behind, as a cache's locked files stay.  ``held(...,
 vanish=True)`` removes it before letting go (a workdir's lock must not litter the user's
 folder); a waiter that then wins the lock on the removed file tries again on the new one.
+
+A run never waits on itself as on another run: two threads of one run (``rebase-check``
+resolving its targets side by side) take a path in turn through a lock of the process first,
+quietly, and only then the file lock, which then only another run can hold.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,12 +39,53 @@ class BusyError(PatchkitError):
     """Another patchkit run held a lock for longer than ``WAIT``."""
 
 
+_ours: dict[str, threading.Lock] = {}   # path -> the lock this process's threads take it by
+_table = threading.Lock()
+
+
+def _own_lock(path: Path) -> threading.Lock:
+    with _table:
+        return _ours.setdefault(os.path.abspath(path), threading.Lock())
+
+
+def _forget_ours() -> None:
+    """A forked child holds none of its parent's locks (the thread that held one is not in it)."""
+    global _table
+    _ours.clear()
+    _table = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_ours)
+
+
+def _take_own(lock: threading.Lock, path: Path, what: str, deadline: float) -> None:
+    """This run's other thread lets go of ``path`` when it is done with it: no line, the
+    same deadline."""
+    while not lock.acquire(timeout=POLL):
+        interrupt.check()
+        if time.monotonic() >= deadline:
+            raise BusyError(f"{what}: this run has held {path} for more than "
+                            f"{shown(WAIT)} (another of its threads, or the same one twice)")
+
+
 @contextmanager
 def held(path: Path | str, what: str, log: Callable[[str], None] = lambda m: None, *,
          vanish: bool = False) -> Iterator[None]:
     """Holds the file lock on ``path`` (guarding ``what``, as messages name it) for the block."""
     path = Path(path)
     deadline = time.monotonic() + WAIT
+    own = _own_lock(path)
+    _take_own(own, path, what, deadline)
+    try:
+        with _file_lock(path, what, log, deadline, vanish):
+            yield
+    finally:
+        own.release()
+
+
+@contextmanager
+def _file_lock(path: Path, what: str, log: Callable[[str], None], deadline: float,
+               vanish: bool) -> Iterator[None]:
     said = False
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

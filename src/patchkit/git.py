@@ -62,7 +62,6 @@ DIFF_ARGS = ("-c", "diff.suppressBlankEmpty=false", "-c", "diff.mnemonicPrefix=f
              "--no-renames", "--no-relative", "--full-index", "--binary", "--unified=3",
              "--diff-algorithm=myers", "--indent-heuristic", "--src-prefix=a/", "--dst-prefix=b/")
 
-SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
 T = TypeVar("T")
 
 
@@ -215,9 +214,24 @@ def clone_mirror(url: str, dest: Path) -> None:
 
 
 def fetch_mirror(repo: Path, url: str) -> None:
-    """Every branch and tag of ``url`` into the mirror ``repo``, pruning what went away."""
-    _run(*NETWORK, "fetch", "--quiet", "--prune", "--tags", "--", url,
-         "+refs/heads/*:refs/heads/*", cwd=repo, network=True)
+    """Every branch and tag of ``url`` into the mirror ``repo``, pruning what went away.  A
+    tag the source moved moves in the mirror too (``--tags`` would refuse it, silently under
+    ``--quiet``: "would clobber existing tag")."""
+    _run(*NETWORK, "fetch", "--quiet", "--prune", "--", url, "+refs/heads/*:refs/heads/*",
+         "+refs/tags/*:refs/tags/*", cwd=repo, network=True)
+
+
+ANSWER_WAIT = 30.0   # seconds a source is given to list its branches
+
+
+def answers(url: str) -> bool:
+    """True when the git source ``url`` answers at all (lists its branches): what tells a
+    source that is out of reach from one that answered and refused one thing."""
+    try:
+        return _try(*NETWORK, "ls-remote", "--heads", "--", url, timeout=ANSWER_WAIT,
+                    network=True).ok
+    except GitError:
+        return False
 
 
 def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None
@@ -656,6 +670,23 @@ def diff(repo: Path, *revs: str, cached: bool = False) -> str:
     every output option pinned."""
     args = [*DIFF_ARGS] + (["--cached"] if cached else [])
     return _run(*args, *revs, "--", cwd=repo)
+
+
+_HUNK_RE = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", re.M)
+
+
+def changed_lines(repo: Path, base: str, path: str) -> list[int]:
+    """The lines of ``path`` in the work tree of ``repo`` that differ from ``base`` (a line
+    next to what was removed stands for the removal); [] when that cannot be told (no such
+    rev, not a repository)."""
+    r = _try(*DIFF_ARGS, "--unified=0", base, "--", f":(literal){path}", cwd=repo)
+    if not r.ok:
+        return []
+    lines: list[int] = []
+    for m in _HUNK_RE.finditer(r.stdout):
+        start, count = int(m.group(1)), int(m.group(2) or 1)
+        lines += range(start, start + count) if count else [max(start, 1)]
+    return lines
 
 
 def diff_paths(repo: Path, old: str, new: str, paths: Sequence[str]) -> str:

@@ -28,6 +28,9 @@ class Sink:
     def command(self, argv: Sequence[str]) -> None:
         pass
 
+    def detail(self, text: str) -> None:
+        pass
+
 
 _sink: Sink = Sink()
 
@@ -48,3 +51,9 @@ def transfer(label: str, verb: str = "downloaded") -> Transfer:
 def command(argv: Sequence[str]) -> None:
     """A command (git, pip, ...) is about to run: ``-v`` shows it."""
     _sink.command(argv)
+
+
+def detail(text: str) -> None:
+    """What a short line left out (why a source is unreachable, where that is remembered):
+    ``-v`` shows it, once per run."""
+    _sink.detail(text)

@@ -1,21 +1,54 @@
 """Results: what happened to each patch and each assertion, as typed values.
 
-The words are the contract's: status ``applied | upstream | skipped | failed`` and, for
-``failed``, one reason of ``REASONS``.  An :class:`ApplyReport` is written as JSON (the apply
-report of a checkout, ``--format json``) by :meth:`ApplyReport.to_dict` and read back by
-:meth:`ApplyReport.from_dict`, the one reader of that shape.
+The words are the contract's: a :class:`Status` (``applied | upstream | skipped | failed``) and,
+for ``failed``, one :class:`Reason`.  Both are enums: code compares members, never text; each
+member is its word where it is written (JSON, text, a label).  An :class:`ApplyReport` is
+written as JSON (the apply report of a checkout, ``--format json``) by
+:meth:`ApplyReport.to_dict` and read back by :meth:`ApplyReport.from_dict`, the one reader of
+that shape.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 
 from patchkit.packageid import VLLM
 
-STATUSES = ("applied", "upstream", "skipped", "failed")
-REASONS = ("conflict", "fuzz", "anchor-missing", "ambiguous-anchor", "unsafe-path",
-           "overlay-drift", "assertion", "error")
+
+class Word(str, Enum):
+    """A word of a report: compared as a member, written (JSON, text) as the word itself."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Status(Word):
+    """What happened to a patch."""
+
+    APPLIED = "applied"      # it changed the tree
+    UPSTREAM = "upstream"    # the tree already has the change; nothing written
+    SKIPPED = "skipped"      # the release is outside its range, or its package is not in the run
+    FAILED = "failed"        # with one Reason
+
+
+class Reason(Word):
+    """Why a patch failed."""
+
+    CONFLICT = "conflict"
+    FUZZ = "fuzz"
+    ANCHOR_MISSING = "anchor-missing"
+    AMBIGUOUS_ANCHOR = "ambiguous-anchor"
+    UNSAFE_PATH = "unsafe-path"
+    OVERLAY_DRIFT = "overlay-drift"
+    ASSERTION = "assertion"
+    ERROR = "error"
+
+
+# the words, in the contract's order (what a JSON report may hold)
+STATUSES = tuple(s.value for s in Status)
+REASONS = tuple(r.value for r in Reason)
 
 
 @dataclass(frozen=True)
@@ -71,8 +104,8 @@ class InTheWay:
 class Outcome:
     """What one patch kind's applier did to the tree, before the engine commits it."""
 
-    status: str  # applied | upstream | failed
-    reason: str | None = None
+    status: Status  # applied | upstream | failed
+    reason: Reason | None = None
     message: str = ""
     files: list[str] = field(default_factory=list)
     offsets: list[Offset] = field(default_factory=list)
@@ -108,8 +141,8 @@ class PackageInfo:
 class PatchResult:
     id: str
     kind: str
-    status: str
-    reason: str | None = None
+    status: Status
+    reason: Reason | None = None
     commit: str | None = None
     files: list[str] = field(default_factory=list)
     message: str = ""
@@ -119,9 +152,10 @@ class PatchResult:
     in_the_way: list[InTheWay] = field(default_factory=list)   # every hunk and file in the way
 
     def __post_init__(self) -> None:
-        assert self.status in STATUSES, self.status
-        assert (self.reason is None) == (self.status != "failed"), (self.status, self.reason)
-        assert self.reason is None or self.reason in REASONS, self.reason
+        assert isinstance(self.status, Status), self.status
+        assert (self.reason is None) == (self.status is not Status.FAILED), (self.status,
+                                                                             self.reason)
+        assert self.reason is None or isinstance(self.reason, Reason), self.reason
 
     def to_dict(self) -> dict:
         return {"id": self.id, "kind": self.kind, "status": self.status, "reason": self.reason,
@@ -134,8 +168,10 @@ class PatchResult:
     def from_dict(cls, data: dict) -> PatchResult:
         """``offsets`` (sentences) are for people; the values are read from ``offset_values``.
         A report written before those were stored reads as having no offsets."""
-        return cls(str(data["id"]), str(data.get("kind") or ""), str(data["status"]),
-                   data.get("reason"), data.get("commit"), list(data.get("files") or []),
+        reason = data.get("reason")
+        return cls(str(data["id"]), str(data.get("kind") or ""), Status(data["status"]),
+                   None if reason is None else Reason(reason), data.get("commit"),
+                   list(data.get("files") or []),
                    str(data.get("message") or ""),
                    [Offset.from_dict(o) for o in data.get("offset_values") or []],
                    package=str(data.get("package") or VLLM.name),
@@ -183,17 +219,19 @@ class ApplyReport:
     jit_modules: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # each patch's digest (manifest.digest) when the checkout was made: what status compares
     digests: dict[str, str] = field(default_factory=dict)
+    # each setting's digest outside `patches:` (manifest.digest.settings): what status compares
+    settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return (all(p.status != "failed" for p in self.patches)
+        return (all(p.status is not Status.FAILED for p in self.patches)
                 and all(a.ok for a in self.verify))
 
-    def status_of(self, patch_id: str) -> str | None:
+    def status_of(self, patch_id: str) -> Status | None:
         return next((p.status for p in self.patches if p.id == patch_id), None)
 
     def skipped(self) -> set[str]:
-        return {p.id for p in self.patches if p.status == "skipped"}
+        return {p.id for p in self.patches if p.status is Status.SKIPPED}
 
     def to_dict(self) -> dict:
         v = self.vllm
@@ -211,6 +249,8 @@ class ApplyReport:
             data["discarded"] = self.discarded
         if self.digests:
             data["digests"] = dict(self.digests)
+        if self.settings:
+            data["settings"] = dict(self.settings)
         return data
 
     def to_json(self) -> str:
@@ -232,8 +272,9 @@ class ApplyReport:
                         for n, p in (data.get("packages") or {}).items()},
                        {str(n): {str(f): [str(x) for x in m] for f, m in files.items()}
                         for n, files in (data.get("jit_modules") or {}).items()},
-                       {str(k): str(v) for k, v in (data.get("digests") or {}).items()})
-        except (KeyError, TypeError, AttributeError, AssertionError) as exc:
+                       {str(k): str(v) for k, v in (data.get("digests") or {}).items()},
+                       {str(k): str(v) for k, v in (data.get("settings") or {}).items()})
+        except (KeyError, TypeError, AttributeError, AssertionError, ValueError) as exc:
             raise ValueError(f"not an apply report: {exc!r}") from None
 
     @classmethod

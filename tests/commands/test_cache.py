@@ -148,3 +148,31 @@ def test_prune_outside_a_project_without_a_manifest_is_one_line(tmp_path):
     p = patchkit("cache", "prune", cwd=tmp_path)
     assert p.returncode == 2
     assert "no manifest" in one_error(p)
+
+
+def test_a_wheels_last_use_moves_only_when_a_run_reads_it(cached):
+    """Laying out FlashInfer 0.6.15 reads its wheel alone: 0.6.16's time stays where it was,
+    and a release already laid out reads no wheel at all."""
+    from patchkit.commands import cache as command
+    from patchkit.manifest.model import identity
+    from patchkit.source import pypi
+
+    proj, cache = cached
+    wheels = cache / "pypi" / "wheels"
+    for name in WHEELS:
+        os.utime(wheels / name, (1000, 1000))
+    flashinfer = identity("flashinfer", "flashinfer-python")
+
+    def used() -> dict[str, float]:
+        return {e.path.name: e.used for e in command.inventory(cache) if e.kind == "wheel"}
+
+    pypi.ensure_release(cache, "v0.6.15", package=flashinfer)
+    after = used()
+    assert after[WHEELS[1]] == 1000          # not read: its time stays
+    assert after[WHEELS[0]] > 1000           # read to lay 0.6.15 out
+    os.utime(wheels / WHEELS[0], (2000, 2000))
+    pypi.ensure_release(cache, "v0.6.15", package=flashinfer)   # laid out: no wheel read
+    assert used() == {WHEELS[0]: 2000, WHEELS[1]: 1000}
+    p = patchkit("cache", "prune", "--older-than", "30d", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    assert not (wheels / WHEELS[1]).exists() and (wheels / WHEELS[0]).exists()

@@ -1,6 +1,7 @@
-"""The shape of the commands, read from their syntax trees: no command imports another (what
-two commands share lives in a library module), every command function stays short and takes
-few parameters (the run value carries the rest), and an engine is connected by the verbs."""
+"""The shape of the commands, read from their syntax trees: every command function stays short
+and takes few parameters (the run value carries the rest), and an engine is connected by the
+verbs alone.  That no command imports another (what two commands share lives in a library
+module) is the `verbs` contract of pyproject.toml, which tests/test_layers.py runs."""
 
 from __future__ import annotations
 
@@ -20,34 +21,12 @@ def _trees(folder: Path):
         yield path, ast.parse(path.read_text(encoding="utf-8"), str(path))
 
 
-def _imported(tree: ast.AST) -> set[str]:
-    """Every module an import names, ``from a import b`` as both ``a`` and ``a.b``."""
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
-    return out
-
-
 def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     a = node.args
     names = [*a.posonlyargs, *a.args, *a.kwonlyargs]
     if names and names[0].arg in ("self", "cls"):
         names = names[1:]
     return len(names) + (a.vararg is not None) + (a.kwarg is not None)
-
-
-def test_no_command_imports_another():
-    found = []
-    for path, tree in _trees(COMMANDS):
-        own = f"patchkit.commands.{path.stem}"
-        for name in sorted(_imported(tree)):
-            if name.startswith("patchkit.commands.") and name != own:
-                found.append(f"{path.name} imports {name}")
-    assert found == []
 
 
 def test_command_functions_are_short_and_take_few_parameters():
@@ -67,10 +46,8 @@ def test_command_functions_are_short_and_take_few_parameters():
 
 def test_the_checks_see_what_they_judge():
     """The guards above would see a breach: the rules read real nodes."""
-    tree = ast.parse("from patchkit.commands import lock\n"
-                     "def f(a, b, c, d, e, f, g, h, i):\n" + "    pass\n" * 60)
-    fn = tree.body[1]
-    assert "patchkit.commands.lock" in _imported(tree)
+    tree = ast.parse("def f(a, b, c, d, e, f, g, h, i):\n" + "    pass\n" * 60)
+    fn = tree.body[0]
     assert _params(fn) == 9 and fn.end_lineno - fn.lineno + 1 == 61
 
 
@@ -81,6 +58,8 @@ def test_an_engine_is_connected_by_the_verbs_alone():
     allowed = {*COMMANDS.glob("*.py"), SRC / "image" / "transfer.py", SRC / "image" / "docker.py"}
     found = []
     for path, tree in _trees(SRC):
+        if path.parent == COMMANDS:
+            continue
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and node.attr == "connect"
                     and isinstance(node.value, ast.Name) and node.value.id == "Engine"

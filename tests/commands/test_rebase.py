@@ -152,8 +152,11 @@ def test_abort_restores_every_byte(tmp_path):
     assert snapshot(proj) != before  # the manifest already carries the upstream mark
     (proj / "patches/other.diff").write_text("half-edited\n")
     (proj / "overlays/conf/pkg/conf.py").write_text("scribbled\n")
-    restored = rebase.abort(proj / "patchset.yaml")
-    assert set(restored) == {"patchset.yaml", "patches/other.diff", "overlays/conf/pkg/conf.py"}
+    aborted = rebase.abort(proj / "patchset.yaml")
+    assert aborted.aborted and aborted.ok and (aborted.from_ref, aborted.to_ref) == ("v1.0.0",
+                                                                                    "v1.2.0")
+    assert set(aborted.restored) == {"patchset.yaml", "patches/other.diff",
+                                     "overlays/conf/pkg/conf.py"}
     assert snapshot(proj) == before
     assert not (proj / ".patchkit/rebase").exists()
     with pytest.raises(UsageError, match="no rebase in progress"):
@@ -218,7 +221,11 @@ def test_cli_rebase_conflict_continue_abort(tmp_path):
     proj = make_fates(tmp_path)
     p = patchkit("rebase", "--to", "v1.2.0", cwd=proj)
     assert p.returncode == 1, p.stderr
-    assert p.stdout.splitlines()[0] == 'upstream  table-nvfp4: already in the tree; marked vllm: "<1.2.0"'
+    assert p.stdout.splitlines()[:2] == [
+        "vLLM v1.0.0 -> v1.2.0, patch by patch:",
+        'upstream  table-nvfp4: already in the tree; marked vllm: "<1.2.0"']
+    # the list is said once, on stdout: no patch line on stderr as well
+    assert "table-nvfp4" not in p.stderr
     assert "`patchkit rebase --continue` writes that change to patches/other.diff" in p.stdout
     p = patchkit("rebase", "--continue", cwd=proj)
     assert p.returncode == 2 and "conflict markers left" in p.stderr
@@ -260,7 +267,8 @@ def test_interrupted_rebase_goes_on_or_goes_back(tmp_path, then):
         return
     p = patchkit("rebase", "--continue", cwd=proj)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert [ln.split()[:2] for ln in p.stdout.splitlines()[:7]] == [
+    assert p.stdout.splitlines()[0] == "vLLM v1.0.0 -> v1.1.0, patch by patch:"
+    assert [ln.split()[:2] for ln in p.stdout.splitlines()[1:8]] == [
         ["refreshed", "table-nvfp4:"], ["applied", "fast-mode"], ["applied", "other-fix"],
         ["applied", "conf-overlay"], ["skipped", "legacy:"], ["upstream", "already-in:"],
         ["applied", "slow"]]

@@ -98,6 +98,26 @@ def test_status_says_what_changed_in_the_manifest_since_the_apply(applied):
     assert "run 'patchkit apply'" in p.stdout
 
 
+def test_status_compares_patches_on_what_they_are_and_says_settings_apart(applied):
+    proj, wd = applied
+    text = (proj / "patchset.yaml").read_text()
+    # lines added above every entry move each one's line numbers, and edit nothing of them
+    text = text.replace("name: demo\n", "name: demo-renamed\n# a note\nbump:\n  probes:\n"
+                        "    - 'true'\n")
+    (proj / "patchset.yaml").write_text(text)
+    st = status(wd)
+    assert st["manifest_changes"]["edited"] == []
+    p = patchkit("status", "--format", "json", cwd=proj)
+    assert json.loads(p.stdout)["settings_changed"] == ["bump.probes", "name"]
+    p = patchkit("status", cwd=proj)
+    assert ("settings changed since the apply (outside patches:): bump.probes, name"
+            in p.stdout.splitlines())
+    assert "edited" not in p.stdout
+    # one probe line fewer is a change of bump.probes alone
+    (proj / "patchset.yaml").write_text(text.replace("    - 'true'\n", "    - 'false'\n"))
+    assert status(wd)["manifest_changes"]["edited"] == []
+
+
 def test_export_then_apply_needs_no_discard(applied):
     proj, wd = applied
     my_commit(wd)

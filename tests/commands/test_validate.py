@@ -67,3 +67,24 @@ def test_an_empty_overlay_is_exit_2(project):
     out = patchkit("validate", cwd=project)
     assert out.returncode == 2
     assert "overlays/extra: the overlay holds no files" in one_error(out)
+
+
+@pytest.mark.parametrize("path,shown", [("vllm/pwned.py", "(it is vllm's)"),
+                                        ("pwned.py", "(a file at the root)")])
+def test_validate_applies_applys_path_rules_to_another_packages_patch(tmp_path, path, shown):
+    """A FlashInfer patch writing a vLLM path (or a file at the root) is refused by validate,
+    as apply refuses it, with the entry's line."""
+    from testing.flashinfer import make_stack
+
+    proj = make_stack(tmp_path, "  - id: fi-escape\n    summary: writes into vLLM's files\n"
+                                "    package: flashinfer\n"
+                                "    diff: patches/flashinfer/fi-escape.diff\n")
+    (proj / "patches/flashinfer/fi-escape.diff").write_text(
+        f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x = 1\n")
+    p = patchkit("validate", cwd=proj)
+    assert p.returncode == 2, p.stdout
+    line = next(n for n, text in enumerate((proj / "patchset.yaml").read_text().splitlines(), 1)
+                if "id: fi-escape" in text)
+    assert one_error(p) == (f"patchkit validate: error: patchset.yaml:{line}: patches[4] "
+                            f"(id=fi-escape): {path} is outside flashinfer's files {shown}; a "
+                            "flashinfer patch names paths from that package's root")

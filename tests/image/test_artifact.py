@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from patchkit.image import artifact, build, distinfo, prebuilt
+from patchkit.errors import ImageError
 from patchkit.image.artifact import ArtifactError
 from patchkit.manifest.model import Artifact
 from testing import one_error, patchkit
@@ -119,8 +120,10 @@ def test_the_member_is_placed_where_the_base_installed_its_dist(sos):
                            **dist("flashinfer-jit-cache", "0.6.15+cu130", {MEMBER: b"old"})})
     tree = build.PackageTree("flashinfer", "flashinfer-python", applied({HEADER: MODULES}), (),
                              SITE)
-    assert prebuilt.leave_out(distinfo.installed(shadowing, {}), [tree], "b", print,
-                              {("flashinfer-jit-cache", MEMBER)}) == []
+    assert prebuilt.leave_out(shadowing, distinfo.installed(shadowing, {}), {}, [tree], "b",
+                              print, {("flashinfer-jit-cache", MEMBER)}) == []
+    with pytest.raises(ImageError):   # without the artifact, the module would shadow the header
+        prebuilt.leave_out(shadowing, distinfo.installed(shadowing, {}), {}, [tree], "b")
 
 
 def test_an_artifact_for_a_dist_the_base_lacks_is_one_line(sos):

@@ -197,7 +197,6 @@ def test_dev_build_summary_says_what_the_image_holds(dev_built, dev_base, docker
     assert labels["io.patchkit.vllm.installed"] == dev_base["version"]
     assert labels["io.patchkit.vllm.installed.commit"] == commit[:9]
     assert labels["io.patchkit.vllm.source"] == "git"
-    from patchkit.image.docker import Engine
     from patchkit.imageref import Platform
 
     base = Engine.connect().resolve_base(dev_base["tag"], Platform.parse("linux/arm64"))

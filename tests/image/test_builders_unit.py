@@ -4,7 +4,6 @@ The refusal messages themselves are asserted through build-image in test_registr
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -16,11 +15,6 @@ from patchkit.series.checkout import Change
 
 def _choice(*paths: str) -> build.ModeChoice:
     return build.choose_mode([Change("M", p, 0o100644, "0" * 40) for p in paths])
-
-
-def test_an_engine_takes_every_option():
-    builders.refuse(False, Asked(push=False, save=Path("x.tar"), mode="source",
-                                          copy_to=("tcp://127.0.0.1:9",)))
 
 
 def test_the_registry_path_takes_push_alone():

@@ -10,6 +10,7 @@ import difflib
 import hashlib
 import json
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,9 +22,10 @@ import pytest
 
 from testing import flashinfer as fi
 from testing import imageproject as ip
-from testing import real_cache, stackbase
+from testing import jitcache, real_cache, stackbase
 from testing.imageproject import RELEASE, SITE, write_manifest
 from testing.progress import Said
+from testing.stackbase import flashinfer_wheel
 from patchkit import manifest
 from patchkit.commands import build_image, verify
 from patchkit.errors import ImageError
@@ -172,3 +174,138 @@ def test_an_artifact_ships_the_rebuilt_module_and_verify_proves_it(tmp_path, jit
     assert json.loads(image.labels["io.patchkit.artifacts"])[0]["member"] == MODULE
     checked = verify.run(m, verify.Request(root / ".patchkit" / "vllm", image=tag, engine=engine))
     assert checked.ok, checked
+
+
+# ------------------------------------------------------------------ FlashInfer 0.7: providers
+
+NORM_HEADER = "flashinfer/data/include/flashinfer/norm.cuh"
+GB10_NORM = "flashinfer_jit_cache/providers/sm121a/jit_cache/norm"
+HOPPER_NORM = "flashinfer_jit_cache/providers/sm90a/jit_cache/norm"
+NORM_SOURCES = ("flashinfer/data/csrc/norm.cu", "flashinfer/data/csrc/flashinfer_norm_binding.cu")
+
+
+def _kept_07(name: str) -> bool:
+    """What the 0.7.4 test base holds of the release: its JIT definitions, the headers, and
+    the sources of ``norm`` (the CUDA sources of every other module are 390 MB)."""
+    return (name.endswith(".py") and name.count("/") == 1 or name.startswith("flashinfer/jit/")
+            or name.startswith("flashinfer/data/include/") or name in NORM_SOURCES
+            or name.startswith("flashinfer/data/csrc/") and name.count("/") == 3
+            and name.endswith(".h"))
+
+
+@pytest.fixture(scope="module")
+def jit07_base(docker_client, bases, registry, objects) -> str:
+    """vLLM's base plus the real flashinfer-python 0.7.4 (the part above, its dist-info whole),
+    the flashinfer-jit-cache shim, and two providers with a prebuilt ``norm``: one for GB10
+    (sm121a) and one for Hopper (sm90a)."""
+    files = jitcache.flashinfer_subset(flashinfer_wheel("0.7.4"), _kept_07)
+    files.update(jitcache.shim("0.7.4+cu130"))
+    files.update(jitcache.provider("sm121a", {"norm": objects["prebuilt"],
+                                              "sampling": objects["norm"]}, "0.7.4+cu130"))
+    files.update(jitcache.provider("sm90a", {"norm": objects["prebuilt"]}, "0.7.4+cu130"))
+    key = hashlib.sha256(bases[RELEASE]["id"].encode() + b"".join(
+        k.encode() + hashlib.sha256(v).digest() for k, v in sorted(files.items()))).hexdigest()
+    tag = f"{registry}/pk-test/vllm-jit07:{RELEASE}-k{key[:12]}"
+    try:
+        docker_client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        with tempfile.TemporaryDirectory(prefix="pk-jit07-") as ctx:
+            stackbase._tar(files, Path(ctx) / "fi.tar")
+            (Path(ctx) / "Dockerfile").write_text(f"FROM {bases[RELEASE]['tag']}\nADD fi.tar /\n")
+            docker_client.images.build(path=ctx, tag=tag, platform="linux/arm64", rm=True,
+                                       forcerm=True)
+    for line in docker_client.api.push(tag, stream=True, decode=True):
+        assert "error" not in line, line
+    return tag
+
+
+def _norm_diff(header: str) -> str:
+    lines = header.splitlines(True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("namespace flashinfer {"))
+    new = lines[:at + 1] + ["// patched: RMSNorm scaled by the patch\n"] + lines[at + 1:]
+    return "".join(difflib.unified_diff(lines, new, f"a/{NORM_HEADER}", f"b/{NORM_HEADER}"))
+
+
+def _project07(root: Path, base: str, registry: str, engine, extra: str
+               ) -> tuple[Path, manifest.Manifest]:
+    """A project whose FlashInfer is the one the base holds (``repo: image``), with a patch to
+    ``norm.cuh``, applied."""
+    from patchkit.image import basevllm
+
+    ip.make_project(root, base="x", tag=f"{registry}/pk-test/jit07:{{ref}}")
+    with zipfile.ZipFile(flashinfer_wheel("0.7.4")) as zf:
+        header = zf.read(NORM_HEADER).decode()
+    (root / "patches" / "flashinfer").mkdir()
+    (root / "patches" / "flashinfer" / "fi-norm.diff").write_text(_norm_diff(header))
+    write_manifest(root, base, requires="{}", name=f"pk-jit07-{secrets.token_hex(4)}")
+    text = (root / "patchset.yaml").read_text().replace("    repo: pypi\n    ref: v0.6.15\n",
+                                                        "    repo: image\n", 1)
+    (root / "patchset.yaml").write_text(
+        text + "  - id: fi-norm\n    summary: scale RMSNorm in the CUDA kernel\n"
+        "    package: flashinfer\n    diff: patches/flashinfer/fi-norm.diff\n" + extra)
+    m = manifest.load(root / "patchset.yaml")
+    spec = run_spec(m, engine=engine, cache=real_cache())
+    report = apply_series(m, run=spec, workdir=root / ".patchkit" / "vllm",
+                          bases=basevllm.for_packages(spec))
+    assert report.ok, report.to_json()
+    assert report.jit_modules == {"flashinfer": {NORM_HEADER: ["norm"]}}
+    return root, m
+
+
+def test_07_a_gb10_provider_is_refused_and_rebuild_whites_out_its_norm_alone(
+        tmp_path, jit07_base, registry, engine):
+    root, m = _project07(tmp_path / "refused", jit07_base, registry, engine, "")
+    with pytest.raises(ImageError) as err:
+        build_image.run(m, build_image.Request(workdir=root / ".patchkit" / "vllm", apply=False,
+                                               engine=engine, tag=f"{registry}/pk-test/jit07:no"),
+                        progress=Said())
+    assert str(err.value) == (
+        f"base {jit07_base} ships the prebuilt JIT module norm (provider sm121a of "
+        f"flashinfer-jit-cache-sm121a 0.7.4+cu130 for sm121a, {SITE}/{GB10_NORM}), which "
+        f"flashinfer loads instead of compiling the patched {NORM_HEADER}; say `rebuild: jit` "
+        "on the patch to leave it out of the image, or ship the rebuilt module as an artifact")
+
+    root, m = _project07(tmp_path / "rebuilt", jit07_base, registry, engine,
+                         "    rebuild: jit\n    runtime:\n      - jit_built: norm\n")
+    tag = f"{registry}/pk-test/jit07:rebuild-{secrets.token_hex(3)}"
+    report = build_image.run(m, build_image.Request(workdir=root / ".patchkit" / "vllm",
+                                                    apply=False, engine=engine, tag=tag),
+                             progress=Said())
+    assert report.ok, report.to_dict()
+    image = engine.inspect(tag)
+    assert image.env["FLASHINFER_CUBIN_DIR"] == "/root/.cache/flashinfer/cubins"
+    assert image.labels["io.patchkit.jit.cubins"] == "/root/.cache/flashinfer/cubins"
+    assert image.labels["io.patchkit.jit.workspace"] == image.env["FLASHINFER_WORKSPACE_BASE"]
+    with engine.files(image.id, tag) as files:
+        assert not files.exists(f"{SITE}/{GB10_NORM}")                  # left out
+        assert files.read(f"{SITE}/{HOPPER_NORM}/norm.so") is not None  # not GB10's: stays
+        assert files.read(f"{SITE}/flashinfer_jit_cache/providers/sm121a/jit_cache/sampling/"
+                          "sampling.so") is not None                    # fed by no patch
+    checked = verify.run(m, verify.Request(root / ".patchkit" / "vllm", image=tag, engine=engine))
+    assert checked.ok, checked.to_dict()
+    ours = [a for a in checked.verify if a.file == NORM_HEADER]
+    assert [(a.patch, a.ok) for a in ours] == [("fi-norm", True)]
+    assert checked.to_dict()["jit"]["flashinfer"]["cubins"] == "/root/.cache/flashinfer/cubins"
+
+
+def test_07_a_hand_made_image_fails_verify_naming_module_and_provider(
+        tmp_path, jit07_base, registry, engine, docker_client):
+    root, m = _project07(tmp_path, jit07_base, registry, engine, "")
+    tag = f"{registry}/pk-test/jit07:hand-{secrets.token_hex(3)}"
+    with tempfile.TemporaryDirectory(prefix="pk-hand-") as ctx:
+        (Path(ctx) / "norm.cuh").write_bytes(
+            (root / ".patchkit" / "flashinfer" / NORM_HEADER).read_bytes())
+        (Path(ctx) / "Dockerfile").write_text(
+            f"FROM {jit07_base}\nCOPY norm.cuh {SITE}/{NORM_HEADER}\n")
+        docker_client.images.build(path=ctx, tag=tag, platform="linux/arm64", rm=True,
+                                   forcerm=True)
+    # no checkout beside the workdir, no labels: the modules are read from the image itself
+    shutil.rmtree(root / ".patchkit")
+    checked = verify.run(m, verify.Request(root / ".patchkit" / "vllm", image=tag, engine=engine))
+    assert not checked.ok
+    failed = [a for a in checked.verify if not a.ok and a.patch.startswith("fi-")]
+    assert [(a.patch, a.file) for a in failed] == [("fi-norm", NORM_HEADER)]
+    assert failed[0].message == (
+        f"the patched {NORM_HEADER} feeds JIT module norm, and image {tag} still holds it "
+        f"prebuilt (provider sm121a of flashinfer-jit-cache-sm121a 0.7.4+cu130 for sm121a, "
+        f"{SITE}/{GB10_NORM}), which flashinfer loads instead of compiling the patched source")

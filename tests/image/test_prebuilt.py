@@ -15,12 +15,16 @@ from testing.imagetree import FI, SITE, TreeFiles, dist
 SO = b"\x7fELF\x02\x01\x01" + b"\0" * 9 + b"\x03\0\xb7\0"   # an aarch64 shared object's start
 
 
-def installed(*modules: str) -> distinfo.Installed:
+def installed(*modules: str) -> tuple[TreeFiles, distinfo.Installed]:
     cache = {f"flashinfer_jit_cache/jit_cache/{m}/{m}.so": SO for m in modules}
     cache["flashinfer_jit_cache/__init__.py"] = b""
     files = TreeFiles({**dist("flashinfer-python", "0.6.15", FI),
                        **dist("flashinfer-jit-cache", "0.6.15+cu130", cache)})
-    return distinfo.installed(files, {})
+    return files, distinfo.installed(files, {})
+
+
+def leave_out(base: tuple[TreeFiles, distinfo.Installed], packages, name: str):
+    return prebuilt.leave_out(base[0], base[1], {}, packages, name)
 
 
 def tree(rebuild: tuple[str, ...] = ()) -> build.PackageTree:
@@ -30,7 +34,7 @@ def tree(rebuild: tuple[str, ...] = ()) -> build.PackageTree:
 
 def test_a_prebuilt_module_of_a_patched_header_is_refused_naming_both():
     with pytest.raises(ImageError) as err:
-        prebuilt.leave_out(installed("fused_moe_120", "norm"), [tree()], "base:arm64")
+        leave_out(installed("fused_moe_120", "norm"), [tree()], "base:arm64")
     assert str(err.value) == (
         f"base base:arm64 ships the prebuilt JIT module fused_moe_120 (flashinfer-jit-cache "
         f"0.6.15+cu130, {SITE}/flashinfer_jit_cache/jit_cache/fused_moe_120), which flashinfer "
@@ -39,17 +43,17 @@ def test_a_prebuilt_module_of_a_patched_header_is_refused_naming_both():
 
 
 def test_rebuild_jit_leaves_every_shadowing_module_out():
-    entries = prebuilt.leave_out(installed("fused_moe_120", "fused_moe_100", "norm"),
-                                 [tree((HEADER,))], "base:arm64")
+    entries = leave_out(installed("fused_moe_120", "fused_moe_100", "norm"), [tree((HEADER,))],
+                        "base:arm64")
     assert [(e.path, e.kind) for e in entries] == [
         (f"{SITE}/flashinfer_jit_cache/jit_cache/fused_moe_100".lstrip("/"), "whiteout"),
         (f"{SITE}/flashinfer_jit_cache/jit_cache/fused_moe_120".lstrip("/"), "whiteout")]
 
 
 def test_modules_the_patches_do_not_feed_or_a_base_without_the_cache_pass():
-    assert prebuilt.leave_out(installed("norm", "sampling"), [tree()], "b") == []
+    assert leave_out(installed("norm", "sampling"), [tree()], "b") == []
     files = TreeFiles(dist("flashinfer-python", "0.6.15", FI))
-    assert prebuilt.leave_out(distinfo.installed(files, {}), [tree()], "b") == []
+    assert leave_out((files, distinfo.installed(files, {})), [tree()], "b") == []
 
 
 def test_rebuild_takes_one_word(tmp_path, monkeypatch):
@@ -68,7 +72,11 @@ def test_rebuild_takes_one_word(tmp_path, monkeypatch):
     (proj / "patchset.yaml").write_text(text.replace("    diff: patches/table.diff\n",
                                                      "    diff: patches/table.diff\n"
                                                      "    rebuild: jit\n", 1))
-    assert [p.rebuild for p in manifest.load("patchset.yaml").patches][0] == "jit"
+    with pytest.raises(ManifestError) as err:     # vLLM compiles nothing at run time
+        manifest.load("patchset.yaml")
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    assert ("rebuild: jit: package vllm (vllm) has no JIT rules: patchkit knows of no module "
+            "it compiles at run time (only flashinfer-python has them)") in str(err.value)
 
 
 def shipped(blob: str, modules: dict[str, list[str]] | None = None) -> build.PackageTree:

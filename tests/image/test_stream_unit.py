@@ -16,6 +16,7 @@ import pytest
 
 from patchkit.errors import ImageError
 from patchkit.image import layer, stream
+from patchkit.image.stream import Broken
 from patchkit.process import Piped
 
 LAYERS = [layer.layer_tar([layer.LayerEntry(f"opt/{n}", "file", bytes([n]) * (300_000 + n))], 0)
@@ -142,7 +143,7 @@ def test_a_load_that_closes_its_end_is_let_go_and_the_others_go_on(tmp_path):
     gone.proc.wait()
     pump = stream.Pump(export.fd, [good.fd, gone.fd], timeout=10, names=["good", "gone"])
     stream.whole(pump)
-    assert pump.broken == {gone.fd: "gone closed its end of the stream"}
+    assert pump.broken == {gone.fd: Broken("gone closed its end of the stream")}
     assert good.wait(10) == 0 and (tmp_path / "good").read_bytes() == archive
     export.wait(10)
     # and when none is left, the pump stops with that reason
@@ -181,7 +182,7 @@ def test_a_load_that_takes_nothing_is_let_go_and_the_other_gets_it_all(tmp_path)
     stuck = Piped(["sleep", "30"], feed=True)   # never reads its stdin
     pump = stream.Pump(export.fd, [good.fd, stuck.fd], timeout=0.5, names=["good", "stuck"])
     stream.whole(pump)
-    assert pump.broken == {stuck.fd: "stuck took nothing for 0.5 s"}
+    assert pump.broken == {stuck.fd: Broken("stuck took nothing for 0.5 s", stalled=True)}
     assert good.wait(10) == 0 and (tmp_path / "good").read_bytes() == data
     assert pump.wire == len(data)
     stuck.end()

@@ -11,9 +11,9 @@ import pytest
 
 from patchkit.manifest import Assertion, Patch
 from patchkit.report import AssertionResult
-from patchkit.series import languages
+from patchkit import syntax
 from patchkit.series.assertions import run_assertions, tree_reader
-from patchkit.series.languages import GrammarError, cxx
+from patchkit.syntax import GrammarError, cxx
 from testing import flashinfer as fi
 from testing import real_cache
 
@@ -60,11 +60,11 @@ def check(predicate: str, value: str, scope: str | None = None, *, negate: bool 
 
 
 def test_the_language_is_chosen_by_suffix():
-    assert languages.for_file("a/b.cu") is cxx.CUDA
-    assert languages.for_file("a/b.cuh") is cxx.CUDA
-    assert all(languages.for_file(f"x{s}") is cxx.CPP for s in (".cc", ".cpp", ".hpp", ".h"))
-    assert languages.for_file("x.c") is cxx.C
-    assert languages.for_file("x.py").name == "Python"
+    assert syntax.for_file("a/b.cu") is cxx.CUDA
+    assert syntax.for_file("a/b.cuh") is cxx.CUDA
+    assert all(syntax.for_file(f"x{s}") is cxx.CPP for s in (".cc", ".cpp", ".hpp", ".h"))
+    assert syntax.for_file("x.c") is cxx.C
+    assert syntax.for_file("x.py").name == "Python"
 
 
 @pytest.mark.parametrize("scope", ["tk::moe::Runner::run", "Runner::run", "moe::Runner::run",
@@ -166,7 +166,7 @@ def test_c_sources_use_the_c_grammar():
 
 def test_an_unloadable_grammar_is_one_usage_error(monkeypatch):
     broken = cxx.Cxx("CUDA", cxx._Grammar("tree_sitter_no_such_grammar", "tree-sitter-cuda"))
-    monkeypatch.setitem(languages.TABLE, ".cu", (__name__, "_BROKEN"))
+    monkeypatch.setitem(syntax.TABLE, ".cu", (__name__, "_BROKEN"))
     monkeypatch.setitem(globals(), "_BROKEN", broken)
     with pytest.raises(GrammarError) as err:
         check("calls", "x", "f")
@@ -243,3 +243,43 @@ def test_the_function_the_real_header_defines_twice_is_named_as_such(tmp_path, h
     assert result.message.startswith(
         f"scope fusedBuildExpertMapsSortFirstTokenBlockSize names 2 definitions (lines "
         f"{first}, {second}): ")
+
+
+@pytest.mark.real_vllm
+def test_a_scope_misread_after_a_syntax_error_names_the_error_near_it_not_itself(tmp_path):
+    """An unbalanced '{' at line 117 of FlashInfer 0.6.15's norm.cuh: the parser reads
+    RMSNorm outside flashinfer::. The message says so and names the error node nearest to it;
+    it never lists norm::RMSNorm as something else the file defines, and points near the edit,
+    not at the macro's error node at line 766 that the pristine header has too."""
+    import zipfile
+
+    from patchkit import source
+
+    wheel = source.pypi._wheel(real_cache(), "0.6.15", lambda msg: None, fi.FI_PACKAGE)
+    member = "flashinfer/data/include/flashinfer/norm.cuh"
+    with zipfile.ZipFile(wheel) as zf:
+        lines = zf.read(member).decode("utf-8").split("\n")
+    lines[116] += " {"
+    [result] = _judge_file(tmp_path, member, "\n".join(lines), [
+        Assertion(member, "flashinfer::norm::RMSNorm", "calls", "cudaLaunchKernelEx")])
+    assert not result.ok
+    assert result.message.startswith(
+        "scope flashinfer::norm::RMSNorm not found: norm::RMSNorm at line 114 is read outside "
+        "flashinfer::, because of the syntax error node nearest to it (lines 16 to ")
+    assert "the file defines" not in result.message
+    assert result.line == 114
+    [other] = _judge_file(tmp_path, member, "\n".join(lines), [
+        Assertion(member, "flashinfer::norm::Nope", "calls", "x")])
+    assert other.message.startswith("scope flashinfer::norm::Nope not found; the file "
+                                    "defines: norm::RMSNormKernel, norm::RMSNorm, ")
+    assert "a definition inside a syntax error node is not seen (error nodes at lines 16, 766)" \
+        in other.message
+
+
+def _judge_file(tmp_path: Path, member: str, text: str,
+                assertions: list[Assertion]) -> list[AssertionResult]:
+    path = tmp_path / member
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    patch = Patch(id="fi-norm", summary="s", kind="diff", path="x.diff", verify=tuple(assertions))
+    return run_assertions([patch], tree_reader(tmp_path))

@@ -116,3 +116,61 @@ def test_the_report_names_the_jit_modules_the_patched_header_feeds(tmp_path, hea
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["jit_modules"] == {"flashinfer": {fi.MOE_HEADER:
                                                                   fi.MOE_MODULES}}
+
+
+NORM = "flashinfer/data/include/flashinfer/norm.cuh"
+NORM_ENTRY = f"""\
+  - id: fi-norm
+    summary: a change to FlashInfer's RMSNorm header
+    package: flashinfer
+    diff: patches/flashinfer/fi-norm.diff
+    verify:
+      - file: {NORM}
+        in: flashinfer::norm::RMSNorm
+        contains: vec_size
+"""
+
+
+def _norm_project(tmp_path: Path, edit) -> Path:
+    import zipfile
+
+    from patchkit import source
+
+    wheel = source.pypi._wheel(real_cache(), "0.6.15", lambda msg: None, fi.FI_PACKAGE)
+    with zipfile.ZipFile(wheel) as zf:
+        before = zf.read(NORM).decode("utf-8")
+    lines = before.split("\n")
+    edit(lines)
+    diff = "".join(difflib.unified_diff(before.splitlines(True),
+                                        "\n".join(lines).splitlines(True),
+                                        f"a/{NORM}", f"b/{NORM}"))
+    proj = fi.make_stack(tmp_path, NORM_ENTRY)
+    (proj / "patches" / "flashinfer" / "fi-norm.diff").write_text(diff)
+    return proj
+
+
+def test_a_brace_that_breaks_the_namespace_points_at_the_change(tmp_path, header):
+    """An unbalanced '{' at line 117 of norm.cuh: the assertion's scope is read outside
+    flashinfer::; the failure names the error node nearest to the change and points at it."""
+    def brace(lines):
+        lines[116] += " {"
+
+    proj = _norm_project(tmp_path, brace)
+    p = patchkit("apply", cwd=proj, env=_env())
+    assert p.returncode == 1, p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if "[fi-norm]" in ln)
+    assert line.startswith(f"{NORM}:117:")
+    assert ("scope flashinfer::norm::RMSNorm not found: norm::RMSNorm at line 114 is read "
+            "outside flashinfer::, because of the syntax error node nearest to the change at "
+            "line 117 (lines 16 to ") in line
+    assert "the file defines" not in line
+
+
+def test_apply_says_which_jit_module_a_patch_feeds(tmp_path, header):
+    def comment(lines):
+        lines[116] += "  // tuned"
+
+    proj = _norm_project(tmp_path, comment)
+    p = patchkit("apply", cwd=proj, env=_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"fi-norm feeds flashinfer's JIT module norm (through {NORM})" in p.stdout.splitlines()

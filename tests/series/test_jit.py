@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from patchkit.image import lockfile
+from patchkit import jitrules
 from patchkit.series import jit
 from testing import flashinfer as fi
 from testing import real_cache
@@ -46,7 +47,7 @@ def test_python_files_and_other_packages_name_no_module(tree):
 
 
 def test_a_shared_header_feeds_every_module_that_reaches_it(tree):
-    graph = jit.Graph(tree, jit.rules_for("flashinfer-python"))
+    graph = jit.Graph(tree, jitrules.rules_for("flashinfer-python"))
     cute = graph.modules_of("flashinfer/data/cutlass/include/cute/tensor.hpp")
     assert set(fi.MOE_MODULES) <= set(cute) and "norm" not in cute
     # the name of a module made per architecture is expanded from its callers

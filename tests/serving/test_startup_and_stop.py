@@ -194,8 +194,16 @@ def test_verify_of_a_startup_log_exits_5_not_yet_judged(project):
 def test_require_traffic_makes_it_a_failure(project):
     out = verify(project, "--log", "startup.log", "--require-traffic")
     assert out.returncode == 1
-    assert out.stdout.splitlines()[-1].startswith("FAILED: 2/3 runtime markers hold")
-    assert "[series] acceptance rate at least 0.25" in out.stdout
+    assert out.stdout.splitlines()[-2:] == [
+        "[series] acceptance rate at least 0.25 and mean length at least 2 in startup.log: "
+        "failed: no spec-decode metrics lines, and traffic was required (the server has served "
+        "no drafts)",
+        "FAILED: 2/3 runtime markers hold in startup.log"]
+    assert "not yet judged" not in out.stdout.lower()
+    report = json.loads(verify(project, "--log", "startup.log", "--require-traffic",
+                               "--format", "json").stdout)
+    assert report["status"] == "failed"
+    assert [r["pending"] for r in report["runtime"]] == [False, False, False]
 
 
 def test_a_served_log_passes_and_gives_its_figures_as_numbers(project):

@@ -163,6 +163,24 @@ def test_a_version_naming_a_commit_pins_that_commit(tmp_path, upstream):
     assert base.reads == 0  # the pin needs the version only
 
 
+def test_a_dev_build_whose_commit_the_source_lacks_is_missing_never_unreachable(tmp_path,
+                                                                                upstream):
+    """The repository answers without the base's commit: named as missing, with the source
+    and the base, and nothing remembered; the next run asks the source again."""
+    cache = tmp_path / "cache"
+    source.resolve([str(upstream)], "v0.31.0", cache)   # the mirror is there: a fetch follows
+    base = FakeBase("0.31.1.dev7+gc5de82f35")
+    with pytest.raises(SourceError) as info:
+        source.resolve([str(upstream)], "base", cache, base=base)
+    assert str(info.value).startswith(
+        f"vLLM commit c5de82f35 is missing from {upstream} (it answered: fetched just now, the "
+        f"commit is not there); base {base.name} holds vLLM 0.31.1.dev7+gc5de82f35, built from "
+        "it: name a source that has it with --vllm-repo URL, or patch the base as it is with "
+        "--vllm-repo image")
+    assert "unreachable" not in str(info.value)
+    assert not list((cache / "repos").glob("*.unreachable"))
+
+
 def test_a_dated_dev_version_pins_its_commit_too(tmp_path, upstream):
     full = commit_of(upstream, "v0.32.0")
     base = FakeBase(f"0.32.1.dev0+g{full[:9]}.d20260714")
@@ -464,7 +482,7 @@ def test_build_image_text_says_what_the_image_holds():
     from patchkit.commands.build_image import BuildReport
     from patchkit.render import text
 
-    report = BuildReport(ok=True, mode="overlay", tag="reg/pk:e07dd6f9b",
+    report = BuildReport(mode="overlay", tag="reg/pk:e07dd6f9b",
                          image_id="sha256:" + "1" * 64, platform="linux/arm64",
                          base={"name": "reg/vllm:dev", "digest": "sha256:" + "2" * 64},
                          layer=build.LayerInfo(3, 10240, 2),
@@ -474,3 +492,25 @@ def test_build_image_text_says_what_the_image_holds():
     assert ("  holds: vLLM 0.31.1.dev7+ge07dd6f9b (commit e07dd6f9b), source git, fingerprint "
             "sha256:" + "f" * 64) in lines
     assert report.to_dict()["holds"]["commit"] == "e07dd6f9b"
+
+
+def test_a_build_whose_copy_failed_is_not_ok_in_every_reading():
+    """One ``ok``: the report's, its JSON's and the exit code's agree when a copy failed."""
+    from patchkit.commands.build_image import BuildReport
+    from patchkit.image.transfer import CopyReport, CopyStatus, TargetResult
+    from patchkit.render import text
+
+    copied = CopyReport("reg/pk:1", "sha256:" + "3" * 64,
+                        [TargetResult("ssh://node2", CopyStatus.COPIED),
+                         TargetResult("ssh://node3", CopyStatus.FAILED, error="no route")])
+    report = BuildReport(mode="overlay", tag="reg/pk:1", image_id="sha256:" + "1" * 64,
+                         platform="linux/arm64", copy=copied)
+    assert report.built and not report.ok and report.to_dict()["ok"] is False
+    assert text.build_image(report).splitlines()[-1] == (
+        "FAILED: reg/pk:1 was built, but 1 of 2 copies failed")
+    landed = CopyReport("reg/pk:1", "x", copied.targets[:1])
+    whole = BuildReport(mode="overlay", tag="reg/pk:1", image_id="sha256:" + "1" * 64,
+                        platform="linux/arm64", copy=landed)
+    assert whole.ok and whole.to_dict()["ok"] is True
+    unmade = BuildReport("the series did not apply (p failed)")
+    assert not unmade.built and not unmade.ok and unmade.to_dict()["ok"] is False

@@ -80,9 +80,9 @@ def test_a_folder_that_is_not_a_git_repository_is_named_as_such(tmp_path):
 def test_an_unknown_url_scheme_is_one_clear_line(tmp_path):
     with pytest.raises(SourceError) as info:
         source.resolve(["foo://bar/vllm.git"], "v1", tmp_path / "cache")
-    assert str(info.value).startswith("foo://bar/vllm.git is unreachable (cannot clone: git "
-                                      "has no transport for foo:// URLs); not asked again "
+    assert str(info.value).startswith("foo://bar/vllm.git is unreachable; not asked again "
                                       "until ")
+    assert "cannot clone: git has no transport for foo:// URLs" in info.value.more
 
 
 @pytest.mark.parametrize("damage", ["objects", "refs", "HEAD-garbage", "a-file"])
@@ -195,3 +195,39 @@ def test_a_checkout_with_paths_writes_out_only_those_files(tmp_path):
     assert written == ["pkg/[odd] name.py", "pkg/mod.py"]
     source.checkout(resolved, tmp_path / "full")
     assert (tmp_path / "full" / "pkg" / "other.py").exists()
+
+
+def test_a_commit_the_source_lacks_is_missing_never_unreachable(tmp_path, upstream):
+    """A dev build's commit that is not in the repository, after the repository moved a tag
+    (as a dev build's retag does): the source answered, so it is named as missing, the moved
+    tag is taken, and nothing is remembered for the next run."""
+    from testing.upstream import sh
+
+    cache = tmp_path / "cache"
+    first = source.resolve([str(upstream)], "v1", cache)
+    sh("git", "tag", "-f", "v1", "v2", cwd=upstream)   # the source moves a tag
+    with pytest.raises(SourceError) as info:
+        source.resolve([str(upstream)], "c5de82f35", cache)
+    assert str(info.value) == (f"vLLM commit c5de82f35 is missing from {upstream} (it answered: "
+                               "fetched just now, the commit is not there)")
+    assert not list((cache / "repos").glob("*.unreachable"))
+    moved = source.resolve([str(upstream)], "v1", cache)   # nothing remembered: asked again
+    assert moved.repo == first.repo
+    assert moved.commit == sh("git", "rev-parse", "v2^{commit}", cwd=upstream)
+
+
+def test_a_source_that_answers_and_refuses_a_fetch_is_not_remembered(tmp_path, upstream):
+    from patchkit.source import mirror
+
+    cache = tmp_path / "cache"
+    first = source.resolve([str(upstream)], "v1", cache)
+    from testing.upstream import sh
+
+    sh("git", "branch", "newer", "v2", cwd=upstream)
+    (first.repo / "refs" / "heads").mkdir(exist_ok=True)
+    (first.repo / "refs" / "heads" / "newer.lock").write_text("")   # a killed git's lock
+    with pytest.raises(SourceError) as info:
+        mirror._fetch(first.repo, str(upstream))
+    assert "is unreachable" not in str(info.value)
+    assert str(info.value).startswith(f"{upstream} answered, but the mirror could not be updated")
+    assert not list((cache / "repos").glob("*.unreachable"))

@@ -28,12 +28,41 @@ def test_an_unreachable_source_is_said_once_per_run_and_remembered(tmp_path):
     said = lines_about(p.stderr)
     # the pin and three targets each tried it: one clone attempt, one line saying why
     assert len(said) == 2, p.stderr
-    assert said[0].startswith(f"mirroring {DEAD} (the first time")
-    assert "is unreachable (cannot clone" in said[1] and "not asked again until" in said[1]
-    assert said[1].endswith("trying the next")
+    # no line claims a copy that was never made
+    assert said[0] == f"mirroring {DEAD} (a first clone)"
+    assert said[1].startswith(f"{DEAD} is unreachable; not asked again until ")
+    assert said[1].endswith(" UTC; trying the next") and len(said[1]) <= 120
     # the next run does not try to clone it again
     p = patchkit("apply", cwd=proj)
     assert p.returncode == 0, p.stderr
     said = lines_about(p.stderr)
     assert len(said) == 1 and "not asked again until" in said[0], p.stderr
     assert not any(ln.startswith("mirroring") for ln in said)
+    # -v says why, and where it is remembered, once
+    p = patchkit("apply", "-v", cwd=proj)
+    assert p.returncode == 0, p.stderr
+    more = [ln for ln in lines_about(p.stderr) if "remembered in" in ln]
+    assert len(more) == 1 and "cannot clone" in more[0] and ".unreachable" in more[0]
+
+
+def test_a_lone_unreachable_source_is_one_short_error_line(tmp_path):
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text()
+    up = text.split("repo: ", 1)[1].split()[0]
+    (proj / "patchset.yaml").write_text(text.replace(f"repo: {up}", f"repo: {DEAD}", 1))
+    p = patchkit("apply", cwd=proj)
+    assert p.returncode == 2
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"patchkit apply: error: {DEAD} is unreachable; not asked again")
+    assert len(last) <= 120
+
+
+def test_verbose_says_more_of_a_lone_unreachable_source_once(tmp_path):
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text()
+    up = text.split("repo: ", 1)[1].split()[0]
+    (proj / "patchset.yaml").write_text(text.replace(f"repo: {up}", f"repo: {DEAD}", 1))
+    p = patchkit("-v", "apply", cwd=proj)
+    assert p.returncode == 2
+    more = [ln for ln in p.stderr.splitlines() if "remembered in" in ln]
+    assert len(more) == 1 and "cannot clone" in more[0], p.stderr

@@ -26,7 +26,7 @@ from patchkit import http, manifest
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.kinds.diff import text as difftext
 from patchkit.manifest import VLLM, Manifest
-from patchkit.report import ApplyReport
+from patchkit.report import ApplyReport, Status
 from patchkit.series import intake
 from patchkit.run import RunSpec, run_spec
 from patchkit.series import applier
@@ -76,9 +76,9 @@ class AddedPr:
     reports: list[ApplyReport] = field(default_factory=list)
 
     @property
-    def status(self) -> str:
+    def status(self) -> Status:
         """The new patch's fate at the pin (applied or upstream)."""
-        return self.reports[0].status_of(self.patch.id) or "applied"
+        return self.reports[0].status_of(self.patch.id) or Status.APPLIED
 
     def to_dict(self) -> dict:
         return {"ok": True, "id": self.patch.id, "package": self.patch.package.name,

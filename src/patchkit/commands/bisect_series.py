@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import imageref, process, versions
-from patchkit.render import plural
 from patchkit.series.bisect import limit_for
 from patchkit.errors import UsageError
 from patchkit.image import base as base_
@@ -43,7 +42,7 @@ from patchkit.image.assembly import Choices, assemble, reach_registry
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.image.docker import Engine
 from patchkit.run import Asked, RunSpec
-from patchkit.report import ApplyReport
+from patchkit.report import ApplyReport, Status
 from patchkit.series import applier
 from patchkit.series.checkout import AppliedCheckout
 
@@ -221,7 +220,8 @@ def outcome_of(done: process.Finished, timeout: float) -> tuple[str, str]:
 
 
 def _unmade(report: ApplyReport) -> str:
-    failed = [f"{p.id} failed ({p.reason})" for p in report.patches if p.status == "failed"]
+    failed = [f"{p.id} failed ({p.reason})" for p in report.patches
+              if p.status is Status.FAILED]
     return "tree not made: " + (", ".join(failed) or "an assertion failed")
 
 
@@ -250,7 +250,7 @@ class Tester:
                                           progress=quiet)
             if not report.ok:
                 failed = tuple((p.id, p.reason or "") for p in report.patches
-                               if p.status == "failed")
+                               if p.status is Status.FAILED)
                 return Run(k, last, SKIP, _unmade(report), quiet.seconds(), failed=failed)
             env = {"PATCHKIT_TREE": str(workdir)}
             if self.images is not None:
@@ -447,7 +447,8 @@ def _search(manifest: Manifest, spec: RunSpec, argv: list[str], holder, images,
     result = SeriesBisect(argv, series, left_out,
                           {"ref": at.ref, "commit": at.commit, "version": at.version},
                           spec.variant, images is not None)
-    progress.info(f"bisecting {plural(len(series), 'patch', 'patches')} at {at.ref} with "
+    count = f"{len(series)} patch{'' if len(series) == 1 else 'es'}"
+    progress.info(f"bisecting {count} at {at.ref} with "
                   f"{shlex.join(argv)} "
                   f"(at most {result.limit} runs)")
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-series-"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -103,8 +103,9 @@ def run(manifest: Manifest, request: Request, *, progress: Progress | None = Non
                           started=started)
     if copy_urls:
         progress.info(f"copying {report.tag} to {', '.join(copy_urls)}")
-        report.copy = transfer.copy(spec.engine, report.tag, copy_urls, log=progress.info,
-                                    timeout=spec.timeout, via=via)
+        copied = transfer.copy(spec.engine, report.tag, copy_urls, log=progress.info,
+                               timeout=spec.timeout, via=via)
+        report = replace(report, copy=copied)
     return report
 
 

@@ -45,7 +45,7 @@ from patchkit.errors import CommandError, PatchkitError, SourceError, UsageError
 from patchkit.kinds import Stop
 from patchkit.manifest import Manifest
 from patchkit.manifest.runspec import RunSpec, run_spec
-from patchkit.report import ApplyReport
+from patchkit.report import ApplyReport, Status
 from patchkit.series import applier, rebase, trial
 from patchkit.series.releases import release_targets
 
@@ -58,7 +58,7 @@ _GITHUB = re.compile(r"^(?:https://|git@|ssh://git@)github\.com[/:]([\w.-]+)/([\
 _PULL = re.compile(r"github\.com/([\w.-]+)/([\w.-]+)/pull/(\d+)")
 
 
-class Status(enum.Enum):
+class BumpStatus(enum.Enum):
     CURRENT = "current"            # nothing newer than the pin
     BUMPED = "bumped"              # the branch written (and pushed)
     UNCHANGED = "unchanged"        # the branch holds this very port already: nothing written
@@ -89,8 +89,8 @@ class Fate:
     """One patch on both sides of the port."""
 
     id: str
-    before: str | None    # its status at the old pin; None: not in the series there
-    after: str | None     # at the new release; None: not in the series any more
+    before: Status | None    # at the old pin; None: not in the series there
+    after: Status | None     # at the new release; None: not in the series any more
     port: str             # what the port did: applied | refreshed | resolved | upstream |
                           # dropped | skipped | removed | added | stopped | untried
     detail: str = ""
@@ -99,16 +99,16 @@ class Fate:
 
     @property
     def newly_applied(self) -> bool:
-        return self.after == "applied" and self.before != "applied"
+        return self.after is Status.APPLIED and self.before is not Status.APPLIED
 
     @property
     def no_longer_applied(self) -> bool:
-        return self.before == "applied" and self.after != "applied"
+        return self.before is Status.APPLIED and self.after is not Status.APPLIED
 
     @property
     def went_upstream(self) -> bool:
         """Proven upstream at the new release, the way ``apply`` proves it."""
-        return self.after == "upstream" or self.port in ("upstream", "dropped")
+        return self.after is Status.UPSTREAM or self.port in ("upstream", "dropped")
 
     @property
     def lost(self) -> bool:
@@ -139,7 +139,7 @@ class Bump:
     label: str                 # as messages name it (vLLM)
     from_ref: str
     to_ref: str | None         # None: nothing newer
-    status: Status
+    status: BumpStatus
     why: str = ""              # needs a hand: the one-line reason
     branch: str | None = None
     commit: str | None = None
@@ -158,11 +158,11 @@ class Bump:
 
     @property
     def needs_a_hand(self) -> bool:
-        return self.status is Status.NEEDS_A_HAND
+        return self.status is BumpStatus.NEEDS_A_HAND
 
     @property
     def dry_run(self) -> bool:
-        return self.status is Status.DRY_RUN
+        return self.status is BumpStatus.DRY_RUN
 
     @property
     def ok(self) -> bool:
@@ -171,6 +171,8 @@ class Bump:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["status"] = self.status.value
+        data["fates"] = [dict(asdict(f), before=f.before and f.before.value,
+                              after=f.after and f.after.value) for f in self.fates]
         data["needs_a_hand"] = self.needs_a_hand
         data["probes"] = [dict(asdict(p), ok=p.ok, summary=p.summary) for p in self.probes]
         data["newly_applied"] = [f.id for f in self.fates if f.newly_applied]
@@ -241,7 +243,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
     old = _resolve_pin(spec, name, m, progress)
     target = ask.to or _newest(m, spec, name, progress)
     if target is None:
-        return Bump(name, label, pin.ref, None, Status.CURRENT)
+        return Bump(name, label, pin.ref, None, BumpStatus.CURRENT)
     new = _resolve_target(spec, name, target, progress)
     version = new.version or target.removeprefix("v")
     branch = branch_name(name, version)
@@ -257,7 +259,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
         g.add_worktree(project, scratch, "HEAD")
     # the manifest's sources name the project upstream even when this run reads another
     sources = (*m.package(name).repos, *pin.sources)
-    base = Bump(name, label, pin.ref, target, Status.DRY_RUN if ask.dry_run else Status.BUMPED,
+    base = Bump(name, label, pin.ref, target, BumpStatus.DRY_RUN if ask.dry_run else BumpStatus.BUMPED,
                 branch=None if ask.dry_run else branch,
                 links=_links(sources, pin, target, version))
     keep = False
@@ -282,7 +284,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
                 fates = _fates_at_stop(m, name, before, steps, done.stop, _upstreams(m))
                 why = (f"`{done.stop.patch}` could not be ported to {label} {target}"
                        if done.stop.patch else f"the assertions do not hold on {label} {target}")
-                return replace(base, status=Status.NEEDS_A_HAND, why=why, fates=fates,
+                return replace(base, status=BumpStatus.NEEDS_A_HAND, why=why, fates=fates,
                                stop=done.stop, notes=notes, branch=None,
                                worktree=None if ask.dry_run else str(scratch))
         ported = manifest.load(scratch / rel)
@@ -294,7 +296,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
             tried = side.old_at_new()
             fates = tuple(replace(f, port="dropped", detail="upstream: removed by hand; its "
                                   "change is in the release") if f.port == "removed"
-                          and tried.status_of(f.id) == "upstream" else f for f in fates)
+                          and tried.status_of(f.id) is Status.UPSTREAM else f for f in fates)
         failed = [a for a in after.verify if not a.ok]
         result = replace(base, fates=fates, notes=notes, by_hand=hand,
                          assertions=len(after.verify), assertions_failed=len(failed),
@@ -302,7 +304,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
         why = _stopped_by(result, after, target)
         if why:
             keep = True
-            return replace(result, status=Status.NEEDS_A_HAND, why=why, branch=None,
+            return replace(result, status=BumpStatus.NEEDS_A_HAND, why=why, branch=None,
                            worktree=None if ask.dry_run else str(scratch))
         probes = _probes(ported, result, name, target)
         result = replace(result, probes=probes)
@@ -311,7 +313,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
             keep = True
             how = ("ran past its deadline" if failing.returncode is None
                    else f"exit {failing.returncode}")
-            return replace(result, status=Status.NEEDS_A_HAND, branch=None,
+            return replace(result, status=BumpStatus.NEEDS_A_HAND, branch=None,
                            why=f"the probe `{failing.command}` failed ({how})",
                            worktree=None if ask.dry_run else str(scratch))
         if ask.dry_run:
@@ -343,10 +345,12 @@ def _stopped_by(result: Bump, after: ApplyReport, target: str) -> str:
         lost = [f for f in result.fates if f.lost]
         names = ", ".join(f"`{f.id}`" for f in lost)
         where = "is" if len(lost) == 1 else "are"
-        return (f"{names} took effect at {result.from_ref} and not at {target} ({lost[0].after or 'removed'}); "
-                f"{'it' if len(lost) == 1 else 'they'} {where} not upstream there and no patch "
-                f"that takes effect there supersedes {'it' if len(lost) == 1 else 'them'}")
-    bad = [p for p in after.patches if p.status == "failed"]
+        now = lost[0].after or "removed"
+        one = len(lost) == 1
+        return (f"{names} took effect at {result.from_ref} and not at {target} ({now}); "
+                f"{'it' if one else 'they'} {where} not upstream there and no patch that takes "
+                f"effect there supersedes {'it' if one else 'them'}")
+    bad = [p for p in after.patches if p.status is Status.FAILED]
     if bad:
         return f"`{bad[0].id}` fails on {result.label} {target}: {bad[0].reason}"
     if result.assertions_failed:
@@ -404,8 +408,8 @@ def _fates(old_m: Manifest, new_m: Manifest, package: str, before: ApplyReport,
             port, detail = _carried(old_m, new_m, pid, project, scratch), ""
         was, status = before.status_of(pid), after.status_of(pid)
         successor = next((q.id for q in new_m.patches
-                          if pid in q.supersedes and after.status_of(q.id) == "applied"),
-                         None) if was == "applied" != status else None
+                          if pid in q.supersedes and after.status_of(q.id) is Status.APPLIED),
+                         None) if was is Status.APPLIED and status is not Status.APPLIED else None
         out.append(Fate(pid, was, status, port, detail, links.get(pid), successor))
     return tuple(out)
 
@@ -600,7 +604,7 @@ def _write(project: Path, scratch: Path, result: Bump, version: str, tips: _Tips
         wrote = True
     if push:
         result = replace(result, pushed=push)
-    return result if wrote else replace(result, status=Status.UNCHANGED)
+    return result if wrote else replace(result, status=BumpStatus.UNCHANGED)
 
 
 def _message(result: Bump, version: str, tree: str) -> str:
@@ -608,7 +612,7 @@ def _message(result: Bump, version: str, tree: str) -> str:
     commit as this bump's.  No time or host in it: the same port gives the same commit."""
     fates = [f"- {f.id}: {f.before or 'absent'} -> {f.after or 'absent'}"
              + (f" ({f.port})" if f.port not in ("applied", "skipped") else "")
-             for f in result.fates if not {f.before, f.after} <= {None, "skipped"}]
+             for f in result.fates if not {f.before, f.after} <= {None, Status.SKIPPED}]
     sections = [[f"Bump {result.label} from {result.from_ref} to {result.to_ref}"], fates]
     newly = [f.id for f in result.fates if f.newly_applied]
     gone = [f"{f.id} ({_gone_why(f)})" for f in result.fates if f.no_longer_applied]

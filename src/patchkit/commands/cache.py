@@ -124,11 +124,14 @@ def _size(path: Path) -> tuple[int, float]:
 
 
 def _entry(kind: str, path: Path, what: str, locks: Sequence[Path] = (),
-           key: tuple = ()) -> Entry:
+           key: tuple = (), stamps: Sequence[Path] | None = None) -> Entry:
+    """An entry, last used when it or one of ``stamps`` (default: its locks) last changed: a
+    run touches a lock as it takes it.  A lock shared with other entries is no stamp of this
+    one (a dist's releases lock is taken for every release of it)."""
     size, used = _size(path)
-    for lock in locks:
+    for stamp in locks if stamps is None else stamps:
         try:
-            used = max(used, lock.stat().st_mtime)   # a run touches a lock as it takes it
+            used = max(used, stamp.stat().st_mtime)
         except OSError:
             pass
     return Entry(kind, path, size, used, what, tuple(locks), key)
@@ -181,9 +184,10 @@ def inventory(cache: Path) -> list[Entry]:
                               [pypi.download_lock(cache, p.name)]))
         elif p.suffix == ".whl":
             dist, version = p.name.split("-")[:2]
+            # last used when a run read it, not when it took its dist's lock (stamps=())
             out.append(_entry("wheel", p, f"{dist} {version}",
                               [cache / pypi.WORD / f"{dist.replace('_', '-')}.lock"],
-                              ("wheel", canonicalize_name(dist), version)))
+                              ("wheel", canonicalize_name(dist), version), stamps=()))
     registry = cache / "registry"
     if registry.is_dir():
         out.append(_entry("registry", registry, "base image layers (--no-daemon)",

@@ -33,7 +33,7 @@ from patchkit import manifest, paths, source
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import VLLM, Manifest, capped_id, identity, summary_problem
 from patchkit.run import RunSpec, run_spec
-from patchkit.report import ApplyReport
+from patchkit.report import ApplyReport, Status
 from patchkit.series import applier, intake
 from patchkit.source import mirror
 
@@ -59,9 +59,9 @@ class Imported:
     base: str = ""          # the merge base, or the commit the overlay was diffed against
     reports: list[ApplyReport] = field(default_factory=list)
 
-    def statuses(self) -> dict[str, str]:
+    def statuses(self) -> dict[str, Status]:
         report = self.reports[0] if self.reports else None
-        return {p.id: (report.status_of(p.id) if report else None) or "applied"
+        return {p.id: (report.status_of(p.id) if report else None) or Status.APPLIED
                 for p in self.patches}
 
     def to_dict(self) -> dict:

@@ -17,8 +17,9 @@ from patchkit.series.rebase import RebaseResult, abort, resume, start
 def run(manifest_path: Path, *, to: str | None = None, cont: bool = False, abort_: bool = False,
         drop_upstream: bool = False, repos: Sequence[str] | None = None,
         package: str | None = None,
-        progress: applier.Progress | None = None) -> RebaseResult | list[str]:
-    """One of start (``to``), ``--continue`` or ``--abort`` (which returns the files restored)."""
+        progress: applier.Progress | None = None) -> RebaseResult:
+    """One of start (``to``), ``--continue`` or ``--abort`` (its result names the files
+    restored)."""
     if sum(bool(x) for x in (to, cont, abort_)) != 1:
         raise UsageError("give exactly one of --to REF, --continue, --abort")
     if (cont or abort_) and (drop_upstream or repos or package):

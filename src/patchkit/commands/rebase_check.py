@@ -32,7 +32,7 @@ from patchkit.kinds import memo
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.image.docker import Engine
 from patchkit.run import Asked, RunSpec, pins
-from patchkit.report import ApplyReport, PatchResult
+from patchkit.report import ApplyReport, PatchResult, Status
 from patchkit.series import applier, trial
 from patchkit.series.releases import release_targets
 
@@ -125,7 +125,7 @@ class Matrix:
                                              if (ref, patch.id) in self.bisects])
             run = 0
             for c in reversed(cells):
-                if c.status != "upstream":
+                if c.status is not Status.UPSTREAM:
                     break
                 run += 1
             if run:
@@ -135,7 +135,8 @@ class Matrix:
         return rows
 
     def failures(self) -> list[tuple[ApplyReport, PatchResult]]:
-        return [(t, r) for t in self.targets for r in t.patches if r.status == "failed"]
+        return [(t, r) for t in self.targets for r in t.patches
+                if r.status is Status.FAILED]
 
     def to_dict(self) -> dict:
         targets = [t.to_dict() for t in self.targets]
@@ -155,8 +156,9 @@ class Matrix:
             "targets": targets,
             "patches": [{"id": r.patch.id, "kind": r.patch.kind, "upstream": r.patch.upstream,
                          "pull": r.pull, "upstream_since": r.upstream_since, "drop": r.drop,
-                         "status": {self.ref_of(t): c.status if c.status != "failed" else
-                                    f"failed:{c.reason}" for t, c in zip(self.targets, r.cells)}}
+                         "status": {self.ref_of(t): str(c.status) if c.status is not
+                                    Status.FAILED else f"failed:{c.reason}"
+                                    for t, c in zip(self.targets, r.cells)}}
                         for r in self.rows()],
         }
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from patchkit import http, interrupt
 from patchkit.errors import UsageError
+from patchkit.report import Word
 from patchkit.serving import acceptance as spec
 from patchkit.serving import garble as long_answer
 from patchkit.serving.garble import degenerate
@@ -53,6 +54,15 @@ SETTLE_READS = 5
 METRICS_MAX_BYTES = 64 * 1024 * 1024
 
 
+class CheckStatus(Word):
+    """How one check of smoke came out, as reports word it."""
+
+    OK = "ok"
+    FAILED = "failed"
+    INCONCLUSIVE = "inconclusive"   # it ran but could not tell (zero drafts): a failure
+    NOT_RUN = "not run"             # an earlier check failed first
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -62,10 +72,12 @@ class Check:
     inconclusive: bool = False   # it ran but could not tell (zero drafts): a failure
 
     @property
-    def status(self) -> str:
+    def status(self) -> CheckStatus:
         if self.ok:
-            return "ok"
-        return "inconclusive" if self.inconclusive else "failed" if self.ran else "not run"
+            return CheckStatus.OK
+        if self.inconclusive:
+            return CheckStatus.INCONCLUSIVE
+        return CheckStatus.FAILED if self.ran else CheckStatus.NOT_RUN
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "status": self.status,

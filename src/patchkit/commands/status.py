@@ -4,7 +4,10 @@ applied`` say it.
 For each package of the manifest: whether its checkout is there, the pin, version and commit
 it was made from, the variant, each patch's fate at that apply, the work a person did in it
 since (commits not yet exported, changed and untracked files), and what changed in the
-manifest since (patches added, edited, removed; the pin moved).  It reads, never writes."""
+manifest since (patches added, edited, removed; the pin moved; a setting outside ``patches:``
+changed, said once for the manifest).  Each patch is compared on what it is (its entry and
+its files, ``manifest/digest.py``), never on where it stands in patchset.yaml.  It reads,
+never writes."""
 
 from __future__ import annotations
 
@@ -14,10 +17,10 @@ from pathlib import Path
 from patchkit import manifest as manifest_
 from patchkit.errors import UsageError
 from patchkit.manifest import Manifest, digest, discovery
+from patchkit import report as report_
 from patchkit.report import ApplyReport
 from patchkit.series import checkout
 
-STATUSES = ("applied", "upstream", "skipped", "failed")
 
 
 @dataclass
@@ -67,9 +70,13 @@ class Status:
     manifest: Path
     name: str
     packages: list[PackageStatus]
+    # the settings outside `patches:` that changed since the apply (`name`, `bump.probes`),
+    # as patchset.yaml names them; None when no checkout's report records them
+    settings: list[str] | None = None
 
     def to_dict(self) -> dict:
         return {"ok": True, "manifest": str(self.manifest), "name": self.name,
+                "settings_changed": self.settings,
                 "packages": [p.to_dict() for p in self.packages]}
 
 
@@ -85,8 +92,19 @@ def run(manifest_path: Path | None, workdir: Path | None) -> Status:
     m = manifest_.load(manifest_path)
     workdir = Path(workdir) if workdir is not None else m.root / discovery.WORKDIR
     places = {p.name: p.checkout(workdir) for p in m.packages}
-    return Status(manifest_path, m.name, [_package(m, name, place)
-                                          for name, place in places.items()])
+    packages = [_package(m, name, place) for name, place in places.items()]
+    return Status(manifest_path, m.name, packages, _settings(m, packages))
+
+
+def _settings(m: Manifest, packages: list[PackageStatus]) -> list[str] | None:
+    """The settings outside ``patches:`` that differ from those of the first applied
+    checkout that recorded them."""
+    then = next((p.report.settings for p in packages
+                 if p.report is not None and p.report.settings), None)
+    if then is None:
+        return None
+    now = digest.settings(m)
+    return [k for k in sorted(set(now) | set(then)) if now.get(k) != then.get(k)]
 
 
 def _package(m: Manifest, name: str, place: Path) -> PackageStatus:
@@ -100,7 +118,7 @@ def _package(m: Manifest, name: str, place: Path) -> PackageStatus:
                              remedies=[f"{place} holds no readable apply report; run "
                                        "'patchkit apply --discard'"])
     own = [r for r in report.patches if r.package == name]
-    patches = {s: [r.id for r in own if r.status == s] for s in STATUSES}
+    patches = {str(s): [r.id for r in own if r.status is s] for s in report_.Status}
     work = checkout.user_work(place)
     changes = _changes(m, name, report)
     remedies = work.remedies(place)
@@ -116,7 +134,7 @@ def _changes(m: Manifest, name: str, report: ApplyReport) -> ManifestChanges:
     ids = {p.id for p in now}
     out = ManifestChanges(added=[p.id for p in now if p.id not in then],
                           removed=[i for i in then if i not in ids])
-    if report.digests:
+    if report.digests and all(d.startswith(digest.SCHEME) for d in report.digests.values()):
         current = digest.digests(m, [p for p in now if p.id in then])
         out.edited = [i for i, d in current.items() if report.digests.get(i) != d]
     else:

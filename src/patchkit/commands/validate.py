@@ -2,7 +2,8 @@
 
 Beyond what the loader checks, everything that can be checked without a tree is: each diff is
 parsed, each transform compiled and imported and its ``Transform`` classes found, each
-overlay's files listed.  A broken patch file is a ManifestError naming the file and its line.
+overlay's files listed, and every path rule ``apply`` applies that needs no release (a patch
+of a package other than vLLM writes nothing in vLLM's folder or at the root).  A broken patch file is a ManifestError naming the file and its line.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import kinds, manifest
+from patchkit import kinds, manifest, syntax
 from patchkit.errors import ManifestError
 from patchkit.image import artifact
-from patchkit.series import compiled, languages
+from patchkit.series import applier, compiled
 
 
 @dataclass
@@ -32,12 +33,16 @@ def _compiled_code(m: manifest.Manifest) -> None:
     artifact's wheel beside the manifest (its pins and its ELF header): checked now, not
     halfway through an apply."""
     for name in sorted({a.file for p in m.patches for a in p.verify}):
-        languages.for_file(name).ready()
+        syntax.for_file(name).ready()
     pins = [(p.name, p.label, p.repos, compiled.known_tops(p.id)) for p in m.packages]
     found = compiled.first_problem(m, m.patches, pins)
     if found:
         patch, why = found
         raise ManifestError(why, path=m.path.name, line=patch.line, entry=patch.label)
+    for patch in m.patches:   # apply's path rules, as far as they need no release
+        why = applier.outside_before_release(m, patch)
+        if why:
+            raise ManifestError(why, path=m.path.name, line=patch.line, entry=patch.label)
     platform = m.image.platform
     for patch in m.patches:
         if patch.artifact is not None and not patch.artifact.wheel.startswith("https://"):

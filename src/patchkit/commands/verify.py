@@ -14,7 +14,8 @@ from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.image.docker import Engine
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.run import RunSpec, run_spec
-from patchkit.report import AssertionResult
+from patchkit.report import AssertionResult, Word
+from patchkit import jitrules
 from patchkit.series import assertions, checkout
 from patchkit.serving import runtime
 from patchkit.serving.runtime import MarkerResult
@@ -29,7 +30,17 @@ CHUNK = 64 * 1024   # bytes read from a log file at a time
 # no traffic to show yet (a launch checked at startup).  0 ok, 1 failed, 2 usage, 3 unexpected,
 # 130/143 interrupted are the others; 4 is kept for "needs a hand".
 NOT_YET_JUDGED = 5
-OK, FAILED, PENDING = "ok", "failed", "not yet judged"
+
+
+class VerifyStatus(Word):
+    """How a verify came out: a floor with no traffic yet is ``not yet judged`` (exit 5)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    PENDING = "not yet judged"
+
+
+OK, FAILED, PENDING = VerifyStatus.OK, VerifyStatus.FAILED, VerifyStatus.PENDING
 
 
 @dataclass
@@ -44,6 +55,8 @@ class VerifyReport:
     locked: list[str] | None = None             # --locked: how the image differs from the lock
     packages: list[PackageCheck] = field(default_factory=list)  # --image: each package checked
     require_traffic: bool = False   # a floor not yet judged fails instead of waiting
+    # --image: where each JIT package keeps its JIT cache and its cubins there
+    jit: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def assertions_ok(self) -> bool:
@@ -51,8 +64,9 @@ class VerifyReport:
 
     @property
     def waiting(self) -> list[MarkerResult]:
-        """The acceptance floors not yet judged (no traffic served), when they may wait."""
-        return [] if self.require_traffic else [r for r in self.runtime or () if r.pending]
+        """The acceptance floors not yet judged (no traffic served); none when traffic is
+        required (``runtime.traffic_required`` made them failures)."""
+        return [r for r in self.runtime or () if r.pending]
 
     @property
     def runtime_ok(self) -> bool:
@@ -61,14 +75,14 @@ class VerifyReport:
         return all(r.ok or r in waiting for r in self.runtime or ())
 
     @property
-    def status(self) -> str:
+    def status(self) -> VerifyStatus:
         if not (self.assertions_ok and self.runtime_ok) or self.locked:
             return FAILED
         return PENDING if self.waiting else OK
 
     @property
     def ok(self) -> bool:
-        return self.status == OK
+        return self.status is OK
 
     @property
     def exit_code(self) -> int:
@@ -88,6 +102,8 @@ class VerifyReport:
             out["locked"] = {"ok": not self.locked, "differences": self.locked}
         if self.packages:
             out["packages"] = {p.name: p.to_dict() for p in self.packages}
+        if self.jit:
+            out["jit"] = self.jit
         return out
 
 
@@ -122,6 +138,7 @@ class _Checked:
     trees: list[Path] = field(default_factory=list)   # the checkouts a tree's check read
     locked: list[str] | None = None
     packages: list[PackageCheck] = field(default_factory=list)
+    jit: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
@@ -235,7 +252,8 @@ def _image_attrs(engine, image: str, platform):
     return held
 
 
-def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None) -> _Checked:
+def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None,
+                 workdir: Path | None = None) -> _Checked:
     """Each package's assertions on the files ``image`` holds: vLLM's where its package is,
     every other package's at the site its ``dist`` is installed in (its dist-info); ranges are
     judged on the versions installed there.  The run's packages (``--package``) limit them."""
@@ -268,10 +286,13 @@ def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None) -> 
         checks = _package_checks(manifest, image, files, sites, active, installed, run.only)
         proofs = _artifact_proofs([p for p in active if p.artifact is not None], files, env,
                                   image)
+        judged = [p for p in active if run.in_run(p.package)]
+        compiled, jit = _jit_proofs(manifest, files, installed, judged, facts, held, image,
+                                    workdir)
         # a manifest of vLLM alone reports as it always has: one package needs no naming
-        return _Checked([a for c in checks for a in c.results] + proofs, facts.statuses, version,
-                        variant, holds=holds, locked=locked,
-                        packages=checks if manifest.others else [])
+        return _Checked([a for c in checks for a in c.results] + proofs + compiled,
+                        facts.statuses, version, variant, holds=holds, locked=locked,
+                        packages=checks if manifest.others else [], jit=jit)
 
 
 def _package_checks(manifest: Manifest, image: str, files, sites, active: Sequence[Patch],
@@ -322,6 +343,68 @@ def _artifact_proofs(patches: Sequence[Patch], files, env: dict[str, str], image
                        f"{where} has sha256 {got[:12]}, the artifact pins {a.member_sha256[:12]}")
         out.append(AssertionResult(patch.id, a.member, None, None, ok, message))
     return out
+
+
+def _jit_proofs(manifest: Manifest, files, installed, active: Sequence[Patch], facts, held,
+                image: str, workdir: Path | None
+                ) -> tuple[list[AssertionResult], dict[str, dict[str, str]]]:
+    """Each JIT module a patched file feeds, judged in the image: a result that fails where a
+    prebuilt module would still load in its place, naming both; and where each such package
+    keeps its JIT cache and cubins there."""
+    from patchkit.image import prebuilt
+
+    if installed is None:
+        return [], {}
+    env = held.env
+    wanted, modules, owners, places = {}, {}, {}, {}
+    for package in manifest.others:
+        mine = [p for p in active if p.package == package.name]
+        if not mine or installed.get(package.dist) is None or not jitrules.rules_for(package.dist):
+            continue
+        owners.update({(package.name, f): p.id for p in mine for f in _touched(manifest, p)})
+        fed = _fed(package, files, installed, mine, facts, workdir, manifest)
+        where = prebuilt.places(files, installed, env, held.config.get("User"), package.dist)
+        if where is not None:
+            places[package.name] = where.to_dict()
+        if fed:
+            wanted[package.name] = (package.dist, manifest.image.cuda_arch)
+            modules[package.name] = fed
+    shipped = {(p.artifact.dist, p.artifact.member) for p in active if p.artifact is not None}
+    found, _ = prebuilt.prove(files, installed, env, wanted, modules, image, shipped)
+    return [AssertionResult(owners.get((p.package, p.file), p.package), p.file, None, None, p.ok,
+                            p.message(image)) for p in found], places
+
+
+def _touched(manifest: Manifest, patch: Patch) -> list[str]:
+    from patchkit import kinds
+
+    try:
+        return kinds.get(patch.kind).touched(manifest.root / patch.path)
+    except kinds.KindError:
+        return []
+
+
+def _fed(package, files, installed, mine: Sequence[Patch], facts, workdir: Path | None,
+         manifest: Manifest) -> dict[str, list[str]]:
+    """The JIT modules each patched file of ``package`` feeds in the image: as its labels
+    record them (an image patchkit built), else as the applied checkout's report does, else
+    read from the package as the image holds it."""
+    if facts.jit_modules is not None:
+        return facts.jit_modules.get(package.name, {})
+    for path in ([workdir, package.checkout(workdir)] if workdir is not None else []):
+        report = checkout.read_report(path) if path.is_dir() else None
+        if report is not None and package.name in report.jit_modules:
+            return report.jit_modules[package.name]
+    import tempfile
+
+    from patchkit.image import prebuilt
+
+    paths = sorted({f for p in mine for f in _touched(manifest, p)})
+    if not paths:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="patchkit-jit-") as scratch:
+        return prebuilt.modules_in_image(files, installed.get(package.dist).site, package.dist,
+                                         paths, scratch)
 
 
 def _image_reader(files, site: str):
@@ -438,7 +521,8 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
     version = _base_version(spec, log) if r.base else None
     with _Logs(r.logs, r.containers, stdin=stdin, engine=engine) as sources:
         if r.image:
-            target, checked = r.image, _check_image(manifest, r.image, spec, lock=lock)
+            target, checked = r.image, _check_image(manifest, r.image, spec, lock=lock,
+                                                    workdir=r.default_tree)
         else:
             target = str(r.tree or r.default_tree)
             checked = _check_tree(manifest, Path(target), r.variant, version, spec.only)
@@ -446,10 +530,12 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
                 target = " and ".join(str(t) for t in checked.trees)
         report = VerifyReport(target, checked.results, holds=checked.holds,
                               locked=checked.locked, packages=checked.packages,
-                              require_traffic=r.require_traffic)
+                              require_traffic=r.require_traffic, jit=checked.jit)
         if sources.logs:
             judgment = sources.judge(manifest, checked)
             report.runtime, report.starts = judgment.results, judgment.starts
+            if r.require_traffic:
+                report.runtime = [runtime.traffic_required(m) for m in report.runtime]
             report.logs = sources.names
             report.notes = sources.notes() + [n for n in map(runtime.Start.note,
                                                              judgment.starts) if n]

@@ -18,7 +18,7 @@ from patchkit.image.builders.protocol import Job
 from patchkit.imageref import Platform
 from patchkit.manifest import Manifest, variants
 from patchkit.run import RunSpec
-from patchkit.report import ApplyReport
+from patchkit.report import ApplyReport, Status
 from patchkit.series.checkout import AppliedCheckout, is_checkout
 
 
@@ -34,12 +34,12 @@ class Choices:
     nvcc_threads: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildReport:
-    """What ``build-image`` made; ``to_dict`` is its JSON shape."""
+    """What ``build-image`` made; ``to_dict`` is its JSON shape.  One ``ok``: the image was
+    made (no ``error``) and every copy to other engines landed."""
 
-    ok: bool
-    error: str | None = None
+    error: str | None = None        # why no image was made (None: it was)
     mode: str | None = None
     mode_reason: str | None = None
     tag: str | None = None
@@ -61,18 +61,27 @@ class BuildReport:
     copy: object | None = None      # transfer.CopyReport of the copy to other engines
     holds: build.Holds | None = None
 
+    @property
+    def built(self) -> bool:
+        """The image was made (a copy to other engines may still have failed)."""
+        return self.error is None
+
+    @property
+    def ok(self) -> bool:
+        return self.built and (self.copy is None or self.copy.ok)
+
     @classmethod
     def failed_apply(cls, report: ApplyReport) -> BuildReport:
-        failed = [p.id for p in report.patches if p.status == "failed"]
+        failed = [p.id for p in report.patches if p.status is Status.FAILED]
         data = report.to_dict()
-        return cls(False, "the series did not apply"
+        return cls("the series did not apply"
                    + (f" ({', '.join(failed)} failed)" if failed else " (assertions failed)"),
                    vllm=data["vllm"], patches=data["patches"])
 
     def to_dict(self) -> dict:
-        if not self.ok:
+        if not self.built:
             return {"ok": False, "error": self.error, "vllm": self.vllm, "patches": self.patches}
-        data = {"ok": True, "mode": self.mode, "mode_reason": self.mode_reason, "tag": self.tag,
+        data = {"ok": self.ok, "mode": self.mode, "mode_reason": self.mode_reason, "tag": self.tag,
                 "image_id": self.image_id, "digest": self.digest, "platform": self.platform,
                 "base": self.base, "vllm": self.vllm, "patches": self.patches,
                 "layer": self.layer.to_dict() if self.layer else None, "reused": self.reused,
@@ -86,7 +95,6 @@ class BuildReport:
             data["holds"] = self.holds.to_dict()
         if self.copy is not None:
             data["copy"] = self.copy.to_dict()
-            data["ok"] = self.copy.ok
         return data
 
 
@@ -145,7 +153,8 @@ def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack |
         rebuild_jit = tuple(f for r in tree.report.patches
                             if r.package == package.name and r.id in rebuild for f in r.files)
         out.append(build.PackageTree(package.name, package.dist, tree, shipped,
-                                     dist.site if dist is not None else None, rebuild_jit))
+                                     dist.site if dist is not None else None, rebuild_jit,
+                                     manifest.image.cuda_arch))
     return tuple(out)
 
 
@@ -153,7 +162,7 @@ def _artifacts(manifest: Manifest, tree: AppliedCheckout, plat: Platform, cache:
                ) -> tuple[build.PlacedArtifact, ...]:
     """The members of the run's applied artifacts, each checked against its pins and the
     image's platform (one line, exit 2, before anything is built)."""
-    applied = {p.id for p in tree.report.patches if p.status == "applied"}
+    applied = {p.id for p in tree.report.patches if p.status is Status.APPLIED}
     out = []
     for patch in manifest.patches:
         a = patch.artifact
@@ -228,7 +237,7 @@ def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built
     if built.installed:
         vllm["installed"] = built.installed
     return BuildReport(
-        ok=True, mode=choice.mode, mode_reason=choice.reason, tag=final_tag,
+        mode=choice.mode, mode_reason=choice.reason, tag=final_tag,
         image_id=built.image_id, digest=digest, platform=str(plat),
         base=({"name": b.name, "digest": b.digest or b.image_id, "pinned_by": b.pinned_by,
                "image_id": b.image_id, "fingerprint": b.fingerprint} if b else None),

@@ -28,9 +28,11 @@ from patchkit.image import prebuilt
 from patchkit.image import labels as image_labels
 from patchkit.image import distinfo, layer, lockfile, package
 from patchkit.manifest import VLLM, Manifest
+from patchkit.manifest.model import ImageDefaults
 from patchkit.series.checkout import AppliedCheckout, Change
 
-LAYER_FORMAT = "2"  # bump when the layer or config layout changes: it is part of the inputs key
+LAYER_FORMAT = "3"  # bump when the layer or config layout changes: it is part of the inputs key
+# 3: prebuilt modules found as FlashInfer 0.7 finds them, and FLASHINFER_CUBIN_DIR kept
 SERVE_SCRIPT = "build/serve.sh"
 SERVE_PATH = "usr/local/bin/patchkit-serve"
 NATIVE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".inl",
@@ -177,6 +179,9 @@ class PackageTree:
     # the patched files whose patches say `rebuild: jit`: a prebuilt module built from one is
     # left out of the image (image/prebuilt.py)
     rebuild_jit: tuple[str, ...] = ()
+    # the GPU architecture its prebuilt modules are judged for (image.cuda_arch), unless the
+    # base sets FlashInfer's own list
+    cuda_arch: str = ImageDefaults.cuda_arch
 
 
 def package_shipped(changes: Sequence[Change]) -> tuple[Change, ...]:
@@ -258,17 +263,19 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
                           entries, made_dirs)
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
     jit_env: dict[str, str] = {}
-    jit = any(o.tree.report.jit_modules for o in others)
-    installed_ = None
-    if artifacts or jit:   # read once, for both
-        installed_ = dists() if dists is not None else distinfo.installed(
+    fed = any(o.tree.report.jit_modules for o in others)
+    # the base's distributions, read once for what needs them (given when read already)
+    have = None
+    if artifacts or fed:
+        have = dists() if dists is not None else distinfo.installed(
             files, base.env)  # type: ignore[arg-type]
     if artifacts:
-        _place_artifacts(installed_, files, base.name, artifacts, entries, made_dirs, log)
-    if jit:
+        _place_artifacts(have, files, base.name, artifacts, entries, made_dirs, log)
+    if fed:
         shipped_members = {(a.dist, a.member) for a in artifacts}
-        entries += prebuilt.leave_out(installed_, others, base.name, log, shipped_members)
-        jit_env = prebuilt.workspace(others, base.config.get("User"))
+        entries += prebuilt.leave_out(files, have, base.env, others, base.name, log,
+                                      shipped_members)
+        jit_env = prebuilt.cache_env(files, have, base.env, base.config.get("User"), others)
         for name, value in jit_env.items():
             log(f"JIT cache of the patched sources: {name}={value}")
     if serve is not None:
@@ -450,7 +457,7 @@ def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInput
     labels.update(image_labels.overlay_labels(inputs.key, plan.package.dir, plan.installed,
                                               made))
     if plan.env:
-        labels[image_labels.JIT_WORKSPACE_LABEL] = next(iter(plan.env.values()))
+        labels.update(image_labels.jit_labels(plan.env))
     config = layer.image_config(
         base, made, labels=labels, created=inputs.created, env=plan.env,
         created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",

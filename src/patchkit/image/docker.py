@@ -284,18 +284,19 @@ class Engine:
         if image is None and pull and not ref.startswith("sha256:"):
             repo, tag = (ref.split("@", 1) if "@" in ref else split_tag(ref))
             log(f"pulling {ref} for {platform}")
+            refused = None   # the registry's own words, when the pull's stream says no
             try:
                 with border(f"pulling the base {ref}"):
                     for line in self.api.pull(repo, tag=tag, platform=str(platform), stream=True,
                                               decode=True):
                         if "error" in line:
-                            raise ImageError(f"{what} {ref} not found: "
-                                             f"{' '.join(str(line['error']).split())}")
+                            refused = " ".join(str(line["error"]).split())
+                            break
             except ImageError as exc:
-                if str(exc).startswith(what):
-                    raise
                 why = explain(exc.__cause__) if exc.__cause__ is not None else str(exc)
                 raise ImageError(f"{what} {ref} not found: {why}") from exc
+            if refused is not None:
+                raise ImageError(f"{what} {ref} not found: {refused}")
             image = self.inspect(ref)
         if image is None:
             raise ImageError(f"{what} {ref} not found on the engine at {self.host}")

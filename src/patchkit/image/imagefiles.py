@@ -77,8 +77,8 @@ class ImageFiles:
     def names(self, folder: str) -> list[str] | None:
         """The names of ``folder``'s entries, or None when it is no folder.  The engine has
         no listing but an archive of the folder, so that archive is streamed once; the
-        dist-info files met on the way (METADATA, RECORD) are kept for :meth:`read`, which
-        saves one request each."""
+        dist-info files met on the way (METADATA, RECORD, entry_points.txt) are kept for
+        :meth:`read`, which saves one request each."""
         st = self.stat(folder)
         if st is None or not st.get("mode", 0) & (1 << 31) and not st.get("linkTarget"):
             return None
@@ -89,7 +89,7 @@ class ImageFiles:
                 continue  # the folder itself
             names.add(parts[1])
             if (data is not None and len(parts) == 3 and parts[1].endswith(".dist-info")
-                    and parts[2] in ("METADATA", "RECORD")):
+                    and parts[2] in ("METADATA", "RECORD", "entry_points.txt")):
                 self._kept[f"{folder.rstrip('/')}/{parts[1]}/{parts[2]}"] = data
         return sorted(names)
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from patchkit import source, versions
 from patchkit.image import layer
+from patchkit.image.prebuilt import CUBIN_ENV, WORKSPACE_ENV
 from patchkit.manifest import Manifest
+from patchkit.report import Status
 from patchkit.series.checkout import AppliedCheckout
 
 INPUTS_LABEL = "io.patchkit.inputs"
@@ -33,6 +35,9 @@ PACKAGES_LABEL = "io.patchkit.packages"
 JIT_MODULES_LABEL = "io.patchkit.jit.modules"
 # where the image's JIT cache is (FLASHINFER_WORKSPACE_BASE), when it patches a JIT source
 JIT_WORKSPACE_LABEL = "io.patchkit.jit.workspace"
+# where the cubins FlashInfer downloads at run time are kept (FLASHINFER_CUBIN_DIR): the place
+# the base used, set when the JIT cache place moves (moving it moves the cubins' default)
+JIT_CUBINS_LABEL = "io.patchkit.jit.cubins"
 # the compiled files placed from pinned wheels: [{patch, dist, member, member_sha256, wheel_sha256}]
 ARTIFACTS_LABEL = "io.patchkit.artifacts"
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
@@ -78,10 +83,20 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
 
 def artifacts_of(manifest: Manifest, report) -> list[dict[str, str]]:
     """The run's applied artifacts, as the label and the lock record them."""
-    applied = {p.id for p in report.patches if p.status == "applied"}
+    applied = {p.id for p in report.patches if p.status is Status.APPLIED}
     return [{"patch": p.id, "dist": p.artifact.dist, "member": p.artifact.member,
              "member_sha256": p.artifact.member_sha256, "wheel_sha256": p.artifact.sha256}
             for p in manifest.patches if p.artifact is not None and p.id in applied]
+
+
+def jit_labels(env: dict[str, str]) -> dict[str, str]:
+    """Where the image's JIT cache and cubins live, from the environment the image sets."""
+    out = {}
+    if env.get(WORKSPACE_ENV):
+        out[JIT_WORKSPACE_LABEL] = env[WORKSPACE_ENV]
+    if env.get(CUBIN_ENV):
+        out[JIT_CUBINS_LABEL] = env[CUBIN_ENV]
+    return out
 
 
 def base_labels(base: layer.BaseImage) -> dict[str, str]:
@@ -111,21 +126,22 @@ def overlay_labels(key: str, package_dir: str, installed: str | None,
 class ImageFacts:
     """What an image's labels say about how patchkit made it (nothing when it did not)."""
 
-    statuses: dict[str, str]       # patch id -> status
+    statuses: dict[str, Status]    # patch id -> status
     vllm_dir: str | None
     installed: str | None
     variant: str | None = None     # the variant built (None: the default build)
     variant_known: bool = False    # the labels say which variant (images patchkit made)
     source: str | None = None      # git | pypi | image
-    base_identity: str | None = None
     layer: tuple[int, int, int] = (0, 0, 0)  # the overlay layer's files, bytes, whiteouts
     base_digest: str | None = None
     packages: dict[str, dict[str, str]] | None = None   # None: the labels do not say
+    # package -> patched file -> JIT modules (None: the labels do not say)
+    jit_modules: dict[str, dict[str, list[str]]] | None = None
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
         try:
-            statuses = {str(p["id"]): str(p["status"])
+            statuses = {str(p["id"]): Status(p["status"])
                         for p in json.loads(labels.get(PATCHES_LABEL) or "[]")}
         except (ValueError, TypeError, KeyError):
             statuses = {}
@@ -133,12 +149,13 @@ class ImageFacts:
         return cls(statuses, labels.get(VLLM_DIR_LABEL) or None,
                    labels.get(INSTALLED_LABEL) or None,
                    labels.get(VARIANT_LABEL) or None, VARIANT_LABEL in labels,
-                   labels.get(SOURCE_LABEL) or None, labels.get(BASE_IDENTITY_LABEL) or None,
-                   counts, labels.get(BASE_DIGEST_LABEL) or None,  # type: ignore[arg-type]
-                   _packages(labels.get(PACKAGES_LABEL)))
+                   labels.get(SOURCE_LABEL) or None, counts,  # type: ignore[arg-type]
+                   labels.get(BASE_DIGEST_LABEL) or None,
+                   _packages(labels.get(PACKAGES_LABEL)),
+                   _jit_modules(labels.get(JIT_MODULES_LABEL)))
 
     def skipped(self) -> set[str]:
-        return {pid for pid, status in self.statuses.items() if status == "skipped"}
+        return {pid for pid, status in self.statuses.items() if status is Status.SKIPPED}
 
 
 def _packages(text: str | None) -> dict[str, dict[str, str]] | None:
@@ -157,3 +174,15 @@ def _count(text: str | None) -> int:
         return int(text or 0)
     except ValueError:
         return 0
+
+
+def _jit_modules(text: str | None) -> dict[str, dict[str, list[str]]] | None:
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {str(n): {str(f): [str(m) for m in mods] for f, mods in files.items()
+                     if isinstance(mods, list)}
+            for n, files in data.items() if isinstance(files, dict)}

@@ -26,6 +26,7 @@ import os
 import select
 import tarfile
 import threading
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from patchkit.errors import ImageError
@@ -34,6 +35,18 @@ from patchkit.image.layer import (_BLOCK, _SMALL, CHUNK, END_OF_ARCHIVE, Archive
 from patchkit.timeouts import shown
 
 _ZERO = bytes(_BLOCK)
+
+
+@dataclass(frozen=True)
+class Broken:
+    """Why a sink was let go: ``stalled`` when it took nothing for the timeout (a load that
+    stopped reading), else its pipe broke (the load ended)."""
+
+    why: str
+    stalled: bool = False
+
+    def __str__(self) -> str:
+        return self.why
 
 
 class Pump:
@@ -53,7 +66,7 @@ class Pump:
         self._begun = False
         self.names = list(names) if names is not None else [f"load {i + 1}"
                                                            for i in range(len(self.sinks))]
-        self.broken: dict[int, str] = {}
+        self.broken: dict[int, Broken] = {}
         self.wire = 0
         self._on_wire = on_wire or (lambda n: None)   # told ``wire`` as it grows (progress)
         self._buf = bytearray(CHUNK)
@@ -70,7 +83,7 @@ class Pump:
         if self.stop.is_set():
             raise ImageError("interrupted; the load is abandoned")
         if not self.live():
-            raise ImageError(next(iter(self.broken.values()), "no load takes the stream"))
+            raise ImageError(str(next(iter(self.broken.values()), "no load takes the stream")))
 
     def _wait(self, fd: int, writing: bool) -> bool:
         """Whether ``fd`` became ready within the timeout."""
@@ -85,14 +98,17 @@ class Pump:
                 view = view[os.write(fd, view):]
             except BlockingIOError:
                 if not self._wait(fd, True):
-                    self._let_go(fd, f"took nothing for {shown(self.timeout)}")
+                    self._stalled(fd)
                     return
             except OSError as exc:
                 self._let_go(fd, _broke(exc))
                 return
 
-    def _let_go(self, fd: int, why: str) -> None:
-        self.broken[fd] = f"{self.names[self.sinks.index(fd)]} {why}"
+    def _let_go(self, fd: int, why: str, stalled: bool = False) -> None:
+        self.broken[fd] = Broken(f"{self.names[self.sinks.index(fd)]} {why}", stalled)
+
+    def _stalled(self, fd: int) -> None:
+        self._let_go(fd, f"took nothing for {shown(self.timeout)}", stalled=True)
 
     def _out(self, view: memoryview) -> None:
         live = self.live()
@@ -121,7 +137,7 @@ class Pump:
                     n = os.write(fd, rest)
                 except BlockingIOError:
                     if time.monotonic() - since[fd] > self.timeout:
-                        self._let_go(fd, f"took nothing for {shown(self.timeout)}")
+                        self._stalled(fd)
                         del left[fd]
                         poll.unregister(fd)
                     continue
@@ -213,7 +229,7 @@ class Pump:
                 if not self._wait(dst, True):
                     if not counted:
                         raise ImageError(f"/dev/null took nothing for {shown(self.timeout)}")
-                    self._let_go(dst, f"took nothing for {shown(self.timeout)}")
+                    self._stalled(dst)
                     self._check()
                 continue
             except OSError as exc:

@@ -52,10 +52,22 @@ from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed,
 from patchkit.image.registry import host_of
 from patchkit.imageref import reference_problem, repository, split_tag
 from patchkit.process import Piped
+from patchkit.report import Word
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 Log = Callable[[str], None]
-STATUSES = ("copied", "present", "replaced", "failed")
+
+
+class CopyStatus(Word):
+    """What a copy did at one target."""
+
+    COPIED = "copied"        # the target lacked the image; it holds it now
+    PRESENT = "present"      # it held that content under the tag already; nothing sent
+    REPLACED = "replaced"    # the tag named other content there, and now names this
+    FAILED = "failed"        # unreachable, refused, or the link was lost; its tag as it was
+
+
+STATUSES = tuple(s.value for s in CopyStatus)
 DEFAULT_COMPRESS = "none"
 
 
@@ -113,7 +125,7 @@ class Plan:
 @dataclass
 class TargetResult:
     engine: str
-    status: str                         # one of STATUSES
+    status: CopyStatus
     fingerprint: str | None = None      # what the target holds under the tag afterwards
     error: str | None = None
     sent: Sent = field(default_factory=Sent)
@@ -123,7 +135,7 @@ class TargetResult:
 
     @property
     def ok(self) -> bool:
-        return self.status != "failed"
+        return self.status is not CopyStatus.FAILED
 
     def to_dict(self) -> dict:
         data = {"engine": self.engine, "status": self.status, "fingerprint": self.fingerprint}
@@ -262,13 +274,13 @@ class _Target:
     early_load: Piped | None = None   # its load, started while it was asked what it holds
 
     def fail(self, exc: BaseException) -> None:
-        self.result = TargetResult(self.url, "failed", error=str(exc), plan=self.plan)
+        self.result = TargetResult(self.url, CopyStatus.FAILED, error=str(exc), plan=self.plan)
 
     def report(self, dry_run: bool) -> TargetResult:
         if self.result is None:   # a dry run: what would be
             p = self.plan
-            status = {"present": "present"}.get(p.action,
-                                                "replaced" if self.held else "copied")
+            status = (CopyStatus.PRESENT if p.action == "present" else
+                      CopyStatus.REPLACED if self.held else CopyStatus.COPIED)
             self.result = TargetResult(self.url, status, plan=p)
         self.result.seconds = round(time.monotonic() - self.started, 2)
         return self.result
@@ -353,7 +365,7 @@ class _Job:
             t.plan = self._plan_for(t)
             self.log(f"{t.url}: {t.plan.why}")
             if t.plan.action == "present":
-                t.result = TargetResult(t.url, "present", self.want, plan=t.plan)
+                t.result = TargetResult(t.url, CopyStatus.PRESENT, self.want, plan=t.plan)
         except PatchkitError as exc:
             # a target asked and then lost has had nothing sent
             t.fail(exc if t.engine is None else ImageError(f"{exc}; its tag is as it was"))
@@ -479,10 +491,10 @@ class _Job:
         for t in live:
             proc = loads[t.url]
             fd = proc.fd
-            if abandon or (pump is not None and fd in pump.broken and "took nothing" in
-                           pump.broken[fd]):
+            stalled = pump is not None and fd in pump.broken and pump.broken[fd].stalled
+            if abandon or stalled:
                 proc.end()
-                why = failure if abandon else ImageError(pump.broken[fd])
+                why = failure if abandon else ImageError(str(pump.broken[fd]))
                 loads[t.url] = functools.partial(_raise, why)
             else:
                 proc.close()
@@ -494,7 +506,7 @@ class _Job:
         for th in threads:
             th.join()
         # "sent" once the loads took it: a load that failed after the last byte sent nothing
-        shown.close(failure is None and all(t.result is not None and t.result.status != "failed"
+        shown.close(failure is None and all(t.result is not None and t.result.ok
                                             for t in live))
 
     def _loaded(self, t: _Target, proc, sent: int) -> str:
@@ -546,7 +558,8 @@ class _Job:
         else:
             sent = Sent(wire[0], facts.layer_bytes(), facts.layer_count(), len(facts.left_out),
                         facts.left_out_bytes(), self.compress if load else "none")
-        t.result = TargetResult(t.url, "replaced" if t.held is not None else "copied", got,
+        t.result = TargetResult(t.url, CopyStatus.REPLACED if t.held is not None
+                                else CopyStatus.COPIED, got,
                                 sent=sent, plan=t.plan)
 
     def measure(self, targets: list[_Target]) -> None:
@@ -704,13 +717,13 @@ def copy_via(source: Engine, image: str, content: Inspected, urls: Sequence[str]
             engines.append(target)
             held = target.content(image)
         except PatchkitError as exc:
-            results.append(TargetResult(url, "failed", error=str(exc)))
+            results.append(TargetResult(url, CopyStatus.FAILED, error=str(exc)))
             continue
         if held is not None and fingerprint(held) == want:
             log(f"{url}: holds {image} with the same content already; nothing pulled")
-            results.append(TargetResult(url, "present", want))
+            results.append(TargetResult(url, CopyStatus.PRESENT, want))
             continue
-        result = TargetResult(url, "replaced" if held is not None else "copied")
+        result = TargetResult(url, CopyStatus.REPLACED if held is not None else CopyStatus.COPIED)
         results.append(result)
         todo.append((result, target, held.id if held is not None else None))
     pushed = None
@@ -719,7 +732,7 @@ def copy_via(source: Engine, image: str, content: Inspected, urls: Sequence[str]
             pushed = _push_via(source, image, content.id, ref, log)
         except PatchkitError as exc:
             for result, _, _ in todo:
-                result.status, result.error = "failed", str(exc)
+                result.status, result.error = CopyStatus.FAILED, str(exc)
             todo = []
     for result, target, previous in todo:
         started = time.monotonic()
@@ -728,7 +741,7 @@ def copy_via(source: Engine, image: str, content: Inspected, urls: Sequence[str]
             _pull_to(target, image, f"{repository(ref)}@{pushed.digest}", want, previous,
                      result, log, len(content.diff_ids))
         except PatchkitError as exc:
-            result.status, result.error = "failed", str(exc)
+            result.status, result.error = CopyStatus.FAILED, str(exc)
         result.seconds = round(time.monotonic() - started, 2)
     _close(engines)
     return CopyReport(image, want, results, via=pushed)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from patchkit.kinds.base import Rebase, Stop, Target
 from patchkit.kinds.common import ABORT
-from patchkit.report import Outcome, PatchResult
+from patchkit.report import Outcome, PatchResult, Reason, Status
 
 
 class ArtifactKind:
@@ -35,7 +35,7 @@ class ArtifactKind:
 
     def apply(self, patch, full: Path, target: Target) -> Outcome:
         a = patch.artifact
-        return Outcome("applied", None, f"{a.member} from {a.wheel.rsplit('/', 1)[-1]} goes "
+        return Outcome(Status.APPLIED, None, f"{a.member} from {a.wheel.rsplit('/', 1)[-1]} goes "
                                         f"into the image, where the base installed {a.dist}")
 
     def apply_together(self, fulls, target: Target) -> None:
@@ -45,7 +45,8 @@ class ArtifactKind:
         return None
 
     def stop(self, rebase: Rebase, patch, result: PatchResult, head: str) -> Stop:
-        return Stop(patch.id, self.name, result.reason or "error", result.message, [patch.path],
+        return Stop(patch.id, self.name, result.reason or Reason.ERROR, result.message,
+                    [patch.path],
                     [head, "", f"Change {patch.path} or the artifact's pins, then "
                                "`patchkit rebase --continue`.", ABORT])
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from patchkit.report import Outcome, PatchResult
+from patchkit.report import Outcome, PatchResult, Reason
 
 
 class Patch(Protocol):
@@ -63,7 +63,7 @@ class Stop:
 
     patch: str
     kind: str
-    reason: str
+    reason: Reason
     message: str
     edit: list[str] = field(default_factory=list)          # the files to change
     instructions: list[str] = field(default_factory=list)  # lines for a person

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from patchkit.kinds.base import Patch, Rebase, Stop
-from patchkit.report import PatchResult
+from patchkit.report import PatchResult, Reason
 
 ABORT = "`patchkit rebase --abort` puts the manifest and every patch file back as they were."
 
@@ -19,7 +19,7 @@ def commit_message(patch: Patch) -> str:
 def generic_stop(rebase: Rebase, patch: Patch, result: PatchResult, head: str) -> Stop:
     """Fix the patch file, then go on: what a stop says when the kind has nothing better."""
     lines = [head, "", f"Fix {patch.path}, then `patchkit rebase --continue` tries it again.", ABORT]
-    return Stop(patch.id, patch.kind, result.reason or "error", result.message, [patch.path], lines)
+    return Stop(patch.id, patch.kind, result.reason or Reason.ERROR, result.message, [patch.path], lines)
 
 
 def dirty_resume(rebase: Rebase, patch: Patch) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import libcst
 
 from patchkit import __version__
-from patchkit.report import Outcome
+from patchkit.report import Outcome, Reason, Status
 
 FORMAT = "patchkit-transform-memo/1"
 LIMIT = 64 << 20   # an entry is a few release files; a larger one is not ours
@@ -73,7 +73,9 @@ def get(where: Path | None, digest: str) -> tuple[Outcome, dict[str, str]] | Non
     try:
         with open(where / f"{digest}.json", "rb") as fh:
             data = json.loads(fh.read(LIMIT))
-        outcome = Outcome(data["status"], data["reason"], data["message"])
+        reason = data["reason"]
+        outcome = Outcome(Status(data["status"]), None if reason is None else Reason(reason),
+                          data["message"])
         return outcome, dict(data["texts"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

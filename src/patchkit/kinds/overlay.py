@@ -17,7 +17,7 @@ from patchkit import git as g
 from patchkit import paths
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume, generic_stop
-from patchkit.report import Outcome, PatchResult
+from patchkit.report import Outcome, PatchResult, Reason, Status
 
 
 def files_of(overlay: Path) -> list[str]:
@@ -35,7 +35,7 @@ def apply_tree(overlay: Path, root: Path, base_commit: str, replaces: Mapping[st
           mirror: Path | None = None) -> Outcome:
     rels = files_of(overlay)
     if not rels:
-        return Outcome("failed", "error", f"{overlay.name}: the overlay holds no files")
+        return Outcome(Status.FAILED, Reason.ERROR, f"{overlay.name}: the overlay holds no files")
     plan: list[tuple[Path, Path]] = []
     same = 0
     for rel in rels:
@@ -43,15 +43,15 @@ def apply_tree(overlay: Path, root: Path, base_commit: str, replaces: Mapping[st
         mode = os.lstat(src).st_mode
         if not stat.S_ISREG(mode):
             kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
-            return Outcome("failed", "unsafe-path", f"{rel}: {kind}; overlays copy regular "
-                                  "files only", rels)
+            return Outcome(Status.FAILED, Reason.UNSAFE_PATH,
+                           f"{rel}: {kind}; overlays copy regular files only", rels)
         try:
             dest = paths.safe_join(root, rel)
         except paths.UnsafePathError as exc:
-            return Outcome("failed", "unsafe-path", str(exc), rels)
+            return Outcome(Status.FAILED, Reason.UNSAFE_PATH, str(exc), rels)
         if dest.exists() and not dest.is_file():
-            return Outcome("failed", "conflict", f"{rel}: the checkout has a directory there",
-                                  rels)
+            return Outcome(Status.FAILED, Reason.CONFLICT,
+                           f"{rel}: the checkout has a directory there", rels)
         if dest.is_file() and same_bytes(dest, src):
             same += 1
             continue
@@ -59,26 +59,24 @@ def apply_tree(overlay: Path, root: Path, base_commit: str, replaces: Mapping[st
         if upstream_blob is not None:
             recorded = replaces.get(rel)
             if recorded is None:
-                return Outcome(
-                    "failed", "overlay-drift",
+                return Outcome(Status.FAILED, Reason.OVERLAY_DRIFT,
                     f"{rel} replaces an upstream file (blob {upstream_blob[:12]}) but the manifest "
                     f"records no `replaces: {{{rel}: <blob>}}` for it", rels)
             if recorded != upstream_blob:
                 where = f"git -C {mirror or root} diff {recorded[:12]} {upstream_blob[:12]}"
-                return Outcome(
-                    "failed", "overlay-drift",
+                return Outcome(Status.FAILED, Reason.OVERLAY_DRIFT,
                     f"{rel} changed upstream since the overlay was written (recorded blob "
                     f"{recorded[:12]}, now {upstream_blob[:12]}); see the upstream change with: "
                     f"{where}", rels)
         plan.append((src, dest))
     if same == len(rels):
-        return Outcome("upstream", None, "the tree already holds every overlay file", rels)
+        return Outcome(Status.UPSTREAM, None, "the tree already holds every overlay file", rels)
     for src, dest in plan:
         dest.parent.mkdir(parents=True, exist_ok=True)
         # Re-check right before writing: nothing may be written through a link.
         paths.safe_join(root, dest.relative_to(root).as_posix())
         shutil.copyfile(src, dest)   # streamed: an overlay file may be large
-    return Outcome("applied", None, "", rels)
+    return Outcome(Status.APPLIED, None, "", rels)
 
 
 def same_bytes(a: Path, b: Path, chunk: int = 1 << 20) -> bool:
@@ -138,7 +136,7 @@ class OverlayKind:
         return None
 
     def stop(self, rebase: Rebase, patch, result: PatchResult, head: str) -> Stop:
-        if result.reason != "overlay-drift":
+        if result.reason is not Reason.OVERLAY_DRIFT:
             return generic_stop(rebase, patch, result, head)
         shown = rebase.shown
         found = drift(patch, rebase.manifest.root / patch.path, rebase.tree, rebase.base_commit)
@@ -157,7 +155,7 @@ class OverlayKind:
                   "`patchkit rebase --continue` records `replaces:` "
                   + ", ".join(f"{rel}: {new}" for rel, new in found.items())
                   + f" in {rebase.manifest.path.name} and goes on.", ABORT]
-        return Stop(patch.id, self.name, "overlay-drift", result.message,
+        return Stop(patch.id, self.name, Reason.OVERLAY_DRIFT, result.message,
                     [f"{patch.path}/{rel}" for rel in found], lines, found)
 
     def resume(self, rebase: Rebase, patch, stop: Stop) -> None:

@@ -41,28 +41,28 @@ import libcst as cst
 import libcst.matchers as m
 from packaging.version import Version
 
-from patchkit import paths
+from patchkit import paths, syntax
 from patchkit.kinds import memo
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume
-from patchkit.report import Outcome, PatchResult
+from patchkit.report import Outcome, PatchResult, Reason, Status
 
 
 class AnchorError(Exception):
     """Raised by :meth:`Transform.anchor`; ``reason`` is a contract failure reason."""
 
-    reason = "anchor-missing"
+    reason = Reason.ANCHOR_MISSING
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
 
 
 class AnchorMissingError(AnchorError):
-    reason = "anchor-missing"
+    reason = Reason.ANCHOR_MISSING
 
 
 class AmbiguousAnchorError(AnchorError):
-    reason = "ambiguous-anchor"
+    reason = Reason.AMBIGUOUS_ANCHOR
 
 
 class ReadError(Exception):
@@ -80,7 +80,7 @@ class Transform:
     pure: bool = True
     #: what ``transform()`` returns, as failures name it
     result_type = "libcst.Module"
-    #: the languages (``patchkit.series.languages``) of the files this base class edits
+    #: the languages (``patchkit.syntax``) of the files this base class edits
     languages: tuple[str, ...] = ("Python",)
 
     def __init__(self, version: Version | None = None) -> None:
@@ -237,8 +237,7 @@ class CxxTransform(Transform):
 
 
 def _language(path: str):
-    from patchkit.series import languages
-    return languages.for_file(path)
+    return syntax.for_file(path)
 
 
 def _body_of(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
@@ -355,14 +354,14 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None,
     try:
         classes = load_transforms(py_file)
     except TransformLoadError as exc:
-        return Outcome("failed", "error", str(exc))
+        return Outcome(Status.FAILED, Reason.ERROR, str(exc))
     files = list(dict.fromkeys(cls.path for cls in classes))
     inputs: dict[str, str | None] = {}
     for cls in classes:
         try:
             target = paths.safe_join(root, cls.path)
         except paths.UnsafePathError as exc:
-            return Outcome("failed", "unsafe-path", f"{cls.__name__}: {exc}", files)
+            return Outcome(Status.FAILED, Reason.UNSAFE_PATH, f"{cls.__name__}: {exc}", files)
         if cls.path not in inputs:
             inputs[cls.path] = target.read_text(encoding="utf-8") if target.is_file() else None
     pure = all(cls.pure for cls in classes)
@@ -370,8 +369,8 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None,
     kept = memo.get(kept_in, key) if key else None
     if kept is None:
         outcome, pending = _transformed(classes, inputs, version)
-        if key and (outcome.status != "failed"
-                    or outcome.reason in ("anchor-missing", "ambiguous-anchor")):
+        if key and (outcome.status is not Status.FAILED
+                    or outcome.reason in (Reason.ANCHOR_MISSING, Reason.AMBIGUOUS_ANCHOR)):
             memo.put(kept_in, key, outcome, pending)   # the author's exceptions are not kept
     else:
         outcome, pending = kept
@@ -391,7 +390,7 @@ def _transformed(classes: Sequence[type[Transform]], inputs: dict[str, str | Non
     for cls in classes:
         source = pending.get(cls.path, inputs[cls.path])
         if source is None:
-            return Outcome("failed", "anchor-missing",
+            return Outcome(Status.FAILED, Reason.ANCHOR_MISSING,
                            f"{cls.__name__}: {cls.path} does not exist"), {}
         outcome = _run_one(cls, source, version)
         if isinstance(outcome, Outcome):
@@ -401,8 +400,8 @@ def _transformed(classes: Sequence[type[Transform]], inputs: dict[str, str | Non
         else:
             pending[cls.path] = outcome
     if upstream == len(classes):
-        return Outcome("upstream", None, "postcondition already holds"), {}
-    return Outcome("applied", None, ""), pending
+        return Outcome(Status.UPSTREAM, None, "postcondition already holds"), {}
+    return Outcome(Status.APPLIED, None, ""), pending
 
 
 def _run_one(cls: type[Transform], source: str, version: Version | None
@@ -412,35 +411,35 @@ def _run_one(cls: type[Transform], source: str, version: Version | None
     try:
         before = cls.read(source)
     except ReadError as exc:
-        return Outcome("failed", "error", f"{label}: cannot parse: {exc}")
+        return Outcome(Status.FAILED, Reason.ERROR, f"{label}: cannot parse: {exc}")
     instance = cls(version)
     try:
         if instance.postcondition(before):
             return None
         after = instance.transform(before)
     except AnchorError as exc:
-        return Outcome("failed", exc.reason, f"{label}: {exc}")
+        return Outcome(Status.FAILED, exc.reason, f"{label}: {exc}")
     except (Exception, SystemExit) as exc:  # the author's code; sys.exit() there ends no run
-        return Outcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
+        return Outcome(Status.FAILED, Reason.ERROR, f"{label}: {type(exc).__name__}: {exc}")
     text = cls.written(after)
     if text is None:
-        return Outcome("failed", "error", f"{label}: transform() returned "
+        return Outcome(Status.FAILED, Reason.ERROR, f"{label}: transform() returned "
                                 f"{type(after).__name__}, not {cls.result_type}")
     if text == source:
-        return Outcome("failed", "error",
+        return Outcome(Status.FAILED, Reason.ERROR,
                                 f"{label}: transform changed nothing and the postcondition "
                                 "does not hold")
     try:
         cls.check_result(source, text)
         reparsed = cls.read(text)
     except ReadError as exc:
-        return Outcome("failed", "error", f"{label}: result does not compile: {exc}")
+        return Outcome(Status.FAILED, Reason.ERROR, f"{label}: result does not compile: {exc}")
     try:
         holds = instance.postcondition(reparsed)
     except (Exception, SystemExit) as exc:
-        return Outcome("failed", "error", f"{label}: {type(exc).__name__}: {exc}")
+        return Outcome(Status.FAILED, Reason.ERROR, f"{label}: {type(exc).__name__}: {exc}")
     if not holds:
-        return Outcome("failed", "error",
+        return Outcome(Status.FAILED, Reason.ERROR,
                                 f"{label}: postcondition does not hold after the transform")
     return text
 
@@ -500,17 +499,17 @@ class TransformKind:
 
     def stop(self, rebase: Rebase, patch, result: PatchResult, head: str) -> Stop:
         shown = rebase.shown
-        what = {"anchor-missing": "its anchor is not in the file any more",
-                "ambiguous-anchor": "its anchor matches more than one place now"}.get(
-                    result.reason or "", "it fails on the new code")
+        what = {Reason.ANCHOR_MISSING: "its anchor is not in the file any more",
+                Reason.AMBIGUOUS_ANCHOR: "its anchor matches more than one place now"}.get(
+                    result.reason, "it fails on the new code")
         files = ", ".join(f"{shown}/{f}" for f in result.files) or shown
         lines = [head, "",
                  (f"The checkout {shown} holds {rebase.label} {rebase.to} with the patches "
                   f"before {patch.id} (left unchanged)."),
                  f"Change {patch.path}: {what}.  Match its anchors against {files}, then",
                  f"`patchkit rebase --continue` runs {patch.path} again and goes on.", ABORT]
-        return Stop(patch.id, self.name, result.reason or "error", result.message, [patch.path],
-                    lines)
+        return Stop(patch.id, self.name, result.reason or Reason.ERROR, result.message,
+                    [patch.path], lines)
 
     def resume(self, rebase: Rebase, patch, stop: Stop) -> None:
         dirty_resume(rebase, patch)

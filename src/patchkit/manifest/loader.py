@@ -16,15 +16,14 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from patchkit import kinds, paths
+from patchkit import kinds, paths, syntax
 from patchkit.errors import ManifestError
 from patchkit.imageref import reference_problem
-from patchkit.manifest.model import (ID_MAX, ID_RE, PREDICATES, VLLM, Artifact, Assertion,
-                                     BumpSettings, ImageDefaults, Manifest, Marker, Package,
-                                     Patch, Variant, id_problem,
-                                     shown_id, summary_problem)
-from patchkit.series import languages
-from patchkit.serving import acceptance
+from patchkit.manifest.model import (ACCEPTANCE_LINE, ID_MAX, ID_RE, PREDICATES, VLLM, Artifact,
+                                     Assertion, BumpSettings, Floor, ImageDefaults, Manifest,
+                                     Marker, Package, Patch, Variant, id_problem, length_problem,
+                                     rate_problem, shown_id, summary_problem)
+from patchkit import jitrules
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE, ref_problem
 
 KINDS = kinds.NAMES
@@ -35,7 +34,7 @@ TOP_KEYS = ("name", "vllm", "packages", "image", "patches", "variants", "runtime
 BUMP_KEYS = ("probes", "timeout")
 VLLM_KEYS = ("repo", "ref")
 PACKAGE_KEYS = ("dist", "repo", "ref")
-IMAGE_KEYS = ("base", "platform", "tag", "requires")
+IMAGE_KEYS = ("base", "platform", "tag", "requires", "cuda_arch")
 # The keys of a patch entry besides its ranges.  A range key is a package's name, in the same
 # mapping, so no package may take one of these names.
 ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verify", "replaces",
@@ -44,7 +43,7 @@ ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verif
 REBUILD_WORDS = ("jit",)
 ARTIFACT_KEYS = ("wheel", "sha256", "member", "member_sha256", "dist")
 ASSERTION_KEYS = ("file", "in", *PREDICATES)
-MARKER_KEYS = ("log", "absent", "count", "min", "unless", "acceptance")
+MARKER_KEYS = ("log", "absent", "count", "min", "unless", "acceptance", "jit_built")
 FLOOR_KEYS = ("min", "min_length")
 MAX_PATCH_FILE = 64 * 1024 * 1024   # a diff or transform larger than this is no patch
 
@@ -365,7 +364,15 @@ class _Loader:
             if key == "requires":
                 requires, lines = self.requires(value_node)
                 continue
+            if key == "cuda_arch" and isinstance(value_node, yaml.ScalarNode) and \
+                    str(value_node.value).strip():
+                values[key] = str(value_node.value).strip()   # 120 and 12.0 as written
+                continue
             values[key] = self.string(value_node, f"image.{key}").strip()
+        if "cuda_arch" in values and jitrules.parse_arch(values["cuda_arch"]) is None:
+            self.fail(f"image.cuda_arch: {values['cuda_arch']!r} is not a CUDA architecture "
+                      "FlashInfer knows (like 121a for GB10, 120f, 100a, 90a)",
+                      fields["cuda_arch"][1])
         if "platform" in values and not _PLATFORM_RE.match(values["platform"]):
             self.fail(f"image.platform: {values['platform']!r} is not a platform like "
                       "linux/arm64", fields["platform"][1])
@@ -474,6 +481,11 @@ class _Loader:
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 self.fail(f"rebuild: unknown word {rebuild!r}; expected one of "
                           f"{', '.join(REBUILD_WORDS)}{hint}", rebuild_node)
+            dist = self.packages[package].dist
+            if jitrules.rules_for(dist) is None:
+                self.fail(f"rebuild: jit: package {package} ({dist}) has no JIT rules: patchkit "
+                          "knows of no module it compiles at run time (only "
+                          f"{', '.join(jitrules.RULES)} has them)", rebuild_node)
 
         supersedes: tuple[str, ...] = ()
         if "supersedes" in fields:
@@ -710,7 +722,7 @@ class _Loader:
             self.fail(f"{where}: two predicates ({predicates[0]} and {predicates[1]}); "
                       f"{_ONE_OF_PREDICATES}", fields[predicates[1]][0])
         file = self.checked_path(fields["file"][1], f"{where}.file")
-        language = languages.for_file(file)
+        language = syntax.for_file(file)
         scope = None
         if "in" in fields:
             scope_node = fields["in"][1]
@@ -760,7 +772,7 @@ class _Loader:
         return Assertion(file=file, scope=scope, predicate="not", value=None, negated=negated,
                          line=_line(node))
 
-    def predicate_value(self, language: languages.Language, predicate: str, node: yaml.Node,
+    def predicate_value(self, language: syntax.Language, predicate: str, node: yaml.Node,
                         where: str, *, shown: str | None = None,
                         key: yaml.Node | None = None) -> str:
         what = f"{where}.{shown or predicate}"
@@ -786,9 +798,20 @@ class _Loader:
                               what="a marker (a mapping with log: REGEX)")
         if "acceptance" in fields:
             return self.acceptance_marker(node, fields, where)
-        if "log" not in fields:
+        built = None
+        if "jit_built" in fields:
+            if "log" in fields:
+                self.fail(f"{where}: log and jit_built together; jit_built: MODULE is a log "
+                          "line in the package's own wording", fields["jit_built"][0])
+            built = self.string(fields["jit_built"][1], f"{where}.jit_built").strip()
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", built):
+                self.fail(f"{where}.jit_built: {built!r} is not a JIT module name (like norm or "
+                          "fused_moe_120)", fields["jit_built"][1])
+            log = jitrules.built_pattern(built)
+        elif "log" not in fields:
             self.fail(f"{_where(where)}missing required key 'log'", node)
-        log = self.regex(fields["log"][1], f"{where}.log")
+        else:
+            log = self.regex(fields["log"][1], f"{where}.log")
         absent = False
         if "absent" in fields:
             absent_node = fields["absent"][1]
@@ -810,7 +833,8 @@ class _Loader:
                       fields["min"][1])
         unless = self.regex(fields["unless"][1], f"{where}.unless") if "unless" in fields else None
         return Marker(log=log, absent=absent, count=counts.get("count"),
-                      minimum=counts.get("min"), unless=unless, line=_line(node))
+                      minimum=counts.get("min"), unless=unless, line=_line(node),
+                      jit_built=built)
 
     def acceptance_marker(self, node: yaml.Node, fields: dict, where: str) -> Marker:
         """``acceptance: {min: RATE, min_length: L}``, with ``unless`` and nothing else."""
@@ -827,8 +851,7 @@ class _Loader:
             self.fail(f"{what}: give min (a rate from 0 to 1), min_length (1 or more) or both",
                       floor_node)
         values = {}
-        for key, check in (("min", acceptance.rate_problem),
-                           ("min_length", acceptance.length_problem)):
+        for key, check in (("min", rate_problem), ("min_length", length_problem)):
             if key in floor:
                 value_node = floor[key][1]
                 value = self.value(value_node) if isinstance(value_node, yaml.ScalarNode) \
@@ -840,8 +863,8 @@ class _Loader:
                     self.fail(f"{what}.{key}: {problem}{got}", value_node)
                 values[key] = float(value)
         unless = self.regex(fields["unless"][1], f"{where}.unless") if "unless" in fields else None
-        return Marker(log=acceptance.LINE, unless=unless, line=_line(node),
-                      acceptance=acceptance.Floor(values.get("min"), values.get("min_length")))
+        return Marker(log=ACCEPTANCE_LINE, unless=unless, line=_line(node),
+                      acceptance=Floor(values.get("min"), values.get("min_length")))
 
     def regex(self, node: yaml.Node, what: str) -> str:
         text = self.string(node, what)

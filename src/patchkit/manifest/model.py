@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -10,7 +11,6 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from patchkit.serving.acceptance import Floor
 from patchkit.packageid import VLLM, PackageId
 
 # `not_contains: TEXT` is read as `not: {contains: TEXT}`: no Assertion carries it.
@@ -36,6 +36,46 @@ class Assertion:
         return f"{self.predicate} {self.value}{where}"
 
 
+# A periodic spec-decode metrics line of vLLM, in any wording it has used (the V0 and V1 metrics
+# loggers; serving.acceptance reads the figures from it): an acceptance marker's `log`.
+ACCEPTANCE_LINE = r"\b(?:SpecDecoding|Speculative) metrics: "
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What acceptance must reach: ``min_rate`` (0 to 1) and/or ``min_length`` (1 or more)."""
+
+    min_rate: float | None = None
+    min_length: float | None = None
+
+    def describe(self) -> str:
+        parts = ([f"rate at least {self.min_rate:g}"] if self.min_rate is not None else []) + \
+                ([f"mean length at least {self.min_length:g}"]
+                 if self.min_length is not None else [])
+        return "acceptance " + (" and ".join(parts) or "measured")
+
+
+def rate_problem(value: object) -> str | None:
+    """Why ``value`` is no minimum rate, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return "expected a rate from 0 to 1"
+    if not 0 <= value <= 1:
+        return f"{value:g} is outside 0 to 1 (a rate: 0.25 means a quarter of the draft " \
+               "tokens accepted)"
+    return None
+
+
+def length_problem(value: object) -> str | None:
+    """Why ``value`` is no minimum mean acceptance length, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or math.isinf(value):
+        return "expected a mean acceptance length, 1 or more"
+    if value < 1:
+        return (f"{value:g} is below 1 (the mean acceptance length counts the bonus token: "
+                "1 means no draft token accepted)")
+    return None
+
+
 @dataclass(frozen=True)
 class Marker:
     """One runtime marker: a line the server's startup log must, or must not, show.
@@ -47,7 +87,7 @@ class Marker:
 
     An ``acceptance:`` marker holds the speculative-decoding acceptance that vLLM's periodic
     spec-decode metrics lines report to a floor; its ``log`` is the regular expression of those
-    lines (``acceptance.LINE``)."""
+    lines (``ACCEPTANCE_LINE``)."""
 
     log: str
     absent: bool = False
@@ -56,11 +96,19 @@ class Marker:
     unless: str | None = None
     line: int = 0              # line of the entry in patchset.yaml
     acceptance: Floor | None = None
+    # `jit_built: MODULE`: ``log`` is the package's own wording for a JIT build of MODULE
+    # (series/jit.py), which a module loaded prebuilt never logs
+    jit_built: str | None = None
 
     def describe(self) -> str:
         """What the marker asks for, e.g. ``at least 1 line matching 'X'``."""
         if self.acceptance is not None:
             return self.acceptance.describe() + " in the spec-decode metrics lines"
+        if self.jit_built is not None and not self.absent and self.count is None:
+            n = self.minimum or 1
+            return (f"at least {n} line{'s' if n != 1 else ''} saying that JIT module "
+                    f"{self.jit_built} was built from source, not loaded prebuilt "
+                    f"(matching {quoted(self.log)})")
         if self.absent:
             want = "no line"
         elif self.count is not None:
@@ -181,6 +229,9 @@ class ImageDefaults:
     requires_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
     # line of each of base, platform and tag, so that an error can point at the one it is about
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)
+    # the GPU architecture prebuilt compiled modules are judged for (GB10 by default), unless
+    # the base sets FLASHINFER_CUDA_ARCH_LIST
+    cuda_arch: str = "121a"
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,15 @@ import shlex
 from patchkit.manifest import identity
 from patchkit.series.bisect import BisectResult, Fate
 from patchkit.commands.bisect_series import SeriesBisect
+from patchkit.report import Status
 
 SHORT = 10  # hex digits of a commit shown to a person
 
 
 def verb(fate: Fate) -> str:
     """How a change to ``fate`` reads: broken by, upstream from, applies again from."""
-    return {"failed": "broken by", "upstream": "upstream from",
-            "applied": "applies from"}.get(fate.status, "changed by")
+    return {Status.FAILED: "broken by", Status.UPSTREAM: "upstream from",
+            Status.APPLIED: "applies from"}.get(fate.status, "changed by")
 
 
 def short(result: BisectResult) -> str:

@@ -3,7 +3,8 @@ is already on its newest release or its branch holds the port already."""
 
 from __future__ import annotations
 
-from patchkit.commands.bump import Bump, Fate, Status, pull_name
+from patchkit.commands.bump import Bump, BumpStatus, Fate, pull_name
+from patchkit.report import Status
 
 # what the port did with a patch, as a reviewer reads it
 PORT = {
@@ -35,7 +36,7 @@ def body(result: Bump) -> str:
         lines += [f"**Needs a hand**: {result.why}", ""]
     if result.dry_run:
         lines += ["A dry run: nothing was written.", ""]
-    elif result.status is Status.UNCHANGED:
+    elif result.status is BumpStatus.UNCHANGED:
         lines += [f"Branch `{result.branch}` holds this port already: nothing was written.", ""]
     elif not result.needs_a_hand:
         lines += [f"Branch `{result.branch}`, one commit"
@@ -84,15 +85,15 @@ def _table(result: Bump) -> list[str]:
     return lines + [""]
 
 
-def _fate(status: str | None) -> str:
-    return status or "—"
+def _fate(status: Status | None) -> str:
+    return status.value if status else "—"
 
 
 def _after(f: Fate, result: Bump) -> str:
     if result.stop is not None:
         return "not proven"
     if f.lost:
-        return f"**{f.after or 'removed'}: lost**"
+        return f"**{f.after.value if f.after else 'removed'}: lost**"
     return _fate(f.after)
 
 
@@ -177,7 +178,7 @@ def summary(result: Bump) -> str:
         return f"needs a hand: {result.label} {result.to_ref}: {result.why}{where}"
     if result.dry_run:
         return f"dry run: {result.label} {result.from_ref} -> {result.to_ref} would be bumped"
-    if result.status is Status.UNCHANGED:
+    if result.status is BumpStatus.UNCHANGED:
         return (f"nothing new: {result.branch} holds {result.label} {result.from_ref} -> "
                 f"{result.to_ref} already ({result.commit[:12]}); nothing written")
     pushed = f", pushed to {result.pushed}" if result.pushed else ""

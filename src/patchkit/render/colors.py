@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-ANSI = {"applied": "32", "upstream": "36", "skipped": "2", "failed": "1;31", "offset": "33"}
+from patchkit.report import Status
+
+ANSI: dict[Status | str, str] = {Status.APPLIED: "32", Status.UPSTREAM: "36",
+                                 Status.SKIPPED: "2", Status.FAILED: "1;31", "offset": "33"}
 
 
-def paint(word: str, key: str, color: bool) -> str:
+def paint(word: str, key: Status | str, color: bool) -> str:
     """``word`` in the colour of ``key`` (a status, or ``offset``) when ``color``."""
     code = ANSI.get(key)
     if not color or code is None:

@@ -3,10 +3,12 @@ with --via, first a line of what the push to the registry sent."""
 
 from __future__ import annotations
 
+from patchkit.image.transfer import CopyStatus
+
 
 def target_line(target: dict) -> str:
     head = f"{target['status']:<9} {target['engine']}"
-    if target["status"] == "failed":
+    if target["status"] == CopyStatus.FAILED:
         return f"{head}: {target.get('error') or 'failed'}"
     sent = target.get("sent") or {}
     pulled = target.get("pulled")
@@ -34,8 +36,9 @@ def via_line(via: dict) -> str:
 
 def plan_line(target: dict) -> str:
     """What a dry run found for one target."""
-    head = f"{'would-be ' + target['status'] if target['status'] != 'present' else 'present':<9}"
-    if target["status"] == "failed":
+    status = CopyStatus(target["status"])
+    head = f"{'would-be ' + status if status is not CopyStatus.PRESENT else status:<9}"
+    if status is CopyStatus.FAILED:
         return f"failed    {target['engine']}: {target.get('error') or 'failed'}"
     plan = target.get("plan") or {}
     line = f"{head} {target['engine']}: {plan.get('why', '')}"

@@ -11,21 +11,21 @@ from patchkit.errors import UsageError
 from patchkit.manifest import Manifest
 from patchkit.render import plural
 from patchkit.render.colors import paint
-from patchkit.report import ApplyReport, PatchResult
+from patchkit.report import ApplyReport, PatchResult, Reason, Status
 
 __all__ = ["FORMATS", "render"]
 
 
 def cell_word(r: PatchResult) -> str:
-    if r.status == "failed":
-        return r.reason or "failed"
-    if r.status == "applied" and r.offsets:
+    if r.status is Status.FAILED:
+        return str(r.reason or Status.FAILED)
+    if r.status is Status.APPLIED and r.offsets:
         return "applied (offset)"
-    return r.status
+    return str(r.status)
 
 
-def _paint(word: str, status: str, offsets: bool, color: bool) -> str:
-    return paint(word, "offset" if status == "applied" and offsets else status, color)
+def _paint(word: str, status: Status, offsets: bool, color: bool) -> str:
+    return paint(word, "offset" if status is Status.APPLIED and offsets else status, color)
 
 
 def notes(row: Row, markdown: bool = False) -> list[str]:
@@ -99,7 +99,8 @@ def _failures(n: int) -> str:
     return f"{n} patch failure{'s' if n != 1 else ''}"
 
 
-_MD_ICON = {"applied": "✅", "upstream": "⬆️", "skipped": "⏭️", "failed": "❌"}
+_MD_ICON = {Status.APPLIED: "✅", Status.UPSTREAM: "⬆️", Status.SKIPPED: "⏭️",
+            Status.FAILED: "❌"}
 
 
 def _md(text: str) -> str:
@@ -141,7 +142,7 @@ def failure_text(matrix: Matrix, target: ApplyReport, r: PatchResult) -> str:
     """The whole story of one failure: the message, then the hunk that did not apply or the
     assertions that did not hold."""
     lines = [f"{r.reason}: {r.message}"]
-    if r.reason in ("conflict", "fuzz") and r.hunk is not None:
+    if r.reason in (Reason.CONFLICT, Reason.FUZZ) and r.hunk is not None:
         hunk = _failed_hunk(matrix.manifest, r)
         if hunk:
             lines += ["", "the hunk:", hunk.rstrip("\n")]
@@ -166,7 +167,7 @@ def render_junit(matrix: Matrix) -> str:
     """One testsuite per target, one testcase per patch."""
     total = sum(len(t.patches) for t in matrix.targets)
     failures = len(matrix.failures())
-    skipped = sum(r.status == "skipped" for t in matrix.targets for r in t.patches)
+    skipped = sum(r.status is Status.SKIPPED for t in matrix.targets for r in t.patches)
     suites = ET.Element("testsuites", name=f"patchkit rebase-check {matrix.manifest.name}",
                         tests=str(total), failures=str(failures), errors="0",
                         skipped=str(skipped))
@@ -174,8 +175,8 @@ def render_junit(matrix: Matrix) -> str:
         suite = ET.SubElement(
             suites, "testsuite", name=f"{matrix.label} {matrix.ref_of(t)}",
             tests=str(len(t.patches)),
-            failures=str(sum(r.status == "failed" for r in t.patches)), errors="0",
-            skipped=str(sum(r.status == "skipped" for r in t.patches)))
+            failures=str(sum(r.status is Status.FAILED for r in t.patches)), errors="0",
+            skipped=str(sum(r.status is Status.SKIPPED for r in t.patches)))
         props = ET.SubElement(suite, "properties")
         for name, value in (("vllm.ref", t.vllm.ref), ("vllm.commit", t.vllm.commit),
                             ("vllm.version", t.vllm.version or "")):
@@ -183,11 +184,11 @@ def render_junit(matrix: Matrix) -> str:
         for r in t.patches:
             case = ET.SubElement(suite, "testcase", name=r.id,
                                  classname=f"{matrix.package}-{matrix.ref_of(t)}")
-            if r.status == "failed":
-                fail = ET.SubElement(case, "failure", type=r.reason or "failed",
+            if r.status is Status.FAILED:
+                fail = ET.SubElement(case, "failure", type=str(r.reason or Status.FAILED),
                                      message=f"{r.reason}: {r.message}"[:500])
                 fail.text = failure_text(matrix, t, r)
-            elif r.status == "skipped":
+            elif r.status is Status.SKIPPED:
                 ET.SubElement(case, "skipped", message=r.message)
             else:
                 detail = [r.status] + ([r.message] if r.message else []) + [str(o) for o in r.offsets]

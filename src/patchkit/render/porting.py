@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from patchkit.report import Status
+
 
 def _pin(report, package) -> str:
     """A package's pin as the report names it: ``vLLM v0.33.0``, ``flashinfer v0.6.15``."""
@@ -9,8 +11,8 @@ def _pin(report, package) -> str:
     return f"{package.label} {info.ref}"
 
 
-def _status_note(pid: str, status: str, ref: str) -> str | None:
-    if status == "upstream":
+def _status_note(pid: str, status: Status, ref: str) -> str | None:
+    if status is Status.UPSTREAM:
         return (f"note: at {ref} the tree has the change of {pid} already when its turn "
                 "comes (it applies in reverse): it is in the series as upstream")
     return None

@@ -112,6 +112,7 @@ class TerminalSink(progress.Sink):
         self.quiet, self.verbose = quiet, verbose
         self._stream = stream
         self.slots = _Slots()
+        self.details: set[str] = set()
 
     @property
     def stream(self) -> TextIO:
@@ -130,3 +131,8 @@ class TerminalSink(progress.Sink):
     def command(self, argv: Sequence[str]) -> None:
         if self.verbose:
             self._say("+ " + shlex.join(str(a) for a in argv))
+
+    def detail(self, text: str) -> None:
+        if self.verbose and text not in self.details:
+            self.details.add(text)
+            self._say(text)

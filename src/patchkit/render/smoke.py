@@ -3,7 +3,10 @@ when nothing answered."""
 
 from __future__ import annotations
 
-from patchkit.commands.smoke import SmokeReport
+from patchkit.commands.smoke import CheckStatus, SmokeReport
+
+WORDS = {CheckStatus.OK: "ok", CheckStatus.FAILED: "FAILED",
+         CheckStatus.INCONCLUSIVE: "INCONCLUSIVE"}   # a check not run reads "-"
 
 
 def render_text(report: SmokeReport) -> str:
@@ -11,7 +14,7 @@ def render_text(report: SmokeReport) -> str:
         return f"FAILED: {report.unreachable}"
     lines = []
     for c in report.checks:
-        word = {"ok": "ok", "failed": "FAILED", "inconclusive": "INCONCLUSIVE"}.get(c.status, "-")
+        word = WORDS.get(c.status, "-")
         lines.append(f"{word:<7} {c.name:<11} {c.message}")
     failed = sum(not c.ok for c in report.checks)
     on = f"on {report.url}" + (f" (model {report.model})" if report.model else "")

@@ -6,15 +6,15 @@ from patchkit.imageref import split_tag
 from patchkit.manifest import VLLM, identity
 from patchkit.render import plural
 from patchkit.render.colors import paint
-from patchkit.report import ApplyReport, AssertionResult, PatchResult
+from patchkit.report import ApplyReport, AssertionResult, PatchResult, Status
 
 
-def status_word(status: str, color: bool) -> str:
+def status_word(status: Status, color: bool) -> str:
     return paint(f"{status:<9}", status, color)
 
 
 def patch_line(r: PatchResult, color: bool = False) -> str:
-    detail = f"{r.reason}: {r.message}" if r.status == "failed" else r.message
+    detail = f"{r.reason}: {r.message}" if r.status is Status.FAILED else r.message
     line = f"{status_word(r.status, color)} {r.id}"
     line += identity(r.package).aside(" ({})")
     if r.commit:
@@ -29,7 +29,7 @@ def patch_line(r: PatchResult, color: bool = False) -> str:
 def target_line(report: ApplyReport) -> str:
     """One target of a matrix as it is done: ``vLLM v0.33.0: ok``, ``flashinfer v0.6.16: 1
     failed`` (a matrix over another package has that package's checkout alone)."""
-    failed = sum(p.status == "failed" for p in report.patches)
+    failed = sum(p.status is Status.FAILED for p in report.patches)
     name, info = next(iter(report.packages.items()), (VLLM.name, report.vllm))
     return f"{identity(name).label} {info.ref}: {'ok' if report.ok else f'{failed} failed'}"
 
@@ -39,10 +39,9 @@ def assertion_failure(result: AssertionResult) -> str:
 
 
 def summary(report: ApplyReport) -> str:
-    counts: dict[str, int] = {}
-    for p in report.patches:
-        counts[p.status] = counts.get(p.status, 0) + 1
-    parts = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no patches"
+    # the statuses in one order on every run: applied, upstream, skipped, failed
+    counts = {s: sum(p.status is s for p in report.patches) for s in Status}
+    parts = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no patches"
     passed = sum(a.ok for a in report.verify)
     variant = f", variant {report.variant}" if report.variant else ""
     return (f"{parts}; {passed}/{len(report.verify)} assertions passed "
@@ -62,9 +61,23 @@ def pin_lines(report: ApplyReport) -> list[str]:
     return lines
 
 
+def jit_lines(report: ApplyReport) -> list[str]:
+    """One line per applied patch whose files feed a JIT module of its package (FlashInfer
+    compiles them from its sources at first use): which modules, through which file."""
+    lines = []
+    for r in report.patches:
+        files = report.jit_modules.get(r.package, {})
+        fed = {f: files[f] for f in r.files if files.get(f)} if r.status == "applied" else {}
+        if fed:
+            modules = list(dict.fromkeys(m for mods in fed.values() for m in mods))
+            lines.append(f"{r.id} feeds {r.package}'s JIT module{'s' * (len(modules) > 1)} "
+                         f"{', '.join(modules)} (through {', '.join(fed)})")
+    return lines
+
+
 def apply(report: ApplyReport) -> str:
     lines = [assertion_failure(a) for a in report.verify if not a.ok]
-    others = pin_lines(report)
+    others = pin_lines(report) + jit_lines(report)
     if report.ok:
         where = f"; checkout at {report.workdir}" if report.workdir else ""
         lines.append(f"ok: {summary(report)}{where}")
@@ -102,6 +115,9 @@ def verify(report) -> str:
         lines += runtime(report.runtime, report.logs, report.waiting)
     if report.holds is not None:
         lines.append(f"{report.target} holds {holds(report.holds.to_dict())}")
+    for name, where in getattr(report, "jit", {}).items():
+        lines.append(f"{name}: JIT cache in {where['jit_cache']}, cubins in {where['cubins']} "
+                     f"({where['cubins_from']})")
     if report.locked is not None:
         lines += [f"  {d}" for d in report.locked]
         lines.append(f"{'FAILED' if report.locked else 'ok'}: {report.target} was "
@@ -130,8 +146,14 @@ def runtime(results, logs: list[str], waiting=()) -> list[str]:
 
 
 def rebase(result) -> str:
-    lines = [f"{step.action:<9} {step.id}" + (f": {step.detail}" if step.detail else "")
-             for step in result.steps]
+    """The rebase's one list of what it did to each patch, under a heading saying which move
+    it is (no patch line is said while it runs: the list would come twice)."""
+    if result.aborted:
+        return ("rebase aborted; restored "
+                + (", ".join(result.restored) or "nothing (no file had changed)"))
+    lines = [f"{result.label} {result.from_ref} -> {result.to_ref}, patch by patch:"]
+    lines += [f"{step.action:<9} {step.id}" + (f": {step.detail}" if step.detail else "")
+              for step in result.steps]
     lines += [f"note: {note}" for note in result.notes]
     if result.stop:
         lines.append("")
@@ -154,8 +176,8 @@ def export(result, workdir: str) -> str:
 
 def build_image(report) -> str:
     """The closing lines of a text run of build-image (a ``commands.build_image.BuildReport``)."""
-    if not report.ok:
-        return f"FAILED: {report.error or 'build-image failed'}"
+    if not report.built:
+        return f"FAILED: {report.error}"
     image_id = report.image_id or "(pushed by the build)"
     what = f"{report.tag} {image_id[:19]} ({report.platform}, {report.mode} mode"
     what += ", reused)" if report.reused else ")"
@@ -184,7 +206,7 @@ def build_image(report) -> str:
             lines.append(f"  copy: {via_line(copied['via'])}")
         lines += [f"  copy: {target_line(t)}" for t in copied["targets"]]
         if not copied["ok"]:
-            failed = sum(t["status"] == "failed" for t in copied["targets"])
+            failed = sum(not t.ok for t in report.copy.targets)
             lines.append(f"FAILED: {report.tag} was built, but {failed} of "
                          f"{len(copied['targets'])} copies failed")
     return "\n".join(lines)
@@ -209,6 +231,9 @@ def validate(v) -> str:
 def status(st) -> str:
     """``patchkit status``: a block per package, its checkout, its patches, what to do."""
     lines = [f"{st.name} ({st.manifest})"]
+    if st.settings:
+        lines.append("settings changed since the apply (outside patches:): "
+                     + ", ".join(st.settings))
     for p in st.packages:
         what = identity(p.name).label
         if not p.applied:

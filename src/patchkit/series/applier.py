@@ -27,7 +27,8 @@ from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest import digest, variants
 from patchkit.run import RunSpec
-from patchkit.report import ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult
+from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
+                             Reason, Status)
 from patchkit.series import checkout as applied
 from patchkit.series import assertions, compiled, jit
 
@@ -61,42 +62,43 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     one ``version`` of ``package``); with ``tops`` (the package's import folders) a patch
     touching a path outside them fails as ``unsafe-path``."""
     if patch.package != package:   # ``root`` is another package's tree
-        return _result(patch, "skipped", message=f"it patches {patch.package}, which has no "
+        return _result(patch, Status.SKIPPED, message=f"it patches {patch.package}, which has no "
                                                  "checkout in this run")
     found = {package: version} if found is None else found
     ok, why = versions.in_ranges(patch.ranges, found)
     if not ok:
         if any(found.get(name, "") is None for name in patch.ranges):
-            return _result(patch, "failed", "error", message=why)
-        return _result(patch, "skipped", message=why)
+            return _result(patch, Status.FAILED, Reason.ERROR, message=why)
+        return _result(patch, Status.SKIPPED, message=why)
     outside = _outside(manifest, patch, tops)
     if outside:
-        return _result(patch, "failed", "unsafe-path", message=outside)
+        return _result(patch, Status.FAILED, Reason.UNSAFE_PATH, message=outside)
     kind = kinds.get(patch.kind)
     try:
         out = kind.apply(patch, manifest.root / patch.path,
                          kinds.Target(root, base_commit, version, mirror, memo))
     except OSError as exc:
         _reset(root)
-        return _result(patch, "failed", "error", message=f"{exc}")
+        return _result(patch, Status.FAILED, Reason.ERROR, message=f"{exc}")
     result = _outcome_result(patch, out)
-    if not (kind.writes_only_named or out.wrote_only_files) and out.status in ("applied",
-                                                                               "upstream"):
+    if not (kind.writes_only_named or out.wrote_only_files) and out.status in (Status.APPLIED,
+                                                                               Status.UPSTREAM):
         # What it did not name would be left out of the commit yet ride along in the workdir.
         stray = [p for p in g.dirty_paths(root) if p not in out.files]
         if stray:
             _reset(root)
             shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
-            return PatchResult(patch.id, patch.kind, "failed", "unsafe-path", None, out.files,
+            return PatchResult(patch.id, patch.kind, Status.FAILED, Reason.UNSAFE_PATH, None,
+                               out.files,
                                f"it changed files it does not name: {shown}",
                                package=patch.package)
-    if out.status == "applied" and not (out.files or out.staged):
+    if out.status is Status.APPLIED and not (out.files or out.staged):
         pass  # it changes the image, not the checkout (an artifact): nothing to commit
-    elif out.status == "applied":
+    elif out.status is Status.APPLIED:
         result.commit = g.commit_all(root, commit_message(patch), [] if out.staged else out.files)
         if result.commit is None:  # wrote bytes identical to what was there
-            result.status, result.message = "upstream", "the tree already has this change"
-    elif out.status == "failed":
+            result.status, result.message = Status.UPSTREAM, "the tree already has this change"
+    elif out.status is Status.FAILED:
         _reset(root)
     return result
 
@@ -146,7 +148,7 @@ def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree,
         result = _outcome_result(p, out)
         result.commit = commit
         if commit is None:  # wrote bytes identical to what was there
-            result.status, result.message = "upstream", "the tree already has this change"
+            result.status, result.message = Status.UPSTREAM, "the tree already has this change"
         yield result
 
 
@@ -159,7 +161,7 @@ def _goes_alone(manifest: Manifest, patch: Patch, tree: Tree | None, variant,
             or _outside(manifest, patch, tree.tops) is not None)
 
 
-def _result(patch: Patch, status: str, reason: str | None = None, *,
+def _result(patch: Patch, status: Status, reason: Reason | None = None, *,
             message: str = "") -> PatchResult:
     return PatchResult(patch.id, patch.kind, status, reason, message=message,
                        package=patch.package)
@@ -170,16 +172,45 @@ def _outside(manifest: Manifest, patch: Patch, tops: Sequence[str]) -> str | Non
     cannot name its paths is left to fail as it applies."""
     if not tops:
         return None
+    where = ", ".join(f"{t}/" for t in tops)
+    return _first_bad(manifest, patch, lambda p: p.split("/", 1)[0] not in tops or "/" not in p,
+                      where)
+
+
+def outside_before_release(manifest: Manifest, patch: Patch) -> str | None:
+    """The part of ``_outside`` that needs no release, for ``validate``: a patch of a package
+    confined to its import folders touches no file at the root and nothing in a folder another
+    package of the manifest owns (``vllm/`` for a FlashInfer patch); where its own folder is
+    known without its release, nothing outside it."""
+    package = manifest.package(patch.package).id
+    if not package.confined:
+        return None
+    own = compiled.known_tops(package)
+    if own:
+        return _outside(manifest, patch, own)
+    theirs = {t: p.name for p in manifest.packages if p.name != patch.package
+              for t in compiled.known_tops(p.id)}
+    bad = _first_bad(manifest, patch, lambda p: "/" not in p or p.split("/", 1)[0] in theirs,
+                     "")
+    return bad
+
+
+def _first_bad(manifest: Manifest, patch: Patch, bad: Callable[[str], bool],
+               where: str) -> str | None:
     try:
         paths = kinds.get(patch.kind).touched(manifest.root / patch.path)
     except (OSError, kinds.KindError):
         return None
     paths += [a.file for a in patch.verify]
-    bad = [p for p in paths if p.split("/", 1)[0] not in tops or "/" not in p]
-    if not bad:
+    found = next((p for p in paths if bad(p)), None)
+    if found is None:
         return None
-    where = ", ".join(f"{t}/" for t in tops)
-    return (f"{bad[0]} is outside {patch.package}'s files ({where}); a {patch.package} patch "
+    owner = next((q.name for q in manifest.packages if q.name != patch.package
+                  and "/" in found and found.split("/", 1)[0] in compiled.known_tops(q.id)),
+                 None)
+    shown = f"({where})" if where else (f"(it is {owner}'s)" if owner else
+                                         "(a file at the root)")
+    return (f"{found} is outside {patch.package}'s files {shown}; a {patch.package} patch "
             f"names paths from that package's root")
 
 
@@ -238,16 +269,16 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
         progress.patch(result)
     for name, tree in trees.items():
         active = [p for p, r in zip(series, report.patches)
-                  if r.status != "skipped" and p.package == name]
+                  if r.status is not Status.SKIPPED and p.package == name]
         report.verify += assertions.run_assertions(active, assertions.tree_reader(tree.root))
     failed_by: dict[str, AssertionResult] = {}
     for a in report.verify:
         if not a.ok:
             failed_by.setdefault(a.patch, a)
     for r in report.patches:
-        if r.id in failed_by and r.status != "failed":
+        if r.id in failed_by and r.status is not Status.FAILED:
             a = failed_by[r.id]
-            r.status, r.reason = "failed", "assertion"
+            r.status, r.reason = Status.FAILED, Reason.ASSERTION
             r.message = f"{a.location()}: {a.message}"
     for tree in trees.values():
         g.tag(tree.root, applied.APPLIED_TAG, "HEAD")
@@ -263,9 +294,9 @@ def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tr
         tree = trees.get(patch.package)
         why = variants.left_out(patch, variant)
         if why:
-            return _result(patch, "skipped", message=why)
+            return _result(patch, Status.SKIPPED, message=why)
         if tree is None:
-            return _result(patch, "skipped", message=f"it patches {patch.package}, which has "
+            return _result(patch, Status.SKIPPED, message=f"it patches {patch.package}, which has "
                                                      "no checkout in this run")
         return apply_one(manifest, patch, tree.root, tree.resolved.commit,
                          tree.resolved.version, tree.resolved.repo, package=patch.package,
@@ -394,6 +425,7 @@ def apply_series(manifest: Manifest, *, run: RunSpec, workdir: Path, keep_failed
                 report.keep_failed = str(trees.get(VLLM.name) or next(iter(trees.values())))
             return report
         report.digests = digest.digests(manifest)
+        report.settings = digest.settings(manifest)
         for tree in trees.values():
             applied.write_report(tree, report)
         _move_in(trees, places, scratches, discard, report, progress)
@@ -464,7 +496,7 @@ def _jit_modules(manifest: Manifest, trees: Mapping[str, Tree], report: ApplyRep
     out = {}
     dists = {p.name: p.dist for p in manifest.packages}
     for name, tree in trees.items():
-        changed = [f for p in report.patches if p.package == name and p.status == "applied"
+        changed = [f for p in report.patches if p.package == name and p.status is Status.APPLIED
                    for f in p.files]
         found = jit.modules_for(tree.root, dists.get(name, name), changed) if changed else {}
         if found:

@@ -1,8 +1,8 @@
 """Syntax-tree assertions: what each patch promises about the patched tree.
 
 An assertion names a file, an optional scope (``Class.method`` in Python, ``Class::method`` in
-C++) and one predicate.  The file's language (``languages/``, chosen by suffix) parses it, finds
-the scope and searches it; this module runs the assertions and words their outcomes.
+C++) and one predicate.  The file's language (``patchkit.syntax``, chosen by suffix) parses it,
+finds the scope and searches it; this module runs the assertions and words their outcomes.
 
 The file and the scope must exist or the assertion fails, even under ``not``: a check that
 cannot find its target proves nothing.  Failures point at the deepest part of the scope that was
@@ -19,29 +19,43 @@ from pathlib import Path
 from patchkit import paths
 from patchkit.manifest.model import Assertion, Patch
 from patchkit.report import AssertionResult
-from patchkit.series import languages
-from patchkit.series.languages import Language, Search, Unusable
-from patchkit.series.languages.base import listing as _listing
+from patchkit import syntax
+from patchkit.syntax import Language, Search, Unusable
+from patchkit.syntax.base import listing as _listing
 
 Reader = Callable[[str], "str | None"]
 
 
-def tree_reader(root: Path) -> Reader:
-    """A reader over a checkout: the file's text, or ``None`` when it is absent.
+class _TreeReader:
+    """A reader over a checkout: the file's text, or ``None`` when it is absent; and the lines
+    the series changed in it (against the checkout's pristine tag), which a failure message
+    may point near.
 
     A path through a symlink raises :class:`paths.UnsafePathError`, which fails the assertion
     with that message rather than reading outside the checkout.
     """
 
-    def read(rel: str) -> str | None:
-        path = paths.safe_join(root, rel)
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __call__(self, rel: str) -> str | None:
+        path = paths.safe_join(self.root, rel)
         try:
             data = path.read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         return data.decode("utf-8")
 
-    return read
+    def changed(self, rel: str) -> list[int]:
+        from patchkit import git
+        from patchkit.source import BASE_TAG
+
+        return git.changed_lines(self.root, BASE_TAG, rel)
+
+
+def tree_reader(root: Path) -> Reader:
+    """A reader over a checkout (see ``_TreeReader``)."""
+    return _TreeReader(root)
 
 
 def run_assertions(patches: Iterable[Patch], read: Reader) -> list[AssertionResult]:
@@ -56,6 +70,18 @@ class _Files:
     def __init__(self, read: Reader) -> None:
         self.read = read
         self.cache: dict[str, object] = {}
+        self.lines: dict[str, list[int]] = {}
+
+    def changed(self, rel: str) -> list[int]:
+        """The lines the series changed in ``rel``, where the reader can tell (a checkout);
+        asked only for a failure's message, once per file."""
+        if rel not in self.lines:
+            changed = getattr(self.read, "changed", None)
+            try:
+                self.lines[rel] = changed(rel) if changed is not None else []
+            except Exception:  # noqa: BLE001  # a hint for a message, never a failure itself
+                self.lines[rel] = []
+        return self.lines[rel]
 
     def parse(self, rel: str, language: Language) -> object:
         if rel not in self.cache:
@@ -119,11 +145,13 @@ def _check(patch_id: str, assertion: Assertion, files: _Files) -> AssertionResul
         return AssertionResult(patch=patch_id, file=assertion.file, line=line, col=col, ok=ok,
                                message=message)
 
-    language = languages.for_file(assertion.file)
+    language = syntax.for_file(assertion.file)
     tree = files.parse(assertion.file, language)
     if isinstance(tree, Unusable):
         return result(False, tree.message, tree.line, tree.col)
     resolved = language.resolve(tree, assertion.scope)
+    if isinstance(resolved, tuple):   # said again near what the series changed in the file
+        resolved = language.resolve(tree, assertion.scope, near=files.changed(assertion.file))
     if isinstance(resolved, tuple):
         deepest, message = resolved
         return result(False, message, deepest.line, deepest.col)

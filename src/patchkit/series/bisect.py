@@ -46,7 +46,7 @@ from patchkit.kinds import memo
 from patchkit.errors import Origin, PatchkitError, SettingError, SourceError, UsageError, literal
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.run import RunSpec
-from patchkit.report import ApplyReport, PatchResult
+from patchkit.report import ApplyReport, PatchResult, Reason, Status
 from patchkit.series import applier
 
 __all__ = ["BisectResult", "End", "Fate", "FirstBad", "Oracle", "bisect_failures", "fate_at",
@@ -65,12 +65,12 @@ class Fate:
     """A patch's fate at one commit: its status, and the reason when it failed.  The message
     (which line, which offset) is kept for the report but is no part of the fate."""
 
-    status: str
-    reason: str | None = None
+    status: Status
+    reason: Reason | None = None
     message: str = field(default="", compare=False)
 
     def __str__(self) -> str:
-        return f"{self.status}/{self.reason}" if self.reason else self.status
+        return f"{self.status}/{self.reason}" if self.reason else str(self.status)
 
     @classmethod
     def of(cls, result: PatchResult) -> Fate:

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from patchkit import kinds, source
 from patchkit.manifest.model import Manifest, Patch
-from patchkit.series import languages
+from patchkit import syntax
 
 # Files and folders a package is built from, beside the compiled sources themselves.
 _BUILD_NAMES = frozenset({"CMakeLists.txt", "setup.py", "setup.cfg", "pyproject.toml",
@@ -28,7 +28,7 @@ _BUILD_SUFFIXES = frozenset({".cmake"})
 def is_compiled(path: str) -> bool:
     """True for a C/C++/CUDA source or a file of the build that compiles them."""
     p = PurePosixPath(path)
-    return (languages.for_file(path).compiled or p.name in _BUILD_NAMES
+    return (syntax.for_file(path).compiled or p.name in _BUILD_NAMES
             or p.suffix in _BUILD_SUFFIXES or (len(p.parts) > 1 and p.parts[0] in _BUILD_FOLDERS))
 
 

@@ -27,7 +27,7 @@ from patchkit.manifest import ID_RE, VLLM, Manifest, Patch, capped_id, id_proble
 from patchkit.manifest.edit import ManifestText
 from patchkit.run import RunSpec
 from patchkit.manifest.variants import describe
-from patchkit.report import ApplyReport, PatchResult
+from patchkit.report import ApplyReport, PatchResult, Status
 from patchkit.series import applier
 
 PATCH_DIR = "patches"
@@ -210,7 +210,7 @@ def _candidate(m: Manifest, new: Sequence[NewPatch], tmp: Path) -> Manifest:
 def _failure(m: Manifest, report: ApplyReport, new: Sequence[NewPatch],
              variant: str | None) -> str:
     new_ids = {p.id for p in new}
-    failed: list[PatchResult] = [r for r in report.patches if r.status == "failed"]
+    failed: list[PatchResult] = [r for r in report.patches if r.status is Status.FAILED]
     first = next((r for r in failed if r.id in new_ids), failed[0] if failed else None)
     where = pin_label(report, m.package(first.package).id if first else new[0].package)
     if m.variants:

@@ -20,8 +20,8 @@ module reads both from the package's own checkout, as data:
 
 What is not covered: sources a definition renders from a template into the cache at run time
 (their template file is named when the function names it), a path held in a module-level
-constant, and modules loaded as prebuilt cubins.  The rules live in :data:`RULES`, by
-distribution.
+constant, and modules loaded as prebuilt cubins.  The rules live in
+:data:`patchkit.jitrules.RULES`, by distribution.
 """
 
 from __future__ import annotations
@@ -36,43 +36,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
 
-from patchkit.series import languages
-
-
-@dataclass(frozen=True)
-class JitRules:
-    """How one package defines the modules it compiles at run time."""
-
-    package_dir: str                 # its import folder: "flashinfer"
-    spec_functions: tuple[str, ...]  # calls that define one module: (name, sources, ...)
-    env_module: str                  # where the source folders are named, in package_dir
-    package_root: str                # the env module's name for package_dir
-    include_roots: tuple[str, ...]   # env names of the folders every module includes from
-    # a distribution of prebuilt modules the package loads instead of compiling, and where
-    # each module's files lie in it ({name}: the module's name)
-    prebuilt_dist: str | None = None
-    prebuilt_folder: str = ""
-    sources_arg: int = 1             # the position of the sources list
-    name_keyword: str = "name"
-    include_keyword: str = "extra_include_paths"
-
-
-RULES: dict[str, JitRules] = {
-    "flashinfer-python": JitRules(
-        package_dir="flashinfer", spec_functions=("gen_jit_spec",),
-        env_module="jit/env.py", package_root="_package_root",
-        include_roots=("FLASHINFER_INCLUDE_DIR", "FLASHINFER_CSRC_DIR", "CUTLASS_INCLUDE_DIRS",
-                       "SPDLOG_INCLUDE_DIR", "CCCL_INCLUDE_DIRS"),
-        # flashinfer/jit/env.py: a module found in flashinfer_jit_cache is loaded, never built
-        prebuilt_dist="flashinfer-jit-cache",
-        prebuilt_folder="flashinfer_jit_cache/jit_cache/{name}"),
-}
-
-
-def rules_for(dist: str) -> JitRules | None:
-    return RULES.get(canonicalize_name(dist))
+from patchkit import syntax
+from patchkit.jitrules import JitRules, rules_for
 
 
 @dataclass
@@ -154,7 +120,7 @@ class Graph:
     def compiled(self, path: str) -> bool:
         """Whether ``path`` is something this package compiles (a source or reached by one)."""
         return path in self.included_by or any(path in m.sources for m in self.modules) \
-            or languages.for_file(path).compiled
+            or syntax.for_file(path).compiled
 
 
 def modules_for(root: Path, dist: str, paths: Iterable[str]) -> dict[str, list[str]]:

@@ -40,7 +40,7 @@ from patchkit.kinds.common import ABORT
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest.edit import ManifestText
 from patchkit.run import RunSpec
-from patchkit.report import PatchResult
+from patchkit.report import PatchResult, Reason, Status
 from patchkit.series import applier, assertions
 
 STATE_FORMAT = 1
@@ -56,8 +56,11 @@ class Step:
     detail: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RebaseResult:
+    """Where one run of ``rebase`` left the move of a pin: stopped for a person (``stop``),
+    done, or aborted (``restored``: the files written back as they were)."""
+
     done: bool
     from_ref: str
     to_ref: str
@@ -66,6 +69,16 @@ class RebaseResult:
     tree: Path | None = None
     notes: list[str] = field(default_factory=list)
     label: str = VLLM.label   # the package whose pin moves, as messages name it
+    restored: list[str] | None = None   # --abort: the files written back (None: no abort)
+
+    @property
+    def aborted(self) -> bool:
+        return self.restored is not None
+
+    @property
+    def ok(self) -> bool:
+        """Nothing is left for a person to decide (done, aborted, or going on)."""
+        return self.stop is None
 
 
 def state_dir(root: Path) -> Path:
@@ -131,7 +144,7 @@ class _State:
     @property
     def stopped(self) -> Stop | None:
         s = self.data.get("stopped")
-        return Stop(**s) if s else None
+        return Stop(**{**s, "reason": Reason(s["reason"])}) if s else None
 
     @stopped.setter
     def stopped(self, stop: Stop | None) -> None:
@@ -256,7 +269,7 @@ def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> 
                 p = m.patch(stop.patch)
             except KeyError:
                 p = None
-            if stop.reason == "assertion" or p is None:
+            if stop.reason is Reason.ASSERTION or p is None:
                 if p is None and stop.patch != "":
                     state.add(Step(stop.patch, "dropped", "removed from the manifest by hand"))
             else:
@@ -268,9 +281,9 @@ def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> 
         return _run(state, m, progress)
 
 
-def abort(manifest_path: Path) -> list[str]:
+def abort(manifest_path: Path) -> RebaseResult:
     """``--abort``: write the manifest and every patch file back as they were; drop the state.
-    Returns the files that had changed."""
+    The result's ``restored`` names the files that had changed."""
     root = Path(os.path.abspath(manifest_path)).parent
     sdir = state_dir(root)
     with _lock(sdir):
@@ -278,14 +291,16 @@ def abort(manifest_path: Path) -> list[str]:
             raise UsageError("no rebase in progress")
         restored: list[str] = []
         try:
-            files = json.loads((sdir / "state.json").read_text())["backup"]
-        except (OSError, ValueError, KeyError):
-            files = []  # a start that never got going changed nothing
+            data = json.loads((sdir / "state.json").read_text())
+            files = data["backup"]
+        except (OSError, ValueError, KeyError, TypeError):
+            data, files = {}, []  # a start that never got going changed nothing
         for rel in files:
             if write_if_changed(root / rel, (sdir / "backup" / rel).read_bytes()):
                 restored.append(rel)
         shutil.rmtree(sdir)
-        return restored
+        return RebaseResult(False, str(data.get("from") or ""), str(data.get("to") or ""), [],
+                            label=_State(sdir, data).label, restored=restored)
 
 
 def in_progress(root: Path) -> bool:
@@ -315,16 +330,16 @@ def _run(state: _State, m: Manifest, progress: applier.Progress) -> RebaseResult
         r = state.apply_one(m, p, tree, res)
         progress.patch(r)
         with interrupt.deferred():  # a step's files and its record in state.json together
-            if r.status == "applied":
+            if r.status is Status.APPLIED:
                 assert r.commit
                 state.data["head"] = r.commit
                 refreshed = kinds.get(p.kind).refresh(p, m.root / p.path, tree, r)
                 state.add(Step(p.id, "refreshed", refreshed) if refreshed
                           else Step(p.id, "applied"))
-            elif r.status == "upstream":
+            elif r.status is Status.UPSTREAM:
                 step, m = _mark_upstream(state, m, p, "already in the tree")
                 state.add(step)
-            elif r.status == "skipped":
+            elif r.status is Status.SKIPPED:
                 state.add(Step(p.id, "skipped", r.message))
             else:
                 state.stopped = _stop(state, m, p, r, progress)
@@ -415,7 +430,7 @@ class _Rebase:
                     break
                 state.apply_one(old_m, q, old, old_res, found)
             r = state.apply_one(old_m, old_p, old, old_res, found)
-            yield (old, r) if r.status == "applied" and r.commit else None
+            yield (old, r) if r.status is Status.APPLIED and r.commit else None
         finally:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -464,7 +479,7 @@ def _finish(state: _State, m: Manifest) -> RebaseResult:
         lines += [f"  {a.failure_line()}" for a in failed]
         lines += ["", (f"Fix the `verify:` entries in {m.path.name} (or --abort and fix the "
                        "patches), then `patchkit rebase --continue` checks again."), ABORT]
-        state.stopped = Stop("", "verify", "assertion", lines[0], [m.path.name], lines)
+        state.stopped = Stop("", "verify", Reason.ASSERTION, lines[0], [m.path.name], lines)
         state.save()
         return _result(state)
     notes = list(state.data.get("notes", []))
@@ -505,7 +520,7 @@ def _prove(state: _State, m: Manifest) -> None:
         results = [state.apply_one(m, p, proof, res) for p in m.patches
                    if p.package == state.package]
         bad = [f"{r.id}: {r.status} {r.reason or ''} {r.message} {'; '.join(map(str, r.offsets))}".strip()
-               for r in results if r.status == "failed" or r.offsets]
+               for r in results if r.status is Status.FAILED or r.offsets]
         same = g.tree_of(proof, "HEAD") == g.tree_of(state.tree, "HEAD")
         if bad or not same:
             detail = "; ".join(bad) if bad else "it gives another tree than the rebase built"

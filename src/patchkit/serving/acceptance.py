@@ -28,7 +28,8 @@ The log wordings are those of vLLM's own sources:
   Drafted throughput: 150.00 tokens/s, Accepted: 410 tokens, Drafted: 1500 tokens,
   Per-position acceptance rate: 0.600, 0.400, ..., Avg Draft acceptance rate: 27.3%``.
 
-vLLM prints ``nan`` for a rate over zero drafts.  Pure: no I/O, no printing.
+vLLM prints ``nan`` for a rate over zero drafts.  Pure: no I/O, no printing; the floor is the
+manifest model's (``manifest.model.Floor``).
 """
 
 from __future__ import annotations
@@ -38,44 +39,26 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-PASS, FAIL, INCONCLUSIVE = "ok", "failed", "inconclusive"
+# The floor is a manifest value (an `acceptance:` marker's `min` and `min_length`), checked where
+# the manifest is read; `smoke` holds a measure to it too.
+from patchkit.manifest.model import ACCEPTANCE_LINE, Floor, length_problem, rate_problem
+from patchkit.report import Word
+
+__all__ = ["FAIL", "INCONCLUSIVE", "LINE", "PASS", "Acceptance", "Floor", "Judgement",
+           "LineMetrics", "Verdict", "from_counts", "from_lines", "judge", "length_problem", "parse_line",
+           "rate_problem"]
 
 
-# ------------------------------------------------------------------------ the floor
 
-@dataclass(frozen=True)
-class Floor:
-    """What acceptance must reach: ``min_rate`` (0 to 1) and/or ``min_length`` (1 or more)."""
+class Judgement(Word):
+    """A verdict on acceptance: ``inconclusive`` (nothing drafted) never passes."""
 
-    min_rate: float | None = None
-    min_length: float | None = None
-
-    def describe(self) -> str:
-        parts = ([f"rate at least {self.min_rate:g}"] if self.min_rate is not None else []) + \
-                ([f"mean length at least {self.min_length:g}"]
-                 if self.min_length is not None else [])
-        return "acceptance " + (" and ".join(parts) or "measured")
+    PASS = "ok"
+    FAIL = "failed"
+    INCONCLUSIVE = "inconclusive"
 
 
-def rate_problem(value: object) -> str | None:
-    """Why ``value`` is no minimum rate, or None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return "expected a rate from 0 to 1"
-    if not 0 <= value <= 1:
-        return f"{value:g} is outside 0 to 1 (a rate: 0.25 means a quarter of the draft " \
-               "tokens accepted)"
-    return None
-
-
-def length_problem(value: object) -> str | None:
-    """Why ``value`` is no minimum mean acceptance length, or None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
-            or math.isinf(value):
-        return "expected a mean acceptance length, 1 or more"
-    if value < 1:
-        return (f"{value:g} is below 1 (the mean acceptance length counts the bonus token: "
-                "1 means no draft token accepted)")
-    return None
+PASS, FAIL, INCONCLUSIVE = Judgement.PASS, Judgement.FAIL, Judgement.INCONCLUSIVE
 
 
 # ------------------------------------------------------------------------ the value
@@ -136,12 +119,12 @@ def from_counts(drafts: float | None, draft_tokens: float, accepted: float,
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str        # PASS, FAIL or INCONCLUSIVE
+    status: Judgement
     message: str
 
     @property
     def ok(self) -> bool:
-        return self.status == PASS
+        return self.status is Judgement.PASS
 
 
 def judge(acceptance: Acceptance, floor: Floor, over: str = "") -> Verdict:
@@ -173,8 +156,9 @@ def judge(acceptance: Acceptance, floor: Floor, over: str = "") -> Verdict:
 
 # ------------------------------------------------------------------------ vLLM's log lines
 
-# A periodic spec-decode metrics line, in any wording vLLM has used (see the module's doc).
-LINE = r"\b(?:SpecDecoding|Speculative) metrics: "
+# A periodic spec-decode metrics line, in any wording vLLM has used (see the module's doc): the
+# manifest's acceptance marker searches for it (``model.ACCEPTANCE_LINE``).
+LINE = ACCEPTANCE_LINE
 _LINE = re.compile(LINE)
 _NUM = r"(nan|\d+(?:\.\d*)?)"
 _ACCEPTED = re.compile(r"(?:\bAccepted: (\d+) tokens\b|Number of accepted tokens: (\d+))")

@@ -31,6 +31,8 @@ reads, prints or raises for a marker that does not hold.
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,8 +42,9 @@ from patchkit.errors import LogError
 from patchkit.manifest import VLLM, Manifest, Marker
 from patchkit.manifest.model import quoted
 from patchkit.serving import acceptance
+from patchkit.report import Status
 
-IN_STATUSES = ("applied", "upstream")
+IN_STATUSES = (Status.APPLIED, Status.UPSTREAM)
 SAMPLES = 3         # matching lines kept for a required or counted marker
 FORBIDDEN_LINES = 20  # matching lines kept for a forbidden one (found says how many in all)
 
@@ -203,7 +206,7 @@ class MarkerResult:
         return out
 
 
-def patches_in(manifest: Manifest, statuses: Mapping[str, str] | None,
+def patches_in(manifest: Manifest, statuses: Mapping[str, Status] | None,
                version: str | None) -> set[str]:
     """The ids of the patches that are in.  With the statuses of an apply report or an image's
     labels: those ``applied`` or ``upstream`` there.  Without (a tree or image patchkit did not
@@ -488,6 +491,18 @@ def _before(earlier: list[tuple[_LogTally, _Tally]], aside: str = "") -> str:
 
 
 NOT_YET_JUDGED = "not yet judged (no spec-decode metrics lines: the server has served no drafts)"
+# the same floor when traffic is required (a check after smoke): judged, and failed
+NO_TRAFFIC = ("failed: no spec-decode metrics lines, and traffic was required (the server has "
+              "served no drafts)")
+
+
+def traffic_required(result: MarkerResult) -> MarkerResult:
+    """``result`` when the logs must show traffic: a floor not yet judged is a failure, said
+    as one, never as "not yet judged"."""
+    if not result.pending:
+        return result
+    return dataclasses.replace(result, pending=False,
+                               message=result.message.replace(NOT_YET_JUDGED, NO_TRAFFIC))
 
 
 def _acceptance_verdict(floor: acceptance.Floor, lines: list[acceptance.LineMetrics],

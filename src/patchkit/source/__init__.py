@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from patchkit import git as g
-from patchkit import versions
+from patchkit import progress, versions
 from patchkit.errors import SourceError, UsageError
 from patchkit.source import image, mirror, pypi
 from patchkit.packageid import VLLM, PackageId
@@ -99,9 +99,14 @@ def _first_answer(sources: Sequence[str], attempt: Callable[[str], T], log: Log,
             return source, attempt(source)
         except SourceError as exc:
             if len(sources) == 1:
-                raise
-            log(f"source {source}: {exc}; trying the next")
-            failures.append(f"{source}: {exc}")
+                raise   # the run ends on it: the command line says its more with -v
+            more = getattr(exc, "more", None)
+            if more:
+                progress.detail(more)
+            # a line that names the source already is not prefixed with it again
+            named = str(exc) if source in str(exc) else f"source {source}: {exc}"
+            log(f"{named}; trying the next")
+            failures.append(named)
     raise SourceError(f"{none_answered}: " + "; ".join(failures))
 
 
@@ -119,7 +124,13 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None
                           f"it is with {_as_is(package)}")
     log(f"base {base.name} holds {package.label} {base.version}: pinning "
         + (f"commit {pin.ref}" if pin.commit else pin.ref))
-    found = kind.resolve(source, pin.ref, cache, log, package=package, base=base)
+    try:
+        found = kind.resolve(source, pin.ref, cache, log, package=package, base=base)
+    except mirror.MissingError as exc:
+        raise mirror.MissingError(
+            f"{exc}; base {base.name} holds {package.label} {base.version}, built from it: "
+            f"name a source that has it with {package.option('repo', 'URL')}, or patch the base "
+            f"as it is with {_as_is(package)}") from None
     # ranges are judged on what the base holds (a dev build 0.31.1.dev7 is >=0.31)
     return replace(found, version=base.version)
 

@@ -22,6 +22,7 @@ from patchkit import git as g
 from patchkit import filelocks
 from patchkit.errors import CommandError, SourceError
 from patchkit.packageid import VLLM, PackageId
+from patchkit.source.refs import is_commit_id
 from patchkit.source.resolved import Log, Resolved, version_of
 from patchkit.cache import cache_subdir
 from patchkit.files import discard
@@ -64,6 +65,10 @@ def resolve(source: str, ref: str, cache: Path, log: Log, *, package: PackageId 
             _fetch(repo, url)
             commit = g.resolve_commit(repo, ref)
         if commit is None:
+            if is_commit_id(ref):
+                # the source answered (it was fetched or cloned just now): it lacks the commit
+                raise MissingError(f"{package.label} commit {ref} is missing from {source} (it "
+                                   "answered: fetched just now, the commit is not there)")
             raise SourceError(f"unknown {package.label} ref {ref!r} in {source}"
                               f"{_did_you_mean(repo, ref)}")
         return Resolved(source, repo, ref, commit, version_of(repo, commit, package.top))
@@ -107,19 +112,37 @@ def _url_of(source: str) -> str:
 
 
 # A source that did not answer is not asked again for this long: every target of a run, and
-# the runs that follow, get the same one line at once instead of another wait.
+# the runs that follow, get the same one line at once instead of another wait.  Only a source
+# that does not answer at all is remembered: one that answers and lacks a commit, or refuses a
+# fetch, is said as such and asked again by the next run.
 UNREACHABLE_FOR = 15 * 60
 
 
 UNREACHABLE = ".unreachable"   # <mirror>.git.unreachable: {"url", "why", "until"}
 
 
+class MissingError(SourceError):
+    """A source that answered lacks the commit asked for: nothing is remembered."""
+
+
+class UnreachableError(SourceError):
+    """A git source that did not answer, in one short line (the URL and until when it is not
+    asked again); ``more`` holds why and where that is remembered, for ``-v``."""
+
+    def __init__(self, url: str, until: float, why: str, marker: Path | None) -> None:
+        shown = time.strftime("%H:%M UTC", time.gmtime(until))
+        super().__init__(f"{url} is unreachable; not asked again until {shown}")
+        self.more = (f"{url}: {why}" + (f"; remembered in {marker} until "
+                                        f"{time.strftime('%H:%M:%S UTC', time.gmtime(until))}"
+                                        "; delete it to try now" if marker else ""))
+
+
 def _marker(repo: Path) -> Path:
     return repo.with_name(repo.name + UNREACHABLE)
 
 
-def _remembered(url: str, repo: Path) -> str | None:
-    """The one line saying ``url`` did not answer lately, while that is remembered."""
+def _remembered(url: str, repo: Path) -> UnreachableError | None:
+    """The error saying ``url`` did not answer lately, while that is remembered."""
     marker = _marker(repo)
     try:
         data = json.loads(marker.read_text())
@@ -129,19 +152,22 @@ def _remembered(url: str, repo: Path) -> str | None:
     if time.time() >= until:
         marker.unlink(missing_ok=True)
         return None
-    shown = time.strftime("%H:%M:%S UTC", time.gmtime(until))
-    return (f"{url} is unreachable ({why}); not asked again until {shown} (remembered in "
-            f"{marker}; delete it to try now)")
+    return UnreachableError(url, until, why, marker)
 
 
-def _unreachable(url: str, repo: Path, why: str) -> SourceError:
-    """Remember that ``url`` did not answer, and the error that says so."""
+def _failed(url: str, repo: Path, why: str) -> SourceError:
+    """The error of a clone or fetch of ``url`` that failed: a source that answers (it lists
+    its branches) refused this one thing, and nothing is remembered; one that does not answer
+    is remembered for ``UNREACHABLE_FOR``."""
+    if g.answers(url):
+        done = "made" if why.startswith("cannot clone") else "updated"
+        return SourceError(f"{url} answered, but the mirror could not be {done} ({why})")
+    until = time.time() + UNREACHABLE_FOR
     try:
-        _marker(repo).write_text(json.dumps({"url": url, "why": why,
-                                             "until": time.time() + UNREACHABLE_FOR}))
+        _marker(repo).write_text(json.dumps({"url": url, "why": why, "until": until}))
     except OSError:
-        pass
-    return SourceError(_remembered(url, repo) or f"{url} is unreachable ({why})")
+        return UnreachableError(url, until, why, None)
+    return _remembered(url, repo) or UnreachableError(url, until, why, None)
 
 
 def _open_mirror(url: str, repo: Path, log: Log) -> bool:
@@ -155,7 +181,7 @@ def _open_mirror(url: str, repo: Path, log: Log) -> bool:
         return False
     said = _remembered(url, repo)
     if said:
-        raise SourceError(said)
+        raise said
     _clone_mirror(url, repo, log)
     return True
 
@@ -166,13 +192,13 @@ def _looks_like_git(path: Path) -> bool:
 
 
 def _clone_mirror(url: str, repo: Path, log: Log) -> None:
-    log(f"mirroring {url} (the first time; later runs use the copy in {repo.parent})")
+    log(f"mirroring {url} (a first clone)")
     tmp = Path(tempfile.mkdtemp(prefix=repo.name + ".", dir=repo.parent))
     try:
         try:
             g.clone_mirror(url, tmp / "m")
         except CommandError as exc:
-            raise _unreachable(url, repo, f"cannot clone: {_first_error(exc.output)}") from None
+            raise _failed(url, repo, f"cannot clone: {_first_error(exc.output)}") from None
         (tmp / "m").rename(repo)
         _marker(repo).unlink(missing_ok=True)
     finally:
@@ -182,11 +208,11 @@ def _clone_mirror(url: str, repo: Path, log: Log) -> None:
 def _fetch(repo: Path, url: str) -> None:
     said = _remembered(url, repo)
     if said:
-        raise SourceError(said)
+        raise said
     try:
         g.fetch_mirror(repo, url)
     except CommandError as exc:
-        raise _unreachable(url, repo, f"cannot fetch: {_first_error(exc.output)}") from None
+        raise _failed(url, repo, f"cannot fetch: {_first_error(exc.output)}") from None
 
 
 def _first_error(output: str) -> str:

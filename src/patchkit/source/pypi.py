@@ -9,6 +9,7 @@ cache on every machine agrees.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -127,6 +128,7 @@ def _download(wheels: Path, prefix: str, version: str, log, package: PackageId) 
     # a wheel's file name spells the distribution with '_' for '-' (PEP 427)
     found = sorted(wheels.glob(f"{package.dist.replace('-', '_')}-{version}-*.whl"))
     if found:
+        _used(found[0])
         return found[0]
     # the caller holds this release's download lock: a folder of it is a killed run's
     for stale in wheels.glob(prefix + "*"):
@@ -157,6 +159,15 @@ def _download(wheels: Path, prefix: str, version: str, log, package: PackageId) 
     finally:
         shown.close(ok)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _used(wheel: Path) -> None:
+    """The cached ``wheel`` is read by this run: its time is its last use (``patchkit
+    cache``), which no other release's use moves."""
+    try:
+        os.utime(wheel)
+    except OSError:
+        pass   # a cache another user owns: it is read all the same
 
 
 _PROGRESS = re.compile(r"Progress (\d+) of (\d+)\s*\Z")

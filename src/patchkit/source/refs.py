@@ -13,6 +13,12 @@ IMAGE_SOURCE = "image"
 # What git's ref names may not hold (git check-ref-format), and what makes a revision expression.
 _REF_SPACE = re.compile(r"[\x00-\x20\x7f]")
 _REF_EXPRESSION = re.compile(r"[~^:?*\[\\]|\.\.|@\{")
+_COMMIT_ID = re.compile(r"[0-9a-f]{7,40}\Z")
+
+
+def is_commit_id(ref: str) -> bool:
+    """A ref that can only name a commit: hex digits, abbreviated or whole."""
+    return _COMMIT_ID.match(ref.lower()) is not None
 
 
 def ref_problem(ref: str) -> str | None:

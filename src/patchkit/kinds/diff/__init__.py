@@ -25,7 +25,7 @@ from patchkit.kinds.diff.merge import merge_into
 from patchkit.kinds.diff.text import (DiffParseError, binary_without_data, conflict_markers, parse,
                                       preamble, read_text, shift_hunks, touched,
                                       write_text_if_changed)
-from patchkit.report import Outcome, PatchResult
+from patchkit.report import Outcome, PatchResult, Reason
 
 
 class DiffKind:
@@ -102,7 +102,7 @@ class DiffKind:
         return f"{how}: " + "; ".join(map(str, result.offsets))
 
     def stop(self, rebase: Rebase, patch, result: PatchResult, head: str) -> Stop:
-        if result.reason not in ("conflict", "fuzz", "anchor-missing"):
+        if result.reason not in (Reason.CONFLICT, Reason.FUZZ, Reason.ANCHOR_MISSING):
             return generic_stop(rebase, patch, result, head)
         marked, notes = merge_into(rebase, patch, rebase.manifest.root / patch.path)
         shown = rebase.shown
@@ -117,7 +117,7 @@ class DiffKind:
                   f"`patchkit rebase --continue` writes that change to {patch.path} and goes on.",
                   ("Leaving the checkout as upstream has it (no change) marks the patch as "
                    "upstream."), ABORT]
-        return Stop(patch.id, self.name, result.reason or "error", result.message,
+        return Stop(patch.id, self.name, result.reason or Reason.ERROR, result.message,
                     [f"{shown}/{f}" for f in marked] or [shown], lines)
 
     def resume(self, rebase: Rebase, patch, stop: Stop) -> None:

@@ -21,7 +21,7 @@ from patchkit import paths
 from patchkit.kinds.diff.text import (DiffParseError, binary_without_data, parse, strip_prefix,
                                       touched)
 from patchkit.process import run
-from patchkit.report import Hunk, InTheWay, Offset, Outcome
+from patchkit.report import Hunk, InTheWay, Offset, Outcome, Reason, Status
 
 
 _SYMLINK = re.compile(r"^(new file mode|new mode|old mode|deleted file mode) 120000", re.MULTILINE)
@@ -67,19 +67,21 @@ def _checked(diff_file: Path, root: Path) -> tuple[str, PatchSet, list[str]] | O
     try:
         patch = parse(text)
     except DiffParseError as exc:
-        return Outcome("failed", "error", f"{diff_file.name}: {exc}")
+        return Outcome(Status.FAILED, Reason.ERROR, f"{diff_file.name}: {exc}")
     files = touched(patch)
     for rel in files:
         try:
             paths.safe_join(root, rel)
         except paths.UnsafePathError as exc:
-            return Outcome("failed", "unsafe-path", str(exc), files)
+            return Outcome(Status.FAILED, Reason.UNSAFE_PATH, str(exc), files)
     if _SYMLINK.search(text):
-        return Outcome("failed", "unsafe-path", "the diff creates or changes a symlink", files)
+        return Outcome(Status.FAILED, Reason.UNSAFE_PATH, "the diff creates or changes a symlink",
+                       files)
     binary = binary_without_data(text)
     if binary:
-        return Outcome("failed", "error", f"{diff_file.name}: {binary!r}: the diff names a binary "
-                       "change without its content (make it with `git diff --binary`)", files)
+        return Outcome(Status.FAILED, Reason.ERROR,
+                       f"{diff_file.name}: {binary!r}: the diff names a binary change without its "
+                       "content (make it with `git diff --binary`)", files)
     return text, patch, files
 
 
@@ -99,35 +101,37 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
         return seen
     fwd = g.apply(root, diff_file, index=True, verbose=True)
     if fwd.ok:
-        return Outcome("applied", None, "", seen, _offsets(fwd.stderr))
+        return Outcome(Status.APPLIED, None, "", seen, _offsets(fwd.stderr))
     if plain:  # the tree is as it was: the failure is told as for any diff
         seen = _git_view(root, diff_file, files)
         if isinstance(seen, Outcome):
             return seen
     files = seen
     if g.apply(root, diff_file, check=True, reverse=True).ok:
-        return Outcome("upstream", None, "the tree already has this change (it reverse-applies)",
-                           files)
+        return Outcome(Status.UPSTREAM, None,
+                       "the tree already has this change (it reverse-applies)", files)
     in_the_way = find_in_the_way(patch, diff_file, root)
     missing = re.search(r"error: (\S+): (No such file or directory|does not exist in index)",
                         fwd.stderr)
     if missing:
         message = f"{missing.group(1)}: the file to patch does not exist"
-        return Outcome("failed", "anchor-missing", _with_summary(message, patch, in_the_way),
-                       files, in_the_way=in_the_way)
+        return Outcome(Status.FAILED, Reason.ANCHOR_MISSING,
+                       _with_summary(message, patch, in_the_way), files, in_the_way=in_the_way)
     if not _FAILED_AT.search(fwd.stderr) and "already exists" not in fwd.stderr:
         # not a hunk that missed its lines: git could not use the diff at all
-        return Outcome("failed", "error", f"{diff_file.name}: {_first_line(fwd.stderr)}", files)
+        return Outcome(Status.FAILED, Reason.ERROR,
+                       f"{diff_file.name}: {_first_line(fwd.stderr)}", files)
     crlf = _crlf_mismatch(diff_file, root, files)
     if crlf:
-        return Outcome("failed", "error", f"{diff_file.name} has CRLF line ends and {crlf} has LF "
-                       "ones: convert the diff (e.g. dos2unix) and try again", files)
-    reason = "fuzz" if _applies_with_fuzz(diff_file, root) else "conflict"
+        return Outcome(Status.FAILED, Reason.ERROR,
+                       f"{diff_file.name} has CRLF line ends and {crlf} has LF ones: convert the "
+                       "diff (e.g. dos2unix) and try again", files)
+    reason = Reason.FUZZ if _applies_with_fuzz(diff_file, root) else Reason.CONFLICT
     message, hunk = _conflict_message(patch, fwd.stderr, root)
-    if reason == "fuzz":
+    if reason is Reason.FUZZ:
         message += " (it would apply only with fuzz, which is never accepted)"
-    return Outcome("failed", reason, _with_summary(message, patch, in_the_way), files, hunk=hunk,
-                   in_the_way=in_the_way)
+    return Outcome(Status.FAILED, reason, _with_summary(message, patch, in_the_way), files,
+                   hunk=hunk, in_the_way=in_the_way)
 
 
 def apply_together(diff_files: Sequence[Path], root: Path) -> list[Outcome | None] | None:
@@ -150,7 +154,7 @@ def apply_together(diff_files: Sequence[Path], root: Path) -> list[Outcome | Non
             return None
         seen.update(files)
         parts.append(text)
-        outcomes.append(Outcome("applied", None, "", files, staged=True))
+        outcomes.append(Outcome(Status.APPLIED, None, "", files, staged=True))
     with tempfile.TemporaryDirectory(prefix="patchkit-diffs-") as tmp:
         joined = Path(tmp) / "together.diff"
         joined.write_text("".join(parts), encoding="utf-8", errors="surrogateescape")
@@ -210,13 +214,13 @@ def _git_view(root: Path, diff_file: Path, files: list[str]) -> list[str] | Outc
     cannot read the diff or a path is unsafe."""
     numstat = g.apply(root, diff_file, numstat=True)
     if not numstat.ok:
-        return Outcome("failed", "error", _first_line(numstat.stderr), files)
+        return Outcome(Status.FAILED, Reason.ERROR, _first_line(numstat.stderr), files)
     files = _numstat_paths(numstat.stdout) or files
     for rel in files:
         try:
             paths.safe_join(root, rel)
         except paths.UnsafePathError as exc:
-            return Outcome("failed", "unsafe-path", str(exc), files)
+            return Outcome(Status.FAILED, Reason.UNSAFE_PATH, str(exc), files)
     return files
 
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import difflib
 import importlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.series.languages.base import GrammarError, Scope, Search, listing
+from patchkit.syntax.base import GrammarError, Scope, Search, listing
 
 _NAME = r"~?[A-Za-z_][A-Za-z0-9_]*"
 _QUALIFIED_RE = re.compile(rf"(::)?{_NAME}(::{_NAME})*\Z")
@@ -197,6 +197,35 @@ def _errors(node: Any) -> list[int]:
                    if n.type == "ERROR" or n.is_missing})
 
 
+def _enclosing(scope: str, read: tuple[str, ...]) -> str:
+    """What the asked ``scope`` puts around the name as it was read: ``flashinfer::``."""
+    want = _parts(scope)
+    return "::".join(want[:len(want) - len(read)]) + "::"
+
+
+def _nearest_error(root: Any, lines: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """The error or missing node nearest to any of ``lines`` (one that spans a line first,
+    the smallest such), as (first line, last line, column, the line of ``lines`` nearest to
+    it); None when the file parses clean."""
+    if not root.has_error or not lines:
+        return None
+    best: tuple[tuple[int, int], tuple[int, int, int, int]] | None = None
+    for n in _descendants(root):
+        if n.type != "ERROR" and not n.is_missing:
+            continue
+        first, last = n.start_point[0] + 1, n.end_point[0] + 1
+        for line in lines:
+            away = 0 if first <= line <= last else min(abs(line - first), abs(line - last))
+            key = (away, last - first)
+            if best is None or key < best[0]:
+                best = (key, (first, last, n.start_point[1], line))
+    return best[1] if best else None
+
+
+def _span(first: int, last: int) -> str:
+    return f"line {first}" if first == last else f"lines {first} to {last}"
+
+
 def _scope_of(node: Any, label: str) -> Scope:
     lines = _errors(node)
     trouble = None
@@ -349,7 +378,8 @@ class Cxx:
         tree = self.grammar.parser(self.name).parse(text.encode("utf-8"))
         return _Tree(tree.root_node, _index(self.grammar, tree.root_node))
 
-    def resolve(self, tree: _Tree, scope: str | None) -> Scope | tuple[Scope, str]:
+    def resolve(self, tree: _Tree, scope: str | None, near: Sequence[int] = ()
+                ) -> Scope | tuple[Scope, str]:
         top = Scope((tree.root,), self.file_label)
         if not scope:
             return top
@@ -365,11 +395,55 @@ class Cxx:
             return where, (f"scope {scope} names {len(hits)} definitions (lines {lines}): an "
                            "overload or a definition repeated under #if; an assertion needs "
                            "exactly one")
-        names = ["::".join(name) for name, _ in tree.definitions]
+        # a definition whose name is the end of the one asked for (norm::RMSNorm for
+        # flashinfer::norm::RMSNorm) is that name read outside what encloses it: never listed
+        # as something else the file defines
+        misread = [(name, node) for name, node in tree.definitions
+                   if len(name) < len(want) and want[-len(name):] == name]
+        names = ["::".join(name) for name, _ in tree.definitions
+                 if want[-1] != name[-1]]
+        if misread:
+            return self._misread(tree, scope, misread[0], names, near)
         tails = {"::".join(name[-len(want):]): "::".join(name) for name, _ in tree.definitions}
         close = difflib.get_close_matches("::".join(want), list(tails), n=1, cutoff=0.7)
         hint = f" (did you mean {tails[close[0]]}?)" if close else ""
-        return top, (f"scope {scope} not found{hint}; the file defines: {listing(names)}")
+        said = f"scope {scope} not found{hint}; the file defines: {listing(names)}"
+        error = _nearest_error(tree.root, near) if near else None
+        if error is not None:   # the error node nearest to the change, and the change there
+            first, last, col, at = error
+            where = Scope((tree.root,), scope, at if first <= at <= last else first,
+                          0 if first <= at <= last else col)
+            return where, (f"{said}; the syntax error node nearest to the change at line {at} "
+                           f"({_span(first, last)}) may hide it: a definition inside one is not "
+                           "seen")
+        errors = _errors(tree.root)
+        unread = (f"; a definition inside a syntax error node is not seen (error nodes at "
+                  f"line{'s' * (len(errors) > 1)} {', '.join(map(str, errors[:_ERRORS_SHOWN]))}"
+                  f"{' and more' if len(errors) > _ERRORS_SHOWN else ''})" if errors else "")
+        return top, f"{said}{unread}"
+
+    def _misread(self, tree: _Tree, scope: str, misread: tuple[tuple[str, ...], Any],
+                 names: list[str], near: Sequence[int]) -> tuple[Scope, str]:
+        """``scope`` is there, but the parser read it as ``misread`` (outside what encloses
+        it): a syntax error took the enclosing namespace or class away.  The message names the
+        error node nearest to the change (the lines ``near``; else to the definition), and
+        points at the change inside it, else at the definition."""
+        name, node = misread
+        line = node.start_point[0] + 1
+        read = f"{'::'.join(name)} at line {line} is read outside {_enclosing(scope, name)}"
+        error = _nearest_error(tree.root, near or [line])
+        if error is None:
+            where = Scope((node,), scope, line, node.start_point[1])
+            return where, (f"scope {scope} not found: {read}; the file defines: "
+                           f"{listing(names)}")
+        first, last, col, at = error
+        inside = first <= at <= last
+        where = Scope((node,), scope, at if inside else first,
+                      (node.start_point[1] if at == line else 0) if inside else col)
+        nearest = f"the change at line {at}" if near else "it"
+        return where, (f"scope {scope} not found: {read}, because of the syntax error node "
+                       f"nearest to {nearest} ({_span(first, last)}; an unbalanced brace, or a "
+                       "macro the parser cannot read?)")
 
     def search(self, predicate: str, scope: Scope, value: str) -> Search:
         return _SEARCHES[predicate](self.grammar, scope, value)

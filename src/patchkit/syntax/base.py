@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -70,8 +70,10 @@ class Language(Protocol):
         """The file's tree, or :class:`Unusable`; :class:`GrammarError` when the parser
         itself cannot be had."""
 
-    def resolve(self, tree: Any, scope: str | None) -> Scope | tuple[Scope, str]:
-        """The scope, or ``(deepest scope found, failure message)``."""
+    def resolve(self, tree: Any, scope: str | None, near: Sequence[int] = ()
+                ) -> Scope | tuple[Scope, str]:
+        """The scope, or ``(deepest scope found, failure message)``.  ``near``: the lines the
+        series changed in the file, where known, which a failure may point near."""
 
     def search(self, predicate: str, scope: Scope, value: str) -> Search:
         """The first hit of ``predicate`` for ``value`` inside ``scope``."""

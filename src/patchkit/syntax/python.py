@@ -6,9 +6,9 @@ from __future__ import annotations
 import ast
 import difflib
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from patchkit.series.languages.base import Scope, Search, Unusable, listing
+from patchkit.syntax.base import Scope, Search, Unusable, listing
 
 _DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
@@ -241,8 +241,9 @@ class Python:
         except ValueError as exc:  # e.g. NUL bytes in the source
             return Unusable(f"does not parse: {exc}", 1, 0)
 
-    def resolve(self, tree: ast.Module, scope: str | None) -> Scope | tuple[Scope, str]:
-        return _resolve(tree, scope)
+    def resolve(self, tree: ast.Module, scope: str | None, near: Sequence[int] = ()
+                ) -> Scope | tuple[Scope, str]:
+        return _resolve(tree, scope)   # a module that parses has no error node to point at
 
     def search(self, predicate: str, scope: Scope, value: str) -> Search:
         return _SEARCHES[predicate](scope, value)

@@ -1,0 +1,104 @@
+"""The floors of docs/architecture.md, enforced: import-linter checks every import of patchkit
+(those inside functions too) against the contracts in pyproject.toml, and the table in
+docs/architecture.md names the same floors in the same order."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:   # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = ROOT / "pyproject.toml"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def _lint(config: Path, cwd: Path, path: str | None = None) -> subprocess.CompletedProcess:
+    """``lint-imports`` on ``config``, as CI or a person would run it."""
+    env = None if path is None else {"PYTHONPATH": path, "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
+         "sys.exit(lint_imports_command())", "--config", str(config), "--no-cache"],
+        cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _contracts() -> dict[str, dict]:
+    settings = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["importlinter"]
+    return {c["id"]: c for c in settings["contracts"]}
+
+
+def test_every_import_keeps_to_its_floor():
+    done = _lint(PYPROJECT, ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def test_the_contract_sees_an_import_inside_a_function(tmp_path):
+    """A lower floor that reaches up, even from inside a function, breaks the contract; the
+    same import at the right floor keeps it."""
+    pkg = tmp_path / "house"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "top.py").write_text("from house import bottom\n")
+    (pkg / "bottom.py").write_text(textwrap.dedent("""\
+        def late():
+            from house import top
+            return top
+        """))
+    config = tmp_path / "contracts.toml"
+    config.write_text(textwrap.dedent("""\
+        [tool.importlinter]
+        root_package = "house"
+
+        [[tool.importlinter.contracts]]
+        name = "floors"
+        type = "layers"
+        containers = ["house"]
+        layers = ["top", "bottom"]
+        """))
+    broken = _lint(config, tmp_path, str(tmp_path))
+    assert broken.returncode != 0 and "house.bottom -> house.top" in broken.stdout, broken.stdout
+    (pkg / "bottom.py").write_text("def late():\n    return None\n")
+    assert _lint(config, tmp_path, str(tmp_path)).returncode == 0
+
+
+def _floors_in_contract() -> list[set[str]]:
+    """The floors of the contract, bottom first, each as the set of its modules."""
+    layers = _contracts()["floors"]["layers"]
+    return [set(re.split(r"\s*[|:]\s*", layer.strip())) for layer in reversed(layers)]
+
+
+def _floors_in_docs() -> list[set[str]]:
+    """The floors of docs/architecture.md's table, bottom first: the modules of each row,
+    under the floor its first cell names (an empty cell: the floor above it goes on)."""
+    floors: list[tuple[str, set[str]]] = []
+    for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) < 3 or cells[0] == "floor" \
+                or all(set(c) <= set("-") for c in cells):
+            continue
+        modules = {m.removesuffix(".py").removesuffix("/").split("/")[0]
+                   for m in re.findall(r"`([\w/.]+)`", cells[1])}
+        if cells[0]:
+            floors.append((cells[0], modules))
+        else:
+            floors[-1][1].update(modules)
+    return [modules for _, modules in floors]
+
+
+def test_the_table_in_the_docs_is_the_contracts():
+    assert _floors_in_docs() == _floors_in_contract()
+
+
+@pytest.mark.parametrize("contract", ["floors", "image"])
+def test_a_new_module_must_be_given_a_floor(contract):
+    assert _contracts()[contract]["exhaustive"] is True
