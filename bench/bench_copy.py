@@ -22,7 +22,11 @@ by side, bytes and seconds of:
    the direct copy of 1.: bytes on the ssh link, pushed to the registry, pulled by the node.
 
     .ci/services.sh; python bench/bench_copy.py [--runs 2] [--part N ...] [--loaded]
-        [--synthetic MIB]
+        [--synthetic MIB] [--split SMALL,LARGE]
+
+``--split SMALL,LARGE`` runs only part 5: full copies of two sizes, copy-image against the
+pipe, and the line through each side's two medians: its fixed part (at 0 bytes) and its part
+per byte.
 
 ``--loaded`` runs each pair of 2. twice: quiet, then beside a fixed CPU load (one busy process
 per core, started before the pair and stopped after it, the same for both sides of the pair);
@@ -347,6 +351,43 @@ def two_and_one(ctx: dict) -> None:
     forget(direct, full)
 
 
+def split(ctx: dict, small: int, large: int, runs: int) -> None:
+    """5. the cost of a full copy split in two: a fixed part and a part per byte, from full
+    copies of two sizes (images of three layers of SMALL and of LARGE MiB, which the node
+    lacks), copy-image and the pipe taking turns to go first; the line through the two
+    medians of each gives its fixed part (where it meets 0 bytes) and its per-byte part (its
+    slope)."""
+    client, direct, node = ctx["client"], ctx["direct"], ctx["node"]
+    rows: dict = {}
+    for mib in (small, large):
+        image = synthetic(client, mib)
+        for n in range(runs):
+            for which in (("copy", "pipe") if n % 2 == 0 else ("pipe", "copy")):
+                forget(direct, image)
+                if which == "copy":
+                    s, r = timed(lambda: copy_image.run(image, [node]))
+                    sent = copied(r).sent.bytes
+                else:
+                    s, sent = pipe(node, image)
+                rows.setdefault((which, mib), []).append((s, sent))
+        forget(direct, image)
+    print(f"5. full copies of {3 * small} and {3 * large} MiB, {runs} run(s) each; load "
+          f"average {ctx['load']} at the start, {os.getloadavg()[0]:.2f} at the end")
+    parts = {}
+    for which in ("copy", "pipe"):
+        (t1, b1), (t2, b2) = ((med(r[0] for r in rows[(which, m)]),
+                               med(r[1] for r in rows[(which, m)])) for m in (small, large))
+        per_byte = (t2 - t1) / (b2 - b1)
+        fixed = t1 - per_byte * b1
+        parts[which] = (fixed, per_byte)
+        print(f"   {'copy-image' if which == 'copy' else 'docker save | ssh docker load':<30} "
+              f"{t1:6.2f} s for {b1:,} bytes, {t2:6.2f} s for {b2:,}: fixed {fixed:5.2f} s, "
+              f"{per_byte * 1e6 * 2**20 / 1e6:.4f} s per MiB")
+    (fc, bc), (fp, bp) = parts["copy"], parts["pipe"]
+    print(f"   fixed part: copy-image {fc:.2f} s vs the pipe's {fp:.2f} s (target < 0.5 s); "
+          f"per byte: ratio {bc / bp:.2f} to the pipe's (target 1.0)")
+
+
 def report(rows: dict, ctx: dict, runs: int) -> bool:
     ok = True
     m = {k: {f: med(r[f] for r in v) for f in v[0]} for k, v in rows.items() if v}
@@ -422,6 +463,9 @@ def main() -> int:
                     help="images of random layers of MIB MiB instead of the DSpark image: for "
                          "1., a base of two on the node and a fresh 1 MiB layer; for 2. and 3., "
                          "three (without part 4, nothing else is built)")
+    ap.add_argument("--split", metavar="SMALL,LARGE",
+                    help="only 5.: the fixed and per-byte parts of a full copy, from images of "
+                         "three layers of SMALL and of LARGE MiB")
     args = ap.parse_args()
     node, socket = os.environ.get("PK_NODE2"), os.environ.get("PK_NODE2_SOCKET")
     if not node or not socket:
@@ -439,6 +483,11 @@ def main() -> int:
            "loaded": args.loaded, "node3": node3 if socket3 else None,
            "direct3": docker.DockerClient(base_url=socket3, timeout=900) if node3 and socket3
            else None}
+    if args.split:
+        small, large = (int(x) for x in args.split.split(","))
+        ctx["load"] = f"{os.getloadavg()[0]:.2f}"
+        split(ctx, small, large, args.runs)
+        return 0
     if args.synthetic and 4 not in parts:
         ctx["full"] = synthetic(client, args.synthetic)
         if 1 in parts:   # the base of 1.: two layers, on the node before the runs

@@ -727,6 +727,81 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manife
     return 0 if report.ok else 1
 
 
+NODE = click.option("--node", "nodes", multiple=True, metavar="ENGINE",
+                    help="Another node besides DOCKER_HOST's engine and image.nodes: "
+                         "ssh://[user@]host[:port], unix:///path or tcp://host:port; repeat.")
+
+
+@cli.command()
+@NODE
+@click.option("--prune", is_flag=True, help="Remove this patchset's builds beyond the newest "
+              "--keep on each node: never the current one, one a container uses (running or "
+              "stopped), or one carrying a tag patchkit did not make.")
+@click.option("--keep", type=click.IntRange(min=1), metavar="N",
+              help="With --prune: the newest builds kept on each node (1 or more).")
+@click.option("--dry-run", is_flag=True, help="With --prune: say what would go; remove nothing.")
+@TIMEOUT
+@MANIFEST
+@FORMAT
+def images(nodes, prune, keep, dry_run, timeout, manifest_path, fmt) -> int:
+    """List this patchset's builds on every node, newest first (by when the node got them):
+    immutable tag, moving tags, id, created time, vLLM and package versions, patches, which
+    one is current; then a drift line naming the nodes whose current build differs.
+
+    \b
+    The nodes: the engine DOCKER_HOST names, image.nodes of the manifest, each --node.
+    Exit 1 if a node cannot be reached (the others are listed or pruned).
+    """
+    from patchkit.commands import images as command
+    from patchkit.render import images as render
+
+    if (keep is not None or dry_run) and not prune:
+        raise click.UsageError("--keep and --dry-run go with --prune")
+    if prune and keep is None:
+        raise click.UsageError("--prune needs --keep N: the newest builds kept on each node")
+    m = _load(manifest_path)
+    if prune:
+        report = command.prune(m, keep, nodes, dry_run=dry_run, timeout=timeout)
+        echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.pruned(report))
+    else:
+        report = command.run(m, nodes, timeout=timeout)
+        echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.listing(report))
+    return 0 if report.ok else 1
+
+
+@cli.command()
+@click.option("--to", metavar="TAG", help="The build to roll back (or forward) to: its "
+              "immutable tag, <moving tag>-<12 hex> (default: the build before the current one "
+              "on the first node).")
+@click.option("--tag", metavar="TAG", help="The moving tag (default: the one --to was made "
+              "beside, else image.tag at the pin).")
+@NODE
+@click.option("--dry-run", is_flag=True, help="Say what would move on each node; move nothing.")
+@TIMEOUT
+@MANIFEST
+@FORMAT
+def rollback(to, tag, nodes, dry_run, timeout, manifest_path, fmt) -> int:
+    """Point the moving tag at an earlier build on every node.
+
+    \b
+    already   the moving tag names that build there already
+    moved     the node holds the build: its tag moves, no image bytes move
+    copied    the node lacked it: the layers it lacks were sent (as copy-image sends them)
+              and proven by fingerprint before its tag moved
+    The build that was current stays: --to rolls forward again.  Exit 1 if a node could not
+    be reached or refused (the others are rolled back; the same command completes it later);
+    exit 2, with no node changed, for a --to that no node holds or that another patchset
+    built, or when there is nothing to roll back to.
+    """
+    from patchkit.commands import rollback as command
+    from patchkit.render import images as render
+
+    report = command.run(_load(manifest_path), command.Request(to, tag, nodes, dry_run, timeout),
+                         log=TextProgress(err=True).info if Output.verbose else lambda m: None)
+    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.rollback(report))
+    return 0 if report.ok else 1
+
+
 @cli.command()
 @click.argument("url")
 @click.option("--model", metavar="NAME",

@@ -94,3 +94,34 @@ def check_reference(origin: Origin, ref: str, *, digest_ok: bool = True) -> None
     if problem:
         raise SettingError(f"{{{origin.setting}}} {literal(repr(ref))} is not an image "
                            f"reference: {literal(problem)}", origin)
+
+
+# ------------------------------------------------------------------------ engine addresses
+
+ENGINE_FORMS = "ssh://[user@]host[:port], unix:///path/to/socket or tcp://host:port"
+
+
+def engine_problem(text: str) -> str | None:
+    """Why ``text`` is not an engine address (see ENGINE_FORMS), or None.  The Docker border
+    (``image.docker.engine_url``) and the manifest's ``image.nodes`` both judge by it."""
+    from urllib.parse import urlsplit
+
+    try:
+        url = urlsplit(text)
+        port = url.port
+    except ValueError as exc:
+        return str(exc)
+    if url.scheme not in ("ssh", "unix", "tcp"):
+        return f"expected {ENGINE_FORMS}"
+    if url.query or url.fragment:
+        return "an engine address has no ?query or #fragment"
+    if url.scheme == "unix":
+        if url.netloc or not url.path.startswith("/"):
+            return "a socket is unix:///absolute/path"
+        return None
+    if not url.hostname or url.path not in ("", "/") or url.password:
+        return ("expected ssh://[user@]host[:port]" if url.scheme == "ssh" else
+                "expected tcp://host:port")
+    if url.scheme == "tcp" and (port is None or url.username):
+        return "expected tcp://host:port"
+    return None

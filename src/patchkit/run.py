@@ -229,6 +229,12 @@ def tag_template(manifest: Manifest, tag: str | None) -> str:
     return tag if tag is not None else manifest.image.tag or f"{manifest.name}:{{ref}}"
 
 
+def built_tag(manifest: Manifest) -> str:
+    """The tag build-image gives the manifest's default build at its pin (image.tag, else
+    NAME:{ref}): the moving tag copy-image, images and rollback take by default."""
+    return variants.default_tag(manifest, manifest.vllm.ref, None, tag_template(manifest, None))
+
+
 def _origin(manifest: Manifest, setting: str, from_manifest: bool) -> Origin:
     """Where ``setting`` came from: the option, else ``image.SETTING`` at its line."""
     line = manifest.image.lines.get(setting)

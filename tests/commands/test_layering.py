@@ -53,9 +53,11 @@ def test_the_checks_see_what_they_judge():
 
 def test_an_engine_is_connected_by_the_verbs_alone():
     """A verb connects the engine its run needs (once, with its timeout) and gives it to the
-    run, which never connects one; copying to other engines connects each target.  Nothing
-    else below the command line connects an engine."""
-    allowed = {*COMMANDS.glob("*.py"), SRC / "image" / "transfer.py", SRC / "image" / "docker.py"}
+    run, which never connects one; copying to other engines connects each target, and the
+    nodes images and rollback reach are connected where they are listed.  Nothing else below
+    the command line connects an engine."""
+    allowed = {*COMMANDS.glob("*.py"), SRC / "image" / "transfer.py", SRC / "image" / "docker.py",
+               SRC / "image" / "nodes.py"}
     found = []
     for path, tree in _trees(SRC):
         if path.parent == COMMANDS:

@@ -190,6 +190,13 @@ def test_same_inputs_give_the_same_layer_and_image(built, project, docker_client
     assert code == 0 and again["reused"] is False
     assert again["image_id"] == built["image_id"]
     assert again["layer"]["diff_id"] == built["layer"]["diff_id"]
+    # the same inputs, the same immutable tag beside each moving tag
+    labels = docker_client.api.inspect_image(again["image_id"])["Config"]["Labels"]
+    hex12 = labels["io.patchkit.inputs"].split(":", 1)[1][:12]
+    assert built["immutable_tag"] == f"{REGISTRY_TAG}:v{RELEASE}-{hex12}"
+    assert again["immutable_tag"] == f"{REGISTRY_TAG}:again-{hex12}"
+    tags = docker_client.api.inspect_image(again["image_id"])["RepoTags"]
+    assert again["immutable_tag"] in tags
     docker_client.api.tag(again["image_id"], REGISTRY_TAG, f"v{RELEASE}")
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import secrets
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -226,20 +228,30 @@ def _norm_diff(header: str) -> str:
     return "".join(difflib.unified_diff(lines, new, f"a/{NORM_HEADER}", f"b/{NORM_HEADER}"))
 
 
-def _project07(root: Path, base: str, registry: str, engine, extra: str
-               ) -> tuple[Path, manifest.Manifest]:
+def _scaled_norm_diff(header: str) -> str:
+    """RMSNorm's output scaled by 2 in the CUDA kernel: a change a GPU shows in the numbers."""
+    lines = header.splitlines(True)
+    at = next(i for i, line in enumerate(lines) if "* rms_rcp * (weight_bias" in line)
+    new = lines[:at] + [lines[at].replace("rms_rcp * (", "rms_rcp * 2.f * (")] + lines[at + 1:]
+    return "".join(difflib.unified_diff(lines, new, f"a/{NORM_HEADER}", f"b/{NORM_HEADER}"))
+
+
+def _project07(root: Path, base: str, registry: str, engine, extra: str, *,
+               diff=_norm_diff, cuda_arch: str | None = None) -> tuple[Path, manifest.Manifest]:
     """A project whose FlashInfer is the one the base holds (``repo: image``), with a patch to
-    ``norm.cuh``, applied."""
+    ``norm.cuh`` (``diff`` of the release's header), applied; ``cuda_arch`` the target."""
     from patchkit.image import basevllm
 
     ip.make_project(root, base="x", tag=f"{registry}/pk-test/jit07:{{ref}}")
     with zipfile.ZipFile(flashinfer_wheel("0.7.4")) as zf:
         header = zf.read(NORM_HEADER).decode()
     (root / "patches" / "flashinfer").mkdir()
-    (root / "patches" / "flashinfer" / "fi-norm.diff").write_text(_norm_diff(header))
+    (root / "patches" / "flashinfer" / "fi-norm.diff").write_text(diff(header))
     write_manifest(root, base, requires="{}", name=f"pk-jit07-{secrets.token_hex(4)}")
     text = (root / "patchset.yaml").read_text().replace("    repo: pypi\n    ref: v0.6.15\n",
                                                         "    repo: image\n", 1)
+    if cuda_arch:
+        text = text.replace("image:\n", f"image:\n  cuda_arch: \"{cuda_arch}\"\n", 1)
     (root / "patchset.yaml").write_text(
         text + "  - id: fi-norm\n    summary: scale RMSNorm in the CUDA kernel\n"
         "    package: flashinfer\n    diff: patches/flashinfer/fi-norm.diff\n" + extra)
@@ -286,6 +298,47 @@ def test_07_a_gb10_provider_is_refused_and_rebuild_whites_out_its_norm_alone(
     ours = [a for a in checked.verify if a.file == NORM_HEADER]
     assert [(a.patch, a.ok) for a in ours] == [("fi-norm", True)]
     assert checked.to_dict()["jit"]["flashinfer"]["cubins"] == "/root/.cache/flashinfer/cubins"
+
+
+def test_07_a_hopper_target_whites_out_the_hopper_providers_norm(tmp_path, jit07_base,
+                                                                  registry, engine,
+                                                                  docker_client):
+    """With image.cuda_arch 90a the Hopper provider's norm would load and GB10's would not:
+    the layer whites out exactly the Hopper one.  With PK_PROOF_OUT set, the image's overlay
+    layer and its environment are written there, for the GPU proof of docs/compiled-code.md."""
+    root, m = _project07(tmp_path, jit07_base, registry, engine, "    rebuild: jit\n",
+                         diff=_scaled_norm_diff, cuda_arch="90a")
+    tag = f"{registry}/pk-test/jit07:hopper-{secrets.token_hex(3)}"
+    report = build_image.run(m, build_image.Request(workdir=root / ".patchkit" / "vllm",
+                                                    apply=False, engine=engine, tag=tag),
+                             progress=Said())
+    assert report.ok, report.to_dict()
+    image = engine.inspect(tag)
+    with engine.files(image.id, tag) as files:
+        assert not files.exists(f"{SITE}/{HOPPER_NORM}")                 # left out
+        assert files.read(f"{SITE}/{GB10_NORM}/norm.so") is not None     # never loaded on 90a
+        assert b"rms_rcp * 2.f * (" in files.read(f"{SITE}/{NORM_HEADER}")
+    out = os.environ.get("PK_PROOF_OUT")
+    if out:
+        _write_proof(docker_client, tag, Path(out))
+
+
+def _write_proof(docker_client, tag: str, out: Path) -> None:
+    """The image's last layer (patchkit's overlay: the patched files and the whiteouts) and
+    its environment and labels, as files."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pk-proof-") as tmp:
+        saved = Path(tmp) / "image.tar"
+        with saved.open("wb") as fh:
+            for chunk in docker_client.images.get(tag).save():
+                fh.write(chunk)
+        with tarfile.open(saved) as tar:
+            [entry] = json.load(tar.extractfile("manifest.json"))
+            config = json.load(tar.extractfile(entry["Config"]))
+            (out / "layer.tar").write_bytes(tar.extractfile(entry["Layers"][-1]).read())
+    (out / "image.json").write_text(json.dumps({"tag": tag, "site": SITE,
+                                                "env": config["config"]["Env"],
+                                                "labels": config["config"]["Labels"]}, indent=2))
 
 
 def test_07_a_hand_made_image_fails_verify_naming_module_and_provider(

@@ -54,10 +54,36 @@ def installed_dist(name: str, version: str, files: dict[str, bytes],
     return out
 
 
+# what FlashInfer 0.7 asks of the shim at import (jit/env.py): its version, and the providers
+# its entry point group lists, each as a value with the manifest's fields
+SHIM_INIT = b'''\
+from importlib import metadata
+from types import SimpleNamespace
+
+from ._build_meta import __version__
+
+GROUP = "flashinfer.jit_cache.providers"
+
+
+def get_jit_cache_providers():
+    found = []
+    for entry in metadata.entry_points(group=GROUP):
+        manifest = entry.load()()
+        found.append(SimpleNamespace(
+            provider_id=manifest.get("provider_id", entry.name),
+            distribution=manifest["distribution"], version=manifest["version"],
+            jit_cache_dir=manifest["jit_cache_dir"],
+            cuda_architectures=tuple(manifest["cuda_architectures"]),
+            modules=tuple(manifest["modules"])))
+    return found
+'''
+
+
 def shim(version: str) -> dict[str, bytes]:
-    """The ``flashinfer-jit-cache`` shim of FlashInfer 0.7 (no modules of its own)."""
+    """The ``flashinfer-jit-cache`` shim of FlashInfer 0.7 (no modules of its own): its version
+    and the providers its entry point group lists, as FlashInfer's import asks for them."""
     return installed_dist("flashinfer-jit-cache", version, {
-        "flashinfer_jit_cache/__init__.py": b"from ._build_meta import __version__\n",
+        "flashinfer_jit_cache/__init__.py": SHIM_INIT,
         "flashinfer_jit_cache/_build_meta.py": f'__version__ = "{version}"\n'.encode()})
 
 

@@ -15,6 +15,7 @@ holding that release.
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 import zipfile
@@ -32,9 +33,10 @@ def filler(size: int) -> bytes:
 
 
 def build(client: docker.DockerClient, tag: str, layers: list[dict[str, bytes]], *,
-          parent: str = "scratch", env: dict[str, str] | None = None) -> str:
+          parent: str = "scratch", env: dict[str, str] | None = None,
+          labels: dict[str, str] | None = None) -> str:
     """``tag``: ``parent`` and one layer per item of ``layers`` (``{path in the image:
-    bytes}``), for linux/arm64; its image id."""
+    bytes}``), for linux/arm64, with ``labels``; its image id."""
     lines = [f"FROM {parent}"]
     ctx = io.BytesIO()
     with tarfile.open(fileobj=ctx, mode="w") as tar:
@@ -47,6 +49,7 @@ def build(client: docker.DockerClient, tag: str, layers: list[dict[str, bytes]],
         # after the layers: a first step from scratch that makes no layer (ENV) would make
         # an image of the builder's own platform, whatever the build asked for
         lines += [f"ENV {k}={v}" for k, v in (env or {}).items()]
+        lines += [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in (labels or {}).items()]
         dockerfile = ("\n".join(lines) + "\n").encode()
         info = tarfile.TarInfo("Dockerfile")
         info.size = len(dockerfile)

@@ -314,7 +314,8 @@ class ImageMaker:
         elif self.registry is None:
             self.registry = reach_registry(manifest, run)
         log = _Quiet(self.log).info
-        report = assemble(manifest, run, Choices(push=self.no_daemon, no_daemon=self.no_daemon),
+        report = assemble(manifest, run, Choices(push=self.no_daemon, no_daemon=self.no_daemon,
+                                                 immutable=False),
                           tree=AppliedCheckout.open(workdir), lock=None, log=log,
                           held=self.held,
                           registry=self.registry)

@@ -239,93 +239,124 @@ def _project(m: Manifest, dry_run: bool) -> Path:
 def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
               progress: applier.Progress) -> Bump:
     pin = spec.pin(name)
-    label = pin.id.label
     old = _resolve_pin(spec, name, m, progress)
     target = ask.to or _newest(m, spec, name, progress)
     if target is None:
-        return Bump(name, label, pin.ref, None, BumpStatus.CURRENT)
+        return Bump(name, pin.id.label, pin.ref, None, BumpStatus.CURRENT)
     new = _resolve_target(spec, name, target, progress)
     version = new.version or target.removeprefix("v")
     branch = branch_name(name, version)
     tips = _branch_tips(project, branch, name, version, ask.push)
     others = applier.resolve_pins(spec, spec.cache, progress.info, None,
                                   [q.name for q in spec.pins if q.name != name])
-    rel = m.path.relative_to(project)
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bump-")) / "tree" if ask.dry_run \
         else project / ".patchkit" / "bump" / f"{name}-{version}"
-    resumed = scratch.exists() and _finished_by_hand(scratch, rel, label, version)
+    # the manifest's sources name the project upstream even when this run reads another
+    sources = (*m.package(name).repos, *pin.sources)
+    base = Bump(name, pin.id.label, pin.ref, target,
+                BumpStatus.DRY_RUN if ask.dry_run else BumpStatus.BUMPED,
+                branch=None if ask.dry_run else branch,
+                links=_links(sources, pin, target, version))
+    job = _Job(m, project, spec, ask, progress, scratch, _Sides(m, name, old, new, others),
+               base, version)
+    resumed = scratch.exists() and _finished_by_hand(scratch, job.rel, base.label, version)
     if not resumed:
         scratch.parent.mkdir(parents=True, exist_ok=True)
         g.add_worktree(project, scratch, "HEAD")
-    # the manifest's sources name the project upstream even when this run reads another
-    sources = (*m.package(name).repos, *pin.sources)
-    base = Bump(name, label, pin.ref, target, BumpStatus.DRY_RUN if ask.dry_run else BumpStatus.BUMPED,
-                branch=None if ask.dry_run else branch,
-                links=_links(sources, pin, target, version))
-    keep = False
+    result = None
     try:
-        side = _Sides(m, name, old, new, others, scratch)
-        before = side.before()
-        if resumed:
-            attempt = _Attempt.load(scratch)
-            steps, stopped, notes = attempt.steps, attempt.stopped, attempt.notes
-            notes = (*notes, f"the port was finished by hand in {scratch}")
-            hand = attempt.hand_work(scratch)
-        else:
-            done = rebase.start(manifest.load(scratch / rel), spec, target, drop_upstream=True,
-                                package=name, progress=progress)
-            ours = {p.id for p in m.patches if p.package == name}
-            steps = {s.id: s for s in done.steps if s.id in ours}
-            stopped, notes, hand = None, tuple(done.notes), None
-            if done.stop is not None:
-                keep = True
-                if not ask.dry_run:
-                    _Attempt.save(scratch, steps, done.stop.patch, notes)
-                fates = _fates_at_stop(m, name, before, steps, done.stop, _upstreams(m))
-                why = (f"`{done.stop.patch}` could not be ported to {label} {target}"
-                       if done.stop.patch else f"the assertions do not hold on {label} {target}")
-                return replace(base, status=BumpStatus.NEEDS_A_HAND, why=why, fates=fates,
-                               stop=done.stop, notes=notes, branch=None,
-                               worktree=None if ask.dry_run else str(scratch))
-        ported = manifest.load(scratch / rel)
-        after = side.after(ported)
-        fates = _fates(m, ported, name, before, after, steps, stopped, project, scratch)
-        if any(f.port == "removed" for f in fates):
-            # an entry a person removed: upstream only if the release has its change, proven
-            # as apply proves it (the old series tried at the new release)
-            tried = side.old_at_new()
-            fates = tuple(replace(f, port="dropped", detail="upstream: removed by hand; its "
-                                  "change is in the release") if f.port == "removed"
-                          and tried.status_of(f.id) is Status.UPSTREAM else f for f in fates)
-        failed = [a for a in after.verify if not a.ok]
-        result = replace(base, fates=fates, notes=notes, by_hand=hand,
-                         assertions=len(after.verify), assertions_failed=len(failed),
-                         lost=tuple(f.id for f in fates if f.lost))
-        why = _stopped_by(result, after, target)
-        if why:
-            keep = True
-            return replace(result, status=BumpStatus.NEEDS_A_HAND, why=why, branch=None,
-                           worktree=None if ask.dry_run else str(scratch))
-        probes = _probes(ported, result, name, target)
-        result = replace(result, probes=probes)
-        failing = next((p for p in probes if not p.ok), None)
-        if failing is not None:
-            keep = True
-            how = ("ran past its deadline" if failing.returncode is None
-                   else f"exit {failing.returncode}")
-            return replace(result, status=BumpStatus.NEEDS_A_HAND, branch=None,
-                           why=f"the probe `{failing.command}` failed ({how})",
-                           worktree=None if ask.dry_run else str(scratch))
-        if ask.dry_run:
-            return result
-        return _write(project, scratch, result, version, tips, ask.push)
+        result = job.run(resumed)
+        return result if result.needs_a_hand or ask.dry_run \
+            else _write(project, scratch, result, version, tips, ask.push)
     finally:
-        if ask.dry_run or not keep:
+        if ask.dry_run or result is None or not result.needs_a_hand:
             g.remove_worktree(project, scratch)
             if ask.dry_run:
                 shutil.rmtree(scratch.parent, ignore_errors=True)
             else:
                 _remove_empty(scratch.parent, project)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One package's port, with everything decided: the manifest as HEAD has it, the scratch
+    tree the port is made in, the two sides it is tried on, and the bump it fills in."""
+
+    m: Manifest
+    project: Path
+    spec: RunSpec
+    ask: Ask
+    progress: applier.Progress
+    scratch: Path
+    side: _Sides
+    base: Bump
+    version: str
+
+    @property
+    def rel(self) -> Path:
+        return self.m.path.relative_to(self.project)
+
+    def run(self, resumed: bool) -> Bump:
+        """The port (or the one a person finished), proven on both sides, then the probes."""
+        before = self.side.before()
+        if resumed:
+            attempt = _Attempt.load(self.scratch)
+            steps, stopped, hand = attempt.steps, attempt.stopped, attempt.hand_work(self.scratch)
+            notes = (*attempt.notes, f"the port was finished by hand in {self.scratch}")
+        else:
+            done = rebase.start(manifest.load(self.scratch / self.rel), self.spec,
+                                self.base.to_ref, drop_upstream=True,
+                                package=self.base.package, progress=self.progress)
+            ours = {p.id for p in self.m.patches if p.package == self.base.package}
+            steps = {s.id: s for s in done.steps if s.id in ours}
+            stopped, notes, hand = None, tuple(done.notes), None
+            if done.stop is not None:
+                return self._stopped(before, steps, done.stop, notes)
+        ported = manifest.load(self.scratch / self.rel)
+        after = self.side.after(ported)
+        fates = self._fates(ported, before, after, steps, stopped)
+        result = replace(self.base, fates=fates, notes=notes, by_hand=hand,
+                         assertions=len(after.verify),
+                         assertions_failed=sum(not a.ok for a in after.verify),
+                         lost=tuple(f.id for f in fates if f.lost))
+        why = _stopped_by(result, after, self.base.to_ref)
+        if why:
+            return self._needs_a_hand(result, why)
+        probes = _probes(ported, result, self.base.package, self.base.to_ref)
+        result = replace(result, probes=probes)
+        failing = next((p for p in probes if not p.ok), None)
+        if failing is not None:
+            how = ("ran past its deadline" if failing.returncode is None
+                   else f"exit {failing.returncode}")
+            return self._needs_a_hand(result, f"the probe `{failing.command}` failed ({how})")
+        return result
+
+    def _fates(self, ported: Manifest, before: ApplyReport, after: ApplyReport,
+               steps: Mapping[str, rebase.Step], stopped: str | None) -> tuple[Fate, ...]:
+        fates = _fates(self.m, ported, self.base.package, (before, after), steps, stopped)
+        if not any(f.port == "removed" for f in fates):
+            return fates
+        # an entry a person removed: upstream only if the release has its change, proven as
+        # apply proves it (the old series tried at the new release)
+        tried = self.side.old_at_new()
+        return tuple(replace(f, port="dropped", detail="upstream: removed by hand; its change "
+                             "is in the release") if f.port == "removed"
+                     and tried.status_of(f.id) is Status.UPSTREAM else f for f in fates)
+
+    def _stopped(self, before: ApplyReport, steps: Mapping[str, rebase.Step], stop: Stop,
+                 notes: tuple[str, ...]) -> Bump:
+        if not self.ask.dry_run:
+            _Attempt.save(self.scratch, steps, stop.patch, notes)
+        fates = _fates_at_stop(self.m, self.base.package, before, steps, stop)
+        what = f"`{stop.patch}` could not be ported to" if stop.patch \
+            else "the assertions do not hold on"
+        return replace(self._needs_a_hand(self.base, f"{what} {self.base.label} "
+                                                     f"{self.base.to_ref}"),
+                       fates=fates, stop=stop, notes=notes)
+
+    def _needs_a_hand(self, result: Bump, why: str) -> Bump:
+        return replace(result, status=BumpStatus.NEEDS_A_HAND, why=why, branch=None,
+                       worktree=None if self.ask.dry_run else str(self.scratch))
 
 
 def _remove_empty(folder: Path, top: Path) -> None:
@@ -364,9 +395,8 @@ class _Sides:
     the new release; each a fresh sparse checkout, as ``rebase-check`` makes them."""
 
     def __init__(self, m: Manifest, package: str, old: source.Resolved, new: source.Resolved,
-                 others: Mapping[str, source.Resolved], scratch: Path) -> None:
+                 others: Mapping[str, source.Resolved]) -> None:
         self.m, self.package, self.old, self.new, self.others = m, package, old, new, others
-        self.place = scratch.parent
 
     def before(self) -> ApplyReport:
         return self._trial(self.m, self.old, "before")
@@ -390,13 +420,13 @@ def _upstreams(m: Manifest) -> dict[str, str | None]:
     return {p.id: p.upstream for p in m.patches}
 
 
-def _fates(old_m: Manifest, new_m: Manifest, package: str, before: ApplyReport,
-           after: ApplyReport, steps: Mapping[str, rebase.Step], stopped: str | None,
-           project: Path, scratch: Path) -> tuple[Fate, ...]:
+def _fates(old: Manifest, new: Manifest, package: str, sides: tuple[ApplyReport, ApplyReport],
+           steps: Mapping[str, rebase.Step], stopped: str | None) -> tuple[Fate, ...]:
     """Every patch of ``package``, old series then new, on both sides of the port."""
-    old_ids = [p.id for p in old_m.patches if p.package == package]
-    new_ids = [p.id for p in new_m.patches if p.package == package]
-    links = {**_upstreams(old_m), **_upstreams(new_m)}
+    before, after = sides
+    old_ids = [p.id for p in old.patches if p.package == package]
+    new_ids = [p.id for p in new.patches if p.package == package]
+    links = {**_upstreams(old), **_upstreams(new)}
     out = []
     for pid in dict.fromkeys(old_ids + new_ids):
         step = steps.get(pid)
@@ -405,9 +435,9 @@ def _fates(old_m: Manifest, new_m: Manifest, package: str, before: ApplyReport,
         elif pid == stopped:
             port, detail = "resolved", "finished by hand"
         else:
-            port, detail = _carried(old_m, new_m, pid, project, scratch), ""
+            port, detail = _carried(old, new, pid), ""
         was, status = before.status_of(pid), after.status_of(pid)
-        successor = next((q.id for q in new_m.patches
+        successor = next((q.id for q in new.patches
                           if pid in q.supersedes and after.status_of(q.id) is Status.APPLIED),
                          None) if was is Status.APPLIED and status is not Status.APPLIED else None
         out.append(Fate(pid, was, status, port, detail, links.get(pid), successor))
@@ -415,10 +445,10 @@ def _fates(old_m: Manifest, new_m: Manifest, package: str, before: ApplyReport,
 
 
 def _fates_at_stop(m: Manifest, package: str, before: ApplyReport,
-                   steps: Mapping[str, rebase.Step], stop: Stop,
-                   links: Mapping[str, str | None]) -> tuple[Fate, ...]:
+                   steps: Mapping[str, rebase.Step], stop: Stop) -> tuple[Fate, ...]:
     """The table of a port that stopped: what the port did up to the stop; nothing after it
     was tried."""
+    links = _upstreams(m)
     out, seen = [], False
     for p in m.patches:
         if p.package != package:
@@ -437,24 +467,21 @@ def _fates_at_stop(m: Manifest, package: str, before: ApplyReport,
     return tuple(out)
 
 
-def _carried(old_m: Manifest, new_m: Manifest, pid: str, project: Path, scratch: Path) -> str:
+def _carried(old: Manifest, new: Manifest, pid: str) -> str:
     """What a port finished by hand did with a patch the automatic attempt did not reach:
     ``applied`` (its files as they were), ``refreshed`` (its files changed), ``removed`` or
     ``added`` (its entry)."""
     try:
-        old_p = old_m.patch(pid)
+        old_p = old.patch(pid)
     except KeyError:
         return "added"
     try:
-        new_p = new_m.patch(pid)
+        new_p = new.patch(pid)
     except KeyError:
         return "removed"
-    kind = kinds.get(new_p.kind)
-    files = set(kinds.get(old_p.kind).sources(old_m.root / old_p.path, old_p.path)) | set(
-        kind.sources(new_m.root / new_p.path, new_p.path))
-    rel_new = new_m.root.relative_to(scratch)
-    rel_old = old_m.root.relative_to(project)
-    same = all(_read(project / rel_old / f) == _read(scratch / rel_new / f) for f in files)
+    files = set(kinds.get(old_p.kind).sources(old.root / old_p.path, old_p.path)) | set(
+        kinds.get(new_p.kind).sources(new.root / new_p.path, new_p.path))
+    same = all(_read(old.root / f) == _read(new.root / f) for f in files)
     return "applied" if same else "refreshed"
 
 

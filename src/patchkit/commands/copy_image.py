@@ -11,15 +11,15 @@ from patchkit.image.docker import Engine
 from patchkit.image.transfer import CopyReport, How, Log, check_compress, check_targets, \
     check_via, copy
 from patchkit.imageref import check_reference
-from patchkit.manifest import Manifest, variants
-from patchkit.run import tag_template
+from patchkit.manifest import Manifest
+from patchkit.run import built_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 
 def built_image(manifest: Manifest) -> str:
     """The tag build-image gives the manifest's default build at its pin (image.tag, else
     NAME:{ref})."""
-    return variants.default_tag(manifest, manifest.vllm.ref, None, tag_template(manifest, None))
+    return built_tag(manifest)
 
 
 def run(image: str, targets: Sequence[str], *, source: Engine | None = None,

@@ -12,7 +12,7 @@ from pathlib import Path
 from patchkit import source
 from patchkit.image import artifact
 from patchkit.image import base as base_
-from patchkit.image import build, builders, layer
+from patchkit.image import build, builders, labels, layer
 from patchkit.image import lockfile as stack
 from patchkit.image.builders.protocol import Job
 from patchkit.imageref import Platform
@@ -32,6 +32,7 @@ class Choices:
     no_daemon: bool = False
     max_jobs: int | None = None
     nvcc_threads: int | None = None
+    immutable: bool = True   # also tag the build for good (bisect's scratch images are not)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class BuildReport:
     mode: str | None = None
     mode_reason: str | None = None
     tag: str | None = None
+    immutable_tag: str | None = None   # <tag>-<12 hex of the inputs key>: this build for good
     image_id: str | None = None
     digest: str | None = None
     platform: str | None = None
@@ -82,7 +84,8 @@ class BuildReport:
         if not self.built:
             return {"ok": False, "error": self.error, "vllm": self.vllm, "patches": self.patches}
         data = {"ok": self.ok, "mode": self.mode, "mode_reason": self.mode_reason, "tag": self.tag,
-                "image_id": self.image_id, "digest": self.digest, "platform": self.platform,
+                "immutable_tag": self.immutable_tag, "image_id": self.image_id,
+                "digest": self.digest, "platform": self.platform,
                 "base": self.base, "vllm": self.vllm, "patches": self.patches,
                 "layer": self.layer.to_dict() if self.layer else None, "reused": self.reused,
                 "pushed": self.pushed, "saved": self.saved, "not_shipped": self.not_shipped,
@@ -126,12 +129,15 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
                        base_from=run.base_from, held=held)
     previous = engine.tagged(final_tag) if engine is not None else None
     built = builders.choose(choices.no_daemon, choice).build(job)
-    digest, saved = _deliver(engine, built, final_tag, push=choices.push, save=choices.save,
-                             previous=previous, log=log)
+    immutable = _immutable(engine, built, final_tag) if choices.immutable else None
+    digest, saved = _deliver(engine, built, final_tag, immutable, push=choices.push,
+                             save=choices.save, previous=previous, log=log)
     kind = source.kind_of(tree.vllm.source or run.sources[0]).name
     holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
-    return _report(tree, choice, plat, final_tag, built, digest, push=choices.push,
-                   saved=saved, started=started, holds=holds)
+    report = _report(tree, choice, plat, final_tag, built, digest, push=choices.push,
+                     saved=saved, started=started, holds=holds)
+    report.immutable_tag = immutable
+    return report
 
 
 def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack | None
@@ -182,15 +188,33 @@ def _log_choice(choice: build.ModeChoice, log) -> None:
         log(f"not in the image (no build reads them): {', '.join(choice.not_shipped)}")
 
 
-def _deliver(engine, built: build.Built, tag: str, *, push: bool, save: Path | None,
-             previous: str | None, log) -> tuple[str | None, dict | None]:
-    """Push and save what the build left in the engine (what a build pushed itself is
-    not pushed again): the manifest digest and the archive saved."""
+def _immutable(engine, built: build.Built, tag: str) -> str | None:
+    """The build's immutable tag (``labels.immutable_tag``) beside the moving ``tag``, from
+    the labels of the image the engine holds; None where the image is not in an engine (a
+    build straight in the registry)."""
+    if engine is None or built.pushed_by_build or not built.image_id:
+        return None
+    image = engine.inspect(built.image_id)
+    return labels.immutable_tag(tag, image.labels, image.id) if image is not None else None
+
+
+def _deliver(engine, built: build.Built, tag: str, immutable: str | None, *, push: bool,
+             save: Path | None, previous: str | None, log) -> tuple[str | None, dict | None]:
+    """Tag the build for good (``immutable``), push and save what the build left in the
+    engine (what a build pushed itself is not pushed again): the manifest digest and the
+    archive saved."""
     digest, saved = built.digest, None
+    had = engine.tagged(immutable) if immutable else None
     try:
+        if immutable:
+            engine.tag(built.image_id, immutable)
+            log(f"tagged {immutable}")
         if push and not built.pushed_by_build:
             log(f"pushing {tag}")
             digest = engine.push(tag, log)
+            if immutable:
+                log(f"pushing {immutable}")
+                engine.push(immutable, log)
         if save is not None:
             size = engine.save(tag, Path(save))
             saved = {"path": str(save), "bytes": size}
@@ -199,6 +223,8 @@ def _deliver(engine, built: build.Built, tag: str, *, push: bool, save: Path | N
         # A refused or interrupted push leaves no tag behind: the tag names what was delivered.
         if not built.pushed_by_build:
             engine.restore_tag(tag, previous)
+            if immutable:
+                engine.restore_tag(immutable, had)
         raise
     return digest, saved
 

@@ -37,7 +37,6 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
-from urllib.parse import urlsplit
 
 from patchkit.errors import CommandError, ImageError, UsageError
 from patchkit.image.enginefacts import Inspected, Prefix, Store, Transfer, since_start, store_of
@@ -46,7 +45,7 @@ from patchkit.image.layer import (ArchiveFacts, BaseImage, Layer, complete_archi
                                   relay)
 from patchkit.image.sdk import border, explain, sdk
 from patchkit.image.sshlink import ssh_adapter_class, ssh_argv, ssh_port
-from patchkit.imageref import Platform, repository, split_tag
+from patchkit.imageref import Platform, engine_problem, repository, split_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
 from patchkit.process import Piped, run
 
@@ -56,33 +55,13 @@ Log = Callable[[str], None]
 
 _MIN_API = "1.24"   # what the SDK is told before the engine has said its own
 
-ENGINE_FORMS = "ssh://[user@]host[:port], unix:///path/to/socket or tcp://host:port"
-
-
 def engine_url(text: str, what: str = "engine") -> str:
-    """``text`` checked to be an engine address (see ENGINE_FORMS); a usage error otherwise."""
-    def bad(why: str) -> UsageError:
-        return UsageError(f"{what} {text!r} is not an engine address: {why}")
-
-    try:
-        url = urlsplit(text)
-        port = url.port
-    except ValueError as exc:
-        raise bad(str(exc)) from None
-    if url.scheme not in ("ssh", "unix", "tcp"):
-        raise bad(f"expected {ENGINE_FORMS}")
-    if url.query or url.fragment:
-        raise bad("an engine address has no ?query or #fragment")
-    if url.scheme == "unix":
-        if url.netloc or not url.path.startswith("/"):
-            raise bad("a socket is unix:///absolute/path")
-        return text
-    if not url.hostname or url.path not in ("", "/") or url.password:
-        raise bad("expected ssh://[user@]host[:port]" if url.scheme == "ssh" else
-                  "expected tcp://host:port")
-    if url.scheme == "tcp" and (port is None or url.username):
-        raise bad("expected tcp://host:port")
-    return text.rstrip("/")
+    """``text`` checked to be an engine address (see ``imageref.ENGINE_FORMS``); a usage
+    error otherwise."""
+    problem = engine_problem(text)
+    if problem:
+        raise UsageError(f"{what} {text!r} is not an engine address: {problem}")
+    return text if text.startswith("unix:") else text.rstrip("/")
 
 
 def docker_host() -> str | None:
@@ -109,6 +88,7 @@ class Engine:
         self.cli = cli
         self._store: Store | None = None
         self._version: dict | None = None
+        self._info: dict | None = None
 
     @classmethod
     def connect(cls, host: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> "Engine":
@@ -169,9 +149,18 @@ class Engine:
         with border(f"asking the engine at {self.host} about itself"):
             return self.api.info()
 
+    def identity(self) -> str:
+        """What names this engine whatever address reached it: the ID its info gives (a
+        Docker Engine's), else its address."""
+        if self._info is None:
+            self._info = self.info()
+        return str(self._info.get("ID") or self.host)
+
     def store(self) -> Store:
         if self._store is None:
-            info = self.info()
+            if self._info is None:
+                self._info = self.info()
+            info = self._info
             version: dict = {}
             if self._version is not None:
                 version = self._version
@@ -360,6 +349,33 @@ class Engine:
     def images_with_label(self, key: str, value: str) -> list[str]:
         with border("listing images"):
             return [i["Id"] for i in self.api.images(filters={"label": f"{key}={value}"})]
+
+    def users(self) -> dict[str, list[str]]:
+        """The containers of this engine, running or stopped, by the id of their image: their
+        names."""
+        with border(f"listing the containers of the engine at {self.host}"):
+            listed = self.api.containers(all=True)
+        out: dict[str, list[str]] = {}
+        for c in listed:
+            names = [n.lstrip("/") for n in c.get("Names") or ()] or [str(c.get("Id"))[:12]]
+            out.setdefault(str(c.get("ImageID") or ""), []).extend(names)
+        return out
+
+    def own_bytes(self) -> dict[str, int]:
+        """Each image's bytes that no other image shares (what removing it alone frees), by
+        id, as the engine's disk usage tells them."""
+        with border(f"asking the engine at {self.host} for its disk usage"):
+            usage = self.api.df()
+        out = {}
+        for image in usage.get("Images") or ():
+            size, shared = image.get("Size") or 0, image.get("SharedSize") or 0
+            out[str(image.get("Id"))] = max(0, size - max(0, shared))
+        return out
+
+    def untag(self, ref: str) -> None:
+        """``ref`` taken off its image; an image left with no name and no container goes."""
+        with border(f"removing {ref} from the engine at {self.host}"):
+            self.api.remove_image(ref)
 
     def has_image(self, image_id: str) -> bool:
         return self.inspect(image_id) is not None

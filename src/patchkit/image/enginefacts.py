@@ -35,6 +35,13 @@ class Inspected:
     repo_digests: tuple[str, ...] = ()  # ``repo@sha256:...``, one per registry it came from
     size: int | None = None
     config_digest: str | None = None   # known once ``Engine.content`` has said it
+    created: str | None = None         # the config's creation time (RFC 3339)
+    last_tagged: float | None = None   # when the engine last tagged it (Unix s); None: never
+
+    @property
+    def created_at(self) -> float | None:
+        """The config's creation time in Unix seconds (None: not told)."""
+        return _epoch(self.created)
 
     @classmethod
     def of(cls, attrs: Mapping) -> "Inspected":
@@ -47,7 +54,9 @@ class Inspected:
                    config=attrs.get("Config") or {},
                    repo_tags=tuple(attrs.get("RepoTags") or ()),
                    repo_digests=tuple(attrs.get("RepoDigests") or ()),
-                   size=attrs.get("Size"))
+                   size=attrs.get("Size"), created=attrs.get("Created") or None,
+                   # a classic store's; a load leaves it at the zero time
+                   last_tagged=_epoch((attrs.get("Metadata") or {}).get("LastTagTime")))
 
     @functools.cached_property
     def env(self) -> dict[str, str]:

@@ -8,16 +8,21 @@ holds and the inputs key that finds the image again.  :class:`ImageFacts` is the
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from patchkit import source, versions
 from patchkit.image import layer
 from patchkit.image.prebuilt import CUBIN_ENV, WORKSPACE_ENV
+from patchkit.imageref import split_tag
 from patchkit.manifest import Manifest
 from patchkit.report import Status
 from patchkit.series.checkout import AppliedCheckout
 
 INPUTS_LABEL = "io.patchkit.inputs"
+PATCHSET_LABEL = "io.patchkit.patchset.name"
+VLLM_VERSION_LABEL = "io.patchkit.vllm.version"
+SUFFIX_HEX = 12   # the hex digits of a build's immutable tag
 VARIANT_LABEL = "io.patchkit.variant"  # the variant built; empty for the default build
 PATCHES_LABEL = "io.patchkit.patches"
 VLLM_DIR_LABEL = "io.patchkit.vllm.dir"
@@ -64,11 +69,11 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
         "org.opencontainers.image.version": f"{version}+{manifest.name}",
         "org.opencontainers.image.created": layer.iso_time(created),
         "io.patchkit.mode": mode,
-        "io.patchkit.patchset.name": manifest.name,
+        PATCHSET_LABEL: manifest.name,
         "io.patchkit.patchset.digest": digest,
         "io.patchkit.vllm.ref": str(vllm.ref or ""),
         "io.patchkit.vllm.commit": str(vllm.commit or tree.base),
-        "io.patchkit.vllm.version": str(vllm.version or ""),
+        VLLM_VERSION_LABEL: str(vllm.version or ""),
         "io.patchkit.vllm.tree": tree.tree_id(),
         SOURCE_LABEL: kind.name if kind is not None else "",
         PATCHES_LABEL: json.dumps(patches, separators=(",", ":")),
@@ -79,6 +84,31 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
         ARTIFACTS_LABEL: json.dumps(artifacts_of(manifest, tree.report), sort_keys=True,
                                     separators=(",", ":")),
     }
+
+
+def build_suffix(labels: dict[str, str], image_id: str) -> str:
+    """The hex that names a build for good: the first 12 of its inputs key (the same inputs,
+    the same suffix, on every node); an image whose labels carry no inputs key (a source
+    build) is named by its image id's instead."""
+    key = labels.get(INPUTS_LABEL) or image_id
+    return key.split(":", 1)[-1][:SUFFIX_HEX]
+
+
+def immutable_tag(moving: str, labels: dict[str, str], image_id: str) -> str:
+    """The tag that names this build for good beside the moving tag ``moving``:
+    ``<moving>-<12 hex>`` (see ``build_suffix``)."""
+    repo, tag = split_tag(moving)
+    return f"{repo}:{tag}-{build_suffix(labels, image_id)}"
+
+
+def moving_of(tag: str) -> str | None:
+    """The moving tag an immutable tag was made beside (``<moving>-<12 hex>``), or None when
+    ``tag`` has no such form."""
+    repo, name = split_tag(tag)
+    head, sep, suffix = name.rpartition("-")
+    if not sep or not head or len(suffix) != SUFFIX_HEX or not re.fullmatch(r"[0-9a-f]+", suffix):
+        return None
+    return f"{repo}:{head}"
 
 
 def artifacts_of(manifest: Manifest, report) -> list[dict[str, str]]:
@@ -137,6 +167,9 @@ class ImageFacts:
     packages: dict[str, dict[str, str]] | None = None   # None: the labels do not say
     # package -> patched file -> JIT modules (None: the labels do not say)
     jit_modules: dict[str, dict[str, list[str]]] | None = None
+    patchset: str | None = None    # the patchset that made it
+    inputs: str | None = None      # the inputs key (overlay builds)
+    version: str | None = None     # the vLLM release it was applied to
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
@@ -152,7 +185,9 @@ class ImageFacts:
                    labels.get(SOURCE_LABEL) or None, counts,  # type: ignore[arg-type]
                    labels.get(BASE_DIGEST_LABEL) or None,
                    _packages(labels.get(PACKAGES_LABEL)),
-                   _jit_modules(labels.get(JIT_MODULES_LABEL)))
+                   _jit_modules(labels.get(JIT_MODULES_LABEL)),
+                   labels.get(PATCHSET_LABEL) or None, labels.get(INPUTS_LABEL) or None,
+                   labels.get(VLLM_VERSION_LABEL) or None)
 
     def skipped(self) -> set[str]:
         return {pid for pid, status in self.statuses.items() if status is Status.SKIPPED}

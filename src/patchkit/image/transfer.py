@@ -20,6 +20,9 @@ only the tar headers and small JSON members read for a partial one.  Else the ex
 loads go through the Docker SDK, relayed by ``layer.relay``.  A failed target is one line that
 ends by saying its tag is as it was.
 
+A copy of a build's moving tag carries its immutable tag (``labels.immutable_tag``) along:
+each target that holds the content afterwards gets that tag on it too.
+
 Targets run in parallel, each in a thread of its own with its own deadline; targets that need
 the same layers share one export of the source, teed to their loads.  A target that cannot be
 reached, or refuses the load, or whose link drops, fails alone: the others go on.  A load that
@@ -44,7 +47,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from patchkit import progress
 from patchkit.errors import ImageError, PatchkitError, UsageError
-from patchkit.image import stream
+from patchkit.image import labels, stream
 from patchkit.image.docker import LOAD_PATIENCE, Engine, engine_url
 from patchkit.image.enginefacts import Inspected, Prefix, Transfer
 from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
@@ -228,8 +231,39 @@ def copy(source: Engine, image: str, urls: Sequence[str], *,
         raise
     finally:
         job.end_children()
+    if not dry_run:
+        also = companions(image, content)
+        for t in targets:
+            if t.result is not None and t.result.ok and t.engine is not None:
+                _carry(t.engine, t.result, image, also, log)
     _close(t.engine for t in targets)
     return CopyReport(image, job.want, [t.report(dry_run) for t in targets], dry_run)
+
+
+def companions(image: str, content: Inspected) -> list[str]:
+    """The tags a copy of ``image`` carries with it: a build's immutable tag, when ``image``
+    is its moving tag and the source holds both (``labels.immutable_tag``)."""
+    facts = labels.ImageFacts.from_labels(content.labels)
+    if facts.patchset is None or labels.moving_of(image) is not None:
+        return []
+    fixed = labels.immutable_tag(image, content.labels, content.id)
+    return [fixed] if fixed in content.repo_tags else []
+
+
+def _carry(target: Engine, result: TargetResult, image: str, tags: Sequence[str], log: Log
+           ) -> None:
+    """``tags`` put on the image the target now holds under ``image`` (proven by fingerprint
+    already); a target that would not take one fails, its copy of ``image`` kept."""
+    if not tags:
+        return
+    try:
+        held = target.tagged(image)
+        for tag in tags:
+            if held is not None and target.tagged(tag) != held:
+                target.tag(held, tag)
+                log(f"{result.engine}: tagged {tag}")
+    except PatchkitError as exc:
+        result.status, result.error = "failed", f"{exc}; {image} is there, {tags[0]} is not"
 
 
 def _each(calls: Sequence[Callable[[], None]], stop: threading.Event, grace: float = 1.0
@@ -711,6 +745,7 @@ def copy_via(source: Engine, image: str, content: Inspected, urls: Sequence[str]
     results: list[TargetResult] = []
     todo: list[tuple[TargetResult, Engine, str | None]] = []
     engines: list[Engine] = []
+    held_by: list[tuple[TargetResult, Engine]] = []
     for url in urls:
         try:
             target = connect(url)
@@ -722,9 +757,11 @@ def copy_via(source: Engine, image: str, content: Inspected, urls: Sequence[str]
         if held is not None and fingerprint(held) == want:
             log(f"{url}: holds {image} with the same content already; nothing pulled")
             results.append(TargetResult(url, CopyStatus.PRESENT, want))
+            held_by.append((results[-1], target))
             continue
         result = TargetResult(url, CopyStatus.REPLACED if held is not None else CopyStatus.COPIED)
         results.append(result)
+        held_by.append((result, target))
         todo.append((result, target, held.id if held is not None else None))
     pushed = None
     if todo:
@@ -743,6 +780,10 @@ def copy_via(source: Engine, image: str, content: Inspected, urls: Sequence[str]
         except PatchkitError as exc:
             result.status, result.error = CopyStatus.FAILED, str(exc)
         result.seconds = round(time.monotonic() - started, 2)
+    also = companions(image, content)
+    for (result, target) in held_by:
+        if result.ok:
+            _carry(target, result, image, also, log)
     _close(engines)
     return CopyReport(image, want, results, via=pushed)
 

@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 
 from patchkit import kinds, paths, syntax
 from patchkit.errors import ManifestError
-from patchkit.imageref import reference_problem
+from patchkit.imageref import engine_problem, reference_problem
 from patchkit.manifest.model import (ACCEPTANCE_LINE, ID_MAX, ID_RE, PREDICATES, VLLM, Artifact,
                                      Assertion, BumpSettings, Floor, ImageDefaults, Manifest,
                                      Marker, Package, Patch, Variant, id_problem, length_problem,
@@ -34,7 +34,7 @@ TOP_KEYS = ("name", "vllm", "packages", "image", "patches", "variants", "runtime
 BUMP_KEYS = ("probes", "timeout")
 VLLM_KEYS = ("repo", "ref")
 PACKAGE_KEYS = ("dist", "repo", "ref")
-IMAGE_KEYS = ("base", "platform", "tag", "requires", "cuda_arch")
+IMAGE_KEYS = ("base", "platform", "tag", "requires", "cuda_arch", "nodes")
 # The keys of a patch entry besides its ranges.  A range key is a package's name, in the same
 # mapping, so no package may take one of these names.
 ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verify", "replaces",
@@ -360,9 +360,13 @@ class _Loader:
         values: dict[str, str] = {}
         requires: dict[str, SpecifierSet] = {}
         lines: dict[str, int] = {}
+        nodes: tuple[str, ...] = ()
         for key, (_, value_node) in fields.items():
             if key == "requires":
                 requires, lines = self.requires(value_node)
+                continue
+            if key == "nodes":
+                nodes = self.nodes(value_node)
                 continue
             if key == "cuda_arch" and isinstance(value_node, yaml.ScalarNode) and \
                     str(value_node.value).strip():
@@ -384,8 +388,24 @@ class _Loader:
             if problem:
                 self.fail(f"image.{key}: {values[key]!r} is not an image reference: {problem}",
                           fields[key][1])
-        return ImageDefaults(**values, requires=requires, requires_lines=lines,
+        return ImageDefaults(**values, requires=requires, requires_lines=lines, nodes=nodes,
                              lines={k: _line(fields[k][1]) for k in values})
+
+    def nodes(self, node: yaml.Node) -> tuple[str, ...]:
+        """``image.nodes:``: the engines ``images`` and ``rollback`` reach besides the one
+        DOCKER_HOST names, each an engine address, each once."""
+        out: list[str] = []
+        for i, item in enumerate(self.sequence(node, "image.nodes",
+                                               "a list of engine addresses")):
+            text = self.string(item, f"image.nodes[{i}]").strip()
+            problem = engine_problem(text)
+            if problem:
+                self.fail(f"image.nodes[{i}]: {text!r} is not an engine address: {problem}",
+                          item)
+            if text in out:
+                self.fail(f"image.nodes[{i}]: {text!r} is listed already", item)
+            out.append(text)
+        return tuple(out)
 
     def requires(self, node: yaml.Node) -> tuple[dict[str, SpecifierSet], dict[str, int]]:
         """``image.requires:``: ``DIST: SPECIFIER`` each, by normalized distribution name."""

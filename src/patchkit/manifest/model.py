@@ -232,6 +232,8 @@ class ImageDefaults:
     # the GPU architecture prebuilt compiled modules are judged for (GB10 by default), unless
     # the base sets FLASHINFER_CUDA_ARCH_LIST
     cuda_arch: str = "121a"
+    # the engines `images` and `rollback` reach besides DOCKER_HOST's (engine addresses)
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,8 @@ def build_image(report) -> str:
     what = f"{report.tag} {image_id[:19]} ({report.platform}, {report.mode} mode"
     what += ", reused)" if report.reused else ")"
     lines = [f"ok: {what}"]
+    if report.immutable_tag:
+        lines.append(f"  for good: {report.immutable_tag} (rollback --to takes it)")
     if report.layer:
         lines.append(f"  layer: {report.layer.files} file(s), {report.layer.bytes} bytes"
                      + (f", {report.layer.whiteouts} whiteout(s)" if report.layer.whiteouts else ""))

@@ -1,0 +1,280 @@
+"""``patchkit rollback [--to TAG]``: the moving tag put on an earlier build on every node.
+
+The build is ``--to`` (an immutable tag, ``<moving tag>-<12 hex>``), else the one before the
+current build on the first node reached (the builds in the order :mod:`patchkit.image.builds`
+gives them).  Everything that can be refused is refused before any node changes (exit 2).
+Then, node by node:
+
+* a node whose moving tag names that build already: nothing (``already``);
+* a node that holds the build: its moving tag moves, and no image bytes move (``moved``);
+* a node that lacks it: the layers it lacks are sent as ``copy-image`` sends them, from a
+  node that holds it, and proven by fingerprint under the immutable tag; only then does its
+  moving tag move (``copied``).
+
+After the move the node is read again: unless the moving tag names the build's fingerprint, it
+is put back as it was and the node fails.  The build that was current stays (``--to`` rolls
+forward again).  A node that cannot be reached fails alone, with one line; the rollback is
+kept pending (``builds.Pending``), and the same command run again completes it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from patchkit.errors import ImageError, Origin, PatchkitError, UsageError
+from patchkit.image import builds as builds_
+from patchkit.image import labels, layer, transfer
+from patchkit.image import nodes as nodes_
+from patchkit.image.docker import Engine
+from patchkit.imageref import check_reference
+from patchkit.manifest import Manifest
+from patchkit.run import built_tag
+from patchkit.timeouts import DEFAULT_TIMEOUT
+
+STATUSES = ("already", "moved", "copied", "failed")
+
+
+@dataclass
+class NodeRollback:
+    node: str
+    status: str                  # one of STATUSES (a dry run: what would be)
+    was: str | None = None       # the build the moving tag named before (immutable tag or id)
+    error: str | None = None
+    copy: transfer.TargetResult | None = None   # what was sent, when the node lacked it
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "failed"
+
+    def to_dict(self) -> dict:
+        data: dict = {"node": self.node, "status": self.status, "was": self.was,
+                      "seconds": self.seconds}
+        if self.error is not None:
+            data["error"] = self.error
+        if self.copy is not None:
+            data["sent"] = self.copy.sent.to_dict()
+        return data
+
+
+@dataclass
+class Rollback:
+    """What ``rollback`` did; ``to_dict`` is the ``--format json`` shape."""
+
+    moving: str
+    to: str
+    fingerprint: str | None      # None: the source's store tells it only through an export
+    nodes: list[NodeRollback]
+    dry_run: bool = False
+    resumed: bool = False        # it completed a rollback an earlier run left pending
+
+    @property
+    def ok(self) -> bool:
+        return all(n.ok for n in self.nodes)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "moving_tag": self.moving, "to": self.to,
+                "fingerprint": self.fingerprint, "dry_run": self.dry_run,
+                "resumed": self.resumed, "nodes": [n.to_dict() for n in self.nodes]}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What rollback is asked."""
+
+    to: str | None = None            # the build (its immutable tag); None: the one before
+    tag: str | None = None           # the moving tag; None: --to's, else the manifest's
+    nodes: Sequence[str] = ()        # more nodes besides DOCKER_HOST's and image.nodes
+    dry_run: bool = False
+    timeout: float = DEFAULT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class _Move:
+    """One rollback's decisions, the same for every node."""
+
+    moving: str
+    target: str
+    want: "Content"
+    source: Engine
+    request: Request
+    log: Callable[[str], None]
+    history: builds_.History
+
+
+def run(manifest: Manifest, request: Request = Request(), *,
+        log: Callable[[str], None] = lambda m: None, history: builds_.History | None = None,
+        connect: Callable[[str], Engine] | None = None) -> Rollback:
+    moving = _moving(manifest, request.to, request.tag)
+    urls = nodes_.addresses(manifest.image.nodes, request.nodes, "--node")
+    history = history or builds_.History()
+    pending = builds_.Pending(moving, history.cache)
+    reached = nodes_.reach(urls, request.timeout, connect)
+    try:
+        found = _read(reached, manifest.name, history)
+        target, resumed = _target(manifest, moving, request.to, found, pending)
+        source, want = _source(found, target)
+        log(f"rolling {moving} back to {target} ({want})")
+        if not request.dry_run:
+            pending.keep(target)   # before any node moves: an interrupted run is completed too
+        move = _Move(moving, target, want, source, request, log, history)
+        done = [_node(n, nb, move) for n, nb in found]
+    finally:
+        nodes_.close(reached)
+    if not request.dry_run and all(n.ok for n in done):
+        pending.done()
+    return Rollback(moving, target, want.fingerprint, done, request.dry_run, resumed)
+
+
+def _moving(manifest: Manifest, to: str | None, tag: str | None) -> str:
+    """The moving tag: ``tag``, else the one ``to`` was made beside, else the manifest's."""
+    if tag is not None:
+        check_reference(Origin("tag"), tag, digest_ok=False)
+    if to is None:
+        return tag or built_tag(manifest)
+    check_reference(Origin("to"), to, digest_ok=False)
+    beside = labels.moving_of(to)
+    if beside is None:
+        raise UsageError(f"--to {to}: not a build's immutable tag (<moving tag>-<12 hex>, as "
+                         "'patchkit images' lists them)")
+    if tag is not None and beside != tag:
+        raise UsageError(f"--to {to} is a build of {beside}, not of {tag}")
+    return beside
+
+
+def _read(reached: Sequence[nodes_.Node], patchset: str, history: builds_.History
+          ) -> list[tuple[nodes_.Node, builds_.NodeBuilds | None]]:
+    live = [n for n in reached if n.engine is not None]
+    got = dict(zip(map(id, live), nodes_.each(
+        live, lambda n: builds_.read(n.engine, patchset, history))))
+    out = []
+    for node in reached:
+        nb, error = got.get(id(node), (None, None))
+        if error is not None:
+            node.error = str(error)
+        out.append((node, nb))
+    return out
+
+
+def _target(manifest: Manifest, moving: str, to: str | None,
+            found: Sequence[tuple[nodes_.Node, builds_.NodeBuilds | None]],
+            pending: builds_.Pending) -> tuple[str, bool]:
+    """The build to roll back to (its immutable tag), refused with a usage error when there
+    is none; whether it is a pending rollback's."""
+    live = [(n, nb) for n, nb in found if nb is not None]
+    if not live:
+        raise ImageError("no node could be reached: "
+                         + "; ".join(n.error or n.url for n, _ in found))
+    if to is not None:
+        for node, nb in live:
+            image = node.engine.inspect(to)
+            if image is None:
+                continue
+            owner = labels.ImageFacts.from_labels(image.labels).patchset
+            if owner != manifest.name:
+                raise UsageError(f"--to {to} is " + (f"a build of the patchset {owner}"
+                                 if owner else "not a build of any patchset")
+                                 + f", not of {manifest.name} (on {node.url})")
+            return to, False
+        raise UsageError(f"--to {to}: no node reached holds such a build "
+                         f"({', '.join(n.url for n, _ in live)})")
+    first, nb = live[0]
+    current = nb.current(moving)
+    left = pending.to()
+    if left is not None and current is not None and current.fixed_for(moving) == left \
+            and any(b is None or b.current(moving) is None
+                    or b.current(moving).fixed_for(moving) != left for _, b in found):
+        return left, True
+    if current is None:
+        raise UsageError(f"{moving} names no build of {manifest.name} on {first.url}: "
+                         "nothing to roll back from")
+    lineage = nb.lineage(moving)
+    older = [b.fixed_for(moving) for b in lineage[lineage.index(current) + 1:]
+             if b.fixed_for(moving)]
+    if not older:
+        raise UsageError(f"nothing to roll back to: {first.url} holds no build of {moving} "
+                         f"older than the current one "
+                         f"({current.fixed_for(moving) or current.id[:19]})")
+    return older[0], False
+
+
+@dataclass(frozen=True)
+class Content:
+    """What a node holds under a tag, as far as it tells without an export: the layers, the
+    inputs key, and the fingerprint where the store's ids are config digests (a containerd
+    store tells it only through an export, which over ssh would cross the link)."""
+
+    diff_ids: tuple[str, ...]
+    inputs: str | None
+    fingerprint: str | None
+
+    def same(self, other: "Content | None") -> bool:
+        if other is None or (self.diff_ids, self.inputs) != (other.diff_ids, other.inputs):
+            return False
+        return None in (self.fingerprint, other.fingerprint) or \
+            self.fingerprint == other.fingerprint
+
+    def __str__(self) -> str:
+        return self.fingerprint or f"{len(self.diff_ids)} layers, inputs {self.inputs}"
+
+
+def _content(engine: Engine, ref: str) -> Content | None:
+    image = (engine.content(ref) if engine.store().ids_are_config_digests
+             else engine.inspect(ref))
+    if image is None:
+        return None
+    return Content(image.diff_ids, image.labels.get(labels.INPUTS_LABEL),
+                   layer.fingerprint(image) if image.config_digest else None)
+
+
+def _source(found, target: str) -> tuple[Engine, Content]:
+    """The first node that holds the build, and what it holds."""
+    for node, nb in found:
+        if nb is None or nb.by_tag(target) is None:
+            continue
+        content = _content(node.engine, target)
+        if content is not None:
+            return node.engine, content
+    raise UsageError(f"{target}: no node reached holds it")
+
+
+def _node(node: nodes_.Node, nb: builds_.NodeBuilds | None, move: _Move) -> NodeRollback:
+    started = time.monotonic()
+    if nb is None:
+        return NodeRollback(node.url, "failed", error=node.error)
+    engine, moving, target, want = node.engine, move.moving, move.target, move.want
+    current = nb.current(moving)
+    was = (current.fixed_for(moving) or current.id[:19]) if current is not None else None
+    result = NodeRollback(node.url, "already", was)
+    try:
+        if current is not None and current.fixed_for(moving) == target:
+            return result   # the build holding both tags: the moving one names it already
+        held = want.same(_content(engine, target))
+        result.status = "moved" if held else "copied"
+        if move.request.dry_run:
+            return result
+        if not held:
+            move.log(f"{node.url}: lacks {target}: sending the layers it lacks")
+            copied = transfer.copy(move.source, target, [node.url], log=move.log,
+                                   timeout=move.request.timeout)
+            (result.copy,) = copied.targets
+            if not result.copy.ok:
+                raise ImageError(result.copy.error or f"the copy of {target} failed")
+            if not want.same(_content(engine, target)):
+                raise ImageError(f"after the copy {target} there is not the build {want}")
+            move.history.got_now(nb.identity, engine.tagged(target) or "")
+        proven = engine.tagged(target)
+        previous = engine.tagged(moving)
+        engine.tag(proven, moving)
+        if engine.tagged(moving) != proven:
+            engine.restore_tag(moving, previous)
+            raise ImageError(f"after the move {moving} does not name {target}; it is put back "
+                             "as it was")
+        move.log(f"{node.url}: {moving} -> {target}")
+    except PatchkitError as exc:
+        result.status, result.error = "failed", str(exc)
+    finally:
+        result.seconds = round(time.monotonic() - started, 2)
+    return result
