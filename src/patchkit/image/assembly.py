@@ -134,10 +134,8 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
                              save=choices.save, previous=previous, log=log)
     kind = source.kind_of(tree.vllm.source or run.sources[0]).name
     holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
-    report = _report(tree, choice, plat, final_tag, built, digest, push=choices.push,
-                     saved=saved, started=started, holds=holds)
-    report.immutable_tag = immutable
-    return report
+    return _report(tree, choice, plat, final_tag, built, digest, push=choices.push,
+                   saved=saved, started=started, holds=holds, immutable=immutable)
 
 
 def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack | None
@@ -255,7 +253,8 @@ def reach_registry(manifest: Manifest, run: RunSpec):
 
 
 def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built, digest, *,
-            push: bool, saved: dict | None, started: float, holds: build.Holds) -> BuildReport:
+            push: bool, saved: dict | None, started: float, holds: build.Holds,
+            immutable: str | None) -> BuildReport:
     b = built.base
     vllm = asdict(tree.vllm)
     if built.vllm_dir:
@@ -271,4 +270,4 @@ def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built
         variant=tree.report.variant,
         layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
         not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
-        buildargs=built.buildargs, load=built.load, holds=holds)
+        buildargs=built.buildargs, load=built.load, holds=holds, immutable_tag=immutable)
