@@ -80,7 +80,7 @@ def test_the_manifest_makes_every_package_value_and_the_run_carries_it(tmp_path)
     fi = m.package("flashinfer")
     assert fi.id == PackageId("flashinfer", "flashinfer-python", "", "flashinfer")
     assert fi.checkout(tmp_path / "w" / "vllm") == tmp_path / "w" / "flashinfer"
-    from patchkit.manifest.runspec import run_spec
+    from patchkit.run import run_spec
 
     pins = run_spec(m, refs=["flashinfer=v0.6.16"]).pins
     assert [(p.id, p.ref) for p in pins] == [(VLLM, "v0.27.1"), (fi.id, "v0.6.16")]

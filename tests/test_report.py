@@ -12,7 +12,7 @@ from patchkit import manifest
 from patchkit.report import (REASONS, STATUSES, ApplyReport, Offset, PatchResult, Reason,
                              Status)
 from patchkit.series import applier, checkout
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 
 def test_the_stored_report_gives_back_the_offsets_it_was_written_with(tmp_path):

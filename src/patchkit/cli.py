@@ -244,14 +244,13 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
           fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
-    from patchkit.image.docker import Engine
-    from patchkit.manifest.runspec import run_spec
+    from patchkit.run import Asked
     from patchkit.render import text
 
     m = _load(manifest_path)
-    spec = run_spec(m, ref=ref, repos=repos or None, base=base, variant=variant, refs=pins,
-                    only=packages, workdir=Path(workdir), open_engine=Engine.connect)
-    report = command.run(m, spec, keep_failed=keep_failed,
+    asked = Asked(ref=ref, repos=repos or None, base=base, variant=variant, refs=pins,
+                  only=packages, workdir=Path(workdir))
+    report = command.run(m, asked, keep_failed=keep_failed,
                          progress=TextProgress(err=fmt == "json"), discard=discard)
     echo(report.to_json() if fmt == "json" else text.apply(report))
     return 0 if report.ok else 1
@@ -331,8 +330,7 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
     matrix.  Exit 1 if any patch fails anywhere."""
     from patchkit.commands import rebase_check as command
     from patchkit.errors import UsageError
-    from patchkit.image.docker import Engine
-    from patchkit.manifest.runspec import run_spec
+    from patchkit.run import Asked
     from patchkit.render import matrix as render
 
     try:
@@ -340,10 +338,9 @@ def rebase_check(refs, releases, pre, repos, package, pins, base, jobs, bisect, 
     except UsageError as exc:  # a flag problem reads like click's own
         raise click.UsageError(str(exc)) from None
     m = _load(manifest_path)
-    spec = run_spec(m, repos=repos or None, base=base, variant=variant, refs=pins,
-                    only=[package] if package else (), timeout=timeout,
-                    open_engine=Engine.connect)
-    result = command.run(m, spec, refs=refs, releases=releases, pre=pre, jobs=jobs,
+    asked = Asked(repos=repos or None, base=base, variant=variant, refs=pins,
+                  only=(package,) if package else (), timeout=timeout)
+    result = command.run(m, asked, refs=refs, releases=releases, pre=pre, jobs=jobs,
                          progress=TextProgress(err=True, patches=False), bisect=bisect)
     for kind, path in sinks:
         try:
@@ -428,8 +425,7 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
     Exit 0 when the patch is named, 1 when it cannot be.
     """
     from patchkit.commands import bisect_series
-    from patchkit.image.docker import Engine
-    from patchkit.manifest.runspec import run_spec
+    from patchkit.run import Asked
 
     bisect_series.Flags(series=series, patch_id=patch_id, good=good, bad=bad, command=command,
                         image=image, no_daemon=no_daemon, tag=tag, base=base, pins=pins).check()
@@ -437,9 +433,8 @@ def bisect(patch_id, good, bad, series, command, image, no_daemon, tag, base, ti
         from patchkit.render.bisect import render_series
 
         m = _load(manifest_path)
-        spec = run_spec(m, repos=repos or None, variant=variant, base=base, tag=tag,
-                        timeout=timeout, open_engine=Engine.connect)
-        found = bisect_series.run(m, command, spec, image=image, no_daemon=no_daemon,
+        asked = Asked(repos=repos or None, variant=variant, base=base, tag=tag, timeout=timeout)
+        found = bisect_series.run(m, command, asked, image=image, no_daemon=no_daemon,
                                   progress=TextProgress(err=True, patches=False))
         if fmt == "json":
             echo(json.dumps(found.to_dict(), indent=2))
@@ -722,7 +717,7 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manife
     if image is not None and "://" in image:   # no image reference holds one: an ENGINE
         image, more = None, (image, *more)
     if image is None or manifest_path is not None:
-        built = command.built_image(_load(manifest_path or "patchset.yaml"))
+        built = command.built_image(_load(manifest_path or discovery.default_manifest()))
         image = image or built
     report = command.run(image, [*targets, *more],
                          # -v: what each target holds, what goes, all a failed load said
@@ -967,6 +962,23 @@ def cache_prune(older_than, manifests, wait, dry_run, fmt) -> int:
     return 0
 
 
+# The settings the core names, as the command line's options name them (the others are
+# --SETTING, underscores as dashes; an argument is named in capitals, and said so).
+OPTIONS = {"ref": "--vllm-ref", "repos": "--vllm-repo", "refs": "--ref", "only": "--package"}
+
+
+def worded(origin: errors.Origin) -> str:
+    """Where a setting came from, as the command line says it: its option (``--base``), or
+    the manifest key at its line (``image.base at patchset.yaml:12``)."""
+    if origin.key is None and origin.setting.isupper():
+        return origin.setting
+    if origin.key is None:
+        return OPTIONS.get(origin.setting, "--" + origin.setting.replace("_", "-"))
+    if origin.path is None or not origin.line:
+        return origin.key
+    return f"{origin.key} at {discovery.shown(Path(origin.path))}:{origin.line}"
+
+
 def main(argv: list[str] | None = None) -> int:
     interrupt.install()
     args = sys.argv[1:] if argv is None else list(argv)
@@ -999,7 +1011,7 @@ def main(argv: list[str] | None = None) -> int:
         from patchkit.cache import log_file
 
         code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file,
-                                            prog=prog)
+                                            prog=prog, word=worded)
         echo(line, err=True)
         more = getattr(exc, "more", None)
         if more and Output.verbose:   # -v: what the one line left out

@@ -8,6 +8,7 @@ Anything else is a bug: the CLI logs the traceback and exits 3.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -21,6 +22,49 @@ class UsageError(PatchkitError):
     """A bad flag, ref or argument."""
 
     exit_code = 2
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a setting's value came from: given to the command (the command line names the
+    option), or a manifest key at its line.  The core names the setting (``base``, ``tag``,
+    ``workdir``, ``good``); the command line words it as its option or as the key."""
+
+    setting: str                # the setting, as the core names it
+    key: str | None = None      # the manifest key it came from (``image.base``); None: given
+    path: str | None = None     # the manifest of ``key``
+    line: int | None = None     # the line of ``key``'s value there
+
+    def __str__(self) -> str:
+        """The core's own wording: the key and its line, else the setting's name."""
+        if self.key is None:
+            return self.setting
+        return f"{self.key} at {self.path}:{self.line}" if self.line else self.key
+
+
+def literal(text: object) -> str:
+    """``text`` as it stands inside a :class:`SettingError` template."""
+    return str(text).replace("{", "{{").replace("}", "}}")
+
+
+class SettingError(UsageError):
+    """A setting's value, or a choice of settings, refused.  ``template`` names each setting
+    as ``{setting}`` (other text through :func:`literal`); ``str()`` words them as the core
+    does, and the command line words them by :meth:`worded` (``--base`` or ``image.base at
+    patchset.yaml:12``)."""
+
+    def __init__(self, template: str, *origins: Origin) -> None:
+        self.template = template
+        self.origins = origins
+        super().__init__(self.worded(str))
+
+    def worded(self, word: Callable[[Origin], str]) -> str:
+        return self.template.format_map({o.setting: word(o) for o in self.origins})
+
+    @property
+    def origin(self) -> Origin:
+        """The setting the error is about (the first it names)."""
+        return self.origins[0]
 
 
 class ManifestError(UsageError):
@@ -87,8 +131,10 @@ class ImageError(PatchkitError):
 
 
 def handle(exc: BaseException, command_line: str, version: str,
-           log_file: Callable[[], Path], prog: str = "patchkit") -> tuple[int, str, str]:
+           log_file: Callable[[], Path], prog: str = "patchkit",
+           word: Callable[[Origin], str] = str) -> tuple[int, str, str]:
     """The one handler: an exception the CLI caught -> ``(exit code, stderr line, message)``.
+    ``word`` says where a setting came from, as the command line names it.
 
     Expected errors say what and where in one line, ``patchkit VERB: error: ...`` (``prog``
     is ``patchkit VERB``); an interruption is 130 or 143 (``patchkit: interrupted ...``);
@@ -99,7 +145,8 @@ def handle(exc: BaseException, command_line: str, version: str,
     from patchkit import interrupt
 
     if isinstance(exc, PatchkitError):
-        return exc.exit_code, f"{prog}: error: {exc}", str(exc)
+        said = exc.worded(word) if isinstance(exc, SettingError) else str(exc)
+        return exc.exit_code, f"{prog}: error: {said}", said
     if isinstance(exc, KeyboardInterrupt):
         return 130, "patchkit: interrupted", "interrupted"
     if isinstance(exc, interrupt.Interrupted):

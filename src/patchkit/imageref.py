@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from patchkit.errors import UsageError
+from patchkit.errors import Origin, SettingError, literal
+
+PLATFORM = Origin("platform")
 
 
 @dataclass(frozen=True)
@@ -16,10 +18,13 @@ class Platform:
     variant: str | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "Platform":
+    def parse(cls, text: str, origin: Origin = PLATFORM) -> "Platform":
+        """The platform ``text`` names; ``origin`` says where it came from, as an error names
+        it."""
         parts = text.strip().lower().split("/")
         if len(parts) not in (2, 3) or not all(parts):
-            raise UsageError(f"--platform {text!r}: expected OS/ARCH[/VARIANT], e.g. linux/arm64")
+            raise SettingError(f"{{{origin.setting}}} {literal(repr(text))}: expected "
+                               "OS/ARCH[/VARIANT], e.g. linux/arm64", origin)
         arch = {"aarch64": "arm64", "x86_64": "amd64"}.get(parts[1], parts[1])
         return cls(parts[0], arch, parts[2] if len(parts) == 3 else None)
 
@@ -53,7 +58,7 @@ _DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a
 
 def reference_problem(ref: str, *, digest_ok: bool = True) -> str | None:
     """Why ``ref`` is not an image reference the engine would take, or None.  Checked before
-    anything is built, so that a bad ``--tag`` is known before the work, not after it."""
+    anything is built, so that a bad tag is known before the work, not after it."""
     if not ref.strip():
         return "it is empty"
     rest, _, digest = ref.partition("@")
@@ -82,11 +87,13 @@ def split_tag(ref: str) -> tuple[str, str]:
     return repo, rest[1:] if rest.startswith(":") else "latest"
 
 
-def check_reference(flag: str, ref: str, *, digest_ok: bool = True) -> None:
-    """A usage error naming ``flag`` when ``ref`` is no image reference."""
+def check_reference(origin: Origin, ref: str, *, digest_ok: bool = True) -> None:
+    """A usage error naming where ``ref`` came from (``origin``) when it is no image
+    reference."""
     problem = reference_problem(ref, digest_ok=digest_ok)
     if problem:
-        raise UsageError(f"{flag} {ref!r} is not an image reference: {problem}")
+        raise SettingError(f"{{{origin.setting}}} {literal(repr(ref))} is not an image "
+                           f"reference: {literal(problem)}", origin)
 
 
 # ------------------------------------------------------------------------ engine addresses

@@ -21,7 +21,7 @@ from patchkit import manifest
 from patchkit.errors import ManifestError
 from patchkit.kinds.diff import text as difftext
 from patchkit.series import applier
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 class Server:
     """Serves ``routes`` (path -> bytes) on 127.0.0.1; anything else is a 404, as on GitHub."""

@@ -21,7 +21,7 @@ from patchkit import manifest, source
 from patchkit.commands import bisect as bisect_command
 from patchkit.series import bisect
 from patchkit.commands import rebase_check as rebasecheck
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import Asked
 from patchkit.errors import SourceError, UsageError
 from patchkit.render import matrix as render
 from patchkit.render.bisect import render_text
@@ -281,7 +281,7 @@ def test_bad_inputs_in_the_core(hist):
 
 
 def test_rebase_check_bisect_notes(hist):
-    matrix = rebasecheck.run(hist.m, run_spec(hist.m), refs=["v2.0.0"], jobs=1, bisect=True)
+    matrix = rebasecheck.run(hist.m, Asked(), refs=["v2.0.0"], jobs=1, bisect=True)
     rows = {r.patch.id: r for r in matrix.rows()}
     brk, merge = hist.sha["break"][:10], hist.sha["merge"][:10]
     assert render.notes(rows["table-entry"]) == ["vllm#777", f"broken by {brk} (#10180)"]

@@ -21,7 +21,7 @@ from patchkit import manifest
 from patchkit.commands import bisect as bisect_command
 from patchkit.series import bisect
 from patchkit.commands import rebase_check as rebasecheck
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import Asked
 from patchkit.render import matrix as render
 from patchkit.render.bisect import render_text
 from patchkit.source import pypi
@@ -112,7 +112,7 @@ def test_pypi_bisect_cli_exits_1_with_the_pair(project):
 
 def test_rebase_check_bisect_on_pypi_says_it_cannot(project):
     m = manifest.load(project / "patchset.yaml")
-    matrix = rebasecheck.run(m, run_spec(m), refs=["v0.33.0"], jobs=1, bisect=True)
+    matrix = rebasecheck.run(m, Asked(), refs=["v0.33.0"], jobs=1, bisect=True)
     rows = {r.patch.id: r for r in matrix.rows()}
     for pid in ("seed", "imports", "ultraquant"):
         assert render.notes(rows[pid]) == [

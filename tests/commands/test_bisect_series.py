@@ -23,7 +23,7 @@ from testing import isolate, patchkit, spawn
 
 from patchkit import manifest
 from patchkit.commands import bisect_series as bs
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import Asked
 from patchkit.series.bisect import limit_for
 from patchkit.errors import UsageError
 from patchkit.render.bisect import render_series
@@ -69,7 +69,7 @@ class Project:
                            f"{{ echo '{patch_id} is in'; exit 1; }}\necho clean\n")
 
     def run(self, command, **kw) -> bs.SeriesBisect:
-        return bs.run(self.m, str(command), run_spec(self.m, cache=self.cache, **kw))
+        return bs.run(self.m, str(command), Asked(cache=self.cache, **kw))
 
     def cli(self, *args: str, tmpdir: Path | None = None):
         env = dict(os.environ, PATCHKIT_CACHE_DIR=str(self.cache))
@@ -183,7 +183,7 @@ def test_a_prefix_whose_tree_cannot_be_made_is_skipped(hist, tmp_path):
         "        has_key: nvfp4\n      - file: pkg/mode.py\n        in: MODE\n"
         "        contains: fast\n"))
     m = manifest.load(proj / "patchset.yaml")
-    r = bs.run(m, str(hist.fails_with("stable")), run_spec(m, cache=hist.cache))
+    r = bs.run(m, str(hist.fails_with("stable")), Asked(cache=hist.cache))
     assert r.culprit.id == "stable"
     two = r.run_of(2)
     assert two.outcome == "skip" and two.exit_code is None
@@ -203,7 +203,7 @@ def test_what_fails_in_the_whole_series_is_left_out(hist, tmp_path):
         "  - id: stable\n", "  - id: broken\n    summary: written for another tree\n"
         "    diff: patches/broken.diff\n  - id: stable\n"))
     m = manifest.load(proj / "patchset.yaml")
-    r = bs.run(m, str(hist.fails_with("side-fix")), run_spec(m, cache=hist.cache))
+    r = bs.run(m, str(hist.fails_with("side-fix")), Asked(cache=hist.cache))
     assert [p.id for p in r.series] == SERIES and r.culprit.id == "side-fix"
     assert ("broken", "it fails in the whole series at the pin (conflict); bisected without "
             "it") in r.left_out

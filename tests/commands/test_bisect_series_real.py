@@ -12,7 +12,7 @@ from testing import patchkit
 
 from patchkit import manifest
 from patchkit.commands import bisect_series as bs
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import Asked
 
 pytestmark = pytest.mark.real_vllm
 
@@ -62,7 +62,7 @@ test -f "$t/{ip.NEW}" && exit 1
 exit 0
 """)
     m = manifest.load(project / "patchset.yaml")
-    r = bs.run(m, str(cmd), run_spec(m))
+    r = bs.run(m, str(cmd), Asked())
     assert r.culprit.id == "draft-guard"
     assert [(x.patches, x.outcome) for x in r.runs] == [(0, "good"), (3, "bad"), (1, "skip"),
                                                          (2, "good")]

@@ -431,7 +431,7 @@ def test_a_reviewer_reads_upstreams_changes_from_the_body():
     """A GitHub source gives the compare view and the release page, in any URL form; PyPI its
     release page; a local path nothing."""
     from patchkit.commands.bump import Links, _links
-    from patchkit.manifest.runspec import Pin
+    from patchkit.run import Pin
     from patchkit.packageid import VLLM
 
     pin = Pin(VLLM, "v0.33.0", ())

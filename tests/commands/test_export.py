@@ -9,7 +9,7 @@ from testing.upstream import commit, sh
 
 from patchkit import manifest
 from patchkit.series import applier, checkout
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.errors import UsageError
 from patchkit.commands.export import export, slug
 

@@ -15,7 +15,7 @@ from patchkit import manifest
 from patchkit.commands import import_
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.series import applier
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 BRANCH = "dspark-nvfp4-a4w4"
 

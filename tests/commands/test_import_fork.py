@@ -15,7 +15,7 @@ from patchkit import git as g
 from patchkit import manifest
 from patchkit.manifest import ID_MAX
 from patchkit.series import applier
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 pytestmark = pytest.mark.real_vllm
 

@@ -1,7 +1,7 @@
 """The shape of the commands, read from their syntax trees: every command function stays short
-and takes few parameters (the run value carries the rest), and an engine is connected only
-where a verb starts.  That no command imports another (what two commands share lives in a
-library module) is the `verbs` contract of pyproject.toml, which tests/test_layers.py runs."""
+and takes few parameters (the run value carries the rest), and an engine is connected by the
+verbs alone.  That no command imports another (what two commands share lives in a library
+module) is the `verbs` contract of pyproject.toml, which tests/test_layers.py runs."""
 
 from __future__ import annotations
 
@@ -51,11 +51,12 @@ def test_the_checks_see_what_they_judge():
     assert _params(fn) == 9 and fn.end_lineno - fn.lineno + 1 == 61
 
 
-def test_an_engine_is_connected_where_a_verb_starts():
-    """The verb (the command line or the command) gives the run its engine, or the way to open
-    one (``Engine.connect``); nothing below the commands reaches for one, except the copy to
-    other engines, which connects each target, and the nodes images and rollback reach."""
-    allowed = {SRC / "cli.py", SRC / "image" / "transfer.py", SRC / "image" / "docker.py",
+def test_an_engine_is_connected_by_the_verbs_alone():
+    """A verb connects the engine its run needs (once, with its timeout) and gives it to the
+    run, which never connects one; copying to other engines connects each target, and the
+    nodes images and rollback reach are connected where they are listed.  Nothing else below
+    the command line connects an engine."""
+    allowed = {*COMMANDS.glob("*.py"), SRC / "image" / "transfer.py", SRC / "image" / "docker.py",
                SRC / "image" / "nodes.py"}
     found = []
     for path, tree in _trees(SRC):

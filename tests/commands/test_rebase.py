@@ -23,7 +23,7 @@ from patchkit import manifest
 from patchkit.series import rebase
 from patchkit.commands import rebase as rebase_cmd
 from patchkit.series import applier
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.errors import UsageError
 
 def manifest_diff(proj: Path) -> list[str]:

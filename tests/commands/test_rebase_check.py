@@ -13,7 +13,7 @@ from testing.project import PULL, Hold, add_slow, make_fates, snapshot
 from patchkit import manifest, source
 from patchkit import versions
 from patchkit.commands import rebase_check as rebasecheck
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.render import matrix as render
 from patchkit.series import applier, releases
 from patchkit.errors import SourceError

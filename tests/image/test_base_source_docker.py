@@ -32,8 +32,7 @@ from patchkit.commands import apply as apply_command
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
-from patchkit.image.docker import Engine
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import Asked
 from patchkit.source import image as image_source
 from patchkit.source import pypi
 from testing import real_cache
@@ -151,8 +150,7 @@ def dev_applied(tmp_path_factory, dev_base, registry, docker_client):
     workdir = root / ".patchkit" / "vllm"
     log = Said()
     with cache_env():
-        report = apply_command.run(m, run_spec(m, workdir=workdir, open_engine=Engine.connect),
-                                     progress=log)
+        report = apply_command.run(m, Asked(workdir=workdir), progress=log)
     assert report.ok, report.to_json()
     return m, workdir, report, log
 
@@ -322,8 +320,7 @@ def vendor_applied(tmp_path_factory, vendor_base, registry):
     m = manifest.load(vendor_project(root, vendor_base, registry))
     workdir = root / ".patchkit" / "vllm"
     with cache_env():
-        report = apply_command.run(m, run_spec(m, repos=["image"], workdir=workdir,
-                                               open_engine=Engine.connect),
+        report = apply_command.run(m, Asked(repos=("image",), workdir=workdir),
                                    progress=Said())
     assert report.ok, report.to_json()
     return m, workdir, report

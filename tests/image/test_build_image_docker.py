@@ -11,11 +11,12 @@ import os
 import shutil
 import subprocess
 import tarfile
+import time
 
 import pytest
 
 from testing import imageproject as ip
-from testing.dockersdk import absent, files_of
+from testing.dockersdk import absent, created_of, files_of
 from testing.imageproject import OTHER_RELEASE, RELEASE, SITE
 from patchkit import cli
 from patchkit.commands.build_image import Request
@@ -310,3 +311,22 @@ def test_cli_build_image_json_and_verify_image(built, project, capsys):
     code = cli.main(["verify", "--image", built["tag"], "--manifest", str(m.path)])
     assert code == 0
     assert "3/3 assertions passed" in capsys.readouterr().out
+
+
+def test_a_build_reads_its_base_through_one_container(built, project, docker_client, tmp_path,
+                                                      bases):
+    """The engine's own events count the containers a build creates to read its base: one,
+    however many readers the base has (its distributions, the proofs, the overlay's plan)."""
+    m, workdir = project
+    other = tmp_path / "vllm"
+    shutil.copytree(workdir, other, symlinks=True)
+    docker_client.images.remove(built["image_id"], force=True)   # else it is reused
+    time.sleep(1.1)   # the events' clock counts seconds: none of an earlier test's
+    since = time.time()
+    code, again = _summary(build_image(m, Request(workdir=other, apply=False,
+                                                  tag=f"{REGISTRY_TAG}:once")))
+    until = time.time()
+    assert code == 0 and again["reused"] is False
+    base = bases[RELEASE]["tag"]
+    created = created_of(docker_client, {base, docker_client.images.get(base).id}, since, until)
+    assert len(created) == 1, created

@@ -29,7 +29,8 @@ def test_one_path_is_chosen_from_the_family_and_the_mode():
     assert chosen.name == "registry-overlay" and not chosen.needs_engine
     with pytest.raises(ImageError) as exc:
         builders.choose(True, source)
-    assert str(exc.value) == ("--no-daemon makes overlay images only, and this series needs "
+    assert str(exc.value) == ("a build with no engine makes overlay images only, and this "
+                              "series needs "
                               "source mode (csrc/a.cu is outside the vllm package and feeds "
                               "vLLM's build): build it through an engine")
 

@@ -211,7 +211,7 @@ def test_differences_name_each_one():
 def test_an_applied_checkout_of_a_package_is_proven_on_the_base(tmp_path):
     from testing.upstream import make_upstream, unified
 
-    from patchkit.manifest.runspec import run_spec
+    from patchkit.run import run_spec
     from patchkit.series.applier import apply_series
     from patchkit.series.checkout import AppliedCheckout
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 from testing.fakeengine import FakeAPI, FakeClient
+from testing.said import said
 from testing.venvbase import SITE, SPEC_V1, SPEC_V2, applied_checkout, base_fs, demo_project
 
 from patchkit import versions
@@ -24,7 +25,7 @@ from patchkit.image.docker import Engine
 from patchkit.series.checkout import Change
 from patchkit.errors import ImageError, UsageError
 from patchkit.manifest import ImageDefaults, Manifest, VllmSource, variants
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 def _summary(report):
     """``(exit code, --format json object)`` of a build-image run."""
@@ -350,7 +351,7 @@ def _refused_before_the_apply(project, tmp_path, **kw) -> str:
         bi.run(project, bi.Request(workdir=tmp_path / "wd", engine=object(), **kw))
     assert "\n" not in str(info.value)
     assert not (tmp_path / "wd").exists()
-    return str(info.value)
+    return said(info.value)
 
 
 def test_bad_tag_base_and_platform_are_refused_before_the_apply(project, tmp_path):
@@ -399,8 +400,9 @@ def test_a_workdir_whose_borrowed_objects_are_gone_is_one_line(project, tmp_path
 def test_verify_image_of_a_bad_reference_is_a_usage_error(tmp_path):
     m = Manifest(name="demo", root=tmp_path, path=tmp_path / "patchset.yaml",
                  vllm=VllmSource(("x",), "v0.27.1"), image=ImageDefaults(), patches=())
-    with pytest.raises(UsageError, match=r"^--image 'BAD REF' is not an image reference: "):
+    with pytest.raises(UsageError) as info:
         verify_image(m, "BAD REF", engine=object())
+    assert said(info.value).startswith("--image 'BAD REF' is not an image reference: ")
 
 
 def test_a_pull_the_engine_refuses_is_named_once(project, workdir, monkeypatch):

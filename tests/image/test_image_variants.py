@@ -9,6 +9,7 @@ import tarfile
 import pytest
 from testing.upstream import dedent, make_diff, make_upstream
 from testing.fakeengine import FakeAPI, FakeClient
+from testing.said import said
 from testing.venvbase import SITE
 
 from patchkit import manifest
@@ -17,7 +18,7 @@ from patchkit.commands import build_image as bi
 from patchkit.commands.verify import verify_image
 from patchkit.errors import UsageError
 from patchkit.image.docker import Engine
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 MOD = "MODE = 'plain'\n"
 BASE = "reg:5000/vllm/base:0.27.1"
@@ -152,9 +153,10 @@ def test_verify_image_follows_the_variant_of_its_labels(project):
 
 
 def test_a_tag_template_with_the_variant_is_checked_before_the_apply(project, tmp_path):
-    with pytest.raises(UsageError, match=r"^--tag 'UPPER-diag:x' is not an image reference"):
+    with pytest.raises(UsageError) as info:
         bi.run(project, bi.Request(workdir=tmp_path / "wd", engine=object(),
                                    tag="UPPER-{variant}:{ref}", variant="diag"))
+    assert said(info.value).startswith("--tag 'UPPER-diag:x' is not an image reference")
     assert not (tmp_path / "wd").exists()
     assert variants.default_tag(project, "v0.27.1", "0.27.1", run_spec(project).tag, "diag") == "demo:v0.27.1-diag"
     assert variants.default_tag(project, "v0.27.1", "0.27.1", "x/{variant}-y:{version}", None) == (

@@ -33,7 +33,7 @@ from patchkit.commands import build_image, verify
 from patchkit.errors import ImageError
 from patchkit.image.docker import Engine
 from patchkit.series.applier import apply_series
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 

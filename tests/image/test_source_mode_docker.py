@@ -12,7 +12,7 @@ from patchkit import manifest
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.series.applier import apply_series
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.errors import ImageError
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]

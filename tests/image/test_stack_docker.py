@@ -13,7 +13,9 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
+from contextlib import ExitStack
 
 import pytest
 
@@ -21,6 +23,7 @@ from testing import flashinfer as fi
 from testing import imageproject as ip
 from testing import real_cache, stackbase
 from testing.imageproject import RELEASE, SITE, write_manifest
+from testing.dockersdk import created_of
 from testing.progress import Said
 from testing.upstream import unified
 from patchkit import cli, manifest
@@ -30,7 +33,7 @@ from patchkit.image import base as image_base
 from patchkit.image import lockfile
 from patchkit.image.docker import Engine
 from patchkit.imageref import Platform
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.series.applier import apply_series
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
@@ -96,22 +99,34 @@ class Built:
     first: lock.LockReport
     again: lock.LockReport
     data: bytes            # patchset.lock as the first lock wrote it
+    reads: list[dict]      # the engine's events: the containers the build made of the base
 
 
 @pytest.fixture(scope="module")
-def built(fi_project, engine) -> Built:
+def built(fi_project, engine, docker_client, stack_bases) -> Built:
     """``fi_project`` built once on the stack base, then locked twice: the one image (and the
     one lock) the tests of the stack share."""
     root, m, workdir, _ = fi_project
     log = Said()
+    time.sleep(1.1)   # the events' clock counts seconds: none of an earlier step's
+    since = time.time()
     report = build_image.run(m, build_image.Request(workdir=workdir, apply=False,
                                                     tag=f"{ip.REGISTRY}/pk-test/"
                              "stackimg-e2e:1", engine=engine), progress=log)
     assert report.ok and not report.reused, report.to_dict()
+    base = stack_bases["2.11.0"]["tag"]
+    reads = created_of(docker_client, {base, docker_client.images.get(base).id}, since,
+                       time.time())
     first = lock.run(m, workdir=workdir, engine=engine)
     data = (root / "patchset.lock").read_bytes()
     again = lock.run(m, workdir=workdir, engine=engine)
-    return Built(report, log.lines, first, again, data)
+    return Built(report, log.lines, first, again, data, reads)
+
+
+def test_the_build_reads_the_base_through_one_container(built):
+    """Its distributions judged, FlashInfer's files proven, the overlay planned: one container
+    of the base for all of them, counted by the engine's own events."""
+    assert len(built.reads) == 1, built.reads
 
 
 @pytest.fixture(scope="module")
@@ -248,28 +263,31 @@ def test_cli_missing_and_malformed_lock_are_one_line_exit_2_and_lock_reruns(fi_p
     assert (root / "patchset.lock").read_bytes() == saved
 
 
-def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(fi_project, held,
-                                                                          engine):
+def test_a_flashinfer_checkout_beside_vllm_is_proven_pristine_on_the_base(fi_project, engine,
+                                                                          stack_bases):
     """The real patch on the real FlashInfer 0.6.15 file, its applied checkout beside vLLM's,
     proven on the base by RECORD; a RECORD that does not hash to the pristine file is refused.
     (What the image ships of it: the end-to-end test below reads it back.)"""
     root, m, workdir, _ = fi_project
     rel = fi.FI_FILE
     lines: list[str] = []
-    proofs = image_base.prove_packages(m, workdir, engine, held, lines.append)
-    assert proofs["flashinfer"].by_record == (rel,)
-    assert lines == ["flashinfer: the files to replace in /usr/local/lib/python3.11/"
-                     "dist-packages are pristine (1 proved by RECORD)"]
-    # a RECORD that does not hash to the pristine file: refused, naming it
-    dist = held.installed.get("flashinfer-python")
-    bad = dict(dist.record)
-    bad[rel] = dataclasses.replace(bad[rel], sha256="A" * 43)
-    broken = dataclasses.replace(held, installed=dataclasses.replace(
-        held.installed, dists={**held.installed.dists,
-                               "flashinfer-python": dataclasses.replace(dist, record=bad)}))
-    with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
-                                         r"flashinfer-python v0.6.15 .*RECORD hash differs"):
-        image_base.prove_packages(m, workdir, engine, broken)
+    with image_base.opened(engine, stack_bases["2.11.0"]["tag"],
+                           Platform.parse("linux/arm64")) as held:
+        proofs = image_base.prove_packages(m, workdir, held, lines.append)
+        assert proofs["flashinfer"].by_record == (rel,)
+        assert lines == ["flashinfer: the files to replace in /usr/local/lib/python3.11/"
+                         "dist-packages are pristine (1 proved by RECORD)"]
+        # a RECORD that does not hash to the pristine file: refused, naming it
+        dist = held.installed.get("flashinfer-python")
+        bad = dict(dist.record)
+        bad[rel] = dataclasses.replace(bad[rel], sha256="A" * 43)
+        broken = image_base.BaseStack(held.image, held.files)
+        vars(broken)["installed"] = dataclasses.replace(   # what the base's RECORD would say
+            held.installed, dists={**held.installed.dists,
+                                   "flashinfer-python": dataclasses.replace(dist, record=bad)})
+        with pytest.raises(ImageError, match=f"{rel} is not the pristine file of "
+                                             r"flashinfer-python v0.6.15 .*RECORD hash differs"):
+            image_base.prove_packages(m, workdir, broken)
 
 
 # ------------------------------------------------- both packages patched, end to end
@@ -416,9 +434,11 @@ def test_flashinfers_pin_and_files_read_from_the_base(fi_project, engine, tmp_pa
     copy = m.root
     spec = run_spec(m, engine=engine, cache=real_cache())
     lines: list[str] = []
-    bases = basevllm.for_packages(spec, log=lines.append)
-    assert lines == [f"base {m.image.base} holds flashinfer-python 0.6.15 in {SITE}"]
-    report = apply_series(m, run=spec, workdir=copy / ".patchkit" / "vllm", bases=bases)
+    with ExitStack() as hold:
+        held = basevllm.held(spec, hold)
+        bases = basevllm.for_packages(spec, held, log=lines.append)
+        assert lines == [f"base {m.image.base} holds flashinfer-python 0.6.15 in {SITE}"]
+        report = apply_series(m, run=spec, workdir=copy / ".patchkit" / "vllm", bases=bases)
     assert report.ok, report.to_json()
     fi_pkg = report.packages["flashinfer"]
     assert fi_pkg.version == "0.6.15"

@@ -34,7 +34,15 @@ def run(tmp_path: Path, code: str, files: dict[str, str]):
         (root / rel).write_text(textwrap.dedent(text))
     t = tmp_path / "t.py"
     t.write_text(code)
-    return run_transform_file(t, root, None), root
+    return run_transform_file(t, root, None, KEPT()), root
+
+
+def KEPT():  # noqa: N802
+    """Where the results are kept: the test cache's transforms folder, as a run names it."""
+    from patchkit.cache import cache_dir
+    from patchkit.kinds import memo
+
+    return memo.folder(cache_dir())
 
 
 def assert_transform(tmp_path, code, before, after):
@@ -252,7 +260,7 @@ def test_a_kept_result_is_never_stale(tmp_path, monkeypatch, change):
     (root / "pkg").mkdir(parents=True)
     (root / "pkg/spec.py").write_text(text)
     (tmp_path / "b" / "t.py").write_text(code)
-    out = run_transform_file(tmp_path / "b" / "t.py", root, version)
+    out = run_transform_file(tmp_path / "b" / "t.py", root, version, KEPT())
     assert out.status == "applied" and ran == ["UseB12x", "UseB12x"]
     assert '"b12x"' in (root / "pkg/spec.py").read_text()
 

@@ -13,7 +13,7 @@ import pytest
 
 from patchkit import manifest
 from patchkit.series import applier
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from testing import REPO_ROOT, real_cache
 
 from testing.lift import base_text

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 from testing.project import MOD_V1, make_project, write_project
+from testing.said import said
 from testing.upstream import make_upstream, sh, unified
 
 from patchkit import git as g
 from patchkit import manifest
 from patchkit.series import applier, checkout
-from patchkit.errors import SourceError, UsageError
-from patchkit.manifest.runspec import run_spec
+from patchkit.errors import Origin, SourceError, UsageError
+from patchkit.run import run_spec
 
 
 def load(proj: Path):
@@ -242,16 +243,18 @@ def test_a_workdir_under_a_file_is_refused_before_any_source_is_read(tmp_path):
     cache = tmp_path / "cache"
     with pytest.raises(UsageError) as info:
         apply(proj, tmp_path / "afile" / "wd", cache=cache)
-    assert str(info.value) == (f"--workdir {tmp_path / 'afile' / 'wd'}: {tmp_path / 'afile'} is a "
-                               "file, not a folder")
+    assert said(info.value) == (f"--workdir {tmp_path / 'afile' / 'wd'}: {tmp_path / 'afile'} "
+                                "is a file, not a folder")
+    assert info.value.origin == Origin("workdir")
     assert not cache.exists()
 
 
 def test_a_workdir_whose_folder_cannot_be_written_is_a_usage_error(tmp_path):
     proj = make_project(tmp_path)
     # /proc refuses new entries even to root, where file modes would not
-    with pytest.raises(UsageError, match=r"^--workdir /proc/wd: cannot write in /proc: "):
+    with pytest.raises(UsageError) as info:
         apply(proj, Path("/proc/wd"), cache=tmp_path / "cache")
+    assert said(info.value).startswith("--workdir /proc/wd: cannot write in /proc: ")
     assert not (tmp_path / "cache").exists()
 
 
@@ -414,3 +417,13 @@ def test_a_patch_out_of_range_between_diffs_keeps_its_place(tmp_path):
     assert [line.split()[2] for line in log] == ["a:", "b:", "c:", "e:"]
     assert not (tmp_path / "wd/pkg/n.txt").exists()
     assert sh("git", "status", "--porcelain", cwd=tmp_path / "wd") == ""
+
+
+def test_a_transforms_result_is_kept_in_the_runs_cache(tmp_path):
+    """The run names the cache: what a pure transform made is kept there, nowhere else."""
+    proj = make_project(tmp_path)
+    cache = tmp_path / "run-cache"
+    report = apply(proj, tmp_path / "wd", cache=cache)
+    assert report.ok, report.to_json()
+    assert [p.status for p in report.patches if p.kind == "transform"] == ["applied"]
+    assert len(list((cache / "transforms").glob("*.json"))) == 1

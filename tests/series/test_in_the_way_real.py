@@ -13,7 +13,7 @@ from testing.upstream import sh
 from patchkit import manifest
 from patchkit.render import text as render_text
 from patchkit.series import applier
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.source import pypi
 
 pytestmark = pytest.mark.real_vllm

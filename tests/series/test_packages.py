@@ -65,7 +65,7 @@ def test_validate_refuses_an_unknown_package(tmp_path):
 
 def test_a_package_read_from_the_base_is_pinned_base_unless_a_ref_is_given(tmp_path):
     from patchkit import manifest
-    from patchkit.manifest.runspec import run_spec
+    from patchkit.run import run_spec
 
     proj = project(tmp_path)
     path = proj / "patchset.yaml"

@@ -14,7 +14,7 @@ from testing.upstream import sh
 
 from patchkit import filelocks, manifest
 from patchkit.errors import UsageError
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.series import applier, checkout
 
 

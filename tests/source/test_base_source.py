@@ -20,7 +20,7 @@ from patchkit.imageref import Platform
 from patchkit.report import ApplyReport, PackageInfo
 from patchkit.series.checkout import AppliedCheckout
 from patchkit.series.applier import apply_series
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.source import image as image_source
 
 ATTN = dedent("""

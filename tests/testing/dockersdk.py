@@ -54,3 +54,14 @@ def forget(client, *refs: str) -> None:
             client.images.remove(ref, force=True)
         except docker.errors.NotFound:
             pass
+
+
+def created_of(client, images: set[str], since: float, until: float) -> list[dict]:
+    """The scratch containers (patchkit's, which read an image's files) the engine's own events
+    say were created of ``images`` (names or ids) between ``since`` and ``until``: asked for
+    the whole seconds around them, then kept by the events' nanosecond times."""
+    events = client.events(since=int(since), until=int(until) + 1, decode=True,
+                           filters={"type": "container", "event": "create",
+                                    "label": "io.patchkit.scratch=1"})
+    return [e for e in events if since * 1e9 <= e["timeNano"] <= until * 1e9
+            and e["Actor"]["Attributes"].get("image") in images]

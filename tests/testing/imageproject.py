@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 from patchkit import manifest
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.series.applier import apply_series
 from testing import flashinfer as fi
 from testing import real_cache

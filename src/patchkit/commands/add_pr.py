@@ -28,7 +28,7 @@ from patchkit.kinds.diff import text as difftext
 from patchkit.manifest import VLLM, Manifest
 from patchkit.report import ApplyReport, Status
 from patchkit.series import intake
-from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.run import RunSpec, run_spec
 from patchkit.series import applier
 from patchkit.series.applier import Progress
 from patchkit.timeouts import DEFAULT_TIMEOUT

@@ -11,7 +11,7 @@ from pathlib import Path
 from patchkit import source
 from patchkit.errors import UsageError
 from patchkit.manifest import Manifest, variants
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.series import applier
 from patchkit.series.bisect import (BisectResult, Oracle, between, end_names, newest_release,
                                     package_of, patch_named, ranged)
@@ -49,7 +49,8 @@ def run(manifest: Manifest, patch_id: str, *, ends: Ends = (None, None),
                                   names=ranged(manifest, name))
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-"))
     try:
-        oracle = Oracle(manifest, patch, scratch, progress.info, spec.variant, others)
+        oracle = Oracle(manifest, patch, scratch, progress.info, spec.variant, others,
+                        spec.cache)
         return between(manifest, patch, lo, hi, oracle, spec.cache,
                        end_names(package, good, bad))
     finally:

@@ -29,6 +29,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,8 @@ from patchkit.image import base as base_
 from patchkit.image import basevllm
 from patchkit.image.assembly import Choices, assemble, reach_registry
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.manifest.runspec import RunSpec
+from patchkit.image.docker import Engine
+from patchkit.run import Asked, RunSpec
 from patchkit.report import ApplyReport, Status
 from patchkit.series import applier
 from patchkit.series.checkout import AppliedCheckout
@@ -289,26 +291,24 @@ class ImageMaker:
     log: Callable[[str], None]
     registry: object | None = None
     previous: dict = field(default_factory=dict)
+    held: base_.BaseStack | None = None   # the base, read once (on an engine)
 
     @classmethod
     def reach(cls, manifest: Manifest, spec: RunSpec, *, no_daemon: bool,
-              log: Callable[[str], None]) -> ImageMaker:
-        """The image name checked and the engine reached, before any tree is made."""
-        name = variants.default_tag(manifest, spec.ref, None, spec.tag, spec.variant)
-        imageref.check_reference(spec.tag_option, name, digest_ok=False)
-        if spec.base is not None:
-            imageref.check_reference("--base", spec.base)
-        if not no_daemon:
-            spec.connect()
-        return cls(imageref.repository(name), spec, no_daemon, log)
+              log: Callable[[str], None], held: base_.BaseStack | None) -> ImageMaker:
+        """The image name checked before any tree is made; the run's engine was connected by
+        the verb, and ``held`` is its base, read once."""
+        name = spec.final_tag(manifest, spec.ref, None, spec.variant)
+        return cls(imageref.repository(name), spec, no_daemon, log,
+                   held=None if no_daemon else held)
 
     @property
     def engine(self):
-        return None if self.no_daemon else self.spec.connect()
+        return None if self.no_daemon else self.spec.engine
 
     def build(self, manifest: Manifest, workdir: Path, k: int) -> str:
         tag = f"{self.repository}:bisect-{k}"
-        run = dataclasses.replace(self.spec, tag=tag, tag_given=True, workdir=workdir)
+        run = dataclasses.replace(self.spec, tag=tag, workdir=workdir, engine=self.engine)
         if self.engine is not None:
             self.previous[tag] = self.engine.tagged(tag)
         elif self.registry is None:
@@ -317,7 +317,7 @@ class ImageMaker:
         report = assemble(manifest, run, Choices(push=self.no_daemon, no_daemon=self.no_daemon,
                                                  immutable=False),
                           tree=AppliedCheckout.open(workdir), lock=None, log=log,
-                          held=base_.judged(manifest, run, self.engine, None, log),
+                          held=self.held,
                           registry=self.registry)
         return report.tag or tag
 
@@ -409,19 +409,36 @@ def _series_at(manifest: Manifest, spec: RunSpec, pins: dict
     return kept, out
 
 
-def run(manifest: Manifest, command: str, spec: RunSpec, *, image: bool = False,
+def _run_of(manifest: Manifest, asked: Asked, *, on_engine: bool) -> RunSpec:
+    """The run, with an engine when images are built on one or a pin reads a base image."""
+    variants.check(manifest, asked.variant)
+    wants = asked.engine is None and (on_engine or asked.reads_base(manifest))
+    return asked.spec(manifest, Engine.connect(timeout=asked.timeout) if wants else None)
+
+
+def run(manifest: Manifest, command: str, asked: Asked, *, image: bool = False,
         no_daemon: bool = False, progress: applier.Progress | None = None) -> SeriesBisect:
     """The first patch of the series (of the run's variant's build, at the pin) whose addition
     turns ``command`` from passing to failing, with every run made (each bounded by the run's
     timeout).  The command, the variant and with ``image`` the engine are checked before any
-    tree is made."""
+    tree is made; the run is made of ``asked``, with an engine when images are built on one
+    or a pin is read from a base image."""
     progress = progress or applier.Progress()
     argv = check_command(command)
-    variants.check(manifest, spec.variant)
-    images = None
-    if image:
-        images = ImageMaker.reach(manifest, spec, no_daemon=no_daemon, log=progress.info)
-    holder = basevllm.for_run(spec, log=progress.info)
+    on_engine = image and not no_daemon
+    spec = _run_of(manifest, asked, on_engine=on_engine)
+    with ExitStack() as hold:   # the base, read once, open for the whole search
+        held = (base_.judged(manifest, spec, spec.engine, None, hold, progress.info)
+                if on_engine else basevllm.held(spec, hold, log=progress.info))
+        images = ImageMaker.reach(manifest, spec, no_daemon=no_daemon, log=progress.info,
+                                  held=held) if image else None
+        holder = basevllm.for_run(spec, held, log=progress.info)
+        return _search(manifest, spec, argv, holder, images, progress)
+
+
+def _search(manifest: Manifest, spec: RunSpec, argv: list[str], holder, images,
+            progress: applier.Progress) -> SeriesBisect:
+    """The search of :func:`run`, its run made and its base read."""
     pins = applier.resolve_pins(spec, spec.cache, progress.info, holder)
     series, left_out = _series_at(manifest, spec, pins)
     if not series:
@@ -430,7 +447,7 @@ def run(manifest: Manifest, command: str, spec: RunSpec, *, image: bool = False,
     at = pins.get(VLLM.name) or next(iter(pins.values()))
     result = SeriesBisect(argv, series, left_out,
                           {"ref": at.ref, "commit": at.commit, "version": at.version},
-                          spec.variant, image)
+                          spec.variant, images is not None)
     count = f"{len(series)} patch{'' if len(series) == 1 else 'es'}"
     progress.info(f"bisecting {count} at {at.ref} with "
                   f"{shlex.join(argv)} "

@@ -4,6 +4,7 @@ made by :mod:`patchkit.image.assembly`)."""
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -13,11 +14,10 @@ from patchkit.image import base as base_
 from patchkit.image import basevllm, build, builders, transfer
 from patchkit.image import lockfile as stack
 from patchkit.image.builders.protocol import Asked
-from patchkit.image.docker import Engine
 from patchkit.image.assembly import BuildReport, Choices, assemble, reach_registry
-from patchkit.imageref import Platform, check_reference
+from patchkit.image.docker import Engine
 from patchkit.manifest import Manifest, variants
-from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.run import RunSpec, run_spec
 from patchkit.report import ApplyReport
 from patchkit.series.applier import Progress, apply_series, check_workdir
 from patchkit.series.checkout import AppliedCheckout
@@ -38,7 +38,7 @@ class Request:
     platform: str | None = None
     variant: str | None = None
     timeout: float = DEFAULT_TIMEOUT
-    engine: object = None
+    engine: Engine | None = None   # an engine handed in (else one is connected)
     push: bool = False
     save: Path | None = None
     mode: str = "auto"
@@ -52,9 +52,13 @@ class Request:
     via: str | None = None
 
     def run_value(self, manifest: Manifest) -> RunSpec:
+        """The run, made once: with no_daemon no engine, else the one handed in or
+        connected here (before the apply: an engine that is not there is known at once)."""
+        engine = None if self.no_daemon else (
+            self.engine or Engine.connect(timeout=self.timeout))
         return run_spec(manifest, ref=self.ref, repos=self.repos, base=self.base, tag=self.tag,
                         platform=self.platform, variant=self.variant, workdir=self.workdir,
-                        timeout=self.timeout, engine=self.engine, open_engine=Engine.connect)
+                        timeout=self.timeout, engine=engine)
 
     @property
     def choices(self) -> Choices:
@@ -75,25 +79,31 @@ def run(manifest: Manifest, request: Request, *, progress: Progress | None = Non
     """
     progress = progress or Progress()
     started = time.monotonic()
-    spec = request.run_value(manifest)
     # What can be refused is refused before the apply, which takes a while.
+    _check_options(request)
+    if request.apply:
+        check_workdir(Path(request.workdir), request.discard)
+    variants.check(manifest, request.variant)
+    spec = request.run_value(manifest)
     copy_urls, via = _check(manifest, spec, request)
     lock = stack.read_lock(manifest) if request.locked else None
-    # Reached before the apply too: an engine or registry that is not there is known at once.
+    # Reached before the apply too: a registry that is not there is known at once.
     if request.no_daemon:
         registry = registry or reach_registry(manifest, spec)
-    engine = None if request.no_daemon else spec.connect()
-    held = base_.judged(manifest, spec, engine, lock, progress.info)
-    if request.apply:
-        report = _apply(manifest, spec, engine, progress=progress, discard=request.discard)
-        if not report.ok:
-            return BuildReport.failed_apply(report)
-    report = assemble(manifest, spec, request.choices, tree=_applied(spec, request.apply),
-                      held=held, lock=lock, registry=registry, log=progress.info,
-                      started=started)
+    # the workdir used as it is is opened before the base is read
+    tree = None if request.apply else _applied(spec, apply=False)
+    with ExitStack() as hold:   # the base, read once, open until the image is made
+        held = base_.judged(manifest, spec, spec.engine, lock, hold, progress.info)
+        if request.apply:
+            report = _apply(manifest, spec, held, progress=progress, discard=request.discard)
+            if not report.ok:
+                return BuildReport.failed_apply(report)
+        report = assemble(manifest, spec, request.choices, tree=tree or _applied(spec, True),
+                          held=held, lock=lock, registry=registry, log=progress.info,
+                          started=started)
     if copy_urls:
         progress.info(f"copying {report.tag} to {', '.join(copy_urls)}")
-        copied = transfer.copy(engine, report.tag, copy_urls, log=progress.info,
+        copied = transfer.copy(spec.engine, report.tag, copy_urls, log=progress.info,
                                timeout=spec.timeout, via=via)
         report = replace(report, copy=copied)
     return report
@@ -101,18 +111,10 @@ def run(manifest: Manifest, request: Request, *, progress: Progress | None = Non
 
 def _check(manifest: Manifest, spec: RunSpec, request: Request
            ) -> tuple[list[str], str | None]:
-    """Every option checked, and the workdir, before any source or engine is asked: the
-    --copy-to engines and the registry --via names."""
-    _check_options(request)
-    if request.apply:
-        check_workdir(Path(request.workdir), request.discard)
-    variants.check(manifest, spec.variant)
-    if request.base is not None:
-        check_reference("--base", request.base)
-    if spec.tag_given:
-        check_reference("--tag", variants.default_tag(manifest, "x", "x", spec.tag, spec.variant),
-                        digest_ok=False)
-    Platform.parse(spec.platform)
+    """Every option checked, and the workdir, before any source is asked: the path's
+    refusals, the engines to copy to and the registry to copy through."""
+    builders.refuse(request.no_daemon, Asked(request.push, request.save, request.mode,
+                                             tuple(request.copy_to), spec.base, spec.base_from))
     copy_urls = transfer.check_targets(request.copy_to, "--copy-to")
     via = transfer.check_via(request.via) if request.via is not None else None
     if via is not None and not copy_urls:
@@ -121,10 +123,8 @@ def _check(manifest: Manifest, spec: RunSpec, request: Request
 
 
 def _check_options(request: Request) -> None:
-    asked = Asked(request.push, request.save, request.mode, tuple(request.copy_to))
-    if asked.mode not in MODES:
-        raise UsageError(f"--mode {asked.mode!r}: expected auto, overlay or source")
-    builders.refuse(request.no_daemon, asked)
+    if request.mode not in MODES:
+        raise UsageError(f"--mode {request.mode!r}: expected auto, overlay or source")
     if not request.apply and (request.ref is not None or request.repos):
         raise UsageError("--vllm-ref and --vllm-repo choose what to apply; with --no-apply the "
                          "workdir is used as it is")
@@ -133,14 +133,14 @@ def _check_options(request: Request) -> None:
                          "workdir is used as it is")
 
 
-def _apply(manifest: Manifest, spec: RunSpec, engine, *, progress: Progress,
-           discard: bool) -> ApplyReport:
+def _apply(manifest: Manifest, spec: RunSpec, held: base_.BaseStack | None, *,
+           progress: Progress, discard: bool) -> ApplyReport:
     needs = basevllm.needed(spec)
-    if needs and engine is None:
+    if needs and spec.engine is None:
         raise UsageError(f"{needs}, read through an engine, and --no-daemon has none: apply "
                          "with an engine first, then build-image --no-daemon --no-apply")
-    holder = basevllm.for_run(spec, log=progress.info)
-    bases = basevllm.for_packages(spec, log=progress.info) if engine else {}
+    holder = basevllm.for_run(spec, held, log=progress.info)
+    bases = basevllm.for_packages(spec, held, log=progress.info) if spec.engine else {}
     return apply_series(manifest, run=spec, workdir=spec.workdir, progress=progress,
                         base=holder, discard=discard, bases=bases)
 
@@ -154,4 +154,4 @@ def _applied(spec: RunSpec, apply: bool) -> AppliedCheckout:
     return tree
 
 
-__all__ = ["BuildReport", "Request", "check_reference", "run"]
+__all__ = ["BuildReport", "Request", "run"]

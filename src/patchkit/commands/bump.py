@@ -44,7 +44,7 @@ from patchkit import kinds, manifest, process, source, versions
 from patchkit.errors import CommandError, PatchkitError, SourceError, UsageError
 from patchkit.kinds import Stop
 from patchkit.manifest import Manifest
-from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.run import RunSpec, run_spec
 from patchkit.report import ApplyReport, Status
 from patchkit.series import applier, rebase, trial
 from patchkit.series.releases import release_targets

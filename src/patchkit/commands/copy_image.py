@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from typing import Callable, Sequence
 
-from patchkit.errors import UsageError
+from patchkit.errors import Origin, UsageError
 from patchkit.image.docker import Engine
 from patchkit.image.transfer import CopyReport, How, Log, check_compress, check_targets, \
     check_via, copy
 from patchkit.imageref import check_reference
 from patchkit.manifest import Manifest
-from patchkit.manifest.runspec import built_tag
+from patchkit.run import built_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 
@@ -36,7 +36,7 @@ def run(image: str, targets: Sequence[str], *, source: Engine | None = None,
     if re.fullmatch(r"(sha256:)?[0-9a-f]{12,64}", image):
         raise UsageError(f"IMAGE {image!r} is an image id; copy-image takes a tag, which the "
                          "targets then hold")
-    check_reference("IMAGE", image, digest_ok=False)
+    check_reference(Origin("IMAGE"), image, digest_ok=False)
     urls = check_targets(targets)
     if not urls:
         raise UsageError("give the engines to copy to with --to ENGINE")

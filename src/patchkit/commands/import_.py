@@ -32,7 +32,7 @@ from patchkit import git as g
 from patchkit import manifest, paths, source
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import VLLM, Manifest, capped_id, identity, summary_problem
-from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.run import RunSpec, run_spec
 from patchkit.report import ApplyReport, Status
 from patchkit.series import applier, intake
 from patchkit.source import mirror

@@ -6,13 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit import files
-from patchkit.errors import UsageError
+from patchkit.errors import Origin, SettingError
 from patchkit.image import base as base_
 from patchkit.image import lockfile as stack
 from patchkit.image.docker import Engine
-from patchkit.imageref import Platform, check_reference
 from patchkit.manifest import Manifest
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import NO_BASE, run_spec
 from patchkit.series import checkout
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
@@ -31,19 +30,17 @@ class LockReport:
 
 
 def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
-        platform: str | None = None, engine=None, log=lambda m: None,
+        platform: str | None = None, engine: Engine | None = None, log=lambda m: None,
         timeout: float = DEFAULT_TIMEOUT) -> LockReport:
     """Read the base and the applied checkouts, and write ``patchset.lock`` beside the
     manifest (atomically; the same stack gives the same bytes).  ``timeout`` bounds each
     silence of the engine."""
+    if not (base or manifest.image.base):   # said before an engine is asked
+        raise SettingError(f"patchkit lock needs a base: {NO_BASE}", Origin("base"))
     spec = run_spec(manifest, base=base, platform=platform, workdir=workdir, timeout=timeout,
-                    engine=engine, open_engine=Engine.connect)
-    if not spec.base:
-        raise UsageError("patchkit lock needs a base: give --base IMAGE or set image.base in "
-                         "patchset.yaml")
-    check_reference("--base" if base else "image.base", spec.base)
-    plat = Platform.parse(spec.platform)
-    held = base_.read(spec.connect(), spec.base, plat, log)
+                    engine=engine or Engine.connect(timeout=timeout))
+    held = base_.read(spec.the_engine("the lock"), spec.the_base("the lock"), spec.platform,
+                      log)
     base_.check(manifest, held, None)
     packages = stack.patched_packages(manifest, Path(workdir), held.installed)
     for name, p in sorted(packages.items()):

@@ -9,7 +9,7 @@ from pathlib import Path
 from patchkit import manifest
 from patchkit.errors import UsageError
 from patchkit.manifest import VLLM
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.series import applier
 from patchkit.series.rebase import RebaseResult, abort, resume, start
 

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import traceback
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,8 @@ from patchkit import interrupt, process, source, versions
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.image import basevllm
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.manifest.runspec import RunSpec
+from patchkit.image.docker import Engine
+from patchkit.run import Asked, RunSpec, pins
 from patchkit.report import ApplyReport, PatchResult, Status
 from patchkit.series import applier, trial
 from patchkit.series.releases import release_targets
@@ -197,11 +199,11 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
     paths = applier.needed_paths(manifest) if sparse else None
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-rebase-check-"))
     try:
-        work = [(manifest, res, scratch / str(n), paths, variant, package, others,
-                 matrix.series) for n, res in enumerate(resolved)]
+        work = [_Job(manifest, res, scratch / str(n), paths, variant, package, others,
+                     matrix.series, cache) for n, res in enumerate(resolved)]
         if workers == 1:
             for job in work:
-                matrix.targets.append(_unwrap(_one(*job)))
+                matrix.targets.append(_unwrap(_one(job)))
                 progress.target(matrix.targets[-1])
         else:
             matrix.targets = _in_processes(work, workers, progress)
@@ -210,15 +212,30 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
     return matrix
 
 
-def _one(manifest: Manifest, res: source.Resolved, tree: Path, paths: list[str] | None,
-         variant: str | None = None, package: str = VLLM.name,
-         others: dict[str, source.Resolved] | None = None,
-         series: tuple[Patch, ...] | None = None) -> tuple[str, object]:
+@dataclass(frozen=True)
+class _Job:
+    """One target for a worker: the checkout to make (of ``paths``, None: every file) and the
+    series to apply there."""
+
+    manifest: Manifest
+    res: source.Resolved
+    tree: Path
+    paths: list[str] | None
+    variant: str | None
+    package: str
+    others: dict[str, source.Resolved] | None
+    series: tuple[Patch, ...] | None
+    memo: Path | None          # the run's cache, where kept results live
+
+
+def _one(job: _Job) -> tuple[str, object]:
     """One target, in a worker: an ApplyReport, or what stopped it as plain values (not every
     exception survives pickling)."""
+    manifest, res, tree, package = job.manifest, job.res, job.tree, job.package
     try:
-        return "report", trial.run(manifest, res, tree, package=package, others=others or {},
-                                   paths=paths, series=series, variant=variant)
+        return "report", trial.run(manifest, res, tree, package=package,
+                                   others=job.others or {}, paths=job.paths, series=job.series,
+                                   variant=job.variant, memo=job.memo)
     except interrupt.Interrupted as exc:
         return "interrupted", exc.signum
     except PatchkitError as exc:
@@ -278,7 +295,7 @@ def _in_processes(jobs: list, workers: int, progress: CheckProgress) -> list[App
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                              initializer=process.bind_to_parent,
                              initargs=(os.getpid(),)) as pool:
-        futures = {pool.submit(_one, *job): n for n, job in enumerate(jobs)}
+        futures = {pool.submit(_one, job): n for n, job in enumerate(jobs)}
         try:
             for fut in as_completed(futures):
                 interrupt.check()
@@ -299,7 +316,7 @@ def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:
         return resolved  # a target of unknown release: keep the order given
 
 
-def run(manifest: Manifest, spec: RunSpec, *, refs: Sequence[str] = (), releases: bool = False,
+def run(manifest: Manifest, asked: Asked, *, refs: Sequence[str] = (), releases: bool = False,
         pre: bool = False, jobs: int | None = None, progress: CheckProgress | None = None,
         bisect: bool = False) -> Matrix:
     """The targets named and, with ``releases``, every release after the pin; then the check;
@@ -309,16 +326,43 @@ def run(manifest: Manifest, spec: RunSpec, *, refs: Sequence[str] = (), releases
     engine, and only when a pin or a target needs it.  The run's package (``--package``)
     makes the targets that package's refs and the rows its patches; its pins (``--ref
     NAME=REF``) move the other packages' pins."""
-    variants.check(manifest, spec.variant)
+    variants.check(manifest, asked.variant)
     progress = progress or CheckProgress()
     check_flags(refs, releases, pre, ())
-    package = spec.only[0] if spec.only else manifest.vllm.name
+    package = asked.only[0] if asked.only else manifest.vllm.name
     targets = list(refs)
-    pin = spec.pin(package)
+    pin = next(p for p in pins(manifest, ref=asked.ref, repos=asked.repos, refs=asked.refs)
+               if p.name == package)
     # the refs the matrix's package is taken at; every other package at its pin
     wanted = {package: targets + ([pin.ref] if releases else [])}
-    holder = basevllm.for_run(spec, refs=wanted.get(VLLM.name), log=progress.info)
-    bases = basevllm.for_packages(spec, refs=wanted, log=progress.info)
+    wants = asked.engine is None and asked.reads_base(manifest, wanted)
+    spec = asked.spec(manifest, Engine.connect(timeout=asked.timeout) if wants else None)
+    with ExitStack() as hold:   # the base, read once, open while the targets are had
+        held = basevllm.held(spec, hold, refs=wanted, log=progress.info)
+        return _matrix(manifest, spec, _Targets(targets, releases, pre, jobs, bisect), held,
+                       wanted, progress)
+
+
+@dataclass(frozen=True)
+class _Targets:
+    """What :func:`run` is asked to check, and how."""
+
+    refs: list[str]
+    releases: bool
+    pre: bool
+    jobs: int | None
+    bisect: bool
+
+
+def _matrix(manifest: Manifest, spec: RunSpec, asked: _Targets, held,
+            wanted: Mapping[str, Sequence[str]], progress: CheckProgress) -> Matrix:
+    """The check of :func:`run`, its run made and its base held open."""
+    targets, releases, pre, jobs, bisect = (list(asked.refs), asked.releases, asked.pre,
+                                            asked.jobs, asked.bisect)
+    package = spec.only[0] if spec.only else manifest.vllm.name
+    pin = spec.pin(package)
+    holder = basevllm.for_run(spec, held, refs=wanted.get(VLLM.name), log=progress.info)
+    bases = basevllm.for_packages(spec, held, refs=wanted, log=progress.info)
     if releases:
         found = release_targets(manifest, spec, pre=pre, log=progress.info,
                                 base={**bases, VLLM.name: holder}.get(package),

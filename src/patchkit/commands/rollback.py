@@ -23,14 +23,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from patchkit.errors import ImageError, PatchkitError, UsageError
+from patchkit.errors import ImageError, Origin, PatchkitError, UsageError
 from patchkit.image import builds as builds_
 from patchkit.image import labels, layer, transfer
 from patchkit.image import nodes as nodes_
 from patchkit.image.docker import Engine
 from patchkit.imageref import check_reference
 from patchkit.manifest import Manifest
-from patchkit.manifest.runspec import built_tag
+from patchkit.run import built_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 STATUSES = ("already", "moved", "copied", "failed")
@@ -131,10 +131,10 @@ def run(manifest: Manifest, request: Request = Request(), *,
 def _moving(manifest: Manifest, to: str | None, tag: str | None) -> str:
     """The moving tag: ``tag``, else the one ``to`` was made beside, else the manifest's."""
     if tag is not None:
-        check_reference("--tag", tag, digest_ok=False)
+        check_reference(Origin("tag"), tag, digest_ok=False)
     if to is None:
         return tag or built_tag(manifest)
-    check_reference("--to", to, digest_ok=False)
+    check_reference(Origin("to"), to, digest_ok=False)
     beside = labels.moving_of(to)
     if beside is None:
         raise UsageError(f"--to {to}: not a build's immutable tag (<moving tag>-<12 hex>, as "

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from patchkit import paths, versions
 from patchkit.errors import ImageError, LogError, UsageError
+from patchkit.image.docker import Engine
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.manifest.runspec import RunSpec, run_spec
+from patchkit.run import RunSpec, run_spec
 from patchkit.report import AssertionResult, Word
 from patchkit import jitrules
 from patchkit.series import assertions, checkout
@@ -229,30 +230,22 @@ def _check_is_checkout(path: Path, label: str, patches: Sequence[Patch], first: 
                      f"{shown})")
 
 
-def _open_engine(timeout: float):
-    """The engine a run opens when it first looks at an image (the engine border is imported
-    only then)."""
-    from patchkit.image.docker import Engine
-
-    return Engine.connect(timeout=timeout)
-
-
-def verify_image(manifest: Manifest, image: str, *, engine=None, variant: str | None = None
-                 ) -> list[AssertionResult]:
+def verify_image(manifest: Manifest, image: str, *, engine: Engine | None = None,
+                 variant: str | None = None) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
-    spec = run_spec(manifest, variant=variant, engine=engine, open_engine=_open_engine)
+    spec = run_spec(manifest, variant=variant, engine=engine or Engine.connect())
     return _check_image(manifest, image, spec).results
 
 
-def _image_attrs(engine, image: str, platform: str):
+def _image_attrs(engine, image: str, platform):
     """What the engine says of ``image``, pulled for ``platform`` when it is missing."""
-    from patchkit.imageref import Platform, check_reference
+    from patchkit.errors import Origin
+    from patchkit.imageref import check_reference
 
-    check_reference("--image", image)
+    check_reference(Origin("image"), image)
     held = engine.inspect(image)
     if held is None:
-        plat = Platform.parse(platform)
-        engine.resolve_base(image, plat, what="image")
+        engine.resolve_base(image, platform, what="image")
         held = engine.inspect(image)
     if held is None:
         raise ImageError(f"image {image} not found on the engine at {engine.host}")
@@ -268,7 +261,7 @@ def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None,
     from patchkit.image.build import Holds
     from patchkit.image.labels import ImageFacts
 
-    engine = run.connect()
+    engine = run.the_engine(f"image {image}")
     held = _image_attrs(engine, image, run.platform)
     facts = ImageFacts.from_labels(held.labels)
     variant = built_variant(manifest, run.variant, facts.variant, facts.variant_known,
@@ -488,7 +481,7 @@ class Request:
     locked: bool = False
     require_traffic: bool = False
     timeout: float = DEFAULT_TIMEOUT
-    engine: object = None
+    engine: Engine | None = None   # an engine handed in (else one is connected when needed)
 
     def check(self) -> None:
         if self.tree and self.image:
@@ -521,10 +514,11 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
     if r.image and r.base:
         raise UsageError("--base goes with --tree: an image's own files say what it holds")
     variants.check(manifest, r.variant)
+    engine = r.engine or (Engine.connect(timeout=r.timeout)
+                          if r.image or r.base or r.containers else None)
     spec = run_spec(manifest, variant=r.variant, only=r.packages, timeout=r.timeout,
-                    engine=r.engine, open_engine=_open_engine)
-    engine = spec.connect() if r.image or r.base or r.containers else None
-    version = _base_version(r.base, spec, log) if r.base else None
+                    base=r.base, engine=engine)
+    version = _base_version(spec, log) if r.base else None
     with _Logs(r.logs, r.containers, stdin=stdin, engine=engine) as sources:
         if r.image:
             target, checked = r.image, _check_image(manifest, r.image, spec, lock=lock,
@@ -548,13 +542,13 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
     return report
 
 
-def _base_version(base: str, run: RunSpec, log) -> str | None:
+def _base_version(run: RunSpec, log) -> str | None:
+    from patchkit.image import base as base_
     from patchkit.image import basevllm
-    from patchkit.imageref import Platform, check_reference
 
-    check_reference("--base", base)
-    plat = Platform.parse(run.platform)
-    return basevllm.open_base(run.connect(), base, plat, log).version
+    with base_.opened(run.the_engine("the base"), run.the_base("the base"), run.platform,
+                      log) as held:
+        return basevllm.vllm_of(held, log).version
 
 
 class _Logs:

@@ -1,6 +1,7 @@
 """An image made from an applied checkout: the packages proven on the base, the build path
 chosen, the image built, tagged, pushed and saved, and the report of it.  ``build-image`` comes
-here once its series is applied, and ``bisect --series --image`` for each tree it makes."""
+here once its series is applied, and the series bisect, building an image, for each tree it
+makes."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from patchkit.image import base as base_
 from patchkit.image import build, builders, labels, layer
 from patchkit.image import lockfile as stack
 from patchkit.image.builders.protocol import Job
-from patchkit.imageref import Platform, check_reference
+from patchkit.imageref import Platform
 from patchkit.manifest import Manifest, variants
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.report import ApplyReport, Status
 from patchkit.series.checkout import AppliedCheckout, is_checkout
 
@@ -36,8 +37,8 @@ class Choices:
 
 @dataclass(frozen=True)
 class BuildReport:
-    """What ``build-image`` made; ``to_dict`` is the ``--format json`` shape.  One ``ok``: the
-    image was made (no ``error``) and every copy of ``--copy-to`` landed."""
+    """What ``build-image`` made; ``to_dict`` is its JSON shape.  One ``ok``: the image was
+    made (no ``error``) and every copy to other engines landed."""
 
     error: str | None = None        # why no image was made (None: it was)
     mode: str | None = None
@@ -59,7 +60,7 @@ class BuildReport:
     buildargs: dict | None = None
     variant: str | None = None
     load: str | None = None         # overlay: "partial" or "complete" archive
-    copy: object | None = None      # transfer.CopyReport of --copy-to
+    copy: object | None = None      # transfer.CopyReport of the copy to other engines
     holds: build.Holds | None = None
 
     @property
@@ -108,9 +109,9 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
     ``registry``; ``held`` is the base as read before the apply (None: not read), ``lock``
     the lock the stack must match."""
     started = time.monotonic() if started is None else started
-    engine = None if choices.no_daemon else run.connect()
-    workdir = Path(run.workdir or ".")
-    base_.prove_packages(manifest, workdir, engine, held, log)
+    engine = run.engine   # the one the verb connected (None: built straight in the registry)
+    workdir = tree.root
+    base_.prove_packages(manifest, workdir, held, log)
     if lock is not None:
         stack.check_packages(manifest, lock, stack.patched_packages(
             manifest, workdir, held.installed if held else None))
@@ -119,14 +120,13 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
     choice = replace(build.choose_mode(tree.changes(), choices.mode),
                      packages=tuple(p.name for p in packages))
     _log_choice(choice, log)
-    final_tag = variants.default_tag(manifest, tree.vllm.ref, tree.vllm.version, run.tag,
-                                     tree.report.variant)
-    check_reference(run.tag_option, final_tag, digest_ok=False)
-    plat = Platform.parse(run.platform)
-    job = Job(manifest, tree, choice, plat, final_tag, run.base, choices.push, log,
+    final_tag = run.final_tag(manifest, tree.vllm.ref, tree.vllm.version, tree.report.variant)
+    plat = run.platform
+    job = Job(manifest, tree, choice, plat, final_tag, run.base, choices.push, log, run.cache,
                        engine=engine, registry=registry, max_jobs=choices.max_jobs,
                        nvcc_threads=choices.nvcc_threads, packages=packages, lock=lock,
-                       artifacts=_artifacts(manifest, tree, plat, run.cache, log))
+                       artifacts=_artifacts(manifest, tree, plat, run.cache, log),
+                       base_from=run.base_from, held=held)
     previous = engine.tagged(final_tag) if engine is not None else None
     built = builders.choose(choices.no_daemon, choice).build(job)
     immutable = _immutable(engine, built, final_tag) if choices.immutable else None
@@ -134,10 +134,8 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
                              save=choices.save, previous=previous, log=log)
     kind = source.kind_of(tree.vllm.source or run.sources[0]).name
     holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
-    report = _report(tree, choice, plat, final_tag, built, digest, push=choices.push,
-                     saved=saved, started=started, holds=holds)
-    report.immutable_tag = immutable
-    return report
+    return _report(tree, choice, plat, final_tag, built, digest, push=choices.push,
+                   saved=saved, started=started, holds=holds, immutable=immutable)
 
 
 def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack | None
@@ -255,7 +253,8 @@ def reach_registry(manifest: Manifest, run: RunSpec):
 
 
 def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built, digest, *,
-            push: bool, saved: dict | None, started: float, holds: build.Holds) -> BuildReport:
+            push: bool, saved: dict | None, started: float, holds: build.Holds,
+            immutable: str | None) -> BuildReport:
     b = built.base
     vllm = asdict(tree.vllm)
     if built.vllm_dir:
@@ -271,4 +270,4 @@ def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built
         variant=tree.report.variant,
         layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
         not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
-        buildargs=built.buildargs, load=built.load, holds=holds)
+        buildargs=built.buildargs, load=built.load, holds=holds, immutable_tag=immutable)

@@ -9,17 +9,20 @@ proof that the files a package's series changes are the base's pristine ones, us
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
-from patchkit.errors import ImageError, UsageError
+from patchkit.errors import ImageError
 from patchkit.image import distinfo
 from patchkit.image import lockfile as stack
 from patchkit.image.layer import BaseImage
-from patchkit.imageref import Platform, check_reference
+from patchkit.image.distinfo import ListedFiles
+from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.series import checkout
 
 Log = Callable[[str], None]
@@ -27,24 +30,45 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class BaseStack:
-    """A base image and every distribution it has installed."""
+    """A base image, resolved once, and its files: read through one stopped container while
+    the caller holds it open (:func:`opened`), every distribution it has installed read from
+    them on first use, once."""
 
     image: BaseImage
-    installed: distinfo.Installed
+    files: ListedFiles = field(compare=False, repr=False)
+    log: Log = field(default=lambda m: None, compare=False, repr=False)
 
     @property
     def digest(self) -> str:
         return self.image.digest or self.image.image_id
 
+    @cached_property
+    def installed(self) -> distinfo.Installed:
+        """Every distribution the base has installed, from its dist-info (read once)."""
+        installed = distinfo.installed(self.files, self.image.env)
+        self.log(f"base {self.image.name}: {len(installed.dists)} distribution(s) installed in "
+                 f"{', '.join(installed.sites) or '(no site-packages)'}")
+        return installed
 
-def read(engine, ref: str, platform: Platform, log: Log = lambda m: None) -> BaseStack:
-    """The base ``ref`` (pulled when missing) and what its dist-info say is installed."""
+
+@contextmanager
+def opened(engine, ref: str, platform: Platform, log: Log = lambda m: None
+           ) -> Iterator[BaseStack]:
+    """The base ``ref`` (pulled when missing), resolved once, its files readable through one
+    stopped container until the caller lets go: every later reader of the base (its
+    distributions, vLLM's package, a package's pristine files, the overlay's plan) takes
+    this value rather than reading the base again."""
     image = engine.resolve_base(ref, platform, log)
     with engine.files(image.image_id, image.name) as fs:
-        installed = distinfo.installed(fs, image.env)
-    log(f"base {ref}: {len(installed.dists)} distribution(s) installed in "
-        f"{', '.join(installed.sites) or '(no site-packages)'}")
-    return BaseStack(image, installed)
+        yield BaseStack(image, fs, log)
+
+
+def read(engine, ref: str, platform: Platform, log: Log = lambda m: None) -> BaseStack:
+    """The base ``ref`` and what its dist-info say is installed, read at once (its files are
+    not kept open)."""
+    with opened(engine, ref, platform, log) as held:
+        held.installed  # noqa: B018 (read while the files are there)
+        return held
 
 
 def check(manifest: Manifest, base: BaseStack, lock: stack.Lock | None) -> None:
@@ -56,20 +80,18 @@ def check(manifest: Manifest, base: BaseStack, lock: stack.Lock | None) -> None:
 
 
 def judged(manifest: Manifest, run: RunSpec, engine, lock: stack.Lock | None,
-           log: Log = lambda m: None) -> BaseStack | None:
-    """The run's base read and judged before the apply: the packages' pins, ``image.requires``
-    and the lock.  None when nothing asks (or no ``engine`` reads it: the registry path judges
-    them on the base's layers)."""
-    if lock is not None and not run.base:
-        raise UsageError("--locked compares the base with the lock: give --base IMAGE or set "
-                         "image.base in patchset.yaml")
+           hold: ExitStack, log: Log = lambda m: None) -> BaseStack | None:
+    """The run's base, opened once for as long as ``hold`` holds it, and judged before the
+    apply: the packages' pins, ``image.requires`` and the lock (when they ask).  None when the
+    run has no base or no ``engine`` reads it (the registry path judges them on the base's
+    layers)."""
+    if lock is not None:
+        run.the_base("the lock is compared with the base")
     if engine is None or not run.base:
         return None
-    if lock is None and not manifest.others and not manifest.image.requires:
-        return None
-    check_reference("--base", run.base)
-    held = read(engine, run.base, Platform.parse(run.platform), log)
-    check(manifest, held, lock)
+    held = hold.enter_context(opened(engine, run.base, run.platform, log))
+    if lock is not None or manifest.others or manifest.image.requires:
+        check(manifest, held, lock)
     return held
 
 
@@ -88,18 +110,16 @@ def prove_package(files, installed: distinfo.Installed, base: str, name: str, di
     return dist, proof
 
 
-def prove_packages(manifest: Manifest, workdir: Path, engine, base: BaseStack | None,
+def prove_packages(manifest: Manifest, workdir: Path, base: BaseStack | None,
                    log: Log = lambda m: None) -> dict[str, distinfo.Proof]:
     """Each package's applied checkout beside ``workdir`` (``.patchkit/<name>``) proven on the
-    base, with :func:`prove_package`.  vLLM's own proof is made by the overlay plan."""
+    base held open, with :func:`prove_package`.  vLLM's own proof is made by the overlay
+    plan."""
     trees = [(p, p.checkout(workdir)) for p in manifest.others]
     trees = [(p, d) for p, d in trees if checkout.is_checkout(d)]
-    if not trees or base is None or engine is None:
+    if not trees or base is None:
         return {}
-    proofs = {}
-    with engine.files(base.image.image_id, base.image.name) as fs:
-        for package, where in trees:
-            proofs[package.name] = prove_package(
-                fs, base.installed, base.image.name, package.name, package.dist,
-                checkout.AppliedCheckout.open(where), log)[1]
-    return proofs
+    return {package.name: prove_package(base.files, base.installed, base.image.name,
+                                        package.name, package.dist,
+                                        checkout.AppliedCheckout.open(where), log)[1]
+            for package, where in trees}

@@ -1,6 +1,6 @@
 """The vLLM a base image holds, read without running it: its version and its package files.
 
-``--vllm-ref base`` pins from the installed version, ``--vllm-repo image`` takes its pristine
+vLLM's ref ``base`` pins from the installed version, its source ``image`` takes its pristine
 tree from the package files; both are served by :class:`BaseVllm`, the
 :class:`patchkit.source.Base` of an image on an engine.  :func:`for_run` decides whether a run
 needs one, and says in one line why it cannot have one.
@@ -9,29 +9,32 @@ needs one, and says in one line why it cannot have one.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from patchkit import git as g
 from patchkit import source
-from patchkit.errors import ImageError, UsageError
+from patchkit.errors import ImageError
 from patchkit.image import distinfo, package
 from patchkit.image import base
-from patchkit.image.docker import Engine, Log
+from patchkit.image.docker import Log
 from patchkit.image.layer import BaseImage
-from patchkit.imageref import Platform, check_reference
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec, reading_base
 
 SYMLINK, EXECUTABLE, REGULAR = 0o120000, 0o100755, 0o100644
 
 
-@dataclass
+@dataclass(frozen=True)
 class BaseVllm:
-    """A base image on an engine, and the vllm package found in it."""
+    """A base image held open on an engine, and the vllm package found in it."""
 
-    engine: Engine
-    image: BaseImage
+    held: base.BaseStack
     package: package.Package
     version: str | None
+
+    @property
+    def image(self) -> BaseImage:
+        return self.held.image
 
     @property
     def name(self) -> str:
@@ -50,21 +53,21 @@ class BaseVllm:
         return self.package.dir
 
     def package_files(self) -> Iterator[g.TreeFile]:
-        """Every file under the package folder as ``vllm/...``, streamed from one archive."""
-        with self.engine.files(self.image.image_id, self.image.name) as files:
-            yield from _folder_files(files, self.package.dir, source.VLLM.top)
+        """Every file under the package folder as ``vllm/...``, streamed from one archive of
+        the base held open."""
+        yield from _folder_files(self.held.files, self.package.dir, source.VLLM.top)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BaseDist:
     """A base image on an engine, and another package's distribution installed in it (its
     dist-info): ``ref: base`` pins its installed version, ``repo: image`` takes its files."""
 
-    engine: Engine
-    image: BaseImage
+    held: base.BaseStack
     dist: distinfo.Dist
     tops: tuple[str, ...]      # its import folders (flashinfer), from RECORD
 
+    image = BaseVllm.image
     name = BaseVllm.name
     key = BaseVllm.key
     platform = BaseVllm.platform
@@ -79,9 +82,8 @@ class BaseDist:
 
     def package_files(self) -> Iterator[g.TreeFile]:
         """Every file of its import folders, paths from the site (``flashinfer/...``)."""
-        with self.engine.files(self.image.image_id, self.image.name) as files:
-            for top in self.tops:
-                yield from _folder_files(files, self.dist.path_of(top), top)
+        for top in self.tops:
+            yield from _folder_files(self.held.files, self.dist.path_of(top), top)
 
 
 def _folder_files(files, folder: str, top: str) -> Iterator[g.TreeFile]:
@@ -113,63 +115,69 @@ def _tops(dist: distinfo.Dist, base: str) -> tuple[str, ...]:
     return tuple(tops)
 
 
-def open_base(engine: Engine, ref: str, platform: Platform, log: Log = lambda m: None) -> BaseVllm:
-    """The base ``ref`` (pulled for ``platform`` when missing) and the vLLM installed in it."""
-    image = engine.resolve_base(ref, platform, log)
-    with engine.files(image.image_id, image.name) as files:
-        pkg = package.find_package(files, image.env)
-        version = package.installed_version(files, pkg, None)
-    log(f"base {ref} holds vLLM {version or '(version unknown)'} in {pkg.dir}")
-    return BaseVllm(engine, image, pkg, version)
+def vllm_of(held: base.BaseStack, log: Log = lambda m: None) -> BaseVllm:
+    """The vLLM installed in the base held open."""
+    files, image = held.files, held.image
+    pkg = package.find_package(files, image.env)
+    version = package.installed_version(files, pkg, None)
+    log(f"base {image.name} holds vLLM {version or '(version unknown)'} in {pkg.dir}")
+    return BaseVllm(held, pkg, version)
 
 
-def for_packages(run: RunSpec, *, refs: Mapping[str, Sequence[str]] | None = None,
+def held(run: RunSpec, hold: ExitStack, *, refs: Mapping[str, Sequence[str]] | None = None,
+         log: Log = lambda m: None) -> base.BaseStack | None:
+    """The run's base, opened once on the run's engine for as long as ``hold`` holds it, when
+    a package of the run reads it (its ref ``base`` among ``refs``, by name, default its pin;
+    or its source ``image``); None when none does."""
+    why = reading_base(run.pins, run.only, refs)
+    if why is None:
+        return None
+    return hold.enter_context(base.opened(run.the_engine(why), run.the_base(why),
+                                          run.platform, log))
+
+
+def for_packages(run: RunSpec, held: base.BaseStack | None, *,
+                 refs: Mapping[str, Sequence[str]] | None = None,
                  log: Log = lambda m: None) -> dict[str, BaseDist]:
     """The base each other package of ``run`` reads (its ref ``base`` or its source
-    ``image``), by package name, on the run's engine; empty when none does (no engine is
-    reached then).  ``refs`` are the refs a package is taken at, by name (default: its
-    pin)."""
-    wanted = [pin for pin in run.others if run.in_run(pin.name) and (
-        source.BASE_REF in (refs or {}).get(pin.name, (pin.ref,))
-        or any(source.kind_of(s).reads_base for s in pin.sources))]
+    ``image``), by package name: ``held``, the run's base held open; empty when none does.
+    ``refs`` are the refs a package is taken at, by name (default: its pin)."""
+    wanted = [pin for pin in run.others if run.in_run(pin.name) and pin.reads_base(
+        (refs or {}).get(pin.name))]
     if not wanted:
         return {}
-    if not run.base:
-        raise UsageError(f"{wanted[0].name}: a pin read from a base image (ref 'base', source "
-                         "'image'): give --base IMAGE or set image.base in patchset.yaml")
-    check_reference("--base", run.base)
-    engine = run.connect()
-    held = base.read(engine, run.base, Platform.parse(run.platform))
-    image, installed = held.image, held.installed
+    held = held or _missing(run, f"{wanted[0].name}: a pin read from a base image (ref "
+                                 "'base', source 'image')")
+    installed, name = held.installed, held.image.name
     out = {}
     for pin in wanted:
         dist = installed.get(pin.dist)
         if dist is None:
-            raise ImageError(f"base {run.base} has no {pin.dist} installed "
+            raise ImageError(f"base {name} has no {pin.dist} installed "
                              f"({installed.missing(pin.dist)})")
-        out[pin.name] = BaseDist(engine, image, dist, _tops(dist, run.base))
-        log(f"base {run.base} holds {pin.dist} {dist.version} in {dist.site}")
+        out[pin.name] = BaseDist(held, dist, _tops(dist, name))
+        log(f"base {name} holds {pin.dist} {dist.version} in {dist.site}")
     return out
 
 
+def _missing(run: RunSpec, why: str):
+    """No base was held for ``why``: the run names none, or has no engine to read it."""
+    run.the_base(why)
+    run.the_engine(why)
+    raise AssertionError("a run with a base and an engine holds its base open")
+
+
 def needed(run: RunSpec, refs: Sequence[str] | None = None) -> str | None:
-    """Why ``run`` (on ``refs``, default its ref) reads a base image, or None."""
-    if any(source.kind_of(s).reads_base for s in run.sources):
-        return "the vLLM source 'image' is the vllm package of a base image"
-    if source.BASE_REF in ((run.ref,) if refs is None else refs):
-        return f"--vllm-ref {source.BASE_REF} reads the pin from a base image"
-    return None
+    """Why ``run``'s vLLM (on ``refs``, default its ref) reads a base image, or None."""
+    vllm = run.pin(source.VLLM.name)
+    return reading_base((vllm,), None, None if refs is None else {vllm.name: refs})
 
 
-def for_run(run: RunSpec, *, refs: Sequence[str] | None = None,
+def for_run(run: RunSpec, held: base.BaseStack | None, *, refs: Sequence[str] | None = None,
             log: Log = lambda m: None) -> BaseVllm | None:
-    """The base ``run`` reads vLLM from (on the run's engine), when its sources or ``refs``
-    (default: its ref) need one; None when they do not."""
+    """The base ``run`` reads vLLM from (``held``, the run's base held open), when its
+    sources or ``refs`` (default: its ref) need one; None when they do not."""
     why = needed(run, refs)
     if why is None:
         return None
-    if not run.base:
-        raise UsageError(f"{why}: give --base IMAGE or set image.base in patchset.yaml")
-    check_reference("--base", run.base)
-    return open_base(run.connect(), run.base,
-                     Platform.parse(run.platform), log)
+    return vllm_of(held or _missing(run, why), log)

@@ -224,9 +224,12 @@ def _rel_in_image(path: str) -> str:
 def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheckout,
                  shipped: Sequence[Change], serve: bytes | None, log: Callable[[str], None],
                  packages: Sequence[PackageTree] = (),
-                 artifacts: Sequence[PlacedArtifact] = ()) -> OverlayPlan:
+                 artifacts: Sequence[PlacedArtifact] = (),
+                 dists: Callable[[], distinfo.Installed] | None = None) -> OverlayPlan:
     """Check that the base holds the pristine release, and list the layer's entries: vLLM's
-    changed files, then each other package's where the base installed its ``dist``."""
+    changed files, then each other package's where the base installed its ``dist``.
+    ``dists`` gives the base's installed distributions, read once, when artifacts or JIT
+    modules ask (default: read here from ``files``)."""
     pkg = package.find_package(files, base.env)
     log(f"vllm package in the base: {pkg.dir}"
         + (f" (also found, not used: {', '.join(pkg.others)})" if pkg.others else ""))
@@ -261,9 +264,11 @@ def plan_overlay(files: package.Files, base: layer.BaseImage, tree: AppliedCheck
         log(f"{other.name}: {len(other.shipped)} changed file(s) into {other.site}")
     jit_env: dict[str, str] = {}
     fed = any(o.tree.report.jit_modules for o in others)
-    # the base's distributions, read once for what needs them
-    have = (distinfo.installed(files, base.env)  # type: ignore[arg-type]
-            if artifacts or fed else None)
+    # the base's distributions, read once for what needs them (given when read already)
+    have = None
+    if artifacts or fed:
+        have = dists() if dists is not None else distinfo.installed(
+            files, base.env)  # type: ignore[arg-type]
     if artifacts:
         _place_artifacts(have, files, base.name, artifacts, entries, made_dirs, log)
     if fed:

@@ -54,6 +54,7 @@ class Target:
     base_commit: str           # the pristine upstream commit
     version: str | None        # the package's release, when known
     mirror: Path | None = None  # the cached repository the checkout borrows from
+    memo: Path | None = None    # the run's cache, where kept results live (None: nothing kept)
 
 
 @dataclass

@@ -4,7 +4,8 @@ time).  Each kind of result has its space, a folder of the cache: ``transforms/`
 transform made, ``transform-listings/`` for the classes a transform file defines and the paths
 they edit (so a kept result needs no import of the file, nor of libcst), ``assertions/`` for
 what the assertions on one file found (their key is ``series/assertions.py``'s to make).
-Entries are one JSON file each, written by rename; one that cannot be read is a miss.
+Entries are one JSON file each, written by rename; one that cannot be read is a miss.  The
+cache is the run's, named by the caller (``None``: nothing is kept, every run computes).
 
 A transform's key covers the transform file and every other ``.py`` file in its folder (a
 transform may load its siblings), the release version it is told, each file it reads (path and
@@ -21,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 from patchkit import __version__
-from patchkit.cache import cache_dir
 from patchkit.report import Outcome, Reason, Status
 
 FORMAT = "patchkit-transform-memo/1"
@@ -32,12 +32,14 @@ _RUNNER = [Path(__file__).with_name("transform.py"),
 _LANGUAGES = Path(__file__).resolve().parents[1] / "syntax" / "__init__.py"
 
 
-def _folder(space: str) -> Path | None:
-    """``space``'s folder in the cache, made once per process and cache setting."""
-    setting = (space, os.environ.get("PATCHKIT_CACHE_DIR"))
+def _folder(cache: Path | None, space: str) -> Path | None:
+    """``space``'s folder in the run's ``cache``, made once per process."""
+    if cache is None:
+        return None
+    setting = (space, str(cache))
     if setting not in _made:
         try:
-            folder = cache_dir() / space
+            folder = cache / space
             folder.mkdir(parents=True, exist_ok=True)
             _made[setting] = folder
         except OSError:
@@ -45,7 +47,7 @@ def _folder(space: str) -> Path | None:
     return _made[setting]
 
 
-_made: dict[tuple[str, str | None], Path] = {}
+_made: dict[tuple[str, str], Path] = {}
 
 
 class Digest:
@@ -65,9 +67,9 @@ class Digest:
         return self._h.hexdigest()
 
 
-def kept(space: str, digest: str) -> object | None:
-    """The JSON value kept in ``space`` under ``digest``, or None."""
-    folder = _folder(space)
+def kept(cache: Path | None, space: str, digest: str) -> object | None:
+    """The JSON value kept in ``space`` of ``cache`` under ``digest``, or None."""
+    folder = _folder(cache, space)
     if folder is None:
         return None
     try:
@@ -77,10 +79,10 @@ def kept(space: str, digest: str) -> object | None:
         return None
 
 
-def keep(space: str, digest: str, value: object) -> None:
-    """Keep the JSON value ``value`` in ``space`` under ``digest`` (a full disk, or a value
-    too large, costs a recompute next time, nothing else)."""
-    folder = _folder(space)
+def keep(cache: Path | None, space: str, digest: str, value: object) -> None:
+    """Keep the JSON value ``value`` in ``space`` of ``cache`` under ``digest`` (a full disk,
+    or a value too large, costs a recompute next time, nothing else)."""
+    folder = _folder(cache, space)
     if folder is None:
         return
     data = json.dumps(value).encode()
@@ -142,8 +144,9 @@ def _libcst_version() -> str:
     return _versions["libcst"]
 
 
-def get(digest: str) -> tuple[Outcome, dict[str, str]] | None:
-    data = kept("transforms", digest)
+def get(cache: Path | None, digest: str) -> tuple[Outcome, dict[str, str]] | None:
+    """What a transform made, kept in the run's ``cache`` under ``digest``, or None."""
+    data = kept(cache, "transforms", digest)
     try:
         reason = data["reason"]  # type: ignore[index]
         outcome = Outcome(Status(data["status"]), None if reason is None else Reason(reason),
@@ -153,6 +156,6 @@ def get(digest: str) -> tuple[Outcome, dict[str, str]] | None:
         return None
 
 
-def put(digest: str, outcome: Outcome, texts: dict[str, str]) -> None:
-    keep("transforms", digest, {"status": outcome.status, "reason": outcome.reason,
+def put(cache: Path | None, digest: str, outcome: Outcome, texts: dict[str, str]) -> None:
+    keep(cache, "transforms", digest, {"status": outcome.status, "reason": outcome.reason,
                                 "message": outcome.message, "texts": texts})

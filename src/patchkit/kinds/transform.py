@@ -356,16 +356,17 @@ def _file_of(cls: type) -> str | None:
                 None)
 
 
-def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Outcome:
+def run_transform_file(py_file: Path, root: Path, version: Version | None,
+                       cache: Path | None = None) -> Outcome:
     """Apply every transform in ``py_file`` to the checkout at ``root``, all or nothing.
 
     A transform is a pure function of its code and the files it reads, so its result is kept
-    in the cache under the digest of both (``memo``): the same transform on the same release
-    file writes the same bytes without parsing them again (a matrix over eight releases runs
-    each transform once per distinct file), and without importing the transform file when
-    what it defines is kept too (``listed``)."""
+    in the run's cache (``cache``; None: nothing kept) under the digest of both (``memo``): the
+    same transform on the same release file writes the same bytes without parsing them again
+    (a matrix over eight releases runs each transform once per distinct file), and without
+    importing the transform file when what it defines is kept too (``listed``)."""
     try:
-        listing, pure, classes = listed(py_file)
+        listing, pure, classes = listed(py_file, cache)
     except TransformLoadError as exc:
         return Outcome(Status.FAILED, Reason.ERROR, str(exc))
     files = list(dict.fromkeys(path for _name, path in listing))
@@ -378,7 +379,7 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Ou
         if path not in inputs:
             inputs[path] = target.read_text(encoding="utf-8") if target.is_file() else None
     key = memo.key(py_file, inputs, version) if pure else None
-    kept = memo.get(key) if key else None
+    kept = memo.get(cache, key) if key else None
     if kept is None:
         if classes is None:
             try:
@@ -388,7 +389,7 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Ou
         outcome, pending = _transformed(classes, inputs, version)
         if key and (outcome.status is not Status.FAILED
                     or outcome.reason in (Reason.ANCHOR_MISSING, Reason.AMBIGUOUS_ANCHOR)):
-            memo.put(key, outcome, pending)   # the author's exceptions are not kept
+            memo.put(cache, key, outcome, pending)   # the author's exceptions are not kept
     else:
         outcome, pending = kept
         outcome.wrote_only_files = True   # nothing of the author's ran this time
@@ -401,13 +402,14 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None) -> Ou
 LISTINGS = "transform-listings"
 
 
-def listed(py_file: Path) -> tuple[list[tuple[str, str]], bool, list[type[Transform]] | None]:
+def listed(py_file: Path, cache: Path | None = None
+           ) -> tuple[list[tuple[str, str]], bool, list[type[Transform]] | None]:
     """What ``py_file`` defines: ``(class name, path)`` of each Transform class in running
     order, whether every one is ``pure``, and the classes when they had to be imported.  The
     listing of a file whose classes are all pure is kept by content (``memo.listing_key``);
     TransformLoadError when the file must be imported and cannot be."""
     key = memo.listing_key(py_file)
-    data = memo.kept(LISTINGS, key)
+    data = memo.kept(cache, LISTINGS, key)
     try:
         listing = [(str(name), str(path)) for name, path in data]   # type: ignore[union-attr]
     except (TypeError, ValueError):
@@ -418,7 +420,7 @@ def listed(py_file: Path) -> tuple[list[tuple[str, str]], bool, list[type[Transf
     listing = [(cls.__name__, cls.path) for cls in classes]
     pure = all(cls.pure for cls in classes)
     if pure:
-        memo.keep(LISTINGS, key, listing)
+        memo.keep(cache, LISTINGS, key, listing)
     return listing, pure, classes
 
 
@@ -547,7 +549,9 @@ class TransformKind:
         return f"{len(classes)} Transform class{'es' if len(classes) != 1 else ''} ({names})"
 
     def apply(self, patch, full: Path, target: Target) -> Outcome:
-        return run_transform_file(full, target.root, Version(target.version) if target.version else None)
+        return run_transform_file(full, target.root,
+                                  Version(target.version) if target.version else None,
+                                  target.memo)
 
     def apply_together(self, fulls, target: Target) -> None:
         return None  # each on its own

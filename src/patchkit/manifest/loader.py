@@ -405,7 +405,8 @@ class _Loader:
             if problem:
                 self.fail(f"image.{key}: {values[key]!r} is not an image reference: {problem}",
                           fields[key][1])
-        return ImageDefaults(**values, requires=requires, requires_lines=lines, nodes=nodes)
+        return ImageDefaults(**values, requires=requires, requires_lines=lines, nodes=nodes,
+                             lines={k: _line(fields[k][1]) for k in values})
 
     def nodes(self, node: yaml.Node) -> tuple[str, ...]:
         """``image.nodes:``: the engines ``images`` and ``rollback`` reach besides the one

@@ -227,6 +227,8 @@ class ImageDefaults:
     # `requires:` distributions the patches depend on but do not patch, by normalized name
     requires: Mapping[str, SpecifierSet] = field(default_factory=dict)
     requires_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
+    # line of each of base, platform and tag, so that an error can point at the one it is about
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
     # the GPU architecture prebuilt compiled modules are judged for (GB10 by default), unless
     # the base sets FLASHINFER_CUDA_ARCH_LIST
     cuda_arch: str = "121a"

@@ -11,8 +11,10 @@ from __future__ import annotations
 import difflib
 import re
 
-from patchkit.errors import UsageError
+from patchkit.errors import Origin, SettingError, literal
 from patchkit.manifest.model import Manifest, Patch
+
+VARIANT = Origin("variant")
 
 
 class _Every:
@@ -25,18 +27,21 @@ EVERY = _Every()  # no selection: every patch of the series
 PLACEHOLDER = "{variant}"
 
 
-def check(manifest: Manifest, name: str | None, flag: str = "--variant") -> str | None:
-    """``name`` when the manifest declares it (None stays None); else a one-line UsageError."""
+def check(manifest: Manifest, name: str | None) -> str | None:
+    """``name`` when the manifest declares it (None stays None); else a one-line error naming
+    the variant setting."""
     if name is None:
         return None
     if name in manifest.variants:
         return name
     declared = list(manifest.variants)
     if not declared:
-        raise UsageError(f"{flag} {name!r}: {manifest.path.name} declares no variants")
+        raise SettingError(f"{{variant}} {literal(repr(name))}: {literal(manifest.path.name)} "
+                           "declares no variants", VARIANT)
     close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else f" (declared: {', '.join(declared)})"
-    raise UsageError(f"{flag} {name!r}: unknown variant{hint}")
+    raise SettingError(f"{{variant}} {literal(repr(name))}: unknown variant{literal(hint)}",
+                       VARIANT)
 
 
 def left_out(patch: Patch, variant) -> str | None:

@@ -21,15 +21,17 @@ from pathlib import Path
 from patchkit import interrupt, kinds, source, versions
 from patchkit import filelocks
 from patchkit import git as g
-from patchkit.errors import CommandError, SourceError, UsageError
+from patchkit.errors import CommandError, Origin, SettingError, SourceError, UsageError, literal
 from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest import digest, variants
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
                              Reason, Status)
 from patchkit.series import checkout as applied
 from patchkit.series import assertions, compiled, jit
+
+WORKDIR, DISCARD = Origin("workdir"), Origin("discard")
 
 __all__ = ["Progress", "Tree", "apply_one", "apply_series", "check_workdir", "commit_message",
            "in_range", "needed_paths", "package_tops", "resolve_pins", "run_series", "run_stack",
@@ -53,7 +55,8 @@ def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
               version: str | None, mirror: Path | None = None, *, package: str = VLLM.name,
               found: Mapping[str, str | None] | None = None,
-              tops: Sequence[str] = (), commits: g.Commits | None = None) -> PatchResult:
+              tops: Sequence[str] = (), commits: g.Commits | None = None,
+              memo: Path | None = None) -> PatchResult:
     """Apply one patch to the checkout of ``package`` at ``root`` and commit it; never raises
     for a bad patch.  Its ranges are judged on ``found`` (package name -> version; default: the
     one ``version`` of ``package``); with ``tops`` (the package's import folders) a patch
@@ -75,7 +78,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     kind = kinds.get(patch.kind)
     try:
         out = kind.apply(patch, manifest.root / patch.path,
-                         kinds.Target(root, base_commit, version, mirror))
+                         kinds.Target(root, base_commit, version, mirror, memo))
     except OSError as exc:
         _reset(root, commits)
         return _result(patch, Status.FAILED, Reason.ERROR, message=f"{exc}")
@@ -121,7 +124,7 @@ def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree, commits: g.C
     the ones between them together again (once: after that, each alone); in series order."""
     kind = kinds.get(run[0].kind)
     target = kinds.Target(tree.root, tree.resolved.commit, tree.resolved.version,
-                          tree.resolved.repo)
+                          tree.resolved.repo, tree.memo)
     try:
         outs = kind.apply_together([manifest.root / p.path for p in run], target) \
             if kind.writes_only_named else None
@@ -249,6 +252,7 @@ class Tree:
     # and tag patchkit/applied at the last; a scratch checkout removed after the run gets the
     # same commit ids in its report, and nothing written that no one would read
     keep: bool = True
+    memo: Path | None = None     # the run's cache, where kept results live (None: not kept)
 
 
 def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress | None = None,
@@ -281,7 +285,8 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
     for name, tree in trees.items():
         active = [p for p, r in zip(series, report.patches)
                   if r.status is not Status.SKIPPED and p.package == name]
-        report.verify += assertions.run_assertions(active, assertions.tree_reader(tree.root))
+        report.verify += assertions.run_assertions(active, assertions.tree_reader(tree.root),
+                                                   tree.memo)
     failed_by: dict[str, AssertionResult] = {}
     for a in report.verify:
         if not a.ok:
@@ -311,7 +316,8 @@ def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tr
                                                      "no checkout in this run")
         return apply_one(manifest, patch, tree.root, tree.resolved.commit,
                          tree.resolved.version, tree.resolved.repo, package=patch.package,
-                         found=found, tops=tree.tops, commits=commits[patch.package])
+                         found=found, tops=tree.tops, commits=commits[patch.package],
+                         memo=tree.memo)
 
     def passed(patch: Patch) -> bool:   # judged without touching any tree
         return _goes_alone(manifest, patch, trees.get(patch.package), variant, found)
@@ -362,14 +368,14 @@ def check_workdir(workdir: Path, discard: bool = False) -> applied.UserWork:
     if not applied.is_checkout(workdir):
         if workdir.is_dir() and not any(workdir.iterdir()):
             return applied.UserWork()
-        raise UsageError(f"--workdir {workdir} exists and is not a patchkit checkout; "
-                         "remove it or name another")
+        raise SettingError(f"{{workdir}} {literal(workdir)} exists and is not a patchkit "
+                           "checkout; remove it or name another", WORKDIR)
     work = applied.user_work(workdir)
     if work and not discard:
-        raise UsageError(f"--workdir {workdir} holds work: "
-                         + "; ".join(work.remedies(workdir))
-                         + "; or give --discard to replace it (what is there is saved in a "
-                         "bundle beside it)")
+        raise SettingError(f"{{workdir}} {literal(workdir)} holds work: "
+                           + literal("; ".join(work.remedies(workdir)))
+                           + "; or give {discard} to replace it (what is there is saved in a "
+                           "bundle beside it)", WORKDIR, DISCARD)
     return work
 
 
@@ -379,8 +385,9 @@ def workdirs(run: RunSpec, workdir: Path) -> dict[str, Path]:
     workdir = Path(workdir).absolute()
     places = {p.name: p.id.checkout(workdir) for p in run.pins if run.in_run(p.name)}
     if len(set(places.values())) < len(places):
-        raise UsageError(f"--workdir {workdir}: {workdir.name}'s checkout goes beside vLLM's "
-                         f"under its own name, {workdir}; name another --workdir")
+        raise SettingError(f"{{workdir}} {literal(workdir)}: {literal(workdir.name)}'s checkout "
+                           f"goes beside vLLM's under its own name, {literal(workdir)}; name "
+                           "another {workdir}", WORKDIR)
     return places
 
 
@@ -436,7 +443,7 @@ def apply_series(manifest: Manifest, *, run: RunSpec, workdir: Path, keep_failed
         if pins is None:
             pins = resolve_pins(run, cache, progress.info, base, bases=bases)
         trees = {name: scratches[name] / "t" for name in places}
-        report = _checked_out_stack(manifest, pins, trees, progress, run.variant)
+        report = _checked_out_stack(manifest, pins, trees, progress, run)
         for name, place in places.items():
             report.packages[name].workdir = str(place)
         report.workdir = str(places[VLLM.name]) if VLLM.name in places else None
@@ -484,7 +491,8 @@ def _move_in(trees: Mapping[str, Path], places: Mapping[str, Path], scratches: M
 
 def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
                        trees: Mapping[str, Path], progress: Progress,
-                       variant: str | None) -> ApplyReport:
+                       run: RunSpec) -> ApplyReport:
+    variant = run.variant
     made: dict[str, Tree] = {}
     for name, tree in trees.items():
         resolved = pins[name]
@@ -493,7 +501,8 @@ def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
         except CommandError:
             _gone(resolved, manifest.package(name).label)
             raise
-        made[name] = Tree(tree, resolved, package_tops(resolved, manifest.package(name).id))
+        made[name] = Tree(tree, resolved, package_tops(resolved, manifest.package(name).id),
+                          memo=run.cache)
     # a package whose import folder is known only now, from its release
     _check_build_sources(manifest, None, [
         (name, name, [t.resolved.source], t.tops) for name, t in made.items() if t.tops],
@@ -546,11 +555,11 @@ def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:
     if work.unreadable:
         dest = _discard_name(workdir, "")
         os.rename(workdir, dest)
-        progress.info(f"--discard: {workdir} is {work.describe()}; moved aside to {dest}")
+        progress.info(f"discarding: {workdir} is {work.describe()}; moved aside to {dest}")
         return {"what": work.describe(), "moved_to": str(dest), "bundle": None, "refs": [],
                 "head": None}
     saved = applied.save_work(workdir, workdir.parent, workdir.name)
-    progress.info(f"--discard: {work.describe()} of {workdir} {saved.how_to_restore(workdir)}")
+    progress.info(f"discarding: {work.describe()} of {workdir} {saved.how_to_restore(workdir)}")
     return {"what": work.describe(), "bundle": str(saved.bundle) if saved.bundle else None,
             "refs": list(saved.refs), "head": saved.head}
 
@@ -570,7 +579,8 @@ def _scratch_beside(workdir: Path) -> Path:
     parent = workdir.parent
     existing = next((p for p in (parent, *parent.parents) if os.path.lexists(p)), None)
     if existing is not None and not existing.is_dir():
-        raise UsageError(f"--workdir {workdir}: {existing} is a file, not a folder")
+        raise SettingError(f"{{workdir}} {literal(workdir)}: {literal(existing)} is a file, "
+                           "not a folder", WORKDIR)
     prefix = f".{workdir.name}.patchkit-"
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -579,7 +589,8 @@ def _scratch_beside(workdir: Path) -> Path:
         (scratch / "pid").write_text(str(os.getpid()))
         return scratch
     except OSError as exc:
-        raise UsageError(f"--workdir {workdir}: cannot write in {parent}: {exc.strerror}") from None
+        raise SettingError(f"{{workdir}} {literal(workdir)}: cannot write in {literal(parent)}: "
+                           f"{literal(exc.strerror)}", WORKDIR) from None
 
 
 def _remove_orphans(parent: Path, prefix: str) -> None:

@@ -60,11 +60,15 @@ def tree_reader(root: Path) -> Reader:
     return _TreeReader(root)
 
 
-def run_assertions(patches: Iterable[Patch], read: Reader) -> list[AssertionResult]:
+def run_assertions(patches: Iterable[Patch], read: Reader,
+                   cache: Path | None = None) -> list[AssertionResult]:
     """Every assertion of every patch, in order; each file is read and parsed once.  What the
-    assertions on one file found is kept by content (``kinds.memo``, space ``assertions``): the
-    same file, the same assertions and the same judging code give the same results without a
-    parse (a matrix meets the same file in many releases, and every run meets it again)."""
+    assertions on one file found, when they all hold, is kept by content in the run's
+    ``cache`` (``kinds.memo``, space ``assertions``; None: nothing kept): the same file, the
+    same assertions and the same judging code give the same results without a parse (a matrix
+    meets the same file in many releases, and every run meets it again).  A failure is judged
+    afresh each time: its message points at the lines the series changed, which the file's
+    text alone does not say."""
     files = _Files(read)
     checks = [(patch.id, assertion) for patch in patches for assertion in patch.verify]
     by_file: dict[str, list[int]] = {}
@@ -73,12 +77,12 @@ def run_assertions(patches: Iterable[Patch], read: Reader) -> list[AssertionResu
     results: list[AssertionResult | None] = [None] * len(checks)
     for rel, at in by_file.items():
         mine = [checks[n] for n in at]
-        key = files.key(rel, mine)
-        found = _kept(key, len(mine)) if key else None
+        key = files.key(rel, mine) if cache is not None else None
+        found = _kept(cache, key, len(mine)) if key else None
         if found is None:
             found = [_check(patch_id, assertion, files) for patch_id, assertion in mine]
-            if key:
-                memo.keep(SPACE, key, [r.to_dict() for r in found])
+            if key and all(r.ok for r in found):
+                memo.keep(cache, SPACE, key, [r.to_dict() for r in found])
         for n, result in zip(at, found):
             results[n] = result
     return [r for r in results if r is not None]
@@ -91,8 +95,8 @@ _JUDGES = [Path(__file__), *sorted(Path(syntax.__file__).parent.glob("*.py"))]
 _judges: list[bytes] = []
 
 
-def _kept(key: str, count: int) -> list[AssertionResult] | None:
-    data = memo.kept(SPACE, key)
+def _kept(cache: Path | None, key: str, count: int) -> list[AssertionResult] | None:
+    data = memo.kept(cache, SPACE, key)
     try:
         found = [AssertionResult.from_dict(d) for d in data]   # type: ignore[union-attr]
     except (KeyError, TypeError, ValueError, AttributeError):

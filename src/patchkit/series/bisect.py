@@ -1,5 +1,5 @@
 """The first upstream commit at which a patch's fate changes (``patchkit bisect``, and
-``rebase-check --bisect``).
+the bisect of each failure of ``rebase-check``).
 
 It is ``git bisect run`` with the predicate in one function, :func:`fate_at`: the patch's fate
 at a commit is what the series engine makes of it there, the patches before it applied where
@@ -7,7 +7,7 @@ they apply, the patch itself with its ``vllm:`` range ignored (it is the one und
 its assertions.  Fate means the status and, for ``failed``, the reason; two commits where the
 patch applies at different offsets have the same fate.
 
-The fates at ``--good`` and ``--bad`` come first.  When they differ, a binary search over
+The fates at the good and the bad end come first.  When they differ, a binary search over
 ``git rev-list --first-parent good..bad`` finds a commit whose fate is not the good one while
 its first parent's is: ceil(log2 n) tests for n commits, each in a sparse checkout (only the
 files the series reads or writes) in a scratch folder that is removed afterwards.  A merge on
@@ -15,12 +15,12 @@ the first-parent line is one step: the side branch it brings in is not walked, s
 is the merge that landed the change.
 
 vLLM tags a release on its own release branch (cut from main, with cherry-picks), so one
-release is seldom an ancestor of the next.  When ``--good`` is not an ancestor of ``--bad`` the
+release is seldom an ancestor of the next.  When the good end is not an ancestor of the bad one the
 search starts from their merge base instead, provided the patch has the good fate there too
 (one more test); where it does not, the change happened on good's own line and it says so.
 
 The ``pypi`` source holds one orphan commit per release and nothing between them; there the
-same search runs over the releases from ``--good`` to ``--bad`` and ends at the pair of
+same search runs over the releases from the good end to the bad one and ends at the pair of
 adjacent releases where the fate changes.
 
 A patch of another package (``package: flashinfer``) is bisected over that package's history
@@ -37,15 +37,14 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from patchkit import git as g
 from patchkit import kinds, source, versions
-from patchkit.cache import cache_dir
-from patchkit.errors import PatchkitError, SourceError, UsageError
+from patchkit.errors import Origin, PatchkitError, SettingError, SourceError, UsageError, literal
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.report import ApplyReport, PatchResult, Reason, Status
 from patchkit.series import applier
 
@@ -175,7 +174,8 @@ def pull_of(subject: str) -> int | None:
 def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path,
             paths: Sequence[str] | None = None, before: Sequence[Patch] | None = None,
             variant: str | None = None,
-            pins: Mapping[str, source.Resolved] | None = None) -> Fate:
+            pins: Mapping[str, source.Resolved] | None = None,
+            cache: Path | None = None) -> Fate:
     """This patch's fate at ``at.commit`` of its package: the patches of that package before it
     in the build of ``variant`` (``before``, default all of them) applied where they apply, then
     the patch itself with its range on its package ignored (and whatever variants it names),
@@ -191,7 +191,7 @@ def fate_at(manifest: Manifest, patch: Patch, at: source.Resolved, scratch: Path
         tree = work / "t"
         source.checkout(at, tree, paths, scratch=True)
         tops = applier.package_tops(at, manifest.package(package).id)
-        scratch_tree = applier.Tree(tree, at, tops, keep=False)   # removed below
+        scratch_tree = applier.Tree(tree, at, tops, keep=False, memo=cache)   # removed below
         report = applier.run_stack(manifest, {package: scratch_tree},
                                    patches=series, pins={**(pins or {}), package: at})
     finally:
@@ -233,14 +233,15 @@ def _touched(manifest: Manifest, patch: Patch) -> list[str]:
 
 
 class Oracle:
-    """:func:`fate_at` for one patch, each commit computed once (``rebase-check --bisect`` asks
+    """:func:`fate_at` for one patch, each commit computed once (``rebase-check`` asks
     the pin's fate once for all its targets)."""
 
     def __init__(self, manifest: Manifest, patch: Patch, scratch: Path,
                  log: Callable[[str], None] = lambda m: None, variant: str | None = None,
-                 pins: Mapping[str, source.Resolved] | None = None) -> None:
+                 pins: Mapping[str, source.Resolved] | None = None,
+                 cache: Path | None = None) -> None:
         self.manifest, self.patch, self.scratch, self.log = manifest, patch, scratch, log
-        self.variant, self.pins = variant, dict(pins or {})
+        self.variant, self.pins, self.cache = variant, dict(pins or {}), cache
         self.before = _reaching(manifest, patch, variant)
         upto = (*self.before, patch)
         self.paths = applier.needed_paths(dataclasses.replace(manifest, patches=upto))
@@ -249,7 +250,7 @@ class Oracle:
     def __call__(self, at: source.Resolved) -> Fate:
         if at.commit not in self.fates:
             fate = fate_at(self.manifest, self.patch, at, self.scratch, self.paths, self.before,
-                           pins=self.pins)
+                           pins=self.pins, cache=self.cache)
             self.fates[at.commit] = fate
             shown = at.commit[:10] if at.ref == at.commit else f"{at.ref} ({at.commit[:10]})"
             where = self.manifest.package(self.patch.package).id.aside("{} ")
@@ -272,8 +273,19 @@ def _first_change(candidates: Sequence[str], fate_of: Callable[[str], Fate], goo
     return hi
 
 
-# Where each end of a search came from, as messages name it: "--good" or "the pin", and so on.
-Names = tuple[str, str]
+# Where each end of a search came from, as messages name it: the good and bad settings given
+# (the command line words them), or the default taken ("the pin"), each with what follows it.
+End_ = tuple[Origin, str]
+Names = tuple[End_, End_]
+GIVEN: Names = ((Origin("good"), ""), (Origin("bad"), ""))
+
+
+def _said(names: Names, template: str) -> SettingError:
+    """An error whose ``template`` names the ends as ``{good}`` and ``{bad}``."""
+    (good, of_good), (bad, of_bad) = names
+    good, bad = replace(good, setting="good"), replace(bad, setting="bad")
+    return SettingError(template.replace("{good}", "{good}" + literal(of_good))
+                        .replace("{bad}", "{bad}" + literal(of_bad)), good, bad)
 
 
 def _at_commit(end: source.Resolved, commit: str) -> source.Resolved:
@@ -288,12 +300,12 @@ def _merge_base(good: source.Resolved, bad: source.Resolved, names: Names) -> st
     repo, old, new = good.repo, good.commit, bad.commit
     if g.is_ancestor(repo, old, new):
         return None
-    what = f"{names[0]} {good.ref} is not an ancestor of {names[1]} {bad.ref}"
+    what = f"{{good}} {literal(good.ref)} is not an ancestor of {{bad}} {literal(bad.ref)}"
     if g.is_ancestor(repo, new, old):
-        raise UsageError(f"{what}: it comes after it (swap them?)")
+        raise _said(names, f"{what}: it comes after it (swap them?)")
     base = g.merge_base(repo, old, new)
     if base is None:
-        raise UsageError(f"{what}: their histories never meet")
+        raise _said(names, f"{what}: their histories never meet")
     return base
 
 
@@ -306,8 +318,8 @@ def _releases_between(good: source.Resolved, bad: source.Resolved, cache: Path,
     if lo is None or hi is None:
         raise SourceError(f"cannot order {good.ref} and {bad.ref}: not releases")
     if lo >= hi:
-        raise UsageError(f"{names[0]} {good.ref} is not older than {names[1]} {bad.ref} "
-                         "(swap them?)")
+        raise _said(names, f"{{good}} {literal(good.ref)} is not older than {{bad}} "
+                           f"{literal(bad.ref)} (swap them?)")
     _, tags = source.list_tags([good.source], cache, log, package=package)
     found: dict[versions.Version, str] = {}
     for tag in tags:
@@ -323,8 +335,8 @@ def newest_release(src: str, cache: Path, log: Callable[[str], None] = lambda m:
     _, tags = source.list_tags([src], cache, log, package=package)
     found = [(v, t) for t in tags if (v := versions.release_tag(t)) and not v.is_prerelease]
     if not found:
-        raise SourceError(f"{src} has no {package.label} release tag vX.Y.Z to bisect up to; "
-                          "give --bad REF")
+        raise SettingError(f"{literal(src)} has no {literal(package.label)} release tag "
+                           "vX.Y.Z to bisect up to; give {bad} REF", Origin("bad"))
     return max(found)[1]
 
 
@@ -350,13 +362,13 @@ def _files(manifest: Manifest, patch: Patch) -> list[str]:
 
 
 def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source.Resolved,
-            oracle: Oracle, cache: Path, names: Names = ("--good", "--bad")) -> BisectResult:
+            oracle: Oracle, cache: Path, names: Names = GIVEN) -> BisectResult:
     """Bisect ``patch`` from ``good`` to ``bad`` (refs of its package, both resolved in the
-    same source); ``names`` say in messages where each end came from: the flag given, or the
-    default taken."""
+    same source); ``names`` say in messages where each end came from: the setting given, or
+    the default taken."""
     if good.commit == bad.commit:
-        raise UsageError(f"{names[0]} {good.ref} and {names[1]} {bad.ref} are the same commit "
-                         f"{good.commit[:12]}: nothing lies between them")
+        raise _said(names, f"{{good}} {literal(good.ref)} and {{bad}} {literal(bad.ref)} are "
+                           f"the same commit {good.commit[:12]}: nothing lies between them")
     history = source.kind_of(good.source).has_history
     package = package_of(manifest, patch)
     # What can be checked without a checkout is checked before the first one.
@@ -378,11 +390,12 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
         start = _at_commit(bad, base)
         result.base = End("merge base", base, fate(start))
         if result.base.fate != result.good.fate:
-            raise UsageError(
-                f"{names[0]} {good.ref} is not an ancestor of {names[1]} {bad.ref}, and at "
-                f"their merge base {base[:12]} the patch is {result.base.fate}, not "
-                f"{result.good.fate}: its fate changes on {good.ref}'s own line; bisect from "
-                f"a commit of {bad.ref}'s history (--good REF)")
+            raise _said(names, (
+                f"{{good}} {literal(good.ref)} is not an ancestor of {{bad}} "
+                f"{literal(bad.ref)}, and at their merge base {base[:12]} the patch is "
+                f"{result.base.fate}, not {result.good.fate}: its fate changes on "
+                f"{literal(good.ref)}'s own line; bisect from a commit of "
+                f"{literal(bad.ref)}'s history ({{good}} REF)"))
     if result.changed:
         found: dict[str, source.Resolved] = {}
 
@@ -420,25 +433,26 @@ def ranged(manifest: Manifest, package: str) -> list[str]:
 
 
 def end_names(package: source.PackageId, good: str | None, bad: str | None) -> Names:
-    """How messages name the ends: the flag given or the default taken, and the package when
-    it is not vLLM (``--good flashinfer v0.6.15``)."""
+    """How messages name the ends: the setting given or the default taken, and the package
+    when it is not vLLM (``good flashinfer v0.6.15``)."""
     of = package.aside(" {}")
     whose = package.aside("{}'s") or "the"
-    return (f"--good{of}" if good is not None else f"{whose} pin",
-            f"--bad{of}" if bad is not None else f"{whose} newest release")
+    return ((Origin("good"), of) if good is not None else (Origin("good", f"{whose} pin"), ""),
+            (Origin("bad"), of) if bad is not None
+            else (Origin("bad", f"{whose} newest release"), ""))
 
 
 # ------------------------------------------------------------------------------ rebase-check
 
 def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, PatchResult]], *,
-                    run: RunSpec, cache: Path | None = None,
-                    progress: applier.Progress | None = None, package: str = VLLM.name
+                    run: RunSpec, progress: applier.Progress | None = None,
+                    package: str = VLLM.name
                     ) -> dict[tuple[str, str], BisectResult | str]:
-    """``rebase-check --bisect``: for each failed patch x target (a ref of ``package``), the
+    """``rebase-check``'s bisect: for each failed patch x target (a ref of ``package``), the
     bisect from that package's pin in ``run`` to that target, for its variant; where it cannot
     run, why (one line)."""
     progress = progress or applier.Progress()
-    cache = cache or cache_dir()
+    cache = run.cache
     out: dict[tuple[str, str], BisectResult | str] = {}
     if not failures:
         return out
@@ -465,9 +479,11 @@ def bisect_failures(manifest: Manifest, failures: Sequence[tuple[ApplyReport, Pa
                     others = applier.resolve_pins(run, cache, progress.info, None,
                                                   names=ranged(manifest, package))
                 oracle = oracles.setdefault(patch.id, Oracle(manifest, patch, scratch,
-                                                             progress.info, run.variant, others))
+                                                             progress.info, run.variant, others,
+                                                             cache))
                 out[key] = between(manifest, patch, pins[src], bad, oracle, cache,
-                                   (end_names(pid, None, None)[0], "the target"))
+                                   (end_names(pid, None, None)[0],
+                                    (Origin("bad", "the target"), "")))
             except PatchkitError as exc:
                 out[key] = f"cannot bisect: {exc}"
     finally:

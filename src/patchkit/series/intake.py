@@ -24,7 +24,7 @@ from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
 from patchkit.manifest import ID_RE, VLLM, Manifest, Patch, capped_id, id_problem, shown_id
 from patchkit.manifest.edit import ManifestText
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.manifest.variants import describe
 from patchkit.report import ApplyReport, PatchResult, Status
 from patchkit.series import applier
@@ -185,7 +185,8 @@ def prove(m: Manifest, new: Sequence[NewPatch], run: RunSpec, *,
                     source.checkout(pins[name], tree, applier.needed_paths(candidate, name),
                                     scratch=True)
                     tops = applier.package_tops(pins[name], m.package(name).id)
-                    trees[name] = applier.Tree(tree, pins[name], tops, keep=False)
+                    trees[name] = applier.Tree(tree, pins[name], tops, keep=False,
+                                               memo=run.cache)
                 report = applier.run_stack(candidate, trees, variant=variant, pins=pins)
             finally:
                 shutil.rmtree(Path(tmp) / f"t{n}", ignore_errors=True)

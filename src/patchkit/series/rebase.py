@@ -39,7 +39,7 @@ from patchkit.kinds import Stop
 from patchkit.kinds.common import ABORT
 from patchkit.manifest import VLLM, Manifest, Patch
 from patchkit.manifest.edit import ManifestText
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 from patchkit.report import PatchResult, Reason, Status
 from patchkit.series import applier, assertions
 
@@ -132,7 +132,7 @@ class _State:
                   found: dict | None = None) -> PatchResult:
         return applier.apply_one(m, p, tree, res.commit, res.version, res.repo,
                                  package=self.package, found=found or self.found,
-                                 tops=self.tops)
+                                 tops=self.tops, memo=Path(self.data["cache"]))
 
     @property
     def steps(self) -> list[Step]:
@@ -240,7 +240,7 @@ def start(m: Manifest, spec: RunSpec, to: str, *, drop_upstream: bool = False,
         except BaseException:
             shutil.rmtree(sdir, ignore_errors=True)
             raise
-        return _run(state, progress)
+        return _run(state, m, progress)
 
 
 def _warn_if_backwards(pinned: str, to: str, version: str | None, label: str,
@@ -262,8 +262,9 @@ def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> 
     with _lock(sdir):
         state = _State.load(sdir)
         stop = state.stopped
+        # the person may have edited the manifest while stopped: it is loaded once, here
+        m = manifest.load(state.manifest_path)
         if stop is not None:
-            m = manifest.load(state.manifest_path)
             try:
                 p = m.patch(stop.patch)
             except KeyError:
@@ -272,10 +273,12 @@ def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> 
                 if p is None and stop.patch != "":
                     state.add(Step(stop.patch, "dropped", "removed from the manifest by hand"))
             else:
-                kinds.get(p.kind).resume(_Rebase(state, m, progress), p, stop)
+                rebase = _Rebase(state, m, progress)
+                kinds.get(p.kind).resume(rebase, p, stop)
+                m = rebase.manifest   # as the resolution left it
             state.stopped = None
             state.save()
-        return _run(state, progress)
+        return _run(state, m, progress)
 
 
 def abort(manifest_path: Path) -> RebaseResult:
@@ -306,14 +309,16 @@ def in_progress(root: Path) -> bool:
 
 # ------------------------------------------------------------------------------ the run
 
-def _run(state: _State, progress: applier.Progress) -> RebaseResult:
+def _run(state: _State, m: Manifest, progress: applier.Progress) -> RebaseResult:
+    """Each patch not yet through, in order.  ``m`` is the manifest as loaded once; an edit of
+    it (a patch marked or dropped as upstream) hands on the manifest it leaves, loaded once to
+    prove it valid, so that no step loads it (and parses every diff) again."""
     tree = state.tree
     res = state.resolved
     # An interrupted run may have left a half-applied patch: start again from the last commit.
     g.discard_changes(tree, state.data["head"])
     while True:
         interrupt.check()
-        m = manifest.load(state.manifest_path)
         done = {s.id for s in state.steps}
         p = next((q for q in m.patches if q.id not in done), None)
         if p is None:
@@ -332,7 +337,8 @@ def _run(state: _State, progress: applier.Progress) -> RebaseResult:
                 state.add(Step(p.id, "refreshed", refreshed) if refreshed
                           else Step(p.id, "applied"))
             elif r.status is Status.UPSTREAM:
-                state.add(_mark_upstream(state, m, p, "already in the tree"))
+                step, m = _mark_upstream(state, m, p, "already in the tree")
+                state.add(step)
             elif r.status is Status.SKIPPED:
                 state.add(Step(p.id, "skipped", r.message))
             else:
@@ -340,7 +346,7 @@ def _run(state: _State, progress: applier.Progress) -> RebaseResult:
                 state.save()
                 return _result(state)
             state.save()
-    return _finish(state)
+    return _finish(state, m)
 
 
 def _result(state: _State, done: bool = False) -> RebaseResult:
@@ -349,7 +355,10 @@ def _result(state: _State, done: bool = False) -> RebaseResult:
                         state.label)
 
 
-def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str) -> Step:
+def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str
+                   ) -> tuple[Step, Manifest]:
+    """The step of ``p`` marked (or dropped) as upstream, and the manifest the edit leaves
+    (loaded once: the edit must leave a valid manifest)."""
     version = state.resolved.version
     text = ManifestText.read(m.path)
     successors = [q.id for q in m.patches if p.id in q.supersedes]
@@ -364,12 +373,12 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str) -> Step:
         if p.path not in others:
             target = m.root / p.path
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-        manifest.load(m.path)
-        return Step(p.id, "dropped", f"{why}; entry and {p.path} removed")
+        return (Step(p.id, "dropped", f"{why}; entry and {p.path} removed"),
+                manifest.load(m.path))
     key = state.package
     if version is None:
         return Step(p.id, "upstream", f"{why}; left as is: the target's release is unknown, "
-                                      f"so no {key}: range can be written")
+                                      f"so no {key}: range can be written"), m
     path = ("patches", p.index, key)
     if text.has(path):
         spec = f"{(text.value(path) or '').strip()},<{version}"
@@ -378,8 +387,7 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str) -> Step:
         spec = f"<{version}"
         text.insert_key(("patches", p.index), key, spec, after=p.kind, style='"')
     text.write(m.path)
-    manifest.load(m.path)  # the edit must leave a valid manifest
-    return Step(p.id, "upstream", f'{why}; marked {key}: "{spec}"')
+    return Step(p.id, "upstream", f'{why}; marked {key}: "{spec}"'), manifest.load(m.path)
 
 
 # ------------------------------------------------------------------------------ stopping
@@ -427,7 +435,8 @@ class _Rebase:
             shutil.rmtree(old, ignore_errors=True)
 
     def mark_upstream(self, patch: Patch, why: str) -> None:
-        self.state.add(_mark_upstream(self.state, self.manifest, patch, why))
+        step, self.manifest = _mark_upstream(self.state, self.manifest, patch, why)
+        self.state.add(step)
 
     def record_replaces(self, patch: Patch, drift: dict[str, str]) -> None:
         text = ManifestText.read(self.manifest.path)
@@ -440,7 +449,7 @@ class _Rebase:
             else:
                 text.insert_key(entry, "replaces", {rel: blob}, after=patch.kind)
         text.write(self.manifest.path)
-        manifest.load(self.manifest.path)
+        self.manifest = manifest.load(self.manifest.path)   # the edit must leave it valid
 
     def resolved(self, patch: Patch, commit: str, detail: str) -> None:
         self.state.data["head"] = commit
@@ -457,9 +466,10 @@ def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
 
 # ------------------------------------------------------------------------------ finishing
 
-def _finish(state: _State) -> RebaseResult:
+def _finish(state: _State, m: Manifest) -> RebaseResult:
+    """Every patch through: the assertions on the tree, then the pin moved in ``m`` (the
+    manifest as the run left it) and the result proven on a fresh checkout."""
     tree, res = state.tree, state.resolved
-    m = manifest.load(state.manifest_path)
     active = [p for p in m.patches if p.package == state.package
               and versions.in_ranges(p.ranges, state.found)[0]]
     failed = [a for a in assertions.run_assertions(active, assertions.tree_reader(tree)) if not a.ok]

@@ -8,7 +8,7 @@ from pathlib import Path
 from patchkit import source, versions
 from patchkit.errors import SourceError
 from patchkit.manifest import VLLM, Manifest
-from patchkit.manifest.runspec import RunSpec
+from patchkit.run import RunSpec
 
 
 def pin_version(run: RunSpec, cache: Path, log=lambda m: None,

@@ -20,14 +20,16 @@ from patchkit.series import applier
 
 def run(manifest: Manifest, resolved: source.Resolved, dest: Path, *, package: str,
         others: Mapping[str, source.Resolved], paths: Sequence[str] | None = None,
-        series: Sequence[Patch] | None = None, variant=None) -> ApplyReport:
+        series: Sequence[Patch] | None = None, variant=None,
+        memo: Path | None = None) -> ApplyReport:
     """The report of ``series`` (default: every patch) at ``resolved`` of ``package``, checked
-    out at ``dest`` (only ``paths`` when given); ``dest`` is gone afterwards."""
+    out at ``dest`` (only ``paths`` when given); ``dest`` is gone afterwards.  ``memo``: where
+    a pure transform's result is kept (the run's cache's; None: not kept)."""
     try:
         source.checkout(resolved, dest, paths, scratch=True)
         at = applier.Tree(dest, resolved,
                           applier.package_tops(resolved, manifest.package(package).id),
-                          keep=False)
+                          keep=False, memo=memo)
         return applier.run_stack(manifest, {package: at}, patches=series, variant=variant,
                                  pins={**others, package: resolved})
     finally:

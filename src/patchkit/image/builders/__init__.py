@@ -30,7 +30,7 @@ def get(name: str) -> Builder:
 
 
 def family(no_daemon: bool) -> list[Builder]:
-    """The paths open to a run: straight in a registry with ``--no-daemon``, else through an
+    """The paths open to a run: straight in a registry when it has no engine, else through an
     engine."""
     return [b for b in map(get, TABLE) if b.needs_engine != no_daemon]
 

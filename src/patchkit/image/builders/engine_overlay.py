@@ -8,7 +8,10 @@ image carrying the same inputs key is found by its label and reused.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from patchkit.image import layer
+from patchkit.image.base import opened
 from patchkit.image.build import (OVERLAY_MODE, Built, LayerInfo, overlay_image, overlay_inputs,
                                   plan_overlay)
 from patchkit.image.builders.protocol import EnginePath, Job
@@ -24,15 +27,20 @@ class EngineOverlay(EnginePath):
         engine = job.engine
         assert engine is not None, "a path through an engine is given one"
         base_ref, platform, log = job.base_ref(), job.platform, job.log
-        log(f"resolving the base {base_ref} for {platform}")
-        base = engine.resolve_base(base_ref, platform, log)
+        if job.held is not None:   # read once, before the apply
+            base = job.held.image
+        else:
+            log(f"resolving the base {base_ref} for {platform}")
+            base = engine.resolve_base(base_ref, platform, log)
         log(f"base pinned by {base.pinned_by}: {base.pinned}")
         inputs = overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages)
         built = _known(engine, inputs.key, base, log)
         if built is None:
-            with engine.files(base.image_id, base.name) as files:
-                plan = plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log,
-                                    job.packages, job.artifacts)
+            with ExitStack() as hold:   # the base's files: the ones held open, else opened here
+                held = job.held or hold.enter_context(opened(engine, base_ref, platform, log))
+                plan = plan_overlay(held.files, base, job.tree, job.choice.shipped,
+                                    inputs.serve, log, job.packages, job.artifacts,
+                                    lambda: held.installed)
             made, config = overlay_image(base, plan, inputs)
             held, load = _load(engine, base, made, config, log)
             built = Built(held, base, load is None,

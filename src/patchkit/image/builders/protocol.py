@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from patchkit.errors import UsageError
+from patchkit.errors import Origin, SettingError
 from patchkit.image.build import Built, ModeChoice, PackageTree
 from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
 from patchkit.series.checkout import AppliedCheckout
 
 if TYPE_CHECKING:   # imported by the path that uses it, when chosen
+    from patchkit.image.base import BaseStack
     from patchkit.image.docker import Engine
     from patchkit.image.registry import Registry
 
@@ -29,6 +30,8 @@ class Asked:
     save: Path | None
     mode: str                      # auto | overlay | source
     copy_to: Sequence[str] = ()
+    base: str | None = None        # the run's base, and where it came from
+    base_from: Origin = Origin("base")
 
 
 @dataclass(frozen=True)
@@ -40,32 +43,35 @@ class Job:
     choice: ModeChoice
     platform: Platform
     tag: str
-    base: str | None               # the run's base: --base, else image.base of the manifest
+    base: str | None               # the run's base (the option, else image.base)
     push: bool
     log: Callable[[str], None]
+    cache: Path                    # the run's cache (the registry path keeps the base's blobs)
     engine: Engine | None = None   # for the paths through an engine
     registry: Registry | None = None  # for the path without one
     max_jobs: int | None = None
     nvcc_threads: int | None = None
     packages: tuple[PackageTree, ...] = ()  # the other packages' changes the image ships
     artifacts: tuple = ()          # build.PlacedArtifact: compiled files from pinned wheels
-    lock: object | None = None     # image.lockfile.Lock of --locked, for a path that reads the
+    lock: object | None = None     # image.lockfile.Lock asked for, for a path that reads the
                                    # base itself (no engine read it before the apply)
+    base_from: Origin = Origin("base")  # where ``base`` came from, as an error names it
+    held: BaseStack | None = None  # the base as the run read it on the engine (None: not read)
 
     def base_ref(self) -> str:
         ref = self.base
         if not ref:
-            raise UsageError("no base image: give --base or set image.base in patchset.yaml")
+            raise SettingError("no base image: give {base} IMAGE", self.base_from)
         return ref
 
 
 class Builder(Protocol):
     name: str                  # how TABLE names it
     mode: str                  # the build mode it makes: overlay | source
-    needs_engine: bool         # False: it builds straight in a registry (--no-daemon)
+    needs_engine: bool         # False: it builds straight in a registry, with no engine
 
     def refuse(self, asked: Asked) -> None:
-        """A one-line UsageError for the first option this path cannot honour."""
+        """A one-line SettingError for the first option this path cannot honour."""
 
     def unfit(self, choice: ModeChoice) -> str | None:
         """Why this path cannot ship the series ``choice`` was made for; None when it can."""

@@ -1,4 +1,5 @@
-"""``build-image --no-daemon --push``: the overlay image made straight in a registry.
+"""The overlay image made straight in a registry, pushed there (``build-image`` with no
+engine).
 
 No engine takes part.  The base is resolved in its registry (an index is followed to the
 platform's manifest); its layer blobs are read once into the cache and indexed; the proofs of
@@ -27,12 +28,14 @@ import hashlib
 import json
 from pathlib import Path
 
-from patchkit.errors import ImageError, UsageError
+from patchkit.errors import ImageError, Origin, SettingError, literal
 from patchkit.image import build, distinfo, layer, layerfs, lockfile
 from patchkit.image.builders.protocol import Asked, Job
 from patchkit.image.layer import RemoteImage
 from patchkit.image.registry import Registry, blob_path, host_of
-from patchkit.cache import cache_dir, cache_subdir
+from patchkit.cache import cache_subdir
+
+NO_DAEMON = Origin("no_daemon")
 
 class RegistryOverlay:
     name = "registry-overlay"
@@ -41,43 +44,46 @@ class RegistryOverlay:
 
     def refuse(self, asked: Asked) -> None:
         if not asked.push:
-            raise UsageError("--no-daemon builds the image in the registry, so it needs --push")
+            raise SettingError("{no_daemon} builds the image in the registry, so it needs {push}",
+                               NO_DAEMON, Origin("push"))
         if asked.save is not None:
-            raise UsageError("--save writes an engine's 'docker load' archive; --no-daemon has "
-                             "no engine")
+            raise SettingError("{save} writes an engine's 'docker load' archive; {no_daemon} has "
+                               "no engine", Origin("save"), NO_DAEMON)
         if asked.mode == build.SOURCE_MODE:
-            raise UsageError("--mode source builds vLLM through an engine; --no-daemon makes "
-                             "overlay images only")
+            raise SettingError("{mode} source builds vLLM through an engine; {no_daemon} makes "
+                               "overlay images only", Origin("mode"), NO_DAEMON)
         if asked.copy_to:
-            raise UsageError("--copy-to copies from an engine, and --no-daemon has none: pull "
-                             "the pushed digest on the other node")
+            raise SettingError("{copy_to} copies from an engine, and {no_daemon} has none: pull "
+                               "the pushed digest on the other node", Origin("copy_to"),
+                               NO_DAEMON)
+        if asked.base and asked.base.startswith("sha256:"):
+            raise SettingError(f"{{base}} {literal(asked.base)} is an engine's image id; "
+                               "{no_daemon} reads the base from a registry: name it as "
+                               "host/repository:tag", asked.base_from, NO_DAEMON)
 
     def unfit(self, choice: build.ModeChoice) -> str | None:
         if choice.mode == build.OVERLAY_MODE:
             return None
-        return (f"--no-daemon makes overlay images only, and this series needs source mode "
-                f"({choice.reason}): build it through an engine")
+        return (f"a build with no engine makes overlay images only, and this series needs "
+                f"source mode ({choice.reason}): build it through an engine")
 
     def build(self, job: Job) -> build.Built:
         base_ref = job.base_ref()
-        if base_ref.startswith("sha256:"):
-            raise ImageError(f"--base {base_ref} is an engine's image id; --no-daemon reads the "
-                             "base from a registry: name it as host/repository:tag")
-        built = build_overlay(job, base_ref, job.registry or Registry())
+        assert job.registry is not None, "the path straight in a registry is given one"
+        built = build_overlay(job, base_ref, job.registry)
         job.log(f"{job.tag} is {built.digest}" + (" (already there)" if built.reused else ""))
         return built
 
 
-def build_overlay(job: Job, base_ref: str, reg: Registry, cache: Path | None = None
-                  ) -> build.Built:
-    """Builds the overlay image in the registry under ``job.tag``; what was built carries the
-    manifest digest the tag names."""
+def build_overlay(job: Job, base_ref: str, reg: Registry) -> build.Built:
+    """Builds the overlay image in the registry under ``job.tag``, the base's blobs kept in
+    the run's cache; what was built carries the manifest digest the tag names."""
     tag, platform, log = job.tag, job.platform, job.log
-    log(f"path: straight in the registry at {host_of(tag)}, no engine (--no-daemon)")
+    log(f"path: straight in the registry at {host_of(tag)}, no engine")
     log(f"resolving the base {base_ref} in its registry for {platform}")
     remote = reg.resolve(base_ref, platform)
     current = reg.digest_of(tag)  # an unreachable target is known before the base is read
-    store = cache_subdir(cache or cache_dir(), "registry")
+    store = cache_subdir(job.cache, "registry")
     blobs = store / "blobs"
     if not reg.fetch(remote, blobs, log):
         log(f"the base's {len(remote.layers)} layer(s) are in the cache")
