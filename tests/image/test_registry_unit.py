@@ -318,7 +318,11 @@ def _manifest(tmp_path: Path) -> Manifest:
 def test_no_daemon_refuses_what_needs_an_engine_before_any_work(tmp_path, kw, message):
     with pytest.raises(UsageError) as exc:
         bi.run(_manifest(tmp_path), bi.Request(workdir=tmp_path / "nowhere", no_daemon=True, **kw))
-    assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+    # the core names the settings; the command line words them as its options
+    from patchkit.cli import worded
+
+    said = exc.value.worded(worded) if hasattr(exc.value, "worded") else str(exc.value)
+    assert said.startswith(message) and "\n" not in said
     assert exc.value.exit_code == 2
 
 

@@ -38,11 +38,10 @@ def run(tmp_path: Path, code: str, files: dict[str, str]):
 
 
 def KEPT():  # noqa: N802
-    """Where the results are kept: the test cache's transforms folder, as a run names it."""
+    """Where the results are kept: the test's cache, as a run names it."""
     from patchkit.cache import cache_dir
-    from patchkit.kinds import memo
 
-    return memo.folder(cache_dir())
+    return cache_dir()
 
 
 def assert_transform(tmp_path, code, before, after):

@@ -361,21 +361,24 @@ def test_a_file_through_a_symlink_fails(tmp_path: Path) -> None:
 def test_results_are_kept_by_content_and_never_stale(tmp_path, monkeypatch) -> None:
     """What the assertions on a file found is kept under the digest of the file, the
     assertions and the judging code: the same again is read back (a parse is skipped), and a
-    changed file is judged afresh."""
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path / "cache"))
+    changed file is judged afresh; a failure is never kept (its message points at the lines
+    the series changed, which the text alone does not say); without a cache nothing is."""
+    cache = tmp_path / "cache"
     assertion = Assertion(file="m.py", scope="STR_DTYPE_TO_TORCH_DTYPE", predicate="has_key",
                           value="half")
     patch = Patch(id="p", summary="s", kind="diff", path="x.diff", verify=(assertion,))
     files = {"m.py": SOURCE}
-    (first,) = run_assertions([patch], files.get)
+    (first,) = run_assertions([patch], files.get, cache)
     assert first.ok, first.message
     (entry,) = (tmp_path / "cache" / "assertions").glob("*.json")
     data = json.loads(entry.read_text())
     assert [AssertionResult.from_dict(d) for d in data] == [first]
     entry.write_text(json.dumps([dict(data[0], message="read back")]))
-    (again,) = run_assertions([patch], files.get)
+    (again,) = run_assertions([patch], files.get, cache)
     assert again.message == "read back"
     files["m.py"] = SOURCE.replace('"half": torch.half,', "")
-    (changed,) = run_assertions([patch], files.get)
+    (changed,) = run_assertions([patch], files.get, cache)
     assert not changed.ok and "no key 'half'" in changed.message
-    assert len(list((tmp_path / "cache" / "assertions").glob("*.json"))) == 2
+    assert len(list((cache / "assertions").glob("*.json"))) == 1
+    (unkept,) = run_assertions([patch], {"m.py": SOURCE}.get)
+    assert unkept.ok and unkept.message != "read back"
