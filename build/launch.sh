@@ -27,6 +27,9 @@
 #                         folder per JIT cache place              [/var/cache/patchkit-jit]
 #   LAUNCH_JIT_WORKSPACE  the image's JIT cache place (label io.patchkit.jit.workspace);
 #                         read from rank 0's engine when unset; "none" for no mount  [label]
+#   LAUNCH_CUBINS         where the image's FlashInfer keeps the cubins it downloads (label
+#                         io.patchkit.jit.cubins), mounted from LAUNCH_JIT_CACHE/cubins;
+#                         read from rank 0's engine when unset; "none" for no mount  [label]
 #   LAUNCH_NAME           the containers are NAME-rank0 and NAME-rank1               [dsv4]
 #   LAUNCH_DEADLINE       seconds each wait of 'up' gives (rank 1 up, the API answering)
 #                                                                                    [1800]
@@ -79,6 +82,7 @@ devices=${LAUNCH_DEVICES-/dev/infiniband}
 ulimits=${LAUNCH_ULIMITS-memlock=-1 stack=67108864}
 api_port=${DSPARK_PORT-8000}
 JIT_LABEL=io.patchkit.jit.workspace
+CUBINS_LABEL=io.patchkit.jit.cubins
 DOCKER_WAIT=120   # seconds one docker command may take (an ssh link that hangs ends there)
 
 require() { # NAME VALUE WHAT
@@ -208,6 +212,19 @@ if [ "$workspace" != none ]; then
     [[ $workspace == /* && $workspace != *[[:space:]:,]* ]] ||
         die "the JIT cache place '$workspace' ($JIT_LABEL of $image) is not an absolute folder"
 fi
+# The cubins FlashInfer downloads at run time: kept on the node, so a restart downloads none
+# again (and a node without internet still starts once they are there).
+cubins=${LAUNCH_CUBINS-}
+if [ -z "$cubins" ]; then
+    cubins=$(docker_at "$engine0" image inspect --format "{{ index .Config.Labels \"$CUBINS_LABEL\" }}" \
+        "$image" 2>&1) || fail "cannot read $image on $engine0: ${cubins##*$'\n'}"
+    [ "$cubins" != "<no value>" ] || cubins=""
+    [ -n "$cubins" ] || cubins=none
+fi
+if [ "$cubins" != none ]; then
+    [[ $cubins == /* && $cubins != *[[:space:]:,]* ]] ||
+        die "the cubin place '$cubins' ($CUBINS_LABEL of $image) is not an absolute folder"
+fi
 
 run_words() { # RANK: the docker run arguments of that rank
     local rank=$1 var
@@ -225,6 +242,7 @@ run_words() { # RANK: the docker run arguments of that rank
     if [ "$workspace" != none ]; then
         words+=(--volume "$jit_cache/${workspace##*/}:$workspace")
     fi
+    [ "$cubins" = none ] || words+=(--volume "$jit_cache/cubins:$cubins")
     words+=(--env "DSPARK_NODE_RANK=$rank" --env "DSPARK_MASTER_ADDR=$master_addr"
         --env "DSPARK_MODEL=$model" --env "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME"
         --env "GLOO_SOCKET_IFNAME=$gloo_ifname" --env "NCCL_IB_HCA=$NCCL_IB_HCA")

@@ -18,8 +18,10 @@ LAUNCH = REPO_ROOT / "build" / "launch.sh"
 DOCS = REPO_ROOT / "docs" / "dspark.md"
 BASH = shutil.which("bash") or "/bin/bash"
 WORKSPACE = "/root/.cache/patchkit-jit/4f2a9c01d7e3"
+CUBINS = "/root/.cache/flashinfer/cubins"
 SETTINGS = {"LAUNCH_IMAGE": "dsv4-flash-dspark:v0.34.0", "NCCL_SOCKET_IFNAME": "enp1s0f0np0",
-            "NCCL_IB_HCA": "rocep1s0f0", "LAUNCH_JIT_WORKSPACE": WORKSPACE}
+            "NCCL_IB_HCA": "rocep1s0f0", "LAUNCH_JIT_WORKSPACE": WORKSPACE,
+            "LAUNCH_CUBINS": CUBINS}
 
 
 def launch(*args: str, env: dict[str, str] | None = None, base: dict[str, str] = SETTINGS):
@@ -70,13 +72,15 @@ def test_each_node_gets_the_link_the_checkpoint_and_the_jit_cache_place():
         assert values(words, "--gpus") == ["all"]
         assert words.count("--network") == 1 and values(words, "--network") == ["host"]
         assert values(words, "--volume") == [
-            "/models:/models:ro", f"/var/cache/patchkit-jit/4f2a9c01d7e3:{WORKSPACE}"]
+            "/models:/models:ro", f"/var/cache/patchkit-jit/4f2a9c01d7e3:{WORKSPACE}",
+            f"/var/cache/patchkit-jit/cubins:{CUBINS}"]
 
 
 def test_settings_pass_on_and_an_image_without_a_jit_place_mounts_none():
     rank1, rank0 = printed({"GLOO_SOCKET_IFNAME": "enp1s0f1np1", "LAUNCH_MODELS": "/data/ckpt",
                             "DSPARK_PORT": "8100", "VLLM_LOGGING_LEVEL": "DEBUG",
-                            "LAUNCH_JIT_WORKSPACE": "none", "LAUNCH_DEVICES": "none"})
+                            "LAUNCH_JIT_WORKSPACE": "none", "LAUNCH_CUBINS": "none",
+                            "LAUNCH_DEVICES": "none"})
     for words in (rank1, rank0):
         assert "GLOO_SOCKET_IFNAME=enp1s0f1np1" in values(words, "--env")
         assert {"DSPARK_PORT=8100", "VLLM_LOGGING_LEVEL=DEBUG"} <= set(values(words, "--env"))
