@@ -266,6 +266,20 @@ def test_a_port_finished_by_hand_becomes_the_branch(proj):
     assert "Finished by hand: patches/other.diff" in message
 
 
+def test_an_error_never_takes_a_port_finished_by_hand(proj):
+    """The person's work in the port left for them survives a bump that fails on it."""
+    assert patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj).returncode == \
+        EXIT_NEEDS_A_HAND
+    left = proj / ".patchkit" / "bump" / "vllm-1.2.0"
+    (left / ".patchkit" / "rebase" / "tree" / "pkg" / "other.py").write_text(OTHER_RESOLVED)
+    assert patchkit("rebase", "--continue", cwd=left).returncode == 0
+    (left / ".patchkit" / "bump-attempt.json").unlink()   # what the bump reads is gone
+    done = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj)
+    assert done.returncode == 2 and "holds no record of the automatic port" in one_error(done)
+    assert "a * b + 1" in (left / "patches" / "other.diff").read_text()
+    assert len(worktrees(proj)) == 2
+
+
 def test_dry_run_writes_nothing_and_prints_the_body(proj):
     before_files, before_refs = files(proj), refs(proj)
     out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--dry-run", "--format",

@@ -269,7 +269,10 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
         return result if result.needs_a_hand or ask.dry_run \
             else _write(project, scratch, result, version, tips, ask.push)
     finally:
-        if ask.dry_run or result is None or not result.needs_a_hand:
+        # kept: a port for a person to finish, and one a person finished that an error cut
+        # short (their work is in it)
+        kept = result.needs_a_hand if result is not None else resumed
+        if ask.dry_run or not kept:
             g.remove_worktree(project, scratch)
             if ask.dry_run:
                 shutil.rmtree(scratch.parent, ignore_errors=True)
