@@ -37,7 +37,7 @@ w = torch.randn(4096, device="cuda", dtype=torch.float16)
 out = flashinfer.norm.rmsnorm(x, w, 1e-6)
 ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float())
 ratio = (out.float() / ref).median().item()
-maps = sorted({line.split()[-1] for line in open("/proc/self/maps") if "norm" in line and line.rstrip().endswith(".so")})
+maps = sorted({line.split()[-1] for line in open("/proc/self/maps") if line.rstrip().endswith("/norm.so")})
 print(f"rmsnorm / reference = {ratio:.3f}; norm modules mapped: {maps}")
 PY
 echo "== 1. the pristine norm, compiled by FlashInfer's JIT (what the provider ships)"
