@@ -17,6 +17,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from contextlib import ExitStack
 from pathlib import Path
 
 import docker
@@ -257,8 +258,9 @@ def _project07(root: Path, base: str, registry: str, engine, extra: str, *,
         "    package: flashinfer\n    diff: patches/flashinfer/fi-norm.diff\n" + extra)
     m = manifest.load(root / "patchset.yaml")
     spec = run_spec(m, engine=engine, cache=real_cache())
-    report = apply_series(m, run=spec, workdir=root / ".patchkit" / "vllm",
-                          bases=basevllm.for_packages(spec))
+    with ExitStack() as hold:
+        report = apply_series(m, run=spec, workdir=root / ".patchkit" / "vllm",
+                              bases=basevllm.for_packages(spec, basevllm.held(spec, hold)))
     assert report.ok, report.to_json()
     assert report.jit_modules == {"flashinfer": {NORM_HEADER: ["norm"]}}
     return root, m
