@@ -199,32 +199,30 @@ fi
 [[ $ulimits =~ ^(none|[a-z]+=-?[0-9]+(:-?[0-9]+)?( [a-z]+=-?[0-9]+(:-?[0-9]+)?)*)$ ]] ||
     die "LAUNCH_ULIMITS='$ulimits' is not NAME=VALUE ... (or none)"
 
+# label_place VAR SETTING LABEL WHAT: VAR is SETTING, else the image's LABEL read from rank 0's
+# engine, else "none"; an absolute folder unless "none".
+label_place() {
+    local value=$2
+    if [ -z "$value" ]; then
+        value=$(docker_at "$engine0" image inspect --format "{{ index .Config.Labels \"$3\" }}" \
+            "$image" 2>&1) || fail "cannot read $image on $engine0: ${value##*$'\n'}"
+        [ "$value" != "<no value>" ] || value=""
+        [ -n "$value" ] || value=none
+    fi
+    if [ "$value" != none ]; then
+        [[ $value == /* && $value != *[[:space:]:,]* ]] ||
+            die "the $4 '$value' ($3 of $image) is not an absolute folder"
+    fi
+    printf -v "$1" '%s' "$value"
+}
 # The image's JIT cache place: where its FlashInfer builds the modules a patch feeds.  Mounted
 # from the node, each container of this image finds the modules the first one compiled.
-workspace=${LAUNCH_JIT_WORKSPACE-}
-if [ -z "$workspace" ]; then
-    workspace=$(docker_at "$engine0" image inspect --format "{{ index .Config.Labels \"$JIT_LABEL\" }}" \
-        "$image" 2>&1) || fail "cannot read $image on $engine0: ${workspace##*$'\n'}"
-    [ "$workspace" != "<no value>" ] || workspace=""
-    [ -n "$workspace" ] || workspace=none
-fi
-if [ "$workspace" != none ]; then
-    [[ $workspace == /* && $workspace != *[[:space:]:,]* ]] ||
-        die "the JIT cache place '$workspace' ($JIT_LABEL of $image) is not an absolute folder"
-fi
+workspace=""
+label_place workspace "${LAUNCH_JIT_WORKSPACE-}" "$JIT_LABEL" "JIT cache place"
 # The cubins FlashInfer downloads at run time: kept on the node, so a restart downloads none
 # again (and a node without internet still starts once they are there).
-cubins=${LAUNCH_CUBINS-}
-if [ -z "$cubins" ]; then
-    cubins=$(docker_at "$engine0" image inspect --format "{{ index .Config.Labels \"$CUBINS_LABEL\" }}" \
-        "$image" 2>&1) || fail "cannot read $image on $engine0: ${cubins##*$'\n'}"
-    [ "$cubins" != "<no value>" ] || cubins=""
-    [ -n "$cubins" ] || cubins=none
-fi
-if [ "$cubins" != none ]; then
-    [[ $cubins == /* && $cubins != *[[:space:]:,]* ]] ||
-        die "the cubin place '$cubins' ($CUBINS_LABEL of $image) is not an absolute folder"
-fi
+cubins=""
+label_place cubins "${LAUNCH_CUBINS-}" "$CUBINS_LABEL" "cubin place"
 
 run_words() { # RANK: the docker run arguments of that rank
     local rank=$1 var
