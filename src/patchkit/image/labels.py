@@ -193,12 +193,18 @@ class ImageFacts:
         return {pid for pid, status in self.statuses.items() if status is Status.SKIPPED}
 
 
-def _packages(text: str | None) -> dict[str, dict[str, str]] | None:
+def _mapping(text: str | None) -> dict | None:
+    """A label holding a JSON object, or None (absent, or not one)."""
     try:
         data = json.loads(text) if text else None
     except ValueError:
         return None
-    if not isinstance(data, dict):
+    return data if isinstance(data, dict) else None
+
+
+def _packages(text: str | None) -> dict[str, dict[str, str]] | None:
+    data = _mapping(text)
+    if data is None:
         return None
     return {str(k): {str(a): str(b) for a, b in v.items()} for k, v in data.items()
             if isinstance(v, dict)}
@@ -212,11 +218,8 @@ def _count(text: str | None) -> int:
 
 
 def _jit_modules(text: str | None) -> dict[str, dict[str, list[str]]] | None:
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
+    data = _mapping(text)
+    if data is None:
         return None
     return {str(n): {str(f): [str(m) for m in mods] for f, mods in files.items()
                      if isinstance(mods, list)}
