@@ -67,13 +67,18 @@ def jit_base(docker_client, bases, registry, objects) -> str:
                                 {MODULE: objects["prebuilt"], NORM: objects["norm"],
                                  "flashinfer_jit_cache/__init__.py": b""})
     key = hashlib.sha256(b"".join([stack["id"].encode(), *sorted(files.values())])).hexdigest()
-    tag = f"{registry}/pk-test/vllm-stack-jit:{RELEASE}-k{key[:12]}"
+    return _layered(docker_client, stack["tag"], files,
+                    f"{registry}/pk-test/vllm-stack-jit:{RELEASE}-k{key[:12]}")
+
+
+def _layered(docker_client, base: str, files: dict[str, bytes], tag: str) -> str:
+    """``base`` with ``files`` added in one layer, built once as ``tag`` and pushed."""
     try:
         docker_client.images.get(tag)
     except docker.errors.ImageNotFound:
         with tempfile.TemporaryDirectory(prefix="pk-jit-") as ctx:
-            stackbase._tar(files, Path(ctx) / "stack.tar")
-            (Path(ctx) / "Dockerfile").write_text(f"FROM {stack['tag']}\nADD stack.tar /\n")
+            stackbase._tar(files, Path(ctx) / "files.tar")
+            (Path(ctx) / "Dockerfile").write_text(f"FROM {base}\nADD files.tar /\n")
             docker_client.images.build(path=ctx, tag=tag, platform="linux/arm64", rm=True,
                                        forcerm=True)
     for line in docker_client.api.push(tag, stream=True, decode=True):
@@ -208,18 +213,8 @@ def jit07_base(docker_client, bases, registry, objects) -> str:
     files.update(jitcache.provider("sm90a", {"norm": objects["prebuilt"]}, "0.7.4+cu130"))
     key = hashlib.sha256(bases[RELEASE]["id"].encode() + b"".join(
         k.encode() + hashlib.sha256(v).digest() for k, v in sorted(files.items()))).hexdigest()
-    tag = f"{registry}/pk-test/vllm-jit07:{RELEASE}-k{key[:12]}"
-    try:
-        docker_client.images.get(tag)
-    except docker.errors.ImageNotFound:
-        with tempfile.TemporaryDirectory(prefix="pk-jit07-") as ctx:
-            stackbase._tar(files, Path(ctx) / "fi.tar")
-            (Path(ctx) / "Dockerfile").write_text(f"FROM {bases[RELEASE]['tag']}\nADD fi.tar /\n")
-            docker_client.images.build(path=ctx, tag=tag, platform="linux/arm64", rm=True,
-                                       forcerm=True)
-    for line in docker_client.api.push(tag, stream=True, decode=True):
-        assert "error" not in line, line
-    return tag
+    return _layered(docker_client, bases[RELEASE]["tag"], files,
+                    f"{registry}/pk-test/vllm-jit07:{RELEASE}-k{key[:12]}")
 
 
 def _norm_diff(header: str) -> str:
