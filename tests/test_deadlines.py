@@ -12,7 +12,7 @@ from testing.peers import silent_port, trickling_body, trickling_headers
 from testing.project import GH_MANIFEST, make_project
 
 from patchkit.errors import CommandError, ImageError
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.process import run
 
 SLACK = 15  # a 2 s deadline must end well before this

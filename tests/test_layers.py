@@ -99,6 +99,43 @@ def test_the_table_in_the_docs_is_the_contracts():
     assert _floors_in_docs() == _floors_in_contract()
 
 
-@pytest.mark.parametrize("contract", ["floors", "image"])
+@pytest.mark.parametrize("contract", ["floors", "image", "engines", "nodes", "formats"])
 def test_a_new_module_must_be_given_a_floor(contract):
     assert _contracts()[contract]["exhaustive"] is True
+
+
+def _modules() -> dict[str, "ast.Module"]:
+    import ast
+    src = ROOT / "src" / "patchkit"
+    return {str(p.relative_to(src)): ast.parse(p.read_text(encoding="utf-8"))
+            for p in sorted(src.rglob("*.py"))}
+
+
+def test_only_the_sdk_border_imports_the_docker_sdk():
+    """docs/architecture.md and engine-border.md: `engines/sdk.py` is the only importer of the
+    Docker SDK (functions' imports too)."""
+    import ast
+    importers = set()
+    for name, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "docker"
+                                                    for a in node.names):
+                importers.add(name)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 \
+                    and (node.module or "").split(".")[0] == "docker":
+                importers.add(name)
+    assert importers == {"engines/sdk.py"}
+
+
+def test_image_labels_are_named_in_the_label_schema_alone():
+    """docs/architecture.md: `image/labels.py` writes and reads every image label; the one other
+    `io.patchkit.` name is the label of the engine border's own scratch containers."""
+    import ast
+    named = {}
+    for name, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.startswith("io.patchkit."):
+                named.setdefault(name, set()).add(node.value)
+    assert named.pop("engines/docker.py") == {"io.patchkit.scratch"}
+    assert set(named) == {"image/labels.py"}

@@ -711,7 +711,7 @@ def copy_image_cmd(image, targets, more, via, dry_run, compress, timeout, manife
     load or lost its link (its tag is as it was); the others are still tried.
     """
     from patchkit.commands import copy_image as command
-    from patchkit.image.transfer import How
+    from patchkit.nodes.transfer import How
     from patchkit.render import copy as render
 
     if image is not None and "://" in image:   # no image reference holds one: an ENGINE

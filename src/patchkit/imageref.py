@@ -103,7 +103,7 @@ ENGINE_FORMS = "ssh://[user@]host[:port], unix:///path/to/socket or tcp://host:p
 
 def engine_problem(text: str) -> str | None:
     """Why ``text`` is not an engine address (see ENGINE_FORMS), or None.  The Docker border
-    (``image.docker.engine_url``) and the manifest's ``image.nodes`` both judge by it."""
+    (``engines.docker.engine_url``) and the manifest's ``image.nodes`` both judge by it."""
     from urllib.parse import urlsplit
 
     try:

@@ -29,7 +29,7 @@ from patchkit.source.refs import BASE_REF
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:  # the engine border, for its type: the verb gives the engine
-    from patchkit.image.docker import Engine
+    from patchkit.engines.docker import Engine
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from patchkit import cli, manifest
 from patchkit.commands import apply as apply_command
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.run import Asked
 from patchkit.source import image as image_source
 from patchkit.source import pypi

@@ -23,7 +23,7 @@ from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
 from patchkit.errors import ImageError
-from patchkit.image import layer
+from patchkit.formats import layer
 from testing import real_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]

@@ -7,8 +7,9 @@ import pytest
 
 from patchkit import manifest
 from patchkit.errors import ManifestError
-from patchkit.image import builds, labels
-from patchkit.image.enginefacts import Inspected
+from patchkit.image import labels
+from patchkit.nodes import ledger
+from patchkit.engines.facts import Inspected
 from patchkit.imageref import Platform
 
 KEY = "sha256:3f2a1b4c5d6e" + "0" * 52
@@ -33,12 +34,12 @@ def image(tags, iid="sha256:" + "1" * 64, last=None, created="2026-01-01T00:00:0
 
 
 def test_tags_are_told_apart_immutable_moving_and_the_users():
-    b = builds._build(image(["dsv4:v1", "dsv4:v1-3f2a1b4c5d6e", "mine:keep", "dsv4:v2"]), 1.0)
+    b = ledger._build(image(["dsv4:v1", "dsv4:v1-3f2a1b4c5d6e", "mine:keep", "dsv4:v2"]), 1.0)
     assert b.fixed == "dsv4:v1-3f2a1b4c5d6e" and b.current
     assert b.moving == ("dsv4:v1",)
     # dsv4:v2 names the build, but patchkit did not make it beside an immutable tag
     assert b.foreign == ("mine:keep", "dsv4:v2")
-    old = builds._build(image(["dsv4:v1-3f2a1b4c5d6e"]), 1.0)
+    old = ledger._build(image(["dsv4:v1-3f2a1b4c5d6e"]), 1.0)
     assert (old.current, old.foreign, old.lineage("dsv4:v1")) == (False, (), True)
 
 
@@ -59,27 +60,27 @@ class FakeEngine:
 
 
 def test_the_order_is_when_the_node_got_them_and_a_retag_does_not_change_it(tmp_path):
-    history = builds.History(tmp_path)
+    history = ledger.History(tmp_path)
     a = image(["dsv4:v1-3f2a1b4c5d6e"], "sha256:" + "a" * 64, last=100.0)
     b = image(["dsv4:v1", "dsv4:v1-3f2a1b4c5d6e"], "sha256:" + "b" * 64, last=200.0)
-    first = builds.read(FakeEngine([a, b]), "dsv4", history)
+    first = ledger.read(FakeEngine([a, b]), "dsv4", history)
     assert [x.id for x in first.builds] == [b.id, a.id]
     # a tagged again later (a rollback): the engine's last-tag time moves, the order does not
     a2 = image(a.repo_tags, a.id, last=300.0)
-    again = builds.read(FakeEngine([a2, b]), "dsv4", history)
+    again = ledger.read(FakeEngine([a2, b]), "dsv4", history)
     assert [x.id for x in again.builds] == [b.id, a.id]
     # a loaded image never tagged: its creation time
     c = image(["dsv4:v1-aaaaaaaaaaaa"], "sha256:" + "c" * 64, last=None,
               created="1970-01-01T00:01:00Z")
-    assert [x.id for x in builds.read(FakeEngine([a2, b, c]), "dsv4", history).builds][-1] == c.id
+    assert [x.id for x in ledger.read(FakeEngine([a2, b, c]), "dsv4", history).builds][-1] == c.id
 
 
 def test_a_pending_rollback_is_kept_until_done(tmp_path):
-    p = builds.Pending("dsv4:v1", tmp_path)
+    p = ledger.Pending("dsv4:v1", tmp_path)
     assert p.to() is None
     p.keep("dsv4:v1-3f2a1b4c5d6e")
-    assert builds.Pending("dsv4:v1", tmp_path).to() == "dsv4:v1-3f2a1b4c5d6e"
-    assert builds.Pending("dsv4:v2", tmp_path).to() is None
+    assert ledger.Pending("dsv4:v1", tmp_path).to() == "dsv4:v1-3f2a1b4c5d6e"
+    assert ledger.Pending("dsv4:v2", tmp_path).to() is None
     p.done()
     assert p.to() is None
 
@@ -106,7 +107,7 @@ def test_image_nodes_load(tmp_path):
 
 
 def test_a_build_current_under_two_moving_tags_has_two_immutable_tags():
-    b = builds._build(image(["dsv4:v1", "dsv4:v1-3f2a1b4c5d6e", "dsv4:latest",
+    b = ledger._build(image(["dsv4:v1", "dsv4:v1-3f2a1b4c5d6e", "dsv4:latest",
                              "dsv4:latest-3f2a1b4c5d6e"]), 1.0)
     assert set(b.moving) == {"dsv4:v1", "dsv4:latest"} and b.foreign == ()
     assert b.fixed_for("dsv4:latest") == "dsv4:latest-3f2a1b4c5d6e"
@@ -114,7 +115,7 @@ def test_a_build_current_under_two_moving_tags_has_two_immutable_tags():
 
 
 def test_a_build_removed_is_forgotten(tmp_path):
-    history = builds.History(tmp_path)
+    history = ledger.History(tmp_path)
     history.save("E", {"a": 1.0, "b": 2.0})
     history.forget("E", ["a"])
     assert history.of("E") == {"b": 2.0}

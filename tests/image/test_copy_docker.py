@@ -33,7 +33,7 @@ from testing.smalldisk import Unavailable, small_disk_engine
 from testing.smallimage import MiB, filler
 from patchkit import cli
 from patchkit.commands import copy_image
-from patchkit.image.transfer import How
+from patchkit.nodes.transfer import How
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 

@@ -31,7 +31,7 @@ from patchkit import cli
 from patchkit.commands import copy_image
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
-from patchkit.image.transfer import How
+from patchkit.nodes.transfer import How
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 

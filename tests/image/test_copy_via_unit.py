@@ -9,7 +9,7 @@ import json
 import pytest
 
 from patchkit import cli
-from patchkit.image import transfer as copy_image
+from patchkit.nodes import transfer as copy_image
 from patchkit.errors import UsageError
 
 
@@ -47,7 +47,7 @@ def test_the_image_keeps_its_path_and_tag_under_the_registry(image, ref):
 
 
 def test_cli_bad_via_exits_2_before_any_engine(monkeypatch, capsys):
-    from patchkit.image.docker import Engine
+    from patchkit.engines.docker import Engine
 
     monkeypatch.setattr(Engine, "connect", classmethod(lambda *a, **k: pytest.fail("connected")))
     code = cli.main(["copy-image", "demo:1", "--to", "ssh://node2", "--via", "http://reg:5000",
@@ -61,7 +61,7 @@ def test_cli_bad_via_exits_2_before_any_engine(monkeypatch, capsys):
                                          (["--compress", "gzip"], "--compress")])
 def test_via_with_a_direct_copy_option_exits_2_before_any_engine(monkeypatch, capsys, extra,
                                                                    word):
-    from patchkit.image.docker import Engine
+    from patchkit.engines.docker import Engine
 
     monkeypatch.setattr(Engine, "connect", classmethod(lambda *a, **k: pytest.fail("connected")))
     code = cli.main(["copy-image", "demo:1", "--to", "ssh://node2", "--via", "127.0.0.1:5055",
@@ -72,7 +72,7 @@ def test_via_with_a_direct_copy_option_exits_2_before_any_engine(monkeypatch, ca
 
 
 def test_a_transfer_counts_layers_moved_and_held_and_their_bytes_once():
-    from patchkit.image.enginefacts import Transfer
+    from patchkit.engines.facts import Transfer
 
     pull = Transfer()
     for line in [{"status": "Pulling from pk/app", "id": "1"},

@@ -19,9 +19,10 @@ from patchkit import versions
 from patchkit.commands import build_image as bi
 from patchkit.commands.verify import verify_image
 from patchkit import imageref as reference
-from patchkit.image import build, layer
+from patchkit.image import build
+from patchkit.formats import layer
 from patchkit.image.builders import engine_source
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.series.checkout import Change
 from patchkit.errors import ImageError, UsageError
 from patchkit.manifest import ImageDefaults, Manifest, VllmSource, variants
@@ -425,7 +426,7 @@ def test_a_pull_the_engine_refuses_is_named_once(project, workdir, monkeypatch):
 def test_a_containers_current_start_is_read_from_its_state():
     from datetime import datetime, timezone
 
-    from patchkit.image.enginefacts import since_start
+    from patchkit.engines.facts import since_start
 
     started = "2026-12-02T01:50:00.123456789Z"
     at = datetime(2026, 12, 2, 1, 50, tzinfo=timezone.utc).timestamp()

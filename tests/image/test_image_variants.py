@@ -17,7 +17,7 @@ from patchkit.manifest import variants
 from patchkit.commands import build_image as bi
 from patchkit.commands.verify import verify_image
 from patchkit.errors import UsageError
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.run import run_spec
 
 MOD = "MODE = 'plain'\n"

@@ -32,7 +32,7 @@ from testing.stackbase import flashinfer_wheel
 from patchkit import manifest
 from patchkit.commands import build_image, verify
 from patchkit.errors import ImageError
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.series.applier import apply_series
 from patchkit.run import run_spec
 

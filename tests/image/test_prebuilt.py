@@ -101,7 +101,7 @@ def test_the_jit_cache_has_a_place_that_depends_on_the_patched_sources():
 def test_the_image_config_sets_it_over_the_bases_value():
     import json
 
-    from patchkit.image import layer
+    from patchkit.formats import layer
     from patchkit.imageref import Platform
 
     base = layer.BaseImage("base:arm64", "sha256:" + "b" * 64, None, Platform.parse("linux/arm64"),

@@ -15,7 +15,10 @@ import pytest
 
 from patchkit.commands import build_image as bi
 from patchkit.errors import ImageError, UsageError
-from patchkit.image import layer, layerfs, registry
+from patchkit.image import layerfs
+from patchkit.formats import layer
+from patchkit.formats import manifests
+from patchkit.engines import registry
 from patchkit.image.package import find_package, installed_version, stale_caches
 from patchkit.imageref import Platform
 from patchkit.manifest import ImageDefaults, Manifest, VllmSource
@@ -208,21 +211,21 @@ def test_manifest_keeps_the_base_layers_and_adds_one_uncompressed_layer():
     remote = _remote()
     made = layer.layer_tar([layer.LayerEntry("x", data=b"1")], 0)
     config = b'{"config":{}}'
-    doc = json.loads(layer.image_manifest(remote, config, made))
+    doc = json.loads(manifests.image_manifest(remote, config, made))
     assert doc["mediaType"] == registry.DOCKER_MANIFEST
     assert doc["layers"][:2] == list(remote.layers)
     assert doc["layers"][2] == {"mediaType": "application/vnd.docker.image.rootfs.diff.tar",
                                 "size": made.bytes, "digest": made.diff_id}
     assert doc["config"] == {"mediaType": "application/vnd.docker.container.image.v1+json",
                              "size": len(config), "digest": layer.image_id_of(config)}
-    oci = json.loads(layer.image_manifest(_remote(registry.OCI_MANIFEST), config, made))
+    oci = json.loads(manifests.image_manifest(_remote(registry.OCI_MANIFEST), config, made))
     assert oci["layers"][2]["mediaType"] == "application/vnd.oci.image.layer.v1.tar"
-    again = layer.image_manifest(remote, config, made)
-    assert layer.image_manifest(remote, config, made) == again
+    again = manifests.image_manifest(remote, config, made)
+    assert manifests.image_manifest(remote, config, made) == again
 
 
 def test_base_seen_from_the_registry_is_the_base_the_engine_sees():
-    base = layer.base_image(_remote(), [5, 0], Platform("linux", "arm64"))
+    base = manifests.base_image(_remote(), [5, 0], Platform("linux", "arm64"))
     assert base.diff_ids == ("sha256:" + "a" * 64, "sha256:" + "b" * 64)
     assert base.digest == "sha256:" + "f" * 64
     assert base.config == {"Env": ["PATH=/usr/bin"], "Hostname": ""}
@@ -234,13 +237,13 @@ def test_base_seen_from_the_registry_is_the_base_the_engine_sees():
         {"created": "2024-05-06T07:08:10Z", "created_by": "RUN z", "comment": "c"})
     with pytest.raises(ImageError, match=r"base image reg.example:5000/base:1 is linux/amd64, "
                                          r"not linux/arm64"):
-        layer.base_image(_remote(architecture="amd64"), [5, 0], Platform("linux", "arm64"))
+        manifests.base_image(_remote(architecture="amd64"), [5, 0], Platform("linux", "arm64"))
 
 
 def test_times_read_as_the_engine_reads_them():
-    assert layer.unix_time("1970-01-01T00:00:01.999Z") == 1
-    assert layer.unix_time("1970-01-01T01:00:00+01:00") == 0
-    assert layer.unix_time(None) == layer.GO_ZERO_TIME
+    assert manifests.unix_time("1970-01-01T00:00:01.999Z") == 1
+    assert manifests.unix_time("1970-01-01T01:00:00+01:00") == 0
+    assert manifests.unix_time(None) == manifests.GO_ZERO_TIME
 
 
 # -------------------------------------------------------------------- the border's pure parts

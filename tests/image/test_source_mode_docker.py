@@ -111,7 +111,7 @@ def test_native_change_builds_vllm_from_the_patched_checkout(tmp_path, docker_cl
 
 
 def test_buildkit_dockerfile_needs_buildx(tmp_path, docker_client):
-    from patchkit.image.docker import Engine
+    from patchkit.engines.docker import Engine
 
     if Engine.connect().buildx_available():
         pytest.skip("docker buildx is installed here; the refusal is for engines without it")

@@ -31,7 +31,7 @@ from patchkit.commands import build_image, lock, verify
 from patchkit.errors import ImageError, ManifestError
 from patchkit.image import base as image_base
 from patchkit.image import lockfile
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.imageref import Platform
 from patchkit.run import run_spec
 from patchkit.series.applier import apply_series

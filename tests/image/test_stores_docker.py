@@ -27,8 +27,9 @@ from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.errors import ImageError
-from patchkit.image import layer
-from patchkit.image.docker import Engine
+from patchkit.formats import layer
+from patchkit.engines import facts
+from patchkit.engines.docker import Engine
 from patchkit.imageref import Platform
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
@@ -102,7 +103,7 @@ def test_podman_builds_the_same_image_through_a_complete_archive(project, classi
     layers = docker_client.api.inspect_image(classic["image_id"])["RootFS"]["Layers"]
     assert podman_client.api.inspect_image(tag)["RootFS"]["Layers"] == layers
     assert got["layer"]["diff_id"] == layers[-1]
-    assert fingerprint_of(podman_client, tag) == layer.fingerprint(engine.content(tag)) \
+    assert fingerprint_of(podman_client, tag) == facts.fingerprint(engine.content(tag)) \
         == fingerprint_of(docker_client, classic["image_id"])
     assert run_python(podman_client, tag, PROBE) == "aarch64 True"
 

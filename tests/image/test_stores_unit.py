@@ -24,9 +24,11 @@ from patchkit import cli
 from patchkit.commands import build_image as bi
 from patchkit.commands import copy_image
 from patchkit.errors import ImageError, UsageError
-from patchkit.image import layer
-from patchkit.image.docker import Engine, engine_url
-from patchkit.image.enginefacts import Inspected, store_of
+from patchkit.formats import layer
+from patchkit.formats import archive
+from patchkit.engines import facts
+from patchkit.engines.docker import Engine, engine_url
+from patchkit.engines.facts import Inspected, store_of
 from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
 
@@ -137,10 +139,10 @@ def _export(kind="containers-storage"):
 def test_a_complete_archive_is_the_base_export_then_the_layer_and_config(kind):
     made = layer.layer_tar([layer.LayerEntry("opt/x.py", "file", b"X = 1\n")], 5)
     config = _config([BASE_LAYER.diff_id, made.diff_id])
-    facts = layer.ArchiveFacts()
+    facts = archive.ArchiveFacts()
     # one byte at a time: nothing depends on how the engine cuts its stream
     chunks = [bytes([b]) for chunk in _export(kind) for b in chunk]
-    out = b"".join(layer.complete_archive(iter(chunks), config, made, [BASE_LAYER.diff_id], facts))
+    out = b"".join(archive.complete_archive(iter(chunks), config, made, [BASE_LAYER.diff_id], facts))
     assert facts.sent == len(out)
     with tarfile.open(fileobj=io.BytesIO(out)) as tar:
         man = json.load(tar.extractfile("manifest.json"))
@@ -154,9 +156,9 @@ def test_a_complete_archive_is_the_base_export_then_the_layer_and_config(kind):
 
 
 def test_a_copy_relays_the_export_and_counts_its_layer_bytes():
-    facts = layer.ArchiveFacts()
+    facts = archive.ArchiveFacts()
     export = _export("containers-storage")
-    out = b"".join(layer.relayed_export(iter(export), facts))
+    out = b"".join(archive.relayed_export(iter(export), facts))
     assert facts.sent == len(out)
     assert facts.layer_bytes() == len(BASE_LAYER.data) and facts.layer_count() == 1
     with tarfile.open(fileobj=io.BytesIO(out)) as a, \
@@ -173,7 +175,7 @@ def test_a_copy_relays_the_export_and_counts_its_layer_bytes():
 def test_a_broken_export_is_one_line(chunks, message):
     made = layer.layer_tar([layer.LayerEntry("opt/x.py", "file", b"X = 1\n")], 5)
     with pytest.raises(ImageError) as exc:
-        b"".join(layer.complete_archive(iter(chunks(_export())), b"{}", made,
+        b"".join(archive.complete_archive(iter(chunks(_export())), b"{}", made,
                                         [BASE_LAYER.diff_id]))
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
@@ -181,7 +183,7 @@ def test_a_broken_export_is_one_line(chunks, message):
 def test_an_export_of_another_image_is_refused():
     made = layer.layer_tar([layer.LayerEntry("opt/x.py", "file", b"X = 1\n")], 5)
     with pytest.raises(ImageError, match=r"holds no image of these 2 layer\(s\)"):
-        b"".join(layer.complete_archive(iter(_export()), b"{}", made,
+        b"".join(archive.complete_archive(iter(_export()), b"{}", made,
                                         [BASE_LAYER.diff_id, "sha256:" + "e" * 64]))
 
 
@@ -190,13 +192,13 @@ def test_an_export_of_another_image_is_refused():
 def test_fingerprint_is_config_and_layers_never_the_image_id():
     image = Inspected("sha256:" + "1" * 64, ("sha256:" + "3" * 64,), Platform("linux", "arm64"),
                       config_digest="sha256:" + "2" * 64)
-    fp = layer.fingerprint(image)
+    fp = facts.fingerprint(image)
     assert fp.startswith("sha256:")
-    assert fp == layer.fingerprint(replace(image, id="sha256:" + "9" * 64))
-    assert fp != layer.fingerprint(replace(image, diff_ids=()))
-    assert fp != layer.fingerprint(replace(image, config_digest="sha256:" + "4" * 64))
+    assert fp == facts.fingerprint(replace(image, id="sha256:" + "9" * 64))
+    assert fp != facts.fingerprint(replace(image, diff_ids=()))
+    assert fp != facts.fingerprint(replace(image, config_digest="sha256:" + "4" * 64))
     with pytest.raises(ImageError):
-        layer.fingerprint(replace(image, config_digest=None))
+        facts.fingerprint(replace(image, config_digest=None))
 
 
 def test_a_containerd_store_fingerprints_by_the_config_it_exports():
@@ -205,7 +207,7 @@ def test_a_containerd_store_fingerprints_by_the_config_it_exports():
     here, there = classic.content(BASE_TAG), containerd.content(BASE_TAG)
     assert here.id != there.id and api.exports == 1
     assert here.config_digest == there.config_digest == here.id
-    assert layer.fingerprint(here) == layer.fingerprint(there)
+    assert facts.fingerprint(here) == facts.fingerprint(there)
 
 
 # ------------------------------------------------------------------------ engine addresses
@@ -259,12 +261,12 @@ def test_copy_streams_once_then_finds_the_content_present():
     engines, connect = _targets("classic", "containers-storage", "containerd")
     urls = list(engines)
     first = copy_image.run(IMAGE, urls, source=source, connect=connect)
-    want = layer.fingerprint(source.content(IMAGE))
+    want = facts.fingerprint(source.content(IMAGE))
     assert first.ok and first.fingerprint == want
     assert [t.status for t in first.targets] == ["copied"] * 3
     for t, (url, (engine, api)) in zip(first.targets, engines.items()):
         assert t.engine == url and t.fingerprint == want
-        assert layer.fingerprint(engine.content(IMAGE)) == want
+        assert facts.fingerprint(engine.content(IMAGE)) == want
         # the whole image travels: the base's layer and the image's own
         assert t.sent.layers == 2
         assert t.sent.layer_bytes == sum(len(b) for b in src_api.blobs.values())
@@ -375,7 +377,7 @@ def test_cli_copy_image_prints_a_line_per_target_and_exits_1_on_a_failure(monkey
     url = next(iter(engines))
     assert cli.main(["copy-image", IMAGE, "--to", url, "tcp://127.0.0.1:9"]) == 1
     out = capsys.readouterr().out.splitlines()
-    want = layer.fingerprint(source.content(IMAGE))
+    want = facts.fingerprint(source.content(IMAGE))
     assert out[0].startswith(f"copied    {url} {want} (")
     assert "bytes sent in" in out[0] and "2 layer(s), " in out[0]
     assert out[1] == ("failed    tcp://127.0.0.1:9: no Docker Engine answers at tcp://127.0.0.1:9: "
@@ -406,7 +408,7 @@ def test_build_image_copy_to(project, workdir, monkeypatch, tmp_path):
     assert t["engine"] == url and t["status"] == "copied"
     target, target_api = engines[url]
     assert target_api.tags["demo:v0.27.1"] == summary["image_id"]
-    assert t["fingerprint"] == summary["copy"]["fingerprint"] == layer.fingerprint(
+    assert t["fingerprint"] == summary["copy"]["fingerprint"] == facts.fingerprint(
         target.content("demo:v0.27.1"))
     # a copy that fails makes the run fail, with the image built and tagged here
     target_api.refuse = "disk full"

@@ -1,4 +1,4 @@
-"""image.stream: an archive moved from one pipe into others, through real pipes and children.
+"""engines.pipes: an export moved from one pipe into others, through real pipes and children.
 
 The export is a child that writes a tar archive made here (``cat FILE``) and each load a child
 that keeps what it reads (``cat > FILE``), the way ``docker save`` and ``docker load`` stand on
@@ -15,8 +15,10 @@ import threading
 import pytest
 
 from patchkit.errors import ImageError
-from patchkit.image import layer, stream
-from patchkit.image.stream import Broken
+from patchkit.formats import layer
+from patchkit.formats import archive
+from patchkit.engines import pipes
+from patchkit.engines.pipes import Broken
 from patchkit.process import Piped
 
 LAYERS = [layer.layer_tar([layer.LayerEntry(f"opt/{n}", "file", bytes([n]) * (300_000 + n))], 0)
@@ -46,21 +48,21 @@ def oci_export(long_name: bool = False) -> bytes:
     return buf.getvalue()
 
 
-def pumped(tmp_path, archive: bytes, loads: int = 1, compress: str = "none", **kw):
+def pumped(tmp_path, exported: bytes, loads: int = 1, compress: str = "none", **kw):
     """``archive`` from a ``cat`` child through the pump into ``loads`` ``cat`` children; what
     each received, the pump, and the facts."""
     src = tmp_path / "export.tar"
-    src.write_bytes(archive)
+    src.write_bytes(exported)
     export = Piped(["cat", str(src)], feed=False)
     outs = [tmp_path / f"load{i}" for i in range(loads)]
     sinks = [Piped(["sh", "-c", f"cat > {out}"], feed=True) for out in outs]
-    pump = stream.Pump(export.fd, [s.fd for s in sinks], timeout=10, compress=compress)
-    facts = layer.ArchiveFacts()
+    pump = pipes.Pump(export.fd, [s.fd for s in sinks], timeout=10, compress=compress)
+    facts = archive.ArchiveFacts()
     try:
         if kw:
-            stream.relay(pump, facts, **kw)
+            pipes.relay(pump, facts, **kw)
         else:
-            stream.whole(pump)
+            pipes.whole(pump)
     finally:
         pump.close()
         for s in sinks:
@@ -75,31 +77,31 @@ def members(data: bytes) -> dict[str, bytes]:
 
 
 def test_a_whole_export_is_spliced_as_it_is(tmp_path):
-    archive = oci_export()
-    (got,), pump, _ = pumped(tmp_path, archive)
-    assert got == archive and pump.wire == len(archive)
+    exported = oci_export()
+    (got,), pump, _ = pumped(tmp_path, exported)
+    assert got == exported and pump.wire == len(exported)
 
 
 def test_one_export_to_three_loads_gives_each_the_same_bytes(tmp_path):
-    archive = oci_export()
-    got, pump, _ = pumped(tmp_path, archive, loads=3)
-    assert got == [archive] * 3 and pump.wire == len(archive)
+    exported = oci_export()
+    got, pump, _ = pumped(tmp_path, exported, loads=3)
+    assert got == [exported] * 3 and pump.wire == len(exported)
 
 
 def test_gzip_on_the_way(tmp_path):
     import gzip
 
-    archive = oci_export()
-    (got,), pump, _ = pumped(tmp_path, archive, compress="gzip")
-    assert gzip.decompress(got) == archive and pump.wire == len(got) < len(archive)
+    exported = oci_export()
+    (got,), pump, _ = pumped(tmp_path, exported, compress="gzip")
+    assert gzip.decompress(got) == exported and pump.wire == len(got) < len(exported)
 
 
 @pytest.mark.parametrize("long_name", [False, True])
 def test_the_layers_a_target_holds_are_left_out(tmp_path, long_name):
-    archive = oci_export(long_name)
-    (got,), pump, facts = pumped(tmp_path, archive, held=DIFF_IDS[:2], layers=DIFF_IDS)
+    exported = oci_export(long_name)
+    (got,), pump, facts = pumped(tmp_path, exported, held=DIFF_IDS[:2], layers=DIFF_IDS)
     kept = members(got)
-    whole = members(archive)
+    whole = members(exported)
     # the held layers are gone; every other member is there, byte for byte
     assert set(whole) - set(kept) == {f"blobs/sha256/{d.split(':', 1)[1]}" for d in DIFF_IDS[:2]}
     assert all(kept[n] == whole[n] for n in kept)
@@ -108,23 +110,23 @@ def test_the_layers_a_target_holds_are_left_out(tmp_path, long_name):
     assert facts.positions == {i: len(x.data) for i, x in enumerate(LAYERS)}
     # what went is the archive less the held layers (their headers and bodies), and no more
     assert pump.wire == facts.sent == len(got)
-    assert len(got) <= len(archive) - facts.left_out_bytes()
+    assert len(got) <= len(exported) - facts.left_out_bytes()
     assert facts.config_digest(DIFF_IDS).startswith("sha256:")
 
 
 def test_the_relay_matches_the_in_process_one(tmp_path):
-    """The same members as ``layer.relay`` keeps (which the API route uses)."""
-    archive = oci_export()
-    (got,), _, _ = pumped(tmp_path, archive, held=DIFF_IDS[:1], layers=DIFF_IDS)
-    facts = layer.ArchiveFacts()
-    other = b"".join(layer.relayed_export([archive], facts, DIFF_IDS[:1], DIFF_IDS))
+    """The same members as ``archive.relay`` keeps (which the API route uses)."""
+    exported = oci_export()
+    (got,), _, _ = pumped(tmp_path, exported, held=DIFF_IDS[:1], layers=DIFF_IDS)
+    facts = archive.ArchiveFacts()
+    other = b"".join(archive.relayed_export([exported], facts, DIFF_IDS[:1], DIFF_IDS))
     assert members(got) == members(other)
 
 
 def test_an_export_that_ends_early_is_one_line(tmp_path):
-    archive = oci_export()
+    exported = oci_export()
     with pytest.raises(ImageError, match="ends early"):
-        pumped(tmp_path, archive[:len(archive) // 2], held=DIFF_IDS[:1], layers=DIFF_IDS)
+        pumped(tmp_path, exported[:len(exported) // 2], held=DIFF_IDS[:1], layers=DIFF_IDS)
 
 
 def test_not_a_tar_archive(tmp_path):
@@ -134,39 +136,39 @@ def test_not_a_tar_archive(tmp_path):
 
 
 def test_a_load_that_closes_its_end_is_let_go_and_the_others_go_on(tmp_path):
-    archive = oci_export()
+    exported = oci_export()
     src = tmp_path / "export.tar"
-    src.write_bytes(archive)
+    src.write_bytes(exported)
     export = Piped(["cat", str(src)], feed=False)
     good = Piped(["sh", "-c", f"cat > {tmp_path / 'good'}"], feed=True)
     gone = Piped(["true"], feed=True)
     gone.proc.wait()
-    pump = stream.Pump(export.fd, [good.fd, gone.fd], timeout=10, names=["good", "gone"])
-    stream.whole(pump)
+    pump = pipes.Pump(export.fd, [good.fd, gone.fd], timeout=10, names=["good", "gone"])
+    pipes.whole(pump)
     assert pump.broken == {gone.fd: Broken("gone closed its end of the stream")}
-    assert good.wait(10) == 0 and (tmp_path / "good").read_bytes() == archive
+    assert good.wait(10) == 0 and (tmp_path / "good").read_bytes() == exported
     export.wait(10)
     # and when none is left, the pump stops with that reason
     export = Piped(["cat", str(src)], feed=False)
     gone = Piped(["true"], feed=True)
     gone.proc.wait()
-    pump = stream.Pump(export.fd, [gone.fd], timeout=10, names=["the load at X"])
+    pump = pipes.Pump(export.fd, [gone.fd], timeout=10, names=["the load at X"])
     with pytest.raises(ImageError, match="^the load at X closed its end of the stream$"):
-        stream.whole(pump)
+        pipes.whole(pump)
     export.end()
 
 
 def test_a_silent_export_and_a_stop_end_the_pump(tmp_path):
     silent = Piped(["sleep", "30"], feed=False)
     sink = Piped(["sh", "-c", "cat > /dev/null"], feed=True)
-    pump = stream.Pump(silent.fd, [sink.fd], timeout=0.5, what="the export from X")
+    pump = pipes.Pump(silent.fd, [sink.fd], timeout=0.5, what="the export from X")
     with pytest.raises(ImageError, match=r"^the export from X gave nothing for 0.5 s$"):
-        stream.whole(pump)
+        pipes.whole(pump)
     stop = threading.Event()
     stop.set()
-    pump = stream.Pump(silent.fd, [sink.fd], timeout=30, stop=stop)
+    pump = pipes.Pump(silent.fd, [sink.fd], timeout=30, stop=stop)
     with pytest.raises(ImageError, match="interrupted"):
-        stream.whole(pump)
+        pipes.whole(pump)
     silent.end()
     sink.end()
 
@@ -180,8 +182,8 @@ def test_a_load_that_takes_nothing_is_let_go_and_the_other_gets_it_all(tmp_path)
     export = Piped(["cat", str(src)], feed=False)
     good = Piped(["sh", "-c", f"cat > {tmp_path / 'good'}"], feed=True)
     stuck = Piped(["sleep", "30"], feed=True)   # never reads its stdin
-    pump = stream.Pump(export.fd, [good.fd, stuck.fd], timeout=0.5, names=["good", "stuck"])
-    stream.whole(pump)
+    pump = pipes.Pump(export.fd, [good.fd, stuck.fd], timeout=0.5, names=["good", "stuck"])
+    pipes.whole(pump)
     assert pump.broken == {stuck.fd: Broken("stuck took nothing for 0.5 s", stalled=True)}
     assert good.wait(10) == 0 and (tmp_path / "good").read_bytes() == data
     assert pump.wire == len(data)

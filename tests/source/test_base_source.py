@@ -14,8 +14,10 @@ from testing.upstream import dedent, make_diff, make_upstream
 from patchkit import git as g
 from patchkit import manifest, source, versions
 from patchkit.errors import ManifestError, SourceError, UsageError
-from patchkit.image import build, layer
-from patchkit.image.enginefacts import Inspected
+from patchkit.image import build
+from patchkit.engines import facts
+from patchkit.formats import layer
+from patchkit.engines.facts import Inspected
 from patchkit.imageref import Platform
 from patchkit.report import ApplyReport, PackageInfo
 from patchkit.series.checkout import AppliedCheckout
@@ -441,11 +443,11 @@ def test_a_tree_read_from_a_base_fits_a_base_holding_that_very_version():
 
 def test_the_fingerprint_is_config_and_layers_not_the_image_id():
     layers = ["sha256:" + "a" * 64]
-    one = layer.fingerprint(Inspected("sha256:" + "9" * 64, tuple(layers),
+    one = facts.fingerprint(Inspected("sha256:" + "9" * 64, tuple(layers),
                                       Platform("linux", "arm64"),
                                       config_digest="sha256:" + "1" * 64))
     # the engine's image id plays no part: only the config digest and the layers
-    assert one == layer.fingerprint(Inspected("sha256:" + "8" * 64, tuple(layers),
+    assert one == facts.fingerprint(Inspected("sha256:" + "8" * 64, tuple(layers),
                                               Platform("linux", "arm64"),
                                               config_digest="sha256:" + "1" * 64))
     assert one == layer.fingerprint_of("sha256:" + "1" * 64, layers)
@@ -497,7 +499,7 @@ def test_build_image_text_says_what_the_image_holds():
 def test_a_build_whose_copy_failed_is_not_ok_in_every_reading():
     """One ``ok``: the report's, its JSON's and the exit code's agree when a copy failed."""
     from patchkit.commands.build_image import BuildReport
-    from patchkit.image.transfer import CopyReport, CopyStatus, TargetResult
+    from patchkit.nodes.transfer import CopyReport, CopyStatus, TargetResult
     from patchkit.render import text
 
     copied = CopyReport("reg/pk:1", "sha256:" + "3" * 64,

@@ -9,7 +9,7 @@ import tarfile
 
 import docker
 
-from patchkit.image import layer
+from patchkit.formats import layer
 
 
 def files_of(client, image: str, paths: list[str]) -> dict[str, bytes | None]:

@@ -1,6 +1,6 @@
 """A Docker Engine in memory, for the unit tests of the image paths: the slice of the SDK's
-low-level client (``docker.APIClient``) that the engine border (``patchkit.image.docker`` and
-``patchkit.image.imagefiles``) calls, faked under that border so that the border's own
+low-level client (``docker.APIClient``) that the engine border (``patchkit.engines.docker`` and
+``patchkit.engines.imagefiles``) calls, faked under that border so that the border's own
 translation of SDK errors and streams is what the tests exercise.
 
 * ``FakeAPI`` -- images by id (inspect output and a filesystem each), tags, stopped
@@ -21,7 +21,7 @@ import tarfile
 
 import docker.errors
 
-from patchkit.image import layer
+from patchkit.formats import layer
 
 PODMAN_INFO = {"Driver": "vfs", "DriverStatus": [], "BuildahVersion": "1.28.2",
                "ServerVersion": "4.3.1"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from patchkit.image import basevllm
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.manifest import Manifest
 from patchkit.report import ApplyReport
 from patchkit.run import Asked

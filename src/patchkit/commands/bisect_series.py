@@ -40,7 +40,7 @@ from patchkit.image import base as base_
 from patchkit.image import basevllm
 from patchkit.image.assembly import Choices, assemble, reach_registry
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.run import Asked, RunSpec
 from patchkit.report import ApplyReport, Status
 from patchkit.series import applier

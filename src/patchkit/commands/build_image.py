@@ -11,11 +11,12 @@ from typing import Sequence
 
 from patchkit.errors import UsageError
 from patchkit.image import base as base_
-from patchkit.image import basevllm, build, builders, transfer
+from patchkit.image import basevllm, build, builders
+from patchkit.nodes import transfer
 from patchkit.image import lockfile as stack
 from patchkit.image.builders.protocol import Asked
 from patchkit.image.assembly import BuildReport, Choices, assemble, reach_registry
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.manifest import Manifest, variants
 from patchkit.run import RunSpec, run_spec
 from patchkit.report import ApplyReport

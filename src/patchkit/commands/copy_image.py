@@ -1,5 +1,5 @@
 """``patchkit copy-image IMAGE --to ENGINE...``: the same image content on other engines (the
-copy itself is :mod:`patchkit.image.transfer`'s)."""
+copy itself is :mod:`patchkit.nodes.transfer`'s)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 from typing import Callable, Sequence
 
 from patchkit.errors import Origin, UsageError
-from patchkit.image.docker import Engine
-from patchkit.image.transfer import CopyReport, How, Log, check_compress, check_targets, \
+from patchkit.engines.docker import Engine
+from patchkit.nodes.transfer import CopyReport, How, Log, check_compress, check_targets, \
     check_via, copy
 from patchkit.imageref import check_reference
 from patchkit.manifest import Manifest

@@ -4,7 +4,7 @@ removed from each node, but never one that is current, that a container uses, or
 a tag patchkit did not make.
 
 The nodes are the engine DOCKER_HOST names, the manifest's ``image.nodes`` and each one given
-(:mod:`patchkit.image.nodes`); the builds and their order are :mod:`patchkit.image.builds`'s.
+(:mod:`patchkit.nodes.fleet`); the builds and their order are :mod:`patchkit.nodes.ledger`'s.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from patchkit.errors import ImageError, PatchkitError, UsageError
-from patchkit.image import builds as builds_
-from patchkit.image import nodes as nodes_
-from patchkit.image.docker import Engine
+from patchkit.nodes import ledger
+from patchkit.nodes import fleet
+from patchkit.engines.docker import Engine
 from patchkit.manifest import Manifest
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
@@ -23,7 +23,7 @@ from patchkit.timeouts import DEFAULT_TIMEOUT
 @dataclass
 class NodeListing:
     node: str
-    builds: list[builds_.Build] = field(default_factory=list)
+    builds: list[ledger.Build] = field(default_factory=list)
     error: str | None = None
 
     @property
@@ -68,26 +68,26 @@ class Listing:
 
 
 def run(manifest: Manifest, nodes: Sequence[str] = (), *, timeout: float = DEFAULT_TIMEOUT,
-        history: builds_.History | None = None,
+        history: ledger.History | None = None,
         connect: Callable[[str], Engine] | None = None) -> Listing:
     """This patchset's builds on every node (exit 1 when a node cannot be reached: the others
     are listed)."""
-    urls = nodes_.addresses(manifest.image.nodes, nodes, "--node")
-    history = history or builds_.History()
-    reached = nodes_.reach(urls, timeout, connect)
+    urls = fleet.addresses(manifest.image.nodes, nodes, "--node")
+    history = history or ledger.History()
+    reached = fleet.reach(urls, timeout, connect)
     try:
-        listed = [got for got, _ in nodes_.each(
+        listed = [got for got, _ in fleet.each(
             reached, lambda n: _listing(n, manifest.name, history))]
     finally:
-        nodes_.close(reached)
+        fleet.close(reached)
     return Listing(manifest.name, listed, drift(listed))
 
 
-def _listing(node: nodes_.Node, patchset: str, history: builds_.History) -> NodeListing:
+def _listing(node: fleet.Node, patchset: str, history: ledger.History) -> NodeListing:
     if node.engine is None:
         return NodeListing(node.url, error=node.error)
     try:
-        return NodeListing(node.url, builds_.read(node.engine, patchset, history).builds)
+        return NodeListing(node.url, ledger.read(node.engine, patchset, history).builds)
     except PatchkitError as exc:
         return NodeListing(node.url, error=str(exc))
 
@@ -163,32 +163,32 @@ class Pruned:
 
 
 def prune(manifest: Manifest, keep: int, nodes: Sequence[str] = (), *, dry_run: bool = False,
-          timeout: float = DEFAULT_TIMEOUT, history: builds_.History | None = None,
+          timeout: float = DEFAULT_TIMEOUT, history: ledger.History | None = None,
           connect: Callable[[str], Engine] | None = None) -> Pruned:
     """On every node, this patchset's builds beyond the newest ``keep`` removed, but those
     current, used by a container (running or stopped), or carrying a tag patchkit did not
     make; what each removal freed, by the engine's count of the bytes no other image shares."""
     if keep < 1:
         raise UsageError(f"keep {keep}: keep at least 1 build (the newest) on each node")
-    urls = nodes_.addresses(manifest.image.nodes, nodes, "--node")
-    history = history or builds_.History()
-    reached = nodes_.reach(urls, timeout, connect)
+    urls = fleet.addresses(manifest.image.nodes, nodes, "--node")
+    history = history or ledger.History()
+    reached = fleet.reach(urls, timeout, connect)
     try:
-        done = [got for got, _ in nodes_.each(
+        done = [got for got, _ in fleet.each(
             reached, lambda n: _prune_node(n, manifest.name, keep, dry_run, history))]
     finally:
-        nodes_.close(reached)
+        fleet.close(reached)
     return Pruned(manifest.name, keep, done, dry_run)
 
 
-def _prune_node(node: nodes_.Node, patchset: str, keep: int, dry_run: bool,
-                history: builds_.History) -> NodePrune:
+def _prune_node(node: fleet.Node, patchset: str, keep: int, dry_run: bool,
+                history: ledger.History) -> NodePrune:
     result = NodePrune(node.url, error=node.error)
     engine = node.engine
     if engine is None:
         return result
     try:
-        listed = builds_.read(engine, patchset, history)
+        listed = ledger.read(engine, patchset, history)
         found = listed.builds
         beyond = found[keep:]
         if not beyond:
@@ -215,7 +215,7 @@ def _prune_node(node: nodes_.Node, patchset: str, keep: int, dry_run: bool,
     return result
 
 
-def _kept_why(b: builds_.Build, users: dict[str, list[str]]) -> str | None:
+def _kept_why(b: ledger.Build, users: dict[str, list[str]]) -> str | None:
     if b.current:
         return f"current under {', '.join(b.moving)}"
     if b.foreign:

@@ -9,7 +9,7 @@ from patchkit import files
 from patchkit.errors import Origin, SettingError
 from patchkit.image import base as base_
 from patchkit.image import lockfile as stack
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.manifest import Manifest
 from patchkit.run import NO_BASE, run_spec
 from patchkit.series import checkout

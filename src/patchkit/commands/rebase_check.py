@@ -31,7 +31,7 @@ from patchkit import interrupt, process, source, versions
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.image import basevllm
 from patchkit.manifest import VLLM, Manifest, Patch, variants
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.run import Asked, RunSpec, pins
 from patchkit.report import ApplyReport, PatchResult, Status
 from patchkit.series import applier, trial

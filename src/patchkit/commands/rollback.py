@@ -1,7 +1,7 @@
 """``patchkit rollback [--to TAG]``: the moving tag put on an earlier build on every node.
 
 The build is ``--to`` (an immutable tag, ``<moving tag>-<12 hex>``), else the one before the
-current build on the first node reached (the builds in the order :mod:`patchkit.image.builds`
+current build on the first node reached (the builds in the order :mod:`patchkit.nodes.ledger`
 gives them).  Everything that can be refused is refused before any node changes (exit 2).
 Then, node by node:
 
@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from patchkit.errors import ImageError, Origin, PatchkitError, UsageError
-from patchkit.image import builds as builds_
-from patchkit.image import labels, layer, transfer
-from patchkit.image import nodes as nodes_
-from patchkit.image.docker import Engine
+from patchkit.nodes import ledger
+from patchkit.image import labels
+from patchkit.engines import facts
+from patchkit.nodes import transfer
+from patchkit.nodes import fleet
+from patchkit.engines.docker import Engine
 from patchkit.imageref import check_reference
 from patchkit.manifest import Manifest
 from patchkit.run import built_tag
@@ -101,17 +103,17 @@ class _Move:
     source: Engine
     request: Request
     log: Callable[[str], None]
-    history: builds_.History
+    history: ledger.History
 
 
 def run(manifest: Manifest, request: Request = Request(), *,
-        log: Callable[[str], None] = lambda m: None, history: builds_.History | None = None,
+        log: Callable[[str], None] = lambda m: None, history: ledger.History | None = None,
         connect: Callable[[str], Engine] | None = None) -> Rollback:
     moving = _moving(manifest, request.to, request.tag)
-    urls = nodes_.addresses(manifest.image.nodes, request.nodes, "--node")
-    history = history or builds_.History()
-    pending = builds_.Pending(moving, history.cache)
-    reached = nodes_.reach(urls, request.timeout, connect)
+    urls = fleet.addresses(manifest.image.nodes, request.nodes, "--node")
+    history = history or ledger.History()
+    pending = ledger.Pending(moving, history.cache)
+    reached = fleet.reach(urls, request.timeout, connect)
     try:
         found = _read(reached, manifest.name, history)
         target, resumed = _target(manifest, moving, request.to, found, pending)
@@ -122,7 +124,7 @@ def run(manifest: Manifest, request: Request = Request(), *,
         move = _Move(moving, target, want, source, request, log, history)
         done = [_node(n, nb, move) for n, nb in found]
     finally:
-        nodes_.close(reached)
+        fleet.close(reached)
     if not request.dry_run and all(n.ok for n in done):
         pending.done()
     return Rollback(moving, target, want.fingerprint, done, request.dry_run, resumed)
@@ -144,11 +146,11 @@ def _moving(manifest: Manifest, to: str | None, tag: str | None) -> str:
     return beside
 
 
-def _read(reached: Sequence[nodes_.Node], patchset: str, history: builds_.History
-          ) -> list[tuple[nodes_.Node, builds_.NodeBuilds | None]]:
+def _read(reached: Sequence[fleet.Node], patchset: str, history: ledger.History
+          ) -> list[tuple[fleet.Node, ledger.NodeBuilds | None]]:
     live = [n for n in reached if n.engine is not None]
-    got = dict(zip(map(id, live), nodes_.each(
-        live, lambda n: builds_.read(n.engine, patchset, history))))
+    got = dict(zip(map(id, live), fleet.each(
+        live, lambda n: ledger.read(n.engine, patchset, history))))
     out = []
     for node in reached:
         nb, error = got.get(id(node), (None, None))
@@ -159,8 +161,8 @@ def _read(reached: Sequence[nodes_.Node], patchset: str, history: builds_.Histor
 
 
 def _target(manifest: Manifest, moving: str, to: str | None,
-            found: Sequence[tuple[nodes_.Node, builds_.NodeBuilds | None]],
-            pending: builds_.Pending) -> tuple[str, bool]:
+            found: Sequence[tuple[fleet.Node, ledger.NodeBuilds | None]],
+            pending: ledger.Pending) -> tuple[str, bool]:
     """The build to roll back to (its immutable tag), refused with a usage error when there
     is none; whether it is a pending rollback's."""
     live = [(n, nb) for n, nb in found if nb is not None]
@@ -226,7 +228,7 @@ def _content(engine: Engine, ref: str) -> Content | None:
     if image is None:
         return None
     return Content(image.diff_ids, image.labels.get(labels.INPUTS_LABEL),
-                   layer.fingerprint(image) if image.config_digest else None)
+                   facts.fingerprint(image) if image.config_digest else None)
 
 
 def _source(found, target: str) -> tuple[Engine, Content]:
@@ -240,7 +242,7 @@ def _source(found, target: str) -> tuple[Engine, Content]:
     raise UsageError(f"{target}: no node reached holds it")
 
 
-def _node(node: nodes_.Node, nb: builds_.NodeBuilds | None, move: _Move) -> NodeRollback:
+def _node(node: fleet.Node, nb: ledger.NodeBuilds | None, move: _Move) -> NodeRollback:
     started = time.monotonic()
     if nb is None:
         return NodeRollback(node.url, "failed", error=node.error)

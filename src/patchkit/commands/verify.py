@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from patchkit import paths, versions
 from patchkit.errors import ImageError, LogError, UsageError
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.run import RunSpec, run_spec
 from patchkit.report import AssertionResult, Word
@@ -257,7 +257,8 @@ def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None,
     """Each package's assertions on the files ``image`` holds: vLLM's where its package is,
     every other package's at the site its ``dist`` is installed in (its dist-info); ranges are
     judged on the versions installed there.  The run's packages (``--package``) limit them."""
-    from patchkit.image import layer, package
+    from patchkit.image import package
+    from patchkit.engines.facts import fingerprint
     from patchkit.image.build import Holds
     from patchkit.image.labels import ImageFacts
 
@@ -275,9 +276,9 @@ def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None,
             pkg = package.find_package(files, env)
         version = facts.installed or package.installed_version(files, pkg, None)
         # where ids are not config digests only an export of the whole image would tell it
-        fingerprint = (layer.fingerprint(engine.content(held.id))
-                       if engine.store().ids_are_config_digests else None)
-        holds = Holds.of(version, facts.source, fingerprint)
+        holds = Holds.of(version, facts.source,
+                         fingerprint(engine.content(held.id))
+                         if engine.store().ids_are_config_digests else None)
         installed = _installed(manifest, files, env, lock)
         locked = _stack_checks(manifest, installed, facts, lock, image)
         sites = _image_sites(manifest, installed, pkg.site, version)

@@ -12,7 +12,9 @@ from pathlib import Path
 from patchkit import source
 from patchkit.image import artifact
 from patchkit.image import base as base_
-from patchkit.image import build, builders, labels, layer
+from patchkit.image import build, builders, labels
+from patchkit.engines import facts
+from patchkit.formats import layer
 from patchkit.image import lockfile as stack
 from patchkit.image.builders.protocol import Job
 from patchkit.imageref import Platform
@@ -237,14 +239,14 @@ def _fingerprint(built: build.Built, engine, tag: str) -> str | None:
     if engine is None or built.pushed_by_build or not engine.store().ids_are_config_digests:
         return None
     content = engine.content(tag)
-    return layer.fingerprint(content) if content else None
+    return facts.fingerprint(content) if content else None
 
 
 
 def reach_registry(manifest: Manifest, run: RunSpec):
     """The registry the tag goes to, asked once what it holds there: a registry that cannot be
     reached is an error before any work (the tag's {version} is not known yet; its host is)."""
-    from patchkit.image.registry import Registry
+    from patchkit.engines.registry import Registry
 
     registry = Registry(timeout=run.timeout)
     registry.digest_of(variants.default_tag(manifest, run.ref, None, run.tag, run.variant))

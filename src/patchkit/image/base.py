@@ -18,7 +18,7 @@ from pathlib import Path
 from patchkit.errors import ImageError
 from patchkit.image import distinfo
 from patchkit.image import lockfile as stack
-from patchkit.image.layer import BaseImage
+from patchkit.formats.layer import BaseImage
 from patchkit.image.distinfo import ListedFiles
 from patchkit.imageref import Platform
 from patchkit.manifest import Manifest

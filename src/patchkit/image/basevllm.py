@@ -17,8 +17,8 @@ from patchkit import source
 from patchkit.errors import ImageError
 from patchkit.image import distinfo, package
 from patchkit.image import base
-from patchkit.image.docker import Log
-from patchkit.image.layer import BaseImage
+from patchkit.engines.docker import Log
+from patchkit.formats.layer import BaseImage
 from patchkit.run import RunSpec, reading_base
 
 SYMLINK, EXECUTABLE, REGULAR = 0o120000, 0o100755, 0o100644

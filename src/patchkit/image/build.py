@@ -26,7 +26,8 @@ from patchkit.errors import ImageError, UsageError
 from patchkit.image import base as base_
 from patchkit.image import prebuilt
 from patchkit.image import labels as image_labels
-from patchkit.image import distinfo, layer, lockfile, package
+from patchkit.image import distinfo, lockfile, package
+from patchkit.formats import layer
 from patchkit.manifest import VLLM, Manifest
 from patchkit.manifest.model import ImageDefaults
 from patchkit.series.checkout import AppliedCheckout, Change
@@ -473,7 +474,7 @@ class Holds:
     installed: str | None     # the vLLM version installed in it
     commit: str | None        # the commit that version names (a dev build), else None
     source: str | None        # where the pristine tree came from: git, pypi, image (None: unknown)
-    fingerprint: str | None   # its content: config digest + layer diff_ids (layer.fingerprint)
+    fingerprint: str | None   # its content: config digest + layer diff_ids (engines.facts.fingerprint)
 
     @classmethod
     def of(cls, installed: str | None, source_kind: str | None, fingerprint: str | None) -> Holds:

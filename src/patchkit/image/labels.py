@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from patchkit import source, versions
-from patchkit.image import layer
+from patchkit.formats import layer
 from patchkit.image.prebuilt import CUBIN_ENV, WORKSPACE_ENV
 from patchkit.imageref import split_tag
 from patchkit.manifest import Manifest

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from packaging.utils import canonicalize_name
 
 from patchkit.errors import ImageError, UsageError
-from patchkit.image import layer
+from patchkit.formats import layer
 from patchkit.image.distinfo import Dist, Installed
 from patchkit import jitrules
 from patchkit.series import jit

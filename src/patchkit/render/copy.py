@@ -3,7 +3,7 @@ with --via, first a line of what the push to the registry sent."""
 
 from __future__ import annotations
 
-from patchkit.image.transfer import CopyStatus
+from patchkit.nodes.transfer import CopyStatus
 
 
 def target_line(target: dict) -> str:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from patchkit.image import layer
+from patchkit.formats import layer
 from patchkit.image.base import opened
 from patchkit.image.build import (OVERLAY_MODE, Built, LayerInfo, overlay_image, overlay_inputs,
                                   plan_overlay)
 from patchkit.image.builders.protocol import EnginePath, Job
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.image.labels import INPUTS_LABEL, ImageFacts
 
 

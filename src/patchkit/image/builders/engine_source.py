@@ -10,7 +10,7 @@ from patchkit.errors import ImageError
 from patchkit.image.build import (SOURCE_MODE, Built, ModeChoice, packages_of, patchset_digest,
                                   source_date)
 from patchkit.image.builders.protocol import EnginePath, Job
-from patchkit.image.docker import Engine
+from patchkit.engines.docker import Engine
 from patchkit.image.labels import run_labels
 from patchkit.imageref import Platform
 

@@ -18,8 +18,8 @@ from patchkit.series.checkout import AppliedCheckout
 
 if TYPE_CHECKING:   # imported by the path that uses it, when chosen
     from patchkit.image.base import BaseStack
-    from patchkit.image.docker import Engine
-    from patchkit.image.registry import Registry
+    from patchkit.engines.docker import Engine
+    from patchkit.engines.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,12 @@ import json
 from pathlib import Path
 
 from patchkit.errors import ImageError, Origin, SettingError, literal
-from patchkit.image import build, distinfo, layer, layerfs, lockfile
+from patchkit.image import build, distinfo, layerfs, lockfile
+from patchkit.formats import layer
+from patchkit.formats import manifests
 from patchkit.image.builders.protocol import Asked, Job
-from patchkit.image.layer import RemoteImage
-from patchkit.image.registry import Registry, blob_path, host_of
+from patchkit.formats.manifests import RemoteImage
+from patchkit.engines.registry import Registry, blob_path, host_of
 from patchkit.cache import cache_subdir
 
 NO_DAEMON = Origin("no_daemon")
@@ -88,7 +90,7 @@ def build_overlay(job: Job, base_ref: str, reg: Registry) -> build.Built:
     if not reg.fetch(remote, blobs, log):
         log(f"the base's {len(remote.layers)} layer(s) are in the cache")
     layers = _indexed(remote, base_ref, blobs, store / "index")
-    base = layer.base_image(remote, [sum(m.size for m in one.members if m.kind == "f")
+    base = manifests.base_image(remote, [sum(m.size for m in one.members if m.kind == "f")
                                      for one in layers], platform)
     log(f"base pinned by digest: {base.pinned}")
     inputs = build.overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages)
@@ -105,7 +107,7 @@ def build_overlay(job: Job, base_ref: str, reg: Registry) -> build.Built:
         plan = build.plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log,
                                   job.packages, job.artifacts)
     made, config = build.overlay_image(base, plan, inputs)
-    man = layer.image_manifest(remote, config, made)
+    man = manifests.image_manifest(remote, config, made)
     digest = "sha256:" + hashlib.sha256(man).hexdigest()
     reused = current == digest
     if reused:

@@ -14,8 +14,8 @@ from pathlib import PurePosixPath
 from typing import Iterator
 
 from patchkit.errors import ImageError
-from patchkit.image.layer import ChunkReader
-from patchkit.image.sdk import border, sdk
+from patchkit.formats.archive import ChunkReader
+from patchkit.engines.sdk import border, sdk
 
 
 class ImageFiles:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
 from patchkit.errors import PatchkitError
-from patchkit.image.docker import Engine, docker_host, engine_url
+from patchkit.engines.docker import Engine, docker_host, engine_url
 
 DEFAULT = "unix:///var/run/docker.sock"   # the SDK's when DOCKER_HOST is unset
 

@@ -13,15 +13,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Mapping
 
+from patchkit.errors import ImageError
+from patchkit.formats.layer import fingerprint_of, parse_env
 from patchkit.imageref import Platform
 
 
 # ----------------------------------------------------------------------------- image stores
-
-def parse_env(config: Mapping) -> dict[str, str]:
-    """An image config's ``Env`` (``["NAME=value", ...]``) as a dict; the one parse of it."""
-    return dict(item.partition("=")[::2] for item in config.get("Env") or ())
-
 
 @dataclass(frozen=True)
 class Inspected:
@@ -183,3 +180,15 @@ class Transfer:
 
     def to_dict(self) -> dict:
         return {"layers": self.moved, "present": self.present, "bytes": self.bytes}
+
+
+def fingerprint(image: Inspected) -> str:
+    """The content fingerprint of an image as an engine reports it: its config digest and its
+    layers' diff_ids, never the engine's image id (a containerd store's id is the digest of a
+    manifest it made, which differs between snapshotters and between loads).
+
+    ``image`` comes from ``Engine.content``, which knows how its engine names the config.
+    """
+    if not image.config_digest:
+        raise ImageError("no config digest is known for this image; cannot fingerprint it")
+    return fingerprint_of(image.config_digest, image.diff_ids)

@@ -1,6 +1,6 @@
 """The same image content on other engines (``copy-image``, ``build-image --copy-to``).
 
-Content is judged by fingerprint (``layer.fingerprint``: the config digest and the layers'
+Content is judged by fingerprint (``facts.fingerprint``: the config digest and the layers'
 diff_ids), never by image id, which differs between snapshotters.  For each target:
 
 * the same content under the tag already: nothing is sent (``present``);
@@ -14,10 +14,10 @@ diff_ids), never by image id, which differs between snapshotters.  For each targ
   fails and the target's tag is put back as it was.
 
 Where the docker CLI reaches both sides (``Engine.cli``), the export is a ``docker save``
-child and each load a ``docker load`` child (over the target's ssh), and ``image.stream``
+child and each load a ``docker load`` child (over the target's ssh), and ``engines.pipes``
 moves the bytes between their pipes in the kernel: spliced whole for a full copy, or with
 only the tar headers and small JSON members read for a partial one.  Else the export and the
-loads go through the Docker SDK, relayed by ``layer.relay``.  A failed target is one line that
+loads go through the Docker SDK, relayed by ``archive.relay``.  A failed target is one line that
 ends by saying its tag is as it was.
 
 A copy of a build's moving tag carries its immutable tag (``labels.immutable_tag``) along:
@@ -47,12 +47,14 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from patchkit import progress
 from patchkit.errors import ImageError, PatchkitError, UsageError
-from patchkit.image import labels, stream
-from patchkit.image.docker import LOAD_PATIENCE, Engine, engine_url
-from patchkit.image.enginefacts import Inspected, Prefix, Transfer
-from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
-                                  relay, relayed_export, zstd_module)
-from patchkit.image.registry import host_of
+from patchkit.image import labels
+from patchkit.engines import pipes
+from patchkit.engines.docker import LOAD_PATIENCE, Engine, engine_url
+from patchkit.engines.facts import Inspected, Prefix, Transfer
+from patchkit.engines.facts import fingerprint
+from patchkit.formats.archive import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, relay,
+                                      relayed_export, zstd_module)
+from patchkit.engines.registry import host_of
 from patchkit.imageref import reference_problem, repository, split_tag
 from patchkit.process import Piped
 from patchkit.report import Word
@@ -474,7 +476,7 @@ class _Job:
 
     def _send_piped(self, group: list[_Target], held: Sequence[str], lean: bool) -> None:
         """``send`` through the docker CLI: ``docker save`` here, ``docker load`` on each
-        target (over its ssh), the bytes between them moved by ``stream.Pump``: spliced
+        target (over its ssh), the bytes between them moved by ``pipes.Pump``: spliced
         whole when the targets hold none of the layers (or cannot take fewer), else relayed
         without the layers they hold."""
         box: dict = {"facts": ArchiveFacts(), "wire": [0], "whole": not held}
@@ -493,7 +495,7 @@ class _Job:
         shown = progress.transfer(f"{self.image} to {where}", "sent")
         try:
             export = self.take_export()
-            pump = stream.Pump(export.fd, [loads[t.url].fd for t in live], timeout=self.timeout,
+            pump = pipes.Pump(export.fd, [loads[t.url].fd for t in live], timeout=self.timeout,
                                first=self.timeout * LOAD_PATIENCE, stop=self.stop,
                                compress=self.compress,
                                what=f"the export from the engine at {self.source.host}",
@@ -501,9 +503,9 @@ class _Job:
                                on_wire=lambda n: shown.update(n, None))
             try:
                 if held:
-                    stream.relay(pump, box["facts"], held, self.diff_ids, lean)
+                    pipes.relay(pump, box["facts"], held, self.diff_ids, lean)
                 else:
-                    stream.whole(pump)
+                    pipes.whole(pump)
             finally:
                 pump.close()
                 box["wire"][0] = pump.wire

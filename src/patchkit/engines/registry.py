@@ -35,8 +35,9 @@ from typing import Callable, Sequence
 
 from patchkit import filelocks
 from patchkit.errors import CommandError, ImageError
-from patchkit.image.layer import (DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX, OCI_MANIFEST,
-                                  Layer, RemoteImage, image_id_of)
+from patchkit.formats.layer import Layer, image_id_of
+from patchkit.formats.manifests import (DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX,
+                                        OCI_MANIFEST, RemoteImage)
 from patchkit.imageref import Platform, repository
 from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.process import run

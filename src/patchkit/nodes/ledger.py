@@ -25,8 +25,8 @@ from pathlib import Path
 from patchkit import cache as cache_
 from patchkit.files import write_if_changed
 from patchkit.image import labels
-from patchkit.image.docker import Engine
-from patchkit.image.enginefacts import Inspected
+from patchkit.engines.docker import Engine
+from patchkit.engines.facts import Inspected
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno as errno_
 import fcntl
-import functools
 import io
 import math
 import os
@@ -168,49 +167,3 @@ class _PipeReader(io.RawIOBase):
 
     def readinto(self, buf) -> int:
         return self.stream.recv_into(buf)
-
-
-@functools.cache
-def ssh_adapter_class():
-    """The SDK's ssh adapter, made to keep its connections: one pool for the engine, whose
-    connections run over :class:`SshStream` sessions and are used again request after
-    request (HTTP keep-alive through ``dial-stdio``)."""
-    from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
-
-    class Connection(SSHConnection):
-        def connect(self) -> None:
-            self.sock = SshStream(*self.ssh_host, self.timeout)
-            self.adapter_streams.append(self.sock)
-
-    class Pool(SSHConnectionPool):
-        def _get_conn(self, timeout=None):
-            conn = super()._get_conn(timeout)
-            if conn.sock is not None and not conn.is_connected:
-                conn.close()   # its ssh has ended: the request opens a new session
-            return conn
-
-        def _new_conn(self):
-            conn = Connection(None, self.timeout, self.ssh_host)
-            conn.adapter_streams = self.streams
-            return conn
-
-    class Adapter(SSHHTTPAdapter):
-        def __init__(self, dest: str, port: int, timeout: float) -> None:
-            super().__init__(f"ssh://{dest}:{port}", timeout, shell_out=True)
-            self.streams: list[SshStream] = []
-            self.pool = Pool(None, timeout, self.max_pool_size, (dest, port))
-            self.pool.streams = self.streams
-
-        def get_connection(self, url, proxies=None):
-            return self.pool
-
-        def complaint(self) -> str:
-            return next((c for c in (s.complaint() for s in reversed(self.streams)) if c), "")
-
-        def close(self) -> None:
-            super().close()
-            self.pool.close()
-            for stream in self.streams:
-                stream.close()
-
-    return Adapter

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from patchkit.errors import ImageError
-from patchkit.image.layer import (_BLOCK, _SMALL, CHUNK, END_OF_ARCHIVE, ArchiveFacts,
-                                  _collapse, _HeldLayers, _legacy_only, _norm, zstd_module)
+from patchkit.formats.archive import (_BLOCK, _SMALL, CHUNK, END_OF_ARCHIVE, ArchiveFacts,
+                                      _collapse, _HeldLayers, _legacy_only, _norm, zstd_module)
 from patchkit.timeouts import shown
 
 _ZERO = bytes(_BLOCK)
@@ -365,7 +365,7 @@ def relay(pump: Pump, facts: ArchiveFacts, held: Sequence[str] = (),
     """The archive on ``pump``'s source, member by member, to its loads: without the layer
     files of ``held`` (the image's first diff_ids, which the targets hold), without ``skip``,
     and with ``lean`` without what only a legacy load reads; then the end-of-archive blocks.
-    ``facts`` learns what it held, as ``layer.relay`` tells it."""
+    ``facts`` learns what it held, as ``archive.relay`` tells it."""
     held_layers = _HeldLayers(held, layers)
     while (member := _member(pump)) is not None:
         raw, info = member

@@ -3,8 +3,8 @@
 The engine API: :class:`Engine` is the one way patchkit reaches an engine, and the only one
 that runs the docker CLI; the SDK is imported and its failures worded in ``sdk``, the ssh
 transport is ``sshlink``, an image's files are read by ``imagefiles``, and what an engine
-reports comes back as the values of ``enginefacts`` (an inspected image is an
-:class:`~patchkit.image.enginefacts.Inspected`, never inspect output).  The engine is the one
+reports comes back as the values of ``engines.facts`` (an inspected image is an
+:class:`~patchkit.engines.facts.Inspected`, never inspect output).  The engine is the one
 ``DOCKER_HOST`` names: a local socket, a TCP endpoint, or ``ssh://user@dgx-spark`` (through the
 system's ssh client).
 
@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from patchkit.errors import CommandError, ImageError, UsageError
-from patchkit.image.enginefacts import Inspected, Prefix, Store, Transfer, since_start, store_of
-from patchkit.image.imagefiles import ImageFiles
-from patchkit.image.layer import (ArchiveFacts, BaseImage, Layer, complete_archive, history_of,
-                                  relay)
-from patchkit.image.sdk import border, explain, sdk
-from patchkit.image.sshlink import ssh_adapter_class, ssh_argv, ssh_port
+from patchkit.engines.facts import Inspected, Prefix, Store, Transfer, since_start, store_of
+from patchkit.engines.imagefiles import ImageFiles
+from patchkit.formats.archive import ArchiveFacts, complete_archive, relay
+from patchkit.formats.layer import BaseImage, Layer, history_of
+from patchkit.engines.sdk import border, explain, sdk, ssh_adapter_class
+from patchkit.engines.sshlink import ssh_argv, ssh_port
 from patchkit.imageref import Platform, engine_problem, repository, split_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
 from patchkit.process import Piped, run
@@ -79,7 +79,7 @@ class Engine:
     """A connection to one Docker Engine.  ``cli``, when set, is how the docker CLI reaches
     the same engine (``docker -H URL``, or ``ssh NODE docker``, each word of what follows
     quoted for the node's shell): exports and loads then run as its child processes, and the
-    bytes between them go through the kernel (``image.stream``)."""
+    bytes between them go through the kernel (``engines.pipes``)."""
 
     def __init__(self, client, host: str | None = None, cli: list[str] | None = None) -> None:
         self.client = client
@@ -171,7 +171,7 @@ class Engine:
         return self._store
 
     def content(self, ref: str) -> Inspected | None:
-        """``ref`` inspected, with its ``config_digest`` known (see ``layer.fingerprint``), or
+        """``ref`` inspected, with its ``config_digest`` known (see ``facts.fingerprint``), or
         None when the engine has no such image.  A containerd store's ids are manifest
         digests, so there the config is read from the engine's export of the image."""
         image = self.inspect(ref)

@@ -1,0 +1,2 @@
+"""The image formats patchkit reads and writes, pure: layers and configs, load archives,
+registry manifests."""
