@@ -85,7 +85,7 @@ def test_the_commit_that_broke_it(hist):
     assert r.ok and r.changed and r.commits == N
     assert 2 < r.tested <= LIMIT == r.limit
     # the upstream change of the patch's own file at that commit, and only that
-    assert r.files == ["pkg/table.py"]
+    assert r.files == ("pkg/table.py",)
     assert r.diff.startswith("diff --git a/pkg/table.py b/pkg/table.py\n")
     assert '+    "int4": 3,\n' in r.diff and "noise/" not in r.diff
     assert r.diff == sh("git", "diff", "--full-index", f"{fb.commit}^", fb.commit, "--",

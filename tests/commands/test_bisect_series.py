@@ -99,28 +99,25 @@ def _fake(n: int, culprit: int, skips=frozenset()):
 def test_one_culprit_anywhere_is_found_within_the_bound(n):
     for culprit in range(1, n + 1):
         test, asked = _fake(n, culprit)
-        r = bs.SeriesBisect([], [None] * n, [], {})  # type: ignore[list-item]
-        bs.search(n, test, r)
-        assert (r.verdict, r.first_bad) == (bs.FOUND, culprit)
+        r = bs.search([None] * n, test)  # type: ignore[list-item]
+        assert (r.verdict, r.first_bad) == (bs.Verdict.FOUND, culprit)
         assert asked[:2] == [0, n] and len(set(asked)) == len(asked)
-        assert len(asked) <= limit_for(n) == r.limit, (n, culprit, asked)
+        assert len(asked) == len(r.runs) <= limit_for(n), (n, culprit, asked)
 
 
 def test_a_skipped_prefix_is_replaced_by_its_neighbour():
     test, asked = _fake(16, culprit=12, skips={8})
-    r = bs.SeriesBisect([], [None] * 16, [], {})  # type: ignore[list-item]
-    bs.search(16, test, r)
-    assert (r.verdict, r.first_bad) == (bs.FOUND, 12)
+    r = bs.search([None] * 16, test)  # type: ignore[list-item]
+    assert (r.verdict, r.first_bad) == (bs.Verdict.FOUND, 12)
     assert asked[:4] == [0, 16, 8, 7]          # the skipped middle, then its neighbour
-    assert len(asked) <= r.limit + 1           # one run more for the one skip
+    assert len(asked) <= limit_for(16) + 1     # one run more for the one skip
 
 
 def test_a_skipped_prefix_next_to_the_culprit_leaves_two_candidates():
     test, asked = _fake(16, culprit=9, skips={8})
-    r = bs.SeriesBisect([], [SimpleNamespace(id=f"p{i}") for i in range(1, 17)], [], {})
-    bs.search(16, test, r)
-    assert r.verdict == bs.ONLY_SKIPPED and r.first_bad is None
-    assert r.candidates == ["p8", "p9"]   # 7 passes, 9 fails, 8 cannot be judged
+    r = bs.search([SimpleNamespace(id=f"p{i}") for i in range(1, 17)], test)
+    assert r.verdict is bs.Verdict.ONLY_SKIPPED and r.first_bad is None
+    assert r.candidates == ("p8", "p9")   # 7 passes, 9 fails, 8 cannot be judged
 
 
 # ------------------------------------------------------------------------------ on trees
@@ -129,8 +126,8 @@ def test_the_patch_that_makes_cmd_fail(hist, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     r = hist.run(hist.fails_with("fast-mode"))
     assert [p.id for p in r.series] == SERIES
-    assert r.left_out == [("diag-mode", "only in variant diag")]
-    assert r.verdict == bs.FOUND and r.ok and r.culprit.id == "fast-mode" and r.first_bad == 3
+    assert r.left_out == (("diag-mode", "only in variant diag"),)
+    assert r.verdict is bs.Verdict.FOUND and r.ok and r.culprit.id == "fast-mode" and r.first_bad == 3
     # the ends first, then the search; every run a fresh tree of that prefix
     assert _runs(r)[:2] == [(0, "good"), (5, "bad")]
     assert len(r.runs) <= r.limit == 5
@@ -218,8 +215,8 @@ grep -qF '"nvfp4"' "$t/pkg/table.py" && exit 125
 exit 0
 """)
     r = hist.run(cmd)
-    assert r.verdict == bs.ONLY_SKIPPED and not r.ok and r.first_bad is None
-    assert r.candidates == SERIES
+    assert r.verdict is bs.Verdict.ONLY_SKIPPED and not r.ok and r.first_bad is None
+    assert list(r.candidates) == SERIES
     assert {k for k, o in _runs(r) if o == "skip"} == {1, 2, 3, 4}
     assert "the first bad patch is one of table-entry, table-more, fast-mode, stable, " \
            "side-fix" in render_series(r)
@@ -227,11 +224,11 @@ exit 0
 
 def test_whole_series_passes_and_pin_fails_say_so(hist):
     passes = hist.run(hist.script("pass.sh", "exit 0\n"))
-    assert passes.verdict == bs.PASSES and _runs(passes) == [(0, "good"), (5, "good")]
+    assert passes.verdict is bs.Verdict.PASSES and _runs(passes) == [(0, "good"), (5, "good")]
     assert "CMD passes with the whole series (5 patches): no patch of it makes CMD fail" in \
         render_series(passes)
     fails = hist.run(hist.script("fail.sh", "echo broken anyway; exit 3\n"))
-    assert fails.verdict == bs.FAILS_WITHOUT and _runs(fails) == [(0, "bad")]
+    assert fails.verdict is bs.Verdict.FAILS_WITHOUT and _runs(fails) == [(0, "bad")]
     assert "CMD fails on the pin alone (no patch applied): the cause is not in the series" in \
         render_series(fails)
 
@@ -251,11 +248,11 @@ def test_a_hang_is_bad_and_killed_at_the_deadline(hist):
 
 def test_an_exit_above_127_or_a_signal_stops_the_bisect(hist):
     r = hist.run(hist.script("kill.sh", "kill -TERM $$\n"))
-    assert r.verdict == bs.STOPPED and not r.ok and _runs(r) == [(0, "error")]
+    assert r.verdict is bs.Verdict.STOPPED and not r.ok and _runs(r) == [(0, "error")]
     assert r.runs[0].why == "ended by SIGTERM"
     assert "stops the bisect" in r.error
     r = hist.run(hist.script("x129.sh", "exit 129\n"))
-    assert r.verdict == bs.STOPPED and r.runs[0].why == "exit 129"
+    assert r.verdict is bs.Verdict.STOPPED and r.runs[0].why == "exit 129"
 
 
 def test_output_is_bounded(hist):
@@ -290,7 +287,7 @@ def test_the_variant_build_is_bisected(hist):
     cmd = hist.script("diag.sh", f"grep -qF '{text}' \"$PATCHKIT_TREE/{rel}\" && exit 1\n"
                                  "exit 0\n")
     r = hist.run(cmd, variant="diag")
-    assert r.series[0].id == "diag-mode" and r.left_out == [] and r.culprit.id == "diag-mode"
+    assert r.series[0].id == "diag-mode" and r.left_out == () and r.culprit.id == "diag-mode"
 
 
 def test_scratch_removed_on_sigint_and_workdir_untouched(hist, tmp_path):

@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from enum import Enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,19 +47,25 @@ from patchkit.report import ApplyReport, Status
 from patchkit.series import applier
 from patchkit.series.checkout import AppliedCheckout
 
-__all__ = ["GOOD", "BAD", "SKIP", "ERROR", "Run", "SeriesBisect", "check_command",
+__all__ = ["GOOD", "BAD", "SKIP", "ERROR", "Run", "Searched", "SeriesBisect", "Verdict",
+           "check_command",
            "Flags", "outcome_of", "run", "search"]
 
 GOOD, BAD, SKIP, ERROR = "good", "bad", "skip", "error"
 KEEP = 16 * 1024   # bytes of each run's output kept for the report
 
-# What the search found: the verdict of a SeriesBisect.
-FOUND = "found"                 # the first bad patch is named
-PASSES = "passes"               # CMD passes with the whole series: nothing to find
-FAILS_WITHOUT = "fails-without"  # CMD fails on the pin alone: the cause is not in the series
-UNTESTABLE = "untestable"       # an end could not be tested (its tree, or CMD skipped it)
-ONLY_SKIPPED = "only-skipped"   # every prefix between the last good and first bad was skipped
-STOPPED = "error"               # CMD ended in a way that stops the search (>127, a signal)
+class Verdict(str, Enum):
+    """What the search found (the JSON's words)."""
+
+    FOUND = "found"                  # the first bad patch is named
+    PASSES = "passes"                # CMD passes with the whole series: nothing to find
+    FAILS_WITHOUT = "fails-without"  # CMD fails on the pin alone: the cause is not in the series
+    UNTESTABLE = "untestable"        # an end could not be tested (its tree, or CMD skipped it)
+    ONLY_SKIPPED = "only-skipped"    # every prefix between the last good and first bad was skipped
+    STOPPED = "error"                # CMD ended in a way that stops the search (>127, a signal)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -83,23 +90,37 @@ class Run:
                 "failed": [i for i, _ in self.failed]}
 
 
-@dataclass
+@dataclass(frozen=True)
+class Searched:
+    """What :func:`search` found: the runs made, the verdict, and the series it ran on (less
+    what failed in the whole series, with why)."""
+
+    series: tuple[Patch, ...]            # the patches searched, in order
+    dropped: tuple[tuple[str, str], ...]  # (id, why) of those left out as they fail in it
+    runs: tuple[Run, ...]
+    verdict: Verdict
+    first_bad: int | None = None        # the prefix length that first fails: series[k-1]
+    candidates: tuple[str, ...] = ()     # ONLY_SKIPPED: one of these
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class SeriesBisect:
-    command: list[str]
-    series: list[Patch]                # the patches searched, in order
-    left_out: list[tuple[str, str]]    # (id, why) of the build's patches not searched
-    vllm: dict                         # ref, commit, version of the pin
-    variant: str | None = None
-    image: bool = False
-    runs: list[Run] = field(default_factory=list)
-    verdict: str = UNTESTABLE
-    first_bad: int | None = None       # the prefix length that first fails: patch series[k-1]
-    candidates: list[str] = field(default_factory=list)   # ONLY_SKIPPED: one of these
+    command: tuple[str, ...]
+    series: tuple[Patch, ...]            # the patches searched, in order
+    left_out: tuple[tuple[str, str], ...]  # (id, why) of the build's patches not searched
+    vllm: dict                           # ref, commit, version of the pin
+    variant: str | None
+    image: bool
+    runs: tuple[Run, ...]
+    verdict: Verdict
+    first_bad: int | None = None         # the prefix length that first fails: series[k-1]
+    candidates: tuple[str, ...] = ()      # ONLY_SKIPPED: one of these
     error: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.verdict == FOUND
+        return self.verdict is Verdict.FOUND
 
     @property
     def limit(self) -> int:
@@ -114,7 +135,7 @@ class SeriesBisect:
 
     def to_dict(self) -> dict:
         c = self.culprit
-        return {"ok": self.ok, "verdict": self.verdict, "command": list(self.command),
+        return {"ok": self.ok, "verdict": self.verdict.value, "command": list(self.command),
                 "vllm": dict(self.vllm), "variant": self.variant, "image": self.image,
                 "series": [p.id for p in self.series],
                 "left_out": [{"id": i, "why": w} for i, w in self.left_out],
@@ -328,60 +349,61 @@ class ImageMaker:
 
 # ------------------------------------------------------------------------------ the search
 
-def search(n: int, test: Callable[[int], Run], result: SeriesBisect,
-           shrink: Callable[[Run], bool] | None = None) -> None:
-    """Fill ``result`` with the runs and the verdict of the search over prefixes 0..n.  When
-    the tree of the whole series cannot be made, ``shrink`` may leave out the patches that
-    failed in it (and say so): the search then runs on the subset that still applies."""
-    def record(r: Run) -> str:
-        result.runs.append(r)
-        if r.outcome == ERROR:
-            result.verdict = STOPPED
-            result.error = (f"CMD {r.why} with {_count(r.patches)}: an exit above 127 or a "
-                            "signal stops the bisect (as git bisect run)")
-        return r.outcome
+def search(series: Sequence[Patch], test: Callable[[int], Run],
+           shrink: Callable[[Run], Sequence[tuple[str, str]]] | None = None) -> Searched:
+    """The runs and the verdict of the search over the prefixes of ``series``.  When the tree
+    of the whole series cannot be made, ``shrink`` names the patches that failed in it (with
+    why), which are left out: the search then runs on the subset that still applies."""
+    series = tuple(series)
+    runs: list[Run] = []
+    dropped: list[tuple[str, str]] = []
 
-    for end, expected, wrong in ((0, GOOD, FAILS_WITHOUT), (n, BAD, PASSES)):
-        r = test(0) if end == 0 else _whole(test, result, shrink)
-        got = record(r)
-        if got == ERROR:
-            return
-        if got == SKIP:
-            result.verdict = UNTESTABLE
-            return
-        if got != expected:
-            result.verdict = wrong
-            return
-    lo, hi, skipped = 0, len(result.series), set()
+    def done(verdict: Verdict, **found) -> Searched:
+        return Searched(series, tuple(dropped), tuple(runs), verdict, **found)
+
+    def stopped(r: Run) -> Searched:
+        return done(Verdict.STOPPED,
+                    error=(f"CMD {r.why} with {_count(r.patches)}: an exit above 127 or a "
+                           "signal stops the bisect (as git bisect run)"))
+
+    for end, expected, wrong in ((0, GOOD, Verdict.FAILS_WITHOUT), (1, BAD, Verdict.PASSES)):
+        if end == 0:
+            r = test(0)
+        else:   # the whole series, after leaving out what fails in it (with ``shrink``)
+            while True:
+                r = test(len(series))
+                gone = dict(shrink(r)) if r.failed and shrink is not None else {}
+                if not gone or not series:
+                    break
+                series = tuple(p for p in series if p.id not in gone)
+                dropped.extend(gone.items())
+        runs.append(r)
+        if r.outcome == ERROR:
+            return stopped(r)
+        if r.outcome == SKIP:
+            return done(Verdict.UNTESTABLE)
+        if r.outcome != expected:
+            return done(wrong)
+    lo, hi, skipped = 0, len(series), set()
     while True:
         open_ = [k for k in range(lo + 1, hi) if k not in skipped]
         if not open_:
             break
         mid = (lo + hi) / 2
         k = min(open_, key=lambda j: (abs(j - mid), j))
-        got = record(test(k))
-        if got == ERROR:
-            return
-        if got == GOOD:
+        r = test(k)
+        runs.append(r)
+        if r.outcome == ERROR:
+            return stopped(r)
+        if r.outcome == GOOD:
             lo = k
-        elif got == BAD:
+        elif r.outcome == BAD:
             hi = k
         else:
             skipped.add(k)
     if hi - lo > 1:
-        result.verdict = ONLY_SKIPPED
-        result.candidates = [p.id for p in result.series[lo:hi]]
-    else:
-        result.verdict, result.first_bad = FOUND, hi
-
-
-def _whole(test: Callable[[int], Run], result: SeriesBisect,
-           shrink: Callable[[Run], bool] | None) -> Run:
-    """The run of the whole series, after leaving out what fails in it (with ``shrink``)."""
-    while True:
-        r = test(len(result.series))
-        if not (r.failed and shrink is not None and shrink(r)) or not result.series:
-            return r
+        return done(Verdict.ONLY_SKIPPED, candidates=tuple(p.id for p in series[lo:hi]))
+    return done(Verdict.FOUND, first_bad=hi)
 
 
 def _count(k: int) -> str:
@@ -445,13 +467,11 @@ def _search(manifest: Manifest, spec: RunSpec, argv: list[str], holder, images,
         raise UsageError(f"the build has no patch in range at the pin {spec.ref}: nothing to "
                          "bisect")
     at = pins.get(VLLM.name) or next(iter(pins.values()))
-    result = SeriesBisect(argv, series, left_out,
-                          {"ref": at.ref, "commit": at.commit, "version": at.version},
-                          spec.variant, images is not None)
+    limit = limit_for(len(series))
     count = f"{len(series)} patch{'' if len(series) == 1 else 'es'}"
     progress.info(f"bisecting {count} at {at.ref} with "
                   f"{shlex.join(argv)} "
-                  f"(at most {result.limit} runs)")
+                  f"(at most {limit} runs)")
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-bisect-series-"))
     try:
         tester = Tester(manifest, spec, pins, series, argv, scratch, spec.timeout, progress.info,
@@ -463,16 +483,19 @@ def _search(manifest: Manifest, spec: RunSpec, argv: list[str], holder, images,
                           f"{r.outcome} ({r.why}, {r.seconds:.1f} s)")
             return r
 
-        def shrink(whole: Run) -> bool:
-            """Leave out what fails in the whole series: bisect the subset that applies."""
+        def shrink(whole: Run) -> list[tuple[str, str]]:
+            """What fails in the whole series, to leave out: bisect the subset that applies."""
             gone = dict(whole.failed)
             series[:] = [p for p in series if p.id not in gone]
-            result.left_out += [(pid, f"it fails in the whole series at the pin ({why}); "
-                                      "bisected without it") for pid, why in gone.items()]
-            progress.info(f"left out, as they fail in the whole series: {', '.join(gone)}")
-            return bool(gone)
+            if gone:
+                progress.info(f"left out, as they fail in the whole series: {', '.join(gone)}")
+            return [(pid, f"it fails in the whole series at the pin ({why}); bisected without "
+                          "it") for pid, why in gone.items()]
 
-        search(len(series), logged, result, shrink)
+        found = search(series, logged, shrink)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return result
+    return SeriesBisect(tuple(argv), found.series, (*left_out, *found.dropped),
+                        {"ref": at.ref, "commit": at.commit, "version": at.version},
+                        spec.variant, images is not None, found.runs, found.verdict,
+                        found.first_bad, found.candidates, found.error)

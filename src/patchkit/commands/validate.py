@@ -15,6 +15,7 @@ from pathlib import Path
 from patchkit import kinds, manifest, syntax
 from patchkit.errors import ManifestError
 from patchkit.image import artifact
+from patchkit.imageref import Platform
 from patchkit.series import applier, compiled
 
 
@@ -43,11 +44,11 @@ def _compiled_code(m: manifest.Manifest) -> None:
         why = applier.outside_before_release(m, patch)
         if why:
             raise ManifestError(why, path=m.path.name, line=patch.line, entry=patch.label)
-    platform = m.image.platform
+    platform = Platform.parse(m.image.platform)
     for patch in m.patches:
         if patch.artifact is not None and not patch.artifact.wheel.startswith("https://"):
             try:
-                artifact.checked(patch.artifact, m.root, platform.split("/")[1], platform)
+                artifact.checked(patch.artifact, m.root, platform.arch, str(platform))
             except artifact.ArtifactError as exc:
                 raise ManifestError(str(exc), path=m.path.name, line=patch.line,
                                     entry=patch.label) from None

@@ -17,8 +17,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from patchkit import kinds, paths, syntax
-from patchkit.errors import ManifestError
-from patchkit.imageref import engine_problem, reference_problem
+from patchkit.errors import ManifestError, SettingError
+from patchkit.imageref import Platform, engine_problem, reference_problem
 from patchkit.manifest.model import (ACCEPTANCE_LINE, ID_MAX, ID_RE, PREDICATES, VLLM, Artifact,
                                      Assertion, BumpSettings, Floor, ImageDefaults, Manifest,
                                      Marker, Package, Patch, Variant, id_problem, length_problem,
@@ -49,7 +49,6 @@ MAX_PATCH_FILE = 64 * 1024 * 1024   # a diff or transform larger than this is no
 
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
 _SHA256_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
-_PLATFORM_RE = re.compile(r"[a-z0-9_]+/[a-z0-9_]+(/[a-z0-9_]+)?\Z")
 _DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?\Z")   # PEP 508's name
 _ONE_OF_KINDS = "give exactly one of " + ", ".join(KINDS)
 _ONE_OF_PREDICATES = "give exactly one of " + ", ".join(PREDICATES)
@@ -394,9 +393,12 @@ class _Loader:
             self.fail(f"image.cuda_arch: {values['cuda_arch']!r} is not a CUDA architecture "
                       "FlashInfer knows (like 121a for GB10, 120f, 100a, 90a)",
                       fields["cuda_arch"][1])
-        if "platform" in values and not _PLATFORM_RE.match(values["platform"]):
-            self.fail(f"image.platform: {values['platform']!r} is not a platform like "
-                      "linux/arm64", fields["platform"][1])
+        if "platform" in values:
+            try:
+                Platform.parse(values["platform"])
+            except SettingError:
+                self.fail(f"image.platform: {values['platform']!r} is not a platform like "
+                          "linux/arm64", fields["platform"][1])
         for key in ("base", "tag"):
             if key not in values:
                 continue

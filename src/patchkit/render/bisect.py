@@ -7,7 +7,7 @@ import shlex
 
 from patchkit.manifest import identity
 from patchkit.series.bisect import BisectResult, Fate
-from patchkit.commands.bisect_series import SeriesBisect
+from patchkit.commands.bisect_series import SeriesBisect, Verdict
 from patchkit.report import Status
 
 SHORT = 10  # hex digits of a commit shown to a person
@@ -115,21 +115,21 @@ def render_series(result: SeriesBisect) -> str:
 
 def _verdict(result: SeriesBisect) -> list[str]:
     n = len(result.series)
-    if result.verdict == "found":
+    if result.verdict is Verdict.FOUND:
         k, c = result.first_bad, result.culprit
         assert k is not None and c is not None
         return [f"first bad patch: {c.id} ({k} of {n}): {c.summary}",
                 f"  CMD passes with {_patches(k - 1)} and fails once {c.id} is added"]
-    if result.verdict == "passes":
+    if result.verdict is Verdict.PASSES:
         return [f"CMD passes with the whole series ({_patches(n)}): no patch of it makes "
                 "CMD fail"]
-    if result.verdict == "fails-without":
+    if result.verdict is Verdict.FAILS_WITHOUT:
         return ["CMD fails on the pin alone (no patch applied): the cause is not in the "
                 "series"]
-    if result.verdict == "only-skipped":
+    if result.verdict is Verdict.ONLY_SKIPPED:
         return ["only skipped trees are left: the first bad patch is one of "
                 + ", ".join(result.candidates)]
-    if result.verdict == "error":
+    if result.verdict is Verdict.STOPPED:
         return [f"stopped: {result.error}"]
     last = result.runs[-1] if result.runs else None
     end = "the pin alone" if last is None or last.patches == 0 else "the whole series"

@@ -104,7 +104,7 @@ class FirstBad:
                 "date": self.date, "fate": str(self.fate), "message": self.fate.message}
 
 
-@dataclass
+@dataclass(frozen=True)
 class BisectResult:
     patch: str
     source: str
@@ -113,7 +113,7 @@ class BisectResult:
     first_bad: FirstBad | None = None
     tested: int = 0           # commits whose fate was computed, both ends included
     commits: int = 0          # the candidates: first-parent commits in good..bad (pypi: releases)
-    files: list[str] = field(default_factory=list)   # what the diff is limited to
+    files: tuple[str, ...] = ()   # what the diff is limited to
     variant: str | None = None  # the build whose earlier patches are applied
     diff: str = ""            # the upstream change of those files at first_bad (pypi: between
                               # the two releases of `narrowed`)
@@ -381,48 +381,47 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
         asked.add(at.commit)
         return oracle(at)
 
-    result = BisectResult(patch.id, good.source, End(good.ref, good.commit, fate(good)),
-                          End(bad.ref, bad.commit, fate(bad)), commits=len(candidates),
-                          files=_files(manifest, patch), variant=oracle.variant,
-                          package=patch.package)
+    ends = End(good.ref, good.commit, fate(good)), End(bad.ref, bad.commit, fate(bad))
+    files = tuple(_files(manifest, patch))
+    found: dict = {}   # what the search names, for the result
     start = good
-    if result.changed and base is not None:
+    if ends[0].fate != ends[1].fate and base is not None:
         start = _at_commit(bad, base)
-        result.base = End("merge base", base, fate(start))
-        if result.base.fate != result.good.fate:
+        found["base"] = End("merge base", base, fate(start))
+        if found["base"].fate != ends[0].fate:
             raise _said(names, (
                 f"{{good}} {literal(good.ref)} is not an ancestor of {{bad}} "
                 f"{literal(bad.ref)}, and at their merge base {base[:12]} the patch is "
-                f"{result.base.fate}, not {result.good.fate}: its fate changes on "
+                f"{found['base'].fate}, not {ends[0].fate}: its fate changes on "
                 f"{literal(good.ref)}'s own line; bisect from a commit of "
                 f"{literal(bad.ref)}'s history ({{good}} REF)"))
-    if result.changed:
-        found: dict[str, source.Resolved] = {}
+    if ends[0].fate != ends[1].fate:
+        seen: dict[str, source.Resolved] = {}
 
         def resolved(candidate: str) -> source.Resolved:
-            if candidate not in found:
-                found[candidate] = (bad if candidate in (bad.ref, bad.commit) else
-                                    _at_commit(bad, candidate) if history else
-                                    source.resolve([good.source], candidate, cache, oracle.log,
-                                                   package=package))
-            return found[candidate]
+            if candidate not in seen:
+                seen[candidate] = (bad if candidate in (bad.ref, bad.commit) else
+                                   _at_commit(bad, candidate) if history else
+                                   source.resolve([good.source], candidate, cache, oracle.log,
+                                                  package=package))
+            return seen[candidate]
 
-        i = _first_change(candidates, lambda c: fate(resolved(c)), result.good.fate)
+        i = _first_change(candidates, lambda c: fate(resolved(c)), ends[0].fate)
         at = resolved(candidates[i])
         if history:
             info = g.commit_info(good.repo, at.commit)
-            result.first_bad = FirstBad(info.sha, info.subject, pull_of(info.subject), info.date,
-                                        fate(at))
-            result.diff = g.diff_paths(good.repo, f"{at.commit}^1", at.commit, result.files)
+            found["first_bad"] = FirstBad(info.sha, info.subject, pull_of(info.subject),
+                                          info.date, fate(at))
+            found["diff"] = g.diff_paths(good.repo, f"{at.commit}^1", at.commit, list(files))
         else:
             before = resolved(candidates[i - 1]) if i else start
-            result.narrowed = (End(before.ref, before.commit, fate(before)),
-                               End(at.ref, at.commit, fate(at)))
-            result.why = (f"the {good.source} source cannot narrow it further: {NO_HISTORY}; "
-                          "bisect on a git source to name the commit")
-            result.diff = g.diff_paths(good.repo, before.commit, at.commit, result.files)
-    result.tested = len(asked)
-    return result
+            found["narrowed"] = (End(before.ref, before.commit, fate(before)),
+                                 End(at.ref, at.commit, fate(at)))
+            found["why"] = (f"the {good.source} source cannot narrow it further: {NO_HISTORY}; "
+                            "bisect on a git source to name the commit")
+            found["diff"] = g.diff_paths(good.repo, before.commit, at.commit, list(files))
+    return BisectResult(patch.id, good.source, *ends, tested=len(asked), commits=len(candidates),
+                        files=files, variant=oracle.variant, package=patch.package, **found)
 
 
 def ranged(manifest: Manifest, package: str) -> list[str]:
