@@ -19,7 +19,7 @@ from testing.realdiffs import TORCH_UTILS, unified
 
 from patchkit import manifest
 from patchkit.commands import bisect as bisect_command
-from patchkit.series import bisect
+from patchkit.series import bisect_upstream as bisect
 from patchkit.commands import rebase_check as rebasecheck
 from patchkit.run import Asked
 from patchkit.render import matrix as render

@@ -24,7 +24,7 @@ from testing import isolate, patchkit, spawn
 from patchkit import manifest
 from patchkit.commands import bisect_series as bs
 from patchkit.run import Asked
-from patchkit.series.bisect import limit_for
+from patchkit.series.bisect_upstream import limit_for
 from patchkit.errors import UsageError
 from patchkit.render.bisect import render_series
 

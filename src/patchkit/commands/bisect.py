@@ -1,5 +1,5 @@
 """``patchkit bisect PATCH_ID``: the first upstream commit at which a patch's fate changes (the
-search is :mod:`patchkit.series.bisect`'s)."""
+search is :mod:`patchkit.series.bisect_upstream`'s)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from patchkit.errors import UsageError
 from patchkit.manifest import Manifest, variants
 from patchkit.run import run_spec
 from patchkit.series import applier
-from patchkit.series.bisect import (BisectResult, Oracle, between, end_names, newest_release,
+from patchkit.series.bisect_upstream import (BisectResult, Oracle, between, end_names, newest_release,
                                     package_of, patch_named, ranged)
 
 Ends = tuple[str | None, str | None]

@@ -1,6 +1,6 @@
 """``patchkit bisect --series --run CMD``: the patch of your own series that makes CMD fail.
 
-It is ``git bisect run`` over the series instead of the upstream history (``series/bisect.py``
+It is ``git bisect run`` over the series instead of the upstream history (``series/bisect_upstream.py``
 moves the upstream commit under one patch; this moves how much of the series is applied at the
 pin).  A point of the search is a prefix of the series: its first k patches, applied to the
 pinned checkout as ``apply`` applies them, in a scratch folder.  The predicate is the user's
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import imageref, process, versions
-from patchkit.series.bisect import limit_for
+from patchkit.series.bisect_upstream import limit_for
 from patchkit.errors import UsageError
 from patchkit.image import base as base_
 from patchkit.image import basevllm

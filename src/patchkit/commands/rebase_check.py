@@ -320,7 +320,7 @@ def run(manifest: Manifest, asked: Asked, *, refs: Sequence[str] = (), releases:
         pre: bool = False, jobs: int | None = None, progress: CheckProgress | None = None,
         bisect: bool = False) -> Matrix:
     """The targets named and, with ``releases``, every release after the pin; then the check;
-    with ``bisect``, the upstream commit that broke each failure (``series.bisect``).
+    with ``bisect``, the upstream commit that broke each failure (``series.bisect_upstream``).
     The run's base (``--base``, default image.base) is the image that a ref ``base`` and the
     source ``image`` read, of any package; it is read without running it, through the run's
     engine, and only when a pin or a target needs it.  The run's package (``--package``)
@@ -373,7 +373,7 @@ def _matrix(manifest: Manifest, spec: RunSpec, asked: _Targets, held,
     matrix = check(manifest, targets, spec, jobs=jobs, progress=progress,
                    bases={**bases, VLLM.name: holder} if holder else bases)
     if bisect:
-        from patchkit.series.bisect import bisect_failures
+        from patchkit.series.bisect_upstream import bisect_failures
 
         matrix.bisects = bisect_failures(manifest, matrix.failures(), run=spec,
                                          progress=progress, package=package)

@@ -17,7 +17,7 @@ from pathlib import Path
 from patchkit import manifest as manifest_
 from patchkit.errors import UsageError
 from patchkit.manifest import Manifest, digest, discovery
-from patchkit import report as report_
+from patchkit.report import Status
 from patchkit.report import ApplyReport
 from patchkit.series import checkout
 
@@ -66,7 +66,7 @@ class PackageStatus:
 
 
 @dataclass
-class Status:
+class ProjectStatus:
     manifest: Path
     name: str
     packages: list[PackageStatus]
@@ -80,7 +80,7 @@ class Status:
                 "packages": [p.to_dict() for p in self.packages]}
 
 
-def run(manifest_path: Path | None, workdir: Path | None) -> Status:
+def run(manifest_path: Path | None, workdir: Path | None) -> ProjectStatus:
     """The status of every package's checkout: vLLM's at ``workdir`` (default: the project's
     ``.patchkit/vllm``), each other package's beside it under its name."""
     if manifest_path is None:
@@ -93,7 +93,7 @@ def run(manifest_path: Path | None, workdir: Path | None) -> Status:
     workdir = Path(workdir) if workdir is not None else m.root / discovery.WORKDIR
     places = {p.name: p.checkout(workdir) for p in m.packages}
     packages = [_package(m, name, place) for name, place in places.items()]
-    return Status(manifest_path, m.name, packages, _settings(m, packages))
+    return ProjectStatus(manifest_path, m.name, packages, _settings(m, packages))
 
 
 def _settings(m: Manifest, packages: list[PackageStatus]) -> list[str] | None:
@@ -118,7 +118,7 @@ def _package(m: Manifest, name: str, place: Path) -> PackageStatus:
                              remedies=[f"{place} holds no readable apply report; run "
                                        "'patchkit apply --discard'"])
     own = [r for r in report.patches if r.package == name]
-    patches = {str(s): [r.id for r in own if r.status is s] for s in report_.Status}
+    patches = {str(s): [r.id for r in own if r.status is s] for s in Status}
     work = checkout.user_work(place)
     changes = _changes(m, name, report)
     remedies = work.remedies(place)

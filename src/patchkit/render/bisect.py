@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from patchkit.manifest import identity
-from patchkit.series.bisect import BisectResult, Fate
+from patchkit.series.bisect_upstream import BisectResult, Fate
 from patchkit.commands.bisect_series import SeriesBisect, Verdict
 from patchkit.report import Status
 
