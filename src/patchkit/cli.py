@@ -15,7 +15,7 @@ from patchkit import __version__, errors, interrupt
 from patchkit.manifest import discovery
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
-DEFAULT_WORKDIR = ".patchkit/vllm"
+DEFAULT_WORKDIR = discovery.WORKDIR.as_posix()   # shown in the help; the one default is there
 FOUND = "found here or in a folder above"
 DISCARD = click.option("--discard", is_flag=True,
                        help="Replace a workdir that holds commits, changes or untracked files "
