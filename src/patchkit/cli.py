@@ -856,12 +856,6 @@ def _prog(args: list[str]) -> str:
     return f"patchkit {name}" if name in cli.commands else "patchkit"
 
 
-def _size(n: int) -> str:
-    from patchkit.render.progress import size
-
-    return size(n)
-
-
 def _cache_manifests(given) -> list[Path]:
     if given:
         return [Path(m) for m in given]
@@ -902,17 +896,10 @@ def cache_cmd(ctx, manifests, fmt, quiet, verbose) -> int:
 def _list_cache(manifests, fmt) -> int:
     from patchkit.cache import cache_dir
     from patchkit.commands import cache as command
+    from patchkit.render import cache as render
 
     found = command.listing(cache_dir(), _cache_manifests(manifests))
-    if fmt == "json":
-        echo(json.dumps(found.to_dict(), indent=2))
-        return 0
-    echo(f"{found.cache}: {_size(found.bytes)} in {len(found.entries)} entries"
-         + (f" (pinned: by {', '.join(map(str, found.manifests))})" if found.manifests else ""))
-    for e in found.entries:
-        used = __import__("time").strftime("%Y-%m-%d %H:%M", __import__("time").localtime(e.used))
-        echo(f"  {e.kind:<10} {_size(e.bytes):>9}  {used}  {'pinned ' if e.pinned else '       '}"
-             f"{e.what}  ({e.path.relative_to(found.cache)})")
+    echo(json.dumps(found.to_dict(), indent=2) if fmt == "json" else render.listing(found))
     return 0
 
 
@@ -925,7 +912,7 @@ def _duration(ctx, param, value):
     try:
         return parse_duration(value)
     except UsageError as exc:
-        raise click.BadParameter(str(exc).split(": ", 1)[1], ctx, param) from None
+        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 @cache_cmd.command("prune")
@@ -944,21 +931,11 @@ def cache_prune(older_than, manifests, wait, dry_run, fmt) -> int:
     versions, what killed runs left.  Never what a running patchkit uses."""
     from patchkit.cache import cache_dir
     from patchkit.commands import cache as command
+    from patchkit.render import cache as render
 
     result = command.prune(cache_dir(), _cache_manifests(manifests), older_than=older_than,
                            wait=wait, dry_run=dry_run)
-    if fmt == "json":
-        echo(json.dumps(result.to_dict(), indent=2))
-        return 0
-    verb = "would remove" if dry_run else "removed"
-    for e in result.removed:
-        echo(f"{verb} {e.kind} {e.what} ({_size(e.bytes)})")
-    for e in result.busy:
-        echo(f"kept {e.kind} {e.what}: a run is using it")
-    total = sum(e.bytes for e in result.removed)
-    echo(f"{verb} {len(result.removed)} entries, {_size(total)}; kept {len(result.kept)}"
-         + (f" ({sum(e.pinned for e in result.kept)} pinned by "
-            f"{', '.join(map(str, result.manifests))})" if result.manifests else ""))
+    echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else render.pruned(result))
     return 0
 
 

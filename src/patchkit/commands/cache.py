@@ -24,7 +24,8 @@ import shutil
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -46,14 +47,30 @@ def parse_duration(text: str) -> float:
     """``30d``, ``12h``, ``90m``, ``2w``, ``45s`` -> seconds; UsageError for anything else."""
     m = _DURATION.match(text.strip().lower())
     if not m:
-        raise UsageError(f"--older-than {text!r}: not a duration (a number and a unit, s m h d "
-                         "or w: 30d, 12h)")
+        raise UsageError(f"{text!r} is not a duration (a number and a unit, s m h d or w: "
+                         "30d, 12h)")
     return float(m.group(1)) * UNITS[m.group(2)]
 
 
-@dataclass
+class EntryKind(str, Enum):
+    """What an entry of the cache is (the JSON's words)."""
+
+    MIRROR = "mirror"
+    RELEASES = "releases"
+    WHEEL = "wheel"
+    BASE_TREES = "base-trees"
+    REGISTRY = "registry"
+    LEFTOVER = "leftover"
+    UNREACHABLE = "unreachable"
+    LOG = "log"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
 class Entry:
-    kind: str     # mirror | releases | wheel | base-trees | registry | leftover | unreachable | log
+    kind: EntryKind
     path: Path
     bytes: int
     used: float          # when it was last used (seconds since the epoch)
@@ -63,16 +80,16 @@ class Entry:
     pinned: bool = False
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "path": str(self.path), "bytes": self.bytes,
+        return {"kind": self.kind.value, "path": str(self.path), "bytes": self.bytes,
                 "used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.used)),
                 "what": self.what, "pinned": self.pinned}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Listing:
     cache: Path
-    entries: list[Entry]
-    manifests: list[Path]
+    entries: tuple[Entry, ...]
+    manifests: tuple[Path, ...]
 
     @property
     def bytes(self) -> int:
@@ -84,13 +101,13 @@ class Listing:
                 "entries": [e.to_dict() for e in self.entries]}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pruned:
     cache: Path
-    removed: list[Entry] = field(default_factory=list)
-    kept: list[Entry] = field(default_factory=list)
-    busy: list[Entry] = field(default_factory=list)     # in use by a run: left alone
-    manifests: list[Path] = field(default_factory=list)
+    removed: tuple[Entry, ...] = ()
+    kept: tuple[Entry, ...] = ()
+    busy: tuple[Entry, ...] = ()     # in use by a run: left alone
+    manifests: tuple[Path, ...] = ()
     dry_run: bool = False
 
     def to_dict(self) -> dict:
@@ -123,7 +140,7 @@ def _size(path: Path) -> tuple[int, float]:
     return total, newest
 
 
-def _entry(kind: str, path: Path, what: str, locks: Sequence[Path] = (),
+def _entry(kind: EntryKind, path: Path, what: str, locks: Sequence[Path] = (),
            key: tuple = (), stamps: Sequence[Path] | None = None) -> Entry:
     """An entry, last used when it or one of ``stamps`` (default: its locks) last changed: a
     run touches a lock as it takes it.  A lock shared with other entries is no stamp of this
@@ -154,47 +171,47 @@ def inventory(cache: Path) -> list[Entry]:
         if p.name.endswith(".lock"):
             continue
         if p.name.endswith(mirror.UNREACHABLE):
-            out.append(_entry("unreachable", p, _unreachable_what(p)))
+            out.append(_entry(EntryKind.UNREACHABLE, p, _unreachable_what(p)))
         elif p.is_dir() and p.name.endswith(".git"):
             url = g.remote_url(p) if (p / "HEAD").is_file() else None
-            out.append(_entry("mirror", p, url or p.name, [Path(f"{p}.lock")],
+            out.append(_entry(EntryKind.MIRROR, p, url or p.name, [Path(f"{p}.lock")],
                               ("mirror", p.name)))
         else:   # <mirror>.git.XXXX: a first clone, made under that mirror's lock
             owner = p.name.rsplit(".", 1)[0]
-            out.append(_entry("leftover", p, "a clone a killed run left",
+            out.append(_entry(EntryKind.LEFTOVER, p, "a clone a killed run left",
                               [repos / f"{owner}.lock"]))
-    for word, kind in ((pypi.WORD, "releases"), (image.WORD, "base-trees")):
+    for word, kind in ((pypi.WORD, EntryKind.RELEASES), (image.WORD, EntryKind.BASE_TREES)):
         folder = cache / word
         for p in sorted(folder.iterdir()) if folder.is_dir() else []:
             if p.name.endswith(".lock") or p.name == "wheels":
                 continue
             if p.is_dir() and p.name.endswith(".git"):
                 dist = p.name[:-4]
-                n = len(g.tags(p)) if (p / "HEAD").is_file() and kind == "releases" else None
+                n = len(g.tags(p)) if (p / "HEAD").is_file() and kind is EntryKind.RELEASES else None
                 what = f"{dist}: {n} release(s) laid out" if n is not None else dist
                 out.append(_entry(kind, p, what, [folder / f"{dist}.lock"],
                                   (kind, canonicalize_name(dist))))
             else:   # a layout under way names its version, not its dist: every dist's lock
-                out.append(_entry("leftover", p, "a layout a killed run left",
+                out.append(_entry(EntryKind.LEFTOVER, p, "a layout a killed run left",
                                   sorted(folder.glob("*.lock"))))
     wheels = cache / pypi.WORD / "wheels"
     for p in sorted(wheels.iterdir()) if wheels.is_dir() else []:
         if p.name.startswith(pypi.DOWNLOAD):
-            out.append(_entry("leftover", p, "a download a killed run left",
+            out.append(_entry(EntryKind.LEFTOVER, p, "a download a killed run left",
                               [pypi.download_lock(cache, p.name)]))
         elif p.suffix == ".whl":
             dist, version = p.name.split("-")[:2]
             # last used when a run read it, not when it took its dist's lock (stamps=())
-            out.append(_entry("wheel", p, f"{dist} {version}",
+            out.append(_entry(EntryKind.WHEEL, p, f"{dist} {version}",
                               [cache / pypi.WORD / f"{dist.replace('_', '-')}.lock"],
                               ("wheel", canonicalize_name(dist), version), stamps=()))
     registry = cache / "registry"
     if registry.is_dir():
-        out.append(_entry("registry", registry, "base image layers (--no-daemon)",
+        out.append(_entry(EntryKind.REGISTRY, registry, "base image layers (--no-daemon)",
                           key=("registry",)))
     log = cache_.log_file()
     if log.parent == cache and log.is_file():
-        out.append(_entry("log", log, "tracebacks of unexpected errors"))
+        out.append(_entry(EntryKind.LOG, log, "tracebacks of unexpected errors"))
     return sorted(out, key=lambda e: -e.bytes)
 
 
@@ -233,9 +250,8 @@ def _manifests(paths: Sequence[Path]) -> list[Manifest]:
 def listing(cache: Path, manifest_paths: Sequence[Path]) -> Listing:
     entries = inventory(cache) if cache.is_dir() else []
     keys = pinned_keys(_manifests(manifest_paths))
-    for e in entries:
-        e.pinned = e.key in keys
-    return Listing(cache, entries, list(manifest_paths))
+    return Listing(cache, tuple(replace(e, pinned=e.key in keys) for e in entries),
+                   tuple(manifest_paths))
 
 
 @contextmanager
@@ -279,26 +295,27 @@ def prune(cache: Path, manifest_paths: Sequence[Path], *, older_than: float | No
         raise UsageError("no manifest to keep the pins of: run it inside a patchset project, "
                          "or give --manifest (repeatable)")
     manifests = _manifests(manifest_paths)
-    result = Pruned(cache, manifests=list(manifest_paths), dry_run=dry_run)
     if not cache.is_dir():
-        return result
+        return Pruned(cache, manifests=tuple(manifest_paths), dry_run=dry_run)
     if not cache_.hold_exclusive(cache, wait):
         raise UsageError(f"another patchkit run is using the cache {cache}; nothing was "
                          f"removed; run again when it has ended (or give --wait SECONDS, "
                          f"now {wait:g})")
     keys = pinned_keys(manifests)
     now = time.time()
+    removed, kept, busy = [], [], []
     for e in inventory(cache):
-        e.pinned = e.key in keys
-        if e.pinned or e.kind == "log" or (older_than is not None
-                                           and now - e.used < older_than):
-            result.kept.append(e)
+        e = replace(e, pinned=e.key in keys)
+        if e.pinned or e.kind is EntryKind.LOG or (older_than is not None
+                                                   and now - e.used < older_than):
+            kept.append(e)
             continue
         with _taken(e.locks) as free:
             if not free:
-                result.busy.append(e)
+                busy.append(e)
                 continue
             if not dry_run:
                 _remove(e.path)
-            result.removed.append(e)
-    return result
+            removed.append(e)
+    return Pruned(cache, tuple(removed), tuple(kept), tuple(busy), tuple(manifest_paths),
+                  dry_run)
