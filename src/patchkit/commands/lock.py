@@ -6,12 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit import files
-from patchkit.errors import Origin, SettingError
 from patchkit.image import base as base_
 from patchkit.image import lockfile as stack
 from patchkit.engines.docker import Engine
 from patchkit.manifest import Manifest
-from patchkit.run import NO_BASE, run_spec
+from patchkit.run import run_spec
 from patchkit.series import checkout
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
@@ -35,12 +34,9 @@ def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
     """Read the base and the applied checkouts, and write ``patchset.lock`` beside the
     manifest (atomically; the same stack gives the same bytes).  ``timeout`` bounds each
     silence of the engine."""
-    if not (base or manifest.image.base):   # said before an engine is asked
-        raise SettingError(f"patchkit lock needs a base: {NO_BASE}", Origin("base"))
-    spec = run_spec(manifest, base=base, platform=platform, workdir=workdir, timeout=timeout,
-                    engine=engine or Engine.connect(timeout=timeout))
-    held = base_.read(spec.the_engine("the lock"), spec.the_base("the lock"), spec.platform,
-                      log)
+    spec = run_spec(manifest, base=base, platform=platform, workdir=workdir, timeout=timeout)
+    name = spec.the_base("the lock")   # the run decides the base, before an engine is asked
+    held = base_.read(engine or Engine.connect(timeout=timeout), name, spec.platform, log)
     base_.check(manifest, held, None)
     packages = stack.patched_packages(manifest, Path(workdir), held.installed)
     for name, p in sorted(packages.items()):
