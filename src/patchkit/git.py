@@ -354,6 +354,16 @@ def remote_url(repo: Path, remote: str = "origin") -> str | None:
     return (r.stdout.strip() or None) if r.ok else None
 
 
+def remotes(repo: Path) -> dict[str, str]:
+    """Each remote's name and URL, as configured in ``repo``."""
+    r = _try("config", "--get-regexp", r"^remote\..*\.url$", cwd=repo)
+    out = {}
+    for line in (r.stdout.splitlines() if r.ok else []):
+        key, _, url = line.partition(" ")
+        out[key[len("remote."):-len(".url")]] = url.strip()
+    return out
+
+
 def tags(repo: Path) -> list[str]:
     return _lines(_run("tag", "--list", cwd=repo))
 

@@ -95,6 +95,23 @@ def test_bump_writes_one_commit_on_its_branch_and_pushes_it(proj, remote):
     assert "- already-in: applied -> absent (dropped)" in message
     assert "No longer applied: already-in (upstream)" in message
     assert out.stderr.splitlines()[-1].startswith(f"ok: vLLM v1.0.0 -> v1.1.0 on {BRANCH}")
+    # the remote by its name, never its path on this machine
+    assert f"Branch `{BRANCH}`, one commit, pushed to `origin`." in body
+    assert str(remote) not in body and str(proj) not in body + message
+
+
+def test_a_remote_given_by_its_path_is_named_by_its_name(proj, remote, tmp_path):
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--push", str(remote),
+                   "--format", "json", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    [bump] = json.loads(out.stdout)["bumps"]
+    assert bump["pushed"] == "origin" and str(tmp_path) not in bump["body"]
+    # a remote no name is configured for: its last part
+    other = tmp_path / "elsewhere.git"
+    sh("git", "init", "-q", "--bare", str(other))
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--push", str(other), cwd=proj)
+    assert out.returncode == 0, out.stderr
+    assert "pushed to `elsewhere.git`." in out.stdout and str(tmp_path) not in out.stdout
 
 
 def test_a_second_bump_to_the_same_release_replaces_its_own_commit(proj, remote):
@@ -228,7 +245,9 @@ def test_a_port_that_needs_a_hand_says_which_patch_and_writes_no_branch(proj):
     # the port is left for a person, with the rebase stopped in it
     left = proj / ".patchkit" / "bump" / "vllm-1.3.0"
     assert (left / ".patchkit" / "rebase" / "state.json").is_file()
-    assert f"`{left}`" in body
+    # named by its path in the project: the body names nothing of this machine
+    assert "The port is left in `.patchkit/bump/vllm-1.3.0` for a person" in body
+    assert str(proj) not in body
     assert out.stderr.splitlines()[-1].startswith("needs a hand: vLLM v1.3.0: `fast-mode`")
     # a second try says where the first one is, and what it waits for
     again = patchkit("bump", cwd=proj)
@@ -251,7 +270,8 @@ def test_a_port_finished_by_hand_becomes_the_branch(proj):
     branch = "patchkit/bump-vllm-1.2.0"
     assert "a * b + 1" in sh("git", "show", f"{branch}:patches/other.diff", cwd=proj)
     assert "ref: v1.2.0" in sh("git", "show", f"{branch}:patchset.yaml", cwd=proj)
-    assert f"the port was finished by hand in {left}" in done.stdout
+    assert "the port was finished by hand in .patchkit/bump/vllm-1.2.0" in done.stdout
+    assert str(proj) not in done.stdout
     assert not left.exists() and len(worktrees(proj)) == 1
     # described as an automatic port is, and what the person did besides
     body = done.stdout

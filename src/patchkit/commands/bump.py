@@ -151,7 +151,8 @@ class Bump:
     assertions_failed: int = 0
     changed: tuple[str, ...] = ()  # files of the change
     by_hand: HandWork | None = None
-    worktree: str | None = None    # where a person finishes a bump that needs a hand
+    worktree: str | None = None    # where a person finishes a bump that needs a hand, in the
+                                   # project (.patchkit/bump/<package>-<version>)
     notes: tuple[str, ...] = ()
     links: Links = Links()
     lost: tuple[str, ...] = ()     # fixes that stopped taking effect with nothing in their place
@@ -299,13 +300,22 @@ class _Job:
     def rel(self) -> Path:
         return self.m.path.relative_to(self.project)
 
+    @property
+    def where(self) -> str:
+        """The scratch tree as the body names it: its path in the project, never this
+        machine's (a dry run's throwaway tree is named by nothing)."""
+        try:
+            return self.scratch.relative_to(self.project).as_posix()
+        except ValueError:
+            return "a throwaway tree"
+
     def run(self, resumed: bool) -> Bump:
         """The port (or the one a person finished), proven on both sides, then the probes."""
         before = self.side.before()
         if resumed:
             attempt = _Attempt.load(self.scratch)
             steps, stopped, hand = attempt.steps, attempt.stopped, attempt.hand_work(self.scratch)
-            notes = (*attempt.notes, f"the port was finished by hand in {self.scratch}")
+            notes = (*attempt.notes, f"the port was finished by hand in {self.where}")
         else:
             done = rebase.start(manifest.load(self.scratch / self.rel), self.spec,
                                 self.base.to_ref, drop_upstream=True,
@@ -359,7 +369,7 @@ class _Job:
 
     def _needs_a_hand(self, result: Bump, why: str) -> Bump:
         return replace(result, status=BumpStatus.NEEDS_A_HAND, why=why, branch=None,
-                       worktree=None if self.ask.dry_run else str(self.scratch))
+                       worktree=None if self.ask.dry_run else self.where)
 
 
 def _remove_empty(folder: Path, top: Path) -> None:
@@ -633,8 +643,25 @@ def _write(project: Path, scratch: Path, result: Bump, version: str, tips: _Tips
                                 "the branch is written here, push it by hand") from None
         wrote = True
     if push:
-        result = replace(result, pushed=push)
+        result = replace(result, pushed=_remote_name(project, push))
     return result if wrote else replace(result, status=BumpStatus.UNCHANGED)
+
+
+def _remote_name(project: Path, push: str) -> str:
+    """The remote as a body names it: its name (``origin``), never this machine's path of it.
+    A URL or path given for ``--push`` is named by the remote configured with it, else by its
+    last part (``vllm-patches.git``), a URL without its credentials."""
+    known = g.remotes(project)
+    if push in known:
+        return push
+    for name, url in known.items():
+        if url == push or (Path(url).is_absolute() and Path(push).is_absolute()
+                           and Path(url).resolve() == Path(push).resolve()):
+            return name
+    if "://" in push:
+        scheme, _, rest = push.partition("://")
+        return f"{scheme}://{rest.rpartition('@')[2]}"
+    return Path(push.rstrip("/")).name or push
 
 
 def _message(result: Bump, version: str, tree: str) -> str:
