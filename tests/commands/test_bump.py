@@ -286,6 +286,61 @@ def test_a_port_finished_by_hand_becomes_the_branch(proj):
     assert "Finished by hand: patches/other.diff" in message
 
 
+def test_a_port_finished_after_head_moved_lands_on_the_new_head(proj):
+    """The port stopped at A; the user committed B on main (a setting moved); the port finished
+    by hand lands on B with B's change kept, and the body names the commit it sits on."""
+    assert patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj).returncode == \
+        EXIT_NEEDS_A_HAND
+    began = sh("git", "rev-parse", "HEAD", cwd=proj)
+    left = proj / ".patchkit" / "bump" / "vllm-1.2.0"
+    text = (proj / "patchset.yaml").read_text()
+    (proj / "patchset.yaml").write_text(text.replace("summary: make the mode fast\n",
+                                                     "summary: make the mode faster\n"))
+    moved = commit(proj, "fast-mode says faster")
+    (left / ".patchkit" / "rebase" / "tree" / "pkg" / "other.py").write_text(OTHER_RESOLVED)
+    assert patchkit("rebase", "--continue", cwd=left).returncode == 0
+    done = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj)
+    assert done.returncode == 0, done.stderr
+    branch = "patchkit/bump-vllm-1.2.0"
+    tip = sh("git", "rev-parse", branch, cwd=proj)
+    assert sh("git", "rev-parse", f"{tip}~1", cwd=proj) == moved
+    # the branch changes only what the port changed: B's setting is not undone
+    diff = sh("git", "diff", "main", branch, "--", "patchset.yaml", cwd=proj).splitlines()
+    assert not [ln for ln in diff if ln.startswith(("-", "+")) and "make the mode" in ln]
+    assert "make the mode faster" in sh("git", "show", f"{branch}:patchset.yaml", cwd=proj)
+    assert "ref: v1.2.0" in sh("git", "show", f"{branch}:patchset.yaml", cwd=proj)
+    assert "a * b + 1" in sh("git", "show", f"{branch}:patches/other.diff", cwd=proj)
+    body = done.stdout
+    assert f"On `{moved[:12]}` (fast-mode says faster), the project's HEAD when the bump ran." \
+        in body
+    assert (f"HEAD moved from {began[:12]} to {moved[:12]} while the port waited: the port's "
+            f"own changes were replayed on {moved[:12]}") in body
+    # the hand work is the person's alone, not what HEAD brought
+    assert "### Finished by hand" in body
+    assert "Finished by hand: patches/other.diff" in sh(
+        "git", "log", "-1", "--format=%B", branch, cwd=proj)
+
+
+def test_a_head_that_conflicts_with_the_port_needs_a_hand_naming_the_files(proj):
+    assert patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj).returncode == \
+        EXIT_NEEDS_A_HAND
+    left = proj / ".patchkit" / "bump" / "vllm-1.2.0"
+    (left / ".patchkit" / "rebase" / "tree" / "pkg" / "other.py").write_text(OTHER_RESOLVED)
+    assert patchkit("rebase", "--continue", cwd=left).returncode == 0
+    # meanwhile main rewrites the very patch the person resolved
+    diff = (proj / "patches" / "other.diff").read_text()
+    moved = commit(proj, "other-fix adds two", {"patches/other.diff": diff.replace(
+        "a + b + 1", "a + b + 2")})
+    before = refs(proj)
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj)
+    assert out.returncode == EXIT_NEEDS_A_HAND, out.stderr
+    assert (f"the port's own changes conflict with it in patches/other.diff") in out.stdout
+    assert f"to {moved[:12]} since the port began" in out.stdout
+    assert refs(proj) == before
+    # the person's work is kept where it was
+    assert "a * b + 1" in (left / "patches" / "other.diff").read_text()
+
+
 def test_an_error_never_takes_a_port_finished_by_hand(proj):
     """The person's work in the port left for them survives a bump that fails on it."""
     assert patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj).returncode == \

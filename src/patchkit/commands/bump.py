@@ -156,6 +156,8 @@ class Bump:
     notes: tuple[str, ...] = ()
     links: Links = Links()
     lost: tuple[str, ...] = ()     # fixes that stopped taking effect with nothing in their place
+    on: str | None = None          # the commit the port sits on: HEAD when the bump ran
+    on_subject: str = ""
 
     @property
     def needs_a_hand(self) -> bool:
@@ -254,10 +256,12 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
         else project / ".patchkit" / "bump" / f"{name}-{version}"
     # the manifest's sources name the project upstream even when this run reads another
     sources = (*m.package(name).repos, *pin.sources)
+    head = g.head(project)
     base = Bump(name, pin.id.label, pin.ref, target,
                 BumpStatus.DRY_RUN if ask.dry_run else BumpStatus.BUMPED,
                 branch=None if ask.dry_run else branch,
-                links=_links(sources, pin, target, version))
+                links=_links(sources, pin, target, version),
+                on=head, on_subject=g.commit_info(project, head).subject)
     job = _Job(m, project, spec, ask, progress, scratch, _Sides(m, name, old, new, others),
                base, version)
     resumed = scratch.exists() and _finished_by_hand(scratch, job.rel, base.label, version)
@@ -316,6 +320,14 @@ class _Job:
             attempt = _Attempt.load(self.scratch)
             steps, stopped, hand = attempt.steps, attempt.stopped, attempt.hand_work(self.scratch)
             notes = (*attempt.notes, f"the port was finished by hand in {self.where}")
+            began = g.head(self.scratch)
+            if began != self.base.on:
+                conflicts = self._onto_head(began)
+                if conflicts:
+                    return self._moved_under(began, conflicts, notes, hand)
+                notes += (f"HEAD moved from {began[:12]} to {self.base.on[:12]} while the port "
+                          f"waited: the port's own changes were replayed on "
+                          f"{self.base.on[:12]}",)
         else:
             done = rebase.start(manifest.load(self.scratch / self.rel), self.spec,
                                 self.base.to_ref, drop_upstream=True,
@@ -343,6 +355,29 @@ class _Job:
                    else f"exit {failing.returncode}")
             return self._needs_a_hand(result, f"the probe `{failing.command}` failed ({how})")
         return result
+
+    def _onto_head(self, began: str) -> list[str]:
+        """The port a person finished, moved onto the project's HEAD, which moved since the
+        port began at ``began``: the port's own changes (its tree against ``began``) replayed
+        on HEAD, three-way, so that nothing committed on HEAD meanwhile is undone.  The files
+        where the two conflict (nothing moved), or none."""
+        port = g.user_commit_of(self.scratch, g.worktree_tree(self.scratch), began, "the port")
+        merged, conflicts = g.merged_tree(self.scratch, self.base.on, port)
+        if merged is None:
+            return conflicts
+        g.move_worktree(self.scratch, self.base.on, merged)
+        return []
+
+    def _moved_under(self, began: str, conflicts: Sequence[str], notes: tuple[str, ...],
+                     hand: HandWork | None) -> Bump:
+        now = self.base.on[:12]
+        files = ", ".join(conflicts)
+        how = (f"bring the port onto HEAD in {self.where}: `git stash -u && git checkout -q "
+               f"--detach {now} && git stash pop`, resolve {files} there, then bump again")
+        return replace(self._needs_a_hand(
+            self.base, f"HEAD moved from {began[:12]} to {now} since the port began, and the "
+                       f"port's own changes conflict with it in {files}"),
+            notes=(*notes, how), by_hand=hand)
 
     def _fates(self, ported: Manifest, before: ApplyReport, after: ApplyReport,
                steps: Mapping[str, rebase.Step], stopped: str | None) -> tuple[Fate, ...]:
@@ -621,8 +656,10 @@ def _git_reason(exc: CommandError) -> str:
 def _write(project: Path, scratch: Path, result: Bump, version: str, tips: _Tips,
            push: str | None) -> Bump:
     """The port as one commit on the bump branch (and at ``push``); nothing written where the
-    branch holds it already."""
-    head = g.head(scratch)
+    branch holds it already.  The commit sits on HEAD as the bump found it (a port finished by
+    hand was moved onto it first)."""
+    head = result.on
+    assert head == g.head(scratch), "the port is on the project's HEAD"
     tree = g.worktree_tree(scratch)
     commit = next((tip for tip in (tips.local, tips.remote)
                    if tip and g.tree_of(project, tip) == tree

@@ -41,6 +41,9 @@ def body(result: Bump) -> str:
     elif not result.needs_a_hand:
         lines += [f"Branch `{result.branch}`, one commit"
                   + (f", pushed to `{result.pushed}`." if result.pushed else "."), ""]
+    if result.on:
+        lines += [f"On `{result.on[:12]}` ({_cell(result.on_subject)}), the project's HEAD "
+                  "when the bump ran.", ""]
     links = [f"[{name}]({url})" for name, url in
              (("changes upstream", result.links.compare), ("release", result.links.release)) if url]
     if links:
