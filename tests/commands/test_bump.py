@@ -532,3 +532,134 @@ def test_a_reviewer_reads_upstreams_changes_from_the_body():
     assert _links(("pypi",), pin, "v0.34.0", "0.34.0") == Links(
         None, "https://pypi.org/project/vllm/0.34.0/")
     assert _links(("/srv/vllm",), pin, "v0.34.0", "0.34.0") == Links()
+
+
+# ------------------------------------------------------------------------------ the base
+
+def push_base(tmp: Path, ref: str, labels: dict[str, str]) -> None:
+    """A tiny image (one small layer, a config with ``labels``, linux/arm64) pushed to
+    ``ref`` with skopeo, from an OCI layout made here."""
+    import gzip
+    import hashlib
+    import io
+    import tarfile
+
+    layout = tmp / f"layout-{abs(hash(ref))}"
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def blob(data: bytes) -> dict:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return {"digest": f"sha256:{digest}", "size": len(data)}
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("etc/base-of")
+        info.size = len(ref.encode())
+        tar.addfile(info, io.BytesIO(ref.encode()))
+    layer = gzip.compress(raw.getvalue(), mtime=0)
+    config = json.dumps({"architecture": "arm64", "os": "linux",
+                         "config": {"Labels": labels, "Env": ["PATH=/usr/bin"]},
+                         "rootfs": {"type": "layers", "diff_ids": [
+                             "sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    **blob(layer)}]}).encode()
+    index = {"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", **blob(manifest),
+        "annotations": {"org.opencontainers.image.ref.name": "base"}}]}
+    (layout / "index.json").write_text(json.dumps(index))
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    sh("skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:base",
+       f"docker://{ref}")
+
+
+@pytest.fixture
+def registry_repo():
+    """A fresh repository name in the test registry (PK_REGISTRY, /tmp/pk-services.env)."""
+    import os
+    import uuid
+
+    host = os.environ.get("PK_REGISTRY")
+    if not host:
+        pytest.skip("no test registry (PK_REGISTRY; . /tmp/pk-services.env)")
+    return f"{host}/bump-base-{uuid.uuid4().hex[:10]}"
+
+
+def with_base(proj: Path, base: str) -> None:
+    text = (proj / "patchset.yaml").read_text()
+    (proj / "patchset.yaml").write_text(text.replace("  base: example/vllm:v1.0.0\n",
+                                                     f"  base: {base}\n"))
+    commit(proj, "the base")
+
+
+def test_the_base_follows_the_release_and_is_proven_in_its_registry(proj, tmp_path,
+                                                                     registry_repo):
+    """A literal tag holding the old version without its `v` moves to the new one; the
+    registry has it, and its label says the release."""
+    with_base(proj, f"{registry_repo}:1.0.0-cu130")
+    push_base(tmp_path, f"{registry_repo}:1.1.0-cu130", {"io.patchkit.vllm.installed": "1.1.0"})
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    bumped = yaml.safe_load(sh("git", "show", f"{BRANCH}:patchset.yaml", cwd=proj))
+    assert bumped["image"]["base"] == f"{registry_repo}:1.1.0-cu130"
+    host = registry_repo.split("/")[0]
+    assert (f"- image.base moved `{registry_repo}:1.0.0-cu130` -> `{registry_repo}:1.1.0-cu130`: "
+            f"proven: the registry {host} has it (sha256:") in out.stdout
+    assert "and its label io.patchkit.vllm.installed says vLLM 1.1.0" in out.stdout
+    # only that line of the manifest changed besides the pin
+    diff = sh("git", "diff", "HEAD", BRANCH, "--", "patchset.yaml", cwd=proj)
+    assert f"-  base: {registry_repo}:1.0.0-cu130\n+  base: {registry_repo}:1.1.0-cu130" in diff
+
+
+@pytest.mark.parametrize("case", ["missing", "other-vllm", "undeclared", "template"])
+def test_a_base_the_registry_lacks_needs_a_hand(proj, tmp_path, registry_repo, case):
+    old, new = f"{registry_repo}:v1.0.0", f"{registry_repo}:v1.1.0"
+    if case == "template":
+        with_base(proj, f"{registry_repo}:{{ref}}")
+    else:
+        with_base(proj, old)
+    if case == "other-vllm":
+        push_base(tmp_path, new, {"org.opencontainers.image.version": "1.0.0"})
+    elif case in ("undeclared", "template"):
+        push_base(tmp_path, new, {})
+    before = refs(proj)
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    host = registry_repo.split("/")[0]
+    if case == "missing":
+        assert out.returncode == EXIT_NEEDS_A_HAND, out.stderr
+        assert (f"**Needs a hand**: image.base {new} is not in the registry {host} (no tag "
+                "v1.1.0 there)") in out.stdout
+        assert refs(proj) == before
+    elif case == "other-vllm":
+        assert out.returncode == EXIT_NEEDS_A_HAND, out.stderr
+        assert (f"**Needs a hand**: image.base {new} holds vLLM 1.0.0 (label "
+                "org.opencontainers.image.version), not 1.1.0") in out.stdout
+        assert refs(proj) == before
+    else:
+        assert out.returncode == 0, out.stderr
+        assert f"the registry {host} has it (sha256:" in out.stdout
+        assert "which vLLM it holds its config does not say" in out.stdout
+        if case == "template":
+            assert f"- image.base names the release itself: `{new}`:" in out.stdout
+            bumped = yaml.safe_load(sh("git", "show", f"{BRANCH}:patchset.yaml", cwd=proj))
+            assert bumped["image"]["base"] == f"{registry_repo}:{{ref}}"
+
+
+def test_a_base_that_names_no_release_is_left_alone(proj):
+    with_base(proj, "example/vllm:latest")
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--dry-run", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    assert ("- image.base `example/vllm:latest` names no release of v1.0.0: left alone, not "
+            "checked") in out.stdout
+
+
+def test_a_registry_that_does_not_answer_is_one_line_of_the_body(proj):
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--dry-run", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("- image.base")]
+    assert line.startswith("- image.base moved `example/vllm:v1.0.0` -> `example/vllm:v1.1.0`: "
+                           "not checked: the registry docker.io did not answer (")

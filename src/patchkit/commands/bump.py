@@ -41,7 +41,10 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import kinds, manifest, process, source, versions
-from patchkit.errors import CommandError, PatchkitError, SourceError, UsageError
+from patchkit.errors import CommandError, ImageError, PatchkitError, SourceError, UsageError
+from patchkit.image import registry
+from patchkit.image.base import in_registry
+from patchkit.imageref import fill_release, is_template, split_tag
 from patchkit.kinds import Stop
 from patchkit.manifest import Manifest
 from patchkit.run import RunSpec, run_spec
@@ -118,6 +121,22 @@ class Fate:
 
 
 @dataclass(frozen=True)
+class BaseMove:
+    """``image.base`` across the port: where it was, where the port moved it, what was proven
+    of it there (one line), and whether it needs a person."""
+
+    old: str
+    new: str | None            # None: it names no release, and was left alone
+    proof: str
+    template: bool = False     # it names the release itself ({ref}, {version}): not rewritten
+    missing: bool = False      # not at the new tag in its registry, or holding another vLLM
+
+    @property
+    def moved(self) -> bool:
+        return self.new is not None and self.new != self.old
+
+
+@dataclass(frozen=True)
 class HandWork:
     """What a person changed, relative to the automatic attempt, in a port they finished."""
 
@@ -157,6 +176,7 @@ class Bump:
     links: Links = Links()
     lost: tuple[str, ...] = ()     # fixes that stopped taking effect with nothing in their place
     on: str | None = None          # the commit the port sits on: HEAD when the bump ran
+    base_image: BaseMove | None = None   # image.base moved with the release (vLLM's bump)
     on_subject: str = ""
 
     @property
@@ -347,6 +367,12 @@ class _Job:
         why = _stopped_by(result, after, self.base.to_ref)
         if why:
             return self._needs_a_hand(result, why)
+        moved = self._base_image(ported)
+        if moved is not None:   # said in the proof, with what was proven: not again in a note
+            result = replace(result, base_image=moved, notes=tuple(
+                n for n in result.notes if not n.startswith("image.base: ")))
+            if moved.missing:
+                return self._needs_a_hand(result, moved.proof)
         probes = _probes(ported, result, self.base.package, self.base.to_ref)
         result = replace(result, probes=probes)
         failing = next((p for p in probes if not p.ok), None)
@@ -355,6 +381,50 @@ class _Job:
                    else f"exit {failing.returncode}")
             return self._needs_a_hand(result, f"the probe `{failing.command}` failed ({how})")
         return result
+
+    def _base_image(self, ported: Manifest) -> BaseMove | None:
+        """``image.base`` at the new release (vLLM's bump alone moves it): the port moved a tag
+        that names the old release (``rebase``), a template names it by itself.  The registry
+        is asked for it without pulling a layer: a tag it lacks, or a base whose config declares
+        another vLLM, needs a hand; a registry that does not answer is said, not proven; one
+        that refuses is bad input."""
+        old = self.m.image.base
+        if not old or not self.m.package(self.base.package).id.primary:
+            return None
+        from_ref, to_ref, label = self.base.from_ref, self.base.to_ref, self.base.label
+        template = is_template(old)
+        if template:
+            was, new = fill_release(old, from_ref), fill_release(old, to_ref)
+        else:
+            was, new = old, ported.image.base or old
+            if new == old:
+                return BaseMove(old, None, f"`{old}` names no release of {from_ref}: left "
+                                           "alone, not checked")
+        host = registry.host_of(new)
+        try:
+            found = in_registry(new, self.spec.platform, REMOTE_TIMEOUT)
+        except registry.UnreachableError as exc:
+            return BaseMove(was, new, f"not checked: the registry {host} did not answer "
+                                      f"({exc.detail})", template=template)
+        except ImageError as exc:
+            raise UsageError(f"image.base {new}: the registry {host} refused it: {exc}"
+                             ) from None
+        if found is None:
+            return BaseMove(was, new, f"image.base {new} is not in the registry {host} (no tag "
+                                      f"{split_tag(new)[1]} there): push the base of {label} "
+                                      f"{to_ref} there, or set image.base by hand",
+                            template=template, missing=True)
+        if found.vllm is None:
+            return BaseMove(was, new, f"the registry {host} has it ({found.digest[:19]}); which "
+                                      f"{label} it holds its config does not say (its files do: "
+                                      "`build-image` proves them)", template=template)
+        if not versions.same_release(found.vllm, self.version):
+            return BaseMove(was, new, f"image.base {new} holds {label} {found.vllm} "
+                                      f"({found.said_by}), not {self.version}",
+                            template=template, missing=True)
+        return BaseMove(was, new, f"proven: the registry {host} has it ({found.digest[:19]}), "
+                                  f"and its {found.said_by} says {label} {found.vllm}",
+                        template=template)
 
     def _onto_head(self, began: str) -> list[str]:
         """The port a person finished, moved onto the project's HEAD, which moved since the
