@@ -663,3 +663,38 @@ def test_a_registry_that_does_not_answer_is_one_line_of_the_body(proj):
     [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("- image.base")]
     assert line.startswith("- image.base moved `example/vllm:v1.0.0` -> `example/vllm:v1.1.0`: "
                            "not checked: the registry docker.io did not answer (")
+
+
+def test_a_registry_that_refuses_the_base_is_one_line_and_writes_nothing(proj, tmp_path):
+    """A registry that answers 403 to everything: bad input, one line naming the registry."""
+    import http.server
+    import threading
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):   # noqa: N802 (http.server's name)
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json")
+            body = b'{"errors":[{"code":"DENIED","message":"requested access is denied"}]}'
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        host = f"127.0.0.1:{server.server_address[1]}"
+        with_base(proj, f"{host}/vllm-base:v1.0.0")
+        before_files, before_refs = files(proj), refs(proj)
+        out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    finally:
+        server.shutdown()
+    assert out.returncode == 2, out.stderr
+    line = one_error(out)
+    assert f"image.base {host}/vllm-base:v1.1.0: the registry {host} refused it" in line
+    assert files(proj) == before_files and refs(proj) == before_refs
+    assert len(worktrees(proj)) == 1 and not (proj / ".patchkit" / "bump").exists()

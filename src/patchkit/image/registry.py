@@ -71,6 +71,10 @@ class UnreachableError(ImageError):
         self.detail = detail or message   # skopeo's own words
 
 
+# What a registry that answered says when it will not serve (its ping included).
+_REFUSED = re.compile(r"invalid status code|unauthorized|denied|forbidden", re.I)
+
+
 def host_of(name: str) -> str:
     """The registry host a reference names: its first component when that looks like a host
     (has a ``.`` or ``:``, or is ``localhost``), else Docker Hub, as the engine reads it."""
@@ -175,7 +179,7 @@ class Registry:
                 if missing is None:
                     return None
                 raise MissingError(f"{missing}: {detail}", detail) from None
-            if _UNREACHABLE.search(detail):
+            if _UNREACHABLE.search(detail) and not _REFUSED.search(detail):
                 raise UnreachableError(f"{what}: {detail}", detail) from None
             raise ImageError(f"{what}: {detail}") from None
 
