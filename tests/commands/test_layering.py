@@ -56,8 +56,8 @@ def test_an_engine_is_connected_by_the_verbs_alone():
     run, which never connects one; copying to other engines connects each target, and the
     nodes images and rollback reach are connected where they are listed.  Nothing else below
     the command line connects an engine."""
-    allowed = {*COMMANDS.glob("*.py"), SRC / "image" / "transfer.py", SRC / "image" / "docker.py",
-               SRC / "image" / "nodes.py"}
+    allowed = {*COMMANDS.glob("*.py"), SRC / "nodes" / "transfer.py", SRC / "engines" / "docker.py",
+               SRC / "nodes" / "fleet.py"}
     found = []
     for path, tree in _trees(SRC):
         if path.parent == COMMANDS:

@@ -66,3 +66,40 @@ def test_verbose_says_more_of_a_lone_unreachable_source_once(tmp_path):
     assert p.returncode == 2
     more = [ln for ln in p.stderr.splitlines() if "remembered in" in ln]
     assert len(more) == 1 and "cannot clone" in more[0], p.stderr
+
+
+def test_a_typo_for_a_source_word_is_one_line_and_nothing_is_remembered(tmp_path):
+    """`pyip` is neither a URL, a path nor a source word: said at once, with the word it
+    nearly is, and no mirror is made or remembered as unreachable."""
+    proj = make_project(tmp_path)
+    cache = tmp_path / "home" / "cache"
+    before = sorted(cache.rglob("*")) if cache.exists() else []
+    p = patchkit("apply", "--vllm-repo", "pyip", cwd=proj)
+    assert p.returncode == 2, p.stderr
+    [line] = p.stderr.strip().splitlines()
+    assert line == ("patchkit apply: error: vLLM repository 'pyip' is neither a URL, a path nor "
+                    "a source word (pypi, image): did you mean 'pypi'?")
+    assert "mirroring" not in p.stderr
+    assert not [c for c in (sorted(cache.rglob("*")) if cache.exists() else [])
+                if c not in before and "pyip" in c.name]
+    # a word near none of them says how a folder is written
+    p = patchkit("rebase-check", "--releases", "--vllm-repo", "upstrem", cwd=proj)
+    assert p.returncode == 2 and "a local folder is written ./upstrem" in p.stderr
+    # a folder of that name is a path, as git takes it
+    (tmp_path / "proj" / "pyip").mkdir()
+    p = patchkit("apply", "--vllm-repo", "pyip", cwd=proj)
+    assert p.returncode == 2 and "is neither a URL" not in p.stderr
+
+
+def test_a_typo_for_a_source_word_in_the_manifest_names_its_line(tmp_path):
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text()
+    up = text.split("repo: ", 1)[1].split()[0]
+    (proj / "patchset.yaml").write_text(text.replace(f"repo: {up}", f"repo: [{up}, imgae]", 1))
+    line_no = next(i for i, ln in enumerate(text.splitlines(), 1) if ln.strip().startswith("repo:"))
+    for verb in ("validate", "apply"):
+        p = patchkit(verb, cwd=proj)
+        assert p.returncode == 2, p.stderr
+        [line] = p.stderr.strip().splitlines()
+        assert line.endswith(f"patchset.yaml:{line_no}: vllm.repo[1]: 'imgae' is neither a URL, "
+                             "a path nor a source word (pypi, image): did you mean 'image'?")

@@ -369,14 +369,8 @@ def search(series: Sequence[Patch], test: Callable[[int], Run],
     for end, expected, wrong in ((0, GOOD, Verdict.FAILS_WITHOUT), (1, BAD, Verdict.PASSES)):
         if end == 0:
             r = test(0)
-        else:   # the whole series, after leaving out what fails in it (with ``shrink``)
-            while True:
-                r = test(len(series))
-                gone = dict(shrink(r)) if r.failed and shrink is not None else {}
-                if not gone or not series:
-                    break
-                series = tuple(p for p in series if p.id not in gone)
-                dropped.extend(gone.items())
+        else:
+            r, series = _whole(series, test, shrink, dropped)
         runs.append(r)
         if r.outcome == ERROR:
             return stopped(r)
@@ -404,6 +398,20 @@ def search(series: Sequence[Patch], test: Callable[[int], Run],
     if hi - lo > 1:
         return done(Verdict.ONLY_SKIPPED, candidates=tuple(p.id for p in series[lo:hi]))
     return done(Verdict.FOUND, first_bad=hi)
+
+
+def _whole(series: tuple[Patch, ...], test: Callable[[int], Run],
+           shrink: Callable[[Run], Sequence[tuple[str, str]]] | None,
+           dropped: list[tuple[str, str]]) -> tuple[Run, tuple[Patch, ...]]:
+    """The run of the whole series, after leaving out what fails in it (with ``shrink``, which
+    says why of each: added to ``dropped``), and the series it ran on."""
+    while True:
+        r = test(len(series))
+        gone = dict(shrink(r)) if r.failed and shrink is not None else {}
+        if not gone or not series:
+            return r, series
+        series = tuple(p for p in series if p.id not in gone)
+        dropped.extend(gone.items())
 
 
 def _count(k: int) -> str:

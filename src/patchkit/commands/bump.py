@@ -41,7 +41,10 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import kinds, manifest, process, source, versions
-from patchkit.errors import CommandError, PatchkitError, SourceError, UsageError
+from patchkit.errors import CommandError, ImageError, PatchkitError, SourceError, UsageError
+from patchkit.engines import registry
+from patchkit.image.base import in_registry
+from patchkit.imageref import fill_release, is_template, split_tag
 from patchkit.kinds import Stop
 from patchkit.manifest import Manifest
 from patchkit.run import RunSpec, run_spec
@@ -118,6 +121,22 @@ class Fate:
 
 
 @dataclass(frozen=True)
+class BaseMove:
+    """``image.base`` across the port: where it was, where the port moved it, what was proven
+    of it there (one line), and whether it needs a person."""
+
+    old: str
+    new: str | None            # None: it names no release, and was left alone
+    proof: str
+    template: bool = False     # it names the release itself ({ref}, {version}): not rewritten
+    missing: bool = False      # not at the new tag in its registry, or holding another vLLM
+
+    @property
+    def moved(self) -> bool:
+        return self.new is not None and self.new != self.old
+
+
+@dataclass(frozen=True)
 class HandWork:
     """What a person changed, relative to the automatic attempt, in a port they finished."""
 
@@ -151,10 +170,14 @@ class Bump:
     assertions_failed: int = 0
     changed: tuple[str, ...] = ()  # files of the change
     by_hand: HandWork | None = None
-    worktree: str | None = None    # where a person finishes a bump that needs a hand
+    worktree: str | None = None    # where a person finishes a bump that needs a hand, in the
+                                   # project (.patchkit/bump/<package>-<version>)
     notes: tuple[str, ...] = ()
     links: Links = Links()
     lost: tuple[str, ...] = ()     # fixes that stopped taking effect with nothing in their place
+    on: str | None = None          # the commit the port sits on: HEAD when the bump ran
+    base_image: BaseMove | None = None   # image.base moved with the release (vLLM's bump)
+    on_subject: str = ""
 
     @property
     def needs_a_hand(self) -> bool:
@@ -253,10 +276,12 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
         else project / ".patchkit" / "bump" / f"{name}-{version}"
     # the manifest's sources name the project upstream even when this run reads another
     sources = (*m.package(name).repos, *pin.sources)
+    head = g.head(project)
     base = Bump(name, pin.id.label, pin.ref, target,
                 BumpStatus.DRY_RUN if ask.dry_run else BumpStatus.BUMPED,
                 branch=None if ask.dry_run else branch,
-                links=_links(sources, pin, target, version))
+                links=_links(sources, pin, target, version),
+                on=head, on_subject=g.commit_info(project, head).subject)
     job = _Job(m, project, spec, ask, progress, scratch, _Sides(m, name, old, new, others),
                base, version)
     resumed = scratch.exists() and _finished_by_hand(scratch, job.rel, base.label, version)
@@ -299,13 +324,30 @@ class _Job:
     def rel(self) -> Path:
         return self.m.path.relative_to(self.project)
 
+    @property
+    def where(self) -> str:
+        """The scratch tree as the body names it: its path in the project, never this
+        machine's (a dry run's throwaway tree is named by nothing)."""
+        try:
+            return self.scratch.relative_to(self.project).as_posix()
+        except ValueError:
+            return "a throwaway tree"
+
     def run(self, resumed: bool) -> Bump:
         """The port (or the one a person finished), proven on both sides, then the probes."""
         before = self.side.before()
         if resumed:
             attempt = _Attempt.load(self.scratch)
             steps, stopped, hand = attempt.steps, attempt.stopped, attempt.hand_work(self.scratch)
-            notes = (*attempt.notes, f"the port was finished by hand in {self.scratch}")
+            notes = (*attempt.notes, f"the port was finished by hand in {self.where}")
+            began = g.head(self.scratch)
+            if began != self.base.on:
+                conflicts = self._onto_head(began)
+                if conflicts:
+                    return self._moved_under(began, conflicts, notes, hand)
+                notes += (f"HEAD moved from {began[:12]} to {self.base.on[:12]} while the port "
+                          f"waited: the port's own changes were replayed on "
+                          f"{self.base.on[:12]}",)
         else:
             done = rebase.start(manifest.load(self.scratch / self.rel), self.spec,
                                 self.base.to_ref, drop_upstream=True,
@@ -325,6 +367,12 @@ class _Job:
         why = _stopped_by(result, after, self.base.to_ref)
         if why:
             return self._needs_a_hand(result, why)
+        moved = self._base_image(ported)
+        if moved is not None:   # said in the proof, with what was proven: not again in a note
+            result = replace(result, base_image=moved, notes=tuple(
+                n for n in result.notes if not n.startswith("image.base: ")))
+            if moved.missing:
+                return self._needs_a_hand(result, moved.proof)
         probes = _probes(ported, result, self.base.package, self.base.to_ref)
         result = replace(result, probes=probes)
         failing = next((p for p in probes if not p.ok), None)
@@ -333,6 +381,73 @@ class _Job:
                    else f"exit {failing.returncode}")
             return self._needs_a_hand(result, f"the probe `{failing.command}` failed ({how})")
         return result
+
+    def _base_image(self, ported: Manifest) -> BaseMove | None:
+        """``image.base`` at the new release (vLLM's bump alone moves it): the port moved a tag
+        that names the old release (``rebase``), a template names it by itself.  The registry
+        is asked for it without pulling a layer: a tag it lacks, or a base whose config declares
+        another vLLM, needs a hand; a registry that does not answer is said, not proven; one
+        that refuses is bad input."""
+        old = self.m.image.base
+        if not old or not self.m.package(self.base.package).id.primary:
+            return None
+        from_ref, to_ref, label = self.base.from_ref, self.base.to_ref, self.base.label
+        template = is_template(old)
+        if template:
+            was, new = fill_release(old, from_ref), fill_release(old, to_ref)
+        else:
+            was, new = old, ported.image.base or old
+            if new == old:
+                return BaseMove(old, None, f"`{old}` names no release of {from_ref}: left "
+                                           "alone, not checked")
+        host = registry.host_of(new)
+        try:
+            found = in_registry(new, self.spec.platform, REMOTE_TIMEOUT)
+        except registry.UnreachableError as exc:
+            return BaseMove(was, new, f"not checked: the registry {host} did not answer "
+                                      f"({exc.detail})", template=template)
+        except ImageError as exc:
+            raise UsageError(f"image.base {new}: the registry {host} refused it: {exc}"
+                             ) from None
+        if found is None:
+            return BaseMove(was, new, f"image.base {new} is not in the registry {host} (no tag "
+                                      f"{split_tag(new)[1]} there): push the base of {label} "
+                                      f"{to_ref} there, or set image.base by hand",
+                            template=template, missing=True)
+        if found.vllm is None:
+            return BaseMove(was, new, f"the registry {host} has it ({found.digest[:19]}); which "
+                                      f"{label} it holds its config does not say (its files do: "
+                                      "`build-image` proves them)", template=template)
+        if not versions.same_release(found.vllm, self.version):
+            return BaseMove(was, new, f"image.base {new} holds {label} {found.vllm} "
+                                      f"({found.said_by}), not {self.version}",
+                            template=template, missing=True)
+        return BaseMove(was, new, f"proven: the registry {host} has it ({found.digest[:19]}), "
+                                  f"and its {found.said_by} says {label} {found.vllm}",
+                        template=template)
+
+    def _onto_head(self, began: str) -> list[str]:
+        """The port a person finished, moved onto the project's HEAD, which moved since the
+        port began at ``began``: the port's own changes (its tree against ``began``) replayed
+        on HEAD, three-way, so that nothing committed on HEAD meanwhile is undone.  The files
+        where the two conflict (nothing moved), or none."""
+        port = g.user_commit_of(self.scratch, g.worktree_tree(self.scratch), began, "the port")
+        merged, conflicts = g.merged_tree(self.scratch, self.base.on, port)
+        if merged is None:
+            return conflicts
+        g.move_worktree(self.scratch, self.base.on, merged)
+        return []
+
+    def _moved_under(self, began: str, conflicts: Sequence[str], notes: tuple[str, ...],
+                     hand: HandWork | None) -> Bump:
+        now = self.base.on[:12]
+        files = ", ".join(conflicts)
+        how = (f"bring the port onto HEAD in {self.where}: `git stash -u && git checkout -q "
+               f"--detach {now} && git stash pop`, resolve {files} there, then bump again")
+        return replace(self._needs_a_hand(
+            self.base, f"HEAD moved from {began[:12]} to {now} since the port began, and the "
+                       f"port's own changes conflict with it in {files}"),
+            notes=(*notes, how), by_hand=hand)
 
     def _fates(self, ported: Manifest, before: ApplyReport, after: ApplyReport,
                steps: Mapping[str, rebase.Step], stopped: str | None) -> tuple[Fate, ...]:
@@ -359,7 +474,7 @@ class _Job:
 
     def _needs_a_hand(self, result: Bump, why: str) -> Bump:
         return replace(result, status=BumpStatus.NEEDS_A_HAND, why=why, branch=None,
-                       worktree=None if self.ask.dry_run else str(self.scratch))
+                       worktree=None if self.ask.dry_run else self.where)
 
 
 def _remove_empty(folder: Path, top: Path) -> None:
@@ -611,8 +726,10 @@ def _git_reason(exc: CommandError) -> str:
 def _write(project: Path, scratch: Path, result: Bump, version: str, tips: _Tips,
            push: str | None) -> Bump:
     """The port as one commit on the bump branch (and at ``push``); nothing written where the
-    branch holds it already."""
-    head = g.head(scratch)
+    branch holds it already.  The commit sits on HEAD as the bump found it (a port finished by
+    hand was moved onto it first)."""
+    head = result.on
+    assert head == g.head(scratch), "the port is on the project's HEAD"
     tree = g.worktree_tree(scratch)
     commit = next((tip for tip in (tips.local, tips.remote)
                    if tip and g.tree_of(project, tip) == tree
@@ -633,8 +750,25 @@ def _write(project: Path, scratch: Path, result: Bump, version: str, tips: _Tips
                                 "the branch is written here, push it by hand") from None
         wrote = True
     if push:
-        result = replace(result, pushed=push)
+        result = replace(result, pushed=_remote_name(project, push))
     return result if wrote else replace(result, status=BumpStatus.UNCHANGED)
+
+
+def _remote_name(project: Path, push: str) -> str:
+    """The remote as a body names it: its name (``origin``), never this machine's path of it.
+    A URL or path given for ``--push`` is named by the remote configured with it, else by its
+    last part (``vllm-patches.git``), a URL without its credentials."""
+    known = g.remotes(project)
+    if push in known:
+        return push
+    for name, url in known.items():
+        if url == push or (Path(url).is_absolute() and Path(push).is_absolute()
+                           and Path(url).resolve() == Path(push).resolve()):
+            return name
+    if "://" in push:
+        scheme, _, rest = push.partition("://")
+        return f"{scheme}://{rest.rpartition('@')[2]}"
+    return Path(push.rstrip("/")).name or push
 
 
 def _message(result: Bump, version: str, tree: str) -> str:

@@ -56,6 +56,26 @@ _UNREACHABLE = re.compile(r"pinging container registry|dial tcp|no such host|con
                           r"response to HTTPS client", re.I)
 
 
+class MissingError(ImageError):
+    """The registry answered: it has no such name or tag."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail or message   # skopeo's own words
+
+
+class UnreachableError(ImageError):
+    """The registry did not answer (or there is no client to ask it with)."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail or message   # skopeo's own words
+
+
+# What a registry that answered says when it will not serve (its ping included).
+_REFUSED = re.compile(r"invalid status code|unauthorized|denied|forbidden", re.I)
+
+
 def host_of(name: str) -> str:
     """The registry host a reference names: its first component when that looks like a host
     (has a ``.`` or ``:``, or is ``localhost``), else Docker Hub, as the engine reads it."""
@@ -159,7 +179,9 @@ class Registry:
             if _MISSING.search(detail) and not _UNREACHABLE.search(detail):
                 if missing is None:
                     return None
-                raise ImageError(f"{missing}: {detail}") from None
+                raise MissingError(f"{missing}: {detail}", detail) from None
+            if _UNREACHABLE.search(detail) and not _REFUSED.search(detail):
+                raise UnreachableError(f"{what}: {detail}", detail) from None
             raise ImageError(f"{what}: {detail}") from None
 
     # -- reading

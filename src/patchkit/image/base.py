@@ -9,6 +9,8 @@ proof that the files a package's series changes are the base's pristine ones, us
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -16,7 +18,8 @@ from functools import cached_property
 from pathlib import Path
 
 from patchkit.errors import ImageError
-from patchkit.image import distinfo
+from patchkit.image import distinfo, labels
+from patchkit.engines import registry
 from patchkit.image import lockfile as stack
 from patchkit.formats.layer import BaseImage
 from patchkit.image.distinfo import ListedFiles
@@ -26,6 +29,31 @@ from patchkit.run import RunSpec
 from patchkit.series import checkout
 
 Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class InRegistry:
+    """A base as its registry has it, read without pulling a layer: its manifest's digest,
+    and the vLLM its config declares (None: only its files would say)."""
+
+    name: str
+    digest: str
+    vllm: str | None
+    said_by: str | None     # the label or variable that says it
+
+
+def in_registry(name: str, platform: Platform, timeout: float) -> InRegistry | None:
+    """``name``'s manifest and config read from its registry (an index followed to
+    ``platform``); None when the registry has no such name or tag.  A registry that does not
+    answer is a ``registry.UnreachableError``, one that refuses an ``ImageError``."""
+    if shutil.which("skopeo") is None:
+        raise registry.UnreachableError("skopeo, the registry client, is not on PATH")
+    try:
+        remote = registry.Registry(timeout=timeout).resolve(name, platform)
+    except registry.MissingError:
+        return None
+    declared = labels.declared_vllm(json.loads(remote.config))
+    return InRegistry(name, remote.digest, *(declared or (None, None)))
 
 
 @dataclass(frozen=True)

@@ -224,3 +224,25 @@ def _jit_modules(text: str | None) -> dict[str, dict[str, list[str]]] | None:
     return {str(n): {str(f): [str(m) for m in mods] for f, mods in files.items()
                      if isinstance(mods, list)}
             for n, files in data.items() if isinstance(files, dict)}
+
+
+# What a base's config may say of the vLLM it holds, read without pulling a layer: patchkit's
+# own labels (a base patchkit built), the OCI version label, an environment variable.
+DECLARED_VLLM = (INSTALLED_LABEL, VLLM_VERSION_LABEL, "org.opencontainers.image.version")
+VLLM_VERSION_ENV = "VLLM_VERSION"
+
+
+def declared_vllm(config: dict) -> tuple[str, str] | None:
+    """The vLLM version an image's config declares, and which label or variable says it; None
+    when nothing does (only its files would say)."""
+    inner = config.get("config") or {}
+    labels = inner.get("Labels") or {}
+    for key in DECLARED_VLLM:
+        value = str(labels.get(key) or "").strip()
+        if value and versions.parse(value.removeprefix("v")) is not None:
+            return value.removeprefix("v"), f"label {key}"
+    for entry in inner.get("Env") or ():
+        key, _, value = str(entry).partition("=")
+        if key == VLLM_VERSION_ENV and versions.parse(value.strip().removeprefix("v")):
+            return value.strip().removeprefix("v"), f"env {key}"
+    return None

@@ -24,6 +24,7 @@ from patchkit.manifest.model import (ACCEPTANCE_LINE, ID_MAX, ID_RE, PREDICATES,
                                      Marker, Package, Patch, Variant, id_problem, length_problem,
                                      rate_problem, shown_id, summary_problem)
 from patchkit import jitrules
+from patchkit.source import word_problem
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE, ref_problem
 
 KINDS = kinds.NAMES
@@ -297,11 +298,19 @@ class _Loader:
         if isinstance(node, yaml.SequenceNode):
             if not node.value:
                 self.fail(f"{what}: the list of repositories is empty", node)
-            return tuple(self.string(item, f"{what}[{i}]").strip()
-                         for i, item in enumerate(node.value))
+            return tuple(self.source(item, f"{what}[{i}]") for i, item in enumerate(node.value))
         if isinstance(node, yaml.ScalarNode) and isinstance(self.value(node), str):
-            return (self.string(node, what).strip(),)
+            return (self.source(node, what),)
         self.fail(f"{what}: expected a string or a list of strings, got {self.kind(node)}", node)
+
+    def source(self, node: yaml.Node, what: str) -> str:
+        """One source: a word of the source family, a URL, or a path (from the manifest's
+        folder); a typo is said here, with its nearest word."""
+        text = self.string(node, what).strip()
+        problem = word_problem(text, self.root)
+        if problem:
+            self.fail(f"{what}: {problem}", node)
+        return text
 
     def ref(self, node: yaml.Node, what: str) -> str:
         ref = self.string(node, what).strip()

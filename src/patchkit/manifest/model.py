@@ -12,6 +12,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from patchkit.packageid import VLLM, PackageId
+from patchkit.source import WORDS
 
 # `not_contains: TEXT` is read as `not: {contains: TEXT}`: no Assertion carries it.
 PREDICATES = ("defines", "calls", "has_key", "contains", "not", "not_contains")
@@ -286,8 +287,11 @@ class Manifest:
 
     def sources(self, repos: Sequence[str] | None = None) -> tuple[str, ...]:
         """The sources ``repos`` (default: vllm.repo) name, relative local paths taken from
-        the manifest's folder, not the current one."""
-        return tuple(str((self.root / r).resolve()) if r.startswith(("./", "../")) else r
+        the manifest's folder, not the current one (``./x``, ``../x``, or a bare name that is
+        there: the loader let it through as a path)."""
+        return tuple(str((self.root / r).resolve()) if r.startswith(("./", "../"))
+                     or (r not in WORDS and not {"/", ":"} & set(r) and (self.root / r).exists())
+                     else r
                      for r in (self.vllm.repos if repos is None else repos))
 
 

@@ -3,7 +3,7 @@ is already on its newest release or its branch holds the port already."""
 
 from __future__ import annotations
 
-from patchkit.commands.bump import Bump, BumpStatus, Fate, pull_name
+from patchkit.commands.bump import BaseMove, Bump, BumpStatus, Fate, pull_name
 from patchkit.report import Status
 
 # what the port did with a patch, as a reviewer reads it
@@ -41,6 +41,9 @@ def body(result: Bump) -> str:
     elif not result.needs_a_hand:
         lines += [f"Branch `{result.branch}`, one commit"
                   + (f", pushed to `{result.pushed}`." if result.pushed else "."), ""]
+    if result.on:
+        lines += [f"On `{result.on[:12]}` ({_cell(result.on_subject)}), the project's HEAD "
+                  "when the bump ran.", ""]
     links = [f"[{name}]({url})" for name, url in
              (("changes upstream", result.links.compare), ("release", result.links.release)) if url]
     if links:
@@ -146,6 +149,8 @@ def _proof(result: Bump) -> list[str]:
         if not probe.ok and probe.output:
             lines += ["", "  ```text", *["  " + ln for ln in probe.output.splitlines()],
                       "  ```"]
+    if result.base_image is not None:
+        lines.append(f"- {_base_line(result.base_image)}")
     if not result.probes and not result.needs_a_hand:
         lines.append("- no probes: the manifest names none (`bump.probes`)")
     elif not result.probes:
@@ -154,6 +159,15 @@ def _proof(result: Bump) -> list[str]:
                  "markers and acceptance floors are judged on a real launch "
                  "(`patchkit verify --log`, `patchkit smoke`)")
     return lines
+
+
+def _base_line(move: BaseMove) -> str:
+    """What became of ``image.base``, and what was proven of it, in one line."""
+    if move.new is None:
+        return f"image.base {move.proof}"
+    if move.template:
+        return f"image.base names the release itself: `{move.new}`: {move.proof}"
+    return f"image.base moved `{move.old}` -> `{move.new}`: {move.proof}"
 
 
 def _assertions(result: Bump) -> str:

@@ -35,6 +35,7 @@ from patchkit import git as g
 from patchkit import interrupt, kinds, manifest, source, versions
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
+from patchkit.imageref import is_template, moved_to_release
 from patchkit.kinds import Stop
 from patchkit.kinds.common import ABORT
 from patchkit.manifest import VLLM, Manifest, Patch
@@ -496,10 +497,11 @@ def _finish(state: _State, m: Manifest) -> RebaseResult:
     if m.vllm.ref != res.ref:
         text.set_scalar((VLLM.name, "ref"), res.ref)
     base = text.value(("image", "base")) if text.has(("image", "base")) else None
-    if base and "@" not in base and base.endswith(f":{old_ref}"):
-        text.set_scalar(("image", "base"), base[:-len(old_ref)] + res.ref)
-        notes.append(f"image.base: {base} -> {base[:-len(old_ref)] + res.ref}")
-    elif base and old_ref in base:
+    moved = moved_to_release(base, old_ref, res.ref) if base else None
+    if base and moved:
+        text.set_scalar(("image", "base"), moved)
+        notes.append(f"image.base: {base} -> {moved}")
+    elif base and old_ref.removeprefix("v") in base and not is_template(base):
         notes.append(f"image.base ({base}) still names vLLM {old_ref}: update it by hand")
     text.write(m.path)
     _prove(state, manifest.load(m.path))

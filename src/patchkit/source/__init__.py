@@ -13,6 +13,7 @@ others it becomes the commit the base's installed version names, or its release 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -38,12 +39,36 @@ GIT: Source = mirror.SOURCE
 
 __all__ = ["BASE_REF", "BASE_TAG", "GIT", "VLLM", "WORDS", "Base", "PackageId", "Resolved",
            "Source", "checkout", "kind_of", "list_tags", "ref_problem", "resolve",
-           "source_problem", "version_of"]
+           "source_problem", "version_of", "word_problem"]
 
 
 def kind_of(text: str) -> Source:
     """The kind of source ``text`` names: a word of :data:`WORDS`, else a git URL or path."""
     return WORDS.get(text, GIT)
+
+
+def word_problem(text: str, here: Path | None = None) -> str | None:
+    """Why ``text`` names no source, or None: it is a word of :data:`WORDS`, a URL (``://``, or
+    git's ``host:path``), or a path (it holds ``/``, starts with ``.`` or ``~``, or is there in
+    ``here``, default the current folder).  Anything else is a typo, said with its nearest
+    word, before a mirror is asked (or remembered as unreachable)."""
+    text = text.strip()
+    if text in WORDS or ":" in text or "/" in text or text.startswith((".", "~")):
+        return None
+    if ((here or Path.cwd()) / text).exists():
+        return None
+    words = ", ".join(WORDS)
+    near = difflib.get_close_matches(text.lower(), WORDS, n=1, cutoff=0.5)
+    hint = f": did you mean {near[0]!r}?" if near else ""
+    return (f"{text!r} is neither a URL, a path nor a source word ({words}){hint}"
+            + ("" if near else f" (a local folder is written ./{text})"))
+
+
+def _check_words(sources: Sequence[str], package: PackageId) -> None:
+    for text in sources:
+        problem = word_problem(text)
+        if problem:
+            raise UsageError(f"{package.label} repository {problem}")
 
 
 def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: None,
@@ -59,6 +84,7 @@ def resolve(sources: Sequence[str], ref: str, cache: Path, log: Log = lambda m: 
         problem = source_problem(source)
         if problem:
             raise SourceError(f"bad {package.label} repository: {problem}")
+    _check_words(sources, package)
     if ref == BASE_REF and not any(kind_of(s).reads_base for s in sources):
         _pin_of(base, package)  # a base that pins nothing is one error, not one per source
     source, resolved = _first_answer(
@@ -139,6 +165,7 @@ def list_tags(sources: Sequence[str], cache: Path, log: Log = lambda m: None,
               package: PackageId = VLLM) -> tuple[str, list[str]]:
     """Every tag the first source that answers has now (a git source is fetched first, so new
     releases show), and that source; ``pypi`` lists the releases on PyPI as ``vX.Y.Z``."""
+    _check_words(sources, package)
     return _first_answer(sources, lambda s: kind_of(s).tags(s, cache, log, package=package),
                          log, f"no source could list {package.label} releases")
 
