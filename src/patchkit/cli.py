@@ -816,22 +816,31 @@ def rollback(to, tag, nodes, dry_run, timeout, manifest_path, fmt) -> int:
               help="Also make one deterministic answer of N tokens (counting from 1) and check "
                    "it for garble; the report gives the first bad token's offset.")
 @click.option("--text", metavar="T", help="With --long: the answer repeats T instead.")
+@click.option("--requests", "requests_", type=int, metavar="N",
+              help="Also measure decode speed: N streamed completions one after another; "
+                   "the median decode tok/s, its spread and the time to the first token.")
+@click.option("--output-tokens", type=int, metavar="T",
+              help="With --requests: the tokens of each answer (default 256).")
+@click.option("--concurrency", type=int, metavar="C",
+              help="With --requests: also C completions at once, and their aggregate tok/s.")
 @click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
               metavar="SECONDS", help="Deadline of each request as a whole.")
 @click.option("--api-key", envvar="VLLM_API_KEY", show_envvar=True, metavar="KEY",
               help="Bearer token of a server started with --api-key.")
 @FORMAT
-def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, timeout,
-          api_key, fmt) -> int:
+def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, requests_,
+          output_tokens, concurrency, timeout, api_key, fmt) -> int:
     """Check a running vLLM OpenAI-compatible server at URL: /health, /v1/models, one chat
-    answer with content, with --long a long answer free of garble, and with --min-acceptance
-    or --min-acceptance-length the spec-decode acceptance.  Exit 1 if a check fails."""
+    answer with content, with --long a long answer free of garble, with --min-acceptance
+    or --min-acceptance-length the spec-decode acceptance, and with --requests N the decode
+    speed.  Exit 1 if a check fails."""
     from patchkit.commands.smoke import run
     from patchkit.render.smoke import render_text
 
     report = run(url, model=model, min_acceptance=min_acceptance, timeout=timeout,
                  api_key=api_key, min_acceptance_length=min_acceptance_length,
-                 long=long_tokens, text=text)
+                 long=long_tokens, text=text, requests=requests_, concurrency=concurrency,
+                 output_tokens=output_tokens)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render_text(report))
     return 0 if report.ok else 1
 

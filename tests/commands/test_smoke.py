@@ -358,7 +358,8 @@ def test_cli_json_report(capsys):
         url = s.url
     doc = json.loads("\n".join(lines))
     assert code == 1
-    assert set(doc) == {"ok", "url", "model", "checks", "acceptance", "spec_decode", "garble"}
+    assert set(doc) == {"ok", "url", "model", "checks", "acceptance", "spec_decode", "garble",
+                         "speed"}
     assert doc["ok"] is False and doc["url"] == url and doc["model"] == MODEL
     assert doc["acceptance"] == 0.2 and doc["garble"] is None
     assert doc["spec_decode"]["draft_tokens"] == 10 and doc["spec_decode"]["accepted"] == 2

@@ -19,6 +19,13 @@ Checks, in order, each giving one line:
   ``inconclusive``, which fails.  vLLM counts one series per engine (labels ``model_name`` and
   ``engine``); the series are summed.  Other traffic on the server during the requests counts
   too: smoke an idle server.
+* ``speed`` (with ``requests``): decode speed as the client timed it
+  (:mod:`patchkit.serving.speed`): N streamed ``POST /v1/completions`` one after another, the
+  median decode tok/s with its spread and the median time to the first token; with
+  ``concurrency`` C, C more at once and their aggregate tok/s.  How it was measured is kept
+  with the figures: the prompt and output length, N, the model, the server's version
+  (``GET /version``) and whether speculative decoding ran (the spec-decode counters of
+  ``/metrics`` before and after; their change gives the acceptance over these requests).
 
 A check that needs an earlier one which failed is reported as not run.  Nothing here prints;
 the result is a :class:`SmokeReport`.
@@ -27,6 +34,7 @@ the result is a :class:`SmokeReport`.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,12 +45,14 @@ from patchkit.errors import UsageError
 from patchkit.report import Word
 from patchkit.serving import acceptance as spec
 from patchkit.serving import garble as long_answer
+from patchkit.serving import speed as speed_
 from patchkit.serving.garble import degenerate
 from patchkit.serving.metrics import (ACCEPTED_TOKENS, DRAFT_TOKENS, DRAFTS, MetricsFormatError,
                                       counter_total, parse_metrics, per_position)
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
-HEALTH, MODELS, CHAT, LONG, ACCEPTANCE = "health", "models", "chat", "long", "acceptance"
+HEALTH, MODELS, CHAT, LONG, ACCEPTANCE, SPEED = ("health", "models", "chat", "long",
+                                                 "acceptance", "speed")
 MAX_TOKENS = 32
 LONG_MAX = 1 << 20   # tokens of one --long answer; no served context is longer
 PROMPT = "What is the capital of France? Answer in one short sentence."
@@ -94,6 +104,7 @@ class SmokeReport:
     unreachable: str | None = None   # set when nothing answered at all: the one line to show
     spec_decode: spec.Acceptance | None = None   # the acceptance measured, with its parts
     garble: long_answer.Garble | None = None          # the first bad token of the long answer
+    speed: Measured | None = None                     # with requests: the speed measured
 
     @property
     def ok(self) -> bool:
@@ -103,7 +114,22 @@ class SmokeReport:
         return {"ok": self.ok, "url": self.url, "model": self.model,
                 "checks": [c.to_dict() for c in self.checks], "acceptance": self.acceptance,
                 "spec_decode": self.spec_decode.to_dict() if self.spec_decode else None,
-                "garble": self.garble.to_dict() if self.garble else None}
+                "garble": self.garble.to_dict() if self.garble else None,
+                "speed": self.speed.to_dict() if self.speed else None}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A speed measurement: its figures and how it was made."""
+
+    figures: speed_.Figures
+    settings: speed_.Settings
+    server_version: str | None      # what GET /version said (None: it did not answer)
+    spec_decode: bool | None        # the server drafted over the requests (None: no /metrics)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"figures": self.figures.to_dict(), "settings": self.settings.to_dict(),
+                "server_version": self.server_version, "spec_decode": self.spec_decode}
 
 
 # ------------------------------------------------------------------------ the checks
@@ -111,16 +137,20 @@ class SmokeReport:
 def run(url: str, model: str | None = None, min_acceptance: float | None = None, *,
         timeout: float = DEFAULT_TIMEOUT, api_key: str | None = None,
         min_acceptance_length: float | None = None, long: int | None = None,
-        text: str | None = None) -> SmokeReport:
+        text: str | None = None, requests: int | None = None, concurrency: int | None = None,
+        output_tokens: int | None = None) -> SmokeReport:
     """Smoke the server at ``url`` (its root; a trailing ``/v1`` is allowed).  A bad URL, floor,
-    token count or timeout is an error (exit 2); everything the server does is in the report."""
+    token count or timeout is an error (exit 2); everything the server does is in the report.
+    ``requests`` N: also measure decode speed over N streamed requests (``output_tokens``
+    each), and with ``concurrency`` C the aggregate of C at once."""
     base = base_url(url)
     floor = _floor(min_acceptance, min_acceptance_length)
     _check_options(model, timeout, api_key, long, text)
+    _check_speed_options(requests, concurrency, output_tokens)
     client = _Client(base, timeout, api_key)
     checks: list[Check] = []
     names = [MODELS, CHAT] + ([LONG] if long is not None else []) + \
-        ([ACCEPTANCE] if floor is not None else [])
+        ([ACCEPTANCE] if floor is not None else []) + ([SPEED] if requests is not None else [])
 
     def rest_not_run(after: str, because: str) -> None:
         for name in names[names.index(after) + 1:] if after in names else names:
@@ -151,13 +181,124 @@ def run(url: str, model: str | None = None, min_acceptance: float | None = None,
         checks.append(long_check)
         answered = answered or long_answered
     accepted = None
+    last = LONG if long is not None else CHAT
     if floor is not None and not answered:
-        rest_not_run(names[-2], "no request got an answer")
+        rest_not_run(last, "no request got an answer")
+        return SmokeReport(base, chosen, tuple(checks), answer=chat.answer, garble=bad)
     elif floor is not None:
         accepted = _acceptance(client, before, floor, long, checks)
+    measured = None
+    if requests is not None:
+        interrupt.check()
+        settings = speed_.Settings(chosen, output_tokens or speed_.OUTPUT_TOKENS, requests,
+                                   concurrency)
+        measured, speed_check = _check_speed(client, settings)
+        checks.append(speed_check)
     return SmokeReport(base, chosen, tuple(checks),
                        acceptance=accepted.rate if accepted else None, answer=chat.answer,
-                       spec_decode=accepted, garble=bad)
+                       spec_decode=accepted, garble=bad, speed=measured)
+
+
+def _check_speed_options(requests: int | None, concurrency: int | None,
+                         output_tokens: int | None) -> None:
+    if requests is None and (concurrency is not None or output_tokens is not None):
+        raise UsageError("--concurrency and --output-tokens go with --requests N (the speed "
+                         "measurement)")
+    said = speed_.check_counts(requests, concurrency, output_tokens)
+    if said:
+        raise UsageError(f"--{said.replace('output tokens', 'output-tokens')}")
+
+
+# ------------------------------------------------------------------------ speed
+
+def _server_version(client: _Client) -> str | None:
+    try:
+        doc = client.get_json("/version")
+    except http.HttpError:
+        return None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    return str(version) if isinstance(version, str) and version.strip() else None
+
+
+def _streamed(client: _Client, settings: speed_.Settings) -> speed_.Sample | str:
+    """One streamed completion, timed as it arrives: its sample, or why there is none."""
+    payload = {"model": settings.model, "prompt": settings.prompt, "temperature": 0,
+               "max_tokens": settings.output_tokens, "ignore_eos": True, "stream": True,
+               "stream_options": {"include_usage": True}}
+    timing = speed_.Timing(time.monotonic())
+    try:
+        http.stream_lines(client.url(settings.endpoint), payload, headers=client.headers,
+                          timeout=client.timeout,
+                          on_line=lambda line: timing.line(line, time.monotonic()))
+    except http.HttpError as exc:
+        return str(exc)
+    return timing.sample()
+
+
+def _at_once(client: _Client, settings: speed_.Settings, n: int
+             ) -> tuple[list[speed_.Sample | str], float, float]:
+    """``n`` streamed completions sent together: each one's sample (or why none), when the
+    first was sent and when the last was done.  Each has the client's deadline."""
+    got: list[speed_.Sample | str] = ["not done"] * n
+
+    def one(i: int) -> None:
+        got[i] = _streamed(client, settings)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:   # every request ends by its own deadline; this one is a backstop
+        t.join(client.timeout + 5)
+    return got, started, time.monotonic()
+
+
+def _check_speed(client: _Client, settings: speed_.Settings) -> tuple[Measured | None, Check]:
+    version = _server_version(client)
+    before = _read_counters(client)
+    samples: list[speed_.Sample] = []
+    for i in range(settings.requests):
+        interrupt.check()
+        got = _streamed(client, settings)
+        if isinstance(got, str):
+            return None, Check(SPEED, False, f"request {i + 1} of {settings.requests}: {got}")
+        samples.append(got)
+    total = None
+    if settings.concurrency:
+        interrupt.check()
+        many, started, ended = _at_once(client, settings, settings.concurrency)
+        bad = next((g for g in many if isinstance(g, str)), None)
+        if bad is not None:
+            return None, Check(SPEED, False, f"{settings.concurrency} requests at once: {bad}")
+        total = speed_.aggregate([g for g in many if not isinstance(g, str)], started, ended)
+    after = _settled_counters(client, SETTLE_SECONDS) if before.error is None else before
+    drafted = None if before.error or after.error else (
+        before.draft is not None and after.draft is not None and after.draft > before.draft)
+    rate = None
+    if drafted and before.accepted is not None and after.accepted is not None:
+        rate = (after.accepted - before.accepted) / (after.draft - before.draft)
+    figures = speed_.figures(samples, total, rate)
+    measured = Measured(figures, settings, version, drafted)
+    if figures.decode_tok_s is None:
+        return measured, Check(SPEED, False, "no answer had two tokens or more: no decode rate")
+    return measured, Check(SPEED, True, describe_speed(measured))
+
+
+def describe_speed(m: Measured) -> str:
+    f, s = m.figures, m.settings
+    text = (f"decode {f.decode_tok_s:.1f} tok/s median ({f.decode_min:.1f} to "
+            f"{f.decode_max:.1f}) over {s.requests} request(s) of {s.output_tokens} tokens; "
+            f"first token in {f.ttft_s * 1000:.0f} ms")
+    if f.aggregate_tok_s is not None:
+        text += f"; {f.aggregate_tok_s:.1f} tok/s aggregate at {s.concurrency} at once"
+    spec = {True: "spec decode on", False: "spec decode off", None: "spec decode unknown"}
+    text += f" ({spec[m.spec_decode]}"
+    if f.acceptance is not None:
+        text += f", acceptance {f.acceptance:.2f}"
+    text += f"; vLLM {m.server_version or '?'}"
+    if f.tokens_from != "usage":
+        text += "; tokens counted from the stream"
+    return text + ")"
 
 
 def _check_options(model: str | None, timeout: float, api_key: str | None, long: int | None,
