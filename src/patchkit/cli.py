@@ -823,26 +823,41 @@ def rollback(to, tag, nodes, dry_run, timeout, manifest_path, fmt) -> int:
               help="With --requests: the tokens of each answer (default 256).")
 @click.option("--concurrency", type=int, metavar="C",
               help="With --requests: also C completions at once, and their aggregate tok/s.")
+@click.option("--container", metavar="NAME|ID", help="The container serving URL: its image "
+              "is the build the evidence is recorded against.")
+@click.option("--build", "build_tag", metavar="TAG", help="The build serving URL (its immutable "
+              "tag), where patchkit cannot see the container.")
+@click.option("--node", metavar="ENGINE", help="With --container or --build: the engine that "
+              "holds it (default: DOCKER_HOST's).")
+@click.option("--against", metavar="TAG|previous", help="Gate: compare the speed with the "
+              "evidence of this build (or the one before this build on its node) measured on "
+              "the same model and settings; exit 1 on a drop beyond --max-drop.")
+@click.option("--max-drop", type=float, metavar="PCT", help="With --against: the drop allowed, "
+              "a percentage from 0 to 100.")
 @click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
               metavar="SECONDS", help="Deadline of each request as a whole.")
 @click.option("--api-key", envvar="VLLM_API_KEY", show_envvar=True, metavar="KEY",
               help="Bearer token of a server started with --api-key.")
 @FORMAT
 def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, requests_,
-          output_tokens, concurrency, timeout, api_key, fmt) -> int:
+          output_tokens, concurrency, container, build_tag, node, against, max_drop, timeout,
+          api_key, fmt) -> int:
     """Check a running vLLM OpenAI-compatible server at URL: /health, /v1/models, one chat
     answer with content, with --long a long answer free of garble, with --min-acceptance
     or --min-acceptance-length the spec-decode acceptance, and with --requests N the decode
-    speed.  Exit 1 if a check fails."""
-    from patchkit.commands.smoke import run
-    from patchkit.render.smoke import render_text
+    speed.  With --container or --build, what it found is recorded against that build (in the
+    cache, and beside the image in its registry).  Exit 1 if a check or the gate fails."""
+    from patchkit.commands.smoke import Which, run_recorded
+    from patchkit.render.smoke import render_outcome
 
-    report = run(url, model=model, min_acceptance=min_acceptance, timeout=timeout,
-                 api_key=api_key, min_acceptance_length=min_acceptance_length,
-                 long=long_tokens, text=text, requests=requests_, concurrency=concurrency,
-                 output_tokens=output_tokens)
-    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render_text(report))
-    return 0 if report.ok else 1
+    outcome = run_recorded(url, Which(container, build_tag, node), against=against,
+                           max_drop=max_drop, model=model, min_acceptance=min_acceptance,
+                           timeout=timeout, api_key=api_key,
+                           min_acceptance_length=min_acceptance_length, long=long_tokens,
+                           text=text, requests=requests_, concurrency=concurrency,
+                           output_tokens=output_tokens)
+    echo(json.dumps(outcome.to_dict(), indent=2) if fmt == "json" else render_outcome(outcome))
+    return 0 if outcome.ok else 1
 
 
 

@@ -634,3 +634,234 @@ def _check_acceptance(before: _Counters | None, after: _Counters,
                                               "acceptance", inconclusive=True)
     verdict = spec.judge(value, floor, over)
     return value, Check(ACCEPTANCE, verdict.ok, verdict.message)
+
+
+# ------------------------------------------------------------------------ evidence and the gate
+
+AGAINST_REQUESTS = 5   # --against without --requests: the speed is measured over this many
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Where this run's record went."""
+
+    record: Any                      # evidence.Record
+    path: str                        # in the cache
+    pushed: tuple[str, ...] = ()     # beside the image in its registries
+    refused: tuple[str, ...] = ()    # registries that refused it (kept in the cache alone)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """This run's figures against another build's evidence on the same model and settings."""
+
+    against: str                     # the other build's name
+    current: str                     # this build's name ("the server" when unknown)
+    max_drop: float
+    drops: tuple[speed_.Drop, ...]
+    when: str                        # when the other build's record was made, and where
+
+    @property
+    def failed(self) -> list[speed_.Drop]:
+        return [d for d in self.drops if d.percent > self.max_drop]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "against": self.against, "build": self.current,
+                "max_drop": self.max_drop, "against_record": self.when,
+                "figures": [{"figure": d.figure, "against": round(d.was, 3),
+                             "now": round(d.now, 3), "drop_percent": round(d.percent, 2),
+                             "ok": d.percent <= self.max_drop} for d in self.drops]}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """``smoke`` with what it did with its evidence: the report, the build it judged (None:
+    unknown), where its record went, the gate, and notes (one line each)."""
+
+    report: SmokeReport
+    build: Any = None                # evidence.Build
+    recorded: Recorded | None = None
+    gate: Gate | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and (self.gate is None or self.gate.ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.report.to_dict()
+        out["ok"] = self.ok
+        out["build"] = ({"image_id": self.build.image_id, "immutable_tag": self.build.tag,
+                         "node": self.build.node} if self.build else None)
+        out["evidence"] = ({"record": self.recorded.record.to_dict(),
+                            "path": self.recorded.path, "pushed": list(self.recorded.pushed),
+                            "refused": list(self.recorded.refused)}
+                           if self.recorded else None)
+        out["gate"] = self.gate.to_dict() if self.gate else None
+        out["notes"] = list(self.notes)
+        return out
+
+
+@dataclass(frozen=True)
+class Which:
+    """The build a server runs, as smoke and verify are told it: a container (on ``node``,
+    else DOCKER_HOST's engine), or a build's tag."""
+
+    container: str | None = None
+    build: str | None = None
+    node: str | None = None
+
+    def check(self) -> None:
+        if self.container and self.build:
+            raise UsageError("give --container or --build, not both")
+        if self.node and not (self.container or self.build):
+            raise UsageError("--node goes with --container or --build: the engine that runs "
+                             "the server")
+
+    @property
+    def known(self) -> bool:
+        return bool(self.container or self.build)
+
+
+def which_build(which: Which, timeout: float):
+    """(the build, the engine it was read on), or (None, None) when nothing names it."""
+    from patchkit.image import evidence
+    from patchkit.image.docker import Engine, engine_url
+
+    which.check()
+    if not which.known:
+        return None, None
+    engine = Engine.connect(engine_url(which.node, "--node") if which.node else None,
+                            timeout=timeout)
+    try:
+        build = (evidence.of_container(engine, which.container) if which.container
+                 else evidence.of_tag(engine, which.build))
+    except BaseException:
+        engine.close()
+        raise
+    return build, engine
+
+
+def keep_record(record, build, store) -> Recorded:
+    """``record`` in the cache, then beside the image in its registries."""
+    path = store.keep(record)
+    pushed, refused = store.push(record, build.repo_digests)
+    return Recorded(record, str(path), tuple(pushed), tuple(refused))
+
+
+def run_recorded(url: str, which: Which = Which(), *, against: str | None = None,
+                 max_drop: float | None = None, cache=None, **kw) -> Outcome:
+    """``run`` with the evidence: the build (``which``) read before any request, the record
+    kept in the cache and beside the image, and with ``against`` (a build's immutable tag, or
+    ``previous``: the build before this one on its node) the gate, ``max_drop`` percent."""
+    from patchkit.image import builds as builds_
+    from patchkit.image import evidence
+
+    if (against is None) != (max_drop is None):
+        raise UsageError("--against and --max-drop go together: the build to compare with "
+                         "and the drop allowed (percent)")
+    if max_drop is not None and (isinstance(max_drop, bool) or not 0 <= max_drop <= 100
+                                 or math.isnan(max_drop)):
+        raise UsageError(f"--max-drop {max_drop}: a percentage from 0 to 100")
+    if against is not None and kw.get("requests") is None:
+        kw["requests"] = AGAINST_REQUESTS
+    timeout = kw.get("timeout", DEFAULT_TIMEOUT)
+    store = evidence.Store(cache, timeout=timeout)
+    notes: list[str] = []
+    build, engine = which_build(which, timeout)
+    try:
+        if against == "previous" and build is None:
+            raise UsageError("--against previous needs the build this server runs "
+                             "(--container or --build)")
+        before = None
+        if against is not None:
+            before = _against(against, build, engine, store, notes)
+        report = run(url, **kw)
+    finally:
+        if engine is not None:
+            engine.close()
+    recorded = None
+    if build is None:
+        notes.append("evidence: the build is unknown (no --container or --build): nothing "
+                     "recorded")
+    elif report.unreachable:
+        notes.append(f"evidence: nothing recorded: the server did not answer")
+    else:
+        recorded = keep_record(smoke_record(report, build), build, store)
+    gate = None
+    if before is not None:
+        gate = _gate(report, before, build, max_drop, recorded)
+    return Outcome(report, build, recorded, gate, tuple(notes))
+
+
+def smoke_record(report: SmokeReport, build):
+    from patchkit.image import evidence
+
+    m = report.speed
+    return evidence.Record(
+        "smoke", build.image_id, build.tag, build.node, time.time(), report.ok,
+        tuple(evidence.Verdict(c.name, str(c.status), c.message) for c in report.checks),
+        build.patchset, report.model, m.figures if m else None, m.settings if m else None,
+        m.server_version if m else None, m.spec_decode if m else None, report.acceptance,
+        report.url)
+
+
+@dataclass(frozen=True)
+class _Before:
+    name: str
+    records: tuple[Any, ...]         # its records with figures, oldest first
+
+
+def _against(against: str, build, engine, store, notes: list[str]) -> _Before:
+    """The other build's records with speed figures; none is a usage error (exit 2)."""
+    from patchkit.image import builds as builds_
+    from patchkit.image import evidence
+
+    if against == "previous":
+        history = builds_.History(store.cache)
+        listed = builds_.read(engine, build.patchset or "", history) if build.patchset else None
+        lineage = listed.lineage(build.moving) if listed and build.moving else []
+        ids = [b.id for b in lineage]
+        older = lineage[ids.index(build.image_id) + 1:] if build.image_id in ids else []
+        if not older:
+            raise UsageError(f"--against previous: {engine.host} holds no build of "
+                             f"{build.moving or build.name} older than {build.name}")
+        other = older[0]
+        name = other.fixed_for(build.moving) or other.id[:19]
+        got = store.of(other.id, other.image.repo_digests)
+    else:
+        got = store.by_tag(against)
+        name = against
+        image = engine.inspect(against) if engine is not None else None
+        if image is not None:
+            got = store.of(image.id, image.repo_digests)
+    notes += got.problems
+    with_figures = tuple(r for r in got.records if r.figures is not None and
+                         r.figures.decode_tok_s is not None and r.settings is not None)
+    if not with_figures:
+        raise UsageError(f"--against {against}: no speed evidence of {name} to compare with "
+                         "(smoke --requests N, with --container or --build, records it)")
+    return _Before(name, with_figures)
+
+
+def _gate(report: SmokeReport, before: _Before, build, max_drop: float,
+          recorded: Recorded | None) -> Gate:
+    m = report.speed
+    kept = " (this run's record is kept)" if recorded else ""
+    if m is None:
+        raise UsageError(f"--against {before.name}: this run measured no speed "
+                         f"({SPEED} check did not run){kept}")
+    same = [r for r in before.records if r.settings.comparable(m.settings)]
+    if not same:
+        last = before.records[-1].settings
+        raise UsageError(f"--against {before.name}: no evidence on the same model and "
+                         f"settings ({m.settings.model}, {m.settings.output_tokens} tokens); "
+                         f"its last is {last.model}, {last.output_tokens} tokens{kept}")
+    other = same[-1]
+    return Gate(before.name, build.name if build else "the server", max_drop,
+                tuple(speed_.drops(other.figures, m.figures)),
+                f"{other.when} on {other.node}")
