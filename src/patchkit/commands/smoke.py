@@ -642,16 +642,6 @@ AGAINST_REQUESTS = 5   # --against without --requests: the speed is measured ove
 
 
 @dataclass(frozen=True)
-class Recorded:
-    """Where this run's record went."""
-
-    record: Any                      # evidence.Record
-    path: str                        # in the cache
-    pushed: tuple[str, ...] = ()     # beside the image in its registries
-    refused: tuple[str, ...] = ()    # registries that refused it (kept in the cache alone)
-
-
-@dataclass(frozen=True)
 class Gate:
     """This run's figures against another build's evidence on the same model and settings."""
 
@@ -684,7 +674,7 @@ class Outcome:
 
     report: SmokeReport
     build: Any = None                # evidence.Build
-    recorded: Recorded | None = None
+    recorded: Any = None             # evidence.Kept
     gate: Gate | None = None
     notes: tuple[str, ...] = ()
 
@@ -697,10 +687,7 @@ class Outcome:
         out["ok"] = self.ok
         out["build"] = ({"image_id": self.build.image_id, "immutable_tag": self.build.tag,
                          "node": self.build.node} if self.build else None)
-        out["evidence"] = ({"record": self.recorded.record.to_dict(),
-                            "path": self.recorded.path, "pushed": list(self.recorded.pushed),
-                            "refused": list(self.recorded.refused)}
-                           if self.recorded else None)
+        out["evidence"] = self.recorded.to_dict() if self.recorded else None
         out["gate"] = self.gate.to_dict() if self.gate else None
         out["notes"] = list(self.notes)
         return out
@@ -708,49 +695,12 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Which:
-    """The build a server runs, as smoke and verify are told it: a container (on ``node``,
-    else DOCKER_HOST's engine), or a build's tag."""
+    """The build a server runs, as smoke is told it: a container (on ``node``, else
+    DOCKER_HOST's engine), or a build's tag."""
 
     container: str | None = None
     build: str | None = None
     node: str | None = None
-
-    def check(self) -> None:
-        if self.container and self.build:
-            raise UsageError("give --container or --build, not both")
-        if self.node and not (self.container or self.build):
-            raise UsageError("--node goes with --container or --build: the engine that runs "
-                             "the server")
-
-    @property
-    def known(self) -> bool:
-        return bool(self.container or self.build)
-
-
-def which_build(which: Which, timeout: float):
-    """(the build, the engine it was read on), or (None, None) when nothing names it."""
-    from patchkit.image import evidence
-    from patchkit.image.docker import Engine, engine_url
-
-    which.check()
-    if not which.known:
-        return None, None
-    engine = Engine.connect(engine_url(which.node, "--node") if which.node else None,
-                            timeout=timeout)
-    try:
-        build = (evidence.of_container(engine, which.container) if which.container
-                 else evidence.of_tag(engine, which.build))
-    except BaseException:
-        engine.close()
-        raise
-    return build, engine
-
-
-def keep_record(record, build, store) -> Recorded:
-    """``record`` in the cache, then beside the image in its registries."""
-    path = store.keep(record)
-    pushed, refused = store.push(record, build.repo_digests)
-    return Recorded(record, str(path), tuple(pushed), tuple(refused))
 
 
 def run_recorded(url: str, which: Which = Which(), *, against: str | None = None,
@@ -772,7 +722,7 @@ def run_recorded(url: str, which: Which = Which(), *, against: str | None = None
     timeout = kw.get("timeout", DEFAULT_TIMEOUT)
     store = evidence.Store(cache, timeout=timeout)
     notes: list[str] = []
-    build, engine = which_build(which, timeout)
+    build, engine = evidence.which(which.node, which.container, which.build, timeout)
     try:
         if against == "previous" and build is None:
             raise UsageError("--against previous needs the build this server runs "
@@ -786,12 +736,11 @@ def run_recorded(url: str, which: Which = Which(), *, against: str | None = None
             engine.close()
     recorded = None
     if build is None:
-        notes.append("evidence: the build is unknown (no --container or --build): nothing "
-                     "recorded")
+        notes.append(evidence.UNKNOWN)
     elif report.unreachable:
-        notes.append(f"evidence: nothing recorded: the server did not answer")
+        notes.append("evidence: nothing recorded: the server did not answer")
     else:
-        recorded = keep_record(smoke_record(report, build), build, store)
+        recorded = store.record(smoke_record(report, build), build)
     gate = None
     if before is not None:
         gate = _gate(report, before, build, max_drop, recorded)
@@ -849,7 +798,7 @@ def _against(against: str, build, engine, store, notes: list[str]) -> _Before:
 
 
 def _gate(report: SmokeReport, before: _Before, build, max_drop: float,
-          recorded: Recorded | None) -> Gate:
+          recorded) -> Gate:
     m = report.speed
     kept = " (this run's record is kept)" if recorded else ""
     if m is None:

@@ -203,6 +203,53 @@ class Gathered:
         return self.records[-1] if self.records else None
 
 
+@dataclass(frozen=True)
+class Kept:
+    """Where one record went."""
+
+    record: Record
+    path: str                        # in the cache
+    pushed: tuple[str, ...] = ()     # beside the image in its registries
+    refused: tuple[str, ...] = ()    # registries that refused it (kept in the cache alone)
+
+    def lines(self, build: Build) -> list[str]:
+        """What a command says of it, a line each."""
+        out = [f"evidence: {self.record.describe()} for {build.name}; kept in {self.path}"]
+        out += [f"evidence: pushed beside the image: {p}" for p in self.pushed]
+        out += [f"evidence: registry refused the record, kept in the cache only: {r}"
+                for r in self.refused]
+        return out
+
+    def to_dict(self) -> dict:
+        return {"record": self.record.to_dict(), "path": self.path,
+                "pushed": list(self.pushed), "refused": list(self.refused)}
+
+
+UNKNOWN = "evidence: the build is unknown (no --container or --build): nothing recorded"
+
+
+def which(engine_address: str | None, container: str | None, build: str | None,
+          timeout: float) -> tuple[Build | None, Engine | None]:
+    """(the build a container runs or a tag names, the engine it was read on, to close), or
+    (None, None) when neither is given."""
+    from patchkit.image.docker import engine_url
+
+    if container and build:
+        raise UsageError("give --container or --build, not both")
+    if not (container or build):
+        if engine_address:
+            raise UsageError("--node goes with --container or --build: the engine that runs "
+                             "the server")
+        return None, None
+    engine = Engine.connect(engine_url(engine_address, "--node") if engine_address else None,
+                            timeout=timeout)
+    try:
+        return (of_container(engine, container) if container else of_tag(engine, build)), engine
+    except BaseException:
+        engine.close()
+        raise
+
+
 class Store:
     """The records in the cache (``evidence/``), and beside images in their registries."""
 
@@ -240,6 +287,12 @@ class Store:
                     got.records.append(record)
         got.records.sort(key=lambda r: r.at)
         return got
+
+    def record(self, record: Record, build: Build) -> Kept:
+        """``record`` kept in the cache, then pushed beside the image in its registries."""
+        path = self.keep(record)
+        pushed, refused = self.push(record, build.repo_digests)
+        return Kept(record, str(path), tuple(pushed), tuple(refused))
 
     def push(self, record: Record, repo_digests: tuple[str, ...]) -> tuple[list[str], list[str]]:
         """``record`` beside the image in each registry it came from: where it went (one line

@@ -33,11 +33,7 @@ def render_outcome(outcome) -> str:
     *lines, summary = render_text(outcome.report).splitlines()
     rec = outcome.recorded
     if rec is not None:
-        lines.append(f"evidence: {rec.record.describe()} for {outcome.build.name}; kept in "
-                     f"{rec.path}")
-        lines += [f"evidence: pushed beside the image: {p}" for p in rec.pushed]
-        lines += [f"evidence: registry refused the record, kept in the cache only: {r}"
-                  for r in rec.refused]
+        lines += rec.lines(outcome.build)
     lines += list(outcome.notes)
     lines.append(summary)   # the checks' summary stays the last line before the gate's
     gate = outcome.gate
