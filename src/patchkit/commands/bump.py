@@ -155,6 +155,7 @@ class Bump:
     notes: tuple[str, ...] = ()
     links: Links = Links()
     lost: tuple[str, ...] = ()     # fixes that stopped taking effect with nothing in their place
+    evidence: str | None = None    # the current build and its last evidence, in one line
 
     @property
     def needs_a_hand(self) -> bool:
@@ -236,6 +237,14 @@ def _project(m: Manifest, dry_run: bool) -> Path:
 
 # ------------------------------------------------------------------------------ one package
 
+def _evidence(m: Manifest) -> str:
+    """How the build this bump replaces served, as its last evidence says."""
+    from patchkit.image import evidence
+    from patchkit.run import built_tag
+
+    return evidence.current_line(built_tag(m))
+
+
 def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
               progress: applier.Progress) -> Bump:
     pin = spec.pin(name)
@@ -256,7 +265,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
     base = Bump(name, pin.id.label, pin.ref, target,
                 BumpStatus.DRY_RUN if ask.dry_run else BumpStatus.BUMPED,
                 branch=None if ask.dry_run else branch,
-                links=_links(sources, pin, target, version))
+                links=_links(sources, pin, target, version), evidence=_evidence(m))
     job = _Job(m, project, spec, ask, progress, scratch, _Sides(m, name, old, new, others),
                base, version)
     resumed = scratch.exists() and _finished_by_hand(scratch, job.rel, base.label, version)

@@ -360,3 +360,25 @@ class Store:
                          if tag in (r.tag, r.image_id) or (len(tag) >= 12 and
                                                            r.image_id.startswith(tag))]
         return every
+
+
+def current_line(moving: str, timeout: float = 30.0, cache: Path | None = None) -> str:
+    """One line: the build the moving tag names on DOCKER_HOST's engine, and its last
+    evidence (for a reviewer to compare with after a change); what stood in the way, else."""
+    from patchkit.errors import PatchkitError
+
+    try:
+        engine = Engine.connect(timeout=timeout)
+    except PatchkitError as exc:
+        return f"not known: no engine to say which build {moving} names ({exc})"
+    try:
+        image = engine.inspect(moving)
+        if image is None:
+            return f"not known: {moving} names no build on {engine.host}"
+        build = _build_of(engine, moving, moving)
+        last = Store(cache, timeout).of(image.id, image.repo_digests).last
+    except PatchkitError as exc:
+        return f"not known: {exc}"
+    finally:
+        engine.close()
+    return f"{build.name}: " + (last.describe() if last else "never served (no evidence)")
