@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import secrets
 import subprocess
 import tarfile
@@ -184,7 +185,8 @@ def test_the_gate_on_a_slower_and_a_faster_build(builds, capsys):
     assert code == 1, (out, err)
     [line] = [x for x in out.splitlines() if x.startswith("FAILED: gate")]
     assert "decode tok/s fell" in line and old["fixed"] in line and new["fixed"] in line
-    assert "60." in line and ("30." in line or "29." in line)
+    was, now = map(float, re.search(r"\(([\d.]+) on .* -> ([\d.]+) on ", line).groups())
+    assert was == pytest.approx(60.0, rel=TOLERANCE) and now == pytest.approx(30.0, rel=TOLERANCE)
     with serve(Behaviour(token_rate=70.0)) as s:
         code, out, err = main(capsys, "smoke", s.url, "--container", builds["running"], *SPEED,
                               "--against", old["fixed"], "--max-drop", "20")
@@ -248,3 +250,24 @@ def test_corrupt_records_are_named_and_skipped(builds, capsys, cache, project):
     skipped = [x for x in out.splitlines() if x.startswith("skipped: ")]
     assert any("junk.json: not an evidence record" in x for x in skipped), out
     assert any("kind 'nope' is not smoke or verify" in x for x in skipped), out
+
+
+def test_verify_records_the_runtime_verdict_against_build(builds, tmp_path, cache):
+    from testing import patchkit
+    from testing.project import MANIFEST, make_project
+
+    proj = make_project(tmp_path, MANIFEST)
+    applied = patchkit("apply", cwd=proj)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    (proj / "server.log").write_text("INFO Application startup complete.\n")
+    base = ("verify", "--tree", ".patchkit/vllm", "--log", "server.log")
+    out = patchkit(*base, "--build", builds["mid"]["fixed"], "--format", "json", cwd=proj)
+    assert out.returncode == 0, out.stderr
+    kept = json.loads(out.stdout)["evidence"]
+    assert kept["record"]["kind"] == "verify" and kept["record"]["verdict"] == "passed"
+    assert kept["record"]["image_id"] == builds["mid"]["id"] and len(kept["pushed"]) == 1
+    assert evidence.Store(cache).local(builds["mid"]["id"]).last.kind == "verify"
+    # a --build naming no image: one line, exit 2, nothing judged
+    out = patchkit(*base, "--build", f"{MOVING}-000000000000", cwd=proj)
+    assert out.returncode == 2 and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and "no such image" in out.stderr

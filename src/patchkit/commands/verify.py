@@ -518,6 +518,7 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
     (exit 5)."""
     r = request
     r.check()
+    named = _named_build(r)   # before anything is judged: a --build naming no image is exit 2
     lock = None
     if r.locked:
         from patchkit.image.lockfile import read_lock
@@ -552,20 +553,29 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
             report.notes = sources.notes() + [n for n in map(runtime.Start.note,
                                                              judgment.starts) if n]
     if report.runtime is not None:
-        _record(report, r, engine)
+        _record(report, r, engine, named)
     return report
 
 
-def _record(report: VerifyReport, r: Request, engine) -> None:
+def _named_build(r: Request):
+    from patchkit.image import evidence
+
+    if not r.build:
+        return None
+    build, held = evidence.which(r.node, None, r.build, r.timeout)
+    held.close()
+    return build
+
+
+def _record(report: VerifyReport, r: Request, engine, named) -> None:
     """The runtime verdict recorded against the build the server ran: ``--build``, else the
     first container's image; not yet judged, or unknown, records nothing (and says so)."""
     import time
 
     from patchkit.image import evidence
 
-    if r.build:
-        build, held = evidence.which(r.node, None, r.build, r.timeout)
-        held.close()
+    if named is not None:
+        build = named
     elif r.containers and engine is not None:
         build = evidence.of_container(engine, r.containers[0]) if _running(
             engine, r.containers[0]) else None
