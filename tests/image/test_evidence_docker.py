@@ -271,3 +271,34 @@ def test_verify_records_the_runtime_verdict_against_build(builds, tmp_path, cach
     out = patchkit(*base, "--build", f"{MOVING}-000000000000", cwd=proj)
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "no such image" in out.stderr
+
+
+def test_a_record_on_a_second_node_behind_ssh(builds, node2, capsys, project):
+    from patchkit.commands import copy_image
+
+    new = builds["new"]
+    assert copy_image.run(new["fixed"], [node2.url]).ok
+    there = node2.direct.containers.run(new["fixed"], command=["sleep", "600"], detach=True,
+                                        labels={"pk-run": RUN})
+    try:
+        with serve(Behaviour(token_rate=50.0)) as s:
+            code, out, err = main(capsys, "smoke", s.url, "--container", there.name, "--node",
+                                  node2.url, *SPEED, "--format", "json")
+        doc = json.loads(out)
+        assert code == 0, (out, err)
+        assert doc["build"] == {"image_id": new["id"], "immutable_tag": new["fixed"],
+                                "node": node2.url}
+        assert doc["evidence"]["record"]["node"] == node2.url
+        # the copy came by ssh, not from the registry: the record stays in the cache there
+        assert doc["evidence"]["pushed"] == [] and doc["evidence"]["refused"] == []
+        code, out, _ = main(capsys, "images", "--manifest", str(project), "--node", node2.url,
+                            "--format", "json")
+        assert code == 0
+        for node in json.loads(out)["nodes"]:
+            [image] = [i for i in node["images"] if i["id"] == new["id"]]
+            where = {r["node"] for r in image["evidence"]}
+            assert node2.url in where and any(w != node2.url for w in where), where
+    finally:
+        there.remove(force=True)
+        for tag in node2.direct.images.get(new["fixed"]).tags:
+            node2.direct.images.remove(tag)
