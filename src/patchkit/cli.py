@@ -270,6 +270,11 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
               help="Judge the runtime markers against this container's log (stdout and "
                    "stderr) since its current start, on the engine DOCKER_HOST names; "
                    "repeatable.")
+@click.option("--build", "build_tag", metavar="TAG", help="With --log: the build the server ran "
+              "(its immutable tag): the runtime verdict is recorded against it (with "
+              "--container, the container's image is).")
+@click.option("--node", metavar="ENGINE", help="With --build: the engine that holds it "
+              "(default: DOCKER_HOST's).")
 @click.option("--require-traffic", is_flag=True,
               help="An acceptance floor whose logs hold no spec-decode metrics line (no traffic "
                    "served yet) fails, instead of exit 5, not yet judged: for the check after "
@@ -281,8 +286,8 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
 @VARIANT
 @MANIFEST
 @FORMAT
-def verify(tree, image, base, logs, containers, require_traffic, packages, locked, timeout,
-           variant, manifest_path, fmt) -> int:
+def verify(tree, image, base, logs, containers, build_tag, node, require_traffic, packages,
+           locked, timeout, variant, manifest_path, fmt) -> int:
     """Run the AST assertions on a tree or an image; with --log or --container, also the
     runtime markers of the patches that are in, against the server's logs.  Exit 5 when an
     acceptance floor is not yet judged (no traffic served yet) and nothing failed."""
@@ -295,10 +300,14 @@ def verify(tree, image, base, logs, containers, require_traffic, packages, locke
     request = command.Request(
         Path(discovery.default_workdir()), tree=Path(tree) if tree else None, image=image,
         base=base, variant=variant, logs=logs, containers=containers, packages=packages,
-        locked=locked, require_traffic=require_traffic, timeout=timeout)
+        locked=locked, require_traffic=require_traffic, timeout=timeout, build=build_tag,
+        node=node)
     report = command.run(m, request, log=say,
                          stdin=click.get_binary_stream("stdin") if "-" in logs else None)
     echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else text.verify(report))
+    if fmt != "json":
+        for line in report.evidence_said:   # beside the report, which keeps its shape
+            say(line)
     return report.exit_code
 
 
@@ -740,13 +749,17 @@ NODE = click.option("--node", "nodes", multiple=True, metavar="ENGINE",
 @click.option("--keep", type=click.IntRange(min=1), metavar="N",
               help="With --prune: the newest builds kept on each node (1 or more).")
 @click.option("--dry-run", is_flag=True, help="With --prune: say what would go; remove nothing.")
+@click.option("--evidence", "evidence_of", metavar="TAG", help="List every evidence record of "
+              "one build (its immutable tag): what smoke and verify found, when and where.")
 @TIMEOUT
 @MANIFEST
 @FORMAT
-def images(nodes, prune, keep, dry_run, timeout, manifest_path, fmt) -> int:
+def images(nodes, prune, keep, dry_run, evidence_of, timeout, manifest_path, fmt) -> int:
     """List this patchset's builds on every node, newest first (by when the node got them):
     immutable tag, moving tags, id, created time, vLLM and package versions, patches, which
-    one is current; then a drift line naming the nodes whose current build differs.
+    one is current, and its last evidence (smoke's or verify's verdict, tok/s, acceptance,
+    when and where, or "never served"); then a drift line naming the nodes whose current
+    build differs.
 
     \b
     The nodes: the engine DOCKER_HOST names, image.nodes of the manifest, each --node.
@@ -759,7 +772,13 @@ def images(nodes, prune, keep, dry_run, timeout, manifest_path, fmt) -> int:
         raise click.UsageError("--keep and --dry-run go with --prune")
     if prune and keep is None:
         raise click.UsageError("--prune needs --keep N: the newest builds kept on each node")
+    if prune and evidence_of:
+        raise click.UsageError("--evidence and --prune: one at a time")
     m = _load(manifest_path)
+    if evidence_of:
+        report = command.evidence(m, evidence_of, nodes, timeout=timeout)
+        echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.evidence(report))
+        return 0
     if prune:
         report = command.prune(m, keep, nodes, dry_run=dry_run, timeout=timeout)
         echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render.pruned(report))
@@ -816,24 +835,48 @@ def rollback(to, tag, nodes, dry_run, timeout, manifest_path, fmt) -> int:
               help="Also make one deterministic answer of N tokens (counting from 1) and check "
                    "it for garble; the report gives the first bad token's offset.")
 @click.option("--text", metavar="T", help="With --long: the answer repeats T instead.")
+@click.option("--requests", "requests_", type=int, metavar="N",
+              help="Also measure decode speed: N streamed completions one after another; "
+                   "the median decode tok/s, its spread and the time to the first token.")
+@click.option("--output-tokens", type=int, metavar="T",
+              help="With --requests: the tokens of each answer (default 256).")
+@click.option("--concurrency", type=int, metavar="C",
+              help="With --requests: also C completions at once, and their aggregate tok/s.")
+@click.option("--container", metavar="NAME|ID", help="The container serving URL: its image "
+              "is the build the evidence is recorded against.")
+@click.option("--build", "build_tag", metavar="TAG", help="The build serving URL (its immutable "
+              "tag), where patchkit cannot see the container.")
+@click.option("--node", metavar="ENGINE", help="With --container or --build: the engine that "
+              "holds it (default: DOCKER_HOST's).")
+@click.option("--against", metavar="TAG|previous", help="Gate: compare the speed with the "
+              "evidence of this build (or the one before this build on its node) measured on "
+              "the same model and settings; exit 1 on a drop beyond --max-drop.")
+@click.option("--max-drop", type=float, metavar="PCT", help="With --against: the drop allowed, "
+              "a percentage from 0 to 100.")
 @click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
               metavar="SECONDS", help="Deadline of each request as a whole.")
 @click.option("--api-key", envvar="VLLM_API_KEY", show_envvar=True, metavar="KEY",
               help="Bearer token of a server started with --api-key.")
 @FORMAT
-def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, timeout,
+def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, requests_,
+          output_tokens, concurrency, container, build_tag, node, against, max_drop, timeout,
           api_key, fmt) -> int:
     """Check a running vLLM OpenAI-compatible server at URL: /health, /v1/models, one chat
-    answer with content, with --long a long answer free of garble, and with --min-acceptance
-    or --min-acceptance-length the spec-decode acceptance.  Exit 1 if a check fails."""
-    from patchkit.commands.smoke import run
-    from patchkit.render.smoke import render_text
+    answer with content, with --long a long answer free of garble, with --min-acceptance
+    or --min-acceptance-length the spec-decode acceptance, and with --requests N the decode
+    speed.  With --container or --build, what it found is recorded against that build (in the
+    cache, and beside the image in its registry).  Exit 1 if a check or the gate fails."""
+    from patchkit.commands.smoke import Which, run_recorded
+    from patchkit.render.smoke import render_outcome
 
-    report = run(url, model=model, min_acceptance=min_acceptance, timeout=timeout,
-                 api_key=api_key, min_acceptance_length=min_acceptance_length,
-                 long=long_tokens, text=text)
-    echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else render_text(report))
-    return 0 if report.ok else 1
+    outcome = run_recorded(url, Which(container, build_tag, node), against=against,
+                           max_drop=max_drop, model=model, min_acceptance=min_acceptance,
+                           timeout=timeout, api_key=api_key,
+                           min_acceptance_length=min_acceptance_length, long=long_tokens,
+                           text=text, requests=requests_, concurrency=concurrency,
+                           output_tokens=output_tokens)
+    echo(json.dumps(outcome.to_dict(), indent=2) if fmt == "json" else render_outcome(outcome))
+    return 0 if outcome.ok else 1
 
 
 

@@ -341,3 +341,47 @@ def _json(resp: Response, method: str) -> Any:
         raise HttpError(BAD_BODY, method, resp.url,
                         f"answer is not JSON (HTTP {resp.status}{kind}): "
                         f"{snippet(resp.body)!r}") from None
+
+
+def stream_lines(url: str, payload: Any, *, on_line, headers: Mapping[str, str] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """POST ``payload`` as JSON and hand each line of the answer, as it arrives, to
+    ``on_line(line: bytes)`` (server-sent events, one ``data: ...`` a line).  ``timeout`` is
+    the deadline of the whole exchange, as for :func:`request`; a failure is HttpError."""
+    method = "POST"
+    check_url(url)
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, not {timeout}")
+    all_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity",
+                   "Content-Type": "application/json", "Accept": "text/event-stream",
+                   **(headers or {})}
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method=method,
+                                 headers=all_headers)
+    watch = _Watch(timeout)
+    opener = urllib.request.build_opener(_Handler(watch), _TLSHandler(watch))
+    size = 0
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            while True:
+                line = resp.readline(_CHUNK)
+                if not line:
+                    break
+                size += len(line)
+                if size > max_bytes:
+                    raise HttpError(TOO_LARGE, method, url,
+                                    f"answer larger than {max_bytes} bytes")
+                on_line(line.rstrip(b"\r\n"))
+            if watch.fired:
+                raise _late(method, url, timeout)
+    except urllib.error.HTTPError as exc:
+        raise _status_error(method, url, exc, timeout) from None
+    except urllib.error.URLError as exc:
+        raise _late(method, url, timeout) if watch.fired else \
+            _transport_error(method, url, exc.reason, timeout) from None
+    except HttpError as exc:
+        raise _late(method, url, timeout) if watch.fired and exc.kind != TIMEOUT else exc
+    except (http.client.HTTPException, OSError, ValueError) as exc:
+        raise _late(method, url, timeout) if watch.fired else \
+            _transport_error(method, url, exc, timeout) from None
+    finally:
+        watch.cancel()

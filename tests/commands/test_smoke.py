@@ -347,8 +347,11 @@ def test_cli_good_server_exit_0_one_line_per_check(capsys):
     assert code == 0, err
     assert [line.split()[:2] for line in lines[:4]] == [
         ["ok", "health"], ["ok", "models"], ["ok", "chat"], ["ok", "acceptance"]]
-    assert lines[4].startswith("ok: 4/4 checks passed on http://127.0.0.1:")
-    assert len(lines) == 5 and err == ""
+    # a server whose build patchkit is not told: judged, nothing recorded, and said
+    assert lines[4] == ("evidence: the build is unknown (no --container or --build): nothing "
+                        "recorded")
+    assert lines[5].startswith("ok: 4/4 checks passed on http://127.0.0.1:")
+    assert len(lines) == 6 and err == ""
 
 
 def test_cli_json_report(capsys):
@@ -358,7 +361,11 @@ def test_cli_json_report(capsys):
         url = s.url
     doc = json.loads("\n".join(lines))
     assert code == 1
-    assert set(doc) == {"ok", "url", "model", "checks", "acceptance", "spec_decode", "garble"}
+    assert set(doc) == {"ok", "url", "model", "checks", "acceptance", "spec_decode", "garble",
+                        "speed", "build", "evidence", "gate", "notes"}
+    assert doc["build"] is None and doc["evidence"] is None and doc["gate"] is None
+    assert doc["notes"] == ["evidence: the build is unknown (no --container or --build): "
+                            "nothing recorded"]
     assert doc["ok"] is False and doc["url"] == url and doc["model"] == MODEL
     assert doc["acceptance"] == 0.2 and doc["garble"] is None
     assert doc["spec_decode"]["draft_tokens"] == 10 and doc["spec_decode"]["accepted"] == 2

@@ -178,7 +178,12 @@ def test_a_good_containers_log_holds(capsys, served, docker_client):
     code, out, err = verify(capsys, served, "--container", served["good"], "--format", "json")
     assert code == 0, out + err
     report = json.loads(out)
-    assert list(report) == ["ok", "status", "target", "verify", "runtime", "starts", "holds"]
+    assert list(report) == ["ok", "status", "target", "verify", "runtime", "starts", "holds",
+                            "evidence"]
+    # the server ran to its end: no build is running to record the verdict against
+    assert report["evidence"] == {"said": [
+        f"evidence: --container {served['good']} is not running: nothing recorded (--build TAG "
+        "names the build)"]}
     assert report["status"] == "ok"
     assert [v["ok"] for v in report["verify"]] == [True]
     name = f"container:{served['good']}"

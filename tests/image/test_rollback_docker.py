@@ -164,7 +164,9 @@ def test_a_node_missing_the_build_gets_its_layer_then_its_tag(builds, project, n
     # a dry run says what would move, and moves nothing
     code = main("rollback", "--manifest", str(project), "--node", node3.url,
                 "--to", builds["old"]["fixed"], "--dry-run")
-    said = capsys.readouterr().out.splitlines()
+    why, *said = capsys.readouterr().out.splitlines()
+    assert why == (f"would roll {MOVING} back to {builds['old']['fixed']}: --to: forced, "
+                   "whatever its evidence")
     assert code == 0 and [line.split()[:2] for line in said] == [
         ["would-be", "moved"], ["would-be", "copied"]], said
     with pytest.raises(docker.errors.ImageNotFound):
@@ -215,7 +217,9 @@ def test_an_unreachable_node_fails_alone_and_a_rerun_completes(builds, project, 
         code = main("rollback", "--manifest", str(project), "--node", node2.url, "--node", url)
         out, _ = capfd.readouterr()
         assert code == 0, out
-        assert [line.split()[0] for line in out.splitlines()] == ["already", "already", "moved"]
+        why, *said = out.splitlines()
+        assert why.startswith(f"rolling {MOVING} back to {builds['old']['fixed']}: completing ")
+        assert [line.split()[0] for line in said] == ["already", "already", "moved"]
     for client in (docker_client, node2.direct, node3.direct):
         assert moving_on(client) == builds["old"]["id"]
     assert main("rollback", "--manifest", str(project), "--node", node2.url, "--node",

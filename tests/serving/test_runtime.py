@@ -103,12 +103,17 @@ def test_json_adds_runtime_and_keeps_the_rest(project):
     judged = verify(project, "--log", "rank0.log", "--log", "rank1.log", "--format", "json")
     assert plain.returncode == judged.returncode == 0
     before, after = json.loads(plain.stdout), json.loads(judged.stdout)
-    assert list(after) == ["ok", "status", "target", "verify", "runtime", "starts"]
-    assert {k: v for k, v in after.items() if k not in ("runtime", "starts")} == before
+    assert list(after) == ["ok", "status", "target", "verify", "runtime", "starts", "evidence"]
+    assert {k: v for k, v in after.items()
+            if k not in ("runtime", "starts", "evidence")} == before
+    # logs of a server whose build is not named: judged, nothing recorded, and said
+    assert after["evidence"] == {"said": ["evidence: the build is unknown (no --container or "
+                                          "--build): nothing recorded"]}
     # one start in each log: each judged from its first line
     assert after["starts"] == [{"log": "rank0.log", "starts": 1, "line": 1, "stop": None},
                                {"log": "rank1.log", "starts": 1, "line": 1, "stop": None}]
-    assert plain.stdout.rstrip().rstrip("}").rstrip().rstrip("]") in judged.stdout
+    assert plain.stdout.rstrip().rstrip("}").rstrip().rstrip("]") in judged.stdout.split(
+        '"evidence"')[0]
     rows = after["runtime"]
     assert [(r["patch"], r["log"], r["ok"], r["found"]) for r in rows] == [
         ("table-nvfp4", "table has nvfp4", True, 1),
@@ -508,7 +513,9 @@ def test_a_binary_log_is_judged_with_bad_bytes_replaced(project):
         junk + b"\n\xff\xfe\x00 Worker proc X died unexpectedly \xc3\n" + RANK0.encode())
     out = bounded_verify(project, "--log", "binary.log", "--log", "rank1.log")
     assert out.returncode == 1, out.stderr
-    assert out.stderr == ""
+    # stderr holds nothing of the log; only that the verdict is recorded against no build
+    assert out.stderr == ("evidence: the build is unknown (no --container or --build): "
+                          "nothing recorded\n")
     assert (f"binary.log:{lines + 2}: [series] forbidden 'died unexpectedly': \ufffd\ufffd\x00 "
             "Worker proc X died unexpectedly \ufffd") in out.stdout.splitlines()
     # RANK0's required lines are still found after the junk

@@ -17,6 +17,13 @@ shapes vLLM 0.33.0 gives them:
   engine), ``position`` for the last; beside them a few of vLLM's other metrics and the Python
   process collectors, as on a real server.
 
+``POST /v1/completions`` with ``stream: true`` streams server-sent events as vLLM does
+(``CompletionStreamResponse`` chunks, one token of text each, then ``data: [DONE]``; a last
+chunk with ``usage`` and no choices when ``stream_options.include_usage`` is asked), at
+``token_rate`` tokens a second after ``ttft`` seconds: each token is sent at its own time
+(``start + ttft + i / rate``), so the rate the client sees is the one set, whatever the
+sleeps' jitter.  ``GET /version`` answers ``{"version": version}``.
+
 Each chat request adds ``draft_tokens`` and ``accepted_tokens`` to the counters, spread over
 ``engines`` engines.  ``prometheus_client`` renders each counter with its ``_created`` twin (the
 Unix time the series was made, about 1.7e9): a reader that took those for the counts would get
@@ -71,6 +78,12 @@ class Behaviour:
                                               # "bytes" (partial characters of a byte-level BPE)
     long_stop_after: int | None = None        # a long answer ends (finish_reason stop) here
     reasoning_long: bool = False              # a long answer comes as reasoning, no content
+    token_rate: float = 200.0                 # streamed completions: tokens a second
+    ttft: float = 0.02                        # seconds before the first streamed token
+    tokens_per_event: int = 1                 # tokens each streamed event carries (a
+                                              # speculative step sends several at once)
+    send_usage: bool = True                   # honour stream_options.include_usage
+    version: str | None = "0.33.0"            # GET /version (None: 404, as an old server)
 
 
 class _Metrics:
@@ -201,6 +214,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, _model_list(b))
         if method == "POST" and path == "/v1/chat/completions":
             return self._chat(b, body)
+        if method == "POST" and path == "/v1/completions":
+            return self._completions(b, body)
+        if method == "GET" and path == "/version" and b.version is not None:
+            return self._json(200, {"version": b.version})
         if method == "GET" and path == "/metrics":
             with srv.lock:
                 text = srv.metrics.render()
@@ -273,6 +290,56 @@ class _Handler(BaseHTTPRequestHandler):
         if b.drop_choices:
             del doc["choices"]
         self._json(200, doc)
+
+    def _completions(self, b: Behaviour, body) -> None:
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+            return self._error(400, "prompt: Field required", "BadRequestError")
+        model = body.get("model")
+        if model not in b.models:
+            return self._error(404, f"The model `{model}` does not exist.", "NotFoundError",
+                               "model")
+        if not body.get("stream"):
+            return self._error(400, "the stand-in streams completions only", "BadRequestError")
+        n = int(body.get("max_tokens") or 16)
+        srv = self.server
+        with srv.lock:
+            srv.metrics.observe(b.draft_tokens, b.accepted_tokens)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+        def event(doc) -> None:
+            self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
+            self.wfile.flush()
+
+        def chunk(text: str, finish: str | None) -> dict:
+            return {"id": rid, "object": "text_completion", "created": int(time.time()),
+                    "model": model, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                                 "finish_reason": finish,
+                                                 "stop_reason": None}], "usage": None}
+
+        start = time.monotonic() + b.ttft
+        k = max(1, b.tokens_per_event)
+        try:
+            for i in range(0, n, k):
+                # the event holding token i goes at token i's time, the first at ttft
+                delay = start + i / b.token_rate - time.monotonic()
+                if delay > 0 and srv.stopping.wait(delay):
+                    return
+                text = "".join(f" {j + 1}" for j in range(i, min(n, i + k)))
+                event(chunk(text, "length" if i + k >= n else None))
+            if b.send_usage and (body.get("stream_options") or {}).get("include_usage"):
+                event({"id": rid, "object": "text_completion", "created": int(time.time()),
+                       "model": model, "choices": [],
+                       "usage": {"prompt_tokens": 23, "total_tokens": 23 + n,
+                                 "completion_tokens": n}})
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     def do_GET(self) -> None:
         self._route("GET")

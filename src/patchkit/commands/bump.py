@@ -178,6 +178,7 @@ class Bump:
     on: str | None = None          # the commit the port sits on: HEAD when the bump ran
     base_image: BaseMove | None = None   # image.base moved with the release (vLLM's bump)
     on_subject: str = ""
+    evidence: str | None = None    # the current build and its last evidence, in one line
 
     @property
     def needs_a_hand(self) -> bool:
@@ -259,6 +260,14 @@ def _project(m: Manifest, dry_run: bool) -> Path:
 
 # ------------------------------------------------------------------------------ one package
 
+def _evidence(m: Manifest) -> str:
+    """How the build this bump replaces served, as its last evidence says."""
+    from patchkit.nodes import evidence
+    from patchkit.run import built_tag
+
+    return evidence.current_line(built_tag(m))
+
+
 def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
               progress: applier.Progress) -> Bump:
     pin = spec.pin(name)
@@ -281,7 +290,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
                 BumpStatus.DRY_RUN if ask.dry_run else BumpStatus.BUMPED,
                 branch=None if ask.dry_run else branch,
                 links=_links(sources, pin, target, version),
-                on=head, on_subject=g.commit_info(project, head).subject)
+                on=head, on_subject=g.commit_info(project, head).subject, evidence=_evidence(m))
     job = _Job(m, project, spec, ask, progress, scratch, _Sides(m, name, old, new, others),
                base, version)
     resumed = scratch.exists() and _finished_by_hand(scratch, job.rel, base.label, version)

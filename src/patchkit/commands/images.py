@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from patchkit.errors import ImageError, PatchkitError, UsageError
 from patchkit.nodes import ledger
+from patchkit.nodes import evidence
 from patchkit.nodes import fleet
 from patchkit.engines.docker import Engine
 from patchkit.manifest import Manifest
@@ -25,14 +26,19 @@ class NodeListing:
     node: str
     builds: list[ledger.Build] = field(default_factory=list)
     error: str | None = None
+    evidence: dict[str, list[evidence.Record]] = field(default_factory=dict)  # by image id
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
     def to_dict(self) -> dict:
+        def image(b: ledger.Build) -> dict:
+            records = self.evidence.get(b.id, [])
+            return {**b.to_dict(), "evidence": [r.to_dict() for r in records],
+                    "last_evidence": records[-1].to_dict() if records else None}
         data: dict = {"node": self.node, "ok": self.ok,
-                      "images": [b.to_dict() for b in self.builds]}
+                      "images": [image(b) for b in self.builds]}
         if self.error is not None:
             data["error"] = self.error
         return data
@@ -56,6 +62,7 @@ class Listing:
     patchset: str
     nodes: list[NodeListing]
     drift: list[Drift]
+    problems: list[str] = field(default_factory=list)   # evidence named and skipped
 
     @property
     def ok(self) -> bool:
@@ -64,14 +71,15 @@ class Listing:
     def to_dict(self) -> dict:
         return {"ok": self.ok, "patchset": self.patchset,
                 "nodes": [n.to_dict() for n in self.nodes],
-                "drift": [d.to_dict() for d in self.drift]}
+                "drift": [d.to_dict() for d in self.drift],
+                "evidence_problems": self.problems}
 
 
 def run(manifest: Manifest, nodes: Sequence[str] = (), *, timeout: float = DEFAULT_TIMEOUT,
         history: ledger.History | None = None,
         connect: Callable[[str], Engine] | None = None) -> Listing:
     """This patchset's builds on every node (exit 1 when a node cannot be reached: the others
-    are listed)."""
+    are listed), each with its evidence (the cache's, and what its registries hold)."""
     urls = fleet.addresses(manifest.image.nodes, nodes, "--node")
     history = history or ledger.History()
     reached = fleet.reach(urls, timeout, connect)
@@ -80,7 +88,68 @@ def run(manifest: Manifest, nodes: Sequence[str] = (), *, timeout: float = DEFAU
             reached, lambda n: _listing(n, manifest.name, history))]
     finally:
         fleet.close(reached)
-    return Listing(manifest.name, listed, drift(listed))
+    problems = _evidence(listed, evidence.Store(history.cache, timeout))
+    return Listing(manifest.name, listed, drift(listed), problems)
+
+
+def _evidence(listed: Sequence[NodeListing], store: evidence.Store) -> list[str]:
+    """Each build's records, read once per build whatever the nodes holding it."""
+    found: dict[str, list[evidence.Record]] = {}
+    problems: list[str] = []
+    for node in listed:
+        for b in node.builds:
+            if b.id not in found:
+                got = store.of(b.id, b.image.repo_digests)
+                found[b.id] = got.records
+                problems += [p for p in got.problems if p not in problems]
+            node.evidence[b.id] = found[b.id]
+    return problems
+
+
+@dataclass
+class Evidence:
+    """``images --evidence TAG``: every record of one build, oldest first."""
+
+    tag: str
+    image_id: str | None
+    records: list[evidence.Record]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def to_dict(self) -> dict:
+        return {"ok": True, "build": self.tag, "image_id": self.image_id,
+                "records": [r.to_dict() for r in self.records], "problems": self.problems}
+
+
+def evidence(manifest: Manifest, tag: str, nodes: Sequence[str] = (), *,
+             timeout: float = DEFAULT_TIMEOUT, cache=None,
+             connect: Callable[[str], Engine] | None = None) -> Evidence:
+    """Every record of the build ``tag`` names (its immutable tag, or an image id): found on
+    the first node that holds it (its registries too), else in the cache alone."""
+    store = evidence.Store(cache, timeout)
+    urls = fleet.addresses(manifest.image.nodes, nodes, "--node")
+    reached = fleet.reach(urls, timeout, connect)
+    try:
+        for node in reached:
+            if node.engine is None:
+                continue
+            try:
+                image = node.engine.inspect(tag)
+            except PatchkitError:
+                continue
+            if image is not None:
+                got = store.of(image.id, image.repo_digests)
+                return Evidence(tag, image.id, got.records, got.problems)
+    finally:
+        fleet.close(reached)
+    got = store.by_tag(tag)
+    if not got.records:
+        raise UsageError(f"--evidence {tag}: no node reached holds such a build, and the cache "
+                         "has no evidence of it")
+    return Evidence(tag, got.records[-1].image_id, got.records, got.problems)
 
 
 def _listing(node: fleet.Node, patchset: str, history: ledger.History) -> NodeListing:

@@ -1,8 +1,12 @@
 """``patchkit rollback [--to TAG]``: the moving tag put on an earlier build on every node.
 
-The build is ``--to`` (an immutable tag, ``<moving tag>-<12 hex>``), else the one before the
-current build on the first node reached (the builds in the order :mod:`patchkit.nodes.ledger`
-gives them).  Everything that can be refused is refused before any node changes (exit 2).
+The build is ``--to`` (an immutable tag, ``<moving tag>-<12 hex>``), forced whatever its
+evidence, else the newest build before the current one on the first node reached (the builds
+in the order :mod:`patchkit.nodes.ledger` gives them) whose last evidence
+(:mod:`patchkit.nodes.evidence`: what ``smoke`` or ``verify`` last found of it, in the cache or
+beside it in its registry) did not fail.  A build whose last evidence failed is passed over,
+and said; a build with no evidence is taken (nothing says it served badly: it was current
+before, and rollback has always gone there), and said too.  Everything that can be refused is refused before any node changes (exit 2).
 Then, node by node:
 
 * a node whose moving tag names that build already: nothing (``already``);
@@ -20,11 +24,12 @@ kept pending (``builds.Pending``), and the same command run again completes it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from patchkit.errors import ImageError, Origin, PatchkitError, UsageError
 from patchkit.nodes import ledger
+from patchkit.nodes import evidence
 from patchkit.image import labels
 from patchkit.engines import facts
 from patchkit.nodes import transfer
@@ -71,6 +76,8 @@ class Rollback:
     nodes: list[NodeRollback]
     dry_run: bool = False
     resumed: bool = False        # it completed a rollback an earlier run left pending
+    why: str | None = None       # why this build: its last evidence, or none, or --to
+    passed_over: list[str] = field(default_factory=list)   # "TAG: its failed evidence"
 
     @property
     def ok(self) -> bool:
@@ -79,7 +86,8 @@ class Rollback:
     def to_dict(self) -> dict:
         return {"ok": self.ok, "moving_tag": self.moving, "to": self.to,
                 "fingerprint": self.fingerprint, "dry_run": self.dry_run,
-                "resumed": self.resumed, "nodes": [n.to_dict() for n in self.nodes]}
+                "resumed": self.resumed, "why": self.why, "passed_over": self.passed_over,
+                "nodes": [n.to_dict() for n in self.nodes]}
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,9 @@ def run(manifest: Manifest, request: Request = Request(), *,
     reached = fleet.reach(urls, request.timeout, connect)
     try:
         found = _read(reached, manifest.name, history)
-        target, resumed = _target(manifest, moving, request.to, found, pending)
+        chosen = _target(manifest, moving, request.to, found, pending,
+                         evidence.Store(history.cache, request.timeout))
+        target, resumed = chosen.tag, chosen.resumed
         source, want = _source(found, target)
         log(f"rolling {moving} back to {target} ({want})")
         if not request.dry_run:
@@ -127,7 +137,8 @@ def run(manifest: Manifest, request: Request = Request(), *,
         fleet.close(reached)
     if not request.dry_run and all(n.ok for n in done):
         pending.done()
-    return Rollback(moving, target, want.fingerprint, done, request.dry_run, resumed)
+    return Rollback(moving, target, want.fingerprint, done, request.dry_run, resumed,
+                    chosen.why, chosen.passed_over)
 
 
 def _moving(manifest: Manifest, to: str | None, tag: str | None) -> str:
@@ -160,11 +171,19 @@ def _read(reached: Sequence[fleet.Node], patchset: str, history: ledger.History
     return out
 
 
+@dataclass(frozen=True)
+class _Chosen:
+    tag: str
+    resumed: bool = False
+    why: str | None = None
+    passed_over: list[str] = field(default_factory=list)
+
+
 def _target(manifest: Manifest, moving: str, to: str | None,
             found: Sequence[tuple[fleet.Node, ledger.NodeBuilds | None]],
-            pending: ledger.Pending) -> tuple[str, bool]:
+            pending: ledger.Pending, store: evidence.Store) -> _Chosen:
     """The build to roll back to (its immutable tag), refused with a usage error when there
-    is none; whether it is a pending rollback's."""
+    is none; whether it is a pending rollback's, and why it was chosen."""
     live = [(n, nb) for n, nb in found if nb is not None]
     if not live:
         raise ImageError("no node could be reached: "
@@ -179,7 +198,7 @@ def _target(manifest: Manifest, moving: str, to: str | None,
                 raise UsageError(f"--to {to} is " + (f"a build of the patchset {owner}"
                                  if owner else "not a build of any patchset")
                                  + f", not of {manifest.name} (on {node.url})")
-            return to, False
+            return _Chosen(to, why="--to: forced, whatever its evidence")
         raise UsageError(f"--to {to}: no node reached holds such a build "
                          f"({', '.join(n.url for n, _ in live)})")
     first, nb = live[0]
@@ -188,18 +207,29 @@ def _target(manifest: Manifest, moving: str, to: str | None,
     if left is not None and current is not None and current.fixed_for(moving) == left \
             and any(b is None or b.current(moving) is None
                     or b.current(moving).fixed_for(moving) != left for _, b in found):
-        return left, True
+        return _Chosen(left, True, "completing the rollback an earlier run left pending")
     if current is None:
         raise UsageError(f"{moving} names no build of {manifest.name} on {first.url}: "
                          "nothing to roll back from")
     lineage = nb.lineage(moving)
-    older = [b.fixed_for(moving) for b in lineage[lineage.index(current) + 1:]
-             if b.fixed_for(moving)]
+    older = [b for b in lineage[lineage.index(current) + 1:] if b.fixed_for(moving)]
     if not older:
         raise UsageError(f"nothing to roll back to: {first.url} holds no build of {moving} "
                          f"older than the current one "
                          f"({current.fixed_for(moving) or current.id[:19]})")
-    return older[0], False
+    passed: list[str] = []
+    for b in older:
+        tag = b.fixed_for(moving) or b.id
+        last = store.of(b.id, b.image.repo_digests).last
+        if last is not None and not last.ok:
+            passed.append(f"{tag}: its last evidence failed ({last.describe()})")
+            continue
+        why = (f"the newest earlier build whose last evidence passed ({last.describe()})"
+               if last is not None else
+               "the newest earlier build not known to have failed: it has no evidence")
+        return _Chosen(tag, False, why, passed)
+    raise UsageError(f"nothing to roll back to: the last evidence of every build of {moving} "
+                     f"older than the current one failed: {'; '.join(passed)} (--to forces one)")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,13 @@ Checks, in order, each giving one line:
   ``inconclusive``, which fails.  vLLM counts one series per engine (labels ``model_name`` and
   ``engine``); the series are summed.  Other traffic on the server during the requests counts
   too: smoke an idle server.
+* ``speed`` (with ``requests``): decode speed as the client timed it
+  (:mod:`patchkit.serving.speed`): N streamed ``POST /v1/completions`` one after another, the
+  median decode tok/s with its spread and the median time to the first token; with
+  ``concurrency`` C, C more at once and their aggregate tok/s.  How it was measured is kept
+  with the figures: the prompt and output length, N, the model, the server's version
+  (``GET /version``) and whether speculative decoding ran (the spec-decode counters of
+  ``/metrics`` before and after; their change gives the acceptance over these requests).
 
 A check that needs an earlier one which failed is reported as not run.  Nothing here prints;
 the result is a :class:`SmokeReport`.
@@ -27,6 +34,7 @@ the result is a :class:`SmokeReport`.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,12 +45,14 @@ from patchkit.errors import UsageError
 from patchkit.report import Word
 from patchkit.serving import acceptance as spec
 from patchkit.serving import garble as long_answer
+from patchkit.serving import speed as speed_
 from patchkit.serving.garble import degenerate
 from patchkit.serving.metrics import (ACCEPTED_TOKENS, DRAFT_TOKENS, DRAFTS, MetricsFormatError,
                                       counter_total, parse_metrics, per_position)
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
-HEALTH, MODELS, CHAT, LONG, ACCEPTANCE = "health", "models", "chat", "long", "acceptance"
+HEALTH, MODELS, CHAT, LONG, ACCEPTANCE, SPEED = ("health", "models", "chat", "long",
+                                                 "acceptance", "speed")
 MAX_TOKENS = 32
 LONG_MAX = 1 << 20   # tokens of one --long answer; no served context is longer
 PROMPT = "What is the capital of France? Answer in one short sentence."
@@ -94,6 +104,7 @@ class SmokeReport:
     unreachable: str | None = None   # set when nothing answered at all: the one line to show
     spec_decode: spec.Acceptance | None = None   # the acceptance measured, with its parts
     garble: long_answer.Garble | None = None          # the first bad token of the long answer
+    speed: Measured | None = None                     # with requests: the speed measured
 
     @property
     def ok(self) -> bool:
@@ -103,7 +114,22 @@ class SmokeReport:
         return {"ok": self.ok, "url": self.url, "model": self.model,
                 "checks": [c.to_dict() for c in self.checks], "acceptance": self.acceptance,
                 "spec_decode": self.spec_decode.to_dict() if self.spec_decode else None,
-                "garble": self.garble.to_dict() if self.garble else None}
+                "garble": self.garble.to_dict() if self.garble else None,
+                "speed": self.speed.to_dict() if self.speed else None}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A speed measurement: its figures and how it was made."""
+
+    figures: speed_.Figures
+    settings: speed_.Settings
+    server_version: str | None      # what GET /version said (None: it did not answer)
+    spec_decode: bool | None        # the server drafted over the requests (None: no /metrics)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"figures": self.figures.to_dict(), "settings": self.settings.to_dict(),
+                "server_version": self.server_version, "spec_decode": self.spec_decode}
 
 
 # ------------------------------------------------------------------------ the checks
@@ -111,16 +137,20 @@ class SmokeReport:
 def run(url: str, model: str | None = None, min_acceptance: float | None = None, *,
         timeout: float = DEFAULT_TIMEOUT, api_key: str | None = None,
         min_acceptance_length: float | None = None, long: int | None = None,
-        text: str | None = None) -> SmokeReport:
+        text: str | None = None, requests: int | None = None, concurrency: int | None = None,
+        output_tokens: int | None = None) -> SmokeReport:
     """Smoke the server at ``url`` (its root; a trailing ``/v1`` is allowed).  A bad URL, floor,
-    token count or timeout is an error (exit 2); everything the server does is in the report."""
+    token count or timeout is an error (exit 2); everything the server does is in the report.
+    ``requests`` N: also measure decode speed over N streamed requests (``output_tokens``
+    each), and with ``concurrency`` C the aggregate of C at once."""
     base = base_url(url)
     floor = _floor(min_acceptance, min_acceptance_length)
     _check_options(model, timeout, api_key, long, text)
+    _check_speed_options(requests, concurrency, output_tokens)
     client = _Client(base, timeout, api_key)
     checks: list[Check] = []
     names = [MODELS, CHAT] + ([LONG] if long is not None else []) + \
-        ([ACCEPTANCE] if floor is not None else [])
+        ([ACCEPTANCE] if floor is not None else []) + ([SPEED] if requests is not None else [])
 
     def rest_not_run(after: str, because: str) -> None:
         for name in names[names.index(after) + 1:] if after in names else names:
@@ -151,13 +181,124 @@ def run(url: str, model: str | None = None, min_acceptance: float | None = None,
         checks.append(long_check)
         answered = answered or long_answered
     accepted = None
+    last = LONG if long is not None else CHAT
     if floor is not None and not answered:
-        rest_not_run(names[-2], "no request got an answer")
+        rest_not_run(last, "no request got an answer")
+        return SmokeReport(base, chosen, tuple(checks), answer=chat.answer, garble=bad)
     elif floor is not None:
         accepted = _acceptance(client, before, floor, long, checks)
+    measured = None
+    if requests is not None:
+        interrupt.check()
+        settings = speed_.Settings(chosen, output_tokens or speed_.OUTPUT_TOKENS, requests,
+                                   concurrency)
+        measured, speed_check = _check_speed(client, settings)
+        checks.append(speed_check)
     return SmokeReport(base, chosen, tuple(checks),
                        acceptance=accepted.rate if accepted else None, answer=chat.answer,
-                       spec_decode=accepted, garble=bad)
+                       spec_decode=accepted, garble=bad, speed=measured)
+
+
+def _check_speed_options(requests: int | None, concurrency: int | None,
+                         output_tokens: int | None) -> None:
+    if requests is None and (concurrency is not None or output_tokens is not None):
+        raise UsageError("--concurrency and --output-tokens go with --requests N (the speed "
+                         "measurement)")
+    said = speed_.check_counts(requests, concurrency, output_tokens)
+    if said:
+        raise UsageError(f"--{said.replace('output tokens', 'output-tokens')}")
+
+
+# ------------------------------------------------------------------------ speed
+
+def _server_version(client: _Client) -> str | None:
+    try:
+        doc = client.get_json("/version")
+    except http.HttpError:
+        return None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    return str(version) if isinstance(version, str) and version.strip() else None
+
+
+def _streamed(client: _Client, settings: speed_.Settings) -> speed_.Sample | str:
+    """One streamed completion, timed as it arrives: its sample, or why there is none."""
+    payload = {"model": settings.model, "prompt": settings.prompt, "temperature": 0,
+               "max_tokens": settings.output_tokens, "ignore_eos": True, "stream": True,
+               "stream_options": {"include_usage": True}}
+    timing = speed_.Timing(time.monotonic())
+    try:
+        http.stream_lines(client.url(settings.endpoint), payload, headers=client.headers,
+                          timeout=client.timeout,
+                          on_line=lambda line: timing.line(line, time.monotonic()))
+    except http.HttpError as exc:
+        return str(exc)
+    return timing.sample()
+
+
+def _at_once(client: _Client, settings: speed_.Settings, n: int
+             ) -> tuple[list[speed_.Sample | str], float, float]:
+    """``n`` streamed completions sent together: each one's sample (or why none), when the
+    first was sent and when the last was done.  Each has the client's deadline."""
+    got: list[speed_.Sample | str] = ["not done"] * n
+
+    def one(i: int) -> None:
+        got[i] = _streamed(client, settings)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:   # every request ends by its own deadline; this one is a backstop
+        t.join(client.timeout + 5)
+    return got, started, time.monotonic()
+
+
+def _check_speed(client: _Client, settings: speed_.Settings) -> tuple[Measured | None, Check]:
+    version = _server_version(client)
+    before = _read_counters(client)
+    samples: list[speed_.Sample] = []
+    for i in range(settings.requests):
+        interrupt.check()
+        got = _streamed(client, settings)
+        if isinstance(got, str):
+            return None, Check(SPEED, False, f"request {i + 1} of {settings.requests}: {got}")
+        samples.append(got)
+    total = None
+    if settings.concurrency:
+        interrupt.check()
+        many, started, ended = _at_once(client, settings, settings.concurrency)
+        bad = next((g for g in many if isinstance(g, str)), None)
+        if bad is not None:
+            return None, Check(SPEED, False, f"{settings.concurrency} requests at once: {bad}")
+        total = speed_.aggregate([g for g in many if not isinstance(g, str)], started, ended)
+    after = _settled_counters(client, SETTLE_SECONDS) if before.error is None else before
+    drafted = None if before.error or after.error else (
+        before.draft is not None and after.draft is not None and after.draft > before.draft)
+    rate = None
+    if drafted and before.accepted is not None and after.accepted is not None:
+        rate = (after.accepted - before.accepted) / (after.draft - before.draft)
+    figures = speed_.figures(samples, total, rate)
+    measured = Measured(figures, settings, version, drafted)
+    if figures.decode_tok_s is None:
+        return measured, Check(SPEED, False, "no answer had two tokens or more: no decode rate")
+    return measured, Check(SPEED, True, describe_speed(measured))
+
+
+def describe_speed(m: Measured) -> str:
+    f, s = m.figures, m.settings
+    text = (f"decode {f.decode_tok_s:.1f} tok/s median ({f.decode_min:.1f} to "
+            f"{f.decode_max:.1f}) over {s.requests} request(s) of {s.output_tokens} tokens; "
+            f"first token in {f.ttft_s * 1000:.0f} ms")
+    if f.aggregate_tok_s is not None:
+        text += f"; {f.aggregate_tok_s:.1f} tok/s aggregate at {s.concurrency} at once"
+    spec = {True: "spec decode on", False: "spec decode off", None: "spec decode unknown"}
+    text += f" ({spec[m.spec_decode]}"
+    if f.acceptance is not None:
+        text += f", acceptance {f.acceptance:.2f}"
+    text += f"; vLLM {m.server_version or '?'}"
+    if f.tokens_from != "usage":
+        text += "; tokens counted from the stream"
+    return text + ")"
 
 
 def _check_options(model: str | None, timeout: float, api_key: str | None, long: int | None,
@@ -493,3 +634,183 @@ def _check_acceptance(before: _Counters | None, after: _Counters,
                                               "acceptance", inconclusive=True)
     verdict = spec.judge(value, floor, over)
     return value, Check(ACCEPTANCE, verdict.ok, verdict.message)
+
+
+# ------------------------------------------------------------------------ evidence and the gate
+
+AGAINST_REQUESTS = 5   # --against without --requests: the speed is measured over this many
+
+
+@dataclass(frozen=True)
+class Gate:
+    """This run's figures against another build's evidence on the same model and settings."""
+
+    against: str                     # the other build's name
+    current: str                     # this build's name ("the server" when unknown)
+    max_drop: float
+    drops: tuple[speed_.Drop, ...]
+    when: str                        # when the other build's record was made, and where
+
+    @property
+    def failed(self) -> list[speed_.Drop]:
+        return [d for d in self.drops if d.percent > self.max_drop]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "against": self.against, "build": self.current,
+                "max_drop": self.max_drop, "against_record": self.when,
+                "figures": [{"figure": d.figure, "against": round(d.was, 3),
+                             "now": round(d.now, 3), "drop_percent": round(d.percent, 2),
+                             "ok": d.percent <= self.max_drop} for d in self.drops]}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """``smoke`` with what it did with its evidence: the report, the build it judged (None:
+    unknown), where its record went, the gate, and notes (one line each)."""
+
+    report: SmokeReport
+    build: Any = None                # evidence.Build
+    recorded: Any = None             # evidence.Kept
+    gate: Gate | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and (self.gate is None or self.gate.ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.report.to_dict()
+        out["ok"] = self.ok
+        out["build"] = ({"image_id": self.build.image_id, "immutable_tag": self.build.tag,
+                         "node": self.build.node} if self.build else None)
+        out["evidence"] = self.recorded.to_dict() if self.recorded else None
+        out["gate"] = self.gate.to_dict() if self.gate else None
+        out["notes"] = list(self.notes)
+        return out
+
+
+@dataclass(frozen=True)
+class Which:
+    """The build a server runs, as smoke is told it: a container (on ``node``, else
+    DOCKER_HOST's engine), or a build's tag."""
+
+    container: str | None = None
+    build: str | None = None
+    node: str | None = None
+
+
+def run_recorded(url: str, which: Which = Which(), *, against: str | None = None,
+                 max_drop: float | None = None, cache=None, **kw) -> Outcome:
+    """``run`` with the evidence: the build (``which``) read before any request, the record
+    kept in the cache and beside the image, and with ``against`` (a build's immutable tag, or
+    ``previous``: the build before this one on its node) the gate, ``max_drop`` percent."""
+    from patchkit.nodes import ledger
+    from patchkit.nodes import evidence
+
+    if (against is None) != (max_drop is None):
+        raise UsageError("--against and --max-drop go together: the build to compare with "
+                         "and the drop allowed (percent)")
+    if max_drop is not None and (isinstance(max_drop, bool) or not 0 <= max_drop <= 100
+                                 or math.isnan(max_drop)):
+        raise UsageError(f"--max-drop {max_drop}: a percentage from 0 to 100")
+    if against is not None and kw.get("requests") is None:
+        kw["requests"] = AGAINST_REQUESTS
+    timeout = kw.get("timeout", DEFAULT_TIMEOUT)
+    store = evidence.Store(cache, timeout=timeout)
+    notes: list[str] = []
+    build, engine = evidence.which(which.node, which.container, which.build, timeout)
+    try:
+        if against == "previous" and build is None:
+            raise UsageError("--against previous needs the build this server runs "
+                             "(--container or --build)")
+        before = None
+        if against is not None:
+            before = _against(against, build, engine, store, notes)
+        report = run(url, **kw)
+    finally:
+        if engine is not None:
+            engine.close()
+    recorded = None
+    if build is None:
+        notes.append(evidence.UNKNOWN)
+    elif report.unreachable:
+        notes.append("evidence: nothing recorded: the server did not answer")
+    else:
+        recorded = store.record(smoke_record(report, build), build)
+    gate = None
+    if before is not None:
+        gate = _gate(report, before, build, max_drop, recorded)
+    return Outcome(report, build, recorded, gate, tuple(notes))
+
+
+def smoke_record(report: SmokeReport, build):
+    from patchkit.nodes import evidence
+
+    m = report.speed
+    return evidence.Record(
+        "smoke", build.image_id, build.tag, build.node, time.time(), report.ok,
+        tuple(evidence.Verdict(c.name, str(c.status), c.message) for c in report.checks),
+        build.patchset, report.model, m.figures if m else None, m.settings if m else None,
+        m.server_version if m else None, m.spec_decode if m else None, report.acceptance,
+        report.url)
+
+
+@dataclass(frozen=True)
+class _Before:
+    name: str
+    records: tuple[Any, ...]         # its records with figures, oldest first
+
+
+def _against(against: str, build, engine, store, notes: list[str]) -> _Before:
+    """The other build's records with speed figures; none is a usage error (exit 2)."""
+    from patchkit.nodes import ledger
+    from patchkit.nodes import evidence
+
+    if against == "previous":
+        history = ledger.History(store.cache)
+        listed = ledger.read(engine, build.patchset or "", history) if build.patchset else None
+        lineage = listed.lineage(build.moving) if listed and build.moving else []
+        ids = [b.id for b in lineage]
+        older = lineage[ids.index(build.image_id) + 1:] if build.image_id in ids else []
+        if not older:
+            raise UsageError(f"--against previous: {engine.host} holds no build of "
+                             f"{build.moving or build.name} older than {build.name}")
+        other = older[0]
+        name = other.fixed_for(build.moving) or other.id[:19]
+        got = store.of(other.id, other.image.repo_digests)
+    else:
+        got = store.by_tag(against)
+        name = against
+        image = engine.inspect(against) if engine is not None else None
+        if image is not None:
+            got = store.of(image.id, image.repo_digests)
+    notes += got.problems
+    with_figures = tuple(r for r in got.records if r.figures is not None and
+                         r.figures.decode_tok_s is not None and r.settings is not None)
+    if not with_figures:
+        raise UsageError(f"--against {against}: no speed evidence of {name} to compare with "
+                         "(smoke --requests N, with --container or --build, records it)")
+    return _Before(name, with_figures)
+
+
+def _gate(report: SmokeReport, before: _Before, build, max_drop: float,
+          recorded) -> Gate:
+    m = report.speed
+    kept = " (this run's record is kept)" if recorded else ""
+    if m is None:
+        raise UsageError(f"--against {before.name}: this run measured no speed "
+                         f"({SPEED} check did not run){kept}")
+    same = [r for r in before.records if r.settings.comparable(m.settings)]
+    if not same:
+        last = before.records[-1].settings
+        raise UsageError(f"--against {before.name}: no evidence on the same model and "
+                         f"settings ({m.settings.model}, {m.settings.output_tokens} tokens); "
+                         f"its last is {last.model}, {last.output_tokens} tokens{kept}")
+    other = same[-1]
+    return Gate(before.name, build.name if build else "the server", max_drop,
+                tuple(speed_.drops(other.figures, m.figures)),
+                f"{other.when} on {other.node}")

@@ -57,6 +57,8 @@ class VerifyReport:
     require_traffic: bool = False   # a floor not yet judged fails instead of waiting
     # --image: where each JIT package keeps its JIT cache and its cubins there
     jit: dict[str, dict[str, str]] = field(default_factory=dict)
+    evidence: object | None = None   # evidence.Kept: the runtime verdict recorded on the build
+    evidence_said: list[str] = field(default_factory=list)   # what became of the evidence
 
     @property
     def assertions_ok(self) -> bool:
@@ -104,6 +106,9 @@ class VerifyReport:
             out["packages"] = {p.name: p.to_dict() for p in self.packages}
         if self.jit:
             out["jit"] = self.jit
+        if self.evidence is not None or self.evidence_said:
+            out["evidence"] = {**(self.evidence.to_dict() if self.evidence else {}),
+                               "said": self.evidence_said}
         return out
 
 
@@ -483,10 +488,17 @@ class Request:
     require_traffic: bool = False
     timeout: float = DEFAULT_TIMEOUT
     engine: Engine | None = None   # an engine handed in (else one is connected when needed)
+    build: str | None = None       # the build the logs' server ran (else a container's)
+    node: str | None = None        # the engine holding --build (else DOCKER_HOST's)
 
     def check(self) -> None:
         if self.tree and self.image:
             raise UsageError("give --tree or --image, not both")
+        if self.node and not self.build:
+            raise UsageError("--node goes with --build: the engine that holds the build")
+        if self.build and not (self.logs or self.containers):
+            raise UsageError("--build goes with --log or --container: the server's verdict is "
+                             "what is recorded against it")
         if self.locked and not self.image:
             raise UsageError("--locked goes with --image: it compares an image's stack with "
                              "the lock")
@@ -507,6 +519,7 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
     (exit 5)."""
     r = request
     r.check()
+    named = _named_build(r)   # before anything is judged: a --build naming no image is exit 2
     lock = None
     if r.locked:
         from patchkit.image.lockfile import read_lock
@@ -540,7 +553,62 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
             report.logs = sources.names
             report.notes = sources.notes() + [n for n in map(runtime.Start.note,
                                                              judgment.starts) if n]
+    if report.runtime is not None:
+        _record(report, r, engine, named)
     return report
+
+
+def _named_build(r: Request):
+    from patchkit.nodes import evidence
+
+    if not r.build:
+        return None
+    build, held = evidence.which(r.node, None, r.build, r.timeout)
+    held.close()
+    return build
+
+
+def _record(report: VerifyReport, r: Request, engine, named) -> None:
+    """The runtime verdict recorded against the build the server ran: ``--build``, else the
+    first container's image; not yet judged, or unknown, records nothing (and says so)."""
+    import time
+
+    from patchkit.nodes import evidence
+
+    if named is not None:
+        build = named
+    elif r.containers and engine is not None:
+        build = evidence.of_container(engine, r.containers[0]) if _running(
+            engine, r.containers[0]) else None
+        if build is None:
+            report.evidence_said.append(f"evidence: --container {r.containers[0]} is not "
+                                        "running: nothing recorded (--build TAG names the "
+                                        "build)")
+            return
+    else:
+        report.evidence_said.append(evidence.UNKNOWN)
+        return
+    if report.status is PENDING:
+        report.evidence_said.append("evidence: not yet judged (no traffic served): nothing "
+                                    "recorded")
+        return
+    verdicts = [evidence.Verdict("assertions", "ok" if report.assertions_ok else "failed",
+                                 f"{sum(a.ok for a in report.verify)} of {len(report.verify)} "
+                                 "assertions hold")]
+    verdicts += [evidence.Verdict(f"runtime {m.patch or '(patchset)'}",
+                                  "ok" if m.ok else "failed", m.message)
+                 for m in report.runtime or ()]
+    accepted = next((m.acceptance.rate for m in report.runtime or ()
+                     if m.acceptance is not None and m.acceptance.rate is not None), None)
+    record = evidence.Record("verify", build.image_id, build.tag, build.node, time.time(),
+                             report.ok, tuple(verdicts), build.patchset, acceptance=accepted)
+    report.evidence = evidence.Store(timeout=r.timeout).record(record, build)
+    report.evidence_said += report.evidence.lines(build)
+
+
+def _running(engine, name: str) -> bool:
+    found = engine.container_image(name)
+    return found is not None and found[1] == "running"
 
 
 def _base_version(run: RunSpec, log) -> str | None:

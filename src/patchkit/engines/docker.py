@@ -339,6 +339,19 @@ class Engine:
             raise
         return self._log_chunks(attrs["Id"], name, since_start(attrs.get("State") or {}))
 
+    def container_image(self, name: str) -> tuple[str, str] | None:
+        """The image id container ``name`` (a name or an id) runs and its state (``running``,
+        ``exited``, ...), or None when the engine has no such container."""
+        docker = sdk()
+        try:
+            with border(f"inspecting the container {name}"):
+                attrs = self.api.inspect_container(name)
+        except ImageError as exc:
+            if isinstance(exc.__cause__, docker.errors.NotFound):
+                return None
+            raise
+        return str(attrs.get("Image") or ""), str((attrs.get("State") or {}).get("Status") or "")
+
     def _log_chunks(self, cid: str, name: str, since: float | None) -> Iterator[bytes]:
         with border(f"reading the log of the container {name}"):
             yield from self.api.logs(cid, stdout=True, stderr=True, stream=True, follow=False,

@@ -349,3 +349,163 @@ def skopeo_message(output: str) -> str:
     text = re.sub(r'^(?:Error parsing image name|initializing source|Error initializing source) '
                   r'"[^"]*": ', "", text)
     return " ".join(text.split())
+
+
+# ------------------------------------------------------------------------ referrers
+#
+# Artifacts beside an image (OCI 1.1): a manifest whose ``subject`` is the image's manifest.
+# skopeo 1.9 neither pushes a manifest with a subject nor lists referrers, so this part speaks
+# the distribution API itself, through patchkit's HTTP border: blobs (a monolithic upload),
+# the artifact's manifest by digest, and where the registry has no referrers API (it answers
+# a manifest push without an ``OCI-Subject`` header; Docker's registry 2.8 is one) the tag
+# fallback the distribution spec defines: an image index tagged ``sha256-<hex of the subject>``
+# listing the referrers, read, extended and written again.  No credentials are sent: a
+# registry that wants them refuses, and the caller says so.
+
+EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"
+_EMPTY = b"{}"
+_ACCEPT = ", ".join((*MANIFESTS, *INDEXES))
+
+
+def _api(ref: str) -> tuple[str, str]:
+    """``host/repo@...`` -> (``http(s)://host/v2/repo``, the digest or tag after it)."""
+    from patchkit.imageref import split_tag
+
+    host = host_of(ref)
+    if host == DOCKER_HUB:
+        raise ImageError(f"{ref}: Docker Hub needs credentials, which the referrers push "
+                         "does not send")
+    rest = ref[len(host) + 1:]
+    if "@" in rest:
+        repo, at = rest.split("@", 1)
+        repo = split_tag(repo)[0] if ":" in repo else repo
+    else:
+        repo, at = split_tag(rest)
+    scheme = "http" if is_insecure(host) else "https"
+    return f"{scheme}://{host}/v2/{repo}", at or "latest"
+
+
+def _call(method: str, url: str, what: str, *, body: bytes | None = None,
+          headers: dict | None = None, timeout: float, missing_ok: bool = False):
+    from patchkit import http
+
+    try:
+        return http.request(method, url, body=body, headers=headers or {}, timeout=timeout)
+    except http.HttpError as exc:
+        if missing_ok and exc.status == 404:
+            return None
+        raise ImageError(f"{what}: {exc}") from None
+
+
+def _put_blob(base: str, data: bytes, timeout: float) -> str:
+    import urllib.parse
+
+    digest = _digest(data)
+    if _call("HEAD", f"{base}/blobs/{digest}", "asking for a blob", timeout=timeout,
+             missing_ok=True) is not None:
+        return digest
+    started = _call("POST", f"{base}/blobs/uploads/", "starting a blob upload", body=b"",
+                    timeout=timeout)
+    where = started.headers.get("location")
+    if not where:
+        raise ImageError(f"POST {base}/blobs/uploads/: the registry gave no upload location")
+    where = urllib.parse.urljoin(base + "/", where)
+    joiner = "&" if "?" in where else "?"
+    _call("PUT", f"{where}{joiner}digest={urllib.parse.quote(digest)}", "uploading a blob",
+          body=data, headers={"Content-Type": "application/octet-stream"}, timeout=timeout)
+    return digest
+
+
+def subject_of(ref: str, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """The descriptor of the manifest ``ref`` (``host/repo@sha256:...``) names."""
+    base, at = _api(ref)
+    got = _call("GET", f"{base}/manifests/{at}", f"reading the manifest of {ref}",
+                headers={"Accept": _ACCEPT}, timeout=timeout)
+    media = got.content_type or json.loads(got.body).get("mediaType") or OCI_MANIFEST
+    return {"mediaType": media, "digest": _digest(got.body), "size": len(got.body)}
+
+
+def push_referrer(ref: str, artifact_type: str, payload: bytes, annotations: dict[str, str],
+                  timeout: float = DEFAULT_TIMEOUT) -> tuple[str, bool]:
+    """``payload`` pushed beside the image ``ref`` names (``host/repo@sha256:...``) as an
+    artifact of ``artifact_type`` whose subject is that image's manifest: the artifact
+    manifest's digest, and whether the tag fallback was written (the registry has no
+    referrers API).  Failure: ImageError, one line."""
+    base, _ = _api(ref)
+    subject = subject_of(ref, timeout)
+    config = _put_blob(base, _EMPTY, timeout)
+    layer = _put_blob(base, payload, timeout)
+    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
+                "config": {"mediaType": EMPTY_CONFIG, "digest": config, "size": len(_EMPTY)},
+                "layers": [{"mediaType": artifact_type, "digest": layer, "size": len(payload)}],
+                "subject": subject, "annotations": annotations}
+    raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    digest = _digest(raw)
+    put = _call("PUT", f"{base}/manifests/{digest}", "pushing the artifact manifest", body=raw,
+                headers={"Content-Type": OCI_MANIFEST}, timeout=timeout)
+    if put.headers.get("oci-subject"):
+        return digest, False   # the registry indexes it itself (the referrers API)
+    descriptor = {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(raw),
+                  "artifactType": artifact_type, "annotations": annotations}
+    tag = fallback_tag(subject["digest"])
+    # read, extend, write: two writers at once may lose one entry; the artifact itself stays
+    index = _fallback_index(base, tag, timeout) or {"schemaVersion": 2, "mediaType": OCI_INDEX,
+                                                    "manifests": []}
+    if all(m.get("digest") != digest for m in index["manifests"]):
+        index["manifests"].append(descriptor)
+        body = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+        _call("PUT", f"{base}/manifests/{tag}", "writing the referrers tag", body=body,
+              headers={"Content-Type": OCI_INDEX}, timeout=timeout)
+    return digest, True
+
+
+def fallback_tag(digest: str) -> str:
+    """The distribution spec's referrers tag for a subject: ``<alg>-<hex>``."""
+    return digest.replace(":", "-", 1)
+
+
+def _fallback_index(base: str, tag: str, timeout: float) -> dict | None:
+    got = _call("GET", f"{base}/manifests/{tag}", "reading the referrers tag",
+                headers={"Accept": OCI_INDEX}, timeout=timeout, missing_ok=True)
+    if got is None:
+        return None
+    index = json.loads(got.body)
+    if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
+        raise ImageError(f"{base}/manifests/{tag} is not an image index")
+    return index
+
+
+def referrers(ref: str, artifact_type: str, timeout: float = DEFAULT_TIMEOUT
+              ) -> list[tuple[str, bytes | str]]:
+    """Every artifact of ``artifact_type`` beside the image ``ref`` names: (its manifest's
+    digest, its payload, or why it could not be read), through the referrers API, else the
+    tag fallback.  None there: []."""
+    base, at = _api(ref)
+    if not at.startswith("sha256:"):
+        at = subject_of(ref, timeout)["digest"]
+    listed = _call("GET", f"{base}/referrers/{at}", "listing referrers",
+                   headers={"Accept": OCI_INDEX}, timeout=timeout, missing_ok=True)
+    try:
+        index = json.loads(listed.body) if listed is not None else \
+            _fallback_index(base, fallback_tag(at), timeout)
+    except ValueError:
+        raise ImageError(f"{ref}: the referrers list is not JSON") from None
+    out: list[tuple[str, bytes | str]] = []
+    for d in (index or {}).get("manifests") or ():
+        if not isinstance(d, dict) or d.get("artifactType") != artifact_type:
+            continue
+        digest = str(d.get("digest"))
+        try:
+            got = _call("GET", f"{base}/manifests/{digest}", "reading an artifact",
+                        headers={"Accept": OCI_MANIFEST}, timeout=timeout)
+            layers = json.loads(got.body).get("layers") or []
+            layer = next(x for x in layers if x.get("mediaType") == artifact_type)
+            blob = _call("GET", f"{base}/blobs/{layer['digest']}", "reading an artifact's blob",
+                         timeout=timeout).body
+            if _digest(blob) != layer["digest"]:
+                raise ImageError(f"blob {layer['digest']} does not match its digest")
+            out.append((digest, blob))
+        except (ImageError, ValueError, KeyError, StopIteration, AttributeError,
+                TypeError) as exc:
+            out.append((digest, f"artifact {digest} unreadable: {exc or type(exc).__name__}"))
+    return out

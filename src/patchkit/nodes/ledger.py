@@ -111,6 +111,11 @@ def read(engine: Engine, patchset: str, history: "History") -> NodeBuilds:
     return NodeBuilds(engine.host, identity, out)
 
 
+def make(image: Inspected, got: float = 0.0) -> Build:
+    """One image as a build: its immutable, moving and other tags, its facts."""
+    return _build(image, got)
+
+
 def _build(image: Inspected, got: float) -> Build:
     tags = [t for t in image.repo_tags if t and "<none>" not in t]
     fixed = [t for t in tags if labels.moving_of(t) is not None

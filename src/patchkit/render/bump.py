@@ -54,6 +54,10 @@ def body(result: Bump) -> str:
         lines += ["### What needs a hand", "", "```text", *result.stop.instructions, "```", ""]
     lines += ["### How it was proven", ""]
     lines += _proof(result)
+    if result.evidence:
+        lines += ["", f"The build this replaces: {result.evidence}. After the merge, compare "
+                      "with `patchkit smoke URL --requests N --container NAME --against "
+                      "previous --max-drop PCT`."]
     if result.by_hand:
         lines += ["", "### Finished by hand", "",
                   "What a person changed after the automatic attempt stopped: "

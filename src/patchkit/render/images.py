@@ -19,6 +19,7 @@ def listing(report) -> str:
                      "newest first")
         for image in node["images"]:
             lines += _build_lines(image)
+    lines += evidence_problems(report)
     if data["drift"]:
         lines.append("drift: " + "; ".join(
             f"{d['tag']} names " + ", ".join(f"{held or 'nothing'} on {node}"
@@ -41,7 +42,56 @@ def _build_lines(image: dict) -> list[str]:
     lines = [head, info, f"      patches: {', '.join(image['patches']) or 'none'}"]
     if image["other_tags"]:
         lines.append(f"      other tags: {', '.join(image['other_tags'])}")
+    lines.append(f"      evidence: {last_evidence(image['last_evidence'])}"
+                 + (f" ({len(image['evidence'])} records)" if len(image["evidence"]) > 1 else ""))
     return lines
+
+
+def last_evidence(record: dict | None) -> str:
+    """One record in a few words: the verdict, tok/s, acceptance, when and where."""
+    if record is None:
+        return "never served"
+    figures = record.get("figures") or {}
+    acceptance = record.get("acceptance")
+    if acceptance is None:
+        acceptance = figures.get("acceptance")
+    parts = [f"{record['kind']} {record['verdict']}"]
+    if figures.get("decode_tok_s") is not None:
+        parts.append(f"{figures['decode_tok_s']:.1f} tok/s")
+    if acceptance is not None:
+        parts.append(f"acceptance {acceptance:.2f}")
+    return ", ".join(parts) + f", {record['time']} on {record['node']}"
+
+
+def evidence(report) -> str:
+    """``images --evidence TAG``: a line per record, oldest first, then the problems."""
+    data = report.to_dict()
+    lines = [f"{data['build']} ({(data['image_id'] or '?')[:19]}): "
+             f"{len(data['records'])} record(s), oldest first"]
+    for r in data["records"]:
+        lines.append(f"  {last_evidence(r)}")
+        s, f = r.get("settings"), r.get("figures") or {}
+        if s:
+            more = (f"; first token {f['ttft_s'] * 1000:.0f} ms" if f.get("ttft_s") is not None
+                    else "")
+            if f.get("aggregate_tok_s") is not None:
+                more += f"; {f['aggregate_tok_s']:.1f} tok/s aggregate at {s['concurrency']}"
+            lines.append(f"      model {s['model']}, {s['requests']} request(s) of "
+                         f"{s['output_tokens']} tokens; vLLM {r.get('server_version') or '?'}; "
+                         f"spec decode {_onoff(r.get('spec_decode'))}{more}")
+        failed = [v for v in r["verdicts"] if v["status"] not in ("ok",)]
+        for v in failed:
+            lines.append(f"      {v['status']}: {v['name']}: {v['message']}")
+    lines += [f"skipped: {p}" for p in data["problems"]]
+    return "\n".join(lines)
+
+
+def _onoff(value) -> str:
+    return {True: "on", False: "off"}.get(value, "unknown")
+
+
+def evidence_problems(report) -> list[str]:
+    return [f"skipped: {p}" for p in report.to_dict().get("evidence_problems") or ()]
 
 
 def pruned(report) -> str:
@@ -64,7 +114,10 @@ def pruned(report) -> str:
 
 def rollback(report) -> str:
     data = report.to_dict()
-    lines = []
+    lines = [f"passed over {p}" for p in data.get("passed_over") or ()]
+    if data.get("why"):
+        lines.append(f"{'would roll' if data['dry_run'] else 'rolling'} {data['moving_tag']} "
+                     f"back to {data['to']}: {data['why']}")
     for node in data["nodes"]:
         status = node["status"]
         if status == "failed":

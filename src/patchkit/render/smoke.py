@@ -23,3 +23,28 @@ def render_text(report: SmokeReport) -> str:
     else:
         lines.append(f"FAILED: {failed} of {len(report.checks)} checks did not pass {on}")
     return "\n".join(lines)
+
+
+def render_outcome(outcome) -> str:
+    """The checks, where the evidence went and the notes, the summary, then the gate: a line
+    each."""
+    if outcome.report.unreachable:
+        return render_text(outcome.report)   # one line: nothing answered, nothing recorded
+    *lines, summary = render_text(outcome.report).splitlines()
+    rec = outcome.recorded
+    if rec is not None:
+        lines += rec.lines(outcome.build)
+    lines += list(outcome.notes)
+    lines.append(summary)   # the checks' summary stays the last line before the gate's
+    gate = outcome.gate
+    if gate is not None:
+        for d in gate.failed:
+            lines.append(f"FAILED: gate: {d.figure} fell {d.percent:.1f}% ({d.was:.2f} on "
+                         f"{gate.against} -> {d.now:.2f} on {gate.current}), beyond "
+                         f"--max-drop {gate.max_drop:g}%")
+        if gate.ok:
+            said = "; ".join(f"{d.figure} {d.was:.2f} -> {d.now:.2f} ({-d.percent:+.1f}%)"
+                             for d in gate.drops)
+            lines.append(f"ok: gate: against {gate.against} ({gate.when}): {said}; within "
+                         f"--max-drop {gate.max_drop:g}%")
+    return "\n".join(lines)
