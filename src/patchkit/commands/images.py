@@ -56,6 +56,7 @@ class Listing:
     patchset: str
     nodes: list[NodeListing]
     drift: list[Drift]
+    pairings: list[nodes_.Pairing] = field(default_factory=list)   # addresses sharing an ID
 
     @property
     def ok(self) -> bool:
@@ -64,7 +65,8 @@ class Listing:
     def to_dict(self) -> dict:
         return {"ok": self.ok, "patchset": self.patchset,
                 "nodes": [n.to_dict() for n in self.nodes],
-                "drift": [d.to_dict() for d in self.drift]}
+                "drift": [d.to_dict() for d in self.drift],
+                "same_engine_id": [p.to_dict() for p in self.pairings]}
 
 
 def run(manifest: Manifest, nodes: Sequence[str] = (), *, timeout: float = DEFAULT_TIMEOUT,
@@ -80,7 +82,7 @@ def run(manifest: Manifest, nodes: Sequence[str] = (), *, timeout: float = DEFAU
             reached, lambda n: _listing(n, manifest.name, history))]
     finally:
         nodes_.close(reached)
-    return Listing(manifest.name, listed, drift(listed))
+    return Listing(manifest.name, listed, drift(listed), nodes_.pairings(reached))
 
 
 def _listing(node: nodes_.Node, patchset: str, history: builds_.History) -> NodeListing:
@@ -152,6 +154,7 @@ class Pruned:
     keep: int
     nodes: list[NodePrune]
     dry_run: bool = False
+    pairings: list[nodes_.Pairing] = field(default_factory=list)   # addresses sharing an ID
 
     @property
     def ok(self) -> bool:
@@ -159,7 +162,8 @@ class Pruned:
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "patchset": self.patchset, "keep": self.keep,
-                "dry_run": self.dry_run, "nodes": [n.to_dict() for n in self.nodes]}
+                "dry_run": self.dry_run, "nodes": [n.to_dict() for n in self.nodes],
+                "same_engine_id": [p.to_dict() for p in self.pairings]}
 
 
 def prune(manifest: Manifest, keep: int, nodes: Sequence[str] = (), *, dry_run: bool = False,
@@ -178,7 +182,7 @@ def prune(manifest: Manifest, keep: int, nodes: Sequence[str] = (), *, dry_run: 
             reached, lambda n: _prune_node(n, manifest.name, keep, dry_run, history))]
     finally:
         nodes_.close(reached)
-    return Pruned(manifest.name, keep, done, dry_run)
+    return Pruned(manifest.name, keep, done, dry_run, nodes_.pairings(reached))
 
 
 def _prune_node(node: nodes_.Node, patchset: str, keep: int, dry_run: bool,

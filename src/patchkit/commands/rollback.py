@@ -20,7 +20,7 @@ kept pending (``builds.Pending``), and the same command run again completes it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from patchkit.errors import ImageError, Origin, PatchkitError, UsageError
@@ -69,6 +69,7 @@ class Rollback:
     nodes: list[NodeRollback]
     dry_run: bool = False
     resumed: bool = False        # it completed a rollback an earlier run left pending
+    pairings: list[nodes_.Pairing] = field(default_factory=list)   # addresses sharing an ID
 
     @property
     def ok(self) -> bool:
@@ -77,7 +78,8 @@ class Rollback:
     def to_dict(self) -> dict:
         return {"ok": self.ok, "moving_tag": self.moving, "to": self.to,
                 "fingerprint": self.fingerprint, "dry_run": self.dry_run,
-                "resumed": self.resumed, "nodes": [n.to_dict() for n in self.nodes]}
+                "resumed": self.resumed, "nodes": [n.to_dict() for n in self.nodes],
+                "same_engine_id": [p.to_dict() for p in self.pairings]}
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,8 @@ def run(manifest: Manifest, request: Request = Request(), *,
         nodes_.close(reached)
     if not request.dry_run and all(n.ok for n in done):
         pending.done()
-    return Rollback(moving, target, want.fingerprint, done, request.dry_run, resumed)
+    return Rollback(moving, target, want.fingerprint, done, request.dry_run, resumed,
+                    nodes_.pairings(reached))
 
 
 def _moving(manifest: Manifest, to: str | None, tag: str | None) -> str:

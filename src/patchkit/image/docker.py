@@ -151,10 +151,22 @@ class Engine:
 
     def identity(self) -> str:
         """What names this engine whatever address reached it: the ID its info gives (a
-        Docker Engine's), else its address."""
+        Docker Engine's) with its host name and root directory, else its address.  An ID
+        alone is not enough: engines of machines cloned from one image, or two dockerds given
+        one key file, report the same ID (see ``sameness``)."""
+        facts = self.sameness()
+        return " ".join(facts) if facts else self.host
+
+    def sameness(self) -> tuple[str, str, str] | None:
+        """The engine's ID, host name and root directory (``docker info``'s ID, Name and
+        DockerRootDir); None when its info gives no ID (Podman's compatible API)."""
         if self._info is None:
             self._info = self.info()
-        return str(self._info.get("ID") or self.host)
+        info = self._info
+        if not info.get("ID"):
+            return None
+        return (str(info.get("ID")), str(info.get("Name") or ""),
+                str(info.get("DockerRootDir") or ""))
 
     def store(self) -> Store:
         if self._store is None:

@@ -8,9 +8,16 @@ from patchkit.packageid import VLLM
 from patchkit.render.progress import size
 
 
+def pairings(data: dict) -> list[str]:
+    """One line per address that shares an engine ID with another: merged, or kept apart."""
+    return [(f"merged    {p['address']} into {p['into']}: {p['reason']}" if p["merged"] else
+             f"apart     {p['address']} and {p['into']}: {p['reason']}")
+            for p in data.get("same_engine_id", [])]
+
+
 def listing(report) -> str:
     data = report.to_dict()
-    lines: list[str] = []
+    lines: list[str] = pairings(data)
     for node in data["nodes"]:
         if not node["ok"]:
             lines.append(f"{node['node']}: unreachable: {node['error']}")
@@ -47,7 +54,7 @@ def _build_lines(image: dict) -> list[str]:
 def pruned(report) -> str:
     data = report.to_dict()
     verb = "would remove" if data["dry_run"] else "removed"
-    lines: list[str] = []
+    lines: list[str] = pairings(data)
     for node in data["nodes"]:
         where = node["node"]
         if not node["ok"]:
@@ -64,7 +71,7 @@ def pruned(report) -> str:
 
 def rollback(report) -> str:
     data = report.to_dict()
-    lines = []
+    lines = pairings(data)
     for node in data["nodes"]:
         status = node["status"]
         if status == "failed":
