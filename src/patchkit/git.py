@@ -229,11 +229,20 @@ ANSWER_WAIT = 30.0   # seconds a source is given to list its branches
 def answers(url: str) -> bool:
     """True when the git source ``url`` answers at all (lists its branches): what tells a
     source that is out of reach from one that answered and refused one thing."""
+    return silence(url) is None
+
+
+def silence(url: str) -> str | None:
+    """None when the git source ``url`` answers (lists its branches); else what git said of
+    it (all of it: the caller picks the words), or its deadline."""
     try:
-        return _try(*NETWORK, "ls-remote", "--heads", "--", url, timeout=ANSWER_WAIT,
-                    network=True).ok
-    except GitError:
-        return False
+        got = _try(*NETWORK, "ls-remote", "--heads", "--", url, timeout=ANSWER_WAIT,
+                   network=True)
+    except GitError as exc:
+        return str(exc) or "no answer in time"
+    if got.ok:
+        return None
+    return (got.stderr + got.stdout).strip() or f"git ls-remote exited {got.code}"
 
 
 def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None,

@@ -45,7 +45,8 @@ from patchkit.image.layer import (ArchiveFacts, BaseImage, Layer, complete_archi
                                   relay)
 from patchkit.image.sdk import border, explain, sdk
 from patchkit.image.sshlink import ssh_adapter_class, ssh_argv, ssh_port
-from patchkit.imageref import Platform, engine_problem, repository, split_tag
+from patchkit.imageref import (Platform, engine_problem, host_of, repository, split_tag,
+                               unreachable)
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
 from patchkit.process import Piped, run
 
@@ -295,9 +296,9 @@ class Engine:
                             break
             except ImageError as exc:
                 why = explain(exc.__cause__) if exc.__cause__ is not None else str(exc)
-                raise ImageError(f"{what} {ref} not found: {why}") from exc
+                raise _pull_error(what, ref, why) from exc
             if refused is not None:
-                raise ImageError(f"{what} {ref} not found: {refused}")
+                raise _pull_error(what, ref, refused)
             image = self.inspect(ref)
         if image is None:
             raise ImageError(f"{what} {ref} not found on the engine at {self.host}")
@@ -676,3 +677,18 @@ def _daemon_said(line: str) -> str:
     """The engine's own words in a docker CLI error line."""
     return re.sub(r"^(Error response from daemon|Error|error during connect): ", "",
                   line).strip()
+
+
+_MISSING = re.compile(r"not found|manifest unknown|name unknown|does not exist", re.I)
+
+
+def _pull_error(what: str, ref: str, said: str) -> ImageError:
+    """A pull the engine failed, by its cause: a registry that never answered is "cannot
+    reach", and "not found" is said only when the registry answered so."""
+    cause = unreachable(said)
+    if cause is not None:
+        return ImageError(f"{what} {ref}: the engine cannot reach the registry {host_of(ref)}: "
+                          f"{cause}")
+    if _MISSING.search(said):
+        return ImageError(f"{what} {ref} not found: {said}")
+    return ImageError(f"{what} {ref}: the pull failed: {said}")

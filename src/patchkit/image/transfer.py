@@ -52,8 +52,7 @@ from patchkit.image.docker import LOAD_PATIENCE, Engine, engine_url
 from patchkit.image.enginefacts import Inspected, Prefix, Transfer
 from patchkit.image.layer import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, fingerprint,
                                   relay, relayed_export, zstd_module)
-from patchkit.image.registry import host_of
-from patchkit.imageref import reference_problem, repository, split_tag
+from patchkit.imageref import host_of, reference_problem, repository, split_tag
 from patchkit.process import Piped
 from patchkit.report import Word
 from patchkit.timeouts import DEFAULT_TIMEOUT

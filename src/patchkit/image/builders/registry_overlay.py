@@ -32,7 +32,8 @@ from patchkit.errors import ImageError, Origin, SettingError, literal
 from patchkit.image import build, distinfo, layer, layerfs, lockfile
 from patchkit.image.builders.protocol import Asked, Job
 from patchkit.image.layer import RemoteImage
-from patchkit.image.registry import Registry, blob_path, host_of
+from patchkit.image.registry import Registry, blob_path
+from patchkit.imageref import host_of
 from patchkit.cache import cache_subdir
 
 NO_DAEMON = Origin("no_daemon")
