@@ -159,6 +159,12 @@ def test_the_image_lands_on_the_base_layers_plus_one(built, nd_base):
     labels = config["config"]["Labels"]
     assert labels["org.opencontainers.image.base.digest"] == nd_base["digest"]
     assert labels["io.patchkit.vllm.installed"] == RELEASE
+    # the manifest carries the OCI annotations of the config's labels, for registries and
+    # scanners that read a manifest alone
+    assert got["annotations"] == {k: v for k, v in labels.items()
+                                  if k.startswith("org.opencontainers.image.")}
+    assert got["annotations"]["org.opencontainers.image.created"] == labels[
+        "org.opencontainers.image.created"]
 
 
 def test_the_push_sent_the_new_layer_and_mounted_the_base(built, nd_base):

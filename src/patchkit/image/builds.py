@@ -69,7 +69,10 @@ class Build:
         return {"id": self.id, "tags": list(self.tags), "immutable_tag": self.fixed,
                 "more_immutable_tags": list(self.more_fixed),
                 "moving_tags": list(self.moving), "other_tags": list(self.foreign),
-                "current": self.current, "created": self.created,
+                "current": self.current,
+                # a reproducible build's time that is not real (the epoch, 2000-01-01): None
+                "created": labels.real_time(self.created),
+                "commit": f.commit, "patchkit": f.patchkit,
                 "got": _iso(self.got), "vllm": f.version or f.installed,
                 "packages": {k: v.get("version") for k, v in (f.packages or {}).items()},
                 "patches": [p for p, s in f.statuses.items() if s == "applied"]}

@@ -8,6 +8,17 @@ from patchkit.packageid import VLLM
 from patchkit.render.progress import size
 
 
+NO_TIME = "reproducible (no build time)"
+
+
+def commit(revision: str | None) -> str:
+    """A patchset commit as a line shows it: 12 hex, and its -dirty mark."""
+    if not revision:
+        return "unknown (built outside a git repository, or before patchkit said)"
+    sha, dash, mark = revision.partition("-")
+    return sha[:12] + dash + mark
+
+
 def pairings(data: dict) -> list[str]:
     """One line per address that shares an engine ID with another: merged, or kept apart."""
     return [(f"merged    {p['address']} into {p['into']}: {p['reason']}" if p["merged"] else
@@ -44,8 +55,9 @@ def _build_lines(image: dict) -> list[str]:
     others.pop(VLLM.name, None)   # told first, as vLLM
     packages = ", ".join(f"{k} {v}" for k, v in sorted(others.items()) if v)
     info = (f"      vLLM {image['vllm'] or '?'}" + (f" ({packages})" if packages else "")
-            + f"; created {image['created'] or '?'}; on this node since {image['got']}")
-    lines = [head, info, f"      patches: {', '.join(image['patches']) or 'none'}"]
+            + f"; created {image['created'] or NO_TIME}; on this node since {image['got']}")
+    lines = [head, info, f"      patchset commit {commit(image.get('commit'))}; patches: "
+                         f"{', '.join(image['patches']) or 'none'}"]
     if image["other_tags"]:
         lines.append(f"      other tags: {', '.join(image['other_tags'])}")
     return lines

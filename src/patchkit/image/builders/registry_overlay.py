@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 
 from patchkit.errors import ImageError, Origin, SettingError, literal
-from patchkit.image import build, distinfo, layer, layerfs, lockfile
+from patchkit.image import build, distinfo, labels, layer, layerfs, lockfile
 from patchkit.image.builders.protocol import Asked, Job
 from patchkit.image.layer import RemoteImage
 from patchkit.image.registry import Registry, blob_path
@@ -92,7 +92,8 @@ def build_overlay(job: Job, base_ref: str, reg: Registry) -> build.Built:
     base = layer.base_image(remote, [sum(m.size for m in one.members if m.kind == "f")
                                      for one in layers], platform)
     log(f"base pinned by digest: {base.pinned}")
-    inputs = build.overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages)
+    inputs = build.overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages,
+                                  job.project)
     with layerfs.LayerFiles(base_ref, layers, store / "files") as files:
         if job.manifest.others or job.manifest.image.requires or job.lock is not None:
             # no engine read the base before the apply: its pins, requires and the lock are
@@ -106,7 +107,7 @@ def build_overlay(job: Job, base_ref: str, reg: Registry) -> build.Built:
         plan = build.plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log,
                                   job.packages, job.artifacts)
     made, config = build.overlay_image(base, plan, inputs)
-    man = layer.image_manifest(remote, config, made)
+    man = layer.image_manifest(remote, config, made, labels.annotations(inputs.labels))
     digest = "sha256:" + hashlib.sha256(man).hexdigest()
     reused = current == digest
     if reused:
