@@ -387,3 +387,25 @@ def test_provenance_of_a_committed_and_a_dirty_patchset(built, project, docker_c
         (root / ".gitignore").unlink()
         (root / "NOTES.md").unlink(missing_ok=True)
 
+
+
+def test_image_serve_runs_a_command_of_the_patchsets_own(built, project, docker_client):
+    """A minimal serve command for another model, with its environment, run in a container
+    of the built image as its default command."""
+    from dataclasses import replace
+
+    from patchkit.manifest.model import Serve
+
+    m, workdir = project
+    serve = Serve(("python3", "-c", "import os, importlib.util as u; print('serving', "
+                   "os.environ['MY_MODEL'], 'with vllm', u.find_spec('vllm').origin)"),
+                  (("MY_MODEL", "/models/Qwen3-8B"),))
+    mine = replace(m, image=replace(m.image, serve=serve))
+    code, summary = _summary(build_image(mine, Request(workdir=workdir, apply=False,
+                                                       tag=f"{REGISTRY_TAG}:serve")))
+    assert code == 0 and summary["serves"]["from"] == "image.serve"
+    config = docker_client.api.inspect_image(summary["image_id"])["Config"]
+    assert config["Cmd"] == list(serve.command) and not config.get("Entrypoint")
+    out = run_arm64(docker_client, summary["image_id"])
+    assert out.startswith("serving /models/Qwen3-8B with vllm "), out
+    assert "/vllm/__init__.py" in out

@@ -141,7 +141,8 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
                              save=choices.save, previous=previous, log=log)
     kind = source.kind_of(tree.vllm.source or run.sources[0]).name
     holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag),
-                           project.revision)
+                           project.revision,
+                           labels.real_time(layer.iso_time(build.source_date(tree))))
     return _report(tree, choice, plat, final_tag, built, digest, push=choices.push,
                    saved=saved, started=started, holds=holds, immutable=immutable,
                    serves=_serves(manifest, choice.mode, built.base))

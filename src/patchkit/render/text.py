@@ -102,7 +102,8 @@ def holds(data: dict, created: bool = False) -> str:
     it was made (``verify --image``: build-image just made it)."""
     installed = data.get("installed") or "(version unknown)"
     commit = f" (commit {data['commit']})" if data.get("commit") else ""
-    made = f", patchset commit {shown_commit(data.get('patchset_commit'))}"
+    made = (f", patchset commit {shown_commit(data['patchset_commit'])}"
+            if data.get("patchset_commit") else "")
     if created:
         made += f", created {data.get('created') or NO_TIME}"
     return (f"vLLM {installed}{commit}, source {data.get('source') or 'unknown'}, "
