@@ -100,7 +100,8 @@ _UNREACHABLE = (
     (re.compile(r"no such host|server misbehaving|name resolution|name or service not known|"
                 r"lookup \S+ on ", re.I), "its host name does not resolve (DNS)"),
     (re.compile(r"i/o timeout|timeout exceeded|timed out|deadline exceeded|"
-                r"Client\.Timeout", re.I), "no answer in time (a timeout)"),
+                r"Client\.Timeout|no answer within|no answer in time", re.I),
+     "no answer in time (a timeout)"),
     (re.compile(r"network is unreachable|no route to host|host is unreachable", re.I),
      "the network cannot reach it"),
     (re.compile(r"connection reset|broken pipe|EOF$", re.I), "the connection was cut"),

@@ -41,3 +41,14 @@ def test_an_engine_pull_of_a_missing_tag_says_not_found(docker_client, registry)
     finally:
         engine.close()
     assert str(exc.value).startswith(f"base image {registry}/pk-test/no-such-base:1 not found: ")
+
+
+def test_an_engine_pull_from_a_name_that_does_not_resolve_says_cannot_reach(docker_client):
+    engine = Engine.connect()
+    try:
+        with pytest.raises(ImageError) as exc:
+            engine.resolve_base("nowhere.invalid/pk/base:1", ARM)
+    finally:
+        engine.close()
+    assert str(exc.value) == ("base image nowhere.invalid/pk/base:1: the engine cannot reach the "
+                              "registry nowhere.invalid: its host name does not resolve (DNS)")

@@ -60,6 +60,7 @@ def silent_port():
     ('Get "https://10.9.9.9/v2/": dial tcp 10.9.9.9:443: i/o timeout', "no answer in time"),
     ('pinging container registry h: Get "https://h/v2/": context deadline exceeded',
      "no answer in time"),
+    ("no answer within 30 s", "no answer in time"),   # the SDK's wait on an engine's pull
     ('Get "https://h:5000/v2/": http: server gave HTTP response to HTTPS client', "HTTP"),
 ])
 def test_each_unreachable_wording_has_its_cause(said, cause):
