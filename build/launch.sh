@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Launch the DSpark image on two DGX Spark (GB10) nodes, from a machine that reaches each node's
-# Docker Engine (DOCKER_HOST=ssh://NODE: see docs/dspark.md for the ssh and docker group set-up).
-# Rank 1 starts first and headless; rank 0 starts once rank 1 is up, and serves the API.
+# Launch a patchset's image on two nodes (tensor parallel across them), from a machine that
+# reaches each node's Docker Engine (DOCKER_HOST=ssh://NODE: see docs/dspark.md for the ssh and
+# docker group set-up).  Rank 1 starts first and headless; rank 0 starts once rank 1 is up, and
+# serves the API.  Your model's settings (its checkpoint, the name it is served as, ...) come
+# from a file you write, LAUNCH_SETTINGS; build/dspark.launch is DSpark's (docs/serving.md).
 #
 #   launch.sh print     check the settings, read the image's JIT cache place, print the two
 #                       docker run commands (nothing is started)
@@ -11,18 +13,27 @@
 #   launch.sh down      save each node's log (LAUNCH_LOGS/NAME.log), stop and remove both
 #                       containers, rank 0 first
 #
-# Settings, from the environment (defaults in brackets):
+# Settings, from the environment, else from the LAUNCH_SETTINGS file (defaults in brackets):
+#   LAUNCH_SETTINGS       a file of NAME=VALUE lines (blank lines and # comments aside) that
+#                         gives any setting below, and the values of LAUNCH_PASS's
+#                         variables; a variable set in the environment wins          [none]
+#   LAUNCH_MODEL          the checkpoint folder in the container, under /models       [none]
+#   LAUNCH_SERVED_NAME    the model name the API answers to                           [none]
+#   LAUNCH_SERVE_PREFIX   how the image's serve command reads the launch's values: each
+#                         container gets PREFIX_NODE_RANK (0 or 1), PREFIX_MASTER_ADDR,
+#                         PREFIX_MODEL, PREFIX_SERVED_NAME and PREFIX_PORT     [PATCHKIT]
+#   LAUNCH_PASS           more variables given to both containers as they are, when set
+#                         (names, separated by spaces)                 [VLLM_LOGGING_LEVEL]
+#   LAUNCH_MASTER_ADDR    rank 0's address on the node-to-node link            [none]
+#   LAUNCH_PORT           the port rank 0's API listens on                             [8000]
 #   LAUNCH_IMAGE          the image, the same on both nodes (a tag or NAME@sha256:...)   [none]
 #   LAUNCH_RANK0_ENGINE   rank 0's Docker engine, as DOCKER_HOST takes it    [ssh://spark-1]
 #   LAUNCH_RANK1_ENGINE   rank 1's Docker engine                             [ssh://spark-2]
 #   NCCL_SOCKET_IFNAME    the node-to-node link's network interface, the same name on both
-#                         nodes (the one holding DSPARK_MASTER_ADDR on rank 0)       [none]
+#                         nodes (the one holding LAUNCH_MASTER_ADDR on rank 0)       [none]
 #   GLOO_SOCKET_IFNAME    the interface torch.distributed's gloo uses  [NCCL_SOCKET_IFNAME]
 #   NCCL_IB_HCA           the link's RDMA device (ls /sys/class/infiniband on a node)[none]
-#   DSPARK_MASTER_ADDR    rank 0's address on that link                     [192.168.100.10]
 #   LAUNCH_MODELS         the folder on each node mounted read-only at /models       [/models]
-#   DSPARK_MODEL          the checkpoint folder in the container
-#                                                     [/models/DeepSeek-V4-Flash-NVFP4]
 #   LAUNCH_JIT_CACHE      the folder on each node that keeps FlashInfer's JIT builds, one
 #                         folder per JIT cache place              [/var/cache/patchkit-jit]
 #   LAUNCH_JIT_WORKSPACE  the image's JIT cache place (label io.patchkit.jit.workspace);
@@ -30,7 +41,7 @@
 #   LAUNCH_CUBINS         where the image's FlashInfer keeps the cubins it downloads (label
 #                         io.patchkit.jit.cubins), mounted from LAUNCH_JIT_CACHE/cubins;
 #                         read from rank 0's engine when unset; "none" for no mount  [label]
-#   LAUNCH_NAME           the containers are NAME-rank0 and NAME-rank1               [dsv4]
+#   LAUNCH_NAME           the containers are NAME-rank0 and NAME-rank1              [serve]
 #   LAUNCH_DEADLINE       seconds each wait of 'up' gives (rank 1 up, the API answering)
 #                                                                                    [1800]
 #   LAUNCH_LOGS           the folder 'down' saves the logs in                           [.]
@@ -39,10 +50,9 @@
 #                                                  [memlock=-1 stack=67108864]
 #   LAUNCH_DEVICES        the RDMA device folder given to both containers; "none" for
 #                         none (then NCCL runs over sockets)                [/dev/infiniband]
-# DSPARK_MASTER_PORT, DSPARK_PORT, DSPARK_SERVED_NAME, DSPARK_DRAFT_MOE_BACKEND and
-# VLLM_LOGGING_LEVEL, when set, are passed on to both containers, whose build/serve.sh reads
-# them; the NCCL and GLOO settings reach vLLM through it unchanged.
-# A missing, empty or malformed setting stops the script before anything starts (exit 2).
+# The NCCL and GLOO settings go to both containers too.  A missing, empty or malformed setting,
+# or a name in LAUNCH_SETTINGS that is neither a setting nor in LAUNCH_PASS, stops the script
+# before anything starts (exit 2).
 set -euo pipefail
 
 die() {
@@ -67,20 +77,82 @@ case "$verb" in
 esac
 [ "$#" -le 1 ] || die "too many arguments (one verb: print, up, status or down)"
 
+# LAUNCH_SETTINGS: NAME=VALUE lines, each given unless the environment sets NAME already.  A
+# value may be quoted ('...' or "..."); nothing in it is expanded or run.  Every name is judged
+# before any is given.
+settings=${LAUNCH_SETTINGS-}
+keys=() vals=() lines=()
+if [ -n "$settings" ]; then
+    if ! [ -f "$settings" ] || ! [ -r "$settings" ]; then
+        die "LAUNCH_SETTINGS='$settings' is not a file this script can read"
+    fi
+    lineno=0
+    while IFS= read -r line || [ -n "$line" ]; do
+        lineno=$((lineno + 1))
+        line=${line%$'\r'}
+        [[ $line =~ ^[[:space:]]*(#.*)?$ ]] && continue
+        [[ $line =~ ^[[:space:]]*([A-Za-z_][A-Za-z0-9_]*)=(.*)$ ]] ||
+            die "$settings:$lineno: not NAME=VALUE: $line"
+        key=${BASH_REMATCH[1]} value=${BASH_REMATCH[2]}
+        if [[ $value =~ ^\'(.*)\'$ || $value =~ ^\"(.*)\"$ ]]; then
+            value=${BASH_REMATCH[1]}
+        fi
+        keys+=("$key") vals+=("$value") lines+=("$lineno")
+    done <"$settings"
+fi
+from_file() { # NAME DEFAULT: the environment's value, else the file's, else DEFAULT
+    local i
+    if [ -n "${!1+set}" ]; then
+        printf '%s' "${!1}"
+        return
+    fi
+    for i in "${!keys[@]}"; do
+        if [ "${keys[$i]}" = "$1" ]; then
+            printf '%s' "${vals[$i]}"
+            return
+        fi
+    done
+    printf '%s' "$2"
+}
+pass=$(from_file LAUNCH_PASS VLLM_LOGGING_LEVEL)
+for var in $pass; do
+    [[ $var =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "LAUNCH_PASS: '$var' is not a variable name"
+done
+for i in "${!keys[@]}"; do
+    key=${keys[$i]}
+    case "$key" in
+        LAUNCH_SETTINGS) die "$settings:${lines[$i]}: LAUNCH_SETTINGS cannot name another file" ;;
+        LAUNCH_* | NCCL_* | GLOO_*) ;;
+        *) case " $pass " in
+               *" $key "*) ;;
+               *) die "$settings:${lines[$i]}: $key is neither a launch setting nor in LAUNCH_PASS" ;;
+           esac ;;
+    esac
+done
+for i in "${!keys[@]}"; do
+    key=${keys[$i]}
+    [ -n "${!key+set}" ] || printf -v "$key" '%s' "${vals[$i]}"
+done
+
+serve_prefix=${LAUNCH_SERVE_PREFIX-PATCHKIT}
+[[ $serve_prefix =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] ||
+    die "LAUNCH_SERVE_PREFIX='$serve_prefix' is not the start of a variable name"
+
 image=${LAUNCH_IMAGE-}
 engine0=${LAUNCH_RANK0_ENGINE-ssh://spark-1}
 engine1=${LAUNCH_RANK1_ENGINE-ssh://spark-2}
 models=${LAUNCH_MODELS-/models}
-model=${DSPARK_MODEL-/models/DeepSeek-V4-Flash-NVFP4}
-master_addr=${DSPARK_MASTER_ADDR-192.168.100.10}
+model=${LAUNCH_MODEL-}
+served_name=${LAUNCH_SERVED_NAME-}
+master_addr=${LAUNCH_MASTER_ADDR-}
 jit_cache=${LAUNCH_JIT_CACHE-/var/cache/patchkit-jit}
-name=${LAUNCH_NAME-dsv4}
+name=${LAUNCH_NAME-serve}
 deadline=${LAUNCH_DEADLINE-1800}
 logs=${LAUNCH_LOGS-.}
 gpus=${LAUNCH_GPUS-all}
 devices=${LAUNCH_DEVICES-/dev/infiniband}
 ulimits=${LAUNCH_ULIMITS-memlock=-1 stack=67108864}
-api_port=${DSPARK_PORT-8000}
+api_port=${LAUNCH_PORT-8000}
 JIT_LABEL=io.patchkit.jit.workspace
 CUBINS_LABEL=io.patchkit.jit.cubins
 DOCKER_WAIT=120   # seconds one docker command may take (an ssh link that hangs ends there)
@@ -184,16 +256,22 @@ gloo_ifname=${GLOO_SOCKET_IFNAME-$NCCL_SOCKET_IFNAME}
 interface GLOO_SOCKET_IFNAME "$gloo_ifname"
 require NCCL_IB_HCA "${NCCL_IB_HCA-}" "the link's RDMA device (ls /sys/class/infiniband on a node)"
 [[ $NCCL_IB_HCA =~ ^[=^]?[A-Za-z0-9_.:,-]+$ ]] || die "NCCL_IB_HCA='$NCCL_IB_HCA' is not an RDMA device list"
+require LAUNCH_MASTER_ADDR "$master_addr" "rank 0's address on the node-to-node link"
 [[ $master_addr =~ ^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$ ]] ||
-    die "DSPARK_MASTER_ADDR='$master_addr' is not a host name or IPv4 address"
+    die "LAUNCH_MASTER_ADDR='$master_addr' is not a host name or IPv4 address"
 folder LAUNCH_MODELS "$models"
 folder LAUNCH_JIT_CACHE "$jit_cache"
+require LAUNCH_MODEL "$model" "the checkpoint folder in the container, under /models (your \
+model's settings file gives it: LAUNCH_SETTINGS=build/dspark.launch is DSpark's)"
 [[ $model == /models/?* && $model != *[[:space:]]* ]] ||
-    die "DSPARK_MODEL='$model' is not a folder under /models (where LAUNCH_MODELS is mounted)"
+    die "LAUNCH_MODEL='$model' is not a folder under /models (where LAUNCH_MODELS is mounted)"
+require LAUNCH_SERVED_NAME "$served_name" "the model name the API answers to"
+[[ $served_name =~ ^[A-Za-z0-9][A-Za-z0-9._/:-]*$ ]] ||
+    die "LAUNCH_SERVED_NAME='$served_name' is not a model name (letters, digits, . _ / : -)"
 if ! [[ $deadline =~ ^[0-9]{1,6}$ ]] || ((10#$deadline < 1)); then
     die "LAUNCH_DEADLINE='$deadline' is not a number of seconds above 0"
 fi
-[[ $api_port =~ ^[0-9]{1,5}$ ]] || die "DSPARK_PORT='$api_port' is not a port number"
+[[ $api_port =~ ^[0-9]{1,5}$ ]] || die "LAUNCH_PORT='$api_port' is not a port number"
 [[ $gpus =~ ^[A-Za-z0-9=,\"-]+$ ]] || die "LAUNCH_GPUS='$gpus' is not a --gpus value (or none)"
 [ "$devices" = none ] || folder LAUNCH_DEVICES "$devices"
 [[ $ulimits =~ ^(none|[a-z]+=-?[0-9]+(:-?[0-9]+)?( [a-z]+=-?[0-9]+(:-?[0-9]+)?)*)$ ]] ||
@@ -241,11 +319,12 @@ run_words() { # RANK: the docker run arguments of that rank
         words+=(--volume "$jit_cache/${workspace##*/}:$workspace")
     fi
     [ "$cubins" = none ] || words+=(--volume "$jit_cache/cubins:$cubins")
-    words+=(--env "DSPARK_NODE_RANK=$rank" --env "DSPARK_MASTER_ADDR=$master_addr"
-        --env "DSPARK_MODEL=$model" --env "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME"
+    local p=$serve_prefix
+    words+=(--env "${p}_NODE_RANK=$rank" --env "${p}_MASTER_ADDR=$master_addr"
+        --env "${p}_MODEL=$model" --env "${p}_SERVED_NAME=$served_name"
+        --env "${p}_PORT=$api_port" --env "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME"
         --env "GLOO_SOCKET_IFNAME=$gloo_ifname" --env "NCCL_IB_HCA=$NCCL_IB_HCA")
-    for var in DSPARK_MASTER_PORT DSPARK_PORT DSPARK_SERVED_NAME DSPARK_DRAFT_MOE_BACKEND \
-        VLLM_LOGGING_LEVEL; do
+    for var in $pass; do
         if [ -n "${!var-}" ]; then
             words+=(--env "$var=${!var}")
         fi

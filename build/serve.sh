@@ -27,6 +27,7 @@
 # this script; build/launch.sh --help lists every setting, docs/dspark.md walks through it):
 #   1. the two docker run commands, then rank 1, then rank 0 once rank 1 is up; up returns
 #      once rank 0's API answers /health:
+#        export LAUNCH_SETTINGS=build/dspark.launch     # DSpark's model, names and settings
 #        LAUNCH_IMAGE=IMAGE NCCL_SOCKET_IFNAME=IFACE NCCL_IB_HCA=RDMA build/launch.sh print
 #        LAUNCH_IMAGE=IMAGE NCCL_SOCKET_IFNAME=IFACE NCCL_IB_HCA=RDMA build/launch.sh up
 #   2. one answer with content, a long one without garble, and the draft accepted, from the

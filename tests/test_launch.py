@@ -19,7 +19,9 @@ DOCS = REPO_ROOT / "docs" / "dspark.md"
 BASH = shutil.which("bash") or "/bin/bash"
 WORKSPACE = "/root/.cache/patchkit-jit/4f2a9c01d7e3"
 CUBINS = "/root/.cache/flashinfer/cubins"
-SETTINGS = {"LAUNCH_IMAGE": "dsv4-flash-dspark:v0.34.0", "NCCL_SOCKET_IFNAME": "enp1s0f0np0",
+DSPARK = REPO_ROOT / "build" / "dspark.launch"
+SETTINGS = {"LAUNCH_SETTINGS": str(DSPARK),
+            "LAUNCH_IMAGE": "dsv4-flash-dspark:v0.34.0", "NCCL_SOCKET_IFNAME": "enp1s0f0np0",
             "NCCL_IB_HCA": "rocep1s0f0", "LAUNCH_JIT_WORKSPACE": WORKSPACE,
             "LAUNCH_CUBINS": CUBINS}
 
@@ -66,7 +68,8 @@ def test_each_node_gets_the_link_the_checkpoint_and_the_jit_cache_place():
         env = values(words, "--env")
         assert {"NCCL_SOCKET_IFNAME=enp1s0f0np0", "GLOO_SOCKET_IFNAME=enp1s0f0np0",
                 "NCCL_IB_HCA=rocep1s0f0", "DSPARK_MASTER_ADDR=192.168.100.10",
-                "DSPARK_MODEL=/models/DeepSeek-V4-Flash-NVFP4"} <= set(env)
+                "DSPARK_MODEL=/models/DeepSeek-V4-Flash-NVFP4",
+                "DSPARK_SERVED_NAME=deepseek-v4-flash", "DSPARK_PORT=8000"} <= set(env)
         assert values(words, "--device") == ["/dev/infiniband"]
         assert values(words, "--ulimit") == ["memlock=-1", "stack=67108864"]
         assert values(words, "--gpus") == ["all"]
@@ -78,7 +81,7 @@ def test_each_node_gets_the_link_the_checkpoint_and_the_jit_cache_place():
 
 def test_settings_pass_on_and_an_image_without_a_jit_place_mounts_none():
     rank1, rank0 = printed({"GLOO_SOCKET_IFNAME": "enp1s0f1np1", "LAUNCH_MODELS": "/data/ckpt",
-                            "DSPARK_PORT": "8100", "VLLM_LOGGING_LEVEL": "DEBUG",
+                            "LAUNCH_PORT": "8100", "VLLM_LOGGING_LEVEL": "DEBUG",
                             "LAUNCH_JIT_WORKSPACE": "none", "LAUNCH_CUBINS": "none",
                             "LAUNCH_DEVICES": "none"})
     for words in (rank1, rank0):
@@ -98,7 +101,9 @@ def test_settings_pass_on_and_an_image_without_a_jit_place_mounts_none():
                                                "both ssh://spark-1"),
     ({"LAUNCH_RANK0_ENGINE": "spark-1"}, "LAUNCH_RANK0_ENGINE='spark-1' is not a Docker engine"),
     ({"LAUNCH_MODELS": "models"}, "LAUNCH_MODELS='models' is not an absolute folder"),
-    ({"DSPARK_MODEL": "/data/x"}, "DSPARK_MODEL='/data/x' is not a folder under /models"),
+    ({"LAUNCH_MODEL": "/data/x"}, "LAUNCH_MODEL='/data/x' is not a folder under /models"),
+    ({"LAUNCH_SETTINGS": "/nonexistent"}, "LAUNCH_SETTINGS='/nonexistent' is not a file"),
+    ({"LAUNCH_SERVED_NAME": "my model"}, "LAUNCH_SERVED_NAME='my model' is not a model name"),
     ({"LAUNCH_DEADLINE": "soon"}, "LAUNCH_DEADLINE='soon' is not a number of seconds"),
     ({"LAUNCH_JIT_WORKSPACE": "cache"}, "the JIT cache place 'cache'"),
 ])
@@ -129,3 +134,46 @@ def documented() -> list[list[str]]:
 
 def test_the_docs_show_the_commands_it_prints():
     assert documented() == printed()
+
+
+def test_without_a_settings_file_nothing_of_dspark_is_assumed():
+    base = {k: v for k, v in SETTINGS.items() if k != "LAUNCH_SETTINGS"}
+    out = launch("print", base=base)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("launch.sh: LAUNCH_MASTER_ADDR is not set")
+    out = launch("print", base={**base, "LAUNCH_MASTER_ADDR": "10.0.0.1"})
+    assert out.stderr.startswith("launch.sh: LAUNCH_MODEL is not set: the checkpoint folder")
+    assert "build/dspark.launch is DSpark's" in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+def test_a_users_own_settings_file_names_the_model_and_the_containers(tmp_path):
+    mine = tmp_path / "qwen.launch"
+    mine.write_text("# my model\n\nLAUNCH_NAME=qwen\nLAUNCH_MODEL='/models/Qwen3-8B'\n"
+                    "LAUNCH_SERVED_NAME=qwen3-8b\nLAUNCH_MASTER_ADDR=10.0.0.1\n"
+                    "LAUNCH_PASS=\"VLLM_LOGGING_LEVEL HF_HUB_OFFLINE\"\nHF_HUB_OFFLINE=1\n"
+                    "VLLM_LOGGING_LEVEL=INFO\n")
+    rank1, rank0 = printed({"LAUNCH_SETTINGS": str(mine), "VLLM_LOGGING_LEVEL": "DEBUG"})
+    assert values(rank1, "--name") == ["qwen-rank1"] and values(rank0, "--name") == ["qwen-rank0"]
+    env = set(values(rank0, "--env"))
+    assert {"PATCHKIT_NODE_RANK=0", "PATCHKIT_MASTER_ADDR=10.0.0.1",
+            "PATCHKIT_MODEL=/models/Qwen3-8B", "PATCHKIT_SERVED_NAME=qwen3-8b",
+            "PATCHKIT_PORT=8000", "HF_HUB_OFFLINE=1"} <= env
+    # the environment wins over the file
+    assert "VLLM_LOGGING_LEVEL=DEBUG" in env and "VLLM_LOGGING_LEVEL=INFO" not in env
+    assert not any(w.startswith("DSPARK") or "dsv4" in w or "DeepSeek" in w
+                   for w in rank0[:-1] + rank1[:-1])   # the image aside
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("LAUNCH_MODEL /models/x\n", ":1: not NAME=VALUE"),
+    ("LAUNCH_MODEL=/models/x\nPATH=/tmp/evil\n", ":2: PATH is neither a launch setting nor in "
+                                                  "LAUNCH_PASS"),
+    ("LAUNCH_SETTINGS=/etc/other\n", ":1: LAUNCH_SETTINGS cannot name another file"),
+])
+def test_a_bad_settings_file_is_one_line_naming_its_line(tmp_path, text, needle):
+    bad = tmp_path / "bad.launch"
+    bad.write_text(text)
+    out = launch("print", env={"LAUNCH_SETTINGS": str(bad)})
+    assert out.returncode == 2 and out.stdout == "" and len(out.stderr.splitlines()) == 1
+    assert out.stderr.startswith(f"launch.sh: {bad}{needle}"), out.stderr
+

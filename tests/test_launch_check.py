@@ -55,8 +55,8 @@ def test_launch_then_smoke_then_verify_each_node_then_down():
     assert "--long" in checks[0]
     assert "port=${DSPARK_PORT-8000}" in (REPO_ROOT / "build" / "serve.sh").read_text()
     assert "host=${DSPARK_HOST-0.0.0.0}" in (REPO_ROOT / "build" / "serve.sh").read_text()
-    # the containers verify reads are those launch.sh names
-    assert "name=${LAUNCH_NAME-dsv4}" in (REPO_ROOT / "build" / "launch.sh").read_text()
+    # the containers verify reads are those launch.sh names with DSpark's settings
+    assert "LAUNCH_NAME=dsv4\n" in (REPO_ROOT / "build" / "dspark.launch").read_text()
 
 
 def test_the_docs_never_run_smoke_on_a_node():

@@ -229,11 +229,20 @@ ANSWER_WAIT = 30.0   # seconds a source is given to list its branches
 def answers(url: str) -> bool:
     """True when the git source ``url`` answers at all (lists its branches): what tells a
     source that is out of reach from one that answered and refused one thing."""
+    return silence(url) is None
+
+
+def silence(url: str) -> str | None:
+    """None when the git source ``url`` answers (lists its branches); else what git said of
+    it (all of it: the caller picks the words), or its deadline."""
     try:
-        return _try(*NETWORK, "ls-remote", "--heads", "--", url, timeout=ANSWER_WAIT,
-                    network=True).ok
-    except GitError:
-        return False
+        got = _try(*NETWORK, "ls-remote", "--heads", "--", url, timeout=ANSWER_WAIT,
+                   network=True)
+    except GitError as exc:
+        return str(exc) or "no answer in time"
+    if got.ok:
+        return None
+    return (got.stderr + got.stdout).strip() or f"git ls-remote exited {got.code}"
 
 
 def clone_shared(source: Path, dest: Path, commit: str, paths: Sequence[str] | None = None,
@@ -362,6 +371,53 @@ def remotes(repo: Path) -> dict[str, str]:
         key, _, url = line.partition(" ")
         out[key[len("remote."):-len(".url")]] = url.strip()
     return out
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a project's files came from: its commit (None: not in a git repository, or no
+    commit yet), whether its folder has changes not committed, and where it is published
+    (its ``origin`` remote, credentials stripped; None: no such remote)."""
+
+    commit: str | None = None
+    dirty: bool = False
+    origin: str | None = None
+
+    @property
+    def revision(self) -> str | None:
+        """The commit, ``-dirty`` marked when the folder does not match it (as ``git describe
+        --dirty`` marks it)."""
+        if self.commit is None:
+            return None
+        return self.commit + ("-dirty" if self.dirty else "")
+
+
+def provenance(folder: Path) -> Provenance:
+    """The commit of the repository ``folder`` is in, whether anything under ``folder`` differs
+    from it (changes staged or not, and untracked files no ignore rule covers; patchkit's own
+    ``.patchkit/`` left out), and its origin remote's URL without credentials."""
+    head_ = _try("rev-parse", "--verify", "--quiet", "HEAD^{commit}", cwd=folder)
+    if not head_.ok:
+        return Provenance()
+    changed = _try("--no-optional-locks", "status", "--porcelain", "--untracked-files=normal",
+                   "--", ".", ":(exclude).patchkit", cwd=folder)
+    dirty = not changed.ok or bool(changed.stdout.strip())
+    origin = remote_url(folder)
+    return Provenance(head_.stdout.strip(), dirty,
+                      without_credentials(origin) if origin else None)
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without a user name and password (``https://user:token@host/x`` is
+    ``https://host/x``); an ssh user (``git@host:x``, ``ssh://git@host/x``) is no secret and
+    stays.  A query or fragment goes too: tokens hide there as well."""
+    m = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/@]*@)?([^?#]*)", url)
+    if not m:
+        return url
+    scheme, user, rest = m.groups()
+    if user and (":" in user or not scheme.startswith("ssh")):
+        user = None
+    return scheme + (user or "") + rest
 
 
 def tags(repo: Path) -> list[str]:

@@ -81,6 +81,48 @@ def reference_problem(ref: str, *, digest_ok: bool = True) -> str | None:
     return None
 
 
+DOCKER_HUB = "docker.io"
+
+
+def host_of(name: str) -> str:
+    """The registry host a reference names: its first component when that looks like a host
+    (has a ``.`` or ``:``, or is ``localhost``), else Docker Hub, as the engine reads it."""
+    first, sep, _ = name.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return DOCKER_HUB
+
+
+# How a registry that never answered is worded, by skopeo and by an engine's pull (Go's net
+# and TLS errors), and the cause each one names.
+_UNREACHABLE = (
+    (re.compile(r"connection refused", re.I), "connection refused"),
+    (re.compile(r"no such host|server misbehaving|name resolution|name or service not known|"
+                r"lookup \S+ on ", re.I), "its host name does not resolve (DNS)"),
+    (re.compile(r"i/o timeout|timeout exceeded|timed out|deadline exceeded|"
+                r"Client\.Timeout|no answer within|no answer in time", re.I),
+     "no answer in time (a timeout)"),
+    (re.compile(r"network is unreachable|no route to host|host is unreachable", re.I),
+     "the network cannot reach it"),
+    (re.compile(r"connection reset|broken pipe|EOF$", re.I), "the connection was cut"),
+    (re.compile(r"server gave HTTP response to HTTPS client", re.I),
+     "it speaks HTTP, not HTTPS (an insecure registry: PATCHKIT_INSECURE_REGISTRIES, or the "
+     "engine's insecure-registries)"),
+    (re.compile(r"TLS handshake|x509:|certificate", re.I), "its TLS certificate or handshake "
+     "failed"),
+)
+
+
+def unreachable(said: str) -> str | None:
+    """The cause, in a few words, when ``said`` (what skopeo or an engine's pull said) means
+    the registry never answered: connection refused, a DNS failure, a timeout...; None when
+    the registry did answer (not found, denied, ...)."""
+    for pattern, cause in _UNREACHABLE:
+        if pattern.search(said):
+            return cause
+    return None
+
+
 def split_tag(ref: str) -> tuple[str, str]:
     repo = repository(ref)
     rest = ref[len(repo):]

@@ -188,8 +188,9 @@ def test_dev_build_summary_says_what_the_image_holds(dev_built, dev_base, docker
     assert dev_built["mode"] == "overlay"
     attrs = docker_client.api.inspect_image(dev_built["tag"])
     base_attrs = docker_client.api.inspect_image(dev_base["tag"])
-    assert dev_built["holds"] == {"installed": dev_base["version"], "commit": commit[:9],
-                                  "source": "git", "fingerprint": fingerprint_by_hand(attrs)}
+    assert {k: v for k, v in dev_built["holds"].items() if k != "created"} == {
+        "installed": dev_base["version"], "commit": commit[:9], "source": "git",
+        "fingerprint": fingerprint_by_hand(attrs), "patchset_commit": None}
     assert dev_built["base"]["fingerprint"] == fingerprint_by_hand(base_attrs)
     assert attrs["RootFS"]["Layers"] == base_attrs["RootFS"]["Layers"] + [
         dev_built["layer"]["diff_id"]]
@@ -369,8 +370,9 @@ def test_vendor_image_holds_its_edits_and_the_patches_in_arm64(vendor_built, ven
     assert vendor_built["mode"] == "overlay"
     assert vendor_built["tag"].endswith(":0.31.0-nv25.11")
     attrs = docker_client.api.inspect_image(vendor_built["tag"])
-    assert vendor_built["holds"] == {"installed": "0.31.0+nv25.11", "commit": None,
-                                     "source": "image", "fingerprint": fingerprint_by_hand(attrs)}
+    assert {k: v for k, v in vendor_built["holds"].items() if k != "created"} == {
+        "installed": "0.31.0+nv25.11", "commit": None, "source": "image",
+        "fingerprint": fingerprint_by_hand(attrs), "patchset_commit": None}
     labels = attrs["Config"]["Labels"]
     assert labels["io.patchkit.vllm.source"] == "image"
     assert labels["io.patchkit.vllm.installed"] == "0.31.0+nv25.11"

@@ -18,6 +18,7 @@ import pytest
 from testing import imageproject as ip
 from testing.dockersdk import absent, created_of, files_of
 from testing.imageproject import OTHER_RELEASE, RELEASE, SITE
+import patchkit
 from patchkit import cli
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
@@ -100,9 +101,12 @@ def test_labels_say_what_the_image_is(built, docker_client, bases, project):
     m, workdir = project
     labels = docker_client.api.inspect_image(built["tag"])["Config"]["Labels"]
     commit = built["vllm"]["commit"]
-    assert labels["org.opencontainers.image.revision"] == commit
+    # the project is in no git repository: no commit nor repository of its own to name
+    assert "org.opencontainers.image.revision" not in labels
+    assert "org.opencontainers.image.source" not in labels
     assert labels["org.opencontainers.image.version"] == f"{RELEASE}+pk-e2e"
-    assert labels["org.opencontainers.image.source"] == f"pypi:vllm=={RELEASE}"
+    assert labels["io.patchkit.vllm.repo"] == f"pypi:vllm=={RELEASE}"
+    assert labels["io.patchkit.version"] == patchkit.__version__
     assert labels["org.opencontainers.image.created"].endswith("Z")
     assert labels["org.opencontainers.image.base.name"] == bases[RELEASE]["tag"]
     assert labels["org.opencontainers.image.base.digest"] == built["base"]["digest"]
@@ -330,3 +334,78 @@ def test_a_build_reads_its_base_through_one_container(built, project, docker_cli
     base = bases[RELEASE]["tag"]
     created = created_of(docker_client, {base, docker_client.images.get(base).id}, since, until)
     assert len(created) == 1, created
+
+
+def test_provenance_of_a_committed_and_a_dirty_patchset(built, project, docker_client, capsys):
+    """The patchset's commit and repository in the labels; the same commit gives the same image
+    again, a change not committed a -dirty one, a new commit a new one; images and verify
+    --image name the commit, and a time that is not real is no date."""
+    from testing.upstream import sh
+
+    m, workdir = project
+    root = m.root
+    tag = f"{REGISTRY_TAG}:prov"
+    (root / ".gitignore").write_text("/.patchkit/\n")
+    sh("git", "init", "-q", "-b", "main", cwd=root)
+    sh("git", "remote", "add", "origin", "https://me:tok@example.invalid/me/patchset.git",
+       cwd=root)
+    try:
+        sh("git", "add", "-A", cwd=root)
+        sh("git", "commit", "-q", "-m", "the patchset", cwd=root)
+        head = sh("git", "rev-parse", "HEAD", cwd=root)
+        code, first = _summary(build_image(m, Request(workdir=workdir, apply=False, tag=tag)))
+        assert code == 0
+        labels = docker_client.api.inspect_image(first["image_id"])["Config"]["Labels"]
+        assert labels["org.opencontainers.image.revision"] == head
+        assert labels["io.patchkit.patchset.commit"] == head
+        assert labels["org.opencontainers.image.source"] == (
+            "https://example.invalid/me/patchset.git")
+        # the same commit and inputs: the same image
+        code, again = _summary(build_image(m, Request(workdir=workdir, apply=False, tag=tag)))
+        assert code == 0 and again["image_id"] == first["image_id"] and again["reused"]
+        assert first["holds"]["patchset_commit"] == head
+
+        (root / "NOTES.md").write_text("not committed\n")
+        code, dirty = _summary(build_image(m, Request(workdir=workdir, apply=False, tag=tag)))
+        assert code == 0 and dirty["image_id"] != first["image_id"]
+        labels = docker_client.api.inspect_image(dirty["image_id"])["Config"]["Labels"]
+        assert labels["org.opencontainers.image.revision"] == f"{head}-dirty"
+
+        assert cli.main(["verify", "--manifest", str(m.path), "--image", tag]) == 0
+        out = capsys.readouterr().out
+        assert f"patchset commit {head[:12]}-dirty" in out
+        created = labels["org.opencontainers.image.created"]
+        assert ("created reproducible (no build time)" in out) == (created <= "2000-01-01T00:00:00Z")
+
+        assert cli.main(["images", "--manifest", str(m.path)]) == 0
+        out = capsys.readouterr().out
+        assert f"patchset commit {head[:12]}-dirty" in out
+        assert f"patchset commit {head[:12]};" in out
+        assert "created 2000-01-01" not in out and "created 1970" not in out
+    finally:
+        shutil.rmtree(root / ".git")
+        (root / ".gitignore").unlink()
+        (root / "NOTES.md").unlink(missing_ok=True)
+
+
+
+def test_image_serve_runs_a_command_of_the_patchsets_own(built, project, docker_client):
+    """A minimal serve command for another model, with its environment, run in a container
+    of the built image as its default command."""
+    from dataclasses import replace
+
+    from patchkit.manifest.model import Serve
+
+    m, workdir = project
+    serve = Serve(("python3", "-c", "import os, importlib.util as u; print('serving', "
+                   "os.environ['MY_MODEL'], 'with vllm', u.find_spec('vllm').origin)"),
+                  (("MY_MODEL", "/models/Qwen3-8B"),))
+    mine = replace(m, image=replace(m.image, serve=serve))
+    code, summary = _summary(build_image(mine, Request(workdir=workdir, apply=False,
+                                                       tag=f"{REGISTRY_TAG}:serve")))
+    assert code == 0 and summary["serves"]["from"] == "image.serve"
+    config = docker_client.api.inspect_image(summary["image_id"])["Config"]
+    assert config["Cmd"] == list(serve.command) and not config.get("Entrypoint")
+    out = run_arm64(docker_client, summary["image_id"])
+    assert out.startswith("serving /models/Qwen3-8B with vllm "), out
+    assert "/vllm/__init__.py" in out

@@ -206,7 +206,10 @@ def test_overlay_lays_exactly_the_patched_files_into_the_found_package(project, 
     assert summary["vllm"]["dir"] == f"{SITE}/vllm"
     assert (summary["layer"]["files"], summary["layer"]["whiteouts"]) == (3, 4)
     labels = api.inspect_image(summary["image_id"])["Config"]["Labels"]
-    assert labels["org.opencontainers.image.source"] == "https://example.invalid/vllm.git"
+    assert labels["io.patchkit.vllm.repo"] == "https://example.invalid/vllm.git"
+    # built outside a git repository: no commit nor repository of the patchset to name
+    assert "org.opencontainers.image.revision" not in labels
+    assert "org.opencontainers.image.source" not in labels
     assert labels["org.opencontainers.image.base.digest"] == "sha256:" + "d" * 64
     assert json.loads(labels["io.patchkit.patches"]) == [{"id": "p1", "status": "applied"},
                                                          {"id": "p2", "status": "upstream"}]
@@ -444,3 +447,46 @@ def test_a_containers_current_start_is_read_from_its_state():
     # created, never started: the whole log (there is none)
     assert since_start({"StartedAt": "0001-01-01T00:00:00Z"}) is None
     assert since_start({}) is None
+
+
+def test_image_serve_gives_the_command_and_environment(project, workdir):
+    """``image.serve``: the command (the base's ENTRYPOINT cleared) and the environment; the
+    same settings give the same image, others another."""
+    from dataclasses import replace
+
+    from patchkit.manifest.model import Serve
+    from patchkit.render.text import build_image as shown
+
+    (project.root / "build" / "serve.sh").unlink()
+    asked = Serve(("python3", "-m", "vllm.entrypoints.openai.api_server", "--port", "8000"),
+                  (("HF_HUB_OFFLINE", "1"), ("PATH", "/opt/mine/bin")))
+    m = replace(project, image=replace(project.image, serve=asked))
+    engine, api = _engine()
+    report = bi.run(m, bi.Request(workdir=workdir, apply=False, engine=engine))
+    summary = report.to_dict()
+    config = api.inspect_image(summary["image_id"])["Config"]
+    assert config["Cmd"] == list(asked.command) and "Entrypoint" not in config
+    assert "HF_HUB_OFFLINE=1" in config["Env"] and "PATH=/opt/mine/bin" in config["Env"]
+    assert not any(e.startswith("PATH=/opt/venv") for e in config["Env"])
+    assert summary["serves"] == {"from": "image.serve", "command": list(asked.command)}
+    assert "  serves: python3 -m vllm.entrypoints.openai.api_server --port 8000 (from " \
+           "image.serve)" in shown(report)
+
+    other = replace(m, image=replace(m.image, serve=replace(asked, env=())))
+    again = bi.run(other, bi.Request(workdir=workdir, apply=False, engine=engine)).to_dict()
+    assert again["image_id"] != summary["image_id"] and not again["reused"]
+
+
+def test_an_image_that_keeps_the_bases_command_says_so_in_one_line(project, workdir):
+    from patchkit.render.text import build_image as shown
+
+    (project.root / "build" / "serve.sh").unlink()
+    engine, api = _engine()
+    report = bi.run(project, bi.Request(workdir=workdir, apply=False, engine=engine))
+    summary = report.to_dict()
+    config = api.inspect_image(summary["image_id"])["Config"]
+    assert config["Entrypoint"] == ["vllm", "serve"] and "Cmd" not in config
+    assert summary["serves"] == {"from": "base", "command": ["vllm", "serve"]}
+    said = [line for line in shown(report).splitlines() if "serves" in line]
+    assert said == ["  serves: the base's command, unchanged (vllm serve): the patchset gives no "
+                    "image.serve.command nor build/serve.sh (docs/serving.md)"]

@@ -39,6 +39,7 @@ def nodes(node2, node3, tmp_path_factory):
 def settings(nodes, tmp_path) -> dict[str, str]:
     (tmp_path / "models" / "DeepSeek-V4-Flash-NVFP4").mkdir(parents=True)
     return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+            "LAUNCH_SETTINGS": str(REPO_ROOT / "build" / "dspark.launch"),
             "LAUNCH_IMAGE": IMAGE, "LAUNCH_RANK0_ENGINE": nodes[0].url,
             "LAUNCH_RANK1_ENGINE": nodes[1].url, "LAUNCH_NAME": f"pk-launch-{os.getpid()}",
             # no GPU, no RDMA device, no raised ulimits on the test engines
@@ -46,7 +47,7 @@ def settings(nodes, tmp_path) -> dict[str, str]:
             "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_HCA": "mlx5_0",
             "LAUNCH_MODELS": str(tmp_path / "models"), "LAUNCH_JIT_CACHE": str(tmp_path / "jit"),
             "LAUNCH_LOGS": str(tmp_path / "logs"), "LAUNCH_DEADLINE": "120",
-            "DSPARK_PORT": str(free_port()), "DSPARK_MASTER_PORT": str(free_port())}
+            "LAUNCH_PORT": str(free_port()), "DSPARK_MASTER_PORT": str(free_port())}
 
 
 def launch(verb: str, env: dict[str, str]):
@@ -69,7 +70,7 @@ def test_up_waits_for_each_rank_mounts_what_it_needs_and_down_cleans_up(nodes, s
         assert lines[0] == f"rank 1: {name}-rank1 started on {rank1.url}"
         assert lines[1].startswith("rank 1 up (headless executor launched) after ")
         assert lines[2] == f"rank 0: {name}-rank0 started on {rank0.url}"
-        assert lines[3].startswith(f"API answering /health on port {settings['DSPARK_PORT']} "
+        assert lines[3].startswith(f"API answering /health on port {settings['LAUNCH_PORT']} "
                                    "of rank 0 after ")
         status = launch("status", settings)
         assert f"{name}-rank1 on {rank1.url}: running" in status.stdout
@@ -98,7 +99,7 @@ def test_up_waits_for_each_rank_mounts_what_it_needs_and_down_cleans_up(nodes, s
 def test_an_up_whose_rank_dies_says_why_and_leaves_nothing_running(nodes, settings, tmp_path):
     rank0, rank1 = nodes
     name = settings["LAUNCH_NAME"]
-    settings["DSPARK_MODEL"] = "/models/Not-There"
+    settings["LAUNCH_MODEL"] = "/models/Not-There"
     try:
         up = launch("up", settings)
     finally:

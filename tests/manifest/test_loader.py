@@ -789,3 +789,33 @@ def test_each_mistake_is_one_line_naming_its_line(repo: Path, text: str | None, 
     message = str(info.value)
     assert "\n" not in message
     assert matches(expected, message), message
+
+
+# ------------------------------------------------------------------------------ image.serve
+
+def test_image_serve_gives_a_command_and_an_environment(repo: Path) -> None:
+    write(repo, HEAD.replace("patches:\n", "image:\n  serve:\n    command: [vllm, serve, /m]\n"
+                             "    env: {HF_HUB_OFFLINE: 1, MY_NAME: qwen}\npatches: []\n"))
+    serve = manifest.load(repo / "patchset.yaml").image.serve
+    assert serve.command == ("vllm", "serve", "/m")
+    assert serve.env == (("HF_HUB_OFFLINE", "1"), ("MY_NAME", "qwen"))
+    write(repo, HEAD.replace("patches:\n", "patches: []\n"))
+    assert manifest.load(repo / "patchset.yaml").image.serve is None
+
+
+@pytest.mark.parametrize("serve, message", [
+    ("serve: {command: []}", "patchset.yaml:6: image.serve.command: give the program to run"),
+    ("serve: {command: vllm serve}", "patchset.yaml:6: image.serve.command: expected a list"),
+    ("serve: {env: {1x: a}}", "patchset.yaml:6: image.serve.env: '1x' is not a variable name"),
+    ("serve: {env: {A: }}", "patchset.yaml:6: image.serve.env.A: give a value"),
+    ("serve: {cmd: [a]}", "patchset.yaml:6: image.serve: unknown key 'cmd'; did you mean "
+                          "'command'?"),
+    ("serve: [vllm, serve]", "patchset.yaml:6: image.serve: expected a mapping"),
+])
+def test_a_bad_image_serve_is_one_line_naming_its_line(repo: Path, serve: str,
+                                                        message: str) -> None:
+    write(repo, HEAD.replace("patches:\n", f"image:\n  {serve}\npatches: []\n"))
+    with pytest.raises(ManifestError) as info:
+        manifest.load(repo / "patchset.yaml")
+    assert message in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)

@@ -462,7 +462,8 @@ def test_the_fingerprint_is_config_and_layers_not_the_image_id():
 def test_holds_names_the_commit_of_a_dev_build():
     holds = build.Holds.of("0.31.1.dev7+ge07dd6f9b", "git", "sha256:f")
     assert holds.to_dict() == {"installed": "0.31.1.dev7+ge07dd6f9b", "commit": "e07dd6f9b",
-                               "source": "git", "fingerprint": "sha256:f"}
+                               "source": "git", "fingerprint": "sha256:f",
+                               "patchset_commit": None, "created": None}
     assert build.Holds.of("0.31.0+nv25.11", "image", None).commit is None
 
 

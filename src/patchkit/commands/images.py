@@ -63,6 +63,7 @@ class Listing:
     nodes: list[NodeListing]
     drift: list[Drift]
     problems: list[str] = field(default_factory=list)   # evidence named and skipped
+    pairings: list[fleet.Pairing] = field(default_factory=list)   # addresses sharing an ID
 
     @property
     def ok(self) -> bool:
@@ -72,7 +73,8 @@ class Listing:
         return {"ok": self.ok, "patchset": self.patchset,
                 "nodes": [n.to_dict() for n in self.nodes],
                 "drift": [d.to_dict() for d in self.drift],
-                "evidence_problems": self.problems}
+                "evidence_problems": self.problems,
+                "same_engine_id": [p.to_dict() for p in self.pairings]}
 
 
 def run(manifest: Manifest, nodes: Sequence[str] = (), *, timeout: float = DEFAULT_TIMEOUT,
@@ -89,7 +91,7 @@ def run(manifest: Manifest, nodes: Sequence[str] = (), *, timeout: float = DEFAU
     finally:
         fleet.close(reached)
     problems = _evidence(listed, evidence.Store(history.cache, timeout))
-    return Listing(manifest.name, listed, drift(listed), problems)
+    return Listing(manifest.name, listed, drift(listed), problems, fleet.pairings(reached))
 
 
 def _evidence(listed: Sequence[NodeListing], store: evidence.Store) -> list[str]:
@@ -221,6 +223,7 @@ class Pruned:
     keep: int
     nodes: list[NodePrune]
     dry_run: bool = False
+    pairings: list[fleet.Pairing] = field(default_factory=list)   # addresses sharing an ID
 
     @property
     def ok(self) -> bool:
@@ -228,7 +231,8 @@ class Pruned:
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "patchset": self.patchset, "keep": self.keep,
-                "dry_run": self.dry_run, "nodes": [n.to_dict() for n in self.nodes]}
+                "dry_run": self.dry_run, "nodes": [n.to_dict() for n in self.nodes],
+                "same_engine_id": [p.to_dict() for p in self.pairings]}
 
 
 def prune(manifest: Manifest, keep: int, nodes: Sequence[str] = (), *, dry_run: bool = False,
@@ -247,7 +251,7 @@ def prune(manifest: Manifest, keep: int, nodes: Sequence[str] = (), *, dry_run: 
             reached, lambda n: _prune_node(n, manifest.name, keep, dry_run, history))]
     finally:
         fleet.close(reached)
-    return Pruned(manifest.name, keep, done, dry_run)
+    return Pruned(manifest.name, keep, done, dry_run, fleet.pairings(reached))
 
 
 def _prune_node(node: fleet.Node, patchset: str, keep: int, dry_run: bool,

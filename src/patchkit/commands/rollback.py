@@ -78,6 +78,7 @@ class Rollback:
     resumed: bool = False        # it completed a rollback an earlier run left pending
     why: str | None = None       # why this build: its last evidence, or none, or --to
     passed_over: list[str] = field(default_factory=list)   # "TAG: its failed evidence"
+    pairings: list[fleet.Pairing] = field(default_factory=list)   # addresses sharing an ID
 
     @property
     def ok(self) -> bool:
@@ -87,7 +88,8 @@ class Rollback:
         return {"ok": self.ok, "moving_tag": self.moving, "to": self.to,
                 "fingerprint": self.fingerprint, "dry_run": self.dry_run,
                 "resumed": self.resumed, "why": self.why, "passed_over": self.passed_over,
-                "nodes": [n.to_dict() for n in self.nodes]}
+                "nodes": [n.to_dict() for n in self.nodes],
+                "same_engine_id": [p.to_dict() for p in self.pairings]}
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ def run(manifest: Manifest, request: Request = Request(), *,
     if not request.dry_run and all(n.ok for n in done):
         pending.done()
     return Rollback(moving, target, want.fingerprint, done, request.dry_run, resumed,
-                    chosen.why, chosen.passed_over)
+                    chosen.why, chosen.passed_over, fleet.pairings(reached))
 
 
 def _moving(manifest: Manifest, to: str | None, tag: str | None) -> str:

@@ -283,7 +283,8 @@ def _check_image(manifest: Manifest, image: str, run: RunSpec, *, lock=None,
         # where ids are not config digests only an export of the whole image would tell it
         holds = Holds.of(version, facts.source,
                          fingerprint(engine.content(held.id))
-                         if engine.store().ids_are_config_digests else None)
+                         if engine.store().ids_are_config_digests else None,
+                         facts.commit, facts.created)
         installed = _installed(manifest, files, env, lock)
         locked = _stack_checks(manifest, installed, facts, lock, image)
         sites = _image_sites(manifest, installed, pkg.site, version)

@@ -45,7 +45,8 @@ from patchkit.formats.archive import ArchiveFacts, complete_archive, relay
 from patchkit.formats.layer import BaseImage, Layer, history_of
 from patchkit.engines.sdk import border, explain, sdk, ssh_adapter_class
 from patchkit.engines.sshlink import ssh_argv, ssh_port
-from patchkit.imageref import Platform, engine_problem, repository, split_tag
+from patchkit.imageref import (Platform, engine_problem, host_of, repository, split_tag,
+                               unreachable)
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
 from patchkit.process import Piped, run
 
@@ -151,10 +152,22 @@ class Engine:
 
     def identity(self) -> str:
         """What names this engine whatever address reached it: the ID its info gives (a
-        Docker Engine's), else its address."""
+        Docker Engine's) with its host name and root directory, else its address.  An ID
+        alone is not enough: engines of machines cloned from one image, or two dockerds given
+        one key file, report the same ID (see ``sameness``)."""
+        facts = self.sameness()
+        return " ".join(facts) if facts else self.host
+
+    def sameness(self) -> tuple[str, str, str] | None:
+        """The engine's ID, host name and root directory (``docker info``'s ID, Name and
+        DockerRootDir); None when its info gives no ID (Podman's compatible API)."""
         if self._info is None:
             self._info = self.info()
-        return str(self._info.get("ID") or self.host)
+        info = self._info
+        if not info.get("ID"):
+            return None
+        return (str(info.get("ID")), str(info.get("Name") or ""),
+                str(info.get("DockerRootDir") or ""))
 
     def store(self) -> Store:
         if self._store is None:
@@ -283,9 +296,9 @@ class Engine:
                             break
             except ImageError as exc:
                 why = explain(exc.__cause__) if exc.__cause__ is not None else str(exc)
-                raise ImageError(f"{what} {ref} not found: {why}") from exc
+                raise _pull_error(what, ref, why) from exc
             if refused is not None:
-                raise ImageError(f"{what} {ref} not found: {refused}")
+                raise _pull_error(what, ref, refused)
             image = self.inspect(ref)
         if image is None:
             raise ImageError(f"{what} {ref} not found on the engine at {self.host}")
@@ -677,3 +690,18 @@ def _daemon_said(line: str) -> str:
     """The engine's own words in a docker CLI error line."""
     return re.sub(r"^(Error response from daemon|Error|error during connect): ", "",
                   line).strip()
+
+
+_MISSING = re.compile(r"not found|manifest unknown|name unknown|does not exist", re.I)
+
+
+def _pull_error(what: str, ref: str, said: str) -> ImageError:
+    """A pull the engine failed, by its cause: a registry that never answered is "cannot
+    reach", and "not found" is said only when the registry answered so."""
+    cause = unreachable(said)
+    if cause is not None:
+        return ImageError(f"{what} {ref}: the engine cannot reach the registry {host_of(ref)}: "
+                          f"{cause}")
+    if _MISSING.search(said):
+        return ImageError(f"{what} {ref} not found: {said}")
+    return ImageError(f"{what} {ref}: the pull failed: {said}")

@@ -38,7 +38,7 @@ from patchkit.errors import CommandError, ImageError
 from patchkit.formats.layer import Layer, image_id_of
 from patchkit.formats.manifests import (DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX,
                                         OCI_MANIFEST, RemoteImage)
-from patchkit.imageref import Platform, repository
+from patchkit.imageref import DOCKER_HUB, Platform, host_of, repository, unreachable
 from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.process import run
 
@@ -46,14 +46,10 @@ Log = Callable[[str], None]
 
 INSECURE_ENV = "PATCHKIT_INSECURE_REGISTRIES"
 DIR_VERSION = "Directory Transport Version: 1.1\n"  # skopeo's dir: layout
-DOCKER_HUB = "docker.io"
 
 
 # What a registry says when the name or tag is not there (as skopeo words it).
 _MISSING = re.compile(r"manifest unknown|name unknown|not found|no such image", re.I)
-_UNREACHABLE = re.compile(r"pinging container registry|dial tcp|no such host|connection refused|"
-                          r"i/o timeout|network is unreachable|TLS handshake|server gave HTTP "
-                          r"response to HTTPS client", re.I)
 
 
 class MissingError(ImageError):
@@ -74,15 +70,6 @@ class UnreachableError(ImageError):
 
 # What a registry that answered says when it will not serve (its ping included).
 _REFUSED = re.compile(r"invalid status code|unauthorized|denied|forbidden", re.I)
-
-
-def host_of(name: str) -> str:
-    """The registry host a reference names: its first component when that looks like a host
-    (has a ``.`` or ``:``, or is ``localhost``), else Docker Hub, as the engine reads it."""
-    first, sep, _ = name.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return DOCKER_HUB
 
 
 def _bare_host(host: str) -> str:
@@ -176,12 +163,17 @@ class Registry:
             return run([self.skopeo, *args], text=text).stdout
         except CommandError as exc:
             detail = skopeo_message(exc.output)
-            if _MISSING.search(detail) and not _UNREACHABLE.search(detail):
+            cause = unreachable(detail)
+            if cause is not None and not _REFUSED.search(detail):
+                # "not found" only when the registry answered
+                host = next((host_of(a[len("docker://"):]) for a in args
+                             if a.startswith("docker://")), "the registry")
+                raise UnreachableError(f"{what}: cannot reach the registry {host}: {cause}",
+                                       detail) from None
+            if _MISSING.search(detail):
                 if missing is None:
                     return None
                 raise MissingError(f"{missing}: {detail}", detail) from None
-            if _UNREACHABLE.search(detail) and not _REFUSED.search(detail):
-                raise UnreachableError(f"{what}: {detail}", detail) from None
             raise ImageError(f"{what}: {detail}") from None
 
     # -- reading
@@ -207,9 +199,8 @@ class Registry:
         if host_of(name) == DOCKER_HUB and not name.startswith(("docker.io/", "index.docker.io/")):
             hint = (" (the name has no registry host, so it means Docker Hub; --no-daemon reads "
                     "the base from a registry: push it to one, or build through an engine)")
-        raw = self.raw_manifest(name, what=f"base image {name} is not in any registry it can "
-                                f"reach{hint}", missing=f"base image {name} not found in its "
-                                f"registry{hint}")
+        raw = self.raw_manifest(name, what=f"base image {name}{hint}",
+                                missing=f"base image {name} not found in its registry{hint}")
         assert raw is not None
         digest = _digest(raw)
         repo = repository(name)

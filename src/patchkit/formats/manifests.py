@@ -103,8 +103,11 @@ def base_image(remote: RemoteImage, layer_sizes: list[int], platform: Platform) 
         history=history_of(engine_history(doc, layer_sizes), len(diff_ids), remote.name))
 
 
-def image_manifest(remote: RemoteImage, config: bytes, made: Layer) -> bytes:
-    """The new image's manifest: the base's layers as they are, then the new layer."""
+def image_manifest(remote: RemoteImage, config: bytes, made: Layer,
+                   annotations: dict[str, str] | None = None) -> bytes:
+    """The new image's manifest: the base's layers as they are, then the new layer; with
+    ``annotations`` (the OCI ones among the config's labels, for registries and scanners that
+    read a manifest alone)."""
     kind = remote.media_type
     doc: dict = {"schemaVersion": 2}
     if remote.manifest.get("mediaType"):
@@ -115,4 +118,6 @@ def image_manifest(remote: RemoteImage, config: bytes, made: Layer) -> bytes:
                      "size": len(config), "digest": image_id_of(config)}
     doc["layers"] = [dict(d) for d in remote.layers] + [
         {"mediaType": UNCOMPRESSED_LAYER[kind], "size": made.bytes, "digest": made.diff_id}]
+    if annotations:
+        doc["annotations"] = dict(sorted(annotations.items()))
     return json.dumps(doc, indent=3).encode()

@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from patchkit import git as g
 from patchkit import source
 from patchkit.image import artifact
 from patchkit.image import base as base_
@@ -64,6 +65,9 @@ class BuildReport:
     load: str | None = None         # overlay: "partial" or "complete" archive
     copy: object | None = None      # transfer.CopyReport of the copy to other engines
     holds: build.Holds | None = None
+    # what the image runs: {"from": "image.serve" | "build/serve.sh" | "base" | "Dockerfile",
+    # "command": [the words]}; "base": the base's command, unchanged (said in one line)
+    serves: dict | None = None
 
     @property
     def built(self) -> bool:
@@ -98,6 +102,8 @@ class BuildReport:
             data["load"] = self.load
         if self.holds is not None:
             data["holds"] = self.holds.to_dict()
+        if self.serves is not None:
+            data["serves"] = self.serves
         if self.copy is not None:
             data["copy"] = self.copy.to_dict()
         return data
@@ -124,20 +130,38 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
     _log_choice(choice, log)
     final_tag = run.final_tag(manifest, tree.vllm.ref, tree.vllm.version, tree.report.variant)
     plat = run.platform
+    project = g.provenance(manifest.root)
     job = Job(manifest, tree, choice, plat, final_tag, run.base, choices.push, log, run.cache,
                        engine=engine, registry=registry, max_jobs=choices.max_jobs,
                        nvcc_threads=choices.nvcc_threads, packages=packages, lock=lock,
                        artifacts=_artifacts(manifest, tree, plat, run.cache, log),
-                       base_from=run.base_from, held=held)
+                       base_from=run.base_from, held=held, project=project)
     previous = engine.tagged(final_tag) if engine is not None else None
     built = builders.choose(choices.no_daemon, choice).build(job)
     immutable = _immutable(engine, built, final_tag) if choices.immutable else None
     digest, saved = _deliver(engine, built, final_tag, immutable, push=choices.push,
                              save=choices.save, previous=previous, log=log)
     kind = source.kind_of(tree.vllm.source or run.sources[0]).name
-    holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag))
+    holds = build.Holds.of(built.installed, kind, _fingerprint(built, engine, final_tag),
+                           project.revision,
+                           labels.real_time(layer.iso_time(build.source_date(tree))))
     return _report(tree, choice, plat, final_tag, built, digest, push=choices.push,
-                   saved=saved, started=started, holds=holds, immutable=immutable)
+                   saved=saved, started=started, holds=holds, immutable=immutable,
+                   serves=_serves(manifest, choice.mode, built.base))
+
+
+def _serves(manifest: Manifest, mode: str, base) -> dict:
+    """What the image runs, and where that came from (see ``BuildReport.serves``)."""
+    if mode == build.SOURCE_MODE:
+        return {"from": "Dockerfile", "command": None}
+    command = build.serve_command(manifest)
+    if command is not None:
+        asked = manifest.image.serve
+        return {"from": "image.serve" if asked is not None and asked.command
+                else build.SERVE_SCRIPT, "command": list(command)}
+    config = (base.config if base is not None else None) or {}
+    return {"from": "base", "command": [*(config.get("Entrypoint") or []),
+                                        *(config.get("Cmd") or [])]}
 
 
 def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack | None
@@ -256,7 +280,7 @@ def reach_registry(manifest: Manifest, run: RunSpec):
 
 def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built, digest, *,
             push: bool, saved: dict | None, started: float, holds: build.Holds,
-            immutable: str | None) -> BuildReport:
+            immutable: str | None, serves: dict | None = None) -> BuildReport:
     b = built.base
     vllm = asdict(tree.vllm)
     if built.vllm_dir:
@@ -272,4 +296,5 @@ def _report(tree: AppliedCheckout, choice, plat: Platform, final_tag: str, built
         variant=tree.report.variant,
         layer=built.layer, reused=built.reused, pushed=bool(push), saved=saved,
         not_shipped=list(choice.not_shipped), seconds=round(time.monotonic() - started, 2),
-        buildargs=built.buildargs, load=built.load, holds=holds, immutable_tag=immutable)
+        buildargs=built.buildargs, load=built.load, holds=holds, immutable_tag=immutable,
+        serves=serves)

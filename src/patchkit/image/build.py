@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 from patchkit import source, versions
 from patchkit.errors import ImageError, UsageError
+from patchkit.git import Provenance
 from patchkit.image import base as base_
 from patchkit.image import prebuilt
 from patchkit.image import labels as image_labels
@@ -406,7 +407,8 @@ def installed_problem(base_name: str, installed: str | None, tree: AppliedChecko
 
 
 def inputs_key(base: layer.BaseImage, labels: dict, shipped: Sequence[Change], serve: bytes | None,
-               mtime: int, packages: Sequence[PackageTree] = ()) -> str:
+               mtime: int, packages: Sequence[PackageTree] = (),
+               serving: dict | None = None) -> str:
     """What the overlay image is a function of.  An image carrying the same key was made from
     the same base (by what the image takes from it, the same on every store) and the same
     files, so it is the same image."""
@@ -417,6 +419,8 @@ def inputs_key(base: layer.BaseImage, labels: dict, shipped: Sequence[Change], s
            "packages": {p.name: [[c.status, c.path, c.mode, c.blob] for c in p.shipped]
                         for p in packages},
            "serve": hashlib.sha256(serve).hexdigest() if serve is not None else None}
+    if serving is not None:   # image.serve: only then, so that every other key stays as it was
+        doc["serving"] = serving
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -428,20 +432,39 @@ class OverlayInputs:
     created: int
     labels: dict[str, str]
     key: str
+    command: tuple[str, ...] | None = None   # the image's CMD (None: the base's)
+    env: tuple[tuple[str, str], ...] = ()     # image.serve.env
 
 
 def overlay_inputs(manifest: Manifest, tree: AppliedCheckout, choice: ModeChoice,
-                   base: layer.BaseImage, packages: Sequence[PackageTree] = ()
-                   ) -> OverlayInputs:
+                   base: layer.BaseImage, packages: Sequence[PackageTree] = (),
+                   project: Provenance = Provenance()) -> OverlayInputs:
     serve_file = manifest.root / SERVE_SCRIPT
     serve = serve_file.read_bytes() if serve_file.is_file() else None
     created = source_date(tree)
     labels = image_labels.run_labels(manifest, tree, mode=OVERLAY_MODE, created=created,
                                      digest=patchset_digest(manifest),
-                                     packages=packages_of(manifest, tree))
+                                     packages=packages_of(manifest, tree), project=project)
     labels.update(image_labels.base_labels(base))
+    asked = manifest.image.serve
+    command = serve_command(manifest)
+    serving = ({"command": list(asked.command) if asked.command else None,
+                "env": [list(kv) for kv in asked.env]} if asked is not None else None)
     return OverlayInputs(serve, created, labels,
-                         inputs_key(base, labels, choice.shipped, serve, created, packages))
+                         inputs_key(base, labels, choice.shipped, serve, created, packages,
+                                    serving),
+                         command, asked.env if asked is not None else ())
+
+
+def serve_command(manifest: Manifest) -> tuple[str, ...] | None:
+    """What an overlay image of ``manifest`` runs: ``image.serve.command``, else
+    build/serve.sh (laid in as ``/usr/local/bin/patchkit-serve``), else None: the base's."""
+    asked = manifest.image.serve
+    if asked is not None and asked.command:
+        return asked.command
+    if (manifest.root / SERVE_SCRIPT).is_file():
+        return ("/" + SERVE_PATH,)
+    return None
 
 
 def packages_of(manifest: Manifest, tree: AppliedCheckout) -> dict[str, dict[str, str]]:
@@ -459,11 +482,13 @@ def overlay_image(base: layer.BaseImage, plan: OverlayPlan, inputs: OverlayInput
                                               made))
     if plan.env:
         labels.update(image_labels.jit_labels(plan.env))
+    # the JIT places the plan sets win over image.serve.env: the labels say where they are
+    env = {**dict(inputs.env), **(plan.env or {})}
     config = layer.image_config(
-        base, made, labels=labels, created=inputs.created, env=plan.env,
+        base, made, labels=labels, created=inputs.created, env=env,
         created_by=f"patchkit build-image: {made.files} file(s) into {plan.package.dir}",
-        cmd=["/" + SERVE_PATH] if inputs.serve is not None else None,
-        reset_entrypoint=inputs.serve is not None)
+        cmd=list(inputs.command) if inputs.command is not None else None,
+        reset_entrypoint=inputs.command is not None)
     return made, config
 
 
@@ -475,10 +500,14 @@ class Holds:
     commit: str | None        # the commit that version names (a dev build), else None
     source: str | None        # where the pristine tree came from: git, pypi, image (None: unknown)
     fingerprint: str | None   # its content: config digest + layer diff_ids (engines.facts.fingerprint)
+    patchset_commit: str | None = None   # the patchset's commit it was built from, -dirty marked
+    created: str | None = None           # its creation time, when real (labels.real_time)
 
     @classmethod
-    def of(cls, installed: str | None, source_kind: str | None, fingerprint: str | None) -> Holds:
-        return cls(installed, versions.named_commit(installed), source_kind, fingerprint)
+    def of(cls, installed: str | None, source_kind: str | None, fingerprint: str | None,
+           patchset_commit: str | None = None, created: str | None = None) -> Holds:
+        return cls(installed, versions.named_commit(installed), source_kind, fingerprint,
+                   patchset_commit, created)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
-from patchkit import source, versions
+from patchkit import __version__, source, versions
 from patchkit.formats import layer
+from patchkit.git import Provenance
 from patchkit.image.prebuilt import CUBIN_ENV, WORKSPACE_ENV
 from patchkit.imageref import split_tag
 from patchkit.manifest import Manifest
@@ -46,15 +48,36 @@ JIT_CUBINS_LABEL = "io.patchkit.jit.cubins"
 # the compiled files placed from pinned wheels: [{patch, dist, member, member_sha256, wheel_sha256}]
 ARTIFACTS_LABEL = "io.patchkit.artifacts"
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
+# Where the image came from (see run_labels): the patchset's commit, its repository, the
+# reproducible time, the patchkit that made it
+REVISION_LABEL = "org.opencontainers.image.revision"
+SOURCE_URL_LABEL = "org.opencontainers.image.source"
+CREATED_LABEL = "org.opencontainers.image.created"
+PATCHSET_COMMIT_LABEL = "io.patchkit.patchset.commit"
+PATCHKIT_VERSION_LABEL = "io.patchkit.version"
+OCI_PREFIX = "org.opencontainers.image."
+# A time at or before patchkit's fixed commit date (2000-01-01, the date of the commits it
+# makes of a release's wheel), the epoch among them, says no time: such a build is
+# reproducible, and has no build time to show.
+NO_TIME = 946684800
 LAYER_LABELS = ("io.patchkit.layer.files", "io.patchkit.layer.bytes",
                 "io.patchkit.layer.whiteouts")
 
 
 def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created: int,
-               digest: str, packages: dict[str, dict[str, str]] | None = None
-               ) -> dict[str, str]:
+               digest: str, packages: dict[str, dict[str, str]] | None = None,
+               project: Provenance = Provenance()) -> dict[str, str]:
     """What every image patchkit builds says about the run that made it; ``packages``: each
-    package's ``{"version", "commit", "source"}`` by name."""
+    package's ``{"version", "commit", "source"}`` by name; ``project``: the patchset's own
+    commit and where it is published.
+
+    The OCI annotations say where the image came from as registries and scanners read them:
+    ``revision`` the patchset's commit (``-dirty`` when its folder had changes not committed),
+    ``source`` the patchset's repository (its origin remote), ``created`` the reproducible
+    time (the pinned release's commit time, or SOURCE_DATE_EPOCH), ``version`` the vLLM
+    release and the patchset.  All of them are inputs (``build.inputs_key``): the same commit
+    and inputs give the same image id, and a new commit a new one, even with the same patches,
+    since its labels differ."""
     vllm = tree.vllm
     repo = vllm.source or (manifest.vllm.repos[0] if manifest.vllm.repos else "")
     kind = source.kind_of(repo) if repo else None
@@ -62,15 +85,20 @@ def run_labels(manifest: Manifest, tree: AppliedCheckout, *, mode: str, created:
         repo = kind.label(repo, str(vllm.version or vllm.ref))
     version = vllm.version or vllm.ref or "unknown"
     patches = [{"id": p.id, "status": p.status} for p in tree.report.patches]
+    origin = {SOURCE_URL_LABEL: project.origin} if project.origin else {}
+    revision = {REVISION_LABEL: project.revision, PATCHSET_COMMIT_LABEL: project.revision
+                } if project.revision else {}
     return {
         "org.opencontainers.image.title": manifest.name,
-        "org.opencontainers.image.source": str(repo),
-        "org.opencontainers.image.revision": str(vllm.commit or tree.base),
+        **origin,
+        **revision,
         "org.opencontainers.image.version": f"{version}+{manifest.name}",
-        "org.opencontainers.image.created": layer.iso_time(created),
+        CREATED_LABEL: layer.iso_time(created),
+        PATCHKIT_VERSION_LABEL: __version__,
         "io.patchkit.mode": mode,
         PATCHSET_LABEL: manifest.name,
         "io.patchkit.patchset.digest": digest,
+        "io.patchkit.vllm.repo": str(repo),
         "io.patchkit.vllm.ref": str(vllm.ref or ""),
         "io.patchkit.vllm.commit": str(vllm.commit or tree.base),
         VLLM_VERSION_LABEL: str(vllm.version or ""),
@@ -170,6 +198,9 @@ class ImageFacts:
     patchset: str | None = None    # the patchset that made it
     inputs: str | None = None      # the inputs key (overlay builds)
     version: str | None = None     # the vLLM release it was applied to
+    commit: str | None = None      # the patchset's commit, "-dirty" marked (None: not said)
+    created: str | None = None     # when it was made, when that is a real time (see NO_TIME)
+    patchkit: str | None = None    # the patchkit version that made it
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> ImageFacts:
@@ -187,10 +218,35 @@ class ImageFacts:
                    _packages(labels.get(PACKAGES_LABEL)),
                    _jit_modules(labels.get(JIT_MODULES_LABEL)),
                    labels.get(PATCHSET_LABEL) or None, labels.get(INPUTS_LABEL) or None,
-                   labels.get(VLLM_VERSION_LABEL) or None)
+                   labels.get(VLLM_VERSION_LABEL) or None,
+                   labels.get(PATCHSET_COMMIT_LABEL) or None,
+                   real_time(labels.get(CREATED_LABEL)),
+                   labels.get(PATCHKIT_VERSION_LABEL) or None)
 
     def skipped(self) -> set[str]:
         return {pid for pid, status in self.statuses.items() if status is Status.SKIPPED}
+
+
+def real_time(text: str | None) -> str | None:
+    """``text`` (an RFC 3339 time, as labels and engines write it) when it is a real time;
+    None when it is none, unreadable, or not real (at or before ``NO_TIME``: the epoch,
+    2000-01-01): a reproducible build's time says nothing of when it was made."""
+    if not text:
+        return None
+    try:
+        when = datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1",
+                                             text.strip().replace("Z", "+00:00")))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return text if when.timestamp() > NO_TIME else None
+
+
+def annotations(labels: dict[str, str]) -> dict[str, str]:
+    """The OCI annotations among ``labels`` (``org.opencontainers.image.*``), for a manifest
+    that carries them beside its config."""
+    return {k: v for k, v in sorted(labels.items()) if k.startswith(OCI_PREFIX)}
 
 
 def _mapping(text: str | None) -> dict | None:

@@ -21,8 +21,8 @@ from patchkit.errors import ManifestError, SettingError
 from patchkit.imageref import Platform, engine_problem, reference_problem
 from patchkit.manifest.model import (ACCEPTANCE_LINE, ID_MAX, ID_RE, PREDICATES, VLLM, Artifact,
                                      Assertion, BumpSettings, Floor, ImageDefaults, Manifest,
-                                     Marker, Package, Patch, Variant, id_problem, length_problem,
-                                     rate_problem, shown_id, summary_problem)
+                                     Marker, Package, Patch, Serve, Variant, id_problem,
+                                     length_problem, rate_problem, shown_id, summary_problem)
 from patchkit import jitrules
 from patchkit.source import word_problem
 from patchkit.source.refs import BASE_REF, IMAGE_SOURCE, ref_problem
@@ -35,7 +35,9 @@ TOP_KEYS = ("name", "vllm", "packages", "image", "patches", "variants", "runtime
 BUMP_KEYS = ("probes", "timeout")
 VLLM_KEYS = ("repo", "ref")
 PACKAGE_KEYS = ("dist", "repo", "ref")
-IMAGE_KEYS = ("base", "platform", "tag", "requires", "cuda_arch", "nodes")
+IMAGE_KEYS = ("base", "platform", "tag", "requires", "cuda_arch", "nodes", "serve")
+SERVE_KEYS = ("command", "env")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # The keys of a patch entry besides its ranges.  A range key is a package's name, in the same
 # mapping, so no package may take one of these names.
 ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verify", "replaces",
@@ -386,7 +388,11 @@ class _Loader:
         requires: dict[str, SpecifierSet] = {}
         lines: dict[str, int] = {}
         nodes: tuple[str, ...] = ()
+        serve: Serve | None = None
         for key, (_, value_node) in fields.items():
+            if key == "serve":
+                serve = self.serve(value_node)
+                continue
             if key == "requires":
                 requires, lines = self.requires(value_node)
                 continue
@@ -417,7 +423,36 @@ class _Loader:
                 self.fail(f"image.{key}: {values[key]!r} is not an image reference: {problem}",
                           fields[key][1])
         return ImageDefaults(**values, requires=requires, requires_lines=lines, nodes=nodes,
-                             lines={k: _line(fields[k][1]) for k in values})
+                             lines={k: _line(fields[k][1]) for k in values}, serve=serve)
+
+    def serve(self, node: yaml.Node) -> Serve:
+        """``image.serve:``: ``command`` (a list of words, run as they are: no shell) and
+        ``env`` (a mapping of variable names to values)."""
+        fields = self.mapping(node, "image.serve", SERVE_KEYS,
+                              what="a mapping with command: [WORD, ...] and env: {NAME: value}")
+        command = None
+        if "command" in fields:
+            items = self.sequence(fields["command"][1], "image.serve.command",
+                                  "a list of words, the program first")
+            command = tuple(self.string(item, f"image.serve.command[{i}]")
+                            for i, item in enumerate(items))
+            if not command or not command[0].strip():
+                self.fail("image.serve.command: give the program to run, then its arguments",
+                          fields["command"][1])
+        env: list[tuple[str, str]] = []
+        if "env" in fields:
+            env_fields = self.mapping(fields["env"][1], "image.serve.env", None,
+                                      what="a mapping of variable names to values")
+            for name, (key_node, value_node) in env_fields.items():
+                if not _ENV_NAME_RE.match(name):
+                    self.fail(f"image.serve.env: {name!r} is not a variable name (letters, "
+                              "digits and '_', not starting with a digit)", key_node)
+                if not isinstance(value_node, yaml.ScalarNode) or value_node.value is None \
+                        or value_node.tag.endswith(":null"):
+                    self.fail(f"image.serve.env.{name}: give a value (a string, number or "
+                              "boolean)", value_node)
+                env.append((name, str(value_node.value)))
+        return Serve(command, tuple(sorted(env)), _line(node))
 
     def nodes(self, node: yaml.Node) -> tuple[str, ...]:
         """``image.nodes:``: the engines ``images`` and ``rollback`` reach besides the one

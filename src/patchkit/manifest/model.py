@@ -235,6 +235,19 @@ class ImageDefaults:
     cuda_arch: str = "121a"
     # the engines `images` and `rollback` reach besides DOCKER_HOST's (engine addresses)
     nodes: tuple[str, ...] = ()
+    # `serve:` the image's command and environment (None: build/serve.sh's, else the base's)
+    serve: "Serve | None" = None
+
+
+@dataclass(frozen=True)
+class Serve:
+    """``image.serve:``: what the image runs (its CMD, the base's ENTRYPOINT cleared; None:
+    build/serve.sh when the patchset has one, else the base's), and the environment set in it
+    (``NAME: value``, replacing the base's values of those names)."""
+
+    command: tuple[str, ...] | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    line: int = 0
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,17 @@
 manifest's ``image.nodes``, then each one given, each reached once.
 
 A node that cannot be reached is kept as its one line (``Node.error``): the verbs go on with
-the others and say it.  Two addresses that reach the same engine (its info ID) are one node,
-the first address naming it.
+the others and say it.  Two addresses are one node, the first address naming it, only when the
+engine's ID, host name and root directory all agree (``Engine.sameness``): machines cloned from
+one image, or two dockerds given one key file, report one ID and are still two engines.  Either
+way, two addresses that share an ID are told (``Pairing``): merged, and why; or kept apart,
+and by what.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypeVar
 
 from patchkit.errors import PatchkitError
@@ -18,11 +21,27 @@ from patchkit.engines.docker import Engine, docker_host, engine_url
 DEFAULT = "unix:///var/run/docker.sock"   # the SDK's when DOCKER_HOST is unset
 
 
+@dataclass(frozen=True)
+class Pairing:
+    """Two addresses whose engines report one ID: ``merged`` (one engine, listed once as
+    ``into``) or not (two engines that share an ID), and the facts that decided it."""
+
+    address: str
+    into: str
+    merged: bool
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"address": self.address, "into": self.into, "merged": self.merged,
+                "reason": self.reason}
+
+
 @dataclass
 class Node:
     url: str
     engine: Engine | None = None
     error: str | None = None       # why it could not be reached
+    pairings: list[Pairing] = field(default_factory=list)   # told about this address
 
 
 def addresses(manifest_nodes: Sequence[str], given: Sequence[str], what: str) -> list[str]:
@@ -39,30 +58,61 @@ def addresses(manifest_nodes: Sequence[str], given: Sequence[str], what: str) ->
 def reach(urls: Sequence[str], timeout: float,
           connect: Callable[[str], Engine] | None = None) -> list[Node]:
     """Each node connected (all at once: an ssh handshake is most of the wait), or its error
-    kept; the same engine reached twice is one node."""
+    kept; the same engine reached twice is one node (see the module's doc), and the address
+    left out is said on the node kept (``Node.pairings``)."""
     connect = connect or (lambda url: Engine.connect(url, timeout=timeout))
 
-    def one(url: str) -> tuple[Engine, str]:
+    def one(url: str) -> tuple[Engine, tuple[str, str, str] | None]:
         engine = connect(url)
         try:
-            return engine, engine.identity()
+            return engine, engine.sameness()
         except BaseException:
             engine.close()
             raise
 
     nodes: list[Node] = []
-    seen: dict[str, str] = {}
+    seen: list[tuple[Node, tuple[str, str, str]]] = []
     for url, (got, error) in zip(urls, each(urls, one)):
         if error is not None:
             nodes.append(Node(url, error=str(error)))
             continue
-        engine, identity = got
-        if identity in seen:
+        engine, facts = got
+        same = next((n for n, f in seen if facts is not None and f == facts), None)
+        if same is not None and facts is not None:
             engine.close()
+            same.pairings.append(Pairing(url, same.url, True, _same(facts)))
             continue
-        seen[identity] = url
-        nodes.append(Node(url, engine))
+        twin = next(((n, f) for n, f in seen if facts is not None and f[0] == facts[0]), None)
+        node = Node(url, engine)
+        if twin is not None and facts is not None:
+            node.pairings.append(Pairing(url, twin[0].url, False, _apart(facts, twin[1])))
+        if facts is not None:
+            seen.append((node, facts))
+        nodes.append(node)
     return nodes
+
+
+def pairings(nodes: Sequence[Node]) -> list[Pairing]:
+    """What was said of addresses that share an engine ID, in the nodes' order."""
+    return [p for n in nodes for p in n.pairings]
+
+
+def _same(facts: tuple[str, str, str]) -> str:
+    engine_id, name, root = facts
+    return (f"one engine: its ID {_short(engine_id)}, host name {name or '(none)'} and root "
+            f"directory {root or '(none)'} agree")
+
+
+def _apart(facts: tuple[str, str, str], other: tuple[str, str, str]) -> str:
+    what = [f"{word} {a or '(none)'} vs {b or '(none)'}"
+            for word, a, b in (("host name", facts[1], other[1]),
+                               ("root directory", facts[2], other[2])) if a != b]
+    return (f"two engines that share the ID {_short(facts[0])} (a cloned machine or a shared "
+            f"key file): {'; '.join(what)}")
+
+
+def _short(engine_id: str) -> str:
+    return engine_id if len(engine_id) <= 14 else engine_id[:14] + "..."
 
 
 T = TypeVar("T")

@@ -7,7 +7,9 @@ under ``T``), and tags patchkit did not make (a user's own).
 
 Builds are reproducible, so an image's creation time is its release commit's and says nothing
 of when it was built.  They are ordered by when the node got them: the first time patchkit saw
-each build on that node, kept in the history under the cache (``nodes/<engine id>.json``).  A
+each build on that node, kept in the history under the cache (``nodes/<hash>.json``, one per
+engine as its ID, host name and root directory together name it: machines cloned from one
+image report one ID, and must not share a history; ``Engine.identity``).  A
 build the history does not know yet is entered at the engine's last-tag time (the time the
 node tagged it: build-image, copy-image and rollback tag each build when it arrives), else at
 its creation time.  Entered once, a build keeps its place: a rollback tags an older build
@@ -67,7 +69,10 @@ class Build:
         return {"id": self.id, "tags": list(self.tags), "immutable_tag": self.fixed,
                 "more_immutable_tags": list(self.more_fixed),
                 "moving_tags": list(self.moving), "other_tags": list(self.foreign),
-                "current": self.current, "created": self.created,
+                "current": self.current,
+                # a reproducible build's time that is not real (the epoch, 2000-01-01): None
+                "created": labels.real_time(self.created),
+                "commit": f.commit, "patchkit": f.patchkit,
                 "got": _iso(self.got), "vllm": f.version or f.installed,
                 "packages": {k: v.get("version") for k, v in (f.packages or {}).items()},
                 "patches": [p for p, s in f.statuses.items() if s == "applied"]}
@@ -130,7 +135,8 @@ def _build(image: Inspected, got: float) -> Build:
 
 class History:
     """When each node got each build, as patchkit first saw it there: one file per engine
-    under the cache (``nodes/<sha256 of the engine's identity>.json``)."""
+    under the cache (``nodes/<sha256 of the engine's identity>.json``: its ID, host name and
+    root directory, never its ID alone)."""
 
     def __init__(self, cache: Path | None = None) -> None:
         self.cache = cache

@@ -54,8 +54,7 @@ from patchkit.engines.facts import Inspected, Prefix, Transfer
 from patchkit.engines.facts import fingerprint
 from patchkit.formats.archive import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, relay,
                                       relayed_export, zstd_module)
-from patchkit.engines.registry import host_of
-from patchkit.imageref import reference_problem, repository, split_tag
+from patchkit.imageref import host_of, reference_problem, repository, split_tag
 from patchkit.process import Piped
 from patchkit.report import Word
 from patchkit.timeouts import DEFAULT_TIMEOUT

@@ -8,9 +8,27 @@ from patchkit.packageid import VLLM
 from patchkit.render.progress import size
 
 
+NO_TIME = "reproducible (no build time)"
+
+
+def commit(revision: str | None) -> str:
+    """A patchset commit as a line shows it: 12 hex, and its -dirty mark."""
+    if not revision:
+        return "unknown (built outside a git repository, or before patchkit said)"
+    sha, dash, mark = revision.partition("-")
+    return sha[:12] + dash + mark
+
+
+def pairings(data: dict) -> list[str]:
+    """One line per address that shares an engine ID with another: merged, or kept apart."""
+    return [(f"merged    {p['address']} into {p['into']}: {p['reason']}" if p["merged"] else
+             f"apart     {p['address']} and {p['into']}: {p['reason']}")
+            for p in data.get("same_engine_id", [])]
+
+
 def listing(report) -> str:
     data = report.to_dict()
-    lines: list[str] = []
+    lines: list[str] = pairings(data)
     for node in data["nodes"]:
         if not node["ok"]:
             lines.append(f"{node['node']}: unreachable: {node['error']}")
@@ -38,8 +56,9 @@ def _build_lines(image: dict) -> list[str]:
     others.pop(VLLM.name, None)   # told first, as vLLM
     packages = ", ".join(f"{k} {v}" for k, v in sorted(others.items()) if v)
     info = (f"      vLLM {image['vllm'] or '?'}" + (f" ({packages})" if packages else "")
-            + f"; created {image['created'] or '?'}; on this node since {image['got']}")
-    lines = [head, info, f"      patches: {', '.join(image['patches']) or 'none'}"]
+            + f"; created {image['created'] or NO_TIME}; on this node since {image['got']}")
+    lines = [head, info, f"      patchset commit {commit(image.get('commit'))}; patches: "
+                         f"{', '.join(image['patches']) or 'none'}"]
     if image["other_tags"]:
         lines.append(f"      other tags: {', '.join(image['other_tags'])}")
     lines.append(f"      evidence: {last_evidence(image['last_evidence'])}"
@@ -97,7 +116,7 @@ def evidence_problems(report) -> list[str]:
 def pruned(report) -> str:
     data = report.to_dict()
     verb = "would remove" if data["dry_run"] else "removed"
-    lines: list[str] = []
+    lines: list[str] = pairings(data)
     for node in data["nodes"]:
         where = node["node"]
         if not node["ok"]:
@@ -114,7 +133,8 @@ def pruned(report) -> str:
 
 def rollback(report) -> str:
     data = report.to_dict()
-    lines = [f"passed over {p}" for p in data.get("passed_over") or ()]
+    lines = pairings(data)
+    lines += [f"passed over {p}" for p in data.get("passed_over") or ()]
     if data.get("why"):
         lines.append(f"{'would roll' if data['dry_run'] else 'rolling'} {data['moving_tag']} "
                      f"back to {data['to']}: {data['why']}")

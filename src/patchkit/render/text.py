@@ -6,6 +6,8 @@ from patchkit.imageref import split_tag
 from patchkit.manifest import VLLM, identity
 from patchkit.render import plural
 from patchkit.render.colors import paint
+from patchkit.render.images import NO_TIME
+from patchkit.render.images import commit as shown_commit
 from patchkit.report import ApplyReport, AssertionResult, PatchResult, Status
 
 
@@ -95,12 +97,17 @@ def apply(report: ApplyReport) -> str:
     return "\n".join(lines)
 
 
-def holds(data: dict) -> str:
-    """What an image holds (image.build.Holds as a dict), as one line."""
+def holds(data: dict, created: bool = False) -> str:
+    """What an image holds (image.build.Holds as a dict), as one line; with ``created``, when
+    it was made (``verify --image``: build-image just made it)."""
     installed = data.get("installed") or "(version unknown)"
     commit = f" (commit {data['commit']})" if data.get("commit") else ""
+    made = (f", patchset commit {shown_commit(data['patchset_commit'])}"
+            if data.get("patchset_commit") else "")
+    if created:
+        made += f", created {data.get('created') or NO_TIME}"
     return (f"vLLM {installed}{commit}, source {data.get('source') or 'unknown'}, "
-            f"fingerprint {data.get('fingerprint') or 'unknown'}")
+            f"fingerprint {data.get('fingerprint') or 'unknown'}{made}")
 
 
 def verify(report) -> str:
@@ -114,7 +121,7 @@ def verify(report) -> str:
         lines += [f"note: {note}" for note in report.notes]
         lines += runtime(report.runtime, report.logs, report.waiting)
     if report.holds is not None:
-        lines.append(f"{report.target} holds {holds(report.holds.to_dict())}")
+        lines.append(f"{report.target} holds {holds(report.holds.to_dict(), created=True)}")
     for name, where in getattr(report, "jit", {}).items():
         lines.append(f"{name}: JIT cache in {where['jit_cache']}, cubins in {where['cubins']} "
                      f"({where['cubins_from']})")
@@ -189,6 +196,13 @@ def build_image(report) -> str:
                      + (f", {report.layer.whiteouts} whiteout(s)" if report.layer.whiteouts else ""))
     if report.holds is not None:
         lines.append(f"  holds: {holds(report.holds.to_dict())}")
+    serves = getattr(report, "serves", None)
+    if serves and serves["from"] == "base":
+        shown = " ".join(serves["command"]) or "nothing"
+        lines.append(f"  serves: the base's command, unchanged ({shown}): the patchset gives "
+                     "no image.serve.command nor build/serve.sh (docs/serving.md)")
+    elif serves and serves["command"]:
+        lines.append(f"  serves: {' '.join(serves['command'])} (from {serves['from']})")
     if report.base:
         lines.append(f"  base: {report.base['name']} @ {report.base['digest']}")
     if report.digest:

@@ -162,6 +162,11 @@ def _failed(url: str, repo: Path, why: str) -> SourceError:
     if g.answers(url):
         done = "made" if why.startswith("cannot clone") else "updated"
         return SourceError(f"{url} answered, but the mirror could not be {done} ({why})")
+    return _unreachable(url, repo, why)
+
+
+def _unreachable(url: str, repo: Path, why: str) -> UnreachableError:
+    """``url`` did not answer: remembered for ``UNREACHABLE_FOR``."""
     until = time.time() + UNREACHABLE_FOR
     try:
         _marker(repo).write_text(json.dumps({"url": url, "why": why, "until": until}))
@@ -192,6 +197,11 @@ def _looks_like_git(path: Path) -> bool:
 
 
 def _clone_mirror(url: str, repo: Path, log: Log) -> None:
+    # Asked first, so that a source out of reach is one line (the unreachable one), never a
+    # "mirroring" line for a copy that is not going to be made.
+    silent = g.silence(url)
+    if silent is not None:
+        raise _unreachable(url, repo, f"cannot clone: {_first_error(silent)}")
     log(f"mirroring {url} (a first clone)")
     tmp = Path(tempfile.mkdtemp(prefix=repo.name + ".", dir=repo.parent))
     try:

@@ -33,7 +33,8 @@ class EngineOverlay(EnginePath):
             log(f"resolving the base {base_ref} for {platform}")
             base = engine.resolve_base(base_ref, platform, log)
         log(f"base pinned by {base.pinned_by}: {base.pinned}")
-        inputs = overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages)
+        inputs = overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages,
+                                job.project)
         built = _known(engine, inputs.key, base, log)
         if built is None:
             with ExitStack() as hold:   # the base's files: the ones held open, else opened here

@@ -61,7 +61,7 @@ class EngineSource(EnginePath):
             buildargs["nvcc_threads"] = str(job.nvcc_threads)
         labels = run_labels(job.manifest, tree, mode=SOURCE_MODE, created=source_date(tree),
                             digest=patchset_digest(job.manifest),
-                            packages=packages_of(job.manifest, tree))
+                            packages=packages_of(job.manifest, tree), project=job.project)
         need = buildkit_need(dockerfile.read_text(errors="replace"))
         options = dict(dockerfile=DOCKERFILE, target=SOURCE_TARGET, buildargs=buildargs,
                        labels=labels, tag=tag, platform=platform, log=log)

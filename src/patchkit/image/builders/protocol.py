@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from patchkit.errors import Origin, SettingError
+from patchkit.git import Provenance
 from patchkit.image.build import Built, ModeChoice, PackageTree
 from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
@@ -57,6 +58,7 @@ class Job:
                                    # base itself (no engine read it before the apply)
     base_from: Origin = Origin("base")  # where ``base`` came from, as an error names it
     held: BaseStack | None = None  # the base as the run read it on the engine (None: not read)
+    project: Provenance = Provenance()  # the patchset's commit and repository, for the labels
 
     def base_ref(self) -> str:
         ref = self.base

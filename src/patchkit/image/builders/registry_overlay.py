@@ -29,12 +29,13 @@ import json
 from pathlib import Path
 
 from patchkit.errors import ImageError, Origin, SettingError, literal
-from patchkit.image import build, distinfo, layerfs, lockfile
+from patchkit.image import build, distinfo, labels, layerfs, lockfile
 from patchkit.formats import layer
 from patchkit.formats import manifests
 from patchkit.image.builders.protocol import Asked, Job
 from patchkit.formats.manifests import RemoteImage
-from patchkit.engines.registry import Registry, blob_path, host_of
+from patchkit.engines.registry import Registry, blob_path
+from patchkit.imageref import host_of
 from patchkit.cache import cache_subdir
 
 NO_DAEMON = Origin("no_daemon")
@@ -93,7 +94,8 @@ def build_overlay(job: Job, base_ref: str, reg: Registry) -> build.Built:
     base = manifests.base_image(remote, [sum(m.size for m in one.members if m.kind == "f")
                                      for one in layers], platform)
     log(f"base pinned by digest: {base.pinned}")
-    inputs = build.overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages)
+    inputs = build.overlay_inputs(job.manifest, job.tree, job.choice, base, job.packages,
+                                  job.project)
     with layerfs.LayerFiles(base_ref, layers, store / "files") as files:
         if job.manifest.others or job.manifest.image.requires or job.lock is not None:
             # no engine read the base before the apply: its pins, requires and the lock are
@@ -107,7 +109,7 @@ def build_overlay(job: Job, base_ref: str, reg: Registry) -> build.Built:
         plan = build.plan_overlay(files, base, job.tree, job.choice.shipped, inputs.serve, log,
                                   job.packages, job.artifacts)
     made, config = build.overlay_image(base, plan, inputs)
-    man = manifests.image_manifest(remote, config, made)
+    man = manifests.image_manifest(remote, config, made, labels.annotations(inputs.labels))
     digest = "sha256:" + hashlib.sha256(man).hexdigest()
     reused = current == digest
     if reused:
