@@ -866,15 +866,17 @@ def smoke(url, model, min_acceptance, min_acceptance_length, long_tokens, text, 
     or --min-acceptance-length the spec-decode acceptance, and with --requests N the decode
     speed.  With --container or --build, what it found is recorded against that build (in the
     cache, and beside the image in its registry).  Exit 1 if a check or the gate fails."""
-    from patchkit.commands.smoke import Which, run_recorded
+    from patchkit.commands.smoke import Long, Measure, Which, run_recorded
     from patchkit.render.smoke import render_outcome
 
+    asked = (requests_, output_tokens, concurrency)
+    measure = Measure(*asked) if any(v is not None for v in asked) else None
+    long = Long(long_tokens, text) if long_tokens is not None or text is not None else None
     outcome = run_recorded(url, Which(container, build_tag, node), against=against,
                            max_drop=max_drop, model=model, min_acceptance=min_acceptance,
                            timeout=timeout, api_key=api_key,
-                           min_acceptance_length=min_acceptance_length, long=long_tokens,
-                           text=text, requests=requests_, concurrency=concurrency,
-                           output_tokens=output_tokens)
+                           min_acceptance_length=min_acceptance_length, long=long,
+                           measure=measure)
     echo(json.dumps(outcome.to_dict(), indent=2) if fmt == "json" else render_outcome(outcome))
     return 0 if outcome.ok else 1
 

@@ -19,7 +19,7 @@ from testing.standin_vllm import ANSWER, MODEL, Behaviour, refusing_port, serve
 
 from patchkit import cli, http
 from patchkit.commands import smoke
-from patchkit.commands.smoke import run
+from patchkit.commands.smoke import Long, run
 from patchkit.errors import UsageError
 from patchkit.render.smoke import render_text
 from patchkit.serving import metrics
@@ -490,7 +490,7 @@ def test_cli_zero_drafts_print_inconclusive_exit_1(capsys):
 
 def test_a_long_answer_that_counts_right_passes():
     with serve() as s:
-        report = run(s.url, long=3000)
+        report = run(s.url, long=Long(3000))
         [*_, (_, _, body)] = s.requests(CHAT)
     long = by_name(report)["long"]
     assert report.ok and long.ok and report.garble is None
@@ -503,7 +503,7 @@ def test_a_long_answer_that_counts_right_passes():
                                          ("bytes", "U+FFFD")])
 def test_a_long_answer_that_garbles_late_is_caught_at_its_token(kind, words):
     with serve(Behaviour(long_garble_after=2345, long_garble=kind)) as s:
-        report = run(s.url, long=4000, min_acceptance=0.5)
+        report = run(s.url, long=Long(4000), min_acceptance=0.5)
     long = by_name(report)["long"]
     assert not report.ok and not long.ok
     assert report.garble.token == 2345
@@ -515,21 +515,21 @@ def test_a_long_answer_that_garbles_late_is_caught_at_its_token(kind, words):
 
 def test_a_long_answer_repeating_a_text_garbles_at_its_token():
     with serve(Behaviour(long_garble_after=301, long_garble="repeat")) as s:
-        ok = run(s.url, long=300, text="the quick brown fox")
-        bad = run(s.url, long=500, text="the quick brown fox")
+        ok = run(s.url, long=Long(300, "the quick brown fox"))
+        bad = run(s.url, long=Long(500, "the quick brown fox"))
     assert ok.ok and "repeated 'the quick brown fox'" in by_name(ok)["long"].message
     assert not bad.ok and bad.garble.token == 301
 
 
 def test_a_long_answer_that_stops_early_is_no_garble():
     with serve(Behaviour(long_stop_after=700)) as s:
-        report = run(s.url, long=1000)
+        report = run(s.url, long=Long(1000))
     assert report.ok and "700 of 1000 tokens, finish_reason stop" in by_name(report)["long"].message
 
 
 def test_a_hung_long_answer_is_bounded_by_the_timeout():
     with serve(Behaviour(hang={CHAT})) as s:
-        report = run(s.url, long=8192, timeout=0.3)
+        report = run(s.url, long=Long(8192), timeout=0.3)
     assert not by_name(report)["long"].ok
     assert "no answer within 0.3s" in by_name(report)["long"].message
 
@@ -557,5 +557,5 @@ def test_cli_bad_long_and_floors_are_exit_2_one_line(capsys, args):
 
 def test_a_long_answer_spent_on_reasoning_is_walked_there():
     with serve(Behaviour(long_garble_after=800, reasoning_long=True)) as s:
-        report = run(s.url, long=1000)
+        report = run(s.url, long=Long(1000))
     assert not report.ok and report.garble.token == 800

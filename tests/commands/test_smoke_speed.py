@@ -13,7 +13,7 @@ import pytest
 from testing.standin_vllm import MODEL, Behaviour, serve
 
 from patchkit import cli
-from patchkit.commands.smoke import run
+from patchkit.commands.smoke import Measure, run
 from patchkit.errors import UsageError
 from patchkit.serving import speed
 
@@ -27,7 +27,7 @@ def completions(s) -> list[dict]:
 @pytest.mark.parametrize("rate", [30.0, 120.0])
 def test_decode_rate_is_the_stand_ins_within_tolerance(rate):
     with serve(Behaviour(token_rate=rate, ttft=0.15)) as s:
-        report = run(s.url, requests=3, output_tokens=48)
+        report = run(s.url, measure=Measure(3, 48))
         bodies = completions(s)
     assert report.ok, report.checks
     m = report.speed
@@ -50,7 +50,7 @@ def test_decode_rate_is_the_stand_ins_within_tolerance(rate):
 def test_tokens_come_from_usage_when_events_carry_several():
     # a speculative step sends several tokens in one event: counting events would undercount
     with serve(Behaviour(token_rate=60.0, tokens_per_event=3)) as s:
-        report = run(s.url, requests=2, output_tokens=48)
+        report = run(s.url, measure=Measure(2, 48))
     assert report.speed.figures.decode_tok_s == pytest.approx(60.0, rel=TOLERANCE)
     assert [x.tokens for x in report.speed.figures.samples] == [48, 48]
 
@@ -58,7 +58,7 @@ def test_tokens_come_from_usage_when_events_carry_several():
 def test_without_usage_the_stream_is_counted_and_said():
     with serve(Behaviour(token_rate=60.0, send_usage=False, spec_decode=False,
                          version=None)) as s:
-        report = run(s.url, requests=2, output_tokens=40)
+        report = run(s.url, measure=Measure(2, 40))
     m = report.speed
     assert m.figures.tokens_from == "stream"
     assert m.figures.decode_tok_s == pytest.approx(60.0, rel=TOLERANCE)
@@ -69,7 +69,7 @@ def test_without_usage_the_stream_is_counted_and_said():
 
 def test_aggregate_at_a_concurrency():
     with serve(Behaviour(token_rate=50.0, ttft=0.01)) as s:
-        report = run(s.url, requests=1, output_tokens=40, concurrency=4)
+        report = run(s.url, measure=Measure(1, 40, 4))
         n = len(completions(s))
     assert n == 5
     # four streams at 50 tok/s each, at once
@@ -78,19 +78,19 @@ def test_aggregate_at_a_concurrency():
 
 def test_a_stream_that_misses_its_deadline_fails_the_check():
     with serve(Behaviour(token_rate=5.0)) as s:
-        report = run(s.url, requests=1, output_tokens=100, timeout=1.0)
+        report = run(s.url, measure=Measure(1, 100), timeout=1.0)
     check = next(c for c in report.checks if c.name == "speed")
     assert not report.ok and not check.ok
     assert "no answer within 1s" in check.message
 
 
-@pytest.mark.parametrize("kw, said", [
-    ({"requests": 0}, "--requests 0"), ({"requests": 2, "concurrency": 0}, "--concurrency 0"),
-    ({"requests": 2, "output_tokens": 1}, "--output-tokens 1"),
-    ({"concurrency": 2}, "go with --requests")])
-def test_bad_settings_are_usage_errors(kw, said):
+@pytest.mark.parametrize("measure, said", [
+    (Measure(0), "--requests 0"), (Measure(2, concurrency=0), "--concurrency 0"),
+    (Measure(2, output_tokens=1), "--output-tokens 1"),
+    (Measure(None, concurrency=2), "go with --requests")])
+def test_bad_settings_are_usage_errors(measure, said):
     with pytest.raises(UsageError, match=said):
-        run("http://127.0.0.1:9", **kw)
+        run("http://127.0.0.1:9", measure=measure)
 
 
 def test_cli_json_says_how_it_was_measured(capsys):

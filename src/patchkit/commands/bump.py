@@ -262,10 +262,11 @@ def _project(m: Manifest, dry_run: bool) -> Path:
 
 def _evidence(m: Manifest) -> str:
     """How the build this bump replaces served, as its last evidence says."""
+    from patchkit.engines.docker import Engine
     from patchkit.nodes import evidence
     from patchkit.run import built_tag
 
-    return evidence.current_line(built_tag(m))
+    return evidence.current_line(built_tag(m), lambda: Engine.connect(timeout=30.0))
 
 
 def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,

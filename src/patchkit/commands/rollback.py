@@ -191,18 +191,7 @@ def _target(manifest: Manifest, moving: str, to: str | None,
         raise ImageError("no node could be reached: "
                          + "; ".join(n.error or n.url for n, _ in found))
     if to is not None:
-        for node, nb in live:
-            image = node.engine.inspect(to)
-            if image is None:
-                continue
-            owner = labels.ImageFacts.from_labels(image.labels).patchset
-            if owner != manifest.name:
-                raise UsageError(f"--to {to} is " + (f"a build of the patchset {owner}"
-                                 if owner else "not a build of any patchset")
-                                 + f", not of {manifest.name} (on {node.url})")
-            return _Chosen(to, why="--to: forced, whatever its evidence")
-        raise UsageError(f"--to {to}: no node reached holds such a build "
-                         f"({', '.join(n.url for n, _ in live)})")
+        return _forced(manifest, to, live)
     first, nb = live[0]
     current = nb.current(moving)
     left = pending.to()
@@ -232,6 +221,23 @@ def _target(manifest: Manifest, moving: str, to: str | None,
         return _Chosen(tag, False, why, passed)
     raise UsageError(f"nothing to roll back to: the last evidence of every build of {moving} "
                      f"older than the current one failed: {'; '.join(passed)} (--to forces one)")
+
+
+def _forced(manifest: Manifest, to: str,
+            live: Sequence[tuple[fleet.Node, ledger.NodeBuilds]]) -> _Chosen:
+    """``--to``'s build, once a node reached holds it and it is this patchset's."""
+    for node, _ in live:
+        image = node.engine.inspect(to)
+        if image is None:
+            continue
+        owner = labels.ImageFacts.from_labels(image.labels).patchset
+        if owner != manifest.name:
+            raise UsageError(f"--to {to} is " + (f"a build of the patchset {owner}"
+                             if owner else "not a build of any patchset")
+                             + f", not of {manifest.name} (on {node.url})")
+        return _Chosen(to, why="--to: forced, whatever its evidence")
+    raise UsageError(f"--to {to}: no node reached holds such a build "
+                     f"({', '.join(n.url for n, _ in live)})")
 
 
 @dataclass(frozen=True)

@@ -134,32 +134,67 @@ class Measured:
 
 # ------------------------------------------------------------------------ the checks
 
-def run(url: str, model: str | None = None, min_acceptance: float | None = None, *,
-        timeout: float = DEFAULT_TIMEOUT, api_key: str | None = None,
-        min_acceptance_length: float | None = None, long: int | None = None,
-        text: str | None = None, requests: int | None = None, concurrency: int | None = None,
-        output_tokens: int | None = None) -> SmokeReport:
-    """Smoke the server at ``url`` (its root; a trailing ``/v1`` is allowed).  A bad URL, floor,
-    token count or timeout is an error (exit 2); everything the server does is in the report.
-    ``requests`` N: also measure decode speed over N streamed requests (``output_tokens``
-    each), and with ``concurrency`` C the aggregate of C at once."""
-    base = base_url(url)
-    floor = _floor(min_acceptance, min_acceptance_length)
-    _check_options(model, timeout, api_key, long, text)
-    _check_speed_options(requests, concurrency, output_tokens)
-    client = _Client(base, timeout, api_key)
-    checks: list[Check] = []
-    names = [MODELS, CHAT] + ([LONG] if long is not None else []) + \
-        ([ACCEPTANCE] if floor is not None else []) + ([SPEED] if requests is not None else [])
+@dataclass(frozen=True)
+class Measure:
+    """How ``smoke`` measures decode speed: over ``requests`` streamed requests of
+    ``output_tokens`` each (None: speed's default), and with ``concurrency`` C the aggregate
+    of C at once."""
 
-    def rest_not_run(after: str, because: str) -> None:
+    requests: int | None   # None: refused (the count is what the rest goes with)
+    output_tokens: int | None = None
+    concurrency: int | None = None
+
+
+@dataclass(frozen=True)
+class Long:
+    """The long answer ``smoke`` walks for garble: ``tokens`` generated at temperature 0,
+    counting from 1 or repeating ``text``."""
+
+    tokens: int | None   # None: refused (the text goes with a count)
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one smoke asks beyond /health, /v1/models and one answer."""
+
+    floor: spec.Floor | None
+    long: Long | None
+    measure: Measure | None
+
+    @property
+    def names(self) -> list[str]:
+        return [MODELS, CHAT] + ([LONG] if self.long is not None else []) + \
+            ([ACCEPTANCE] if self.floor is not None else []) + \
+            ([SPEED] if self.measure is not None else [])
+
+    def not_run(self, checks: list[Check], after: str, because: str) -> None:
+        """Every check after ``after``, said not run, and why."""
+        names = self.names
         for name in names[names.index(after) + 1:] if after in names else names:
             checks.append(Check(name, False, f"not run: {because}", ran=False))
 
+
+def run(url: str, model: str | None = None, min_acceptance: float | None = None, *,
+        timeout: float = DEFAULT_TIMEOUT, api_key: str | None = None,
+        min_acceptance_length: float | None = None, long: Long | None = None,
+        measure: Measure | None = None) -> SmokeReport:
+    """Smoke the server at ``url`` (its root; a trailing ``/v1`` is allowed).  A bad URL, floor,
+    token count or timeout is an error (exit 2); everything the server does is in the report.
+    With ``measure``, also the decode speed."""
+    base = base_url(url)
+    floor = _floor(min_acceptance, min_acceptance_length)
+    _check_options(model, timeout, api_key, long.tokens if long else None,
+                   long.text if long else None)
+    if measure is not None:
+        _check_speed_options(measure.requests, measure.concurrency, measure.output_tokens)
+    client = _Client(base, timeout, api_key)
+    plan = _Plan(floor, long, measure)
+    checks: list[Check] = []
     health = _check_health(client)
     checks.append(health.check)
     if not health.check.ok:
-        rest_not_run(HEALTH, "/health did not answer 200")
+        plan.not_run(checks, HEALTH, "/health did not answer 200")
         return SmokeReport(base, model, tuple(checks),
                            unreachable=health.check.message if health.unreachable else None)
     interrupt.check()
@@ -167,32 +202,38 @@ def run(url: str, model: str | None = None, min_acceptance: float | None = None,
     chosen, models_check = _check_models(client, model)
     checks.append(models_check)
     if chosen is None:
-        rest_not_run(MODELS, "no model to ask")
+        plan.not_run(checks, MODELS, "no model to ask")
         return SmokeReport(base, model, tuple(checks))
     interrupt.check()
+    return _asked(client, base, chosen, plan, checks)
 
+
+def _asked(client: "_Client", base: str, chosen: str, plan: _Plan,
+           checks: list[Check]) -> SmokeReport:
+    """The answers, the acceptance and the speed, once the server answers and has a model."""
+    floor, long = plan.floor, plan.long
     before = _read_counters(client) if floor is not None else None
     chat = _check_chat(client, chosen, MAX_TOKENS)
     checks.append(chat.check)
     answered, bad = chat.answered, None
     if long is not None:
         interrupt.check()
-        long_check, bad, long_answered = _check_long_answer(client, chosen, long, text)
+        long_check, bad, long_answered = _check_long_answer(client, chosen, long.tokens,
+                                                            long.text)
         checks.append(long_check)
         answered = answered or long_answered
     accepted = None
-    last = LONG if long is not None else CHAT
     if floor is not None and not answered:
-        rest_not_run(last, "no request got an answer")
+        plan.not_run(checks, LONG if long is not None else CHAT, "no request got an answer")
         return SmokeReport(base, chosen, tuple(checks), answer=chat.answer, garble=bad)
     elif floor is not None:
-        accepted = _acceptance(client, before, floor, long, checks)
+        accepted = _acceptance(client, before, floor, long.tokens if long else None, checks)
     measured = None
-    if requests is not None:
+    if plan.measure is not None:
         interrupt.check()
-        settings = speed_.Settings(chosen, output_tokens or speed_.OUTPUT_TOKENS, requests,
-                                   concurrency)
-        measured, speed_check = _check_speed(client, settings)
+        m = plan.measure
+        measured, speed_check = _check_speed(client, speed_.Settings(
+            chosen, m.output_tokens or speed_.OUTPUT_TOKENS, m.requests, m.concurrency))
         checks.append(speed_check)
     return SmokeReport(base, chosen, tuple(checks),
                        acceptance=accepted.rate if accepted else None, answer=chat.answer,
@@ -708,7 +749,7 @@ def run_recorded(url: str, which: Which = Which(), *, against: str | None = None
     """``run`` with the evidence: the build (``which``) read before any request, the record
     kept in the cache and beside the image, and with ``against`` (a build's immutable tag, or
     ``previous``: the build before this one on its node) the gate, ``max_drop`` percent."""
-    from patchkit.nodes import ledger
+    from patchkit.engines.docker import Engine
     from patchkit.nodes import evidence
 
     if (against is None) != (max_drop is None):
@@ -717,12 +758,13 @@ def run_recorded(url: str, which: Which = Which(), *, against: str | None = None
     if max_drop is not None and (isinstance(max_drop, bool) or not 0 <= max_drop <= 100
                                  or math.isnan(max_drop)):
         raise UsageError(f"--max-drop {max_drop}: a percentage from 0 to 100")
-    if against is not None and kw.get("requests") is None:
-        kw["requests"] = AGAINST_REQUESTS
+    if against is not None and kw.get("measure") is None:
+        kw["measure"] = Measure(AGAINST_REQUESTS)
     timeout = kw.get("timeout", DEFAULT_TIMEOUT)
     store = evidence.Store(cache, timeout=timeout)
     notes: list[str] = []
-    build, engine = evidence.which(which.node, which.container, which.build, timeout)
+    build, engine = evidence.which(which.node, which.container, which.build,
+                                   lambda url: Engine.connect(url, timeout=timeout))
     try:
         if against == "previous" and build is None:
             raise UsageError("--against previous needs the build this server runs "
@@ -768,7 +810,6 @@ class _Before:
 def _against(against: str, build, engine, store, notes: list[str]) -> _Before:
     """The other build's records with speed figures; none is a usage error (exit 2)."""
     from patchkit.nodes import ledger
-    from patchkit.nodes import evidence
 
     if against == "previous":
         history = ledger.History(store.cache)

@@ -503,6 +503,8 @@ class Request:
         if self.locked and not self.image:
             raise UsageError("--locked goes with --image: it compares an image's stack with "
                              "the lock")
+        if self.image and self.base:
+            raise UsageError("--base goes with --tree: an image's own files say what it holds")
 
 
 def run(manifest: Manifest, request: Request, *, stdin=None,
@@ -526,8 +528,6 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
         from patchkit.image.lockfile import read_lock
 
         lock = read_lock(manifest)
-    if r.image and r.base:
-        raise UsageError("--base goes with --tree: an image's own files say what it holds")
     variants.check(manifest, r.variant)
     engine = r.engine or (Engine.connect(timeout=r.timeout)
                           if r.image or r.base or r.containers else None)
@@ -564,7 +564,8 @@ def _named_build(r: Request):
 
     if not r.build:
         return None
-    build, held = evidence.which(r.node, None, r.build, r.timeout)
+    build, held = evidence.which(r.node, None, r.build,
+                                 lambda url: Engine.connect(url, timeout=r.timeout))
     held.close()
     return build
 

@@ -27,6 +27,9 @@ VLLM_VERSION_LABEL = "io.patchkit.vllm.version"
 SUFFIX_HEX = 12   # the hex digits of a build's immutable tag
 VARIANT_LABEL = "io.patchkit.variant"  # the variant built; empty for the default build
 PATCHES_LABEL = "io.patchkit.patches"
+# the annotations of an evidence record pushed beside an image (nodes/evidence.py)
+EVIDENCE_KIND = "io.patchkit.evidence.kind"
+EVIDENCE_VERDICT = "io.patchkit.evidence.verdict"
 VLLM_DIR_LABEL = "io.patchkit.vllm.dir"
 # What the image holds (see build.Holds): the installed version, the commit it names, the kind
 # of source of the pristine tree, and the identity of the base it was laid on (an image cannot

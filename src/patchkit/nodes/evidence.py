@@ -26,7 +26,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from patchkit import __version__
 from patchkit import cache as cache_
@@ -230,9 +230,10 @@ UNKNOWN = "evidence: the build is unknown (no --container or --build): nothing r
 
 
 def which(engine_address: str | None, container: str | None, build: str | None,
-          timeout: float) -> tuple[Build | None, Engine | None]:
+          connect: Callable[[str | None], Engine]) -> tuple[Build | None, Engine | None]:
     """(the build a container runs or a tag names, the engine it was read on, to close), or
-    (None, None) when neither is given."""
+    (None, None) when neither is given.  ``connect`` is the verb's: it connects the engine at
+    an address (None: DOCKER_HOST's)."""
     from patchkit.engines.docker import engine_url
 
     if container and build:
@@ -242,8 +243,7 @@ def which(engine_address: str | None, container: str | None, build: str | None,
             raise UsageError("--node goes with --container or --build: the engine that runs "
                              "the server")
         return None, None
-    engine = Engine.connect(engine_url(engine_address, "--node") if engine_address else None,
-                            timeout=timeout)
+    engine = connect(engine_url(engine_address, "--node") if engine_address else None)
     try:
         return (of_container(engine, container) if container else of_tag(engine, build)), engine
     except BaseException:
@@ -304,8 +304,8 @@ class Store:
                 digest, fallback = registry.push_referrer(
                     ref, ARTIFACT_TYPE, record.to_json(),
                     {"org.opencontainers.image.created": record.when,
-                     "io.patchkit.evidence.kind": record.kind,
-                     "io.patchkit.evidence.verdict": record.verdict}, timeout=self.timeout)
+                     labels.EVIDENCE_KIND: record.kind,
+                     labels.EVIDENCE_VERDICT: record.verdict}, timeout=self.timeout)
             except ImageError as exc:
                 refused.append(f"{ref}: {exc}")
                 continue
@@ -363,13 +363,15 @@ class Store:
         return every
 
 
-def current_line(moving: str, timeout: float = 30.0, cache: Path | None = None) -> str:
-    """One line: the build the moving tag names on DOCKER_HOST's engine, and its last
-    evidence (for a reviewer to compare with after a change); what stood in the way, else."""
+def current_line(moving: str, connect: Callable[[], Engine], timeout: float = 30.0,
+                 cache: Path | None = None) -> str:
+    """One line: the build the moving tag names on the engine ``connect`` (the verb's) reaches,
+    and its last evidence (for a reviewer to compare with after a change); what stood in the
+    way, else."""
     from patchkit.errors import PatchkitError
 
     try:
-        engine = Engine.connect(timeout=timeout)
+        engine = connect()
     except PatchkitError as exc:
         return f"not known: no engine to say which build {moving} names ({exc})"
     try:
