@@ -12,6 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+QUOTED = 80   # the most of a value an error quotes
+
+
+def clipped(value: object, limit: int = QUOTED) -> str:
+    """``value`` as an error quotes it: its first line, at most ``limit`` characters, with
+    ``…`` where it was cut (a 100,000-character ref is not echoed whole)."""
+    text = str(value)
+    first, _, rest = text.partition("\n")
+    if len(first) > limit:
+        return first[:limit] + "…"
+    return first + " …" if rest.strip() else first
+
+
 class PatchkitError(Exception):
     """An expected failure, reported as one line."""
 
