@@ -307,3 +307,67 @@ def test_quiet_and_verbose_work_before_or_after_the_verb(tmp_path, where):
     assert "+ git " in run("--verbose").stderr
     assert run("--quiet", "cache").stderr == ""
     assert run("-q").stdout.splitlines()[-1].startswith("ok: 3 applied")
+
+
+STUCK = '''\
+import itertools
+import os
+from pathlib import Path
+
+from patchkit.transform import Transform
+
+
+class Stuck(Transform):
+    path = "pkg/mod.py"
+
+    def postcondition(self, module):
+        return False
+
+    def transform(self, module):
+        Path(os.environ["PK_TEST_STUCK"]).write_text(str(os.getpid()))
+        any(itertools.repeat(False))   # C code: no signal handler of Python runs in here
+        return module
+'''
+
+
+def _stuck_project(tmp_path: Path) -> Path:
+    proj = make_project(tmp_path)
+    (proj / "patches/fast.py").write_text(STUCK)
+    return proj
+
+
+def test_a_stuck_transform_fails_at_the_deadline_and_json_stays_json(tmp_path):
+    proj = _stuck_project(tmp_path)
+    env = {"PK_TEST_STUCK": str(tmp_path / "stuck.pid")}
+    p = patchkit("apply", "--timeout", "1", "--format", "json", cwd=proj, env=env, timeout=60)
+    assert p.returncode == 1, p.stderr
+    fates = {x["id"]: (x["status"], x["reason"], x["message"])
+             for x in json.loads(p.stdout)["patches"]}
+    assert fates["fast-mode"][:2] == ("failed", "error")
+    assert fates["fast-mode"][2].endswith("fast.py: transform ran past its deadline of 1 s "
+                                          "(--timeout) and was stopped")
+    assert fates["table-nvfp4"][0] == fates["extra-file"][0] == "applied"   # the rest ran
+    if (tmp_path / "stuck.pid").exists():   # it got as far as the loop: the worker is gone
+        assert not Path("/proc", (tmp_path / "stuck.pid").read_text()).exists()
+    assert not (proj / ".patchkit/vllm").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_a_transform_stuck_in_c_code(tmp_path, sig):
+    import time
+
+    proj = _stuck_project(tmp_path)
+    marker = tmp_path / "stuck.pid"
+    proc = spawn("apply", cwd=proj, env={"PK_TEST_STUCK": str(marker)})
+    deadline = time.monotonic() + 60
+    while not marker.exists() or not marker.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    sent = time.monotonic()
+    proc.send_signal(sig)   # to patchkit alone, not its worker
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 10
+    assert proc.returncode == 128 + sig, err
+    assert err.splitlines()[-1] == f"patchkit: interrupted by {sig.name}; nothing was changed"
+    assert not Path("/proc", marker.read_text()).exists()   # the worker is gone too
+    assert not (proj / ".patchkit/vllm").exists()
