@@ -371,3 +371,19 @@ def test_a_signal_stops_a_transform_stuck_in_c_code(tmp_path, sig):
     assert err.splitlines()[-1] == f"patchkit: interrupted by {sig.name}; nothing was changed"
     assert not Path("/proc", marker.read_text()).exists()   # the worker is gone too
     assert not (proj / ".patchkit/vllm").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ("--vllm-ref", "r" * 100_000), ("--vllm-repo", "h" * 100_000), ("--vllm-repo", "h" * 3000),
+])
+def test_an_error_quotes_a_huge_value_cut_short(tmp_path, args):
+    proj = make_project(tmp_path)
+    for fmt in ("text", "json"):
+        p = patchkit("apply", *args, "--format", fmt, cwd=proj)
+        assert p.returncode == 2, p.stderr
+        assert "Traceback" not in p.stderr
+        if fmt == "json":
+            said = json.loads(p.stdout)["error"]
+        else:
+            said = p.stderr.strip().splitlines()[-1]
+        assert len(said) < 300 and "…" in said, said

@@ -41,7 +41,7 @@ def say(message: str) -> None:
     target of a run meeting the same unreachable source says the same line)."""
     if not Output.quiet and message not in Output.said:
         Output.said.add(message)
-        echo(message, err=True)
+        echo(errors.bounded(message), err=True)
 
 
 class TextProgress:

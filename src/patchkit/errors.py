@@ -25,6 +25,19 @@ def clipped(value: object, limit: int = QUOTED) -> str:
     return first + " …" if rest.strip() else first
 
 
+def bounded(line: str) -> str:
+    """``line`` with every word longer than a value is quoted cut short (:func:`clipped`): the
+    one place a message is bounded before anyone reads it, whatever value it quotes."""
+    import re
+
+    def cut(match: re.Match[str]) -> str:
+        word = match.group()
+        close = word[-1] if word[-1] in "'\")]" else ""
+        return word[:QUOTED] + "…" + close
+
+    return re.sub(r"\S{%d,}" % (QUOTED + 41), cut, line)
+
+
 class PatchkitError(Exception):
     """An expected failure, reported as one line."""
 
@@ -158,7 +171,7 @@ def handle(exc: BaseException, command_line: str, version: str,
     from patchkit import interrupt
 
     if isinstance(exc, PatchkitError):
-        said = exc.worded(word) if isinstance(exc, SettingError) else str(exc)
+        said = bounded(exc.worded(word) if isinstance(exc, SettingError) else str(exc))
         return exc.exit_code, f"{prog}: error: {said}", said
     if isinstance(exc, KeyboardInterrupt):
         return 130, "patchkit: interrupted", "interrupted"
@@ -173,5 +186,6 @@ def handle(exc: BaseException, command_line: str, version: str,
             fh.write("".join(traceback.format_exception(exc)) + "\n")
     except OSError:
         pass
-    message = f"unexpected error: {type(exc).__name__}: {exc} (traceback in {log})"
+    message = bounded(f"unexpected error: {type(exc).__name__}: {clipped(exc, 400)} "
+                      f"(traceback in {log})")
     return 3, f"{prog}: error: {message}", message

@@ -90,7 +90,8 @@ def _slug(url: str) -> str:
 
 
 def _is_local(source: str) -> bool:
-    return source.startswith(("/", "./", "../", "~", "file://")) or Path(source).exists()
+    # os.path.exists, not Path.exists: a name too long for the system is no local path either
+    return source.startswith(("/", "./", "../", "~", "file://")) or os.path.exists(source)
 
 
 def _mirror_of(source: str, cache: Path) -> tuple[str, Path]:
@@ -104,7 +105,7 @@ def _url_of(source: str) -> str:
     if not _is_local(source) or source.startswith("file://"):
         return source
     local = Path(source).expanduser().absolute()
-    if not local.exists():
+    if not os.path.exists(local):
         raise SourceError(f"no such repository: {source}")
     if local.is_dir() and not _looks_like_git(local):
         raise SourceError(f"{source} is not a git repository")
