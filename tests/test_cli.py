@@ -387,3 +387,32 @@ def test_an_error_quotes_a_huge_value_cut_short(tmp_path, args):
         else:
             said = p.stderr.strip().splitlines()[-1]
         assert len(said) < 300 and "…" in said, said
+
+
+def test_cache_faults_are_no_failure_on_this_run_or_a_later_one(tmp_path):
+    """Found by fuzzing: a kept JSON file still valid but changed was a KeyError, on every
+    later run; now it is dropped and made again, and -v says so.  A lock file replaced by a
+    folder is named in one line, exit 2."""
+    proj = make_project(tmp_path)
+    env = {"PATCHKIT_CACHE_DIR": str(tmp_path / "cache")}
+    assert patchkit("apply", cwd=proj, env=env).returncode == 0
+    kept = sorted((tmp_path / "cache").glob("transform*/*.json"))
+    assert kept
+    for path in kept:
+        entry = json.loads(path.read_text())
+        entry["value"] = [["Fast", "pkg/elsewhere.py"]] if isinstance(entry["value"], list) \
+            else dict(entry["value"], texts={})
+        path.write_text(json.dumps(entry))
+    for n in range(2):
+        p = patchkit("apply", "-v", "--workdir", f"wd{n}", cwd=proj, env=env)
+        assert p.returncode == 0, p.stderr
+        assert ("dropped the cache entry" in p.stderr) == (n == 0), p.stderr
+    locks = sorted((tmp_path / "cache" / "repos").glob("*.lock"))   # the mirror's
+    assert locks
+    locks[0].unlink()
+    locks[0].mkdir()
+    p = patchkit("apply", "--workdir", "wd3", cwd=proj, env=env)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1].endswith(
+        f"the lock {locks[0]} is a folder, not a lock file; remove it when no patchkit run is "
+        "going"), p.stderr

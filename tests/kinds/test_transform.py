@@ -382,3 +382,63 @@ def test_the_worker_holds_no_lock_of_ours(tmp_path):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # BlockingIOError if the worker held it
     finally:
         os.close(fd)
+
+
+# ------------------------------------------------------------------------------ cache faults
+# A kept entry that does not read as expected is dropped and made again, and -v says so.
+
+class _Details:
+    """The lines ``-v`` would show (``progress.detail``)."""
+
+    def __init__(self, monkeypatch) -> None:
+        from patchkit import progress
+
+        self.lines: list[str] = []
+        sink = progress.Sink()
+        sink.detail = self.lines.append   # type: ignore[method-assign]
+        monkeypatch.setattr(progress, "_sink", sink)
+
+
+def _entries(space: str) -> list[Path]:
+    return sorted((KEPT() / space).glob("*.json"))
+
+
+def _fault(path: Path, how: str) -> None:
+    import json
+
+    if how == "folder":
+        path.unlink()
+        path.mkdir()
+        (path / "x").write_text("x")
+        return
+    entry = json.loads(path.read_text())
+    if how == "changed":        # valid JSON, the seal no longer holds
+        entry["value"] = [["UseB12x", "pkg/other.py"]] if isinstance(entry["value"], list) \
+            else dict(entry["value"], status="upstream", texts={})
+    elif how == "resealed":     # the seal holds, the content is another file's
+        from patchkit.kinds import memo
+        entry = memo._sealed([["UseB12x", "pkg/other.py"]] if isinstance(entry["value"], list)
+                             else {"status": "applied", "reason": None, "message": "",
+                                   "texts": {"pkg/spec.py": 5}})
+    elif how == "shape":
+        entry = {"seal": "x", "value": None}
+    elif how == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+        return
+    path.write_text(json.dumps(entry))
+
+
+@pytest.mark.parametrize("space", ["transform-listings", "transforms"])
+@pytest.mark.parametrize("how", ["changed", "resealed", "shape", "garbage", "folder"])
+def test_a_damaged_kept_entry_is_dropped_and_made_again(tmp_path, monkeypatch, space, how):
+    said = _Details(monkeypatch)
+    first, root = run(tmp_path / "a", RENAME, {"pkg/spec.py": SPEC_BEFORE})
+    assert first.status == "applied"
+    (entry,) = _entries(space)
+    _fault(entry, how)
+    for n in range(2):   # and on every later run
+        out, other = run(tmp_path / f"b{n}", RENAME, {"pkg/spec.py": SPEC_BEFORE})
+        assert (out.status, out.reason) == ("applied", None), out.message
+        assert (other / "pkg/spec.py").read_bytes() == (root / "pkg/spec.py").read_bytes()
+    assert any("dropped" in line and "made again" in line for line in said.lines), said.lines
+    assert entry.is_file()   # made again, whole

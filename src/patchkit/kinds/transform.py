@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
-from patchkit import interrupt, paths, process, syntax
+from patchkit import interrupt, paths, process, progress, syntax
 from patchkit.errors import clipped
 from patchkit.kinds import memo
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
@@ -394,6 +394,24 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None,
         listing, pure = listed(py_file, cache, timeout)
     except TransformLoadError as exc:
         return Outcome(Status.FAILED, Reason.ERROR, str(exc))
+    outcome = _run_listed(py_file, root, version, cache, timeout, listing, pure)
+    if outcome is None:   # the kept listing is not what the file defines: made again
+        memo.drop(cache, LISTINGS, memo.listing_key(py_file))
+        progress.detail(f"dropped the kept listing of {py_file}: it does not match the "
+                        "classes the file defines; it is made again")
+        try:
+            listing, pure = listed(py_file, None, timeout)
+        except TransformLoadError as exc:
+            return Outcome(Status.FAILED, Reason.ERROR, str(exc))
+        outcome = _run_listed(py_file, root, version, cache, timeout, listing, pure)
+    assert outcome is not None   # a listing just made is what the file defines
+    return outcome
+
+
+def _run_listed(py_file: Path, root: Path, version: Version | None, cache: Path | None,
+                timeout: float, listing: list[tuple[str, str]], pure: bool) -> Outcome | None:
+    """:func:`run_transform_file` once the file's listing is had; None when the worker finds
+    that the file's classes are not the ones ``listing`` names."""
     files = list(dict.fromkeys(path for _name, path in listing))
     inputs: dict[str, str | None] = {}
     for name, path in listing:
@@ -407,9 +425,12 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None,
     kept = memo.get(cache, key) if key else None
     if kept is None:
         try:
-            outcome, pending = _worked(_run_job, py_file, timeout, str(py_file), inputs, version)
+            done = _worked(_run_job, py_file, timeout, str(py_file), listing, inputs, version)
         except TransformLoadError as exc:
             return Outcome(Status.FAILED, Reason.ERROR, str(exc), files)
+        if done is None:
+            return None
+        outcome, pending = done
         if key and (outcome.status is not Status.FAILED
                     or outcome.reason in (Reason.ANCHOR_MISSING, Reason.AMBIGUOUS_ANCHOR)):
             memo.put(cache, key, outcome, pending)   # the author's exceptions are not kept
@@ -441,13 +462,16 @@ def _worked(job, py_file: Path, timeout: float, *args):
     return answer
 
 
-def _run_job(py_file: str, inputs: dict[str, str | None], version: Version | None
-             ) -> tuple[Outcome, dict[str, str]] | TransformLoadError:
-    """In the worker: what the classes of ``py_file`` make of ``inputs``."""
+def _run_job(py_file: str, listing: list[tuple[str, str]], inputs: dict[str, str | None],
+             version: Version | None) -> tuple[Outcome, dict[str, str]] | TransformLoadError | None:
+    """In the worker: what the classes of ``py_file`` make of ``inputs``; None when they are
+    not the classes ``listing`` names (a kept listing that is wrong)."""
     try:
         classes = _loaded(Path(py_file))
     except TransformLoadError as exc:
         return exc
+    if [(cls.__name__, cls.path) for cls in classes] != [tuple(x) for x in listing]:
+        return None
     return _transformed(classes, inputs, version)
 
 
@@ -492,6 +516,14 @@ def _loaded(py_file: Path) -> list[type[Transform]]:
 _imported: dict[str, list[type[Transform]]] = {}
 
 
+def _listing(data: list) -> list[tuple[str, str]]:
+    """A kept listing as ``listed`` gives it; TypeError or ValueError for another shape."""
+    listing = [(name, path) for name, path in data]
+    if not listing or not all(isinstance(x, str) for pair in listing for x in pair):
+        raise TypeError("not a list of (class name, path)")
+    return listing
+
+
 def listed(py_file: Path, cache: Path | None = None, timeout: float = DEFAULT_TIMEOUT
            ) -> tuple[list[tuple[str, str]], bool]:
     """What ``py_file`` defines: ``(class name, path)`` of each Transform class in running
@@ -500,11 +532,7 @@ def listed(py_file: Path, cache: Path | None = None, timeout: float = DEFAULT_TI
     imported and cannot be."""
     py_file = Path(os.path.abspath(py_file))
     key = memo.listing_key(py_file)
-    data = memo.kept(cache, LISTINGS, key)
-    try:
-        listing = [(str(name), str(path)) for name, path in data]   # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        listing = []
+    listing = memo.kept(cache, LISTINGS, key, _listing)
     if listing:
         return listing, True
     listing, pure = _worked(_list_job, py_file, timeout, str(py_file))

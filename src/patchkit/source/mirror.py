@@ -20,6 +20,7 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import filelocks
+from patchkit.cache import kept_json
 from patchkit.errors import CommandError, SourceError
 from patchkit.packageid import VLLM, PackageId
 from patchkit.source.refs import is_commit_id
@@ -145,11 +146,10 @@ def _marker(repo: Path) -> Path:
 def _remembered(url: str, repo: Path) -> UnreachableError | None:
     """The error saying ``url`` did not answer lately, while that is remembered."""
     marker = _marker(repo)
-    try:
-        data = json.loads(marker.read_text())
-        until, why = float(data["until"]), str(data["why"])
-    except (OSError, ValueError, KeyError, TypeError):
+    kept = kept_json(marker, lambda data: (float(data["until"]), str(data["why"])))
+    if kept is None:
         return None
+    until, why = kept
     if time.time() >= until:
         marker.unlink(missing_ok=True)
         return None
