@@ -1009,7 +1009,9 @@ def main(argv: list[str] | None = None) -> int:
         where = ctx.command_path if ctx and ctx.info_name != "patchkit" else prog
         echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
         code, message = 2, exc.format_message()
-    except (Exception, KeyboardInterrupt, interrupt.Interrupted) as exc:  # the one handler
+    except BaseException as exc:  # noqa: BLE001  # the one handler: anything is one line
+        if isinstance(exc, SystemExit):
+            raise
         from patchkit.cache import log_file
 
         code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file,
