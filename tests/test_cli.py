@@ -345,7 +345,7 @@ def test_a_stuck_transform_fails_at_the_deadline_and_json_stays_json(tmp_path):
              for x in json.loads(p.stdout)["patches"]}
     assert fates["fast-mode"][:2] == ("failed", "error")
     assert fates["fast-mode"][2].endswith("fast.py: transform ran past its deadline of 1 s "
-                                          "(--timeout) and was stopped")
+                                          "of CPU time (--timeout) and was stopped")
     assert fates["table-nvfp4"][0] == fates["extra-file"][0] == "applied"   # the rest ran
     if (tmp_path / "stuck.pid").exists():   # it got as far as the loop: the worker is gone
         assert not Path("/proc", (tmp_path / "stuck.pid").read_text()).exists()

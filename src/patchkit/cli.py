@@ -147,8 +147,8 @@ VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
 SECONDS = click.FloatRange(min=0, min_open=True, max=24 * 3600)
 TIMEOUT = click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
                        metavar="SECONDS", help="Longest silence of an engine, node or registry "
-                       "before giving up (a transfer goes on while bytes flow), and the longest "
-                       "a transform patch may run.")
+                       "before giving up (a transfer goes on while bytes flow), and the CPU "
+                       "time a transform patch may take.")
 BASE = click.option("--base", help="The base image that --vllm-ref base and --vllm-repo image "
                                    "read (default: image.base of the manifest).")
 

@@ -348,7 +348,10 @@ class Worker:
         _workers.add(self)
 
     def call(self, fn: Callable[..., object], *args: object, timeout: float) -> object:
-        """``fn(*args)`` in the worker; its value, or WorkerError."""
+        """``fn(*args)`` in the worker; its value, or WorkerError.  ``timeout`` bounds the CPU
+        time the call takes, which a busy machine does not stretch (where the system tells
+        it; else the time on the clock), and ``WALL`` times it the time on the clock, for code
+        that waits without working."""
         if not hasattr(os, "fork"):
             return fn(*args)
         with self._turn:
@@ -365,10 +368,10 @@ class Worker:
             self._forget()
             self._started()
             _write_all(self._send, len(job).to_bytes(_HEADER, "big") + job)
-        deadline = time.monotonic() + timeout
+        clock = _Deadline(self._pid, timeout)
         try:
-            size = int.from_bytes(self._read(_HEADER, deadline, timeout), "big")
-            kind, value = pickle.loads(self._read(size, deadline, timeout))
+            size = int.from_bytes(self._read(_HEADER, clock), "big")
+            kind, value = pickle.loads(self._read(size, clock))
         except BaseException:
             self.stop()   # past its deadline, interrupted, or gone: it is not left running
             raise
@@ -433,18 +436,15 @@ class Worker:
         os.close(res_w)
         self._pid, self._owner, self._send, self._recv = pid, parent, job_w, res_r
 
-    def _read(self, size: int, deadline: float, timeout: float) -> bytes:
+    def _read(self, size: int, clock: _Deadline) -> bytes:
         import select
 
         chunks: list[bytes] = []
         left = size
         while left:
             interrupt.check()   # a forked worker's first signal is heard here
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                raise WorkerError(f"ran past its deadline of {timeout:g} s and was stopped",
-                                  overdue=True)
-            ready, _, _ = select.select([self._recv], [], [], min(wait, 0.1))
+            clock.check()
+            ready, _, _ = select.select([self._recv], [], [], 0.1)
             if not ready:
                 continue
             chunk = os.read(self._recv, min(left, 1 << 20))
@@ -475,6 +475,48 @@ def _fresh_turns() -> None:
 
 
 os.register_at_fork(after_in_child=_fresh_turns)
+
+
+class _Deadline:
+    """A call's deadline: ``timeout`` seconds of the worker's CPU time (read from /proc, so
+    that a loaded machine does not fail a call that does its work), and ``WALL`` times that on
+    the clock."""
+
+    def __init__(self, pid: int | None, timeout: float) -> None:
+        self.pid, self.timeout = pid, timeout
+        self.start = time.monotonic()
+        self.cpu_start = _cpu_of(pid)
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if self.cpu_start is not None:
+            cpu = _cpu_of(self.pid)
+            if cpu is not None and cpu - self.cpu_start > self.timeout:
+                raise WorkerError(f"ran past its deadline of {self.timeout:g} s of CPU time "
+                                  "and was stopped", overdue=True)
+            if now - self.start <= self.timeout * WALL:
+                return
+            raise WorkerError(f"ran for {self.timeout * WALL:g} s ({WALL} times its deadline) "
+                              "and was stopped", overdue=True)
+        if now - self.start > self.timeout:
+            raise WorkerError(f"ran past its deadline of {self.timeout:g} s and was stopped",
+                              overdue=True)
+
+
+WALL = 10   # a worker's call may wait (not work) for this many times its deadline
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_of(pid: int | None) -> float | None:
+    """The CPU seconds (user and system) process ``pid`` has used, or None where unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _write_all(fd: int, data: bytes) -> None:

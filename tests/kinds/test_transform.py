@@ -310,8 +310,8 @@ def test_a_transform_stuck_in_c_code_is_stopped_at_its_deadline(tmp_path):
     out = run_transform_file(tmp_path / "t.py", root, None, KEPT(), timeout=1.0)
     assert time.monotonic() - start < 20
     assert (out.status, out.reason) == ("failed", "error")
-    assert out.message.endswith("t.py: transform ran past its deadline of 1 s (--timeout) "
-                                "and was stopped"), out.message
+    assert out.message.endswith("t.py: transform ran past its deadline of 1 s of CPU "
+                                "time (--timeout) and was stopped"), out.message
     assert (root / "pkg/spec.py").read_text() == "x = 1\n"
     # the next transform gets a new worker
     assert_transform(tmp_path / "next", RENAME, SPEC_BEFORE, SPEC_BEFORE.replace(
@@ -442,3 +442,16 @@ def test_a_damaged_kept_entry_is_dropped_and_made_again(tmp_path, monkeypatch, s
         assert (other / "pkg/spec.py").read_bytes() == (root / "pkg/spec.py").read_bytes()
     assert any("dropped" in line and "made again" in line for line in said.lines), said.lines
     assert entry.is_file()   # made again, whole
+
+
+def test_a_transform_that_waits_without_working_is_stopped_at_ten_times_its_deadline(tmp_path):
+    code = STUCK.replace("any(itertools.repeat(False))", "import time; time.sleep(600)")
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg/spec.py").write_text("x = 1\n")
+    (tmp_path / "t.py").write_text(code)
+    kind.listed(tmp_path / "t.py", KEPT())   # the worker has imported it, and libcst
+    out = run_transform_file(tmp_path / "t.py", root, None, KEPT(), timeout=0.3)
+    assert (out.status, out.reason) == ("failed", "error")
+    assert out.message.endswith("t.py: transform ran for 3 s (10 times its deadline) "
+                                "(--timeout) and was stopped"), out.message

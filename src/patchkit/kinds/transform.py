@@ -48,7 +48,7 @@ from patchkit.kinds import memo
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume
 from patchkit.report import Outcome, PatchResult, Reason, Status
-from patchkit.timeouts import DEFAULT_TIMEOUT, shown
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -454,8 +454,8 @@ def _worked(job, py_file: Path, timeout: float, *args):
     try:
         answer = WORKER.call(job, *args, timeout=timeout)
     except process.WorkerError as exc:
-        said = (f"ran past its deadline of {shown(timeout)} (--timeout) and was stopped"
-                if exc.overdue else str(exc))
+        said = str(exc).replace(" and was stopped", " (--timeout) and was stopped") \
+            if exc.overdue else str(exc)
         raise TransformLoadError(py_file, f"transform {said}") from None
     if isinstance(answer, TransformLoadError):
         raise answer
