@@ -380,9 +380,10 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None,
     """Apply every transform in ``py_file`` to the checkout at ``root``, all or nothing.
 
     The author's code (the file's import and its classes' methods) runs in the transform
-    worker (``process.Worker``), under a deadline of ``timeout`` seconds for the file's
-    classes together: one that runs past it, or a run that a signal ends, kills it wherever it
-    is, even inside C code that never returns to the interpreter.
+    worker (``process.Worker``), under a deadline of ``timeout`` seconds of CPU time for the
+    file's classes together (and ten times that on the clock): one that runs past it, or a run
+    that a signal ends, kills it wherever it is, even inside C code that never returns to the
+    interpreter.
 
     A transform is a pure function of its code and the files it reads, so its result is kept
     in the run's cache (``cache``; None: nothing kept) under the digest of both (``memo``): the
