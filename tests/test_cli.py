@@ -416,3 +416,27 @@ def test_cache_faults_are_no_failure_on_this_run_or_a_later_one(tmp_path):
     assert p.stderr.strip().splitlines()[-1].endswith(
         f"the lock {locks[0]} is a folder, not a lock file; remove it when no patchkit run is "
         "going"), p.stderr
+
+
+def test_a_transform_worker_dies_with_patchkit_even_by_sigkill(tmp_path):
+    import time
+
+    proj = _stuck_project(tmp_path)
+    marker = tmp_path / "stuck.pid"
+    proc = spawn("apply", cwd=proj, env={"PK_TEST_STUCK": str(marker)})
+    deadline = time.monotonic() + 60
+    while not marker.exists() or not marker.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.kill()
+    proc.communicate(timeout=30)
+    status = Path("/proc", marker.read_text(), "status")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if "State:\tZ" in status.read_text():
+                break   # dead, waiting for init to reap it
+        except FileNotFoundError:
+            break
+        assert time.monotonic() < deadline, "the worker outlived patchkit"
+        time.sleep(0.05)
