@@ -25,9 +25,13 @@ def clipped(value: object, limit: int = QUOTED) -> str:
     return first + " …" if rest.strip() else first
 
 
+WORD_MAX = 300   # characters of one word of a message: longer than any path a user types
+
+
 def bounded(line: str) -> str:
-    """``line`` with every word longer than a value is quoted cut short (:func:`clipped`): the
-    one place a message is bounded before anyone reads it, whatever value it quotes."""
+    """``line`` with every word longer than ``WORD_MAX`` cut as a quoted value is
+    (:func:`clipped`): the one place a message is bounded before anyone reads it, whatever
+    value it quotes."""
     import re
 
     def cut(match: re.Match[str]) -> str:
@@ -35,7 +39,7 @@ def bounded(line: str) -> str:
         close = word[-1] if word[-1] in "'\")]" else ""
         return word[:QUOTED] + "…" + close
 
-    return re.sub(r"\S{%d,}" % (QUOTED + 41), cut, line)
+    return re.sub(r"\S{%d,}" % (WORD_MAX + 1), cut, line)
 
 
 class PatchkitError(Exception):
