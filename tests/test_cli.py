@@ -307,3 +307,136 @@ def test_quiet_and_verbose_work_before_or_after_the_verb(tmp_path, where):
     assert "+ git " in run("--verbose").stderr
     assert run("--quiet", "cache").stderr == ""
     assert run("-q").stdout.splitlines()[-1].startswith("ok: 3 applied")
+
+
+STUCK = '''\
+import itertools
+import os
+from pathlib import Path
+
+from patchkit.transform import Transform
+
+
+class Stuck(Transform):
+    path = "pkg/mod.py"
+
+    def postcondition(self, module):
+        return False
+
+    def transform(self, module):
+        Path(os.environ["PK_TEST_STUCK"]).write_text(str(os.getpid()))
+        any(itertools.repeat(False))   # C code: no signal handler of Python runs in here
+        return module
+'''
+
+
+def _stuck_project(tmp_path: Path) -> Path:
+    proj = make_project(tmp_path)
+    (proj / "patches/fast.py").write_text(STUCK)
+    return proj
+
+
+def test_a_stuck_transform_fails_at_the_deadline_and_json_stays_json(tmp_path):
+    proj = _stuck_project(tmp_path)
+    env = {"PK_TEST_STUCK": str(tmp_path / "stuck.pid")}
+    p = patchkit("apply", "--timeout", "1", "--format", "json", cwd=proj, env=env, timeout=60)
+    assert p.returncode == 1, p.stderr
+    fates = {x["id"]: (x["status"], x["reason"], x["message"])
+             for x in json.loads(p.stdout)["patches"]}
+    assert fates["fast-mode"][:2] == ("failed", "error")
+    assert fates["fast-mode"][2].endswith("fast.py: transform ran past its deadline of 1 s "
+                                          "of CPU time (--timeout) and was stopped")
+    assert fates["table-nvfp4"][0] == fates["extra-file"][0] == "applied"   # the rest ran
+    if (tmp_path / "stuck.pid").exists():   # it got as far as the loop: the worker is gone
+        assert not Path("/proc", (tmp_path / "stuck.pid").read_text()).exists()
+    assert not (proj / ".patchkit/vllm").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_a_transform_stuck_in_c_code(tmp_path, sig):
+    import time
+
+    proj = _stuck_project(tmp_path)
+    marker = tmp_path / "stuck.pid"
+    proc = spawn("apply", cwd=proj, env={"PK_TEST_STUCK": str(marker)})
+    deadline = time.monotonic() + 60
+    while not marker.exists() or not marker.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    sent = time.monotonic()
+    proc.send_signal(sig)   # to patchkit alone, not its worker
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 10
+    assert proc.returncode == 128 + sig, err
+    assert err.splitlines()[-1] == f"patchkit: interrupted by {sig.name}; nothing was changed"
+    assert not Path("/proc", marker.read_text()).exists()   # the worker is gone too
+    assert not (proj / ".patchkit/vllm").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ("--vllm-ref", "r" * 100_000), ("--vllm-repo", "h" * 100_000), ("--vllm-repo", "h" * 3000),
+])
+def test_an_error_quotes_a_huge_value_cut_short(tmp_path, args):
+    proj = make_project(tmp_path)
+    for fmt in ("text", "json"):
+        p = patchkit("apply", *args, "--format", fmt, cwd=proj)
+        assert p.returncode == 2, p.stderr
+        assert "Traceback" not in p.stderr
+        if fmt == "json":
+            said = json.loads(p.stdout)["error"]
+        else:
+            said = p.stderr.strip().splitlines()[-1]
+        assert len(said) < 300 and "…" in said, said
+
+
+def test_cache_faults_are_no_failure_on_this_run_or_a_later_one(tmp_path):
+    """Found by fuzzing: a kept JSON file still valid but changed was a KeyError, on every
+    later run; now it is dropped and made again, and -v says so.  A lock file replaced by a
+    folder is named in one line, exit 2."""
+    proj = make_project(tmp_path)
+    env = {"PATCHKIT_CACHE_DIR": str(tmp_path / "cache")}
+    assert patchkit("apply", cwd=proj, env=env).returncode == 0
+    kept = sorted((tmp_path / "cache").glob("transform*/*.json"))
+    assert kept
+    for path in kept:
+        entry = json.loads(path.read_text())
+        entry["value"] = [["Fast", "pkg/elsewhere.py"]] if isinstance(entry["value"], list) \
+            else dict(entry["value"], texts={})
+        path.write_text(json.dumps(entry))
+    for n in range(2):
+        p = patchkit("apply", "-v", "--workdir", f"wd{n}", cwd=proj, env=env)
+        assert p.returncode == 0, p.stderr
+        assert ("dropped the cache entry" in p.stderr) == (n == 0), p.stderr
+    locks = sorted((tmp_path / "cache" / "repos").glob("*.lock"))   # the mirror's
+    assert locks
+    locks[0].unlink()
+    locks[0].mkdir()
+    p = patchkit("apply", "--workdir", "wd3", cwd=proj, env=env)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1].endswith(
+        f"the lock {locks[0]} is a folder, not a lock file; remove it when no patchkit run is "
+        "going"), p.stderr
+
+
+def test_a_transform_worker_dies_with_patchkit_even_by_sigkill(tmp_path):
+    import time
+
+    proj = _stuck_project(tmp_path)
+    marker = tmp_path / "stuck.pid"
+    proc = spawn("apply", cwd=proj, env={"PK_TEST_STUCK": str(marker)})
+    deadline = time.monotonic() + 60
+    while not marker.exists() or not marker.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.kill()
+    proc.communicate(timeout=30)
+    status = Path("/proc", marker.read_text(), "status")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if "State:\tZ" in status.read_text():
+                break   # dead, waiting for init to reap it
+        except FileNotFoundError:
+            break
+        assert time.monotonic() < deadline, "the worker outlived patchkit"
+        time.sleep(0.05)

@@ -95,3 +95,16 @@ def test_a_run_never_waits_on_its_own_lock_as_on_another_run(tmp_path, monkeypat
         assert done.is_set()   # had only once the other thread let go
     t.join(10)
     assert said == []
+
+
+def test_a_lock_in_a_bad_state_is_named_in_one_line(tmp_path):
+    """Found by fuzzing: a folder in place of a lock file was an IsADirectoryError (exit 3)
+    on every later run."""
+    lock = tmp_path / "m.lock"
+    lock.mkdir()
+    with pytest.raises(filelocks.LockError) as err:
+        with filelocks.held(lock, "the mirror of x"):
+            pass
+    assert err.value.exit_code == 2
+    assert str(err.value) == (f"the mirror of x: the lock {lock} is a folder, not a lock file; "
+                              "remove it when no patchkit run is going")

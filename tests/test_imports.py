@@ -1,5 +1,6 @@
-"""What a run imports: libcst only when a transform is involved, docker only for an image,
-and GitPython not for the CLI's start.  What the tests import: no test module imports another
+"""What a run imports: libcst never (a transform imports it in the worker it runs in, and
+only when its result is not kept), docker only for an image, and GitPython not for the CLI's
+start.  What the tests import: no test module imports another
 (what tests share lives in tests/testing/)."""
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from testing.upstream import make_upstream
 PROBE = """
 import json, sys
 from patchkit import cli
+from patchkit.kinds import transform
 code = cli.main(sys.argv[1:])
 print(json.dumps({"code": code, "libcst": "libcst" in sys.modules,
-                  "docker": "docker" in sys.modules, "git": "git" in sys.modules}))
+                  "docker": "docker" in sys.modules, "git": "git" in sys.modules,
+                  "worker": transform.WORKER._pid is not None}))
 """
 
 
@@ -54,27 +57,28 @@ def _run(proj: Path, *args: str) -> dict:
 
 def test_a_series_of_diffs_imports_neither_libcst_nor_docker(tmp_path):
     got = _run(_project(tmp_path, transform=False), "apply")
-    assert got == {"code": 0, "libcst": False, "docker": False, "git": True}
+    assert got == {"code": 0, "libcst": False, "docker": False, "git": True, "worker": False}
 
 
-def test_a_transform_brings_libcst_and_still_no_docker(tmp_path):
+def test_a_transform_runs_in_its_worker_and_still_no_docker(tmp_path):
     got = _run(_project(tmp_path, transform=True), "apply")
-    assert got == {"code": 0, "libcst": True, "docker": False, "git": True}
+    assert got == {"code": 0, "libcst": False, "docker": False, "git": True, "worker": True}
 
 
 def test_a_transform_whose_result_is_kept_runs_without_libcst(tmp_path):
     """The second apply finds what the transform file defines and what it made kept by
     content: neither the file nor libcst is imported."""
     proj = _project(tmp_path, transform=True)
-    assert _run(proj, "apply")["libcst"] is True
+    assert _run(proj, "apply")["worker"] is True
     got = _run(proj, "apply")
-    assert got == {"code": 0, "libcst": False, "docker": False, "git": True}
+    assert got == {"code": 0, "libcst": False, "docker": False, "git": True, "worker": False}
     assert "C = 3" in (proj / ".patchkit" / "vllm" / "pkg" / "mod.py").read_text()
 
 
 def test_help_and_validate_import_no_border_library(tmp_path):
     proj = _project(tmp_path, transform=False)
-    assert _run(proj, "validate") == {"code": 0, "libcst": False, "docker": False, "git": False}
+    assert _run(proj, "validate") == {"code": 0, "libcst": False, "docker": False, "git": False,
+                                      "worker": False}
 
 
 # ------------------------------------------------------------------- what the tests import

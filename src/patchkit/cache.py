@@ -9,11 +9,17 @@ nothing while any run may be using the cache."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
-from patchkit.errors import UsageError
+from patchkit.errors import UsageError, clipped
+from patchkit.files import discard
+
+T = TypeVar("T")
 
 
 def cache_dir() -> Path:
@@ -99,7 +105,14 @@ def hold_exclusive(cache: Path, wait: float) -> bool:
     from patchkit import interrupt
 
     cache.mkdir(parents=True, exist_ok=True)
-    fd = _held if _held is not None else os.open(cache / IN_USE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = _held if _held is not None else os.open(cache / IN_USE, os.O_RDWR | os.O_CREAT,
+                                                     0o644)
+    except OSError as exc:
+        state = "is a folder, not a lock file" if (cache / IN_USE).is_dir() else \
+            f"cannot be opened ({exc.strerror})"
+        raise UsageError(f"the lock {cache / IN_USE} {state}; remove it when no patchkit run "
+                         "is going") from None
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -114,3 +127,46 @@ def hold_exclusive(cache: Path, wait: float) -> bool:
                 os.close(fd)
             return False
         time.sleep(0.05)
+
+
+KEPT_LIMIT = 64 << 20   # bytes of one kept JSON file: a larger one is not ours
+
+
+def kept_json(path: Path, read: Callable[[Any], T] = lambda value: value,
+              limit: int = KEPT_LIMIT) -> T | None:
+    """The JSON value kept in the cache at ``path``, as ``read`` takes it (``read`` raises
+    KeyError, TypeError, ValueError, AttributeError or IndexError for a value that is not of
+    the shape it expects), or None: nothing kept there, or what is there does not read as
+    expected.  Such an entry (not JSON, of another shape, too large, a folder in its place)
+    is removed, for the caller to make it again, and ``-v`` says so: the one reader of
+    every JSON file the cache keeps, so that no damaged entry fails a run, on this run or
+    on any later one."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:   # a folder in its place, unreadable
+        _drop(path, exc.strerror or str(exc))
+        return None
+    if len(data) > limit:
+        _drop(path, f"larger than {limit >> 20} MiB")
+        return None
+    try:
+        return read(json.loads(data))
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+        _drop(path, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        return None
+
+
+def _drop(path: Path, why: str) -> None:
+    from patchkit import progress
+
+    try:
+        discard(path)
+    except OSError as exc:
+        progress.detail(f"the cache entry {path} does not read as expected ({clipped(why)}) "
+                        f"and cannot be removed ({exc.strerror}); it is made again each run")
+        return
+    progress.detail(f"dropped the cache entry {path}: it does not read as expected "
+                    f"({clipped(why)}); it is made again")

@@ -41,7 +41,7 @@ def say(message: str) -> None:
     target of a run meeting the same unreachable source says the same line)."""
     if not Output.quiet and message not in Output.said:
         Output.said.add(message)
-        echo(message, err=True)
+        echo(errors.bounded(message), err=True)
 
 
 class TextProgress:
@@ -147,7 +147,8 @@ VLLM_REPO = click.option("--vllm-repo", "repos", multiple=True,
 SECONDS = click.FloatRange(min=0, min_open=True, max=24 * 3600)
 TIMEOUT = click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
                        metavar="SECONDS", help="Longest silence of an engine, node or registry "
-                       "before giving up (a transfer goes on while bytes flow).")
+                       "before giving up (a transfer goes on while bytes flow), and the CPU "
+                       "time a transform patch may take.")
 BASE = click.option("--base", help="The base image that --vllm-ref base and --vllm-repo image "
                                    "read (default: image.base of the manifest).")
 
@@ -238,10 +239,11 @@ def validate(manifest_path: str, fmt: str) -> int:
 @click.option("--keep-failed", is_flag=True, help="Keep the scratch checkout of a failed run and say where.")
 @DISCARD
 @VARIANT
+@TIMEOUT
 @MANIFEST
 @FORMAT
-def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, variant, manifest_path,
-          fmt) -> int:
+def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, variant, timeout,
+          manifest_path, fmt) -> int:
     """Apply the series to a pinned vLLM checkout, one commit per patch, then verify."""
     from patchkit.commands import apply as command
     from patchkit.run import Asked
@@ -249,7 +251,7 @@ def apply(ref, repos, pins, packages, base, workdir, keep_failed, discard, varia
 
     m = _load(manifest_path)
     asked = Asked(ref=ref, repos=repos or None, base=base, variant=variant, refs=pins,
-                  only=packages, workdir=Path(workdir))
+                  only=packages, workdir=Path(workdir), timeout=timeout)
     report = command.run(m, asked, keep_failed=keep_failed,
                          progress=TextProgress(err=fmt == "json"), discard=discard)
     echo(report.to_json() if fmt == "json" else text.apply(report))
@@ -1029,7 +1031,9 @@ def main(argv: list[str] | None = None) -> int:
         where = ctx.command_path if ctx and ctx.info_name != "patchkit" else prog
         echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
         code, message = 2, exc.format_message()
-    except (Exception, KeyboardInterrupt, interrupt.Interrupted) as exc:  # the one handler
+    except BaseException as exc:  # noqa: BLE001  # the one handler: anything is one line
+        if isinstance(exc, SystemExit):
+            raise
         from patchkit.cache import log_file
 
         code, line, message = errors.handle(exc, " ".join(sys.argv), __version__, log_file,

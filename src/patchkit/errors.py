@@ -12,6 +12,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+QUOTED = 80   # the most of a value an error quotes
+
+
+def clipped(value: object, limit: int = QUOTED) -> str:
+    """``value`` as an error quotes it: its first line, at most ``limit`` characters, with
+    ``…`` where it was cut (a 100,000-character ref is not echoed whole)."""
+    text = str(value)
+    first, _, rest = text.partition("\n")
+    if len(first) > limit:
+        return first[:limit] + "…"
+    return first + " …" if rest.strip() else first
+
+
+WORD_MAX = 300   # characters of one word of a message: longer than any path a user types
+
+
+def bounded(line: str) -> str:
+    """``line`` with every word longer than ``WORD_MAX`` cut as a quoted value is
+    (:func:`clipped`): the one place a message is bounded before anyone reads it, whatever
+    value it quotes."""
+    import re
+
+    def cut(match: re.Match[str]) -> str:
+        word = match.group()
+        close = word[-1] if word[-1] in "'\")]" else ""
+        return word[:QUOTED] + "…" + close
+
+    return re.sub(r"\S{%d,}" % (WORD_MAX + 1), cut, line)
+
+
 class PatchkitError(Exception):
     """An expected failure, reported as one line."""
 
@@ -145,7 +175,7 @@ def handle(exc: BaseException, command_line: str, version: str,
     from patchkit import interrupt
 
     if isinstance(exc, PatchkitError):
-        said = exc.worded(word) if isinstance(exc, SettingError) else str(exc)
+        said = bounded(exc.worded(word) if isinstance(exc, SettingError) else str(exc))
         return exc.exit_code, f"{prog}: error: {said}", said
     if isinstance(exc, KeyboardInterrupt):
         return 130, "patchkit: interrupted", "interrupted"
@@ -160,5 +190,6 @@ def handle(exc: BaseException, command_line: str, version: str,
             fh.write("".join(traceback.format_exception(exc)) + "\n")
     except OSError:
         pass
-    message = f"unexpected error: {type(exc).__name__}: {exc} (traceback in {log})"
+    message = bounded(f"unexpected error: {type(exc).__name__}: {clipped(exc, 400)} "
+                      f"(traceback in {log})")
     return 3, f"{prog}: error: {message}", message

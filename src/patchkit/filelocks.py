@@ -39,6 +39,13 @@ class BusyError(PatchkitError):
     """Another patchkit run held a lock for longer than ``WAIT``."""
 
 
+class LockError(PatchkitError):
+    """A lock file in a bad state (a folder in its place, unreadable): named, for the user to
+    remove, since no run can tell whether another one is using it."""
+
+    exit_code = 2
+
+
 _ours: dict[str, threading.Lock] = {}   # path -> the lock this process's threads take it by
 _table = threading.Lock()
 
@@ -88,7 +95,7 @@ def _file_lock(path: Path, what: str, log: Callable[[str], None], deadline: floa
                vanish: bool) -> Iterator[None]:
     said = False
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _opened(path, what)
         try:
             said = _wait(fd, path, what, log, deadline, said)
             if not vanish or _still_named(path, fd):
@@ -111,6 +118,16 @@ def _file_lock(path: Path, what: str, log: Callable[[str], None], deadline: floa
             pass
         finally:
             os.close(fd)
+
+
+def _opened(path: Path, what: str) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        state = "is a folder, not a lock file" if os.path.isdir(path) else \
+            f"cannot be opened ({exc.strerror})"
+        raise LockError(f"{what}: the lock {path} {state}; remove it when no patchkit run is "
+                        "going") from None
 
 
 def _wait(fd: int, path: Path, what: str, log: Callable[[str], None], deadline: float,

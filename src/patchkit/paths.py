@@ -5,15 +5,28 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
+from patchkit.errors import clipped
+
 
 class UnsafePathError(Exception):
     """A path that is absolute, climbs out with ``..``, touches ``.git`` or goes through a link."""
 
 
+NAME_MAX = 255    # bytes in one name of a path (Linux's NAME_MAX)
+PATH_MAX = 4096   # bytes in a whole path (Linux's PATH_MAX)
+
+
 def check_relative(rel: str) -> PurePosixPath:
     """Validate a patch-relative path lexically; return it normalised."""
     if not rel or "\0" in rel:
-        raise UnsafePathError(f"empty or NUL-bearing path {rel!r}")
+        raise UnsafePathError(f"empty or NUL-bearing path {clipped(rel)!r}")
+    if len(rel.encode("utf-8", "surrogateescape")) > PATH_MAX:
+        raise UnsafePathError(f"path {clipped(rel)!r} is longer than {PATH_MAX} bytes")
+    long = next((part for part in rel.split("/")
+                 if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX), None)
+    if long is not None:
+        raise UnsafePathError(f"path {clipped(rel)!r} has a name longer than {NAME_MAX} bytes "
+                              f"({clipped(long)!r})")
     if rel.startswith("/") or (len(rel) > 1 and rel[1] == ":"):
         raise UnsafePathError(f"absolute path {rel!r}")
     pure = PurePosixPath(rel)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -312,3 +313,244 @@ class _Tail:
 
     def text(self) -> str:
         return bytes(self.data).decode(errors="replace")
+
+
+class WorkerError(Exception):
+    """A call into a :class:`Worker` did not return: it ran past its deadline (``overdue``),
+    its process ended, or the function raised (``str()`` says which, in one line)."""
+
+    def __init__(self, message: str, overdue: bool = False) -> None:
+        super().__init__(message)
+        self.overdue = overdue
+
+
+_HEADER = 8   # the length of a message on a worker's pipe, big-endian
+
+
+class Worker:
+    """A forked child of this process that runs module-level functions of patchkit for it, one
+    call at a time, each under a deadline: code that may never return to the interpreter (a
+    user's transform stuck in C, ``any(itertools.repeat(False))``) runs there, and is stopped
+    wherever it is by killing the process, past its deadline or when a signal ends the run.
+
+    The child is forked on the first call and kept for the next ones, so what it imported and
+    parsed serves them all; a call that kills it forks the next.  It holds no descriptor of
+    ours but its two pipes (no lock of ours stays held through it), writes what the code
+    prints to stderr (stdout is the report's), and dies with this process (``kill -9``
+    included).  A child process of ours (a rebase-check worker) forks its own.  Without
+    ``os.fork`` the call runs in this process."""
+
+    def __init__(self) -> None:
+        self._pid: int | None = None
+        self._owner: int | None = None
+        self._send = self._recv = -1
+        self._turn = threading.Lock()   # one call at a time; threads of a run take turns
+        _workers.add(self)
+
+    def call(self, fn: Callable[..., object], *args: object, timeout: float) -> object:
+        """``fn(*args)`` in the worker; its value, or WorkerError.  ``timeout`` bounds the CPU
+        time the call takes, which a busy machine does not stretch (where the system tells
+        it; else the time on the clock), and ``WALL`` times it the time on the clock, for code
+        that waits without working."""
+        if not hasattr(os, "fork"):
+            return fn(*args)
+        with self._turn:
+            return self._call(fn, args, timeout)
+
+    def _call(self, fn: Callable[..., object], args: tuple, timeout: float) -> object:
+        import pickle
+
+        job = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+        self._started()
+        try:
+            _write_all(self._send, len(job).to_bytes(_HEADER, "big") + job)
+        except BrokenPipeError:   # it ended while idle (its starting thread ended): again
+            self._forget()
+            self._started()
+            _write_all(self._send, len(job).to_bytes(_HEADER, "big") + job)
+        clock = _Deadline(self._pid, timeout)
+        try:
+            size = int.from_bytes(self._read(_HEADER, clock), "big")
+            kind, value = pickle.loads(self._read(size, clock))
+        except BaseException:
+            self.stop()   # past its deadline, interrupted, or gone: it is not left running
+            raise
+        if kind == "raised":
+            raise WorkerError(f"raised {value}")
+        return value
+
+    def stop(self) -> None:
+        """Kill the child (if it is ours and alive) and forget it."""
+        if self._pid is not None and self._owner == os.getpid():
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+                os.waitpid(self._pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self._forget()
+
+    def _forget(self) -> None:
+        for fd in (self._send, self._recv):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if self._pid is not None and self._owner == os.getpid():
+            try:
+                os.waitpid(self._pid, os.WNOHANG)   # reap one that ended by itself
+            except ChildProcessError:
+                pass
+        self._pid, self._owner, self._send, self._recv = None, None, -1, -1
+
+    def _started(self) -> None:
+        if self._pid is not None and self._owner != os.getpid():
+            # forked along with this process from its parent: the parent's, not ours
+            self._pid = self._owner = None
+            self._forget()
+        if self._pid is not None:
+            return
+        job_r, job_w = os.pipe()
+        res_r, res_w = os.pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:   # the worker: it never returns into the caller's code
+            code = 0
+            try:
+                os.close(job_w)
+                os.close(res_r)
+                bind_to_parent(parent)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent decides
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.dup2(2, 1)
+                low, high = sorted((job_r, res_w))
+                os.closerange(3, low)
+                os.closerange(low + 1, high)
+                os.closerange(high + 1, os.sysconf("SC_OPEN_MAX"))
+                _serve(job_r, res_w)
+            except BaseException:   # noqa: BLE001  # nothing of the caller's runs here
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(job_r)
+        os.close(res_w)
+        self._pid, self._owner, self._send, self._recv = pid, parent, job_w, res_r
+
+    def _read(self, size: int, clock: _Deadline) -> bytes:
+        import select
+
+        chunks: list[bytes] = []
+        left = size
+        while left:
+            interrupt.check()   # a forked worker's first signal is heard here
+            clock.check()
+            ready, _, _ = select.select([self._recv], [], [], 0.1)
+            if not ready:
+                continue
+            chunk = os.read(self._recv, min(left, 1 << 20))
+            if not chunk:
+                raise WorkerError(f"ended ({self._ended()}) before it finished")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def _ended(self) -> str:
+        try:
+            _, status = os.waitpid(self._pid, 0) if self._pid else (0, 0)
+        except ChildProcessError:
+            return "status unknown"
+        self._pid = None
+        if os.WIFSIGNALED(status):
+            return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+        return f"exit {os.WEXITSTATUS(status)}"
+
+
+_workers: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+
+def _fresh_turns() -> None:
+    """A forked child takes no turn a thread of its parent held."""
+    for worker in list(_workers):
+        worker._turn = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_turns)
+
+
+class _Deadline:
+    """A call's deadline: ``timeout`` seconds of the worker's CPU time (read from /proc, so
+    that a loaded machine does not fail a call that does its work), and ``WALL`` times that on
+    the clock."""
+
+    def __init__(self, pid: int | None, timeout: float) -> None:
+        self.pid, self.timeout = pid, timeout
+        self.start = time.monotonic()
+        self.cpu_start = _cpu_of(pid)
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if self.cpu_start is not None:
+            cpu = _cpu_of(self.pid)
+            if cpu is not None and cpu - self.cpu_start > self.timeout:
+                raise WorkerError(f"ran past its deadline of {self.timeout:g} s of CPU time "
+                                  "and was stopped", overdue=True)
+            if now - self.start <= self.timeout * WALL:
+                return
+            raise WorkerError(f"ran for {self.timeout * WALL:g} s ({WALL} times its deadline) "
+                              "and was stopped", overdue=True)
+        if now - self.start > self.timeout:
+            raise WorkerError(f"ran past its deadline of {self.timeout:g} s and was stopped",
+                              overdue=True)
+
+
+WALL = 10   # a worker's call may wait (not work) for this many times its deadline
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_of(pid: int | None) -> float | None:
+    """The CPU seconds (user and system) process ``pid`` has used, or None where unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_all(fd: int, size: int) -> bytes | None:
+    chunks: list[bytes] = []
+    while size:
+        chunk = os.read(fd, min(size, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _serve(jobs: int, results: int) -> None:
+    """The worker's loop: a call in, its value (or what it raised, in one line) out, until the
+    caller closes its end."""
+    import pickle
+
+    while True:
+        head = _read_all(jobs, _HEADER)
+        if head is None:
+            return
+        body = _read_all(jobs, int.from_bytes(head, "big"))
+        if body is None:
+            return
+        try:
+            fn, args = pickle.loads(body)
+            answer = pickle.dumps(("value", fn(*args)), protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException as exc:  # noqa: BLE001  # the caller says it, in one line
+            answer = pickle.dumps(("raised", f"{type(exc).__name__}: {exc}"))
+        _write_all(results, len(answer).to_bytes(_HEADER, "big") + answer)

@@ -119,3 +119,24 @@ def test_a_build_removed_is_forgotten(tmp_path):
     history.save("E", {"a": 1.0, "b": 2.0})
     history.forget("E", ["a"])
     assert history.of("E") == {"b": 2.0}
+
+
+@pytest.mark.parametrize("kept", [b"[1, 2]", b'{"got": {"sha256:a": "soon"}}', b"\xff", None])
+def test_a_damaged_node_history_or_pending_rollback_is_dropped(tmp_path, kept):
+    """Found by fuzzing: a kept file that does not read as expected is no failure; it is
+    dropped (learnt again from the engine) and made again."""
+    from patchkit.nodes.ledger import History, Pending
+
+    history, pending = History(tmp_path), Pending("demo:latest", tmp_path)
+    history.save("engine-1", {"sha256:a": 1.0})
+    pending.keep("sha256:b")
+    for path in (history._path("engine-1"), pending._path()):
+        path.unlink()
+        if kept is None:
+            path.mkdir()   # a folder in its place
+        else:
+            path.write_bytes(kept)
+    assert history.of("engine-1") == {} and pending.to() is None
+    assert not history._path("engine-1").exists() and not pending._path().exists()
+    history.got_now("engine-1", "sha256:c")
+    assert list(history.of("engine-1")) == ["sha256:c"]

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from patchkit.kinds import transform as kind
 from patchkit.transform import run_transform_file
 
 HEADER = """\
@@ -214,18 +215,24 @@ class Spec:
 
 
 def _counting(monkeypatch) -> list[str]:
-    """The transforms that really ran (parsed their file), by class name."""
-    from patchkit.kinds import transform as kind
-
+    """The transforms that really ran (parsed their file), by class name: each run of the
+    author's code (in the transform worker) adds a line to a file."""
     ran: list[str] = []
-    real = kind._run_one
+    real = kind.run_transform_file
 
-    def counted(cls, source, version):
-        ran.append(cls.__name__)
-        return real(cls, source, version)
+    def counted(py_file, root, version, cache=None, timeout=30.0):
+        out = real(py_file, root, version, cache, timeout)
+        if not out.wrote_only_files and out.status in ("applied", "upstream"):
+            ran.append(_names(Path(py_file)))
+        return out
 
-    monkeypatch.setattr(kind, "_run_one", counted)
+    monkeypatch.setattr(kind, "run_transform_file", counted)
+    monkeypatch.setitem(globals(), "run_transform_file", counted)
     return ran
+
+
+def _names(py_file: Path) -> str:
+    return ", ".join(name for name, _path in kind.listed(py_file)[0])
 
 
 def test_the_same_transform_on_the_same_file_is_not_run_twice(tmp_path, monkeypatch):
@@ -270,3 +277,181 @@ def test_a_transform_that_says_it_is_not_pure_runs_every_time(tmp_path, monkeypa
     run(tmp_path / "a", impure, {"pkg/spec.py": SPEC_BEFORE})
     out, _ = run(tmp_path / "b", impure, {"pkg/spec.py": SPEC_BEFORE})
     assert out.status == "applied" and ran == ["UseB12x", "UseB12x"]
+
+
+# ------------------------------------------------------------------------------ the worker
+# Inputs found by fuzzing: the author's code is stopped wherever it is, and whatever it
+# raises is one line.
+
+STUCK = HEADER + '''
+import itertools
+
+
+class Stuck(Transform):
+    path = "pkg/spec.py"
+
+    def postcondition(self, module):
+        return False
+
+    def transform(self, module):
+        any(itertools.repeat(False))   # C code that never returns to the interpreter
+        return module
+'''
+
+
+def test_a_transform_stuck_in_c_code_is_stopped_at_its_deadline(tmp_path):
+    import time
+
+    start = time.monotonic()
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg/spec.py").write_text("x = 1\n")
+    (tmp_path / "t.py").write_text(STUCK)
+    out = run_transform_file(tmp_path / "t.py", root, None, KEPT(), timeout=1.0)
+    assert time.monotonic() - start < 20
+    assert (out.status, out.reason) == ("failed", "error")
+    assert out.message.endswith("t.py: transform ran past its deadline of 1 s of CPU "
+                                "time (--timeout) and was stopped"), out.message
+    assert (root / "pkg/spec.py").read_text() == "x = 1\n"
+    # the next transform gets a new worker
+    assert_transform(tmp_path / "next", RENAME, SPEC_BEFORE, SPEC_BEFORE.replace(
+        '"flashinfer_b12x"', '"b12x"'))
+
+
+@pytest.mark.parametrize("raised,said", [
+    ("GeneratorExit()", "GeneratorExit: "),
+    ("BaseException('odd')", "BaseException: odd"),
+    ("ValueError('x' * 100_000)", "ValueError: " + "x" * 80 + "…"),
+    ("ValueError('first line\\nsecond line')", "ValueError: first line …"),
+])
+def test_anything_the_author_raises_is_one_short_line(tmp_path, raised, said):
+    code = HEADER + f'''
+class Odd(Transform):
+    path = "pkg/spec.py"
+
+    def postcondition(self, module):
+        return False
+
+    def transform(self, module):
+        raise {raised}
+'''
+    out, _ = run(tmp_path, code, {"pkg/spec.py": "x = 1\n"})
+    assert (out.status, out.reason, out.message) == (
+        "failed", "error", f"Odd (pkg/spec.py): {said}")
+
+
+def test_generator_exit_at_import_is_one_line(tmp_path):
+    out, _ = run(tmp_path, "raise GeneratorExit\n", {"pkg/spec.py": "x = 1\n"})
+    assert (out.status, out.reason) == ("failed", "error")
+    assert out.message.endswith("t.py: import failed: GeneratorExit: ")
+
+
+def test_a_transform_that_ends_its_process_fails_alone(tmp_path):
+    code = HEADER + '''
+class Gone(Transform):
+    path = "pkg/spec.py"
+
+    def postcondition(self, module):
+        return False
+
+    def transform(self, module):
+        import os
+        os._exit(7)
+'''
+    out, root = run(tmp_path, code, {"pkg/spec.py": "x = 1\n"})
+    assert (out.status, out.reason) == ("failed", "error")
+    assert out.message.endswith("t.py: transform ended (exit 7) before it finished"), out.message
+    assert (root / "pkg/spec.py").read_text() == "x = 1\n"
+
+
+def test_the_worker_holds_no_lock_of_ours(tmp_path):
+    """A lock taken before the worker was forked is free once we let go of it: the worker
+    keeps no descriptor of ours."""
+    import fcntl
+    import os
+
+    from patchkit import filelocks
+
+    kind.WORKER.stop()
+    lock = tmp_path / "a.lock"
+    with filelocks.held(lock, "a test lock"):
+        out, _ = run(tmp_path, RENAME, {"pkg/spec.py": SPEC_BEFORE})   # forks the worker
+        assert out.status == "applied"
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # BlockingIOError if the worker held it
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------ cache faults
+# A kept entry that does not read as expected is dropped and made again, and -v says so.
+
+class _Details:
+    """The lines ``-v`` would show (``progress.detail``)."""
+
+    def __init__(self, monkeypatch) -> None:
+        from patchkit import progress
+
+        self.lines: list[str] = []
+        sink = progress.Sink()
+        sink.detail = self.lines.append   # type: ignore[method-assign]
+        monkeypatch.setattr(progress, "_sink", sink)
+
+
+def _entries(space: str) -> list[Path]:
+    return sorted((KEPT() / space).glob("*.json"))
+
+
+def _fault(path: Path, how: str) -> None:
+    import json
+
+    if how == "folder":
+        path.unlink()
+        path.mkdir()
+        (path / "x").write_text("x")
+        return
+    entry = json.loads(path.read_text())
+    if how == "changed":        # valid JSON, the seal no longer holds
+        entry["value"] = [["UseB12x", "pkg/other.py"]] if isinstance(entry["value"], list) \
+            else dict(entry["value"], status="upstream", texts={})
+    elif how == "resealed":     # the seal holds, the content is another file's
+        from patchkit.kinds import memo
+        entry = memo._sealed([["UseB12x", "pkg/other.py"]] if isinstance(entry["value"], list)
+                             else {"status": "applied", "reason": None, "message": "",
+                                   "texts": {"pkg/spec.py": 5}})
+    elif how == "shape":
+        entry = {"seal": "x", "value": None}
+    elif how == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+        return
+    path.write_text(json.dumps(entry))
+
+
+@pytest.mark.parametrize("space", ["transform-listings", "transforms"])
+@pytest.mark.parametrize("how", ["changed", "resealed", "shape", "garbage", "folder"])
+def test_a_damaged_kept_entry_is_dropped_and_made_again(tmp_path, monkeypatch, space, how):
+    said = _Details(monkeypatch)
+    first, root = run(tmp_path / "a", RENAME, {"pkg/spec.py": SPEC_BEFORE})
+    assert first.status == "applied"
+    (entry,) = _entries(space)
+    _fault(entry, how)
+    for n in range(2):   # and on every later run
+        out, other = run(tmp_path / f"b{n}", RENAME, {"pkg/spec.py": SPEC_BEFORE})
+        assert (out.status, out.reason) == ("applied", None), out.message
+        assert (other / "pkg/spec.py").read_bytes() == (root / "pkg/spec.py").read_bytes()
+    assert any("dropped" in line and "made again" in line for line in said.lines), said.lines
+    assert entry.is_file()   # made again, whole
+
+
+def test_a_transform_that_waits_without_working_is_stopped_at_ten_times_its_deadline(tmp_path):
+    code = STUCK.replace("any(itertools.repeat(False))", "import time; time.sleep(600)")
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg/spec.py").write_text("x = 1\n")
+    (tmp_path / "t.py").write_text(code)
+    kind.listed(tmp_path / "t.py", KEPT())   # the worker has imported it, and libcst
+    out = run_transform_file(tmp_path / "t.py", root, None, KEPT(), timeout=0.3)
+    assert (out.status, out.reason) == ("failed", "error")
+    assert out.message.endswith("t.py: transform ran for 3 s (10 times its deadline) "
+                                "(--timeout) and was stopped"), out.message

@@ -819,3 +819,70 @@ def test_a_bad_image_serve_is_one_line_naming_its_line(repo: Path, serve: str,
         manifest.load(repo / "patchset.yaml")
     assert message in str(info.value), str(info.value)
     assert "\n" not in str(info.value)
+
+
+# ------------------------------------------------------------------- inputs found by fuzzing
+# Each was an exit 3 ("unexpected error") or a line of 100 KB; each is one short line now.
+
+LONG = "a" * 300   # longer than a file name may be
+
+
+def _refused(repo: Path, text: str | None = None) -> str:
+    if text is not None:
+        (repo / "patchset.yaml").write_text(text)
+    with pytest.raises(ManifestError) as err:
+        manifest.load("patchset.yaml")
+    said = str(err.value)
+    assert "\n" not in said and len(said) < 400, said
+    return said
+
+
+@pytest.mark.parametrize("key,value", [
+    ("diff", f"patches/{LONG}.diff"),
+    ("transform", f"patches/{LONG}.py"),
+    ("overlay", f"overlays/{LONG}"),
+    ("diff", f"{LONG}/x.diff"),
+])
+def test_a_path_with_a_name_too_long_for_the_system(repo: Path, key: str, value: str) -> None:
+    said = _refused(repo, HEAD + f"  - id: p\n    summary: s\n    {key}: {value}\n")
+    assert said.startswith(f"patchset.yaml:8: patches[0] (id=p): {key}: path '")
+    assert "has a name longer than 255 bytes" in said
+
+
+def test_a_diff_touching_a_path_too_long(repo: Path) -> None:
+    (repo / "patches/a.diff").write_text(DIFF.replace("vllm/x.py", f"vllm/{LONG}.py"))
+    said = _refused(repo, HEAD + "  - id: p\n    summary: s\n    diff: patches/a.diff\n")
+    assert "touches an unsafe path" in said and "longer than 255 bytes" in said
+
+
+@pytest.mark.parametrize("key", ["repo", "ref"])
+def test_a_value_of_100000_characters_is_refused_and_quoted_short(repo: Path, key: str) -> None:
+    text = HEAD.replace(f"  {key}: ", f"  {key}: {'h' * 100_000}#")
+    said = _refused(repo, text)
+    line = 3 if key == "repo" else 4
+    value = text.splitlines()[line - 1].split(": ", 1)[1]
+    assert said == (f"patchset.yaml:{line}: vllm.{key}: '{'h' * 80}…' is {len(value)} "
+                    "characters long; a value has at most 4096")
+
+
+def test_a_nul_byte_in_a_value(repo: Path) -> None:
+    said = _refused(repo, HEAD.replace("repo: pypi", "repo: py\0pi"))
+    assert said == ("patchset.yaml:3: YAML syntax error: character #x0000 is not allowed in "
+                    "YAML text")
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "/dev/null"])
+def test_a_manifest_that_is_a_link_to_a_device(repo: Path, target: str) -> None:
+    os.symlink(target, repo / "patchset.yaml")
+    assert _refused(repo) == ("patchset.yaml: is not a regular file (a device, a pipe or a "
+                              "socket), not a manifest file")
+
+
+def test_a_manifest_that_is_a_pipe_is_not_waited_on(repo: Path) -> None:
+    os.mkfifo(repo / "patchset.yaml")
+    assert "is not a regular file" in _refused(repo)
+
+
+def test_a_manifest_over_one_mib(repo: Path) -> None:
+    said = _refused(repo, HEAD + "#" * (1 << 20))
+    assert said == "patchset.yaml: larger than 1 MiB; a manifest is a short text file"

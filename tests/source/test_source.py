@@ -36,6 +36,7 @@ def upstream(tmp_path):
     ("a//b", "not a valid git ref name"),
     ("release/", "not a valid git ref name"),
     ("x.lock", "not a valid git ref name"),
+    ("r" * 100_000, "'" + "r" * 80 + "…' is 100000 characters long; a ref has at most 1024"),
 ])
 def test_refs_that_name_no_fixed_commit_are_refused_before_anything_runs(tmp_path, upstream,
                                                                           ref, needle):
@@ -52,6 +53,17 @@ def test_refs_that_name_no_fixed_commit_are_refused_before_anything_runs(tmp_pat
                                  "deadbeefdeadbeefdeadbeefdeadbeefdeadbeef"])
 def test_tags_branches_and_shas_pass(ref):
     assert source.ref_problem(ref) is None
+
+
+def test_a_repository_too_long_is_one_line(tmp_path):
+    with pytest.raises(SourceError) as info:
+        source.resolve(["h" * 100_000], "v1", tmp_path / "cache")
+    assert str(info.value) == ("bad vLLM repository: '" + "h" * 80 + "…' is 100000 characters "
+                               "long; a repository's URL or path has at most 4096")
+    # a name too long for a path is no local path: a URL that cannot be reached
+    with pytest.raises(SourceError) as info:
+        source.resolve(["h" * 300], "v1", tmp_path / "cache")
+    assert str(info.value).startswith("h" * 300 + " is unreachable")
 
 
 def test_a_sha_prefix_resolves(tmp_path, upstream):

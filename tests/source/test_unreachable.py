@@ -103,3 +103,20 @@ def test_a_typo_for_a_source_word_in_the_manifest_names_its_line(tmp_path):
         [line] = p.stderr.strip().splitlines()
         assert line.endswith(f"patchset.yaml:{line_no}: vllm.repo[1]: 'imgae' is neither a URL, "
                              "a path nor a source word (pypi, image): did you mean 'image'?")
+
+
+def test_a_damaged_memory_of_an_unreachable_source_is_dropped(tmp_path):
+    """Found by fuzzing: a kept file that does not read as expected is dropped (-v says so)
+    and the source is tried again, never a failure."""
+    proj = make_project(tmp_path)
+    text = (proj / "patchset.yaml").read_text()
+    up = text.split("repo: ", 1)[1].split()[0]
+    (proj / "patchset.yaml").write_text(text.replace(f"repo: {up}", f"repo: {DEAD}", 1))
+    env = {"PATCHKIT_CACHE_DIR": str(tmp_path / "cache")}
+    assert patchkit("apply", cwd=proj, env=env).returncode == 2
+    (marker,) = (tmp_path / "cache").rglob("*.unreachable")
+    marker.write_text('{"until": "soon", "why": 5}')
+    p = patchkit("apply", "-v", cwd=proj, env=env)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert any(ln.startswith(f"dropped the cache entry {marker}") for ln in p.stderr.splitlines())
+    assert any(ln.startswith(f"mirroring {DEAD}") for ln in p.stderr.splitlines()), p.stderr

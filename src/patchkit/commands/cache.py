@@ -264,6 +264,9 @@ def _taken(locks: Sequence[Path]):
                 fd = os.open(lock, os.O_RDWR)
             except FileNotFoundError:
                 continue
+            except OSError:   # a lock in a bad state (a folder): not taken, the entry stays
+                yield False
+                return
             fds.append(fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

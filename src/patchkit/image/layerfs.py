@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from patchkit.cache import kept_json
 from patchkit.errors import ImageError
 from patchkit.files import write_if_changed
 
@@ -161,18 +162,21 @@ class _Inflater:
         return bytes(out)
 
 
+def _index(doc: dict) -> tuple[tuple[object, object, object], list[Member]]:
+    """A kept index: what it was made for, and its members (TypeError for another shape)."""
+    members = [Member(str(n), str(k), int(s), int(o), str(link))
+               for n, k, s, o, link in doc["members"]]
+    return (doc.get("format"), doc.get("digest"), doc.get("diff_id")), members
+
+
 def index_layer(blob: Path, digest: str, diff_id: str | None, index_dir: Path,
                 what: str) -> list[Member]:
     """The members of the layer blob at ``blob``, from its index (made on first use)."""
     hexpart = digest.split(":", 1)[1]
     cached = index_dir / f"{hexpart}.json"
-    try:
-        doc = json.loads(cached.read_text())
-        if doc.get("format") == INDEX_FORMAT and doc.get("digest") == digest and \
-                doc.get("diff_id") == diff_id:
-            return [Member(*m) for m in doc["members"]]
-    except (OSError, ValueError, TypeError, KeyError):
-        pass
+    kept = kept_json(cached, _index)
+    if kept is not None and kept[0] == (INDEX_FORMAT, digest, diff_id):
+        return kept[1]
     members: list[Member] = []
     try:
         with open(blob, "rb") as raw_file:

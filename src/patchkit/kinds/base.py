@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from patchkit.report import Outcome, PatchResult, Reason
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 
 class Patch(Protocol):
@@ -55,6 +56,7 @@ class Target:
     version: str | None        # the package's release, when known
     mirror: Path | None = None  # the cached repository the checkout borrows from
     memo: Path | None = None    # the run's cache, where kept results live (None: nothing kept)
+    timeout: float = DEFAULT_TIMEOUT   # the deadline of the patch author's code (a transform)
 
 
 @dataclass

@@ -4,7 +4,9 @@ time).  Each kind of result has its space, a folder of the cache: ``transforms/`
 transform made, ``transform-listings/`` for the classes a transform file defines and the paths
 they edit (so a kept result needs no import of the file, nor of libcst), ``assertions/`` for
 what the assertions on one file found (their key is ``series/assertions.py``'s to make).
-Entries are one JSON file each, written by rename; one that cannot be read is a miss.  The
+Entries are one JSON file each, written by rename, sealed with the digest of their value: one
+that does not read as expected (not JSON, changed since it was written, of another shape than
+its reader takes) is dropped and made again (``cache.kept_json``), never a failure.  The
 cache is the run's, named by the caller (``None``: nothing is kept, every run computes).
 
 A transform's key covers the transform file and every other ``.py`` file in its folder (a
@@ -19,11 +21,15 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from patchkit import __version__
+from patchkit.cache import kept_json
 from patchkit.report import Outcome, Reason, Status
 
+T = TypeVar("T")
 FORMAT = "patchkit-transform-memo/1"
 LISTING = "patchkit-transform-listing/1"
 LIMIT = 64 << 20   # an entry is a few release files; a larger one is not ours
@@ -67,16 +73,35 @@ class Digest:
         return self._h.hexdigest()
 
 
-def kept(cache: Path | None, space: str, digest: str) -> object | None:
-    """The JSON value kept in ``space`` of ``cache`` under ``digest``, or None."""
+def kept(cache: Path | None, space: str, digest: str,
+         read: Callable[[Any], T] = lambda value: value) -> T | None:
+    """The JSON value kept in ``space`` of ``cache`` under ``digest``, as ``read`` takes it
+    (it raises KeyError, TypeError or ValueError for a value of another shape), or None; an
+    entry that does not read so is dropped (``cache.kept_json``)."""
     folder = _folder(cache, space)
     if folder is None:
         return None
-    try:
-        with open(folder / f"{digest}.json", "rb") as fh:
-            return json.loads(fh.read(LIMIT))
-    except (OSError, ValueError):
-        return None
+    return kept_json(folder / f"{digest}.json", lambda entry: read(_unsealed(entry)), LIMIT)
+
+
+def _sealed(value: object) -> dict:
+    data = json.dumps(value, sort_keys=True)
+    return {"seal": hashlib.sha256(data.encode()).hexdigest(), "value": value}
+
+
+def _unsealed(entry: dict) -> object:
+    """The value of an entry whose seal holds; ValueError for one changed since it was kept."""
+    value = entry["value"]
+    if _sealed(value)["seal"] != entry["seal"]:
+        raise ValueError("its content does not match its seal: changed since it was kept")
+    return value
+
+
+def drop(cache: Path | None, space: str, digest: str) -> None:
+    """Forget what is kept in ``space`` under ``digest`` (found wrong by its reader)."""
+    folder = _folder(cache, space)
+    if folder is not None:
+        (folder / f"{digest}.json").unlink(missing_ok=True)
 
 
 def keep(cache: Path | None, space: str, digest: str, value: object) -> None:
@@ -85,7 +110,7 @@ def keep(cache: Path | None, space: str, digest: str, value: object) -> None:
     folder = _folder(cache, space)
     if folder is None:
         return
-    data = json.dumps(value).encode()
+    data = json.dumps(_sealed(value)).encode()
     if len(data) > LIMIT:
         return
     tmp = None
@@ -146,14 +171,17 @@ def _libcst_version() -> str:
 
 def get(cache: Path | None, digest: str) -> tuple[Outcome, dict[str, str]] | None:
     """What a transform made, kept in the run's ``cache`` under ``digest``, or None."""
-    data = kept(cache, "transforms", digest)
-    try:
-        reason = data["reason"]  # type: ignore[index]
-        outcome = Outcome(Status(data["status"]), None if reason is None else Reason(reason),
-                          data["message"])  # type: ignore[index]
-        return outcome, dict(data["texts"])   # type: ignore[index]
-    except (KeyError, TypeError, ValueError):
-        return None
+    return kept(cache, "transforms", digest, _outcome)
+
+
+def _outcome(data: dict) -> tuple[Outcome, dict[str, str]]:
+    reason = data["reason"]
+    outcome = Outcome(Status(data["status"]), None if reason is None else Reason(reason),
+                      str(data["message"]))
+    texts = {str(path): text for path, text in data["texts"].items()}
+    if not all(isinstance(text, str) for text in texts.values()):
+        raise TypeError("a text that is not a string")
+    return outcome, texts
 
 
 def put(cache: Path | None, digest: str, outcome: Outcome, texts: dict[str, str]) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import sys
 import types
 from collections.abc import Sequence
@@ -41,11 +42,13 @@ from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
-from patchkit import paths, syntax
+from patchkit import interrupt, paths, process, progress, syntax
+from patchkit.errors import clipped
 from patchkit.kinds import memo
 from patchkit.kinds.base import KindError, Rebase, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume
 from patchkit.report import Outcome, PatchResult, Reason, Status
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -268,8 +271,12 @@ class TransformLoadError(Exception):
 
     def __init__(self, py_file: Path, detail: str, line: int | None = None) -> None:
         super().__init__(f"{py_file}: {detail}")
+        self.py_file = py_file
         self.detail = detail
         self.line = line
+
+    def __reduce__(self):   # it comes back from the transform worker
+        return (type(self), (self.py_file, self.detail, self.line))
 
 
 def sibling(here: str, filename: str) -> types.ModuleType:
@@ -299,8 +306,10 @@ def load_transforms(py_file: Path) -> list[type[Transform]]:
     except SyntaxError as exc:
         raise TransformLoadError(py_file, f"import failed: SyntaxError: {exc.msg}",
                                  exc.lineno) from exc
-    except (Exception, SystemExit) as exc:  # the author's code: report, never a traceback
-        raise TransformLoadError(py_file, f"import failed: {type(exc).__name__}: {exc}",
+    except _STOPS:
+        raise
+    except BaseException as exc:  # noqa: BLE001  # the author's code: one line, no traceback
+        raise TransformLoadError(py_file, f"import failed: {_said(exc)}",
                                  _line_in(exc, py_file)) from exc
     finally:
         sys.modules.pop(name, None)
@@ -324,6 +333,16 @@ def load_transforms(py_file: Path) -> list[type[Transform]]:
                                      f"({cls.path}); subclass patchkit.transform.{base}",
                                      _class_line(cls))
     return found
+
+
+# What the author's code raises is theirs to report, in one line, whatever it is (SystemExit,
+# GeneratorExit): only the stops of the run itself go on up.
+_STOPS = (KeyboardInterrupt, interrupt.Interrupted)
+
+
+def _said(exc: BaseException) -> str:
+    """What the author's code raised, in one line of bounded length."""
+    return f"{type(exc).__name__}: {clipped(str(exc))}"
 
 
 def _line_in(exc: BaseException, py_file: Path) -> int | None:
@@ -357,18 +376,43 @@ def _file_of(cls: type) -> str | None:
 
 
 def run_transform_file(py_file: Path, root: Path, version: Version | None,
-                       cache: Path | None = None) -> Outcome:
+                       cache: Path | None = None, timeout: float = DEFAULT_TIMEOUT) -> Outcome:
     """Apply every transform in ``py_file`` to the checkout at ``root``, all or nothing.
+
+    The author's code (the file's import and its classes' methods) runs in the transform
+    worker (``process.Worker``), under a deadline of ``timeout`` seconds of CPU time for the
+    file's classes together (and ten times that on the clock): one that runs past it, or a run
+    that a signal ends, kills it wherever it is, even inside C code that never returns to the
+    interpreter.
 
     A transform is a pure function of its code and the files it reads, so its result is kept
     in the run's cache (``cache``; None: nothing kept) under the digest of both (``memo``): the
     same transform on the same release file writes the same bytes without parsing them again
     (a matrix over eight releases runs each transform once per distinct file), and without
     importing the transform file when what it defines is kept too (``listed``)."""
+    py_file = Path(os.path.abspath(py_file))
     try:
-        listing, pure, classes = listed(py_file, cache)
+        listing, pure = listed(py_file, cache, timeout)
     except TransformLoadError as exc:
         return Outcome(Status.FAILED, Reason.ERROR, str(exc))
+    outcome = _run_listed(py_file, root, version, cache, timeout, listing, pure)
+    if outcome is None:   # the kept listing is not what the file defines: made again
+        memo.drop(cache, LISTINGS, memo.listing_key(py_file))
+        progress.detail(f"dropped the kept listing of {py_file}: it does not match the "
+                        "classes the file defines; it is made again")
+        try:
+            listing, pure = listed(py_file, None, timeout)
+        except TransformLoadError as exc:
+            return Outcome(Status.FAILED, Reason.ERROR, str(exc))
+        outcome = _run_listed(py_file, root, version, cache, timeout, listing, pure)
+    assert outcome is not None   # a listing just made is what the file defines
+    return outcome
+
+
+def _run_listed(py_file: Path, root: Path, version: Version | None, cache: Path | None,
+                timeout: float, listing: list[tuple[str, str]], pure: bool) -> Outcome | None:
+    """:func:`run_transform_file` once the file's listing is had; None when the worker finds
+    that the file's classes are not the ones ``listing`` names."""
     files = list(dict.fromkeys(path for _name, path in listing))
     inputs: dict[str, str | None] = {}
     for name, path in listing:
@@ -381,12 +425,13 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None,
     key = memo.key(py_file, inputs, version) if pure else None
     kept = memo.get(cache, key) if key else None
     if kept is None:
-        if classes is None:
-            try:
-                classes = load_transforms(py_file)
-            except TransformLoadError as exc:
-                return Outcome(Status.FAILED, Reason.ERROR, str(exc))
-        outcome, pending = _transformed(classes, inputs, version)
+        try:
+            done = _worked(_run_job, py_file, timeout, str(py_file), listing, inputs, version)
+        except TransformLoadError as exc:
+            return Outcome(Status.FAILED, Reason.ERROR, str(exc), files)
+        if done is None:
+            return None
+        outcome, pending = done
         if key and (outcome.status is not Status.FAILED
                     or outcome.reason in (Reason.ANCHOR_MISSING, Reason.AMBIGUOUS_ANCHOR)):
             memo.put(cache, key, outcome, pending)   # the author's exceptions are not kept
@@ -400,28 +445,101 @@ def run_transform_file(py_file: Path, root: Path, version: Version | None,
 
 
 LISTINGS = "transform-listings"
+#: the process the author's code runs in (forked on first use, kept for the run)
+WORKER = process.Worker()
 
 
-def listed(py_file: Path, cache: Path | None = None
-           ) -> tuple[list[tuple[str, str]], bool, list[type[Transform]] | None]:
-    """What ``py_file`` defines: ``(class name, path)`` of each Transform class in running
-    order, whether every one is ``pure``, and the classes when they had to be imported.  The
-    listing of a file whose classes are all pure is kept by content (``memo.listing_key``);
-    TransformLoadError when the file must be imported and cannot be."""
-    key = memo.listing_key(py_file)
-    data = memo.kept(cache, LISTINGS, key)
+def _worked(job, py_file: Path, timeout: float, *args):
+    """``job(*args)`` run in the transform worker: its value, or TransformLoadError for what
+    the file could not do (including running past ``timeout`` seconds)."""
     try:
-        listing = [(str(name), str(path)) for name, path in data]   # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        listing = []
+        answer = WORKER.call(job, *args, timeout=timeout)
+    except process.WorkerError as exc:
+        said = str(exc).replace(" and was stopped", " (--timeout) and was stopped") \
+            if exc.overdue else str(exc)
+        raise TransformLoadError(py_file, f"transform {said}") from None
+    if isinstance(answer, TransformLoadError):
+        raise answer
+    return answer
+
+
+def _run_job(py_file: str, listing: list[tuple[str, str]], inputs: dict[str, str | None],
+             version: Version | None) -> tuple[Outcome, dict[str, str]] | TransformLoadError | None:
+    """In the worker: what the classes of ``py_file`` make of ``inputs``; None when they are
+    not the classes ``listing`` names (a kept listing that is wrong)."""
+    try:
+        classes = _loaded(Path(py_file))
+    except TransformLoadError as exc:
+        return exc
+    if [(cls.__name__, cls.path) for cls in classes] != [tuple(x) for x in listing]:
+        return None
+    return _transformed(classes, inputs, version)
+
+
+def _list_job(py_file: str) -> tuple[list[tuple[str, str]], bool] | TransformLoadError:
+    """In the worker: ``(class name, path)`` of each class of ``py_file``, and whether all
+    are pure."""
+    try:
+        classes = _loaded(Path(py_file))
+    except TransformLoadError as exc:
+        return exc
+    return [(cls.__name__, cls.path) for cls in classes], all(cls.pure for cls in classes)
+
+
+def _compile_job(py_file: str) -> str | TransformLoadError:
+    """In the worker: the classes of ``py_file``, each with a path it may write, as
+    ``TransformKind.compile`` says them."""
+    try:
+        classes = _loaded(Path(py_file))
+        for cls in classes:
+            try:
+                paths.check_relative(cls.path)
+            except paths.UnsafePathError as exc:
+                raise TransformLoadError(Path(py_file), f"{cls.__name__}.path: {exc}",
+                                         _class_line(cls)) from None
+    except TransformLoadError as exc:
+        return exc
+    names = ", ".join(cls.__name__ for cls in classes)
+    return f"{len(classes)} Transform class{'es' if len(classes) != 1 else ''} ({names})"
+
+
+def _loaded(py_file: Path) -> list[type[Transform]]:
+    """In the worker: the classes of ``py_file``, imported once per content of the file and
+    its siblings (``memo.listing_key``)."""
+    key = memo.listing_key(py_file)
+    if key not in _imported:
+        if len(_imported) >= 64:
+            del _imported[next(iter(_imported))]
+        _imported[key] = load_transforms(py_file)
+    return _imported[key]
+
+
+_imported: dict[str, list[type[Transform]]] = {}
+
+
+def _listing(data: list) -> list[tuple[str, str]]:
+    """A kept listing as ``listed`` gives it; TypeError or ValueError for another shape."""
+    listing = [(name, path) for name, path in data]
+    if not listing or not all(isinstance(x, str) for pair in listing for x in pair):
+        raise TypeError("not a list of (class name, path)")
+    return listing
+
+
+def listed(py_file: Path, cache: Path | None = None, timeout: float = DEFAULT_TIMEOUT
+           ) -> tuple[list[tuple[str, str]], bool]:
+    """What ``py_file`` defines: ``(class name, path)`` of each Transform class in running
+    order, and whether every one is ``pure``.  The listing of a file whose classes are all
+    pure is kept by content (``memo.listing_key``); TransformLoadError when the file must be
+    imported and cannot be."""
+    py_file = Path(os.path.abspath(py_file))
+    key = memo.listing_key(py_file)
+    listing = memo.kept(cache, LISTINGS, key, _listing)
     if listing:
-        return listing, True, None
-    classes = load_transforms(py_file)
-    listing = [(cls.__name__, cls.path) for cls in classes]
-    pure = all(cls.pure for cls in classes)
+        return listing, True
+    listing, pure = _worked(_list_job, py_file, timeout, str(py_file))
     if pure:
         memo.keep(cache, LISTINGS, key, listing)
-    return listing, pure, classes
+    return listing, pure
 
 
 def _transformed(classes: Sequence[type[Transform]], inputs: dict[str, str | None],
@@ -481,8 +599,10 @@ def _run_one(cls: type[Transform], source: str, version: Version | None
         after = instance.transform(before)
     except AnchorError as exc:
         return Outcome(Status.FAILED, exc.reason, f"{label}: {exc}")
-    except (Exception, SystemExit) as exc:  # the author's code; sys.exit() there ends no run
-        return Outcome(Status.FAILED, Reason.ERROR, f"{label}: {type(exc).__name__}: {exc}")
+    except _STOPS:
+        raise
+    except BaseException as exc:  # noqa: BLE001  # the author's code; sys.exit() ends no run
+        return Outcome(Status.FAILED, Reason.ERROR, f"{label}: {_said(exc)}")
     text = cls.written(after)
     if text is None:
         return Outcome(Status.FAILED, Reason.ERROR, f"{label}: transform() returned "
@@ -498,8 +618,10 @@ def _run_one(cls: type[Transform], source: str, version: Version | None
         return Outcome(Status.FAILED, Reason.ERROR, f"{label}: result does not compile: {exc}")
     try:
         holds = instance.postcondition(reparsed)
-    except (Exception, SystemExit) as exc:
-        return Outcome(Status.FAILED, Reason.ERROR, f"{label}: {type(exc).__name__}: {exc}")
+    except _STOPS:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        return Outcome(Status.FAILED, Reason.ERROR, f"{label}: {_said(exc)}")
     if not holds:
         return Outcome(Status.FAILED, Reason.ERROR,
                                 f"{label}: postcondition does not hold after the transform")
@@ -537,21 +659,14 @@ class TransformKind:
         except (ValueError, OSError) as exc:   # null bytes; unreadable
             raise KindError(str(exc), 1) from None
         try:
-            classes = load_transforms(full)
+            return _worked(_compile_job, full, DEFAULT_TIMEOUT, str(Path(os.path.abspath(full))))
         except TransformLoadError as exc:
             raise KindError(exc.detail, exc.line) from None
-        for cls in classes:
-            try:
-                paths.check_relative(cls.path)
-            except paths.UnsafePathError as exc:
-                raise KindError(f"{cls.__name__}.path: {exc}", _class_line(cls)) from None
-        names = ", ".join(cls.__name__ for cls in classes)
-        return f"{len(classes)} Transform class{'es' if len(classes) != 1 else ''} ({names})"
 
     def apply(self, patch, full: Path, target: Target) -> Outcome:
         return run_transform_file(full, target.root,
                                   Version(target.version) if target.version else None,
-                                  target.memo)
+                                  target.memo, target.timeout)
 
     def apply_together(self, fulls, target: Target) -> None:
         return None  # each on its own

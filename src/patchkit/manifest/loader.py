@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -17,7 +18,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from patchkit import kinds, paths, syntax
-from patchkit.errors import ManifestError, SettingError
+from patchkit.errors import ManifestError, SettingError, clipped
 from patchkit.imageref import Platform, engine_problem, reference_problem
 from patchkit.manifest.model import (ACCEPTANCE_LINE, ID_MAX, ID_RE, PREDICATES, VLLM, Artifact,
                                      Assertion, BumpSettings, Floor, ImageDefaults, Manifest,
@@ -49,6 +50,8 @@ ASSERTION_KEYS = ("file", "in", *PREDICATES)
 MARKER_KEYS = ("log", "absent", "count", "min", "unless", "acceptance", "jit_built")
 FLOOR_KEYS = ("min", "min_length")
 MAX_PATCH_FILE = 64 * 1024 * 1024   # a diff or transform larger than this is no patch
+MAX_MANIFEST = 1 << 20   # bytes of patchset.yaml: a longer one is no manifest (a link to /dev/zero)
+MAX_VALUE = 4096   # characters in one string of the manifest (a URL, a path, a regex)
 
 _SHA_RE = re.compile(r"[0-9a-fA-F]{40}\Z")
 _SHA256_RE = re.compile(r"[0-9a-fA-F]{64}\Z")
@@ -69,7 +72,18 @@ def load(path: Path | str) -> Manifest:
     """
     given = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        mode = os.stat(path).st_mode   # before opening: a FIFO's open waits for a writer
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(mode):
+            raise ManifestError("is not a regular file (a device, a pipe or a socket), not a "
+                                "manifest file", path=given)
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_MANIFEST + 1)
+        if len(data) > MAX_MANIFEST:
+            raise ManifestError(f"larger than {MAX_MANIFEST >> 20} MiB; a manifest is a short "
+                                "text file", path=given)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise ManifestError("no such file", path=given) from None
     except IsADirectoryError:
@@ -80,7 +94,13 @@ def load(path: Path | str) -> Manifest:
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror}", path=given) from None
     absolute = Path(os.path.abspath(path))
-    return _Loader(given, absolute, text).load()
+    try:
+        loader = _Loader(given, absolute, text)
+    except yaml.reader.ReaderError as exc:   # a character YAML does not allow (NUL, ...)
+        line = text.count("\n", 0, max(exc.position, 0)) + 1
+        raise ManifestError(f"YAML syntax error: character #x{exc.character:04x} is not "
+                            "allowed in YAML text", path=given, line=line) from None
+    return loader.load()
 
 
 def _line(node: yaml.Node) -> int:
@@ -181,7 +201,7 @@ class _Loader:
         if isinstance(value, (int, float)):
             return f"the number {node.value}"
         if isinstance(value, str):
-            return f"the string {value!r}"
+            return f"the string {clipped(value)!r}"
         return f"the {type(value).__name__} {node.value}"
 
     def string(self, node: yaml.Node, what: str, *, empty_ok: bool = False) -> str:
@@ -190,6 +210,9 @@ class _Loader:
             if isinstance(value, str):
                 if not value.strip() and not empty_ok:
                     self.fail(f"{what}: must not be empty", node)
+                if len(value) > MAX_VALUE:
+                    self.fail(f"{what}: {clipped(value)!r} is {len(value)} characters long; a "
+                              f"value has at most {MAX_VALUE}", node)
                 return value
             if value is not None:
                 self.fail(f"{what}: expected a string, got {self.kind(node)} "

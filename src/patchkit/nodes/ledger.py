@@ -146,11 +146,8 @@ class History:
         return folder / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
 
     def of(self, identity: str) -> dict[str, float]:
-        try:
-            data = json.loads(self._path(identity).read_text())
-            return {str(k): float(v) for k, v in (data.get("got") or {}).items()}
-        except (OSError, ValueError, TypeError, AttributeError):
-            return {}   # none yet, or unreadable: learnt again from the engine
+        # none yet, or unreadable (dropped): learnt again from the engine
+        return cache_.kept_json(self._path(identity), _got) or {}
 
     def save(self, identity: str, got: dict[str, float]) -> None:
         data = {"engine": identity, "got": dict(sorted(got.items()))}
@@ -168,6 +165,16 @@ class History:
         if image_id not in seen:
             seen[image_id] = time.time()
             self.save(identity, seen)
+
+
+def _got(data: dict) -> dict[str, float]:
+    return {str(k): float(v) for k, v in (data.get("got") or {}).items()}
+
+
+def _pending(data: dict) -> tuple[str, str]:
+    if not data["to"]:
+        raise ValueError("no build to go to")
+    return str(data["moving"]), str(data["to"])
 
 
 def _iso(seconds: float) -> str:
@@ -189,12 +196,8 @@ class Pending:
         return folder / f"{hashlib.sha256(self.moving.encode()).hexdigest()[:32]}.json"
 
     def to(self) -> str | None:
-        try:
-            data = json.loads(self._path().read_text())
-        except (OSError, ValueError):
-            return None
-        return str(data["to"]) if isinstance(data, dict) and data.get("moving") == self.moving \
-            and data.get("to") else None
+        data = cache_.kept_json(self._path(), _pending)
+        return data[1] if data is not None and data[0] == self.moving else None
 
     def keep(self, to: str) -> None:
         write_if_changed(self._path(), (json.dumps({"moving": self.moving, "to": to}) + "\n"

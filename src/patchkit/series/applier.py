@@ -29,6 +29,7 @@ from patchkit.run import RunSpec
 from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
                              Reason, Status)
 from patchkit.series import checkout as applied
+from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.series import assertions, compiled, jit
 
 WORKDIR, DISCARD = Origin("workdir"), Origin("discard")
@@ -56,7 +57,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
               version: str | None, mirror: Path | None = None, *, package: str = VLLM.name,
               found: Mapping[str, str | None] | None = None,
               tops: Sequence[str] = (), commits: g.Commits | None = None,
-              memo: Path | None = None) -> PatchResult:
+              memo: Path | None = None, timeout: float = DEFAULT_TIMEOUT) -> PatchResult:
     """Apply one patch to the checkout of ``package`` at ``root`` and commit it; never raises
     for a bad patch.  Its ranges are judged on ``found`` (package name -> version; default: the
     one ``version`` of ``package``); with ``tops`` (the package's import folders) a patch
@@ -78,7 +79,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     kind = kinds.get(patch.kind)
     try:
         out = kind.apply(patch, manifest.root / patch.path,
-                         kinds.Target(root, base_commit, version, mirror, memo))
+                         kinds.Target(root, base_commit, version, mirror, memo, timeout))
     except OSError as exc:
         _reset(root, commits)
         return _result(patch, Status.FAILED, Reason.ERROR, message=f"{exc}")
@@ -124,7 +125,7 @@ def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree, commits: g.C
     the ones between them together again (once: after that, each alone); in series order."""
     kind = kinds.get(run[0].kind)
     target = kinds.Target(tree.root, tree.resolved.commit, tree.resolved.version,
-                          tree.resolved.repo, tree.memo)
+                          tree.resolved.repo, tree.memo, tree.timeout)
     try:
         outs = kind.apply_together([manifest.root / p.path for p in run], target) \
             if kind.writes_only_named else None
@@ -253,6 +254,7 @@ class Tree:
     # same commit ids in its report, and nothing written that no one would read
     keep: bool = True
     memo: Path | None = None     # the run's cache, where kept results live (None: not kept)
+    timeout: float = DEFAULT_TIMEOUT   # the run's deadline for a patch author's code
 
 
 def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress | None = None,
@@ -317,7 +319,7 @@ def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tr
         return apply_one(manifest, patch, tree.root, tree.resolved.commit,
                          tree.resolved.version, tree.resolved.repo, package=patch.package,
                          found=found, tops=tree.tops, commits=commits[patch.package],
-                         memo=tree.memo)
+                         memo=tree.memo, timeout=tree.timeout)
 
     def passed(patch: Patch) -> bool:   # judged without touching any tree
         return _goes_alone(manifest, patch, trees.get(patch.package), variant, found)
@@ -502,7 +504,7 @@ def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
             _gone(resolved, manifest.package(name).label)
             raise
         made[name] = Tree(tree, resolved, package_tops(resolved, manifest.package(name).id),
-                          memo=run.cache)
+                          memo=run.cache, timeout=run.timeout)
     # a package whose import folder is known only now, from its release
     _check_build_sources(manifest, None, [
         (name, name, [t.resolved.source], t.tops) for name, t in made.items() if t.tops],

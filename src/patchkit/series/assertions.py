@@ -96,12 +96,13 @@ _judges: list[bytes] = []
 
 
 def _kept(cache: Path | None, key: str, count: int) -> list[AssertionResult] | None:
-    data = memo.kept(cache, SPACE, key)
-    try:
-        found = [AssertionResult.from_dict(d) for d in data]   # type: ignore[union-attr]
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    return found if len(found) == count else None
+    def read(data: list) -> list[AssertionResult]:
+        found = [AssertionResult.from_dict(d) for d in data]
+        if len(found) != count:
+            raise ValueError(f"{len(found)} results where {count} assertions were judged")
+        return found
+
+    return memo.kept(cache, SPACE, key, read)
 
 
 def _spec(assertion: Assertion) -> list:

@@ -186,7 +186,7 @@ def prove(m: Manifest, new: Sequence[NewPatch], run: RunSpec, *,
                                     scratch=True)
                     tops = applier.package_tops(pins[name], m.package(name).id)
                     trees[name] = applier.Tree(tree, pins[name], tops, keep=False,
-                                               memo=run.cache)
+                                               memo=run.cache, timeout=run.timeout)
                 report = applier.run_stack(candidate, trees, variant=variant, pins=pins)
             finally:
                 shutil.rmtree(Path(tmp) / f"t{n}", ignore_errors=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import filelocks
+from patchkit.cache import kept_json
 from patchkit.errors import CommandError, SourceError
 from patchkit.packageid import VLLM, PackageId
 from patchkit.source.refs import is_commit_id
@@ -90,7 +91,8 @@ def _slug(url: str) -> str:
 
 
 def _is_local(source: str) -> bool:
-    return source.startswith(("/", "./", "../", "~", "file://")) or Path(source).exists()
+    # os.path.exists, not Path.exists: a name too long for the system is no local path either
+    return source.startswith(("/", "./", "../", "~", "file://")) or os.path.exists(source)
 
 
 def _mirror_of(source: str, cache: Path) -> tuple[str, Path]:
@@ -104,7 +106,7 @@ def _url_of(source: str) -> str:
     if not _is_local(source) or source.startswith("file://"):
         return source
     local = Path(source).expanduser().absolute()
-    if not local.exists():
+    if not os.path.exists(local):
         raise SourceError(f"no such repository: {source}")
     if local.is_dir() and not _looks_like_git(local):
         raise SourceError(f"{source} is not a git repository")
@@ -144,11 +146,10 @@ def _marker(repo: Path) -> Path:
 def _remembered(url: str, repo: Path) -> UnreachableError | None:
     """The error saying ``url`` did not answer lately, while that is remembered."""
     marker = _marker(repo)
-    try:
-        data = json.loads(marker.read_text())
-        until, why = float(data["until"]), str(data["why"])
-    except (OSError, ValueError, KeyError, TypeError):
+    kept = kept_json(marker, lambda data: (float(data["until"]), str(data["why"])))
+    if kept is None:
         return None
+    until, why = kept
     if time.time() >= until:
         marker.unlink(missing_ok=True)
         return None

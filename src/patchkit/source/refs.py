@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from patchkit.errors import clipped
+
 # The ref that means "what the base image holds": ``--vllm-ref base`` / ``vllm.ref: base``.
 BASE_REF = "base"
 # The source that is what the base image holds: ``--vllm-repo image`` / ``repo: image``.
@@ -14,6 +16,8 @@ IMAGE_SOURCE = "image"
 _REF_SPACE = re.compile(r"[\x00-\x20\x7f]")
 _REF_EXPRESSION = re.compile(r"[~^:?*\[\\]|\.\.|@\{")
 _COMMIT_ID = re.compile(r"[0-9a-f]{7,40}\Z")
+REF_MAX = 1024      # characters in a ref (git keeps each of its names in a file name)
+SOURCE_MAX = 4096   # characters in a repository's URL or path (Linux's PATH_MAX)
 
 
 def is_commit_id(ref: str) -> bool:
@@ -30,6 +34,8 @@ def ref_problem(ref: str) -> str | None:
     """
     if not ref:
         return "the ref is empty"
+    if len(ref) > REF_MAX:
+        return f"{clipped(ref)!r} is {len(ref)} characters long; a ref has at most {REF_MAX}"
     if ref.startswith("-"):
         return f"{ref!r} starts with '-'"
     if _REF_SPACE.search(ref):
@@ -48,6 +54,9 @@ def source_problem(source: str) -> str | None:
     """Why ``source`` cannot be a vLLM source, or None."""
     if not source.strip():
         return "the repository is empty"
+    if len(source) > SOURCE_MAX:
+        return (f"{clipped(source)!r} is {len(source)} characters long; a repository's URL or "
+                f"path has at most {SOURCE_MAX}")
     if source.startswith("-"):
         return f"{source!r} starts with '-'"
     return None
