@@ -400,7 +400,7 @@ def _series_at(manifest: Manifest, spec: RunSpec, pins: dict
         if why is None and not spec.in_run(p.package):
             why = f"it patches {p.package}, which is not in this run"
         if why is None:
-            ok, range_why = versions.in_ranges(p.ranges, found)
+            ok, range_why = p.takes_effect(found)
             why = None if ok else range_why
         if why is None:
             kept.append(p)

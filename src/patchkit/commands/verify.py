@@ -149,7 +149,7 @@ def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
     vLLM's ``version``, when one was found)."""
     found = {n: v for n, v in (found or {VLLM.name: version}).items() if v}
     return [p for p in variants.selected(manifest, variant)
-            if p.id not in skipped and versions.in_ranges(p.ranges, found)[0]]
+            if p.id not in skipped and p.takes_effect(found)[0]]
 
 
 def built_variant(manifest: Manifest, asked: str | None, recorded: str | None, known: bool,

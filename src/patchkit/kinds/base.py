@@ -9,7 +9,7 @@ or is taken up again) is the kind's to say.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +55,23 @@ class Target:
     version: str | None        # the package's release, when known
     mirror: Path | None = None  # the cached repository the checkout borrows from
     memo: Path | None = None    # the run's cache, where kept results live (None: nothing kept)
+
+
+@dataclass(frozen=True)
+class Remains:
+    """What of a patch's target a release still has (``still``) and what is gone there
+    (``gone``), one phrase each: the proof, or the refusal, of a ``retired:`` claim."""
+
+    still: tuple[str, ...] = ()
+    gone: tuple[str, ...] = ()
+
+    @property
+    def proven_gone(self) -> bool:
+        return not self.still and bool(self.gone)
+
+
+#: reads a file of the release, by its checkout path: its bytes, None when it has no such file
+Reader = Callable[[str], "bytes | None"]
 
 
 @dataclass
@@ -134,3 +151,8 @@ class PatchKind(Protocol):
 
     def resume(self, rebase: Rebase, patch: Patch, stop: Stop) -> None:
         """``rebase --continue`` after a stop at ``patch``: take the user's resolution."""
+
+    def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
+        """What of the code the patch changes the release ``read`` reads still has: every file
+        it changes gone, or the thing it changes there gone (a diff's changed lines and their
+        context, a transform's anchor), proves a retirement."""

@@ -49,7 +49,7 @@ class Progress:
 
 
 def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
-    return versions.in_ranges(patch.ranges, {VLLM.name: version})
+    return patch.takes_effect({VLLM.name: version})
 
 
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
@@ -67,7 +67,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
         return _result(patch, Status.SKIPPED, message=f"it patches {patch.package}, which has no "
                                                  "checkout in this run")
     found = {package: version} if found is None else found
-    ok, why = versions.in_ranges(patch.ranges, found)
+    ok, why = patch.takes_effect(found)
     if not ok:
         if any(found.get(name, "") is None for name in patch.ranges):
             return _result(patch, Status.FAILED, Reason.ERROR, message=why)
@@ -158,7 +158,7 @@ def _goes_alone(manifest: Manifest, patch: Patch, tree: Tree | None, variant,
     """True when ``patch`` is not applied with others in one go: it is left out or skipped,
     or ``apply_one`` would refuse it before its kind sees it."""
     return (tree is None or bool(variants.left_out(patch, variant))
-            or not versions.in_ranges(patch.ranges, found)[0]
+            or not patch.takes_effect(found)[0]
             or _outside(manifest, patch, tree.tops) is not None)
 
 

@@ -471,7 +471,7 @@ def _finish(state: _State, m: Manifest) -> RebaseResult:
     manifest as the run left it) and the result proven on a fresh checkout."""
     tree, res = state.tree, state.resolved
     active = [p for p in m.patches if p.package == state.package
-              and versions.in_ranges(p.ranges, state.found)[0]]
+              and p.takes_effect(state.found)[0]]
     failed = [a for a in assertions.run_assertions(active, assertions.tree_reader(tree)) if not a.ok]
     if failed:
         lines = [(f"every patch is through, but {len(failed)} assertion"
