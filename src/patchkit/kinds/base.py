@@ -105,6 +105,11 @@ class Rebase(Protocol):
 
     def mark_upstream(self, patch: Patch, why: str) -> None: ...
 
+    def dropped_by_hand(self, patch: Patch, why: str) -> None:
+        """A person resolved ``patch`` to no change at the target: it is set aside there (a
+        range, or its entry dropped) in words that claim nothing of upstream."""
+        ...
+
     def resolved(self, patch: Patch, commit: str, detail: str) -> None: ...
 
     def record_replaces(self, patch: Patch, drift: dict[str, str]) -> None:
