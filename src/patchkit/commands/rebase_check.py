@@ -263,7 +263,7 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
         shutil.rmtree(scratch, ignore_errors=True)
     matrix.targets, matrix.at_pin = reports[:-1], reports[-1]
     matrix.fates = [fates.judge_reports(series, matrix.at_pin, report, ref=res.ref,
-                                        pin_ref=pin.ref,
+                                        pin_ref=pin.ref, older=_older(res, at_pin),
                                         proofs=fates.proofs_at(manifest, series, res))
                     for report, res in zip(matrix.targets, resolved)]
     return matrix
@@ -364,6 +364,13 @@ def _in_processes(jobs: list, workers: int, progress: CheckProgress) -> list[App
                 fut.cancel()
             raise
     return [r for r in results if r is not None]
+
+
+def _older(res: source.Resolved, pin: source.Resolved) -> bool:
+    """Is the target a release before the pin (a look back, where a fix is carried by the
+    patch it supersedes)?"""
+    a, b = versions.parse(res.version), versions.parse(pin.version)
+    return a is not None and b is not None and a < b
 
 
 def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:

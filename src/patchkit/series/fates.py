@@ -98,7 +98,7 @@ class Fate:
 
 def judge(patch: str, pin: Status | None, at: Status | None, *, ref: str, pin_ref: str,
           upstream: bool = False, successor: str | None = None,
-          proof: Proof | None = None) -> Fate:
+          proof: Proof | None = None, successor_is_newer: bool = True) -> Fate:
     """The fate of ``patch`` at release ``ref``, from its status at the pin and there.
     ``upstream``: proven upstream there in a way the status does not show (a port that marked
     or dropped it); ``successor``: a patch that takes effect there and supersedes it;
@@ -111,8 +111,9 @@ def judge(patch: str, pin: Status | None, at: Status | None, *, ref: str, pin_re
         if upstream or at is Status.UPSTREAM:
             return Fate(patch, pin, at, Change.NOW_UPSTREAM, f"upstream at {ref}")
         if successor is not None:
-            return Fate(patch, pin, at, Change.SUPERSEDED, f"superseded by {successor}",
-                        successor)
+            return Fate(patch, pin, at, Change.SUPERSEDED, f"superseded by {successor}"
+                        if successor_is_newer else f"carried by {successor}, which it "
+                        f"supersedes, at this older release", successor)
         if proof is not None:
             return Fate(patch, pin, at, Change.RETIRED, proof.line)
         now = at.value if at else "removed"
@@ -128,19 +129,25 @@ def judge(patch: str, pin: Status | None, at: Status | None, *, ref: str, pin_re
 
 
 def successor_of(patch: str, series: Sequence[Patch],
-                 status: Callable[[str], Status | None]) -> str | None:
+                 status: Callable[[str], Status | None], *, older: bool = False) -> str | None:
     """The first patch of ``series`` that supersedes ``patch`` and takes effect (``status``
-    applied)."""
+    applied).  ``older``: the release is older than the pin, where the fix is carried the
+    other way, by a patch that ``patch`` itself supersedes."""
+    if older:
+        mine = next((p.supersedes for p in series if p.id == patch), ())
+        return next((q for q in mine if status(q) is Status.APPLIED), None)
     return next((q.id for q in series if patch in q.supersedes
                  and status(q.id) is Status.APPLIED), None)
 
 
 def judge_reports(series: Sequence[Patch], pin: ApplyReport, at: ApplyReport, *, ref: str,
-                  pin_ref: str, proofs: Mapping[str, Proof]) -> tuple[Fate, ...]:
-    """Every patch of ``series`` between two trials of it (rebase-check's pin and target)."""
+                  pin_ref: str, proofs: Mapping[str, Proof], older: bool = False
+                  ) -> tuple[Fate, ...]:
+    """Every patch of ``series`` between two trials of it (rebase-check's pin and target;
+    ``older``: a target before the pin)."""
     return tuple(judge(p.id, pin.status_of(p.id), at.status_of(p.id), ref=ref, pin_ref=pin_ref,
-                       successor=successor_of(p.id, series, at.status_of),
-                       proof=proofs.get(p.id)) for p in series)
+                       successor=successor_of(p.id, series, at.status_of, older=older),
+                       successor_is_newer=not older, proof=proofs.get(p.id)) for p in series)
 
 
 # ------------------------------------------------------------------------------ retirement
