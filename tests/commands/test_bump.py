@@ -187,6 +187,11 @@ def test_a_fix_that_stops_applying_needs_a_successor_or_a_hand(proj):
     assert "| `other-fix` | applied | **skipped: lost** |" in lost.stdout
     assert "- `other-fix`: **lost**" in lost.stdout
     assert refs(proj) == before
+    # rebase-check judges the same tree alike: the release fails, naming the patch
+    check = patchkit("rebase-check", "--to", "v1.1.0", cwd=proj)
+    assert check.returncode == 1
+    assert "  other-fix @ v1.1.0: other-fix took effect at v1.0.0 and not at v1.1.0 (skipped)" \
+        in check.stdout
     sh("git", "worktree", "remove", "--force", str(proj / ".patchkit/bump/vllm-1.1.0"), cwd=proj)
 
     (proj / "patches" / "other-v11.diff").write_text((proj / "patches/other.diff").read_text())
@@ -458,3 +463,34 @@ def test_a_reviewer_reads_upstreams_changes_from_the_body():
     assert _links(("pypi",), pin, "v0.34.0", "0.34.0") == Links(
         None, "https://pypi.org/project/vllm/0.34.0/")
     assert _links(("/srv/vllm",), pin, "v0.34.0", "0.34.0") == Links()
+
+
+def test_a_retired_fix_is_proven_in_the_body_and_a_false_one_needs_a_hand(proj):
+    """v1.2.0 rewrote the line other-fix changes: retired from v1.2.0, the bump goes through and
+    the body lists it with the proof; retired from v1.1.0, where the line is still there, the
+    bump needs a hand in one line naming what still exists."""
+    text = (proj / "patchset.yaml").read_text()
+    (proj / "patchset.yaml").write_text(text.replace(
+        "    diff: patches/other.diff\n",
+        "    diff: patches/other.diff\n    retired: {from: v1.2.0, why: compute() multiplies}\n"))
+    commit(proj, "other-fix retired")
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", "--dry-run", cwd=proj)
+    assert out.returncode == 0, out.stdout + out.stderr
+    proof = ("retired from v1.2.0 (compute() multiplies); proven at v1.2.0: pkg/other.py: the "
+             "line hunk 1 changes is gone (`total = a + b`)")
+    assert f"- `other-fix`: {proof}" in out.stdout
+    assert "| `other-fix` | applied | skipped: retired |" in out.stdout
+    data = json.loads(patchkit("bump", "--package", "vllm", "--to", "v1.2.0", "--dry-run",
+                               "--format", "json", cwd=proj).stdout)
+    fate = next(f for f in data["bumps"][0]["fates"] if f["id"] == "other-fix")
+    assert (fate["change"], fate["why"]) == ("retired", proof)
+
+    (proj / "patchset.yaml").write_text((proj / "patchset.yaml").read_text().replace(
+        "from: v1.2.0", "from: v1.1.0"))
+    commit(proj, "retired too early")
+    before = refs(proj)
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert one_error(out) == ("patchkit bump: error: other-fix is retired from v1.1.0, but v1.1.0 "
+                              "still has its code: pkg/other.py still has `total = a + b` (hunk 1)")
+    assert refs(proj) == before

@@ -338,3 +338,17 @@ def test_a_retirement_whose_code_is_there_is_refused_before_anything(tmp_path):
     assert str(err.value) == ("other-fix is retired from v1.1.0, but v1.1.0 still has its code: "
                               "pkg/other.py still has `total = a + b` (hunk 1)")
     assert snapshot(proj) == before and not (proj / ".patchkit/rebase").exists()
+
+
+def test_a_retired_release_the_sources_lack_is_one_line(tmp_path):
+    proj = make_fates(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace(
+        "    diff: patches/other.diff\n",
+        "    diff: patches/other.diff\n    retired: {from: v1.9.0, why: gone}\n")
+    (proj / "patchset.yaml").write_text(text)
+    before = snapshot(proj)
+    with pytest.raises(UsageError) as err:
+        rebase_cmd.start_at(proj / "patchset.yaml", "v1.2.0")
+    assert str(err.value) == ("patchset.yaml:30: patches[2] (id=other-fix): retired.from: vLLM "
+                              "has no release v1.9.0 (its sources list none such)")
+    assert snapshot(proj) == before

@@ -213,7 +213,11 @@ def start(m: Manifest, spec: RunSpec, to: str, *, drop_upstream: bool = False,
         pid = pin.id
         resolved = source.resolve(repos, to, cache, progress.info, package=pid)
         _warn_if_backwards(pin.ref, to, resolved.version, pid.label, progress)
-        _prove_retired(m, [p for p in m.patches if p.package == package], resolved)
+        series = [p for p in m.patches if p.package == package]
+        if any(p.retired is not None for p in series):
+            _, tags = source.list_tags(repos, cache, progress.info, package=pid)
+            fates.check_retired_releases(m, series, tags, pid.label)
+        _prove_retired(m, series, resolved)
         others = {name: r.version for name, r in applier.resolve_pins(
             spec, cache, progress.info, None, [q.name for q in spec.pins if q.name != package]
         ).items()}
