@@ -352,3 +352,22 @@ def test_a_retired_release_the_sources_lack_is_one_line(tmp_path):
     assert str(err.value) == ("patchset.yaml:30: patches[2] (id=other-fix): retired.from: vLLM "
                               "has no release v1.9.0 (its sources list none such)")
     assert snapshot(proj) == before
+
+
+def test_a_change_an_earlier_patch_made_is_dropped_naming_it(tmp_path):
+    """table-again makes table-nvfp4's change: at v1.1.0 the tree has it only because of
+    table-nvfp4, and the comment says so, never "upstream in vLLM v1.1.0"."""
+    proj = make_fates(tmp_path)
+    (proj / "patches/table-again.diff").write_text((proj / "patches/table.diff").read_text())
+    text = (proj / "patchset.yaml").read_text().replace(
+        "  - id: fast-mode\n", "  - id: table-again\n    summary: nvfp4 again\n"
+                              "    diff: patches/table-again.diff\n\n  - id: fast-mode\n")
+    (proj / "patchset.yaml").write_text(text)
+    done = rebase_cmd.start_at(proj / "patchset.yaml", "v1.1.0", drop_upstream=True)
+    assert done.done, done.stop
+    step = next(s for s in done.steps if s.id == "table-again")
+    assert step.action == "made-by-earlier"
+    text = (proj / "patchset.yaml").read_text()
+    assert ("# table-again: dropped at vLLM v1.1.0: its change is made by table-nvfp4, earlier "
+            "in the series (not by vLLM v1.1.0)") in text
+    assert "table-again: dropped, upstream" not in text

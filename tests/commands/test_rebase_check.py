@@ -389,3 +389,27 @@ def test_a_retired_release_the_source_lacks_is_one_line(tmp_path):
     assert p.stderr.splitlines()[-1] == (
         "patchkit rebase-check: error: patchset.yaml:30: patches[2] (id=other-fix): "
         "retired.from: vLLM has no release v1.9.0 (its sources list none such)")
+
+
+def test_a_change_an_earlier_patch_made_is_never_upstream(tmp_path):
+    """table-again makes table-nvfp4's change: the tree has it only because table-nvfp4 made
+    it, and the matrix says so, naming it; where the release has it (v1.2.0), it is upstream."""
+    proj = make_fates(tmp_path)
+    (proj / "patches/table-again.diff").write_text((proj / "patches/table.diff").read_text())
+    _edit(proj, "  - id: fast-mode\n", "  - id: table-again\n    summary: nvfp4 again\n"
+                                      "    diff: patches/table-again.diff\n\n  - id: fast-mode\n")
+    p = patchkit("rebase-check", "--to", "v1.1.0", "--to", "v1.2.0", "--format", "json",
+                 cwd=proj)
+    data = json.loads(p.stdout)
+    again = next(x for x in data["patches"] if x["id"] == "table-again")
+    assert again["status"] == {"v1.1.0": "upstream", "v1.2.0": "upstream"}
+    at11 = next(x for x in data["targets"][0]["patches"] if x["id"] == "table-again")
+    assert at11["made_by"] == "table-nvfp4"
+    assert at11["message"] == ("the tree has this change only because table-nvfp4, earlier in "
+                               "the series, made it; the release does not have it")
+    at12 = next(x for x in data["targets"][1]["patches"] if x["id"] == "table-again")
+    assert "made_by" not in at12
+    text = patchkit("rebase-check", "--to", "v1.1.0", "--to", "v1.2.0", cwd=proj).stdout
+    row = next(ln for ln in text.splitlines() if ln.startswith("table-again"))
+    assert row.split()[1:8] == ["made", "by", "table-nvfp4", "made", "by", "table-nvfp4",
+                                "upstream"]

@@ -363,7 +363,8 @@ class _Job:
             judged = fates.judge(f.id, f.before, f.after, ref=self.base.to_ref,
                                  pin_ref=self.base.from_ref,
                                  upstream=f.port in ("upstream", "dropped"),
-                                 successor=f.successor, proof=proofs.get(f.id))
+                                 successor=f.successor, proof=proofs.get(f.id),
+                                 made_by=_made_by(f, after))
             out.append(replace(f, change=judged.change, why=judged.why))
         return tuple(out)
 
@@ -679,6 +680,14 @@ def _message(result: Bump, version: str, tree: str) -> str:
     return "\n\n".join("\n".join(s) for s in sections if s)
 
 
+def _made_by(f: Fate, after: ApplyReport) -> str | None:
+    """The earlier patch whose change ``f`` found in the tree (the port's step, or the trial
+    at the new release), never the release's."""
+    if f.port == "made-by-earlier":
+        return f.detail.split("made by ", 1)[1].split(",", 1)[0]
+    return next((r.made_by for r in after.patches if r.id == f.id and r.made_by), None)
+
+
 def _gone_why(f: Fate) -> str:
     if f.successor and f.change is Change.SUPERSEDED:
         return f"superseded by {f.successor}"
@@ -686,6 +695,8 @@ def _gone_why(f: Fate) -> str:
         return "upstream"
     if f.retired:
         return "retired"
+    if f.change is Change.MADE_BY:
+        return f.why.split(";", 1)[0]
     if f.port == "dropped-by-hand":
         return "dropped by hand; lost"
     return "lost"

@@ -15,6 +15,7 @@ PORT = {
     "upstream": "upstream: range marked",
     "dropped": "upstream: dropped",
     "dropped-by-hand": "dropped by hand",
+    "made-by-earlier": "made by an earlier patch: dropped",
     "skipped": "",
     "removed": "entry removed",
     "added": "entry added",
@@ -127,6 +128,8 @@ def _changes(result: Bump) -> list[str]:
         for f in gone:
             if f.change is Change.SUPERSEDED:
                 out.append(f"- `{f.id}`: superseded by `{f.successor}`")
+            elif f.change is Change.MADE_BY:
+                out.append(f"- `{f.id}`: {f.why}")
             elif f.went_upstream:
                 out.append(f"- `{f.id}`: upstream in {result.label} {result.to_ref}")
             elif f.retired:

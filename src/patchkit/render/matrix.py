@@ -22,6 +22,8 @@ def cell_word(r: PatchResult) -> str:
         return str(r.reason or Status.FAILED)
     if r.status is Status.APPLIED and r.offsets:
         return "applied (offset)"
+    if r.made_by:
+        return f"made by {r.made_by}"
     return str(r.status)
 
 

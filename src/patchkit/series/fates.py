@@ -33,6 +33,7 @@ class Change(enum.Enum):
     NEWLY_APPLIED = "newly applied"
     NOW_UPSTREAM = "now upstream"
     SUPERSEDED = "superseded"
+    MADE_BY = "made by an earlier patch"   # the tree has it only because an earlier patch made it
     RETIRED = "retired"
     FAILED = "failed"                 # it fails there: the failure is the finding
     LOST = "lost"
@@ -98,16 +99,23 @@ class Fate:
 
 def judge(patch: str, pin: Status | None, at: Status | None, *, ref: str, pin_ref: str,
           upstream: bool = False, successor: str | None = None,
-          proof: Proof | None = None, successor_is_newer: bool = True) -> Fate:
+          proof: Proof | None = None, successor_is_newer: bool = True,
+          made_by: str | None = None) -> Fate:
     """The fate of ``patch`` at release ``ref``, from its status at the pin and there.
     ``upstream``: proven upstream there in a way the status does not show (a port that marked
     or dropped it); ``successor``: a patch that takes effect there and supersedes it;
-    ``proof``: its retirement judged there (a retired patch at or after its release)."""
+    ``proof``: its retirement judged there (a retired patch at or after its release);
+    ``made_by``: found upstream there only because that earlier patch of the series made its
+    change (never "upstream": the release does not have it)."""
     if proof is not None and not proof.ok:
         return Fate(patch, pin, at, Change.REFUSED, proof.line)
     if at is Status.FAILED:
         return Fate(patch, pin, at, Change.FAILED)
     if pin is Status.APPLIED and at is not Status.APPLIED:
+        if made_by is not None:
+            return Fate(patch, pin, at, Change.MADE_BY,
+                        f"made by {made_by}, earlier in the series; the release does not have it",
+                        made_by)
         if upstream or at is Status.UPSTREAM:
             return Fate(patch, pin, at, Change.NOW_UPSTREAM, f"upstream at {ref}")
         if successor is not None:
@@ -145,9 +153,11 @@ def judge_reports(series: Sequence[Patch], pin: ApplyReport, at: ApplyReport, *,
                   ) -> tuple[Fate, ...]:
     """Every patch of ``series`` between two trials of it (rebase-check's pin and target;
     ``older``: a target before the pin)."""
+    made = {r.id: r.made_by for r in at.patches if r.made_by}
     return tuple(judge(p.id, pin.status_of(p.id), at.status_of(p.id), ref=ref, pin_ref=pin_ref,
                        successor=successor_of(p.id, series, at.status_of, older=older),
-                       successor_is_newer=not older, proof=proofs.get(p.id)) for p in series)
+                       successor_is_newer=not older, proof=proofs.get(p.id),
+                       made_by=made.get(p.id)) for p in series)
 
 
 # ------------------------------------------------------------------------------ retirement

@@ -356,7 +356,8 @@ def _run(state: _State, m: Manifest, progress: applier.Progress) -> RebaseResult
                 state.add(Step(p.id, "refreshed", refreshed) if refreshed
                           else Step(p.id, "applied"))
             elif r.status is Status.UPSTREAM:
-                step, m = _mark_upstream(state, m, p, "already in the tree")
+                earlier = _made_by(state, m, p)
+                step, m = _mark_upstream(state, m, p, "already in the tree", made_by=earlier)
                 state.add(step)
             elif r.status is Status.SKIPPED:
                 state.add(Step(p.id, "skipped", r.message))
@@ -374,8 +375,24 @@ def _result(state: _State, done: bool = False) -> RebaseResult:
                         state.label)
 
 
-def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str, *, by_hand: bool = False
-                   ) -> tuple[Step, Manifest]:
+def _made_by(state: _State, m: Manifest, p: Patch) -> str | None:
+    """The earlier patch of the series whose change ``p`` found in the tree, when the release
+    itself does not have it (``applier.made_by``)."""
+    done = {s.id for s in state.steps if s.action in ("applied", "refreshed", "resolved")}
+    earlier = []
+    for q in m.patches:
+        if q.id == p.id:
+            break
+        if q.id in done and q.package == p.package:
+            try:
+                earlier.append((q.id, kinds.get(q.kind).touched(m.root / q.path)))
+            except kinds.KindError:
+                continue
+    return applier.made_by(m, p, earlier, state.tree, state.resolved)
+
+
+def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str, *, by_hand: bool = False,
+                   made_by: str | None = None) -> tuple[Step, Manifest]:
     """The step of ``p`` marked (or dropped) as upstream, and the manifest the edit leaves
     (loaded once: the edit must leave a valid manifest).  ``by_hand``: a person resolved it
     to no change; nothing proved the release has its change, so the words say what happened
@@ -383,12 +400,15 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str, *, by_hand: b
     version = state.resolved.version
     text = ManifestText.read(m.path)
     at = f"{state.label} {state.data['to']}"
-    action = "dropped-by-hand" if by_hand else "upstream"
+    action = "dropped-by-hand" if by_hand else "made-by-earlier" if made_by else "upstream"
+    if made_by:   # the tree has it only because an earlier patch made it: say which
+        why = f"its change is made by {made_by}, earlier in the series (not by {at})"
     successors = [q.id for q in m.patches if p.id in q.supersedes]
     if successors:   # its entry stays, for the `supersedes:` that names it
         why += f"; kept for {', '.join(successors)}, which supersede{'s' if len(successors) == 1 else ''} it"
     if state.data["drop_upstream"] and not successors:
         comment = (f"{p.id}: dropped by hand at {at} ({why})" if by_hand else
+                   f"{p.id}: dropped at {at}: {why}" if made_by else
                    f"{p.id}: dropped, upstream in {at} (it reported `upstream` there)")
         text.delete_item(("patches",), p.index, comment=comment)
         text.write(m.path)
@@ -396,7 +416,7 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str, *, by_hand: b
         if p.path not in others:
             target = m.root / p.path
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-        return (Step(p.id, action if by_hand else "dropped",
+        return (Step(p.id, "dropped" if action == "upstream" else action,
                      f"{why}; entry and {p.path} removed"), manifest.load(m.path))
     key = state.package
     if version is None:
