@@ -53,6 +53,9 @@ class ArtifactKind:
     def resume(self, rebase: Rebase, patch, stop: Stop) -> None:
         return None
 
+    def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
+        return frozenset()
+
     def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
         # it changes no source file: nothing of the release can be gone to prove it unneeded
         return Remains(still=("an artifact changes no source file, so nothing of the release "

@@ -157,6 +157,12 @@ class PatchKind(Protocol):
     def resume(self, rebase: Rebase, patch: Patch, stop: Stop) -> None:
         """``rebase --continue`` after a stop at ``patch``: take the user's resolution."""
 
+    def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
+        """The changes the patch makes, as values two patches can be compared by (a diff's
+        hunks: file, lines removed, lines added; an overlay's files and their bytes): two
+        patches sharing one make the same change.  Empty where the kind cannot tell without a
+        tree (a transform)."""
+
     def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
         """What of the code the patch changes the release ``read`` reads still has: every file
         it changes gone, or the thing it changes there gone (a diff's changed lines and their

@@ -164,6 +164,10 @@ class OverlayKind:
             return
         rebase.record_replaces(patch, stop.drift)
 
+    def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
+        return frozenset((rel, g.hash_file(full / rel)) for rel in files_of(full)
+                         if (full / rel).is_file() and not (full / rel).is_symlink())
+
     def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
         """Every file the overlay replaces gone from the release (a file it adds replaces
         nothing there, and proves nothing)."""

@@ -559,6 +559,9 @@ class TransformKind:
     def refresh(self, patch, full: Path, tree: Path, result: PatchResult) -> str | None:
         return None  # a transform finds its anchors wherever they moved
 
+    def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
+        return frozenset()   # what a transform writes is known only on a tree
+
     def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
         """Each Transform class's file gone, or its anchor not found there."""
         try:

@@ -146,6 +146,17 @@ class DiffKind:
         write_text_if_changed(file, new)
         rebase.resolved(patch, commit, f"{patch.path} rewritten from the checkout")
 
+    def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
+        """Each hunk as (file, the lines it removes, the lines it adds)."""
+        try:
+            patch_set = parse(read_text(full))
+        except (OSError, DiffParseError):
+            return frozenset()
+        return frozenset(
+            (pf.path, "".join(ln.value for ln in hunk if ln.is_removed),
+             "".join(ln.value for ln in hunk if ln.is_added))
+            for pf in patch_set for hunk in pf)
+
     def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
         """Per file the diff changes: gone, or each hunk's changed lines gone (a hunk that
         only adds: the context it adds to gone)."""
