@@ -230,11 +230,14 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
         _, tags = source.list_tags(pin.sources, cache, progress.info, package=pin.id)
         fates.check_retired_releases(manifest, series, tags, pin.id.label)
     wanted = list(dict.fromkeys(refs))
-    resolved = _resolved([pin.ref, *wanted] if wanted else [],
+    # the pin is tried once: as a target when it is one, else as one more job
+    extra = [pin.ref] if wanted and pin.ref not in wanted else []
+    resolved = _resolved([*extra, *wanted],
                          lambda ref: source.resolve(pin.sources, ref, cache, progress.info,
                                                     base=held,
                                                     package=pin.id))
-    at_pin, resolved = (resolved[0], resolved[1:]) if resolved else (None, [])
+    at_pin = resolved.pop(0) if extra else next(
+        (r for r in resolved if r.ref == pin.ref), None)
     resolved = _by_version(resolved)
     # every other package at its pin: the ranges on it are judged at each target too
     others = applier.resolve_pins(run, cache, progress.info, base,
@@ -244,8 +247,8 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
         return matrix
     # Two per core: with 3 targets on 2 cores, 2 workers would leave a core idle while the
     # third target runs alone; 3 let the OS share both cores out (measured: 3.5 s vs 4.3 s).
-    # the pin is one more job: the first column, which every fate is judged from
-    together = [*resolved, at_pin]
+    # the pin is the first column, which every fate is judged from
+    together = [*resolved, at_pin] if extra else resolved
     workers = max(1, min(jobs or 2 * (os.cpu_count() or 1), len(together)))
     paths = applier.needed_paths(manifest) if sparse else None
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-rebase-check-"))
@@ -261,7 +264,11 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
             reports = _in_processes(work, workers, progress)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    matrix.targets, matrix.at_pin = reports[:-1], reports[-1]
+    if extra:
+        matrix.targets, matrix.at_pin = reports[:-1], reports[-1]
+    else:
+        matrix.targets = reports
+        matrix.at_pin = next(r for r, res in zip(reports, resolved) if res is at_pin)
     matrix.fates = [fates.judge_reports(series, matrix.at_pin, report, ref=res.ref,
                                         pin_ref=pin.ref, older=_older(res, at_pin),
                                         proofs=fates.proofs_at(manifest, series, res))

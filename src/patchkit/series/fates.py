@@ -33,6 +33,7 @@ class Change(enum.Enum):
     NEWLY_APPLIED = "newly applied"
     NOW_UPSTREAM = "now upstream"
     SUPERSEDED = "superseded"
+    NOT_YET = "not yet"   # a release before the pin, where the fix does not take effect yet
     MADE_BY = "made by an earlier patch"   # the tree has it only because an earlier patch made it
     RETIRED = "retired"
     FAILED = "failed"                 # it fails there: the failure is the finding
@@ -62,6 +63,9 @@ class Proof:
         if self.ok:
             return (f"retired from {self.retired.ref} ({self.retired.why}); proven at {self.at}: "
                     + "; ".join(self.remains.gone))
+        if not self.remains.still:
+            return (f"{self.patch} is retired from {self.retired.ref}, but nothing of what it "
+                    f"changes is gone at {self.at} to prove it")
         return (f"{self.patch} is retired from {self.retired.ref}, but {self.at} still has its "
                 f"code: {self.remains.still[0]}")
 
@@ -90,7 +94,7 @@ class Fate:
     def noted(self) -> bool:
         """A change worth listing under a matrix or in a body: anything but unchanged and a
         failure (which is reported as one)."""
-        return self.change not in (Change.UNCHANGED, Change.FAILED)
+        return self.change not in (Change.UNCHANGED, Change.FAILED, Change.NOT_YET)
 
     def to_dict(self) -> dict:
         return {"change": self.change.value, "pin": self.pin and self.pin.value,
@@ -100,13 +104,15 @@ class Fate:
 def judge(patch: str, pin: Status | None, at: Status | None, *, ref: str, pin_ref: str,
           upstream: bool = False, successor: str | None = None,
           proof: Proof | None = None, successor_is_newer: bool = True,
-          made_by: str | None = None) -> Fate:
+          made_by: str | None = None, older: bool = False) -> Fate:
     """The fate of ``patch`` at release ``ref``, from its status at the pin and there.
     ``upstream``: proven upstream there in a way the status does not show (a port that marked
     or dropped it); ``successor``: a patch that takes effect there and supersedes it;
     ``proof``: its retirement judged there (a retired patch at or after its release);
     ``made_by``: found upstream there only because that earlier patch of the series made its
-    change (never "upstream": the release does not have it)."""
+    change (never "upstream": the release does not have it); ``older``: a release before the
+    pin, where a fix that is not there yet is no loss (a move of the pin forwards loses fixes;
+    a look back only tells where each fix begins)."""
     if proof is not None and not proof.ok:
         return Fate(patch, pin, at, Change.REFUSED, proof.line)
     if at is Status.FAILED:
@@ -125,6 +131,9 @@ def judge(patch: str, pin: Status | None, at: Status | None, *, ref: str, pin_re
         if proof is not None:
             return Fate(patch, pin, at, Change.RETIRED, proof.line)
         now = at.value if at else "removed"
+        if older:
+            return Fate(patch, pin, at, Change.NOT_YET,
+                        f"{patch} takes effect at {pin_ref}, not yet at {ref} ({now})")
         return Fate(patch, pin, at, Change.LOST,
                     f"{patch} took effect at {pin_ref} and not at {ref} ({now}): it is not "
                     "upstream there, no patch that takes effect there supersedes it, and it is "
@@ -157,7 +166,7 @@ def judge_reports(series: Sequence[Patch], pin: ApplyReport, at: ApplyReport, *,
     return tuple(judge(p.id, pin.status_of(p.id), at.status_of(p.id), ref=ref, pin_ref=pin_ref,
                        successor=successor_of(p.id, series, at.status_of, older=older),
                        successor_is_newer=not older, proof=proofs.get(p.id),
-                       made_by=made.get(p.id)) for p in series)
+                       made_by=made.get(p.id), older=older) for p in series)
 
 
 # ------------------------------------------------------------------------------ retirement
