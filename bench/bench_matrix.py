@@ -34,7 +34,7 @@ from common import rebase_check, shown
 from patchkit import git as g
 from patchkit import manifest, source
 from patchkit.cache import cache_dir
-from patchkit.manifest.runspec import run_spec
+from patchkit.run import run_spec
 from patchkit.series import applier
 
 REPO = Path(__file__).resolve().parents[1]
