@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import imageref, process, versions
+from patchkit import imageref, process
 from patchkit.series.bisect import limit_for
 from patchkit.errors import UsageError
 from patchkit.image import base as base_

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
-from patchkit import paths, versions
+from patchkit import paths
 from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.image.docker import Engine
 from patchkit.manifest import VLLM, Manifest, Patch, variants

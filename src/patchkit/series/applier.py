@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from patchkit import interrupt, kinds, source, versions
+from patchkit import interrupt, kinds, source
 from patchkit import filelocks
 from patchkit import git as g
 from patchkit.errors import CommandError, Origin, SettingError, SourceError, UsageError, literal

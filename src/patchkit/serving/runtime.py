@@ -37,7 +37,6 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from patchkit import versions
 from patchkit.errors import LogError
 from patchkit.manifest import VLLM, Manifest, Marker
 from patchkit.manifest.model import quoted
