@@ -494,3 +494,26 @@ def test_a_retired_fix_is_proven_in_the_body_and_a_false_one_needs_a_hand(proj):
     assert one_error(out) == ("patchkit bump: error: other-fix is retired from v1.1.0, but v1.1.0 "
                               "still has its code: pkg/other.py still has `total = a + b` (hunk 1)")
     assert refs(proj) == before
+
+
+def test_a_hand_resolution_to_no_change_is_dropped_by_hand_and_lost(proj):
+    """v1.2.0 stops at other-fix; a person takes upstream's side (no change): the manifest's
+    comment says it was dropped by hand at that release, never upstream, and the bump judges
+    the fix lost, as rebase-check would."""
+    assert patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj).returncode == \
+        EXIT_NEEDS_A_HAND
+    left = proj / ".patchkit" / "bump" / "vllm-1.2.0"
+    sh("git", "checkout", "--", ".", cwd=left / ".patchkit" / "rebase" / "tree")
+    resolved = patchkit("rebase", "--continue", cwd=left)
+    assert resolved.returncode == 0, resolved.stderr
+    ported = (left / "patchset.yaml").read_text()
+    assert "# other-fix: dropped by hand at vLLM v1.2.0 (resolved to no change)" in ported
+    assert "other-fix: dropped, upstream" not in ported
+    again = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj)
+    assert again.returncode == EXIT_NEEDS_A_HAND, again.stderr
+    assert "**Needs a hand**: `other-fix` took effect at v1.0.0 and not at v1.2.0 (removed)" \
+        in again.stdout
+    assert "- `other-fix`: **lost**" in again.stdout
+    assert "upstream in vLLM v1.2.0" not in again.stdout.split("**No longer applied**")[1] \
+        .split("`other-fix`", 1)[1].splitlines()[0]
+    assert sh("git", "branch", "--list", "patchkit/bump-vllm-1.2.0", cwd=proj) == ""
