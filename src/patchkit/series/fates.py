@@ -103,8 +103,8 @@ class Fate:
 
 def judge(patch: str, pin: Status | None, at: Status | None, *, ref: str, pin_ref: str,
           upstream: bool = False, successor: str | None = None,
-          proof: Proof | None = None, successor_is_newer: bool = True,
-          made_by: str | None = None, older: bool = False) -> Fate:
+          proof: Proof | None = None, made_by: str | None = None,
+          older: bool = False) -> Fate:
     """The fate of ``patch`` at release ``ref``, from its status at the pin and there.
     ``upstream``: proven upstream there in a way the status does not show (a port that marked
     or dropped it); ``successor``: a patch that takes effect there and supersedes it;
@@ -125,9 +125,9 @@ def judge(patch: str, pin: Status | None, at: Status | None, *, ref: str, pin_re
         if upstream or at is Status.UPSTREAM:
             return Fate(patch, pin, at, Change.NOW_UPSTREAM, f"upstream at {ref}")
         if successor is not None:
-            return Fate(patch, pin, at, Change.SUPERSEDED, f"superseded by {successor}"
-                        if successor_is_newer else f"carried by {successor}, which it "
-                        f"supersedes, at this older release", successor)
+            return Fate(patch, pin, at, Change.SUPERSEDED, f"carried by {successor}, which it "
+                        "supersedes, at this older release" if older
+                        else f"superseded by {successor}", successor)
         if proof is not None:
             return Fate(patch, pin, at, Change.RETIRED, proof.line)
         now = at.value if at else "removed"
@@ -165,7 +165,7 @@ def judge_reports(series: Sequence[Patch], pin: ApplyReport, at: ApplyReport, *,
     made = {r.id: r.made_by for r in at.patches if r.made_by}
     return tuple(judge(p.id, pin.status_of(p.id), at.status_of(p.id), ref=ref, pin_ref=pin_ref,
                        successor=successor_of(p.id, series, at.status_of, older=older),
-                       successor_is_newer=not older, proof=proofs.get(p.id),
+                       proof=proofs.get(p.id),
                        made_by=made.get(p.id), older=older) for p in series)
 
 
