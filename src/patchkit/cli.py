@@ -219,6 +219,8 @@ def validate(manifest_path: str, fmt: str) -> int:
     from patchkit.render import text
 
     validated = command.run(Path(manifest_path))
+    for warning in validated.warnings:
+        click.echo(warning, err=True)
     if fmt == "json":
         echo(json.dumps(command.summary(validated), indent=2))
         return 0

@@ -210,6 +210,11 @@ def init_bare(path: Path) -> None:
     _run("init", "--quiet", "--bare", str(path))
 
 
+def init(path: Path) -> None:
+    """An empty repository with a work tree at ``path``."""
+    _run("init", "--quiet", str(path))
+
+
 def clone_mirror(url: str, dest: Path) -> None:
     """A bare mirror of ``url`` at ``dest``; GitError when the source does not answer."""
     _run(*NETWORK, "clone", "--quiet", "--mirror", "--", url, str(dest), network=True)

@@ -149,6 +149,9 @@ class PatchResult:
     hunk: Hunk | None = None    # a conflict's hunk; not part of the JSON report
     package: str = VLLM.name    # the package it patches
     in_the_way: list[InTheWay] = field(default_factory=list)   # every hunk and file in the way
+    # upstream only because an earlier patch of the series made the change: that patch's id
+    # (the release itself does not have it)
+    made_by: str | None = None
 
     def __post_init__(self) -> None:
         assert isinstance(self.status, Status), self.status
@@ -161,7 +164,8 @@ class PatchResult:
                 "commit": self.commit, "files": list(self.files), "message": self.message,
                 "offsets": [str(o) for o in self.offsets],
                 "offset_values": [o.to_dict() for o in self.offsets], "package": self.package,
-                "in_the_way": [w.to_dict() for w in self.in_the_way]}
+                "in_the_way": [w.to_dict() for w in self.in_the_way],
+                **({"made_by": self.made_by} if self.made_by else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> PatchResult:
@@ -174,7 +178,8 @@ class PatchResult:
                    str(data.get("message") or ""),
                    [Offset.from_dict(o) for o in data.get("offset_values") or []],
                    package=str(data.get("package") or VLLM.name),
-                   in_the_way=[InTheWay.from_dict(w) for w in data.get("in_the_way") or []])
+                   in_the_way=[InTheWay.from_dict(w) for w in data.get("in_the_way") or []],
+                   made_by=data.get("made_by") or None)
 
 
 @dataclass

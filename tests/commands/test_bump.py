@@ -204,6 +204,11 @@ def test_a_fix_that_stops_applying_needs_a_successor_or_a_hand(proj):
     assert "| `other-fix` | applied | **skipped: lost** |" in lost.stdout
     assert "- `other-fix`: **lost**" in lost.stdout
     assert refs(proj) == before
+    # rebase-check judges the same tree alike: the release fails, naming the patch
+    check = patchkit("rebase-check", "--to", "v1.1.0", cwd=proj)
+    assert check.returncode == 1
+    assert "  other-fix @ v1.1.0: other-fix took effect at v1.0.0 and not at v1.1.0 (skipped)" \
+        in check.stdout
     sh("git", "worktree", "remove", "--force", str(proj / ".patchkit/bump/vllm-1.1.0"), cwd=proj)
 
     (proj / "patches" / "other-v11.diff").write_text((proj / "patches/other.diff").read_text())
@@ -227,8 +232,9 @@ def test_a_fix_that_stops_applying_needs_a_successor_or_a_hand(proj):
     assert {p["id"]: p.get("vllm") for p in bumped["patches"]}["already-in"] == "<1.1.0"
     message = sh("git", "log", "-1", "--format=%B", BRANCH, cwd=proj)
     assert "Newly applied: other-fix-v11" in message
-    assert "No longer applied: other-fix (superseded by other-fix-v11), already-in (superseded " \
-        "by other-fix-v11)" in message
+    # proven upstream comes first: the release has already-in's change (series.fates)
+    assert "No longer applied: other-fix (superseded by other-fix-v11), already-in (upstream)" \
+        in message
 
 
 def test_a_port_that_needs_a_hand_says_which_patch_and_writes_no_branch(proj):
@@ -698,3 +704,57 @@ def test_a_registry_that_refuses_the_base_is_one_line_and_writes_nothing(proj, t
     assert f"image.base {host}/vllm-base:v1.1.0: the registry {host} refused it" in line
     assert files(proj) == before_files and refs(proj) == before_refs
     assert len(worktrees(proj)) == 1 and not (proj / ".patchkit" / "bump").exists()
+
+
+def test_a_retired_fix_is_proven_in_the_body_and_a_false_one_needs_a_hand(proj):
+    """v1.2.0 rewrote the line other-fix changes: retired from v1.2.0, the bump goes through and
+    the body lists it with the proof; retired from v1.1.0, where the line is still there, the
+    bump needs a hand in one line naming what still exists."""
+    text = (proj / "patchset.yaml").read_text()
+    (proj / "patchset.yaml").write_text(text.replace(
+        "    diff: patches/other.diff\n",
+        "    diff: patches/other.diff\n    retired: {from: v1.2.0, why: compute() multiplies}\n"))
+    commit(proj, "other-fix retired")
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", "--dry-run", cwd=proj)
+    assert out.returncode == 0, out.stdout + out.stderr
+    proof = ("retired from v1.2.0 (compute() multiplies); proven at v1.2.0: pkg/other.py: the "
+             "line hunk 1 changes is gone (`total = a + b`)")
+    assert f"- `other-fix`: {proof}" in out.stdout
+    assert "| `other-fix` | applied | skipped: retired |" in out.stdout
+    data = json.loads(patchkit("bump", "--package", "vllm", "--to", "v1.2.0", "--dry-run",
+                               "--format", "json", cwd=proj).stdout)
+    fate = next(f for f in data["bumps"][0]["fates"] if f["id"] == "other-fix")
+    assert (fate["change"], fate["why"]) == ("retired", proof)
+
+    (proj / "patchset.yaml").write_text((proj / "patchset.yaml").read_text().replace(
+        "from: v1.2.0", "from: v1.1.0"))
+    commit(proj, "retired too early")
+    before = refs(proj)
+    out = patchkit("bump", "--package", "vllm", "--to", "v1.1.0", cwd=proj)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert one_error(out) == ("patchkit bump: error: other-fix is retired from v1.1.0, but v1.1.0 "
+                              "still has its code: pkg/other.py still has `total = a + b` (hunk 1)")
+    assert refs(proj) == before
+
+
+def test_a_hand_resolution_to_no_change_is_dropped_by_hand_and_lost(proj):
+    """v1.2.0 stops at other-fix; a person takes upstream's side (no change): the manifest's
+    comment says it was dropped by hand at that release, never upstream, and the bump judges
+    the fix lost, as rebase-check would."""
+    assert patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj).returncode == \
+        EXIT_NEEDS_A_HAND
+    left = proj / ".patchkit" / "bump" / "vllm-1.2.0"
+    sh("git", "checkout", "--", ".", cwd=left / ".patchkit" / "rebase" / "tree")
+    resolved = patchkit("rebase", "--continue", cwd=left)
+    assert resolved.returncode == 0, resolved.stderr
+    ported = (left / "patchset.yaml").read_text()
+    assert "# other-fix: dropped by hand at vLLM v1.2.0 (resolved to no change)" in ported
+    assert "other-fix: dropped, upstream" not in ported
+    again = patchkit("bump", "--package", "vllm", "--to", "v1.2.0", cwd=proj)
+    assert again.returncode == EXIT_NEEDS_A_HAND, again.stderr
+    assert "**Needs a hand**: `other-fix` took effect at v1.0.0 and not at v1.2.0 (removed)" \
+        in again.stdout
+    assert "- `other-fix`: **lost**" in again.stdout
+    assert "upstream in vLLM v1.2.0" not in again.stdout.split("**No longer applied**")[1] \
+        .split("`other-fix`", 1)[1].splitlines()[0]
+    assert sh("git", "branch", "--list", "patchkit/bump-vllm-1.2.0", cwd=proj) == ""

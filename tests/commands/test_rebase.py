@@ -177,7 +177,7 @@ def test_abort_after_a_refresh_and_a_resolution(tmp_path):
     assert snapshot(proj) == before
 
 
-def test_empty_resolution_marks_the_patch_upstream(tmp_path):
+def test_empty_resolution_is_dropped_by_hand_never_upstream(tmp_path):
     proj = make_fates(tmp_path)
     first = rebase_cmd.start_at(proj / "patchset.yaml", "v1.2.0")
     assert first.stop.patch == "other-fix"
@@ -185,8 +185,27 @@ def test_empty_resolution_marks_the_patch_upstream(tmp_path):
     done = rebase.resume(proj / "patchset.yaml")
     assert done.done
     step = next(s for s in done.steps if s.id == "other-fix")
-    assert step.action == "upstream" and "resolved to no change" in step.detail
+    assert step.action == "dropped-by-hand" and "resolved to no change" in step.detail
+    assert "upstream" not in step.detail
     assert yaml.safe_load((proj / "patchset.yaml").read_text())["patches"][2]["vllm"] == "<1.2.0"
+
+
+def test_empty_resolution_dropped_writes_no_false_comment(tmp_path):
+    """With --drop-upstream the entry goes, and the comment left in its place says what a
+    person did at that release: the release does not have the change."""
+    proj = make_fates(tmp_path)
+    first = rebase_cmd.start_at(proj / "patchset.yaml", "v1.2.0", drop_upstream=True)
+    assert first.stop.patch == "other-fix"
+    # the line it changes is gone from v1.2.0: the stop says how to retire it
+    assert ('if vLLM v1.2.0 no longer has the code other-fix changes, retire it: `retired: '
+            '{from: v1.2.0, why: "..."}` on its entry (patchkit proves the code is gone), then '
+            '`patchkit rebase --continue`.') in first.stop.instructions
+    sh("git", "checkout", "--", ".", cwd=proj / ".patchkit/rebase/tree")
+    done = rebase.resume(proj / "patchset.yaml")
+    assert done.done
+    text = (proj / "patchset.yaml").read_text()
+    assert "# other-fix: dropped by hand at vLLM v1.2.0 (resolved to no change)" in text
+    assert "other-fix: dropped, upstream" not in text
 
 
 def test_one_rebase_at_a_time_and_continue_needs_one(tmp_path):
@@ -287,3 +306,68 @@ def test_moving_the_pin_backwards_is_said_in_one_line(tmp_path):
     assert forward is None or forward.returncode == 0
     p = patchkit("rebase", "--to", "v1.1.0", cwd=proj)
     assert "warning:" not in p.stderr
+
+
+def test_a_stop_on_gone_code_is_retired_and_proven(tmp_path):
+    """The stop says how to retire a patch whose code is gone; retired at the stop,
+    --continue proves it and passes it over; a retirement whose code is still there is
+    refused before anything is written."""
+    proj = make_fates(tmp_path)
+    first = rebase_cmd.start_at(proj / "patchset.yaml", "v1.2.0")
+    assert first.stop.patch == "other-fix"
+    text = (proj / "patchset.yaml").read_text()
+    (proj / "patchset.yaml").write_text(text.replace(
+        "    diff: patches/other.diff\n",
+        "    diff: patches/other.diff\n    retired: {from: v1.2.0, why: compute() multiplies}\n"))
+    done = rebase.resume(proj / "patchset.yaml")
+    assert done.done, done.stop
+    step = next(s for s in done.steps if s.id == "other-fix")
+    assert (step.action, step.detail) == ("skipped", "retired from v1.2.0: compute() multiplies")
+    assert yaml.safe_load((proj / "patchset.yaml").read_text())["vllm"]["ref"] == "v1.2.0"
+
+
+def test_a_retirement_whose_code_is_there_is_refused_before_anything(tmp_path):
+    proj = make_fates(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace(
+        "    diff: patches/other.diff\n",
+        "    diff: patches/other.diff\n    retired: {from: v1.1.0, why: not really}\n")
+    (proj / "patchset.yaml").write_text(text)
+    before = snapshot(proj)
+    with pytest.raises(UsageError) as err:
+        rebase_cmd.start_at(proj / "patchset.yaml", "v1.1.0")
+    assert str(err.value) == ("other-fix is retired from v1.1.0, but v1.1.0 still has its code: "
+                              "pkg/other.py still has `total = a + b` (hunk 1)")
+    assert snapshot(proj) == before and not (proj / ".patchkit/rebase").exists()
+
+
+def test_a_retired_release_the_sources_lack_is_one_line(tmp_path):
+    proj = make_fates(tmp_path)
+    text = (proj / "patchset.yaml").read_text().replace(
+        "    diff: patches/other.diff\n",
+        "    diff: patches/other.diff\n    retired: {from: v1.9.0, why: gone}\n")
+    (proj / "patchset.yaml").write_text(text)
+    before = snapshot(proj)
+    with pytest.raises(UsageError) as err:
+        rebase_cmd.start_at(proj / "patchset.yaml", "v1.2.0")
+    assert str(err.value) == ("patchset.yaml:30: patches[2] (id=other-fix): retired.from: vLLM "
+                              "has no release v1.9.0 (its sources list none such)")
+    assert snapshot(proj) == before
+
+
+def test_a_change_an_earlier_patch_made_is_dropped_naming_it(tmp_path):
+    """table-again makes table-nvfp4's change: at v1.1.0 the tree has it only because of
+    table-nvfp4, and the comment says so, never "upstream in vLLM v1.1.0"."""
+    proj = make_fates(tmp_path)
+    (proj / "patches/table-again.diff").write_text((proj / "patches/table.diff").read_text())
+    text = (proj / "patchset.yaml").read_text().replace(
+        "  - id: fast-mode\n", "  - id: table-again\n    summary: nvfp4 again\n"
+                              "    diff: patches/table-again.diff\n\n  - id: fast-mode\n")
+    (proj / "patchset.yaml").write_text(text)
+    done = rebase_cmd.start_at(proj / "patchset.yaml", "v1.1.0", drop_upstream=True)
+    assert done.done, done.stop
+    step = next(s for s in done.steps if s.id == "table-again")
+    assert step.action == "made-by-earlier"
+    text = (proj / "patchset.yaml").read_text()
+    assert ("# table-again: dropped at vLLM v1.1.0: its change is made by table-nvfp4, earlier "
+            "in the series (not by vLLM v1.1.0)") in text
+    assert "table-again: dropped, upstream" not in text

@@ -28,6 +28,29 @@ def test_a_good_series_is_counted_by_kind(project):
         {"id": "fast-mode", "kind": "transform", "path": "patches/fast.py",
          "found": "1 Transform class (Fast)"},
         {"id": "extra-file", "kind": "overlay", "path": "overlays/extra", "found": "1 file"}]
+    assert doc["warnings"] == [] and out.stderr == ""
+
+
+def test_two_patches_making_one_change_are_warned_of(project):
+    """The second finds the change made by the first wherever both take effect: a warning
+    naming both, and validate still passes."""
+    (project / "patches/again.diff").write_text((project / "patches/table.diff").read_text())
+    (project / "overlays/again/pkg").mkdir(parents=True)
+    (project / "overlays/again/pkg/extra.py").write_text("EXTRA = 1\n")
+    with (project / "patchset.yaml").open("a") as f:
+        f.write("  - id: table-again\n    summary: nvfp4 again\n    diff: patches/again.diff\n"
+                "  - id: extra-again\n    summary: extra again\n    overlay: overlays/again\n")
+    out = patchkit("validate", cwd=project)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        "warning: patchset.yaml:26: patches[3] (id=table-again): makes the same change as "
+        "table-nvfp4 (in pkg/mod.py): where both take effect, table-again finds it made by "
+        "table-nvfp4",
+        "warning: patchset.yaml:29: patches[4] (id=extra-again): makes the same change as "
+        "extra-file (in pkg/extra.py): where both take effect, extra-again finds it made by "
+        "extra-file"]
+    doc = json.loads(patchkit("validate", "--format", "json", cwd=project).stdout)
+    assert len(doc["warnings"]) == 2
 
 
 @pytest.mark.parametrize("source, line, words", [

@@ -750,6 +750,53 @@ ERRORS += [
          "patch flashinfer: a fix is carried on within its package"),
 ]
 
+RETIRED = """\
+    - id: old-fix
+      summary: x
+      diff: patches/a.diff
+      retired: {}
+    """
+LOOP = """\
+    - id: old-fix
+      summary: x
+      diff: patches/a.diff
+      retired: {{from: v0.32.0, why: gone}}
+      supersedes: [new-fix]
+    - id: new-fix
+      summary: y
+      diff: patches/a.diff
+      supersedes: {}
+    """
+ERRORS += [
+    case("retired-no-why", entries(RETIRED.format("{from: v0.32.0}")),
+         "patchset.yaml:9: patches[0] (id=old-fix): retired: missing required key 'why'"),
+    case("retired-no-release", entries(RETIRED.format("{why: gone}")),
+         "patchset.yaml:9: patches[0] (id=old-fix): retired: missing required key 'from'"),
+    case("retired-not-a-tag", entries(RETIRED.format("{from: 0.32.0, why: gone}")),
+         "patchset.yaml:9: patches[0] (id=old-fix): retired.from: '0.32.0' is not a release tag "
+         "of vLLM (vX.Y.Z)"),
+    case("retired-empty-why", entries(RETIRED.format("{from: v0.32.0, why: ' '}")),
+         "patchset.yaml:9: patches[0] (id=old-fix): retired.why: …"),
+    case("retired-a-word", entries(RETIRED.format("v0.32.0")),
+         "patchset.yaml:9: patches[0] (id=old-fix): retired: expected a mapping {from: vX.Y.Z, "
+         "why: \"...\"}, got …"),
+    case("retired-unknown-key", entries(RETIRED.format("{from: v0.32.0, why: x, since: 1}")),
+         "patchset.yaml:9: patches[0] (id=old-fix): retired: unknown key 'since'…"),
+    case("supersedes-retired-loop", entries(LOOP.format("[old-fix]")),
+         "patchset.yaml:10: patches[0] (id=old-fix): supersedes: a loop (old-fix -> new-fix -> "
+         "old-fix): each patch carries on the next one's fix, so none stands alone; old-fix is "
+         "retired as well"),
+]
+
+
+def test_retired_is_a_release_and_a_reason(repo: Path) -> None:
+    write(repo, entries(RETIRED.format('{from: v0.32.0, why: "vLLM removed the setting"}')))
+    (p,) = manifest.load("patchset.yaml").patches
+    assert (p.retired.ref, p.retired.why) == ("v0.32.0", "vLLM removed the setting")
+    assert p.takes_effect({"vllm": "0.31.0"}) == (True, "")
+    assert p.takes_effect({"vllm": "0.32.0"}) == (
+        False, "retired from v0.32.0: vLLM removed the setting")
+
 
 def test_supersedes_names_earlier_fixes(repo: Path) -> None:
     write(repo, entries(TWO.format("[old-fix]")))

@@ -34,7 +34,7 @@ from enum import Enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import imageref, process, versions
+from patchkit import imageref, process
 from patchkit.series.bisect_upstream import limit_for
 from patchkit.errors import UsageError
 from patchkit.image import base as base_
@@ -430,7 +430,7 @@ def _series_at(manifest: Manifest, spec: RunSpec, pins: dict
         if why is None and not spec.in_run(p.package):
             why = f"it patches {p.package}, which is not in this run"
         if why is None:
-            ok, range_why = versions.in_ranges(p.ranges, found)
+            ok, range_why = p.takes_effect(found)
             why = None if ok else range_why
         if why is None:
             kept.append(p)

@@ -49,7 +49,8 @@ from patchkit.kinds import Stop
 from patchkit.manifest import Manifest
 from patchkit.run import RunSpec, run_spec
 from patchkit.report import ApplyReport, Status
-from patchkit.series import applier, rebase, trial
+from patchkit.series import applier, fates, rebase, trial
+from patchkit.series.fates import Change
 from patchkit.series.releases import release_targets
 
 EXIT_NEEDS_A_HAND = 4
@@ -99,6 +100,9 @@ class Fate:
     detail: str = ""
     upstream: str | None = None    # the manifest's upstream link
     successor: str | None = None   # the patch that takes effect in its place (supersedes: it)
+    # what ``series.fates`` judged of it between the two sides (a port that stopped: unjudged)
+    change: Change = Change.UNCHANGED
+    why: str = ""                  # the judge's line: the proof of a retirement, why it is lost
 
     @property
     def newly_applied(self) -> bool:
@@ -111,13 +115,17 @@ class Fate:
     @property
     def went_upstream(self) -> bool:
         """Proven upstream at the new release, the way ``apply`` proves it."""
-        return self.after is Status.UPSTREAM or self.port in ("upstream", "dropped")
+        return self.change is Change.NOW_UPSTREAM
+
+    @property
+    def retired(self) -> bool:
+        return self.change is Change.RETIRED
 
     @property
     def lost(self) -> bool:
-        """It took effect at the old pin, and nothing says where its fix is now."""
-        return self.no_longer_applied and not self.went_upstream and self.successor is None \
-            and self.port not in ("stopped", "untried")
+        """It took effect at the old pin and nothing says where its fix is now, or it is
+        retired there against the proof (``series.fates`` judges both)."""
+        return self.change in (Change.LOST, Change.REFUSED)
 
 
 @dataclass(frozen=True)
@@ -196,7 +204,8 @@ class Bump:
         data = asdict(self)
         data["status"] = self.status.value
         data["fates"] = [dict(asdict(f), before=f.before and f.before.value,
-                              after=f.after and f.after.value) for f in self.fates]
+                              after=f.after and f.after.value, change=f.change.value)
+                         for f in self.fates]
         data["needs_a_hand"] = self.needs_a_hand
         data["probes"] = [dict(asdict(p), ok=p.ok, summary=p.summary) for p in self.probes]
         data["newly_applied"] = [f.id for f in self.fates if f.newly_applied]
@@ -461,15 +470,28 @@ class _Job:
 
     def _fates(self, ported: Manifest, before: ApplyReport, after: ApplyReport,
                steps: Mapping[str, rebase.Step], stopped: str | None) -> tuple[Fate, ...]:
-        fates = _fates(self.m, ported, self.base.package, (before, after), steps, stopped)
-        if not any(f.port == "removed" for f in fates):
-            return fates
-        # an entry a person removed: upstream only if the release has its change, proven as
-        # apply proves it (the old series tried at the new release)
-        tried = self.side.old_at_new()
-        return tuple(replace(f, port="dropped", detail="upstream: removed by hand; its change "
-                             "is in the release") if f.port == "removed"
-                     and tried.status_of(f.id) is Status.UPSTREAM else f for f in fates)
+        series = [p for p in ported.patches if p.package == self.base.package]
+        proofs = fates.proofs_at(ported, series, self.side.new)
+        by_hand = ("removed", "dropped-by-hand")
+        found = _fates(self.m, ported, self.base.package, (before, after), steps, stopped)
+        upstream: set[str] = set()
+        if any(f.port in by_hand for f in found):
+            # an entry a person removed, or resolved to no change: upstream only if the
+            # release has its change, proven as apply proves it (the old series tried there)
+            tried = self.side.old_at_new()
+            upstream = {f.id for f in found if tried.status_of(f.id) is Status.UPSTREAM}
+        out = []
+        for f in found:
+            if f.port in by_hand and f.id in upstream:
+                f = replace(f, port="dropped", detail=f"upstream: {f.detail or 'removed by hand'};"
+                                                      " its change is in the release")
+            judged = fates.judge(f.id, f.before, f.after, ref=self.base.to_ref,
+                                 pin_ref=self.base.from_ref,
+                                 upstream=f.port in ("upstream", "dropped"),
+                                 successor=f.successor, proof=proofs.get(f.id),
+                                 made_by=_made_by(f, after))
+            out.append(replace(f, change=judged.change, why=judged.why))
+        return tuple(out)
 
     def _stopped(self, before: ApplyReport, steps: Mapping[str, rebase.Step], stop: Stop,
                  notes: tuple[str, ...]) -> Bump:
@@ -500,6 +522,9 @@ def _remove_empty(folder: Path, top: Path) -> None:
 
 def _stopped_by(result: Bump, after: ApplyReport, target: str) -> str:
     """Why the proven port still needs a person, or ''."""
+    refused = [f for f in result.fates if f.change is Change.REFUSED]
+    if refused:
+        return refused[0].why
     if result.lost:
         lost = [f for f in result.fates if f.lost]
         names = ", ".join(f"`{f.id}`" for f in lost)
@@ -507,8 +532,9 @@ def _stopped_by(result: Bump, after: ApplyReport, target: str) -> str:
         now = lost[0].after or "removed"
         one = len(lost) == 1
         return (f"{names} took effect at {result.from_ref} and not at {target} ({now}); "
-                f"{'it' if one else 'they'} {where} not upstream there and no patch that takes "
-                f"effect there supersedes {'it' if one else 'them'}")
+                f"{'it' if one else 'they'} {where} not upstream there, no patch that takes "
+                f"effect there supersedes {'it' if one else 'them'}, and "
+                f"{'it is' if one else 'they are'} not retired")
     bad = [p for p in after.patches if p.status is Status.FAILED]
     if bad:
         return f"`{bad[0].id}` fails on {result.label} {target}: {bad[0].reason}"
@@ -565,9 +591,8 @@ def _fates(old: Manifest, new: Manifest, package: str, sides: tuple[ApplyReport,
         else:
             port, detail = _carried(old, new, pid), ""
         was, status = before.status_of(pid), after.status_of(pid)
-        successor = next((q.id for q in new.patches
-                          if pid in q.supersedes and after.status_of(q.id) is Status.APPLIED),
-                         None) if was is Status.APPLIED and status is not Status.APPLIED else None
+        successor = fates.successor_of(pid, new.patches, after.status_of) \
+            if was is Status.APPLIED and status is not Status.APPLIED else None
         out.append(Fate(pid, was, status, port, detail, links.get(pid), successor))
     return tuple(out)
 
@@ -799,11 +824,25 @@ def _message(result: Bump, version: str, tree: str) -> str:
     return "\n\n".join("\n".join(s) for s in sections if s)
 
 
+def _made_by(f: Fate, after: ApplyReport) -> str | None:
+    """The earlier patch whose change ``f`` found in the tree (the port's step, or the trial
+    at the new release), never the release's."""
+    if f.port == "made-by-earlier":
+        return f.detail.split("made by ", 1)[1].split(",", 1)[0]
+    return next((r.made_by for r in after.patches if r.id == f.id and r.made_by), None)
+
+
 def _gone_why(f: Fate) -> str:
-    if f.successor:
+    if f.successor and f.change is Change.SUPERSEDED:
         return f"superseded by {f.successor}"
     if f.went_upstream:
         return "upstream"
+    if f.retired:
+        return "retired"
+    if f.change is Change.MADE_BY:
+        return f.why.split(";", 1)[0]
+    if f.port == "dropped-by-hand":
+        return "dropped by hand; lost"
     return "lost"
 
 

@@ -34,7 +34,7 @@ from patchkit.manifest import VLLM, Manifest, Patch, variants
 from patchkit.engines.docker import Engine
 from patchkit.run import Asked, RunSpec, pins
 from patchkit.report import ApplyReport, PatchResult, Status
-from patchkit.series import applier, trial
+from patchkit.series import applier, fates, trial
 from patchkit.series.releases import release_targets
 
 FORMATS = ("text", "json", "markdown", "junit")
@@ -75,6 +75,8 @@ class Row:
 
     patch: Patch
     cells: list[PatchResult]
+    pin: PatchResult | None = None     # at the pin (None: the pin was not tried)
+    fates: list[fates.Fate] = field(default_factory=list)   # per target, from the pin
     upstream_since: str | None = None  # the first target of the run of `upstream` to the last
     drop: bool = False                 # upstream in every target
     # --bisect: (target ref, the bisect from the pin to it, or why there is none) per failure
@@ -95,6 +97,9 @@ class Matrix:
     bisects: dict[tuple[str, str], object] = field(default_factory=dict)
     package: str = VLLM.name      # the package whose refs the targets are
     series: tuple[Patch, ...] | None = None   # the rows (default: every patch)
+    at_pin: ApplyReport | None = None         # the series at the pin, the first column
+    # per target, every patch's fate from the pin there (series.fates judges them)
+    fates: list[tuple[fates.Fate, ...]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -110,7 +115,28 @@ class Matrix:
 
     @property
     def ok(self) -> bool:
-        return all(t.ok for t in self.targets)
+        return all(t.ok for t in self.targets) and not self.lost()
+
+    def fate_at(self, n: int) -> tuple[fates.Fate, ...]:
+        return self.fates[n] if n < len(self.fates) else ()
+
+    def lost(self) -> list[tuple[ApplyReport, fates.Fate]]:
+        """The fixes lost at a target (or retired there against the proof), target by target."""
+        return [(t, f) for n, t in enumerate(self.targets) for f in self.fate_at(n) if f.fails]
+
+    def failed_refs(self) -> list[str]:
+        """The targets that fail: a patch fails there, or a fix is lost there."""
+        return [self.ref_of(t) for n, t in enumerate(self.targets)
+                if not t.ok or any(f.fails for f in self.fate_at(n))]
+
+    def changes(self) -> list[tuple[str, fates.Fate]]:
+        """The fates that change without loss, each at the first target it shows at."""
+        seen: dict[tuple[str, fates.Change], tuple[str, fates.Fate]] = {}
+        for n, t in enumerate(self.targets):
+            for f in self.fate_at(n):
+                if f.noted and not f.fails:
+                    seen.setdefault((f.patch, f.change), (self.ref_of(t), f))
+        return list(seen.values())
 
     @property
     def refs(self) -> list[str]:
@@ -121,9 +147,11 @@ class Matrix:
         series = self.manifest.patches if self.series is None else self.series
         for i, patch in enumerate(series):
             cells = [t.patches[i] for t in self.targets]
-            row = Row(patch, cells, bisects=[(ref, self.bisects[(ref, patch.id)])
-                                             for ref in self.refs
-                                             if (ref, patch.id) in self.bisects])
+            row = Row(patch, cells, self.at_pin.patches[i] if self.at_pin else None,
+                      [self.fate_at(n)[i] for n in range(len(self.targets))
+                       if i < len(self.fate_at(n))],
+                      bisects=[(ref, self.bisects[(ref, patch.id)])
+                               for ref in self.refs if (ref, patch.id) in self.bisects])
             run = 0
             for c in reversed(cells):
                 if c.status is not Status.UPSTREAM:
@@ -141,8 +169,12 @@ class Matrix:
 
     def to_dict(self) -> dict:
         targets = [t.to_dict() for t in self.targets]
-        for t, data in zip(self.targets, targets):
+        for n, (t, data) in enumerate(zip(self.targets, targets)):
+            data["ok"] = data["ok"] and not any(f.fails for f in self.fate_at(n))
+            by_id = {f.patch: f for f in self.fate_at(n)}
             for entry in data["patches"]:
+                if entry["id"] in by_id:
+                    entry["fate"] = by_id[entry["id"]].to_dict()
                 found = self.bisects.get((self.ref_of(t), entry["id"]))
                 if found is not None:
                     entry["bisect"] = ({"ok": False, "error": found} if isinstance(found, str)
@@ -154,14 +186,25 @@ class Matrix:
             "package": self.package,
             "package_pin": self.pin,
             "variant": self.variant,
+            "at_pin": self.at_pin.to_dict() if self.at_pin else None,
             "targets": targets,
             "patches": [{"id": r.patch.id, "kind": r.patch.kind, "upstream": r.patch.upstream,
                          "pull": r.pull, "upstream_since": r.upstream_since, "drop": r.drop,
-                         "status": {self.ref_of(t): str(c.status) if c.status is not
-                                    Status.FAILED else f"failed:{c.reason}"
-                                    for t, c in zip(self.targets, r.cells)}}
+                         "pin_status": _word(r.pin) if r.pin else None,
+                         "status": {self.ref_of(t): _word(c)
+                                    for t, c in zip(self.targets, r.cells)},
+                         "fate": {self.ref_of(t): f.change.value
+                                  for t, f in zip(self.targets, r.fates)},
+                         "lost": [self.ref_of(t) for t, f in zip(self.targets, r.fates)
+                                  if f.fails]}
                         for r in self.rows()],
+            "lost": [{"id": f.patch, "target": self.ref_of(t), "change": f.change.value,
+                      "why": f.why} for t, f in self.lost()],
         }
+
+
+def _word(c: PatchResult) -> str:
+    return str(c.status) if c.status is not Status.FAILED else f"failed:{c.reason}"
 
 
 def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | None = None,
@@ -179,14 +222,23 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
     bases = bases or {}
     base, held = bases.get(VLLM.name), bases.get(package)
     pin = run.pin(package)
-    resolved = _resolved(list(dict.fromkeys(refs)),
-                         lambda ref: source.resolve(pin.sources, ref, cache, progress.info,
-                                                    base=held,
-                                                    package=pin.id))
-    resolved = _by_version(resolved)
     matrix = Matrix(manifest, variant=variant, package=package)
     if not pin.id.primary:
         matrix.series = tuple(p for p in manifest.patches if p.package == package)
+    series = matrix.series if matrix.series is not None else manifest.patches
+    if refs and any(p.retired is not None for p in series):
+        _, tags = source.list_tags(pin.sources, cache, progress.info, package=pin.id)
+        fates.check_retired_releases(manifest, series, tags, pin.id.label)
+    wanted = list(dict.fromkeys(refs))
+    # the pin is tried once: as a target when it is one, else as one more job
+    extra = [pin.ref] if wanted and pin.ref not in wanted else []
+    resolved = _resolved([*extra, *wanted],
+                         lambda ref: source.resolve(pin.sources, ref, cache, progress.info,
+                                                    base=held,
+                                                    package=pin.id))
+    at_pin = resolved.pop(0) if extra else next(
+        (r for r in resolved if r.ref == pin.ref), None)
+    resolved = _by_version(resolved)
     # every other package at its pin: the ranges on it are judged at each target too
     others = applier.resolve_pins(run, cache, progress.info, base,
                                   names=[p.name for p in run.pins if p.name != package],
@@ -195,20 +247,32 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
         return matrix
     # Two per core: with 3 targets on 2 cores, 2 workers would leave a core idle while the
     # third target runs alone; 3 let the OS share both cores out (measured: 3.5 s vs 4.3 s).
-    workers = max(1, min(jobs or 2 * (os.cpu_count() or 1), len(resolved)))
+    # the pin is the first column, which every fate is judged from
+    together = [*resolved, at_pin] if extra else resolved
+    workers = max(1, min(jobs or 2 * (os.cpu_count() or 1), len(together)))
     paths = applier.needed_paths(manifest) if sparse else None
     scratch = Path(tempfile.mkdtemp(prefix="patchkit-rebase-check-"))
     try:
         work = [_Job(manifest, res, scratch / str(n), paths, variant, package, others,
-                     matrix.series, cache) for n, res in enumerate(resolved)]
+                     matrix.series, cache) for n, res in enumerate(together)]
         if workers == 1:
+            reports = []
             for job in work:
-                matrix.targets.append(_unwrap(_one(job)))
-                progress.target(matrix.targets[-1])
+                reports.append(_unwrap(_one(job)))
+                progress.target(reports[-1])
         else:
-            matrix.targets = _in_processes(work, workers, progress)
+            reports = _in_processes(work, workers, progress)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if extra:
+        matrix.targets, matrix.at_pin = reports[:-1], reports[-1]
+    else:
+        matrix.targets = reports
+        matrix.at_pin = next(r for r, res in zip(reports, resolved) if res is at_pin)
+    matrix.fates = [fates.judge_reports(series, matrix.at_pin, report, ref=res.ref,
+                                        pin_ref=pin.ref, older=_older(res, at_pin),
+                                        proofs=fates.proofs_at(manifest, series, res))
+                    for report, res in zip(matrix.targets, resolved)]
     return matrix
 
 
@@ -307,6 +371,13 @@ def _in_processes(jobs: list, workers: int, progress: CheckProgress) -> list[App
                 fut.cancel()
             raise
     return [r for r in results if r is not None]
+
+
+def _older(res: source.Resolved, pin: source.Resolved) -> bool:
+    """Is the target a release before the pin (a look back, where a fix is carried by the
+    patch it supersedes)?"""
+    a, b = versions.parse(res.version), versions.parse(pin.version)
+    return a is not None and b is not None and a < b
 
 
 def _by_version(resolved: list[source.Resolved]) -> list[source.Resolved]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
-from patchkit import paths, versions
+from patchkit import paths
 from patchkit.errors import ImageError, LogError, UsageError
 from patchkit.engines.docker import Engine
 from patchkit.manifest import VLLM, Manifest, Patch, variants
@@ -154,7 +154,7 @@ def active_patches(manifest: Manifest, skipped: set[str], version: str | None,
     vLLM's ``version``, when one was found)."""
     found = {n: v for n, v in (found or {VLLM.name: version}).items() if v}
     return [p for p in variants.selected(manifest, variant)
-            if p.id not in skipped and versions.in_ranges(p.ranges, found)[0]]
+            if p.id not in skipped and p.takes_effect(found)[0]]
 
 
 def built_variant(manifest: Manifest, asked: str | None, recorded: str | None, known: bool,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from patchkit.kinds.base import KindError, PatchKind, Rebase, Stop, Target
+from patchkit.kinds.base import KindError, PatchKind, Rebase, Reader, Remains, Stop, Target
 
 TABLE = {
     "diff": "patchkit.kinds.diff",
@@ -19,7 +19,8 @@ TABLE = {
 }
 NAMES = tuple(TABLE)
 
-__all__ = ["NAMES", "KindError", "PatchKind", "Rebase", "Stop", "Target", "get"]
+__all__ = ["NAMES", "KindError", "PatchKind", "Rebase", "Reader", "Remains", "Stop", "Target",
+           "get"]
 
 
 def get(name: str) -> PatchKind:

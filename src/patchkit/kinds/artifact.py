@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchkit.kinds.base import Rebase, Stop, Target
+from patchkit.kinds.base import Rebase, Reader, Remains, Stop, Target
 from patchkit.kinds.common import ABORT
 from patchkit.report import Outcome, PatchResult, Reason, Status
 
@@ -52,6 +52,14 @@ class ArtifactKind:
 
     def resume(self, rebase: Rebase, patch, stop: Stop) -> None:
         return None
+
+    def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
+        return frozenset()
+
+    def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
+        # it changes no source file: nothing of the release can be gone to prove it unneeded
+        return Remains(still=("an artifact changes no source file, so nothing of the release "
+                              "proves it unneeded; remove its entry instead",))
 
 
 KIND = ArtifactKind()

@@ -9,7 +9,7 @@ or is taken up again) is the kind's to say.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +59,23 @@ class Target:
     timeout: float = DEFAULT_TIMEOUT   # the deadline of the patch author's code (a transform)
 
 
+@dataclass(frozen=True)
+class Remains:
+    """What of a patch's target a release still has (``still``) and what is gone there
+    (``gone``), one phrase each: the proof, or the refusal, of a ``retired:`` claim."""
+
+    still: tuple[str, ...] = ()
+    gone: tuple[str, ...] = ()
+
+    @property
+    def proven_gone(self) -> bool:
+        return not self.still and bool(self.gone)
+
+
+#: reads a file of the release, by its checkout path: its bytes, None when it has no such file
+Reader = Callable[[str], "bytes | None"]
+
+
 @dataclass
 class Stop:
     """Where a rebase stopped and what the user is to do."""
@@ -89,6 +106,11 @@ class Rebase(Protocol):
         ...
 
     def mark_upstream(self, patch: Patch, why: str) -> None: ...
+
+    def dropped_by_hand(self, patch: Patch, why: str) -> None:
+        """A person resolved ``patch`` to no change at the target: it is set aside there (a
+        range, or its entry dropped) in words that claim nothing of upstream."""
+        ...
 
     def resolved(self, patch: Patch, commit: str, detail: str) -> None: ...
 
@@ -136,3 +158,14 @@ class PatchKind(Protocol):
 
     def resume(self, rebase: Rebase, patch: Patch, stop: Stop) -> None:
         """``rebase --continue`` after a stop at ``patch``: take the user's resolution."""
+
+    def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
+        """The changes the patch makes, as values two patches can be compared by (a diff's
+        hunks: file, lines removed, lines added; an overlay's files and their bytes): two
+        patches sharing one make the same change.  Empty where the kind cannot tell without a
+        tree (a transform)."""
+
+    def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
+        """What of the code the patch changes the release ``read`` reads still has: every file
+        it changes gone, or the thing it changes there gone (a diff's changed lines and their
+        context, a transform's anchor), proves a retirement."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from patchkit import git as g
 from patchkit import paths
-from patchkit.kinds.base import KindError, Rebase, Stop, Target
+from patchkit.kinds.base import KindError, Reader, Rebase, Remains, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume, generic_stop
 from patchkit.report import Outcome, PatchResult, Reason, Status
 
@@ -163,6 +163,20 @@ class OverlayKind:
             dirty_resume(rebase, patch)
             return
         rebase.record_replaces(patch, stop.drift)
+
+    def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
+        return frozenset((rel, g.hash_file(full / rel)) for rel in files_of(full)
+                         if (full / rel).is_file() and not (full / rel).is_symlink())
+
+    def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
+        """Every file the overlay replaces gone from the release (a file it adds replaces
+        nothing there, and proves nothing)."""
+        found = [rel for rel in files_of(full) if read(rel) is not None]
+        if found:
+            more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+            return Remains(still=(f"{found[0]}{more}, which the overlay replaces, "
+                                  f"{'is' if len(found) == 1 else 'are'} still there",))
+        return Remains(gone=(f"{', '.join(files_of(full))}: no such file in the release",))
 
 
 KIND = OverlayKind()

@@ -45,7 +45,7 @@ from packaging.version import Version
 from patchkit import interrupt, paths, process, progress, syntax
 from patchkit.errors import clipped
 from patchkit.kinds import memo
-from patchkit.kinds.base import KindError, Rebase, Stop, Target
+from patchkit.kinds.base import KindError, Reader, Rebase, Remains, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume
 from patchkit.report import Outcome, PatchResult, Reason, Status
 from patchkit.timeouts import DEFAULT_TIMEOUT
@@ -673,6 +673,35 @@ class TransformKind:
 
     def refresh(self, patch, full: Path, tree: Path, result: PatchResult) -> str | None:
         return None  # a transform finds its anchors wherever they moved
+
+    def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
+        return frozenset()   # what a transform writes is known only on a tree
+
+    def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
+        """Each Transform class's file gone, or its anchor not found there."""
+        try:
+            classes = load_transforms(full)
+        except TransformLoadError as exc:
+            return Remains(still=(f"the transform cannot be loaded to prove it: {exc}",))
+        still: list[str] = []
+        gone: list[str] = []
+        for cls in classes:
+            data = read(cls.path)
+            if data is None:
+                gone.append(f"{cls.path} is gone")
+                continue
+            outcome = _run_one(cls, data.decode("utf-8", "replace"),
+                               Version(version) if version else None)
+            if isinstance(outcome, Outcome) and outcome.reason is Reason.ANCHOR_MISSING:
+                gone.append(f"{cls.path}: {outcome.message.split(': ', 1)[-1]}")
+            elif outcome is None:
+                still.append(f"{cls.path} still has what {cls.__name__} changes (its "
+                             "postcondition holds there)")
+            elif isinstance(outcome, Outcome):
+                still.append(f"{cls.path}: {outcome.message}")
+            else:
+                still.append(f"{cls.path} still has {cls.__name__}'s anchor (it applies there)")
+        return Remains(tuple(still), tuple(gone))
 
     def stop(self, rebase: Rebase, patch, result: PatchResult, head: str) -> Stop:
         shown = rebase.shown

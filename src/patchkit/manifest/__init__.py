@@ -15,6 +15,7 @@ from patchkit.manifest.model import (
     Marker,
     Package,
     Patch,
+    Retired,
     VLLM,
     VllmSource,
     capped_id,
@@ -25,5 +26,5 @@ from patchkit.manifest.model import (
 )
 
 __all__ = ["ID_MAX", "ID_RE", "KINDS", "PREDICATES", "VLLM", "Assertion", "BumpSettings", "ImageDefaults",
-           "Manifest", "Marker", "Package", "Patch", "VllmSource", "capped_id", "id_problem",
+           "Manifest", "Marker", "Package", "Patch", "Retired", "VllmSource", "capped_id", "id_problem",
            "identity",            "load", "shown_id", "summary_problem"]

@@ -9,7 +9,7 @@ import difflib
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,12 +17,12 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from patchkit import kinds, paths, syntax
+from patchkit import kinds, paths, syntax, versions
 from patchkit.errors import ManifestError, SettingError, clipped
 from patchkit.imageref import Platform, engine_problem, reference_problem
 from patchkit.manifest.model import (ACCEPTANCE_LINE, ID_MAX, ID_RE, PREDICATES, VLLM, Artifact,
                                      Assertion, BumpSettings, Floor, ImageDefaults, Manifest,
-                                     Marker, Package, Patch, Serve, Variant, id_problem,
+                                     Marker, Package, Patch, Retired, Serve, Variant, id_problem,
                                      length_problem, rate_problem, shown_id, summary_problem)
 from patchkit import jitrules
 from patchkit.source import word_problem
@@ -42,7 +42,8 @@ _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # The keys of a patch entry besides its ranges.  A range key is a package's name, in the same
 # mapping, so no package may take one of these names.
 ENTRY_KEYS = ("id", "summary", "upstream", "package", *KINDS, "variants", "verify", "replaces",
-              "sha256", "runtime", "rebuild", "supersedes")
+              "sha256", "runtime", "rebuild", "supersedes", "retired")
+RETIRED_KEYS = ("from", "why")
 # `rebuild:` words: what to do with a prebuilt compiled module built from a patched file
 REBUILD_WORDS = ("jit",)
 ARTIFACT_KEYS = ("wheel", "sha256", "member", "member_sha256", "dist")
@@ -597,11 +598,13 @@ class _Loader:
         if "supersedes" in fields:
             supersedes = self.supersedes(fields["supersedes"][1], patch_id)
 
+        retired = self.retired(fields["retired"][1], package) if "retired" in fields else None
+
         patch = Patch(id=patch_id, summary=summary, kind=kind, path=rel, upstream=upstream,
                       package=package, ranges=ranges, verify=tuple(verify), replaces=replaces,
                       line=_line(node), index=index, lines=lines, variants=in_variants,
                       sha256=sha256, runtime=runtime, rebuild=rebuild, artifact=artifact,
-                      supersedes=supersedes)
+                      supersedes=supersedes, retired=retired)
         return patch
 
     def supersedes(self, node: yaml.Node, patch_id: str) -> tuple[str, ...]:
@@ -618,9 +621,28 @@ class _Loader:
             ids.append(other)
         return tuple(ids)
 
+    def retired(self, node: yaml.Node, package: str) -> Retired:
+        """``retired: {from: vX, why: "..."}``: a release tag of the patch's package, and the
+        reason in one line (that the source has the release is judged where it is read)."""
+        fields = self.mapping(node, "retired", RETIRED_KEYS, required=RETIRED_KEYS,
+                              what='a mapping {from: vX.Y.Z, why: "..."}')
+        ref_node, why_node = fields["from"][1], fields["why"][1]
+        ref = self.string(ref_node, "retired.from").strip()
+        label = self.packages[package].label
+        if versions.release_tag(ref) is None:
+            self.fail(f"retired.from: {ref!r} is not a release tag of {label} (vX.Y.Z)",
+                      ref_node)
+        why = " ".join(self.string(why_node, "retired.why").split())
+        if not why:
+            self.fail("retired.why: say why the patch is no longer needed", why_node)
+        return Retired(ref, why, _line(node))
+
     def successors(self, patches: Sequence[Patch]) -> None:
-        """Each id a ``supersedes:`` names is a patch of the same package in the series."""
+        """Each id a ``supersedes:`` names is a patch of the same package in the series, and
+        no chain of ``supersedes:`` comes back to where it began (a retired patch's successor
+        superseded by it, two fixes each carrying on the other: none would take effect)."""
         by_id = {p.id: p for p in patches}
+        self.loops(patches, by_id)
         for p in patches:
             for other in p.supersedes:
                 self.entry = p.label
@@ -635,6 +657,31 @@ class _Loader:
                                         f"this patch {p.package}: a fix is carried on within "
                                         "its package", path=self.given, line=line,
                                         entry=self.entry)
+
+    def loops(self, patches: Sequence[Patch], by_id: Mapping[str, Patch]) -> None:
+        """One line for the first ``supersedes:`` chain that comes back to its start."""
+        def walk(path: list[str]) -> list[str] | None:
+            for nxt in by_id[path[-1]].supersedes:
+                if nxt == path[0]:
+                    return [*path, nxt]
+                if nxt in by_id and nxt not in path:
+                    found = walk([*path, nxt])
+                    if found:
+                        return found
+            return None
+
+        for p in patches:
+            chain = walk([p.id])
+            if chain is None:
+                continue
+            self.entry = p.label
+            retired = [x for x in chain[:-1] if by_id[x].retired is not None]
+            said = (f"; {', '.join(retired)} {'is' if len(retired) == 1 else 'are'} retired "
+                    "as well") if retired else ""
+            raise ManifestError(f"supersedes: a loop ({' -> '.join(chain)}): each patch carries "
+                                f"on the next one's fix, so none stands alone{said}",
+                                path=self.given, line=p.lines.get("supersedes"),
+                                entry=self.entry)
 
     def unknown_ranges(self, node: yaml.Node) -> None:
         """A key that holds a version range but names no package of the manifest: said as such,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
+from patchkit import versions
 from patchkit.packageid import VLLM, PackageId
 from patchkit.source import WORDS
 
@@ -138,6 +139,27 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class Retired:
+    """`retired: {from: vX, why: "..."}`: from release ``ref`` of its package on, the patch is
+    no longer needed, because the code it changes is gone (``series.fates`` proves it)."""
+
+    ref: str                   # a release tag of the patch's package
+    why: str
+    line: int = 0              # line of `retired:` in patchset.yaml
+
+    @property
+    def version(self) -> versions.Version:
+        found = versions.release_tag(self.ref)
+        assert found is not None   # the loader takes only a release tag
+        return found
+
+    def holds_at(self, version: str | None) -> bool:
+        """Is ``version`` this release or a later one?"""
+        v = versions.parse(version) if version else None
+        return v is not None and v >= self.version
+
+
+@dataclass(frozen=True)
 class Patch:
     id: str
     summary: str
@@ -159,6 +181,7 @@ class Patch:
     # `supersedes:` the patches whose fix this one carries on, at releases outside their range
     # (a bump that stops applying one of them needs this patch to take effect instead)
     supersedes: tuple[str, ...] = ()
+    retired: Retired | None = None     # `retired:` no longer needed from that release on
     line: int = 0              # line of the entry in patchset.yaml
     index: int = 0             # position in `patches:`
     # line of each key's value (e.g. "vllm", "diff"), so that edits and messages can point at it
@@ -172,6 +195,15 @@ class Patch:
     def vllm(self) -> SpecifierSet | None:
         """Its range on vLLM (the ``vllm:`` key), or None."""
         return self.ranges.get(VLLM.name)
+
+    def takes_effect(self, found: Mapping[str, str | None]) -> tuple[bool, str]:
+        """Does the patch take effect at the versions ``found`` (package name -> version):
+        its ranges hold and it is not retired there; the reason when not."""
+        ok, why = versions.in_ranges(self.ranges, found)
+        if ok and self.retired is not None and self.package in found \
+                and self.retired.holds_at(found[self.package]):
+            return False, f"retired from {self.retired.ref}: {self.retired.why}"
+        return ok, why
 
     def without_range(self, package: str) -> Patch:
         """The same patch, holding on no range of ``package``."""

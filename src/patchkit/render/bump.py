@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from patchkit.commands.bump import BaseMove, Bump, BumpStatus, Fate, pull_name
 from patchkit.report import Status
+from patchkit.series.fates import Change
 
 # what the port did with a patch, as a reviewer reads it
 PORT = {
@@ -13,6 +14,8 @@ PORT = {
     "resolved": "resolved by hand",
     "upstream": "upstream: range marked",
     "dropped": "upstream: dropped",
+    "dropped-by-hand": "dropped by hand",
+    "made-by-earlier": "made by an earlier patch: dropped",
     "skipped": "",
     "removed": "entry removed",
     "added": "entry added",
@@ -71,8 +74,8 @@ def body(result: Bump) -> str:
     if result.worktree:
         again = f"patchkit bump --package {result.package} --to {result.to_ref}"
         lines += ["", f"The port is left in `{result.worktree}` for a person: finish it there "
-                      f"(`patchkit rebase --continue` after a stop, a `supersedes:` or a range "
-                      f"for a lost fix, or fix what the probe found), then `{again}` takes it "
+                      f"(`patchkit rebase --continue` after a stop, a `supersedes:`, a range or "
+                      f"a `retired:` for a lost fix, or fix what the probe found), then `{again}` takes it "
                       "from there."]
     lines += ["", "<sub>Written by `patchkit bump`.</sub>"]
     return "\n".join(lines) + "\n"
@@ -86,6 +89,8 @@ def _table(result: Bump) -> list[str]:
         detail = _cell(f.detail)
         if f.successor:
             detail = _cell(f"superseded by `{f.successor}`" + (f"; {f.detail}" if f.detail else ""))
+        elif f.retired:
+            detail = _cell(f.why)
         cell = "; ".join(x for x in (port, detail) if x)
         lines.append(f"| `{f.id}` | {_fate(f.before)} | {_after(f, result)} | {cell} | "
                      f"{_link(f.upstream)} |")
@@ -100,7 +105,10 @@ def _after(f: Fate, result: Bump) -> str:
     if result.stop is not None:
         return "not proven"
     if f.lost:
-        return f"**{f.after.value if f.after else 'removed'}: lost**"
+        word = "retirement refused" if f.change is Change.REFUSED else "lost"
+        return f"**{f.after.value if f.after else 'removed'}: {word}**"
+    if f.retired:
+        return f"{_fate(f.after)}: retired"
     return _fate(f.after)
 
 
@@ -125,13 +133,21 @@ def _changes(result: Bump) -> list[str]:
         out += ["**No longer applied** (took effect at "
                 f"{result.from_ref}, not at {result.to_ref}):", ""]
         for f in gone:
-            if f.successor:
+            if f.change is Change.SUPERSEDED:
                 out.append(f"- `{f.id}`: superseded by `{f.successor}`")
+            elif f.change is Change.MADE_BY:
+                out.append(f"- `{f.id}`: {f.why}")
             elif f.went_upstream:
                 out.append(f"- `{f.id}`: upstream in {result.label} {result.to_ref}")
+            elif f.retired:
+                out.append(f"- `{f.id}`: {f.why}")
+            elif f.change is Change.REFUSED:
+                out.append(f"- `{f.id}`: **retirement refused**: {f.why}")
             else:
-                out.append(f"- `{f.id}`: **lost**: not upstream, and no patch that takes "
-                           "effect supersedes it")
+                by_hand = " (dropped by hand at this release)" if f.port == "dropped-by-hand" \
+                    else ""
+                out.append(f"- `{f.id}`: **lost**{by_hand}: not upstream, no patch that takes "
+                           "effect supersedes it, and it is not retired")
         out.append("")
     return out
 

@@ -12,6 +12,7 @@ from patchkit.manifest import Manifest
 from patchkit.render import plural
 from patchkit.render.colors import paint
 from patchkit.report import ApplyReport, PatchResult, Reason, Status
+from patchkit.series.fates import Change, Fate
 
 __all__ = ["FORMATS", "render"]
 
@@ -21,7 +22,28 @@ def cell_word(r: PatchResult) -> str:
         return str(r.reason or Status.FAILED)
     if r.status is Status.APPLIED and r.offsets:
         return "applied (offset)"
+    if r.made_by:
+        return f"made by {r.made_by}"
     return str(r.status)
+
+
+def fate_word(r: PatchResult, fate: Fate | None) -> str:
+    """A target's cell: its status, and the fate from the pin where it is lost there, or where
+    a fix went elsewhere (superseded, retired)."""
+    word = cell_word(r)
+    if fate is None:
+        return word
+    if fate.change is Change.LOST:
+        return f"LOST ({word})"
+    if fate.change is Change.REFUSED:
+        return f"REFUSED ({word})"
+    if fate.change in (Change.SUPERSEDED, Change.RETIRED):
+        return str(fate.change)
+    return word
+
+
+def _fates(row: Row) -> list[Fate | None]:
+    return [*row.fates, *[None] * (len(row.cells) - len(row.fates))]
 
 
 def _paint(word: str, status: Status, offsets: bool, color: bool) -> str:
@@ -59,8 +81,11 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
     if not matrix.targets:
         return f"{m.name}: no targets (no {matrix.label} release after the pin {matrix.pin})\n"
     rows = matrix.rows()
-    head = ["patch", *matrix.refs, "notes"]
-    table = [[r.patch.id, *[cell_word(c) for c in r.cells], "; ".join(notes(r))] for r in rows]
+    pin = [f"{matrix.pin} (pin)"] if matrix.at_pin else []
+    head = ["patch", *pin, *matrix.refs, "notes"]
+    table = [[r.patch.id, *([cell_word(r.pin)] if r.pin and pin else []),
+              *[fate_word(c, f) for c, f in zip(r.cells, _fates(r))], "; ".join(notes(r))]
+             for r in rows]
     widths = [max(len(x[i]) for x in [head, *table]) for i in range(len(head) - 1)]
     targets = plural(len(matrix.targets), matrix.label + " target")
     lines = [(f"{m.name}: {plural(len(rows), 'patch', 'patches')} x {targets} "
@@ -69,13 +94,25 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  notes")
     for r, cells in zip(rows, table):
         out = [cells[0].ljust(widths[0])]
-        for c, word, w in zip(r.cells, cells[1:-1], widths[1:]):
-            out.append(_paint(word, c.status, bool(c.offsets), color) + " " * (w - len(word)))
+        shown = ([r.pin] if r.pin and pin else []) + r.cells
+        for c, f, word, w in zip(shown, [None] * len(pin) + _fates(r), cells[1:-1], widths[1:]):
+            status = Status.FAILED if f is not None and f.fails else c.status
+            out.append(_paint(word, status, bool(c.offsets), color) + " " * (w - len(word)))
         lines.append(("  ".join(out) + "  " + cells[-1]).rstrip())
     failed = matrix.failures()
     if failed:
         lines += ["", "failed:"]
         lines += [f"  {r.id} @ {matrix.ref_of(t)}: {r.reason}: {r.message}" for t, r in failed]
+    lost = matrix.lost()
+    if lost:
+        lines += ["", "lost:"]
+        lines += [f"  {f.patch} @ {matrix.ref_of(t)}: {f.why}" for t, f in lost]
+    changes = matrix.changes()
+    if changes:
+        lines += ["", "fates that change without loss:"]
+        lines += [f"  {f.patch} @ {ref}: {f.change}"
+                  + (f": {f.why}" if f.change is not Change.NOW_UPSTREAM else "")
+                  for ref, f in changes]
     offsets = [(t, r) for t in matrix.targets for r in t.patches if r.offsets]
     if offsets:
         lines += ["", "offsets (fine; `patchkit rebase` rewrites them to apply exactly):"]
@@ -89,14 +126,17 @@ def render_text(matrix: Matrix, color: bool = False) -> str:
         lines.append(f"ok: the series applies to {len(matrix.targets)} of {len(matrix.targets)} "
                      "targets")
     else:
-        bad = [matrix.ref_of(t) for t in matrix.targets if not t.ok]
-        lines.append(f"FAILED: {_failures(len(failed))} on {len(bad)} of "
+        bad = matrix.failed_refs()
+        lines.append(f"FAILED: {_failures(len(failed), len(lost))} on {len(bad)} of "
                      f"{len(matrix.targets)} targets ({', '.join(bad)})")
     return "\n".join(lines) + "\n"
 
 
-def _failures(n: int) -> str:
-    return f"{n} patch failure{'s' if n != 1 else ''}"
+def _failures(n: int, lost: int = 0) -> str:
+    said = [f"{n} patch failure{'s' if n != 1 else ''}"] if n or not lost else []
+    if lost:
+        said.append(f"{lost} lost fix{'es' if lost != 1 else ''}")
+    return " and ".join(said)
 
 
 _MD_ICON = {Status.APPLIED: "✅", Status.UPSTREAM: "⬆️", Status.SKIPPED: "⏭️",
@@ -114,14 +154,18 @@ def render_markdown(matrix: Matrix) -> str:
         out.append(f"No {matrix.label} release after the pin `{matrix.pin}`: nothing to check.")
         return "\n".join(out) + "\n"
     verdict = ("✅ the series applies to every target" if matrix.ok else
-               f"❌ {_failures(len(matrix.failures()))}")
+               f"❌ {_failures(len(matrix.failures()), len(matrix.lost()))}")
     out += [(f"Pinned at `{matrix.pin}`; {plural(len(matrix.rows()), 'patch', 'patches')} x "
              f"{plural(len(matrix.targets), 'target')}: {verdict}."), ""]
-    out.append("| patch | " + " | ".join(f"`{ref}`" for ref in matrix.refs) + " | notes |")
-    out.append("|---" * (len(matrix.targets) + 2) + "|")
+    pin = [f"`{matrix.pin}` (pin)"] if matrix.at_pin else []
+    out.append("| patch | " + " | ".join([*pin, *(f"`{ref}`" for ref in matrix.refs)])
+               + " | notes |")
+    out.append("|---" * (len(matrix.targets) + len(pin) + 2) + "|")
     rows = matrix.rows()
     for r in rows:
-        cells = [f"{_MD_ICON[c.status]} {cell_word(c)}" for c in r.cells]
+        cells = [f"{_MD_ICON[r.pin.status]} {cell_word(r.pin)}"] if r.pin and pin else []
+        cells += [f"{'❌' if f is not None and f.fails else _MD_ICON[c.status]} "
+                  f"{fate_word(c, f)}" for c, f in zip(r.cells, _fates(r))]
         note = " · ".join(notes(r, markdown=True))
         out.append(f"| `{r.patch.id}` | " + " | ".join(cells) + f" | {_md(note)} |")
     failed = matrix.failures()
@@ -131,6 +175,16 @@ def render_markdown(matrix: Matrix) -> str:
             out += [(f"<details><summary><code>{r.id}</code> on <code>{matrix.ref_of(t)}</code>: "
                      f"{r.reason}</summary>"), "", "```text", failure_text(matrix, t, r), "```", "",
                     "</details>", ""]
+    lost = matrix.lost()
+    if lost:
+        out += ["", "### Lost fixes", ""]
+        out += [f"- `{f.patch}` on `{matrix.ref_of(t)}`: {_md(f.why)}" for t, f in lost]
+    changes = matrix.changes()
+    if changes:
+        out += ["", "### Fates that change without loss", ""]
+        out += [f"- `{f.patch}` on `{ref}`: {f.change}"
+                + (f": {_md(f.why)}" if f.change is not Change.NOW_UPSTREAM else "")
+                for ref, f in changes]
     drop = [r.patch.id for r in rows if r.drop]
     if drop:
         out += ["", (f"Upstream in every target: {', '.join(f'`{d}`' for d in drop)}. "
@@ -166,17 +220,21 @@ def _failed_hunk(manifest: Manifest, r: PatchResult) -> str | None:
 def render_junit(matrix: Matrix) -> str:
     """One testsuite per target, one testcase per patch."""
     total = sum(len(t.patches) for t in matrix.targets)
-    failures = len(matrix.failures())
+    failures = len(matrix.failures()) + len(matrix.lost())
     skipped = sum(r.status is Status.SKIPPED for t in matrix.targets for r in t.patches)
     suites = ET.Element("testsuites", name=f"patchkit rebase-check {matrix.manifest.name}",
                         tests=str(total), failures=str(failures), errors="0",
                         skipped=str(skipped))
-    for t in matrix.targets:
+    for n, t in enumerate(matrix.targets):
+        fated = {f.patch: f for f in matrix.fate_at(n)}
+        lost = {pid for pid, f in fated.items() if f.fails}
         suite = ET.SubElement(
             suites, "testsuite", name=f"{matrix.label} {matrix.ref_of(t)}",
             tests=str(len(t.patches)),
-            failures=str(sum(r.status is Status.FAILED for r in t.patches)), errors="0",
-            skipped=str(sum(r.status is Status.SKIPPED for r in t.patches)))
+            failures=str(sum(r.status is Status.FAILED or r.id in lost for r in t.patches)),
+            errors="0",
+            skipped=str(sum(r.status is Status.SKIPPED and r.id not in lost
+                            for r in t.patches)))
         props = ET.SubElement(suite, "properties")
         for name, value in (("vllm.ref", t.vllm.ref), ("vllm.commit", t.vllm.commit),
                             ("vllm.version", t.vllm.version or "")):
@@ -184,14 +242,22 @@ def render_junit(matrix: Matrix) -> str:
         for r in t.patches:
             case = ET.SubElement(suite, "testcase", name=r.id,
                                  classname=f"{matrix.package}-{matrix.ref_of(t)}")
-            if r.status is Status.FAILED:
+            fate = fated.get(r.id)
+            if r.id in lost:
+                fail = ET.SubElement(case, "failure", type=str(fate.change),
+                                     message=fate.why[:500])
+                fail.text = fate.why
+            elif r.status is Status.FAILED:
                 fail = ET.SubElement(case, "failure", type=str(r.reason or Status.FAILED),
                                      message=f"{r.reason}: {r.message}"[:500])
                 fail.text = failure_text(matrix, t, r)
             elif r.status is Status.SKIPPED:
-                ET.SubElement(case, "skipped", message=r.message)
+                ET.SubElement(case, "skipped", message=r.message + (
+                    f"; {fate.change}: {fate.why}" if fate is not None and fate.noted else ""))
             else:
                 detail = [r.status] + ([r.message] if r.message else []) + [str(o) for o in r.offsets]
+                if fate is not None and fate.noted:
+                    detail.append(f"{fate.change}: {fate.why}")
                 ET.SubElement(case, "system-out").text = "\n".join(detail)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from patchkit import interrupt, kinds, source, versions
+from patchkit import interrupt, kinds, source
 from patchkit import filelocks
 from patchkit import git as g
 from patchkit.errors import CommandError, Origin, SettingError, SourceError, UsageError, literal
@@ -50,7 +50,7 @@ class Progress:
 
 
 def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
-    return versions.in_ranges(patch.ranges, {VLLM.name: version})
+    return patch.takes_effect({VLLM.name: version})
 
 
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
@@ -68,7 +68,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
         return _result(patch, Status.SKIPPED, message=f"it patches {patch.package}, which has no "
                                                  "checkout in this run")
     found = {package: version} if found is None else found
-    ok, why = versions.in_ranges(patch.ranges, found)
+    ok, why = patch.takes_effect(found)
     if not ok:
         if any(found.get(name, "") is None for name in patch.ranges):
             return _result(patch, Status.FAILED, Reason.ERROR, message=why)
@@ -159,7 +159,7 @@ def _goes_alone(manifest: Manifest, patch: Patch, tree: Tree | None, variant,
     """True when ``patch`` is not applied with others in one go: it is left out or skipped,
     or ``apply_one`` would refuse it before its kind sees it."""
     return (tree is None or bool(variants.left_out(patch, variant))
-            or not versions.in_ranges(patch.ranges, found)[0]
+            or not patch.takes_effect(found)[0]
             or _outside(manifest, patch, tree.tops) is not None)
 
 
@@ -279,6 +279,14 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
         # one commit per patch, made in-process; each tree's written out once, at the end
         commits = {n: held.enter_context(g.Commits(t.root)) for n, t in trees.items()}
         for result in _applied(manifest, series, trees, variant, found, commits):
+            if result.status is Status.UPSTREAM and result.package in trees:
+                tree = trees[result.package]
+                result.made_by = made_by(
+                    manifest, manifest.patch(result.id),
+                    [(r.id, r.files) for r in report.patches if r.status is Status.APPLIED
+                     and r.package == result.package], tree.root, tree.resolved)
+                if result.made_by:
+                    result.message = _made_by_message(result.made_by)
             report.patches.append(result)
             progress.patch(result)
         for name, tree in trees.items():
@@ -299,6 +307,42 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
             r.status, r.reason = Status.FAILED, Reason.ASSERTION
             r.message = f"{a.location()}: {a.message}"
     return report
+
+
+def _made_by_message(earlier: str) -> str:
+    return (f"the tree has this change only because {earlier}, earlier in the series, made it; "
+            "the release does not have it")
+
+
+def made_by(manifest: Manifest, patch: Patch, earlier: Sequence[tuple[str, Sequence[str]]],
+            root: Path, resolved: source.Resolved) -> str | None:
+    """For a patch found ``upstream`` at ``root``: the earlier patch of the series (``earlier``:
+    each applied one's id and files, in order) whose change it is, when the release itself
+    does not have it (the patch tried on the release's own files, in a folder of their own);
+    None when the release has it, or no earlier patch touched its files."""
+    kind = kinds.get(patch.kind)
+    try:
+        files = kind.touched(manifest.root / patch.path)
+    except kinds.KindError:
+        return None
+    touching = [pid for pid, done in earlier if set(done) & set(files)]
+    if not touching:
+        return None
+    blobs = g.read_blobs(root, [f"{resolved.commit}:{f}" for f in files])
+    with tempfile.TemporaryDirectory(prefix="patchkit-release-") as tmp:
+        pristine = Path(tmp)
+        g.init(pristine)   # git apply works inside it, never in a folder above
+        for f in files:
+            data = blobs[f"{resolved.commit}:{f}"]
+            if data is not None:
+                (pristine / f).parent.mkdir(parents=True, exist_ok=True)
+                (pristine / f).write_bytes(data)
+        try:
+            out = kind.apply(patch, manifest.root / patch.path,
+                             kinds.Target(pristine, resolved.commit, resolved.version))
+        except Exception:  # noqa: BLE001  # a kind that needs more than the files: not judged
+            return None
+    return None if out.status is Status.UPSTREAM else touching[0]
 
 
 def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tree], variant,

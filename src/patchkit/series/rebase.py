@@ -26,7 +26,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from patchkit import filelocks
@@ -38,11 +38,11 @@ from patchkit.files import write_if_changed
 from patchkit.imageref import is_template, moved_to_release
 from patchkit.kinds import Stop
 from patchkit.kinds.common import ABORT
-from patchkit.manifest import VLLM, Manifest, Patch
+from patchkit.manifest import VLLM, Manifest, Patch, Retired
 from patchkit.manifest.edit import ManifestText
 from patchkit.run import RunSpec
 from patchkit.report import PatchResult, Reason, Status
-from patchkit.series import applier, assertions
+from patchkit.series import applier, assertions, fates
 
 STATE_FORMAT = 1
 IGNORED = "__pycache__/\n*.pyc\n"  # byte code from running the checkout is never part of a patch
@@ -214,6 +214,11 @@ def start(m: Manifest, spec: RunSpec, to: str, *, drop_upstream: bool = False,
         pid = pin.id
         resolved = source.resolve(repos, to, cache, progress.info, package=pid)
         _warn_if_backwards(pin.ref, to, resolved.version, pid.label, progress)
+        series = [p for p in m.patches if p.package == package]
+        if any(p.retired is not None for p in series):
+            _, tags = source.list_tags(repos, cache, progress.info, package=pid)
+            fates.check_retired_releases(m, series, tags, pid.label)
+        _prove_retired(m, series, resolved)
         others = {name: r.version for name, r in applier.resolve_pins(
             spec, cache, progress.info, None, [q.name for q in spec.pins if q.name != package]
         ).items()}
@@ -244,6 +249,14 @@ def start(m: Manifest, spec: RunSpec, to: str, *, drop_upstream: bool = False,
         return _run(state, m, progress)
 
 
+def _prove_retired(m: Manifest, series: list[Patch], resolved: source.Resolved) -> None:
+    """Every retirement that holds at ``resolved``, proven there before anything is written;
+    one line naming what still exists when one is not."""
+    for proof in fates.proofs_at(m, series, resolved).values():
+        if not proof.ok:
+            raise UsageError(proof.line)
+
+
 def _warn_if_backwards(pinned: str, to: str, version: str | None, label: str,
                        progress: applier.Progress) -> None:
     """One line when ``to`` is an older release than the pin: moving it back is allowed (a
@@ -270,7 +283,13 @@ def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> 
                 p = m.patch(stop.patch)
             except KeyError:
                 p = None
-            if stop.reason is Reason.ASSERTION or p is None:
+            if p is not None and not p.takes_effect(state.found)[0]:
+                # retired (or ranged out) by hand at the stop: proven, then passed over
+                if p.retired is not None:
+                    _prove_retired(m, [p], state.resolved)
+                g.discard_changes(state.tree, state.data["head"])
+                state.add(Step(p.id, "skipped", p.takes_effect(state.found)[1]))
+            elif stop.reason is Reason.ASSERTION or p is None:
                 if p is None and stop.patch != "":
                     state.add(Step(stop.patch, "dropped", "removed from the manifest by hand"))
             else:
@@ -338,7 +357,8 @@ def _run(state: _State, m: Manifest, progress: applier.Progress) -> RebaseResult
                 state.add(Step(p.id, "refreshed", refreshed) if refreshed
                           else Step(p.id, "applied"))
             elif r.status is Status.UPSTREAM:
-                step, m = _mark_upstream(state, m, p, "already in the tree")
+                earlier = _made_by(state, m, p)
+                step, m = _mark_upstream(state, m, p, "already in the tree", made_by=earlier)
                 state.add(step)
             elif r.status is Status.SKIPPED:
                 state.add(Step(p.id, "skipped", r.message))
@@ -356,30 +376,53 @@ def _result(state: _State, done: bool = False) -> RebaseResult:
                         state.label)
 
 
-def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str
-                   ) -> tuple[Step, Manifest]:
+def _made_by(state: _State, m: Manifest, p: Patch) -> str | None:
+    """The earlier patch of the series whose change ``p`` found in the tree, when the release
+    itself does not have it (``applier.made_by``)."""
+    done = {s.id for s in state.steps if s.action in ("applied", "refreshed", "resolved")}
+    earlier = []
+    for q in m.patches:
+        if q.id == p.id:
+            break
+        if q.id in done and q.package == p.package:
+            try:
+                earlier.append((q.id, kinds.get(q.kind).touched(m.root / q.path)))
+            except kinds.KindError:
+                continue
+    return applier.made_by(m, p, earlier, state.tree, state.resolved)
+
+
+def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str, *, by_hand: bool = False,
+                   made_by: str | None = None) -> tuple[Step, Manifest]:
     """The step of ``p`` marked (or dropped) as upstream, and the manifest the edit leaves
-    (loaded once: the edit must leave a valid manifest)."""
+    (loaded once: the edit must leave a valid manifest).  ``by_hand``: a person resolved it
+    to no change; nothing proved the release has its change, so the words say what happened
+    (dropped by hand at that release), never "upstream"."""
     version = state.resolved.version
     text = ManifestText.read(m.path)
+    at = f"{state.label} {state.data['to']}"
+    action = "dropped-by-hand" if by_hand else "made-by-earlier" if made_by else "upstream"
+    if made_by:   # the tree has it only because an earlier patch made it: say which
+        why = f"its change is made by {made_by}, earlier in the series (not by {at})"
     successors = [q.id for q in m.patches if p.id in q.supersedes]
     if successors:   # its entry stays, for the `supersedes:` that names it
         why += f"; kept for {', '.join(successors)}, which supersede{'s' if len(successors) == 1 else ''} it"
     if state.data["drop_upstream"] and not successors:
-        text.delete_item(("patches",), p.index,
-                         comment=f"{p.id}: dropped, upstream in {state.label} "
-                                 f"{state.data['to']} (it reported `upstream` there)")
+        comment = (f"{p.id}: dropped by hand at {at} ({why})" if by_hand else
+                   f"{p.id}: dropped at {at}: {why}" if made_by else
+                   f"{p.id}: dropped, upstream in {at} (it reported `upstream` there)")
+        text.delete_item(("patches",), p.index, comment=comment)
         text.write(m.path)
         others = {q.path for q in m.patches if q.id != p.id}
         if p.path not in others:
             target = m.root / p.path
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-        return (Step(p.id, "dropped", f"{why}; entry and {p.path} removed"),
-                manifest.load(m.path))
+        return (Step(p.id, "dropped" if action == "upstream" else action,
+                     f"{why}; entry and {p.path} removed"), manifest.load(m.path))
     key = state.package
     if version is None:
-        return Step(p.id, "upstream", f"{why}; left as is: the target's release is unknown, "
-                                      f"so no {key}: range can be written"), m
+        return Step(p.id, action, f"{why}; left as is: the target's release is unknown, "
+                                  f"so no {key}: range can be written"), m
     path = ("patches", p.index, key)
     if text.has(path):
         spec = f"{(text.value(path) or '').strip()},<{version}"
@@ -388,7 +431,7 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str
         spec = f"<{version}"
         text.insert_key(("patches", p.index), key, spec, after=p.kind, style='"')
     text.write(m.path)
-    return Step(p.id, "upstream", f'{why}; marked {key}: "{spec}"'), manifest.load(m.path)
+    return Step(p.id, action, f'{why}; marked {key}: "{spec}"'), manifest.load(m.path)
 
 
 # ------------------------------------------------------------------------------ stopping
@@ -439,6 +482,10 @@ class _Rebase:
         step, self.manifest = _mark_upstream(self.state, self.manifest, patch, why)
         self.state.add(step)
 
+    def dropped_by_hand(self, patch: Patch, why: str) -> None:
+        step, self.manifest = _mark_upstream(self.state, self.manifest, patch, why, by_hand=True)
+        self.state.add(step)
+
     def record_replaces(self, patch: Patch, drift: dict[str, str]) -> None:
         text = ManifestText.read(self.manifest.path)
         entry = ("patches", patch.index)
@@ -462,7 +509,16 @@ def _stop(state: _State, m: Manifest, p: Patch, r: PatchResult,
           progress: applier.Progress) -> Stop:
     head = (f"{p.id} ({p.kind} {p.path}) does not apply to {state.label} {state.data['to']}: "
             f"{r.reason}: {r.message}")
-    return kinds.get(p.kind).stop(_Rebase(state, m, progress), p, r, head)
+    stop = kinds.get(p.kind).stop(_Rebase(state, m, progress), p, r, head)
+    if r.reason in (Reason.CONFLICT, Reason.FUZZ, Reason.ANCHOR_MISSING):
+        proof = fates.prove(m, replace(p, retired=Retired(state.data["to"], "")),
+                            state.resolved)
+        if proof.ok:   # the code it changes is gone: the honest way out is to retire it
+            stop.instructions[1:1] = ["", f"The code it changes is gone from {state.label} "
+                                          f"{state.data['to']} ({'; '.join(proof.remains.gone)}):",
+                                      fates.retire_hint(p, state.label, state.data["to"])
+                                      + ", then `patchkit rebase --continue`."]
+    return stop
 
 
 # ------------------------------------------------------------------------------ finishing
@@ -472,7 +528,7 @@ def _finish(state: _State, m: Manifest) -> RebaseResult:
     manifest as the run left it) and the result proven on a fresh checkout."""
     tree, res = state.tree, state.resolved
     active = [p for p in m.patches if p.package == state.package
-              and versions.in_ranges(p.ranges, state.found)[0]]
+              and p.takes_effect(state.found)[0]]
     failed = [a for a in assertions.run_assertions(active, assertions.tree_reader(tree)) if not a.ok]
     if failed:
         lines = [(f"every patch is through, but {len(failed)} assertion"

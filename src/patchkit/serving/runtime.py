@@ -37,7 +37,6 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from patchkit import versions
 from patchkit.errors import LogError
 from patchkit.manifest import VLLM, Manifest, Marker
 from patchkit.manifest.model import quoted
@@ -215,7 +214,7 @@ def patches_in(manifest: Manifest, statuses: Mapping[str, Status] | None,
     if statuses:
         return {p.id for p in manifest.patches if statuses.get(p.id) in IN_STATUSES}
     return {p.id for p in manifest.patches
-            if not version or versions.in_ranges(p.ranges, {VLLM.name: version})[0]}
+            if not version or p.takes_effect({VLLM.name: version})[0]}
 
 
 def markers_of(manifest: Manifest, patch_ids: set[str]) -> list[ScopedMarker]:

@@ -18,7 +18,7 @@ from unidiff.errors import UnidiffParseError
 from patchkit import git as g
 from patchkit import paths
 from patchkit.errors import PatchkitError, UsageError
-from patchkit.kinds.base import KindError, Rebase, Stop, Target
+from patchkit.kinds.base import KindError, Reader, Rebase, Remains, Stop, Target
 from patchkit.kinds.common import ABORT, commit_message, generic_stop
 from patchkit.kinds.diff.gitapply import applies_exactly, apply_file, apply_together
 from patchkit.kinds.diff.merge import merge_into
@@ -113,8 +113,9 @@ class DiffKind:
         lines += ["", (f"Edit the checkout until it makes the change {patch.id} should make (no "
                        "conflict marker left), then"),
                   f"`patchkit rebase --continue` writes that change to {patch.path} and goes on.",
-                  ("Leaving the checkout as upstream has it (no change) marks the patch as "
-                   "upstream."), ABORT]
+                  ("Leaving the checkout as upstream has it (no change) drops the patch by "
+                   "hand at this release: it counts as lost there unless upstream has its "
+                   "change, a patch that takes effect supersedes it, or it is retired."), ABORT]
         return Stop(patch.id, self.name, result.reason or Reason.ERROR, result.message,
                     [f"{shown}/{f}" for f in marked] or [shown], lines)
 
@@ -134,7 +135,7 @@ class DiffKind:
                              f"{' ...' if len(markers) > 5 else ''}; resolve them, then "
                              "`patchkit rebase --continue`")
         if not text.strip():
-            rebase.mark_upstream(patch, "resolved to no change")
+            rebase.dropped_by_hand(patch, "resolved to no change")
             return
         file = rebase.manifest.root / patch.path
         new = preamble(read_text(file)) + text
@@ -144,6 +145,24 @@ class DiffKind:
             raise PatchkitError(f"{patch.path}: the resolution does not turn into a clean diff")
         write_text_if_changed(file, new)
         rebase.resolved(patch, commit, f"{patch.path} rewritten from the checkout")
+
+    def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
+        """Each hunk as (file, the lines it removes, the lines it adds)."""
+        try:
+            patch_set = parse(read_text(full))
+        except (OSError, DiffParseError):
+            return frozenset()
+        return frozenset(
+            (pf.path, "".join(ln.value for ln in hunk if ln.is_removed),
+             "".join(ln.value for ln in hunk if ln.is_added))
+            for pf in patch_set for hunk in pf)
+
+    def remains(self, full: Path, read: Reader, version: str | None) -> Remains:
+        """Per file the diff changes: gone, or each hunk's changed lines gone (a hunk that
+        only adds: the context it adds to gone)."""
+        from patchkit.kinds.diff.remains import remains
+
+        return remains(parse(read_text(full)), read)
 
 
 KIND = DiffKind()
