@@ -60,10 +60,11 @@ def test_a_repository_too_long_is_one_line(tmp_path):
         source.resolve(["h" * 100_000], "v1", tmp_path / "cache")
     assert str(info.value) == ("bad vLLM repository: '" + "h" * 80 + "…' is 100000 characters "
                                "long; a repository's URL or path has at most 4096")
-    # a name too long for a path is no local path: a URL that cannot be reached
-    with pytest.raises(SourceError) as info:
+    # a name too long for a path is no local path, nor a URL: one line, quoted short
+    with pytest.raises(UsageError) as info:
         source.resolve(["h" * 300], "v1", tmp_path / "cache")
-    assert str(info.value).startswith("h" * 300 + " is unreachable")
+    assert str(info.value).startswith("vLLM repository '" + "h" * 80 + "…' is neither a URL")
+    assert len(str(info.value)) < 400
 
 
 def test_a_sha_prefix_resolves(tmp_path, upstream):

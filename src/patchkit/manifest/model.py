@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -335,7 +336,7 @@ class Manifest:
         the manifest's folder, not the current one (``./x``, ``../x``, or a bare name that is
         there: the loader let it through as a path)."""
         return tuple(str((self.root / r).resolve()) if r.startswith(("./", "../"))
-                     or (r not in WORDS and not {"/", ":"} & set(r) and (self.root / r).exists())
+                     or (r not in WORDS and not {"/", ":"} & set(r) and os.path.exists(self.root / r))
                      else r
                      for r in (self.vllm.repos if repos is None else repos))
 

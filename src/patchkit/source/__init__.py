@@ -14,6 +14,7 @@ others it becomes the commit the base's installed version names, or its release 
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import TypeVar
 
 from patchkit import git as g
 from patchkit import progress, versions
-from patchkit.errors import SourceError, UsageError
+from patchkit.errors import SourceError, UsageError, clipped
 from patchkit.source import image, mirror, pypi
 from patchkit.packageid import VLLM, PackageId
 from patchkit.source.protocol import Source
@@ -55,13 +56,14 @@ def word_problem(text: str, here: Path | None = None) -> str | None:
     text = text.strip()
     if text in WORDS or ":" in text or "/" in text or text.startswith((".", "~")):
         return None
-    if ((here or Path.cwd()) / text).exists():
+    if os.path.exists((here or Path.cwd()) / text):   # False for a name too long, too
         return None
     words = ", ".join(WORDS)
     near = difflib.get_close_matches(text.lower(), WORDS, n=1, cutoff=0.5)
     hint = f": did you mean {near[0]!r}?" if near else ""
-    return (f"{text!r} is neither a URL, a path nor a source word ({words}){hint}"
-            + ("" if near else f" (a local folder is written ./{text})"))
+    shown = clipped(text)
+    return (f"{shown!r} is neither a URL, a path nor a source word ({words}){hint}"
+            + ("" if near else f" (a local folder is written ./{shown})"))
 
 
 def _check_words(sources: Sequence[str], package: PackageId) -> None:
