@@ -60,7 +60,7 @@ def built(project, docker_client):
     return summary
 
 
-REGISTRY_TAG = f"{os.environ.get('PK_REGISTRY', '127.0.0.1:5055')}/pk-test/dspark-e2e"
+REGISTRY_TAG = f"{ip.REGISTRY}/pk-test/dspark-e2e"
 
 
 def test_summary_names_tag_mode_base_and_layer(built, bases, docker_client):

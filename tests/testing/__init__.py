@@ -42,8 +42,13 @@ SRC = REPO_ROOT / "src"
 
 
 def cli_env(env: dict | None = None, **extra: str) -> dict[str, str]:
-    """``env`` (default: this process's) with this checkout's sources first on the path."""
-    return dict(env if env is not None else os.environ, PYTHONPATH=str(SRC), **extra)
+    """``env`` (default: this process's) with this checkout's sources first on the path.  An
+    ``env`` made from scratch still gets the test's cache (``isolate``), so that no run of the
+    CLI falls back on the user's own."""
+    out = dict(env if env is not None else os.environ, PYTHONPATH=str(SRC), **extra)
+    if "PATCHKIT_CACHE_DIR" not in out and "PATCHKIT_CACHE_DIR" in os.environ:
+        out["PATCHKIT_CACHE_DIR"] = os.environ["PATCHKIT_CACHE_DIR"]
+    return out
 
 
 def patchkit(*args: str, cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
@@ -60,11 +65,15 @@ def spawn(*args: str, cwd: Path, env: dict | None = None, **kw) -> subprocess.Po
                             env=cli_env(env), text=True, **kw)
 
 
+REAL_CACHE = "~/.cache/patchkit-tests"   # the README names it
+
+
 def real_cache() -> Path:
     """The persistent cache the real-vLLM tests share between runs (wheels, the PyPI upstream,
-    the image tests' .debs), never a test's own."""
+    the image tests' .debs), never a test's own and never the user's own (~/.cache/patchkit):
+    ``$PATCHKIT_REAL_CACHE``, else ``~/.cache/patchkit-tests``."""
     env = os.environ.get("PATCHKIT_REAL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "patchkit"
+    return Path(env) if env else Path(REAL_CACHE).expanduser()
 
 
 def isolate(monkeypatch, home: Path) -> None:

@@ -22,7 +22,9 @@ from testing import real_cache
 from testing.baseimage import SITE as BASE_SITE, find_wheel
 from testing.upstream import commit, unified
 
-REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+# where .ci/services.sh started the registry (a port it found free); unset, the registry
+# fixture says so
+REGISTRY = os.environ.get("PK_REGISTRY", "")
 RELEASE = "0.27.1"        # the release the test patchset is applied to
 OTHER_RELEASE = "0.33.0"  # a base holding another release, for the refusal
 SITE = "/" + BASE_SITE     # where the bases install vLLM
