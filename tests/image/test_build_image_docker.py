@@ -24,7 +24,7 @@ from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
 from patchkit.errors import ImageError
 from patchkit.image import layer
-from testing import real_cache
+from testing import release_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
@@ -170,7 +170,7 @@ def test_serve_recipe_is_the_default_command(built, docker_client):
 
 def test_rebuild_with_nothing_changed_reuses_the_image(built, project, monkeypatch):
     m, workdir = project
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(release_cache()))
     code, again = _summary(build_image(m, Request(workdir=workdir, apply=False)))
     assert code == 0
     assert again["reused"] is True
