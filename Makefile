@@ -1,6 +1,8 @@
 # Two entry points that do all the set-up on a fresh machine (Debian, root or sudo-less root):
 #   make apply   apply and verify the DSpark patchset on its pinned vLLM
 #   make test    the whole test suite, with the real Docker Engine, registry and arm64 emulation
+#                (as root: .ci/test.sh starts the services under PK_SERVICES_ROOT, default
+#                /tmp/patchkit-tests, on ports found free, and stops what it started at the end)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -23,8 +25,7 @@ apply: $(PY)
 	$(VENV)/bin/patchkit verify --tree .patchkit/vllm
 
 test: $(PY)
-	bash .ci/setup.sh
-	. /tmp/pk-services.env && $(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+	bash .ci/test.sh $(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .patchkit

@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
-# Starts what the image tests talk to, each on sockets and ports of its own:
-#   - a Docker Engine (DOCKER_HOST), with arm64 emulation through qemu-user-static;
-#   - a registry on 127.0.0.1:5055 (PK_REGISTRY);
-#   - Podman serving its Docker-compatible API (PK_PODMAN_HOST): an engine whose image store
-#     is containers-storage, not dockerd's;
-#   - a second Docker Engine reachable only through a real sshd on 127.0.0.1:2222, as the
-#     second node (PK_NODE2=ssh://pk-node2:2222; its socket is PK_NODE2_SOCKET, for tests that
-#     look at it directly).  `ssh pk-node2` works through a marked Host block in root's
-#     ~/.ssh/config, because the docker CLI and SDK reach ssh:// engines through the system ssh;
-#   - a third Docker Engine made the same way behind its own sshd on 127.0.0.1:2223
-#     (PK_NODE3=ssh://pk-node3:2223, PK_NODE3_SOCKET), for copies to two targets at once.
-# Idempotent: whatever already answers is left alone.  Run it (`bash .ci/services.sh`) or
-# source it; either way it writes $PK_SERVICES_ENV (default /tmp/pk-services.env) with the
-# exports above, and when sourced it also exports them into the calling shell.
+# Starts what the image tests talk to, under a folder of the suite's own, $PK_SERVICES_ROOT
+# (default /tmp/patchkit-tests): every socket, data root, key, config, pid file and log is
+# there, and everything listens on 127.0.0.1 alone, on a port found free when it starts:
+#   - a Docker Engine (DOCKER_HOST, a socket), with arm64 emulation through qemu-user-static;
+#   - a registry (PK_REGISTRY=127.0.0.1:PORT);
+#   - Podman serving its Docker-compatible API (PK_PODMAN_HOST, a socket): an engine whose
+#     image store is containers-storage, not dockerd's;
+#   - a second Docker Engine reachable through a real sshd of its own (PK_NODE2=
+#     ssh://pk-node2:PORT; its socket is PK_NODE2_SOCKET, for tests that look at it directly);
+#   - a third one made the same way (PK_NODE3, PK_NODE3_SOCKET), for copies to two targets.
+# ssh reaches the nodes through the suite's own client config, ROOT/ssh_config, never the
+# user's ~/.ssh/config: ROOT/bin/ssh runs the system's ssh with `-F ROOT/ssh_config`, and the
+# environment written below puts ROOT/bin first on PATH, so that the docker CLI, the Docker
+# SDK (use_ssh_client) and patchkit, which all run `ssh` from PATH, take it.
 #
-# Everything lives under $PK_SERVICES_ROOT (default /tmp) so that it never touches a system
-# engine that may run on the same machine.  Nothing listens beyond 127.0.0.1.
+# Whatever of ours already answers is left alone.  Each process this run starts is recorded,
+# one line `NAME PID WORD`, in $PK_SERVICES_STARTED when that is set: `make test`
+# (.ci/test.sh) stops those at its end and nothing else (.ci/services-stop.sh).  Run it
+# (`bash .ci/services.sh`) or source it; either way it writes $PK_SERVICES_ENV (default
+# ROOT/services.env) with the exports above, and when sourced it also exports them into the
+# calling shell.  It needs root: it installs Debian packages that are missing, registers qemu's
+# binfmt entry, and starts dockerd and sshd.
 
-PK_NODE2_ALIAS=pk-node2
-
-# The marks around a node's Host block in ~/.ssh/config.
-pk_ssh_begin() { echo "# >>> patchkit test services: $1 (written by .ci/services.sh) >>>"; }
-pk_ssh_end() { echo "# <<< patchkit test services: $1 <<<"; }
+pk_root() { echo "${PK_SERVICES_ROOT:-/tmp/patchkit-tests}"; }
+pk_env_file() { echo "${PK_SERVICES_ENV:-$(pk_root)/services.env}"; }
 
 pk_say() { echo "services: $*" >&2; }
 
@@ -42,14 +44,26 @@ pk_log_tail() {
     return 1
 }
 
+# pk_free_port: a TCP port of 127.0.0.1 that nothing listens on now.  Whoever binds it next
+# may be another program: each start below checks that its own process took it.
+pk_free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 # pk_ours PIDFILE WORD: the pid file names a live process whose command line holds WORD.
 # The word (a socket or config path of ours) keeps a recycled pid from being taken for ours.
 pk_ours() {
     local pid
     [ -f "$1" ] || return 1
     pid="$(cat "$1" 2>/dev/null)" || return 1
-    [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$2"
+    pk_is "$pid" "$2"
+}
+
+# pk_is PID WORD: PID is a live process (not a zombie) whose command line holds WORD.
+pk_is() {
+    [ -n "$1" ] && [ -r "/proc/$1/cmdline" ] || return 1
+    [ "$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null)" != Z ] || return 1
+    tr '\0' ' ' <"/proc/$1/cmdline" | grep -qF -- "$2"
 }
 
 # pk_stop_ours PIDFILE WORD: ends that process (and only it), then forgets the pid file.
@@ -59,11 +73,16 @@ pk_stop_ours() {
         pid="$(cat "$1")"
         kill "$pid" 2>/dev/null || true
         for _ in $(seq 1 40); do
-            kill -0 "$pid" 2>/dev/null || break
+            pk_is "$pid" "$2" || break
             sleep 0.25
         done
     fi
     rm -f "$1"
+}
+
+# pk_started NAME PID WORD: this run started PID (NAME says what it is); see the header.
+pk_started() {
+    [ -z "${PK_SERVICES_STARTED:-}" ] || echo "$1 $2 $3" >>"$PK_SERVICES_STARTED"
 }
 
 # pk_write FILE: stdin becomes FILE's content; succeeds when the content changed.
@@ -106,19 +125,75 @@ pk_install() {
     return "$rc"
 }
 
-pk_start_dockerd() { # NAME DATA EXEC_ROOT PIDFILE SOCKET REGISTRY LOG [extra flags...]
-    local name="$1" data="$2" exec_root="$3" pidfile="$4" host="$5" reg="$6" log="$7"
-    shift 7
-    mkdir -p "$data" "$exec_root"
+# pk_dockerd WHAT ROOT BASE [extra flags...]: a dockerd of ours (WHAT names it in messages) on
+# unix://ROOT/BASE.sock, its data in ROOT/BASE, left alone when it answers.
+pk_dockerd() {
+    local name="$1" root="$2" base="$3"
+    shift 3
+    local host="unix://$root/$base.sock" pidfile="$root/$base.pid" log="$root/$base.log"
+    if pk_ours "$pidfile" "$host" && docker -H "$host" version >/dev/null 2>&1; then
+        return 0
+    fi
+    pk_say "starting $name on ${host#unix://}"
+    mkdir -p "$root/$base" "$root/$base-exec"
     pk_stop_ours "$pidfile" "$host"
     rm -f "${host#unix://}"
     # vfs needs no kernel overlay support; no bridge and no iptables because the tests need
-    # no container network and must leave the host's firewall alone.
+    # no container network and must leave the host's firewall alone.  A registry on 127.0.0.1
+    # is plain HTTP to dockerd without a flag (127.0.0.0/8 is insecure by default).  Containers
+    # get 2 s to stop when it stops, so that a stop at the end of a run is quick.
     setsid dockerd --storage-driver=vfs --iptables=false --ip6tables=false --bridge=none \
-        --data-root "$data" --exec-root "$exec_root" --pidfile "$pidfile" \
-        --host "$host" --insecure-registry "$reg" "$@" \
-        </dev/null >"$log" 2>&1 &
+        --data-root "$root/$base" --exec-root "$root/$base-exec" --pidfile "$pidfile" \
+        --host "$host" --shutdown-timeout 2 "$@" </dev/null >"$log" 2>&1 &
+    pk_started "$base" $! "$host"
     pk_wait 120 docker -H "$host" version || pk_log_tail "$name" "$log"
+}
+
+# pk_registry ROOT: our registry, on the port it already has, else on one found free; sets
+# PK_REG_ADDR.
+pk_registry() {
+    local root="$1"
+    local dir="$root/pk-registry" pidfile="$root/pk-registry.pid" log="$root/pk-registry.log"
+    local cfg="$root/pk-registry/config.yml" try pid port
+    mkdir -p "$dir/data"
+    if pk_ours "$pidfile" "$cfg"; then
+        PK_REG_ADDR="$(sed -n 's/^  addr: //p' "$cfg")"
+        curl -fsS "http://$PK_REG_ADDR/v2/" >/dev/null 2>&1 && return 0
+        pk_stop_ours "$pidfile" "$cfg"
+    fi
+    for try in 1 2 3; do
+        port="$(pk_free_port)"
+        PK_REG_ADDR="127.0.0.1:$port"
+        pk_say "starting the registry on $PK_REG_ADDR"
+        cat >"$cfg" <<EOF
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $dir/data
+  delete:
+    enabled: true
+http:
+  addr: $PK_REG_ADDR
+EOF
+        setsid docker-registry serve "$cfg" </dev/null >"$log" 2>&1 &
+        pid=$!
+        echo "$pid" >"$pidfile"
+        pk_started registry "$pid" "$cfg"
+        # it answers once it listens, or ends when the port was taken in the meantime
+        local _
+        for _ in $(seq 1 60); do
+            pk_is "$pid" "$cfg" || break
+            if curl -fsS "http://$PK_REG_ADDR/v2/" >/dev/null 2>&1; then
+                return 0
+            fi
+            sleep 0.5
+        done
+        pk_stop_ours "$pidfile" "$cfg"
+        [ "$try" = 3 ] || pk_say "the registry did not start on $PK_REG_ADDR; another port"
+    done
+    pk_log_tail "the registry" "$log"
 }
 
 # pk_hard_limit PID WHAT: a process's hard limit ("open files", "processes") from /proc.
@@ -166,6 +241,7 @@ pk_podman() { # ROOT REGISTRY
         nofile="$(pk_hard_limit "$(cat "$pidfile")" "open files")"
         nproc="$(pk_hard_limit "$(cat "$pidfile")" processes)"
     fi
+    # the registry's port is in registries.conf: a new port is a new config, and a restart
     pk_podman_conf "$dir" "$reg" "$nofile" "$nproc" && changed=1
     # Its /_ping answers in milliseconds, its version in a good part of a second.
     if [ -z "$changed" ] && pk_ours "$pidfile" "$sock" \
@@ -181,6 +257,7 @@ pk_podman() { # ROOT REGISTRY
             setsid podman --root "$dir/root" --runroot "$dir/run" --storage-driver vfs \
             system service --time=0 "$host" </dev/null >"$log" 2>&1 &
         echo $! >"$pidfile"
+        pk_started podman $! "$sock"
         pk_wait 120 curl -fsS --unix-socket "$sock" http://podman/_ping \
             || pk_log_tail "Podman" "$log"
         docker -H "$host" version >/dev/null || pk_log_tail "Podman's Docker API" "$log"
@@ -197,34 +274,48 @@ pk_podman() { # ROOT REGISTRY
     pk_say "Podman answers ($((SECONDS - t0)) s)"
 }
 
-# pk_node ROOT REGISTRY N PORT ORDINAL: node N (alias pk-nodeN) is a dockerd of its own on
-# $ROOT/pk-nodeN.sock, reachable through an sshd of its own on 127.0.0.1:PORT; ORDINAL
-# ("second") is how its messages and config comments name it.
-pk_node() {
-    local root="$1" reg="$2" n="$3" port="$4" ordinal="$5"
-    local alias="pk-node$n"
-    local d2="$root/$alias" d2_exec="$root/$alias-exec" d2_pid="$root/$alias.pid"
-    local d2_host="unix://$root/$alias.sock" d2_log="$root/$alias.log"
-    local ssh_dir="$root/$alias-ssh" ssh_pid="$root/$alias-sshd.pid"
-    local url="ssh://$alias:$port" t0=$SECONDS started=""
+# pk_ssh_client ROOT: the suite's ssh client config (every node's Host block) and the `ssh`
+# on PATH that reads it instead of ~/.ssh/config.
+pk_ssh_client() {
+    local root="$1" real
+    mkdir -p "$root/bin"
+    # the system's ssh: the first on PATH that is not ours
+    real="$(PATH="$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$root/bin" | paste -sd:)" \
+        command -v ssh)"
+    cat "$root"/pk-node*-ssh/client_config 2>/dev/null | pk_write "$root/ssh_config" || true
+    chmod 600 "$root/ssh_config"
+    pk_write "$root/bin/ssh" <<EOF || true
+#!/bin/sh
+# ssh with the test suite's own client config (written by .ci/services.sh), which names the
+# test nodes; ~/.ssh/config is not read.
+exec '$real' -F '$root/ssh_config' "\$@"
+EOF
+    chmod 755 "$root/bin/ssh"
+}
 
-    if ! docker -H "$d2_host" version >/dev/null 2>&1; then
-        pk_say "starting the $ordinal node's dockerd on ${d2_host#unix://}"
-        started=1
-        # Before 23.0 a dockerd takes its ID from a key file, /etc/docker/key.json unless its
-        # config names another: without one of its own this engine would share the first
-        # one's ID.  Later versions keep the ID in the data root and know no such key.
-        local extra=() major
-        major="$(dockerd --version | sed -n 's/^Docker version \([0-9]*\)\..*/\1/p')"
-        if [ -n "$major" ] && [ "$major" -lt 23 ]; then
-            mkdir -p "$d2"
-            printf '{"deprecated-key-path": "%s"}\n' "$d2/key.json" \
-                | pk_write "$root/$alias.json" || true
-            extra+=(--config-file "$root/$alias.json")
-        fi
-        pk_start_dockerd "the $ordinal node's dockerd" "$d2" "$d2_exec" "$d2_pid" "$d2_host" \
-            "$reg" "$d2_log" "${extra[@]}"
+# pk_node ROOT N ORDINAL: node N (alias pk-nodeN) is a dockerd of its own on
+# ROOT/pk-nodeN.sock, reachable through an sshd of its own on 127.0.0.1 (its port kept while
+# it runs, else found free); ORDINAL ("second") is how its messages and comments name it.
+# Sets PK_NODE_PORT.
+pk_node() {
+    local root="$1" n="$2" ordinal="$3"
+    local alias="pk-node$n"
+    local d_host="unix://$root/$alias.sock" d_log="$root/$alias.log"
+    local ssh_dir="$root/$alias-ssh" ssh_pid="$root/$alias-sshd.pid"
+    local t0=$SECONDS started=""
+
+    # Before 23.0 a dockerd takes its ID from a key file, /etc/docker/key.json unless its
+    # config names another: without one of its own this engine would share the first one's
+    # ID.  Later versions keep the ID in the data root and know no such key.
+    local extra=() major
+    major="$(dockerd --version | sed -n 's/^Docker version \([0-9]*\)\..*/\1/p')"
+    if [ -n "$major" ] && [ "$major" -lt 23 ]; then
+        mkdir -p "$root/$alias"
+        printf '{"deprecated-key-path": "%s"}\n' "$root/$alias/key.json" \
+            | pk_write "$root/$alias.json" || true
+        extra+=(--config-file "$root/$alias.json")
     fi
+    pk_dockerd "the $ordinal node's dockerd" "$root" "$alias" "${extra[@]}"
 
     # Keys: made once, kept across runs (the client key must stay what authorized_keys says).
     mkdir -p "$ssh_dir"
@@ -237,8 +328,21 @@ pk_node() {
     pk_write "$ssh_dir/authorized_keys" <"$ssh_dir/id.pub" || true
     chmod 600 "$ssh_dir/authorized_keys"
 
-    local changed=""
-    pk_write "$ssh_dir/sshd_config" <<EOF && changed=1
+    local cfg="$ssh_dir/sshd_config" port="" try
+    if pk_ours "$ssh_pid" "$cfg"; then
+        port="$(sed -n 's/^Port //p' "$cfg")"
+        pk_node_client "$root" "$n" "$port"
+        if ssh -o ConnectTimeout=5 "$alias" true >/dev/null 2>&1; then
+            PK_NODE_PORT="$port"
+            return 0
+        fi
+        pk_stop_ours "$ssh_pid" "$cfg"
+    fi
+    mkdir -p /run/sshd  # its privilege separation directory
+    chmod 755 /run/sshd
+    for try in 1 2 3; do
+        port="$(pk_free_port)"
+        pk_write "$cfg" <<EOF || true
 # The $ordinal node: key auth only, on 127.0.0.1 alone; every session talks to its dockerd.
 Port $port
 ListenAddress 127.0.0.1
@@ -255,99 +359,68 @@ X11Forwarding no
 AllowAgentForwarding no
 AllowTcpForwarding no
 PrintMotd no
-SetEnv DOCKER_HOST=$d2_host
+SetEnv DOCKER_HOST=$d_host
 EOF
+        pk_node_client "$root" "$n" "$port"
+        /usr/sbin/sshd -t -f "$cfg"
+        pk_say "starting sshd on 127.0.0.1:$port for the $ordinal node"
+        started=1
+        # In the foreground (-D) of a session of its own, so that its pid is the one started;
+        # a clean environment: sessions get only what sshd_config gives them.
+        env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+            setsid /usr/sbin/sshd -D -f "$cfg" -E "$ssh_dir/sshd.log" </dev/null &
+        local pid=$!
+        echo "$pid" >"$ssh_pid"
+        pk_started "$alias-sshd" "$pid" "$cfg"
+        local _ up=""
+        for _ in $(seq 1 60); do
+            pk_is "$pid" "$cfg" || break
+            if ssh -o ConnectTimeout=5 "$alias" true >/dev/null 2>&1; then
+                up=1
+                break
+            fi
+            sleep 0.5
+        done
+        [ -z "$up" ] || break
+        pk_stop_ours "$ssh_pid" "$cfg"
+        if [ "$try" = 3 ]; then
+            pk_log_tail "sshd" "$ssh_dir/sshd.log"
+            return 1
+        fi
+        pk_say "sshd did not start on 127.0.0.1:$port; another port"
+    done
 
-    # The client side: ssh's first match wins, so the block goes ahead of any other entry.
-    # ssh reads the config of the user's home in the password database, whatever $HOME says.
-    local home
-    home="$(pk_home)"
-    mkdir -p "$home/.ssh"
-    chmod 700 "$home/.ssh"
-    local cfg="$home/.ssh/config"
-    local begin end
-    begin="$(pk_ssh_begin "$alias")"
-    end="$(pk_ssh_end "$alias")"
-    local block
-    block="$(
-        printf '%s\n' "$begin"
+    # The docker CLI dials the far side's `docker system dial-stdio` through ssh.
+    if ! DOCKER_HOST="ssh://$alias:$port" docker version >/dev/null 2>&1; then
+        pk_say "DOCKER_HOST=ssh://$alias:$port docker version failed:"
+        DOCKER_HOST="ssh://$alias:$port" docker version >&2 || true
+        pk_log_tail "the $ordinal node through ssh" "$ssh_dir/sshd.log" || true
+        pk_log_tail "the $ordinal node's dockerd" "$d_log"
+        return 1
+    fi
+    PK_NODE_PORT="$port"
+    [ -z "$started" ] || pk_say "the $ordinal node answers through ssh://$alias:$port ($((SECONDS - t0)) s)"
+}
+
+# pk_node_client ROOT N PORT: node N's Host block in the suite's ssh client config.
+pk_node_client() {
+    local root="$1" alias="pk-node$2" port="$3"
+    local ssh_dir="$root/$alias-ssh"
+    {
         printf 'Host %s\n' "$alias"
         printf '    HostName 127.0.0.1\n    Port %s\n    User root\n' "$port"
         printf '    IdentityFile %s\n    IdentitiesOnly yes\n' "$ssh_dir/id"
         printf '    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n'
         printf '    BatchMode yes\n    LogLevel ERROR\n'
-        printf '%s\n' "$end"
-    )"
-    # Left alone when the block is there as it should be, so that runs do not reorder blocks.
-    if [ "$(pk_ssh_config_block "$begin" "$end" 2>/dev/null <"$cfg")" != "$block" ]; then
-        {
-            printf '%s\n' "$block"
-            if [ -f "$cfg" ]; then
-                pk_ssh_config_without_block "$begin" "$end" <"$cfg"
-            fi
-        } | pk_write "$cfg" || true
-    fi
-    chmod 600 "$cfg"
-
-    # The docker CLI dials the far side's `docker system dial-stdio` through the system ssh.
-    if [ -z "$changed$started" ] && pk_ours "$ssh_pid" "$ssh_dir/sshd_config" \
-            && DOCKER_HOST="$url" docker version >/dev/null 2>&1; then
-        return 0
-    fi
-    if [ -n "$changed" ] || ! pk_ours "$ssh_pid" "$ssh_dir/sshd_config" \
-            || ! ssh -o ConnectTimeout=5 "$alias" true >/dev/null 2>&1; then
-        pk_say "starting sshd on 127.0.0.1:$port for the $ordinal node"
-        started=1
-        mkdir -p /run/sshd  # its privilege separation directory
-        chmod 755 /run/sshd
-        /usr/sbin/sshd -t -f "$ssh_dir/sshd_config"
-        pk_stop_ours "$ssh_pid" "$ssh_dir/sshd_config"
-        # A clean environment: sessions get only what sshd_config gives them.
-        env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-            /usr/sbin/sshd -f "$ssh_dir/sshd_config" -E "$ssh_dir/sshd.log"
-        pk_wait 60 ssh -o ConnectTimeout=5 "$alias" true \
-            || pk_log_tail "sshd" "$ssh_dir/sshd.log"
-    fi
-
-    if ! DOCKER_HOST="$url" docker version >/dev/null 2>&1; then
-        pk_say "DOCKER_HOST=$url docker version failed:"
-        DOCKER_HOST="$url" docker version >&2 || true
-        pk_log_tail "the $ordinal node through ssh" "$ssh_dir/sshd.log" || true
-        pk_log_tail "the $ordinal node's dockerd" "$d2_log"
-        return 1
-    fi
-    [ -z "$started" ] || pk_say "the $ordinal node answers through $url ($((SECONDS - t0)) s)"
-}
-
-pk_home() { getent passwd "$(id -u)" | cut -d: -f6; }
-
-# pk_ssh_config_block BEGIN END: prints the marked block of stdin.
-pk_ssh_config_block() {
-    awk -v b="$1" -v e="$2" '
-        $0 == b { keep = 1 }
-        keep { print }
-        keep && $0 == e { keep = 0 }'
-}
-
-# pk_ssh_config_without_block BEGIN END: prints stdin without the marked block.
-pk_ssh_config_without_block() {
-    awk -v b="$1" -v e="$2" '
-        $0 == b { skip = 1; next }
-        skip && $0 == e { skip = 0; next }
-        skip { next }
-        { print }'
+    } | pk_write "$ssh_dir/client_config" || true
+    pk_ssh_client "$root"
 }
 
 pk_services_main() {
     set -euo pipefail
-    local root="${PK_SERVICES_ROOT:-/tmp}"
-    local sock="$root/pk-docker.sock"
-    local data="$root/pk-docker"
-    local exec_root="$root/pk-docker-exec"
-    local pidfile="$root/pk-docker.pid"
-    local reg_addr="${PK_REGISTRY_ADDR:-127.0.0.1:5055}"
-    local reg_root="$root/pk-registry"
-    local env_file="${PK_SERVICES_ENV:-/tmp/pk-services.env}"
+    local root env_file
+    root="$(pk_root)"
+    env_file="$(pk_env_file)"
     local missing=()
 
     command -v dockerd >/dev/null || missing+=(docker.io)
@@ -363,84 +436,46 @@ pk_services_main() {
         pk_install "${missing[@]}" -- "${lean[@]}"
     fi
 
+    mkdir -p "$root"
+    chmod 700 "$root"
+
     # arm64 binaries run through qemu; the F flag opens the interpreter when it is registered,
-    # so it also works inside containers whose root has no qemu.
+    # so it also works inside containers whose root has no qemu.  What this run registers is
+    # recorded, and taken away again with the rest.
     if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
         mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+        pk_started binfmt_misc-mount - /proc/sys/fs/binfmt_misc
     fi
     if [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
         sed 's#:/usr/libexec/qemu-binfmt/aarch64-binfmt-P:.*#:/usr/bin/qemu-aarch64-static:F#' \
             /usr/lib/binfmt.d/qemu-aarch64.conf > /proc/sys/fs/binfmt_misc/register
+        pk_started binfmt - /proc/sys/fs/binfmt_misc/qemu-aarch64
     fi
 
-    export DOCKER_HOST="unix://$sock"
-    if ! docker info >/dev/null 2>&1; then
-        echo "services: starting dockerd on $sock" >&2
-        mkdir -p "$data" "$exec_root"
-        if [ -f "$pidfile" ] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-            rm -f "$pidfile"
-        fi
-        rm -f "$sock"
-        # vfs needs no kernel overlay support; no bridge and no iptables because the tests
-        # need no container network and must leave the host's firewall alone.
-        setsid dockerd --storage-driver=vfs --iptables=false --ip6tables=false --bridge=none \
-            --data-root "$data" --exec-root "$exec_root" --pidfile "$pidfile" \
-            --host "$DOCKER_HOST" --insecure-registry "$reg_addr" \
-            </dev/null >"$root/pk-docker.log" 2>&1 &
-        local _
-        for _ in $(seq 1 120); do
-            docker info >/dev/null 2>&1 && break
-            sleep 0.5
-        done
-        if ! docker info >/dev/null 2>&1; then
-            echo "services: dockerd did not answer; tail of $root/pk-docker.log:" >&2
-            tail -n 20 "$root/pk-docker.log" >&2
-            return 1
-        fi
-    fi
+    # ssh on PATH is ours from here on, as for the tests (see the header)
+    pk_ssh_client "$root"
+    export PATH="$root/bin:$PATH"
 
-    if ! curl -fsS "http://$reg_addr/v2/" >/dev/null 2>&1; then
-        echo "services: starting the registry on $reg_addr" >&2
-        mkdir -p "$reg_root/data"
-        cat >"$reg_root/config.yml" <<EOF
-version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: $reg_root/data
-  delete:
-    enabled: true
-http:
-  addr: $reg_addr
-EOF
-        setsid docker-registry serve "$reg_root/config.yml" \
-            </dev/null >"$root/pk-registry.log" 2>&1 &
-        echo $! >"$root/pk-registry.pid"
-        local _
-        for _ in $(seq 1 60); do
-            curl -fsS "http://$reg_addr/v2/" >/dev/null 2>&1 && break
-            sleep 0.5
-        done
-        if ! curl -fsS "http://$reg_addr/v2/" >/dev/null 2>&1; then
-            echo "services: the registry did not answer; tail of $root/pk-registry.log:" >&2
-            tail -n 20 "$root/pk-registry.log" >&2
-            return 1
-        fi
-    fi
-
-    pk_podman "$root" "$reg_addr"
-    pk_node "$root" "$reg_addr" 2 "${PK_NODE2_SSH_PORT:-2222}" second
-    pk_node "$root" "$reg_addr" 3 "${PK_NODE3_SSH_PORT:-2223}" third
+    pk_registry "$root"
+    local reg="$PK_REG_ADDR"
+    pk_dockerd dockerd "$root" pk-docker
+    pk_podman "$root" "$reg"
+    pk_node "$root" 2 second
+    local port2="$PK_NODE_PORT"
+    pk_node "$root" 3 third
+    local port3="$PK_NODE_PORT"
 
     {
-        printf 'export DOCKER_HOST=%s\nexport PK_REGISTRY=%s\n' "$DOCKER_HOST" "$reg_addr"
+        printf 'export PK_SERVICES_ROOT=%s\n' "$root"
+        # shellcheck disable=SC2016  # $PATH is the sourcing shell's
+        printf 'export PATH="%s:$PATH"\n' "$root/bin"
+        printf 'export DOCKER_HOST=unix://%s\nexport PK_REGISTRY=%s\n' "$root/pk-docker.sock" "$reg"
         printf 'export PK_PODMAN_HOST=unix://%s\n' "$root/pk-podman/podman.sock"
-        printf 'export PK_NODE2=ssh://%s:%s\n' "$PK_NODE2_ALIAS" "${PK_NODE2_SSH_PORT:-2222}"
+        printf 'export PK_NODE2=ssh://pk-node2:%s\n' "$port2"
         printf 'export PK_NODE2_SOCKET=unix://%s\n' "$root/pk-node2.sock"
-        printf 'export PK_NODE3=ssh://pk-node3:%s\n' "${PK_NODE3_SSH_PORT:-2223}"
+        printf 'export PK_NODE3=ssh://pk-node3:%s\n' "$port3"
         printf 'export PK_NODE3_SOCKET=unix://%s\n' "$root/pk-node3.sock"
-    } >"$env_file"
+    } | pk_write "$env_file" || true
     cat "$env_file"
 }
 
@@ -450,7 +485,7 @@ else
     # Sourced: a subshell keeps `set -e` and a failure from ending the caller's shell.
     if (pk_services_main "$@"); then
         # shellcheck disable=SC1090
-        . "${PK_SERVICES_ENV:-/tmp/pk-services.env}"
+        . "$(pk_env_file)"
     else
         echo "services: not started" >&2
     fi

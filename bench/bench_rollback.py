@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--layer-mib", type=int, default=8)
     opts = ap.parse_args()
     node2 = os.environ.get("PK_NODE2", "ssh://pk-node2:2222")
-    node2_socket = os.environ.get("PK_NODE2_SOCKET", "unix:///tmp/pk-node2.sock")
+    node2_socket = os.environ["PK_NODE2_SOCKET"]
     alias, port = node2[len("ssh://"):].rsplit(":", 1)
     run = secrets.token_hex(4)
     patchset = f"pk-bench-rollback-{run}"

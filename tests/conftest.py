@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from testing import isolate, real_cache
+import testing
+from testing import isolate, release_cache
 
 
 @pytest.fixture(autouse=True)
@@ -11,10 +14,18 @@ def _isolated(tmp_path_factory, monkeypatch):
     isolate(monkeypatch, tmp_path_factory.mktemp("home"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _release_cache(tmp_path_factory):
+    """This process's cache for runs on the real releases, in pytest's temp folder (made at
+    first use: most tests never need it)."""
+    if not testing._releases:
+        testing._releases.append(tmp_path_factory.getbasetemp() / f"releases-{os.getpid()}")
+
+
 @pytest.fixture
 def real_vllm(monkeypatch):
-    """Point patchkit at the persistent cache that holds real vLLM releases."""
-    cache = real_cache()
+    """Point patchkit at a cache that holds the real vLLM releases (release_cache())."""
+    cache = release_cache()
     monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(cache))
     return cache
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testing import REPO_ROOT, real_cache
+from testing import REPO_ROOT, release_cache
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.S | re.M)
@@ -114,7 +114,7 @@ def test_the_docs_mark_examples_to_run():
 def project(tmp_path, monkeypatch):
     """A scratch copy of the repository's patchset, as git history of its own (export and
     bump read it), with the real releases' cache and patchkit on PATH."""
-    cache = real_cache()
+    cache = release_cache()
     monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(cache))
     proj = tmp_path / "proj"
     proj.mkdir()

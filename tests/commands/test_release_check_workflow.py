@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from testing import REPO_ROOT, real_cache
+from testing import REPO_ROOT, release_cache
 from testing.act import Runner, act_binary, with_workflows
 from testing.project import make_fates
 from testing.upstream import commit, sh
@@ -61,7 +61,7 @@ def test_the_release_check_passes_on_this_repository(tmp_path):
     repo = tmp_path / "repo"
     sh("git", "clone", "-q", "--no-local", str(REPO_ROOT), str(repo))
     runner = Runner(tmp_path)
-    runner.env["PATCHKIT_CACHE_DIR"] = str(real_cache())
+    runner.env["PATCHKIT_CACHE_DIR"] = str(release_cache())
     out = runner.run(repo, "workflow_dispatch", workflow=WORKFLOW)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     names = json.loads(out.stdout.split("::set-output:: names=", 1)[1].splitlines()[0])

@@ -12,7 +12,7 @@ import pytest
 
 from patchkit import manifest
 
-from testing import patchkit, real_cache
+from testing import patchkit, release_cache
 from testing.flashinfer import (FI_FILE, FI_TILE_ENTRY, FI_TILE_PATCH, FI_TILE_RELEASES,
                                 TOPK_ENTRY, TOPK_FILE, TOPK_PATCH, ensure_releases,
                                 git_history, make_stack)
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.real_vllm
 @pytest.fixture(scope="module")
 def applied(tmp_path_factory) -> Path:
     """The stack project, applied once through the CLI."""
-    ensure_releases(real_cache())
+    ensure_releases(release_cache())
     proj = make_stack(tmp_path_factory.mktemp("stack"))
     p = run(proj, "apply")
     assert p.returncode == 0, p.stderr
@@ -31,7 +31,7 @@ def applied(tmp_path_factory) -> Path:
 
 
 def run(proj: Path, *args: str):
-    return patchkit(*args, cwd=proj, env={**os.environ, "PATCHKIT_CACHE_DIR": str(real_cache())})
+    return patchkit(*args, cwd=proj, env={**os.environ, "PATCHKIT_CACHE_DIR": str(release_cache())})
 
 
 def test_apply_text_labels_each_package_and_prints_its_pin(applied):
@@ -153,7 +153,7 @@ def test_bad_input_is_one_line_and_changes_nothing(applied, args, line):
 def test_rebase_moves_flashinfers_pin_alone(tmp_path):
     """`rebase --package flashinfer --to` rebases FlashInfer's patches on the new release and
     rewrites only FlashInfer's `ref:` line; vLLM's patches and pin stay."""
-    ensure_releases(real_cache())
+    ensure_releases(release_cache())
     proj = make_stack(tmp_path)
     before = (proj / "patchset.yaml").read_text()
     p = run(proj, "rebase", "--package", "flashinfer", "--to", "v0.6.16")
@@ -177,7 +177,7 @@ def test_rebase_moves_flashinfers_pin_alone(tmp_path):
 def guarded(tmp_path_factory) -> Path:
     """The stack project with a second FlashInfer patch, FI_TILE_PATCH, after FI_PATCH: it
     applies on 0.6.17 and conflicts on 0.6.18, the next release on PyPI."""
-    ensure_releases(real_cache(), FI_TILE_RELEASES)
+    ensure_releases(release_cache(), FI_TILE_RELEASES)
     proj = make_stack(tmp_path_factory.mktemp("guarded"), extra=FI_TILE_ENTRY)
     (proj / "patches" / "flashinfer" / "fi-nvfp4-only.diff").write_text(FI_TILE_PATCH)
     return proj
@@ -252,9 +252,9 @@ def from_git(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """The guarded project, FI_TILE_PATCH without its range, with FlashInfer taken from a git
     history of its releases 0.6.16, 0.6.17, 0.6.18 (one commit each, on one line), pinned at
     0.6.16; and each release's commit."""
-    ensure_releases(real_cache(), ("v0.6.16", *FI_TILE_RELEASES))
+    ensure_releases(release_cache(), ("v0.6.16", *FI_TILE_RELEASES))
     tmp = tmp_path_factory.mktemp("fi-git")
-    repo = git_history(real_cache(), tmp / "flashinfer.git", ("v0.6.16", *FI_TILE_RELEASES))
+    repo = git_history(release_cache(), tmp / "flashinfer.git", ("v0.6.16", *FI_TILE_RELEASES))
     proj = make_stack(tmp, extra=FI_TILE_ENTRY)
     (proj / "patches" / "flashinfer" / "fi-nvfp4-only.diff").write_text(FI_TILE_PATCH)
     yaml = proj / "patchset.yaml"
@@ -297,7 +297,7 @@ def test_rebase_check_bisects_flashinfers_failures(from_git):
 def test_a_flashinfer_rebase_stops_at_a_conflict_naming_flashinfer_and_its_checkout(tmp_path):
     """A FlashInfer diff whose lines v0.6.16 rewrote: the stop names FlashInfer's ref and
     checkout (never vLLM's), and the merge markers name the FlashInfer releases."""
-    ensure_releases(real_cache())
+    ensure_releases(release_cache())
     proj = make_stack(tmp_path, TOPK_ENTRY)
     (proj / "patches" / "flashinfer" / "fi-topk-deterministic.diff").write_text(TOPK_PATCH)
     p = run(proj, "rebase", "--package", "flashinfer", "--to", "v0.6.16")

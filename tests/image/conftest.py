@@ -3,9 +3,11 @@
 They need the services of .ci/services.sh: the Docker Engine (DOCKER_HOST), a registry on
 PK_REGISTRY, Podman's Docker-compatible API (PK_PODMAN_HOST) and a second Docker Engine behind
 sshd (PK_NODE2, an ssh:// URL; PK_NODE2_SOCKET, its own socket) and a third one behind an sshd of
-its own (PK_NODE3, PK_NODE3_SOCKET).  All but DOCKER_HOST default to where the script puts
-them.  Outside CI a missing service skips the tests that need it; under
-CI=true it fails them.
+its own (PK_NODE3, PK_NODE3_SOCKET), each on a port the script found free, all written into
+$PK_SERVICES_ENV (default $PK_SERVICES_ROOT/services.env, /tmp/patchkit-tests/services.env)
+for the shell that runs pytest to source (`make test` does).  The nodes are reached through the
+`ssh` that file puts first on PATH, which reads the suite's own ssh config.  Outside CI a
+missing service skips the tests that need it; under CI=true it fails them.
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ import pytest
 from testing.imageproject import OTHER_RELEASE, REGISTRY, RELEASE
 
 
-def _service(var: str, default: str) -> str:
-    """Where a service of .ci/services.sh is: its variable, else where the script puts it."""
-    return os.environ.get(var) or default.format(root=os.environ.get("PK_SERVICES_ROOT") or "/tmp")
+def _service(var: str) -> str:
+    """Where a service of .ci/services.sh is: its variable, as the script wrote it."""
+    value = os.environ.get(var)
+    if not value:
+        _unavailable(f"{var} is not set: source what .ci/services.sh wrote "
+                     "($PK_SERVICES_ROOT/services.env)")
+    return value
 
 
 def _unavailable(why: str):
@@ -47,6 +53,8 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def registry(docker_client) -> str:
+    if not REGISTRY:
+        _service("PK_REGISTRY")
     try:
         urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=5).read()
     except Exception as exc:
@@ -72,7 +80,7 @@ def podman_client():
     """A Docker SDK client on Podman's Docker-compatible API."""
     import docker
 
-    host = _service("PK_PODMAN_HOST", "unix://{root}/pk-podman/podman.sock")
+    host = _service("PK_PODMAN_HOST")
     try:
         client = docker.DockerClient(base_url=host, timeout=900)
         client.ping()
@@ -110,16 +118,16 @@ def _close_ssh_connections() -> None:
 
 
 @contextlib.contextmanager
-def _node(n: int, port: int):
-    """Node ``n`` of .ci/services.sh, reached through the system ssh (so ~/.ssh/config
-    applies), and on its engine's own socket."""
+def _node(n: int):
+    """Node ``n`` of .ci/services.sh, reached through the `ssh` on PATH (the suite's, which
+    reads the suite's ssh config), and on its engine's own socket."""
     import docker
 
-    url = _service(f"PK_NODE{n}", f"ssh://pk-node{n}:{port}")
-    socket = _service(f"PK_NODE{n}_SOCKET", f"unix://{{root}}/pk-node{n}.sock")
+    url = _service(f"PK_NODE{n}")
+    socket = _service(f"PK_NODE{n}_SOCKET")
     try:
-        # The SDK's own ssh transport (paramiko) ignores ~/.ssh/config's host key settings;
-        # use_ssh_client runs the system ssh, as the docker CLI does.
+        # The SDK's own ssh transport (paramiko) reads no ssh config and refuses a host missing
+        # from known_hosts; use_ssh_client runs `ssh` from PATH, as the docker CLI does.
         client = docker.DockerClient(base_url=url, use_ssh_client=True, timeout=900)
         client.ping()
     except Exception as exc:
@@ -138,15 +146,15 @@ def _node(n: int, port: int):
 
 @pytest.fixture(scope="session")
 def node2():
-    """The second Docker Engine, behind sshd on 127.0.0.1:2222."""
-    with _node(2, 2222) as node:
+    """The second Docker Engine, behind an sshd on 127.0.0.1."""
+    with _node(2) as node:
         yield node
 
 
 @pytest.fixture(scope="session")
 def node3():
-    """The third Docker Engine, behind an sshd of its own on 127.0.0.1:2223."""
-    with _node(3, 2223) as node:
+    """The third Docker Engine, behind an sshd of its own on 127.0.0.1."""
+    with _node(3) as node:
         yield node
 
 

@@ -35,7 +35,7 @@ from patchkit.engines.docker import Engine
 from patchkit.run import Asked
 from patchkit.source import image as image_source
 from patchkit.source import pypi
-from testing import real_cache
+from testing import release_cache
 from testing.upstream import unified
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(2400)]
@@ -50,7 +50,7 @@ MARK_ATTN = "PK_PATCH_ATTENTION_MARKER"
 def cache_env():
     """The shared real cache for what module fixtures run (before the per-test isolation)."""
     old = os.environ.get("PATCHKIT_CACHE_DIR")
-    os.environ["PATCHKIT_CACHE_DIR"] = str(real_cache())
+    os.environ["PATCHKIT_CACHE_DIR"] = str(release_cache())
     try:
         yield
     finally:
@@ -135,7 +135,7 @@ def dev_manifest(root: Path, dev_base: dict, registry: str) -> Path:
     path = ip.make_project(root, base=dev_base["tag"], tag=f"{registry}/pk-test/dev-e2e:{{ref}}",
                            version=DEV_RELEASE)
     text = path.read_text().replace("name: pk-e2e", f"name: {DEV_NAME}")
-    text = text.replace("  repo: pypi\n", f"  repo: {pypi.repo_path(real_cache())}\n")
+    text = text.replace("  repo: pypi\n", f"  repo: {pypi.repo_path(release_cache())}\n")
     text = text.replace(f"  ref: v{DEV_RELEASE}\n", "  ref: base\n")
     text = text.replace("    diff: patches/draft-guard.diff\n",
                         "    diff: patches/draft-guard.diff\n    vllm: \">0.31.0\"\n")
@@ -348,7 +348,7 @@ def test_the_pristine_tree_is_every_file_of_the_vendor_package(vendor_applied, v
     # the commit is in the cache under the base's digest, made once
     digest = vendor_base["repo_digest"].split("@", 1)[1]
     ref = f"refs/patchkit/bases/{digest.replace(':', '-')}/linux-arm64"
-    repo = image_source.repo_path(real_cache())
+    repo = image_source.repo_path(release_cache())
     held = subprocess.run(["git", "--git-dir", str(repo), "rev-parse", ref], check=True,
                           capture_output=True, text=True).stdout.strip()
     assert held == report.vllm.commit
@@ -389,7 +389,7 @@ def test_vendor_image_holds_its_edits_and_the_patches_in_arm64(vendor_built, ven
 def test_rebase_check_takes_the_vendor_base_as_a_target(vendor_applied, vendor_base, capsys,
                                                         monkeypatch):
     m, _, report = vendor_applied
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(release_cache()))
     code = cli.main(["rebase-check", "--vllm-repo", "image", "--to", "base", "--manifest",
                      str(m.path), "--format", "json"])
     out = json.loads(capsys.readouterr().out)
@@ -402,7 +402,7 @@ def test_rebase_check_takes_the_vendor_base_as_a_target(vendor_applied, vendor_b
 
 def test_a_patch_whose_context_the_vendor_changed_fails_with_its_true_reason(
         tmp_path, vendor_base, registry, docker_client, capsys, monkeypatch):
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(release_cache()))
     path = vendor_project(tmp_path, vendor_base, registry, conflict=True)
     workdir = tmp_path / "w"
     code = cli.main(["apply", "--vllm-repo", "image", "--workdir", str(workdir), "--manifest",
@@ -433,7 +433,7 @@ def error_lines(err: str) -> list[str]:
 
 def test_a_version_naming_no_commit_is_one_line_and_nothing_is_made(
         tmp_path, vendor_base, registry, docker_client, capsys, monkeypatch):
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(release_cache()))
     path = vendor_project(tmp_path, vendor_base, registry)
     workdir = tmp_path / "w"
     tag = f"{registry}/pk-test/x:nocommit"
@@ -451,7 +451,7 @@ def test_a_version_naming_no_commit_is_one_line_and_nothing_is_made(
 
 def test_the_image_source_with_no_base_is_one_line(tmp_path, capsys, monkeypatch, registry,
                                                    docker_client):
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(release_cache()))
     path = tmp_path / "patchset.yaml"
     path.write_text("name: nobase\nvllm:\n  repo: image\n  ref: v0.31.0\n")
     tag = f"{registry}/pk-test/x:nobase"
@@ -478,7 +478,7 @@ def no_vllm_base(docker_client, tmp_path_factory) -> str:
 
 def test_a_base_with_no_vllm_is_one_line(tmp_path, no_vllm_base, vendor_base, registry,
                                          docker_client, capsys, monkeypatch):
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(release_cache()))
     path = vendor_project(tmp_path, vendor_base, registry)
     tag = f"{registry}/pk-test/x:novllm"
     for verb, extra in (("apply", ["--vllm-repo", "image"]), ("apply", ["--vllm-ref", "base"]),
@@ -493,7 +493,7 @@ def test_a_base_with_no_vllm_is_one_line(tmp_path, no_vllm_base, vendor_base, re
 
 def test_an_engine_that_cannot_be_reached_is_one_line(tmp_path, vendor_base, registry,
                                                       docker_client, capsys, monkeypatch):
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(release_cache()))
     path = vendor_project(tmp_path, vendor_base, registry)
     nowhere = f"unix://{tmp_path}/no-engine.sock"
     monkeypatch.setenv("DOCKER_HOST", nowhere)
@@ -511,7 +511,7 @@ def test_the_image_source_alone_pins_base_without_vllm_ref(tmp_path, vendor_base
                                                            capsys, monkeypatch):
     """The manifest pins another release: ``--vllm-repo image`` still means what the base
     holds, with no ``--vllm-ref base`` beside it."""
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(release_cache()))
     path = vendor_project(tmp_path, vendor_base, registry)
     path.write_text(path.read_text().replace(f"  ref: v{DEV_RELEASE}\n", "  ref: v0.27.1\n"))
     workdir = tmp_path / "w"

@@ -25,7 +25,7 @@ from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
 from patchkit.errors import ImageError
 from patchkit.formats import layer
-from testing import real_cache
+from testing import release_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
@@ -61,7 +61,7 @@ def built(project, docker_client):
     return summary
 
 
-REGISTRY_TAG = f"{os.environ.get('PK_REGISTRY', '127.0.0.1:5055')}/pk-test/dspark-e2e"
+REGISTRY_TAG = f"{ip.REGISTRY}/pk-test/dspark-e2e"
 
 
 def test_summary_names_tag_mode_base_and_layer(built, bases, docker_client):
@@ -174,7 +174,7 @@ def test_serve_recipe_is_the_default_command(built, docker_client):
 
 def test_rebuild_with_nothing_changed_reuses_the_image(built, project, monkeypatch):
     m, workdir = project
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(release_cache()))
     code, again = _summary(build_image(m, Request(workdir=workdir, apply=False)))
     assert code == 0
     assert again["reused"] is True

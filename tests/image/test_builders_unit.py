@@ -4,10 +4,11 @@ The refusal messages themselves are asserted through build-image in test_registr
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
-from patchkit.errors import ImageError
+from patchkit.errors import ImageError, SettingError
 from patchkit.image import build, builders
 from patchkit.image.builders.protocol import Asked
 from patchkit.series.checkout import Change
@@ -17,8 +18,18 @@ def _choice(*paths: str) -> build.ModeChoice:
     return build.choose_mode([Change("M", p, 0o100644, "0" * 40) for p in paths])
 
 
-def test_the_registry_path_takes_push_alone():
-    builders.refuse(True, Asked(push=True, save=None, mode="overlay"))
+@pytest.mark.parametrize(("asked", "refused"), [
+    (Asked(push=False, save=None, mode="overlay"), "push"),
+    (Asked(push=True, save=Path("out.tar"), mode="overlay"), "save"),
+    (Asked(push=True, save=None, mode="source"), "mode"),
+    (Asked(push=True, save=None, mode="overlay", copy_to=("ssh://n2",)), "copy_to")])
+def test_the_registry_path_takes_push_alone(asked, refused):
+    builders.refuse(True, Asked(push=True, save=None, mode="overlay"))   # taken: no error
+    builders.refuse(True, Asked(push=True, save=None, mode="auto"))
+    with pytest.raises(SettingError) as exc:
+        builders.refuse(True, asked)
+    assert refused in {o.setting for o in exc.value.origins}
+    builders.refuse(False, asked)   # an engine's paths take every option
 
 
 def test_one_path_is_chosen_from_the_family_and_the_mode():

@@ -3,8 +3,8 @@
 The source is the Docker Engine DOCKER_HOST names; the targets are the second node behind a
 real sshd (checked on its own socket) and Podman.  The registry is the one .ci/services.sh
 starts; a byte-counting relay in front of it (testing/regproxy.py) plays a registry that
-refuses blob uploads.  Podman's registries.conf marks only 127.0.0.1:5055 plain-http, so
-through ``localhost:5055`` it is a target that cannot reach the registry the others use.
+refuses blob uploads.  Podman's registries.conf marks only 127.0.0.1:PORT (PK_REGISTRY) plain-http,
+so through ``localhost:PORT`` it is a target that cannot reach the registry the others use.
 
 The base is a small one of this run's own (testing.smallimage): two layers of new bytes and one
 holding the few files of the real vLLM 0.27.1 that build-image reads, pushed to the registry;
@@ -135,7 +135,7 @@ def test_a_registry_that_refuses_blobs_leaves_the_node_as_it_was(image, node2, b
     def uploads(method: str, path: str) -> int | None:
         return 403 if method in ("POST", "PATCH", "PUT") and "/blobs/" in path else None
 
-    with RegistryProxy(os.environ.get("PK_REGISTRY", "127.0.0.1:5055"), refuse=uploads) as proxy:
+    with RegistryProxy(ip.REGISTRY, refuse=uploads) as proxy:
         code = cli.main(["copy-image", tag, "--to", node2.url, "--via", proxy.addr])
         refused = [r for r in proxy.traffic.writes() if "/blobs/uploads" in r.path]
     out, _ = capfd.readouterr()
@@ -155,12 +155,13 @@ def test_a_target_that_cannot_reach_the_registry_fails_alone(image, node2, podma
     forget(node2.direct, tag)
     forget(podman_client, tag)
     podman = os.environ["PK_PODMAN_HOST"]
-    report = copy_image.run(tag, [node2.url, podman], how=How(via="localhost:5055"))
+    via = "localhost:" + ip.REGISTRY.rsplit(":", 1)[1]   # the registry, by another name
+    report = copy_image.run(tag, [node2.url, podman], how=How(via=via))
     node, pm = report.targets
     assert (node.status, node.fingerprint) == ("copied", fingerprint_of(docker_client, tag))
     assert fingerprint_of(node2.direct, tag) == node.fingerprint
     assert pm.status == "failed" and not report.ok
-    assert pm.error.startswith(f"the engine at {podman} could not pull localhost:5055/{REPO}@")
+    assert pm.error.startswith(f"the engine at {podman} could not pull {via}/{REPO}@")
     assert "HTTP response to HTTPS client" in pm.error and "\n" not in pm.error
     assert absent(podman_client, tag)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import secrets
 import subprocess
@@ -36,7 +35,7 @@ from patchkit.engines import registry
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
-REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+from testing.imageproject import REGISTRY  # PK_REGISTRY, as .ci/services.sh wrote it
 RUN = secrets.token_hex(4)
 PATCHSET = f"pk-evidence-{RUN}"
 MOVING = f"{REGISTRY}/pk-test/evidence:{RUN}"

@@ -25,7 +25,7 @@ import pytest
 
 from testing import flashinfer as fi
 from testing import imageproject as ip
-from testing import jitcache, real_cache, stackbase
+from testing import jitcache, release_cache, stackbase
 from testing.imageproject import RELEASE, SITE, write_manifest
 from testing.progress import Said
 from testing.stackbase import flashinfer_wheel
@@ -88,7 +88,7 @@ def _layered(docker_client, base: str, files: dict[str, bytes], tag: str) -> str
 
 def _project(root: Path, base: str, registry: str, extra: str) -> tuple[Path, manifest.Manifest]:
     ip.make_project(root, base="x", tag=f"{registry}/pk-test/stack-jit:{{ref}}")
-    header = fi.moe_header(real_cache())
+    header = fi.moe_header(release_cache())
     diff = "".join(difflib.unified_diff(
         header.splitlines(True), fi.restore_low_latency(header).splitlines(True),
         f"a/{fi.MOE_HEADER}", f"b/{fi.MOE_HEADER}"))
@@ -101,7 +101,7 @@ def _project(root: Path, base: str, registry: str, extra: str) -> tuple[Path, ma
     m = write_manifest(root, base, name=f"pk-jit-{secrets.token_hex(4)}")
     (root / "patchset.yaml").write_text((root / "patchset.yaml").read_text() + entry)
     m = manifest.load(root / "patchset.yaml")
-    assert apply_series(m, run=run_spec(m, cache=real_cache()),
+    assert apply_series(m, run=run_spec(m, cache=release_cache()),
                         workdir=root / ".patchkit" / "vllm").ok
     return root, m
 
@@ -148,7 +148,7 @@ def test_rebuild_jit_leaves_it_out_and_gives_the_cache_its_own_place(tmp_path, j
         assert files.read(f"{SITE}/{MODULE}") is None          # the prebuilt is gone
         assert files.read(f"{SITE}/{NORM}") is not None        # the one no patch feeds stays
         header = files.read(f"{SITE}/{fi.MOE_HEADER}").decode()
-    assert header == fi.restore_low_latency(fi.moe_header(real_cache()))
+    assert header == fi.restore_low_latency(fi.moe_header(release_cache()))
     checked = verify.run(m, verify.Request(root / ".patchkit" / "vllm", image=tag, engine=engine))
     assert checked.ok, checked
 
@@ -252,7 +252,7 @@ def _project07(root: Path, base: str, registry: str, engine, extra: str, *,
         text + "  - id: fi-norm\n    summary: scale RMSNorm in the CUDA kernel\n"
         "    package: flashinfer\n    diff: patches/flashinfer/fi-norm.diff\n" + extra)
     m = manifest.load(root / "patchset.yaml")
-    spec = run_spec(m, engine=engine, cache=real_cache())
+    spec = run_spec(m, engine=engine, cache=release_cache())
     with ExitStack() as hold:
         report = apply_series(m, run=spec, workdir=root / ".patchkit" / "vllm",
                               bases=basevllm.for_packages(spec, basevllm.held(spec, hold)))

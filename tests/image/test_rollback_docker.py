@@ -27,7 +27,7 @@ from patchkit.commands import copy_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
-REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+REGISTRY = os.environ.get("PK_REGISTRY", "")
 RUN = secrets.token_hex(4)
 PATCHSET = f"pk-rollback-{RUN}"
 BASE = f"{REGISTRY}/pk-test/rollback-base:{RUN}"

@@ -21,7 +21,7 @@ import pytest
 
 from testing import flashinfer as fi
 from testing import imageproject as ip
-from testing import real_cache, stackbase
+from testing import release_cache, stackbase
 from testing.imageproject import RELEASE, SITE, write_manifest
 from testing.dockersdk import created_of
 from testing.progress import Said
@@ -69,7 +69,7 @@ def project(tmp_path_factory, stack_bases, registry):
     ip.make_project(root, base="x", tag=f"{registry}/pk-test/stack-e2e:{{ref}}")
     m = write_manifest(root, stack_bases["2.11.0"]["tag"])
     workdir = root / ".patchkit" / "vllm"
-    assert apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir).ok
+    assert apply_series(m, run=run_spec(m, cache=release_cache()), workdir=workdir).ok
     return root, m, workdir
 
 
@@ -87,7 +87,7 @@ def fi_project(tmp_path_factory, stack_bases, registry):
     m = write_manifest(root, stack_bases["2.11.0"]["tag"],
                        name=f"pk-stackimg-{secrets.token_hex(4)}", fi_patch=True)
     workdir = root / ".patchkit" / "vllm"
-    applied = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
+    applied = apply_series(m, run=run_spec(m, cache=release_cache()), workdir=workdir)
     assert applied.ok, applied.to_json()
     return root, m, workdir, applied
 
@@ -432,7 +432,7 @@ def test_flashinfers_pin_and_files_read_from_the_base(fi_project, engine, tmp_pa
 
     m = pinned_from_base(fi_project, tmp_path, pin)
     copy = m.root
-    spec = run_spec(m, engine=engine, cache=real_cache())
+    spec = run_spec(m, engine=engine, cache=release_cache())
     lines: list[str] = []
     with ExitStack() as hold:
         held = basevllm.held(spec, hold)

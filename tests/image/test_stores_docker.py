@@ -34,7 +34,7 @@ from patchkit.imageref import Platform
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
-REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+REGISTRY = ip.REGISTRY
 COPY_TAG = f"{REGISTRY}/pk-test/engines-copy:1"
 NAME = "pk-stores"
 PROBE = f"""
@@ -236,7 +236,8 @@ def test_build_image_copy_to_the_node(project, classic, node2, capsys):
 
 
 def test_an_ssh_url_without_a_port_takes_the_port_of_the_ssh_config(node2):
-    # pk-node2's Host block says Port 2222; the SDK alone would have passed port 22 to ssh
+    # pk-node2's Host block in the suite's ssh config names its sshd's port; the SDK alone
+    # would have passed port 22 to ssh
     url = urlsplit(node2.url)
     engine = Engine.connect(f"ssh://{url.hostname}")
     assert engine.host == f"ssh://{url.hostname}"

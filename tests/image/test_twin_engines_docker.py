@@ -22,7 +22,7 @@ from patchkit.commands import copy_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
-REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+from testing.imageproject import REGISTRY  # PK_REGISTRY, as .ci/services.sh wrote it
 RUN = secrets.token_hex(4)
 PATCHSET = f"pk-twin-{RUN}"
 BASE = f"{REGISTRY}/pk-test/twin-base:{RUN}"

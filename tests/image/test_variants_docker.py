@@ -13,14 +13,14 @@ from patchkit import manifest
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.commands.verify import verify_image
-from testing import real_cache
+from testing import release_cache
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
 
 
 def test_the_default_build_and_a_variant_are_two_images(tmp_path, bases, registry, docker_client,
                                                         monkeypatch):
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(real_cache()))
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(release_cache()))
     path = ip.make_project(tmp_path, base=bases[RELEASE]["tag"],
                            tag=f"{registry}/pk-test/pk-variants:{{ref}}-{{variant}}")
     text = path.read_text()

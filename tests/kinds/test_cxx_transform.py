@@ -10,7 +10,7 @@ import pytest
 
 from patchkit.transform import run_transform_file
 from testing import flashinfer as fi
-from testing import real_cache
+from testing import release_cache
 
 RESTORE = f'''
 from patchkit.transform import CxxTransform
@@ -37,7 +37,7 @@ class RestoreLowLatency(CxxTransform):
 
 @pytest.fixture(scope="module")
 def header() -> str:
-    return fi.moe_header(real_cache())
+    return fi.moe_header(release_cache())
 
 
 def run(tmp_path: Path, code: str, text: str):

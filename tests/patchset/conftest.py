@@ -14,7 +14,7 @@ import pytest
 from patchkit import manifest
 from patchkit.series import applier
 from patchkit.run import run_spec
-from testing import REPO_ROOT, real_cache
+from testing import REPO_ROOT, release_cache
 
 from testing.lift import base_text
 from testing.releases import RELEASES, STATUSES, since
@@ -48,7 +48,7 @@ def patched(request, tmp_path_factory) -> Applied:
     workdir = tmp_path_factory.mktemp(f"vllm-{release}") / "tree"
     report = applier.apply_series(series,
                                   run=run_spec(series, ref=release, repos=("pypi",),
-                                  cache=real_cache()), workdir=workdir)
+                                  cache=release_cache()), workdir=workdir)
     failed = [(p.id, p.status, p.reason, p.message) for p in report.patches
               if p.status not in ("applied", "upstream", "skipped")]
     assert report.ok and not failed, failed or [v for v in report.verify if not v.ok]

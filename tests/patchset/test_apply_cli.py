@@ -8,7 +8,7 @@ import os
 import pytest
 
 from patchkit import manifest
-from testing import REPO_ROOT, patchkit, real_cache
+from testing import REPO_ROOT, patchkit, release_cache
 
 from testing.releases import STATUSES
 
@@ -19,7 +19,7 @@ PIN = manifest.load(REPO_ROOT / "patchset.yaml").vllm.ref
 @pytest.mark.parametrize("ref,version,release", [(None, PIN.removeprefix("v"), PIN),
                                                  ("v0.27.1", "0.27.1", "v0.27.1")])
 def test_apply_the_whole_patchset(tmp_path, ref, version, release):
-    env = dict(os.environ, PATCHKIT_CACHE_DIR=str(real_cache()))
+    env = dict(os.environ, PATCHKIT_CACHE_DIR=str(release_cache()))
     workdir = tmp_path / "vllm"
     args = ["--vllm-ref", ref] if ref else []
     out = patchkit("apply", "--vllm-repo", "pypi", *args, "--workdir", str(workdir),

@@ -13,7 +13,7 @@ import pytest
 
 from patchkit import manifest, versions
 from patchkit.source import pypi
-from testing import REPO_ROOT, patchkit, real_cache
+from testing import REPO_ROOT, patchkit, release_cache
 from testing.releases import RELEASES, STATUS_WORDS, STATUSES
 
 PIN = manifest.load(REPO_ROOT / "patchset.yaml").vllm.ref
@@ -50,7 +50,7 @@ def test_every_patch_has_a_row_and_no_range_claims_an_older_release():
 
 @pytest.mark.real_vllm
 def test_rebase_check_over_every_release_gives_the_table(tmp_path):
-    env = dict(os.environ, PATCHKIT_CACHE_DIR=str(real_cache()))
+    env = dict(os.environ, PATCHKIT_CACHE_DIR=str(release_cache()))
     args = [a for release in RELEASES for a in ("--to", release)]
     out = patchkit("rebase-check", "--vllm-repo", "pypi", *args, "--format", "json",
                    cwd=REPO_ROOT, env=env, timeout=1800)

@@ -15,7 +15,7 @@ from patchkit import syntax
 from patchkit.series.assertions import run_assertions, tree_reader
 from patchkit.syntax import GrammarError, cxx
 from testing import flashinfer as fi
-from testing import real_cache
+from testing import release_cache
 
 CUDA_SOURCE = textwrap.dedent('''\
     #include "moe.h"
@@ -180,7 +180,7 @@ def test_an_unloadable_grammar_is_one_usage_error(monkeypatch):
 
 @pytest.fixture(scope="module")
 def header() -> str:
-    return fi.moe_header(real_cache())
+    return fi.moe_header(release_cache())
 
 
 def _judge(tmp_path: Path, text: str, assertions: list[Assertion]) -> list[AssertionResult]:
@@ -255,7 +255,7 @@ def test_a_scope_misread_after_a_syntax_error_names_the_error_near_it_not_itself
 
     from patchkit import source
 
-    wheel = source.pypi._wheel(real_cache(), "0.6.15", lambda msg: None, fi.FI_PACKAGE)
+    wheel = source.pypi._wheel(release_cache(), "0.6.15", lambda msg: None, fi.FI_PACKAGE)
     member = "flashinfer/data/include/flashinfer/norm.cuh"
     with zipfile.ZipFile(wheel) as zf:
         lines = zf.read(member).decode("utf-8").split("\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testing import SRC, one_error, patchkit, real_cache
+from testing import SRC, one_error, patchkit, release_cache
 from testing import flashinfer as fi
 
 pytestmark = pytest.mark.real_vllm
@@ -28,8 +28,8 @@ ENTRY = """\
 
 @pytest.fixture(scope="module")
 def header() -> str:
-    fi.ensure_releases(real_cache(), ("v0.6.15",))
-    return fi.moe_header(real_cache())
+    fi.ensure_releases(release_cache(), ("v0.6.15",))
+    return fi.moe_header(release_cache())
 
 
 def _diff(before: str, after: str) -> str:
@@ -44,7 +44,7 @@ def _project(tmp_path: Path, diff: str) -> Path:
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PATCHKIT_CACHE_DIR=str(real_cache()))
+    return dict(os.environ, PATCHKIT_CACHE_DIR=str(release_cache()))
 
 
 def test_the_patched_header_is_applied_and_proven(tmp_path, header):
@@ -140,7 +140,7 @@ def _norm_project(tmp_path: Path, edit) -> Path:
 
     from patchkit import source
 
-    wheel = source.pypi._wheel(real_cache(), "0.6.15", lambda msg: None, fi.FI_PACKAGE)
+    wheel = source.pypi._wheel(release_cache(), "0.6.15", lambda msg: None, fi.FI_PACKAGE)
     with zipfile.ZipFile(wheel) as zf:
         before = zf.read(NORM).decode("utf-8")
     lines = before.split("\n")

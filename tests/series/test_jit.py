@@ -12,15 +12,15 @@ from patchkit.image import lockfile
 from patchkit import jitrules
 from patchkit.series import jit
 from testing import flashinfer as fi
-from testing import real_cache
+from testing import release_cache
 
 pytestmark = pytest.mark.real_vllm
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    fi.moe_header(real_cache())   # the wheel, downloaded once into the shared cache
-    wheel = next((real_cache() / "pypi" / "wheels").glob("flashinfer_python-0.6.15-*.whl"))
+    fi.moe_header(release_cache())   # the wheel, downloaded once into the shared cache
+    wheel = next((release_cache() / "pypi" / "wheels").glob("flashinfer_python-0.6.15-*.whl"))
     root = tmp_path_factory.mktemp("fi")
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(root, [n for n in zf.namelist() if n.startswith("flashinfer/")])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testing import real_cache
+from testing import release_cache
 from testing.flashinfer import FI_FILE, ensure_releases, make_stack, patched
 from testing.upstream import sh
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.real_vllm
 
 @pytest.fixture(scope="session")
 def fi_cache() -> Path:
-    return ensure_releases(real_cache())
+    return ensure_releases(release_cache())
 
 
 def apply(proj: Path, cache: Path, **kw) -> ApplyReport:

@@ -3,8 +3,9 @@
 
 pyproject's ``pythonpath`` puts tests/ on the import path, so any test imports ``testing``:
 
-* ``testing`` -- ``patchkit()`` and ``spawn()`` (the CLI in a child process), ``real_cache()``,
-  ``isolate()`` (no user git config, no user cache);
+* ``testing`` -- ``patchkit()`` and ``spawn()`` (the CLI in a child process), ``real_cache()``
+  (the long-lived cache of real releases) and ``release_cache()`` (a run's cache that shares
+  them), ``isolate()`` (no user git config, no user cache);
 * ``testing.upstream`` -- throwaway git upstreams with one tagged commit per release, diffs;
 * ``testing.project`` -- the engine's small project and the rebase "fates" project, and the
   held patch that keeps a run inside the series until the test lets it go on;
@@ -42,8 +43,13 @@ SRC = REPO_ROOT / "src"
 
 
 def cli_env(env: dict | None = None, **extra: str) -> dict[str, str]:
-    """``env`` (default: this process's) with this checkout's sources first on the path."""
-    return dict(env if env is not None else os.environ, PYTHONPATH=str(SRC), **extra)
+    """``env`` (default: this process's) with this checkout's sources first on the path.  An
+    ``env`` made from scratch still gets the test's cache (``isolate``), so that no run of the
+    CLI falls back on the user's own."""
+    out = dict(env if env is not None else os.environ, PYTHONPATH=str(SRC), **extra)
+    if "PATCHKIT_CACHE_DIR" not in out and "PATCHKIT_CACHE_DIR" in os.environ:
+        out["PATCHKIT_CACHE_DIR"] = os.environ["PATCHKIT_CACHE_DIR"]
+    return out
 
 
 def patchkit(*args: str, cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
@@ -60,11 +66,46 @@ def spawn(*args: str, cwd: Path, env: dict | None = None, **kw) -> subprocess.Po
                             env=cli_env(env), text=True, **kw)
 
 
+REAL_CACHE = "~/.cache/patchkit-tests"   # the README names it
+
+
 def real_cache() -> Path:
     """The persistent cache the real-vLLM tests share between runs (wheels, the PyPI upstream,
-    the image tests' .debs), never a test's own."""
+    the image tests' .debs), never a test's own and never the user's own (~/.cache/patchkit):
+    ``$PATCHKIT_REAL_CACHE``, else ``~/.cache/patchkit-tests``."""
     env = os.environ.get("PATCHKIT_REAL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "patchkit"
+    return Path(env) if env else Path(REAL_CACHE).expanduser()
+
+
+# What a run on real releases shares with every other run: the releases (``pypi``, ``image``),
+# the image tests' .debs, and memos keyed by content.
+SHARED = ("pypi", "image", "test-image", "assertions", "transforms", "transform-listings")
+_releases: list[Path] = []   # this test process's release cache, once made
+
+
+def release_cache(where: Path | None = None) -> Path:
+    """The cache a test runs patchkit with on the real releases: a folder of this test
+    process's own (``where``, given once by tests/conftest.py; else a temp folder removed at
+    exit) in which the long-lived cache's SHARED parts are linked.  The rest of what a run
+    writes (mirrors of a test's own upstreams, build records, logs) stays there, in the suite's
+    temp folder, and never shows up in a listing of ``real_cache()``."""
+    if where is None and _releases:
+        where = _releases[0]
+    elif where is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        where = Path(tempfile.mkdtemp(prefix="patchkit-releases-"))
+        atexit.register(shutil.rmtree, where, True)
+    real = real_cache()
+    where.mkdir(parents=True, exist_ok=True)
+    for name in SHARED:
+        (real / name).mkdir(parents=True, exist_ok=True)
+        if not (where / name).is_symlink():
+            (where / name).symlink_to(real / name, target_is_directory=True)
+    _releases[:] = [where]
+    return where
 
 
 def isolate(monkeypatch, home: Path) -> None:

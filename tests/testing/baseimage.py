@@ -51,7 +51,9 @@ BUILDER_VERSION = "3"  # bump when the layout below changes
 
 def cache_root() -> Path:
     """The persistent cache the real-vLLM tests share (wheels, .debs), never a test's own."""
-    return Path(os.environ.get("PATCHKIT_REAL_CACHE") or Path.home() / ".cache" / "patchkit")
+    from testing import real_cache
+
+    return real_cache()
 
 
 def _run(cmd: list[str], **kw) -> str:
@@ -406,7 +408,7 @@ def ensure_vendor_base(client: docker.DockerClient, registry: str, *, log=print)
 
 
 def main(argv: list[str]) -> int:
-    registry = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+    registry = os.environ["PK_REGISTRY"]
     client = docker.from_env(timeout=600)
     for what in argv or ["0.27.1", "0.33.0", "dev", "vendor"]:
         if what == "dev":

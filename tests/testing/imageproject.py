@@ -18,11 +18,13 @@ from patchkit import manifest
 from patchkit.run import run_spec
 from patchkit.series.applier import apply_series
 from testing import flashinfer as fi
-from testing import real_cache
+from testing import release_cache
 from testing.baseimage import SITE as BASE_SITE, find_wheel
 from testing.upstream import commit, unified
 
-REGISTRY = os.environ.get("PK_REGISTRY", "127.0.0.1:5055")
+# where .ci/services.sh started the registry (a port it found free); unset, the registry
+# fixture says so
+REGISTRY = os.environ.get("PK_REGISTRY", "")
 RELEASE = "0.27.1"        # the release the test patchset is applied to
 OTHER_RELEASE = "0.33.0"  # a base holding another release, for the refusal
 SITE = "/" + BASE_SITE     # where the bases install vLLM
@@ -118,7 +120,7 @@ def applied_project(root: Path, *, base: str, tag: str, name: str = "pk-e2e",
     checkout; with ``remove``, GONE's removal committed on top (``remove_module``)."""
     m = manifest.load(make_project(root, base=base, tag=tag, name=name))
     workdir = root / ".patchkit" / "vllm"
-    report = apply_series(m, run=run_spec(m, cache=real_cache()), workdir=workdir)
+    report = apply_series(m, run=run_spec(m, cache=release_cache()), workdir=workdir)
     assert report.ok, report.to_json()
     if remove:
         remove_module(workdir)

@@ -1,8 +1,9 @@
 """A TCP relay of our own between ssh and a node's sshd: the link a copy crosses.
 
-``Link(2222)`` listens on 127.0.0.1 (a port of its own) and forwards every connection to the
+``Link(port)`` listens on 127.0.0.1 (a port of its own) and forwards every connection to the
 sshd on that port; an engine URL ``ssh://pk-node2:<link.port>`` then goes through it (the
-node's Host block in ~/.ssh/config still gives the host, user and key; the URL's port wins).
+node's Host block in the suite's ssh config still gives the host, user and key; the URL's port
+wins).
 It counts the bytes that cross it each way, and ``cut_after(n)`` closes every connection once
 ``n`` more bytes have crossed, and refuses new ones until ``mend()``: a link that drops.
 ``refuse_after(n)`` closes every connection after the first ``n`` as soon as it comes (a node
