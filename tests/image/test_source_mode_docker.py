@@ -100,7 +100,7 @@ def test_native_change_builds_vllm_from_the_patched_checkout(tmp_path, docker_cl
     assert labels["fixture.arch-list"] == "12.1a"
     assert (labels["fixture.max-jobs"], labels["fixture.nvcc-threads"]) == ("6", "3")
     assert labels["io.patchkit.mode"] == "source"
-    assert labels["org.opencontainers.image.revision"] == summary["vllm"]["commit"]
+    assert labels["io.patchkit.vllm.commit"] == summary["vllm"]["commit"]   # revision: the patchset's
     c = docker_client.api.create_container(tag, command=["/x"])
     try:
         stream, _ = docker_client.api.get_archive(c["Id"], "/workspace/csrc/ops.cu")

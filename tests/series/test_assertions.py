@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from patchkit.kinds import memo
 from patchkit.manifest import Assertion, Patch
 from patchkit.report import AssertionResult
 from patchkit.series.assertions import run_assertions, tree_reader
@@ -371,9 +372,9 @@ def test_results_are_kept_by_content_and_never_stale(tmp_path, monkeypatch) -> N
     (first,) = run_assertions([patch], files.get, cache)
     assert first.ok, first.message
     (entry,) = (tmp_path / "cache" / "assertions").glob("*.json")
-    data = json.loads(entry.read_text())
+    data = json.loads(entry.read_text())["value"]   # kept sealed (kinds/memo.py)
     assert [AssertionResult.from_dict(d) for d in data] == [first]
-    entry.write_text(json.dumps([dict(data[0], message="read back")]))
+    entry.write_text(json.dumps(memo._sealed([dict(data[0], message="read back")])))
     (again,) = run_assertions([patch], files.get, cache)
     assert again.message == "read back"
     files["m.py"] = SOURCE.replace('"half": torch.half,', "")

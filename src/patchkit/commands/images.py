@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from patchkit.errors import ImageError, PatchkitError, UsageError
 from patchkit.nodes import ledger
-from patchkit.nodes import evidence
+from patchkit.nodes.evidence import Record, Store
 from patchkit.nodes import fleet
 from patchkit.engines.docker import Engine
 from patchkit.manifest import Manifest
@@ -26,7 +26,7 @@ class NodeListing:
     node: str
     builds: list[ledger.Build] = field(default_factory=list)
     error: str | None = None
-    evidence: dict[str, list[evidence.Record]] = field(default_factory=dict)  # by image id
+    evidence: dict[str, list[Record]] = field(default_factory=dict)  # by image id
 
     @property
     def ok(self) -> bool:
@@ -90,13 +90,13 @@ def run(manifest: Manifest, nodes: Sequence[str] = (), *, timeout: float = DEFAU
             reached, lambda n: _listing(n, manifest.name, history))]
     finally:
         fleet.close(reached)
-    problems = _evidence(listed, evidence.Store(history.cache, timeout))
+    problems = _evidence(listed, Store(history.cache, timeout))
     return Listing(manifest.name, listed, drift(listed), problems, fleet.pairings(reached))
 
 
-def _evidence(listed: Sequence[NodeListing], store: evidence.Store) -> list[str]:
+def _evidence(listed: Sequence[NodeListing], store: Store) -> list[str]:
     """Each build's records, read once per build whatever the nodes holding it."""
-    found: dict[str, list[evidence.Record]] = {}
+    found: dict[str, list[Record]] = {}
     problems: list[str] = []
     for node in listed:
         for b in node.builds:
@@ -114,7 +114,7 @@ class Evidence:
 
     tag: str
     image_id: str | None
-    records: list[evidence.Record]
+    records: list[Record]
     problems: list[str]
 
     @property
@@ -131,7 +131,7 @@ def evidence(manifest: Manifest, tag: str, nodes: Sequence[str] = (), *,
              connect: Callable[[str], Engine] | None = None) -> Evidence:
     """Every record of the build ``tag`` names (its immutable tag, or an image id): found on
     the first node that holds it (its registries too), else in the cache alone."""
-    store = evidence.Store(cache, timeout)
+    store = Store(cache, timeout)
     urls = fleet.addresses(manifest.image.nodes, nodes, "--node")
     reached = fleet.reach(urls, timeout, connect)
     try:

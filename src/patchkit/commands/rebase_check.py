@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -229,41 +229,20 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
     if refs and any(p.retired is not None for p in series):
         _, tags = source.list_tags(pin.sources, cache, progress.info, package=pin.id)
         fates.check_retired_releases(manifest, series, tags, pin.id.label)
-    wanted = list(dict.fromkeys(refs))
-    # the pin is tried once: as a target when it is one, else as one more job
-    extra = [pin.ref] if wanted and pin.ref not in wanted else []
-    resolved = _resolved([*extra, *wanted],
-                         lambda ref: source.resolve(pin.sources, ref, cache, progress.info,
-                                                    base=held,
-                                                    package=pin.id))
-    at_pin = resolved.pop(0) if extra else next(
-        (r for r in resolved if r.ref == pin.ref), None)
-    resolved = _by_version(resolved)
+    at_pin, extra, resolved = _targets(pin, refs, lambda ref: source.resolve(
+        pin.sources, ref, cache, progress.info, base=held, package=pin.id))
     # every other package at its pin: the ranges on it are judged at each target too
     others = applier.resolve_pins(run, cache, progress.info, base,
                                   names=[p.name for p in run.pins if p.name != package],
                                   bases=bases)
     if not resolved:
         return matrix
-    # Two per core: with 3 targets on 2 cores, 2 workers would leave a core idle while the
-    # third target runs alone; 3 let the OS share both cores out (measured: 3.5 s vs 4.3 s).
     # the pin is the first column, which every fate is judged from
     together = [*resolved, at_pin] if extra else resolved
-    workers = max(1, min(jobs or 2 * (os.cpu_count() or 1), len(together)))
     paths = applier.needed_paths(manifest) if sparse else None
-    scratch = Path(tempfile.mkdtemp(prefix="patchkit-rebase-check-"))
-    try:
-        work = [_Job(manifest, res, scratch / str(n), paths, variant, package, others,
-                     matrix.series, cache) for n, res in enumerate(together)]
-        if workers == 1:
-            reports = []
-            for job in work:
-                reports.append(_unwrap(_one(job)))
-                progress.target(reports[-1])
-        else:
-            reports = _in_processes(work, workers, progress)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    reports = _run_jobs(lambda scratch: [
+        _Job(manifest, res, scratch / str(n), paths, variant, package, others, matrix.series,
+             cache) for n, res in enumerate(together)], jobs, progress)
     if extra:
         matrix.targets, matrix.at_pin = reports[:-1], reports[-1]
     else:
@@ -274,6 +253,39 @@ def check(manifest: Manifest, refs: Sequence[str], run: RunSpec, *, jobs: int | 
                                         proofs=fates.proofs_at(manifest, series, res))
                     for report, res in zip(matrix.targets, resolved)]
     return matrix
+
+
+def _targets(pin, refs: Sequence[str], resolve: Callable[[str], source.Resolved]
+             ) -> tuple[source.Resolved | None, bool, list[source.Resolved]]:
+    """The pin resolved, whether it is one more job (not a target itself), and the targets
+    resolved, oldest first.  The pin is tried once: as a target when it is one, else as one
+    more job; a bad target is said before the pin is fetched."""
+    wanted = list(dict.fromkeys(refs))
+    extra = bool(wanted) and pin.ref not in wanted
+    resolved = _resolved([*wanted, *([pin.ref] if extra else [])], resolve)
+    at_pin = resolved.pop() if extra else next((r for r in resolved if r.ref == pin.ref), None)
+    return at_pin, extra, _by_version(resolved)
+
+
+def _run_jobs(make: Callable[[Path], list["_Job"]], jobs: int | None,
+              progress: CheckProgress) -> list[ApplyReport]:
+    """The jobs ``make`` gives for a scratch folder, run (in processes when more than one),
+    each target's report told to ``progress`` as it comes; the folder removed after."""
+    scratch = Path(tempfile.mkdtemp(prefix="patchkit-rebase-check-"))
+    try:
+        work = make(scratch)
+        # Two per core: with 3 targets on 2 cores, 2 workers would leave a core idle while the
+        # third target runs alone; 3 let the OS share both cores out (measured: 3.5 s vs 4.3 s).
+        workers = max(1, min(jobs or 2 * (os.cpu_count() or 1), len(work)))
+        if workers > 1:
+            return _in_processes(work, workers, progress)
+        reports = []
+        for job in work:
+            reports.append(_unwrap(_one(job)))
+            progress.target(reports[-1])
+        return reports
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @dataclass(frozen=True)
