@@ -22,7 +22,8 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,19 +105,29 @@ def request(method: str, url: str, *, body: bytes | None = None,
             headers: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT,
             max_bytes: int = DEFAULT_MAX_BYTES) -> Response:
     """One HTTP exchange; a 2xx answer read whole, or HttpError."""
+    with _opened(method, url, body, headers or {}, timeout) as resp:
+        data = _read(resp, method, url, max_bytes)
+        return Response(url, resp.status, _lower(resp.headers), data)
+
+
+@contextmanager
+def _opened(method: str, url: str, body: bytes | None, headers: Mapping[str, str],
+            timeout: float) -> Iterator:
+    """The answer of one exchange, open for the caller to read within ``timeout`` (the
+    deadline of the whole exchange); every failure, the caller's reading included, is one
+    HttpError."""
     check_url(url)
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, not {timeout}")
-    all_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **(headers or {})}
+    all_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **headers}
     req = urllib.request.Request(url, data=body, method=method, headers=all_headers)
     watch = _Watch(timeout)
     opener = urllib.request.build_opener(_Handler(watch), _TLSHandler(watch))
     try:
         with opener.open(req, timeout=timeout) as resp:
-            data = _read(resp, method, url, max_bytes)
+            yield resp
             if watch.fired:  # a close-delimited body cut short by the watchdog
                 raise _late(method, url, timeout)
-            return Response(url, resp.status, _lower(resp.headers), data)
     except urllib.error.HTTPError as exc:
         raise _status_error(method, url, exc, timeout) from None
     except urllib.error.URLError as exc:
@@ -129,6 +140,7 @@ def request(method: str, url: str, *, body: bytes | None = None,
             _transport_error(method, url, exc, timeout) from None
     finally:
         watch.cancel()
+
 
 def get(url: str, *, headers: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT,
         max_bytes: int = DEFAULT_MAX_BYTES) -> Response:
@@ -348,40 +360,15 @@ def stream_lines(url: str, payload: Any, *, on_line, headers: Mapping[str, str] 
     """POST ``payload`` as JSON and hand each line of the answer, as it arrives, to
     ``on_line(line: bytes)`` (server-sent events, one ``data: ...`` a line).  ``timeout`` is
     the deadline of the whole exchange, as for :func:`request`; a failure is HttpError."""
-    method = "POST"
-    check_url(url)
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, not {timeout}")
-    all_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity",
-                   "Content-Type": "application/json", "Accept": "text/event-stream",
-                   **(headers or {})}
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method=method,
-                                 headers=all_headers)
-    watch = _Watch(timeout)
-    opener = urllib.request.build_opener(_Handler(watch), _TLSHandler(watch))
     size = 0
-    try:
-        with opener.open(req, timeout=timeout) as resp:
-            while True:
-                line = resp.readline(_CHUNK)
-                if not line:
-                    break
-                size += len(line)
-                if size > max_bytes:
-                    raise HttpError(TOO_LARGE, method, url,
-                                    f"answer larger than {max_bytes} bytes")
-                on_line(line.rstrip(b"\r\n"))
-            if watch.fired:
-                raise _late(method, url, timeout)
-    except urllib.error.HTTPError as exc:
-        raise _status_error(method, url, exc, timeout) from None
-    except urllib.error.URLError as exc:
-        raise _late(method, url, timeout) if watch.fired else \
-            _transport_error(method, url, exc.reason, timeout) from None
-    except HttpError as exc:
-        raise _late(method, url, timeout) if watch.fired and exc.kind != TIMEOUT else exc
-    except (http.client.HTTPException, OSError, ValueError) as exc:
-        raise _late(method, url, timeout) if watch.fired else \
-            _transport_error(method, url, exc, timeout) from None
-    finally:
-        watch.cancel()
+    with _opened("POST", url, json.dumps(payload).encode(),
+                 {"Content-Type": "application/json", "Accept": "text/event-stream",
+                  **(headers or {})}, timeout) as resp:
+        while True:
+            line = resp.readline(_CHUNK)
+            if not line:
+                break
+            size += len(line)
+            if size > max_bytes:
+                raise HttpError(TOO_LARGE, "POST", url, f"answer larger than {max_bytes} bytes")
+            on_line(line.rstrip(b"\r\n"))

@@ -342,28 +342,29 @@ class Engine:
         (the caller cuts them into lines, within its bounds), or None when the engine has no
         such container.  What earlier starts of it logged is left out (``since_start``).  A log
         driver the engine cannot read back is an ImageError."""
-        docker = sdk()
-        try:
-            with border(f"inspecting the container {name}"):
-                attrs = self.api.inspect_container(name)
-        except ImageError as exc:
-            if isinstance(exc.__cause__, docker.errors.NotFound):
-                return None
-            raise
+        attrs = self._container(name)
+        if attrs is None:
+            return None
         return self._log_chunks(attrs["Id"], name, since_start(attrs.get("State") or {}))
 
     def container_image(self, name: str) -> tuple[str, str] | None:
         """The image id container ``name`` (a name or an id) runs and its state (``running``,
         ``exited``, ...), or None when the engine has no such container."""
+        attrs = self._container(name)
+        if attrs is None:
+            return None
+        return str(attrs.get("Image") or ""), str((attrs.get("State") or {}).get("Status") or "")
+
+    def _container(self, name: str) -> dict | None:
+        """The engine's inspect of container ``name``, or None when it has no such one."""
         docker = sdk()
         try:
             with border(f"inspecting the container {name}"):
-                attrs = self.api.inspect_container(name)
+                return self.api.inspect_container(name)
         except ImageError as exc:
             if isinstance(exc.__cause__, docker.errors.NotFound):
                 return None
             raise
-        return str(attrs.get("Image") or ""), str((attrs.get("State") or {}).get("Status") or "")
 
     def _log_chunks(self, cid: str, name: str, since: float | None) -> Iterator[bytes]:
         with border(f"reading the log of the container {name}"):
