@@ -125,6 +125,24 @@ pk_install() {
     return "$rc"
 }
 
+# pk_storage ROOT: the engines' storage driver, $PK_STORAGE_DRIVER when set, else overlay2 where
+# the kernel mounts an overlay on ROOT's filesystem (a layer is stored once and a container
+# starts without a copy of its image), else vfs (which needs no kernel support, and copies the
+# whole image for each layer and each container).  Sets PK_STORAGE.
+pk_storage() {
+    local root="$1" probe
+    PK_STORAGE="${PK_STORAGE_DRIVER:-}"
+    [ -z "$PK_STORAGE" ] || return 0
+    PK_STORAGE=vfs
+    probe="$(mktemp -d "$root/overlay-probe.XXXXXX")" || return 0
+    mkdir -p "$probe/l" "$probe/u" "$probe/w" "$probe/m"
+    if mount -t overlay overlay -o "lowerdir=$probe/l,upperdir=$probe/u,workdir=$probe/w" \
+            "$probe/m" 2>/dev/null; then
+        umount "$probe/m" && PK_STORAGE=overlay2
+    fi
+    rm -rf "$probe"
+}
+
 # pk_dockerd WHAT ROOT BASE [extra flags...]: a dockerd of ours (WHAT names it in messages) on
 # unix://ROOT/BASE.sock, its data in ROOT/BASE, left alone when it answers.
 pk_dockerd() {
@@ -138,12 +156,12 @@ pk_dockerd() {
     mkdir -p "$root/$base" "$root/$base-exec"
     pk_stop_ours "$pidfile" "$host"
     rm -f "${host#unix://}"
-    # vfs needs no kernel overlay support; no bridge and no iptables because the tests need
+    # The storage driver is pk_storage's; no bridge and no iptables because the tests need
     # no container network and must leave the host's firewall alone.  A registry on 127.0.0.1
     # is plain HTTP to dockerd without a flag (127.0.0.0/8 is insecure by default).  Containers
     # get 2 s to stop when it stops, so that a stop at the end of a run is quick.
-    setsid dockerd --storage-driver=vfs --iptables=false --ip6tables=false --bridge=none \
-        --data-root "$root/$base" --exec-root "$root/$base-exec" --pidfile "$pidfile" \
+    setsid dockerd --storage-driver="${PK_STORAGE:-vfs}" --iptables=false --ip6tables=false \
+        --bridge=none --data-root "$root/$base" --exec-root "$root/$base-exec" --pidfile "$pidfile" \
         --host "$host" --shutdown-timeout 2 "$@" </dev/null >"$log" 2>&1 &
     pk_started "$base" $! "$host"
     pk_wait 120 docker -H "$host" version || pk_log_tail "$name" "$log"
@@ -456,6 +474,8 @@ pk_services_main() {
     pk_ssh_client "$root"
     export PATH="$root/bin:$PATH"
 
+    pk_storage "$root"
+    pk_say "the engines store images with the $PK_STORAGE driver"
     pk_registry "$root"
     local reg="$PK_REG_ADDR"
     pk_dockerd dockerd "$root" pk-docker
