@@ -44,7 +44,7 @@ from patchkit.engines.imagefiles import ImageFiles
 from patchkit.formats.archive import ArchiveFacts, complete_archive, relay
 from patchkit.formats.layer import BaseImage, Layer, history_of
 from patchkit.engines.sdk import border, explain, sdk, ssh_adapter_class
-from patchkit.engines.sshlink import ssh_argv, ssh_port
+from patchkit.engines.sshlink import SshLink, ssh_port
 from patchkit.imageref import (Platform, engine_problem, host_of, repository, split_tag,
                                unreachable)
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
@@ -88,6 +88,7 @@ class Engine:
         self.host = host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self.cli = cli
         self._store: Store | None = None
+        self._link: SshLink | None = None   # the ssh connection of an ssh:// engine
         self._version: dict | None = None
         self._info: dict | None = None
 
@@ -102,7 +103,6 @@ class Engine:
             if importlib.util.find_spec("paramiko") is None:  # the SDK's ssh transport needs it
                 raise ImageError(f"DOCKER_HOST={host} needs the paramiko package, which is not "
                                  "installed: pip install 'docker[ssh]'") from None
-        if host and host.startswith("ssh://"):
             return cls._connect_ssh(host, timeout)
         try:
             client = (docker.DockerClient(base_url=host, timeout=timeout) if host
@@ -117,14 +117,15 @@ class Engine:
     @classmethod
     def _connect_ssh(cls, host: str, timeout: float) -> "Engine":
         """The engine behind ssh (the system's, so ~/.ssh/config and agents apply), over one
-        ssh session kept open for every request; its first answer (the version, which the
-        SDK needs anyway) is the proof that it answers, else what ssh said is the error."""
+        ssh connection that every session shares (``sshlink.SshLink``); its first answer
+        (the version, which the SDK needs anyway) is the proof that it answers, else what ssh
+        said is the error."""
         docker = sdk()
-        dest, port = ssh_port(host, timeout)
-        adapter = ssh_adapter_class()(dest, port, timeout)
+        link = SshLink(*ssh_port(host, timeout), timeout)
+        adapter = ssh_adapter_class()(link, timeout)
         try:
-            client = docker.DockerClient(base_url=f"ssh://{dest}:{port}", timeout=timeout,
-                                         use_ssh_client=True, version=_MIN_API)
+            client = docker.DockerClient(base_url=f"ssh://{link.dest}:{link.port}",
+                                         timeout=timeout, use_ssh_client=True, version=_MIN_API)
             client.api.mount("http+docker://ssh", adapter)
             client.api._custom_adapter = adapter
             version = client.api.version(api_version=False)
@@ -133,8 +134,8 @@ class Engine:
             said = adapter.complaint() or explain(exc)
             adapter.close()
             raise ImageError(f"no Docker Engine answers at {host}: {said}") from exc
-        engine = cls(client, host, [*ssh_argv(dest, port, timeout), "docker"])
-        engine._version = version
+        engine = cls(client, host, [*link.argv(), "docker"])
+        engine._version, engine._link = version, link
         return engine
 
     def close(self) -> None:
@@ -524,6 +525,8 @@ class Engine:
                              f"{shown_seconds(timeout * LOAD_PATIENCE)} of its last byte")
         said = proc.said()
         if code == 255 and proc.cmd[0] == "ssh":
+            if not said and self._link is not None:   # a session over a master that broke
+                said = self._link.complaint(wait=1.0)
             when = f"after {sent:,} bytes of the image" if sent else "before the load began"
             raise ImageError(f"the link broke {when} (ssh: {said or 'exit 255'})")
         if code:
