@@ -10,12 +10,15 @@ test_copy_docker.py.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from patchkit.commands import copy_image
 from patchkit.engines.sshlink import SshLink
+from patchkit.errors import ImageError
 
 STANDIN = """#!/bin/sh
 echo "$*" >> "{log}"
@@ -86,3 +89,16 @@ def test_a_link_never_used_ends_its_master_and_folder(ssh_log):
     link.close()
     assert not os.path.exists(folder)
     assert master.poll() is not None
+
+
+def test_copy_image_starts_the_nodes_connection_before_the_source_answers(ssh_log, tmp_path,
+                                                                         monkeypatch):
+    # the source engine is not there: the run fails on it, and the node's ssh, started at
+    # once beside it, has ended with the run, its folder gone
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
+    with pytest.raises(ImageError, match="no Docker Engine answers at unix://"):
+        copy_image.run("pk-test/x:1", ["ssh://node:2222"])
+    (line,) = _lines(ssh_log, 1)
+    assert line.endswith("-p 2222 -- node docker system dial-stdio"), line
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("pk-ssh-")]

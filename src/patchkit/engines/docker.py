@@ -93,9 +93,12 @@ class Engine:
         self._info: dict | None = None
 
     @classmethod
-    def connect(cls, host: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> "Engine":
+    def connect(cls, host: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                link: SshLink | None = None) -> "Engine":
         """The engine at ``host`` (an address ``engine_url`` took), else the one DOCKER_HOST
-        names, once it has answered; ``timeout`` bounds each silence of it."""
+        names, once it has answered; ``timeout`` bounds each silence of it.  ``link`` is the
+        ssh connection :meth:`dial` started to ``host`` already (an ssh:// one), the
+        engine's from then on; the caller ends it when this fails."""
         docker = sdk()
         host = host or docker_host()
         shown = host or "unix:///var/run/docker.sock"
@@ -103,7 +106,7 @@ class Engine:
             if importlib.util.find_spec("paramiko") is None:  # the SDK's ssh transport needs it
                 raise ImageError(f"DOCKER_HOST={host} needs the paramiko package, which is not "
                                  "installed: pip install 'docker[ssh]'") from None
-            return cls._connect_ssh(host, timeout)
+            return cls._connect_ssh(host, timeout, link)
         try:
             client = (docker.DockerClient(base_url=host, timeout=timeout) if host
                       else docker.from_env(timeout=timeout))
@@ -114,14 +117,22 @@ class Engine:
         cli = ["docker", "-H", shown] if shutil.which("docker") else None
         return cls(client, shown, cli)
 
+    @staticmethod
+    def dial(host: str, timeout: float = DEFAULT_TIMEOUT) -> SshLink | None:
+        """For an ssh:// ``host``, its ssh connection started now (``connect`` then takes it),
+        so that ssh connects while the run does what comes first; None for other engines."""
+        if not host.startswith("ssh://"):
+            return None
+        return SshLink(*ssh_port(host, timeout), timeout)
+
     @classmethod
-    def _connect_ssh(cls, host: str, timeout: float) -> "Engine":
+    def _connect_ssh(cls, host: str, timeout: float, link: SshLink | None) -> "Engine":
         """The engine behind ssh (the system's, so ~/.ssh/config and agents apply), over one
         ssh connection that every session shares (``sshlink.SshLink``); its first answer
         (the version, which the SDK needs anyway) is the proof that it answers, else what ssh
         said is the error."""
         docker = sdk()
-        link = SshLink(*ssh_port(host, timeout), timeout)
+        link = link or SshLink(*ssh_port(host, timeout), timeout)
         adapter = ssh_adapter_class()(link, timeout)
         try:
             client = docker.DockerClient(base_url=f"ssh://{link.dest}:{link.port}",

@@ -8,7 +8,8 @@ apply.
 Every session patchkit opens on one node goes over one ssh connection (:class:`SshLink`): the
 API's session is its master (OpenSSH's ``ControlMaster``, on a socket in a private folder), and
 the sessions after it (a ``docker load``, a ``docker save``) open over it, without a connection,
-key exchange and authentication of their own.  Where the node refuses a second session on the
+key exchange and authentication of their own.  The link starts as soon as the node is named,
+beside whatever else the run does first.  Where the node refuses a second session on the
 connection (sshd's ``MaxSessions``), or the master is gone, ssh opens a connection of its own.
 Nothing outlives the link: its master is the API's session, which ends when the engine is let
 go (or when patchkit ends, as its input closes), and the folder goes with it.
