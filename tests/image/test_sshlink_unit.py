@@ -9,6 +9,7 @@ test_copy_docker.py.
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 import time
@@ -89,6 +90,18 @@ def test_a_link_never_used_ends_its_master_and_folder(ssh_log):
     link.close()
     assert not os.path.exists(folder)
     assert master.poll() is not None
+
+
+def test_the_folder_of_a_link_never_closed_goes_with_it(ssh_log):
+    link = SshLink("node", 22, 5.0)
+    (first,) = _lines(ssh_log, 1)
+    folder = os.path.dirname(_option(first, "ControlPath"))
+    master = link._first.proc
+    del link
+    gc.collect()
+    assert not os.path.exists(folder)
+    master.kill()
+    master.wait(timeout=10)
 
 
 def test_copy_image_starts_the_nodes_connection_before_the_source_answers(ssh_log, tmp_path,

@@ -27,6 +27,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import weakref
 from urllib.parse import urlsplit
 
 from patchkit.errors import CommandError, ImageError
@@ -79,6 +80,8 @@ class SshLink:
         self.dest, self.port, self.timeout = dest, port, timeout
         self._folder = _private_folder()
         self._socket = os.path.join(self._folder, "master") if self._folder else None
+        if self._folder is not None:   # an engine never let go: its folder goes at the end
+            weakref.finalize(self, shutil.rmtree, self._folder, True)
         self._lock = threading.Lock()
         self._streams: list[SshStream] = []
         self._first: SshStream | None = self._open()
