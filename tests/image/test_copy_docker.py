@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 
 import docker
 import pytest
@@ -29,6 +30,8 @@ import pytest
 from testing import smallimage
 from testing.dockersdk import fingerprint_of, forget
 from testing.link import Link
+from testing.onesession import Unavailable as OneSessionUnavailable
+from testing.onesession import one_session_sshd
 from testing.smalldisk import Unavailable, small_disk_engine
 from testing.smallimage import MiB, filler
 from patchkit import cli
@@ -207,14 +210,28 @@ def test_a_cut_link_leaves_the_tag_as_it_was_and_a_rerun_completes(overlay, othe
     assert fingerprint_of(node3.direct, TAG) == overlay["fingerprint"]
 
 
+@pytest.fixture(scope="module")
+def one_session_node3(tmp_path_factory):
+    """Node 3's engine behind an sshd of this module's own that opens one session per
+    connection: the port of that sshd."""
+    try:
+        with one_session_sshd(3, tmp_path_factory.mktemp("sshd")) as port:
+            yield port
+    except OneSessionUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
 def test_a_target_that_closes_the_load_before_it_starts_is_one_line(overlay, other, node3,
-                                                                   capfd):
-    # the node answers what it holds (the first connection), then closes the load's own
-    # session as soon as it opens; -v gives the rest
+                                                                   one_session_node3, capfd):
+    # the node answers what it holds (the first connection, and its session), then drops the
+    # load's own session as it opens: its sshd refuses a second session on that connection,
+    # and the link closes the connection ssh then opens for it; -v gives the rest
     forget(node3.direct, TAG, overlay["id"], overlay["base"])
     holding_other(node3, other)
     for verbose in ([], ["-v"]):
-        with Link(port_of(node3.url)) as link:
+        with Link(one_session_node3) as link:
             url = link.url("pk-node3")
             link.refuse_after(1)
             code = cli.main(["copy-image", TAG, "--to", url, *verbose])
@@ -228,6 +245,36 @@ def test_a_target_that_closes_the_load_before_it_starts_is_one_line(overlay, oth
         assert node3.direct.images.get(TAG).id == other
     if verbose:
         assert "holds none of the" in err and "streaming" in err, err
+
+
+def test_a_node_with_one_session_a_connection_still_gets_the_copy(overlay, node3,
+                                                                 one_session_node3):
+    # the load's session, refused on the API's connection, opens a connection of its own
+    forget(node3.direct, TAG, overlay["id"], overlay["base"])
+    with Link(one_session_node3) as link:
+        (t,) = copy_image.run(TAG, [link.url("pk-node3")]).targets
+        assert link.connections == 2
+    assert t.status == "copied", t
+    assert fingerprint_of(node3.direct, TAG) == overlay["fingerprint"]
+
+
+def test_a_full_copy_opens_one_connection_and_leaves_nothing_running(overlay, node3):
+    # the API's session and the load's share one ssh connection: one key exchange, as the
+    # pipe makes; its master and the folder of its socket end with the run
+    forget(node3.direct, TAG, overlay["id"], overlay["base"])
+    before = _ssh_folders()
+    with Link(port_of(node3.url)) as link:
+        (t,) = copy_image.run(TAG, [link.url("pk-node3")]).targets
+        assert (t.status, t.sent.layers_skipped) == ("copied", 0), t
+        assert link.connections == 1
+        assert not _children_of_the_link(link.port, TAG)
+    assert _ssh_folders() <= before
+    assert fingerprint_of(node3.direct, TAG) == overlay["fingerprint"]
+
+
+def _ssh_folders() -> set[str]:
+    """The folders of ssh masters' sockets in the temporary folder."""
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("pk-ssh-")}
 
 
 def test_a_store_without_partial_loads_gets_the_export_spliced_whole(overlay, podman_client):
@@ -311,7 +358,7 @@ def _children_of_the_link(port: int, tag: str) -> list[str]:
                 argv = fh.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if (argv[0] == "ssh" and str(port) in argv) or (argv[:1] == ["docker"] and "save" in argv
+        if (os.path.basename(argv[0]) == "ssh" and str(port) in argv) or (argv[:1] == ["docker"] and "save" in argv
                                                         and tag in argv):
             found.append(" ".join(argv))
     return found

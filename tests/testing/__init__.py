@@ -19,6 +19,8 @@ pyproject's ``pythonpath`` puts tests/ on the import path, so any test imports `
   content); ``testing.imageproject`` -- the image tests' patchset project on the real vLLM
   0.27.1; ``testing.regproxy`` -- a byte-counting relay in front of a registry;
 * ``testing.link`` -- a relay between ssh and a node's sshd that counts, cuts and slows;
+  ``testing.onesession`` -- an sshd of a test's own in front of a node's engine that takes one
+  session per connection;
   ``testing.smallimage`` -- small images of a run's own, for copies; ``testing.smalldisk`` --
   an engine of a test's own on a small tmpfs; ``testing.fakeengine`` -- a Docker Engine in
   memory under the engine border, for the image paths' unit tests;

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 from patchkit.errors import Origin, UsageError
 from patchkit.engines.docker import Engine
 from patchkit.nodes.transfer import CopyReport, How, Log, check_compress, check_targets, \
-    check_via, copy
+    check_via, copy, dialed
 from patchkit.imageref import check_reference
 from patchkit.manifest import Manifest
 from patchkit.run import built_tag
@@ -41,6 +41,7 @@ def run(image: str, targets: Sequence[str], *, source: Engine | None = None,
     if not urls:
         raise UsageError("give the engines to copy to with --to ENGINE")
     check_compress(how.compress)
-    source = source or Engine.connect(timeout=timeout)
-    return copy(source, image, urls, connect=connect, log=log, timeout=timeout, via=via,
-                dry_run=how.dry_run, compress=how.compress)
+    with dialed(urls, timeout, connect) as reach:   # ssh connects while the source answers
+        source = source or Engine.connect(timeout=timeout)
+        return copy(source, image, urls, connect=reach, log=log, timeout=timeout, via=via,
+                    dry_run=how.dry_run, compress=how.compress)

@@ -44,7 +44,7 @@ from patchkit.engines.imagefiles import ImageFiles
 from patchkit.formats.archive import ArchiveFacts, complete_archive, relay
 from patchkit.formats.layer import BaseImage, Layer, history_of
 from patchkit.engines.sdk import border, explain, sdk, ssh_adapter_class
-from patchkit.engines.sshlink import ssh_argv, ssh_port
+from patchkit.engines.sshlink import SshLink, ssh_port
 from patchkit.imageref import (Platform, engine_problem, host_of, repository, split_tag,
                                unreachable)
 from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
@@ -88,13 +88,17 @@ class Engine:
         self.host = host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self.cli = cli
         self._store: Store | None = None
+        self._link: SshLink | None = None   # the ssh connection of an ssh:// engine
         self._version: dict | None = None
         self._info: dict | None = None
 
     @classmethod
-    def connect(cls, host: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> "Engine":
+    def connect(cls, host: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                link: SshLink | None = None) -> "Engine":
         """The engine at ``host`` (an address ``engine_url`` took), else the one DOCKER_HOST
-        names, once it has answered; ``timeout`` bounds each silence of it."""
+        names, once it has answered; ``timeout`` bounds each silence of it.  ``link`` is the
+        ssh connection :meth:`dial` started to ``host`` already (an ssh:// one), the
+        engine's from then on; the caller ends it when this fails."""
         docker = sdk()
         host = host or docker_host()
         shown = host or "unix:///var/run/docker.sock"
@@ -102,8 +106,7 @@ class Engine:
             if importlib.util.find_spec("paramiko") is None:  # the SDK's ssh transport needs it
                 raise ImageError(f"DOCKER_HOST={host} needs the paramiko package, which is not "
                                  "installed: pip install 'docker[ssh]'") from None
-        if host and host.startswith("ssh://"):
-            return cls._connect_ssh(host, timeout)
+            return cls._connect_ssh(host, timeout, link)
         try:
             client = (docker.DockerClient(base_url=host, timeout=timeout) if host
                       else docker.from_env(timeout=timeout))
@@ -114,17 +117,26 @@ class Engine:
         cli = ["docker", "-H", shown] if shutil.which("docker") else None
         return cls(client, shown, cli)
 
+    @staticmethod
+    def dial(host: str, timeout: float = DEFAULT_TIMEOUT) -> SshLink | None:
+        """For an ssh:// ``host``, its ssh connection started now (``connect`` then takes it),
+        so that ssh connects while the run does what comes first; None for other engines."""
+        if not host.startswith("ssh://"):
+            return None
+        return SshLink(*ssh_port(host, timeout), timeout)
+
     @classmethod
-    def _connect_ssh(cls, host: str, timeout: float) -> "Engine":
+    def _connect_ssh(cls, host: str, timeout: float, link: SshLink | None) -> "Engine":
         """The engine behind ssh (the system's, so ~/.ssh/config and agents apply), over one
-        ssh session kept open for every request; its first answer (the version, which the
-        SDK needs anyway) is the proof that it answers, else what ssh said is the error."""
+        ssh connection that every session shares (``sshlink.SshLink``); its first answer
+        (the version, which the SDK needs anyway) is the proof that it answers, else what ssh
+        said is the error."""
         docker = sdk()
-        dest, port = ssh_port(host, timeout)
-        adapter = ssh_adapter_class()(dest, port, timeout)
+        link = link or SshLink(*ssh_port(host, timeout), timeout)
+        adapter = ssh_adapter_class()(link, timeout)
         try:
-            client = docker.DockerClient(base_url=f"ssh://{dest}:{port}", timeout=timeout,
-                                         use_ssh_client=True, version=_MIN_API)
+            client = docker.DockerClient(base_url=f"ssh://{link.dest}:{link.port}",
+                                         timeout=timeout, use_ssh_client=True, version=_MIN_API)
             client.api.mount("http+docker://ssh", adapter)
             client.api._custom_adapter = adapter
             version = client.api.version(api_version=False)
@@ -133,8 +145,8 @@ class Engine:
             said = adapter.complaint() or explain(exc)
             adapter.close()
             raise ImageError(f"no Docker Engine answers at {host}: {said}") from exc
-        engine = cls(client, host, [*ssh_argv(dest, port, timeout), "docker"])
-        engine._version = version
+        engine = cls(client, host, [*link.argv(), "docker"])
+        engine._version, engine._link = version, link
         return engine
 
     def close(self) -> None:
@@ -524,6 +536,8 @@ class Engine:
                              f"{shown_seconds(timeout * LOAD_PATIENCE)} of its last byte")
         said = proc.said()
         if code == 255 and proc.cmd[0] == "ssh":
+            if not said and self._link is not None:   # a session over a master that broke
+                said = self._link.complaint(wait=1.0)
             when = f"after {sent:,} bytes of the image" if sent else "before the load began"
             raise ImageError(f"the link broke {when} (ssh: {said or 'exit 255'})")
         if code:

@@ -14,7 +14,7 @@ import socket
 from contextlib import contextmanager
 from typing import Iterator
 
-from patchkit.engines.sshlink import SshStream
+from patchkit.engines.sshlink import SshLink
 from patchkit.errors import ImageError
 from patchkit.timeouts import shown as shown_seconds
 
@@ -104,14 +104,14 @@ def border(what: str) -> Iterator[None]:
 @functools.cache
 def ssh_adapter_class():
     """The SDK's ssh adapter, made to keep its connections: one pool for the engine, whose
-    connections run over :class:`SshStream` sessions and are used again request after
-    request (HTTP keep-alive through ``dial-stdio``)."""
+    connections run over the sessions of one :class:`SshLink` (the first of them started
+    before the SDK asked for it) and are used again request after request (HTTP keep-alive
+    through ``dial-stdio``)."""
     from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
 
     class Connection(SSHConnection):
         def connect(self) -> None:
-            self.sock = SshStream(*self.ssh_host, self.timeout)
-            self.adapter_streams.append(self.sock)
+            self.sock = self.link.session(self.timeout)
 
     class Pool(SSHConnectionPool):
         def _get_conn(self, timeout=None):
@@ -122,26 +122,25 @@ def ssh_adapter_class():
 
         def _new_conn(self):
             conn = Connection(None, self.timeout, self.ssh_host)
-            conn.adapter_streams = self.streams
+            conn.link = self.link
             return conn
 
     class Adapter(SSHHTTPAdapter):
-        def __init__(self, dest: str, port: int, timeout: float) -> None:
-            super().__init__(f"ssh://{dest}:{port}", timeout, shell_out=True)
-            self.streams: list[SshStream] = []
-            self.pool = Pool(None, timeout, self.max_pool_size, (dest, port))
-            self.pool.streams = self.streams
+        def __init__(self, link: SshLink, timeout: float) -> None:
+            super().__init__(f"ssh://{link.dest}:{link.port}", timeout, shell_out=True)
+            self.link = link
+            self.pool = Pool(None, timeout, self.max_pool_size, (link.dest, link.port))
+            self.pool.link = link
 
         def get_connection(self, url, proxies=None):
             return self.pool
 
         def complaint(self) -> str:
-            return next((c for c in (s.complaint() for s in reversed(self.streams)) if c), "")
+            return self.link.complaint()
 
         def close(self) -> None:
             super().close()
             self.pool.close()
-            for stream in self.streams:
-                stream.close()
+            self.link.close()
 
     return Adapter

@@ -42,6 +42,7 @@ import functools
 import queue
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -52,6 +53,7 @@ from patchkit.engines import pipes
 from patchkit.engines.docker import LOAD_PATIENCE, Engine, engine_url
 from patchkit.engines.facts import Inspected, Prefix, Transfer
 from patchkit.engines.facts import fingerprint
+from patchkit.engines.sshlink import SshLink
 from patchkit.formats.archive import (CHUNK, COMPRESSIONS, ArchiveFacts, compressed, relay,
                                       relayed_export, zstd_module)
 from patchkit.imageref import host_of, reference_problem, repository, split_tag
@@ -184,6 +186,41 @@ def check_targets(targets: Sequence[str], flag: str = "--to") -> list[str]:
         if url not in urls:
             urls.append(url)
     return urls
+
+
+@contextmanager
+def dialed(urls: Sequence[str], timeout: float,
+           connect: Callable[[str], Engine] | None = None) -> Iterator[Callable[[str], Engine]]:
+    """How ``copy`` reaches each of ``urls``: ``connect`` when given, else ``Engine.connect``
+    over the ssh connections started here, at once, for the ssh:// ones, so that ssh connects
+    while the source is asked (the SDK imported, the image read); those never taken end
+    with the block.  A target that cannot be dialled is connected as before, and fails
+    there."""
+    if connect is not None:
+        yield connect
+        return
+    links: dict[str, SshLink | None] = {}
+
+    def reach(url: str) -> Engine:
+        link = links.pop(url, None)
+        try:
+            return Engine.connect(url, timeout=timeout, link=link)
+        except BaseException:
+            if link is not None:
+                link.close()
+            raise
+
+    try:
+        for url in urls:
+            try:
+                links[url] = Engine.dial(url, timeout)
+            except PatchkitError:
+                pass   # connecting it says the same, as that target's failure
+        yield reach
+    finally:
+        for link in list(links.values()):
+            if link is not None:
+                link.close()
 
 
 def check_compress(how: str) -> str:
