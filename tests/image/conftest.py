@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from testing.imageproject import OTHER_RELEASE, REGISTRY, RELEASE
+from testing.imageproject import REGISTRY, RELEASE
 
 
 def _service(var: str) -> str:
@@ -64,15 +64,15 @@ def registry(docker_client) -> str:
 
 @pytest.fixture(scope="session")
 def bases(docker_client, registry) -> dict:
-    """``{version: ensure_base info}`` for both test releases (built once, then cached)."""
+    """``{RELEASE: ensure_base info}``: the base of the release the test patchset is applied to
+    (built once, then cached).  A base of another release, for the refusals, is the vendor's
+    (``vendor_base``: 0.31.0's sources), which other tests need anyway: each base is a full
+    build of a release's files."""
     from testing import baseimage
 
-    out = {}
-    for version in (RELEASE, OTHER_RELEASE):
-        out[version] = baseimage.ensure_base(docker_client, version,
-                                             f"{registry}/pk-test/vllm-base:{version}",
-                                             log=lambda m: print(m, file=sys.stderr))
-    return out
+    return {RELEASE: baseimage.ensure_base(docker_client, RELEASE,
+                                           f"{registry}/pk-test/vllm-base:{RELEASE}",
+                                           log=lambda m: print(m, file=sys.stderr))}
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import pytest
 
 from testing import imageproject as ip
 from testing.dockersdk import absent, created_of, files_of
-from testing.imageproject import OTHER_RELEASE, RELEASE, SITE
+from testing.imageproject import RELEASE, SITE
 import patchkit
 from patchkit import cli
 from patchkit.commands.build_image import Request
@@ -231,13 +231,13 @@ def test_save_writes_an_archive_for_docker_load(built, project, tmp_path):
         assert len(man[0]["Layers"]) == 2
 
 
-def test_base_holding_another_release_is_refused(project, bases, docker_client):
+def test_base_holding_another_release_is_refused(project, vendor_base, docker_client):
     m, workdir = project
     tag = f"{REGISTRY_TAG}:refused-release"
+    assert vendor_base["release"] != RELEASE
     with pytest.raises(ImageError) as exc:
-        build_image(m, Request(workdir=workdir, apply=False, base=bases[OTHER_RELEASE]["tag"],
-                               tag=tag))
-    assert f"holds vLLM {OTHER_RELEASE}, not {RELEASE}" in str(exc.value)
+        build_image(m, Request(workdir=workdir, apply=False, base=vendor_base["tag"], tag=tag))
+    assert f"holds vLLM {vendor_base['version']}, not {RELEASE}" in str(exc.value)
     assert "\n" not in str(exc.value)
     assert absent(docker_client, tag)
 

@@ -26,7 +26,6 @@ from testing.upstream import commit, unified
 # fixture says so
 REGISTRY = os.environ.get("PK_REGISTRY", "")
 RELEASE = "0.27.1"        # the release the test patchset is applied to
-OTHER_RELEASE = "0.33.0"  # a base holding another release, for the refusal
 SITE = "/" + BASE_SITE     # where the bases install vLLM
 
 SPEC = "vllm/config/speculative.py"
