@@ -872,7 +872,7 @@ class _Attempt:
     def load(cls, scratch: Path) -> _Attempt:
         try:
             data = json.loads((scratch / ".patchkit" / ATTEMPT).read_text())
-            steps = {s["id"]: rebase.Step(**s) for s in data["steps"]}
+            steps = {s["id"]: rebase.Step.from_dict(s) for s in data["steps"]}
             return cls(str(data["snapshot"]), steps, str(data["stopped"]),
                        tuple(data.get("notes", ())))
         except (OSError, ValueError, KeyError, TypeError):
