@@ -15,7 +15,7 @@ from patchkit.series import checkout
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 
-@dataclass
+@dataclass(frozen=True)
 class LockReport:
     path: str
     written: bool          # False: the file already held these bytes
