@@ -64,7 +64,7 @@ class ImageSource:
     def tags(self, text: str, cache: Path, log: Log, *, package: PackageId = VLLM) -> list[str]:
         raise SourceError(f"the {package.label} source 'image' is one base's package and has no "
                           "releases to list; name the targets with --to, or list pypi among "
-                          f"{package.key('repo')}")
+                          f"{package.key('repo')}", source=WORD)
 
     def label(self, text: str, version: str, package: PackageId = VLLM) -> str:
         return text
@@ -155,4 +155,4 @@ def _check_ref(ref: str, base: Base, package: PackageId = VLLM) -> None:
                       f"({package.label} {installed or 'of unknown version'}), and the pin {ref} "
                       f"names something else; give {package.option('ref', BASE_REF)}"
                       + (f" (or v{installed})" if installed else "")
-                      + f", or list pypi among {package.key('repo')}")
+                      + f", or list pypi among {package.key('repo')}", source=WORD)

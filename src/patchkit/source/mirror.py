@@ -69,9 +69,10 @@ def resolve(source: str, ref: str, cache: Path, log: Log, *, package: PackageId 
             if is_commit_id(ref):
                 # the source answered (it was fetched or cloned just now): it lacks the commit
                 raise MissingError(f"{package.label} commit {ref} is missing from {source} (it "
-                                   "answered: fetched just now, the commit is not there)")
+                                   "answered: fetched just now, the commit is not there)",
+                                   source=source)
             raise SourceError(f"unknown {package.label} ref {ref!r} in {source}"
-                              f"{_did_you_mean(repo, ref)}")
+                              f"{_did_you_mean(repo, ref)}", source=source)
         return Resolved(source, repo, ref, commit, version_of(repo, commit, package.top))
 
 
@@ -107,9 +108,9 @@ def _url_of(source: str) -> str:
         return source
     local = Path(source).expanduser().absolute()
     if not os.path.exists(local):
-        raise SourceError(f"no such repository: {source}")
+        raise SourceError(f"no such repository: {source}", source=source)
     if local.is_dir() and not _looks_like_git(local):
-        raise SourceError(f"{source} is not a git repository")
+        raise SourceError(f"{source} is not a git repository", source=source)
     return str(local)
 
 
@@ -133,7 +134,7 @@ class UnreachableError(SourceError):
 
     def __init__(self, url: str, until: float, why: str, marker: Path | None) -> None:
         shown = time.strftime("%H:%M UTC", time.gmtime(until))
-        super().__init__(f"{url} is unreachable; not asked again until {shown}")
+        super().__init__(f"{url} is unreachable; not asked again until {shown}", source=url)
         self.more = (f"{url}: {why}" + (f"; remembered in {marker} until "
                                         f"{time.strftime('%H:%M:%S UTC', time.gmtime(until))}"
                                         "; delete it to try now" if marker else ""))
@@ -156,13 +157,14 @@ def _remembered(url: str, repo: Path) -> UnreachableError | None:
     return UnreachableError(url, until, why, marker)
 
 
-def _failed(url: str, repo: Path, why: str) -> SourceError:
-    """The error of a clone or fetch of ``url`` that failed: a source that answers (it lists
-    its branches) refused this one thing, and nothing is remembered; one that does not answer
-    is remembered for ``UNREACHABLE_FOR``."""
+def _failed(url: str, repo: Path, why: str, *, cloning: bool) -> SourceError:
+    """The error of a clone (``cloning``) or fetch of ``url`` that failed: a source that
+    answers (it lists its branches) refused this one thing, and nothing is remembered; one
+    that does not answer is remembered for ``UNREACHABLE_FOR``."""
     if g.answers(url):
-        done = "made" if why.startswith("cannot clone") else "updated"
-        return SourceError(f"{url} answered, but the mirror could not be {done} ({why})")
+        done = "made" if cloning else "updated"
+        return SourceError(f"{url} answered, but the mirror could not be {done} ({why})",
+                           source=url)
     return _unreachable(url, repo, why)
 
 
@@ -209,7 +211,8 @@ def _clone_mirror(url: str, repo: Path, log: Log) -> None:
         try:
             g.clone_mirror(url, tmp / "m")
         except CommandError as exc:
-            raise _failed(url, repo, f"cannot clone: {_first_error(exc.output)}") from None
+            raise _failed(url, repo, f"cannot clone: {_first_error(exc.output)}",
+                          cloning=True) from None
         (tmp / "m").rename(repo)
         _marker(repo).unlink(missing_ok=True)
     finally:
@@ -223,7 +226,8 @@ def _fetch(repo: Path, url: str) -> None:
     try:
         g.fetch_mirror(repo, url)
     except CommandError as exc:
-        raise _failed(url, repo, f"cannot fetch: {_first_error(exc.output)}") from None
+        raise _failed(url, repo, f"cannot fetch: {_first_error(exc.output)}",
+                      cloning=False) from None
 
 
 def _first_error(output: str) -> str:

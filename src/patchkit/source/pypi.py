@@ -104,9 +104,11 @@ def _release(cache: Path, ref: str, log, package: PackageId) -> tuple[Path, str,
                                   "a valid zip file") from None
         except CommandError:
             if not g.is_repository(repo):
+                # its path, in the source's own folder of the cache, names the source
                 raise SourceError(f"the cached repository {repo} went away while {package.label} "
                                   f"{version} "
-                                  "was laid out into it (was the cache deleted?); run again") from None
+                                  "was laid out into it (was the cache deleted?); run again",
+                                  source=WORD) from None
             raise
     return repo, tag, commit
 
