@@ -238,7 +238,8 @@ def _check_is_checkout(path: Path, label: str, patches: Sequence[Patch], first: 
 def verify_image(manifest: Manifest, image: str, *, engine: Engine | None = None,
                  variant: str | None = None) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
-    spec = run_spec(manifest, variant=variant, engine=engine or Engine.connect())
+    spec = run_spec(manifest, variant=variant,
+                    engine=engine or Engine.connect(timeout=DEFAULT_TIMEOUT))
     return _check_image(manifest, image, spec).results
 
 
