@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from patchkit.cache import cache_dir
 from patchkit.errors import ImageError, Origin, PatchkitError, UsageError
 from patchkit.nodes import ledger
 from patchkit.nodes import evidence
@@ -131,7 +132,7 @@ def run(manifest: Manifest, request: Request = Request(), *,
         connect: Callable[[str], Engine] | None = None) -> Rollback:
     moving = _moving(manifest, request.to, request.tag)
     urls = fleet.addresses(manifest.image.nodes, request.nodes, "--node")
-    history = history or ledger.History()
+    history = history or ledger.History(cache_dir())
     pending = ledger.Pending(moving, history.cache)
     reached = fleet.reach(urls, request.timeout, connect)
     try:
