@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import interrupt, manifest
 from patchkit.errors import UsageError
 from patchkit.files import write_if_changed
@@ -54,7 +54,7 @@ class ExportResult:
         return any(e.action is not ExportAction.UNCHANGED for e in self.exported)
 
 
-def _commits(workdir: Path) -> list[g.CommitInfo]:
+def _commits(workdir: Path) -> list[git.CommitInfo]:
     if not checkout.has_applied_tag(workdir):
         raise UsageError(f"{workdir} has no tag {checkout.APPLIED_TAG}: it is not a checkout "
                          "`patchkit apply` made")
@@ -63,7 +63,7 @@ def _commits(workdir: Path) -> list[g.CommitInfo]:
         raise UsageError(f"{workdir}: merge commit {merges[-1][:12]} after "
                          f"{checkout.APPLIED_TAG}; export takes a straight line of commits "
                          "(rebase them first)")
-    return [g.commit_info(workdir, sha) for sha in checkout.commits_after_series(workdir)]
+    return [git.commit_info(workdir, sha) for sha in checkout.commits_after_series(workdir)]
 
 
 def export(manifest_path: Path, workdir: Path) -> ExportResult:
@@ -83,7 +83,7 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
     commits = {name: _commits(place) for name, place in places.items()}
     below: set[str] = set()
     for name, place in places.items():
-        if g.has_uncommitted(place):
+        if git.has_uncommitted(place):
             notes.append(f"{place} has uncommitted changes; only commits are exported")
         report = checkout.read_report(place)
         applied = [p.id for p in report.patches] if report else []
@@ -110,7 +110,7 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
 
 
 def _export_commits(m, text: ManifestText, place: Path, package: str,
-                    commits: list[g.CommitInfo], said: tuple[list[Exported], list[str]],
+                    commits: list[git.CommitInfo], said: tuple[list[Exported], list[str]],
                     claimed: set[str], below: set[str]) -> list[list[tuple[str, str]]]:
     """Write each commit of ``package``'s checkout at ``place`` as its diff, each told in
     ``said`` (what was exported, the notes); the entries of the new ones, to append."""
@@ -120,7 +120,7 @@ def _export_commits(m, text: ManifestText, place: Path, package: str,
     new_entries = []
     for c in commits:
         summary = intake.summary(c)
-        diff = g.diff(place, f"{c.sha}~1", c.sha)
+        diff = git.diff(place, f"{c.sha}~1", c.sha)
         if not diff.strip():
             notes.append(f"{c.sha[:12]} {summary!r} changes nothing; not exported")
             continue

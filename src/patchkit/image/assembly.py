@@ -9,14 +9,14 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import source
 from patchkit.image import artifact
 from patchkit.image import base as base_
 from patchkit.image import build, builders, labels
 from patchkit.engines import facts
 from patchkit.formats import layer
-from patchkit.image import lockfile as stack
+from patchkit.image import lockfile
 from patchkit.image.builders.protocol import Job
 from patchkit.imageref import Platform
 from patchkit.manifest import Manifest
@@ -110,7 +110,7 @@ class BuildReport:
 
 
 def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: AppliedCheckout,
-             held: base_.BaseStack | None, lock: stack.Lock | None, registry=None,
+             held: base_.BaseStack | None, lock: lockfile.Lock | None, registry=None,
              log=lambda m: None, started: float | None = None) -> BuildReport:
     """The image of the applied checkout ``tree`` (at the run's workdir, the other packages
     beside it), built on the engine the run connected, or with ``no_daemon`` straight in
@@ -121,16 +121,16 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
     workdir = tree.root
     base_.prove_packages(manifest, workdir, held, log)
     if lock is not None:
-        stack.check_packages(manifest, lock, stack.patched_packages(
+        lockfile.check_packages(manifest, lock, lockfile.patched_packages(
             manifest, workdir, held.installed if held else None))
-        log(f"the base and the packages are the ones {stack.LOCK_FILE} names")
+        log(f"the base and the packages are the ones {lockfile.LOCK_FILE} names")
     packages = _shipped_packages(manifest, workdir, held)
     choice = replace(build.choose_mode(tree.changes(), choices.mode),
                      packages=tuple(p.name for p in packages))
     _log_choice(choice, log)
     final_tag = run.final_tag(manifest, tree.vllm.ref, tree.vllm.version, tree.report.variant)
     plat = run.platform
-    project = g.provenance(manifest.root)
+    project = git.provenance(manifest.root)
     job = Job(manifest, tree, choice, plat, final_tag, run.base, choices.push, log, run.cache,
                        engine=engine, registry=registry, max_jobs=choices.max_jobs,
                        nvcc_threads=choices.nvcc_threads, packages=packages, lock=lock,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from patchkit import interrupt, kinds, source
 from patchkit import filelocks
-from patchkit import git as g
+from patchkit import git
 from patchkit.errors import CommandError, Origin, SettingError, SourceError, UsageError, literal
 from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
@@ -28,7 +28,7 @@ from patchkit.manifest import digest, variants
 from patchkit.run import RunSpec
 from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
                              Reason, Status)
-from patchkit.series import checkout as applied
+from patchkit.series import checkout
 from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.series import assertions, compiled, jit
 
@@ -56,7 +56,7 @@ def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
               version: str | None, mirror: Path | None = None, *, package: str = VLLM.name,
               found: Mapping[str, str | None] | None = None,
-              tops: Sequence[str] = (), commits: g.Commits | None = None,
+              tops: Sequence[str] = (), commits: git.Commits | None = None,
               memo: Path | None = None, timeout: float = DEFAULT_TIMEOUT) -> PatchResult:
     """Apply one patch to the checkout of ``package`` at ``root`` and commit it; never raises
     for a bad patch.  Its ranges are judged on ``found`` (package name -> version; default: the
@@ -88,7 +88,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
         # What it did not name would be left out of the commit yet ride along in the workdir.
         if commits is not None:
             commits.write()   # git's view of the tree is the commits so far
-        stray = [p for p in g.dirty_paths(root) if p not in out.files]
+        stray = [p for p in git.dirty_paths(root) if p not in out.files]
         if stray:
             _reset(root, commits)
             shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
@@ -101,7 +101,7 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     elif out.status is Status.APPLIED:
         message = commit_message(patch)
         return _outcome_result(patch, out, commits.commit(message, out.files)
-                               if commits is not None else g.commit_all(root, message, out.files),
+                               if commits is not None else git.commit_all(root, message, out.files),
                                committed=True)
     elif out.status is Status.FAILED:
         _reset(root, commits)
@@ -120,7 +120,7 @@ def _outcome_result(patch: Patch, out: Outcome, commit: str | None = None, *,
                        out.offsets, out.hunk, in_the_way=out.in_the_way, package=patch.package)
 
 
-def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree, commits: g.Commits,
+def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree, commits: git.Commits,
               alone: Callable[[Patch], PatchResult], *, again: bool = True
               ) -> Iterator[PatchResult]:
     """``run`` (patches of one kind, each in range and inside its package's folders) applied
@@ -223,15 +223,15 @@ def package_tops(resolved: source.Resolved, package: source.PackageId) -> tuple[
     package whose source is its whole repository (vLLM's)."""
     if not package.confined:
         return ()
-    return tuple(g.package_folders(resolved.repo, resolved.commit))
+    return tuple(git.package_folders(resolved.repo, resolved.commit))
 
 
-def _reset(root: Path, commits: g.Commits | None = None) -> None:
+def _reset(root: Path, commits: git.Commits | None = None) -> None:
     """Throw away whatever a failed patch left in the scratch tree (the commits before it
     written out first)."""
     if commits is not None:
         commits.write()
-    g.discard_changes(root, check=False)
+    git.discard_changes(root, check=False)
 
 
 def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
@@ -275,7 +275,7 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
     results: list[PatchResult] = []
     with ExitStack() as held:
         # one commit per patch, made in-process; each tree's written out once, at the end
-        commits = {n: held.enter_context(g.Commits(t.root)) for n, t in trees.items()}
+        commits = {n: held.enter_context(git.Commits(t.root)) for n, t in trees.items()}
         for result in _applied(manifest, series, trees, variant, found, commits):
             if result.status is Status.UPSTREAM and result.package in trees:
                 result = _made_by_earlier(manifest, result, results, trees[result.package])
@@ -283,7 +283,7 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
             progress.patch(result)
         for name, tree in trees.items():
             if tree.keep:
-                commits[name].write(tag=applied.APPLIED_TAG)
+                commits[name].write(tag=checkout.APPLIED_TAG)
     checks: list[AssertionResult] = []
     for name, tree in trees.items():
         active = [p for p, r in zip(series, results)
@@ -338,10 +338,10 @@ def made_by(manifest: Manifest, patch: Patch, earlier: Sequence[tuple[str, Seque
     touching = [pid for pid, done in earlier if set(done) & set(files)]
     if not touching:
         return None
-    blobs = g.read_blobs(root, [f"{resolved.commit}:{f}" for f in files])
+    blobs = git.read_blobs(root, [f"{resolved.commit}:{f}" for f in files])
     with tempfile.TemporaryDirectory(prefix="patchkit-release-") as tmp:
         pristine = Path(tmp)
-        g.init(pristine)   # git apply works inside it, never in a folder above
+        git.init(pristine)   # git apply works inside it, never in a folder above
         for f in files:
             data = blobs[f"{resolved.commit}:{f}"]
             if data is not None:
@@ -356,7 +356,7 @@ def made_by(manifest: Manifest, patch: Patch, earlier: Sequence[tuple[str, Seque
 
 
 def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tree], variant,
-             found: Mapping[str, str | None], commits: Mapping[str, g.Commits]
+             found: Mapping[str, str | None], commits: Mapping[str, git.Commits]
              ) -> Iterator[PatchResult]:
     """Each patch's result, in order, applied to its package's tree.  A run of patches of one
     kind and package that no check refuses goes in together when its kind can do that; the
@@ -414,19 +414,19 @@ def _signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def check_workdir(workdir: Path, discard: bool = False) -> applied.UserWork:
+def check_workdir(workdir: Path, discard: bool = False) -> checkout.UserWork:
     """Refuse, before any work, a ``workdir`` that ``apply`` may not replace: one that is not
     a patchkit checkout, or one holding a person's work (unless ``discard``).  Returns that
     work (empty for a checkout exactly as patchkit left it, or no checkout at all)."""
     workdir = Path(workdir).absolute()
     if not workdir.exists():
-        return applied.UserWork()
-    if not applied.is_checkout(workdir):
+        return checkout.UserWork()
+    if not checkout.is_checkout(workdir):
         if workdir.is_dir() and not any(workdir.iterdir()):
-            return applied.UserWork()
+            return checkout.UserWork()
         raise SettingError(f"{{workdir}} {literal(workdir)} exists and is not a patchkit "
                            "checkout; remove it or name another", WORKDIR)
-    work = applied.user_work(workdir)
+    work = checkout.user_work(workdir)
     if work and not discard:
         raise SettingError(f"{{workdir}} {literal(workdir)} holds work: "
                            + literal("; ".join(work.remedies(workdir)))
@@ -514,7 +514,7 @@ def apply_series(manifest: Manifest, *, run: RunSpec, workdir: Path, keep_failed
         if not report.ok:
             return report
         for tree in trees.values():
-            applied.write_report(tree, report)
+            checkout.write_report(tree, report)
         discarded = _move_in(trees, places, scratches, discard, report, progress)
         # what a replaced workdir held is said to the caller, not written into the checkout
         return replace(report, discarded=discarded) if discarded else report
@@ -605,13 +605,13 @@ def _check_build_sources(manifest: Manifest, run: RunSpec | None, pins, variant=
 
 
 def _gone(resolved: source.Resolved, label: str) -> None:
-    if not g.is_repository(resolved.repo):
+    if not git.is_repository(resolved.repo):
         raise SourceError(f"the cached {label} repository {resolved.repo} went away during "
                           "the run (was the cache deleted?); nothing was changed, run "
                           "again") from None
 
 
-def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:
+def _save(workdir: Path, work: checkout.UserWork, progress: Progress) -> dict:
     """Keep the work of a workdir about to be replaced in a bundle beside it, and say where.
     One git cannot read is kept whole instead, moved aside under the same name."""
     if work.unreadable:
@@ -620,7 +620,7 @@ def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:
         progress.info(f"discarding: {workdir} is {work.describe()}; moved aside to {dest}")
         return {"what": work.describe(), "moved_to": str(dest), "bundle": None, "refs": [],
                 "head": None}
-    saved = applied.save_work(workdir, workdir.parent, workdir.name)
+    saved = checkout.save_work(workdir, workdir.parent, workdir.name)
     progress.info(f"discarding: {work.describe()} of {workdir} {saved.how_to_restore(workdir)}")
     return {"what": work.describe(), "bundle": str(saved.bundle) if saved.bundle else None,
             "refs": list(saved.refs), "head": saved.head}

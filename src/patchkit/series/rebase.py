@@ -31,7 +31,7 @@ from pathlib import Path
 
 from patchkit import filelocks
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import interrupt, kinds, manifest, source, versions
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
@@ -249,7 +249,7 @@ def start(m: Manifest, spec: RunSpec, to: str, *, drop_upstream: bool = False,
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(m.root / rel, dest)
             source.checkout(resolved, sdir / "tree")
-            g.exclude(sdir / "tree", IGNORED)
+            git.exclude(sdir / "tree", IGNORED)
             state = _State(sdir, {
                 "format": STATE_FORMAT, "manifest": str(m.path), "from": pin.ref, "to": to,
                 "repos": list(repos), "cache": str(cache), "package": package,
@@ -304,7 +304,7 @@ def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> 
                 # retired (or ranged out) by hand at the stop: proven, then passed over
                 if p.retired is not None:
                     _prove_retired(m, [p], state.resolved)
-                g.discard_changes(state.tree, state.data["head"])
+                git.discard_changes(state.tree, state.data["head"])
                 state.add(Step(p.id, Action.SKIPPED, p.takes_effect(state.found)[1]))
             elif stop.reason is Reason.ASSERTION or p is None:
                 if p is None and stop.patch != "":
@@ -353,7 +353,7 @@ def _run(state: _State, m: Manifest, progress: applier.Progress) -> RebaseResult
     tree = state.tree
     res = state.resolved
     # An interrupted run may have left a half-applied patch: start again from the last commit.
-    g.discard_changes(tree, state.data["head"])
+    git.discard_changes(tree, state.data["head"])
     while True:
         interrupt.check()
         done = {s.id for s in state.steps}
@@ -598,7 +598,7 @@ def _prove(state: _State, m: Manifest) -> None:
                    if p.package == state.package]
         bad = [f"{r.id}: {r.status} {r.reason or ''} {r.message} {'; '.join(map(str, r.offsets))}".strip()
                for r in results if r.status is Status.FAILED or r.offsets]
-        same = g.tree_of(proof, "HEAD") == g.tree_of(state.tree, "HEAD")
+        same = git.tree_of(proof, "HEAD") == git.tree_of(state.tree, "HEAD")
         if bad or not same:
             detail = "; ".join(bad) if bad else "it gives another tree than the rebase built"
             raise PatchkitError(f"the rebased series does not apply exactly to {state.label} "

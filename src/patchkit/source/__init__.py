@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import progress, versions
 from patchkit.errors import SourceError, UsageError, clipped
 from patchkit.source import image, mirror, pypi
@@ -177,4 +177,4 @@ def checkout(resolved: Resolved, dest: Path, paths: Sequence[str] | None = None,
     """Check ``resolved.commit`` out at ``dest`` (new), sharing the mirror's objects; only
     ``paths`` when given.  A ``scratch`` checkout, removed after the run, holds none of the
     mirror's branches and tags (only its own branch and tag ``patchkit/base``)."""
-    g.clone_shared(resolved.repo, dest, resolved.commit, paths, tag=BASE_TAG, refs=not scratch)
+    git.clone_shared(resolved.repo, dest, resolved.commit, paths, tag=BASE_TAG, refs=not scratch)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import filelocks
 from patchkit.cache import kept_json
 from patchkit.errors import CommandError, SourceError
@@ -60,11 +60,11 @@ def resolve(source: str, ref: str, cache: Path, log: Log, *, package: PackageId 
     with filelocks.held(str(repo) + ".lock", f"the mirror of {source}", log):
         fresh = _open_mirror(url, repo, log)
         # Branches move, so a branch ref is always refetched; tags and shas are immutable.
-        commit = None if (not fresh and g.is_branch(repo, ref)) else g.resolve_commit(repo, ref)
+        commit = None if (not fresh and git.is_branch(repo, ref)) else git.resolve_commit(repo, ref)
         if commit is None and not fresh:
             log(f"fetching {source}")
             _fetch(repo, url)
-            commit = g.resolve_commit(repo, ref)
+            commit = git.resolve_commit(repo, ref)
         if commit is None:
             if is_commit_id(ref):
                 # the source answered (it was fetched or cloned just now): it lacks the commit
@@ -83,7 +83,7 @@ def tags(source: str, cache: Path, log: Log) -> list[str]:
         if not _open_mirror(url, repo, log):
             log(f"fetching tags of {source}")
             _fetch(repo, url)
-        return g.tags(repo)
+        return git.tags(repo)
 
 
 def _slug(url: str) -> str:
@@ -161,7 +161,7 @@ def _failed(url: str, repo: Path, why: str, *, cloning: bool) -> SourceError:
     """The error of a clone (``cloning``) or fetch of ``url`` that failed: a source that
     answers (it lists its branches) refused this one thing, and nothing is remembered; one
     that does not answer is remembered for ``UNREACHABLE_FOR``."""
-    if g.answers(url):
+    if git.answers(url):
         done = "made" if cloning else "updated"
         return SourceError(f"{url} answered, but the mirror could not be {done} ({why})",
                            source=url)
@@ -181,7 +181,7 @@ def _unreachable(url: str, repo: Path, why: str) -> UnreachableError:
 def _open_mirror(url: str, repo: Path, log: Log) -> bool:
     """Make sure the mirror at ``repo`` is there (the caller holds its lock); True when it was
     just cloned, so it needs no fetch."""
-    if os.path.lexists(repo) and not g.is_repository(repo):
+    if os.path.lexists(repo) and not git.is_repository(repo):
         # The cache is disposable: a mirror broken by outside hands is made again.
         log(f"the cached mirror {repo} is broken; mirroring again")
         discard(repo)
@@ -202,14 +202,14 @@ def _looks_like_git(path: Path) -> bool:
 def _clone_mirror(url: str, repo: Path, log: Log) -> None:
     # Asked first, so that a source out of reach is one line (the unreachable one), never a
     # "mirroring" line for a copy that is not going to be made.
-    silent = g.silence(url)
+    silent = git.silence(url)
     if silent is not None:
         raise _unreachable(url, repo, f"cannot clone: {_first_error(silent)}")
     log(f"mirroring {url} (a first clone)")
     tmp = Path(tempfile.mkdtemp(prefix=repo.name + ".", dir=repo.parent))
     try:
         try:
-            g.clone_mirror(url, tmp / "m")
+            git.clone_mirror(url, tmp / "m")
         except CommandError as exc:
             raise _failed(url, repo, f"cannot clone: {_first_error(exc.output)}",
                           cloning=True) from None
@@ -224,7 +224,7 @@ def _fetch(repo: Path, url: str) -> None:
     if said:
         raise said
     try:
-        g.fetch_mirror(repo, url)
+        git.fetch_mirror(repo, url)
     except CommandError as exc:
         raise _failed(url, repo, f"cannot fetch: {_first_error(exc.output)}",
                       cloning=False) from None
@@ -243,5 +243,5 @@ def _first_error(output: str) -> str:
 
 
 def _did_you_mean(repo: Path, ref: str) -> str:
-    close = difflib.get_close_matches(ref, g.tags(repo), n=3)
+    close = difflib.get_close_matches(ref, git.tags(repo), n=3)
     return f" (did you mean {', '.join(close)}?)" if close else ""
