@@ -126,14 +126,14 @@ MANIFEST = click.option("--manifest", "manifest_path", default=discovery.default
                         type=click.Path(dir_okay=False), help="The patchset manifest.")
 def _completer(what: str):
     """A shell_complete callback offering the project's patch ids, variants or tags."""
-    def complete(ctx, param, incomplete):
-        from patchkit.commands import complete as offer
+    def offered(ctx, param, incomplete):
+        from patchkit.commands import complete
 
         given = (ctx.params or {}).get("manifest_path")
-        values = getattr(offer, what)(given if isinstance(given, str) else None)
+        values = getattr(complete, what)(given if isinstance(given, str) else None)
         return [v for v in values if v.startswith(incomplete)]
 
-    return complete
+    return offered
 
 
 TAGS = _completer("tags")

@@ -119,9 +119,15 @@ class LogError(UsageError):
 
 
 class SourceError(PatchkitError):
-    """A package's source could not be had: unknown ref, unreachable repo, missing release."""
+    """A package's source could not be had: unknown ref, unreachable repo, missing release.
+    ``source``: the source its message names, as it names it (a git source by its URL), so
+    that a list of failures does not name it again; None when it names none."""
 
     exit_code = 2
+
+    def __init__(self, message: str, *, source: str | None = None) -> None:
+        super().__init__(message)
+        self.source = source
 
 
 class ToolMissingError(PatchkitError):

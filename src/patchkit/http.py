@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from patchkit.errors import PatchkitError
-from patchkit.timeouts import DEFAULT_TIMEOUT
 
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 SCHEMES = ("http", "https")
@@ -102,7 +101,7 @@ def join(base: str, path: str) -> str:
 
 
 def request(method: str, url: str, *, body: bytes | None = None,
-            headers: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT,
+            headers: Mapping[str, str] | None = None, timeout: float,
             max_bytes: int = DEFAULT_MAX_BYTES) -> Response:
     """One HTTP exchange; a 2xx answer read whole, or HttpError."""
     with _opened(method, url, body, headers or {}, timeout) as resp:
@@ -142,31 +141,31 @@ def _opened(method: str, url: str, body: bytes | None, headers: Mapping[str, str
         watch.cancel()
 
 
-def get(url: str, *, headers: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT,
+def get(url: str, *, headers: Mapping[str, str] | None = None, timeout: float,
         max_bytes: int = DEFAULT_MAX_BYTES) -> Response:
     return request("GET", url, headers=headers, timeout=timeout, max_bytes=max_bytes)
 
 
 def get_bytes(url: str, *, headers: Mapping[str, str] | None = None,
-              timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+              timeout: float, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     return get(url, headers=headers, timeout=timeout, max_bytes=max_bytes).body
 
 
 def get_text(url: str, *, headers: Mapping[str, str] | None = None,
-             timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+             timeout: float, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
     resp = get(url, headers=headers, timeout=timeout, max_bytes=max_bytes)
     return _text(resp, "GET")
 
 
 def get_json(url: str, *, headers: Mapping[str, str] | None = None,
-             timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+             timeout: float, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
     resp = get(url, headers={"Accept": "application/json", **(headers or {})}, timeout=timeout,
                max_bytes=max_bytes)
     return _json(resp, "GET")
 
 
 def post_json(url: str, payload: Any, *, headers: Mapping[str, str] | None = None,
-              timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+              timeout: float, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
     """POST ``payload`` as JSON; the answer's JSON."""
     data = json.dumps(payload).encode()
     resp = request("POST", url, body=data, timeout=timeout, max_bytes=max_bytes,
@@ -356,7 +355,7 @@ def _json(resp: Response, method: str) -> Any:
 
 
 def stream_lines(url: str, payload: Any, *, on_line, headers: Mapping[str, str] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 timeout: float, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
     """POST ``payload`` as JSON and hand each line of the answer, as it arrives, to
     ``on_line(line: bytes)`` (server-sent events, one ``data: ...`` a line).  ``timeout`` is
     the deadline of the whole exchange, as for :func:`request`; a failure is HttpError."""

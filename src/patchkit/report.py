@@ -5,7 +5,7 @@ for ``failed``, one :class:`Reason`.  Both are enums: code compares members, nev
 member is its word where it is written (JSON, text, a label).  An :class:`ApplyReport` is
 written as JSON (the apply report of a checkout, ``--format json``) by
 :meth:`ApplyReport.to_dict` and read back by :meth:`ApplyReport.from_dict`, the one reader of
-that shape.
+that shape.  Reports and their parts are frozen: the run that makes one builds it once.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Outcome:
     wrote_only_files: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class PackageInfo:
     """One package's section of a report: its pin, what it resolved to (``source``: the
     source it was taken from, as given), where it went.  vLLM's is also the report's ``vllm``
@@ -136,7 +136,7 @@ class PackageInfo:
                    data.get("source"), data.get("workdir"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class PatchResult:
     id: str
     kind: str
@@ -208,7 +208,7 @@ class AssertionResult:
                    bool(data["ok"]), str(data.get("message") or ""))
 
 
-@dataclass
+@dataclass(frozen=True)
 class ApplyReport:
     vllm: PackageInfo           # vLLM's pin, also when the run made no checkout of it
     workdir: str | None

@@ -108,13 +108,12 @@ class RunSpec:
             raise SettingError(f"{literal(why)}: {NO_BASE}", self.base_from)
         return self.base
 
-    def final_tag(self, manifest: Manifest, ref: str, version: str | None,
+    def final_tag(self, manifest: Manifest, ref: str | None, version: str | None,
                   variant: str | None) -> str:
-        """The tag of an image of ``ref`` (``version``) and ``variant``: the template
-        filled, checked as a reference (an error names where the template came from)."""
-        tag = variants.default_tag(manifest, ref, version, self.tag, variant)
-        check_reference(self.tag_from, tag, digest_ok=False)
-        return tag
+        """The tag of an image of ``ref`` (``version``; None before it is known: the ref
+        stands in) and ``variant``: the template filled, checked as a reference (an error
+        names where the template came from)."""
+        return _filled(manifest, self.tag, self.tag_from, ref, version, variant)
 
 
 @dataclass(frozen=True)
@@ -193,8 +192,7 @@ def run_spec(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str]
     if base is not None:   # the manifest's base and tag were checked by its loader, at their line
         check_reference(base_from, base)
     if tag is not None:
-        check_reference(tag_from, variants.default_tag(manifest, "x", "x", tag, variant),
-                        digest_ok=False)
+        _filled(manifest, tag, tag_from, "x", "x", variant)
     base, template = base or image.base, tag_template(manifest, tag)
     return RunSpec(pins=pins(manifest, ref=ref, repos=repos, refs=refs), base=base,
                    platform=Platform.parse(platform or image.platform, platform_from),
@@ -221,6 +219,15 @@ def pins(manifest: Manifest, *, ref: str | None = None, repos: Sequence[str] | N
     others = tuple(Pin(p.id, moved.get(p.name, p.ref), manifest.sources(p.repos))
                    for p in manifest.others)
     return (vllm, *others)
+
+
+def _filled(manifest: Manifest, template: str, origin: Origin, ref: str | None,
+            version: str | None, variant: str | None) -> str:
+    """The one filling of a tag template: ``{ref}``, ``{version}``, ``{name}`` and
+    ``{variant}`` put in, the tag checked as a reference that blames ``origin``."""
+    tag = variants.default_tag(manifest, ref, version, template, variant)
+    check_reference(origin, tag, digest_ok=False)
+    return tag
 
 
 def tag_template(manifest: Manifest, tag: str | None) -> str:

@@ -456,7 +456,7 @@ def test_a_mean_length_below_the_floor_fails_saying_so():
 
 def test_created_twins_are_served_and_never_read():
     with serve(Behaviour(draft_tokens=30, accepted_tokens=7, engines=1)) as s:
-        text = http.get_text(s.url + "/metrics")
+        text = http.get_text(s.url + "/metrics", timeout=5)
         report = run(s.url, min_acceptance=0.1, min_acceptance_length=1.1)
     samples = parse_metrics(text)
     twins = [x for x in samples if x.name.endswith("_created") and "spec_decode" in x.name]

@@ -65,7 +65,8 @@ def pins(path: Path, sha: str, data: bytes, member: str = MEMBER) -> Artifact:
 
 def test_a_real_aarch64_module_passes_for_arm64(tmp_path, sos):
     path, sha = wheel(tmp_path, [(MEMBER, sos["aarch64"])])
-    data = artifact.checked(pins(path, sha, sos["aarch64"]), tmp_path, "arm64", "linux/arm64")
+    data = artifact.checked(pins(path, sha, sos["aarch64"]), tmp_path, "arm64", "linux/arm64",
+                            None, 5)
     assert data == sos["aarch64"]
 
 
@@ -95,7 +96,7 @@ def test_each_misfit_is_one_line(tmp_path, sos, case, expected):
         a = Artifact(a.wheel, a.sha256, "flashinfer_jit_cache/jit_cache/x/x.so",
                      a.member_sha256, a.dist)
     with pytest.raises(ArtifactError) as err:
-        artifact.checked(a, tmp_path, "arm64", "linux/arm64")
+        artifact.checked(a, tmp_path, "arm64", "linux/arm64", None, 5)
     assert err.value.exit_code == 2
     assert str(err.value) == expected.replace("W", path.name).format(
         got=sha, member=hashlib.sha256(data).hexdigest())

@@ -32,6 +32,7 @@ from patchkit.commands import apply as apply_command
 from patchkit.commands.build_image import Request
 from patchkit.commands.build_image import run as build_image
 from patchkit.engines.docker import Engine
+from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.run import Asked
 from patchkit.source import image as image_source
 from patchkit.source import pypi
@@ -200,7 +201,8 @@ def test_dev_build_summary_says_what_the_image_holds(dev_built, dev_base, docker
     assert labels["io.patchkit.vllm.source"] == "git"
     from patchkit.imageref import Platform
 
-    base = Engine.connect().resolve_base(dev_base["tag"], Platform.parse("linux/arm64"))
+    base = Engine.connect(timeout=DEFAULT_TIMEOUT).resolve_base(dev_base["tag"],
+                                                                Platform.parse("linux/arm64"))
     assert labels["io.patchkit.base.identity"] == base.identity
     assert labels["io.patchkit.vllm.commit"] == commit
 

@@ -244,7 +244,8 @@ def test_corrupt_records_are_named_and_skipped(builds, capsys, cache, project):
     folder = store.keep(evidence.Record("smoke", new["id"], new["fixed"], "here", 1.0, True,
                                         ())).parent
     (folder / "junk.json").write_text("{not json")
-    registry.push_referrer(new["repo_digest"], evidence.ARTIFACT_TYPE, b'{"kind": "nope"}', {})
+    registry.push_referrer(new["repo_digest"], evidence.ARTIFACT_TYPE, b'{"kind": "nope"}', {},
+                           timeout=30)
     code, out, _ = main(capsys, "images", "--manifest", str(project), "--evidence", new["fixed"])
     assert code == 0
     skipped = [x for x in out.splitlines() if x.startswith("skipped: ")]

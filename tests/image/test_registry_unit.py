@@ -298,7 +298,7 @@ def test_skopeo_words_come_out_on_one_line():
 def test_missing_skopeo_is_one_line(monkeypatch):
     monkeypatch.setattr(registry.shutil, "which", lambda name: None)
     with pytest.raises(ImageError, match="--no-daemon needs skopeo.*apt-get install skopeo"):
-        registry.Registry()
+        registry.Registry(timeout=5)
 
 
 # -------------------------------------------------------------------- the command's checks

@@ -14,6 +14,7 @@ from patchkit.commands.build_image import run as build_image
 from patchkit.series.applier import apply_series
 from patchkit.run import run_spec
 from patchkit.errors import ImageError
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -113,7 +114,7 @@ def test_native_change_builds_vllm_from_the_patched_checkout(tmp_path, docker_cl
 def test_buildkit_dockerfile_needs_buildx(tmp_path, docker_client):
     from patchkit.engines.docker import Engine
 
-    if Engine.connect().buildx_available():
+    if Engine.connect(timeout=DEFAULT_TIMEOUT).buildx_available():
         pytest.skip("docker buildx is installed here; the refusal is for engines without it")
     tag = "pk-test/source-mode-bk:v0.1.0"
     m, workdir = _project(tmp_path, BUILDKIT_DOCKERFILE, tag)

@@ -30,6 +30,7 @@ from patchkit.errors import ImageError
 from patchkit.formats import layer
 from patchkit.engines import facts
 from patchkit.engines.docker import Engine
+from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.imageref import Platform
 
 pytestmark = [pytest.mark.docker, pytest.mark.real_vllm, pytest.mark.timeout(1800)]
@@ -90,7 +91,7 @@ def test_podman_builds_the_same_image_through_a_complete_archive(project, classi
     for img in podman_client.images.list(filters={"label": f"io.patchkit.patchset.name={NAME}"}):
         podman_client.images.remove(img.id, force=True)
 
-    engine = Engine.connect(host)
+    engine = Engine.connect(host, timeout=DEFAULT_TIMEOUT)
     assert engine.store().kind == "containers-storage"
     said = Said()
     got = build_image(m, Request(workdir=workdir, apply=False, tag=tag, engine=engine),
@@ -239,7 +240,7 @@ def test_an_ssh_url_without_a_port_takes_the_port_of_the_ssh_config(node2):
     # pk-node2's Host block in the suite's ssh config names its sshd's port; the SDK alone
     # would have passed port 22 to ssh
     url = urlsplit(node2.url)
-    engine = Engine.connect(f"ssh://{url.hostname}")
+    engine = Engine.connect(f"ssh://{url.hostname}", timeout=DEFAULT_TIMEOUT)
     assert engine.host == f"ssh://{url.hostname}"
     assert engine.info()["ID"] == node2.direct.info()["ID"]
     assert engine.store().kind == "classic"

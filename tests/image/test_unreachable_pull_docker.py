@@ -9,6 +9,7 @@ import pytest
 
 from patchkit.errors import ImageError
 from patchkit.engines.docker import Engine
+from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.imageref import Platform
 
 ARM = Platform("linux", "arm64")
@@ -23,7 +24,7 @@ def closed_port() -> str:
 
 def test_an_engine_pull_from_a_closed_port_says_cannot_reach(docker_client):
     host = closed_port()
-    engine = Engine.connect()
+    engine = Engine.connect(timeout=DEFAULT_TIMEOUT)
     try:
         with pytest.raises(ImageError) as exc:
             engine.resolve_base(f"{host}/pk/base:1", ARM)
@@ -34,7 +35,7 @@ def test_an_engine_pull_from_a_closed_port_says_cannot_reach(docker_client):
 
 
 def test_an_engine_pull_of_a_missing_tag_says_not_found(docker_client, registry):
-    engine = Engine.connect()
+    engine = Engine.connect(timeout=DEFAULT_TIMEOUT)
     try:
         with pytest.raises(ImageError) as exc:
             engine.resolve_base(f"{registry}/pk-test/no-such-base:1", ARM)
@@ -44,7 +45,7 @@ def test_an_engine_pull_of_a_missing_tag_says_not_found(docker_client, registry)
 
 
 def test_an_engine_pull_from_a_name_that_does_not_resolve_says_cannot_reach(docker_client):
-    engine = Engine.connect()
+    engine = Engine.connect(timeout=DEFAULT_TIMEOUT)
     try:
         with pytest.raises(ImageError) as exc:
             engine.resolve_base("nowhere.invalid/pk/base:1", ARM)

@@ -170,7 +170,7 @@ def test_a_truncated_cached_wheel_is_downloaded_again(tmp_path, monkeypatch):
     assert len(downloads) == 1
     assert any("is not a valid wheel; downloading it again" in m for m in said)
     assert (wheels / good.name).read_bytes() == good.read_bytes()
-    assert source.version_of(repo, source.g.resolve_commit(repo, tag)) == "9.9.9"
+    assert source.version_of(repo, source.git.resolve_commit(repo, tag)) == "9.9.9"
 
 
 def test_a_pypi_cache_that_cannot_be_written_is_a_usage_error(tmp_path):

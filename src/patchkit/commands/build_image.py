@@ -13,7 +13,7 @@ from patchkit.errors import UsageError
 from patchkit.image import base as base_
 from patchkit.image import basevllm, build, builders
 from patchkit.nodes import transfer
-from patchkit.image import lockfile as stack
+from patchkit.image import lockfile
 from patchkit.image.builders.protocol import Asked
 from patchkit.image.assembly import BuildReport, Choices, assemble, reach_registry
 from patchkit.engines.docker import Engine
@@ -87,7 +87,7 @@ def run(manifest: Manifest, request: Request, *, progress: Progress | None = Non
     variants.check(manifest, request.variant)
     spec = request.run_value(manifest)
     copy_urls, via = _check(manifest, spec, request)
-    lock = stack.read_lock(manifest) if request.locked else None
+    lock = lockfile.read_lock(manifest) if request.locked else None
     # Reached before the apply too: a registry that is not there is known at once.
     if request.no_daemon:
         registry = registry or reach_registry(manifest, spec)

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import kinds, manifest, process, source, versions
 from patchkit.errors import CommandError, ImageError, PatchkitError, SourceError, UsageError
 from patchkit.engines import registry
@@ -252,13 +252,13 @@ def _project(m: Manifest, dry_run: bool) -> Path:
     """The work tree the manifest is in.  A real bump refuses changes to tracked files (it
     ports HEAD, and would leave them out); untracked files are never part of it, and a dry run
     writes nothing, so neither is in the way."""
-    top = g.toplevel(m.root)
+    top = git.toplevel(m.root)
     if top is None:
         raise UsageError(f"{m.path} is not in a git work tree: bump writes its change as a "
                          "commit on a branch")
     if dry_run:
         return top
-    dirty = [path for xy, path in g.status(top)
+    dirty = [path for xy, path in git.status(top)
              if xy != "??" and not path.startswith(".patchkit/")]
     if dirty:
         more = f" and {len(dirty) - 1} more" if len(dirty) > 1 else ""
@@ -295,18 +295,18 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
         else project / ".patchkit" / "bump" / f"{name}-{version}"
     # the manifest's sources name the project upstream even when this run reads another
     sources = (*m.package(name).repos, *pin.sources)
-    head = g.head(project)
+    head = git.head(project)
     base = Bump(name, pin.id.label, pin.ref, target,
                 BumpStatus.DRY_RUN if ask.dry_run else BumpStatus.BUMPED,
                 branch=None if ask.dry_run else branch,
                 links=_links(sources, pin, target, version),
-                on=head, on_subject=g.commit_info(project, head).subject, evidence=_evidence(m))
+                on=head, on_subject=git.commit_info(project, head).subject, evidence=_evidence(m))
     job = _Job(m, project, spec, ask, progress, scratch, _Sides(m, name, old, new, others),
                base, version)
     resumed = scratch.exists() and _finished_by_hand(scratch, job.rel, base.label, version)
     if not resumed:
         scratch.parent.mkdir(parents=True, exist_ok=True)
-        g.add_worktree(project, scratch, "HEAD")
+        git.add_worktree(project, scratch, "HEAD")
     result = None
     try:
         result = job.run(resumed)
@@ -317,7 +317,7 @@ def _bump_one(m: Manifest, project: Path, spec: RunSpec, name: str, ask: Ask,
         # short (their work is in it)
         kept = result.needs_a_hand if result is not None else resumed
         if ask.dry_run or not kept:
-            g.remove_worktree(project, scratch)
+            git.remove_worktree(project, scratch)
             if ask.dry_run:
                 shutil.rmtree(scratch.parent, ignore_errors=True)
             else:
@@ -359,7 +359,7 @@ class _Job:
             attempt = _Attempt.load(self.scratch)
             steps, stopped, hand = attempt.steps, attempt.stopped, attempt.hand_work(self.scratch)
             notes = (*attempt.notes, f"the port was finished by hand in {self.where}")
-            began = g.head(self.scratch)
+            began = git.head(self.scratch)
             if began != self.base.on:
                 conflicts = self._onto_head(began)
                 if conflicts:
@@ -450,11 +450,11 @@ class _Job:
         port began at ``began``: the port's own changes (its tree against ``began``) replayed
         on HEAD, three-way, so that nothing committed on HEAD meanwhile is undone.  The files
         where the two conflict (nothing moved), or none."""
-        port = g.user_commit_of(self.scratch, g.worktree_tree(self.scratch), began, "the port")
-        merged, conflicts = g.merged_tree(self.scratch, self.base.on, port)
+        port = git.user_commit_of(self.scratch, git.worktree_tree(self.scratch), began, "the port")
+        merged, conflicts = git.merged_tree(self.scratch, self.base.on, port)
         if merged is None:
             return conflicts
-        g.move_worktree(self.scratch, self.base.on, merged)
+        git.move_worktree(self.scratch, self.base.on, merged)
         return []
 
     def _moved_under(self, began: str, conflicts: Sequence[str], notes: tuple[str, ...],
@@ -707,16 +707,16 @@ def _branch_tips(project: Path, branch: str, name: str, version: str,
     that this bump did not write is refused.  What counts as known is HEAD's history alone,
     so a fetch (which moves remote-tracking branches) never makes a reviewer's commit look
     like the project's."""
-    local = g.resolve_commit(project, f"refs/heads/{branch}")
+    local = git.resolve_commit(project, f"refs/heads/{branch}")
     if local is not None:
         _refuse_foreign(project, local, branch, name, version, "here")
     if not push:
         return _Tips(local, None)
-    url = g.remote_url(project, push) or push
+    url = git.remote_url(project, push) or push
     try:
-        remote = g.remote_branch(project, push, branch, REMOTE_TIMEOUT)
+        remote = git.remote_branch(project, push, branch, REMOTE_TIMEOUT)
         if remote is not None and remote != local:
-            g.fetch_commit(project, push, branch, REMOTE_TIMEOUT)
+            git.fetch_commit(project, push, branch, REMOTE_TIMEOUT)
     except CommandError as exc:
         raise UsageError(f"cannot reach the remote {push!r} ({url}): {_git_reason(exc)}"
                          ) from None
@@ -728,11 +728,11 @@ def _branch_tips(project: Path, branch: str, name: str, version: str,
 
 def _refuse_foreign(project: Path, tip: str, branch: str, name: str, version: str,
                     where: str) -> None:
-    foreign = [c for c in g.commits_between(project, "HEAD", tip)
+    foreign = [c for c in git.commits_between(project, "HEAD", tip)
                if not _ours(project, c, name, version)]
     if foreign:
         n = len(foreign)
-        first = g.commit_info(project, foreign[-1])
+        first = git.commit_info(project, foreign[-1])
         more = f" and {n - 1} more" if n > 1 else ""
         raise UsageError(f"the branch {branch} {where} has {n} commit{'s' if n > 1 else ''} "
                          f"this bump did not write ({first.sha[:12]} {first.subject!r}{more}): "
@@ -743,9 +743,9 @@ def _refuse_foreign(project: Path, tip: str, branch: str, name: str, version: st
 def _ours(project: Path, commit: str, name: str, version: str) -> bool:
     """A commit this bump wrote: its trailer names the package and release, and the tree it
     names is its own (an amended or rewritten bump commit is a person's)."""
-    trailers = g.commit_info(project, commit).trailers
+    trailers = git.commit_info(project, commit).trailers
     return ((TRAILER, f"{name} {version}") in trailers
-            and (TREE_TRAILER, g.tree_of(project, commit)) in trailers)
+            and (TREE_TRAILER, git.tree_of(project, commit)) in trailers)
 
 
 def _git_reason(exc: CommandError) -> str:
@@ -764,22 +764,22 @@ def _write(project: Path, scratch: Path, result: Bump, version: str, tips: _Tips
     branch holds it already.  The commit sits on HEAD as the bump found it (a port finished by
     hand was moved onto it first)."""
     head = result.on
-    assert head == g.head(scratch), "the port is on the project's HEAD"
-    tree = g.worktree_tree(scratch)
+    assert head == git.head(scratch), "the port is on the project's HEAD"
+    tree = git.worktree_tree(scratch)
     commit = next((tip for tip in (tips.local, tips.remote)
-                   if tip and g.tree_of(project, tip) == tree
-                   and g.parents(project, tip) == [head]), None)
+                   if tip and git.tree_of(project, tip) == tree
+                   and git.parents(project, tip) == [head]), None)
     if commit is None:
-        commit = g.user_commit_of(scratch, tree, head, _message(result, version, tree))
-    changed = tuple(path for _s, path, *_ in g.changed_files(scratch, head, commit))
+        commit = git.user_commit_of(scratch, tree, head, _message(result, version, tree))
+    changed = tuple(path for _s, path, *_ in git.changed_files(scratch, head, commit))
     result = replace(result, commit=commit, changed=changed)
     wrote = False
     if commit != tips.local:
-        g.move_ref(project, f"refs/heads/{result.branch}", commit, tips.local)
+        git.move_ref(project, f"refs/heads/{result.branch}", commit, tips.local)
         wrote = True
     if push and commit != tips.remote:
         try:
-            g.push_branch(project, push, result.branch, commit, tips.remote, REMOTE_TIMEOUT)
+            git.push_branch(project, push, result.branch, commit, tips.remote, REMOTE_TIMEOUT)
         except CommandError as exc:
             raise PatchkitError(f"could not push {result.branch} to {push}: {_git_reason(exc)}; "
                                 "the branch is written here, push it by hand") from None
@@ -793,7 +793,7 @@ def _remote_name(project: Path, push: str) -> str:
     """The remote as a body names it: its name (``origin``), never this machine's path of it.
     A URL or path given for ``--push`` is named by the remote configured with it, else by its
     last part (``vllm-patches.git``), a URL without its credentials."""
-    known = g.remotes(project)
+    known = git.remotes(project)
     if push in known:
         return push
     for name, url in known.items():
@@ -860,8 +860,8 @@ class _Attempt:
     @staticmethod
     def save(scratch: Path, steps: Mapping[str, rebase.Step], stopped: str,
              notes: Sequence[str]) -> None:
-        tree = g.worktree_tree(scratch)
-        snapshot = g.user_commit_of(scratch, tree, g.head(scratch), "the automatic attempt")
+        tree = git.worktree_tree(scratch)
+        snapshot = git.user_commit_of(scratch, tree, git.head(scratch), "the automatic attempt")
         data = {"snapshot": snapshot, "stopped": stopped, "notes": list(notes),
                 "steps": [asdict(s) for s in steps.values()]}
         path = scratch / ".patchkit" / ATTEMPT
@@ -872,7 +872,7 @@ class _Attempt:
     def load(cls, scratch: Path) -> _Attempt:
         try:
             data = json.loads((scratch / ".patchkit" / ATTEMPT).read_text())
-            steps = {s["id"]: rebase.Step(**s) for s in data["steps"]}
+            steps = {s["id"]: rebase.Step.from_dict(s) for s in data["steps"]}
             return cls(str(data["snapshot"]), steps, str(data["stopped"]),
                        tuple(data.get("notes", ())))
         except (OSError, ValueError, KeyError, TypeError):
@@ -881,9 +881,9 @@ class _Attempt:
                              "again") from None
 
     def hand_work(self, scratch: Path) -> HandWork:
-        tree = g.worktree_tree(scratch)
-        files = tuple(path for _s, path, *_ in g.changed_files(scratch, self.snapshot, tree))
-        return HandWork(files, g.diff(scratch, self.snapshot, tree) if files else "")
+        tree = git.worktree_tree(scratch)
+        files = tuple(path for _s, path, *_ in git.changed_files(scratch, self.snapshot, tree))
+        return HandWork(files, git.diff(scratch, self.snapshot, tree) if files else "")
 
 
 def _finished_by_hand(scratch: Path, rel: Path, label: str, version: str) -> bool:
@@ -894,7 +894,7 @@ def _finished_by_hand(scratch: Path, rel: Path, label: str, version: str) -> boo
         raise UsageError(f"the port of {label} to {version} in {scratch} still needs a hand: "
                          f"resolve it there (`patchkit rebase --continue`), then run this bump "
                          f"again; or {drop}")
-    if not [p for _xy, p in g.status(scratch) if not p.startswith(".patchkit/")]:
+    if not [p for _xy, p in git.status(scratch) if not p.startswith(".patchkit/")]:
         raise UsageError(f"the port of {label} to {version} in {scratch} holds no change (was "
                          f"its rebase aborted?): {drop}")
     return True

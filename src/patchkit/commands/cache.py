@@ -31,7 +31,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from patchkit import cache as cache_
-from patchkit import git as g
+from patchkit import git
 from patchkit import manifest as manifest_
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
@@ -173,7 +173,7 @@ def inventory(cache: Path) -> list[Entry]:
         if p.name.endswith(mirror.UNREACHABLE):
             out.append(_entry(EntryKind.UNREACHABLE, p, _unreachable_what(p)))
         elif p.is_dir() and p.name.endswith(".git"):
-            url = g.remote_url(p) if (p / "HEAD").is_file() else None
+            url = git.remote_url(p) if (p / "HEAD").is_file() else None
             out.append(_entry(EntryKind.MIRROR, p, url or p.name, [Path(f"{p}.lock")],
                               ("mirror", p.name)))
         else:   # <mirror>.git.XXXX: a first clone, made under that mirror's lock
@@ -187,7 +187,7 @@ def inventory(cache: Path) -> list[Entry]:
                 continue
             if p.is_dir() and p.name.endswith(".git"):
                 dist = p.name[:-4]
-                n = len(g.tags(p)) if (p / "HEAD").is_file() and kind is EntryKind.RELEASES else None
+                n = len(git.tags(p)) if (p / "HEAD").is_file() and kind is EntryKind.RELEASES else None
                 what = f"{dist}: {n} release(s) laid out" if n is not None else dist
                 out.append(_entry(kind, p, what, [folder / f"{dist}.lock"],
                                   (kind, canonicalize_name(dist))))

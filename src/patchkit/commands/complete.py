@@ -34,7 +34,7 @@ def variant_names(manifest_path: str | None = None) -> list[str]:
 
 def tags(manifest_path: str | None = None) -> list[str]:
     """Every tag the cached copies of the manifest's sources hold, newest release first."""
-    from patchkit import git as g
+    from patchkit import git
     from patchkit.source import mirror, pypi
 
     m = _manifest(manifest_path)
@@ -55,7 +55,7 @@ def tags(manifest_path: str | None = None) -> list[str]:
                     continue
             if (repo / "HEAD").is_file():
                 try:
-                    found.update(g.tags(repo))
+                    found.update(git.tags(repo))
                 except PatchkitError:
                     continue
     releases, others = [], []

@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import interrupt, manifest
 from patchkit.errors import UsageError
 from patchkit.files import write_if_changed
 from patchkit.manifest.edit import ManifestText
+from patchkit.report import Word
 from patchkit.series import checkout, intake
 
 DIFF = intake.DIFF
@@ -26,26 +27,34 @@ PATCH_DIR = intake.PATCH_DIR
 slug = intake.slug  # export's ids are the ones every new patch gets
 
 
-@dataclass
+class ExportAction(Word):
+    """What an export did with one commit's patch."""
+
+    ADDED = "added"            # a new entry and its diff
+    UPDATED = "updated"        # an entry of an earlier export: its diff or summary changed
+    UNCHANGED = "unchanged"    # an entry of an earlier export, written again byte for byte
+
+
+@dataclass(frozen=True)
 class Exported:
     id: str
     commit: str
     path: str
     summary: str
-    action: str  # added | updated | unchanged
+    action: ExportAction
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExportResult:
     exported: list[Exported] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
-        return any(e.action != "unchanged" for e in self.exported)
+        return any(e.action is not ExportAction.UNCHANGED for e in self.exported)
 
 
-def _commits(workdir: Path) -> list[g.CommitInfo]:
+def _commits(workdir: Path) -> list[git.CommitInfo]:
     if not checkout.has_applied_tag(workdir):
         raise UsageError(f"{workdir} has no tag {checkout.APPLIED_TAG}: it is not a checkout "
                          "`patchkit apply` made")
@@ -54,7 +63,7 @@ def _commits(workdir: Path) -> list[g.CommitInfo]:
         raise UsageError(f"{workdir}: merge commit {merges[-1][:12]} after "
                          f"{checkout.APPLIED_TAG}; export takes a straight line of commits "
                          "(rebase them first)")
-    return [g.commit_info(workdir, sha) for sha in checkout.commits_after_series(workdir)]
+    return [git.commit_info(workdir, sha) for sha in checkout.commits_after_series(workdir)]
 
 
 def export(manifest_path: Path, workdir: Path) -> ExportResult:
@@ -69,17 +78,18 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
         if len(places) == 1:
             raise UsageError(f"--workdir {workdir}: not a checkout (run `patchkit apply` first)")
         del places[m.vllm.name]   # `apply --package` made the other packages' checkouts alone
-    result = ExportResult()
+    exported: list[Exported] = []
+    notes: list[str] = []
     commits = {name: _commits(place) for name, place in places.items()}
     below: set[str] = set()
     for name, place in places.items():
-        if g.has_uncommitted(place):
-            result.notes.append(f"{place} has uncommitted changes; only commits are exported")
+        if git.has_uncommitted(place):
+            notes.append(f"{place} has uncommitted changes; only commits are exported")
         report = checkout.read_report(place)
         applied = [p.id for p in report.patches] if report else []
         if applied and applied != [p.id for p in m.patches][:len(applied)]:
-            result.notes.append(f"{place} was applied from another series than "
-                                f"{m.path.name} holds now; the exported patches go at its end")
+            notes.append(f"{place} was applied from another series than "
+                         f"{m.path.name} holds now; the exported patches go at its end")
         below |= _applied_ids(place) | set(applied)
     text = ManifestText.read(m.path)
     claimed: set[str] = set()
@@ -87,8 +97,8 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
     with interrupt.deferred(done=f"the export to {PATCH_DIR}/ and {m.path.name}"):
         new_entries: list[list[tuple[str, str]]] = []
         for name, place in places.items():
-            new_entries += _export_commits(m, text, place, name, commits[name], result,
-                                           claimed, below)
+            new_entries += _export_commits(m, text, place, name, commits[name],
+                                           (exported, notes), claimed, below)
         for entry in new_entries:
             text.append_item(("patches",), entry)
         text.write(m.path)
@@ -96,22 +106,23 @@ def export(manifest_path: Path, workdir: Path) -> ExportResult:
         for name, place in places.items():
             if commits[name]:   # they are the series' now: apply may replace the checkout
                 checkout.mark_exported(place, commits[name][-1].sha)
-    return result
+    return ExportResult(exported, notes)
 
 
 def _export_commits(m, text: ManifestText, place: Path, package: str,
-                    commits: list[g.CommitInfo], result: ExportResult, claimed: set[str],
-                    below: set[str]) -> list[list[tuple[str, str]]]:
-    """Write each commit of ``package``'s checkout at ``place`` as its diff; the entries of
-    the new ones, to append."""
+                    commits: list[git.CommitInfo], said: tuple[list[Exported], list[str]],
+                    claimed: set[str], below: set[str]) -> list[list[tuple[str, str]]]:
+    """Write each commit of ``package``'s checkout at ``place`` as its diff, each told in
+    ``said`` (what was exported, the notes); the entries of the new ones, to append."""
+    exported, notes = said
     taken = {p.id: p for p in m.patches}
     identity = m.package(package).id
     new_entries = []
     for c in commits:
         summary = intake.summary(c)
-        diff = g.diff(place, f"{c.sha}~1", c.sha)
+        diff = git.diff(place, f"{c.sha}~1", c.sha)
         if not diff.strip():
-            result.notes.append(f"{c.sha[:12]} {summary!r} changes nothing; not exported")
+            notes.append(f"{c.sha[:12]} {summary!r} changes nothing; not exported")
             continue
         # an entry of an earlier export (its diff file, not in the applied series) is this
         # commit's own, and is updated in place
@@ -123,16 +134,16 @@ def _export_commits(m, text: ManifestText, place: Path, package: str,
         (m.root / rel).parent.mkdir(parents=True, exist_ok=True)
         file_changed = write_if_changed(m.root / rel, diff.encode("utf-8", "surrogateescape"))
         if existing is not None:
-            action = "updated" if file_changed else "unchanged"
+            action = ExportAction.UPDATED if file_changed else ExportAction.UNCHANGED
             if existing.summary != summary and summary:
                 text.set_scalar(("patches", existing.index, "summary"), summary)
-                action = "updated"
+                action = ExportAction.UPDATED
         else:
             new = intake.from_commit(c, pid, diff)
             new.package = identity
             new_entries.append(new.entry())
-            action = "added"
-        result.exported.append(Exported(pid, c.sha, rel, summary, action))
+            action = ExportAction.ADDED
+        exported.append(Exported(pid, c.sha, rel, summary, action))
     return new_entries
 
 

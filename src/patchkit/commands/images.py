@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from patchkit.cache import cache_dir
 from patchkit.errors import ImageError, PatchkitError, UsageError
 from patchkit.nodes import ledger
 from patchkit.nodes.evidence import Record, Store
@@ -83,7 +84,7 @@ def run(manifest: Manifest, nodes: Sequence[str] = (), *, timeout: float = DEFAU
     """This patchset's builds on every node (exit 1 when a node cannot be reached: the others
     are listed), each with its evidence (the cache's, and what its registries hold)."""
     urls = fleet.addresses(manifest.image.nodes, nodes, "--node")
-    history = history or ledger.History()
+    history = history or ledger.History(cache_dir())
     reached = fleet.reach(urls, timeout, connect)
     try:
         listed = [got for got, _ in fleet.each(
@@ -244,7 +245,7 @@ def prune(manifest: Manifest, keep: int, nodes: Sequence[str] = (), *, dry_run: 
     if keep < 1:
         raise UsageError(f"keep {keep}: keep at least 1 build (the newest) on each node")
     urls = fleet.addresses(manifest.image.nodes, nodes, "--node")
-    history = history or ledger.History()
+    history = history or ledger.History(cache_dir())
     reached = fleet.reach(urls, timeout, connect)
     try:
         done = [got for got, _ in fleet.each(

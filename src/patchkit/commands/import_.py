@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import manifest, paths, source
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.manifest import VLLM, Manifest, capped_id, identity, summary_problem
@@ -95,8 +95,8 @@ def run(manifest_path: Path, ref: str, *, from_repo: str | None = None,
     result = Imported()
     with tempfile.TemporaryDirectory(prefix="patchkit-import-") as tmp:
         repo = Path(tmp) / "both.git"
-        g.borrowing_repository(repo, [pin.repo, fork.repo])
-        base = g.merge_base(repo, pin.commit, fork.commit)
+        git.borrowing_repository(repo, [pin.repo, fork.repo])
+        base = git.merge_base(repo, pin.commit, fork.commit)
         if base is None:
             gap = source.kind_of(pin.source).no_history_why
             why = f" (the pin comes from {pin.source}: {gap})" if gap else ""
@@ -126,20 +126,20 @@ def _take_commits(m: Manifest, repo: Path, ref: str, tip: str, pinned: str,
     """The commits from ``result.base`` to ``tip`` in ``repo`` as new patches in ``result``;
     what is empty, or in the series already, as notes."""
     base = result.base
-    merges = g.commits_between(repo, base, tip, merges_only=True)
+    merges = git.commits_between(repo, base, tip, merges_only=True)
     if merges:
         raise UsageError(f"{ref}: merge commit {merges[-1][:12]} after the merge base "
                          f"{base[:12]}; import takes a straight line of commits (rebase the "
                          "branch first)")
-    commits = g.commits_between(repo, base, tip)
+    commits = git.commits_between(repo, base, tip)
     if not commits:
         result.notes.append(f"{ref} ({tip[:12]}) has no commit after its merge base "
                             f"with the pin {pinned}")
     claimed: set[str] = set()
     for sha in commits:
-        c = g.commit_info(repo, sha)
+        c = git.commit_info(repo, sha)
         summary = intake.summary(c)
-        text = g.diff(repo, f"{sha}~1", sha)
+        text = git.diff(repo, f"{sha}~1", sha)
         if not text.strip():
             result.notes.append(f"{sha[:12]} {summary!r} changes nothing; not imported")
             continue
@@ -411,7 +411,7 @@ def _extract(fork: source.Resolved, inside: str, dest: Path, said: str) -> bool:
     """The files under ``inside`` at the fork's commit, written to ``dest`` from the object
     store (no checkout); a link or submodule there is refused.  True when the lock was taken
     from the repository's top (a fork keeps it beside its overlay)."""
-    entries = g.list_tree(fork.repo, fork.commit, "" if inside == "." else inside)
+    entries = git.list_tree(fork.repo, fork.commit, "" if inside == "." else inside)
     if not entries:
         raise UsageError(f"{said}: no folder {inside} at {fork.ref} ({fork.commit[:12]})")
     for mode, _kind, rel in entries:
@@ -420,7 +420,7 @@ def _extract(fork: source.Resolved, inside: str, dest: Path, said: str) -> bool:
             raise UsageError(f"{said}: {rel} at {fork.ref} is {what}; an overlay holds regular "
                              "files only")
     prefix = "" if inside == "." else inside + "/"
-    blobs = g.read_blobs(fork.repo, [f"{fork.commit}:{rel}" for _m, _k, rel in entries])
+    blobs = git.read_blobs(fork.repo, [f"{fork.commit}:{rel}" for _m, _k, rel in entries])
     for mode, _kind, rel in entries:
         out = dest / rel[len(prefix):]
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -429,7 +429,7 @@ def _extract(fork: source.Resolved, inside: str, dest: Path, said: str) -> bool:
             os.chmod(out, 0o755)
     lock = f"{fork.commit}:{LOCK}"
     if prefix and not (dest / LOCK).exists():
-        data = g.read_blobs(fork.repo, [lock])[lock]
+        data = git.read_blobs(fork.repo, [lock])[lock]
         if data is not None:
             (dest / LOCK).write_bytes(data)
             return True
@@ -577,5 +577,5 @@ def _diff_against(base: source.Resolved, tree: OverlayTree, notes: list[str],
         if generated:
             notes.append(f"{', '.join(generated)}: written by vLLM's build, not in the source; "
                          "left out")
-        g.stage_all(work)
-        return g.diff(work, "HEAD", cached=True)
+        git.stage_all(work)
+        return git.diff(work, "HEAD", cached=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from patchkit import files
 from patchkit.image import base as base_
-from patchkit.image import lockfile as stack
+from patchkit.image import lockfile
 from patchkit.engines.docker import Engine
 from patchkit.manifest import Manifest
 from patchkit.run import run_spec
@@ -15,11 +15,11 @@ from patchkit.series import checkout
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
 
-@dataclass
+@dataclass(frozen=True)
 class LockReport:
     path: str
     written: bool          # False: the file already held these bytes
-    lock: stack.Lock
+    lock: lockfile.Lock
 
     def to_dict(self) -> dict:
         return {"ok": True, "path": self.path, "written": self.written,
@@ -38,7 +38,7 @@ def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
     name = spec.the_base("the lock")   # the run decides the base, before an engine is asked
     held = base_.read(engine or Engine.connect(timeout=timeout), name, spec.platform, log)
     base_.check(manifest, held, None)
-    packages = stack.patched_packages(manifest, Path(workdir), held.installed)
+    packages = lockfile.patched_packages(manifest, Path(workdir), held.installed)
     for name, p in sorted(packages.items()):
         log(f"{name} {p.version} ({'commit ' + p.commit[:12] if p.commit else 'no commit'}, "
             f"from {p.source})")
@@ -48,7 +48,7 @@ def run(manifest: Manifest, *, workdir: Path, base: str | None = None,
 
         report = checkout.AppliedCheckout.open(Path(workdir)).report
         artifacts = {a.pop("patch"): a for a in artifacts_of(manifest, report)}
-    lock = stack.Lock(spec.base, held.digest, packages, held.installed.versions(), artifacts)
-    path = stack.lock_path(manifest)
+    lock = lockfile.Lock(spec.base, held.digest, packages, held.installed.versions(), artifacts)
+    path = lockfile.lock_path(manifest)
     written = files.write_if_changed(path, lock.render())
     return LockReport(str(path), written, lock)

@@ -281,7 +281,7 @@ def _run_jobs(make: Callable[[Path], list["_Job"]], jobs: int | None,
             return _in_processes(work, workers, progress)
         reports = []
         for job in work:
-            reports.append(_unwrap(_one(job)))
+            reports.append(_one(job).unwrap())
             progress.target(reports[-1])
         return reports
     finally:
@@ -304,20 +304,65 @@ class _Job:
     memo: Path | None          # the run's cache, where kept results live
 
 
-def _one(job: _Job) -> tuple[str, object]:
-    """One target, in a worker: an ApplyReport, or what stopped it as plain values (not every
+def _one(job: _Job) -> _Outcome:
+    """One target, in a worker: its report, or what stopped it as plain values (not every
     exception survives pickling)."""
     manifest, res, tree, package = job.manifest, job.res, job.tree, job.package
     try:
-        return "report", trial.run(manifest, res, tree, package=package,
-                                   others=job.others or {}, paths=job.paths, series=job.series,
-                                   variant=job.variant, memo=job.memo)
+        return _Report(trial.run(manifest, res, tree, package=package,
+                                 others=job.others or {}, paths=job.paths, series=job.series,
+                                 variant=job.variant, memo=job.memo))
     except interrupt.Interrupted as exc:
-        return "interrupted", exc.signum
+        return _Stopped(exc.signum)
     except PatchkitError as exc:
-        return "error", (type(exc).exit_code, str(exc))
+        return _Failed(type(exc).exit_code, str(exc))
     except Exception as exc:  # noqa: BLE001  # a bug: carried to the parent, reported as one
-        return "bug", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        return _Bug(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+
+
+@dataclass(frozen=True)
+class _Report:
+    """A worker's target applied: its report."""
+
+    report: ApplyReport
+
+    def unwrap(self) -> ApplyReport:
+        return self.report
+
+
+@dataclass(frozen=True)
+class _Stopped:
+    """A worker stopped by a signal (^C), raised again in the parent."""
+
+    signum: int
+
+    def unwrap(self) -> ApplyReport:
+        raise interrupt.Interrupted(self.signum)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A worker's expected failure: the exit code of the original error, and its message."""
+
+    exit_code: int
+    message: str
+
+    def unwrap(self) -> ApplyReport:
+        raise TargetError(self.message, self.exit_code)
+
+
+@dataclass(frozen=True)
+class _Bug:
+    """A worker's unexpected failure: the exception and its traceback, as text."""
+
+    text: str
+
+    def unwrap(self) -> ApplyReport:
+        raise RuntimeError(f"a rebase-check worker failed: {self.text}")
+
+
+# what a worker gives back; ``unwrap`` is the report, or raises what stopped the worker
+_Outcome = _Report | _Stopped | _Failed | _Bug
 
 
 class TargetError(PatchkitError):
@@ -346,19 +391,6 @@ def _resolved(refs: list[str], resolve) -> list[source.Resolved]:
             raise
 
 
-def _unwrap(outcome: tuple[str, object]) -> ApplyReport:
-    kind, value = outcome
-    if kind == "report":
-        assert isinstance(value, ApplyReport)
-        return value
-    if kind == "interrupted":
-        raise interrupt.Interrupted(int(value))  # type: ignore[arg-type]
-    if kind == "error":
-        code, message = value  # type: ignore[misc]
-        raise TargetError(message, code)
-    raise RuntimeError(f"a rebase-check worker failed: {value}")
-
-
 def _in_processes(jobs: list, workers: int, progress: CheckProgress) -> list[ApplyReport]:
     """Targets side by side in worker processes: the work includes libcst transforms and AST
     parsing, pure Python that threads would run one at a time.  Forked workers start with
@@ -375,7 +407,7 @@ def _in_processes(jobs: list, workers: int, progress: CheckProgress) -> list[App
         try:
             for fut in as_completed(futures):
                 interrupt.check()
-                report = _unwrap(fut.result())
+                report = fut.result().unwrap()
                 results[futures[fut]] = report
                 progress.target(report)
         except BaseException:

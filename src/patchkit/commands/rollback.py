@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from patchkit.cache import cache_dir
 from patchkit.errors import ImageError, Origin, PatchkitError, UsageError
 from patchkit.nodes import ledger
 from patchkit.nodes import evidence
@@ -37,16 +38,26 @@ from patchkit.nodes import fleet
 from patchkit.engines.docker import Engine
 from patchkit.imageref import check_reference
 from patchkit.manifest import Manifest
+from patchkit.report import Word
 from patchkit.run import built_tag
 from patchkit.timeouts import DEFAULT_TIMEOUT
 
-STATUSES = ("already", "moved", "copied", "failed")
+class NodeStatus(Word):
+    """What a rollback did at one node (a dry run: what it would do)."""
+
+    ALREADY = "already"      # its moving tag names the build already
+    MOVED = "moved"          # it held the build: its moving tag moved, nothing sent
+    COPIED = "copied"        # it lacked the build: the layers it lacked sent, then the tag moved
+    FAILED = "failed"        # unreachable, or the copy or the move failed; its tag as it was
 
 
-@dataclass
+STATUSES = tuple(s.value for s in NodeStatus)
+
+
+@dataclass(frozen=True)
 class NodeRollback:
     node: str
-    status: str                  # one of STATUSES (a dry run: what would be)
+    status: NodeStatus
     was: str | None = None       # the build the moving tag named before (immutable tag or id)
     error: str | None = None
     copy: transfer.TargetResult | None = None   # what was sent, when the node lacked it
@@ -54,7 +65,7 @@ class NodeRollback:
 
     @property
     def ok(self) -> bool:
-        return self.status != "failed"
+        return self.status is not NodeStatus.FAILED
 
     def to_dict(self) -> dict:
         data: dict = {"node": self.node, "status": self.status, "was": self.was,
@@ -66,7 +77,7 @@ class NodeRollback:
         return data
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rollback:
     """What ``rollback`` did; ``to_dict`` is the ``--format json`` shape."""
 
@@ -121,7 +132,7 @@ def run(manifest: Manifest, request: Request = Request(), *,
         connect: Callable[[str], Engine] | None = None) -> Rollback:
     moving = _moving(manifest, request.to, request.tag)
     urls = fleet.addresses(manifest.image.nodes, request.nodes, "--node")
-    history = history or ledger.History()
+    history = history or ledger.History(cache_dir())
     pending = ledger.Pending(moving, history.cache)
     reached = fleet.reach(urls, request.timeout, connect)
     try:
@@ -283,38 +294,49 @@ def _source(found, target: str) -> tuple[Engine, Content]:
 def _node(node: fleet.Node, nb: ledger.NodeBuilds | None, move: _Move) -> NodeRollback:
     started = time.monotonic()
     if nb is None:
-        return NodeRollback(node.url, "failed", error=node.error)
+        return NodeRollback(node.url, NodeStatus.FAILED, error=node.error)
     engine, moving, target, want = node.engine, move.moving, move.target, move.want
     current = nb.current(moving)
     was = (current.fixed_for(moving) or current.id[:19]) if current is not None else None
-    result = NodeRollback(node.url, "already", was)
+    status, copy, error = NodeStatus.ALREADY, None, None
     try:
-        if current is not None and current.fixed_for(moving) == target:
-            return result   # the build holding both tags: the moving one names it already
-        held = want.same(_content(engine, target))
-        result.status = "moved" if held else "copied"
-        if move.request.dry_run:
-            return result
-        if not held:
-            move.log(f"{node.url}: lacks {target}: sending the layers it lacks")
-            copied = transfer.copy(move.source, target, [node.url], log=move.log,
-                                   timeout=move.request.timeout)
-            (result.copy,) = copied.targets
-            if not result.copy.ok:
-                raise ImageError(result.copy.error or f"the copy of {target} failed")
-            if not want.same(_content(engine, target)):
-                raise ImageError(f"after the copy {target} there is not the build {want}")
-            move.history.got_now(nb.identity, engine.tagged(target) or "")
-        proven = engine.tagged(target)
-        previous = engine.tagged(moving)
-        engine.tag(proven, moving)
-        if engine.tagged(moving) != proven:
-            engine.restore_tag(moving, previous)
-            raise ImageError(f"after the move {moving} does not name {target}; it is put back "
-                             "as it was")
-        move.log(f"{node.url}: {moving} -> {target}")
+        # the build holding both tags: the moving one names it already
+        if current is None or current.fixed_for(moving) != target:
+            held = want.same(_content(engine, target))
+            status = NodeStatus.MOVED if held else NodeStatus.COPIED
+            if not move.request.dry_run:
+                if not held:
+                    move.log(f"{node.url}: lacks {target}: sending the layers it lacks")
+                    copied = transfer.copy(move.source, target, [node.url], log=move.log,
+                                           timeout=move.request.timeout)
+                    (copy,) = copied.targets
+                    _proven(node, nb, move, copy)
+                _moved(node, move)
     except PatchkitError as exc:
-        result.status, result.error = "failed", str(exc)
-    finally:
-        result.seconds = round(time.monotonic() - started, 2)
-    return result
+        status, error = NodeStatus.FAILED, str(exc)
+    return NodeRollback(node.url, status, was, error, copy,
+                        round(time.monotonic() - started, 2))
+
+
+def _proven(node: fleet.Node, nb: ledger.NodeBuilds, move: _Move,
+            copy: transfer.TargetResult) -> None:
+    """The copy of the build to ``node`` proven to hold it, and kept in the history."""
+    if not copy.ok:
+        raise ImageError(copy.error or f"the copy of {move.target} failed")
+    if not move.want.same(_content(node.engine, move.target)):
+        raise ImageError(f"after the copy {move.target} there is not the build {move.want}")
+    move.history.got_now(nb.identity, node.engine.tagged(move.target) or "")
+
+
+def _moved(node: fleet.Node, move: _Move) -> None:
+    """The moving tag put on the build ``node`` holds, read again, put back when it does not
+    name it."""
+    engine, moving, target = node.engine, move.moving, move.target
+    proven = engine.tagged(target)
+    previous = engine.tagged(moving)
+    engine.tag(proven, moving)
+    if engine.tagged(moving) != proven:
+        engine.restore_tag(moving, previous)
+        raise ImageError(f"after the move {moving} does not name {target}; it is put back "
+                         "as it was")
+    move.log(f"{node.url}: {moving} -> {target}")

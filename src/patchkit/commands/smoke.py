@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit import http, interrupt
+from patchkit.cache import cache_dir
 from patchkit.errors import UsageError
 from patchkit.report import Word
 from patchkit.serving import acceptance as spec
@@ -761,7 +762,7 @@ def run_recorded(url: str, which: Which = Which(), *, against: str | None = None
     if against is not None and kw.get("measure") is None:
         kw["measure"] = Measure(AGAINST_REQUESTS)
     timeout = kw.get("timeout", DEFAULT_TIMEOUT)
-    store = evidence.Store(cache, timeout=timeout)
+    store = evidence.Store(cache or cache_dir(), timeout=timeout)   # the cache, decided once
     notes: list[str] = []
     build, engine = evidence.which(which.node, which.container, which.build,
                                    lambda url: Engine.connect(url, timeout=timeout))

@@ -17,6 +17,7 @@ from patchkit.errors import ManifestError
 from patchkit.image import artifact
 from patchkit.imageref import Platform
 from patchkit.series import applier, compiled
+from patchkit.timeouts import DEFAULT_TIMEOUT
 
 
 @dataclass
@@ -49,7 +50,9 @@ def _compiled_code(m: manifest.Manifest) -> None:
     for patch in m.patches:
         if patch.artifact is not None and not patch.artifact.wheel.startswith("https://"):
             try:
-                artifact.checked(patch.artifact, m.root, platform.arch, str(platform))
+                # a wheel in the project: nothing downloaded, no cache, no wait
+                artifact.checked(patch.artifact, m.root, platform.arch, str(platform), None,
+                                 DEFAULT_TIMEOUT)
             except artifact.ArtifactError as exc:
                 raise ManifestError(str(exc), path=m.path.name, line=patch.line,
                                     entry=patch.label) from None

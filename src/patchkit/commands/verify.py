@@ -5,7 +5,7 @@ against the server's logs."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -43,7 +43,7 @@ class VerifyStatus(Word):
 OK, FAILED, PENDING = VerifyStatus.OK, VerifyStatus.FAILED, VerifyStatus.PENDING
 
 
-@dataclass
+@dataclass(frozen=True)
 class VerifyReport:
     target: str
     verify: list[AssertionResult]
@@ -238,7 +238,8 @@ def _check_is_checkout(path: Path, label: str, patches: Sequence[Patch], first: 
 def verify_image(manifest: Manifest, image: str, *, engine: Engine | None = None,
                  variant: str | None = None) -> list[AssertionResult]:
     """The manifest's assertions on the files inside ``image``, read without running it."""
-    spec = run_spec(manifest, variant=variant, engine=engine or Engine.connect())
+    spec = run_spec(manifest, variant=variant,
+                    engine=engine or Engine.connect(timeout=DEFAULT_TIMEOUT))
     return _check_image(manifest, image, spec).results
 
 
@@ -545,18 +546,25 @@ def run(manifest: Manifest, request: Request, *, stdin=None,
                 target = " and ".join(str(t) for t in checked.trees)
         report = VerifyReport(target, checked.results, holds=checked.holds,
                               locked=checked.locked, packages=checked.packages,
-                              require_traffic=r.require_traffic, jit=checked.jit)
-        if sources.logs:
-            judgment = sources.judge(manifest, checked)
-            report.runtime, report.starts = judgment.results, judgment.starts
-            if r.require_traffic:
-                report.runtime = [runtime.traffic_required(m) for m in report.runtime]
-            report.logs = sources.names
-            report.notes = sources.notes() + [n for n in map(runtime.Start.note,
-                                                             judgment.starts) if n]
-    if report.runtime is not None:
-        _record(report, r, engine, named)
+                              require_traffic=r.require_traffic, jit=checked.jit,
+                              **_judged(manifest, r, sources, checked))
+    if report.runtime is not None:   # the verdict made, then recorded against the build
+        report = replace(report, **_record(report, r, engine, named))
     return report
+
+
+def _judged(manifest: Manifest, r: Request, sources: _Logs, checked) -> dict:
+    """What the logs say, as the report's fields: the markers judged, the start in each log,
+    the logs' names and how they were read; nothing when no log was given."""
+    if not sources.logs:
+        return {}
+    judgment = sources.judge(manifest, checked)
+    results = judgment.results
+    if r.require_traffic:
+        results = [runtime.traffic_required(m) for m in results]
+    return {"runtime": results, "starts": judgment.starts, "logs": sources.names,
+            "notes": sources.notes() + [n for n in map(runtime.Start.note, judgment.starts)
+                                        if n]}
 
 
 def _named_build(r: Request):
@@ -570,9 +578,10 @@ def _named_build(r: Request):
     return build
 
 
-def _record(report: VerifyReport, r: Request, engine, named) -> None:
+def _record(report: VerifyReport, r: Request, engine, named) -> dict:
     """The runtime verdict recorded against the build the server ran: ``--build``, else the
-    first container's image; not yet judged, or unknown, records nothing (and says so)."""
+    first container's image; not yet judged, or unknown, records nothing (and says so).
+    Returns the report's fields it gives: the evidence kept and what became of it."""
     import time
 
     from patchkit.nodes import evidence
@@ -583,17 +592,14 @@ def _record(report: VerifyReport, r: Request, engine, named) -> None:
         build = evidence.of_container(engine, r.containers[0]) if _running(
             engine, r.containers[0]) else None
         if build is None:
-            report.evidence_said.append(f"evidence: --container {r.containers[0]} is not "
-                                        "running: nothing recorded (--build TAG names the "
-                                        "build)")
-            return
+            return {"evidence_said": [f"evidence: --container {r.containers[0]} is not "
+                                      "running: nothing recorded (--build TAG names the "
+                                      "build)"]}
     else:
-        report.evidence_said.append(evidence.UNKNOWN)
-        return
+        return {"evidence_said": [evidence.UNKNOWN]}
     if report.status is PENDING:
-        report.evidence_said.append("evidence: not yet judged (no traffic served): nothing "
-                                    "recorded")
-        return
+        return {"evidence_said": ["evidence: not yet judged (no traffic served): nothing "
+                                  "recorded"]}
     verdicts = [evidence.Verdict("assertions", "ok" if report.assertions_ok else "failed",
                                  f"{sum(a.ok for a in report.verify)} of {len(report.verify)} "
                                  "assertions hold")]
@@ -604,8 +610,8 @@ def _record(report: VerifyReport, r: Request, engine, named) -> None:
                      if m.acceptance is not None and m.acceptance.rate is not None), None)
     record = evidence.Record("verify", build.image_id, build.tag, build.node, time.time(),
                              report.ok, tuple(verdicts), build.patchset, acceptance=accepted)
-    report.evidence = evidence.Store(timeout=r.timeout).record(record, build)
-    report.evidence_said += report.evidence.lines(build)
+    kept = evidence.Store(timeout=r.timeout).record(record, build)
+    return {"evidence": kept, "evidence_said": list(kept.lines(build))}
 
 
 def _running(engine, name: str) -> bool:

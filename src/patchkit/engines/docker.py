@@ -19,10 +19,10 @@ Other engines (``copy-image``, ``build-image --copy-to``) are named by URL: ``ss
 the system's ssh (so ``~/.ssh/config`` applies), ``unix://`` or ``tcp://``; ``engine_url`` is
 the one parser of such addresses, ``DOCKER_HOST``'s included.
 
-Every request waits at most ``timeout`` seconds of silence (``timeouts.DEFAULT_TIMEOUT``): the
-connection, then each wait for the next bytes, never a whole stream, so a load or export of
-gigabytes goes on while bytes flow.  Builds alone wait without a bound: a compile step may be
-silent for minutes.
+Every request waits at most ``timeout`` seconds of silence (the run's, which the verb hands to
+``Engine.connect``): the connection, then each wait for the next bytes, never a whole stream,
+so a load or export of gigabytes goes on while bytes flow.  Builds alone wait without a bound:
+a compile step may be silent for minutes.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from patchkit.engines.sdk import border, explain, sdk, ssh_adapter_class
 from patchkit.engines.sshlink import SshLink, ssh_port
 from patchkit.imageref import (Platform, engine_problem, host_of, repository, split_tag,
                                unreachable)
-from patchkit.timeouts import DEFAULT_TIMEOUT, shown as shown_seconds
+from patchkit.timeouts import shown as shown_seconds
 from patchkit.process import Piped, run
 
 Log = Callable[[str], None]
@@ -93,7 +93,7 @@ class Engine:
         self._info: dict | None = None
 
     @classmethod
-    def connect(cls, host: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+    def connect(cls, host: str | None = None, *, timeout: float,
                 link: SshLink | None = None) -> "Engine":
         """The engine at ``host`` (an address ``engine_url`` took), else the one DOCKER_HOST
         names, once it has answered; ``timeout`` bounds each silence of it.  ``link`` is the
@@ -118,7 +118,7 @@ class Engine:
         return cls(client, shown, cli)
 
     @staticmethod
-    def dial(host: str, timeout: float = DEFAULT_TIMEOUT) -> SshLink | None:
+    def dial(host: str, timeout: float) -> SshLink | None:
         """For an ssh:// ``host``, its ssh connection started now (``connect`` then takes it),
         so that ssh connects while the run does what comes first; None for other engines."""
         if not host.startswith("ssh://"):

@@ -39,7 +39,6 @@ from patchkit.formats.layer import Layer, image_id_of
 from patchkit.formats.manifests import (DOCKER_MANIFEST, INDEXES, MANIFESTS, OCI_INDEX,
                                         OCI_MANIFEST, RemoteImage)
 from patchkit.imageref import DOCKER_HUB, Platform, host_of, repository, unreachable
-from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.process import run
 
 Log = Callable[[str], None]
@@ -136,7 +135,7 @@ def pick_platform(index: dict, platform: Platform, name: str) -> str:
 class Registry:
     """skopeo, driven for the few things a build straight in a registry needs."""
 
-    def __init__(self, skopeo: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, skopeo: str | None = None, *, timeout: float) -> None:
         self.timeout = timeout  # the whole of a small request; blob copies go unbounded
         found = skopeo or shutil.which("skopeo")
         if not found:
@@ -407,7 +406,7 @@ def _put_blob(base: str, data: bytes, timeout: float) -> str:
     return digest
 
 
-def subject_of(ref: str, timeout: float = DEFAULT_TIMEOUT) -> dict:
+def subject_of(ref: str, timeout: float) -> dict:
     """The descriptor of the manifest ``ref`` (``host/repo@sha256:...``) names."""
     base, at = _api(ref)
     got = _call("GET", f"{base}/manifests/{at}", f"reading the manifest of {ref}",
@@ -417,7 +416,7 @@ def subject_of(ref: str, timeout: float = DEFAULT_TIMEOUT) -> dict:
 
 
 def push_referrer(ref: str, artifact_type: str, payload: bytes, annotations: dict[str, str],
-                  timeout: float = DEFAULT_TIMEOUT) -> tuple[str, bool]:
+                  timeout: float) -> tuple[str, bool]:
     """``payload`` pushed beside the image ``ref`` names (``host/repo@sha256:...``) as an
     artifact of ``artifact_type`` whose subject is that image's manifest: the artifact
     manifest's digest, and whether the tag fallback was written (the registry has no
@@ -466,8 +465,7 @@ def _fallback_index(base: str, tag: str, timeout: float) -> dict | None:
     return index
 
 
-def referrers(ref: str, artifact_type: str, timeout: float = DEFAULT_TIMEOUT
-              ) -> list[tuple[str, bytes | str]]:
+def referrers(ref: str, artifact_type: str, timeout: float) -> list[tuple[str, bytes | str]]:
     """Every artifact of ``artifact_type`` beside the image ``ref`` names: (its manifest's
     digest, its payload, or why it could not be read), through the referrers API, else the
     tag fallback.  None there: []."""

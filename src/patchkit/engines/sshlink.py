@@ -32,14 +32,13 @@ from urllib.parse import urlsplit
 
 from patchkit.errors import CommandError, ImageError
 from patchkit.process import run, spawn
-from patchkit.timeouts import DEFAULT_TIMEOUT
 
 
 def _ssh_dest(url) -> str:
     return f"{url.username}@{url.hostname}" if url.username else url.hostname
 
 
-def ssh_port(host: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[str, int]:
+def ssh_port(host: str, timeout: float) -> tuple[str, int]:
     """The ssh destination (``[user@]host``) and port of an ssh:// address: the URL's port,
     else the one the system's ssh would take (``ssh -G``, so ~/.ssh/config applies; the SDK
     would pass port 22, overriding it)."""
@@ -57,10 +56,10 @@ def ssh_port(host: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[str, int]:
                        if line.startswith("port ") and line.split()[1].isdigit()), 22)
 
 
-def ssh_argv(dest: str, port: int, timeout: float | None, options: list[str] = ()
-             ) -> list[str]:
-    """The system's ssh to ``dest``, ready for the command to run there."""
-    wait = max(1, math.ceil(timeout or DEFAULT_TIMEOUT))  # ssh takes whole seconds
+def ssh_argv(dest: str, port: int, timeout: float, options: list[str] = ()) -> list[str]:
+    """The system's ssh to ``dest``, ready for the command to run there; it gives up
+    connecting after ``timeout`` seconds (the engine's)."""
+    wait = max(1, math.ceil(timeout))  # ssh takes whole seconds
     return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={wait}",
             "-o", "ServerAliveInterval=15", *options, "-p", str(port), "--", dest]
 
@@ -76,7 +75,7 @@ class SshLink:
     sessions after it (``docker load``, ``docker save``).  :meth:`close` ends the sessions
     and removes the socket's folder."""
 
-    def __init__(self, dest: str, port: int, timeout: float | None) -> None:
+    def __init__(self, dest: str, port: int, timeout: float) -> None:
         self.dest, self.port, self.timeout = dest, port, timeout
         self._folder = _private_folder()
         self._socket = os.path.join(self._folder, "master") if self._folder else None
@@ -152,7 +151,7 @@ class SshStream:
     round trip or more each).  Every read and write waits at most the timeout urllib3 sets;
     what ssh says on stderr is kept, for the one line of an error."""
 
-    def __init__(self, dest: str, port: int, timeout: float | None,
+    def __init__(self, dest: str, port: int, timeout: float,
                  options: list[str] = ()) -> None:
         self.proc = spawn([*ssh_argv(dest, port, timeout, options),
                            "docker", "system", "dial-stdio"])

@@ -36,9 +36,9 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def wheel_path(artifact, root: Path, cache: Path | None = None) -> Path:
+def wheel_path(artifact, root: Path, cache: Path | None, timeout: float) -> Path:
     """The wheel on this machine: the manifest's file, or the URL's download in the cache
-    (kept under its sha256, so a second build reads it from there)."""
+    (kept under its sha256, so a second build reads it from there) within ``timeout``."""
     if not artifact.wheel.startswith("https://"):
         return root / artifact.wheel
     if cache is None:
@@ -48,7 +48,7 @@ def wheel_path(artifact, root: Path, cache: Path | None = None) -> Path:
         return dest
     from patchkit import http
 
-    data = http.get_bytes(artifact.wheel)
+    data = http.get_bytes(artifact.wheel, timeout=timeout)
     got = hashlib.sha256(data).hexdigest()
     if got != artifact.sha256:
         raise ArtifactError(f"artifact {artifact.wheel}: sha256 {got}, the manifest pins "
@@ -103,9 +103,11 @@ def elf_problem(data: bytes, arch: str, platform: str) -> str | None:
     return None
 
 
-def checked(artifact, root: Path, arch: str, platform: str, cache: Path | None = None) -> bytes:
-    """The member's bytes, every check passed: one :class:`ArtifactError` line otherwise."""
-    data = member_bytes(artifact, wheel_path(artifact, root, cache))
+def checked(artifact, root: Path, arch: str, platform: str, cache: Path | None,
+            timeout: float) -> bytes:
+    """The member's bytes, every check passed: one :class:`ArtifactError` line otherwise.
+    A wheel named by URL is downloaded into ``cache`` within ``timeout``."""
+    data = member_bytes(artifact, wheel_path(artifact, root, cache, timeout))
     problem = elf_problem(data, arch, platform)
     if problem:
         name = artifact.wheel.rsplit("/", 1)[-1]

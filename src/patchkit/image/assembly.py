@@ -9,17 +9,17 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import source
 from patchkit.image import artifact
 from patchkit.image import base as base_
 from patchkit.image import build, builders, labels
 from patchkit.engines import facts
 from patchkit.formats import layer
-from patchkit.image import lockfile as stack
+from patchkit.image import lockfile
 from patchkit.image.builders.protocol import Job
 from patchkit.imageref import Platform
-from patchkit.manifest import Manifest, variants
+from patchkit.manifest import Manifest
 from patchkit.run import RunSpec
 from patchkit.report import ApplyReport, Status
 from patchkit.series.checkout import AppliedCheckout, is_checkout
@@ -110,7 +110,7 @@ class BuildReport:
 
 
 def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: AppliedCheckout,
-             held: base_.BaseStack | None, lock: stack.Lock | None, registry=None,
+             held: base_.BaseStack | None, lock: lockfile.Lock | None, registry=None,
              log=lambda m: None, started: float | None = None) -> BuildReport:
     """The image of the applied checkout ``tree`` (at the run's workdir, the other packages
     beside it), built on the engine the run connected, or with ``no_daemon`` straight in
@@ -121,20 +121,20 @@ def assemble(manifest: Manifest, run: RunSpec, choices: Choices, *, tree: Applie
     workdir = tree.root
     base_.prove_packages(manifest, workdir, held, log)
     if lock is not None:
-        stack.check_packages(manifest, lock, stack.patched_packages(
+        lockfile.check_packages(manifest, lock, lockfile.patched_packages(
             manifest, workdir, held.installed if held else None))
-        log(f"the base and the packages are the ones {stack.LOCK_FILE} names")
+        log(f"the base and the packages are the ones {lockfile.LOCK_FILE} names")
     packages = _shipped_packages(manifest, workdir, held)
     choice = replace(build.choose_mode(tree.changes(), choices.mode),
                      packages=tuple(p.name for p in packages))
     _log_choice(choice, log)
     final_tag = run.final_tag(manifest, tree.vllm.ref, tree.vllm.version, tree.report.variant)
     plat = run.platform
-    project = g.provenance(manifest.root)
+    project = git.provenance(manifest.root)
     job = Job(manifest, tree, choice, plat, final_tag, run.base, choices.push, log, run.cache,
                        engine=engine, registry=registry, max_jobs=choices.max_jobs,
                        nvcc_threads=choices.nvcc_threads, packages=packages, lock=lock,
-                       artifacts=_artifacts(manifest, tree, plat, run.cache, log),
+                       artifacts=_artifacts(manifest, tree, plat, run, log),
                        base_from=run.base_from, held=held, project=project)
     previous = engine.tagged(final_tag) if engine is not None else None
     built = builders.choose(choices.no_daemon, choice).build(job)
@@ -188,17 +188,18 @@ def _shipped_packages(manifest: Manifest, workdir: Path, held: base_.BaseStack |
     return tuple(out)
 
 
-def _artifacts(manifest: Manifest, tree: AppliedCheckout, plat: Platform, cache: Path, log
+def _artifacts(manifest: Manifest, tree: AppliedCheckout, plat: Platform, run: RunSpec, log
                ) -> tuple[build.PlacedArtifact, ...]:
     """The members of the run's applied artifacts, each checked against its pins and the
-    image's platform (one line, exit 2, before anything is built)."""
+    image's platform (one line, exit 2, before anything is built); a wheel named by URL
+    downloaded into the run's cache within its timeout."""
     applied = {p.id for p in tree.report.patches if p.status is Status.APPLIED}
     out = []
     for patch in manifest.patches:
         a = patch.artifact
         if a is None or patch.id not in applied:
             continue
-        data = artifact.checked(a, manifest.root, plat.arch, str(plat), cache)
+        data = artifact.checked(a, manifest.root, plat.arch, str(plat), run.cache, run.timeout)
         log(f"{patch.id}: {a.member} from {a.wheel.rsplit('/', 1)[-1]}: pins and ELF header "
             f"({plat.arch}) checked")
         out.append(build.PlacedArtifact(patch.id, a.dist, a.member, data))
@@ -273,7 +274,7 @@ def reach_registry(manifest: Manifest, run: RunSpec):
     from patchkit.engines.registry import Registry
 
     registry = Registry(timeout=run.timeout)
-    registry.digest_of(variants.default_tag(manifest, run.ref, None, run.tag, run.variant))
+    registry.digest_of(run.final_tag(manifest, run.ref, None, run.variant))
     return registry
 
 

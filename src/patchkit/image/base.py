@@ -20,7 +20,7 @@ from pathlib import Path
 from patchkit.errors import ImageError
 from patchkit.image import distinfo, labels
 from patchkit.engines import registry
-from patchkit.image import lockfile as stack
+from patchkit.image import lockfile
 from patchkit.formats.layer import BaseImage
 from patchkit.image.distinfo import ListedFiles
 from patchkit.imageref import Platform
@@ -99,15 +99,15 @@ def read(engine, ref: str, platform: Platform, log: Log = lambda m: None) -> Bas
         return held
 
 
-def check(manifest: Manifest, base: BaseStack, lock: stack.Lock | None) -> None:
+def check(manifest: Manifest, base: BaseStack, lock: lockfile.Lock | None) -> None:
     """The base's pins and ``image.requires``; with ``lock``, also the base's digest and
     installed versions against it (each difference named)."""
-    stack.check_base(manifest, base.installed, base.image.name)
+    lockfile.check_base(manifest, base.installed, base.image.name)
     if lock is not None:
-        stack.check_locked(manifest, lock, base.digest, base.installed, base.image.name)
+        lockfile.check_locked(manifest, lock, base.digest, base.installed, base.image.name)
 
 
-def judged(manifest: Manifest, run: RunSpec, engine, lock: stack.Lock | None,
+def judged(manifest: Manifest, run: RunSpec, engine, lock: lockfile.Lock | None,
            hold: ExitStack, log: Log = lambda m: None) -> BaseStack | None:
     """The run's base, opened once for as long as ``hold`` holds it, and judged before the
     apply: the packages' pins, ``image.requires`` and the lock (when they ask).  None when the

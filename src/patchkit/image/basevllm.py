@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import source
 from patchkit.errors import ImageError
 from patchkit.image import distinfo, package
@@ -52,7 +52,7 @@ class BaseVllm:
     def package_dir(self) -> str:
         return self.package.dir
 
-    def package_files(self) -> Iterator[g.TreeFile]:
+    def package_files(self) -> Iterator[git.TreeFile]:
         """Every file under the package folder as ``vllm/...``, streamed from one archive of
         the base held open."""
         yield from _folder_files(self.held.files, self.package.dir, source.VLLM.top)
@@ -80,13 +80,13 @@ class BaseDist:
     def package_dir(self) -> str:
         return ", ".join(self.dist.path_of(t) for t in self.tops)
 
-    def package_files(self) -> Iterator[g.TreeFile]:
+    def package_files(self) -> Iterator[git.TreeFile]:
         """Every file of its import folders, paths from the site (``flashinfer/...``)."""
         for top in self.tops:
             yield from _folder_files(self.held.files, self.dist.path_of(top), top)
 
 
-def _folder_files(files, folder: str, top: str) -> Iterator[g.TreeFile]:
+def _folder_files(files, folder: str, top: str) -> Iterator[git.TreeFile]:
     """The files under ``folder`` of an image as ``TOP/...``, from one archive of it."""
     first = None
     for info, data in files.walk(folder):
@@ -96,12 +96,12 @@ def _folder_files(files, folder: str, top: str) -> Iterator[g.TreeFile]:
             continue  # the folder itself
         rel = f"{top}/{rest.rstrip('/')}"
         if info.issym():
-            yield g.TreeFile(rel, SYMLINK, info.linkname.encode("utf-8", "surrogateescape"))
+            yield git.TreeFile(rel, SYMLINK, info.linkname.encode("utf-8", "surrogateescape"))
         elif info.islnk():
             _, _, linked = info.linkname.partition("/")
-            yield g.TreeFile(rel, REGULAR, same_as=f"{top}/{linked}")
+            yield git.TreeFile(rel, REGULAR, same_as=f"{top}/{linked}")
         elif info.isreg():
-            yield g.TreeFile(rel, EXECUTABLE if info.mode & 0o111 else REGULAR, data)
+            yield git.TreeFile(rel, EXECUTABLE if info.mode & 0o111 else REGULAR, data)
 
 
 def _tops(dist: distinfo.Dist, base: str) -> tuple[str, ...]:

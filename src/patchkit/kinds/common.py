@@ -24,10 +24,10 @@ def generic_stop(rebase: Rebase, patch: Patch, result: PatchResult, head: str) -
 
 def dirty_resume(rebase: Rebase, patch: Patch) -> None:
     """``--continue`` for a kind whose fix is in its own file: the checkout must be clean."""
-    from patchkit import git as g
+    from patchkit import git
     from patchkit.errors import UsageError
 
-    if g.is_dirty(rebase.tree):
+    if git.is_dirty(rebase.tree):
         raise UsageError(
             f"the checkout {rebase.shown} has changes, but {patch.id} is a {patch.kind}: "
             f"change {patch.path} instead (`git -C {rebase.shown} reset --hard` and "

@@ -13,7 +13,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import paths
 from patchkit.kinds.base import KindError, Reader, Rebase, Remains, Stop, Target
 from patchkit.kinds.common import ABORT, dirty_resume, generic_stop
@@ -55,7 +55,7 @@ def apply_tree(overlay: Path, root: Path, base_commit: str, replaces: Mapping[st
         if dest.is_file() and same_bytes(dest, src):
             same += 1
             continue
-        upstream_blob = g.blob_id(root, base_commit, rel)
+        upstream_blob = git.blob_id(root, base_commit, rel)
         if upstream_blob is not None:
             recorded = replaces.get(rel)
             if recorded is None:
@@ -96,10 +96,10 @@ def drift(patch, overlay: Path, tree: Path, base: str) -> dict[str, str]:
     """Overlay file -> the upstream blob it now replaces, for each file the record misses."""
     out: dict[str, str] = {}
     for rel in files_of(overlay):
-        blob = g.blob_id(tree, base, rel)
+        blob = git.blob_id(tree, base, rel)
         if blob is None or patch.replaces.get(rel) == blob:
             continue
-        if g.hash_file(overlay / rel) == blob:
+        if git.hash_file(overlay / rel) == blob:
             continue  # the overlay already holds upstream's bytes
         out[rel] = blob
     return out
@@ -165,7 +165,7 @@ class OverlayKind:
         rebase.record_replaces(patch, stop.drift)
 
     def changes(self, full: Path) -> frozenset[tuple[str, ...]]:
-        return frozenset((rel, g.hash_file(full / rel)) for rel in files_of(full)
+        return frozenset((rel, git.hash_file(full / rel)) for rel in files_of(full)
                          if (full / rel).is_file() and not (full / rel).is_symlink())
 
     def remains(self, full: Path, read: Reader, version: str | None) -> Remains:

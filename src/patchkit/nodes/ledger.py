@@ -138,11 +138,11 @@ class History:
     under the cache (``nodes/<sha256 of the engine's identity>.json``: its ID, host name and
     root directory, never its ID alone)."""
 
-    def __init__(self, cache: Path | None = None) -> None:
+    def __init__(self, cache: Path) -> None:
         self.cache = cache
 
     def _path(self, identity: str) -> Path:
-        folder = cache_.cache_subdir(self.cache or cache_.cache_dir(), "nodes")
+        folder = cache_.cache_subdir(self.cache, "nodes")
         return folder / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
 
     def of(self, identity: str) -> dict[str, float]:
@@ -187,12 +187,12 @@ class Pending:
     puts it on every node, so that the same command run again completes it rather than
     going one build further back."""
 
-    def __init__(self, moving: str, cache: Path | None = None) -> None:
+    def __init__(self, moving: str, cache: Path) -> None:
         self.moving = moving
         self.cache = cache
 
     def _path(self) -> Path:
-        folder = cache_.cache_subdir(self.cache or cache_.cache_dir(), "rollbacks")
+        folder = cache_.cache_subdir(self.cache, "rollbacks")
         return folder / f"{hashlib.sha256(self.moving.encode()).hexdigest()[:32]}.json"
 
     def to(self) -> str | None:

@@ -301,7 +301,8 @@ def _carry(target: Engine, result: TargetResult, image: str, tags: Sequence[str]
                 target.tag(held, tag)
                 log(f"{result.engine}: tagged {tag}")
     except PatchkitError as exc:
-        result.status, result.error = "failed", f"{exc}; {image} is there, {tags[0]} is not"
+        result.status = CopyStatus.FAILED
+        result.error = f"{exc}; {image} is there, {tags[0]} is not"
 
 
 def _each(calls: Sequence[Callable[[], None]], stop: threading.Event, grace: float = 1.0

@@ -4,6 +4,7 @@ node)."""
 
 from __future__ import annotations
 
+from patchkit.commands.rollback import NodeStatus
 from patchkit.packageid import VLLM
 from patchkit.render.progress import size
 
@@ -139,17 +140,19 @@ def rollback(report) -> str:
         lines.append(f"{'would roll' if data['dry_run'] else 'rolling'} {data['moving_tag']} "
                      f"back to {data['to']}: {data['why']}")
     for node in data["nodes"]:
-        status = node["status"]
-        if status == "failed":
+        status = NodeStatus(node["status"])
+        if status is NodeStatus.FAILED:
             lines.append(f"failed    {node['node']}: {node['error']}")
             continue
-        word = status if not data["dry_run"] or status == "already" else f"would-be {status}"
-        how = {"already": f"{data['moving_tag']} names {data['to']} already",
-               "moved": f"{data['moving_tag']} -> {data['to']} (was {node['was'] or 'nothing'}); "
-                        "held there, nothing sent",
-               "copied": f"{data['moving_tag']} -> {data['to']} (was {node['was'] or 'nothing'})"
+        word = (status.value if not data["dry_run"] or status is NodeStatus.ALREADY
+                else f"would-be {status.value}")
+        how = {NodeStatus.ALREADY: f"{data['moving_tag']} names {data['to']} already",
+               NodeStatus.MOVED: f"{data['moving_tag']} -> {data['to']} "
+                                 f"(was {node['was'] or 'nothing'}); held there, nothing sent",
+               NodeStatus.COPIED: f"{data['moving_tag']} -> {data['to']} "
+                                  f"(was {node['was'] or 'nothing'})"
                }[status]
-        if status == "copied":
+        if status is NodeStatus.COPIED:
             sent = node.get("sent")
             how += (f"; {sent['bytes']:,} bytes sent ({sent['layers']} layer(s), "
                     f"{sent['layers_skipped']} held there left out)" if sent else

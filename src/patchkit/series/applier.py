@@ -14,13 +14,13 @@ import signal
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from patchkit import interrupt, kinds, source
 from patchkit import filelocks
-from patchkit import git as g
+from patchkit import git
 from patchkit.errors import CommandError, Origin, SettingError, SourceError, UsageError, literal
 from patchkit.kinds.common import commit_message
 from patchkit.manifest import VLLM, Manifest, Patch
@@ -28,7 +28,7 @@ from patchkit.manifest import digest, variants
 from patchkit.run import RunSpec
 from patchkit.report import (ApplyReport, AssertionResult, Outcome, PackageInfo, PatchResult,
                              Reason, Status)
-from patchkit.series import checkout as applied
+from patchkit.series import checkout
 from patchkit.timeouts import DEFAULT_TIMEOUT
 from patchkit.series import assertions, compiled, jit
 
@@ -56,7 +56,7 @@ def in_range(patch: Patch, version: str | None) -> tuple[bool, str]:
 def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
               version: str | None, mirror: Path | None = None, *, package: str = VLLM.name,
               found: Mapping[str, str | None] | None = None,
-              tops: Sequence[str] = (), commits: g.Commits | None = None,
+              tops: Sequence[str] = (), commits: git.Commits | None = None,
               memo: Path | None = None, timeout: float = DEFAULT_TIMEOUT) -> PatchResult:
     """Apply one patch to the checkout of ``package`` at ``root`` and commit it; never raises
     for a bad patch.  Its ranges are judged on ``found`` (package name -> version; default: the
@@ -83,13 +83,12 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
     except OSError as exc:
         _reset(root, commits)
         return _result(patch, Status.FAILED, Reason.ERROR, message=f"{exc}")
-    result = _outcome_result(patch, out)
     if not (kind.writes_only_named or out.wrote_only_files) and out.status in (Status.APPLIED,
                                                                                Status.UPSTREAM):
         # What it did not name would be left out of the commit yet ride along in the workdir.
         if commits is not None:
             commits.write()   # git's view of the tree is the commits so far
-        stray = [p for p in g.dirty_paths(root) if p not in out.files]
+        stray = [p for p in git.dirty_paths(root) if p not in out.files]
         if stray:
             _reset(root, commits)
             shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
@@ -101,22 +100,27 @@ def apply_one(manifest: Manifest, patch: Patch, root: Path, base_commit: str,
         pass  # it changes the image, not the checkout (an artifact): nothing to commit
     elif out.status is Status.APPLIED:
         message = commit_message(patch)
-        result.commit = commits.commit(message, out.files) if commits is not None else \
-            g.commit_all(root, message, out.files)
-        if result.commit is None:  # wrote bytes identical to what was there
-            result.status, result.message = Status.UPSTREAM, "the tree already has this change"
+        return _outcome_result(patch, out, commits.commit(message, out.files)
+                               if commits is not None else git.commit_all(root, message, out.files),
+                               committed=True)
     elif out.status is Status.FAILED:
         _reset(root, commits)
-    return result
+    return _outcome_result(patch, out)
 
 
-def _outcome_result(patch: Patch, out: Outcome) -> PatchResult:
-    return PatchResult(patch.id, patch.kind, out.status, out.reason, None, out.files,
-                       out.message, out.offsets, out.hunk, in_the_way=out.in_the_way,
-                       package=patch.package)
+def _outcome_result(patch: Patch, out: Outcome, commit: str | None = None, *,
+                    committed: bool = False) -> PatchResult:
+    """``patch``'s result from its kind's ``out``; ``committed``: its change went through a
+    commit, ``commit``, and none was made when it wrote bytes identical to what was there (the
+    tree already has this change)."""
+    same = committed and commit is None
+    return PatchResult(patch.id, patch.kind, Status.UPSTREAM if same else out.status,
+                       out.reason, commit, out.files,
+                       "the tree already has this change" if same else out.message,
+                       out.offsets, out.hunk, in_the_way=out.in_the_way, package=patch.package)
 
 
-def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree, commits: g.Commits,
+def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree, commits: git.Commits,
               alone: Callable[[Patch], PatchResult], *, again: bool = True
               ) -> Iterator[PatchResult]:
     """``run`` (patches of one kind, each in range and inside its package's folders) applied
@@ -147,11 +151,8 @@ def _together(manifest: Manifest, run: Sequence[Patch], tree: Tree, commits: g.C
                 between.append(p)
         return
     for p, out in zip(run, outs):
-        result = _outcome_result(p, out)
-        result.commit = commit = commits.commit(commit_message(p), out.files)
-        if commit is None:  # wrote bytes identical to what was there
-            result.status, result.message = Status.UPSTREAM, "the tree already has this change"
-        yield result
+        yield _outcome_result(p, out, commits.commit(commit_message(p), out.files),
+                              committed=True)
 
 
 def _goes_alone(manifest: Manifest, patch: Patch, tree: Tree | None, variant,
@@ -222,15 +223,15 @@ def package_tops(resolved: source.Resolved, package: source.PackageId) -> tuple[
     package whose source is its whole repository (vLLM's)."""
     if not package.confined:
         return ()
-    return tuple(g.package_folders(resolved.repo, resolved.commit))
+    return tuple(git.package_folders(resolved.repo, resolved.commit))
 
 
-def _reset(root: Path, commits: g.Commits | None = None) -> None:
+def _reset(root: Path, commits: git.Commits | None = None) -> None:
     """Throw away whatever a failed patch left in the scratch tree (the commits before it
     written out first)."""
     if commits is not None:
         commits.write()
-    g.discard_changes(root, check=False)
+    git.discard_changes(root, check=False)
 
 
 def run_series(manifest: Manifest, root: Path, resolved: source.Resolved,
@@ -269,44 +270,53 @@ def run_stack(manifest: Manifest, trees: Mapping[str, Tree], progress: Progress 
     progress = progress or Progress()
     pins = {n: t.resolved for n, t in trees.items()} if pins is None else pins
     at = trees[VLLM.name].resolved if VLLM.name in trees else vllm or pins[VLLM.name]
-    report = ApplyReport(PackageInfo(at.ref, at.commit, at.version, at.source), workdir=None,
-                         variant=variant if isinstance(variant, str) else None)
-    report.packages = {n: PackageInfo(t.resolved.ref, t.resolved.commit, t.resolved.version,
-                                      t.resolved.source) for n, t in trees.items()}
     found = {n: r.version for n, r in pins.items()}
     series = list(manifest.patches if patches is None else patches)
+    results: list[PatchResult] = []
     with ExitStack() as held:
         # one commit per patch, made in-process; each tree's written out once, at the end
-        commits = {n: held.enter_context(g.Commits(t.root)) for n, t in trees.items()}
+        commits = {n: held.enter_context(git.Commits(t.root)) for n, t in trees.items()}
         for result in _applied(manifest, series, trees, variant, found, commits):
             if result.status is Status.UPSTREAM and result.package in trees:
-                tree = trees[result.package]
-                result.made_by = made_by(
-                    manifest, manifest.patch(result.id),
-                    [(r.id, r.files) for r in report.patches if r.status is Status.APPLIED
-                     and r.package == result.package], tree.root, tree.resolved)
-                if result.made_by:
-                    result.message = _made_by_message(result.made_by)
-            report.patches.append(result)
+                result = _made_by_earlier(manifest, result, results, trees[result.package])
+            results.append(result)
             progress.patch(result)
         for name, tree in trees.items():
             if tree.keep:
-                commits[name].write(tag=applied.APPLIED_TAG)
+                commits[name].write(tag=checkout.APPLIED_TAG)
+    checks: list[AssertionResult] = []
     for name, tree in trees.items():
-        active = [p for p, r in zip(series, report.patches)
+        active = [p for p, r in zip(series, results)
                   if r.status is not Status.SKIPPED and p.package == name]
-        report.verify += assertions.run_assertions(active, assertions.tree_reader(tree.root),
-                                                   tree.memo)
+        checks += assertions.run_assertions(active, assertions.tree_reader(tree.root), tree.memo)
     failed_by: dict[str, AssertionResult] = {}
-    for a in report.verify:
+    for a in checks:
         if not a.ok:
             failed_by.setdefault(a.patch, a)
-    for r in report.patches:
-        if r.id in failed_by and r.status is not Status.FAILED:
-            a = failed_by[r.id]
-            r.status, r.reason = Status.FAILED, Reason.ASSERTION
-            r.message = f"{a.location()}: {a.message}"
-    return report
+    return ApplyReport(PackageInfo(at.ref, at.commit, at.version, at.source), workdir=None,
+                       patches=[_assertion_failed(r, failed_by[r.id])
+                                if r.id in failed_by and r.status is not Status.FAILED else r
+                                for r in results],
+                       verify=checks, variant=variant if isinstance(variant, str) else None,
+                       packages={n: PackageInfo(t.resolved.ref, t.resolved.commit,
+                                                t.resolved.version, t.resolved.source)
+                                 for n, t in trees.items()})
+
+
+def _made_by_earlier(manifest: Manifest, result: PatchResult, earlier: Sequence[PatchResult],
+                     tree: Tree) -> PatchResult:
+    """An ``upstream`` ``result`` that is upstream only because an earlier applied patch of
+    its package made the change: said so (``made_by``); else ``result`` as it is."""
+    by = made_by(manifest, manifest.patch(result.id),
+                 [(r.id, r.files) for r in earlier if r.status is Status.APPLIED
+                  and r.package == result.package], tree.root, tree.resolved)
+    return replace(result, made_by=by, message=_made_by_message(by)) if by else result
+
+
+def _assertion_failed(result: PatchResult, failure: AssertionResult) -> PatchResult:
+    """``result`` of a patch whose assertion ``failure`` failed: failed, for that reason."""
+    return replace(result, status=Status.FAILED, reason=Reason.ASSERTION,
+                   message=f"{failure.location()}: {failure.message}")
 
 
 def _made_by_message(earlier: str) -> str:
@@ -328,10 +338,10 @@ def made_by(manifest: Manifest, patch: Patch, earlier: Sequence[tuple[str, Seque
     touching = [pid for pid, done in earlier if set(done) & set(files)]
     if not touching:
         return None
-    blobs = g.read_blobs(root, [f"{resolved.commit}:{f}" for f in files])
+    blobs = git.read_blobs(root, [f"{resolved.commit}:{f}" for f in files])
     with tempfile.TemporaryDirectory(prefix="patchkit-release-") as tmp:
         pristine = Path(tmp)
-        g.init(pristine)   # git apply works inside it, never in a folder above
+        git.init(pristine)   # git apply works inside it, never in a folder above
         for f in files:
             data = blobs[f"{resolved.commit}:{f}"]
             if data is not None:
@@ -346,7 +356,7 @@ def made_by(manifest: Manifest, patch: Patch, earlier: Sequence[tuple[str, Seque
 
 
 def _applied(manifest: Manifest, series: Sequence[Patch], trees: Mapping[str, Tree], variant,
-             found: Mapping[str, str | None], commits: Mapping[str, g.Commits]
+             found: Mapping[str, str | None], commits: Mapping[str, git.Commits]
              ) -> Iterator[PatchResult]:
     """Each patch's result, in order, applied to its package's tree.  A run of patches of one
     kind and package that no check refuses goes in together when its kind can do that; the
@@ -404,19 +414,19 @@ def _signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def check_workdir(workdir: Path, discard: bool = False) -> applied.UserWork:
+def check_workdir(workdir: Path, discard: bool = False) -> checkout.UserWork:
     """Refuse, before any work, a ``workdir`` that ``apply`` may not replace: one that is not
     a patchkit checkout, or one holding a person's work (unless ``discard``).  Returns that
     work (empty for a checkout exactly as patchkit left it, or no checkout at all)."""
     workdir = Path(workdir).absolute()
     if not workdir.exists():
-        return applied.UserWork()
-    if not applied.is_checkout(workdir):
+        return checkout.UserWork()
+    if not checkout.is_checkout(workdir):
         if workdir.is_dir() and not any(workdir.iterdir()):
-            return applied.UserWork()
+            return checkout.UserWork()
         raise SettingError(f"{{workdir}} {literal(workdir)} exists and is not a patchkit "
                            "checkout; remove it or name another", WORKDIR)
-    work = applied.user_work(workdir)
+    work = checkout.user_work(workdir)
     if work and not discard:
         raise SettingError(f"{{workdir}} {literal(workdir)} holds work: "
                            + literal("; ".join(work.remedies(workdir)))
@@ -489,21 +499,25 @@ def apply_series(manifest: Manifest, *, run: RunSpec, workdir: Path, keep_failed
         if pins is None:
             pins = resolve_pins(run, cache, progress.info, base, bases=bases)
         trees = {name: scratches[name] / "t" for name in places}
-        report = _checked_out_stack(manifest, pins, trees, progress, run)
-        for name, place in places.items():
-            report.packages[name].workdir = str(place)
-        report.workdir = str(places[VLLM.name]) if VLLM.name in places else None
+        ran = _checked_out_stack(manifest, pins, trees, progress, run)
+        kept = keep_failed and not ran.ok
+        # the run's report as the apply's: where each checkout goes; on failure the one kept,
+        # on success what status compares
+        report = replace(
+            ran, workdir=str(places[VLLM.name]) if VLLM.name in places else None,
+            packages={n: replace(p, workdir=str(places[n])) if n in places else p
+                      for n, p in ran.packages.items()},
+            keep_failed=str(trees.get(VLLM.name) or next(iter(trees.values())))
+            if kept else None,
+            digests=digest.digests(manifest) if ran.ok else {},
+            settings=digest.settings(manifest) if ran.ok else {})
         if not report.ok:
-            if keep_failed:
-                kept = True
-                report.keep_failed = str(trees.get(VLLM.name) or next(iter(trees.values())))
             return report
-        report.digests = digest.digests(manifest)
-        report.settings = digest.settings(manifest)
         for tree in trees.values():
-            applied.write_report(tree, report)
-        _move_in(trees, places, scratches, discard, report, progress)
-        return report
+            checkout.write_report(tree, report)
+        discarded = _move_in(trees, places, scratches, discard, report, progress)
+        # what a replaced workdir held is said to the caller, not written into the checkout
+        return replace(report, discarded=discarded) if discarded else report
     finally:
         if not kept:
             for scratch in scratches.values():
@@ -511,8 +525,10 @@ def apply_series(manifest: Manifest, *, run: RunSpec, workdir: Path, keep_failed
 
 
 def _move_in(trees: Mapping[str, Path], places: Mapping[str, Path], scratches: Mapping[str, Path],
-             discard: bool, report: ApplyReport, progress: Progress) -> None:
-    """Every checkout into its place together, the work of a replaced one saved first."""
+             discard: bool, report: ApplyReport, progress: Progress) -> dict | None:
+    """Every checkout into its place together, the work of a replaced one saved first.
+    Returns what the first replaced workdir held and where it went (``discarded``), or None."""
+    discarded = None
     with ExitStack() as holding:
         for place in places.values():
             holding.enter_context(filelocks.held(place.parent / f".{place.name}.patchkit.lock",
@@ -529,10 +545,11 @@ def _move_in(trees: Mapping[str, Path], places: Mapping[str, Path], scratches: M
             for name, work in works.items():
                 if work:
                     saved = _save(places[name], work, progress)
-                    if report.discarded is None:
-                        report.discarded = dict(saved, package=name) if report.packages[
+                    if discarded is None:
+                        discarded = dict(saved, package=name) if report.packages[
                             name].workdir != report.workdir else saved
             _swap_all(trees, places, scratches)
+    return discarded
 
 
 def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
@@ -555,8 +572,7 @@ def _checked_out_stack(manifest: Manifest, pins: Mapping[str, source.Resolved],
         variant=variant)
     try:
         report = run_stack(manifest, made, progress, variant=variant, pins=pins)
-        report.jit_modules = _jit_modules(manifest, made, report)
-        return report
+        return replace(report, jit_modules=_jit_modules(manifest, made, report))
     except CommandError:
         for name, tree in made.items():   # a checkout borrows the cached repository's objects
             _gone(tree.resolved, manifest.package(name).label)
@@ -589,13 +605,13 @@ def _check_build_sources(manifest: Manifest, run: RunSpec | None, pins, variant=
 
 
 def _gone(resolved: source.Resolved, label: str) -> None:
-    if not g.is_repository(resolved.repo):
+    if not git.is_repository(resolved.repo):
         raise SourceError(f"the cached {label} repository {resolved.repo} went away during "
                           "the run (was the cache deleted?); nothing was changed, run "
                           "again") from None
 
 
-def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:
+def _save(workdir: Path, work: checkout.UserWork, progress: Progress) -> dict:
     """Keep the work of a workdir about to be replaced in a bundle beside it, and say where.
     One git cannot read is kept whole instead, moved aside under the same name."""
     if work.unreadable:
@@ -604,7 +620,7 @@ def _save(workdir: Path, work: applied.UserWork, progress: Progress) -> dict:
         progress.info(f"discarding: {workdir} is {work.describe()}; moved aside to {dest}")
         return {"what": work.describe(), "moved_to": str(dest), "bundle": None, "refs": [],
                 "head": None}
-    saved = applied.save_work(workdir, workdir.parent, workdir.name)
+    saved = checkout.save_work(workdir, workdir.parent, workdir.name)
     progress.info(f"discarding: {work.describe()} of {workdir} {saved.how_to_restore(workdir)}")
     return {"what": work.describe(), "bundle": str(saved.bundle) if saved.bundle else None,
             "refs": list(saved.refs), "head": saved.head}

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import kinds, source, versions
 from patchkit.errors import Origin, PatchkitError, SettingError, SourceError, UsageError, literal
 from patchkit.manifest import VLLM, Manifest, Patch, variants
@@ -298,12 +298,12 @@ def _merge_base(good: source.Resolved, bad: source.Resolved, names: Names) -> st
     is on a side line: vLLM tags each release on its own release branch, off main); one line
     when good comes after bad or the two share no history."""
     repo, old, new = good.repo, good.commit, bad.commit
-    if g.is_ancestor(repo, old, new):
+    if git.is_ancestor(repo, old, new):
         return None
     what = f"{{good}} {literal(good.ref)} is not an ancestor of {{bad}} {literal(bad.ref)}"
-    if g.is_ancestor(repo, new, old):
+    if git.is_ancestor(repo, new, old):
         raise _said(names, f"{what}: it comes after it (swap them?)")
-    base = g.merge_base(repo, old, new)
+    base = git.merge_base(repo, old, new)
     if base is None:
         raise _said(names, f"{what}: their histories never meet")
     return base
@@ -373,7 +373,7 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
     package = package_of(manifest, patch)
     # What can be checked without a checkout is checked before the first one.
     base = _merge_base(good, bad, names) if history else None
-    candidates = (g.first_parent_commits(good.repo, base or good.commit, bad.commit) if history
+    candidates = (git.first_parent_commits(good.repo, base or good.commit, bad.commit) if history
                   else _releases_between(good, bad, cache, oracle.log, names, package))
     asked: set[str] = set()
 
@@ -409,17 +409,17 @@ def between(manifest: Manifest, patch: Patch, good: source.Resolved, bad: source
         i = _first_change(candidates, lambda c: fate(resolved(c)), ends[0].fate)
         at = resolved(candidates[i])
         if history:
-            info = g.commit_info(good.repo, at.commit)
+            info = git.commit_info(good.repo, at.commit)
             found["first_bad"] = FirstBad(info.sha, info.subject, pull_of(info.subject),
                                           info.date, fate(at))
-            found["diff"] = g.diff_paths(good.repo, f"{at.commit}^1", at.commit, list(files))
+            found["diff"] = git.diff_paths(good.repo, f"{at.commit}^1", at.commit, list(files))
         else:
             before = resolved(candidates[i - 1]) if i else start
             found["narrowed"] = (End(before.ref, before.commit, fate(before)),
                                  End(at.ref, at.commit, fate(at)))
             found["why"] = (f"the {good.source} source cannot narrow it further: {NO_HISTORY}; "
                             "bisect on a git source to name the commit")
-            found["diff"] = g.diff_paths(good.repo, before.commit, at.commit, list(files))
+            found["diff"] = git.diff_paths(good.repo, before.commit, at.commit, list(files))
     return BisectResult(patch.id, good.source, *ends, tested=len(asked), commits=len(candidates),
                         files=files, variant=oracle.variant, package=patch.package, **found)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from patchkit import git as g
+from patchkit import git
 from patchkit.errors import CommandError, UsageError
 from patchkit.report import ApplyReport, PackageInfo
 from patchkit.source import BASE_TAG
@@ -74,14 +74,14 @@ class AppliedCheckout:
         if report is None:
             raise UsageError(f"{workdir} is not an applied checkout (no .git/{REPORT_FILE}); "
                              "run 'patchkit apply' first")
-        gone = g.missing_alternates(workdir)
+        gone = git.missing_alternates(workdir)
         if gone:
             raise UsageError(f"{workdir} borrows its git objects from {gone[0]}, which is gone "
                              "(was the cache deleted?); run 'patchkit apply --discard' again")
-        base = g.resolve_commit(workdir, BASE_TAG) or report.vllm.commit
+        base = git.resolve_commit(workdir, BASE_TAG) or report.vllm.commit
         if not base:
             raise UsageError(f"{workdir} has no {BASE_TAG} tag")
-        return cls(workdir, report, base, g.head(workdir))
+        return cls(workdir, report, base, git.head(workdir))
 
     @property
     def vllm(self) -> PackageInfo:
@@ -96,41 +96,41 @@ class AppliedCheckout:
 
     def changes(self) -> list[Change]:
         out = [Change(status, path, int(new_mode, 8), blob)
-               for status, path, _old, new_mode, blob in g.changed_files(self.root, self.base,
+               for status, path, _old, new_mode, blob in git.changed_files(self.root, self.base,
                                                                        self.head)]
         return sorted(out, key=lambda c: c.path)
 
     def pristine(self, rel_paths: Sequence[str]) -> dict[str, bytes | None]:
-        blobs = g.read_blobs(self.root, [f"{self.base}:{p}" for p in rel_paths])
+        blobs = git.read_blobs(self.root, [f"{self.base}:{p}" for p in rel_paths])
         return {p: blobs[f"{self.base}:{p}"] for p in rel_paths}
 
     def blobs(self, ids: Sequence[str]) -> dict[str, bytes | None]:
-        return g.read_blobs(self.root, ids)
+        return git.read_blobs(self.root, ids)
 
     def tree_id(self) -> str:
-        return g.tree_of(self.root, self.head)
+        return git.tree_of(self.root, self.head)
 
     def commit_time(self, commit: str) -> int:
-        return g.commit_time(self.root, commit)
+        return git.commit_time(self.root, commit)
 
 
 def has_applied_tag(path: Path) -> bool:
-    return g.has_tag(path, APPLIED_TAG)
+    return git.has_tag(path, APPLIED_TAG)
 
 
 def mark_exported(path: Path, commit: str) -> None:
     """``commit`` and the commits below it are in the series' files now."""
-    g.tag(path, EXPORTED_TAG, commit)
+    git.tag(path, EXPORTED_TAG, commit)
 
 
 def commits_after_series(path: Path, *, merges_only: bool = False) -> list[str]:
     """The commits made on top of the applied series, oldest first."""
-    return g.commits_between(path, APPLIED_TAG, "HEAD", merges_only=merges_only)
+    return git.commits_between(path, APPLIED_TAG, "HEAD", merges_only=merges_only)
 
 
 def series_subjects(path: Path) -> list[str]:
     """The subjects of the series' own commits, newest first."""
-    return g.subjects_between(path, BASE_TAG, APPLIED_TAG)
+    return git.subjects_between(path, BASE_TAG, APPLIED_TAG)
 
 
 def _count(n: int, word: str) -> str:
@@ -194,21 +194,21 @@ def user_work(path: Path) -> UserWork:
     answer to "may this workdir be replaced as it is?" (it may when the answer is empty).
     Commits ``patchkit export`` turned into patches (tag ``patchkit/exported``) are the
     series' now, not work."""
-    gone = g.missing_alternates(path)
+    gone = git.missing_alternates(path)
     if gone:
         return UserWork(unreadable=f"its objects in {gone[0]} are gone")
-    applied = g.resolve_commit(path, APPLIED_TAG)
+    applied = git.resolve_commit(path, APPLIED_TAG)
     if applied is None:
         return UserWork(unreadable=f"no tag {APPLIED_TAG}")
     try:
-        head = g.head(path)
-        commits = g.local_commits(path, applied)
-        entries = g.status(path)
+        head = git.head(path)
+        commits = git.local_commits(path, applied)
+        entries = git.status(path)
     except CommandError as exc:
         return UserWork(unreadable=exc.output.strip().splitlines()[-1] if exc.output.strip()
                         else f"git exit {exc.returncode}")
     # exported commits are reached by their tag, like what the clone came with
-    moved = head != applied and not g.is_ancestor(path, applied, head)
+    moved = head != applied and not git.is_ancestor(path, applied, head)
     untracked = sum(code == "??" for code, _ in entries)
     return UserWork(len(commits), len(entries) - untracked, untracked, head if moved else None)
 
@@ -242,27 +242,27 @@ def save_work(path: Path, folder: Path, label: str) -> SavedWork:
     a ref with nothing of its own is not in it.  The bundle is ``LABEL.discarded-<key>.bundle``
     in ``folder``, its key a hash of what it holds: the same work discarded again is the same
     bundle, not one more."""
-    head = g.head(path)
-    applied = g.resolve_commit(path, APPLIED_TAG) or head
+    head = git.head(path)
+    applied = git.resolve_commit(path, APPLIED_TAG) or head
     refs = {f"{DISCARDED_REFS}/head": head}
-    for name, commit in g.local_branches(path).items():
+    for name, commit in git.local_branches(path).items():
         if commit != head:
             refs[f"{DISCARDED_REFS}/branches/{name}"] = commit
-    kept = {r: c for r, c in refs.items() if g.local_commits(path, applied, c)}
-    changes = g.snapshot_commit(path, "patchkit: the uncommitted changes of a replaced checkout")
+    kept = {r: c for r, c in refs.items() if git.local_commits(path, applied, c)}
+    changes = git.snapshot_commit(path, "patchkit: the uncommitted changes of a replaced checkout")
     if changes:
         kept[f"{DISCARDED_REFS}/changes"] = changes
     if not kept:
         return SavedWork(None, (), head)
     # the snapshot commit's id holds the time; its tree and parent are its content
     key = hashlib.sha256("".join(
-        f"{ref} {g.tree_of(path, c) + ' ' + head if ref.endswith('/changes') else c}\n"
+        f"{ref} {git.tree_of(path, c) + ' ' + head if ref.endswith('/changes') else c}\n"
         for ref, c in sorted(kept.items())).encode()).hexdigest()[:16]
     dest = folder / f"{label}.discarded-{key}.bundle"
     if not dest.is_file():
         part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
         try:
-            g.write_bundle(path, part, kept, g.published(path, but="patchkit/"))
+            git.write_bundle(path, part, kept, git.published(path, but="patchkit/"))
             os.replace(part, dest)   # a bundle is whole, or not there
         finally:
             part.unlink(missing_ok=True)

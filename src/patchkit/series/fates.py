@@ -20,7 +20,7 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import kinds, source, versions
 from patchkit.errors import ManifestError
 from patchkit.kinds import Remains
@@ -178,7 +178,7 @@ def prove(manifest: Manifest, patch: Patch, resolved: source.Resolved) -> Proof:
 
     def read(path: str) -> bytes | None:
         spec = f"{resolved.commit}:{path}"
-        return g.read_blobs(resolved.repo, [spec])[spec]
+        return git.read_blobs(resolved.repo, [spec])[spec]
 
     remains = kinds.get(patch.kind).remains(manifest.root / patch.path, read, resolved.version)
     return Proof(patch.id, patch.retired, resolved.ref, remains)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import interrupt, kinds, manifest, source
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
@@ -76,24 +76,24 @@ def diff_path(pid: str, package: source.PackageId = VLLM) -> str:
 
 # ------------------------------------------------------------------------------ commits
 
-def summary(c: g.CommitInfo) -> str:
+def summary(c: git.CommitInfo) -> str:
     """The summary a commit gives its patch: the subject, a ``patchkit: <id>: `` prefix taken
     off."""
     own = OWN_SUBJECT.match(c.subject.strip())
     return (own.group(2) if own else c.subject).strip()
 
 
-def _trailer(c: g.CommitInfo, key: str) -> str | None:
+def _trailer(c: git.CommitInfo, key: str) -> str | None:
     return next((v for k, v in c.trailers if k.lower() == key), None)
 
 
-def claimed_id(c: g.CommitInfo) -> str | None:
+def claimed_id(c: git.CommitInfo) -> str | None:
     """A ``Patchkit-Id:`` trailer, else the id of a ``patchkit: <id>: ...`` subject."""
     own = OWN_SUBJECT.match(c.subject.strip())
     return _trailer(c, "patchkit-id") or (own.group(1) if own else None)
 
 
-def upstream_of(c: g.CommitInfo) -> str | None:
+def upstream_of(c: git.CommitInfo) -> str | None:
     """An ``Upstream:`` trailer."""
     return _trailer(c, "upstream")
 
@@ -110,7 +110,7 @@ def slug(text: str, limit: int = 48) -> str:
     return out or (words[0][:limit] if words else "")
 
 
-def wanted_id(c: g.CommitInfo) -> str:
+def wanted_id(c: git.CommitInfo) -> str:
     """The id a commit asks for: its own when it has a valid one, else a slug of its summary."""
     pid = claimed_id(c)
     if pid and ID_RE.match(pid):
@@ -139,7 +139,7 @@ def free_id(base: str, m: Manifest, unavailable: set[str], *, reuse: bool,
 
 # ------------------------------------------------------------------------------ new patches
 
-def from_commit(c: g.CommitInfo, pid: str, text: str) -> NewPatch:
+def from_commit(c: git.CommitInfo, pid: str, text: str) -> NewPatch:
     return NewPatch(pid, summary(c) or pid, text, upstream=upstream_of(c), source=c.sha)
 
 

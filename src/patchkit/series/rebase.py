@@ -31,7 +31,7 @@ from pathlib import Path
 
 from patchkit import filelocks
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import interrupt, kinds, manifest, source, versions
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.files import write_if_changed
@@ -41,20 +41,37 @@ from patchkit.kinds.common import ABORT
 from patchkit.manifest import VLLM, Manifest, Patch, Retired
 from patchkit.manifest.edit import ManifestText
 from patchkit.run import RunSpec
-from patchkit.report import PatchResult, Reason, Status
+from patchkit.report import PatchResult, Reason, Status, Word
 from patchkit.series import applier, assertions, fates
 
 STATE_FORMAT = 1
 IGNORED = "__pycache__/\n*.pyc\n"  # byte code from running the checkout is never part of a patch
 
 
-@dataclass
+class Action(Word):
+    """What the rebase did with one patch."""
+
+    APPLIED = "applied"                   # it went in as it is
+    REFRESHED = "refreshed"               # it went in, and its file was written again
+    RESOLVED = "resolved"                 # a person resolved its stop
+    UPSTREAM = "upstream"                 # the release has its change: its range marked
+    DROPPED = "dropped"                   # upstream and removed, or removed by hand
+    DROPPED_BY_HAND = "dropped-by-hand"   # a person resolved it to no change
+    MADE_BY_EARLIER = "made-by-earlier"   # its change is made by an earlier patch
+    SKIPPED = "skipped"                   # outside its range, or its package's pin stays
+
+
+@dataclass(frozen=True)
 class Step:
     """What the rebase did with one patch."""
 
     id: str
-    action: str      # applied | refreshed | resolved | upstream | dropped | skipped
+    action: Action
     detail: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Step:
+        return cls(str(data["id"]), Action(data["action"]), str(data.get("detail") or ""))
 
 
 @dataclass(frozen=True)
@@ -137,7 +154,7 @@ class _State:
 
     @property
     def steps(self) -> list[Step]:
-        return [Step(**s) for s in self.data["steps"]]
+        return [Step.from_dict(s) for s in self.data["steps"]]
 
     def add(self, step: Step) -> None:
         self.data["steps"].append(asdict(step))
@@ -232,7 +249,7 @@ def start(m: Manifest, spec: RunSpec, to: str, *, drop_upstream: bool = False,
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(m.root / rel, dest)
             source.checkout(resolved, sdir / "tree")
-            g.exclude(sdir / "tree", IGNORED)
+            git.exclude(sdir / "tree", IGNORED)
             state = _State(sdir, {
                 "format": STATE_FORMAT, "manifest": str(m.path), "from": pin.ref, "to": to,
                 "repos": list(repos), "cache": str(cache), "package": package,
@@ -287,11 +304,11 @@ def resume(manifest_path: Path, *, progress: applier.Progress | None = None) -> 
                 # retired (or ranged out) by hand at the stop: proven, then passed over
                 if p.retired is not None:
                     _prove_retired(m, [p], state.resolved)
-                g.discard_changes(state.tree, state.data["head"])
-                state.add(Step(p.id, "skipped", p.takes_effect(state.found)[1]))
+                git.discard_changes(state.tree, state.data["head"])
+                state.add(Step(p.id, Action.SKIPPED, p.takes_effect(state.found)[1]))
             elif stop.reason is Reason.ASSERTION or p is None:
                 if p is None and stop.patch != "":
-                    state.add(Step(stop.patch, "dropped", "removed from the manifest by hand"))
+                    state.add(Step(stop.patch, Action.DROPPED, "removed from the manifest by hand"))
             else:
                 rebase = _Rebase(state, m, progress)
                 kinds.get(p.kind).resume(rebase, p, stop)
@@ -336,7 +353,7 @@ def _run(state: _State, m: Manifest, progress: applier.Progress) -> RebaseResult
     tree = state.tree
     res = state.resolved
     # An interrupted run may have left a half-applied patch: start again from the last commit.
-    g.discard_changes(tree, state.data["head"])
+    git.discard_changes(tree, state.data["head"])
     while True:
         interrupt.check()
         done = {s.id for s in state.steps}
@@ -344,7 +361,7 @@ def _run(state: _State, m: Manifest, progress: applier.Progress) -> RebaseResult
         if p is None:
             break
         if p.package != state.package:   # another package's pin does not move
-            state.add(Step(p.id, "skipped", f"it patches {p.package}, whose pin stays"))
+            state.add(Step(p.id, Action.SKIPPED, f"it patches {p.package}, whose pin stays"))
             state.save()
             continue
         r = state.apply_one(m, p, tree, res)
@@ -354,14 +371,14 @@ def _run(state: _State, m: Manifest, progress: applier.Progress) -> RebaseResult
                 assert r.commit
                 state.data["head"] = r.commit
                 refreshed = kinds.get(p.kind).refresh(p, m.root / p.path, tree, r)
-                state.add(Step(p.id, "refreshed", refreshed) if refreshed
-                          else Step(p.id, "applied"))
+                state.add(Step(p.id, Action.REFRESHED, refreshed) if refreshed
+                          else Step(p.id, Action.APPLIED))
             elif r.status is Status.UPSTREAM:
                 earlier = _made_by(state, m, p)
                 step, m = _mark_upstream(state, m, p, "already in the tree", made_by=earlier)
                 state.add(step)
             elif r.status is Status.SKIPPED:
-                state.add(Step(p.id, "skipped", r.message))
+                state.add(Step(p.id, Action.SKIPPED, r.message))
             else:
                 state.stopped = _stop(state, m, p, r, progress)
                 state.save()
@@ -379,7 +396,8 @@ def _result(state: _State, done: bool = False) -> RebaseResult:
 def _made_by(state: _State, m: Manifest, p: Patch) -> str | None:
     """The earlier patch of the series whose change ``p`` found in the tree, when the release
     itself does not have it (``applier.made_by``)."""
-    done = {s.id for s in state.steps if s.action in ("applied", "refreshed", "resolved")}
+    done = {s.id for s in state.steps if s.action in (Action.APPLIED, Action.REFRESHED,
+                                                    Action.RESOLVED)}
     earlier = []
     for q in m.patches:
         if q.id == p.id:
@@ -401,7 +419,8 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str, *, by_hand: b
     version = state.resolved.version
     text = ManifestText.read(m.path)
     at = f"{state.label} {state.data['to']}"
-    action = "dropped-by-hand" if by_hand else "made-by-earlier" if made_by else "upstream"
+    action = (Action.DROPPED_BY_HAND if by_hand else Action.MADE_BY_EARLIER if made_by
+              else Action.UPSTREAM)
     if made_by:   # the tree has it only because an earlier patch made it: say which
         why = f"its change is made by {made_by}, earlier in the series (not by {at})"
     successors = [q.id for q in m.patches if p.id in q.supersedes]
@@ -417,7 +436,7 @@ def _mark_upstream(state: _State, m: Manifest, p: Patch, why: str, *, by_hand: b
         if p.path not in others:
             target = m.root / p.path
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-        return (Step(p.id, "dropped" if action == "upstream" else action,
+        return (Step(p.id, Action.DROPPED if action is Action.UPSTREAM else action,
                      f"{why}; entry and {p.path} removed"), manifest.load(m.path))
     key = state.package
     if version is None:
@@ -501,7 +520,7 @@ class _Rebase:
 
     def resolved(self, patch: Patch, commit: str, detail: str) -> None:
         self.state.data["head"] = commit
-        self.state.add(Step(patch.id, "resolved", detail))
+        self.state.add(Step(patch.id, Action.RESOLVED, detail))
         self.progress.info(f"resolved {patch.id}: {patch.path} rewritten")
 
 
@@ -579,7 +598,7 @@ def _prove(state: _State, m: Manifest) -> None:
                    if p.package == state.package]
         bad = [f"{r.id}: {r.status} {r.reason or ''} {r.message} {'; '.join(map(str, r.offsets))}".strip()
                for r in results if r.status is Status.FAILED or r.offsets]
-        same = g.tree_of(proof, "HEAD") == g.tree_of(state.tree, "HEAD")
+        same = git.tree_of(proof, "HEAD") == git.tree_of(state.tree, "HEAD")
         if bad or not same:
             detail = "; ".join(bad) if bad else "it gives another tree than the rebase built"
             raise PatchkitError(f"the rebased series does not apply exactly to {state.label} "

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import progress, versions
 from patchkit.errors import SourceError, UsageError, clipped
 from patchkit.source import image, mirror, pypi
@@ -132,7 +132,7 @@ def _first_answer(sources: Sequence[str], attempt: Callable[[str], T], log: Log,
             if more:
                 progress.detail(more)
             # a line that names the source already is not prefixed with it again
-            named = str(exc) if source in str(exc) else f"source {source}: {exc}"
+            named = str(exc) if exc.source == source else f"source {source}: {exc}"
             log(f"{named}; trying the next")
             failures.append(named)
     raise SourceError(f"{none_answered}: " + "; ".join(failures))
@@ -149,7 +149,7 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None
         raise SourceError(f"base {base.name} holds {package.label} {base.version}, built from "
                           f"commit {pin.ref}, and the source {source} holds releases only; name "
                           f"a git source with {package.option('repo', 'URL')}, or patch the base as "
-                          f"it is with {_as_is(package)}")
+                          f"it is with {_as_is(package)}", source=source)
     log(f"base {base.name} holds {package.label} {base.version}: pinning "
         + (f"commit {pin.ref}" if pin.commit else pin.ref))
     try:
@@ -158,7 +158,7 @@ def _resolve_one(source: str, ref: str, cache: Path, log: Log, base: Base | None
         raise mirror.MissingError(
             f"{exc}; base {base.name} holds {package.label} {base.version}, built from it: "
             f"name a source that has it with {package.option('repo', 'URL')}, or patch the base "
-            f"as it is with {_as_is(package)}") from None
+            f"as it is with {_as_is(package)}", source=exc.source) from None
     # ranges are judged on what the base holds (a dev build 0.31.1.dev7 is >=0.31)
     return replace(found, version=base.version)
 
@@ -177,4 +177,4 @@ def checkout(resolved: Resolved, dest: Path, paths: Sequence[str] | None = None,
     """Check ``resolved.commit`` out at ``dest`` (new), sharing the mirror's objects; only
     ``paths`` when given.  A ``scratch`` checkout, removed after the run, holds none of the
     mirror's branches and tags (only its own branch and tag ``patchkit/base``)."""
-    g.clone_shared(resolved.repo, dest, resolved.commit, paths, tag=BASE_TAG, refs=not scratch)
+    git.clone_shared(resolved.repo, dest, resolved.commit, paths, tag=BASE_TAG, refs=not scratch)

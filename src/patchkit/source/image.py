@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 from patchkit import filelocks
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import versions
 from patchkit.errors import SourceError, UsageError
 from patchkit.packageid import VLLM, PackageId
@@ -64,7 +64,7 @@ class ImageSource:
     def tags(self, text: str, cache: Path, log: Log, *, package: PackageId = VLLM) -> list[str]:
         raise SourceError(f"the {package.label} source 'image' is one base's package and has no "
                           "releases to list; name the targets with --to, or list pypi among "
-                          f"{package.key('repo')}")
+                          f"{package.key('repo')}", source=WORD)
 
     def label(self, text: str, version: str, package: PackageId = VLLM) -> str:
         return text
@@ -95,7 +95,7 @@ def ensure_tree(cache: Path, base: Base, log: Log = lambda m: None,
     with filelocks.held(folder / f"{package.dist}.lock", f"the cached {package.dist} of bases",
                         log):
         bare_repository(repo, log)
-        commit = g.resolve_commit(repo, ref)
+        commit = git.resolve_commit(repo, ref)
         if commit:
             log(f"{package.label} {base.version or '(version unknown)'} of {base.name}: cached as "
                 f"{commit[:12]}")
@@ -105,7 +105,7 @@ def ensure_tree(cache: Path, base: Base, log: Log = lambda m: None,
                    f"{base.key}\n\n"
                    f"{base.package_dir} on {base.platform}, byte-code and native objects left out")
         try:
-            commit, count = g.commit_files(repo, ref, _sources(base), message)
+            commit, count = git.commit_files(repo, ref, _sources(base), message)
         except ValueError as exc:
             raise SourceError(f"base {base.name}: {exc}") from None
         log(f"{count} files of {base.package_dir} committed as {commit[:12]}")
@@ -123,7 +123,7 @@ def is_source(path: str, head: bytes) -> bool:
     return not head.startswith(b"\x7fELF")
 
 
-def _sources(base: Base) -> Iterator[g.TreeFile]:
+def _sources(base: Base) -> Iterator[git.TreeFile]:
     kept: set[str] = set()
     for f in base.package_files():
         if f.same_as is not None:
@@ -155,4 +155,4 @@ def _check_ref(ref: str, base: Base, package: PackageId = VLLM) -> None:
                       f"({package.label} {installed or 'of unknown version'}), and the pin {ref} "
                       f"names something else; give {package.option('ref', BASE_REF)}"
                       + (f" (or v{installed})" if installed else "")
-                      + f", or list pypi among {package.key('repo')}")
+                      + f", or list pypi among {package.key('repo')}", source=WORD)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import filelocks
 from patchkit.cache import kept_json
 from patchkit.errors import CommandError, SourceError
@@ -60,18 +60,19 @@ def resolve(source: str, ref: str, cache: Path, log: Log, *, package: PackageId 
     with filelocks.held(str(repo) + ".lock", f"the mirror of {source}", log):
         fresh = _open_mirror(url, repo, log)
         # Branches move, so a branch ref is always refetched; tags and shas are immutable.
-        commit = None if (not fresh and g.is_branch(repo, ref)) else g.resolve_commit(repo, ref)
+        commit = None if (not fresh and git.is_branch(repo, ref)) else git.resolve_commit(repo, ref)
         if commit is None and not fresh:
             log(f"fetching {source}")
             _fetch(repo, url)
-            commit = g.resolve_commit(repo, ref)
+            commit = git.resolve_commit(repo, ref)
         if commit is None:
             if is_commit_id(ref):
                 # the source answered (it was fetched or cloned just now): it lacks the commit
                 raise MissingError(f"{package.label} commit {ref} is missing from {source} (it "
-                                   "answered: fetched just now, the commit is not there)")
+                                   "answered: fetched just now, the commit is not there)",
+                                   source=source)
             raise SourceError(f"unknown {package.label} ref {ref!r} in {source}"
-                              f"{_did_you_mean(repo, ref)}")
+                              f"{_did_you_mean(repo, ref)}", source=source)
         return Resolved(source, repo, ref, commit, version_of(repo, commit, package.top))
 
 
@@ -82,7 +83,7 @@ def tags(source: str, cache: Path, log: Log) -> list[str]:
         if not _open_mirror(url, repo, log):
             log(f"fetching tags of {source}")
             _fetch(repo, url)
-        return g.tags(repo)
+        return git.tags(repo)
 
 
 def _slug(url: str) -> str:
@@ -107,9 +108,9 @@ def _url_of(source: str) -> str:
         return source
     local = Path(source).expanduser().absolute()
     if not os.path.exists(local):
-        raise SourceError(f"no such repository: {source}")
+        raise SourceError(f"no such repository: {source}", source=source)
     if local.is_dir() and not _looks_like_git(local):
-        raise SourceError(f"{source} is not a git repository")
+        raise SourceError(f"{source} is not a git repository", source=source)
     return str(local)
 
 
@@ -133,7 +134,7 @@ class UnreachableError(SourceError):
 
     def __init__(self, url: str, until: float, why: str, marker: Path | None) -> None:
         shown = time.strftime("%H:%M UTC", time.gmtime(until))
-        super().__init__(f"{url} is unreachable; not asked again until {shown}")
+        super().__init__(f"{url} is unreachable; not asked again until {shown}", source=url)
         self.more = (f"{url}: {why}" + (f"; remembered in {marker} until "
                                         f"{time.strftime('%H:%M:%S UTC', time.gmtime(until))}"
                                         "; delete it to try now" if marker else ""))
@@ -156,13 +157,14 @@ def _remembered(url: str, repo: Path) -> UnreachableError | None:
     return UnreachableError(url, until, why, marker)
 
 
-def _failed(url: str, repo: Path, why: str) -> SourceError:
-    """The error of a clone or fetch of ``url`` that failed: a source that answers (it lists
-    its branches) refused this one thing, and nothing is remembered; one that does not answer
-    is remembered for ``UNREACHABLE_FOR``."""
-    if g.answers(url):
-        done = "made" if why.startswith("cannot clone") else "updated"
-        return SourceError(f"{url} answered, but the mirror could not be {done} ({why})")
+def _failed(url: str, repo: Path, why: str, *, cloning: bool) -> SourceError:
+    """The error of a clone (``cloning``) or fetch of ``url`` that failed: a source that
+    answers (it lists its branches) refused this one thing, and nothing is remembered; one
+    that does not answer is remembered for ``UNREACHABLE_FOR``."""
+    if git.answers(url):
+        done = "made" if cloning else "updated"
+        return SourceError(f"{url} answered, but the mirror could not be {done} ({why})",
+                           source=url)
     return _unreachable(url, repo, why)
 
 
@@ -179,7 +181,7 @@ def _unreachable(url: str, repo: Path, why: str) -> UnreachableError:
 def _open_mirror(url: str, repo: Path, log: Log) -> bool:
     """Make sure the mirror at ``repo`` is there (the caller holds its lock); True when it was
     just cloned, so it needs no fetch."""
-    if os.path.lexists(repo) and not g.is_repository(repo):
+    if os.path.lexists(repo) and not git.is_repository(repo):
         # The cache is disposable: a mirror broken by outside hands is made again.
         log(f"the cached mirror {repo} is broken; mirroring again")
         discard(repo)
@@ -200,16 +202,17 @@ def _looks_like_git(path: Path) -> bool:
 def _clone_mirror(url: str, repo: Path, log: Log) -> None:
     # Asked first, so that a source out of reach is one line (the unreachable one), never a
     # "mirroring" line for a copy that is not going to be made.
-    silent = g.silence(url)
+    silent = git.silence(url)
     if silent is not None:
         raise _unreachable(url, repo, f"cannot clone: {_first_error(silent)}")
     log(f"mirroring {url} (a first clone)")
     tmp = Path(tempfile.mkdtemp(prefix=repo.name + ".", dir=repo.parent))
     try:
         try:
-            g.clone_mirror(url, tmp / "m")
+            git.clone_mirror(url, tmp / "m")
         except CommandError as exc:
-            raise _failed(url, repo, f"cannot clone: {_first_error(exc.output)}") from None
+            raise _failed(url, repo, f"cannot clone: {_first_error(exc.output)}",
+                          cloning=True) from None
         (tmp / "m").rename(repo)
         _marker(repo).unlink(missing_ok=True)
     finally:
@@ -221,9 +224,10 @@ def _fetch(repo: Path, url: str) -> None:
     if said:
         raise said
     try:
-        g.fetch_mirror(repo, url)
+        git.fetch_mirror(repo, url)
     except CommandError as exc:
-        raise _failed(url, repo, f"cannot fetch: {_first_error(exc.output)}") from None
+        raise _failed(url, repo, f"cannot fetch: {_first_error(exc.output)}",
+                      cloning=False) from None
 
 
 def _first_error(output: str) -> str:
@@ -239,5 +243,5 @@ def _first_error(output: str) -> str:
 
 
 def _did_you_mean(repo: Path, ref: str) -> str:
-    close = difflib.get_close_matches(ref, g.tags(repo), n=3)
+    close = difflib.get_close_matches(ref, git.tags(repo), n=3)
     return f" (did you mean {', '.join(close)}?)" if close else ""

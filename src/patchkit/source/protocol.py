@@ -10,7 +10,7 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import ClassVar, Protocol
 
-from patchkit import git as g
+from patchkit import git
 from patchkit.packageid import VLLM, PackageId
 from patchkit.source.resolved import Log, Resolved
 
@@ -24,7 +24,7 @@ class Base(Protocol):
     version: str | None  # the vLLM version it has installed
     package_dir: str     # where the package lives in the image, for messages
 
-    def package_files(self) -> Iterator[g.TreeFile]:
+    def package_files(self) -> Iterator[git.TreeFile]:
         """Every file of the package folder, paths relative to its parent (``vllm/...``)."""
         ...
 

@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 from patchkit import filelocks, progress
-from patchkit import git as g
+from patchkit import git
 from patchkit import versions
 from patchkit.errors import CommandError, SourceError, ToolMissingError
 from patchkit.packageid import VLLM, PackageId
@@ -78,13 +78,13 @@ def _release(cache: Path, ref: str, log, package: PackageId) -> tuple[Path, str,
     base = cache_subdir(cache, WORD)
     held = (base / f"{package.dist}.lock", f"the cached {package.dist} releases", log)
     with filelocks.held(*held):
-        commit = g.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
+        commit = git.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
         if commit:
             return repo, tag, commit
     # the download holds its own release's lock alone: several releases download side by side
     wheel = _wheel(cache, version, log, package)
     with filelocks.held(*held):
-        commit = g.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
+        commit = git.resolve_commit(repo, tag) if (repo / "HEAD").is_file() else None
         if commit:   # another run laid it out meanwhile
             return repo, tag, commit
         bare_repository(repo, log)
@@ -103,10 +103,12 @@ def _release(cache: Path, ref: str, log, package: PackageId) -> tuple[Path, str,
                 raise SourceError(f"PyPI gave a wheel for {package.label} {version} that is not "
                                   "a valid zip file") from None
         except CommandError:
-            if not g.is_repository(repo):
+            if not git.is_repository(repo):
+                # its path, in the source's own folder of the cache, names the source
                 raise SourceError(f"the cached repository {repo} went away while {package.label} "
                                   f"{version} "
-                                  "was laid out into it (was the cache deleted?); run again") from None
+                                  "was laid out into it (was the cache deleted?); run again",
+                                  source=WORD) from None
             raise
     return repo, tag, commit
 
@@ -238,9 +240,9 @@ def _commit_wheel(repo: Path, wheel: Path, version: str, tag: str,
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(data)
         # the message is part of the commit id: every cache agrees on it (vLLM's unchanged)
-        commit = g.commit_directory(repo, work, f"{package.label} {version}\n\nPython sources of "
+        commit = git.commit_directory(repo, work, f"{package.label} {version}\n\nPython sources of "
                                                 f"{wheel.name}")
-        g.update_ref(repo, f"refs/tags/{tag}", commit)
+        git.update_ref(repo, f"refs/tags/{tag}", commit)
         return commit
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import paths
 from patchkit.errors import PatchkitError, UsageError
 from patchkit.kinds.base import KindError, Reader, Rebase, Remains, Stop, Target
@@ -92,7 +92,7 @@ class DiffKind:
         how = "hunk headers moved"
         parent, commit = f"{result.commit}~1", str(result.commit)
         if not applies_exactly(tree, new, parent, commit):
-            new = preamble(old) + g.diff(tree, parent, commit)
+            new = preamble(old) + git.diff(tree, parent, commit)
             how = "rewritten from the commit"
             if not applies_exactly(tree, new, parent, commit):
                 raise PatchkitError(f"{patch.path}: could not rewrite it to apply exactly")
@@ -122,15 +122,15 @@ class DiffKind:
     def resume(self, rebase: Rebase, patch, stop: Stop) -> None:
         """The edited checkout becomes the new diff (or, unchanged, marks it upstream)."""
         tree = rebase.tree
-        leftovers = [f for f in g.untracked(tree) if f.endswith((".rej", ".orig"))]
+        leftovers = [f for f in git.untracked(tree) if f.endswith((".rej", ".orig"))]
         if leftovers:
             raise UsageError(f"remove {', '.join(leftovers)} from {rebase.shown} first "
                              "(what they hold must be in the files by now)")
-        g.stage_all(tree)
-        text = g.diff(tree, "HEAD", cached=True)
+        git.stage_all(tree)
+        text = git.diff(tree, "HEAD", cached=True)
         markers = conflict_markers(text)
         if markers:
-            g.unstage_all(tree)
+            git.unstage_all(tree)
             raise UsageError(f"conflict markers left in {rebase.shown}: {', '.join(markers[:5])}"
                              f"{' ...' if len(markers) > 5 else ''}; resolve them, then "
                              "`patchkit rebase --continue`")
@@ -139,7 +139,7 @@ class DiffKind:
             return
         file = rebase.manifest.root / patch.path
         new = preamble(read_text(file)) + text
-        commit = g.commit_all(tree, commit_message(patch))
+        commit = git.commit_all(tree, commit_message(patch))
         assert commit
         if not applies_exactly(tree, new, f"{commit}~1", commit):
             raise PatchkitError(f"{patch.path}: the resolution does not turn into a clean diff")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from unidiff import PatchSet
 
-from patchkit import git as g
+from patchkit import git
 from patchkit import paths
 from patchkit.kinds.diff.text import (DiffParseError, binary_without_data, parse, strip_prefix,
                                       touched)
@@ -100,7 +100,7 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
     seen = files if plain else _git_view(root, diff_file, files)
     if isinstance(seen, Outcome):
         return seen
-    fwd = g.apply(root, diff_file, verbose=True)
+    fwd = git.apply(root, diff_file, verbose=True)
     if fwd.ok:
         return Outcome(Status.APPLIED, None, "", seen, _offsets(fwd.stderr))
     if plain:  # the tree is as it was: the failure is told as for any diff
@@ -108,7 +108,7 @@ def apply_file(diff_file: Path, root: Path) -> Outcome:
         if isinstance(seen, Outcome):
             return seen
     files = seen
-    if g.apply(root, diff_file, check=True, reverse=True).ok:
+    if git.apply(root, diff_file, check=True, reverse=True).ok:
         return Outcome(Status.UPSTREAM, None,
                        "the tree already has this change (it reverse-applies)", files)
     in_the_way = find_in_the_way(patch, diff_file, root)
@@ -159,7 +159,7 @@ def apply_together(diff_files: Sequence[Path], root: Path) -> list[Outcome | Non
     with tempfile.TemporaryDirectory(prefix="patchkit-diffs-") as tmp:
         joined = Path(tmp) / "together.diff"
         joined.write_text("".join(parts), encoding="utf-8", errors="surrogateescape")
-        fwd = g.apply(root, joined, verbose=True)
+        fwd = git.apply(root, joined, verbose=True)
     if not fwd.ok:
         return _in_the_way(fwd.stderr, outcomes)
     offsets = _offsets(fwd.stderr)
@@ -213,7 +213,7 @@ def _names_are_gits(patch: PatchSet, text: str) -> bool:
 def _git_view(root: Path, diff_file: Path, files: list[str]) -> list[str] | Outcome:
     """The paths ``git apply`` reads from the diff, each checked; the failed Outcome when git
     cannot read the diff or a path is unsafe."""
-    numstat = g.apply(root, diff_file, numstat=True)
+    numstat = git.apply(root, diff_file, numstat=True)
     if not numstat.ok:
         return Outcome(Status.FAILED, Reason.ERROR, _first_line(numstat.stderr), files)
     files = _numstat_paths(numstat.stdout) or files
@@ -233,7 +233,7 @@ def find_in_the_way(patch: PatchSet, diff_file: Path, root: Path) -> list[InTheW
     """Every hunk and file of the diff that does not apply to ``root``, in diff order.  One
     ``git apply --check --reject``: with ``--reject`` git checks every hunk of every file
     instead of stopping at the first, and ``--check`` leaves the tree alone."""
-    said = g.apply(root, diff_file, check=True, reject=True, verbose=True).stderr
+    said = git.apply(root, diff_file, check=True, reject=True, verbose=True).stderr
     numbers: dict[tuple[str, int], int] = {}
     for pf in patch:
         for n, hunk in enumerate(pf, 1):
@@ -293,7 +293,7 @@ def _applies_with_fuzz(diff_file: Path, root: Path) -> bool:
                     str(diff_file.absolute())], cwd=root, check=False)
         return proc.returncode == 0
     # Without GNU patch, git's reduced-context mode is the nearest equivalent.
-    return g.apply(root, diff_file, check=True, context=1).ok
+    return git.apply(root, diff_file, check=True, context=1).ok
 
 
 def _first_difference(root: Path, path: str, line: int, expected: list[str]) -> str:
@@ -369,5 +369,5 @@ def applies_exactly(repo: Path, text: str, parent: str, expect: str) -> bool:
     with tempfile.TemporaryDirectory(prefix="patchkit-check-") as tmp:
         diff = Path(tmp) / "p.diff"
         diff.write_text(text, encoding="utf-8", errors="surrogateescape")
-        tree, said = g.tree_with_diff(repo, diff, parent)
-        return tree is not None and "(offset " not in said and tree == g.tree_of(repo, expect)
+        tree, said = git.tree_with_diff(repo, diff, parent)
+        return tree is not None and "(offset " not in said and tree == git.tree_of(repo, expect)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from patchkit import git as g
+from patchkit import git
 from patchkit.kinds.base import Rebase
 
 
 def _count_markers(tree: Path) -> dict[str, int]:
     out: dict[str, int] = {}
-    for rel in g.modified(tree):
+    for rel in git.modified(tree):
         try:
             text = (tree / rel).read_text(encoding="utf-8", errors="replace")
         except OSError:
@@ -36,8 +36,8 @@ def _merge_from_old_pin(rebase: Rebase, patch) -> tuple[dict[str, int] | None, l
         marked: dict[str, int] = {}
         notes: list[str] = []
         for rel in r.files:
-            base = g.show(old, f"HEAD~1:{rel}")
-            theirs = g.show(old, f"HEAD:{rel}")
+            base = git.show(old, f"HEAD~1:{rel}")
+            theirs = git.show(old, f"HEAD:{rel}")
             ours = tree / rel
             if not ours.exists():
                 if base is None and theirs is not None:
@@ -58,7 +58,8 @@ def _merge_from_old_pin(rebase: Rebase, patch) -> tuple[dict[str, int] | None, l
                 b, t = Path(tmp) / "base", Path(tmp) / "theirs"
                 b.write_text(base or "")
                 t.write_text(theirs)
-                conflicts = g.merge_file(ours, b, t, (f"{label} {to}", f"{label} {frm}", patch.id))
+                conflicts = git.merge_file(ours, b, t,
+                                           (f"{label} {to}", f"{label} {frm}", patch.id))
             if conflicts < 0:
                 return None, []
             if conflicts:
@@ -74,14 +75,14 @@ def merge_into(rebase: Rebase, patch, diff_file: Path) -> tuple[dict[str, int], 
     if marked is not None:
         return marked, notes
     tree = rebase.tree
-    r = g.apply(tree, diff_file, three_way=True)
+    r = git.apply(tree, diff_file, three_way=True)
     if "lacks the necessary blob" not in r.stderr and "--3way" not in r.stderr:
-        g.unstage_all(tree)  # leave the index at HEAD, the markers in the files
+        git.unstage_all(tree)  # leave the index at HEAD, the markers in the files
         found = _count_markers(tree)
         if found or r.ok:
             return found, []
-    g.discard_changes(tree, check=False)
-    g.apply(tree, diff_file, reject=True)
-    rejects = g.untracked(tree, "*.rej")
+    git.discard_changes(tree, check=False)
+    git.apply(tree, diff_file, reject=True)
+    rejects = git.untracked(tree, "*.rej")
     return {}, ([f"{r}: the hunks that did not apply (delete the .rej file when done)"
                  for r in rejects] or ["nothing of the diff applies"])
