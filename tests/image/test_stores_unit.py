@@ -373,7 +373,7 @@ def test_cli_copy_image_prints_a_line_per_target_and_exits_1_on_a_failure(monkey
     source, _, _ = _source()
     engines, connect = _targets("classic")
     monkeypatch.setattr(Engine, "connect", classmethod(
-        lambda cls, host=None, timeout=600: source if host is None else connect(host)))
+        lambda cls, host=None, timeout=600, link=None: source if host is None else connect(host)))
     url = next(iter(engines))
     assert cli.main(["copy-image", IMAGE, "--to", url, "tcp://127.0.0.1:9"]) == 1
     out = capsys.readouterr().out.splitlines()
