@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# The speed gate on a real GPU (docs/gpu-proof.md): a real vLLM 0.26.0 server, twice, on one
+# model and one set of settings, once as patchkit built it with no patch and once with the
+# slow-decode patch; `patchkit smoke` measures both, records the evidence against each build
+# (read from a Docker-API engine with --build), and gates the second against the first.
+#
+#   bench/gpu_proof/gpu_proof.sh images OUT      # where a Docker Engine is (DOCKER_HOST)
+#   bench/gpu_proof/gpu_proof.sh run STAGE OUT   # on the GPU machine
+#
+# `images` needs vLLM 0.26.0's wheel (VLLM_WHEEL, else it is downloaded), patchkit on PATH and
+# an engine: it makes the base image (the wheel's files less its compiled objects and C++
+# headers, in /usr/local/lib/python3.12/dist-packages), builds pk-gpu-proof twice with
+# `patchkit build-image` (as-is.yaml: no patch; patchset.yaml: slow-decode), and saves the
+# three images to OUT/images.tar, with their immutable tags in OUT/builds.env.
+#
+# `run` needs, in STAGE: images.tar and builds.env; so/ (vLLM 0.26.0's compiled objects that
+# this model needs: _C_stable_libtorch.abi3.so); site/ (vLLM's Python dependencies that the
+# machine lacks, on PYTHONPATH); model/ (make_model.py's output); and patchkit's sources
+# (PATCHKIT_SRC, default this checkout's src/).  The engine is DOCKER_HOST's; with
+# PODMAN_BUNDLE (a folder with bin/podman, bin/conmon, bin/runc and lib/), a Podman service
+# of its own is started first, on vfs storage, and the images are loaded into it.  Each
+# build's vLLM tree is taken out of its image (podman image mount, else docker export), the
+# compiled objects laid beside it, and served from there: what is served is what the image
+# holds.  Everything it finds goes to OUT.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+SITE_PKG=usr/local/lib/python3.12/dist-packages
+
+images() {
+    out=$1; mkdir -p "$out"
+    wheel=${VLLM_WHEEL:-}
+    if [ -z "$wheel" ]; then
+        python3 -m pip download -q --no-deps --only-binary :all: -d "$out/wheel" vllm==0.26.0
+        wheel=$(ls "$out"/wheel/vllm-0.26.0-*.whl)
+    fi
+    ctx=$(mktemp -d)
+    mkdir -p "$ctx/rootfs/$SITE_PKG" "$ctx/rootfs/usr/local/bin"
+    unzip -q "$wheel" -x '*.so' 'vllm/vllm-rs' '*/include/*' -d "$ctx/rootfs/$SITE_PKG"
+    printf 'FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/local/bin:/usr/bin:/bin\n' >"$ctx/Dockerfile"
+    docker build -q -t pk-gpu-proof-base:v0.26.0 "$ctx" || return 1
+    rm -rf "$ctx"
+    cd "$here" || return 1
+    asis=$(patchkit build-image --manifest as-is.yaml --workdir "$out/wd-asis" --format json |
+           python3 -c 'import json,sys; print(json.load(sys.stdin)["immutable_tag"])') || return 1
+    slow=$(patchkit build-image --workdir "$out/wd-slow" --format json |
+           python3 -c 'import json,sys; print(json.load(sys.stdin)["immutable_tag"])') || return 1
+    printf 'ASIS=%s\nSLOW=%s\n' "$asis" "$slow" >"$out/builds.env"
+    docker save pk-gpu-proof-base:v0.26.0 "$asis" "$slow" -o "$out/images.tar"
+    cat "$out/builds.env"
+}
+
+start_podman() {   # a Podman service of our own, on vfs storage, behind its Docker API
+    b=$1 pm=/tmp/pk-podman
+    mkdir -p $pm /etc/containers
+    [ -e /etc/containers/policy.json ] ||
+        echo '{"default":[{"type":"insecureAcceptAnything"}]}' >/etc/containers/policy.json
+    cat >$pm/containers.conf <<CONF
+[containers]
+netns = "none"
+default_ulimits = []
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+tmp_dir = "$pm/tmp"
+conmon_path = ["$b/bin/conmon"]
+runtime = "runc"
+[engine.runtimes]
+runc = ["$b/bin/runc"]
+CONF
+    echo 'unqualified-search-registries = []' >$pm/registries.conf
+    export CONTAINERS_CONF=$pm/containers.conf CONTAINERS_REGISTRIES_CONF=$pm/registries.conf
+    podman() { LD_LIBRARY_PATH=$b/lib "$b/bin/podman" --root $pm/root --runroot $pm/run \
+                   --storage-driver vfs "$@"; }
+    podman load -q -i "$STAGE/images.tar" || return 1
+    LD_LIBRARY_PATH=$b/lib setsid "$b/bin/podman" --root $pm/root --runroot $pm/run \
+        --storage-driver vfs system service --time=0 unix://$pm/podman.sock \
+        >"$OUT/podman.log" 2>&1 </dev/null &
+    export DOCKER_HOST=unix://$pm/podman.sock
+    for _ in $(seq 50); do [ -S $pm/podman.sock ] && break; sleep 0.2; done
+    podman images
+}
+
+tree_of() {   # the vLLM tree a build's image holds, with the compiled objects beside it
+    tag=$1 dest=$2
+    rm -rf "$dest"; mkdir -p "$dest"
+    if [ -n "${PODMAN_BUNDLE:-}" ]; then
+        mnt=$(podman image mount "$tag") || return 1
+        cp -a "$mnt/$SITE_PKG/." "$dest/"
+        podman image unmount "$tag" >/dev/null
+    else
+        cid=$(docker create "$tag" /bin/true) || return 1
+        docker export "$cid" | tar -x -C "$dest" "$SITE_PKG" && docker rm "$cid" >/dev/null
+        mv "$dest/$SITE_PKG"/* "$dest/" && rm -rf "$dest/usr"
+    fi
+    cp "$STAGE"/so/*.so "$dest/vllm/"   # compiled objects: the image holds none
+}
+
+serve() {   # serve the tree $1 on port 8000; log to $2; wait for /health
+    tree=$1 log=$2
+    PYTHONPATH=$tree:$STAGE/site setsid python3 -m vllm.entrypoints.openai.api_server \
+        --model "$STAGE/model" --served-model-name tiny-llama --port 8000 \
+        --dtype bfloat16 --max-model-len 2048 --max-num-seqs 16 \
+        --gpu-memory-utilization 0.30 --attention-backend TRITON_ATTN \
+        --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}' \
+        >"$log" 2>&1 </dev/null &
+    server=$!
+    for _ in $(seq 600); do
+        curl -sf http://127.0.0.1:8000/health >/dev/null && return 0
+        kill -0 $server 2>/dev/null || { tail -40 "$log"; return 1; }
+        sleep 0.5
+    done
+    tail -40 "$log"; return 1
+}
+
+stop() {
+    kill -- -$server 2>/dev/null; wait $server 2>/dev/null
+    for _ in $(seq 60); do curl -s http://127.0.0.1:8000/health >/dev/null || break; sleep 0.5; done
+    sleep 3
+}
+
+say() { echo; echo "\$ $*"; "$@"; echo "exit $?"; }
+patchkit() { python3 -m patchkit "$@"; }   # patchkit from its sources (PATCHKIT_SRC)
+
+run() {
+    STAGE=$1 OUT=$2; mkdir -p "$OUT"
+    export PYTHONPATH=${PATCHKIT_SRC:-$repo/src}:$STAGE/site PYTHONUNBUFFERED=1
+    export PATCHKIT_CACHE_DIR=${PATCHKIT_CACHE_DIR:-/tmp/pk-cache}
+    export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+    . "$STAGE/builds.env"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+    [ -e "$STAGE/model/config.json" ] || python3 "$here/make_model.py" "$STAGE/model"
+    engine=yes
+    if [ -n "${PODMAN_BUNDLE:-}" ]; then start_podman "$PODMAN_BUNDLE" || engine=; fi
+    if [ -n "$engine" ]; then
+        say patchkit images --manifest "$here/patchset.yaml"
+        tree_of "$ASIS" /tmp/tree-asis && tree_of "$SLOW" /tmp/tree-slow || engine=
+    fi
+    if [ -z "$engine" ]; then   # no engine: the trees patchkit apply makes, and no evidence
+        echo "NO ENGINE: the builds cannot be named; smoke measures, records nothing"
+        return 1
+    fi
+    say patchkit verify --tree /tmp/tree-slow --manifest "$here/patchset.yaml"
+    say patchkit verify --image "$SLOW" --manifest "$here/patchset.yaml"
+    diff -r /tmp/tree-asis /tmp/tree-slow
+    PYTHONPATH=/tmp/tree-asis:$STAGE/site python3 -c 'import vllm.entrypoints.openai.api_server, vllm._C_stable_libtorch; print("vLLM", vllm.__version__, "imports")' || return 1
+
+    N=${REQUESTS:-10} T=${OUTPUT_TOKENS:-256} C=${CONCURRENCY:-4} D=${MAX_DROP:-10}
+    speed=(--requests "$N" --output-tokens "$T" --concurrency "$C")
+    url=http://127.0.0.1:8000
+    serve /tmp/tree-asis "$OUT/server-asis.log" || return 1
+    say patchkit smoke $url "${speed[@]}" --build "$ASIS"
+    say patchkit smoke $url "${speed[@]}" --build "$ASIS" --against "$ASIS" --max-drop "$D"
+    stop
+    serve /tmp/tree-slow "$OUT/server-slow.log" || return 1
+    say patchkit smoke $url "${speed[@]}" --build "$SLOW" --against "$ASIS" --max-drop "$D"
+    stop
+    cd "$here" || return 1
+    say patchkit images
+    say patchkit images --evidence "$ASIS"
+    say patchkit images --evidence "$SLOW"
+    tar -C "$PATCHKIT_CACHE_DIR" -czf "$OUT/evidence.tar.gz" evidence
+}
+
+case ${1:-} in
+    images) shift; images "$@" ;;
+    run) shift; run "$@" ;;
+    *) sed -n '2,26p' "$0"; exit 2 ;;
+esac
