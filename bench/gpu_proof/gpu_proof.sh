@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2153   # ASIS and SLOW are set by builds.env (run)
 # The speed gate on a real GPU (docs/gpu-proof.md): a real vLLM 0.26.0 server, twice, on one
 # model and one set of settings, once as patchkit built it with no patch and once with the
 # slow-decode patch; `patchkit smoke` measures both, records the evidence against each build
@@ -70,7 +71,7 @@ runc = ["$b/bin/runc"]
 CONF
     echo 'unqualified-search-registries = []' >$pm/registries.conf
     export CONTAINERS_CONF=$pm/containers.conf CONTAINERS_REGISTRIES_CONF=$pm/registries.conf
-    podman() { LD_LIBRARY_PATH=$b/lib "$b/bin/podman" --root $pm/root --runroot $pm/run \
+    podman() { LD_LIBRARY_PATH=$b/lib "$b/bin/podman" --root "$pm/root" --runroot "$pm/run" \
                    --storage-driver vfs "$@"; }
     podman load -q -i "$STAGE/images.tar" || return 1
     LD_LIBRARY_PATH=$b/lib setsid "$b/bin/podman" --root $pm/root --runroot $pm/run \
@@ -84,14 +85,38 @@ CONF
 tree_of() {   # the vLLM tree a build's image holds, with the compiled objects beside it
     tag=$1 dest=$2
     rm -rf "$dest"; mkdir -p "$dest"
-    if [ -n "${PODMAN_BUNDLE:-}" ]; then
+    if [ -z "$engine" ]; then   # no engine: the image's layers, read from the saved archive
+        python3 - "$STAGE/images.tar" "$tag" "$dest" "$SITE_PKG" <<'PY' || return 1
+import json, os, shutil, sys, tarfile
+archive, tag, dest, site = sys.argv[1:]
+with tarfile.open(archive) as tar:
+    image = next(m for m in json.load(tar.extractfile("manifest.json")) if tag in m["RepoTags"])
+    for name in image["Layers"]:
+        with tarfile.open(fileobj=tar.extractfile(name)) as layer:
+            for m in layer.getmembers():
+                if not m.name.startswith(site + "/"):
+                    continue
+                path = os.path.join(dest, m.name[len(site) + 1:])
+                base = os.path.basename(path)
+                if base.startswith(".wh."):   # a whiteout: the file below is gone
+                    gone = os.path.join(os.path.dirname(path), base[4:])
+                    shutil.rmtree(gone, True) if os.path.isdir(gone) else (
+                        os.path.exists(gone) and os.remove(gone))
+                elif m.isdir():
+                    os.makedirs(path, exist_ok=True)
+                elif m.isfile():
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with open(path, "wb") as f:
+                        shutil.copyfileobj(layer.extractfile(m), f)
+PY
+    elif [ -n "${PODMAN_BUNDLE:-}" ]; then
         mnt=$(podman image mount "$tag") || return 1
         cp -a "$mnt/$SITE_PKG/." "$dest/"
         podman image unmount "$tag" >/dev/null
     else
         cid=$(docker create "$tag" /bin/true) || return 1
         docker export "$cid" | tar -x -C "$dest" "$SITE_PKG" && docker rm "$cid" >/dev/null
-        mv "$dest/$SITE_PKG"/* "$dest/" && rm -rf "$dest/usr"
+        mv "$dest/$SITE_PKG"/* "$dest/" && rm -rf "${dest:?}/usr"
     fi
     cp "$STAGE"/so/*.so "$dest/vllm/"   # compiled objects: the image holds none
 }
@@ -127,22 +152,24 @@ run() {
     export PYTHONPATH=${PATCHKIT_SRC:-$repo/src}:$STAGE/site PYTHONUNBUFFERED=1
     export PATCHKIT_CACHE_DIR=${PATCHKIT_CACHE_DIR:-/tmp/pk-cache}
     export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+    # shellcheck disable=SC1091   # ASIS= and SLOW=: the two builds' immutable tags
     . "$STAGE/builds.env"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
     [ -e "$STAGE/model/config.json" ] || python3 "$here/make_model.py" "$STAGE/model"
     engine=yes
     if [ -n "${PODMAN_BUNDLE:-}" ]; then start_podman "$PODMAN_BUNDLE" || engine=; fi
-    if [ -n "$engine" ]; then
-        say patchkit images --manifest "$here/patchset.yaml"
-        tree_of "$ASIS" /tmp/tree-asis && tree_of "$SLOW" /tmp/tree-slow || engine=
-    fi
-    if [ -z "$engine" ]; then   # no engine: the trees patchkit apply makes, and no evidence
-        echo "NO ENGINE: the builds cannot be named; smoke measures, records nothing"
-        return 1
+    [ -n "$engine" ] && say patchkit images --manifest "$here/patchset.yaml"
+    if [ -n "$engine" ] && ! { tree_of "$ASIS" /tmp/tree-asis && tree_of "$SLOW" /tmp/tree-slow; }
+    then engine=; fi
+    build_asis=(--build "$ASIS") build_slow=(--build "$SLOW") gate=(--against "$ASIS")
+    if [ -z "$engine" ]; then   # measured all the same; no build can be named, nothing recorded
+        echo "NO ENGINE: the trees come from the saved images; smoke records no evidence"
+        tree_of "$ASIS" /tmp/tree-asis && tree_of "$SLOW" /tmp/tree-slow || return 1
+        build_asis=() build_slow=() gate=()
     fi
     say patchkit verify --tree /tmp/tree-slow --manifest "$here/patchset.yaml"
-    say patchkit verify --image "$SLOW" --manifest "$here/patchset.yaml"
+    [ -n "$engine" ] && say patchkit verify --image "$SLOW" --manifest "$here/patchset.yaml"
     diff -r /tmp/tree-asis /tmp/tree-slow
     PYTHONPATH=/tmp/tree-asis:$STAGE/site python3 -c 'import vllm.entrypoints.openai.api_server, vllm._C_stable_libtorch; print("vLLM", vllm.__version__, "imports")' || return 1
 
@@ -150,12 +177,13 @@ run() {
     speed=(--requests "$N" --output-tokens "$T" --concurrency "$C")
     url=http://127.0.0.1:8000
     serve /tmp/tree-asis "$OUT/server-asis.log" || return 1
-    say patchkit smoke $url "${speed[@]}" --build "$ASIS"
-    say patchkit smoke $url "${speed[@]}" --build "$ASIS" --against "$ASIS" --max-drop "$D"
+    say patchkit smoke $url "${speed[@]}" "${build_asis[@]}"
+    say patchkit smoke $url "${speed[@]}" "${build_asis[@]}" "${gate[@]}" ${gate:+--max-drop "$D"}
     stop
     serve /tmp/tree-slow "$OUT/server-slow.log" || return 1
-    say patchkit smoke $url "${speed[@]}" --build "$SLOW" --against "$ASIS" --max-drop "$D"
+    say patchkit smoke $url "${speed[@]}" "${build_slow[@]}" "${gate[@]}" ${gate:+--max-drop "$D"}
     stop
+    [ -n "$engine" ] || return 0
     cd "$here" || return 1
     say patchkit images
     say patchkit images --evidence "$ASIS"
