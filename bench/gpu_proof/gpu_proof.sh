@@ -194,5 +194,5 @@ run() {
 case ${1:-} in
     images) shift; images "$@" ;;
     run) shift; run "$@" ;;
-    *) sed -n '2,26p' "$0"; exit 2 ;;
+    *) sed -n '3,27p' "$0"; exit 2 ;;
 esac
