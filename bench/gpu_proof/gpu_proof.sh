@@ -194,5 +194,5 @@ run() {
 case ${1:-} in
     images) shift; images "$@" ;;
     run) shift; run "$@" ;;
-    *) sed -n '3,27p' "$0"; exit 2 ;;
+    *) sed -n '3,/^set -u/{/^#/p}' "$0"; exit 2 ;;
 esac
