@@ -22,7 +22,9 @@
 # of its own is started first, on vfs storage, and the images are loaded into it.  Each
 # build's vLLM tree is taken out of its image (podman image mount, else docker export), the
 # compiled objects laid beside it, and served from there: what is served is what the image
-# holds.  Everything it finds goes to OUT.
+# holds.  Everything it finds goes to OUT.  REQUESTS, OUTPUT_TOKENS, CONCURRENCY and MAX_DROP
+# set smoke's measurement and gate (10, 256, 4, 10); SERVE_ARGS adds to vLLM's settings (e.g.
+# --enforce-eager); SERVE_WAIT is how long a server may take to answer /health (half-seconds).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -123,14 +125,15 @@ PY
 
 serve() {   # serve the tree $1 on port 8000; log to $2; wait for /health
     tree=$1 log=$2
+    # shellcheck disable=SC2086   # SERVE_ARGS: words of their own
     PYTHONPATH=$tree:$STAGE/site setsid python3 -m vllm.entrypoints.openai.api_server \
         --model "$STAGE/model" --served-model-name tiny-llama --port 8000 \
         --dtype bfloat16 --max-model-len 2048 --max-num-seqs 16 \
         --gpu-memory-utilization 0.30 --attention-backend TRITON_ATTN \
         --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}' \
-        >"$log" 2>&1 </dev/null &
+        ${SERVE_ARGS:-} >"$log" 2>&1 </dev/null &
     server=$!
-    for _ in $(seq 600); do
+    for _ in $(seq "${SERVE_WAIT:-600}"); do   # half-seconds
         curl -sf http://127.0.0.1:8000/health >/dev/null && return 0
         kill -0 $server 2>/dev/null || { tail -40 "$log"; return 1; }
         sleep 0.5
