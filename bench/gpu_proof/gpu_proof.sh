@@ -6,6 +6,7 @@
 # (read from a Docker-API engine with --build), and gates the second against the first.
 #
 #   bench/gpu_proof/gpu_proof.sh images OUT      # where a Docker Engine is (DOCKER_HOST)
+#   bench/gpu_proof/gpu_proof.sh stage STAGE     # anywhere with pip that reaches PyPI
 #   bench/gpu_proof/gpu_proof.sh run STAGE OUT   # on the GPU machine
 #
 # `images` needs vLLM 0.26.0's wheel (VLLM_WHEEL, else it is downloaded), patchkit on PATH and
@@ -14,10 +15,11 @@
 # `patchkit build-image` (as-is.yaml: no patch; patchset.yaml: slow-decode), and saves the
 # three images to OUT/images.tar, with their immutable tags in OUT/builds.env.
 #
-# `run` needs, in STAGE: images.tar and builds.env; so/ (vLLM 0.26.0's compiled objects that
-# this model needs: _C_stable_libtorch.abi3.so); site/ (vLLM's Python dependencies that the
-# machine lacks, on PYTHONPATH); model/ (make_model.py's output); and patchkit's sources
-# (PATCHKIT_SRC, default this checkout's src/).  The engine is DOCKER_HOST's; with
+# `stage` fills STAGE with what `run` needs beside the images: so/ (vLLM 0.26.0's compiled
+# objects, laid into the vllm package: _C_stable_libtorch and the small ones, and
+# vllm_flash_attn/_vllm_fa3_C, which vLLM's Llama module imports), site/ (site-requirements.txt,
+# for Python 3.12 on x86-64) and model/ (make_model.py's output).  `run` needs, in STAGE: those,
+# images.tar and builds.env; and patchkit's sources (PATCHKIT_SRC, default this checkout's src/).  The engine is DOCKER_HOST's; with
 # PODMAN_BUNDLE (a folder with bin/podman, bin/conmon, bin/runc and lib/), a Podman service
 # of its own is started first, on vfs storage, and the images are loaded into it.  Each
 # build's vLLM tree is taken out of its image (podman image mount, else docker export), the
@@ -51,6 +53,27 @@ images() {
     printf 'ASIS=%s\nSLOW=%s\n' "$asis" "$slow" >"$out/builds.env"
     docker save pk-gpu-proof-base:v0.26.0 "$asis" "$slow" -o "$out/images.tar"
     cat "$out/builds.env"
+}
+
+stage() {
+    dest=$1; mkdir -p "$dest/so" "$dest/site"
+    wheel=${VLLM_WHEEL:-}
+    if [ -z "$wheel" ]; then
+        python3 -m pip download -q --no-deps --only-binary :all: -d "$dest/wheel" vllm==0.26.0
+        wheel=$(ls "$dest"/wheel/vllm-0.26.0-*.whl)
+    fi
+    unzip -q -o "$wheel" 'vllm/_C_stable_libtorch.abi3.so' 'vllm/cumem_allocator.abi3.so' \
+        'vllm/spinloop.abi3.so' 'vllm/fs_io_C.abi3.so' 'vllm/_rust_tool_parser.abi3.so' \
+        'vllm/_qutlass_C.abi3.so' 'vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so' -d "$dest/so.tmp"
+    cp -a "$dest/so.tmp/vllm/." "$dest/so/" && rm -rf "$dest/so.tmp"
+    platforms=()
+    for p in 2_35 2_34 2_31 2_28 2_27 2_26 2_24 2_17 2_12 2_5; do
+        platforms+=(--platform "manylinux_${p}_x86_64")
+    done
+    python3 -m pip install -q --no-deps --no-compile --only-binary :all: --python-version 3.12 \
+        --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
+        --platform manylinux1_x86_64 --target "$dest/site" -r "$here/site-requirements.txt"
+    python3 "$here/make_model.py" "$dest/model"
 }
 
 start_podman() {   # a Podman service of our own, on vfs storage, behind its Docker API
@@ -120,7 +143,7 @@ PY
         docker export "$cid" | tar -x -C "$dest" "$SITE_PKG" && docker rm "$cid" >/dev/null
         mv "$dest/$SITE_PKG"/* "$dest/" && rm -rf "${dest:?}/usr"
     fi
-    cp "$STAGE"/so/*.so "$dest/vllm/"   # compiled objects: the image holds none
+    cp -a "$STAGE/so/." "$dest/vllm/"   # compiled objects: the image holds none
 }
 
 serve() {   # serve the tree $1 on port 8000; log to $2; wait for /health
@@ -196,6 +219,7 @@ run() {
 
 case ${1:-} in
     images) shift; images "$@" ;;
+    stage) shift; stage "$@" ;;
     run) shift; run "$@" ;;
     *) sed -n '3,/^set -u/{/^#/p}' "$0"; exit 2 ;;
 esac
