@@ -473,3 +473,18 @@ def test_a_store_without_partial_loads_gets_the_whole_image_and_says_so():
            "missing in the tarball\"): it holds 1 of the 2 layers, and the whole image goes " \
            "instead" in said
     assert t.plan.to_dict()["layers_present"] == 1 and t.plan.skipped == 0
+
+
+@pytest.mark.parametrize("kind,kept", [
+    ("containers-storage", ["127.0.0.1:5000/pk@sha256:" + "b" * 64]),
+    ("classic", ["localhost/pk@sha256:" + "a" * 64, "127.0.0.1:5000/pk@sha256:" + "b" * 64]),
+])
+def test_podman_local_names_are_no_registry_copies(kind, kept):
+    # Podman lists a digest under localhost/NAME for an image it loaded or built (seen with
+    # Podman 4.3.1 after `podman load` of a docker-archive): no registry holds it, so evidence
+    # is neither pushed there nor read from there.  On Docker, localhost is a registry's name.
+    engine, api = store_engine(kind)
+    iid = api.tags[BASE_TAG]
+    api.images_[iid]["attrs"]["RepoDigests"] = ["localhost/pk@sha256:" + "a" * 64,
+                                                "127.0.0.1:5000/pk@sha256:" + "b" * 64]
+    assert list(engine.inspect(BASE_TAG).repo_digests) == kept

@@ -278,12 +278,25 @@ class Engine:
         docker = sdk()
         try:
             with border(f"inspecting {ref}"):
-                return Inspected.of(self.api.inspect_image(ref))
+                image = Inspected.of(self.api.inspect_image(ref))
         except ImageError as exc:
             if isinstance(exc.__cause__, docker.errors.ImageNotFound) or (
                     isinstance(exc.__cause__, docker.errors.NotFound)):
                 return None
             raise
+        return self._registry_copies(image)
+
+    def _registry_copies(self, image: Inspected) -> Inspected:
+        """``image`` with only the repo digests that name a copy in a registry.  Podman names
+        an image that came from no registry (built or loaded there) ``localhost/NAME``, and
+        lists a digest under that name too: no registry holds it (evidence pushed or read
+        there would go to a host that is not one), so Podman's store leaves it out; the image
+        is then local-only, as on Docker's stores, which list no digest for such an image."""
+        local = [d for d in image.repo_digests if d.split("/", 1)[0] == "localhost"]
+        if not local or self.store().kind != "containers-storage":
+            return image
+        return dataclasses.replace(image, repo_digests=tuple(
+            d for d in image.repo_digests if d not in local))
 
     def _diff_ids(self, ref: str) -> tuple[str, ...]:
         image = self.inspect(ref)
