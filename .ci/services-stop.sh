@@ -63,6 +63,25 @@ if ((!$#)); then
     for name in "${names[@]}"; do rm -f "$root/$name.pid"; done
 fi
 
+# A dockerd that ended leaves behind what runs and is mounted beside it: the shims of containers
+# still running (each with its container's processes) and, on overlay2, the mounts of its data
+# root and of those containers.  Each stopped engine's are ended and unmounted here.
+for i in "${asked[@]}"; do
+    case "${names[$i]}" in pk-docker | pk-node2 | pk-node3) ;; *) continue ;; esac
+    base="$root/${names[$i]}"
+    for shim in $(pgrep -f "containerd-shim.* -address $base-exec/" || true); do
+        pkill -KILL -P "$shim" 2>/dev/null || true
+        kill -KILL "$shim" 2>/dev/null \
+            && echo "services: killed a container's shim of ${names[$i]} (pid $shim)" >&2
+    done
+    awk -v a="$base" -v b="$base-exec/" \
+        '$2 == a || index($2, a "/") == 1 || index($2, b) == 1 { print length($2), $2 }' \
+        /proc/self/mounts | sort -rn | cut -d' ' -f2- | while read -r point; do
+        { umount "$point" 2>/dev/null || umount -l "$point"; } \
+            && echo "services: unmounted $point" >&2
+    done
+done
+
 for entry in "${undo[@]}"; do
     case "${entry%% *}" in
         binfmt)
