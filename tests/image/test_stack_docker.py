@@ -464,9 +464,9 @@ def test_rebase_check_of_flashinfer_pinned_from_the_base(fi_project, tmp_path, m
     waits: list[float] = []
     connect = Engine.connect.__func__
 
-    def spy(cls, host=None, timeout=30.0):
+    def spy(cls, host=None, *, timeout, link=None):
         waits.append(timeout)
-        return connect(cls, host, timeout)
+        return connect(cls, host, timeout=timeout, link=link)
 
     monkeypatch.setattr(Engine, "connect", classmethod(spy))
     args = ["--manifest", str(m.path), "--timeout", "600", "--format", "json"]
