@@ -475,10 +475,12 @@ pk_services_main() {
     export PATH="$root/bin:$PATH"
 
     pk_storage "$root"
-    pk_say "the engines store images with the $PK_STORAGE driver"
     pk_registry "$root"
     local reg="$PK_REG_ADDR"
     pk_dockerd dockerd "$root" pk-docker
+    # what the engine says it uses (one left running from before keeps the driver it had)
+    pk_say "the engines store images with the" \
+        "$(docker -H "unix://$root/pk-docker.sock" info -f '{{.Driver}}' 2>/dev/null) driver"
     pk_podman "$root" "$reg"
     pk_node "$root" 2 second
     local port2="$PK_NODE_PORT"
